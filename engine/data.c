@@ -1,0 +1,413 @@
+/*
+ * data.c — token shards (llm.c layout) and the deterministic data loader.
+ *
+ * Invariants: an open shard has been validated completely (header, exact
+ * size, every token < vocab_size), so readers never re-check; shard files are
+ * only ever replaced by rename, so a mapping stays valid while open; the
+ * loader's output depends only on (shard, T, seed, shuffle, sample index).
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include "engine/data.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+struct ts_token_shard {
+  char *path;              /* as passed to ts_shard_open (owned) */
+  void *map;               /* whole file, read-only mapping */
+  size_t map_bytes;        /* file size in bytes */
+  const uint16_t *tok16;   /* (n_tokens) when stored as uint16, else NULL */
+  const uint32_t *tok32;   /* (n_tokens) when stored as uint32, else NULL */
+  size_t n_tokens;         /* header[2] */
+};
+
+struct ts_loader {
+  const ts_token_shard *shard; /* borrowed */
+  size_t T;                    /* sequence length in tokens */
+  size_t n_windows;            /* W = (n_tokens - 1) / T */
+  uint64_t seed;               /* shuffle seed */
+  int shuffle;                 /* 0: identity order */
+  uint64_t perm_epoch;         /* epoch whose permutation is cached */
+  int perm_valid;              /* perm holds perm_{perm_epoch} */
+  size_t *perm;                /* (W) window order of perm_epoch; NULL if !shuffle */
+};
+
+/* ------------------------------------------------------------------ writing */
+
+/* write(2) until all n bytes are out or an error occurs. */
+static int write_all(int fd, const void *buf, size_t n) {
+  const char *p = (const char *)buf;
+  while (n > 0) {
+    ssize_t w = write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return -1;
+    }
+    p += w;
+    n -= (size_t)w;
+  }
+  return 0;
+}
+
+/* fsync the directory holding `path` so the rename is durable (best effort:
+ * some file systems refuse fsync on directories). */
+static void fsync_parent_dir(const char *path) {
+  const char *slash = strrchr(path, '/');
+  char *dir = NULL;
+  if (slash == NULL) {
+    dir = strdup(".");
+  } else if (slash == path) {
+    dir = strdup("/");
+  } else {
+    dir = strndup(path, (size_t)(slash - path));
+  }
+  if (dir == NULL) return;
+  int fd = open(dir, O_RDONLY);
+  if (fd >= 0) {
+    (void)fsync(fd);
+    close(fd);
+  }
+  free(dir);
+}
+
+ts_status ts_shard_write(const char *path, const uint32_t *tokens, size_t n_tokens,
+                         size_t vocab_size) {
+  if (path == NULL || (tokens == NULL && n_tokens > 0))
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "ts_shard_write: path and tokens must not be NULL");
+  if (vocab_size == 0 || vocab_size > TS_SHARD_MAX_VOCAB)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: vocab_size %zu: expected 1 .. %zu", path,
+                        vocab_size, TS_SHARD_MAX_VOCAB);
+  if (n_tokens > (size_t)INT32_MAX)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "%s: %zu tokens: expected at most %d (llm.c's int32 token count)", path,
+                        n_tokens, INT32_MAX);
+  for (size_t i = 0; i < n_tokens; i++) {
+    if (tokens[i] >= vocab_size)
+      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                          "%s: token %zu is id %u, expected an id below vocab_size %zu", path, i,
+                          (unsigned)tokens[i], vocab_size);
+  }
+
+  const int wide = vocab_size > TS_SHARD_U16_MAX_VOCAB;
+  int32_t header[TS_SHARD_HEADER_INTS] = {0};
+  header[0] = wide ? TS_SHARD_MAGIC_U32 : TS_SHARD_MAGIC_U16;
+  header[1] = wide ? TS_SHARD_VERSION_U32 : TS_SHARD_VERSION_U16;
+  header[2] = (int32_t)n_tokens;
+
+  size_t path_len = strlen(path);
+  char *tmp = (char *)malloc(path_len + 5);
+  if (tmp == NULL) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: out of memory", path);
+  memcpy(tmp, path, path_len);
+  memcpy(tmp + path_len, ".tmp", 5);
+
+  ts_status st = TS_OK;
+  const char *what = "open";
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) goto io_error;
+  what = "write";
+  if (write_all(fd, header, sizeof header) != 0) goto io_error;
+  if (wide) {
+    if (n_tokens > 0 && write_all(fd, tokens, n_tokens * sizeof(uint32_t)) != 0) goto io_error;
+  } else {
+    uint16_t buf[4096]; /* converts in chunks to keep the copy small */
+    for (size_t i = 0; i < n_tokens;) {
+      size_t n = n_tokens - i < 4096 ? n_tokens - i : 4096;
+      for (size_t j = 0; j < n; j++) buf[j] = (uint16_t)tokens[i + j];
+      if (write_all(fd, buf, n * sizeof(uint16_t)) != 0) goto io_error;
+      i += n;
+    }
+  }
+  what = "fsync";
+  if (fsync(fd) != 0) goto io_error;
+  what = "close";
+  {
+    int rc = close(fd);
+    fd = -1;
+    if (rc != 0) goto io_error;
+  }
+  what = "rename";
+  if (rename(tmp, path) != 0) goto io_error;
+  fsync_parent_dir(path);
+  free(tmp);
+  return TS_OK;
+
+io_error:
+  st = ts_set_error(TS_ERR_IO, "%s: cannot %s %s: %s", path, what,
+                    strcmp(what, "rename") == 0 ? "into place" : tmp, strerror(errno));
+  if (fd >= 0) close(fd);
+  unlink(tmp);
+  free(tmp);
+  return st;
+}
+
+/* ------------------------------------------------------------------ reading */
+
+ts_status ts_shard_open(ts_token_shard **out, const char *path, size_t vocab_size) {
+  if (out == NULL || path == NULL)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "ts_shard_open: out and path must not be NULL");
+  *out = NULL;
+  if (vocab_size == 0 || vocab_size > TS_SHARD_MAX_VOCAB)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: vocab_size %zu: expected 1 .. %zu", path,
+                        vocab_size, TS_SHARD_MAX_VOCAB);
+
+  int fd = open(path, O_RDONLY);
+  if (fd < 0) return ts_set_error(TS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+  struct stat sb;
+  if (fstat(fd, &sb) != 0) {
+    ts_status st = ts_set_error(TS_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
+    close(fd);
+    return st;
+  }
+  size_t file_bytes = (size_t)sb.st_size;
+  if (file_bytes < TS_SHARD_HEADER_BYTES) {
+    close(fd);
+    return ts_set_error(TS_ERR_FORMAT,
+                        "%s: file is %zu bytes, expected at least the %d-byte header (256 x int32)",
+                        path, file_bytes, TS_SHARD_HEADER_BYTES);
+  }
+  void *map = mmap(NULL, file_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+  int map_errno = errno;
+  close(fd);
+  if (map == MAP_FAILED)
+    return ts_set_error(TS_ERR_IO, "%s: cannot mmap %zu bytes: %s", path, file_bytes,
+                        strerror(map_errno));
+
+  ts_status st = TS_OK;
+  ts_token_shard *sh = NULL;
+  const int32_t *header = (const int32_t *)map;
+  size_t token_bytes = 0;
+  if (header[0] == TS_SHARD_MAGIC_U16) {
+    token_bytes = 2;
+    if (header[1] != TS_SHARD_VERSION_U16) {
+      st = ts_set_error(TS_ERR_FORMAT, "%s: header[1] (version) is %d, expected %d for magic %d",
+                        path, header[1], TS_SHARD_VERSION_U16, TS_SHARD_MAGIC_U16);
+      goto fail;
+    }
+  } else if (header[0] == TS_SHARD_MAGIC_U32) {
+    token_bytes = 4;
+    if (header[1] != TS_SHARD_VERSION_U32) {
+      st = ts_set_error(TS_ERR_FORMAT, "%s: header[1] (version) is %d, expected %d for magic %d",
+                        path, header[1], TS_SHARD_VERSION_U32, TS_SHARD_MAGIC_U32);
+      goto fail;
+    }
+  } else {
+    st = ts_set_error(TS_ERR_FORMAT,
+                      "%s: header[0] (magic) is %d, expected %d (uint16 tokens) or %d (uint32 tokens)",
+                      path, header[0], TS_SHARD_MAGIC_U16, TS_SHARD_MAGIC_U32);
+    goto fail;
+  }
+  if (header[2] < 0) {
+    st = ts_set_error(TS_ERR_FORMAT, "%s: header[2] (token count) is %d, expected >= 0", path,
+                      header[2]);
+    goto fail;
+  }
+  size_t n_tokens = (size_t)header[2];
+  size_t expect_bytes = TS_SHARD_HEADER_BYTES + n_tokens * token_bytes;
+  if (file_bytes != expect_bytes) {
+    st = ts_set_error(TS_ERR_FORMAT,
+                      "%s: file is %zu bytes, expected %zu (1024-byte header + %zu tokens x %zu "
+                      "bytes): %s",
+                      path, file_bytes, expect_bytes, n_tokens, token_bytes,
+                      file_bytes < expect_bytes ? "truncated" : "trailing bytes");
+    goto fail;
+  }
+
+  sh = (ts_token_shard *)calloc(1, sizeof *sh);
+  if (sh == NULL || (sh->path = strdup(path)) == NULL) {
+    st = ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: out of memory", path);
+    goto fail;
+  }
+  sh->map = map;
+  sh->map_bytes = file_bytes;
+  sh->n_tokens = n_tokens;
+  const char *body = (const char *)map + TS_SHARD_HEADER_BYTES;
+  if (token_bytes == 2) {
+    sh->tok16 = (const uint16_t *)body;
+    for (size_t i = 0; i < n_tokens; i++) {
+      if (sh->tok16[i] >= vocab_size) {
+        st = ts_set_error(TS_ERR_FORMAT,
+                          "%s: token %zu is id %u, expected an id below vocab_size %zu", path, i,
+                          (unsigned)sh->tok16[i], vocab_size);
+        goto fail;
+      }
+    }
+  } else {
+    sh->tok32 = (const uint32_t *)body;
+    for (size_t i = 0; i < n_tokens; i++) {
+      if (sh->tok32[i] >= vocab_size) {
+        st = ts_set_error(TS_ERR_FORMAT,
+                          "%s: token %zu is id %u, expected an id below vocab_size %zu", path, i,
+                          (unsigned)sh->tok32[i], vocab_size);
+        goto fail;
+      }
+    }
+  }
+  *out = sh;
+  return TS_OK;
+
+fail:
+  if (sh != NULL) {
+    free(sh->path);
+    free(sh);
+  }
+  munmap(map, file_bytes);
+  return st;
+}
+
+size_t ts_shard_num_tokens(const ts_token_shard *shard) { return shard->n_tokens; }
+
+uint32_t ts_shard_token(const ts_token_shard *shard, size_t i) {
+  TS_ASSERT(i < shard->n_tokens);
+  return shard->tok16 != NULL ? shard->tok16[i] : shard->tok32[i];
+}
+
+const char *ts_shard_path(const ts_token_shard *shard) { return shard->path; }
+
+void ts_shard_close(ts_token_shard *shard) {
+  if (shard == NULL) return;
+  munmap(shard->map, shard->map_bytes);
+  free(shard->path);
+  free(shard);
+}
+
+/* ------------------------------------------------------------------- loader */
+
+/* splitmix64 (Steele, Lea, Flood 2014; Vigna's reference code): advances
+ * *state and returns the next output. */
+static uint64_t splitmix64_next(uint64_t *state) {
+  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+/* splitmix64's output function alone: a bijection on 64-bit values. */
+static uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+/* Uniform integer in [0, n), n >= 1, without modulo bias (rejection). */
+static uint64_t uniform_below(uint64_t *state, uint64_t n) {
+  uint64_t threshold = (0 - n) % n; /* 2^64 mod n: outputs below it are rejected */
+  for (;;) {
+    uint64_t r = splitmix64_next(state);
+    if (r >= threshold) return r % n;
+  }
+}
+
+/* perm = Fisher-Yates (Durstenfeld) permutation of [0, W) for one epoch; the
+ * stream starts at mix64(seed ^ mix64(epoch + 1)), distinct per (seed, epoch). */
+static void build_permutation(size_t *perm, size_t W, uint64_t seed, uint64_t epoch) {
+  uint64_t state = mix64(seed ^ mix64(epoch + 1));
+  for (size_t i = 0; i < W; i++) perm[i] = i;
+  for (size_t i = W; i > 1; i--) {
+    size_t j = (size_t)uniform_below(&state, (uint64_t)i);
+    size_t t = perm[i - 1];
+    perm[i - 1] = perm[j];
+    perm[j] = t;
+  }
+}
+
+ts_status ts_loader_init(ts_loader **out, const ts_token_shard *shard, size_t T, uint64_t seed,
+                         int shuffle) {
+  if (out == NULL || shard == NULL)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "ts_loader_init: out and shard must not be NULL");
+  *out = NULL;
+  if (T == 0)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: sequence length T is 0, expected >= 1",
+                        shard->path);
+  size_t W = shard->n_tokens > 0 ? (shard->n_tokens - 1) / T : 0;
+  if (W == 0)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "%s: shard has %zu tokens, fewer than seq T+1 = %zu", shard->path,
+                        shard->n_tokens, T + 1);
+  ts_loader *ld = (ts_loader *)calloc(1, sizeof *ld);
+  if (ld == NULL) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: loader: out of memory", shard->path);
+  ld->shard = shard;
+  ld->T = T;
+  ld->n_windows = W;
+  ld->seed = seed;
+  ld->shuffle = shuffle != 0;
+  if (ld->shuffle) {
+    ld->perm = (size_t *)malloc(W * sizeof(size_t));
+    if (ld->perm == NULL) {
+      free(ld);
+      return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: loader permutation of %zu windows: out of memory",
+                          shard->path, W);
+    }
+  }
+  *out = ld;
+  return TS_OK;
+}
+
+ts_status ts_loader_fill(ts_loader *ld, int32_t *inputs, int32_t *targets, uint64_t first_sample,
+                         size_t count) {
+  if (ld == NULL) return ts_set_error(TS_ERR_INVALID_ARGUMENT, "ts_loader_fill: loader is NULL");
+  if (count == 0) return TS_OK;
+  if (inputs == NULL || targets == NULL)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "%s: ts_loader_fill: inputs and targets must not be NULL", ld->shard->path);
+  if (first_sample + (uint64_t)count < first_sample)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "%s: ts_loader_fill: sample index %llu + count %zu overflows", ld->shard->path,
+                        (unsigned long long)first_sample, count);
+  const size_t T = ld->T;
+  const uint64_t W = ld->n_windows;
+  for (size_t i = 0; i < count; i++) {
+    uint64_t k = first_sample + i;
+    uint64_t epoch = k / W;
+    size_t pos = (size_t)(k % W);
+    size_t window = pos;
+    if (ld->shuffle) {
+      if (!ld->perm_valid || ld->perm_epoch != epoch) {
+        build_permutation(ld->perm, ld->n_windows, ld->seed, epoch);
+        ld->perm_epoch = epoch;
+        ld->perm_valid = 1;
+      }
+      window = ld->perm[pos];
+    }
+    size_t start = window * T;
+    int32_t *in = inputs + i * T;   /* (T) */
+    int32_t *tg = targets + i * T;  /* (T) */
+    const ts_token_shard *sh = ld->shard;
+    if (sh->tok16 != NULL) {
+      const uint16_t *src = sh->tok16 + start; /* (T+1) */
+      for (size_t t = 0; t < T; t++) {
+        in[t] = (int32_t)src[t];
+        tg[t] = (int32_t)src[t + 1];
+      }
+    } else {
+      const uint32_t *src = sh->tok32 + start; /* (T+1) */
+      for (size_t t = 0; t < T; t++) {
+        in[t] = (int32_t)src[t];
+        tg[t] = (int32_t)src[t + 1];
+      }
+    }
+  }
+  return TS_OK;
+}
+
+size_t ts_loader_num_windows(const ts_loader *ld) { return ld->n_windows; }
+
+void ts_loader_free(ts_loader *ld) {
+  if (ld == NULL) return;
+  free(ld->perm);
+  free(ld);
+}
+
+uint64_t ts_loader_sample_index(uint64_t step, size_t accum_step, size_t accum, size_t dp_rank,
+                                size_t dp_size, size_t B) {
+  TS_ASSERT(accum_step < accum);
+  TS_ASSERT(dp_rank < dp_size);
+  uint64_t G = (uint64_t)dp_size * B * accum; /* samples per global batch */
+  return step * G + (uint64_t)accum_step * dp_size * B + (uint64_t)dp_rank * B;
+}

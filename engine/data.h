@@ -1,0 +1,134 @@
+/*
+ * data.h — token shards and the data loader.
+ *
+ * A token shard is one file in llm.c's layout: a header of 256 little-endian
+ * int32 values (header[0] magic, header[1] version, header[2] token count,
+ * the rest zero), then the tokens back to back:
+ *   magic 20240520, version 1: uint16 tokens (vocabulary of at most 65 535 ids);
+ *   magic 20240801, version 7: uint32 tokens (vocab_size > 65 535).
+ * File size is exactly 1024 + count * token bytes; every token id is below the
+ * vocabulary size. The host must be little-endian, as llm.c assumes.
+ *
+ * The loader cuts a shard into windows of T+1 tokens at stride T (window w is
+ * tokens [w*T, w*T + T], so consecutive windows share one token) and hands
+ * them out by a global sample index k = 0, 1, 2, ...: epoch e = k / W,
+ * position p = k % W, window perm_e[p], where perm_e is a Fisher-Yates
+ * permutation of [0, W) drawn from a splitmix64 stream seeded with (seed, e),
+ * or the identity when shuffling is off. Which sequence a sample index names
+ * is therefore a pure function of (seed, k): it does not depend on the world
+ * size, the ZeRO stage, the micro-batch size or on what was read before.
+ * ts_loader_sample_index() says which indices each data-parallel rank reads.
+ */
+#ifndef TS_ENGINE_DATA_H
+#define TS_ENGINE_DATA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Header layout (int32 slots) and the two accepted formats. */
+#define TS_SHARD_HEADER_INTS 256
+#define TS_SHARD_HEADER_BYTES (TS_SHARD_HEADER_INTS * 4)
+#define TS_SHARD_MAGIC_U16 20240520
+#define TS_SHARD_VERSION_U16 1
+#define TS_SHARD_MAGIC_U32 20240801
+#define TS_SHARD_VERSION_U32 7
+/* Largest vocabulary stored as uint16 tokens; larger ones use uint32. */
+#define TS_SHARD_U16_MAX_VOCAB 65535
+/* Largest vocabulary a shard may declare: ids must fit the loader's int32. */
+#define TS_SHARD_MAX_VOCAB ((size_t)INT32_MAX)
+
+/* Writes tokens (n_tokens, uint32, host) as a shard at `path`: uint16 tokens
+ * when vocab_size <= 65 535, else uint32. The file appears atomically: the
+ * bytes go to path + ".tmp", are fsync'ed, then renamed over `path` (an
+ * existing file is replaced only on success).
+ * Returns TS_OK; TS_ERR_INVALID_ARGUMENT if vocab_size is 0 or above
+ * TS_SHARD_MAX_VOCAB, if n_tokens exceeds INT32_MAX (llm.c's int32 count), or
+ * if a token is >= vocab_size (the message names the position and the id;
+ * nothing is written); TS_ERR_IO if a write, fsync or rename fails (the .tmp
+ * file is removed). */
+ts_status ts_shard_write(const char *path, const uint32_t *tokens, size_t n_tokens,
+                         size_t vocab_size);
+
+/* An open, validated shard (opaque). Owns its mapping of the file; read-only
+ * after ts_shard_open, so several loaders and threads may share one. */
+typedef struct ts_token_shard ts_token_shard;
+
+/* Opens and validates the shard at `path` (memory-mapped read-only).
+ * Checks, in order: the file opens (TS_ERR_IO: "train.bin: cannot open: No
+ * such file or directory"); it holds a whole header; header[0] is a known
+ * magic and header[1] its version; header[2] is a non-negative count; the
+ * file is exactly 1024 + count * token bytes (no truncation, no trailing
+ * bytes); every token id is < vocab_size. Format failures return
+ * TS_ERR_FORMAT with a message naming the file, the field, the value found
+ * and the expected value. TS_ERR_INVALID_ARGUMENT if vocab_size is 0 or above
+ * TS_SHARD_MAX_VOCAB; TS_ERR_OUT_OF_MEMORY. On failure *out is NULL. */
+ts_status ts_shard_open(ts_token_shard **out, const char *path, size_t vocab_size);
+
+/* Number of tokens in the shard. */
+size_t ts_shard_num_tokens(const ts_token_shard *shard);
+
+/* Token i (i < ts_shard_num_tokens; asserted). */
+uint32_t ts_shard_token(const ts_token_shard *shard, size_t i);
+
+/* The path the shard was opened from (for messages). */
+const char *ts_shard_path(const ts_token_shard *shard);
+
+/* Unmaps and frees the shard; NULL is a no-op. Loaders built on it must be
+ * freed first. */
+void ts_shard_close(ts_token_shard *shard);
+
+/* A loader over one shard (opaque). Borrows the shard; caches the window
+ * permutation of the most recent epoch, so it is not thread-safe (one loader
+ * per thread). */
+typedef struct ts_loader ts_loader;
+
+/* Creates a loader of sequences of T tokens over `shard`:
+ * W = (n_tokens - 1) / T windows; shuffle != 0 permutes the windows anew
+ * each epoch from `seed` (training), shuffle == 0 visits them in file order
+ * (evaluation; `seed` is ignored).
+ * Returns TS_OK; TS_ERR_INVALID_ARGUMENT if T is 0 or the shard has fewer
+ * than T+1 tokens (W == 0; "val.bin: shard has N tokens, fewer than seq
+ * T+1 = ..."); TS_ERR_OUT_OF_MEMORY. On failure *out is NULL. */
+ts_status ts_loader_init(ts_loader **out, const ts_token_shard *shard, size_t T,
+                         uint64_t seed, int shuffle);
+
+/* Fills `count` sequences for the sample indices first_sample, ...,
+ * first_sample + count - 1. Sample k is window w = perm_{k/W}[k % W]:
+ *   inputs[i*T + t]  = token[w*T + t]        inputs:  (count, T) int32, host
+ *   targets[i*T + t] = token[w*T + t + 1]    targets: (count, T) int32, host
+ * so targets are inputs shifted left by one. inputs and targets must not
+ * overlap. Returns TS_OK; TS_ERR_INVALID_ARGUMENT if a pointer is NULL with
+ * count > 0 or first_sample + count overflows. */
+ts_status ts_loader_fill(ts_loader *ld, int32_t *inputs, int32_t *targets,
+                         uint64_t first_sample, size_t count);
+
+/* Number of windows W per epoch. */
+size_t ts_loader_num_windows(const ts_loader *ld);
+
+/* Frees the loader (not the shard); NULL is a no-op. */
+void ts_loader_free(ts_loader *ld);
+
+/* First sample index of one micro-batch: rank dp_rank of a data-parallel
+ * group of dp_size ranks, micro-batch size B, at optimizer step `step` and
+ * gradient-accumulation step accum_step of `accum`. With G = dp_size * B *
+ * accum samples per global batch, the micro-batch is samples
+ *   k = step*G + accum_step*dp_size*B + dp_rank*B + b,   b = 0 .. B-1.
+ * Every rank reads a disjoint slice of every global batch, and the global
+ * batch of a step, samples [step*G, (step+1)*G), is the same however it is
+ * split between ranks and accumulation steps (dp 2 x accum 1 and dp 1 x
+ * accum 2 read the same samples). Pass the result to ts_loader_fill with
+ * count = B. Arguments are asserted: accum_step < accum, dp_rank < dp_size. */
+uint64_t ts_loader_sample_index(uint64_t step, size_t accum_step, size_t accum,
+                                size_t dp_rank, size_t dp_size, size_t B);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TS_ENGINE_DATA_H */

@@ -1,0 +1,186 @@
+// engine_test.cc — the one-rank training step: loss at initialisation,
+// overfitting one batch, gradient accumulation, the ledger, the schedule.
+#include "engine/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/trainer.h"
+
+namespace {
+
+ts_llama_config SmallConfig(size_t V) {
+  ts_llama_config c{};
+  snprintf(c.name, sizeof c.name, "test");
+  c.hidden_size = 32;
+  c.intermediate_size = 64;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.vocab_size = V;
+  c.max_position_embeddings = 32;
+  c.rms_norm_eps = 1e-5f;
+  c.rope_theta = 10000.f;
+  return c;
+}
+
+struct Batch {
+  std::vector<int32_t> in, tgt;
+  Batch(size_t B, size_t T, size_t V, unsigned seed) : in(B * T), tgt(B * T) {
+    std::mt19937 g(seed);
+    for (size_t i = 0; i < B * T; i++) {
+      in[i] = (int32_t)(g() % V);
+      tgt[i] = (int32_t)(g() % V);
+    }
+  }
+};
+
+struct EngineFixture {
+  ts_llama model{};
+  ts_engine *e = nullptr;
+  EngineFixture(const ts_llama_config &c, const ts_engine_opts &o) {
+    EXPECT_EQ(ts_llama_init(&model, &c), TS_OK);
+    EXPECT_EQ(ts_engine_create(&e, &model, &o), TS_OK) << ts_last_error();
+  }
+  ~EngineFixture() {
+    ts_engine_free(e);
+    ts_llama_free(&model);
+  }
+};
+
+ts_engine_opts Opts(size_t B, size_t T) {
+  ts_engine_opts o = ts_engine_default_opts();
+  o.micro_batch = B;
+  o.seq = T;
+  return o;
+}
+
+TEST(Engine, InitialLossIsNearLogVocab) {
+  const size_t V = 512;
+  EngineFixture f(SmallConfig(V), Opts(4, 16));
+  Batch b(4, 16, V, 1);
+  double sum;
+  size_t count;
+  ASSERT_EQ(ts_engine_eval(f.e, b.in.data(), b.tgt.data(), &sum, &count), TS_OK);
+  EXPECT_EQ(count, 64u);
+  // Weights ~ N(0, 0.02^2) give near-uniform predictions: the issue asks for
+  // |loss - ln V| < 0.1.
+  EXPECT_NEAR(sum / count, std::log((double)V), 0.1);
+}
+
+TEST(Engine, OverfitsOneBatch) {
+  const size_t V = 64;
+  ts_engine_opts o = Opts(2, 16);
+  o.weight_decay = 0;
+  EngineFixture f(SmallConfig(V), o);
+  Batch b(2, 16, V, 2);
+  double loss = 0;
+  ts_step_stats st{};
+  for (int s = 0; s < 150; s++) {
+    ASSERT_EQ(ts_engine_micro_step(f.e, b.in.data(), b.tgt.data(), &loss), TS_OK);
+    ASSERT_EQ(ts_engine_optimizer_step(f.e, 1e-2f, &st), TS_OK);
+  }
+  EXPECT_EQ(st.step, 150);
+  EXPECT_LT(loss, 0.1) << "the model failed to memorise 32 random tokens";
+}
+
+TEST(Engine, GradientAccumulationMatchesOneBigBatch) {
+  // Two micro-batches of 2 accumulate the same gradient as one batch of 4
+  // split the same way, when every row has a target: the mean of the two
+  // micro-batch means equals the mean over all rows.
+  const size_t V = 64, T = 8;
+  ts_engine_opts oa = Opts(2, T);
+  oa.grad_accum = 2;
+  ts_engine_opts ob = Opts(4, T);
+  EngineFixture fa(SmallConfig(V), oa), fb(SmallConfig(V), ob);
+  Batch b(4, T, V, 3);
+  double l;
+  ASSERT_EQ(ts_engine_micro_step(fa.e, b.in.data(), b.tgt.data(), &l), TS_OK);
+  ASSERT_EQ(ts_engine_micro_step(fa.e, b.in.data() + 2 * T, b.tgt.data() + 2 * T, &l), TS_OK);
+  ASSERT_EQ(ts_engine_micro_step(fb.e, b.in.data(), b.tgt.data(), &l), TS_OK);
+  const char *name = "model.layers.1.mlp.down_proj.weight";
+  std::vector<float> ga(32 * 64), gb(32 * 64);
+  ASSERT_EQ(ts_engine_get_grad(fa.e, name, ga.data(), ga.size()), TS_OK);
+  ASSERT_EQ(ts_engine_get_grad(fb.e, name, gb.data(), gb.size()), TS_OK);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ga.size(); i++) {
+    num += (ga[i] - gb[i]) * (double)(ga[i] - gb[i]);
+    den += (double)gb[i] * gb[i];
+  }
+  // Same math, different summation order (two GEMMs of M=16 vs one of M=32):
+  // fp32 rounding differs at ~1e-7 relative per element.
+  EXPECT_LT(std::sqrt(num / den), 1e-5);
+  ts_step_stats st;
+  EXPECT_EQ(ts_engine_optimizer_step(fa.e, 1e-3f, &st), TS_OK);
+  EXPECT_EQ(ts_engine_optimizer_step(fa.e, 1e-3f, &st), TS_ERR_INVALID_USAGE);
+}
+
+TEST(Engine, LedgerChargesModelStatesExactly) {
+  const size_t V = 100;
+  ts_llama_config c = SmallConfig(V);
+  EngineFixture f(c, Opts(2, 8));
+  const ts_ledger *l = ts_engine_ledger(f.e);
+  size_t padded = 0;
+  for (int u = 0; u < f.model.n_units; u++) {
+    const ts_flat_layout *lay = ts_engine_layout(f.e, u);
+    EXPECT_EQ(lay->padded % 16, 0u);
+    EXPECT_LT(lay->padded - lay->total, 16u);
+    EXPECT_EQ(lay->total, f.model.units[u].numel);
+    padded += lay->padded;
+  }
+  // fp32, one rank: params 4Ψ, grads 4Ψ, Adam 8Ψ, no master copy (Ψ padded).
+  EXPECT_EQ(l->current[TS_MEM_PARAMS], 4 * padded);
+  EXPECT_EQ(l->current[TS_MEM_GRADS], 4 * padded);
+  EXPECT_EQ(l->current[TS_MEM_OPTIM], 8 * padded);
+  EXPECT_EQ(l->current[TS_MEM_MASTER], 0u);
+  size_t saved = 0;
+  for (int u = 0; u < f.model.n_units; u++)
+    saved += ts_llama_saved_bytes(&f.model, u, 2, 8, TS_FP32);
+  // unit inputs (L+1) x (B,T,C), tokens and targets, two gradient buffers
+  size_t BT = 16, C = 32;
+  EXPECT_EQ(l->current[TS_MEM_ACTIVATIONS],
+            saved + (c.num_hidden_layers + 1) * BT * C * 4 + 2 * BT * 4 + 2 * BT * C * 4);
+  EXPECT_GT(l->current[TS_MEM_WORKSPACE], 0u);
+  EXPECT_EQ(l->peak_total, l->current_total);
+}
+
+TEST(Engine, TensorsRoundTripByHuggingFaceName) {
+  EngineFixture f(SmallConfig(64), Opts(1, 4));
+  std::vector<float> w(32), r(32);
+  for (size_t i = 0; i < w.size(); i++) w[i] = 0.5f + (float)i;
+  ASSERT_EQ(ts_engine_set_tensor(f.e, "model.norm.weight", w.data(), w.size()), TS_OK);
+  ASSERT_EQ(ts_engine_get_tensor(f.e, "model.norm.weight", r.data(), r.size()), TS_OK);
+  EXPECT_EQ(w, r);
+  EXPECT_EQ(ts_engine_set_tensor(f.e, "model.norm.weight", w.data(), 31), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(ts_engine_set_tensor(f.e, "model.nope", w.data(), 32), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ts_last_error()).find("model.nope"), std::string::npos);
+}
+
+TEST(Engine, RejectsBadOptions) {
+  ts_llama model;
+  ts_llama_config c = SmallConfig(64);
+  ASSERT_EQ(ts_llama_init(&model, &c), TS_OK);
+  ts_engine *e = nullptr;
+  ts_engine_opts o = Opts(1, 33);  // max_position_embeddings is 32
+  EXPECT_EQ(ts_engine_create(&e, &model, &o), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ts_last_error()).find("--seq 33"), std::string::npos);
+  EXPECT_EQ(e, nullptr);
+  o = Opts(0, 8);
+  EXPECT_EQ(ts_engine_create(&e, &model, &o), TS_ERR_INVALID_ARGUMENT);
+  ts_llama_free(&model);
+}
+
+TEST(Schedule, WarmupThenCosineToFloor) {
+  EXPECT_FLOAT_EQ(ts_train_lr(1, 100, 10, 1.0f, 0.1f), 0.1f);
+  EXPECT_FLOAT_EQ(ts_train_lr(10, 100, 10, 1.0f, 0.1f), 1.0f);
+  EXPECT_NEAR(ts_train_lr(55, 100, 10, 1.0f, 0.1f), 0.55f, 1e-6);  // half way: mid point
+  EXPECT_NEAR(ts_train_lr(100, 100, 10, 1.0f, 0.1f), 0.1f, 1e-6);
+  for (size_t s = 11; s < 100; s++)
+    EXPECT_LE(ts_train_lr(s + 1, 100, 10, 1.0f, 0.1f), ts_train_lr(s, 100, 10, 1.0f, 0.1f));
+}
+
+}  // namespace

@@ -1,0 +1,275 @@
+/*
+ * attention.c — causal grouped-query scaled dot-product attention (Vaswani
+ * et al. 2017 eq. 1; GQA: Ainslie et al. 2023), forward and backward.
+ *
+ * Per batch row b and query head h (kv head g = h / (NH / NKV)), with
+ * s = 1/sqrt(HS):
+ *   S = s Q K^T, P = softmax_rows(S + causal mask), O = P V
+ * Backward (softmax Jacobian, row t):
+ *   dV_g += P^T dO;  dP = dO V^T;  dS = s P * (dP - rowsum(P * dP))
+ *   dQ = dS K;  dK_g += dS^T Q
+ *
+ * Invariants:
+ * - Matrix products are sequential cblas_sgemm calls (never from inside an
+ *   OpenMP region). The forward softmax runs as one OpenMP loop over all
+ *   rows between the two product phases; the backward softmax runs
+ *   sequentially per head (see attn_bwd_f32). Rows are blocked by RB so
+ *   products skip key blocks above the diagonal.
+ * - Each output element is produced by one fixed sequence of operations
+ *   (heads of a GQA group accumulate into dK/dV in head order), so results
+ *   do not depend on the OpenMP thread count.
+ * - Scratch comes only from ctx->workspace: fp32 backward needs dP (T, T);
+ *   bf16/fp16 widen one batch row at a time into fp32 buffers, run the fp32
+ *   path and round the outputs once. ts_k_attention_workspace_bytes is the
+ *   larger of the forward and backward needs, exactly.
+ */
+#include <cblas.h>
+#include <limits.h>
+#include <math.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu_common.h"
+
+enum { RB = 128 }; /* query rows per block of the blocked-causal products */
+
+/* ---- workspace layout ------------------------------------------------------ */
+
+/* Byte offsets of the fp32 buffers one call carves from the workspace. */
+typedef struct {
+  size_t dp;              /* (T, T) backward scratch */
+  size_t q, k, v, dout;   /* widened inputs of one batch row (half only) */
+  size_t probs;           /* (NH, T, T) widened/produced probs (half only) */
+  size_t out, dq, dk, dv; /* fp32 outputs of one batch row (half only) */
+  size_t total;           /* bytes */
+} ws_layout;
+
+/* Appends a buffer of `bytes` at *end (64-byte aligned); returns its offset. */
+static size_t carve(size_t *end, size_t bytes) {
+  size_t o = *end;
+  *end += ts_align64(bytes);
+  return o;
+}
+
+static ws_layout layout(size_t T, size_t NH, size_t NKV, size_t HS, ts_dtype dt, int backward) {
+  ws_layout w;
+  memset(&w, 0, sizeof w);
+  size_t end = 0, f = sizeof(float);
+  if (backward) w.dp = carve(&end, T * T * f);
+  if (dt != TS_FP32) {
+    w.q = carve(&end, T * NH * HS * f);
+    w.k = carve(&end, T * NKV * HS * f);
+    w.v = carve(&end, T * NKV * HS * f);
+    w.probs = carve(&end, NH * T * T * f);
+    if (backward) {
+      w.dout = carve(&end, T * NH * HS * f);
+      w.dq = carve(&end, T * NH * HS * f);
+      w.dk = carve(&end, T * NKV * HS * f);
+      w.dv = carve(&end, T * NKV * HS * f);
+    } else {
+      w.out = carve(&end, T * NH * HS * f);
+    }
+  }
+  w.total = end;
+  return w;
+}
+
+size_t ts_k_attention_workspace_bytes(size_t B, size_t T, size_t NH, size_t NKV, size_t HS,
+                                      ts_dtype dt) {
+  size_t f = layout(T, NH, NKV, HS, dt, 0).total, b = layout(T, NH, NKV, HS, dt, 1).total;
+  return f > b ? f : b;
+}
+
+/* ---- fp32 core ------------------------------------------------------------- */
+
+/* Row t of P: softmax over keys 0..t of the scores in p[0..t], zeros after. */
+static void softmax_causal_row(float *p, size_t t, size_t T) {
+  float m = -INFINITY;
+  for (size_t j = 0; j <= t; j++) m = p[j] > m ? p[j] : m;
+  float sum = 0.0f;
+  for (size_t j = 0; j <= t; j++) {
+    float e = expf(p[j] - m);
+    p[j] = e;
+    sum += e;
+  }
+  float inv = 1.0f / sum;
+  for (size_t j = 0; j <= t; j++) p[j] *= inv;
+  for (size_t j = t + 1; j < T; j++) p[j] = 0.0f;
+}
+
+/* Row t of dS = scale * P * (dP - rowsum(P * dP)), in place over dp[0..t]. */
+static void softmax_causal_row_bwd(float *dp, const float *p, size_t t, float scale) {
+  float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+  for (size_t j = 0; j <= t; j++) dot += p[j] * dp[j];
+  for (size_t j = 0; j <= t; j++) dp[j] = scale * (p[j] * (dp[j] - dot));
+}
+
+/* fp32 forward over B batch rows (layouts as in kernels.h). */
+static void attn_fwd_f32(float *out, float *probs, const float *q, const float *k, const float *v,
+                         size_t B, size_t T, size_t NH, size_t NKV, size_t HS) {
+  const float scale = 1.0f / sqrtf((float)HS);
+  const size_t rep = NH / NKV;
+  const int ldq = (int)(NH * HS), ldk = (int)(NKV * HS), ldp = (int)T;
+  for (size_t b = 0; b < B; b++) {
+    for (size_t h = 0; h < NH; h++) {
+      const float *qb = q + b * T * NH * HS + h * HS;
+      const float *kb = k + b * T * NKV * HS + (h / rep) * HS;
+      float *pb = probs + (b * NH + h) * T * T;
+      for (size_t r0 = 0; r0 < T; r0 += RB) { /* S[r0:r1, 0:r1] = s Q[r0:r1] K[0:r1]^T */
+        size_t r1 = r0 + RB < T ? r0 + RB : T;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(r1 - r0), (int)r1, (int)HS,
+                    scale, qb + r0 * ldq, ldq, kb, ldk, 0.0f, pb + r0 * T, ldp);
+      }
+    }
+  }
+  ptrdiff_t rows = (ptrdiff_t)(B * NH * T);
+#pragma omp parallel for schedule(static) if (rows * (ptrdiff_t)T > 16384)
+  for (ptrdiff_t r = 0; r < rows; r++) softmax_causal_row(probs + (size_t)r * T, (size_t)r % T, T);
+  for (size_t b = 0; b < B; b++) {
+    for (size_t h = 0; h < NH; h++) {
+      const float *pb = probs + (b * NH + h) * T * T;
+      const float *vb = v + b * T * NKV * HS + (h / rep) * HS;
+      float *ob = out + b * T * NH * HS + h * HS;
+      for (size_t r0 = 0; r0 < T; r0 += RB) { /* O[r0:r1] = P[r0:r1, 0:r1] V[0:r1] */
+        size_t r1 = r0 + RB < T ? r0 + RB : T;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(r1 - r0), (int)HS, (int)r1,
+                    1.0f, pb + r0 * T, ldp, vb, ldk, 0.0f, ob + r0 * ldq, ldq);
+      }
+    }
+  }
+}
+
+/* fp32 backward over B batch rows; dp is (T, T) scratch. */
+static void attn_bwd_f32(float *dq, float *dk, float *dv, float *dp, const float *dout,
+                         const float *q, const float *k, const float *v, const float *probs,
+                         size_t B, size_t T, size_t NH, size_t NKV, size_t HS) {
+  const float scale = 1.0f / sqrtf((float)HS);
+  const size_t rep = NH / NKV;
+  const int ldq = (int)(NH * HS), ldk = (int)(NKV * HS), ldp = (int)T;
+  memset(dk, 0, B * T * NKV * HS * sizeof(float));
+  memset(dv, 0, B * T * NKV * HS * sizeof(float));
+  for (size_t b = 0; b < B; b++) {
+    for (size_t h = 0; h < NH; h++) {
+      size_t qo = b * T * NH * HS + h * HS, ko = b * T * NKV * HS + (h / rep) * HS;
+      const float *pb = probs + (b * NH + h) * T * T;
+      for (size_t r0 = 0; r0 < T; r0 += RB) {
+        size_t r1 = r0 + RB < T ? r0 + RB : T;
+        int m = (int)(r1 - r0);
+        /* dV[0:r1] += P[r0:r1, 0:r1]^T dO[r0:r1] */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)r1, (int)HS, m, 1.0f, pb + r0 * T,
+                    ldp, dout + qo + r0 * ldq, ldq, 1.0f, dv + ko, ldk);
+        /* dP[r0:r1, 0:r1] = dO[r0:r1] V[0:r1]^T */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, (int)r1, (int)HS, 1.0f,
+                    dout + qo + r0 * ldq, ldq, v + ko, ldk, 0.0f, dp + r0 * T, ldp);
+      }
+      /* Sequential on purpose: an OpenMP region between two OpenBLAS calls
+       * leaves OpenMP threads spinning while OpenBLAS's own threads work,
+       * which costs more than this O(T^2) loop saves on a few cores. */
+      for (size_t t = 0; t < T; t++) softmax_causal_row_bwd(dp + t * T, pb + t * T, t, scale);
+      for (size_t r0 = 0; r0 < T; r0 += RB) {
+        size_t r1 = r0 + RB < T ? r0 + RB : T;
+        int m = (int)(r1 - r0);
+        /* dS is zero above the diagonal inside the block: clear what dP left there */
+        for (size_t t = r0; t + 1 < r1; t++)
+          memset(dp + t * T + t + 1, 0, (r1 - t - 1) * sizeof(float));
+        /* dQ[r0:r1] = dS[r0:r1, 0:r1] K[0:r1] */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, (int)HS, (int)r1, 1.0f,
+                    dp + r0 * T, ldp, k + ko, ldk, 0.0f, dq + qo + r0 * ldq, ldq);
+        /* dK[0:r1] += dS[r0:r1, 0:r1]^T Q[r0:r1] */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)r1, (int)HS, m, 1.0f, dp + r0 * T,
+                    ldp, q + qo + r0 * ldq, ldq, 1.0f, dk + ko, ldk);
+      }
+    }
+  }
+}
+
+/* ---- public entry points ------------------------------------------------------ */
+
+static ts_status check_shape(const ts_kctx *ctx, size_t B, size_t T, size_t NH, size_t NKV,
+                             size_t HS, ts_dtype dt, const char *op) {
+  TS_CPU_ONLY(ctx, op);
+  TS_CHECK_DTYPE(dt, op);
+  if (NKV == 0 || NH % NKV != 0)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "%s: NH = %zu, NKV = %zu: expected NKV >= 1 dividing NH", op, NH, NKV);
+  if (T > INT_MAX || NH * HS > INT_MAX)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "%s: T = %zu, NH*HS = %zu: each must be at most %d (BLAS int)", op, T,
+                        NH * HS, INT_MAX);
+  return TS_OK;
+}
+
+ts_status ts_k_attention_forward(const ts_kctx *ctx, void *out, void *probs, const void *q,
+                                 const void *k, const void *v, size_t B, size_t T, size_t NH,
+                                 size_t NKV, size_t HS, ts_dtype dt) {
+  static const char op[] = "ts_k_attention_forward";
+  TS_CHECK(check_shape(ctx, B, T, NH, NKV, HS, dt, op));
+  if (B == 0 || T == 0 || NH == 0) return TS_OK;
+  if (HS == 0) return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: HS = 0: expected >= 1", op);
+  TS_CHECK_PTR(out, op);
+  TS_CHECK_PTR(probs, op);
+  TS_CHECK_PTR(q, op);
+  TS_CHECK_PTR(k, op);
+  TS_CHECK_PTR(v, op);
+  ws_layout w = layout(T, NH, NKV, HS, dt, 0);
+  TS_CHECK(ts_check_workspace(ctx, w.total, op));
+  if (dt == TS_FP32) {
+    attn_fwd_f32(out, probs, q, k, v, B, T, NH, NKV, HS);
+    return TS_OK;
+  }
+  char *ws = (char *)ctx->workspace;
+  float *fq = (float *)(ws + w.q), *fk = (float *)(ws + w.k), *fv = (float *)(ws + w.v);
+  float *fp = (float *)(ws + w.probs), *fo = (float *)(ws + w.out);
+  size_t es = ts_dtype_size(dt), nq = T * NH * HS, nk = T * NKV * HS, np = NH * T * T;
+  for (size_t b = 0; b < B; b++) {
+    ts_cpu_widen(fq, (const char *)q + b * nq * es, nq, dt);
+    ts_cpu_widen(fk, (const char *)k + b * nk * es, nk, dt);
+    ts_cpu_widen(fv, (const char *)v + b * nk * es, nk, dt);
+    attn_fwd_f32(fo, fp, fq, fk, fv, 1, T, NH, NKV, HS);
+    ts_cpu_narrow((char *)out + b * nq * es, fo, nq, dt);
+    ts_cpu_narrow((char *)probs + b * np * es, fp, np, dt);
+  }
+  return TS_OK;
+}
+
+ts_status ts_k_attention_backward(const ts_kctx *ctx, void *dq, void *dk, void *dv,
+                                  const void *dout, const void *q, const void *k, const void *v,
+                                  const void *probs, size_t B, size_t T, size_t NH, size_t NKV,
+                                  size_t HS, ts_dtype dt) {
+  static const char op[] = "ts_k_attention_backward";
+  TS_CHECK(check_shape(ctx, B, T, NH, NKV, HS, dt, op));
+  if (B == 0 || T == 0 || NH == 0) return TS_OK;
+  if (HS == 0) return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: HS = 0: expected >= 1", op);
+  TS_CHECK_PTR(dq, op);
+  TS_CHECK_PTR(dk, op);
+  TS_CHECK_PTR(dv, op);
+  TS_CHECK_PTR(dout, op);
+  TS_CHECK_PTR(q, op);
+  TS_CHECK_PTR(k, op);
+  TS_CHECK_PTR(v, op);
+  TS_CHECK_PTR(probs, op);
+  ws_layout w = layout(T, NH, NKV, HS, dt, 1);
+  TS_CHECK(ts_check_workspace(ctx, w.total, op));
+  char *ws = (char *)ctx->workspace;
+  float *dp = (float *)(ws + w.dp);
+  if (dt == TS_FP32) {
+    attn_bwd_f32(dq, dk, dv, dp, dout, q, k, v, probs, B, T, NH, NKV, HS);
+    return TS_OK;
+  }
+  float *fq = (float *)(ws + w.q), *fk = (float *)(ws + w.k), *fv = (float *)(ws + w.v);
+  float *fp = (float *)(ws + w.probs), *fdo = (float *)(ws + w.dout);
+  float *fdq = (float *)(ws + w.dq), *fdk = (float *)(ws + w.dk), *fdv = (float *)(ws + w.dv);
+  size_t es = ts_dtype_size(dt), nq = T * NH * HS, nk = T * NKV * HS, np = NH * T * T;
+  for (size_t b = 0; b < B; b++) {
+    ts_cpu_widen(fdo, (const char *)dout + b * nq * es, nq, dt);
+    ts_cpu_widen(fq, (const char *)q + b * nq * es, nq, dt);
+    ts_cpu_widen(fk, (const char *)k + b * nk * es, nk, dt);
+    ts_cpu_widen(fv, (const char *)v + b * nk * es, nk, dt);
+    ts_cpu_widen(fp, (const char *)probs + b * np * es, np, dt);
+    attn_bwd_f32(fdq, fdk, fdv, dp, fdo, fq, fk, fv, fp, 1, T, NH, NKV, HS);
+    ts_cpu_narrow((char *)dq + b * nq * es, fdq, nq, dt);
+    ts_cpu_narrow((char *)dk + b * nk * es, fdk, nk, dt);
+    ts_cpu_narrow((char *)dv + b * nk * es, fdv, nk, dt);
+  }
+  return TS_OK;
+}

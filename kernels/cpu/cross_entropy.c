@@ -1,0 +1,130 @@
+/*
+ * cross_entropy.c — softmax cross-entropy over the vocabulary, matching
+ * PyTorch F.cross_entropy(reduction="none", ignore_index=-100) per row.
+ *
+ *   loss[n] = logsumexp(x[n]) - x[n, y[n]],  logsumexp = max + log sum e^(x - max)
+ *   dlogits[n] = dloss * (softmax(x[n]) - onehot(y[n]))
+ * Rows whose target is TS_IGNORE_INDEX give loss 0 and zero gradient.
+ *
+ * Invariants: every target is validated before any output is written; rows
+ * are independent and each row's sums run in one fixed order, so results do
+ * not depend on the thread count; statistics are fp32 and half-precision
+ * logits are read per element (no scratch); backward reads a whole row
+ * before writing it, so dlogits may alias logits.
+ */
+#include <math.h>
+
+#include "kernels/cpu/cpu_common.h"
+
+/* Returns TS_ERR_INVALID_ARGUMENT naming the first bad target. */
+static ts_status check_targets(const int32_t *targets, size_t N, size_t V, const char *op) {
+  for (size_t n = 0; n < N; n++) {
+    int32_t y = targets[n];
+    if (y != TS_IGNORE_INDEX && (y < 0 || (size_t)y >= V))
+      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                          "%s: targets[%zu] = %d: expected a class in [0, %zu) or %d (ignore)", op,
+                          n, (int)y, V, TS_IGNORE_INDEX);
+  }
+  return TS_OK;
+}
+
+/* Max and sum of exp(x - max) of row n. */
+TS_AI void row_stats(const void *logits, size_t V, size_t n, float *max_out, float *sum_out,
+                     ts_dtype dt) {
+  size_t o = n * V;
+  float m = -INFINITY;
+  for (size_t j = 0; j < V; j++) {
+    float x = ld(logits, o + j, dt);
+    m = x > m ? x : m;
+  }
+  float s = 0.0f;
+  for (size_t j = 0; j < V; j++) s += expf(ld(logits, o + j, dt) - m);
+  *max_out = m;
+  *sum_out = s;
+}
+
+TS_AI float ce_fwd_row(const void *logits, int32_t y, size_t V, size_t n, ts_dtype dt) {
+  float m, s;
+  row_stats(logits, V, n, &m, &s, dt);
+  return (logf(s) + m) - ld(logits, n * V + (size_t)y, dt);
+}
+
+ts_status ts_k_cross_entropy_forward(const ts_kctx *ctx, float *loss_rows, const void *logits,
+                                     const int32_t *targets, size_t N, size_t V, ts_dtype dt) {
+  static const char op[] = "ts_k_cross_entropy_forward";
+  TS_CPU_ONLY(ctx, op);
+  TS_CHECK_DTYPE(dt, op);
+  if (N == 0) return TS_OK;
+  TS_CHECK_PTR(targets, op);
+  TS_CHECK_PTR(loss_rows, op);
+  TS_CHECK(check_targets(targets, N, V, op));
+  TS_CHECK_PTR(logits, op);
+#pragma omp parallel for schedule(static) if (N * V > 16384)
+  for (ptrdiff_t n = 0; n < (ptrdiff_t)N; n++) {
+    int32_t y = targets[n];
+    float loss = 0.0f;
+    if (y != TS_IGNORE_INDEX) {
+      if (dt == TS_FP32)
+        loss = ce_fwd_row(logits, y, V, (size_t)n, TS_FP32);
+      else if (dt == TS_BF16)
+        loss = ce_fwd_row(logits, y, V, (size_t)n, TS_BF16);
+      else
+        loss = ce_fwd_row(logits, y, V, (size_t)n, TS_FP16);
+    }
+    loss_rows[n] = loss;
+  }
+  return TS_OK;
+}
+
+TS_AI void ce_bwd_row(void *dlogits, const void *logits, int32_t y, size_t V, size_t n, float dloss,
+                      ts_dtype dt) {
+  size_t o = n * V;
+  if (y == TS_IGNORE_INDEX) {
+    for (size_t j = 0; j < V; j++) st(dlogits, o + j, dt, 0.0f);
+    return;
+  }
+  if (dt == TS_FP32) {
+    /* One exponential per logit: keep e^(x - max) in the fp32 output row
+     * (each x is read before its slot is overwritten, so aliasing is fine). */
+    const float *x = (const float *)logits + o;
+    float *d = (float *)dlogits + o;
+    float m = -INFINITY;
+    for (size_t j = 0; j < V; j++) m = x[j] > m ? x[j] : m;
+    float s = 0.0f;
+    for (size_t j = 0; j < V; j++) {
+      float e = expf(x[j] - m);
+      d[j] = e;
+      s += e;
+    }
+    float inv = 1.0f / s;
+    float py = d[y] * inv;
+    for (size_t j = 0; j < V; j++) d[j] = dloss * (d[j] * inv);
+    d[y] = dloss * (py - 1.0f);
+    return;
+  }
+  /* Half storage would round e^(x - max): recompute it instead. */
+  float m, s;
+  row_stats(logits, V, n, &m, &s, dt);
+  float inv = 1.0f / s;
+  for (size_t j = 0; j < V; j++) {
+    float p = expf(ld(logits, o + j, dt) - m) * inv;
+    st(dlogits, o + j, dt, dloss * (p - (j == (size_t)y ? 1.0f : 0.0f)));
+  }
+}
+
+ts_status ts_k_cross_entropy_backward(const ts_kctx *ctx, void *dlogits, const void *logits,
+                                      const int32_t *targets, size_t N, size_t V, float dloss,
+                                      ts_dtype dt) {
+  static const char op[] = "ts_k_cross_entropy_backward";
+  TS_CPU_ONLY(ctx, op);
+  TS_CHECK_DTYPE(dt, op);
+  if (N == 0 || V == 0) return TS_OK;
+  TS_CHECK_PTR(targets, op);
+  TS_CHECK(check_targets(targets, N, V, op));
+  TS_CHECK_PTR(dlogits, op);
+  TS_CHECK_PTR(logits, op);
+#pragma omp parallel for schedule(static) if (N * V > 16384)
+  for (ptrdiff_t n = 0; n < (ptrdiff_t)N; n++)
+    TS_DT_CALL(dt, ce_bwd_row, dlogits, logits, targets[n], V, (size_t)n, dloss);
+  return TS_OK;
+}

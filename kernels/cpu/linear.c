@@ -1,0 +1,125 @@
+/*
+ * linear.c — the bias-free linear layer y = x W^T (Hugging Face nn.Linear
+ * weight layout (N, K)), forward and backward, through OpenBLAS sgemm.
+ *
+ * Invariants:
+ * - fp32 calls cblas_sgemm directly on the caller's buffers (no workspace).
+ * - bf16/fp16 widen the operands into ctx->workspace, run the same fp32
+ *   sgemm, and round the results back once (RNE). The workspace is three
+ *   64-byte-aligned fp32 buffers of M*K, N*K and M*N elements; the query
+ *   ts_k_linear_workspace_bytes returns exactly that (0 for fp32).
+ * - OpenBLAS (Debian's pthread build) is never called from inside an OpenMP
+ *   parallel region. sgemm splits work over M and N only, so each output
+ *   element's dot product has one fixed order: results are deterministic.
+ */
+#include <cblas.h>
+#include <limits.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu_common.h"
+
+size_t ts_k_linear_workspace_bytes(size_t M, size_t N, size_t K, ts_dtype dt) {
+  if (dt == TS_FP32) return 0;
+  return ts_align64(M * K * sizeof(float)) + ts_align64(N * K * sizeof(float)) +
+         ts_align64(M * N * sizeof(float));
+}
+
+/* Checks the device, the dtype and that every dimension fits BLAS's int. */
+static ts_status check_dims(const ts_kctx *ctx, size_t M, size_t N, size_t K, ts_dtype dt,
+                            const char *op) {
+  TS_CPU_ONLY(ctx, op);
+  TS_CHECK_DTYPE(dt, op);
+  if (M > INT_MAX || N > INT_MAX || K > INT_MAX)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "%s: M=%zu N=%zu K=%zu: each must be at most %d (BLAS int)", op, M, N, K,
+                        INT_MAX);
+  return TS_OK;
+}
+
+/* The three fp32 sub-buffers of a half-precision call's workspace. */
+typedef struct {
+  float *mk, *nk, *mn;
+} ws_bufs;
+
+static ws_bufs split_ws(const ts_kctx *ctx, size_t M, size_t N, size_t K) {
+  ws_bufs w;
+  char *p = (char *)ctx->workspace;
+  w.mk = (float *)p;
+  p += ts_align64(M * K * sizeof(float));
+  w.nk = (float *)p;
+  p += ts_align64(N * K * sizeof(float));
+  w.mn = (float *)p;
+  return w;
+}
+
+ts_status ts_k_linear_forward(const ts_kctx *ctx, void *out, const void *inp, const void *weight,
+                              size_t M, size_t N, size_t K, ts_dtype dt) {
+  static const char op[] = "ts_k_linear_forward";
+  TS_CHECK(check_dims(ctx, M, N, K, dt, op));
+  if (M == 0 || N == 0) return TS_OK;
+  TS_CHECK_PTR(out, op);
+  if (K == 0) { /* empty sum: zeros */
+    memset(out, 0, M * N * ts_dtype_size(dt));
+    return TS_OK;
+  }
+  TS_CHECK_PTR(inp, op);
+  TS_CHECK_PTR(weight, op);
+  TS_CHECK(ts_check_workspace(ctx, ts_k_linear_workspace_bytes(M, N, K, dt), op));
+  if (dt == TS_FP32) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1.0f,
+                (const float *)inp, (int)K, (const float *)weight, (int)K, 0.0f, (float *)out,
+                (int)N);
+    return TS_OK;
+  }
+  ws_bufs w = split_ws(ctx, M, N, K);
+  ts_cpu_widen(w.mk, inp, M * K, dt);
+  ts_cpu_widen(w.nk, weight, N * K, dt);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1.0f, w.mk, (int)K,
+              w.nk, (int)K, 0.0f, w.mn, (int)N);
+  ts_cpu_narrow(out, w.mn, M * N, dt);
+  return TS_OK;
+}
+
+ts_status ts_k_linear_backward(const ts_kctx *ctx, void *dinp, void *dweight, const void *dout,
+                               const void *inp, const void *weight, size_t M, size_t N, size_t K,
+                               ts_dtype dt) {
+  static const char op[] = "ts_k_linear_backward";
+  TS_CHECK(check_dims(ctx, M, N, K, dt, op));
+  if (M == 0 || K == 0) return TS_OK; /* dinp and dweight are empty */
+  if (N == 0) {                       /* dinp = 0; dweight is empty */
+    if (dinp) memset(dinp, 0, M * K * ts_dtype_size(dt));
+    return TS_OK;
+  }
+  if (dinp == NULL && dweight == NULL) return TS_OK;
+  TS_CHECK_PTR(dout, op);
+  if (dinp) TS_CHECK_PTR(weight, op);
+  if (dweight) TS_CHECK_PTR(inp, op);
+  TS_CHECK(ts_check_workspace(ctx, ts_k_linear_workspace_bytes(M, N, K, dt), op));
+  if (dt == TS_FP32) {
+    if (dinp) /* dinp (M, K) = dout (M, N) @ W (N, K) */
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)K, (int)N, 1.0f,
+                  (const float *)dout, (int)N, (const float *)weight, (int)K, 0.0f, (float *)dinp,
+                  (int)K);
+    if (dweight) /* dW (N, K) += dout^T (N, M) @ inp (M, K) */
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)N, (int)K, (int)M, 1.0f,
+                  (const float *)dout, (int)N, (const float *)inp, (int)K, 1.0f, (float *)dweight,
+                  (int)K);
+    return TS_OK;
+  }
+  ws_bufs w = split_ws(ctx, M, N, K);
+  ts_cpu_widen(w.mn, dout, M * N, dt);
+  if (dinp) {
+    ts_cpu_widen(w.nk, weight, N * K, dt);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)K, (int)N, 1.0f, w.mn,
+                (int)N, w.nk, (int)K, 0.0f, w.mk, (int)K);
+    ts_cpu_narrow(dinp, w.mk, M * K, dt);
+  }
+  if (dweight) {
+    ts_cpu_widen(w.mk, inp, M * K, dt);
+    ts_cpu_widen(w.nk, dweight, N * K, dt);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)N, (int)K, (int)M, 1.0f, w.mn, (int)N,
+                w.mk, (int)K, 1.0f, w.nk, (int)K);
+    ts_cpu_narrow(dweight, w.nk, N * K, dt);
+  }
+  return TS_OK;
+}

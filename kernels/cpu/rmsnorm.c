@@ -1,0 +1,121 @@
+/*
+ * rmsnorm.c — RMSNorm (Zhang & Sennrich 2019, eq. 4; Hugging Face
+ * LlamaRMSNorm): out = weight * inp / sqrt(mean(inp^2) + eps).
+ *
+ * Invariants:
+ * - Statistics are fp32: rstd (N) is saved by forward for backward.
+ * - Rows are independent; per-row sums use a fixed vectorised order, so
+ *   results do not depend on the thread count. dweight is reduced over rows
+ *   by threads that own disjoint channel blocks and walk rows in order.
+ * - Half dtypes load/store per element and compute in fp32 (no scratch).
+ *
+ * Backward, with r = rstd, g = weight * dout (per element of a row):
+ *   dinp   += r g - (r^3 / C) inp sum_c(g inp)
+ *   dweight += sum_n dout inp r
+ */
+#include <math.h>
+
+#include "kernels/cpu/cpu_common.h"
+
+enum { CBLOCK = 64 }; /* channels per dweight work item */
+
+/* One row of forward: returns rstd, writes out. */
+TS_AI float rmsnorm_fwd_row(void *out, const void *inp, const void *weight, size_t C, float eps,
+                            size_t row, ts_dtype dt) {
+  size_t o = row * C;
+  float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+  for (size_t c = 0; c < C; c++) {
+    float x = ld(inp, o + c, dt);
+    ss += x * x;
+  }
+  float r = 1.0f / sqrtf(ss / (float)C + eps);
+  for (size_t c = 0; c < C; c++) st(out, o + c, dt, ld(weight, c, dt) * (ld(inp, o + c, dt) * r));
+  return r;
+}
+
+ts_status ts_k_rmsnorm_forward(const ts_kctx *ctx, void *out, float *rstd, const void *inp,
+                               const void *weight, size_t N, size_t C, float eps, ts_dtype dt) {
+  static const char op[] = "ts_k_rmsnorm_forward";
+  TS_CPU_ONLY(ctx, op);
+  TS_CHECK_DTYPE(dt, op);
+  if (N == 0) return TS_OK;
+  if (C == 0)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: C = 0: expected at least 1 channel", op);
+  TS_CHECK_PTR(out, op);
+  TS_CHECK_PTR(rstd, op);
+  TS_CHECK_PTR(inp, op);
+  TS_CHECK_PTR(weight, op);
+  if (out == inp)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: out aliases inp (not allowed)", op);
+#pragma omp parallel for schedule(static) if (N * C > 16384)
+  for (ptrdiff_t n = 0; n < (ptrdiff_t)N; n++) {
+    float r;
+    if (dt == TS_FP32)
+      r = rmsnorm_fwd_row(out, inp, weight, C, eps, (size_t)n, TS_FP32);
+    else if (dt == TS_BF16)
+      r = rmsnorm_fwd_row(out, inp, weight, C, eps, (size_t)n, TS_BF16);
+    else
+      r = rmsnorm_fwd_row(out, inp, weight, C, eps, (size_t)n, TS_FP16);
+    rstd[n] = r;
+  }
+  return TS_OK;
+}
+
+/* One row of backward: dinp[row] += r g - (r^3/C) inp sum(g inp). */
+TS_AI void rmsnorm_bwd_row(void *dinp, const void *dout, const void *inp, const void *weight,
+                           const float *rstd, size_t C, size_t row, ts_dtype dt) {
+  size_t o = row * C;
+  float r = rstd[row];
+  float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+  for (size_t c = 0; c < C; c++)
+    dot += ld(weight, c, dt) * ld(dout, o + c, dt) * ld(inp, o + c, dt);
+  float k = r * r * r * dot / (float)C;
+  for (size_t c = 0; c < C; c++) {
+    float g = ld(weight, c, dt) * ld(dout, o + c, dt);
+    st(dinp, o + c, dt, ld(dinp, o + c, dt) + (r * g - k * ld(inp, o + c, dt)));
+  }
+}
+
+/* dweight[c] += sum_n dout[n,c] inp[n,c] rstd[n] for c in [c0, c1), rows in order. */
+TS_AI void rmsnorm_dweight_block(void *dweight, const void *dout, const void *inp,
+                                 const float *rstd, size_t N, size_t C, size_t c0, size_t c1,
+                                 ts_dtype dt) {
+  float acc[CBLOCK];
+  for (size_t c = c0; c < c1; c++) acc[c - c0] = 0.0f;
+  for (size_t n = 0; n < N; n++) {
+    float r = rstd[n];
+    size_t o = n * C;
+    for (size_t c = c0; c < c1; c++) acc[c - c0] += ld(dout, o + c, dt) * (ld(inp, o + c, dt) * r);
+  }
+  for (size_t c = c0; c < c1; c++) st(dweight, c, dt, ld(dweight, c, dt) + acc[c - c0]);
+}
+
+ts_status ts_k_rmsnorm_backward(const ts_kctx *ctx, void *dinp, void *dweight, const void *dout,
+                                const void *inp, const void *weight, const float *rstd, size_t N,
+                                size_t C, ts_dtype dt) {
+  static const char op[] = "ts_k_rmsnorm_backward";
+  TS_CPU_ONLY(ctx, op);
+  TS_CHECK_DTYPE(dt, op);
+  if (N == 0 || C == 0) return TS_OK;
+  TS_CHECK_PTR(dout, op);
+  TS_CHECK_PTR(inp, op);
+  TS_CHECK_PTR(rstd, op);
+  if (dinp) {
+    TS_CHECK_PTR(weight, op);
+#pragma omp parallel for schedule(static) if (N * C > 16384)
+    for (ptrdiff_t n = 0; n < (ptrdiff_t)N; n++)
+      TS_DT_CALL(dt, rmsnorm_bwd_row, dinp, dout, inp, weight, rstd, C, (size_t)n);
+  }
+  if (dweight) {
+    ptrdiff_t nblocks = (ptrdiff_t)((C + CBLOCK - 1) / CBLOCK);
+#pragma omp parallel for schedule(static) if (nblocks > 1 && N * C > 16384)
+    for (ptrdiff_t b = 0; b < nblocks; b++) {
+      size_t c0 = (size_t)b * CBLOCK;
+      size_t c1 = c0 + CBLOCK < C ? c0 + CBLOCK : C;
+      TS_DT_CALL(dt, rmsnorm_dweight_block, dweight, dout, inp, rstd, N, C, c0, c1);
+    }
+  }
+  return TS_OK;
+}

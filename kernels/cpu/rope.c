@@ -1,0 +1,75 @@
+/*
+ * rope.c — rotary position embedding (Su et al. 2021, eq. 34) in Hugging
+ * Face's rotate-half layout: channel i pairs with channel i + HS/2.
+ *
+ * Angles follow LlamaRotaryEmbedding step by step in fp32:
+ *   inv_freq[i] = 1 / theta^((2i) / HS)   (fp32 division, powf, fp32 1/x)
+ *   a = (float)t * inv_freq[i];  cos a, sin a in fp32.
+ * (HF then casts cos/sin to the activation dtype before multiplying; here
+ * the rotation is computed in fp32 and rounded to storage once.)
+ *
+ * Invariants: positions are t = 0 .. T-1 in every batch row; each (b, t)
+ * row is independent, so results do not depend on the thread count; in
+ * place is allowed because each pair is read before it is written.
+ */
+#include <math.h>
+
+#include "kernels/cpu/cpu_common.h"
+
+enum { MAX_HALF = 1024 }; /* HS/2 limit of the per-row angle table */
+
+/* Rotates the H heads of row (b, t): sign = +1 forward (R), -1 backward (R^T). */
+TS_AI void rope_row(void *out, const void *x, size_t H, size_t HS, size_t row, const float *cs,
+                    const float *sn, float sign, ts_dtype dt) {
+  size_t half = HS / 2;
+  for (size_t h = 0; h < H; h++) {
+    size_t o = (row * H + h) * HS;
+    for (size_t i = 0; i < half; i++) {
+      float x1 = ld(x, o + i, dt), x2 = ld(x, o + i + half, dt);
+      float c = cs[i], s = sign * sn[i];
+      st(out, o + i, dt, x1 * c - x2 * s);
+      st(out, o + i + half, dt, x2 * c + x1 * s);
+    }
+  }
+}
+
+static ts_status rope_apply(const ts_kctx *ctx, void *out, const void *x, size_t B, size_t T,
+                            size_t H, size_t HS, float theta, float sign, ts_dtype dt,
+                            const char *op) {
+  TS_CPU_ONLY(ctx, op);
+  TS_CHECK_DTYPE(dt, op);
+  if (HS % 2 != 0 || HS / 2 > MAX_HALF)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: HS = %zu: expected even and <= %d", op, HS,
+                        2 * MAX_HALF);
+  if (!(theta > 0.0f))
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: theta = %g: expected > 0", op, (double)theta);
+  if (B == 0 || T == 0 || H == 0 || HS == 0) return TS_OK;
+  TS_CHECK_PTR(out, op);
+  TS_CHECK_PTR(x, op);
+  size_t half = HS / 2;
+  float inv_freq[MAX_HALF];
+  for (size_t i = 0; i < half; i++) inv_freq[i] = 1.0f / powf(theta, (float)(2 * i) / (float)HS);
+  ptrdiff_t rows = (ptrdiff_t)(B * T);
+#pragma omp parallel for schedule(static) if (B * T * H * HS > 16384)
+  for (ptrdiff_t r = 0; r < rows; r++) {
+    float cs[MAX_HALF], sn[MAX_HALF];
+    float t = (float)((size_t)r % T);
+    for (size_t i = 0; i < half; i++) {
+      float a = t * inv_freq[i];
+      cs[i] = cosf(a);
+      sn[i] = sinf(a);
+    }
+    TS_DT_CALL(dt, rope_row, out, x, H, HS, (size_t)r, cs, sn, sign);
+  }
+  return TS_OK;
+}
+
+ts_status ts_k_rope_forward(const ts_kctx *ctx, void *out, const void *x, size_t B, size_t T,
+                            size_t H, size_t HS, float theta, ts_dtype dt) {
+  return rope_apply(ctx, out, x, B, T, H, HS, theta, 1.0f, dt, "ts_k_rope_forward");
+}
+
+ts_status ts_k_rope_backward(const ts_kctx *ctx, void *dx, const void *dout, size_t B, size_t T,
+                             size_t H, size_t HS, float theta, ts_dtype dt) {
+  return rope_apply(ctx, dx, dout, B, T, H, HS, theta, -1.0f, dt, "ts_k_rope_backward");
+}

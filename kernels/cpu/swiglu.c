@@ -1,0 +1,72 @@
+/*
+ * swiglu.c — the SwiGLU gate of LLaMA's MLP (Shazeer 2020, eq. 6):
+ * h = silu(gate) * up, and its backward.
+ *
+ * Invariants: purely per element (kernels/elementwise.h's ts_silu and
+ * ts_silu_and_grad), computed in fp32 and rounded to storage once per output;
+ * so results do not depend on the thread count.
+ */
+#include "kernels/cpu/cpu_common.h"
+
+enum { CHUNK = 4096 };
+
+TS_AI void swiglu_fwd_range(void *h, const void *gate, const void *up, size_t lo, size_t hi,
+                            ts_dtype dt) {
+  for (size_t i = lo; i < hi; i++) st(h, i, dt, ts_silu(ld(gate, i, dt)) * ld(up, i, dt));
+}
+
+/* dgate = dh * up * silu'(gate); dup = dh * silu(gate). All inputs are read
+ * before either output is written, so dgate/dup may alias dh. */
+TS_AI void swiglu_bwd_range(void *dgate, void *dup, const void *dh, const void *gate,
+                            const void *up, size_t lo, size_t hi, ts_dtype dt) {
+  for (size_t i = lo; i < hi; i++) {
+    float g = ld(gate, i, dt), u = ld(up, i, dt), d = ld(dh, i, dt);
+    float sg, dsg;
+    ts_silu_and_grad(g, &sg, &dsg);
+    float dg = d * u * dsg, du = d * sg;
+    st(dgate, i, dt, dg);
+    st(dup, i, dt, du);
+  }
+}
+
+ts_status ts_k_swiglu_forward(const ts_kctx *ctx, void *h, const void *gate, const void *up,
+                              size_t n, ts_dtype dt) {
+  static const char op[] = "ts_k_swiglu_forward";
+  TS_CPU_ONLY(ctx, op);
+  TS_CHECK_DTYPE(dt, op);
+  if (n == 0) return TS_OK;
+  TS_CHECK_PTR(h, op);
+  TS_CHECK_PTR(gate, op);
+  TS_CHECK_PTR(up, op);
+  if (h == gate || h == up)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: h aliases gate or up (not allowed)", op);
+  ptrdiff_t nchunks = (ptrdiff_t)((n + CHUNK - 1) / CHUNK);
+#pragma omp parallel for schedule(static) if (nchunks > 1)
+  for (ptrdiff_t c = 0; c < nchunks; c++) {
+    size_t lo = (size_t)c * CHUNK;
+    size_t hi = lo + CHUNK < n ? lo + CHUNK : n;
+    TS_DT_CALL(dt, swiglu_fwd_range, h, gate, up, lo, hi);
+  }
+  return TS_OK;
+}
+
+ts_status ts_k_swiglu_backward(const ts_kctx *ctx, void *dgate, void *dup, const void *dh,
+                               const void *gate, const void *up, size_t n, ts_dtype dt) {
+  static const char op[] = "ts_k_swiglu_backward";
+  TS_CPU_ONLY(ctx, op);
+  TS_CHECK_DTYPE(dt, op);
+  if (n == 0) return TS_OK;
+  TS_CHECK_PTR(dgate, op);
+  TS_CHECK_PTR(dup, op);
+  TS_CHECK_PTR(dh, op);
+  TS_CHECK_PTR(gate, op);
+  TS_CHECK_PTR(up, op);
+  ptrdiff_t nchunks = (ptrdiff_t)((n + CHUNK - 1) / CHUNK);
+#pragma omp parallel for schedule(static) if (nchunks > 1)
+  for (ptrdiff_t c = 0; c < nchunks; c++) {
+    size_t lo = (size_t)c * CHUNK;
+    size_t hi = lo + CHUNK < n ? lo + CHUNK : n;
+    TS_DT_CALL(dt, swiglu_bwd_range, dgate, dup, dh, gate, up, lo, hi);
+  }
+  return TS_OK;
+}

@@ -1,0 +1,90 @@
+/*
+ * vecops.c — simple vector ops: ts_k_add and ts_k_sumsq.
+ *
+ * Invariant: results are bitwise independent of the OpenMP thread count.
+ * add is per element; sumsq sums fixed 4096-element chunks in double (eight
+ * interleaved lanes combined in a fixed order), then adds the chunk sums in
+ * index order inside at most 256 contiguous groups whose bounds depend on n
+ * only, then adds the group sums in order.
+ */
+#include "kernels/cpu/cpu_common.h"
+
+enum { CHUNK = 4096, MAX_GROUPS = 256 };
+
+/* out[i] = a[i] + b[i] for i in [lo, hi). */
+TS_AI void add_range(void *out, const void *a, const void *b, size_t lo, size_t hi, ts_dtype dt) {
+  for (size_t i = lo; i < hi; i++) st(out, i, dt, ld(a, i, dt) + ld(b, i, dt));
+}
+
+ts_status ts_k_add(const ts_kctx *ctx, void *out, const void *a, const void *b, size_t n,
+                   ts_dtype dt) {
+  static const char op[] = "ts_k_add";
+  TS_CPU_ONLY(ctx, op);
+  TS_CHECK_DTYPE(dt, op);
+  if (n == 0) return TS_OK;
+  TS_CHECK_PTR(out, op);
+  TS_CHECK_PTR(a, op);
+  TS_CHECK_PTR(b, op);
+  ptrdiff_t nchunks = (ptrdiff_t)((n + CHUNK - 1) / CHUNK);
+#pragma omp parallel for schedule(static) if (nchunks > 1)
+  for (ptrdiff_t c = 0; c < nchunks; c++) {
+    size_t lo = (size_t)c * CHUNK;
+    size_t hi = lo + CHUNK < n ? lo + CHUNK : n;
+    TS_DT_CALL(dt, add_range, out, a, b, lo, hi);
+  }
+  return TS_OK;
+}
+
+/* Sum of x[i]^2 over [lo, hi) in double: eight lanes, then a fixed tree. */
+TS_AI double sumsq_range(const void *x, size_t lo, size_t hi, ts_dtype dt) {
+  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  size_t i = lo;
+  for (; i + 8 <= hi; i += 8) {
+    for (int k = 0; k < 8; k++) {
+      double y = ld(x, i + (size_t)k, dt);
+      acc[k] += y * y; /* exact: a float squared fits in a double */
+    }
+  }
+  for (int k = 0; i < hi; i++, k++) {
+    double y = ld(x, i, dt);
+    acc[k] += y * y;
+  }
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+ts_status ts_k_sumsq(const ts_kctx *ctx, double *out, const void *x, size_t n, ts_dtype dt) {
+  static const char op[] = "ts_k_sumsq";
+  TS_CPU_ONLY(ctx, op);
+  TS_CHECK_DTYPE(dt, op);
+  TS_CHECK_PTR(out, op);
+  if (n == 0) {
+    *out = 0.0;
+    return TS_OK;
+  }
+  TS_CHECK_PTR(x, op);
+  size_t nchunks = (n + CHUNK - 1) / CHUNK;
+  size_t ngroups = nchunks < MAX_GROUPS ? nchunks : MAX_GROUPS;
+  double group_sum[MAX_GROUPS];
+#pragma omp parallel for schedule(static) if (nchunks > 1)
+  for (ptrdiff_t g = 0; g < (ptrdiff_t)ngroups; g++) {
+    size_t c0 = (size_t)g * nchunks / ngroups, c1 = (size_t)(g + 1) * nchunks / ngroups;
+    double s = 0.0;
+    for (size_t c = c0; c < c1; c++) {
+      size_t lo = c * CHUNK;
+      size_t hi = lo + CHUNK < n ? lo + CHUNK : n;
+      double part;
+      if (dt == TS_FP32)
+        part = sumsq_range(x, lo, hi, TS_FP32);
+      else if (dt == TS_BF16)
+        part = sumsq_range(x, lo, hi, TS_BF16);
+      else
+        part = sumsq_range(x, lo, hi, TS_FP16);
+      s += part;
+    }
+    group_sum[g] = s;
+  }
+  double total = 0.0;
+  for (size_t g = 0; g < ngroups; g++) total += group_sum[g];
+  *out = total;
+  return TS_OK;
+}

@@ -1,0 +1,198 @@
+/*
+ * kernels.h — the device-neutral, dtype-aware math of one device.
+ *
+ * Every op takes a ts_kctx (which device, which stream, which workspace),
+ * then outputs, then inputs, then dimensions, then the storage dtype `dt` of
+ * its activation/parameter tensors (llm.c argument order). Statistics that
+ * backward needs (rstd, per-row losses) are always fp32. Half-precision
+ * storage (bf16/fp16) is read, widened, computed and accumulated in fp32, and
+ * rounded back to storage with round-to-nearest-even.
+ *
+ * Shapes use B batch, T sequence, C channels, NH query heads, NKV key/value
+ * heads, HS head size, I MLP width, V vocabulary, N rows (= B*T).
+ * Backward rules (DESIGN.md "The unit"): parameter gradients accumulate (+=);
+ * activation gradients are written (=) unless the op says otherwise.
+ *
+ * Scratch memory comes only from ctx->workspace (charged to the ledger's
+ * workspace category by the caller); each op that needs some has a
+ * *_workspace_bytes() query returning the exact bytes it will take. An op
+ * whose workspace is too small returns TS_ERR_OUT_OF_MEMORY, touching nothing.
+ *
+ * Devices: every op runs on TS_DEVICE_CPU (OpenBLAS + OpenMP). On
+ * TS_DEVICE_CUDA, ts_k_cast, ts_k_zero and ts_k_adamw run (kernels/cuda/); the rest
+ * return TS_ERR_UNSUPPORTED until the GPU issue lands.
+ *
+ * Determinism: for a fixed input, every op's result is bitwise identical
+ * whatever the number of OpenMP threads (reductions use fixed chunking).
+ *
+ * Status values: TS_OK; TS_ERR_INVALID_ARGUMENT for a NULL ctx, an unknown
+ * dtype or device, a NULL pointer the op needs, a bad shape (odd HS,
+ * NH % NKV != 0, ...) or bad data (a token or target out of range);
+ * TS_ERR_OUT_OF_MEMORY for a workspace below the op's query;
+ * TS_ERR_UNSUPPORTED for a device the op has no body for; TS_ERR_CUDA for a
+ * failed launch. Every such check runs before any output is written.
+ * Implementations: kernels/cpu/ (one file per op family), kernels/cuda/.
+ */
+#ifndef TS_KERNELS_KERNELS_H
+#define TS_KERNELS_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Execution context of a kernel call. Plain descriptor; the caller owns the
+ * workspace memory and the stream. */
+typedef struct ts_kctx {
+  ts_device device;      /* where every pointer argument lives */
+  void *stream;          /* cudaStream_t on TS_DEVICE_CUDA, NULL on CPU */
+  void *workspace;       /* scratch, 64-byte aligned, on `device` */
+  size_t workspace_bytes; /* bytes available at `workspace` */
+} ts_kctx;
+
+/* Index that cross-entropy skips (Hugging Face / PyTorch convention). */
+#define TS_IGNORE_INDEX (-100)
+
+/* ---- casts and simple vector ops ---------------------------------------- */
+
+/* out[i] = (out_dt) in[i], round-to-nearest-even on narrowing, for i < n.
+ * out, in: (n) elements of out_dt / in_dt. in == out allowed only if the
+ * dtypes have equal size. CPU and CUDA. */
+ts_status ts_k_cast(const ts_kctx *ctx, void *out, ts_dtype out_dt, const void *in,
+                    ts_dtype in_dt, size_t n);
+
+/* Sets nbytes bytes at x to zero (memset / cudaMemsetAsync). CPU and CUDA. */
+ts_status ts_k_zero(const ts_kctx *ctx, void *x, size_t nbytes);
+
+/* out[i] = a[i] + b[i]; (n) elements of dt; out may alias a or b. */
+ts_status ts_k_add(const ts_kctx *ctx, void *out, const void *a, const void *b, size_t n,
+                   ts_dtype dt);
+
+/* *out = sum_i x[i]^2 in double, over (n) elements of dt. Summed in fixed
+ * 4096-element chunks combined in order, so the result does not depend on
+ * the thread count. */
+ts_status ts_k_sumsq(const ts_kctx *ctx, double *out, const void *x, size_t n, ts_dtype dt);
+
+/* ---- linear layer: y = x W^T (no bias; Hugging Face nn.Linear layout) --- */
+
+/* out (M, N) = inp (M, K) @ weight (N, K)^T. All dt. */
+ts_status ts_k_linear_forward(const ts_kctx *ctx, void *out, const void *inp, const void *weight,
+                              size_t M, size_t N, size_t K, ts_dtype dt);
+/* dinp (M, K) = dout (M, N) @ weight (N, K)      (written, =; NULL skips)
+ * dweight (N, K) += dout^T (N, M) @ inp (M, K)   (accumulated; NULL skips) */
+ts_status ts_k_linear_backward(const ts_kctx *ctx, void *dinp, void *dweight, const void *dout,
+                               const void *inp, const void *weight, size_t M, size_t N, size_t K,
+                               ts_dtype dt);
+size_t ts_k_linear_workspace_bytes(size_t M, size_t N, size_t K, ts_dtype dt);
+
+/* ---- token embedding ------------------------------------------------------ */
+
+/* out (N, C) = wte[tokens[n]] for n < N; wte (V, C). A token outside [0, V)
+ * returns TS_ERR_INVALID_ARGUMENT naming the position and the token. */
+ts_status ts_k_embedding_forward(const ts_kctx *ctx, void *out, const int32_t *tokens,
+                                 const void *wte, size_t N, size_t C, size_t V, ts_dtype dt);
+/* dwte (V, C) += scatter of dout (N, C) by tokens (accumulated), positions
+ * added in order n = 0..N-1. With bf16/fp16 storage each addition rounds to
+ * storage (no fp32 scratch), as torch's index_add_ on a half tensor does. */
+ts_status ts_k_embedding_backward(const ts_kctx *ctx, void *dwte, const void *dout,
+                                  const int32_t *tokens, size_t N, size_t C, size_t V,
+                                  ts_dtype dt);
+
+/* ---- RMSNorm (Zhang & Sennrich 2019, eq. 4; Hugging Face LlamaRMSNorm) ---- */
+
+/* rstd (N) fp32 = 1 / sqrt(mean_c inp^2 + eps);
+ * out (N, C) = weight (C) * (inp * rstd). out may not alias inp. */
+ts_status ts_k_rmsnorm_forward(const ts_kctx *ctx, void *out, float *rstd, const void *inp,
+                               const void *weight, size_t N, size_t C, float eps, ts_dtype dt);
+/* dinp (N, C) += d/dinp   (ACCUMULATED, so residual streams add for free)
+ * dweight (C) += d/dweight (accumulated). */
+ts_status ts_k_rmsnorm_backward(const ts_kctx *ctx, void *dinp, void *dweight, const void *dout,
+                                const void *inp, const void *weight, const float *rstd, size_t N,
+                                size_t C, ts_dtype dt);
+
+/* ---- rotary position embedding (Su et al. 2021; HF rotate-half layout) ---- */
+
+/* For x (B, T, H, HS), position t, i < HS/2, f_i = theta^(-2i/HS) (computed
+ * in fp32 as Hugging Face does), a = t * f_i:
+ *   out[i]      = x[i] cos a - x[i + HS/2] sin a
+ *   out[i+HS/2] = x[i + HS/2] cos a + x[i] sin a
+ * In place allowed (out == x). HS must be even. */
+ts_status ts_k_rope_forward(const ts_kctx *ctx, void *out, const void *x, size_t B, size_t T,
+                            size_t H, size_t HS, float theta, ts_dtype dt);
+/* dx = R^T dout (the inverse rotation). Written (=); in place allowed. */
+ts_status ts_k_rope_backward(const ts_kctx *ctx, void *dx, const void *dout, size_t B, size_t T,
+                             size_t H, size_t HS, float theta, ts_dtype dt);
+
+/* ---- causal grouped-query attention (Vaswani et al. 2017 eq. 1; GQA:
+ * Ainslie et al. 2023 — query head h reads kv head h / (NH / NKV)) -------- */
+
+/* probs (B, NH, T, T) = softmax(q k^T / sqrt(HS) + causal mask), rows over
+ * keys, entries above the diagonal are 0;
+ * out (B, T, NH, HS) = probs @ v.
+ * q (B, T, NH, HS), k and v (B, T, NKV, HS). NH % NKV == 0. */
+ts_status ts_k_attention_forward(const ts_kctx *ctx, void *out, void *probs, const void *q,
+                                 const void *k, const void *v, size_t B, size_t T, size_t NH,
+                                 size_t NKV, size_t HS, ts_dtype dt);
+/* dq (B, T, NH, HS), dk, dv (B, T, NKV, HS): all written (=). */
+ts_status ts_k_attention_backward(const ts_kctx *ctx, void *dq, void *dk, void *dv,
+                                  const void *dout, const void *q, const void *k, const void *v,
+                                  const void *probs, size_t B, size_t T, size_t NH, size_t NKV,
+                                  size_t HS, ts_dtype dt);
+size_t ts_k_attention_workspace_bytes(size_t B, size_t T, size_t NH, size_t NKV, size_t HS,
+                                      ts_dtype dt);
+
+/* ---- SwiGLU (Shazeer 2020, eq. 6): h = silu(gate) * up ------------------- */
+
+/* h, gate, up: (n) elements of dt. h may not alias gate or up. */
+ts_status ts_k_swiglu_forward(const ts_kctx *ctx, void *h, const void *gate, const void *up,
+                              size_t n, ts_dtype dt);
+/* dgate, dup (n): written (=). */
+ts_status ts_k_swiglu_backward(const ts_kctx *ctx, void *dgate, void *dup, const void *dh,
+                               const void *gate, const void *up, size_t n, ts_dtype dt);
+
+/* ---- softmax cross-entropy (PyTorch F.cross_entropy, ignore_index -100) -- */
+
+/* loss_rows (N) fp32 = -log softmax(logits[n])[targets[n]], or 0 where
+ * targets[n] == TS_IGNORE_INDEX. logits (N, V). A target outside [0, V) and
+ * not -100 returns TS_ERR_INVALID_ARGUMENT naming the row and the value. */
+ts_status ts_k_cross_entropy_forward(const ts_kctx *ctx, float *loss_rows, const void *logits,
+                                     const int32_t *targets, size_t N, size_t V, ts_dtype dt);
+/* dlogits (N, V) = dloss * (softmax(logits[n]) - onehot(targets[n])) for
+ * rows with a target, 0 for ignored rows. Written (=); in place allowed
+ * (dlogits == logits). dloss is the gradient of the reduced loss w.r.t. each
+ * row's loss (1/count for a mean). */
+ts_status ts_k_cross_entropy_backward(const ts_kctx *ctx, void *dlogits, const void *logits,
+                                      const int32_t *targets, size_t N, size_t V, float dloss,
+                                      ts_dtype dt);
+
+/* ---- AdamW (Loshchilov & Hutter 2019, Algorithm 2; matches torch.optim.AdamW) */
+
+typedef struct ts_adamw_hparams {
+  float lr;           /* learning rate of this step */
+  float beta1;        /* first-moment decay, e.g. 0.9 */
+  float beta2;        /* second-moment decay, e.g. 0.95 */
+  float eps;          /* added to sqrt(v_hat), e.g. 1e-8 */
+  float weight_decay; /* decoupled decay; 0 for tensors that take none */
+  int step;           /* 1-based step number t, for bias correction */
+  float grad_scale;   /* gradient multiplier applied first (clip, 1/loss scale) */
+} ts_adamw_hparams;
+
+/* For i < n, with g = grad_scale * grad[i]:
+ *   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
+ *   master *= 1 - lr wd;  master -= (lr / (1-b1^t)) * m / (sqrt(v)/sqrt(1-b2^t) + eps)
+ *   if param_out != NULL: param_out[i] = (param_dt) master[i]   (RNE)
+ * master, m, v: (n) fp32, updated in place. grad: (n) grad_dt.
+ * param_out may alias master when param_dt is fp32. CPU and CUDA. */
+ts_status ts_k_adamw(const ts_kctx *ctx, float *master, void *param_out, ts_dtype param_dt,
+                     float *m, float *v, const void *grad, ts_dtype grad_dt, size_t n,
+                     const ts_adamw_hparams *hp);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TS_KERNELS_KERNELS_H */

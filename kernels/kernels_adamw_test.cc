@@ -1,0 +1,196 @@
+// AdamW against a double-precision transcription of torch.optim.AdamW, and
+// the determinism contract: results bitwise independent of the OpenMP
+// thread count (sumsq and the ops that reduce across rows or positions).
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include "kernels/kernels.h"
+#include "kernels/kernels_test_util.h"
+
+using ts_test::CpuCtx;
+using ts_test::Rng;
+
+namespace {
+
+// torch.optim.AdamW (_single_tensor_adam, maximize=False, amsgrad=False),
+// one step, in double.
+void adamw_ref(std::vector<double> &p, std::vector<double> &m, std::vector<double> &v,
+               const std::vector<float> &grad, const ts_adamw_hparams &hp) {
+  double lr = hp.lr, b1 = hp.beta1, b2 = hp.beta2, eps = hp.eps, wd = hp.weight_decay;
+  double bc1 = 1 - std::pow(b1, hp.step), bc2 = 1 - std::pow(b2, hp.step);
+  for (size_t i = 0; i < p.size(); i++) {
+    double g = (double)hp.grad_scale * grad[i];
+    p[i] *= 1 - lr * wd;                  // param.mul_(1 - lr * weight_decay)
+    m[i] += (1 - b1) * (g - m[i]);        // exp_avg.lerp_(grad, 1 - beta1)
+    v[i] = b2 * v[i] + (1 - b2) * g * g;  // exp_avg_sq.mul_(b2).addcmul_(g, g, 1 - b2)
+    double denom = std::sqrt(v[i]) / std::sqrt(bc2) + eps;
+    p[i] -= lr / bc1 * (m[i] / denom);  // param.addcdiv_(exp_avg, denom, -step_size)
+  }
+}
+
+TEST(Adamw, MatchesTorchTranscriptionOverSeveralSteps) {
+  const size_t n = 5000;
+  const int steps = 5;
+  Rng rng(31);
+  auto p0 = rng.vec(n, -2, 2);
+  std::vector<float> master = p0, m(n, 0.0f), v(n, 0.0f);
+  std::vector<double> rp(p0.begin(), p0.end()), rm(n, 0.0), rv(n, 0.0);
+  ts_adamw_hparams hp = {3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0, 0.5f};
+  CpuCtx c;
+  for (int t = 1; t <= steps; t++) {
+    hp.step = t;
+    hp.lr = 3e-3f * (float)t / steps;  // a warm-up schedule: lr changes every step
+    auto g = rng.vec(n, -3, 3);
+    ASSERT_EQ(ts_k_adamw(c.get(), master.data(), nullptr, TS_FP32, m.data(), v.data(), g.data(),
+                         TS_FP32, n, &hp),
+              TS_OK);
+    adamw_ref(rp, rm, rv, g, hp);
+  }
+  // fp32 vs double: each step rounds p (~2 u |p|) and the update (~10 u of
+  // its size, which is <= ~lr / (1 - b1) = 0.03); m and v take ~4 roundings
+  // per step of terms as large as |g| <= 1.5 (m can cancel, so its bound is
+  // absolute in |g|; v is a sum of squares, so relative). u = 2^-24; bounds
+  // summed over the steps, x2 slack.
+  const double u = std::ldexp(1.0, -24);
+  for (size_t i = 0; i < n; i++) {
+    ASSERT_NEAR(master[i], rp[i], 2 * steps * (2 * u * std::fabs(rp[i]) + 10 * u * 0.03)) << i;
+    ASSERT_NEAR(m[i], rm[i], 2 * steps * 4 * u * (std::fabs(rm[i]) + 1.5)) << i;
+    ASSERT_NEAR(v[i], rv[i], 2 * steps * 4 * u * std::fabs(rv[i]) + 1e-12) << i;
+  }
+  // The update moved the weights (a no-op kernel would fail the checks above
+  // only through weight decay; make the size of the step explicit too).
+  double moved = 0;
+  for (size_t i = 0; i < n; i++) moved = std::fmax(moved, std::fabs((double)master[i] - p0[i]));
+  EXPECT_GT(moved, 1e-3);
+}
+
+TEST(Adamw, ParamCopyAndAliasing) {
+  const size_t n = 100;
+  Rng rng(32);
+  auto p0 = rng.vec(n), g = rng.vec(n);
+  ts_adamw_hparams hp = {1e-2f, 0.9f, 0.999f, 1e-8f, 0.0f, 1, 1.0f};
+  CpuCtx c;
+  std::vector<float> a = p0, ma(n, 0), va(n, 0), b = p0, mb(n, 0), vb(n, 0), out(n);
+  ASSERT_EQ(ts_k_adamw(c.get(), a.data(), out.data(), TS_FP32, ma.data(), va.data(), g.data(),
+                       TS_FP32, n, &hp),
+            TS_OK);
+  ASSERT_EQ(ts_k_adamw(c.get(), b.data(), b.data(), TS_FP32, mb.data(), vb.data(), g.data(),
+                       TS_FP32, n, &hp),
+            TS_OK);
+  EXPECT_EQ(out, a);
+  EXPECT_EQ(b, a);
+  // Step 1 of Adam without decay moves each weight by ~lr against its gradient sign.
+  for (size_t i = 0; i < n; i++) {
+    if (std::fabs(g[i]) > 1e-3f) {
+      EXPECT_NEAR(a[i] - p0[i], g[i] > 0 ? -1e-2 : 1e-2, 1e-4) << i;
+    }
+  }
+  EXPECT_EQ(ts_k_adamw(c.get(), a.data(), a.data(), TS_BF16, ma.data(), va.data(), g.data(),
+                       TS_FP32, n, &hp),
+            TS_ERR_INVALID_ARGUMENT);  // bf16 copy onto the fp32 master
+}
+
+// Runs fn with 1 thread and with 3 threads and expects identical bytes.
+void expect_thread_independent(const char *what, const std::function<std::vector<float>()> &fn) {
+  int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  auto one = fn();
+  omp_set_num_threads(3);  // uneven split of every loop
+  auto three = fn();
+  omp_set_num_threads(saved);
+  ASSERT_EQ(one.size(), three.size());
+  EXPECT_EQ(0, std::memcmp(one.data(), three.data(), one.size() * sizeof(float))) << what;
+}
+
+TEST(Determinism, SumsqIsBitwiseEqualAcrossThreadCounts) {
+  const size_t n = 3 * 1000 * 1000 + 7;  // 733 chunks: 256 groups of uneven size
+  Rng rng(33);
+  auto x = rng.vec(n);
+  CpuCtx c;
+  double s1 = 0, s2 = 0;
+  omp_set_num_threads(1);
+  ASSERT_EQ(ts_k_sumsq(c.get(), &s1, x.data(), n, TS_FP32), TS_OK);
+  omp_set_num_threads(2);
+  ASSERT_EQ(ts_k_sumsq(c.get(), &s2, x.data(), n, TS_FP32), TS_OK);
+  EXPECT_EQ(0, std::memcmp(&s1, &s2, sizeof s1));
+  long double ref = 0;
+  for (float v : x) ref += (long double)v * v;
+  // double partial sums of exact squares: relative error ~ (chunk depth) 2^-53.
+  EXPECT_NEAR(s1, (double)ref, 1e-12 * (double)ref);
+}
+
+TEST(Determinism, ReductionsAreBitwiseEqualAcrossThreadCounts) {
+  Rng rng(34);
+  {
+    const size_t N = 300, C = 200, V = 17;  // embedding backward: repeated tokens
+    auto dy = rng.vec(N * C);
+    std::vector<int32_t> tok(N);
+    for (auto &t : tok) t = rng.below((int32_t)V);
+    expect_thread_independent("embedding backward", [&] {
+      std::vector<float> d(V * C, 0.0f);
+      CpuCtx c;
+      EXPECT_EQ(ts_k_embedding_backward(c.get(), d.data(), dy.data(), tok.data(), N, C, V, TS_FP32),
+                TS_OK);
+      return d;
+    });
+  }
+  {
+    const size_t N = 257, C = 300;  // rmsnorm backward: dweight reduces over rows
+    auto x = rng.vec(N * C), w = rng.vec(C), dy = rng.vec(N * C);
+    expect_thread_independent("rmsnorm backward", [&] {
+      CpuCtx c;
+      std::vector<float> y(N * C), rstd(N), dx(N * C, 0.0f), dw(C, 0.0f);
+      EXPECT_EQ(ts_k_rmsnorm_forward(c.get(), y.data(), rstd.data(), x.data(), w.data(), N, C,
+                                     1e-6f, TS_FP32),
+                TS_OK);
+      EXPECT_EQ(ts_k_rmsnorm_backward(c.get(), dx.data(), dw.data(), dy.data(), x.data(), w.data(),
+                                      rstd.data(), N, C, TS_FP32),
+                TS_OK);
+      y.insert(y.end(), dx.begin(), dx.end());
+      y.insert(y.end(), dw.begin(), dw.end());
+      return y;
+    });
+  }
+  {
+    const size_t B = 2, T = 150, NH = 4, NKV = 2, HS = 16;  // attention: GQA heads accumulate
+    auto q = rng.vec(B * T * NH * HS), k = rng.vec(B * T * NKV * HS), v = rng.vec(k.size()),
+         dy = rng.vec(q.size());
+    expect_thread_independent("attention", [&] {
+      CpuCtx c(ts_k_attention_workspace_bytes(B, T, NH, NKV, HS, TS_FP32));
+      std::vector<float> out(q.size()), p(B * NH * T * T), dq(q.size()), dk(k.size()), dv(k.size());
+      EXPECT_EQ(ts_k_attention_forward(c.get(), out.data(), p.data(), q.data(), k.data(), v.data(),
+                                       B, T, NH, NKV, HS, TS_FP32),
+                TS_OK);
+      EXPECT_EQ(
+          ts_k_attention_backward(c.get(), dq.data(), dk.data(), dv.data(), dy.data(), q.data(),
+                                  k.data(), v.data(), p.data(), B, T, NH, NKV, HS, TS_FP32),
+          TS_OK);
+      for (auto *t : {&p, &dq, &dk, &dv}) out.insert(out.end(), t->begin(), t->end());
+      return out;
+    });
+  }
+  {
+    const size_t N = 64, V = 1000;  // cross-entropy rows
+    auto x = rng.vec(N * V, -4, 4);
+    std::vector<int32_t> y(N);
+    for (auto &t : y) t = rng.below((int32_t)V);
+    expect_thread_independent("cross-entropy", [&] {
+      CpuCtx c;
+      std::vector<float> loss(N), dx(N * V);
+      EXPECT_EQ(ts_k_cross_entropy_forward(c.get(), loss.data(), x.data(), y.data(), N, V, TS_FP32),
+                TS_OK);
+      EXPECT_EQ(ts_k_cross_entropy_backward(c.get(), dx.data(), x.data(), y.data(), N, V, 1.0f / N,
+                                            TS_FP32),
+                TS_OK);
+      loss.insert(loss.end(), dx.begin(), dx.end());
+      return loss;
+    });
+  }
+}
+
+}  // namespace

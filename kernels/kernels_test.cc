@@ -1,0 +1,357 @@
+// Forward tests of the CPU kernels against naive double-precision reference
+// loops, plus the error contract: invalid tokens/targets, workspace too
+// small, CUDA contexts in a CPU-only build, and the workspace queries.
+#include "kernels/kernels.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/kernels_test_util.h"
+
+using ts_test::CpuCtx;
+using ts_test::Rng;
+
+namespace {
+
+const double kU = std::ldexp(1.0, -24);  // fp32 unit roundoff
+
+TEST(Linear, ForwardMatchesNaive) {
+  const size_t M = 7, N = 5, K = 19;
+  Rng rng(1);
+  auto x = rng.vec(M * K), w = rng.vec(N * K);
+  std::vector<float> out(M * N);
+  CpuCtx c;
+  ASSERT_EQ(ts_k_linear_forward(c.get(), out.data(), x.data(), w.data(), M, N, K, TS_FP32), TS_OK);
+  for (size_t m = 0; m < M; m++)
+    for (size_t n = 0; n < N; n++) {
+      double s = 0, sa = 0;
+      for (size_t k = 0; k < K; k++) {
+        s += (double)x[m * K + k] * w[n * K + k];
+        sa += std::fabs((double)x[m * K + k] * w[n * K + k]);
+      }
+      // Standard dot-product bound: |fl(s) - s| <= K u sum|x w| (Higham 3.1); x2 slack.
+      EXPECT_NEAR(out[m * N + n], s, 2 * K * kU * sa) << m << "," << n;
+    }
+}
+
+TEST(Embedding, ForwardCopiesRows) {
+  const size_t N = 6, C = 5, V = 4;
+  Rng rng(2);
+  auto wte = rng.vec(V * C);
+  std::vector<int32_t> tok = {3, 0, 3, 1, 2, 0};
+  std::vector<float> out(N * C);
+  CpuCtx c;
+  ASSERT_EQ(ts_k_embedding_forward(c.get(), out.data(), tok.data(), wte.data(), N, C, V, TS_FP32),
+            TS_OK);
+  for (size_t n = 0; n < N; n++)
+    for (size_t j = 0; j < C; j++) EXPECT_EQ(out[n * C + j], wte[tok[n] * C + j]);
+}
+
+TEST(Rmsnorm, ForwardMatchesNaive) {
+  const size_t N = 5, C = 37;
+  const float eps = 1e-5f;
+  Rng rng(3);
+  auto x = rng.vec(N * C, -2, 2), w = rng.vec(C, 0.5f, 1.5f);
+  std::vector<float> out(N * C), rstd(N);
+  CpuCtx c;
+  ASSERT_EQ(ts_k_rmsnorm_forward(c.get(), out.data(), rstd.data(), x.data(), w.data(), N, C, eps,
+                                 TS_FP32),
+            TS_OK);
+  for (size_t n = 0; n < N; n++) {
+    double ss = 0;
+    for (size_t j = 0; j < C; j++) ss += (double)x[n * C + j] * x[n * C + j];
+    double r = 1.0 / std::sqrt(ss / C + eps);
+    // fp32 sum of C squares (C u relative) then rsqrt: well below 1e-5 relative.
+    EXPECT_NEAR(rstd[n], r, 1e-5 * r);
+    for (size_t j = 0; j < C; j++)
+      EXPECT_NEAR(out[n * C + j], w[j] * x[n * C + j] * r, 1e-5 * r * 3) << n << "," << j;
+  }
+}
+
+// Reference rotation: the fp32 angle of Hugging Face (powf, fp32 product),
+// then cos/sin and the rotation in double.
+void rope_ref(std::vector<double> &out, const std::vector<float> &x, size_t B, size_t T, size_t H,
+              size_t HS, float theta, int sign) {
+  size_t half = HS / 2;
+  out.assign(x.size(), 0);
+  for (size_t b = 0; b < B; b++)
+    for (size_t t = 0; t < T; t++)
+      for (size_t h = 0; h < H; h++)
+        for (size_t i = 0; i < half; i++) {
+          float inv = 1.0f / std::pow(theta, (float)(2 * i) / (float)HS);
+          float a = (float)t * inv;
+          double cs = std::cos((double)a), sn = sign * std::sin((double)a);
+          size_t o = ((b * T + t) * H + h) * HS;
+          double x1 = x[o + i], x2 = x[o + i + half];
+          out[o + i] = x1 * cs - x2 * sn;
+          out[o + i + half] = x2 * cs + x1 * sn;
+        }
+}
+
+TEST(Rope, ForwardMatchesNaiveAndIsIdentityAtPositionZero) {
+  const size_t B = 2, T = 9, H = 3, HS = 8;
+  const float theta = 10000.0f;
+  Rng rng(4);
+  auto x = rng.vec(B * T * H * HS);
+  std::vector<float> out(x.size());
+  CpuCtx c;
+  ASSERT_EQ(ts_k_rope_forward(c.get(), out.data(), x.data(), B, T, H, HS, theta, TS_FP32), TS_OK);
+  std::vector<double> ref;
+  rope_ref(ref, x, B, T, H, HS, theta, 1);
+  // cosf/sinf are within 1 ulp; two products and a sum of |x| <= 1: < 1e-6.
+  for (size_t i = 0; i < x.size(); i++) EXPECT_NEAR(out[i], ref[i], 1e-6) << i;
+  for (size_t b = 0; b < B; b++)
+    for (size_t i = 0; i < H * HS; i++)  // t = 0: cos 0 = 1, sin 0 = 0 exactly
+      EXPECT_EQ(out[b * T * H * HS + i], x[b * T * H * HS + i]);
+  // In place gives the same bits.
+  std::vector<float> inplace = x;
+  ASSERT_EQ(ts_k_rope_forward(c.get(), inplace.data(), inplace.data(), B, T, H, HS, theta, TS_FP32),
+            TS_OK);
+  EXPECT_EQ(inplace, out);
+  // Backward is the inverse rotation: R^T R x = x up to fp32 rounding.
+  std::vector<float> back(x.size());
+  ASSERT_EQ(ts_k_rope_backward(c.get(), back.data(), out.data(), B, T, H, HS, theta, TS_FP32),
+            TS_OK);
+  for (size_t i = 0; i < x.size(); i++) EXPECT_NEAR(back[i], x[i], 1e-6) << i;
+}
+
+void attention_ref(std::vector<double> &out, std::vector<double> &probs,
+                   const std::vector<float> &q, const std::vector<float> &k,
+                   const std::vector<float> &v, size_t B, size_t T, size_t NH, size_t NKV,
+                   size_t HS) {
+  out.assign(B * T * NH * HS, 0);
+  probs.assign(B * NH * T * T, 0);
+  for (size_t b = 0; b < B; b++)
+    for (size_t h = 0; h < NH; h++) {
+      size_t g = h / (NH / NKV);
+      for (size_t t = 0; t < T; t++) {
+        std::vector<double> s(t + 1);
+        double mx = -INFINITY, sum = 0;
+        for (size_t j = 0; j <= t; j++) {
+          double d = 0;
+          for (size_t i = 0; i < HS; i++)
+            d += (double)q[((b * T + t) * NH + h) * HS + i] * k[((b * T + j) * NKV + g) * HS + i];
+          s[j] = d / std::sqrt((double)HS);
+          mx = std::fmax(mx, s[j]);
+        }
+        for (size_t j = 0; j <= t; j++) sum += (s[j] = std::exp(s[j] - mx));
+        for (size_t j = 0; j <= t; j++) {
+          double p = s[j] / sum;
+          probs[((b * NH + h) * T + t) * T + j] = p;
+          for (size_t i = 0; i < HS; i++)
+            out[((b * T + t) * NH + h) * HS + i] += p * v[((b * T + j) * NKV + g) * HS + i];
+        }
+      }
+    }
+}
+
+void check_attention_forward(size_t B, size_t T, size_t NH, size_t NKV, size_t HS, uint64_t seed) {
+  Rng rng(seed);
+  auto q = rng.vec(B * T * NH * HS, -2, 2), k = rng.vec(B * T * NKV * HS, -2, 2),
+       v = rng.vec(B * T * NKV * HS);
+  std::vector<float> out(q.size()), probs(B * NH * T * T, -1.0f);
+  CpuCtx c(ts_k_attention_workspace_bytes(B, T, NH, NKV, HS, TS_FP32));
+  ASSERT_EQ(ts_k_attention_forward(c.get(), out.data(), probs.data(), q.data(), k.data(), v.data(),
+                                   B, T, NH, NKV, HS, TS_FP32),
+            TS_OK);
+  std::vector<double> rout, rprobs;
+  attention_ref(rout, rprobs, q, k, v, B, T, NH, NKV, HS);
+  // Scores |s| <= 4 sqrt(HS): fp32 dot error ~HS u |s|, exp amplifies it by 1,
+  // the sums over <= T keys add T u: all below 2e-6 for these sizes.
+  for (size_t i = 0; i < probs.size(); i++) {
+    size_t t = (i / T) % T, j = i % T;
+    if (j > t)
+      ASSERT_EQ(probs[i], 0.0f) << "above the diagonal, entry " << i;
+    else
+      ASSERT_NEAR(probs[i], rprobs[i], 2e-6) << i;
+  }
+  for (size_t i = 0; i < out.size(); i++) ASSERT_NEAR(out[i], rout[i], 4e-6) << i;
+}
+
+TEST(Attention, ForwardMatchesNaiveGqa) { check_attention_forward(2, 7, 4, 2, 8, 5); }
+TEST(Attention, ForwardMatchesNaiveSingleKvHead) { check_attention_forward(1, 5, 3, 1, 4, 6); }
+TEST(Attention, ForwardMatchesNaiveMultiHeadAndLongerThanOneBlock) {
+  check_attention_forward(1, 300, 2, 2, 16, 7);  // 300 > 2 row blocks of 128
+}
+
+TEST(Swiglu, ForwardMatchesNaive) {
+  const size_t n = 1000;
+  Rng rng(8);
+  auto g = rng.vec(n, -8, 8), u = rng.vec(n, -2, 2);
+  std::vector<float> h(n);
+  CpuCtx c;
+  ASSERT_EQ(ts_k_swiglu_forward(c.get(), h.data(), g.data(), u.data(), n, TS_FP32), TS_OK);
+  for (size_t i = 0; i < n; i++) {
+    double want = g[i] / (1.0 + std::exp(-(double)g[i])) * u[i];
+    // expf (1 ulp) + 3 roundings: < 4 u relative, x2 slack.
+    EXPECT_NEAR(h[i], want, 8 * kU * std::fabs(want) + 1e-30) << i;
+  }
+}
+
+TEST(CrossEntropy, ForwardMatchesNaiveAndIgnoresRows) {
+  const size_t N = 6, V = 50;
+  Rng rng(9);
+  auto x = rng.vec(N * V, -4, 4);
+  for (size_t j = 0; j < V; j++) x[3 * V + j] += 1000.0f;  // large logits stay finite
+  std::vector<int32_t> y = {3, TS_IGNORE_INDEX, 49, 0, 17, TS_IGNORE_INDEX};
+  std::vector<float> loss(N, -1.0f);
+  CpuCtx c;
+  ASSERT_EQ(ts_k_cross_entropy_forward(c.get(), loss.data(), x.data(), y.data(), N, V, TS_FP32),
+            TS_OK);
+  for (size_t n = 0; n < N; n++) {
+    if (y[n] == TS_IGNORE_INDEX) {
+      EXPECT_EQ(loss[n], 0.0f);
+      continue;
+    }
+    double mx = -INFINITY, s = 0;
+    for (size_t j = 0; j < V; j++) mx = std::fmax(mx, (double)x[n * V + j]);
+    for (size_t j = 0; j < V; j++) s += std::exp(x[n * V + j] - mx);
+    double want = std::log(s) + mx - x[n * V + y[n]];
+    // Shifted logits are exact; V-term fp32 sum + logf: ~V u relative of the
+    // log-sum-exp, which is O(|x|) (|x| ~ 1000 for row 3): 1e-6 * (1+|max|).
+    EXPECT_NEAR(loss[n], want, 1e-6 * (1 + std::fabs(mx))) << n;
+  }
+}
+
+// ---- error contract ----------------------------------------------------------
+
+TEST(Embedding, InvalidTokenIsRejectedByName) {
+  const size_t N = 5, C = 2, V = 50;
+  std::vector<float> wte(V * C, 1.0f), out(N * C, 7.0f);
+  std::vector<int32_t> tok = {1, 2, 3, 50, 4};
+  CpuCtx c;
+  EXPECT_EQ(ts_k_embedding_forward(c.get(), out.data(), tok.data(), wte.data(), N, C, V, TS_FP32),
+            TS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ts_last_error()).find("tokens[3] = 50"), std::string::npos)
+      << ts_last_error();
+  for (float o : out) EXPECT_EQ(o, 7.0f);  // nothing written
+  tok[3] = -1;
+  std::vector<float> dwte(V * C, 0.0f), dout(N * C, 1.0f);
+  EXPECT_EQ(
+      ts_k_embedding_backward(c.get(), dwte.data(), dout.data(), tok.data(), N, C, V, TS_FP32),
+      TS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ts_last_error()).find("tokens[3] = -1"), std::string::npos)
+      << ts_last_error();
+  for (float d : dwte) EXPECT_EQ(d, 0.0f);
+}
+
+TEST(CrossEntropy, InvalidTargetIsRejectedByName) {
+  const size_t N = 4, V = 7;
+  std::vector<float> x(N * V, 0.5f), loss(N, 3.0f);
+  std::vector<int32_t> y = {0, TS_IGNORE_INDEX, 7, 1};
+  CpuCtx c;
+  EXPECT_EQ(ts_k_cross_entropy_forward(c.get(), loss.data(), x.data(), y.data(), N, V, TS_FP32),
+            TS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ts_last_error()).find("targets[2] = 7"), std::string::npos)
+      << ts_last_error();
+  for (float l : loss) EXPECT_EQ(l, 3.0f);
+  y[2] = -5;
+  std::vector<float> dx(N * V, 3.0f);
+  EXPECT_EQ(
+      ts_k_cross_entropy_backward(c.get(), dx.data(), x.data(), y.data(), N, V, 1.0f, TS_FP32),
+      TS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ts_last_error()).find("targets[2] = -5"), std::string::npos)
+      << ts_last_error();
+  for (float d : dx) EXPECT_EQ(d, 3.0f);
+}
+
+TEST(Workspace, QueriesAreExact) {
+  EXPECT_EQ(ts_k_linear_workspace_bytes(8, 16, 32, TS_FP32), 0u);
+  // three fp32 buffers (M K, N K, M N), each rounded up to 64 bytes
+  EXPECT_EQ(ts_k_linear_workspace_bytes(3, 5, 7, TS_BF16), 128u + 192u + 64u);
+  // fp32 backward needs one (T, T) fp32 dP, rounded up to 64 bytes
+  EXPECT_EQ(ts_k_attention_workspace_bytes(2, 10, 4, 2, 8, TS_FP32), 448u);
+}
+
+TEST(Workspace, TooSmallReturnsOutOfMemoryAndTouchesNothing) {
+  const size_t B = 1, T = 6, NH = 2, NKV = 1, HS = 4;
+  Rng rng(10);
+  auto q = rng.vec(B * T * NH * HS), k = rng.vec(B * T * NKV * HS), v = rng.vec(B * T * NKV * HS);
+  std::vector<float> probs(B * NH * T * T, 0.1f), dout = rng.vec(q.size());
+  std::vector<float> dq(q.size(), 9.0f), dk(k.size(), 9.0f), dv(v.size(), 9.0f);
+  size_t need = ts_k_attention_workspace_bytes(B, T, NH, NKV, HS, TS_FP32);
+  ASSERT_GT(need, 0u);
+  CpuCtx small(need - 1);
+  EXPECT_EQ(
+      ts_k_attention_backward(small.get(), dq.data(), dk.data(), dv.data(), dout.data(), q.data(),
+                              k.data(), v.data(), probs.data(), B, T, NH, NKV, HS, TS_FP32),
+      TS_ERR_OUT_OF_MEMORY);
+  EXPECT_NE(std::string(ts_last_error()).find("workspace"), std::string::npos);
+  for (float x : dq) EXPECT_EQ(x, 9.0f);
+  for (float x : dk) EXPECT_EQ(x, 9.0f);
+  CpuCtx none(0);
+  EXPECT_EQ(
+      ts_k_attention_backward(none.get(), dq.data(), dk.data(), dv.data(), dout.data(), q.data(),
+                              k.data(), v.data(), probs.data(), B, T, NH, NKV, HS, TS_FP32),
+      TS_ERR_OUT_OF_MEMORY);
+  // Half-precision forward needs its widened buffers too.
+  ts_test::Buf hq(q, TS_BF16), hk(k, TS_BF16), hv(v, TS_BF16);
+  std::vector<uint16_t> hout(q.size(), 0x1234), hprobs(probs.size(), 0x1234);
+  // (The query covers backward, which needs more; 64 bytes fits neither.)
+  CpuCtx small16(64);
+  EXPECT_EQ(ts_k_attention_forward(small16.get(), hout.data(), hprobs.data(), hq.data(), hk.data(),
+                                   hv.data(), B, T, NH, NKV, HS, TS_BF16),
+            TS_ERR_OUT_OF_MEMORY);
+  for (uint16_t x : hout) EXPECT_EQ(x, 0x1234);
+  // Linear in bf16.
+  const size_t M = 4, N = 3, K = 5;
+  ts_test::Buf hx(rng.vec(M * K), TS_BF16), hw(rng.vec(N * K), TS_BF16);
+  std::vector<uint16_t> hy(M * N, 0x1234);
+  CpuCtx small_lin(ts_k_linear_workspace_bytes(M, N, K, TS_BF16) - 1);
+  EXPECT_EQ(ts_k_linear_forward(small_lin.get(), hy.data(), hx.data(), hw.data(), M, N, K, TS_BF16),
+            TS_ERR_OUT_OF_MEMORY);
+  for (uint16_t x : hy) EXPECT_EQ(x, 0x1234);
+  // fp32 linear needs no workspace at all.
+  std::vector<float> y(M * N);
+  auto x32 = rng.vec(M * K), w32 = rng.vec(N * K);
+  EXPECT_EQ(ts_k_linear_forward(none.get(), y.data(), x32.data(), w32.data(), M, N, K, TS_FP32),
+            TS_OK);
+}
+
+TEST(Device, CudaContextIsUnsupportedInCpuBuild) {
+  ts_kctx cuda;
+  std::memset(&cuda, 0, sizeof cuda);
+  cuda.device = TS_DEVICE_CUDA;
+  float x[4] = {1, 2, 3, 4}, w[4] = {1, 1, 1, 1}, out[4], rstd[1];
+  EXPECT_EQ(ts_k_rmsnorm_forward(&cuda, out, rstd, x, w, 1, 4, 1e-5f, TS_FP32), TS_ERR_UNSUPPORTED);
+  EXPECT_NE(std::string(ts_last_error()).find("no CUDA implementation"), std::string::npos)
+      << ts_last_error();
+#ifndef TS_WITH_CUDA
+  uint16_t h[4];
+  EXPECT_EQ(ts_k_cast(&cuda, h, TS_BF16, x, TS_FP32, 4), TS_ERR_UNSUPPORTED);
+  float m[4] = {0}, v[4] = {0};
+  ts_adamw_hparams hp = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.0f};
+  EXPECT_EQ(ts_k_adamw(&cuda, x, nullptr, TS_FP32, m, v, w, TS_FP32, 4, &hp), TS_ERR_UNSUPPORTED);
+  EXPECT_EQ(ts_k_zero(&cuda, x, sizeof x), TS_ERR_UNSUPPORTED);
+#endif
+}
+
+TEST(Zero, ClearsExactlyTheGivenBytes) {
+  CpuCtx c;
+  unsigned char b[100];
+  std::memset(b, 0xab, sizeof b);
+  ASSERT_EQ(ts_k_zero(&c.ctx, b + 3, 90), TS_OK);
+  for (size_t i = 0; i < sizeof b; i++) EXPECT_EQ(b[i], i >= 3 && i < 93 ? 0 : 0xab) << i;
+  EXPECT_EQ(ts_k_zero(&c.ctx, nullptr, 0), TS_OK);
+  EXPECT_EQ(ts_k_zero(&c.ctx, nullptr, 4), TS_ERR_INVALID_ARGUMENT);
+}
+
+TEST(Shapes, BadArgumentsAreRejected) {
+  CpuCtx c;
+  float buf[64] = {0};
+  EXPECT_EQ(ts_k_rope_forward(c.get(), buf, buf, 1, 2, 1, 5, 10000.0f, TS_FP32),
+            TS_ERR_INVALID_ARGUMENT);  // odd HS
+  EXPECT_EQ(ts_k_attention_forward(c.get(), buf, buf, buf, buf, buf, 1, 2, 3, 2, 4, TS_FP32),
+            TS_ERR_INVALID_ARGUMENT);  // NH % NKV != 0
+  EXPECT_EQ(ts_k_add(c.get(), buf, buf, buf, 4, (ts_dtype)7), TS_ERR_INVALID_ARGUMENT);
+  ts_adamw_hparams hp = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 0, 1.0f};
+  EXPECT_EQ(
+      ts_k_adamw(c.get(), buf, nullptr, TS_FP32, buf + 8, buf + 16, buf + 24, TS_FP32, 4, &hp),
+      TS_ERR_INVALID_ARGUMENT);  // step 0
+}
+
+}  // namespace

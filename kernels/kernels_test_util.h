@@ -1,0 +1,115 @@
+/*
+ * kernels_test_util.h — shared helpers of the kernels tests: a seeded RNG,
+ * a CPU kernel context owning an aligned workspace, dtype conversion of
+ * whole vectors, and tolerance helpers. Test-only (C++17).
+ */
+#ifndef TS_KERNELS_KERNELS_TEST_UTIL_H
+#define TS_KERNELS_KERNELS_TEST_UTIL_H
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "kernels/elementwise.h"
+#include "kernels/kernels.h"
+
+namespace ts_test {
+
+/* splitmix64: a small deterministic generator, same stream on every host. */
+struct Rng {
+  uint64_t s;
+  explicit Rng(uint64_t seed) : s(seed) {}
+  uint64_t next() {
+    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  /* uniform in [lo, hi) */
+  float uniform(float lo = -1.0f, float hi = 1.0f) {
+    return lo + (hi - lo) * (float)((next() >> 40) * (1.0 / 16777216.0));
+  }
+  std::vector<float> vec(size_t n, float lo = -1.0f, float hi = 1.0f) {
+    std::vector<float> v(n);
+    for (auto &x : v) x = uniform(lo, hi);
+    return v;
+  }
+  int32_t below(int32_t n) { return (int32_t)(next() % (uint64_t)n); }
+};
+
+/* A CPU ts_kctx with an owned, 64-byte-aligned workspace of `bytes` bytes. */
+struct CpuCtx {
+  ts_kctx ctx;
+  void *mem = nullptr;
+  explicit CpuCtx(size_t bytes = 0) {
+    std::memset(&ctx, 0, sizeof ctx);
+    ctx.device = TS_DEVICE_CPU;
+    resize(bytes);
+  }
+  void resize(size_t bytes) {
+    std::free(mem);
+    mem = bytes ? std::aligned_alloc(64, (bytes + 63) / 64 * 64) : nullptr;
+    ctx.workspace = mem;
+    ctx.workspace_bytes = bytes;
+  }
+  ~CpuCtx() { std::free(mem); }
+  CpuCtx(const CpuCtx &) = delete;
+  CpuCtx &operator=(const CpuCtx &) = delete;
+  const ts_kctx *get() const { return &ctx; }
+};
+
+/* Storage of a vector in dtype dt: fp32 values or 16-bit patterns. */
+struct Buf {
+  ts_dtype dt;
+  std::vector<float> f;
+  std::vector<uint16_t> h;
+  Buf(const std::vector<float> &x, ts_dtype d) : dt(d) {
+    if (d == TS_FP32) {
+      f = x;
+    } else {
+      h.resize(x.size());
+      for (size_t i = 0; i < x.size(); i++)
+        h[i] = d == TS_BF16 ? ts_f32_to_bf16(x[i]) : ts_f32_to_f16(x[i]);
+    }
+  }
+  void *data() { return dt == TS_FP32 ? (void *)f.data() : (void *)h.data(); }
+  size_t size() const { return dt == TS_FP32 ? f.size() : h.size(); }
+  std::vector<float> get() const {
+    if (dt == TS_FP32) return f;
+    std::vector<float> out(h.size());
+    for (size_t i = 0; i < h.size(); i++)
+      out[i] = dt == TS_BF16 ? ts_bf16_to_f32(h[i]) : ts_f16_to_f32(h[i]);
+    return out;
+  }
+};
+
+/* x rounded to dtype dt and widened back (what a half tensor holds). */
+inline std::vector<float> round_to(const std::vector<float> &x, ts_dtype dt) {
+  return Buf(x, dt).get();
+}
+
+/* Unit roundoff of a storage dtype: 2^-p for p significant bits. */
+inline double unit_roundoff(ts_dtype dt) {
+  return dt == TS_FP32   ? std::ldexp(1.0, -24)
+         : dt == TS_BF16 ? std::ldexp(1.0, -8)
+                         : std::ldexp(1.0, -11);
+}
+
+/* sum_i a[i] * w[i] in double. */
+inline double dot(const std::vector<float> &a, const std::vector<float> &w) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); i++) s += (double)a[i] * (double)w[i];
+  return s;
+}
+
+inline double max_abs(const std::vector<float> &a) {
+  double m = 0;
+  for (float x : a) m = std::fmax(m, std::fabs((double)x));
+  return m;
+}
+
+}  // namespace ts_test
+
+#endif /* TS_KERNELS_KERNELS_TEST_UTIL_H */

@@ -1,0 +1,205 @@
+/* config.c — Hugging Face config.json → ts_llama_config, with validation. */
+#include "models/config.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* Reads a positive integer field; required fields must be present. */
+static ts_status get_size(const cJSON *root, const char *src, const char *field, int required,
+                          size_t dflt, size_t *out) {
+  const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, field);
+  if (!it) {
+    if (required)
+      return ts_set_error(TS_ERR_FORMAT, "%s: missing field \"%s\": expected a positive integer",
+                          src, field);
+    *out = dflt;
+    return TS_OK;
+  }
+  double v = cJSON_IsNumber(it) ? it->valuedouble : -1;
+  if (!cJSON_IsNumber(it) || v < 1 || v != floor(v) || v > 1e15)
+    return ts_set_error(TS_ERR_FORMAT, "%s: field \"%s\": expected a positive integer", src,
+                        field);
+  *out = (size_t)v;
+  return TS_OK;
+}
+
+/* Reads a positive float field. */
+static ts_status get_float(const cJSON *root, const char *src, const char *field, int required,
+                           float dflt, float *out) {
+  const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, field);
+  if (!it) {
+    if (required)
+      return ts_set_error(TS_ERR_FORMAT, "%s: missing field \"%s\": expected a positive number",
+                          src, field);
+    *out = dflt;
+    return TS_OK;
+  }
+  if (!cJSON_IsNumber(it) || !(it->valuedouble > 0))
+    return ts_set_error(TS_ERR_FORMAT, "%s: field \"%s\": expected a positive number", src,
+                        field);
+  *out = (float)it->valuedouble;
+  return TS_OK;
+}
+
+/* Copies the file stem of path ("a/b/llama-tiny.json" → "llama-tiny"). */
+static void stem(const char *path, char *out, size_t cap) {
+  const char *base = strrchr(path, '/');
+  base = base ? base + 1 : path;
+  snprintf(out, cap, "%s", base);
+  char *dot = strrchr(out, '.');
+  if (dot && strcmp(dot, ".json") == 0) *dot = '\0';
+}
+
+ts_status ts_llama_config_parse(const char *json, const char *source, ts_llama_config *out) {
+  memset(out, 0, sizeof *out);
+  stem(source, out->name, sizeof out->name);
+  cJSON *root = cJSON_Parse(json);
+  if (!root || !cJSON_IsObject(root)) {
+    cJSON_Delete(root);
+    return ts_set_error(TS_ERR_FORMAT, "%s: not a JSON object: expected a Hugging Face config.json",
+                        source);
+  }
+  ts_status st = TS_OK;
+  ts_llama_config *c = out;
+  TS_CHECK_GOTO(get_size(root, source, "hidden_size", 1, 0, &c->hidden_size), st, done);
+  TS_CHECK_GOTO(get_size(root, source, "intermediate_size", 1, 0, &c->intermediate_size), st,
+                done);
+  TS_CHECK_GOTO(get_size(root, source, "num_hidden_layers", 1, 0, &c->num_hidden_layers), st,
+                done);
+  TS_CHECK_GOTO(get_size(root, source, "num_attention_heads", 1, 0, &c->num_attention_heads), st,
+                done);
+  TS_CHECK_GOTO(get_size(root, source, "num_key_value_heads", 0, c->num_attention_heads,
+                         &c->num_key_value_heads),
+                st, done);
+  TS_CHECK_GOTO(get_size(root, source, "vocab_size", 1, 0, &c->vocab_size), st, done);
+  TS_CHECK_GOTO(get_size(root, source, "max_position_embeddings", 1, 0,
+                         &c->max_position_embeddings),
+                st, done);
+  TS_CHECK_GOTO(get_float(root, source, "rms_norm_eps", 1, 0, &c->rms_norm_eps), st, done);
+  /* transformers >= 5 nests the RoPE settings in "rope_parameters". */
+  const cJSON *rope = cJSON_GetObjectItemCaseSensitive(root, "rope_parameters");
+  float theta = 10000.0f;
+  if (cJSON_IsObject(rope)) {
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(rope, "rope_type");
+    if (type && !(cJSON_IsString(type) && strcmp(type->valuestring, "default") == 0)) {
+      st = ts_set_error(TS_ERR_FORMAT,
+                        "%s: field \"rope_parameters.rope_type\": expected \"default\" (RoPE "
+                        "scaling is not supported)",
+                        source);
+      goto done;
+    }
+    TS_CHECK_GOTO(get_float(rope, source, "rope_theta", 0, theta, &theta), st, done);
+  }
+  TS_CHECK_GOTO(get_float(root, source, "rope_theta", 0, theta, &c->rope_theta), st, done);
+  const cJSON *scaling = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
+  if (scaling && !cJSON_IsNull(scaling)) {
+    st = ts_set_error(TS_ERR_FORMAT,
+                      "%s: field \"rope_scaling\": expected null (RoPE scaling is not supported)",
+                      source);
+    goto done;
+  }
+  const cJSON *tie = cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings");
+  if (tie && !cJSON_IsBool(tie)) {
+    st = ts_set_error(TS_ERR_FORMAT, "%s: field \"tie_word_embeddings\": expected true or false",
+                      source);
+    goto done;
+  }
+  c->tie_word_embeddings = tie ? cJSON_IsTrue(tie) : 0;
+  if (c->hidden_size % c->num_attention_heads != 0) {
+    st = ts_set_error(TS_ERR_FORMAT,
+                      "%s: field \"hidden_size\" = %zu: expected a multiple of "
+                      "num_attention_heads = %zu",
+                      source, c->hidden_size, c->num_attention_heads);
+    goto done;
+  }
+  size_t head_dim = ts_llama_head_size(c);
+  TS_CHECK_GOTO(get_size(root, source, "head_dim", 0, head_dim, &head_dim), st, done);
+  if (head_dim != ts_llama_head_size(c)) {
+    st = ts_set_error(TS_ERR_FORMAT,
+                      "%s: field \"head_dim\" = %zu: expected hidden_size / num_attention_heads "
+                      "= %zu",
+                      source, head_dim, ts_llama_head_size(c));
+    goto done;
+  }
+  if (ts_llama_head_size(c) % 2 != 0) {
+    st = ts_set_error(TS_ERR_FORMAT,
+                      "%s: head size hidden_size/num_attention_heads = %zu: expected an even "
+                      "number (rotary embedding)",
+                      source, ts_llama_head_size(c));
+    goto done;
+  }
+  if (c->num_attention_heads % c->num_key_value_heads != 0) {
+    st = ts_set_error(TS_ERR_FORMAT,
+                      "%s: field \"num_key_value_heads\" = %zu: expected a divisor of "
+                      "num_attention_heads = %zu",
+                      source, c->num_key_value_heads, c->num_attention_heads);
+    goto done;
+  }
+done:
+  cJSON_Delete(root);
+  return st;
+}
+
+ts_status ts_llama_config_load(const char *path, ts_llama_config *out) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return ts_set_error(TS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+  char *buf = NULL;
+  size_t len = 0, cap = 0;
+  for (;;) {
+    if (len + 4096 + 1 > cap) {
+      cap = cap ? cap * 2 : 8192;
+      char *nb = realloc(buf, cap);
+      if (!nb) {
+        free(buf);
+        fclose(f);
+        return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot buffer the file", path);
+      }
+      buf = nb;
+    }
+    size_t got = fread(buf + len, 1, 4096, f);
+    len += got;
+    if (got < 4096) break;
+  }
+  int err = ferror(f);
+  fclose(f);
+  if (err) {
+    free(buf);
+    return ts_set_error(TS_ERR_IO, "%s: read failed", path);
+  }
+  buf[len] = '\0';
+  ts_status st = ts_llama_config_parse(buf, path, out);
+  free(buf);
+  return st;
+}
+
+ts_status ts_llama_config_resolve(const char *model, char *out, size_t cap) {
+  struct stat sb;
+  if (stat(model, &sb) == 0 && S_ISREG(sb.st_mode)) {
+    snprintf(out, cap, "%s", model);
+    return TS_OK;
+  }
+  if (strchr(model, '/') || strstr(model, ".json"))
+    return ts_set_error(TS_ERR_IO, "%s: model config not found: expected a config.json file",
+                        model);
+  const char *home = getenv("TESSERA_HOME");
+  snprintf(out, cap, "%s%smodels/configs/%s.json", home ? home : "", home ? "/" : "", model);
+  if (stat(out, &sb) == 0 && S_ISREG(sb.st_mode)) return TS_OK;
+  return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                      "--model %s: unknown preset: expected a config.json path or a preset in "
+                      "models/configs/ (llama-tiny, llama-small, llama-2-7b, llama-2-13b, "
+                      "llama-2-70b)",
+                      model);
+}
+
+size_t ts_llama_num_params(const ts_llama_config *c) {
+  size_t C = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
+  size_t HS = ts_llama_head_size(c);
+  size_t q = c->num_attention_heads * HS, kv = c->num_key_value_heads * HS;
+  size_t block = C + q * C + 2 * kv * C + C * q + C + 3 * I * C;
+  return V * C + c->num_hidden_layers * block + C + (c->tie_word_embeddings ? 0 : V * C);
+}

@@ -1,0 +1,66 @@
+/*
+ * config.h — a LLaMA-style model's hyper-parameters, read from a Hugging
+ * Face config.json (the fields of transformers.LlamaConfig that tessera uses).
+ *
+ * Invariants after a successful load: every size is positive;
+ * hidden_size % num_attention_heads == 0; the head size is even (RoPE);
+ * num_attention_heads % num_key_value_heads == 0.
+ */
+#ifndef TS_MODELS_CONFIG_H
+#define TS_MODELS_CONFIG_H
+
+#include <stddef.h>
+
+#include "kernels/base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ts_llama_config {
+  char name[64];                 /* preset or file stem, for logs */
+  size_t hidden_size;            /* C */
+  size_t intermediate_size;      /* I, SwiGLU width */
+  size_t num_hidden_layers;      /* L */
+  size_t num_attention_heads;    /* NH */
+  size_t num_key_value_heads;    /* NKV (GQA); defaults to NH when absent */
+  size_t vocab_size;             /* V */
+  size_t max_position_embeddings;/* largest T */
+  float rms_norm_eps;            /* RMSNorm epsilon */
+  float rope_theta;              /* RoPE base; 10000 when absent */
+  int tie_word_embeddings;       /* 1: lm_head shares embed_tokens; default 0 */
+} ts_llama_config;
+
+/* Head size HS = C / NH. */
+static inline size_t ts_llama_head_size(const ts_llama_config *c) {
+  return c->hidden_size / c->num_attention_heads;
+}
+
+/* Parses config.json text. `source` names the file in error messages.
+ * Required: hidden_size, intermediate_size, num_hidden_layers,
+ * num_attention_heads, vocab_size, max_position_embeddings, rms_norm_eps.
+ * Optional: num_key_value_heads (= NH), rope_theta (10000),
+ * tie_word_embeddings (false). A missing or mistyped field, or sizes that
+ * break the invariants above, give TS_ERR_FORMAT with a one-line message
+ * naming the file, the field and the expected value. */
+ts_status ts_llama_config_parse(const char *json, const char *source, ts_llama_config *out);
+
+/* Reads and parses a config.json file (TS_ERR_IO if unreadable). */
+ts_status ts_llama_config_load(const char *path, ts_llama_config *out);
+
+/* Resolves --model: a path to a file is used as is; a bare preset name
+ * ("llama-tiny") maps to models/configs/<name>.json under $TESSERA_HOME (or
+ * the current directory). Writes the path to out (size cap). Returns
+ * TS_ERR_INVALID_ARGUMENT naming the preset and the presets directory when
+ * neither exists. */
+ts_status ts_llama_config_resolve(const char *model, char *out, size_t cap);
+
+/* Parameter count Ψ (unpadded): embeddings, L blocks, final norm, and the
+ * LM head unless tied. */
+size_t ts_llama_num_params(const ts_llama_config *c);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TS_MODELS_CONFIG_H */

@@ -1,0 +1,314 @@
+// llama_test.cc — unit layout, init, config validation, and every unit's
+// backward against central finite differences of its forward.
+#include "models/llama.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "models/config.h"
+
+namespace {
+
+const char *kSmallGqa = R"({
+  "hidden_size": 16, "intermediate_size": 24, "num_hidden_layers": 1,
+  "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 11,
+  "max_position_embeddings": 8, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+  "tie_word_embeddings": false })";
+
+ts_llama_config Parse(const char *json) {
+  ts_llama_config c;
+  EXPECT_EQ(ts_llama_config_parse(json, "test.json", &c), TS_OK) << ts_last_error();
+  return c;
+}
+
+// One unit under test: params, saved, workspace, with a scalar objective
+// J = sum(y * r) (embedding, block) or the head's mean loss.
+struct UnitHarness {
+  ts_llama model{};
+  int u;
+  size_t B = 2, T = 5;
+  std::vector<float> params, grads, tied_w, tied_g;
+  std::vector<float> x, r;  // (B,T,C) input and objective weights
+  std::vector<int32_t> tokens, targets;
+  std::vector<unsigned char> saved, ws;
+  ts_kctx ctx{};
+
+  UnitHarness(const ts_llama_config &cfg, int unit, unsigned seed) : u(unit) {
+    EXPECT_EQ(ts_llama_init(&model, &cfg), TS_OK);
+    std::mt19937 g(seed);
+    std::normal_distribution<float> n(0.f, 1.f);
+    const ts_unit &un = model.units[u];
+    params.resize(un.numel);
+    for (int i = 0; i < un.n_tensors; i++) {
+      const ts_tensor_spec &t = un.tensors[i];
+      for (size_t j = 0; j < t.numel; j++)
+        params[t.offset + j] = t.ndim == 1 ? 1.0f + 0.2f * n(g) : 0.3f * n(g);
+    }
+    grads.assign(un.numel, 0.f);
+    size_t C = cfg.hidden_size, V = cfg.vocab_size, N = B * T;
+    x.resize(N * C);
+    r.resize(N * C);
+    for (auto &v : x) v = n(g);
+    for (auto &v : r) v = n(g);
+    tokens.resize(N);
+    targets.resize(N);
+    for (size_t i = 0; i < N; i++) {
+      tokens[i] = (int32_t)(g() % V);
+      targets[i] = (int32_t)(g() % V);
+    }
+    targets[3] = TS_IGNORE_INDEX;  // ignored rows must not contribute
+    if (cfg.tie_word_embeddings) {
+      tied_w.resize(V * C);
+      for (auto &v : tied_w) v = 0.3f * n(g);
+      tied_g.assign(V * C, 0.f);
+    }
+    saved.resize(ts_llama_saved_bytes(&model, u, B, T, TS_FP32) + 1);
+    ws.resize(ts_llama_workspace_bytes(&model, u, B, T, TS_FP32) + 64);
+    ctx.device = TS_DEVICE_CPU;
+    // 64-byte aligned start inside ws
+    uintptr_t p = ((uintptr_t)ws.data() + 63) & ~(uintptr_t)63;
+    ctx.workspace = (void *)p;
+    ctx.workspace_bytes = ts_llama_workspace_bytes(&model, u, B, T, TS_FP32);
+  }
+  ~UnitHarness() { ts_llama_free(&model); }
+
+  ts_unit_args Args(std::vector<float> *y) {
+    ts_unit_args a{};
+    a.B = B;
+    a.T = T;
+    a.dt = TS_FP32;
+    a.tokens = tokens.data();
+    a.targets = targets.data();
+    a.x = x.data();
+    a.y = y ? y->data() : nullptr;
+    a.saved = saved.data();
+    if (!tied_w.empty()) {
+      a.tied_weight = tied_w.data();
+      a.tied_grad = tied_g.data();
+    }
+    return a;
+  }
+
+  // Forward and the objective J, in double.
+  double Objective() {
+    std::vector<float> y(x.size());
+    ts_unit_args a = Args(&y);
+    EXPECT_EQ(ts_llama_forward(&model, u, &ctx, params.data(), &a), TS_OK) << ts_last_error();
+    if (model.units[u].kind == TS_UNIT_HEAD) return a.loss_sum / (double)a.loss_count;
+    double j = 0;
+    for (size_t i = 0; i < y.size(); i++) j += (double)y[i] * r[i];
+    return j;
+  }
+
+  // Forward + backward; returns dx (empty for the embedding).
+  std::vector<float> Backward() {
+    std::vector<float> y(x.size()), dx(x.size(), 0.f);
+    ts_unit_args a = Args(&y);
+    EXPECT_EQ(ts_llama_forward(&model, u, &ctx, params.data(), &a), TS_OK) << ts_last_error();
+    a.dy = r.data();
+    a.dx = model.units[u].kind == TS_UNIT_EMBEDDING ? nullptr : dx.data();
+    a.dloss = (float)(1.0 / (double)a.loss_count);
+    EXPECT_EQ(ts_llama_backward(&model, u, &ctx, params.data(), grads.data(), &a), TS_OK)
+        << ts_last_error();
+    return dx;
+  }
+};
+
+// Central differences of J w.r.t. every element of v, compared with the
+// analytic gradient. fp32 forward with h = 1e-2 (inputs are O(1)): the
+// truncation error is O(h^2 |J'''|) ~ 1e-4 and the rounding error
+// ~ 1e-7 |J| / h ~ 1e-4 for |J| ~ 10, so 2e-3 absolute plus 1e-2 relative
+// leaves a margin of ~10x while still catching any wrong term (those are O(1)).
+void ExpectGradMatches(UnitHarness &h, std::vector<float> &v, const std::vector<float> &analytic,
+                       const std::string &what) {
+  ASSERT_EQ(v.size(), analytic.size());
+  const float step = 1e-2f;
+  int bad = 0;
+  for (size_t i = 0; i < v.size(); i++) {
+    float orig = v[i];
+    v[i] = orig + step;
+    double jp = h.Objective();
+    v[i] = orig - step;
+    double jm = h.Objective();
+    v[i] = orig;
+    double num = (jp - jm) / (2.0 * step);
+    double tol = 2e-3 + 1e-2 * std::fabs(num);
+    if (std::fabs(num - analytic[i]) > tol && bad++ < 5)
+      ADD_FAILURE() << what << "[" << i << "]: analytic " << analytic[i] << " numeric " << num;
+  }
+  EXPECT_EQ(bad, 0) << what;
+}
+
+void CheckUnit(const ts_llama_config &cfg, int u, unsigned seed) {
+  UnitHarness h(cfg, u, seed);
+  std::vector<float> dx = h.Backward();
+  std::vector<float> dparams = h.grads, dtied = h.tied_g;
+  ExpectGradMatches(h, h.params, dparams, std::string("params of unit ") + std::to_string(u));
+  if (h.model.units[u].kind != TS_UNIT_EMBEDDING) ExpectGradMatches(h, h.x, dx, "dx");
+  if (h.model.units[u].kind == TS_UNIT_HEAD && cfg.tie_word_embeddings)
+    ExpectGradMatches(h, h.tied_w, dtied, "tied embedding");
+}
+
+TEST(LlamaUnits, EmbeddingBackwardMatchesFiniteDifferences) {
+  CheckUnit(Parse(kSmallGqa), 0, 1);
+}
+
+TEST(LlamaUnits, GqaBlockBackwardMatchesFiniteDifferences) { CheckUnit(Parse(kSmallGqa), 1, 2); }
+
+TEST(LlamaUnits, MultiQueryBlockBackwardMatchesFiniteDifferences) {
+  ts_llama_config c = Parse(kSmallGqa);
+  c.num_key_value_heads = 1;
+  CheckUnit(c, 1, 3);
+}
+
+TEST(LlamaUnits, HeadBackwardMatchesFiniteDifferences) { CheckUnit(Parse(kSmallGqa), 2, 4); }
+
+TEST(LlamaUnits, TiedHeadBackwardMatchesFiniteDifferences) {
+  ts_llama_config c = Parse(kSmallGqa);
+  c.tie_word_embeddings = 1;
+  CheckUnit(c, 2, 5);
+}
+
+TEST(LlamaUnits, LayoutUsesHuggingFaceNamesInOrder) {
+  ts_llama m;
+  ts_llama_config c = Parse(kSmallGqa);
+  ASSERT_EQ(ts_llama_init(&m, &c), TS_OK);
+  ASSERT_EQ(m.n_units, 3);
+  EXPECT_STREQ(m.units[0].tensors[0].name, "model.embed_tokens.weight");
+  EXPECT_STREQ(m.units[1].tensors[2].name, "model.layers.0.self_attn.k_proj.weight");
+  EXPECT_EQ(m.units[1].tensors[2].shape[0], 8u);  // NKV * HS = 2 * 4
+  EXPECT_STREQ(m.units[2].tensors[1].name, "lm_head.weight");
+  size_t total = 0;
+  for (int u = 0; u < m.n_units; u++) {
+    size_t off = 0;
+    for (int i = 0; i < m.units[u].n_tensors; i++) {
+      EXPECT_EQ(m.units[u].tensors[i].offset, off);
+      off += m.units[u].tensors[i].numel;
+    }
+    total += m.units[u].numel;
+  }
+  EXPECT_EQ(total, ts_llama_num_params(&c));
+  ts_llama_free(&m);
+}
+
+TEST(LlamaUnits, InitIsDeterministicFromSeedAndName) {
+  ts_llama m;
+  ts_llama_config c = Parse(kSmallGqa);
+  c.num_hidden_layers = 2;
+  ASSERT_EQ(ts_llama_init(&m, &c), TS_OK);
+  std::vector<float> a(m.units[1].numel), b(m.units[1].numel), l2(m.units[2].numel);
+  ASSERT_EQ(ts_llama_init_unit(&m, 1, a.data(), TS_FP32, 7), TS_OK);
+  ASSERT_EQ(ts_llama_init_unit(&m, 1, b.data(), TS_FP32, 7), TS_OK);
+  EXPECT_EQ(a, b);
+  ASSERT_EQ(ts_llama_init_unit(&m, 2, l2.data(), TS_FP32, 7), TS_OK);
+  EXPECT_NE(std::vector<float>(a.begin() + 16, a.begin() + 32),
+            std::vector<float>(l2.begin() + 16, l2.begin() + 32));  // other layer, other name
+  ASSERT_EQ(ts_llama_init_unit(&m, 1, b.data(), TS_FP32, 8), TS_OK);
+  EXPECT_NE(a, b);
+  EXPECT_EQ(a[0], 1.0f);  // input_layernorm starts at 1
+  double s2 = 0;
+  const ts_tensor_spec &q = m.units[1].tensors[1];
+  for (size_t i = 0; i < q.numel; i++) s2 += (double)a[q.offset + i] * a[q.offset + i];
+  // 256 samples of N(0, 0.02^2): the sample std is within ~15% of 0.02 at 3 sigma.
+  EXPECT_NEAR(std::sqrt(s2 / q.numel), 0.02, 0.003);
+  ts_llama_free(&m);
+}
+
+TEST(LlamaUnits, SequenceLongerThanMaxPositionsIsRejected) {
+  UnitHarness h(Parse(kSmallGqa), 1, 6);
+  std::vector<float> y(h.x.size());
+  ts_unit_args a = h.Args(&y);
+  a.T = 9;  // max_position_embeddings is 8
+  EXPECT_EQ(ts_llama_forward(&h.model, 1, &h.ctx, h.params.data(), &a), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ts_last_error()).find("max_position_embeddings = 8"), std::string::npos)
+      << ts_last_error();
+}
+
+TEST(LlamaUnits, SmallWorkspaceIsRejected) {
+  // Both passes ask for ts_llama_workspace_bytes() (the larger of the two).
+  UnitHarness h(Parse(kSmallGqa), 1, 6);
+  std::vector<float> y(h.x.size()), dx(h.x.size());
+  ts_unit_args a = h.Args(&y);
+  ASSERT_EQ(ts_llama_forward(&h.model, 1, &h.ctx, h.params.data(), &a), TS_OK);
+  a.dy = h.r.data();
+  a.dx = dx.data();
+  h.ctx.workspace_bytes -= 1;
+  EXPECT_EQ(ts_llama_forward(&h.model, 1, &h.ctx, h.params.data(), &a), TS_ERR_OUT_OF_MEMORY);
+  EXPECT_EQ(ts_llama_backward(&h.model, 1, &h.ctx, h.params.data(), h.grads.data(), &a),
+            TS_ERR_OUT_OF_MEMORY);
+  EXPECT_NE(std::string(ts_last_error()).find("workspace"), std::string::npos);
+}
+
+// ---- config.json validation -------------------------------------------------
+
+std::string ErrorOf(const char *json) {
+  ts_llama_config c;
+  EXPECT_NE(ts_llama_config_parse(json, "bad/config.json", &c), TS_OK);
+  return ts_last_error();
+}
+
+TEST(LlamaConfig, ParsesRequiredAndDefaults) {
+  ts_llama_config c = Parse(R"({"hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100,
+    "max_position_embeddings": 32, "rms_norm_eps": 1e-6})");
+  EXPECT_EQ(c.num_key_value_heads, 4u);
+  EXPECT_FLOAT_EQ(c.rope_theta, 10000.0f);
+  EXPECT_EQ(c.tie_word_embeddings, 0);
+  EXPECT_FLOAT_EQ(c.rms_norm_eps, 1e-6f);
+}
+
+TEST(LlamaConfig, MalformedOrIncompleteConfigsNameFileAndField) {
+  EXPECT_NE(ErrorOf("{not json").find("bad/config.json: not a JSON object"), std::string::npos);
+  std::string e = ErrorOf(R"({"hidden_size": 64})");
+  EXPECT_NE(e.find("bad/config.json"), std::string::npos) << e;
+  EXPECT_NE(e.find("\"intermediate_size\""), std::string::npos) << e;
+  e = ErrorOf(R"({"hidden_size": "64", "intermediate_size": 1})");
+  EXPECT_NE(e.find("\"hidden_size\": expected a positive integer"), std::string::npos) << e;
+  e = ErrorOf(R"({"hidden_size": 60, "intermediate_size": 8, "num_hidden_layers": 1,
+    "num_attention_heads": 8, "vocab_size": 10, "max_position_embeddings": 4,
+    "rms_norm_eps": 1e-5})");
+  EXPECT_NE(e.find("multiple of num_attention_heads = 8"), std::string::npos) << e;
+  e = ErrorOf(R"({"hidden_size": 64, "intermediate_size": 8, "num_hidden_layers": 1,
+    "num_attention_heads": 8, "num_key_value_heads": 3, "vocab_size": 10,
+    "max_position_embeddings": 4, "rms_norm_eps": 1e-5})");
+  EXPECT_NE(e.find("\"num_key_value_heads\" = 3: expected a divisor"), std::string::npos) << e;
+  e = ErrorOf(R"({"hidden_size": 64, "intermediate_size": 8, "num_hidden_layers": 1,
+    "num_attention_heads": 8, "vocab_size": 10, "max_position_embeddings": 4,
+    "rms_norm_eps": 1e-5, "tie_word_embeddings": 1})");
+  EXPECT_NE(e.find("expected true or false"), std::string::npos) << e;
+}
+
+TEST(LlamaConfig, MissingFileAndUnknownPreset) {
+  ts_llama_config c;
+  EXPECT_EQ(ts_llama_config_load("/nonexistent/config.json", &c), TS_ERR_IO);
+  EXPECT_NE(std::string(ts_last_error()).find("/nonexistent/config.json"), std::string::npos);
+  char path[256];
+  EXPECT_EQ(ts_llama_config_resolve("llama-nope", path, sizeof path), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ts_last_error()).find("unknown preset"), std::string::npos);
+}
+
+TEST(LlamaConfig, PresetsLoadWithExpectedSizes) {
+  // Bazel runs tests in the runfiles tree, where models/configs is a data dep.
+  struct {
+    const char *name;
+    double min_params, max_params;
+  } presets[] = {{"llama-tiny", 1e6, 6e6},        {"llama-small", 20e6, 30e6},
+                 {"llama-2-7b", 6.6e9, 6.8e9},    {"llama-2-13b", 12.9e9, 13.1e9},
+                 {"llama-2-70b", 68.9e9, 69.1e9}};
+  for (const auto &p : presets) {
+    char path[256];
+    ASSERT_EQ(ts_llama_config_resolve(p.name, path, sizeof path), TS_OK) << ts_last_error();
+    ts_llama_config c;
+    ASSERT_EQ(ts_llama_config_load(path, &c), TS_OK) << ts_last_error();
+    double n = (double)ts_llama_num_params(&c);
+    EXPECT_GE(n, p.min_params) << p.name;
+    EXPECT_LE(n, p.max_params) << p.name;
+  }
+}
+
+}  // namespace

@@ -1,0 +1,103 @@
+/*
+ * prepare.h — `tessera prepare`: turns a UTF-8 text corpus into a trained
+ * SentencePiece tokenizer and two token shards.
+ *
+ *   tessera prepare --text FILE --vocab-size N --out DIR [--val-every K] [--seed S]
+ *
+ * writes DIR/tokenizer.model, DIR/train.bin, DIR/val.bin (engine/data.h
+ * shards) and DIR/meta.json. The implementation is C++ (SentencePiece is a
+ * C++ library); this interface is C.
+ *
+ * Split. The text is cut into sections: a paragraph is a run of non-blank
+ * lines with the blank lines before it, and a heading (a paragraph of one
+ * line shorter than 80 bytes, such as "Genesis 3") is joined to the paragraph
+ * after it, so in the King James Bible from `bible -l0` a section is one
+ * chapter. Every K-th section (sections K-1, 2K-1, ... counting from 0) is
+ * validation, the rest training; the concatenation of all sections is the
+ * text. The tokenizer is trained on the training part only.
+ *
+ * Tokenizer. SentencePiece BPE, vocab_size N, byte_fallback (so any UTF-8
+ * text encodes without <unk>), character_coverage 1.0, split_digits, the
+ * identity normalization with whitespace kept as is and no dummy prefix, so
+ * decoding the tokens gives back the text byte for byte. Ids: 0 <unk>,
+ * 1 <s>, 2 </s> (reserved; the shards contain neither), 3 "\n" (a
+ * user-defined piece: text is encoded line by line and each line break is
+ * this token), 4..259 the byte pieces <0x00>..<0xFF>, then the merges.
+ * Training reads every line (up to 2 million lines; beyond that SentencePiece
+ * samples lines with --seed); it is deterministic for a given text and seed.
+ *
+ * Output is all or nothing: the files are written into a temporary
+ * directory beside DIR and renamed into place only after all four succeeded.
+ */
+#ifndef TS_TOOLS_PREPARE_H
+#define TS_TOOLS_PREPARE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Default K of --val-every: in the King James Bible every 30th of the 1189
+ * chapters (39 chapters, about 3% of the text) is held out. */
+#define TS_PREPARE_DEFAULT_VAL_EVERY 30
+/* Special pieces before the byte pieces: <unk>, <s>, </s>, "\n". */
+#define TS_PREPARE_NUM_SPECIAL 4
+/* Token id of the line break. */
+#define TS_PREPARE_NEWLINE_ID 3
+
+/* What to prepare (plain descriptor; strings are borrowed). */
+typedef struct ts_prepare_opts {
+  const char *text_path;  /* UTF-8 corpus to read */
+  const char *out_dir;    /* output directory; created or its four files replaced */
+  size_t vocab_size;      /* SentencePiece pieces, incl. 4 special + 256 bytes */
+  size_t val_every;       /* K: every K-th section is validation; 0 = default; >= 2 */
+  uint64_t seed;          /* SentencePiece sampling seed (only used past 2M lines) */
+} ts_prepare_opts;
+
+/* What was written. */
+typedef struct ts_prepare_report {
+  size_t vocab_size;       /* pieces in the trained tokenizer (= opts vocab_size) */
+  size_t sections;         /* sections in the text */
+  size_t val_sections;     /* of which validation */
+  size_t train_bytes;      /* bytes of training text */
+  size_t val_bytes;        /* bytes of validation text */
+  size_t train_tokens;     /* tokens in train.bin */
+  size_t val_tokens;       /* tokens in val.bin */
+  double unigram_val_loss; /* nats/token, see ts_prepare_corpus */
+  double seconds;          /* wall-clock seconds of the whole preparation */
+} ts_prepare_report;
+
+/* Prepares opts->text_path into opts->out_dir as described above and fills
+ * *report (may be NULL). The unigram baseline is the cross-entropy of the
+ * validation tokens under the training tokens' frequencies with add-one
+ * (Laplace) smoothing over the vocabulary of V pieces:
+ *   p(v) = (count_train(v) + 1) / (train_tokens + V),
+ *   loss = -(1/val_tokens) * sum over val tokens x of ln p(x)   [nats/token],
+ * the loss a model that ignores context cannot beat by much.
+ * Returns TS_OK; TS_ERR_INVALID_ARGUMENT for a missing option, K < 2, a text
+ * that is not UTF-8, has fewer than K sections or an empty training part, or
+ * a vocab_size SentencePiece cannot fill (below 4 + 256 + the number of
+ * distinct characters in the training text, or above what the text yields);
+ * TS_ERR_IO if the text cannot be read or an output cannot be written;
+ * TS_ERR_INTERNAL if SentencePiece fails otherwise. On failure no temporary
+ * directory is left and nothing under out_dir changes (short of a rename
+ * failing between two of the four files while replacing them in an existing
+ * DIR); ts_last_error() holds a one-line message naming the flag or file and
+ * the expected value. */
+ts_status ts_prepare_corpus(const ts_prepare_opts *opts, ts_prepare_report *report);
+
+/* The `tessera prepare` command. argv[0] is the command name ("prepare"),
+ * flags follow (`--flag value` or `--flag=value`). Prints a summary to stdout
+ * and returns 0 on success; `--help` prints usage and returns 0; on any error
+ * prints "tessera prepare: <message>" to stderr and returns 2. */
+int ts_tool_prepare(int argc, char **argv);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TS_TOOLS_PREPARE_H */

@@ -1,0 +1,30 @@
+/*
+ * tools.h — the subcommands of the `tessera` binary and the flag parsing
+ * they share. Each ts_tool_X(argc, argv) gets argv[0] = "X" and returns the
+ * process exit status: 0 success, 1 failure while running, 2 bad usage.
+ * These print to stdout/stderr; nothing below tools/ does.
+ */
+#ifndef TS_TOOLS_TOOLS_H
+#define TS_TOOLS_TOOLS_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+int ts_tool_train(int argc, char **argv);
+/* ts_tool_prepare: see tools/prepare.h */
+
+/* Parses a decimal integer >= min for `flag`; on failure prints
+ * "tessera: FLAG VALUE: expected an integer >= MIN" and returns 0. */
+int ts_parse_size(const char *flag, const char *value, size_t min, size_t *out);
+
+/* Parses a finite float for `flag`; prints an error and returns 0 on failure. */
+int ts_parse_float(const char *flag, const char *value, float *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TS_TOOLS_TOOLS_H */
