@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Training throughput of llama-tiny and llama-small on one rank, next to
+# OpenBLAS's sgemm rate measured in the same run on the same machine.
+#
+#   tools/bench_train.sh [STEPS]      (default 30 steps per model)
+#
+# Prints a Markdown table: tokens/s and achieved model GFLOP/s (PaLM count,
+# models/llama.h) averaged over the steps after the first five, and their
+# ratio to sgemm's GFLOP/s at 1024^3 and at each model's MLP shape.
+# Uses data/kjv (made by `./tessera demo` or prepared here if absent).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+STEPS="${1:-30}"
+B=16
+T=128
+cd "$ROOT"
+tools/setup.sh
+bazel build --ui_event_filters=-info,-progress --noshow_progress //tools:tessera //kernels:bench_sgemm
+BIN="$ROOT/bazel-bin/tools/tessera"
+export TESSERA_HOME="$ROOT"
+DATA="$ROOT/data/kjv"
+if [[ ! -f "$DATA/train.bin" ]]; then
+  mkdir -p "$ROOT/data"
+  bible -l0 gen1:1-rev22:21 >"$ROOT/data/kjv.txt"
+  "$BIN" prepare --text "$ROOT/data/kjv.txt" --vocab-size 4096 --out "$DATA" >/dev/null
+fi
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+
+# sgemm at 1024^3 and at each model's widest MLP product (M = B*T).
+"$ROOT/bazel-bin/kernels/bench_sgemm" 1024 1024 1024 $((B * T)) 512 192 $((B * T)) 1280 512 \
+  >"$TMP/sgemm.txt"
+
+for model in llama-tiny llama-small; do
+  "$BIN" train --model "$model" --data "$DATA" --steps "$STEPS" --micro-batch "$B" --seq "$T" \
+    --lr 1e-3 --warmup 5 --eval-batches 1 --metrics "$TMP/$model.jsonl" --log-every "$STEPS" \
+    >"$TMP/$model.log"
+done
+
+python3 - "$TMP" "$B" "$T" <<'PY'
+import json, os, sys
+tmp, B, T = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+sgemm = {}
+for line in open(os.path.join(tmp, "sgemm.txt")):
+    f = line.split()
+    if f and f[0] == "sgemm":
+        sgemm[(int(f[1]), int(f[2]), int(f[3]))] = float(f[4])
+peak = sgemm[(1024, 1024, 1024)]
+mlp = {"llama-tiny": (B * T, 512, 192), "llama-small": (B * T, 1280, 512)}
+print(f"sgemm 1024^3: {peak:.1f} GFLOP/s")
+for k, v in sgemm.items():
+    if k != (1024, 1024, 1024):
+        print(f"sgemm {k[0]}x{k[1]}x{k[2]}: {v:.1f} GFLOP/s")
+print()
+print("| model | params | micro-batch x seq | tokens/s | GFLOP/s | / sgemm 1024^3 | / sgemm MLP shape |")
+print("| --- | --- | --- | --- | --- | --- | --- |")
+for model in ("llama-tiny", "llama-small"):
+    recs = [json.loads(l) for l in open(os.path.join(tmp, model + ".jsonl"))]
+    steps = [r for r in recs if "tokens_per_s" in r and r["step"] > 5]
+    tok = sum(r["tokens_per_s"] for r in steps) / len(steps)
+    gf = sum(r["gflops"] for r in steps) / len(steps)
+    log = open(os.path.join(tmp, model + ".log")).read()
+    params = log.split("(")[1].split(" parameters")[0] if "parameters" in log else "?"
+    print(f"| {model} | {params} | {B} x {T} | {tok:.0f} | {gf:.1f} | {gf / peak:.2f} | "
+          f"{gf / sgemm[mlp[model]]:.2f} |")
+PY
