@@ -104,8 +104,9 @@ ts_status ts_engine_create(ts_engine **out, const ts_llama *model, const ts_engi
                         opts->micro_batch, opts->seq, opts->grad_accum);
   if (opts->seq > model->cfg.max_position_embeddings)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "--seq %zu: expected at most max_position_embeddings = %zu of model %s",
-                        opts->seq, model->cfg.max_position_embeddings, model->cfg.name);
+                        "--seq %zu: expected at most max_position_embeddings = %zu of %s",
+                        opts->seq, model->cfg.max_position_embeddings,
+                        model->cfg.source[0] ? model->cfg.source : model->cfg.name);
   if (opts->dtype != TS_FP32)
     return ts_set_error(TS_ERR_UNSUPPORTED,
                         "--dtype %s: this build trains in fp32 only (mixed precision is the "
@@ -171,8 +172,8 @@ static ts_unit_args base_args(const ts_engine *e) {
 static ts_status forward(ts_engine *e, const int32_t *inputs, const int32_t *targets,
                          ts_unit_args *head) {
   size_t BT = e->opts.micro_batch * e->opts.seq;
-  memcpy(e->tokens, inputs, BT * sizeof *inputs);
-  memcpy(e->targets, targets, BT * sizeof *targets);
+  if (inputs != e->tokens) memcpy(e->tokens, inputs, BT * sizeof *inputs);
+  if (targets != e->targets) memcpy(e->targets, targets, BT * sizeof *targets);
   int n = e->model->n_units;
   for (int u = 0; u < n; u++) {
     ts_unit_args a = base_args(e);
@@ -185,13 +186,33 @@ static ts_status forward(ts_engine *e, const int32_t *inputs, const int32_t *tar
   return TS_OK;
 }
 
+/* Drops the gradients accumulated so far in this step, so that a failed
+ * micro-step leaves the engine as it was after the last optimizer step. */
+static void discard_step(ts_engine *e) {
+  for (int u = 0; u < e->model->n_units; u++)
+    ts_k_zero(&e->ctx, e->units[u].grads,
+              e->units[u].layout.padded * ts_dtype_size(e->opts.dtype));
+  e->micro_done = 0;
+  e->loss_acc = 0;
+}
+
+static ts_status micro_step(ts_engine *e, const int32_t *inputs, const int32_t *targets,
+                            double *loss);
+
 ts_status ts_engine_micro_step(ts_engine *e, const int32_t *inputs, const int32_t *targets,
                                double *loss) {
   if ((size_t)e->micro_done >= e->opts.grad_accum)
     return ts_set_error(TS_ERR_INVALID_USAGE,
-                        "engine: micro-step %d of a step with --grad-accum %zu: call "
+                        "engine: micro-step %d of a step with grad_accum %zu: call "
                         "ts_engine_optimizer_step first",
                         e->micro_done + 1, e->opts.grad_accum);
+  ts_status st = micro_step(e, inputs, targets, loss);
+  if (st != TS_OK) discard_step(e);
+  return st;
+}
+
+static ts_status micro_step(ts_engine *e, const int32_t *inputs, const int32_t *targets,
+                            double *loss) {
   ts_unit_args head;
   TS_CHECK(forward(e, inputs, targets, &head));
   double mean = head.loss_count ? head.loss_sum / (double)head.loss_count : 0.0;
@@ -268,7 +289,15 @@ ts_status ts_engine_eval(ts_engine *e, const int32_t *inputs, const int32_t *tar
 
 const ts_ledger *ts_engine_ledger(const ts_engine *e) { return &e->ledger; }
 
-const ts_flat_layout *ts_engine_layout(const ts_engine *e, int u) { return &e->units[u].layout; }
+void ts_engine_batch(ts_engine *e, int32_t **inputs, int32_t **targets) {
+  *inputs = e->tokens;
+  *targets = e->targets;
+}
+
+const ts_flat_layout *ts_engine_layout(const ts_engine *e, int u) {
+  TS_ASSERT(u >= 0 && u < e->model->n_units);
+  return &e->units[u].layout;
+}
 
 /* Finds tensor `name`: its unit and spec, or TS_ERR_INVALID_ARGUMENT. */
 static ts_status find(const ts_engine *e, const char *name, size_t numel, int *unit,

@@ -62,13 +62,18 @@ typedef struct ts_step_stats {
  * limit), TS_ERR_UNSUPPORTED (dtype other than fp32 in this build), 
  * TS_ERR_OUT_OF_MEMORY. */
 ts_status ts_engine_create(ts_engine **out, const ts_llama *model, const ts_engine_opts *opts);
+/* Frees every buffer (the ledger returns to zero) and the engine; NULL is a
+ * no-op. */
 void ts_engine_free(ts_engine *e);
 
 /* Forward and backward of one micro-batch; gradients accumulate until
- * ts_engine_optimizer_step. inputs, targets: (B, T) int32 host arrays.
- * *loss receives the micro-batch's mean loss (nats/token).
+ * ts_engine_optimizer_step. inputs, targets: (B, T) int32 host arrays (they
+ * may be the engine's own, ts_engine_batch). *loss receives the
+ * micro-batch's mean loss (nats/token).
  * Errors: TS_ERR_INVALID_ARGUMENT (token or target out of range),
- * TS_ERR_INVALID_USAGE (more micro-batches than grad_accum). */
+ * TS_ERR_INVALID_USAGE (more micro-batches than grad_accum). On an error
+ * the gradients of the current step are discarded (zeroed), as if the step
+ * had not begun. */
 ts_status ts_engine_micro_step(ts_engine *e, const int32_t *inputs, const int32_t *targets,
                                double *loss);
 
@@ -82,10 +87,16 @@ ts_status ts_engine_optimizer_step(ts_engine *e, float lr, ts_step_stats *stats)
 ts_status ts_engine_eval(ts_engine *e, const int32_t *inputs, const int32_t *targets,
                          double *loss_sum, size_t *count);
 
+/* The engine's own (B, T) int32 input and target buffers (ledger category
+ * activations). A caller that fills them and passes them back to
+ * ts_engine_micro_step / ts_engine_eval saves a copy and stays inside the
+ * ledger. */
+void ts_engine_batch(ts_engine *e, int32_t **inputs, int32_t **targets);
+
 /* The ledger of this rank (read-only). */
 const ts_ledger *ts_engine_ledger(const ts_engine *e);
 
-/* The flat layout of unit u. */
+/* The flat layout of unit u, 0 <= u < n_units (asserted). */
 const ts_flat_layout *ts_engine_layout(const ts_engine *e, int u);
 
 /* Copies the tensor named `name` (Hugging Face name) into (set) or out of

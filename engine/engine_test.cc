@@ -119,6 +119,31 @@ TEST(Engine, GradientAccumulationMatchesOneBigBatch) {
   EXPECT_EQ(ts_engine_optimizer_step(fa.e, 1e-3f, &st), TS_ERR_INVALID_USAGE);
 }
 
+TEST(Engine, FailedMicroStepDiscardsTheStep) {
+  const size_t V = 64, T = 8;
+  ts_engine_opts o = Opts(2, T);
+  o.grad_accum = 2;
+  EngineFixture f(SmallConfig(V), o);
+  Batch good(2, T, V, 4), bad(2, T, V, 5);
+  bad.tgt[5] = (int32_t)V;  // out of range: the head's forward fails
+  double l;
+  ASSERT_EQ(ts_engine_micro_step(f.e, good.in.data(), good.tgt.data(), &l), TS_OK);
+  std::vector<float> g(32);
+  ASSERT_EQ(ts_engine_get_grad(f.e, "model.norm.weight", g.data(), g.size()), TS_OK);
+  EXPECT_NE(g, std::vector<float>(32, 0.f));
+  EXPECT_EQ(ts_engine_micro_step(f.e, bad.in.data(), bad.tgt.data(), &l),
+            TS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ts_last_error()).find("64"), std::string::npos) << ts_last_error();
+  ASSERT_EQ(ts_engine_get_grad(f.e, "model.norm.weight", g.data(), g.size()), TS_OK);
+  EXPECT_EQ(g, std::vector<float>(32, 0.f));
+  // the step starts over: two more micro-steps, then the optimizer step
+  ts_step_stats st;
+  EXPECT_EQ(ts_engine_optimizer_step(f.e, 1e-3f, &st), TS_ERR_INVALID_USAGE);
+  ASSERT_EQ(ts_engine_micro_step(f.e, good.in.data(), good.tgt.data(), &l), TS_OK);
+  ASSERT_EQ(ts_engine_micro_step(f.e, good.in.data(), good.tgt.data(), &l), TS_OK);
+  EXPECT_EQ(ts_engine_optimizer_step(f.e, 1e-3f, &st), TS_OK);
+}
+
 TEST(Engine, LedgerChargesModelStatesExactly) {
   const size_t V = 100;
   ts_llama_config c = SmallConfig(V);

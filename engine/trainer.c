@@ -63,14 +63,12 @@ typedef struct run {
   ts_token_shard *train, *val;
   ts_loader *train_ld, *val_ld;
   ts_engine *engine;
-  int32_t *inputs, *targets; /* (B, T) host */
+  int32_t *inputs, *targets; /* (B, T) host, the engine's own buffers */
   FILE *metrics;
 } run;
 
 static void run_free(run *r) {
   if (r->metrics) fclose(r->metrics);
-  free(r->inputs);
-  free(r->targets);
   ts_engine_free(r->engine);
   ts_loader_free(r->train_ld);
   ts_loader_free(r->val_ld);
@@ -120,10 +118,7 @@ static ts_status setup(run *r) {
                         cfg->data_dir, ts_loader_num_windows(r->val_ld), T,
                         cfg->engine.micro_batch);
   TS_CHECK(ts_engine_create(&r->engine, &r->model, &cfg->engine));
-  size_t BT = cfg->engine.micro_batch * T;
-  r->inputs = malloc(BT * sizeof *r->inputs);
-  r->targets = malloc(BT * sizeof *r->targets);
-  if (!r->inputs || !r->targets) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "trainer: batch");
+  ts_engine_batch(r->engine, &r->inputs, &r->targets);
   if (cfg->metrics_path) {
     r->metrics = fopen(cfg->metrics_path, "w");
     if (!r->metrics)
@@ -204,6 +199,8 @@ ts_status ts_train_run(const ts_train_config *cfg, ts_train_callback cb, void *u
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "train: --model and --data are required");
   if (cfg->steps == 0)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--steps 0: expected >= 1");
+  if (cfg->eval_batches == 0)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--eval-batches 0: expected >= 1");
   run r;
   memset(&r, 0, sizeof r);
   r.cfg = cfg;

@@ -73,8 +73,9 @@ ts_status ts_k_add(const ts_kctx *ctx, void *out, const void *a, const void *b, 
                    ts_dtype dt);
 
 /* *out = sum_i x[i]^2 in double, over (n) elements of dt. Summed in fixed
- * 4096-element chunks combined in order, so the result does not depend on
- * the thread count. */
+ * 4096-element chunks, whose sums are combined in an order that depends on
+ * n only (kernels/cpu/vecops.c), so the result does not depend on the
+ * thread count. */
 ts_status ts_k_sumsq(const ts_kctx *ctx, double *out, const void *x, size_t n, ts_dtype dt);
 
 /* ---- linear layer: y = x W^T (no bias; Hugging Face nn.Linear layout) --- */
@@ -87,6 +88,8 @@ ts_status ts_k_linear_forward(const ts_kctx *ctx, void *out, const void *inp, co
 ts_status ts_k_linear_backward(const ts_kctx *ctx, void *dinp, void *dweight, const void *dout,
                                const void *inp, const void *weight, size_t M, size_t N, size_t K,
                                ts_dtype dt);
+/* Exact bytes of ctx->workspace either linear pass needs: 0 for fp32; the
+ * widened fp32 operands for bf16/fp16. */
 size_t ts_k_linear_workspace_bytes(size_t M, size_t N, size_t K, ts_dtype dt);
 
 /* ---- token embedding ------------------------------------------------------ */
@@ -142,6 +145,9 @@ ts_status ts_k_attention_backward(const ts_kctx *ctx, void *dq, void *dk, void *
                                   const void *dout, const void *q, const void *k, const void *v,
                                   const void *probs, size_t B, size_t T, size_t NH, size_t NKV,
                                   size_t HS, ts_dtype dt);
+/* Exact bytes of ctx->workspace the larger attention pass needs: one
+ * (T, T) fp32 dP for fp32 backward; for bf16/fp16 also one batch row's
+ * operands and probabilities widened to fp32. */
 size_t ts_k_attention_workspace_bytes(size_t B, size_t T, size_t NH, size_t NKV, size_t HS,
                                       ts_dtype dt);
 

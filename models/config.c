@@ -21,9 +21,13 @@ static ts_status get_size(const cJSON *root, const char *src, const char *field,
     return TS_OK;
   }
   double v = cJSON_IsNumber(it) ? it->valuedouble : -1;
-  if (!cJSON_IsNumber(it) || v < 1 || v != floor(v) || v > 1e15)
-    return ts_set_error(TS_ERR_FORMAT, "%s: field \"%s\": expected a positive integer", src,
-                        field);
+  if (!cJSON_IsNumber(it) || v < 1 || v != floor(v) || v > 1e15) {
+    char *found = cJSON_PrintUnformatted(it);
+    ts_set_error(TS_ERR_FORMAT, "%s: field \"%s\" = %.40s: expected a positive integer", src,
+                 field, found ? found : "?");
+    cJSON_free(found);
+    return TS_ERR_FORMAT;
+  }
   *out = (size_t)v;
   return TS_OK;
 }
@@ -39,11 +43,31 @@ static ts_status get_float(const cJSON *root, const char *src, const char *field
     *out = dflt;
     return TS_OK;
   }
-  if (!cJSON_IsNumber(it) || !(it->valuedouble > 0))
-    return ts_set_error(TS_ERR_FORMAT, "%s: field \"%s\": expected a positive number", src,
-                        field);
+  if (!cJSON_IsNumber(it) || !(it->valuedouble > 0)) {
+    char *found = cJSON_PrintUnformatted(it);
+    ts_set_error(TS_ERR_FORMAT, "%s: field \"%s\" = %.40s: expected a positive number", src,
+                 field, found ? found : "?");
+    cJSON_free(found);
+    return TS_ERR_FORMAT;
+  }
   *out = (float)it->valuedouble;
   return TS_OK;
+}
+
+/* Fails unless optional field `field` is absent, null, or equal to the JSON
+ * text `want` (e.g. "\"silu\"", "false", "1"): the model math supports only
+ * that value. */
+static ts_status expect_value(const cJSON *root, const char *src, const char *field,
+                              const char *want) {
+  const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, field);
+  if (!it || cJSON_IsNull(it)) return TS_OK;
+  char *found = cJSON_PrintUnformatted(it);
+  int ok = found && strcmp(found, want) == 0;
+  if (!ok)
+    ts_set_error(TS_ERR_FORMAT, "%s: field \"%s\" = %.40s: expected %s (the only value tessera's "
+                 "LLaMA supports)", src, field, found ? found : "?", want);
+  cJSON_free(found);
+  return ok ? TS_OK : TS_ERR_FORMAT;
 }
 
 /* Copies the file stem of path ("a/b/llama-tiny.json" → "llama-tiny"). */
@@ -55,9 +79,48 @@ static void stem(const char *path, char *out, size_t cap) {
   if (dot && strcmp(dot, ".json") == 0) *dot = '\0';
 }
 
+ts_status ts_llama_config_validate(const ts_llama_config *c) {
+  const char *src = c->source[0] ? c->source : c->name;
+  const struct {
+    const char *field;
+    size_t value;
+  } sizes[] = {{"hidden_size", c->hidden_size},
+               {"intermediate_size", c->intermediate_size},
+               {"num_hidden_layers", c->num_hidden_layers},
+               {"num_attention_heads", c->num_attention_heads},
+               {"num_key_value_heads", c->num_key_value_heads},
+               {"vocab_size", c->vocab_size},
+               {"max_position_embeddings", c->max_position_embeddings}};
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+    if (sizes[i].value == 0)
+      return ts_set_error(TS_ERR_FORMAT, "%s: field \"%s\" = 0: expected a positive integer", src,
+                          sizes[i].field);
+  if (!(c->rms_norm_eps > 0) || !(c->rope_theta > 0))
+    return ts_set_error(TS_ERR_FORMAT,
+                        "%s: rms_norm_eps = %g, rope_theta = %g: expected positive numbers", src,
+                        c->rms_norm_eps, c->rope_theta);
+  if (c->hidden_size % c->num_attention_heads != 0)
+    return ts_set_error(TS_ERR_FORMAT,
+                        "%s: field \"hidden_size\" = %zu: expected a multiple of "
+                        "num_attention_heads = %zu",
+                        src, c->hidden_size, c->num_attention_heads);
+  if (ts_llama_head_size(c) % 2 != 0)
+    return ts_set_error(TS_ERR_FORMAT,
+                        "%s: head size hidden_size/num_attention_heads = %zu: expected an even "
+                        "number (rotary embedding)",
+                        src, ts_llama_head_size(c));
+  if (c->num_attention_heads % c->num_key_value_heads != 0)
+    return ts_set_error(TS_ERR_FORMAT,
+                        "%s: field \"num_key_value_heads\" = %zu: expected a divisor of "
+                        "num_attention_heads = %zu",
+                        src, c->num_key_value_heads, c->num_attention_heads);
+  return TS_OK;
+}
+
 ts_status ts_llama_config_parse(const char *json, const char *source, ts_llama_config *out) {
   memset(out, 0, sizeof *out);
   stem(source, out->name, sizeof out->name);
+  snprintf(out->source, sizeof out->source, "%s", source);
   cJSON *root = cJSON_Parse(json);
   if (!root || !cJSON_IsObject(root)) {
     cJSON_Delete(root);
@@ -103,6 +166,10 @@ ts_status ts_llama_config_parse(const char *json, const char *source, ts_llama_c
                       source);
     goto done;
   }
+  TS_CHECK_GOTO(expect_value(root, source, "hidden_act", "\"silu\""), st, done);
+  TS_CHECK_GOTO(expect_value(root, source, "attention_bias", "false"), st, done);
+  TS_CHECK_GOTO(expect_value(root, source, "mlp_bias", "false"), st, done);
+  TS_CHECK_GOTO(expect_value(root, source, "pretraining_tp", "1"), st, done);
   const cJSON *tie = cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings");
   if (tie && !cJSON_IsBool(tie)) {
     st = ts_set_error(TS_ERR_FORMAT, "%s: field \"tie_word_embeddings\": expected true or false",
@@ -110,13 +177,7 @@ ts_status ts_llama_config_parse(const char *json, const char *source, ts_llama_c
     goto done;
   }
   c->tie_word_embeddings = tie ? cJSON_IsTrue(tie) : 0;
-  if (c->hidden_size % c->num_attention_heads != 0) {
-    st = ts_set_error(TS_ERR_FORMAT,
-                      "%s: field \"hidden_size\" = %zu: expected a multiple of "
-                      "num_attention_heads = %zu",
-                      source, c->hidden_size, c->num_attention_heads);
-    goto done;
-  }
+  TS_CHECK_GOTO(ts_llama_config_validate(c), st, done);
   size_t head_dim = ts_llama_head_size(c);
   TS_CHECK_GOTO(get_size(root, source, "head_dim", 0, head_dim, &head_dim), st, done);
   if (head_dim != ts_llama_head_size(c)) {
@@ -124,20 +185,6 @@ ts_status ts_llama_config_parse(const char *json, const char *source, ts_llama_c
                       "%s: field \"head_dim\" = %zu: expected hidden_size / num_attention_heads "
                       "= %zu",
                       source, head_dim, ts_llama_head_size(c));
-    goto done;
-  }
-  if (ts_llama_head_size(c) % 2 != 0) {
-    st = ts_set_error(TS_ERR_FORMAT,
-                      "%s: head size hidden_size/num_attention_heads = %zu: expected an even "
-                      "number (rotary embedding)",
-                      source, ts_llama_head_size(c));
-    goto done;
-  }
-  if (c->num_attention_heads % c->num_key_value_heads != 0) {
-    st = ts_set_error(TS_ERR_FORMAT,
-                      "%s: field \"num_key_value_heads\" = %zu: expected a divisor of "
-                      "num_attention_heads = %zu",
-                      source, c->num_key_value_heads, c->num_attention_heads);
     goto done;
   }
 done:

@@ -19,6 +19,7 @@ extern "C" {
 
 typedef struct ts_llama_config {
   char name[64];                 /* preset or file stem, for logs */
+  char source[256];              /* the config.json it came from, for errors */
   size_t hidden_size;            /* C */
   size_t intermediate_size;      /* I, SwiGLU width */
   size_t num_hidden_layers;      /* L */
@@ -36,12 +37,20 @@ static inline size_t ts_llama_head_size(const ts_llama_config *c) {
   return c->hidden_size / c->num_attention_heads;
 }
 
+/* Checks the invariants above (sizes positive, eps and theta positive,
+ * heads divide hidden_size, even head size, kv heads divide heads);
+ * TS_ERR_FORMAT naming c->source (or c->name) and the field otherwise. */
+ts_status ts_llama_config_validate(const ts_llama_config *c);
+
 /* Parses config.json text. `source` names the file in error messages.
  * Required: hidden_size, intermediate_size, num_hidden_layers,
  * num_attention_heads, vocab_size, max_position_embeddings, rms_norm_eps.
  * Optional: num_key_value_heads (= NH), rope_theta (10000),
- * tie_word_embeddings (false). A missing or mistyped field, or sizes that
- * break the invariants above, give TS_ERR_FORMAT with a one-line message
+ * tie_word_embeddings (false), head_dim (must equal C / NH). hidden_act,
+ * attention_bias, mlp_bias and pretraining_tp, when present, must be "silu",
+ * false, false and 1, and rope_scaling null: other values describe a model
+ * tessera does not compute. A missing or mistyped field, a value found but
+ * not supported, or sizes that break the invariants above, give TS_ERR_FORMAT with a one-line message
  * naming the file, the field and the expected value. */
 ts_status ts_llama_config_parse(const char *json, const char *source, ts_llama_config *out);
 

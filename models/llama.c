@@ -28,6 +28,7 @@ static void add_tensor(ts_unit *u, const char *name, size_t rows, size_t cols, i
 
 ts_status ts_llama_init(ts_llama *m, const ts_llama_config *cfg) {
   memset(m, 0, sizeof *m);
+  TS_CHECK(ts_llama_config_validate(cfg));
   m->cfg = *cfg;
   size_t L = cfg->num_hidden_layers, C = cfg->hidden_size, I = cfg->intermediate_size;
   size_t HS = ts_llama_head_size(cfg);
@@ -205,6 +206,7 @@ static head_saved head_layout(const dims *d, void *base, ts_dtype dt) {
 }
 
 size_t ts_llama_saved_bytes(const ts_llama *m, int u, size_t B, size_t T, ts_dtype dt) {
+  TS_ASSERT(u >= 0 && u < m->n_units);
   dims d = get_dims(m, B, T);
   switch (m->units[u].kind) {
     case TS_UNIT_EMBEDDING: return 0;
@@ -276,6 +278,7 @@ static size_t temps_bytes(const dims *d, ts_unit_kind kind, ts_dtype dt) {
 }
 
 size_t ts_llama_workspace_bytes(const ts_llama *m, int u, size_t B, size_t T, ts_dtype dt) {
+  TS_ASSERT(u >= 0 && u < m->n_units);
   dims d = get_dims(m, B, T);
   ts_unit_kind kind = m->units[u].kind;
   return temps_bytes(&d, kind, dt) + kernel_ws(m, &d, kind, dt);
@@ -323,8 +326,10 @@ static ts_status check_args(const ts_llama *m, int u, const ts_unit_args *a) {
                         a->B, a->T);
   if (a->T > m->cfg.max_position_embeddings)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "--seq %zu: expected at most max_position_embeddings = %zu (model %s)",
-                        a->T, m->cfg.max_position_embeddings, m->cfg.name);
+                        "sequence length %zu: expected at most max_position_embeddings = %zu "
+                        "of %s",
+                        a->T, m->cfg.max_position_embeddings,
+                        m->cfg.source[0] ? m->cfg.source : m->cfg.name);
   return TS_OK;
 }
 
@@ -409,7 +414,12 @@ static ts_status head_weight(const ts_llama *m, const ts_unit *un, const void *p
       return ts_set_error(TS_ERR_INVALID_USAGE,
                           "llama head: tie_word_embeddings needs the embedding weight");
     *w = a->tied_weight;
-    if (gw) *gw = a->tied_grad;
+    if (gw) {
+      if (!a->tied_grad)
+        return ts_set_error(TS_ERR_INVALID_USAGE,
+                            "llama head: tie_word_embeddings needs the embedding gradient");
+      *gw = a->tied_grad;
+    }
   } else {
     *w = tensor(un, H_LM_HEAD, p, a->dt);
     if (gw) *gw = tensor(un, H_LM_HEAD, g, a->dt);

@@ -60,8 +60,11 @@ typedef struct ts_llama {
   ts_unit *units;   /* owned; [0] embedding, [1..L] blocks, [L+1] head */
 } ts_llama;
 
-/* Builds the unit list of cfg. TS_ERR_OUT_OF_MEMORY on allocation failure. */
+/* Builds the unit list of cfg (copied). TS_ERR_FORMAT when cfg breaks the
+ * invariants of ts_llama_config_validate, TS_ERR_OUT_OF_MEMORY on allocation
+ * failure. */
 ts_status ts_llama_init(ts_llama *m, const ts_llama_config *cfg);
+/* Frees the unit list; m may then be initialised again. */
 void ts_llama_free(ts_llama *m);
 
 /* Fills a unit's flat buffer (numel elements of dt) with its initial values:
@@ -69,6 +72,8 @@ void ts_llama_free(ts_llama *m);
  * Each tensor's stream is seeded from (seed, tensor name) alone, so every
  * world size, stage and unit order starts from identical weights. */
 ts_status ts_llama_init_unit(const ts_llama *m, int u, void *params, ts_dtype dt, uint64_t seed);
+
+/* Both size queries take u in [0, n_units) (asserted). */
 
 /* Bytes a unit keeps from forward for backward per micro-batch of (B, T),
  * besides its input (which the engine keeps): the block's normalised

@@ -268,7 +268,7 @@ TEST(LlamaConfig, MalformedOrIncompleteConfigsNameFileAndField) {
   EXPECT_NE(e.find("bad/config.json"), std::string::npos) << e;
   EXPECT_NE(e.find("\"intermediate_size\""), std::string::npos) << e;
   e = ErrorOf(R"({"hidden_size": "64", "intermediate_size": 1})");
-  EXPECT_NE(e.find("\"hidden_size\": expected a positive integer"), std::string::npos) << e;
+  EXPECT_NE(e.find("\"hidden_size\" = \"64\": expected a positive integer"), std::string::npos) << e;
   e = ErrorOf(R"({"hidden_size": 60, "intermediate_size": 8, "num_hidden_layers": 1,
     "num_attention_heads": 8, "vocab_size": 10, "max_position_embeddings": 4,
     "rms_norm_eps": 1e-5})");
@@ -281,6 +281,39 @@ TEST(LlamaConfig, MalformedOrIncompleteConfigsNameFileAndField) {
     "num_attention_heads": 8, "vocab_size": 10, "max_position_embeddings": 4,
     "rms_norm_eps": 1e-5, "tie_word_embeddings": 1})");
   EXPECT_NE(e.find("expected true or false"), std::string::npos) << e;
+}
+
+TEST(LlamaConfig, ArchitectureVariantsTesseraDoesNotComputeAreRejected) {
+  const std::string base = R"({"hidden_size": 64, "intermediate_size": 8,
+    "num_hidden_layers": 1, "num_attention_heads": 8, "vocab_size": 10,
+    "max_position_embeddings": 4, "rms_norm_eps": 1e-5, )";
+  std::string e = ErrorOf((base + R"("hidden_act": "gelu"})").c_str());
+  EXPECT_NE(e.find("\"hidden_act\" = \"gelu\": expected \"silu\""), std::string::npos) << e;
+  e = ErrorOf((base + R"("attention_bias": true})").c_str());
+  EXPECT_NE(e.find("\"attention_bias\" = true: expected false"), std::string::npos) << e;
+  e = ErrorOf((base + R"("mlp_bias": true})").c_str());
+  EXPECT_NE(e.find("\"mlp_bias\""), std::string::npos) << e;
+  e = ErrorOf((base + R"("pretraining_tp": 2})").c_str());
+  EXPECT_NE(e.find("\"pretraining_tp\" = 2: expected 1"), std::string::npos) << e;
+  e = ErrorOf((base + R"("head_dim": 16})").c_str());
+  EXPECT_NE(e.find("\"head_dim\" = 16: expected hidden_size / num_attention_heads = 8"),
+            std::string::npos) << e;
+  e = ErrorOf((base + R"("rope_scaling": {"type": "linear", "factor": 2.0}})").c_str());
+  EXPECT_NE(e.find("\"rope_scaling\""), std::string::npos) << e;
+  // the supported values, and transformers 5's nested rope_parameters, load
+  ts_llama_config c = Parse((base + R"("hidden_act": "silu", "attention_bias": false,
+    "pretraining_tp": 1, "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"}})")
+                                .c_str());
+  EXPECT_FLOAT_EQ(c.rope_theta, 500000.0f);
+}
+
+TEST(LlamaConfig, InitRejectsAnInvalidHandBuiltConfig) {
+  ts_llama_config c = Parse(kSmallGqa);
+  c.num_attention_heads = 0;
+  ts_llama m;
+  EXPECT_EQ(ts_llama_init(&m, &c), TS_ERR_FORMAT);
+  EXPECT_NE(std::string(ts_last_error()).find("\"num_attention_heads\" = 0"), std::string::npos)
+      << ts_last_error();
 }
 
 TEST(LlamaConfig, MissingFileAndUnknownPreset) {

@@ -64,9 +64,12 @@ struct Fixture {
     ts_llama_free(&model);
     ts_safetensors_close(st);
   }
+  // A tensor of the fixture; every one is F32 except the I32 token ids.
   ts_safetensors_tensor Get(const std::string &name) {
     ts_safetensors_tensor t{};
     EXPECT_EQ(ts_safetensors_find(st, name.c_str(), &t), TS_OK) << ts_last_error();
+    bool ids = name == "input_ids" || name == "targets";
+    EXPECT_STREQ(t.dtype, ids ? "I32" : "F32") << name;
     return t;
   }
   std::string Meta(const char *key) {
@@ -85,6 +88,22 @@ double RelMaxErr(const float *a, const float *b, size_t n) {
     scale = std::fmax(scale, std::fabs((double)b[i]));
   }
   return err / (scale > 0 ? scale : 1);
+}
+
+// ||a - b|| / ||b|| over a tensor.
+double RelRmsErr(const float *a, const float *b, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; i++) {
+    num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+    den += (double)b[i] * b[i];
+  }
+  return std::sqrt(num / (den > 0 ? den : 1));
+}
+
+double MaxAbsErr(const float *a, const float *b, size_t n) {
+  double err = 0;
+  for (size_t i = 0; i < n; i++) err = std::fmax(err, std::fabs((double)a[i] - b[i]));
+  return err;
 }
 
 void CheckForwardBackward(const std::string &variant) {
@@ -147,9 +166,13 @@ void CheckAdamW(const std::string &variant) {
       ts_safetensors_tensor w = f.Get(std::string("adamw.final.") + t.name);
       std::vector<float> mine(t.numel);
       ASSERT_EQ(ts_engine_get_tensor(f.engine, t.name, mine.data(), t.numel), TS_OK);
-      // Each step moves a weight by at most ~lr = 1e-2; a sign flip of one
-      // update would show as 2e-2. 1e-3 of the largest weight is far below.
-      EXPECT_LT(RelMaxErr(mine.data(), (const float *)w.data, t.numel), 1e-3) << t.name;
+      // Adam's update is m / sqrt(v): for an element whose gradient is ~0,
+      // fp32 rounding noise in that gradient decides the update, so single
+      // elements may differ by up to lr per step. The tensor as a whole must
+      // agree: relative RMS error below 1e-4 (an O(1) bug in any update
+      // gives ~1e-1), and no element off by more than one update, lr.
+      EXPECT_LT(RelRmsErr(mine.data(), (const float *)w.data, t.numel), 1e-4) << t.name;
+      EXPECT_LT(MaxAbsErr(mine.data(), (const float *)w.data, t.numel), lr) << t.name;
     }
 }
 

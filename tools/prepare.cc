@@ -226,7 +226,9 @@ ts_status WriteFileSync(const std::string &path, const void *data, size_t n) {
     p += w;
     n -= (size_t)w;
   }
-  if (fsync(fd) != 0 || close(fd) != 0)
+  int bad = fsync(fd) != 0;
+  bad = close(fd) != 0 || bad;
+  if (bad)
     return ts_set_error(TS_ERR_IO, "%s: fsync/close failed: %s", path.c_str(), strerror(errno));
   return TS_OK;
 }
@@ -561,11 +563,15 @@ extern "C" int ts_tool_prepare(int argc, char **argv) {
     fputs(kUsage, stdout);
     return 0;
   }
-  ts_prepare_report r;
-  if (st == TS_OK) st = ts_prepare_corpus(&o, &r);
   if (st != TS_OK) {
     fprintf(stderr, "tessera prepare: %s\n", ts_last_error());
     return 2;
+  }
+  ts_prepare_report r;
+  st = ts_prepare_corpus(&o, &r);
+  if (st != TS_OK) {
+    fprintf(stderr, "tessera prepare: %s\n", ts_last_error());
+    return st == TS_ERR_INVALID_ARGUMENT ? 2 : 1;
   }
   const size_t K = o.val_every ? o.val_every : TS_PREPARE_DEFAULT_VAL_EVERY;
   printf("tessera prepare: %s -> %s\n", o.text_path, o.out_dir);

@@ -93,7 +93,9 @@ ts_status ts_prepare_corpus(const ts_prepare_opts *opts, ts_prepare_report *repo
 /* The `tessera prepare` command. argv[0] is the command name ("prepare"),
  * flags follow (`--flag value` or `--flag=value`). Prints a summary to stdout
  * and returns 0 on success; `--help` prints usage and returns 0; on any error
- * prints "tessera prepare: <message>" to stderr and returns 2. */
+ * prints "tessera prepare: <message>" to stderr and returns 2 for bad usage
+ * or input (malformed flags, TS_ERR_INVALID_ARGUMENT) and 1 for a failure
+ * while running (I/O, SentencePiece). */
 int ts_tool_prepare(int argc, char **argv);
 
 #ifdef __cplusplus

@@ -13,6 +13,10 @@
 extern "C" {
 #endif
 
+/* `tessera train`: parses the flags (--help lists them) into a
+ * ts_train_config, runs ts_train_run with a progress line on stdout, prints a
+ * summary with the validation loss next to the unigram baseline of
+ * DATA/meta.json. */
 int ts_tool_train(int argc, char **argv);
 /* ts_tool_prepare: see tools/prepare.h */
 

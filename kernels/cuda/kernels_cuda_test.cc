@@ -1,7 +1,7 @@
 // CPU-vs-CUDA parity of the ops with a CUDA body (ts_k_cast, ts_k_adamw):
 // both share kernels/elementwise.h's bit-exact conversions and IEEE-rounded
 // AdamW element math, so results must agree bit for bit. Needs a GPU
-// (tag "gpu"); skips when the CUDA runtime finds no device.
+// (tag "gpu"); fails when the CUDA runtime finds no device.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -56,7 +56,7 @@ std::vector<unsigned char> bytes_of(const void *p, size_t n) {
 }
 
 TEST(CudaParity, ZeroClearsDeviceBytes) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  ASSERT_TRUE(have_gpu()) << "no CUDA device: tests tagged gpu need one";
   std::vector<unsigned char> h(1000, 0xab);
   DevBuf d(h.size());
   d.put(h.data());
@@ -69,7 +69,7 @@ TEST(CudaParity, ZeroClearsDeviceBytes) {
 }
 
 TEST(CudaParity, CastMatchesCpuBitwise) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  ASSERT_TRUE(have_gpu()) << "no CUDA device: tests tagged gpu need one";
   // fp32 inputs: random bit patterns (NaNs, infs, subnormals included) plus
   // rounding ties and fp16 boundaries; 16-bit inputs: all 65536 patterns.
   const size_t n32 = (1 << 20) + 3;
@@ -104,7 +104,7 @@ TEST(CudaParity, CastMatchesCpuBitwise) {
 }
 
 TEST(CudaParity, AdamwMatchesCpuBitwise) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  ASSERT_TRUE(have_gpu()) << "no CUDA device: tests tagged gpu need one";
   const size_t n = 100003;
   const ts_dtype all[] = {TS_FP32, TS_BF16, TS_FP16};
   for (ts_dtype pdt : all) {

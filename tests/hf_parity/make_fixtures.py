@@ -25,7 +25,7 @@ With --dtype bf16 the model runs forward/backward in bfloat16
 (model.to(torch.bfloat16)); the cross-entropy is taken on the logits upcast to
 fp32; AdamW updates fp32 master weights from the bf16 gradients cast to fp32,
 and the bf16 compute copy is re-cast from the masters before every step (the
-mixed-precision scheme of docs/DESIGN.md). Every bf16 result is stored as F32
+mixed-precision scheme of shared/DESIGN.md). Every bf16 result is stored as F32
 (exact conversion); parameters are the fp32 masters.
 """
 
