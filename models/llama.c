@@ -252,7 +252,7 @@ static size_t head_temps_bytes(const dims *d, ts_dtype dt) {
 static size_t max2(size_t a, size_t b) { return a > b ? a : b; }
 
 /* Largest kernel workspace any op of a unit asks for. */
-static size_t kernel_ws(const ts_llama *m, const dims *d, ts_unit_kind kind, ts_dtype dt) {
+static size_t kernel_ws(const dims *d, ts_unit_kind kind, ts_dtype dt) {
   size_t w = 0;
   if (kind == TS_UNIT_BLOCK) {
     w = max2(w, ts_k_linear_workspace_bytes(d->N, d->QD, d->C, dt));
@@ -264,7 +264,6 @@ static size_t kernel_ws(const ts_llama *m, const dims *d, ts_unit_kind kind, ts_
   } else if (kind == TS_UNIT_HEAD) {
     w = ts_k_linear_workspace_bytes(d->N, d->V, d->C, dt);
   }
-  (void)m;
   return w;
 }
 
@@ -281,7 +280,7 @@ size_t ts_llama_workspace_bytes(const ts_llama *m, int u, size_t B, size_t T, ts
   TS_ASSERT(u >= 0 && u < m->n_units);
   dims d = get_dims(m, B, T);
   ts_unit_kind kind = m->units[u].kind;
-  return temps_bytes(&d, kind, dt) + kernel_ws(m, &d, kind, dt);
+  return temps_bytes(&d, kind, dt) + kernel_ws(&d, kind, dt);
 }
 
 void *ts_llama_head_logits(const ts_llama *m, void *saved, size_t B, size_t T, ts_dtype dt) {
