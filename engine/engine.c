@@ -106,7 +106,7 @@ ts_status ts_engine_create(ts_engine **out, const ts_llama *model, const ts_engi
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "--seq %zu: expected at most max_position_embeddings = %zu of %s",
                         opts->seq, model->cfg.max_position_embeddings,
-                        model->cfg.source[0] ? model->cfg.source : model->cfg.name);
+                        ts_llama_config_origin(&model->cfg));
   if (opts->dtype != TS_FP32)
     return ts_set_error(TS_ERR_UNSUPPORTED,
                         "--dtype %s: this build trains in fp32 only (mixed precision is the "
@@ -196,21 +196,7 @@ static void discard_step(ts_engine *e) {
   e->loss_acc = 0;
 }
 
-static ts_status micro_step(ts_engine *e, const int32_t *inputs, const int32_t *targets,
-                            double *loss);
-
-ts_status ts_engine_micro_step(ts_engine *e, const int32_t *inputs, const int32_t *targets,
-                               double *loss) {
-  if ((size_t)e->micro_done >= e->opts.grad_accum)
-    return ts_set_error(TS_ERR_INVALID_USAGE,
-                        "engine: micro-step %d of a step with grad_accum %zu: call "
-                        "ts_engine_optimizer_step first",
-                        e->micro_done + 1, e->opts.grad_accum);
-  ts_status st = micro_step(e, inputs, targets, loss);
-  if (st != TS_OK) discard_step(e);
-  return st;
-}
-
+/* Forward and backward of one micro-batch (see ts_engine_micro_step). */
 static ts_status micro_step(ts_engine *e, const int32_t *inputs, const int32_t *targets,
                             double *loss) {
   ts_unit_args head;
@@ -236,10 +222,22 @@ static ts_status micro_step(ts_engine *e, const int32_t *inputs, const int32_t *
   return TS_OK;
 }
 
+ts_status ts_engine_micro_step(ts_engine *e, const int32_t *inputs, const int32_t *targets,
+                               double *loss) {
+  if ((size_t)e->micro_done >= e->opts.grad_accum)
+    return ts_set_error(TS_ERR_INVALID_USAGE,
+                        "engine: micro-step %d of a step with grad_accum %zu: call "
+                        "ts_engine_optimizer_step first",
+                        e->micro_done + 1, e->opts.grad_accum);
+  ts_status st = micro_step(e, inputs, targets, loss);
+  if (st != TS_OK) discard_step(e);
+  return st;
+}
+
 ts_status ts_engine_optimizer_step(ts_engine *e, float lr, ts_step_stats *stats) {
   if ((size_t)e->micro_done != e->opts.grad_accum)
     return ts_set_error(TS_ERR_INVALID_USAGE,
-                        "engine: optimizer step after %d micro-steps: expected --grad-accum %zu",
+                        "engine: optimizer step after %d micro-steps: expected grad_accum = %zu",
                         e->micro_done, e->opts.grad_accum);
   const ts_llama *m = e->model;
   ts_dtype dt = e->opts.dtype;

@@ -9,6 +9,17 @@
 #include <string.h>
 #include <sys/stat.h>
 
+/* Records "SRC: field "F" = <value found>: expected WANT" and returns
+ * TS_ERR_FORMAT. */
+static ts_status field_error(const cJSON *it, const char *src, const char *field,
+                             const char *want) {
+  char *found = cJSON_PrintUnformatted(it);
+  ts_set_error(TS_ERR_FORMAT, "%s: field \"%s\" = %.40s: expected %s", src, field,
+               found ? found : "?", want);
+  cJSON_free(found);
+  return TS_ERR_FORMAT;
+}
+
 /* Reads a positive integer field; required fields must be present. */
 static ts_status get_size(const cJSON *root, const char *src, const char *field, int required,
                           size_t dflt, size_t *out) {
@@ -21,13 +32,8 @@ static ts_status get_size(const cJSON *root, const char *src, const char *field,
     return TS_OK;
   }
   double v = cJSON_IsNumber(it) ? it->valuedouble : -1;
-  if (!cJSON_IsNumber(it) || v < 1 || v != floor(v) || v > 1e15) {
-    char *found = cJSON_PrintUnformatted(it);
-    ts_set_error(TS_ERR_FORMAT, "%s: field \"%s\" = %.40s: expected a positive integer", src,
-                 field, found ? found : "?");
-    cJSON_free(found);
-    return TS_ERR_FORMAT;
-  }
+  if (!cJSON_IsNumber(it) || v < 1 || v != floor(v) || v > 1e15)
+    return field_error(it, src, field, "a positive integer");
   *out = (size_t)v;
   return TS_OK;
 }
@@ -43,13 +49,8 @@ static ts_status get_float(const cJSON *root, const char *src, const char *field
     *out = dflt;
     return TS_OK;
   }
-  if (!cJSON_IsNumber(it) || !(it->valuedouble > 0)) {
-    char *found = cJSON_PrintUnformatted(it);
-    ts_set_error(TS_ERR_FORMAT, "%s: field \"%s\" = %.40s: expected a positive number", src,
-                 field, found ? found : "?");
-    cJSON_free(found);
-    return TS_ERR_FORMAT;
-  }
+  if (!cJSON_IsNumber(it) || !(it->valuedouble > 0))
+    return field_error(it, src, field, "a positive number");
   *out = (float)it->valuedouble;
   return TS_OK;
 }
@@ -63,11 +64,11 @@ static ts_status expect_value(const cJSON *root, const char *src, const char *fi
   if (!it || cJSON_IsNull(it)) return TS_OK;
   char *found = cJSON_PrintUnformatted(it);
   int ok = found && strcmp(found, want) == 0;
-  if (!ok)
-    ts_set_error(TS_ERR_FORMAT, "%s: field \"%s\" = %.40s: expected %s (the only value tessera's "
-                 "LLaMA supports)", src, field, found ? found : "?", want);
   cJSON_free(found);
-  return ok ? TS_OK : TS_ERR_FORMAT;
+  if (ok) return TS_OK;
+  char expected[64];
+  snprintf(expected, sizeof expected, "%s (the only value tessera supports)", want);
+  return field_error(it, src, field, expected);
 }
 
 /* Copies the file stem of path ("a/b/llama-tiny.json" → "llama-tiny"). */
@@ -80,7 +81,7 @@ static void stem(const char *path, char *out, size_t cap) {
 }
 
 ts_status ts_llama_config_validate(const ts_llama_config *c) {
-  const char *src = c->source[0] ? c->source : c->name;
+  const char *src = ts_llama_config_origin(c);
   const struct {
     const char *field;
     size_t value;

@@ -32,6 +32,12 @@ typedef struct ts_llama_config {
   int tie_word_embeddings;       /* 1: lm_head shares embed_tokens; default 0 */
 } ts_llama_config;
 
+/* What error messages call the config: its file, or its name if it was
+ * built by hand. */
+static inline const char *ts_llama_config_origin(const ts_llama_config *c) {
+  return c->source[0] ? c->source : c->name;
+}
+
 /* Head size HS = C / NH. */
 static inline size_t ts_llama_head_size(const ts_llama_config *c) {
   return c->hidden_size / c->num_attention_heads;

@@ -327,8 +327,7 @@ static ts_status check_args(const ts_llama *m, int u, const ts_unit_args *a) {
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "sequence length %zu: expected at most max_position_embeddings = %zu "
                         "of %s",
-                        a->T, m->cfg.max_position_embeddings,
-                        m->cfg.source[0] ? m->cfg.source : m->cfg.name);
+                        a->T, m->cfg.max_position_embeddings, ts_llama_config_origin(&m->cfg));
   return TS_OK;
 }
 
