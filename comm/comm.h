@@ -1,0 +1,224 @@
+/*
+ * comm.h — process groups and collectives on host memory over MPI, with
+ * per-group byte counters (DESIGN.md "Layers", "Determinism contract").
+ *
+ * A ts_comm is a group of ranks: the world (a duplicate of MPI_COMM_WORLD),
+ * a sub-group split from another (the data-parallel group now, pipeline
+ * groups later), or a one-rank group that needs no MPI at all
+ * (ts_comm_self), so that one-rank code and tests run the same calls.
+ *
+ * Buffers are host memory. Counts are in elements of a ts_dtype (fp32, bf16,
+ * fp16). Reductions sum: half-precision elements are widened to fp32, summed
+ * in fp32 and rounded once to the storage dtype (round to nearest even).
+ *
+ * Determinism: every reduction adds the ranks' contributions in rank order,
+ * acc = x_0; acc += x_1; ...; acc += x_{N-1}, element by element, whatever
+ * the message sizes, so a given element sums identically in every call that
+ * reduces it, and every rank receives the same bits. Reduce-scatter is a
+ * direct exchange (each rank sends chunk j to rank j and sums what it
+ * receives); all-reduce is reduce-scatter followed by all-gather over the
+ * same chunks (the engine's one reduction primitive).
+ *
+ * Counters: each call adds to its group's counters the bytes this rank sends
+ * under the algorithm named in the call's comment ((N-1)/N of the buffer for
+ * reduce-scatter and all-gather, ZeRO paper §7 / Thakur et al. 2005), so a
+ * training step's communication volume is measured, not assumed. A one-rank
+ * group sends nothing and counts nothing.
+ *
+ * Errors: every MPI call runs with MPI_ERRORS_RETURN; a failure becomes
+ * TS_ERR_MPI with MPI's own message (MPI_Error_string) and the collective's
+ * name. A rank that dies makes Open MPI's launcher terminate the others;
+ * tools call ts_comm_abort after printing their error so no rank hangs in a
+ * collective its peer will never enter.
+ *
+ * Threading: MPI is initialised with MPI_THREAD_FUNNELED; call collectives
+ * from the thread that called ts_comm_init (kernels may use OpenMP inside).
+ * A ts_comm is not thread-safe.
+ *
+ * Ownership: a ts_comm is opaque, created by ts_comm_world / ts_comm_self /
+ * ts_comm_split and released by ts_comm_free (before ts_comm_finalize).
+ */
+#ifndef TS_COMM_COMM_H
+#define TS_COMM_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ts_comm ts_comm;
+
+/* Collective kinds: index the counters. Values are stable. */
+typedef enum ts_comm_kind {
+  TS_COMM_ALL_REDUCE = 0,     /* ts_comm_all_reduce, ts_comm_all_reduce_f64 */
+  TS_COMM_REDUCE_SCATTER = 1, /* ts_comm_(i)reduce_scatter */
+  TS_COMM_ALL_GATHER = 2,     /* ts_comm_(i)all_gather */
+  TS_COMM_BROADCAST = 3,      /* ts_comm_(i)broadcast (bytes sent by the root) */
+  TS_COMM_SEND = 4,           /* ts_comm_(i)send */
+  TS_COMM_NUM_KINDS = 5,
+} ts_comm_kind;
+
+/* "all_reduce", "reduce_scatter", "all_gather", "broadcast", "send". */
+const char *ts_comm_kind_name(ts_comm_kind k);
+
+typedef struct ts_comm_counters {
+  uint64_t bytes[TS_COMM_NUM_KINDS]; /* bytes sent by this rank, per kind */
+  uint64_t calls[TS_COMM_NUM_KINDS]; /* calls made, per kind */
+} ts_comm_counters;
+
+/* Reduction of ts_comm_all_reduce_f64. */
+typedef enum ts_comm_op {
+  TS_COMM_SUM = 0,
+  TS_COMM_MAX = 1,
+  TS_COMM_MIN = 2,
+} ts_comm_op;
+
+/* --- the MPI library ---------------------------------------------------- */
+
+/* Initialises MPI (MPI_Init_thread, MPI_THREAD_FUNNELED) unless it already
+ * is; argc/argv may be NULL. Works without mpirun (a singleton world of one
+ * rank). Returns TS_OK or TS_ERR_MPI (message from MPI). */
+ts_status ts_comm_init(int *argc, char ***argv);
+
+/* 1 between ts_comm_init and ts_comm_finalize, else 0. */
+int ts_comm_initialized(void);
+
+/* Finalises MPI if ts_comm_init initialised it; every ts_comm from
+ * ts_comm_world / ts_comm_split must be freed first. TS_OK or TS_ERR_MPI. */
+ts_status ts_comm_finalize(void);
+
+/* Terminates every rank of the job with exit code `code` (MPI_Abort on
+ * MPI_COMM_WORLD; plain exit when MPI is not initialised). For tools after
+ * an error on one rank, so that peers do not wait forever. Does not return. */
+void ts_comm_abort(int code);
+
+/* --- groups --------------------------------------------------------------- */
+
+/* The world: a duplicate of MPI_COMM_WORLD named "world", with fresh
+ * counters. TS_ERR_INVALID_USAGE if MPI is not initialised; TS_ERR_MPI;
+ * TS_ERR_OUT_OF_MEMORY. */
+ts_status ts_comm_world(ts_comm **out);
+
+/* A one-rank group ("self") that makes no MPI call: rank 0 of size 1,
+ * collectives copy (or do nothing in place). Needs no ts_comm_init.
+ * TS_ERR_OUT_OF_MEMORY. */
+ts_status ts_comm_self(ts_comm **out);
+
+/* Collective over `parent`: ranks with the same color form one new group,
+ * ordered by key (then parent rank), named `name` (copied, up to 31 chars;
+ * e.g. "dp"). color must be >= 0. A one-rank parent from ts_comm_self gives
+ * another self group. TS_ERR_INVALID_ARGUMENT (color < 0), TS_ERR_MPI,
+ * TS_ERR_OUT_OF_MEMORY. */
+ts_status ts_comm_split(ts_comm *parent, int color, int key, const char *name, ts_comm **out);
+
+/* Frees the group (MPI_Comm_free for MPI groups). NULL is a no-op. */
+void ts_comm_free(ts_comm *c);
+
+int ts_comm_rank(const ts_comm *c);      /* 0 .. size-1 */
+int ts_comm_size(const ts_comm *c);      /* N >= 1 */
+const char *ts_comm_name(const ts_comm *c);
+
+/* This rank's counters since creation or the last reset. */
+const ts_comm_counters *ts_comm_get_counters(const ts_comm *c);
+/* Sum of bytes[] over all kinds. */
+uint64_t ts_comm_bytes_sent(const ts_comm *c);
+void ts_comm_reset_counters(ts_comm *c);
+
+/* --- collectives (blocking; every rank of the group must call) ------------ */
+
+/* Synchronises the group. TS_ERR_MPI. */
+ts_status ts_comm_barrier(ts_comm *c);
+
+/* Scratch bytes ts_comm_reduce_scatter needs: (N-1) * count elements of dt
+ * (the chunks received from the other ranks). 0 for a one-rank group. */
+size_t ts_comm_reduce_scatter_scratch_bytes(const ts_comm *c, size_t count, ts_dtype dt);
+
+/* Reduce-scatter (sum): send is (N, count) in dt — rank j's contribution to
+ * chunk j at send + j*count — and recv (count,) receives, on rank r,
+ *   recv = [recv +] send_0[r] + send_1[r] + ... + send_{N-1}[r]
+ * summed in rank order in fp32 for half dtypes (see the header comment);
+ * with accumulate != 0 the previous recv is added last, after the rank sum.
+ * In place: recv may equal send + r*count (the own chunk), without
+ * accumulate (TS_ERR_INVALID_ARGUMENT: there is no previous recv then);
+ * otherwise recv must not overlap send. scratch: at least
+ * ts_comm_reduce_scatter_scratch_bytes(c, count, dt) bytes, host, not
+ * overlapping send or recv. Counts (N-1) * count * sizeof(dt) bytes sent.
+ * Errors: TS_ERR_INVALID_ARGUMENT (bad dtype, scratch too small: the message
+ * gives both sizes), TS_ERR_MPI. */
+ts_status ts_comm_reduce_scatter(ts_comm *c, const void *send, void *recv, size_t count,
+                                 ts_dtype dt, int accumulate, void *scratch,
+                                 size_t scratch_bytes);
+
+/* All-gather: send (count,) of rank r lands in recv + r*count on every rank;
+ * recv is (N, count). In place: send may equal recv + r*count; otherwise the
+ * two must not overlap. Counts (N-1) * count * sizeof(dt) bytes sent (what a
+ * ring or recursive-doubling all-gather sends). TS_ERR_INVALID_ARGUMENT,
+ * TS_ERR_MPI. */
+ts_status ts_comm_all_gather(ts_comm *c, const void *send, void *recv, size_t count,
+                             ts_dtype dt);
+
+/* Scratch bytes ts_comm_all_reduce needs for `count` elements. */
+size_t ts_comm_all_reduce_scratch_bytes(const ts_comm *c, size_t count, ts_dtype dt);
+
+/* All-reduce (sum), in place on buf (count,) in dt: reduce-scatter over the
+ * chunks [j*count/N, (j+1)*count/N) followed by all-gather of the same
+ * chunks, so every rank gets the same bits and each element is summed in
+ * rank order. Counts 2 * (count - own chunk) * sizeof(dt) bytes sent as
+ * TS_COMM_ALL_REDUCE (2 (N-1)/N of the buffer when N divides count).
+ * scratch as for reduce-scatter. TS_ERR_INVALID_ARGUMENT, TS_ERR_MPI. */
+ts_status ts_comm_all_reduce(ts_comm *c, void *buf, size_t count, ts_dtype dt, void *scratch,
+                             size_t scratch_bytes);
+
+/* All-reduce of a few host doubles (norms, loss sums, flags), in place:
+ * every rank's buf is gathered and reduced with op in rank order, so every
+ * rank gets the same bits. Counts (N-1) * count * 8 bytes sent as
+ * TS_COMM_ALL_REDUCE. Meant for small counts (it moves N * count doubles to
+ * every rank). TS_ERR_INVALID_ARGUMENT (bad op), TS_ERR_MPI. */
+ts_status ts_comm_all_reduce_f64(ts_comm *c, double *buf, size_t count, ts_comm_op op);
+
+/* Broadcast buf (count,) in dt from rank `root` to every rank. The root
+ * counts (N-1) * count * sizeof(dt) bytes; other ranks count 0.
+ * TS_ERR_INVALID_ARGUMENT (root out of range), TS_ERR_MPI. */
+ts_status ts_comm_broadcast(ts_comm *c, void *buf, size_t count, ts_dtype dt, int root);
+
+/* Point-to-point: send buf (count,) to rank `peer` with tag >= 0, or
+ * receive exactly count elements from `peer` with that tag (a different
+ * size is TS_ERR_MPI naming both counts). The sender counts
+ * count * sizeof(dt) bytes. TS_ERR_INVALID_ARGUMENT (peer out of range or
+ * equal to this rank, tag < 0), TS_ERR_MPI. */
+ts_status ts_comm_send(ts_comm *c, const void *buf, size_t count, ts_dtype dt, int peer, int tag);
+ts_status ts_comm_recv(ts_comm *c, void *buf, size_t count, ts_dtype dt, int peer, int tag);
+
+/* --- non-blocking forms ---------------------------------------------------
+ * Each starts the operation and returns a request; the buffers (and the
+ * scratch) must stay valid and untouched until ts_comm_wait returns. Requests
+ * of one group complete in any order; collectives must be started in the
+ * same order on every rank. Counters are charged when the call starts. */
+typedef struct ts_comm_request ts_comm_request;
+
+ts_status ts_comm_ireduce_scatter(ts_comm *c, const void *send, void *recv, size_t count,
+                                  ts_dtype dt, int accumulate, void *scratch,
+                                  size_t scratch_bytes, ts_comm_request **req);
+ts_status ts_comm_iall_gather(ts_comm *c, const void *send, void *recv, size_t count,
+                              ts_dtype dt, ts_comm_request **req);
+ts_status ts_comm_ibroadcast(ts_comm *c, void *buf, size_t count, ts_dtype dt, int root,
+                             ts_comm_request **req);
+ts_status ts_comm_isend(ts_comm *c, const void *buf, size_t count, ts_dtype dt, int peer,
+                        int tag, ts_comm_request **req);
+ts_status ts_comm_irecv(ts_comm *c, void *buf, size_t count, ts_dtype dt, int peer, int tag,
+                        ts_comm_request **req);
+
+/* Completes the request (for reduce-scatter this is where the received
+ * chunks are summed into recv) and frees it; NULL is a no-op returning TS_OK.
+ * TS_ERR_MPI. The request is freed even on error. */
+ts_status ts_comm_wait(ts_comm_request *req);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TS_COMM_COMM_H */
