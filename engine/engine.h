@@ -1,18 +1,50 @@
 /*
  * engine.h — the training step (DESIGN.md "One step"): forward over units,
- * loss, backward over units in reverse, global-norm clipping, AdamW.
+ * loss, backward over units in reverse, gradient reduction across the
+ * data-parallel group, global-norm clipping, AdamW — at ZeRO stage 0 (DDP),
+ * 1, 2 or 3 (DESIGN.md "Flat parameters and shards").
  *
  * The engine owns every training buffer and allocates each through the
- * memory ledger: per unit one flat buffer (shard/flat.h layout) each of
- * compute params, gradients, Adam m and v, and fp32 master weights when the
- * compute dtype is not fp32; the unit inputs (B, T, C) and saved
- * activations of one micro-batch; two (B, T, C) activation-gradient buffers;
- * one workspace sized for the hungriest unit. One rank, ZeRO stage 0 (the
- * sharded stages arrive with comm/).
+ * memory ledger. Per unit, with padded flat length P (shard/flat.h, padded
+ * to a multiple of N * 16 for N data-parallel ranks) and shard S = P / N:
+ *
+ *   stage | compute params      | gradients            | fp32 master, Adam m, v
+ *   0     | P                   | P                    | P
+ *   1     | P                   | P                    | S
+ *   2     | P                   | S (+ P per unit in backward) | S
+ *   3     | S (+ P while in use)| S (+ P per unit in backward) | S
+ *
+ * In fp32 the master weights are the compute parameters (stage 0, 3) or
+ * their own slice (stages 1, 2): no separate copy. The transient full
+ * buffers of stages 2-3 are charged to the params/grads categories while
+ * they live, so the ledger's peak shows them. Besides model state: the unit
+ * inputs (B, T, C) and saved activations of one micro-batch, two (B, T, C)
+ * activation-gradient buffers, one workspace sized for the hungriest unit,
+ * and one reduce-scatter scratch buffer ((N-1) * S of the largest unit,
+ * category comm).
+ *
+ * Gradient reduction (determinism contract): every stage reduces with the
+ * same primitive, a reduce-scatter per unit over the same layout (comm/
+ * sums in rank order), so at a fixed world size and gradient accumulation 1
+ * all four stages produce bitwise-identical parameters. Stage 0 follows it
+ * with an all-gather of the gradients (all-reduce), stage 1 with an
+ * all-gather of the updated parameters; stage 2 reduce-scatters each unit
+ * as its backward ends and stage 3 also gathers each unit's parameters
+ * before its forward and before its backward. With accumulation K > 1,
+ * stages 2-3 reduce-scatter every micro-batch (K times the traffic) and add
+ * into the shard, so their sums are ordered differently from stages 0-1.
+ * Tied embeddings in stage 3: the head gathers the embedding weight again
+ * for its forward and its backward.
  *
  * Loss convention: each micro-batch's loss is the mean over its targets
  * that are not -100 (PyTorch F.cross_entropy); a step's loss is the mean of
- * its micro-batch losses, and gradients are those of that mean.
+ * the micro-batch losses of all ranks and accumulation steps, and gradients
+ * are those of that mean (each rank scales its loss gradient by 1/(N K)).
+ *
+ * Collectives: with N > 1 ranks, ts_engine_micro_step,
+ * ts_engine_optimizer_step, ts_engine_eval and (stage 3) ts_engine_get_tensor
+ * are collective over the data-parallel group: every rank calls them in the
+ * same order. ts_engine_create is local.
  */
 #ifndef TS_ENGINE_ENGINE_H
 #define TS_ENGINE_ENGINE_H
@@ -20,6 +52,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "comm/comm.h"
 #include "kernels/kernels.h"
 #include "models/llama.h"
 #include "shard/flat.h"
@@ -40,28 +73,35 @@ typedef struct ts_engine_opts {
   float eps;          /* AdamW epsilon, e.g. 1e-8 */
   float weight_decay; /* decoupled decay of matrices (norms take none) */
   float grad_clip;    /* max global L2 norm; <= 0 disables clipping */
+  int zero_stage;     /* ZeRO stage 0 (DDP), 1, 2 or 3 */
 } ts_engine_opts;
 
 /* Defaults: B 8, T 128, accumulation 1, fp32, seed 1337, AdamW (0.9, 0.95,
- * 1e-8), weight decay 0.1, clipping at 1.0 (nanoGPT / LLaMA settings). */
+ * 1e-8), weight decay 0.1, clipping at 1.0 (nanoGPT / LLaMA settings),
+ * ZeRO stage 0. */
 ts_engine_opts ts_engine_default_opts(void);
 
 typedef struct ts_engine ts_engine; /* opaque; owns its buffers */
 
 typedef struct ts_step_stats {
-  double loss;      /* mean of the step's micro-batch losses, nats/token */
-  double grad_norm; /* global L2 norm of the gradient before clipping */
-  float lr;         /* learning rate applied */
-  int step;         /* optimizer steps taken so far, 1-based */
+  double loss;              /* mean of the step's micro-batch losses over all ranks */
+  double grad_norm;         /* global L2 norm of the gradient before clipping */
+  float lr;                 /* learning rate applied */
+  int step;                 /* optimizer steps taken so far, 1-based */
+  ts_comm_counters comm;    /* bytes this rank sent during the step, per kind */
+  uint64_t comm_bytes;      /* their sum, bytes */
 } ts_step_stats;
 
-/* Builds the engine for `model` (borrowed; must outlive the engine),
- * allocates everything through its ledger and initialises the parameters
- * from opts->seed. Errors: TS_ERR_INVALID_ARGUMENT (B, T or accumulation
- * zero, T > max_position_embeddings: the message names the flag and the
- * limit), TS_ERR_UNSUPPORTED (dtype other than fp32 in this build), 
- * TS_ERR_OUT_OF_MEMORY. */
-ts_status ts_engine_create(ts_engine **out, const ts_llama *model, const ts_engine_opts *opts);
+/* Builds the engine for `model` (borrowed; must outlive the engine) on the
+ * data-parallel group dp (borrowed; NULL: one rank, no MPI), allocates
+ * everything through its ledger and initialises the parameters from
+ * opts->seed (identical on every rank, whatever N and stage).
+ * Errors: TS_ERR_INVALID_ARGUMENT (B, T or accumulation zero, T >
+ * max_position_embeddings, zero_stage outside 0-3: the message names the
+ * flag and the expected value), TS_ERR_UNSUPPORTED (dtype other than fp32
+ * in this build), TS_ERR_OUT_OF_MEMORY, TS_ERR_MPI. */
+ts_status ts_engine_create(ts_engine **out, const ts_llama *model, const ts_engine_opts *opts,
+                           ts_comm *dp);
 /* Frees every buffer (the ledger returns to zero) and the engine; NULL is a
  * no-op. */
 void ts_engine_free(ts_engine *e);
@@ -77,13 +117,19 @@ void ts_engine_free(ts_engine *e);
 ts_status ts_engine_micro_step(ts_engine *e, const int32_t *inputs, const int32_t *targets,
                                double *loss);
 
-/* After grad_accum micro-steps: global grad norm, clipping, AdamW with
- * learning rate lr, gradients zeroed. Fills *stats. TS_ERR_INVALID_USAGE if
- * the number of micro-steps since the last step is not grad_accum. */
+/* After grad_accum micro-steps: gradient reduction (stages 0-1), global
+ * grad norm from every rank's gradient shard (one all-reduce of the partial
+ * sums of squares, rank order, so every stage reports the same bits),
+ * clipping (torch.nn.utils.clip_grad_norm_: scale max_norm / (norm + 1e-6)
+ * when norm > max_norm), AdamW with learning rate lr on this rank's shard,
+ * all-gather of the updated parameters (stages 1-2), gradients zeroed.
+ * Fills *stats. TS_ERR_INVALID_USAGE if the number of micro-steps since the
+ * last step is not grad_accum; TS_ERR_MPI. */
 ts_status ts_engine_optimizer_step(ts_engine *e, float lr, ts_step_stats *stats);
 
-/* Loss of one (B, T) batch without touching gradients (forward only).
- * *loss_sum and *count: summed row losses and rows with a target. */
+/* Loss of this rank's (B, T) batch without touching gradients (forward
+ * only; collective in stage 3). *loss_sum and *count: summed row losses and
+ * rows with a target, of this rank only. */
 ts_status ts_engine_eval(ts_engine *e, const int32_t *inputs, const int32_t *targets,
                          double *loss_sum, size_t *count);
 
@@ -96,16 +142,26 @@ void ts_engine_batch(ts_engine *e, int32_t **inputs, int32_t **targets);
 /* The ledger of this rank (read-only). */
 const ts_ledger *ts_engine_ledger(const ts_engine *e);
 
+/* The engine's options (as given) and its data-parallel group. */
+const ts_engine_opts *ts_engine_options(const ts_engine *e);
+ts_comm *ts_engine_comm(const ts_engine *e);
+
+/* Number of units of the model (embedding, blocks, head). */
+int ts_engine_num_units(const ts_engine *e);
+
 /* The flat layout of unit u, 0 <= u < n_units (asserted). */
 const ts_flat_layout *ts_engine_layout(const ts_engine *e, int u);
 
 /* Copies the tensor named `name` (Hugging Face name) into (set) or out of
  * (get) the engine as fp32 host values; numel must match the tensor.
- * set also updates the master weights. TS_ERR_INVALID_ARGUMENT names the
- * tensor when it is unknown or the size differs. get_grad reads the
- * accumulated gradient. */
+ * set (every rank passes the same values) writes this rank's part of the
+ * compute parameters and master weights. get is collective in stage 3 (it
+ * gathers the unit). get_grad reads the accumulated gradient and needs a
+ * one-rank group (TS_ERR_INVALID_USAGE otherwise; ranks hold unreduced or
+ * sharded gradients). TS_ERR_INVALID_ARGUMENT names the tensor when it is
+ * unknown or the size differs. */
 ts_status ts_engine_set_tensor(ts_engine *e, const char *name, const float *src, size_t numel);
-ts_status ts_engine_get_tensor(const ts_engine *e, const char *name, float *dst, size_t numel);
+ts_status ts_engine_get_tensor(ts_engine *e, const char *name, float *dst, size_t numel);
 ts_status ts_engine_get_grad(const ts_engine *e, const char *name, float *dst, size_t numel);
 
 /* The logits (B, T, V) of the last micro-step's forward, as fp32 host values

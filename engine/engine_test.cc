@@ -44,7 +44,7 @@ struct EngineFixture {
   ts_engine *e = nullptr;
   EngineFixture(const ts_llama_config &c, const ts_engine_opts &o) {
     EXPECT_EQ(ts_llama_init(&model, &c), TS_OK);
-    EXPECT_EQ(ts_engine_create(&e, &model, &o), TS_OK) << ts_last_error();
+    EXPECT_EQ(ts_engine_create(&e, &model, &o, nullptr), TS_OK) << ts_last_error();
   }
   ~EngineFixture() {
     ts_engine_free(e);
@@ -191,12 +191,59 @@ TEST(Engine, RejectsBadOptions) {
   ASSERT_EQ(ts_llama_init(&model, &c), TS_OK);
   ts_engine *e = nullptr;
   ts_engine_opts o = Opts(1, 33);  // max_position_embeddings is 32
-  EXPECT_EQ(ts_engine_create(&e, &model, &o), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(ts_engine_create(&e, &model, &o, nullptr), TS_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(ts_last_error()).find("--seq 33"), std::string::npos);
   EXPECT_EQ(e, nullptr);
   o = Opts(0, 8);
-  EXPECT_EQ(ts_engine_create(&e, &model, &o), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(ts_engine_create(&e, &model, &o, nullptr), TS_ERR_INVALID_ARGUMENT);
+  o = Opts(1, 8);
+  o.zero_stage = 4;
+  EXPECT_EQ(ts_engine_create(&e, &model, &o, nullptr), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_STREQ(ts_last_error(), "--zero 4: expected a ZeRO stage 0, 1, 2 or 3");
   ts_llama_free(&model);
+}
+
+TEST(Engine, EveryZeroStageOnOneRankTrainsIdentically) {
+  // On one rank the stages differ only in which code path holds each
+  // buffer (full or shard, gathered or not): the gradients after a
+  // micro-step and the parameters after three steps must be bitwise equal.
+  const size_t V = 64, T = 8;
+  const char *w = "model.layers.0.self_attn.q_proj.weight";
+  std::vector<std::vector<float>> grads, params;
+  for (int stage = 0; stage <= 3; stage++) {
+    for (bool tied : {false, true}) {
+      ts_llama_config c = SmallConfig(V);
+      c.tie_word_embeddings = tied;
+      ts_engine_opts o = Opts(2, T);
+      o.zero_stage = stage;
+      EngineFixture f(c, o);
+      std::vector<float> g(32 * 32), p(32 * 32), emb(V * 32);
+      double l;
+      ts_step_stats st;
+      for (int s = 0; s < 3; s++) {
+        Batch b(2, T, V, 10 + s);
+        ASSERT_EQ(ts_engine_micro_step(f.e, b.in.data(), b.tgt.data(), &l), TS_OK);
+        if (s == 0) {
+          ASSERT_EQ(ts_engine_get_grad(f.e, w, g.data(), g.size()), TS_OK);
+        }
+        ASSERT_EQ(ts_engine_optimizer_step(f.e, 1e-2f, &st), TS_OK);
+      }
+      ASSERT_EQ(ts_engine_get_tensor(f.e, w, p.data(), p.size()), TS_OK);
+      ASSERT_EQ(ts_engine_get_tensor(f.e, "model.embed_tokens.weight", emb.data(), emb.size()),
+                TS_OK);
+      if (stage > 0) {
+        size_t k = 2 * tied;  // the stage-0 run of the same model
+        EXPECT_EQ(g, grads[k]) << "stage " << stage << " tied " << tied;
+        EXPECT_EQ(p, params[k]) << "stage " << stage << " tied " << tied;
+        EXPECT_EQ(emb, params[k + 1]) << "stage " << stage << " tied " << tied;
+      } else {
+        grads.push_back(g);
+        grads.push_back({});
+        params.push_back(p);
+        params.push_back(emb);
+      }
+    }
+  }
 }
 
 TEST(Schedule, WarmupThenCosineToFloor) {

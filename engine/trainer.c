@@ -55,8 +55,42 @@ static ts_status write_line(FILE *f, const char *path, cJSON *obj) {
   return TS_OK;
 }
 
+ts_status ts_train_resolve_batch(size_t world, size_t *global_batch, ts_engine_opts *eo) {
+  size_t G = *global_batch, B = eo->micro_batch, K = eo->grad_accum, NB = world * B;
+  if (B == 0 || world == 0)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--micro-batch %zu on %zu ranks: expected >= 1",
+                        B, world);
+  if (G == 0) {
+    if (K == 0)
+      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                          "--grad-accum 0: expected >= 1, or --global-batch to derive it");
+    *global_batch = NB * K;
+    return TS_OK;
+  }
+  if (K == 0) {
+    if (G % NB != 0)
+      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                          "--global-batch %zu: not divisible by %zu ranks x --micro-batch %zu = "
+                          "%zu (it would need --grad-accum %.4g)",
+                          G, world, B, NB, (double)G / (double)NB);
+    eo->grad_accum = G / NB;
+    return TS_OK;
+  }
+  if (G != NB * K)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "--global-batch %zu: expected %zu ranks x --micro-batch %zu x "
+                        "--grad-accum %zu = %zu",
+                        G, world, B, K, NB * K);
+  return TS_OK;
+}
+
 typedef struct run {
   const ts_train_config *cfg;
+  ts_engine_opts eo;         /* cfg->engine with grad_accum resolved */
+  size_t global_batch;       /* sequences per step over all ranks */
+  ts_comm *dp;               /* cfg->dp or own_comm */
+  ts_comm *own_comm;         /* one-rank group when cfg->dp is NULL */
+  int rank, world;
   ts_llama_config mcfg;
   ts_llama model;
   int model_ok;
@@ -64,7 +98,8 @@ typedef struct run {
   ts_loader *train_ld, *val_ld;
   ts_engine *engine;
   int32_t *inputs, *targets; /* (B, T) host, the engine's own buffers */
-  FILE *metrics;
+  FILE *metrics;             /* rank 0 only */
+  ts_step_stats last;        /* the last optimizer step */
 } run;
 
 static void run_free(run *r) {
@@ -75,51 +110,56 @@ static void run_free(run *r) {
   ts_shard_close(r->train);
   ts_shard_close(r->val);
   if (r->model_ok) ts_llama_free(&r->model);
+  ts_comm_free(r->own_comm);
 }
 
-/* Mean validation loss over the first eval_batches micro-batches. */
+/* Mean validation loss over the first eval_batches global batches of
+ * N * B sequences: rank r evaluates its B of each, and the loss sums and
+ * counts are summed over ranks (the same sequences whatever N). */
 static ts_status evaluate(run *r, double *val_loss) {
-  size_t B = r->cfg->engine.micro_batch;
+  size_t B = r->eo.micro_batch, NB = B * (size_t)r->world;
   size_t windows = ts_loader_num_windows(r->val_ld);
   size_t batches = r->cfg->eval_batches;
-  if (batches * B > windows) batches = windows / B ? windows / B : 1;
-  double sum = 0;
-  size_t count = 0;
+  if (batches * NB > windows) batches = windows / NB;
+  double sums[2] = {0, 0}; /* loss sum, target count */
   for (size_t i = 0; i < batches; i++) {
     double s;
     size_t c;
-    TS_CHECK(ts_loader_fill(r->val_ld, r->inputs, r->targets, (uint64_t)i * B, B));
+    uint64_t first = (uint64_t)i * NB + (uint64_t)r->rank * B;
+    TS_CHECK(ts_loader_fill(r->val_ld, r->inputs, r->targets, first, B));
     TS_CHECK(ts_engine_eval(r->engine, r->inputs, r->targets, &s, &c));
-    sum += s;
-    count += c;
+    sums[0] += s;
+    sums[1] += (double)c;
   }
-  *val_loss = count ? sum / (double)count : 0.0;
+  TS_CHECK(ts_comm_all_reduce_f64(r->dp, sums, 2, TS_COMM_SUM));
+  *val_loss = sums[1] > 0 ? sums[0] / sums[1] : 0.0;
   return TS_OK;
 }
 
 static ts_status setup(run *r) {
   const ts_train_config *cfg = r->cfg;
   char path[4096];
+  TS_CHECK(ts_train_resolve_batch((size_t)r->world, &r->global_batch, &r->eo));
   TS_CHECK(ts_llama_config_resolve(cfg->model, path, sizeof path));
   TS_CHECK(ts_llama_config_load(path, &r->mcfg));
   TS_CHECK(ts_llama_init(&r->model, &r->mcfg));
   r->model_ok = 1;
-  size_t V = r->mcfg.vocab_size, T = cfg->engine.seq;
+  size_t V = r->mcfg.vocab_size, T = r->eo.seq, NB = r->eo.micro_batch * (size_t)r->world;
   snprintf(path, sizeof path, "%s/train.bin", cfg->data_dir);
   TS_CHECK(ts_shard_open(&r->train, path, V));
   snprintf(path, sizeof path, "%s/val.bin", cfg->data_dir);
   TS_CHECK(ts_shard_open(&r->val, path, V));
-  TS_CHECK(ts_loader_init(&r->train_ld, r->train, T, cfg->engine.seed, 1));
+  TS_CHECK(ts_loader_init(&r->train_ld, r->train, T, r->eo.seed, 1));
   TS_CHECK(ts_loader_init(&r->val_ld, r->val, T, 0, 0));
-  if (ts_loader_num_windows(r->val_ld) < cfg->engine.micro_batch)
+  if (ts_loader_num_windows(r->val_ld) < NB)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "%s/val.bin: %zu windows of --seq %zu: expected at least --micro-batch "
-                        "%zu",
-                        cfg->data_dir, ts_loader_num_windows(r->val_ld), T,
-                        cfg->engine.micro_batch);
-  TS_CHECK(ts_engine_create(&r->engine, &r->model, &cfg->engine));
+                        "%s/val.bin: %zu windows of --seq %zu: expected at least %d ranks x "
+                        "--micro-batch %zu = %zu",
+                        cfg->data_dir, ts_loader_num_windows(r->val_ld), T, r->world,
+                        r->eo.micro_batch, NB);
+  TS_CHECK(ts_engine_create(&r->engine, &r->model, &r->eo, r->dp));
   ts_engine_batch(r->engine, &r->inputs, &r->targets);
-  if (cfg->metrics_path) {
+  if (cfg->metrics_path && r->rank == 0) {
     r->metrics = fopen(cfg->metrics_path, "w");
     if (!r->metrics)
       return ts_set_error(TS_ERR_IO, "%s: cannot open for writing: %s", cfg->metrics_path,
@@ -128,9 +168,25 @@ static ts_status setup(run *r) {
   return TS_OK;
 }
 
+/* Setup on every rank, then agreement: if any rank failed, every rank
+ * returns an error; the lowest failing rank keeps its own message. */
+static ts_status setup_agreed(run *r, ts_train_result *res) {
+  ts_status st = setup(r);
+  double first = st != TS_OK ? (double)r->rank : (double)r->world;
+  ts_status cst = ts_comm_all_reduce_f64(r->dp, &first, 1, TS_COMM_MIN);
+  if (cst != TS_OK) return cst;
+  if (first >= (double)r->world) return TS_OK;
+  res->setup_failed = 1;
+  if ((int)first == r->rank) return st;
+  res->failed_elsewhere = 1;
+  return ts_set_error(TS_ERR_INVALID_USAGE, "rank %d of %d failed during setup", (int)first,
+                      r->world);
+}
+
 static ts_status eval_and_log(run *r, size_t step, ts_train_callback cb, void *user,
                               double *val) {
   TS_CHECK(evaluate(r, val));
+  if (r->rank != 0) return TS_OK;
   cJSON *o = cJSON_CreateObject();
   cJSON_AddNumberToObject(o, "step", (double)step);
   cJSON_AddNumberToObject(o, "val_loss", *val);
@@ -142,17 +198,63 @@ static ts_status eval_and_log(run *r, size_t step, ts_train_callback cb, void *u
   return TS_OK;
 }
 
+/* The summary line (rank 0 writes; every rank contributes its ledger). */
+static ts_status write_summary(run *r, const ts_train_result *res) {
+  enum { W = TS_MEM_NUM_CATEGORIES + 1 };
+  size_t n = (size_t)r->world * W;
+  double *mem = calloc(n, sizeof *mem);
+  if (!mem) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "summary: %zu doubles", n);
+  const ts_ledger *l = ts_engine_ledger(r->engine);
+  for (int c = 0; c < TS_MEM_NUM_CATEGORIES; c++) mem[r->rank * W + c] = (double)l->peak[c];
+  mem[r->rank * W + TS_MEM_NUM_CATEGORIES] = (double)l->peak_total;
+  /* Each rank fills its own row, the rest are zero: the sum is a gather
+   * (exact: byte counts are integers below 2^53). */
+  ts_status st = ts_comm_all_reduce_f64(r->dp, mem, n, TS_COMM_SUM);
+  if (st != TS_OK || r->rank != 0) {
+    free(mem);
+    return st;
+  }
+  cJSON *o = cJSON_CreateObject(), *sm = cJSON_AddObjectToObject(o, "summary");
+  cJSON *p = cJSON_AddObjectToObject(sm, "params");
+  cJSON_AddNumberToObject(p, "unpadded", (double)res->num_params);
+  cJSON_AddNumberToObject(p, "padded", (double)res->padded_params);
+  cJSON_AddNumberToObject(sm, "world_size", r->world);
+  cJSON_AddNumberToObject(sm, "zero_stage", r->eo.zero_stage);
+  cJSON_AddStringToObject(sm, "dtype", ts_dtype_name(r->eo.dtype));
+  cJSON_AddNumberToObject(sm, "micro_batch", (double)r->eo.micro_batch);
+  cJSON_AddNumberToObject(sm, "grad_accum", (double)r->eo.grad_accum);
+  cJSON_AddNumberToObject(sm, "global_batch", (double)r->global_batch);
+  cJSON_AddNumberToObject(sm, "seq", (double)r->eo.seq);
+  cJSON_AddNumberToObject(sm, "comm_bytes_per_step", (double)r->last.comm_bytes);
+  cJSON *kinds = cJSON_AddObjectToObject(sm, "comm_bytes_by_kind");
+  for (int k = 0; k < TS_COMM_NUM_KINDS; k++)
+    cJSON_AddNumberToObject(kinds, ts_comm_kind_name((ts_comm_kind)k),
+                            (double)r->last.comm.bytes[k]);
+  cJSON *ranks = cJSON_AddArrayToObject(sm, "mem_by_rank");
+  for (int q = 0; q < r->world; q++) {
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddNumberToObject(e, "rank", q);
+    for (int c = 0; c < TS_MEM_NUM_CATEGORIES; c++)
+      cJSON_AddNumberToObject(e, ts_mem_category_name((ts_mem_category)c), mem[q * W + c]);
+    cJSON_AddNumberToObject(e, "total", mem[q * W + TS_MEM_NUM_CATEGORIES]);
+    cJSON_AddItemToArray(ranks, e);
+  }
+  free(mem);
+  return write_line(r->metrics, r->cfg->metrics_path, o);
+}
+
 static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result *res) {
   const ts_train_config *cfg = r->cfg;
-  const ts_engine_opts *eo = &cfg->engine;
-  size_t tokens_per_step = eo->micro_batch * eo->seq * eo->grad_accum;
+  const ts_engine_opts *eo = &r->eo;
+  size_t tokens_per_step = r->global_batch * eo->seq;
   double flops_per_token = ts_llama_flops_per_token(&r->mcfg, eo->seq);
   double t_loop = now_s(), tok_s_sum = 0;
   size_t timed = 0;
   for (size_t step = 1; step <= cfg->steps; step++) {
     double t0 = now_s();
     for (size_t a = 0; a < eo->grad_accum; a++) {
-      uint64_t k = ts_loader_sample_index(step - 1, a, eo->grad_accum, 0, 1, eo->micro_batch);
+      uint64_t k = ts_loader_sample_index(step - 1, a, eo->grad_accum, (size_t)r->rank,
+                                          (size_t)r->world, eo->micro_batch);
       double loss;
       TS_CHECK(ts_loader_fill(r->train_ld, r->inputs, r->targets, k, eo->micro_batch));
       TS_CHECK(ts_engine_micro_step(r->engine, r->inputs, r->targets, &loss));
@@ -160,6 +262,7 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
     float lr = ts_train_lr(step, cfg->steps, cfg->warmup, cfg->lr, cfg->min_lr_ratio);
     ts_step_stats st;
     TS_CHECK(ts_engine_optimizer_step(r->engine, lr, &st));
+    r->last = st;
     double dt = now_s() - t0;
     double tok_s = (double)tokens_per_step / dt;
     if (step > 1 || cfg->steps == 1) {
@@ -168,19 +271,22 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
     }
     if (step == 1) res->first_loss = st.loss;
     res->final_loss = st.loss;
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddNumberToObject(o, "step", (double)step);
-    cJSON_AddNumberToObject(o, "loss", st.loss);
-    cJSON_AddNumberToObject(o, "lr", lr);
-    cJSON_AddNumberToObject(o, "grad_norm", st.grad_norm);
-    cJSON_AddNumberToObject(o, "tokens_per_s", tok_s);
-    cJSON_AddNumberToObject(o, "gflops", tok_s * flops_per_token / 1e9);
-    cJSON_AddNumberToObject(o, "step_seconds", dt);
-    TS_CHECK(write_line(r->metrics, cfg->metrics_path, o));
-    if (cb) {
-      ts_train_event ev = {0,  step, cfg->steps, st.loss, st.grad_norm,
-                           lr, tok_s, tok_s * flops_per_token / 1e9};
-      cb(&ev, user);
+    if (r->rank == 0) {
+      cJSON *o = cJSON_CreateObject();
+      cJSON_AddNumberToObject(o, "step", (double)step);
+      cJSON_AddNumberToObject(o, "loss", st.loss);
+      cJSON_AddNumberToObject(o, "lr", lr);
+      cJSON_AddNumberToObject(o, "grad_norm", st.grad_norm);
+      cJSON_AddNumberToObject(o, "tokens_per_s", tok_s);
+      cJSON_AddNumberToObject(o, "gflops", tok_s * flops_per_token / 1e9);
+      cJSON_AddNumberToObject(o, "step_seconds", dt);
+      cJSON_AddNumberToObject(o, "comm_bytes", (double)st.comm_bytes);
+      TS_CHECK(write_line(r->metrics, cfg->metrics_path, o));
+      if (cb) {
+        ts_train_event ev = {0,  step, cfg->steps, st.loss, st.grad_norm,
+                             lr, tok_s, tok_s * flops_per_token / 1e9};
+        cb(&ev, user);
+      }
     }
     double val;
     if (cfg->eval_every && step % cfg->eval_every == 0 && step != cfg->steps)
@@ -189,7 +295,10 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
   res->seconds = now_s() - t_loop;
   res->tokens_per_s = timed ? tok_s_sum / (double)timed : 0;
   res->gflops = res->tokens_per_s * flops_per_token / 1e9;
-  return eval_and_log(r, cfg->steps, cb, user, &res->final_val_loss);
+  res->comm_bytes_per_step = r->last.comm_bytes;
+  TS_CHECK(eval_and_log(r, cfg->steps, cb, user, &res->final_val_loss));
+  res->ledger = *ts_engine_ledger(r->engine);
+  return write_summary(r, res);
 }
 
 ts_status ts_train_run(const ts_train_config *cfg, ts_train_callback cb, void *user,
@@ -204,9 +313,21 @@ ts_status ts_train_run(const ts_train_config *cfg, ts_train_callback cb, void *u
   run r;
   memset(&r, 0, sizeof r);
   r.cfg = cfg;
-  ts_status st = setup(&r);
+  r.eo = cfg->engine;
+  r.global_batch = cfg->global_batch;
+  ts_status st = cfg->dp ? TS_OK : ts_comm_self(&r.own_comm);
+  if (st == TS_OK) {
+    r.dp = cfg->dp ? cfg->dp : r.own_comm;
+    r.rank = ts_comm_rank(r.dp);
+    r.world = ts_comm_size(r.dp);
+    result->world_size = r.world;
+    st = setup_agreed(&r, result);
+  }
   if (st == TS_OK) {
     result->num_params = ts_llama_num_params(&r.mcfg);
+    result->global_batch = r.global_batch;
+    for (int u = 0; u < ts_engine_num_units(r.engine); u++)
+      result->padded_params += ts_engine_layout(r.engine, u)->padded;
     st = train(&r, cb, user, result);
   }
   run_free(&r);

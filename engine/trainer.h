@@ -7,6 +7,19 @@
  * validation shard every eval_every steps and at the end. It never prints:
  * progress goes to an optional callback, records to the metrics file
  * (JSON Lines), so tools/ decides what the terminal shows.
+ *
+ * Across ranks: every rank of the data-parallel group calls ts_train_run
+ * with the same config; each reads its own slice of every global batch
+ * (ts_loader_sample_index). Rank 0 alone writes the metrics file and calls
+ * the callback. The metrics file holds one line per step
+ * {step, loss, lr, grad_norm, tokens_per_s, gflops, step_seconds,
+ * comm_bytes}, one per evaluation {step, val_loss}, and at the end
+ * {"summary": {params: {unpadded, padded}, world_size, zero_stage, dtype,
+ * micro_batch, grad_accum, global_batch, seq, comm_bytes_per_step,
+ * comm_bytes_by_kind: {all_reduce, ...}, mem_by_rank: [{rank, params,
+ * grads, master, optim, activations, comm, workspace, total}, ...]}} where
+ * each mem_by_rank entry is that rank's ledger peak per category and its
+ * peak total, in bytes.
  */
 #ifndef TS_ENGINE_TRAINER_H
 #define TS_ENGINE_TRAINER_H
@@ -30,15 +43,28 @@ typedef struct ts_train_config {
   size_t eval_every;        /* steps between evaluations; 0: only at the end */
   size_t eval_batches;      /* validation micro-batches per evaluation */
   const char *metrics_path; /* JSON Lines output, or NULL */
+  size_t global_batch;      /* sequences per optimizer step over all ranks; 0: N*B*K */
+  ts_comm *dp;              /* data-parallel group (borrowed); NULL: one rank */
 } ts_train_config;
 
 /* Defaults: 200 steps, lr 3e-3, floor 0.1, warm-up 20, eval at the end on 16
- * batches, engine defaults. model and data_dir must be set by the caller. */
+ * batches, engine defaults, one rank. model and data_dir must be set by the
+ * caller. */
 ts_train_config ts_train_default_config(void);
+
+/* Reconciles the global batch G with N data-parallel ranks, micro-batch B
+ * and accumulation K (DeepSpeed's train_batch_size = B * K * N): with
+ * G == 0, K must be >= 1 and G becomes N * B * K; with G > 0 and K == 0, K
+ * is derived as G / (N * B); with both, G must equal N * B * K. Updates
+ * *global_batch and eo->grad_accum. TS_ERR_INVALID_ARGUMENT with a message
+ * that prints the derived values, e.g. "--global-batch 30: not divisible by
+ * 2 ranks x --micro-batch 4 = 8 (it would need --grad-accum 3.75)". */
+ts_status ts_train_resolve_batch(size_t world, size_t *global_batch, ts_engine_opts *eo);
 
 /* What a callback sees after every step and every evaluation. */
 typedef struct ts_train_event {
   int is_eval;            /* 1: an evaluation; 0: an optimizer step */
+  /* (rank 0 only) */
   size_t step;            /* 1-based optimizer step */
   size_t steps;           /* total steps of the run */
   double loss;            /* step: training loss; eval: validation loss */
@@ -57,7 +83,16 @@ typedef struct ts_train_result {
   double tokens_per_s;     /* mean over steps 2.. (step 1 warms caches) */
   double gflops;           /* mean achieved GFLOP/s over the same steps */
   size_t num_params;       /* Ψ, unpadded */
+  size_t padded_params;    /* Σ over units of the padded flat length */
   double seconds;          /* wall time of the training loop */
+  int world_size;          /* N data-parallel ranks */
+  size_t global_batch;     /* sequences per optimizer step, all ranks */
+  uint64_t comm_bytes_per_step; /* bytes this rank sent in the last step */
+  ts_ledger ledger;        /* this rank's ledger at the end (peaks) */
+  int setup_failed;        /* on error: 1 when it happened during setup, where
+                              every rank agrees and returns an error */
+  int failed_elsewhere;    /* on a setup error: 1 when another rank failed
+                              first and reports it (this rank need not print) */
 } ts_train_result;
 
 /* Cosine schedule with linear warm-up (Loshchilov & Hutter 2017, SGDR eq. 5
@@ -67,9 +102,14 @@ typedef struct ts_train_result {
  * with min = lr * min_lr_ratio. */
 float ts_train_lr(size_t step, size_t steps, size_t warmup, float lr, float min_lr_ratio);
 
-/* Runs the training described by cfg. Errors: anything the config, shard,
- * loader or engine report (one-line messages naming file and field);
- * TS_ERR_IO if the metrics file cannot be written. */
+/* Runs the training described by cfg (collective over cfg->dp). Setup
+ * errors (config, shards, batch sizes, engine) are agreed between ranks
+ * before any training: every rank returns an error with
+ * result->setup_failed set, and all but the lowest failing rank set
+ * result->failed_elsewhere. An error after setup is this rank's alone (its
+ * peers may be waiting in a collective: abort the job). Errors: anything the config,
+ * shard, loader or engine report (one-line messages naming file and
+ * field); TS_ERR_IO if the metrics file cannot be written; TS_ERR_MPI. */
 ts_status ts_train_run(const ts_train_config *cfg, ts_train_callback cb, void *user,
                        ts_train_result *result);
 

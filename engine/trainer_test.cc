@@ -13,61 +13,15 @@
 #include <vector>
 
 #include "engine/data.h"
+#include "engine/train_fixture.h"
 
 namespace {
 
-std::string TmpDir() {
-  const char *t = std::getenv("TEST_TMPDIR");
-  return t ? t : "/tmp";
-}
-
-// A corpus with structure a small model learns quickly: token i+1 follows
-// token i (mod V), with a random restart every 17 tokens.
-std::string MakeData(size_t V) {
-  std::string dir = TmpDir() + "/trainer_data";
-  std::string mk = "mkdir -p " + dir;
-  EXPECT_EQ(std::system(mk.c_str()), 0);
-  unsigned s = 7;
-  auto make = [&](size_t n) {
-    std::vector<uint32_t> t(n);
-    for (size_t i = 0; i < n; i++) {
-      s = s * 1103515245u + 12345u;
-      t[i] = i % 17 == 0 ? (s >> 16) % V : (t[i - 1] + 1) % V;
-    }
-    return t;
-  };
-  std::vector<uint32_t> train = make(20000), val = make(3000);
-  EXPECT_EQ(ts_shard_write((dir + "/train.bin").c_str(), train.data(), train.size(), V), TS_OK);
-  EXPECT_EQ(ts_shard_write((dir + "/val.bin").c_str(), val.data(), val.size(), V), TS_OK);
-  return dir;
-}
-
-std::string MakeConfig(size_t V, size_t max_pos) {
-  std::string path = TmpDir() + "/trainer_config.json";
-  std::ofstream f(path);
-  f << "{\"hidden_size\": 32, \"intermediate_size\": 64, \"num_hidden_layers\": 2,"
-       " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"vocab_size\": "
-    << V << ", \"max_position_embeddings\": " << max_pos << ", \"rms_norm_eps\": 1e-5}";
-  return path;
-}
-
-std::vector<cJSON *> ReadLines(const std::string &path) {
-  std::vector<cJSON *> out;
-  std::ifstream f(path);
-  std::string line;
-  while (std::getline(f, line)) {
-    cJSON *o = cJSON_Parse(line.c_str());
-    EXPECT_NE(o, nullptr) << "not JSON: " << line;
-    if (o) out.push_back(o);
-  }
-  return out;
-}
-
-double Num(const cJSON *o, const char *k) {
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-  EXPECT_TRUE(cJSON_IsNumber(v)) << k;
-  return v ? v->valuedouble : -1;
-}
+using ts_test::MakeConfig;
+using ts_test::MakeData;
+using ts_test::Num;
+using ts_test::ReadLines;
+using ts_test::TmpDir;
 
 TEST(Trainer, RunWritesMetricsAndLearns) {
   const size_t V = 64;
@@ -88,9 +42,24 @@ TEST(Trainer, RunWritesMetricsAndLearns) {
   ts_train_result r;
   ASSERT_EQ(ts_train_run(&c, nullptr, nullptr, &r), TS_OK) << ts_last_error();
   std::vector<cJSON *> lines = ReadLines(metrics);
-  // 60 step records + evaluations at steps 20, 40 and the end (60).
-  ASSERT_EQ(lines.size(), 63u);
+  // 60 step records + evaluations at steps 20, 40 and the end (60) + the
+  // summary.
+  ASSERT_EQ(lines.size(), 64u);
   int steps = 0, evals = 0;
+  const cJSON *summary = cJSON_GetObjectItemCaseSensitive(lines.back(), "summary");
+  ASSERT_TRUE(cJSON_IsObject(summary));
+  EXPECT_EQ(Num(summary, "world_size"), 1);
+  EXPECT_EQ(Num(summary, "zero_stage"), 0);
+  EXPECT_EQ(Num(summary, "global_batch"), 8);
+  EXPECT_EQ(Num(summary, "comm_bytes_per_step"), 0) << "one rank sends nothing";
+  EXPECT_EQ(Num(cJSON_GetObjectItemCaseSensitive(summary, "params"), "unpadded"),
+            (double)r.num_params);
+  const cJSON *mem = cJSON_GetObjectItemCaseSensitive(summary, "mem_by_rank");
+  ASSERT_EQ(cJSON_GetArraySize(mem), 1);
+  EXPECT_EQ(Num(cJSON_GetArrayItem(mem, 0), "total"), (double)r.ledger.peak_total);
+  EXPECT_EQ(Num(cJSON_GetArrayItem(mem, 0), "optim"), (double)r.ledger.peak[TS_MEM_OPTIM]);
+  cJSON_Delete(lines.back());
+  lines.pop_back();
   for (cJSON *o : lines) {
     if (cJSON_GetObjectItemCaseSensitive(o, "val_loss")) {
       evals++;
@@ -111,6 +80,30 @@ TEST(Trainer, RunWritesMetricsAndLearns) {
   // The successor pattern is learnable: the loss must fall far below ln V.
   EXPECT_LT(r.final_loss, 0.5 * r.first_loss);
   EXPECT_LT(r.final_val_loss, 0.5 * r.first_loss);
+}
+
+TEST(Trainer, GlobalBatchIsRanksTimesMicroBatchTimesAccumulation) {
+  ts_engine_opts o = ts_engine_default_opts();
+  size_t G = 0;
+  o.micro_batch = 4;
+  o.grad_accum = 3;
+  ASSERT_EQ(ts_train_resolve_batch(2, &G, &o), TS_OK);
+  EXPECT_EQ(G, 24u);
+  G = 32;
+  o.grad_accum = 0;  // derived
+  ASSERT_EQ(ts_train_resolve_batch(4, &G, &o), TS_OK);
+  EXPECT_EQ(o.grad_accum, 2u);
+  G = 30;
+  o.grad_accum = 0;
+  EXPECT_EQ(ts_train_resolve_batch(2, &G, &o), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_STREQ(ts_last_error(),
+               "--global-batch 30: not divisible by 2 ranks x --micro-batch 4 = 8 (it would need "
+               "--grad-accum 3.75)");
+  G = 32;
+  o.grad_accum = 3;
+  EXPECT_EQ(ts_train_resolve_batch(2, &G, &o), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_STREQ(ts_last_error(),
+               "--global-batch 32: expected 2 ranks x --micro-batch 4 x --grad-accum 3 = 24");
 }
 
 TEST(Trainer, BadInputFailsBeforeAnyWork) {

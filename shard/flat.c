@@ -25,3 +25,15 @@ ts_status ts_flat_layout_init(ts_flat_layout *layout, const size_t *numels, size
   layout->shard = layout->padded / dp_size;
   return TS_OK;
 }
+
+void ts_flat_shard_overlap(const ts_flat_layout *layout, size_t i, size_t rank, size_t *begin,
+                           size_t *end) {
+  TS_ASSERT(i < layout->n_tensors && rank < layout->dp_size);
+  size_t lo = ts_flat_shard_begin(layout, rank), hi = lo + layout->shard;
+  size_t b = layout->offset[i], e = b + layout->numel[i];
+  if (b < lo) b = lo;
+  if (e > hi) e = hi;
+  if (b > e) b = e;
+  *begin = b;
+  *end = e;
+}

@@ -43,6 +43,14 @@ static inline size_t ts_flat_shard_begin(const ts_flat_layout *layout, size_t ra
   return rank * layout->shard;
 }
 
+/* The part of tensor i (i < n_tensors, asserted) that rank r owns, as flat
+ * element offsets [*begin, *end) of the full buffer; *begin == *end when the
+ * tensor lies wholly in other ranks' shards. Subtract
+ * ts_flat_shard_begin(layout, r) to index a shard-sized buffer (the view of
+ * the gradient shard, fp32 master weights and Adam moments of this rank). */
+void ts_flat_shard_overlap(const ts_flat_layout *layout, size_t i, size_t rank, size_t *begin,
+                           size_t *end);
+
 #ifdef __cplusplus
 }
 #endif

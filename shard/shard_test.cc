@@ -25,6 +25,37 @@ TEST(FlatLayout, PadsToMultipleOfWorldSizeTimes16) {
   }
 }
 
+TEST(FlatLayout, ShardOverlapsPartitionEveryTensor) {
+  // Tensors of 5, 40 and 3 elements on 4 ranks: padded 64, shards of 16.
+  // Each rank's overlaps lie in its shard, and over all ranks they cover
+  // every tensor exactly once.
+  const size_t numels[] = {5, 40, 3};
+  ts_flat_layout l;
+  ASSERT_EQ(ts_flat_layout_init(&l, numels, 3, 4), TS_OK);
+  ASSERT_EQ(l.shard, 16u);
+  for (size_t i = 0; i < 3; i++) {
+    size_t covered = 0, next = l.offset[i];
+    for (size_t r = 0; r < 4; r++) {
+      size_t b, e;
+      ts_flat_shard_overlap(&l, i, r, &b, &e);
+      ASSERT_LE(b, e);
+      if (b == e) continue;
+      EXPECT_GE(b, r * l.shard);
+      EXPECT_LE(e, (r + 1) * l.shard);
+      EXPECT_EQ(b, next) << "tensor " << i << " rank " << r;
+      next = e;
+      covered += e - b;
+    }
+    EXPECT_EQ(covered, numels[i]);
+  }
+  size_t b, e;  // tensor 1 spans [5, 45): rank 3 owns [48, 64) of none of it
+  ts_flat_shard_overlap(&l, 1, 3, &b, &e);
+  EXPECT_EQ(b, e);
+  ts_flat_shard_overlap(&l, 1, 1, &b, &e);
+  EXPECT_EQ(b, 16u);
+  EXPECT_EQ(e, 32u);
+}
+
 TEST(FlatLayout, RejectsBadArguments) {
   size_t numels[TS_FLAT_MAX_TENSORS + 1] = {};
   ts_flat_layout l;

@@ -50,7 +50,7 @@ struct Fixture {
     o.eps = std::stof(Meta("eps"));
     o.weight_decay = std::stof(Meta("weight_decay"));
     o.grad_clip = 0;  // the script does not clip
-    EXPECT_EQ(ts_engine_create(&engine, &model, &o), TS_OK) << ts_last_error();
+    EXPECT_EQ(ts_engine_create(&engine, &model, &o, nullptr), TS_OK) << ts_last_error();
     for (int u = 0; u < model.n_units; u++)
       for (int i = 0; i < model.units[u].n_tensors; i++) {
         const ts_tensor_spec &t = model.units[u].tensors[i];

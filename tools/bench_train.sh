@@ -20,11 +20,7 @@ bazel build --ui_event_filters=-info,-progress --noshow_progress //tools:tessera
 BIN="$ROOT/bazel-bin/tools/tessera"
 export TESSERA_HOME="$ROOT"
 DATA="$ROOT/data/kjv"
-if [[ ! -f "$DATA/train.bin" ]]; then
-  mkdir -p "$ROOT/data"
-  bible -l0 gen1:1-rev22:21 >"$ROOT/data/kjv.txt"
-  "$BIN" prepare --text "$ROOT/data/kjv.txt" --vocab-size 4096 --out "$DATA" >/dev/null
-fi
+tools/kjv.sh "$BIN" >/dev/null
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
 

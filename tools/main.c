@@ -8,12 +8,22 @@
 #include "tools/prepare.h"
 #include "tools/tools.h"
 
+int ts_tool_is_lead(void) {
+  static const char *vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"};
+  for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
+    const char *v = getenv(vars[i]);
+    if (v) return strcmp(v, "0") == 0;
+  }
+  return 1;
+}
+
 int ts_parse_size(const char *flag, const char *value, size_t min, size_t *out) {
   char *end;
   errno = 0;
   unsigned long long v = strtoull(value, &end, 10);
   if (errno || end == value || *end || value[0] == '-' || v < min) {
-    fprintf(stderr, "tessera: %s %s: expected an integer >= %zu\n", flag, value, min);
+    if (ts_tool_is_lead())
+      fprintf(stderr, "tessera: %s %s: expected an integer >= %zu\n", flag, value, min);
     return 0;
   }
   *out = (size_t)v;
@@ -25,7 +35,7 @@ int ts_parse_float(const char *flag, const char *value, float *out) {
   errno = 0;
   float v = strtof(value, &end);
   if (errno || end == value || *end || !isfinite(v)) {
-    fprintf(stderr, "tessera: %s %s: expected a finite number\n", flag, value);
+    if (ts_tool_is_lead()) fprintf(stderr, "tessera: %s %s: expected a finite number\n", flag, value);
     return 0;
   }
   *out = v;
@@ -36,7 +46,7 @@ static const char *USAGE =
     "usage: tessera <command> [flags]\n"
     "commands:\n"
     "  prepare   train a SentencePiece tokenizer and write token shards\n"
-    "  train     train a model on one rank\n"
+    "  train     train a model (several ranks: tessera launch -n N train ...)\n"
     "run `tessera <command> --help` for its flags\n";
 
 int main(int argc, char **argv) {

@@ -20,8 +20,13 @@ extern "C" {
 int ts_tool_train(int argc, char **argv);
 /* ts_tool_prepare: see tools/prepare.h */
 
-/* Parses a decimal integer >= min for `flag`; on failure prints
- * "tessera: FLAG VALUE: expected an integer >= MIN" and returns 0. */
+/* 1 in the process that should print usage errors: a process not started
+ * by a launcher, or rank 0 of one (OMPI_COMM_WORLD_RANK / PMIX_RANK /
+ * PMI_RANK, read before MPI starts so every rank parses flags alike). */
+int ts_tool_is_lead(void);
+
+/* Parses a decimal integer >= min for `flag`; on failure prints (on the
+ * lead rank) "tessera: FLAG VALUE: expected an integer >= MIN" and returns 0. */
 int ts_parse_size(const char *flag, const char *value, size_t min, size_t *out);
 
 /* Parses a finite float for `flag`; prints an error and returns 0 on failure. */

@@ -1,5 +1,8 @@
 /* train_main.c — `tessera train`: flags → ts_train_config, progress on the
- * terminal, a summary at the end. Prints and exits; the library does not. */
+ * terminal, a summary at the end. Prints and exits; the library does not.
+ * Under mpirun every rank runs this; rank 0 prints progress and the summary,
+ * usage errors print once (on the lead rank), and an error in one rank
+ * during training aborts the job so no rank waits in a collective. */
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <stdio.h>
@@ -7,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "comm/comm.h"
 #include "engine/trainer.h"
 #include "tools/tools.h"
 
@@ -14,7 +18,11 @@ static const char *USAGE =
     "usage: tessera train --model CONFIG --data DIR [--steps N] [--micro-batch B] [--seq T]\n"
     "                     [--lr LR] [--seed S] [--grad-accum K] [--warmup N]\n"
     "                     [--eval-every N] [--eval-batches N] [--metrics FILE]\n"
-    "                     [--weight-decay WD] [--grad-clip C] [--dtype fp32] [--log-every N]\n";
+    "                     [--weight-decay WD] [--grad-clip C] [--dtype fp32] [--log-every N]\n"
+    "                     [--zero 0|1|2|3] [--global-batch G]\n"
+    "  --micro-batch is per rank; --global-batch = ranks x micro-batch x grad-accum\n"
+    "  (give two of --global-batch, --grad-accum and the rank count fixes the third).\n"
+    "  Several ranks: tessera launch -n N train ...\n";
 
 typedef struct progress {
   int tty;          /* stdout is a terminal */
@@ -37,6 +45,17 @@ static void on_event(const ts_train_event *ev, void *user) {
   fflush(stdout);
 }
 
+/* Whether progress may redraw one line: stdout is a terminal. Under mpirun
+ * a rank's stdout is a pseudo-terminal even when the job's output goes to a
+ * file, so there TESSERA_TTY (set by tools/launch.sh from its own stdout)
+ * decides, and without it the answer is no. */
+static int stdout_is_terminal(void) {
+  const char *t = getenv("TESSERA_TTY");
+  if (t) return strcmp(t, "1") == 0;
+  if (getenv("OMPI_COMM_WORLD_RANK") || getenv("PMIX_RANK")) return 0;
+  return isatty(STDOUT_FILENO);
+}
+
 /* The unigram baseline `tessera prepare` wrote to DIR/meta.json, or < 0. */
 static double unigram_baseline(const char *dir) {
   char path[4096];
@@ -54,10 +73,34 @@ static double unigram_baseline(const char *dir) {
   return v;
 }
 
+/* Rank 0's closing lines: loss, speed, validation, communication, memory. */
+static void print_summary(const ts_train_config *cfg, const ts_train_result *res) {
+  printf("trained %s (%.2fM parameters) for %zu steps in %.1f s: loss %.4f -> %.4f, "
+         "%.0f tok/s, %.2f GFLOP/s\n",
+         cfg->model, (double)res->num_params / 1e6, cfg->steps, res->seconds, res->first_loss,
+         res->final_loss, res->tokens_per_s, res->gflops);
+  double uni = unigram_baseline(cfg->data_dir);
+  if (uni > 0)
+    printf("validation loss %.4f (unigram baseline %.4f)\n", res->final_val_loss, uni);
+  else
+    printf("validation loss %.4f\n", res->final_val_loss);
+  const ts_ledger *l = &res->ledger;
+  const double MiB = 1024.0 * 1024.0;
+  printf("ZeRO stage %d on %d rank%s, global batch %zu: %.3f MB sent per step per rank; rank 0 "
+         "peak %.2f MiB (",
+         cfg->engine.zero_stage, res->world_size, res->world_size > 1 ? "s" : "",
+         res->global_batch, (double)res->comm_bytes_per_step / 1e6, (double)l->peak_total / MiB);
+  for (int c = 0; c < TS_MEM_NUM_CATEGORIES; c++)
+    printf("%s%s %.2f", c ? ", " : "", ts_mem_category_name((ts_mem_category)c),
+           (double)l->peak[c] / MiB);
+  printf(")\n");
+}
+
 int ts_tool_train(int argc, char **argv) {
   ts_train_config cfg = ts_train_default_config();
-  size_t log_every = 0;
-  int warmup_set = 0;
+  size_t log_every = 0, zero = 0;
+  int warmup_set = 0, accum_set = 0;
+  int lead = ts_tool_is_lead();
   for (int i = 1; i < argc; i++) {
     const char *flag = argv[i];
     if (!strcmp(flag, "-h") || !strcmp(flag, "--help")) {
@@ -65,7 +108,7 @@ int ts_tool_train(int argc, char **argv) {
       return 0;
     }
     if (i + 1 >= argc) {
-      fprintf(stderr, "tessera train: %s needs a value\n%s", flag, USAGE);
+      if (lead) fprintf(stderr, "tessera train: %s needs a value\n%s", flag, USAGE);
       return 2;
     }
     const char *v = argv[++i];
@@ -76,7 +119,9 @@ int ts_tool_train(int argc, char **argv) {
     else if (!strcmp(flag, "--steps")) ok = ts_parse_size(flag, v, 1, &cfg.steps);
     else if (!strcmp(flag, "--micro-batch")) ok = ts_parse_size(flag, v, 1, &cfg.engine.micro_batch);
     else if (!strcmp(flag, "--seq")) ok = ts_parse_size(flag, v, 1, &cfg.engine.seq);
-    else if (!strcmp(flag, "--grad-accum")) ok = ts_parse_size(flag, v, 1, &cfg.engine.grad_accum);
+    else if (!strcmp(flag, "--grad-accum")) ok = accum_set = ts_parse_size(flag, v, 1, &cfg.engine.grad_accum);
+    else if (!strcmp(flag, "--global-batch")) ok = ts_parse_size(flag, v, 1, &cfg.global_batch);
+    else if (!strcmp(flag, "--zero")) ok = ts_parse_size(flag, v, 0, &zero);
     else if (!strcmp(flag, "--eval-every")) ok = ts_parse_size(flag, v, 0, &cfg.eval_every);
     else if (!strcmp(flag, "--eval-batches")) ok = ts_parse_size(flag, v, 1, &cfg.eval_batches);
     else if (!strcmp(flag, "--log-every")) ok = ts_parse_size(flag, v, 1, &log_every);
@@ -90,35 +135,51 @@ int ts_tool_train(int argc, char **argv) {
       cfg.engine.seed = s;
     } else if (!strcmp(flag, "--dtype")) {
       if (ts_dtype_parse(v, &cfg.engine.dtype) != TS_OK) {
-        fprintf(stderr, "tessera train: %s\n", ts_last_error());
+        if (lead) fprintf(stderr, "tessera train: %s\n", ts_last_error());
         return 2;
       }
     } else {
-      fprintf(stderr, "tessera train: unknown flag %s\n%s", flag, USAGE);
+      if (lead) fprintf(stderr, "tessera train: unknown flag %s\n%s", flag, USAGE);
       return 2;
     }
     if (!ok) return 2;
   }
   if (!cfg.model || !cfg.data_dir) {
-    fprintf(stderr, "tessera train: --model and --data are required\n%s", USAGE);
+    if (lead) fprintf(stderr, "tessera train: --model and --data are required\n%s", USAGE);
     return 2;
   }
+  if (zero > 3) {
+    if (lead) fprintf(stderr, "tessera train: --zero %zu: expected a ZeRO stage 0, 1, 2 or 3\n", zero);
+    return 2;
+  }
+  cfg.engine.zero_stage = (int)zero;
+  if (cfg.global_batch && !accum_set) cfg.engine.grad_accum = 0; /* derived */
   if (!warmup_set) cfg.warmup = cfg.steps / 10;
-  progress p = {isatty(STDOUT_FILENO), log_every ? log_every : (cfg.steps + 19) / 20};
-  ts_train_result res;
-  ts_status st = ts_train_run(&cfg, on_event, &p, &res);
+  progress p = {stdout_is_terminal(), log_every ? log_every : (cfg.steps + 19) / 20};
+  ts_comm *world = NULL;
+  ts_status st = ts_comm_init(&argc, &argv);
+  if (st == TS_OK) st = ts_comm_world(&world);
   if (st != TS_OK) {
     fprintf(stderr, "tessera train: %s\n", ts_last_error());
     return 1;
   }
-  printf("trained %s (%.2fM parameters) for %zu steps in %.1f s: loss %.4f -> %.4f, "
-         "%.0f tok/s, %.2f GFLOP/s\n",
-         cfg.model, (double)res.num_params / 1e6, cfg.steps, res.seconds, res.first_loss,
-         res.final_loss, res.tokens_per_s, res.gflops);
-  double uni = unigram_baseline(cfg.data_dir);
-  if (uni > 0)
-    printf("validation loss %.4f (unigram baseline %.4f)\n", res.final_val_loss, uni);
-  else
-    printf("validation loss %.4f\n", res.final_val_loss);
+  int rank = ts_comm_rank(world), n = ts_comm_size(world);
+  cfg.dp = world;
+  ts_train_result res;
+  st = ts_train_run(&cfg, on_event, &p, &res);
+  ts_comm_free(world);
+  if (st != TS_OK) {
+    if (!res.failed_elsewhere) {
+      if (n > 1) fprintf(stderr, "tessera train: rank %d of %d: %s\n", rank, n, ts_last_error());
+      else fprintf(stderr, "tessera train: %s\n", ts_last_error());
+    }
+    /* Setup errors are agreed by every rank; a failure during training is
+     * one rank's, and its peers would wait for it in the next collective. */
+    if (n > 1 && !res.setup_failed) ts_comm_abort(1);
+    ts_comm_finalize();
+    return 1;
+  }
+  if (rank == 0) print_summary(&cfg, &res);
+  ts_comm_finalize();
   return 0;
 }

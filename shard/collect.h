@@ -1,0 +1,60 @@
+/*
+ * collect.h — a unit's flat buffer moved between its shards and the full
+ * buffer: all-gather of parameters before use (and their release), and
+ * reduce-scatter of gradients into this rank's shard (DESIGN.md "Flat
+ * parameters and shards", "One step").
+ *
+ * With layout l (padded P, shard S = P / N) and rank r of the data-parallel
+ * group dp (N = l->dp_size ranks, asserted equal to the group's size), a
+ * full buffer is (P,) elements and a shard (S,) elements of the compute
+ * dtype; rank r's shard is elements [r*S, (r+1)*S) of the full buffer.
+ * Summation order and byte counts are comm/'s (comm/comm.h): rank order,
+ * (N-1) * S elements sent per call.
+ */
+#ifndef TS_SHARD_COLLECT_H
+#define TS_SHARD_COLLECT_H
+
+#include <stddef.h>
+
+#include "comm/comm.h"
+#include "kernels/base.h"
+#include "shard/flat.h"
+#include "shard/ledger.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* All-gathers every rank's shard (S,) into full (P,), both host, dtype dt.
+ * In place when shard == full + r*S. TS_ERR_MPI and comm/'s errors. */
+ts_status ts_shard_all_gather(ts_comm *dp, const ts_flat_layout *l, const void *shard,
+                              void *full, ts_dtype dt);
+
+/* Allocates a full buffer (P * sizeof(dt) bytes, charged to category c of
+ * the ledger) and all-gathers the shard into it; *full receives it (NULL on
+ * error, nothing left allocated). Release with ts_shard_release. */
+ts_status ts_shard_gather_alloc(ts_ledger *ledger, ts_mem_category c, ts_comm *dp,
+                                const ts_flat_layout *l, const void *shard, ts_dtype dt,
+                                void **full);
+
+/* Frees a buffer from ts_shard_gather_alloc (or any ledger allocation) and
+ * sets *full to NULL; NULL *full is a no-op. */
+void ts_shard_release(ts_ledger *ledger, void **full);
+
+/* Scratch bytes ts_shard_reduce_scatter needs for layout l: (N-1) * S
+ * elements of dt. */
+size_t ts_shard_scratch_bytes(const ts_comm *dp, const ts_flat_layout *l, ts_dtype dt);
+
+/* Reduce-scatters full (P,) gradients of every rank into this rank's shard
+ * (S,): shard = [shard +] sum over ranks, in rank order (accumulate != 0
+ * adds the previous shard last). In place when shard == full + r*S.
+ * scratch: ts_shard_scratch_bytes bytes. Errors as ts_comm_reduce_scatter. */
+ts_status ts_shard_reduce_scatter(ts_comm *dp, const ts_flat_layout *l, const void *full,
+                                  void *shard, ts_dtype dt, int accumulate, void *scratch,
+                                  size_t scratch_bytes);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TS_SHARD_COLLECT_H */

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# launch_test.sh — tools/launch.sh builds the right mpirun command and fails
+# clearly without mpirun; `tessera train` rejects bad ZeRO stages and global
+# batches before any work, printing the derived values once.
+#   launch_test.sh LAUNCH_SH TESSERA_BIN
+set -uo pipefail
+launch="$1"
+bin="$2"
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+fails=0
+
+check() { # check NAME EXPECTED-SUBSTRING ACTUAL
+  if [[ "$3" != *"$2"* ]]; then
+    echo "FAIL $1: expected to contain [$2], got [$3]"
+    fails=$((fails + 1))
+  else
+    echo "ok   $1"
+  fi
+}
+
+# 1. No mpirun on PATH: exit 2 with one line naming mpirun and the package.
+mkdir -p "$tmp/empty"
+out="$(PATH="$tmp/empty" /bin/bash "$launch" -n 2 /bin/true 2>&1)"
+rc=$?
+check "missing mpirun exit code" "2" "$rc"
+check "missing mpirun message" "mpirun: not found on PATH" "$out"
+check "missing mpirun names the package" "openmpi-bin" "$out"
+[[ "$(printf '%s\n' "$out" | wc -l)" == 1 ]] || { echo "FAIL missing mpirun: not one line"; fails=$((fails + 1)); }
+
+# 2. A fake mpirun records the command line.
+mkdir -p "$tmp/bin"
+printf '#!/bin/sh\necho "mpirun $*"\necho "OMP_NUM_THREADS=$OMP_NUM_THREADS"\n' >"$tmp/bin/mpirun"
+chmod +x "$tmp/bin/mpirun"
+out="$(env -u OMP_NUM_THREADS PATH="$tmp/bin:/usr/bin:/bin" /bin/bash "$launch" -n 4 /bin/echo a b 2>&1)"
+check "ranks" "mpirun -n 4 " "$out"
+check "oversubscribe" "--oversubscribe" "$out"
+check "binary and args" "/bin/echo a b" "$out"
+check "threads per rank" "OMP_NUM_THREADS=$(($(nproc) / 4 > 1 ? $(nproc) / 4 : 1))" "$out"
+if [[ "$(id -u)" == 0 ]]; then
+  check "root adds --allow-run-as-root" "--allow-run-as-root" "$out"
+else
+  [[ "$out" != *--allow-run-as-root* ]] || { echo "FAIL non-root got --allow-run-as-root"; fails=$((fails + 1)); }
+fi
+echo "node1 slots=2" >"$tmp/hosts"
+out="$(PATH="$tmp/bin:/usr/bin:/bin" /bin/bash "$launch" -n 2 --hostfile "$tmp/hosts" /bin/echo 2>&1)"
+check "hostfile passes through" "--hostfile $tmp/hosts" "$out"
+out="$(PATH="$tmp/bin:/usr/bin:/bin" /bin/bash "$launch" -n 0 /bin/echo 2>&1)"
+check "bad -n" "-n 0: expected a number of ranks >= 1" "$out"
+out="$(PATH="$tmp/bin:/usr/bin:/bin" /bin/bash "$launch" -n 2 --hostfile "$tmp/nope" /bin/echo 2>&1)"
+check "missing hostfile" "--hostfile $tmp/nope: cannot read" "$out"
+
+# 3. tessera train: bad use fails before any work, with the derived values.
+out="$("$bin" train --model m --data d --zero 4 2>&1)"
+rc=$?
+check "--zero 4 exit code" "2" "$rc"
+check "--zero 4 message" "--zero 4: expected a ZeRO stage 0, 1, 2 or 3" "$out"
+out="$("$bin" train --model m --data d --micro-batch 4 --global-batch 10 2>&1)"
+rc=$?
+check "indivisible global batch exit code" "1" "$rc"
+check "indivisible global batch" \
+  "--global-batch 10: not divisible by 1 ranks x --micro-batch 4 = 4 (it would need --grad-accum 2.5)" "$out"
+out="$("$bin" train --model m --data d --micro-batch 4 --grad-accum 2 --global-batch 16 2>&1)"
+check "inconsistent global batch" \
+  "--global-batch 16: expected 1 ranks x --micro-batch 4 x --grad-accum 2 = 8" "$out"
+# Two ranks: the same error, printed once, and the job fails.
+out="$(OMP_NUM_THREADS=1 timeout 120 mpirun -n 2 --oversubscribe --bind-to none \
+  $([[ "$(id -u)" == 0 ]] && echo --allow-run-as-root) \
+  "$bin" train --model m --data d --micro-batch 4 --global-batch 12 2>&1)"
+rc=$?
+[[ "$rc" != 0 ]] || { echo "FAIL 2 ranks: mpirun exited 0"; fails=$((fails + 1)); }
+check "2 ranks derived values" \
+  "--global-batch 12: not divisible by 2 ranks x --micro-batch 4 = 8 (it would need --grad-accum 1.5)" "$out"
+n="$(printf '%s\n' "$out" | grep -c "not divisible")"
+check "2 ranks print once" "1" "$n"
+
+if ((fails)); then
+  echo "$fails check(s) failed"
+  exit 1
+fi
+echo "all launch checks passed"
