@@ -18,9 +18,14 @@
  *   keeps them matched), and an all-gather too large for MPI's int counts and
  *   displacements becomes a direct point-to-point exchange. So element counts
  *   beyond INT_MAX work.
- * - Argument checks depend only on values every rank shares (counts, dtype,
- *   group size, scratch size from the *_scratch_bytes functions), so a bad
- *   call fails on every rank alike instead of leaving peers in a collective.
+ * - Checks of counts, dtype, root, peer, tag and scratch size depend only on
+ *   values every rank of a correct program shares (the *_scratch_bytes
+ *   functions give the sizes), so such a bad call fails on every rank alike
+ *   instead of leaving peers in a collective. Checks of pointers (NULL,
+ *   overlap) and the in-place choice depend on each rank's own buffers:
+ *   every rank must choose in place or not alike (MPI_Allgather needs
+ *   MPI_IN_PLACE on all ranks or none), and a pointer bug on one rank fails
+ *   that rank only, which then aborts the job (tools: ts_comm_abort).
  * - Reductions add the ranks' contributions in rank order, in fp32 for half
  *   dtypes, rounding once (comm.h "Determinism"); the summation runs on
  *   OpenMP threads over element tiles, which changes no element's order.
@@ -254,10 +259,13 @@ static ts_status req_new(ts_comm *c, const char *op, ts_comm_request **out) {
   return TS_OK;
 }
 
-/* Makes room for one more MPI request. */
-static ts_status req_reserve(ts_comm_request *q) {
-  if (q->n < q->cap) return TS_OK;
+/* Makes room for `more` requests beyond those posted. A start reserves
+ * all its slots before it posts anything, so that only an MPI error can
+ * interrupt it half-posted (see req_abandon). */
+static ts_status req_reserve_n(ts_comm_request *q, size_t more) {
+  if (q->n + more <= q->cap) return TS_OK;
   size_t cap = q->cap ? 2 * q->cap : 8;
+  while (cap < q->n + more) cap *= 2;
   MPI_Request *r = (MPI_Request *)realloc(q->reqs, cap * sizeof *r);
   if (r) q->reqs = r;
   msg_info *m = r ? (msg_info *)realloc(q->info, cap * sizeof *m) : NULL;
@@ -266,6 +274,9 @@ static ts_status req_reserve(ts_comm_request *q) {
   q->cap = cap;
   return TS_OK;
 }
+
+/* Makes room for one more MPI request. */
+static ts_status req_reserve(ts_comm_request *q) { return req_reserve_n(q, 1); }
 
 /* Records the request *slot just started by `call`. */
 static void req_push(ts_comm_request *q, const char *call, int peer, int expect) {
@@ -324,13 +335,23 @@ static void req_free(ts_comm_request *q) {
   free(q);
 }
 
-/* Frees q without completing it: after a failure while posting. Pending
- * receives are cancelled; sends are left to MPI. */
+/* Frees q without completing it, after an MPI error while posting (every
+ * slot was reserved first, so nothing else interrupts a start). Posted
+ * receives are cancelled and waited for, so none writes into a buffer
+ * after this returns. Posted sends are released to MPI: after an MPI error
+ * MPI's state is undefined (MPI-3.1 §8.3) and the caller aborts the job
+ * (tools call ts_comm_abort), so they are not waited for, since a peer
+ * that never posts the matching receive would hang this rank. */
 static void req_abandon(ts_comm_request *q) {
   for (size_t i = 0; i < q->n; i++) {
     if (q->reqs[i] == MPI_REQUEST_NULL) continue;
-    if (q->info[i].expect >= 0) MPI_Cancel(&q->reqs[i]);
-    MPI_Request_free(&q->reqs[i]);
+    if (q->info[i].expect >= 0) {
+      MPI_Cancel(&q->reqs[i]);
+      MPI_Wait(&q->reqs[i], MPI_STATUS_IGNORE);
+    } else if (strcmp(q->info[i].call, "MPI_Isend") == 0) {
+      MPI_Request_free(&q->reqs[i]);
+    } /* a nonblocking collective's request may be neither freed nor
+         cancelled (MPI-3.1 §5.12): its handle is dropped */
   }
   req_free(q);
 }
@@ -579,6 +600,13 @@ static ts_status exchange_start(ts_comm_request *q, const char *base, size_t cou
       q->srcs[j] = scratch + (size_t)(j < r ? j : j - 1) * len_r * es;
     }
   }
+  size_t slots = (size_t)(n - 1) * npieces(len_r * es, 0);
+  for (int j = 0; j < n; j++) {
+    size_t lo_j = uneven ? chunk_lo(count, n, j) : (size_t)j * count;
+    size_t len_j = uneven ? chunk_lo(count, n, j + 1) - lo_j : count;
+    if (j != r) slots += npieces(len_j * es, 0);
+  }
+  TS_CHECK(req_reserve_n(q, slots));
   if (len_r > 0) {
     for (int j = 0; j < n; j++) {
       if (j == r) continue;
@@ -615,7 +643,8 @@ static ts_status check_whole_part(const ts_comm *c, const char *op, const char *
   return TS_OK;
 }
 
-/* Checks a reduce-scatter's arguments (the same verdict on every rank). */
+/* Checks a reduce-scatter's arguments (see the file comment for which
+ * verdicts every rank shares). */
 static ts_status rs_check(const ts_comm *c, const char *op, const void *send, void *recv,
                           size_t count, ts_dtype dt, int accumulate, const void *scratch,
                           size_t scratch_bytes) {
@@ -703,6 +732,7 @@ static ts_status ag_post(ts_comm_request *q, int nonblocking, const void *send, 
   }
   char *own = recv + (size_t)c->rank * nb;
   if (!in_place) memcpy(own, send, nb);
+  TS_CHECK(req_reserve_n(q, 2 * (size_t)(c->size - 1) * npieces(nb, 0)));
   for (int j = 0; j < c->size; j++) {
     if (j != c->rank)
       TS_CHECK(post_recv(q, c->coll, recv + (size_t)j * nb, nb, j, TAG_ALL_GATHER, 0));
@@ -761,6 +791,12 @@ static ts_status agv_post(ts_comm_request *q, char *buf, size_t count, size_t es
     return st;
   }
   size_t lo_r = chunk_lo(count, n, r), len_r = chunk_lo(count, n, r + 1) - lo_r;
+  size_t slots = (size_t)(n - 1) * npieces(len_r * es, 0);
+  for (int j = 0; j < n; j++) {
+    size_t lo = chunk_lo(count, n, j), len = chunk_lo(count, n, j + 1) - lo;
+    if (j != r) slots += npieces(len * es, 0);
+  }
+  TS_CHECK(req_reserve_n(q, slots));
   for (int j = 0; j < n; j++) {
     size_t lo = chunk_lo(count, n, j), len = chunk_lo(count, n, j + 1) - lo;
     if (j != r) TS_CHECK(post_recv(q, c->coll, buf + lo * es, len * es, j, TAG_ALL_GATHER, 0));
@@ -794,7 +830,9 @@ ts_status ts_comm_all_reduce(ts_comm *c, void *buf, size_t count, ts_dtype dt, v
   if (c->size == 1) return TS_OK;
   int n = c->size, r = c->rank;
   size_t lo_r = chunk_lo(count, n, r), len_r = chunk_lo(count, n, r + 1) - lo_r;
-  charge(c, TS_COMM_ALL_REDUCE, 2 * (uint64_t)(count - len_r) * es);
+  /* Reduce-scatter: every chunk but the own one; all-gather: the own chunk
+   * to each of the N-1 others. 2 (N-1)/N of the buffer when N divides it. */
+  charge(c, TS_COMM_ALL_REDUCE, ((uint64_t)(count - len_r) + (uint64_t)(n - 1) * len_r) * es);
   char *base = (char *)buf;
   ts_comm_request *q = NULL;
   TS_CHECK(req_new(c, op, &q));
@@ -859,6 +897,7 @@ static ts_status bcast_run(ts_comm *c, const char *op, void *buf, size_t count, 
   TS_CHECK(req_new(c, op, &q));
   ts_status st = TS_OK;
   if (c->size > 1) charge(c, TS_COMM_BROADCAST, c->rank == root ? (uint64_t)(c->size - 1) * nb : 0);
+  if (req && c->size > 1) st = req_reserve_n(q, npieces(nb, 0));
   for (size_t p = 0, k = c->size > 1 ? npieces(nb, 0) : 0; p < k && st == TS_OK; p++) {
     char *at = (char *)buf + p * g_max_message;
     int len = piece_len(nb, p);
@@ -866,10 +905,7 @@ static ts_status bcast_run(ts_comm *c, const char *op, void *buf, size_t count, 
       st = MPI_ST(c, op, -1, MPI_Bcast, (at, len, MPI_BYTE, root, c->user));
       continue;
     }
-    st = req_reserve(q);
-    if (st == TS_OK) {
-      st = MPI_ST(c, op, -1, MPI_Ibcast, (at, len, MPI_BYTE, root, c->user, &q->reqs[q->n]));
-    }
+    st = MPI_ST(c, op, -1, MPI_Ibcast, (at, len, MPI_BYTE, root, c->user, &q->reqs[q->n]));
     if (st == TS_OK) req_push(q, "MPI_Ibcast", -1, -1);
   }
   return req_finish(q, st, req);
@@ -946,8 +982,10 @@ static ts_status p2p_start(ts_comm *c, const char *op, int send, void *buf, size
   ts_comm_request *q = NULL;
   TS_CHECK(req_new(c, op, &q));
   if (send) charge(c, TS_COMM_SEND, nb);
-  ts_status st = send ? post_send(q, c->user, buf, nb, peer, tag, 1)
-                      : post_recv(q, c->user, buf, nb, peer, tag, 1);
+  ts_status st = req_reserve_n(q, npieces(nb, 1));
+  if (st == TS_OK)
+    st = send ? post_send(q, c->user, buf, nb, peer, tag, 1)
+              : post_recv(q, c->user, buf, nb, peer, tag, 1);
   return req_finish(q, st, req);
 }
 

@@ -167,8 +167,10 @@ size_t ts_comm_all_reduce_scratch_bytes(const ts_comm *c, size_t count, ts_dtype
 /* All-reduce (sum), in place on buf (count,) in dt: reduce-scatter over the
  * chunks [j*count/N, (j+1)*count/N) followed by all-gather of the same
  * chunks, so every rank gets the same bits and each element is summed in
- * rank order. Counts 2 * (count - own chunk) * sizeof(dt) bytes sent as
- * TS_COMM_ALL_REDUCE (2 (N-1)/N of the buffer when N divides count).
+ * rank order. Counts ((count - own chunk) + (N-1) * own chunk) * sizeof(dt)
+ * bytes sent as TS_COMM_ALL_REDUCE: the reduce-scatter half sends every
+ * chunk but the own one, the all-gather half the own chunk to N-1 ranks
+ * (2 (N-1)/N of the buffer when N divides count).
  * scratch as for reduce-scatter. TS_ERR_INVALID_ARGUMENT, TS_ERR_MPI. */
 ts_status ts_comm_all_reduce(ts_comm *c, void *buf, size_t count, ts_dtype dt, void *scratch,
                              size_t scratch_bytes);
