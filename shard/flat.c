@@ -33,7 +33,7 @@ void ts_flat_shard_overlap(const ts_flat_layout *layout, size_t i, size_t rank, 
   size_t b = layout->offset[i], e = b + layout->numel[i];
   if (b < lo) b = lo;
   if (e > hi) e = hi;
-  if (b > e) b = e;
+  if (b >= e) b = e = lo; /* empty: at the shard's start, so b - lo is 0 */
   *begin = b;
   *end = e;
 }

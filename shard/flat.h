@@ -44,8 +44,9 @@ static inline size_t ts_flat_shard_begin(const ts_flat_layout *layout, size_t ra
 }
 
 /* The part of tensor i (i < n_tensors, asserted) that rank r owns, as flat
- * element offsets [*begin, *end) of the full buffer; *begin == *end when the
- * tensor lies wholly in other ranks' shards. Subtract
+ * element offsets [*begin, *end) of the full buffer; when the tensor lies
+ * wholly in other ranks' shards, *begin == *end == the shard's first element
+ * (so the shard-relative offset of an empty part is 0, never negative). Subtract
  * ts_flat_shard_begin(layout, r) to index a shard-sized buffer (the view of
  * the gradient shard, fp32 master weights and Adam moments of this rank). */
 void ts_flat_shard_overlap(const ts_flat_layout *layout, size_t i, size_t rank, size_t *begin,

@@ -51,6 +51,12 @@ TEST(FlatLayout, ShardOverlapsPartitionEveryTensor) {
   size_t b, e;  // tensor 1 spans [5, 45): rank 3 owns [48, 64) of none of it
   ts_flat_shard_overlap(&l, 1, 3, &b, &e);
   EXPECT_EQ(b, e);
+  EXPECT_EQ(b, 48u) << "an empty part sits at the shard's first element";
+  // Tensor 0 spans [0, 5), wholly before rank 2's shard [32, 48): the empty
+  // part must not index before the shard (b - 32 would wrap around).
+  ts_flat_shard_overlap(&l, 0, 2, &b, &e);
+  EXPECT_EQ(b, 32u);
+  EXPECT_EQ(e, 32u);
   ts_flat_shard_overlap(&l, 1, 1, &b, &e);
   EXPECT_EQ(b, 16u);
   EXPECT_EQ(e, 32u);
