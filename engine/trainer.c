@@ -159,19 +159,24 @@ static ts_status setup(run *r) {
                         r->eo.micro_batch, NB);
   TS_CHECK(ts_engine_create(&r->engine, &r->model, &r->eo, r->dp));
   ts_engine_batch(r->engine, &r->inputs, &r->targets);
-  if (cfg->metrics_path && r->rank == 0) {
-    r->metrics = fopen(cfg->metrics_path, "w");
-    if (!r->metrics)
-      return ts_set_error(TS_ERR_IO, "%s: cannot open for writing: %s", cfg->metrics_path,
-                          strerror(errno));
-  }
   return TS_OK;
 }
 
-/* Setup on every rank, then agreement: if any rank failed, every rank
+/* Rank 0 opens the metrics file, truncating it: only once every rank's
+ * setup succeeded, so that a failed start leaves an earlier run's file as
+ * it was. */
+static ts_status open_metrics(run *r) {
+  if (!r->cfg->metrics_path || r->rank != 0) return TS_OK;
+  r->metrics = fopen(r->cfg->metrics_path, "w");
+  if (!r->metrics)
+    return ts_set_error(TS_ERR_IO, "%s: cannot open for writing: %s", r->cfg->metrics_path,
+                        strerror(errno));
+  return TS_OK;
+}
+
+/* Agreement on this rank's status st: if any rank failed, every rank
  * returns an error; the lowest failing rank keeps its own message. */
-static ts_status setup_agreed(run *r, ts_train_result *res) {
-  ts_status st = setup(r);
+static ts_status agree(run *r, ts_status st, ts_train_result *res) {
   double first = st != TS_OK ? (double)r->rank : (double)r->world;
   ts_status cst = ts_comm_all_reduce_f64(r->dp, &first, 1, TS_COMM_MIN);
   if (cst != TS_OK) return cst;
@@ -181,6 +186,12 @@ static ts_status setup_agreed(run *r, ts_train_result *res) {
   res->failed_elsewhere = 1;
   return ts_set_error(TS_ERR_INVALID_USAGE, "rank %d of %d failed during setup", (int)first,
                       r->world);
+}
+
+/* Setup on every rank, agreed; then the metrics file, agreed. */
+static ts_status setup_agreed(run *r, ts_train_result *res) {
+  TS_CHECK(agree(r, setup(r), res));
+  return agree(r, open_metrics(r), res);
 }
 
 static ts_status eval_and_log(run *r, size_t step, ts_train_callback cb, void *user,
@@ -304,12 +315,17 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
 ts_status ts_train_run(const ts_train_config *cfg, ts_train_callback cb, void *user,
                        ts_train_result *result) {
   memset(result, 0, sizeof *result);
+  /* Checks of cfg alone: every rank sees the same cfg, so every rank fails
+   * alike (a setup failure, agreed without a collective). */
+  result->setup_failed = 1;
+  result->failed_elsewhere = cfg->dp && ts_comm_rank(cfg->dp) != 0; /* rank 0 reports */
   if (!cfg->model || !cfg->data_dir)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "train: --model and --data are required");
   if (cfg->steps == 0)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--steps 0: expected >= 1");
   if (cfg->eval_batches == 0)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--eval-batches 0: expected >= 1");
+  result->setup_failed = result->failed_elsewhere = 0;
   run r;
   memset(&r, 0, sizeof r);
   r.cfg = cfg;

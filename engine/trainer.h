@@ -106,7 +106,9 @@ float ts_train_lr(size_t step, size_t steps, size_t warmup, float lr, float min_
  * errors (config, shards, batch sizes, engine) are agreed between ranks
  * before any training: every rank returns an error with
  * result->setup_failed set, and all but the lowest failing rank set
- * result->failed_elsewhere. An error after setup is this rank's alone (its
+ * result->failed_elsewhere; rank 0 opens (truncates) the metrics file only
+ * after every rank's setup succeeded, so a failed start leaves an earlier
+ * run's file untouched. An error after setup is this rank's alone (its
  * peers may be waiting in a collective: abort the job). Errors: anything the config,
  * shard, loader or engine report (one-line messages naming file and
  * field); TS_ERR_IO if the metrics file cannot be written; TS_ERR_MPI. */

@@ -4,6 +4,8 @@
 #include <cjson/cJSON.h>
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -49,19 +51,29 @@ Metrics Read(const std::string &path) {
   return m;
 }
 
+constexpr size_t kV = 64;  // vocabulary of the generated corpus
+
+// The generated shards and config, written by rank 0 (with `also`, a
+// further rank-0-only step) while the other ranks wait at a barrier.
+// *data and *model receive their paths on every rank.
+template <typename F>
+void SharedFixture(ts_comm *world, std::string *data, std::string *model, F also) {
+  *data = ts_test::TmpDir() + "/trainer_data";
+  *model = ts_test::TmpDir() + "/trainer_config.json";
+  if (ts_comm_rank(world) == 0) {
+    *data = ts_test::MakeData(kV);
+    *model = ts_test::MakeConfig(kV, 64);
+    also();
+  }
+  ASSERT_EQ(ts_comm_barrier(world), TS_OK);
+}
+
 TEST(TrainRanks, EveryStageTrainsTheSameLossesWithLessMemory) {
   ts_comm *world = nullptr;
   ASSERT_EQ(ts_comm_world(&world), TS_OK) << ts_last_error();
   int rank = ts_comm_rank(world), N = ts_comm_size(world);
-  const size_t V = 64;
-  // Rank 0 writes the shards and config; the others wait for them.
-  std::string data = ts_test::TmpDir() + "/trainer_data";
-  std::string model = ts_test::TmpDir() + "/trainer_config.json";
-  if (rank == 0) {
-    data = ts_test::MakeData(V);
-    model = ts_test::MakeConfig(V, 64);
-  }
-  ASSERT_EQ(ts_comm_barrier(world), TS_OK);
+  std::string data, model;
+  SharedFixture(world, &data, &model, [] {});
   std::vector<Metrics> runs;
   for (int stage = 0; stage <= 3; stage++) {
     std::string metrics = ts_test::TmpDir() + "/ranks_" + std::to_string(stage) + ".jsonl";
@@ -120,6 +132,47 @@ TEST(TrainRanks, EveryStageTrainsTheSameLossesWithLessMemory) {
     }
     EXPECT_GT(runs[3].comm_bytes_per_step, runs[2].comm_bytes_per_step);
   }
+}
+
+TEST(TrainRanks, SetupFailureOnOneRankLeavesTheMetricsFileUntouched) {
+  // The last rank cannot open its data; rank 0 could. Every rank must fail
+  // during setup (agreed, no abort needed), and rank 0 must not have
+  // truncated the metrics file of an earlier run. On one rank, rank 0 is
+  // the failing rank and the same must hold.
+  ts_comm *world = nullptr;
+  ASSERT_EQ(ts_comm_world(&world), TS_OK) << ts_last_error();
+  int rank = ts_comm_rank(world), N = ts_comm_size(world);
+  std::string metrics = ts_test::TmpDir() + "/earlier_run.jsonl";
+  const std::string earlier = "{\"step\": 1, \"loss\": 4.5}\n";
+  std::string data, model;
+  SharedFixture(world, &data, &model, [&] { std::ofstream(metrics) << earlier; });
+  std::string missing = ts_test::TmpDir() + "/no_such_data";
+  ts_train_config c = ts_train_default_config();
+  c.model = model.c_str();
+  c.data_dir = rank == N - 1 ? missing.c_str() : data.c_str();
+  c.steps = 2;
+  c.engine.micro_batch = 8 / (size_t)N;
+  c.engine.seq = 16;
+  c.global_batch = 8;
+  c.engine.grad_accum = 0;
+  c.eval_batches = 1;
+  c.metrics_path = metrics.c_str();
+  c.dp = world;
+  ts_train_result r;
+  ts_status st = ts_train_run(&c, nullptr, nullptr, &r);
+  EXPECT_NE(st, TS_OK);
+  EXPECT_EQ(r.setup_failed, 1);
+  EXPECT_EQ(r.failed_elsewhere, rank != N - 1 ? 1 : 0);
+  if (rank == N - 1) {
+    EXPECT_NE(std::string(ts_last_error()).find("no_such_data"), std::string::npos)
+        << ts_last_error();
+  }
+  ASSERT_EQ(ts_comm_barrier(world), TS_OK);
+  ts_comm_free(world);
+  if (rank != 0) return;
+  std::ifstream f(metrics);
+  std::string got((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(got, earlier) << "the earlier run's metrics must survive a failed start";
 }
 
 }  // namespace
