@@ -17,7 +17,11 @@
  * In fp32 the master weights are the compute parameters (stage 0, 3) or
  * their own slice (stages 1, 2): no separate copy. The transient full
  * buffers of stages 2-3 are charged to the params/grads categories while
- * they live, so the ledger's peak shows them. Besides model state: the unit
+ * they live, so the ledger's peak shows them. Tied embeddings (stages
+ * 2-3): the head's backward adds into the embedding's full gradient, which
+ * then lives until the embedding's own backward reduces it, beside the
+ * full gradient of each block in turn; in stage 3 the head holds its own
+ * gathered parameters and the embedding's at once. Besides model state: the unit
  * inputs (B, T, C) and saved activations of one micro-batch, two (B, T, C)
  * activation-gradient buffers, one workspace sized for the hungriest unit,
  * and one reduce-scatter scratch buffer ((N-1) * S of the largest unit,
@@ -111,9 +115,10 @@ void ts_engine_free(ts_engine *e);
  * may be the engine's own, ts_engine_batch). *loss receives the
  * micro-batch's mean loss (nats/token).
  * Errors: TS_ERR_INVALID_ARGUMENT (token or target out of range),
- * TS_ERR_INVALID_USAGE (more micro-batches than grad_accum). On an error
- * the gradients of the current step are discarded (zeroed), as if the step
- * had not begun. */
+ * TS_ERR_INVALID_USAGE (more micro-batches than grad_accum: refused before
+ * any work, the step's gradients kept for the optimizer step it asks for).
+ * On any other error the gradients of the current step are discarded
+ * (zeroed), as if the step had not begun. */
 ts_status ts_engine_micro_step(ts_engine *e, const int32_t *inputs, const int32_t *targets,
                                double *loss);
 
