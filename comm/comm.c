@@ -260,9 +260,10 @@ static ts_status req_new(ts_comm *c, const char *op, ts_comm_request **out) {
 }
 
 /* Makes room for `more` requests beyond those posted. A start reserves
- * all its slots before it posts anything, so that only an MPI error can
- * interrupt it half-posted (see req_abandon). */
-static ts_status req_reserve_n(ts_comm_request *q, size_t more) {
+ * all its slots before it posts anything (post_send and post_recv assert
+ * the room), so that only an MPI error can interrupt it half-posted (see
+ * req_abandon). */
+static ts_status req_reserve(ts_comm_request *q, size_t more) {
   if (q->n + more <= q->cap) return TS_OK;
   size_t cap = q->cap ? 2 * q->cap : 8;
   while (cap < q->n + more) cap *= 2;
@@ -274,9 +275,6 @@ static ts_status req_reserve_n(ts_comm_request *q, size_t more) {
   q->cap = cap;
   return TS_OK;
 }
-
-/* Makes room for one more MPI request. */
-static ts_status req_reserve(ts_comm_request *q) { return req_reserve_n(q, 1); }
 
 /* Records the request *slot just started by `call`. */
 static void req_push(ts_comm_request *q, const char *call, int peer, int expect) {
@@ -298,6 +296,12 @@ static int piece_len(size_t nbytes, size_t p) {
   return (int)(rest < g_max_message ? rest : g_max_message);
 }
 
+/* Requests a direct exchange among n ranks may post: a send to and a
+ * receive from each of the n-1 others, each at most `longest` bytes. */
+static size_t exchange_slots(int n, size_t longest) {
+  return 2 * (size_t)(n - 1) * npieces(longest, 0);
+}
+
 /* Starts the MPI_Isend of nbytes at buf to peer, in pieces. */
 static ts_status post_send(ts_comm_request *q, MPI_Comm comm, const void *buf, size_t nbytes,
                            int peer, int tag, int min_one) {
@@ -305,7 +309,7 @@ static ts_status post_send(ts_comm_request *q, MPI_Comm comm, const void *buf, s
   for (size_t p = 0; p < k; p++) {
     const char *at = (const char *)buf + p * g_max_message;
     int len = piece_len(nbytes, p);
-    TS_CHECK(req_reserve(q));
+    TS_ASSERT(q->n < q->cap); /* reserved by the start */
     TS_CHECK(
         MPI_ST(q->c, q->op, peer, MPI_Isend, (at, len, MPI_BYTE, peer, tag, comm, &q->reqs[q->n])));
     req_push(q, "MPI_Isend", peer, -1);
@@ -320,7 +324,7 @@ static ts_status post_recv(ts_comm_request *q, MPI_Comm comm, void *buf, size_t 
   for (size_t p = 0; p < k; p++) {
     char *at = (char *)buf + p * g_max_message;
     int len = piece_len(nbytes, p);
-    TS_CHECK(req_reserve(q));
+    TS_ASSERT(q->n < q->cap); /* reserved by the start */
     TS_CHECK(
         MPI_ST(q->c, q->op, peer, MPI_Irecv, (at, len, MPI_BYTE, peer, tag, comm, &q->reqs[q->n])));
     req_push(q, "MPI_Irecv", peer, len);
@@ -567,9 +571,13 @@ static size_t chunk_lo(size_t count, int n, int j) {
   return q * (size_t)j + m * (size_t)j / (size_t)n;
 }
 
+/* The longest chunk_lo chunk: ceil(count / n) elements. */
+static size_t chunk_max(size_t count, int n) {
+  return count / (size_t)n + (count % (size_t)n != 0);
+}
+
 size_t ts_comm_all_reduce_scratch_bytes(const ts_comm *c, size_t count, ts_dtype dt) {
-  size_t largest = count / (size_t)c->size + (count % (size_t)c->size != 0);
-  return scratch_for(c, largest, dt);
+  return scratch_for(c, chunk_max(count, c->size), dt);
 }
 
 /* Starts a reduce-scatter's direct exchange on q over an MPI group: chunk j
@@ -600,13 +608,7 @@ static ts_status exchange_start(ts_comm_request *q, const char *base, size_t cou
       q->srcs[j] = scratch + (size_t)(j < r ? j : j - 1) * len_r * es;
     }
   }
-  size_t slots = (size_t)(n - 1) * npieces(len_r * es, 0);
-  for (int j = 0; j < n; j++) {
-    size_t lo_j = uneven ? chunk_lo(count, n, j) : (size_t)j * count;
-    size_t len_j = uneven ? chunk_lo(count, n, j + 1) - lo_j : count;
-    if (j != r) slots += npieces(len_j * es, 0);
-  }
-  TS_CHECK(req_reserve_n(q, slots));
+  TS_CHECK(req_reserve(q, exchange_slots(n, (uneven ? chunk_max(count, n) : count) * es)));
   if (len_r > 0) {
     for (int j = 0; j < n; j++) {
       if (j == r) continue;
@@ -724,7 +726,7 @@ static ts_status ag_post(ts_comm_request *q, int nonblocking, const void *send, 
       return MPI_ST(c, q->op, -1, MPI_Allgather,
                     (sb, (int)nb, MPI_BYTE, recv, (int)nb, MPI_BYTE, c->user));
     }
-    TS_CHECK(req_reserve(q));
+    TS_CHECK(req_reserve(q, 1));
     TS_CHECK(MPI_ST(c, q->op, -1, MPI_Iallgather,
                     (sb, (int)nb, MPI_BYTE, recv, (int)nb, MPI_BYTE, c->user, &q->reqs[q->n])));
     req_push(q, "MPI_Iallgather", -1, -1);
@@ -732,7 +734,7 @@ static ts_status ag_post(ts_comm_request *q, int nonblocking, const void *send, 
   }
   char *own = recv + (size_t)c->rank * nb;
   if (!in_place) memcpy(own, send, nb);
-  TS_CHECK(req_reserve_n(q, 2 * (size_t)(c->size - 1) * npieces(nb, 0)));
+  TS_CHECK(req_reserve(q, exchange_slots(c->size, nb)));
   for (int j = 0; j < c->size; j++) {
     if (j != c->rank)
       TS_CHECK(post_recv(q, c->coll, recv + (size_t)j * nb, nb, j, TAG_ALL_GATHER, 0));
@@ -791,12 +793,7 @@ static ts_status agv_post(ts_comm_request *q, char *buf, size_t count, size_t es
     return st;
   }
   size_t lo_r = chunk_lo(count, n, r), len_r = chunk_lo(count, n, r + 1) - lo_r;
-  size_t slots = (size_t)(n - 1) * npieces(len_r * es, 0);
-  for (int j = 0; j < n; j++) {
-    size_t lo = chunk_lo(count, n, j), len = chunk_lo(count, n, j + 1) - lo;
-    if (j != r) slots += npieces(len * es, 0);
-  }
-  TS_CHECK(req_reserve_n(q, slots));
+  TS_CHECK(req_reserve(q, exchange_slots(n, chunk_max(count, n) * es)));
   for (int j = 0; j < n; j++) {
     size_t lo = chunk_lo(count, n, j), len = chunk_lo(count, n, j + 1) - lo;
     if (j != r) TS_CHECK(post_recv(q, c->coll, buf + lo * es, len * es, j, TAG_ALL_GATHER, 0));
@@ -897,7 +894,7 @@ static ts_status bcast_run(ts_comm *c, const char *op, void *buf, size_t count, 
   TS_CHECK(req_new(c, op, &q));
   ts_status st = TS_OK;
   if (c->size > 1) charge(c, TS_COMM_BROADCAST, c->rank == root ? (uint64_t)(c->size - 1) * nb : 0);
-  if (req && c->size > 1) st = req_reserve_n(q, npieces(nb, 0));
+  if (req && c->size > 1) st = req_reserve(q, npieces(nb, 0));
   for (size_t p = 0, k = c->size > 1 ? npieces(nb, 0) : 0; p < k && st == TS_OK; p++) {
     char *at = (char *)buf + p * g_max_message;
     int len = piece_len(nb, p);
@@ -982,7 +979,7 @@ static ts_status p2p_start(ts_comm *c, const char *op, int send, void *buf, size
   ts_comm_request *q = NULL;
   TS_CHECK(req_new(c, op, &q));
   if (send) charge(c, TS_COMM_SEND, nb);
-  ts_status st = req_reserve_n(q, npieces(nb, 1));
+  ts_status st = req_reserve(q, npieces(nb, 1));
   if (st == TS_OK)
     st = send ? post_send(q, c->user, buf, nb, peer, tag, 1)
               : post_recv(q, c->user, buf, nb, peer, tag, 1);

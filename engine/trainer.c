@@ -312,20 +312,25 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
   return write_summary(r, res);
 }
 
+/* Checks of cfg alone, before any rank does work. */
+static ts_status check_config(const ts_train_config *cfg) {
+  if (!cfg->model || !cfg->data_dir)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "train: --model and --data are required");
+  if (cfg->steps == 0) return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--steps 0: expected >= 1");
+  if (cfg->eval_batches == 0)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--eval-batches 0: expected >= 1");
+  return TS_OK;
+}
+
 ts_status ts_train_run(const ts_train_config *cfg, ts_train_callback cb, void *user,
                        ts_train_result *result) {
   memset(result, 0, sizeof *result);
-  /* Checks of cfg alone: every rank sees the same cfg, so every rank fails
-   * alike (a setup failure, agreed without a collective). */
-  result->setup_failed = 1;
-  result->failed_elsewhere = cfg->dp && ts_comm_rank(cfg->dp) != 0; /* rank 0 reports */
-  if (!cfg->model || !cfg->data_dir)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "train: --model and --data are required");
-  if (cfg->steps == 0)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--steps 0: expected >= 1");
-  if (cfg->eval_batches == 0)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--eval-batches 0: expected >= 1");
-  result->setup_failed = result->failed_elsewhere = 0;
+  ts_status cst = check_config(cfg);
+  if (cst != TS_OK) { /* every rank fails alike: agreed without a collective */
+    result->setup_failed = 1;
+    result->failed_elsewhere = cfg->dp && ts_comm_rank(cfg->dp) != 0; /* rank 0 reports */
+    return cst;
+  }
   run r;
   memset(&r, 0, sizeof r);
   r.cfg = cfg;

@@ -53,17 +53,14 @@ Metrics Read(const std::string &path) {
 
 constexpr size_t kV = 64;  // vocabulary of the generated corpus
 
-// The generated shards and config, written by rank 0 (with `also`, a
-// further rank-0-only step) while the other ranks wait at a barrier.
-// *data and *model receive their paths on every rank.
-template <typename F>
-void SharedFixture(ts_comm *world, std::string *data, std::string *model, F also) {
+// The generated shards and config, written by rank 0 while the other ranks
+// wait at a barrier. *data and *model receive their paths on every rank.
+void SharedFixture(ts_comm *world, std::string *data, std::string *model) {
   *data = ts_test::TmpDir() + "/trainer_data";
   *model = ts_test::TmpDir() + "/trainer_config.json";
   if (ts_comm_rank(world) == 0) {
     *data = ts_test::MakeData(kV);
     *model = ts_test::MakeConfig(kV, 64);
-    also();
   }
   ASSERT_EQ(ts_comm_barrier(world), TS_OK);
 }
@@ -73,7 +70,7 @@ TEST(TrainRanks, EveryStageTrainsTheSameLossesWithLessMemory) {
   ASSERT_EQ(ts_comm_world(&world), TS_OK) << ts_last_error();
   int rank = ts_comm_rank(world), N = ts_comm_size(world);
   std::string data, model;
-  SharedFixture(world, &data, &model, [] {});
+  SharedFixture(world, &data, &model);
   std::vector<Metrics> runs;
   for (int stage = 0; stage <= 3; stage++) {
     std::string metrics = ts_test::TmpDir() + "/ranks_" + std::to_string(stage) + ".jsonl";
@@ -144,8 +141,9 @@ TEST(TrainRanks, SetupFailureOnOneRankLeavesTheMetricsFileUntouched) {
   int rank = ts_comm_rank(world), N = ts_comm_size(world);
   std::string metrics = ts_test::TmpDir() + "/earlier_run.jsonl";
   const std::string earlier = "{\"step\": 1, \"loss\": 4.5}\n";
+  if (rank == 0) std::ofstream(metrics) << earlier;  // only rank 0 opens it
   std::string data, model;
-  SharedFixture(world, &data, &model, [&] { std::ofstream(metrics) << earlier; });
+  SharedFixture(world, &data, &model);
   std::string missing = ts_test::TmpDir() + "/no_such_data";
   ts_train_config c = ts_train_default_config();
   c.model = model.c_str();
