@@ -98,12 +98,28 @@ size_t ts_k_linear_workspace_bytes(size_t M, size_t N, size_t K, ts_dtype dt);
  * returns TS_ERR_INVALID_ARGUMENT naming the position and the token. */
 ts_status ts_k_embedding_forward(const ts_kctx *ctx, void *out, const int32_t *tokens,
                                  const void *wte, size_t N, size_t C, size_t V, ts_dtype dt);
-/* dwte (V, C) += scatter of dout (N, C) by tokens (accumulated), positions
- * added in order n = 0..N-1. With bf16/fp16 storage each addition rounds to
- * storage (no fp32 scratch), as torch's index_add_ on a half tensor does. */
+/* dwte (V, C) += scatter of dout (N, C) by tokens (N) (accumulated): the
+ * gradient of the lookup above (torch.nn.functional.embedding backward,
+ * a scatter-add over rows). dwte and dout are dt; tokens int32; all on
+ * ctx->device (CPU only). dwte may not alias dout.
+ * fp32: dwte[tokens[n], c] += dout[n, c] one addition at a time, n = 0..N-1.
+ * bf16/fp16 (kernels.h: accumulate in fp32): for each row v, the dout rows
+ * of its positions are summed in fp32 in position order, then
+ *   dwte[v, c] = round(dwte[v, c] + sum)   (one RNE rounding per call).
+ * Needs ts_k_embedding_workspace_bytes(N, dt) bytes of ctx->workspace.
+ * Results do not depend on the thread count (no atomics).
+ * Returns TS_ERR_INVALID_ARGUMENT for a token outside [0, V) (naming the
+ * position and the token), a NULL pointer, or N > INT32_MAX with bf16/fp16;
+ * TS_ERR_OUT_OF_MEMORY, naming the bytes needed, for a smaller workspace;
+ * TS_ERR_UNSUPPORTED on CUDA. On any error dwte is untouched. */
 ts_status ts_k_embedding_backward(const ts_kctx *ctx, void *dwte, const void *dout,
                                   const int32_t *tokens, size_t N, size_t C, size_t V,
                                   ts_dtype dt);
+/* Exact bytes of ctx->workspace embedding backward needs for N positions:
+ * 0 for fp32 (and for forward, whatever dt); for bf16/fp16 two 64-byte-
+ * aligned buffers of N int32 (the positions, stably sorted by token, and
+ * the merge sort's second buffer). Independent of C and V. */
+size_t ts_k_embedding_workspace_bytes(size_t N, ts_dtype dt);
 
 /* ---- RMSNorm (Zhang & Sennrich 2019, eq. 4; Hugging Face LlamaRMSNorm) ---- */
 

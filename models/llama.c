@@ -263,6 +263,9 @@ static size_t kernel_ws(const dims *d, ts_unit_kind kind, ts_dtype dt) {
     w = max2(w, ts_k_attention_workspace_bytes(d->B, d->T, d->NH, d->NKV, d->HS, dt));
   } else if (kind == TS_UNIT_HEAD) {
     w = ts_k_linear_workspace_bytes(d->N, d->V, d->C, dt);
+  } else if (kind == TS_UNIT_EMBEDDING) {
+    /* forward needs none; backward gets the whole of ctx (no temps). */
+    w = ts_k_embedding_workspace_bytes(d->N, dt);
   }
   return w;
 }

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <random>
 #include <string>
@@ -242,6 +243,41 @@ TEST(LlamaUnits, SmallWorkspaceIsRejected) {
   EXPECT_EQ(ts_llama_backward(&h.model, 1, &h.ctx, h.params.data(), h.grads.data(), &a),
             TS_ERR_OUT_OF_MEMORY);
   EXPECT_NE(std::string(ts_last_error()).find("workspace"), std::string::npos);
+}
+
+TEST(LlamaUnits, EmbeddingWorkspaceCoversHalfBackward) {
+  // bf16/fp16 embedding backward sorts positions in the workspace; the
+  // unit's query must cover it (the unit hands the kernel all of ctx).
+  ts_llama model{};
+  ts_llama_config cfg = Parse(kSmallGqa);
+  ASSERT_EQ(ts_llama_init(&model, &cfg), TS_OK);
+  const size_t B = 2, T = 5, N = B * T, C = cfg.hidden_size, V = cfg.vocab_size;
+  EXPECT_EQ(ts_llama_workspace_bytes(&model, 0, B, T, TS_FP32), 0u);
+  for (ts_dtype dt : {TS_BF16, TS_FP16}) {
+    size_t need = ts_llama_workspace_bytes(&model, 0, B, T, dt);
+    EXPECT_EQ(need, ts_k_embedding_workspace_bytes(N, dt));
+    ASSERT_GT(need, 0u);
+    std::vector<int32_t> tokens(N);
+    for (size_t i = 0; i < N; i++) tokens[i] = (int32_t)(i % 3);
+    std::vector<uint16_t> params(V * C, 0), grads(V * C, 0), dy(N * C, 0x3c00);  // 1.0 in fp16
+    std::vector<unsigned char> ws(need + 64);
+    ts_kctx ctx{};
+    ctx.device = TS_DEVICE_CPU;
+    ctx.workspace = (void *)(((uintptr_t)ws.data() + 63) & ~(uintptr_t)63);
+    ctx.workspace_bytes = need;
+    ts_unit_args a{};
+    a.B = B;
+    a.T = T;
+    a.dt = dt;
+    a.tokens = tokens.data();
+    a.dy = dy.data();
+    EXPECT_EQ(ts_llama_backward(&model, 0, &ctx, params.data(), grads.data(), &a), TS_OK)
+        << ts_last_error();
+    ctx.workspace_bytes = need - 1;
+    EXPECT_EQ(ts_llama_backward(&model, 0, &ctx, params.data(), grads.data(), &a),
+              TS_ERR_OUT_OF_MEMORY);
+  }
+  ts_llama_free(&model);
 }
 
 // ---- config.json validation -------------------------------------------------
