@@ -3,9 +3,11 @@
 #include "engine/engine.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/engine_testing.h"
 #include "shard/collect.h"
 
 typedef struct unit_state {
@@ -14,7 +16,9 @@ typedef struct unit_state {
   void *grads;           /* compute dtype: stages 0-1 (P), stages 2-3 (S) */
   float *master;         /* fp32, NULL in fp32: stage 0 (P), stages 1-3 (S) */
   float *m, *v;          /* fp32 Adam moments: stage 0 (P), stages 1-3 (S) */
-  void *saved;           /* ts_llama_saved_bytes() of one micro-batch */
+  void *saved;           /* ts_llama_saved_bytes() of one micro-batch; NULL when
+                            checkpointed (the engine's ckpt_saved serves) */
+  int ckpt;              /* activation checkpointing: recompute before backward */
   void *full_params;     /* stage 3: (P) gathered while uses > 0, else NULL */
   int uses;              /* stage 3: holders of full_params */
   void *full_grads;      /* stages 2-3: (P) from the unit's (or the tied head's)
@@ -38,8 +42,21 @@ struct ts_engine {
   int32_t *tokens;       /* (B, T) inputs of the current micro-batch */
   int32_t *targets;      /* (B, T) */
   void *dbuf[2];         /* (B, T, C) activation gradients, ping-pong */
+  void *ckpt_saved;      /* saved activations of the checkpointed unit in use */
   int micro_done;        /* micro-steps since the last optimizer step */
-  int step;              /* optimizer steps taken */
+  int step;              /* optimizer updates applied (AdamW's t) */
+  int attempts;          /* optimizer steps finished, skipped ones included */
+  /* Loss scaling (fp16; scale 1 and no checks otherwise). */
+  int scaling;           /* 1: fp16, gradients carry loss_scale */
+  int dynamic;           /* 1: the scale adapts */
+  float loss_scale;
+  size_t clean_steps;    /* consecutive steps without overflow */
+  struct {
+    int step;            /* attempt at which the scale became `scale` */
+    float scale;
+  } history[8];          /* ring of the recent scale changes */
+  int n_history;         /* changes recorded so far */
+  ts_engine_inject inject; /* test hook (engine_testing.h) */
   double loss_acc;       /* sum of this rank's micro-batch mean losses this step */
   ts_comm_counters step_start; /* counters when the current step began */
 };
@@ -58,7 +75,28 @@ ts_engine_opts ts_engine_default_opts(void) {
   o.weight_decay = 0.1f;
   o.grad_clip = 1.0f;
   o.zero_stage = 0;
+  o.loss_scale = 0.0f;
+  o.loss_scale_init = 65536.0f;
+  o.loss_scale_window = 2000;
+  o.min_loss_scale = 1.0f;
+  o.ckpt_every = 0;
   return o;
+}
+
+int ts_engine_is_checkpointed(const ts_llama *m, const ts_engine_opts *o, int u) {
+  const ts_unit *un = &m->units[u];
+  return o->ckpt_every > 0 && un->kind == TS_UNIT_BLOCK && (size_t)un->layer % o->ckpt_every == 0;
+}
+
+size_t ts_engine_activation_bytes(const ts_llama *m, const ts_engine_opts *o) {
+  size_t B = o->micro_batch, T = o->seq, C = m->cfg.hidden_size, es = ts_dtype_size(o->dtype);
+  size_t bytes = 2 * B * T * 4 + ((size_t)m->n_units - 1 + 2) * B * T * C * es, ckpt = 0;
+  for (int u = 0; u < m->n_units; u++) {
+    size_t saved = ts_llama_saved_bytes(m, u, B, T, o->dtype);
+    if (!ts_engine_is_checkpointed(m, o, u)) bytes += saved;
+    else if (saved > ckpt) ckpt = saved;
+  }
+  return bytes + ckpt;
 }
 
 /* First flat element of this rank's shard of unit u. */
@@ -90,10 +128,10 @@ static ts_status init_unit(ts_engine *e, int u) {
   ts_dtype dt = e->opts.dtype;
   if (dt == TS_FP32 && e->stage < 3)
     return ts_llama_init_unit(e->model, u, s->params, TS_FP32, e->opts.seed);
-  /* A transient full fp32 copy, charged like a gathered unit. */
+  /* A transient full fp32 copy of the unit, scratch of initialisation
+   * (workspace), so that the model-state categories hold model state only. */
   float *full;
-  ts_mem_category c = dt == TS_FP32 ? TS_MEM_PARAMS : TS_MEM_MASTER;
-  TS_CHECK(ts_ledger_alloc(&e->ledger, c, P * 4, (void **)&full));
+  TS_CHECK(ts_ledger_alloc(&e->ledger, TS_MEM_WORKSPACE, P * 4, (void **)&full));
   ts_status st = ts_llama_init_unit(e->model, u, full, TS_FP32, e->opts.seed);
   if (st == TS_OK && s->master)
     memcpy(s->master, e->stage == 0 ? full : full + r0, (e->stage == 0 ? P : S) * 4);
@@ -118,8 +156,9 @@ static ts_status alloc_unit(ts_engine *e, int u) {
     TS_CHECK(ts_ledger_alloc(&e->ledger, TS_MEM_MASTER, n_opt * 4, (void **)&s->master));
   TS_CHECK(ts_ledger_alloc(&e->ledger, TS_MEM_OPTIM, n_opt * 4, (void **)&s->m));
   TS_CHECK(ts_ledger_alloc(&e->ledger, TS_MEM_OPTIM, n_opt * 4, (void **)&s->v));
+  s->ckpt = ts_engine_is_checkpointed(e->model, &e->opts, u);
   size_t saved = ts_llama_saved_bytes(e->model, u, e->opts.micro_batch, e->opts.seq, e->opts.dtype);
-  TS_CHECK(ts_ledger_alloc(&e->ledger, TS_MEM_ACTIVATIONS, saved, &s->saved));
+  if (!s->ckpt) TS_CHECK(ts_ledger_alloc(&e->ledger, TS_MEM_ACTIVATIONS, saved, &s->saved));
   size_t sb = ts_shard_scratch_bytes(e->dp, &s->layout, e->opts.dtype);
   if (sb > e->scratch_bytes) e->scratch_bytes = sb;
   return init_unit(e, u);
@@ -146,6 +185,38 @@ static ts_status create(ts_engine *e) {
   TS_CHECK(ts_ledger_alloc(&e->ledger, TS_MEM_ACTIVATIONS, B * T * 4, (void **)&e->targets));
   for (int i = 0; i < 2; i++)
     TS_CHECK(ts_ledger_alloc(&e->ledger, TS_MEM_ACTIVATIONS, B * T * C * es, &e->dbuf[i]));
+  size_t ckpt = 0;
+  for (int u = 0; u < m->n_units; u++) {
+    size_t saved = ts_llama_saved_bytes(m, u, B, T, e->opts.dtype);
+    if (e->units[u].ckpt && saved > ckpt) ckpt = saved;
+  }
+  if (ckpt) TS_CHECK(ts_ledger_alloc(&e->ledger, TS_MEM_ACTIVATIONS, ckpt, &e->ckpt_saved));
+  return TS_OK;
+}
+
+/* Checks the loss-scaling options (fp16 only) and sets the initial scale. */
+static ts_status init_scaler(ts_engine *e) {
+  const ts_engine_opts *o = &e->opts;
+  e->loss_scale = 1.0f;
+  if (o->dtype != TS_FP16) return TS_OK;
+  if (!(o->loss_scale >= 0 && isfinite(o->loss_scale)))
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "--loss-scale %g: expected 'dynamic' or a finite scale > 0",
+                        (double)o->loss_scale);
+  e->scaling = 1;
+  e->dynamic = o->loss_scale == 0;
+  e->loss_scale = e->dynamic ? o->loss_scale_init : o->loss_scale;
+  if (e->dynamic &&
+      !(o->min_loss_scale > 0 && isfinite(o->loss_scale_init) &&
+        o->loss_scale_init >= o->min_loss_scale && o->loss_scale_window >= 1))
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "dynamic loss scale: initial %g, --min-loss-scale %g, "
+                        "--loss-scale-window %zu: expected 0 < minimum <= initial and window >= 1",
+                        (double)o->loss_scale_init, (double)o->min_loss_scale,
+                        o->loss_scale_window);
+  e->history[0].step = 0;
+  e->history[0].scale = e->loss_scale;
+  e->n_history = 1;
   return TS_OK;
 }
 
@@ -164,11 +235,6 @@ ts_status ts_engine_create(ts_engine **out, const ts_llama *model, const ts_engi
   if (opts->zero_stage < 0 || opts->zero_stage > 3)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--zero %d: expected a ZeRO stage 0, 1, 2 or 3",
                         opts->zero_stage);
-  if (opts->dtype != TS_FP32)
-    return ts_set_error(TS_ERR_UNSUPPORTED,
-                        "--dtype %s: this build trains in fp32 only (mixed precision is the "
-                        "next milestone)",
-                        ts_dtype_name(opts->dtype));
   ts_engine *e = calloc(1, sizeof *e);
   if (!e) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "engine: cannot allocate");
   e->model = model;
@@ -183,7 +249,8 @@ ts_status ts_engine_create(ts_engine **out, const ts_llama *model, const ts_engi
     e->dp = dp ? dp : e->own_comm;
     e->rank = ts_comm_rank(e->dp);
     e->world = ts_comm_size(e->dp);
-    st = create(e);
+    st = init_scaler(e);
+    if (st == TS_OK) st = create(e);
   }
   if (st != TS_OK) {
     ts_engine_free(e);
@@ -216,6 +283,7 @@ void ts_engine_free(ts_engine *e) {
   ts_ledger_free(&e->ledger, e->dbuf[1]);
   ts_ledger_free(&e->ledger, e->ctx.workspace);
   ts_ledger_free(&e->ledger, e->scratch);
+  ts_ledger_free(&e->ledger, e->ckpt_saved);
   ts_comm_free(e->own_comm);
   free(e->units);
   free(e->acts);
@@ -315,7 +383,7 @@ static ts_status forward(ts_engine *e, const int32_t *inputs, const int32_t *tar
     ts_unit_args a = base_args(e);
     a.x = u > 0 ? e->acts[u] : NULL;
     a.y = u + 1 < n ? e->acts[u + 1] : NULL;
-    a.saved = e->units[u].saved;
+    a.saved = e->units[u].ckpt ? e->ckpt_saved : e->units[u].saved;
     TS_CHECK(forward_unit(e, u, &a));
     if (u == n - 1) *head = a;
   }
@@ -333,9 +401,22 @@ static ts_status backward_unit(ts_engine *e, int u, ts_unit_args *a) {
     st = acquire_params(e, 0, &tied);
     if (st == TS_OK) st = full_grads(e, 0, &a->tied_grad);
   }
+  if (st == TS_OK && e->units[u].ckpt) {
+    /* Recompute: the forward again, from the kept input, with the same
+     * (in stage 3: the same gathered) parameters. It rewrites the unit's
+     * output, acts[u + 1], with the same bits; unit u + 1 is done with it. */
+    ts_unit_args f = *a;
+    f.y = e->acts[u + 1];
+    st = ts_llama_forward(e->model, u, &e->ctx, params, &f);
+  }
   if (st == TS_OK) {
     a->tied_weight = tied;
     st = ts_llama_backward(e->model, u, &e->ctx, params, grads, a);
+  }
+  if (st == TS_OK && e->inject.step == e->attempts + 1 && e->inject.unit == u) {
+    const ts_tensor_spec *t = &e->model->units[u].tensors[e->inject.tensor];
+    st = ts_k_cast(&e->ctx, (char *)grads + t->offset * e->es, e->opts.dtype, &e->inject.value,
+                   TS_FP32, 1);
   }
   if (tied) release_params(e, 0);
   release_params(e, u);
@@ -367,11 +448,14 @@ static ts_status micro_step(ts_engine *e, const int32_t *inputs, const int32_t *
   double mean = head.loss_count ? head.loss_sum / (double)head.loss_count : 0.0;
   int n = e->model->n_units;
   double micro_batches = (double)e->opts.grad_accum * (double)e->world;
-  float dloss = head.loss_count ? (float)(1.0 / ((double)head.loss_count * micro_batches)) : 0.0f;
+  /* d(scaled loss)/d(row loss); the scale is 1 unless fp16 (exact: 2^k). */
+  float dloss = head.loss_count
+                    ? (float)((double)e->loss_scale / ((double)head.loss_count * micro_batches))
+                    : 0.0f;
   for (int u = n - 1, cur = 0; u >= 0; u--) {
     ts_unit_args a = base_args(e);
     a.x = u > 0 ? e->acts[u] : NULL;
-    a.saved = e->units[u].saved;
+    a.saved = e->units[u].ckpt ? e->ckpt_saved : e->units[u].saved;
     a.dloss = dloss;
     a.dy = u < n - 1 ? e->dbuf[cur] : NULL;
     a.dx = u > 0 ? e->dbuf[cur ^ 1] : NULL;
@@ -446,6 +530,106 @@ static ts_comm_counters counters_since(const ts_comm *c, const ts_comm_counters 
   return d;
 }
 
+/* Zeroes every gradient buffer this rank holds (the shard in stages 2-3). */
+static ts_status zero_grads(ts_engine *e) {
+  for (int u = 0; u < e->model->n_units; u++) {
+    unit_state *s = &e->units[u];
+    size_t n = e->stage >= 2 ? s->layout.shard : s->layout.padded;
+    TS_CHECK(ts_k_zero(&e->ctx, s->grads, n * e->es));
+  }
+  return TS_OK;
+}
+
+/* Skipped step: the first tensor (in flat order: unit, then tensor) whose
+ * reduced gradient is not finite on any rank, agreed by an all-reduce of
+ * each rank's first (u * TS_UNIT_MAX_TENSORS + i). */
+static ts_status find_overflow(ts_engine *e, int *unit, int *tensor) {
+  const ts_llama *m = e->model;
+  double key = (double)m->n_units * TS_UNIT_MAX_TENSORS;
+  for (int u = 0; u < m->n_units && key >= (double)m->n_units * TS_UNIT_MAX_TENSORS; u++) {
+    size_t r0 = shard_begin(e, u);
+    for (int i = 0; i < m->units[u].n_tensors; i++) {
+      size_t b, end;
+      double sq;
+      held_range(e, u, i, 1, &b, &end);
+      TS_CHECK(ts_k_sumsq(&e->ctx, &sq, (char *)grad_shard(e, u) + (b - r0) * e->es, end - b,
+                          e->opts.dtype));
+      if (!isfinite(sq)) {
+        key = (double)(u * TS_UNIT_MAX_TENSORS + i);
+        break;
+      }
+    }
+  }
+  TS_CHECK(ts_comm_all_reduce_f64(e->dp, &key, 1, TS_COMM_MIN));
+  *unit = (int)key / TS_UNIT_MAX_TENSORS;
+  *tensor = (int)key % TS_UNIT_MAX_TENSORS;
+  if (*unit >= m->n_units) /* the partial sums overflowed, no element did: cannot be in fp16 */
+    return ts_set_error(TS_ERR_INTERNAL, "engine: overflow agreed but no rank holds a "
+                                         "non-finite gradient");
+  return TS_OK;
+}
+
+/* Records a scale change in the history ring. */
+static void note_scale(ts_engine *e) {
+  int k = e->n_history++ % (int)(sizeof e->history / sizeof e->history[0]);
+  e->history[k].step = e->attempts;
+  e->history[k].scale = e->loss_scale;
+}
+
+/* The recent scale history, oldest first: "step 0: 65536, step 3: 32768". */
+static void format_history(const ts_engine *e, char *buf, size_t cap) {
+  int n = (int)(sizeof e->history / sizeof e->history[0]);
+  int first = e->n_history > n ? e->n_history - n : 0;
+  size_t len = 0;
+  buf[0] = '\0';
+  for (int k = first; k < e->n_history && len < cap; k++) {
+    int w = snprintf(buf + len, cap - len, "%sstep %d: %g", k > first ? ", " : "",
+                     e->history[k % n].step, (double)e->history[k % n].scale);
+    if (w < 0) break;
+    len += (size_t)w;
+  }
+}
+
+/* fp16 overflow: the step is skipped (gradients dropped) and the dynamic
+ * scale halves, or training stops at the minimum. */
+static ts_status skip_step(ts_engine *e, ts_step_stats *stats) {
+  int u, i;
+  TS_CHECK(find_overflow(e, &u, &i));
+  TS_CHECK(zero_grads(e));
+  const ts_tensor_spec *t = &e->model->units[u].tensors[i];
+  stats->skipped = 1;
+  stats->overflow_unit = u;
+  snprintf(stats->overflow_tensor, sizeof stats->overflow_tensor, "%s", t->name);
+  e->clean_steps = 0;
+  e->attempts++;
+  if (!e->dynamic) return TS_OK;
+  if (e->loss_scale <= e->opts.min_loss_scale) {
+    char hist[512];
+    format_history(e, hist, sizeof hist);
+    return ts_set_error(TS_ERR_NUMERIC,
+                        "fp16 overflow at step %d with the loss scale at its minimum %g "
+                        "(--min-loss-scale): first non-finite gradient in %s (unit %d); recent "
+                        "loss scales: %s",
+                        e->attempts, (double)e->loss_scale, t->name, u, hist);
+  }
+  float half = e->loss_scale * 0.5f;
+  e->loss_scale = half > e->opts.min_loss_scale ? half : e->opts.min_loss_scale;
+  note_scale(e);
+  stats->next_loss_scale = e->loss_scale;
+  return TS_OK;
+}
+
+/* A clean step: after loss_scale_window of them in a row the dynamic scale
+ * doubles (while the double stays finite). */
+static void grow_scale(ts_engine *e) {
+  if (!e->dynamic || ++e->clean_steps < e->opts.loss_scale_window) return;
+  e->clean_steps = 0;
+  if (isfinite(e->loss_scale * 2.0f)) {
+    e->loss_scale *= 2.0f;
+    note_scale(e);
+  }
+}
+
 ts_status ts_engine_optimizer_step(ts_engine *e, float lr, ts_step_stats *stats) {
   if ((size_t)e->micro_done != e->opts.grad_accum)
     return ts_set_error(TS_ERR_INVALID_USAGE,
@@ -453,8 +637,12 @@ ts_status ts_engine_optimizer_step(ts_engine *e, float lr, ts_step_stats *stats)
                         e->micro_done, e->opts.grad_accum);
   const ts_llama *m = e->model;
   ts_dtype dt = e->opts.dtype;
+  memset(stats, 0, sizeof *stats);
+  stats->overflow_unit = -1;
+  stats->loss_scale = stats->next_loss_scale = e->loss_scale;
   TS_CHECK(reduce_full_grads(e));
-  /* [0]: this rank's loss sum, [1]: sum of squares of its gradient shards. */
+  /* [0]: this rank's loss sum, [1]: sum of squares of its gradient shards
+   * (not finite on any rank: overflow, agreed by this one all-reduce). */
   double sums[2] = {e->loss_acc, 0.0};
   for (int u = 0; u < m->n_units; u++) {
     double sq;
@@ -462,30 +650,40 @@ ts_status ts_engine_optimizer_step(ts_engine *e, float lr, ts_step_stats *stats)
     sums[1] += sq;
   }
   TS_CHECK(ts_comm_all_reduce_f64(e->dp, sums, 2, TS_COMM_SUM));
-  double norm = sqrt(sums[1]);
-  float scale = 1.0f;
-  if (e->opts.grad_clip > 0 && norm > e->opts.grad_clip)
-    scale = (float)(e->opts.grad_clip / (norm + 1e-6)); /* torch clip_grad_norm_ */
-  e->step++;
-  for (int u = 0; u < m->n_units; u++) {
-    unit_state *s = &e->units[u];
-    TS_CHECK(adamw_unit(e, u, lr, scale));
-    if (e->stage == 1 || e->stage == 2)
-      TS_CHECK(ts_shard_all_gather(e->dp, &s->layout, (char *)s->params + shard_begin(e, u) * e->es,
-                                   s->params, dt));
-    size_t n = e->stage >= 2 ? s->layout.shard : s->layout.padded;
-    TS_CHECK(ts_k_zero(&e->ctx, s->grads, n * e->es));
-  }
   stats->loss = sums[0] / ((double)e->opts.grad_accum * (double)e->world);
-  stats->grad_norm = norm;
-  stats->lr = lr;
   stats->step = e->step;
+  ts_status st = TS_OK;
+  if (e->scaling && !isfinite(sums[1])) {
+    stats->grad_norm = sums[1];
+    st = skip_step(e, stats);
+  } else {
+    double norm = sqrt(sums[1]) / (double)e->loss_scale;
+    float scale = 1.0f;
+    if (e->opts.grad_clip > 0 && norm > e->opts.grad_clip)
+      scale = (float)(e->opts.grad_clip / (norm + 1e-6)); /* torch clip_grad_norm_ */
+    scale /= e->loss_scale; /* unscale: exact for a power of two */
+    e->step++;
+    for (int u = 0; u < m->n_units; u++) {
+      unit_state *s = &e->units[u];
+      TS_CHECK(adamw_unit(e, u, lr, scale));
+      if (e->stage == 1 || e->stage == 2)
+        TS_CHECK(ts_shard_all_gather(e->dp, &s->layout,
+                                     (char *)s->params + shard_begin(e, u) * e->es, s->params, dt));
+    }
+    TS_CHECK(zero_grads(e));
+    e->attempts++;
+    grow_scale(e);
+    stats->grad_norm = norm;
+    stats->lr = lr;
+    stats->step = e->step;
+    stats->next_loss_scale = e->loss_scale;
+  }
   stats->comm = counters_since(e->dp, &e->step_start);
   stats->comm_bytes = 0;
   for (int k = 0; k < TS_COMM_NUM_KINDS; k++) stats->comm_bytes += stats->comm.bytes[k];
   e->micro_done = 0;
   e->loss_acc = 0;
-  return TS_OK;
+  return st;
 }
 
 ts_status ts_engine_eval(ts_engine *e, const int32_t *inputs, const int32_t *targets,
@@ -568,8 +766,28 @@ ts_status ts_engine_get_grad(const ts_engine *e, const char *name, float *dst, s
   const ts_tensor_spec *t;
   TS_CHECK(find(e, name, numel, &u, &t));
   /* One rank: the gradient buffer is the whole padded unit in every stage. */
-  return ts_k_cast(&e->ctx, dst, TS_FP32, (const char *)e->units[u].grads + t->offset * e->es,
-                   e->opts.dtype, numel);
+  TS_CHECK(ts_k_cast(&e->ctx, dst, TS_FP32, (const char *)e->units[u].grads + t->offset * e->es,
+                     e->opts.dtype, numel));
+  if (e->loss_scale != 1.0f)
+    for (size_t k = 0; k < numel; k++) dst[k] /= e->loss_scale;
+  return TS_OK;
+}
+
+float ts_engine_loss_scale(const ts_engine *e) { return e->loss_scale; }
+
+const float *ts_engine_optimizer_state(const ts_engine *e, int u, int which, size_t *n) {
+  TS_ASSERT(u >= 0 && u < e->model->n_units && which >= 0 && which <= 2);
+  const unit_state *s = &e->units[u];
+  *n = e->stage == 0 ? s->layout.padded : s->layout.shard;
+  return which == 0 ? s->m : which == 1 ? s->v : s->master;
+}
+
+void ts_engine_inject_nonfinite(ts_engine *e, const ts_engine_inject *inject) {
+  TS_ASSERT(!inject || (inject->unit >= 0 && inject->unit < e->model->n_units &&
+                        inject->tensor >= 0 &&
+                        inject->tensor < e->model->units[inject->unit].n_tensors));
+  if (inject) e->inject = *inject;
+  else memset(&e->inject, 0, sizeof e->inject);
 }
 
 const ts_engine_opts *ts_engine_options(const ts_engine *e) { return &e->opts; }

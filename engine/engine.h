@@ -78,20 +78,57 @@ typedef struct ts_engine_opts {
   float weight_decay; /* decoupled decay of matrices (norms take none) */
   float grad_clip;    /* max global L2 norm; <= 0 disables clipping */
   int zero_stage;     /* ZeRO stage 0 (DDP), 1, 2 or 3 */
+  /* Loss scaling, fp16 only (ignored in fp32 and bf16, whose range needs
+   * none). loss_scale 0: dynamic (PyTorch GradScaler / DeepSpeed): start at
+   * loss_scale_init, halve on a step whose gradients hold inf or NaN (the
+   * step is skipped), double after loss_scale_window clean steps in a row;
+   * an overflow with the scale already at min_loss_scale is an error.
+   * loss_scale > 0: that fixed scale; an overflowing step is still skipped. */
+  float loss_scale;         /* 0 dynamic, > 0 fixed */
+  float loss_scale_init;    /* dynamic: initial scale, 65536 = 2^16 */
+  size_t loss_scale_window; /* dynamic: clean steps before doubling, 2000 */
+  float min_loss_scale;     /* dynamic: floor, 1 */
+  /* Activation checkpointing: 0 none; K >= 1 checkpoints blocks 0, K, 2K, ...
+   * (1: every block). A checkpointed block keeps only its input and runs
+   * its forward again just before its backward. The embedding saves
+   * nothing and the head's backward follows its forward directly, so
+   * neither is ever checkpointed. */
+  size_t ckpt_every;
 } ts_engine_opts;
 
 /* Defaults: B 8, T 128, accumulation 1, fp32, seed 1337, AdamW (0.9, 0.95,
  * 1e-8), weight decay 0.1, clipping at 1.0 (nanoGPT / LLaMA settings),
- * ZeRO stage 0. */
+ * ZeRO stage 0, dynamic loss scaling from 2^16 with window 2000 and
+ * minimum 1 (fp16 only), no activation checkpointing. */
 ts_engine_opts ts_engine_default_opts(void);
+
+/* Whether unit u of m is checkpointed under opts->ckpt_every. */
+int ts_engine_is_checkpointed(const ts_llama *m, const ts_engine_opts *opts, int u);
+
+/* Activation bytes one rank allocates (ledger category activations), from
+ * the units' declared saved bytes (ts_llama_saved_bytes) alone: the (B, T)
+ * int32 inputs and targets, the (B, T, C) input of every unit but the
+ * first, two (B, T, C) activation-gradient buffers, the saved bytes of
+ * every unit not checkpointed and, when some unit is, one recompute buffer
+ * of the largest checkpointed unit's saved bytes. Independent of the ZeRO
+ * stage and N. The engine allocates exactly this at create. */
+size_t ts_engine_activation_bytes(const ts_llama *m, const ts_engine_opts *opts);
 
 typedef struct ts_engine ts_engine; /* opaque; owns its buffers */
 
 typedef struct ts_step_stats {
   double loss;              /* mean of the step's micro-batch losses over all ranks */
-  double grad_norm;         /* global L2 norm of the gradient before clipping */
-  float lr;                 /* learning rate applied */
-  int step;                 /* optimizer steps taken so far, 1-based */
+  double grad_norm;         /* global L2 norm of the (unscaled) gradient before
+                               clipping; inf or NaN on a skipped step */
+  float lr;                 /* learning rate applied (0 on a skipped step) */
+  int step;                 /* optimizer updates applied so far (AdamW's t):
+                               skipped steps do not count */
+  float loss_scale;         /* loss scale of this step's gradients (1 unless fp16) */
+  float next_loss_scale;    /* loss scale of the next step */
+  int skipped;              /* 1: fp16 overflow, parameters and moments untouched */
+  int overflow_unit;        /* skipped: unit of the first non-finite gradient in
+                               flat order (unit, then tensor), else -1 */
+  char overflow_tensor[80]; /* skipped: that tensor's Hugging Face name, else "" */
   ts_comm_counters comm;    /* bytes this rank sent during the step, per kind */
   uint64_t comm_bytes;      /* their sum, bytes */
 } ts_step_stats;
@@ -102,8 +139,9 @@ typedef struct ts_step_stats {
  * opts->seed (identical on every rank, whatever N and stage).
  * Errors: TS_ERR_INVALID_ARGUMENT (B, T or accumulation zero, T >
  * max_position_embeddings, zero_stage outside 0-3: the message names the
- * flag and the expected value), TS_ERR_UNSUPPORTED (dtype other than fp32
- * in this build), TS_ERR_OUT_OF_MEMORY, TS_ERR_MPI. */
+ * flag and the expected value; in fp16 also a loss scale that is negative
+ * or not finite, an initial scale below the minimum, a window of 0),
+ * TS_ERR_OUT_OF_MEMORY, TS_ERR_MPI. */
 ts_status ts_engine_create(ts_engine **out, const ts_llama *model, const ts_engine_opts *opts,
                            ts_comm *dp);
 /* Frees every buffer (the ledger returns to zero) and the engine; NULL is a
@@ -128,8 +166,18 @@ ts_status ts_engine_micro_step(ts_engine *e, const int32_t *inputs, const int32_
  * clipping (torch.nn.utils.clip_grad_norm_: scale max_norm / (norm + 1e-6)
  * when norm > max_norm), AdamW with learning rate lr on this rank's shard,
  * all-gather of the updated parameters (stages 1-2), gradients zeroed.
- * Fills *stats. TS_ERR_INVALID_USAGE if the number of micro-steps since the
- * last step is not grad_accum; TS_ERR_MPI. */
+ * fp16: the gradients are those of the loss times the loss scale; the
+ * same all-reduce agrees on overflow (a non-finite sum of squares on any
+ * rank), and an overflowing step is skipped on every rank: a second
+ * all-reduce (skipped steps only) finds the first non-finite tensor,
+ * gradients are zeroed, parameters, master weights and moments stay as
+ * they were, and the scale is updated (see ts_engine_opts). Otherwise the
+ * norm and AdamW see the gradients divided by the scale (a power of two:
+ * exact). Fills *stats. TS_ERR_INVALID_USAGE if the number of micro-steps
+ * since the last step is not grad_accum; TS_ERR_NUMERIC (dynamic scaling,
+ * an overflow with the scale at min_loss_scale: the message names the
+ * tensor and the recent scale history; the step is skipped, stats filled);
+ * TS_ERR_MPI. */
 ts_status ts_engine_optimizer_step(ts_engine *e, float lr, ts_step_stats *stats);
 
 /* Loss of this rank's (B, T) batch without touching gradients (forward
@@ -168,6 +216,9 @@ const ts_flat_layout *ts_engine_layout(const ts_engine *e, int u);
 ts_status ts_engine_set_tensor(ts_engine *e, const char *name, const float *src, size_t numel);
 ts_status ts_engine_get_tensor(ts_engine *e, const char *name, float *dst, size_t numel);
 ts_status ts_engine_get_grad(const ts_engine *e, const char *name, float *dst, size_t numel);
+
+/* The loss scale the next micro-steps' gradients carry (1 unless fp16). */
+float ts_engine_loss_scale(const ts_engine *e);
 
 /* The logits (B, T, V) of the last micro-step's forward, as fp32 host values
  * (valid until that step's backward overwrote them: only after

@@ -203,7 +203,12 @@ static ts_status eval_and_log(run *r, size_t step, ts_train_callback cb, void *u
   cJSON_AddNumberToObject(o, "val_loss", *val);
   TS_CHECK(write_line(r->metrics, r->cfg->metrics_path, o));
   if (cb) {
-    ts_train_event ev = {1, step, r->cfg->steps, *val, 0, 0, 0, 0};
+    ts_train_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.is_eval = 1;
+    ev.step = step;
+    ev.steps = r->cfg->steps;
+    ev.loss = *val;
     cb(&ev, user);
   }
   return TS_OK;
@@ -232,6 +237,13 @@ static ts_status write_summary(run *r, const ts_train_result *res) {
   cJSON_AddNumberToObject(sm, "world_size", r->world);
   cJSON_AddNumberToObject(sm, "zero_stage", r->eo.zero_stage);
   cJSON_AddStringToObject(sm, "dtype", ts_dtype_name(r->eo.dtype));
+  char ckpt[32];
+  ts_train_ckpt_name(r->eo.ckpt_every, ckpt, sizeof ckpt);
+  cJSON_AddStringToObject(sm, "activation_checkpointing", ckpt);
+  cJSON_AddNumberToObject(sm, "activation_bytes_predicted",
+                          (double)ts_engine_activation_bytes(&r->model, &r->eo));
+  cJSON_AddNumberToObject(sm, "skipped_steps", (double)res->skipped_steps);
+  cJSON_AddNumberToObject(sm, "loss_scale", ts_engine_loss_scale(r->engine));
   cJSON_AddNumberToObject(sm, "micro_batch", (double)r->eo.micro_batch);
   cJSON_AddNumberToObject(sm, "grad_accum", (double)r->eo.grad_accum);
   cJSON_AddNumberToObject(sm, "global_batch", (double)r->global_batch);
@@ -272,8 +284,12 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
     }
     float lr = ts_train_lr(step, cfg->steps, cfg->warmup, cfg->lr, cfg->min_lr_ratio);
     ts_step_stats st;
-    TS_CHECK(ts_engine_optimizer_step(r->engine, lr, &st));
+    ts_status sst = ts_engine_optimizer_step(r->engine, lr, &st);
+    /* TS_ERR_NUMERIC (fp16 overflow at the minimum loss scale) is agreed by
+     * every rank: the step's line is still written, then training stops. */
+    if (sst != TS_OK && sst != TS_ERR_NUMERIC) return sst;
     r->last = st;
+    res->skipped_steps += (size_t)st.skipped;
     double dt = now_s() - t0;
     double tok_s = (double)tokens_per_step / dt;
     if (step > 1 || cfg->steps == 1) {
@@ -292,12 +308,37 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
       cJSON_AddNumberToObject(o, "gflops", tok_s * flops_per_token / 1e9);
       cJSON_AddNumberToObject(o, "step_seconds", dt);
       cJSON_AddNumberToObject(o, "comm_bytes", (double)st.comm_bytes);
+      cJSON_AddNumberToObject(o, "loss_scale", st.loss_scale);
+      cJSON_AddNumberToObject(o, "skipped", st.skipped);
+      if (st.skipped) {
+        cJSON *ov = cJSON_AddObjectToObject(o, "overflow");
+        cJSON_AddNumberToObject(ov, "unit", st.overflow_unit);
+        cJSON_AddStringToObject(ov, "tensor", st.overflow_tensor);
+        cJSON_AddNumberToObject(ov, "loss_scale_before", st.loss_scale);
+        cJSON_AddNumberToObject(ov, "loss_scale_after", st.next_loss_scale);
+      }
       TS_CHECK(write_line(r->metrics, cfg->metrics_path, o));
       if (cb) {
-        ts_train_event ev = {0,  step, cfg->steps, st.loss, st.grad_norm,
-                             lr, tok_s, tok_s * flops_per_token / 1e9};
+        ts_train_event ev;
+        memset(&ev, 0, sizeof ev);
+        ev.step = step;
+        ev.steps = cfg->steps;
+        ev.loss = st.loss;
+        ev.grad_norm = st.grad_norm;
+        ev.lr = st.lr;
+        ev.tokens_per_s = tok_s;
+        ev.gflops = tok_s * flops_per_token / 1e9;
+        ev.loss_scale = st.loss_scale;
+        ev.next_loss_scale = st.next_loss_scale;
+        ev.skipped = st.skipped;
+        ev.overflow_tensor = st.overflow_tensor;
         cb(&ev, user);
       }
+    }
+    if (sst != TS_OK) {
+      res->failed_together = 1;
+      res->failed_elsewhere = r->rank != 0; /* rank 0 reports */
+      return sst;
     }
     double val;
     if (cfg->eval_every && step % cfg->eval_every == 0 && step != cfg->steps)
@@ -320,6 +361,26 @@ static ts_status check_config(const ts_train_config *cfg) {
   if (cfg->eval_batches == 0)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--eval-batches 0: expected >= 1");
   return TS_OK;
+}
+
+ts_status ts_train_parse_ckpt(const char *s, size_t *every) {
+  char *end;
+  if (!strcmp(s, "none")) *every = 0;
+  else if (!strcmp(s, "all")) *every = 1;
+  else if (!strncmp(s, "every:", 6) && s[6] >= '1' && s[6] <= '9' &&
+           (*every = strtoull(s + 6, &end, 10), *end == '\0'))
+    ;
+  else
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "--activation-checkpointing %s: expected none, all or every:K with K >= 1",
+                        s);
+  return TS_OK;
+}
+
+void ts_train_ckpt_name(size_t every, char *buf, size_t cap) {
+  if (every == 0) snprintf(buf, cap, "none");
+  else if (every == 1) snprintf(buf, cap, "all");
+  else snprintf(buf, cap, "every:%zu", every);
 }
 
 ts_status ts_train_run(const ts_train_config *cfg, ts_train_callback cb, void *user,

@@ -13,8 +13,12 @@
  * (ts_loader_sample_index). Rank 0 alone writes the metrics file and calls
  * the callback. The metrics file holds one line per step
  * {step, loss, lr, grad_norm, tokens_per_s, gflops, step_seconds,
- * comm_bytes}, one per evaluation {step, val_loss}, and at the end
+ * comm_bytes, loss_scale, skipped} (a skipped fp16 step adds overflow:
+ * {unit, tensor, loss_scale_before, loss_scale_after}, its grad_norm is
+ * null and its lr 0), one per evaluation {step, val_loss}, and at the end
  * {"summary": {params: {unpadded, padded}, world_size, zero_stage, dtype,
+ * activation_checkpointing ("none", "all", "every:K"),
+ * activation_bytes_predicted, skipped_steps, loss_scale (final),
  * micro_batch, grad_accum, global_batch, seq, comm_bytes_per_step,
  * comm_bytes_by_kind: {all_reduce, ...}, mem_by_rank: [{rank, params,
  * grads, master, optim, activations, comm, workspace, total}, ...]}} where
@@ -72,6 +76,10 @@ typedef struct ts_train_event {
   float lr;               /* step only */
   double tokens_per_s;    /* step only: tokens of this step / its wall time */
   double gflops;          /* step only: achieved model GFLOP/s (PaLM count) */
+  float loss_scale;       /* step only: loss scale of its gradients (1 unless fp16) */
+  float next_loss_scale;  /* step only: the scale after it */
+  int skipped;            /* step only: 1 when fp16 overflow skipped it */
+  const char *overflow_tensor; /* skipped: first non-finite gradient's tensor */
 } ts_train_event;
 
 typedef void (*ts_train_callback)(const ts_train_event *ev, void *user);
@@ -91,9 +99,19 @@ typedef struct ts_train_result {
   ts_ledger ledger;        /* this rank's ledger at the end (peaks) */
   int setup_failed;        /* on error: 1 when it happened during setup, where
                               every rank agrees and returns an error */
-  int failed_elsewhere;    /* on a setup error: 1 when another rank failed
-                              first and reports it (this rank need not print) */
+  int failed_elsewhere;    /* on a setup (or agreed) error: 1 when another rank
+                              reports it (this rank need not print) */
+  int failed_together;     /* on error: 1 when every rank stopped at the same
+                              point with the same error (fp16 overflow at the
+                              minimum loss scale): no rank waits, no abort */
+  size_t skipped_steps;    /* steps skipped for fp16 overflow */
 } ts_train_result;
+
+/* Parses --activation-checkpointing: "none" (0), "all" (1), "every:K"
+ * (K >= 1) into ts_engine_opts.ckpt_every; TS_ERR_INVALID_ARGUMENT names
+ * the value and the choices. ts_train_ckpt_name is its inverse. */
+ts_status ts_train_parse_ckpt(const char *s, size_t *every);
+void ts_train_ckpt_name(size_t every, char *buf, size_t cap);
 
 /* Cosine schedule with linear warm-up (Loshchilov & Hutter 2017, SGDR eq. 5
  * without restarts): step s (1-based) of `steps`:

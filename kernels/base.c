@@ -21,6 +21,7 @@ const char *ts_status_str(ts_status s) {
     case TS_ERR_NCCL: return "NCCL error";
     case TS_ERR_INTERNAL: return "internal error";
     case TS_ERR_UNSUPPORTED: return "unsupported";
+    case TS_ERR_NUMERIC: return "numerical failure";
   }
   return "unknown status";
 }

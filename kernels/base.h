@@ -31,6 +31,7 @@ typedef enum ts_status {
   TS_ERR_NCCL = 8,
   TS_ERR_INTERNAL = 9,         /* a bug in tessera */
   TS_ERR_UNSUPPORTED = 10,     /* valid request this build/device cannot do */
+  TS_ERR_NUMERIC = 11,         /* training cannot go on: e.g. fp16 overflow at the minimum loss scale */
 } ts_status;
 
 /* Name of a status, e.g. "invalid argument". Never NULL. */

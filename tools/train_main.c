@@ -18,8 +18,10 @@ static const char *USAGE =
     "usage: tessera train --model CONFIG --data DIR [--steps N] [--micro-batch B] [--seq T]\n"
     "                     [--lr LR] [--seed S] [--grad-accum K] [--warmup N]\n"
     "                     [--eval-every N] [--eval-batches N] [--metrics FILE]\n"
-    "                     [--weight-decay WD] [--grad-clip C] [--dtype fp32] [--log-every N]\n"
-    "                     [--zero 0|1|2|3] [--global-batch G]\n"
+    "                     [--weight-decay WD] [--grad-clip C] [--log-every N]\n"
+    "                     [--zero 0|1|2|3] [--global-batch G] [--dtype fp32|bf16|fp16]\n"
+    "                     [--loss-scale dynamic|S] [--loss-scale-window N] [--min-loss-scale S]\n"
+    "                     [--activation-checkpointing none|all|every:K]\n"
     "  --micro-batch is per rank; --global-batch = ranks x micro-batch x grad-accum\n"
     "  (give two of --global-batch, --grad-accum and the rank count fixes the third).\n"
     "  Several ranks: tessera launch -n N train ...\n";
@@ -34,6 +36,13 @@ static void on_event(const ts_train_event *ev, void *user) {
   if (ev->is_eval) {
     printf("%sstep %5zu/%zu | val loss %.4f\n", p->tty ? "\r\033[K" : "", ev->step, ev->steps,
            ev->loss);
+    fflush(stdout);
+    return;
+  }
+  if (ev->skipped) { /* always a permanent line */
+    printf("%sstep %5zu/%zu | loss %.4f | skipped: fp16 overflow in %s, loss scale %g -> %g\n",
+           p->tty ? "\r\033[K" : "", ev->step, ev->steps, ev->loss, ev->overflow_tensor,
+           (double)ev->loss_scale, (double)ev->next_loss_scale);
     fflush(stdout);
     return;
   }
@@ -86,6 +95,9 @@ static void print_summary(const ts_train_config *cfg, const ts_train_result *res
     printf("validation loss %.4f\n", res->final_val_loss);
   const ts_ledger *l = &res->ledger;
   const double MiB = 1024.0 * 1024.0;
+  if (cfg->engine.dtype == TS_FP16)
+    printf("fp16: %zu step%s skipped for overflow\n", res->skipped_steps,
+           res->skipped_steps == 1 ? "" : "s");
   printf("ZeRO stage %d on %d rank%s, global batch %zu: %.3f MB sent per step per rank; rank 0 "
          "peak %.2f MiB (",
          cfg->engine.zero_stage, res->world_size, res->world_size > 1 ? "s" : "",
@@ -100,6 +112,7 @@ int ts_tool_train(int argc, char **argv) {
   ts_train_config cfg = ts_train_default_config();
   size_t log_every = 0, zero = 0;
   int warmup_set = 0, accum_set = 0;
+  const char *scale_flag = NULL; /* a loss-scaling flag given (fp16 only) */
   int lead = ts_tool_is_lead();
   for (int i = 1; i < argc; i++) {
     const char *flag = argv[i];
@@ -133,6 +146,26 @@ int ts_tool_train(int argc, char **argv) {
       size_t s;
       ok = ts_parse_size(flag, v, 0, &s);
       cfg.engine.seed = s;
+    } else if (!strcmp(flag, "--loss-scale")) {
+      scale_flag = flag;
+      if (strcmp(v, "dynamic") != 0) {
+        ok = ts_parse_float(flag, v, &cfg.engine.loss_scale);
+        if (ok && !(cfg.engine.loss_scale > 0)) {
+          if (lead) fprintf(stderr, "tessera train: --loss-scale %s: expected dynamic or a scale > 0\n", v);
+          return 2;
+        }
+      }
+    } else if (!strcmp(flag, "--loss-scale-window")) {
+      scale_flag = flag;
+      ok = ts_parse_size(flag, v, 1, &cfg.engine.loss_scale_window);
+    } else if (!strcmp(flag, "--min-loss-scale")) {
+      scale_flag = flag;
+      ok = ts_parse_float(flag, v, &cfg.engine.min_loss_scale);
+    } else if (!strcmp(flag, "--activation-checkpointing")) {
+      if (ts_train_parse_ckpt(v, &cfg.engine.ckpt_every) != TS_OK) {
+        if (lead) fprintf(stderr, "tessera train: %s\n", ts_last_error());
+        return 2;
+      }
     } else if (!strcmp(flag, "--dtype")) {
       if (ts_dtype_parse(v, &cfg.engine.dtype) != TS_OK) {
         if (lead) fprintf(stderr, "tessera train: %s\n", ts_last_error());
@@ -153,6 +186,12 @@ int ts_tool_train(int argc, char **argv) {
     return 2;
   }
   cfg.engine.zero_stage = (int)zero;
+  if (scale_flag && cfg.engine.dtype != TS_FP16) {
+    if (lead)
+      fprintf(stderr, "tessera train: %s applies to --dtype fp16 only (got --dtype %s)\n",
+              scale_flag, ts_dtype_name(cfg.engine.dtype));
+    return 2;
+  }
   if (cfg.global_batch && !accum_set) cfg.engine.grad_accum = 0; /* derived */
   if (!warmup_set) cfg.warmup = cfg.steps / 10;
   progress p = {stdout_is_terminal(), log_every ? log_every : (cfg.steps + 19) / 20};
@@ -175,7 +214,7 @@ int ts_tool_train(int argc, char **argv) {
     }
     /* Setup errors are agreed by every rank; a failure during training is
      * one rank's, and its peers would wait for it in the next collective. */
-    if (n > 1 && !res.setup_failed) ts_comm_abort(1);
+    if (n > 1 && !res.setup_failed && !res.failed_together) ts_comm_abort(1);
     ts_comm_finalize();
     return 1;
   }
