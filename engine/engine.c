@@ -170,6 +170,10 @@ static ts_status create(ts_engine *e) {
   e->units = calloc((size_t)m->n_units, sizeof *e->units);
   e->acts = calloc((size_t)m->n_units, sizeof *e->acts);
   if (!e->units || !e->acts) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "engine: unit tables");
+  /* Units first: their initialisation scratch (workspace category) is gone
+   * before the kernel workspace exists, so the category's peak is the
+   * larger of the two, not their sum. */
+  for (int u = 0; u < m->n_units; u++) TS_CHECK(alloc_unit(e, u));
   size_t ws = 0;
   for (int u = 0; u < m->n_units; u++) {
     size_t w = ts_llama_workspace_bytes(m, u, B, T, e->opts.dtype);
@@ -177,7 +181,6 @@ static ts_status create(ts_engine *e) {
   }
   TS_CHECK(ts_ledger_alloc(&e->ledger, TS_MEM_WORKSPACE, ws, &e->ctx.workspace));
   e->ctx.workspace_bytes = ws;
-  for (int u = 0; u < m->n_units; u++) TS_CHECK(alloc_unit(e, u));
   TS_CHECK(ts_ledger_alloc(&e->ledger, TS_MEM_COMM, e->scratch_bytes, &e->scratch));
   for (int u = 1; u < m->n_units; u++)
     TS_CHECK(ts_ledger_alloc(&e->ledger, TS_MEM_ACTIVATIONS, B * T * C * es, &e->acts[u]));

@@ -15,14 +15,23 @@
  *   3     | S (+ P while in use)| S (+ P per unit in backward) | S
  *
  * In fp32 the master weights are the compute parameters (stage 0, 3) or
- * their own slice (stages 1, 2): no separate copy. The transient full
+ * their own slice (stages 1, 2): no separate copy. In bf16 and fp16 the
+ * compute parameters and gradients take 2 bytes and the fp32 master
+ * weights are a category of their own, so model state per rank is the
+ * ZeRO paper's (§5, K = 12): stage 0 16P, stage 1 4P + 12S, stage 2
+ * 2P + 14S, stage 3 16S (P, S summed over units). Initialisation fills
+ * one unit at a time in fp32 in a transient buffer charged to the
+ * workspace category before the kernel workspace is allocated. The transient full
  * buffers of stages 2-3 are charged to the params/grads categories while
  * they live, so the ledger's peak shows them. Tied embeddings (stages
  * 2-3): the head's backward adds into the embedding's full gradient, which
  * then lives until the embedding's own backward reduces it, beside the
  * full gradient of each block in turn; in stage 3 the head holds its own
  * gathered parameters and the embedding's at once. Besides model state: the unit
- * inputs (B, T, C) and saved activations of one micro-batch, two (B, T, C)
+ * inputs (B, T, C) and saved activations of one micro-batch (a
+ * checkpointed unit keeps none: one recompute buffer of the largest
+ * checkpointed unit's saved bytes serves them all;
+ * ts_engine_activation_bytes), two (B, T, C)
  * activation-gradient buffers, one workspace sized for the hungriest unit,
  * and one reduce-scatter scratch buffer ((N-1) * S of the largest unit,
  * category comm).
@@ -38,7 +47,16 @@
  * stages 2-3 reduce-scatter every micro-batch (K times the traffic) and add
  * into the shard, so their sums are ordered differently from stages 0-1.
  * Tied embeddings in stage 3: the head gathers the embedding weight again
- * for its forward and its backward.
+ * for its forward and its backward. A checkpointed unit's recompute runs
+ * inside its backward's gather: one all-gather serves both. Recompute is
+ * the same forward on the same input and parameters, so gradients are
+ * bitwise those without checkpointing.
+ *
+ * Mixed precision: casts round to nearest even; kernels read bf16/fp16 and
+ * accumulate in fp32; reduce-scatter sums half-precision gradients in fp32
+ * (comm/); AdamW updates the fp32 master shard and writes the compute copy
+ * (ts_k_adamw). fp16 multiplies the loss by the loss scale before backward
+ * and divides the gradients by it inside the norm and AdamW.
  *
  * Loss convention: each micro-batch's loss is the mean over its targets
  * that are not -100 (PyTorch F.cross_entropy); a step's loss is the mean of

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # launch_test.sh — tools/launch.sh builds the right mpirun command and fails
-# clearly without mpirun; `tessera train` rejects bad ZeRO stages and global
-# batches before any work, printing the derived values once.
+# clearly without mpirun; `tessera train` rejects bad ZeRO stages, global
+# batches, dtypes, loss-scale and checkpointing flags before any work,
+# printing the derived values once.
 #   launch_test.sh LAUNCH_SH TESSERA_BIN
 set -uo pipefail
 launch="$1"
@@ -62,6 +63,24 @@ check "indivisible global batch" \
 out="$("$bin" train --model m --data d --micro-batch 4 --grad-accum 2 --global-batch 16 2>&1)"
 check "inconsistent global batch" \
   "--global-batch 16: expected 1 ranks x --micro-batch 4 x --grad-accum 2 = 8" "$out"
+# Mixed precision and checkpointing flags: bad values name the flag and the choices.
+out="$("$bin" train --model m --data d --dtype fp8 2>&1)"
+check "--dtype fp8" "fp8" "$out"
+check "--dtype choices" "fp16" "$out"
+out="$("$bin" train --model m --data d --loss-scale 1024 2>&1)"
+rc=$?
+check "--loss-scale without fp16 exit code" "2" "$rc"
+check "--loss-scale without fp16" "--loss-scale applies to --dtype fp16 only (got --dtype fp32)" "$out"
+out="$("$bin" train --model m --data d --dtype fp16 --loss-scale -4 2>&1)"
+check "--loss-scale -4" "--loss-scale -4: expected dynamic or a scale > 0" "$out"
+out="$("$bin" train --model m --data d --activation-checkpointing every:0 2>&1)"
+rc=$?
+check "--activation-checkpointing every:0 exit code" "2" "$rc"
+check "--activation-checkpointing every:0" \
+  "--activation-checkpointing every:0: expected none, all or every:K with K >= 1" "$out"
+out="$("$bin" train --model m --data d --activation-checkpointing some 2>&1)"
+check "--activation-checkpointing some" "--activation-checkpointing some: expected none" "$out"
+
 # Two ranks: the same error, printed once, and the job fails.
 out="$(OMP_NUM_THREADS=1 timeout 120 mpirun -n 2 --oversubscribe --bind-to none \
   $([[ "$(id -u)" == 0 ]] && echo --allow-run-as-root) \
