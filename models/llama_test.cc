@@ -175,6 +175,73 @@ TEST(LlamaUnits, TiedHeadBackwardMatchesFiniteDifferences) {
   CheckUnit(c, 2, 5);
 }
 
+// The bytes of the saved buffer that unit u's forward in dt really writes:
+// the buffer (declared size + a guard of 256 bytes) is filled with 0xA5 and
+// then with 0x5A before two identical forwards; a byte that either run
+// changed was written. Returns the offset one past the last written byte
+// (the high-water mark) and sets *guard_touched if the guard was written.
+size_t SavedHighWater(const ts_llama_config &cfg, int u, ts_dtype dt, bool *guard_touched) {
+  UnitHarness h(cfg, u, 11);
+  size_t es = ts_dtype_size(dt), declared = ts_llama_saved_bytes(&h.model, u, h.B, h.T, dt);
+  auto cast = [&](const std::vector<float> &v) {
+    std::vector<unsigned char> out(v.size() * es + 1);
+    EXPECT_EQ(ts_k_cast(&h.ctx, out.data(), dt, v.data(), TS_FP32, v.size()), TS_OK);
+    return out;
+  };
+  std::vector<unsigned char> params = cast(h.params), x = cast(h.x), tied = cast(h.tied_w);
+  std::vector<unsigned char> y(h.x.size() * es), ws(ts_llama_workspace_bytes(&h.model, u, h.B,
+                                                                              h.T, dt) + 64);
+  h.ctx.workspace = (void *)(((uintptr_t)ws.data() + 63) & ~(uintptr_t)63);
+  h.ctx.workspace_bytes = ws.size() - 64;
+  const size_t guard = 256;
+  std::vector<unsigned char> runs[2];
+  const unsigned char fills[2] = {0xA5, 0x5A};
+  for (int k = 0; k < 2; k++) {
+    runs[k].assign(declared + guard, fills[k]);
+    ts_unit_args a = h.Args(nullptr);
+    a.dt = dt;
+    a.x = x.data();
+    a.y = y.data();
+    a.saved = runs[k].data();
+    if (!h.tied_w.empty()) a.tied_weight = tied.data();
+    EXPECT_EQ(ts_llama_forward(&h.model, u, &h.ctx, params.data(), &a), TS_OK) << ts_last_error();
+  }
+  size_t high = 0;
+  *guard_touched = false;
+  for (size_t i = 0; i < declared + guard; i++)
+    if (runs[0][i] != fills[0] || runs[1][i] != fills[1]) {
+      high = i + 1;
+      if (i >= declared) *guard_touched = true;
+    }
+  return high;
+}
+
+TEST(LlamaUnits, DeclaredSavedBytesAreWhatForwardWrites) {
+  // The engine predicts activation memory from ts_llama_saved_bytes, so the
+  // declaration must be what forward uses: it never writes past it, and its
+  // high-water mark is within 5% of it (the only slack allowed is the
+  // 64-byte alignment between the saved regions). Measured: the high-water
+  // mark equals the declaration to the byte for blocks and heads in every
+  // dtype (the last region, the fp32 rstd vectors, is written in full).
+  for (ts_dtype dt : {TS_FP32, TS_BF16, TS_FP16})
+    for (bool tied : {false, true}) {
+      ts_llama_config cfg = Parse(kSmallGqa);
+      cfg.tie_word_embeddings = tied;
+      for (int u = 1; u <= 2; u++) {
+        SCOPED_TRACE(std::string(ts_dtype_name(dt)) + ", unit " + std::to_string(u) +
+                     (tied ? ", tied" : ""));
+        ts_llama model{};
+        ASSERT_EQ(ts_llama_init(&model, &cfg), TS_OK);
+        size_t declared = ts_llama_saved_bytes(&model, u, 2, 5, dt);
+        ts_llama_free(&model);
+        bool guard_touched;
+        size_t high = SavedHighWater(cfg, u, dt, &guard_touched);
+        EXPECT_FALSE(guard_touched) << "forward wrote past the declared " << declared << " bytes";
+        EXPECT_GE((double)high, 0.95 * (double)declared) << "declared " << declared;
+      }
+    }
+}
+
 TEST(LlamaUnits, LayoutUsesHuggingFaceNamesInOrder) {
   ts_llama m;
   ts_llama_config c = Parse(kSmallGqa);
