@@ -56,7 +56,8 @@ struct ts_engine {
     float scale;
   } history[8];          /* ring of the recent scale changes */
   int n_history;         /* changes recorded so far */
-  ts_engine_inject inject; /* test hook (engine_testing.h) */
+  ts_engine_inject inject[4]; /* test hook (engine_testing.h) */
+  int n_inject;
   double loss_acc;       /* sum of this rank's micro-batch mean losses this step */
   ts_comm_counters step_start; /* counters when the current step began */
 };
@@ -416,11 +417,12 @@ static ts_status backward_unit(ts_engine *e, int u, ts_unit_args *a) {
     a->tied_weight = tied;
     st = ts_llama_backward(e->model, u, &e->ctx, params, grads, a);
   }
-  if (st == TS_OK && e->inject.step == e->attempts + 1 && e->inject.unit == u) {
-    const ts_tensor_spec *t = &e->model->units[u].tensors[e->inject.tensor];
-    st = ts_k_cast(&e->ctx, (char *)grads + t->offset * e->es, e->opts.dtype, &e->inject.value,
-                   TS_FP32, 1);
-  }
+  for (int k = 0; st == TS_OK && k < e->n_inject; k++)
+    if (e->inject[k].step == e->attempts + 1 && e->inject[k].unit == u) {
+      const ts_tensor_spec *t = &e->model->units[u].tensors[e->inject[k].tensor];
+      st = ts_k_cast(&e->ctx, (char *)grads + t->offset * e->es, e->opts.dtype,
+                     &e->inject[k].value, TS_FP32, 1);
+    }
   if (tied) release_params(e, 0);
   release_params(e, u);
   if (st == TS_OK) st = reduce_unit_grads(e, u);
@@ -543,13 +545,16 @@ static ts_status zero_grads(ts_engine *e) {
   return TS_OK;
 }
 
-/* Skipped step: the first tensor (in flat order: unit, then tensor) whose
- * reduced gradient is not finite on any rank, agreed by an all-reduce of
- * each rank's first (u * TS_UNIT_MAX_TENSORS + i). */
+/* Skipped step: where the overflow began. Backward runs from the last unit
+ * to the first and a non-finite activation gradient spoils every unit
+ * below it, so the answer is the highest unit holding a non-finite
+ * reduced gradient on any rank, and in it the first such tensor in layout
+ * order: agreed by an all-reduce (max) of each rank's
+ * u * TS_UNIT_MAX_TENSORS + (TS_UNIT_MAX_TENSORS - 1 - i), -1 for none. */
 static ts_status find_overflow(ts_engine *e, int *unit, int *tensor) {
   const ts_llama *m = e->model;
-  double key = (double)m->n_units * TS_UNIT_MAX_TENSORS;
-  for (int u = 0; u < m->n_units && key >= (double)m->n_units * TS_UNIT_MAX_TENSORS; u++) {
+  double key = -1;
+  for (int u = m->n_units - 1; u >= 0 && key < 0; u--) {
     size_t r0 = shard_begin(e, u);
     for (int i = 0; i < m->units[u].n_tensors; i++) {
       size_t b, end;
@@ -558,17 +563,17 @@ static ts_status find_overflow(ts_engine *e, int *unit, int *tensor) {
       TS_CHECK(ts_k_sumsq(&e->ctx, &sq, (char *)grad_shard(e, u) + (b - r0) * e->es, end - b,
                           e->opts.dtype));
       if (!isfinite(sq)) {
-        key = (double)(u * TS_UNIT_MAX_TENSORS + i);
+        key = (double)(u * TS_UNIT_MAX_TENSORS + (TS_UNIT_MAX_TENSORS - 1 - i));
         break;
       }
     }
   }
-  TS_CHECK(ts_comm_all_reduce_f64(e->dp, &key, 1, TS_COMM_MIN));
-  *unit = (int)key / TS_UNIT_MAX_TENSORS;
-  *tensor = (int)key % TS_UNIT_MAX_TENSORS;
-  if (*unit >= m->n_units) /* the partial sums overflowed, no element did: cannot be in fp16 */
+  TS_CHECK(ts_comm_all_reduce_f64(e->dp, &key, 1, TS_COMM_MAX));
+  if (key < 0) /* partial sums overflowed, no element did: impossible in fp16 */
     return ts_set_error(TS_ERR_INTERNAL, "engine: overflow agreed but no rank holds a "
                                          "non-finite gradient");
+  *unit = (int)key / TS_UNIT_MAX_TENSORS;
+  *tensor = TS_UNIT_MAX_TENSORS - 1 - (int)key % TS_UNIT_MAX_TENSORS;
   return TS_OK;
 }
 
@@ -611,7 +616,7 @@ static ts_status skip_step(ts_engine *e, ts_step_stats *stats) {
     format_history(e, hist, sizeof hist);
     return ts_set_error(TS_ERR_NUMERIC,
                         "fp16 overflow at step %d with the loss scale at its minimum %g "
-                        "(--min-loss-scale): first non-finite gradient in %s (unit %d); recent "
+                        "(--min-loss-scale): it began in %s (unit %d); recent "
                         "loss scales: %s",
                         e->attempts, (double)e->loss_scale, t->name, u, hist);
   }
@@ -789,8 +794,9 @@ void ts_engine_inject_nonfinite(ts_engine *e, const ts_engine_inject *inject) {
   TS_ASSERT(!inject || (inject->unit >= 0 && inject->unit < e->model->n_units &&
                         inject->tensor >= 0 &&
                         inject->tensor < e->model->units[inject->unit].n_tensors));
-  if (inject) e->inject = *inject;
-  else memset(&e->inject, 0, sizeof e->inject);
+  int cap = (int)(sizeof e->inject / sizeof e->inject[0]);
+  if (!inject) e->n_inject = 0;
+  else e->inject[e->n_inject < cap ? e->n_inject++ : cap - 1] = *inject;
 }
 
 const ts_engine_opts *ts_engine_options(const ts_engine *e) { return &e->opts; }

@@ -144,9 +144,11 @@ typedef struct ts_step_stats {
   float loss_scale;         /* loss scale of this step's gradients (1 unless fp16) */
   float next_loss_scale;    /* loss scale of the next step */
   int skipped;              /* 1: fp16 overflow, parameters and moments untouched */
-  int overflow_unit;        /* skipped: unit of the first non-finite gradient in
-                               flat order (unit, then tensor), else -1 */
-  char overflow_tensor[80]; /* skipped: that tensor's Hugging Face name, else "" */
+  int overflow_unit;        /* skipped: where the overflow began: the last unit
+                               (the first that backward reaches) holding a
+                               non-finite gradient on any rank, else -1 */
+  char overflow_tensor[80]; /* skipped: its first non-finite tensor (layout order),
+                               Hugging Face name, else "" */
   ts_comm_counters comm;    /* bytes this rank sent during the step, per kind */
   uint64_t comm_bytes;      /* their sum, bytes */
 } ts_step_stats;
@@ -187,7 +189,7 @@ ts_status ts_engine_micro_step(ts_engine *e, const int32_t *inputs, const int32_
  * fp16: the gradients are those of the loss times the loss scale; the
  * same all-reduce agrees on overflow (a non-finite sum of squares on any
  * rank), and an overflowing step is skipped on every rank: a second
- * all-reduce (skipped steps only) finds the first non-finite tensor,
+ * all-reduce (skipped steps only) finds where it began (overflow_unit),
  * gradients are zeroed, parameters, master weights and moments stay as
  * they were, and the scale is updated (see ts_engine_opts). Otherwise the
  * norm and AdamW see the gradients divided by the scale (a power of two:

@@ -22,8 +22,9 @@ typedef struct ts_engine_inject {
   float value;
 } ts_engine_inject;
 
-/* Arms (or, with NULL, disarms) the hook on this rank only; unit and
- * tensor must exist (asserted). */
+/* Arms one more planted value on this rank only (up to 4; a fifth
+ * replaces the fourth), or with NULL disarms them all; unit and tensor
+ * must exist (asserted). */
 void ts_engine_inject_nonfinite(struct ts_engine *e, const ts_engine_inject *inject);
 
 /* This rank's fp32 optimizer state of unit u (0 <= u < units, asserted):

@@ -79,7 +79,7 @@ typedef struct ts_train_event {
   float loss_scale;       /* step only: loss scale of its gradients (1 unless fp16) */
   float next_loss_scale;  /* step only: the scale after it */
   int skipped;            /* step only: 1 when fp16 overflow skipped it */
-  const char *overflow_tensor; /* skipped: first non-finite gradient's tensor */
+  const char *overflow_tensor; /* skipped: the tensor where the overflow began */
 } ts_train_event;
 
 typedef void (*ts_train_callback)(const ts_train_event *ev, void *user);

@@ -104,7 +104,8 @@ struct TrainSetup {
   ts_dtype dtype = TS_FP32;
   size_t ckpt_every = 0;
   size_t layers = 2;
-  ts_engine_inject inject{};  // armed on the last rank when inject.step > 0
+  ts_engine_inject inject{};  // armed on the last rank when inject.step > 0,
+  ts_engine_inject inject2{}; // and this one too when inject2.step > 0
   float loss_scale_init = 65536.0f;
   size_t loss_scale_window = 2000;
   float min_loss_scale = 1.0f;
@@ -136,6 +137,7 @@ TrainRun Train(ts_comm *dp, const TrainSetup &s) {
   ts_engine *e = nullptr;
   EXPECT_EQ(ts_engine_create(&e, &model, &o, dp), TS_OK) << ts_last_error();
   if (s.inject.step > 0 && r == N - 1) ts_engine_inject_nonfinite(e, &s.inject);
+  if (s.inject2.step > 0 && r == N - 1) ts_engine_inject_nonfinite(e, &s.inject2);
   run.after_create = *ts_engine_ledger(e);
   for (int u = 0; u < model.n_units; u++) run.padded.push_back(ts_engine_layout(e, u)->padded);
   std::vector<int32_t> in, tgt;
@@ -576,9 +578,11 @@ constexpr int kInjectUnit = 1, kInjectTensor = 4;
 
 TEST(LossScaling, InjectedOverflowSkipsTheStepOnEveryRank) {
   // fp16, dynamic scale, window 2. The last rank plants inf in one gradient
-  // element at step 2. Every rank must skip step 2 (parameters, m, v and
-  // master bitwise as after step 1), name the tensor, halve the scale;
-  // steps 3-4 are clean and the scale doubles after the second of them.
+  // element at step 2, and NaN in the embedding's. Every rank must skip
+  // step 2 (parameters, m, v and master bitwise as after step 1), name the
+  // tensor where backward met the overflow first (block 0's, not the
+  // embedding's), halve the scale; steps 3-4 are clean and the scale
+  // doubles after the second of them.
   for (int stage = 0; stage <= 3; stage++) {
     SCOPED_TRACE("stage " + std::to_string(stage));
     TrainSetup s;
@@ -589,6 +593,7 @@ TEST(LossScaling, InjectedOverflowSkipsTheStepOnEveryRank) {
     TrainRun after1 = Train(World(), s);
     s.steps = 2;
     s.inject = {2, kInjectUnit, kInjectTensor, INFINITY};
+    s.inject2 = {2, 0, 0, NAN};
     TrainRun after2 = Train(World(), s);
     s.steps = 4;
     TrainRun after4 = Train(World(), s);
@@ -612,6 +617,7 @@ TEST(LossScaling, InjectedOverflowSkipsTheStepOnEveryRank) {
     EXPECT_EQ(after4.stats[3].step, 3);
     // The same run without the inf never skips: the hook caused the skip.
     s.inject = {};
+    s.inject2 = {};
     TrainRun clean = Train(World(), s);
     for (const ts_step_stats &st : clean.stats) EXPECT_EQ(st.skipped, 0);
     EXPECT_FALSE(BitwiseEqual(clean, after4));
