@@ -10,6 +10,9 @@
  * - Conversions are pure bit manipulation (no compiler _Float16/__bf16, no
  *   hardware conversion instructions), so every compiler and device gives the
  *   same bits. Narrowing rounds to nearest, ties to even (IEEE 754 default).
+ *   (The CPU kernels may convert with x86 F16C/AVX2 instead, chosen at run
+ *   time; kernels/cpu/cast.c says why the bits are the same, and
+ *   kernels_convert_test checks them against these functions.)
  * - NaN stays NaN: narrowing keeps the sign and the top payload bits and sets
  *   the quiet bit; widening is exact (payload kept as is).
  * - Arithmetic that CPU and CUDA must agree on goes through ts_fmul/ts_fadd/

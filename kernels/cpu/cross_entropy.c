@@ -8,9 +8,12 @@
  *
  * Invariants: every target is validated before any output is written; rows
  * are independent and each row's sums run in one fixed order, so results do
- * not depend on the thread count; statistics are fp32 and half-precision
- * logits are read per element (no scratch); backward reads a whole row
- * before writing it, so dlogits may alias logits.
+ * not depend on the thread count; statistics are fp32; half-precision
+ * logits are widened in bulk a piece at a time into a stack buffer (no
+ * workspace), and the loops over the pieces run the per-element loops'
+ * operations in the same order, so the bits are those of reading element by
+ * element; backward reads a whole row before writing it, so dlogits may alias
+ * logits.
  */
 #include <math.h>
 
@@ -33,12 +36,30 @@ TS_AI void row_stats(const void *logits, size_t V, size_t n, float *max_out, flo
                      ts_dtype dt) {
   size_t o = n * V;
   float m = -INFINITY;
-  for (size_t j = 0; j < V; j++) {
-    float x = ld(logits, o + j, dt);
-    m = x > m ? x : m;
+  if (dt == TS_FP32) {
+    for (size_t j = 0; j < V; j++) {
+      float x = ld(logits, o + j, dt);
+      m = x > m ? x : m;
+    }
+    float s = 0.0f;
+    for (size_t j = 0; j < V; j++) s += expf(ld(logits, o + j, dt) - m);
+    *max_out = m;
+    *sum_out = s;
+    return;
+  }
+  /* Half: the same two passes, in the same order, over widened pieces. */
+  float x[TS_CPU_PIECE];
+  for (size_t j0 = 0; j0 < V; j0 += TS_CPU_PIECE) {
+    size_t k = V - j0 < TS_CPU_PIECE ? V - j0 : TS_CPU_PIECE;
+    ts_cpu_widen_at(x, logits, o + j0, k, dt);
+    for (size_t j = 0; j < k; j++) m = x[j] > m ? x[j] : m;
   }
   float s = 0.0f;
-  for (size_t j = 0; j < V; j++) s += expf(ld(logits, o + j, dt) - m);
+  for (size_t j0 = 0; j0 < V; j0 += TS_CPU_PIECE) {
+    size_t k = V - j0 < TS_CPU_PIECE ? V - j0 : TS_CPU_PIECE;
+    ts_cpu_widen_at(x, logits, o + j0, k, dt);
+    for (size_t j = 0; j < k; j++) s += expf(x[j] - m);
+  }
   *max_out = m;
   *sum_out = s;
 }
@@ -102,13 +123,20 @@ TS_AI void ce_bwd_row(void *dlogits, const void *logits, int32_t y, size_t V, si
     d[y] = dloss * (py - 1.0f);
     return;
   }
-  /* Half storage would round e^(x - max): recompute it instead. */
+  /* Half storage would round e^(x - max): recompute it instead, a widened
+   * piece at a time (the whole row was read by row_stats already). */
   float m, s;
   row_stats(logits, V, n, &m, &s, dt);
   float inv = 1.0f / s;
-  for (size_t j = 0; j < V; j++) {
-    float p = expf(ld(logits, o + j, dt) - m) * inv;
-    st(dlogits, o + j, dt, dloss * (p - (j == (size_t)y ? 1.0f : 0.0f)));
+  float x[TS_CPU_PIECE];
+  for (size_t j0 = 0; j0 < V; j0 += TS_CPU_PIECE) {
+    size_t k = V - j0 < TS_CPU_PIECE ? V - j0 : TS_CPU_PIECE;
+    ts_cpu_widen_at(x, logits, o + j0, k, dt);
+    for (size_t j = 0; j < k; j++) {
+      float p = expf(x[j] - m) * inv;
+      x[j] = dloss * (p - (j0 + j == (size_t)y ? 1.0f : 0.0f));
+    }
+    ts_cpu_narrow_at(dlogits, o + j0, x, k, dt);
   }
 }
 

@@ -4,7 +4,9 @@
  *
  * Invariants: purely per element (kernels/elementwise.h's ts_silu and
  * ts_silu_and_grad), computed in fp32 and rounded to storage once per output;
- * so results do not depend on the thread count.
+ * so results do not depend on the thread count. Half storage is widened and
+ * rounded in bulk, a piece at a time, around the fp32 loops (same bits as
+ * converting per element).
  */
 #include "kernels/cpu/cpu_common.h"
 
@@ -29,6 +31,35 @@ TS_AI void swiglu_bwd_range(void *dgate, void *dup, const void *dh, const void *
   }
 }
 
+/* swiglu_fwd_range for half storage through fp32 pieces. */
+static void swiglu_fwd_half(void *h, const void *gate, const void *up, size_t lo, size_t hi,
+                            ts_dtype dt) {
+  float g[TS_CPU_PIECE], u[TS_CPU_PIECE];
+  for (size_t i = lo; i < hi; i += TS_CPU_PIECE) {
+    size_t k = hi - i < TS_CPU_PIECE ? hi - i : TS_CPU_PIECE;
+    ts_cpu_widen_at(g, gate, i, k, dt);
+    ts_cpu_widen_at(u, up, i, k, dt);
+    swiglu_fwd_range(g, g, u, 0, k, TS_FP32); /* h overwrites g element by element */
+    ts_cpu_narrow_at(h, i, g, k, dt);
+  }
+}
+
+/* swiglu_bwd_range for half storage through fp32 pieces: every input piece
+ * is read before an output piece is written, so dgate/dup may alias dh. */
+static void swiglu_bwd_half(void *dgate, void *dup, const void *dh, const void *gate,
+                            const void *up, size_t lo, size_t hi, ts_dtype dt) {
+  float g[TS_CPU_PIECE], u[TS_CPU_PIECE], d[TS_CPU_PIECE];
+  for (size_t i = lo; i < hi; i += TS_CPU_PIECE) {
+    size_t k = hi - i < TS_CPU_PIECE ? hi - i : TS_CPU_PIECE;
+    ts_cpu_widen_at(g, gate, i, k, dt);
+    ts_cpu_widen_at(u, up, i, k, dt);
+    ts_cpu_widen_at(d, dh, i, k, dt);
+    swiglu_bwd_range(g, u, d, g, u, 0, k, TS_FP32); /* dgate -> g, dup -> u */
+    ts_cpu_narrow_at(dgate, i, g, k, dt);
+    ts_cpu_narrow_at(dup, i, u, k, dt);
+  }
+}
+
 ts_status ts_k_swiglu_forward(const ts_kctx *ctx, void *h, const void *gate, const void *up,
                               size_t n, ts_dtype dt) {
   static const char op[] = "ts_k_swiglu_forward";
@@ -45,7 +76,10 @@ ts_status ts_k_swiglu_forward(const ts_kctx *ctx, void *h, const void *gate, con
   for (ptrdiff_t c = 0; c < nchunks; c++) {
     size_t lo = (size_t)c * CHUNK;
     size_t hi = lo + CHUNK < n ? lo + CHUNK : n;
-    TS_DT_CALL(dt, swiglu_fwd_range, h, gate, up, lo, hi);
+    if (dt == TS_FP32)
+      swiglu_fwd_range(h, gate, up, lo, hi, TS_FP32);
+    else
+      swiglu_fwd_half(h, gate, up, lo, hi, dt);
   }
   return TS_OK;
 }
@@ -66,7 +100,10 @@ ts_status ts_k_swiglu_backward(const ts_kctx *ctx, void *dgate, void *dup, const
   for (ptrdiff_t c = 0; c < nchunks; c++) {
     size_t lo = (size_t)c * CHUNK;
     size_t hi = lo + CHUNK < n ? lo + CHUNK : n;
-    TS_DT_CALL(dt, swiglu_bwd_range, dgate, dup, dh, gate, up, lo, hi);
+    if (dt == TS_FP32)
+      swiglu_bwd_range(dgate, dup, dh, gate, up, lo, hi, TS_FP32);
+    else
+      swiglu_bwd_half(dgate, dup, dh, gate, up, lo, hi, dt);
   }
   return TS_OK;
 }

@@ -2,10 +2,12 @@
  * vecops.c — simple vector ops: ts_k_add and ts_k_sumsq.
  *
  * Invariant: results are bitwise independent of the OpenMP thread count.
- * add is per element; sumsq sums fixed 4096-element chunks in double (eight
- * interleaved lanes combined in a fixed order), then adds the chunk sums in
- * index order inside at most 256 contiguous groups whose bounds depend on n
- * only, then adds the group sums in order.
+ * add is per element (half storage: pieces widened in bulk, added in fp32,
+ * rounded once: the bits of the per-element loop); sumsq sums fixed
+ * 4096-element chunks in double (eight interleaved lanes combined in a fixed
+ * order), then adds the chunk sums in index order inside at most 256
+ * contiguous groups whose bounds depend on n only, then adds the group sums
+ * in order.
  */
 #include "kernels/cpu/cpu_common.h"
 
@@ -14,6 +16,20 @@ enum { CHUNK = 4096, MAX_GROUPS = 256 };
 /* out[i] = a[i] + b[i] for i in [lo, hi). */
 TS_AI void add_range(void *out, const void *a, const void *b, size_t lo, size_t hi, ts_dtype dt) {
   for (size_t i = lo; i < hi; i++) st(out, i, dt, ld(a, i, dt) + ld(b, i, dt));
+}
+
+/* add_range for half storage through fp32 pieces: each piece of a and b is
+ * read before out's is written, so out may still alias a or b. */
+static void add_range_half(void *out, const void *a, const void *b, size_t lo, size_t hi,
+                           ts_dtype dt) {
+  float fa[TS_CPU_PIECE], fb[TS_CPU_PIECE];
+  for (size_t i = lo; i < hi; i += TS_CPU_PIECE) {
+    size_t k = hi - i < TS_CPU_PIECE ? hi - i : TS_CPU_PIECE;
+    ts_cpu_widen_at(fa, a, i, k, dt);
+    ts_cpu_widen_at(fb, b, i, k, dt);
+    add_range(fa, fa, fb, 0, k, TS_FP32);
+    ts_cpu_narrow_at(out, i, fa, k, dt);
+  }
 }
 
 ts_status ts_k_add(const ts_kctx *ctx, void *out, const void *a, const void *b, size_t n,
@@ -30,7 +46,10 @@ ts_status ts_k_add(const ts_kctx *ctx, void *out, const void *a, const void *b, 
   for (ptrdiff_t c = 0; c < nchunks; c++) {
     size_t lo = (size_t)c * CHUNK;
     size_t hi = lo + CHUNK < n ? lo + CHUNK : n;
-    TS_DT_CALL(dt, add_range, out, a, b, lo, hi);
+    if (dt == TS_FP32)
+      add_range(out, a, b, lo, hi, TS_FP32);
+    else
+      add_range_half(out, a, b, lo, hi, dt);
   }
   return TS_OK;
 }
