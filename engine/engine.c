@@ -89,15 +89,23 @@ int ts_engine_is_checkpointed(const ts_llama *m, const ts_engine_opts *o, int u)
   return o->ckpt_every > 0 && un->kind == TS_UNIT_BLOCK && (size_t)un->layer % o->ckpt_every == 0;
 }
 
+/* The recompute buffer: the largest saved bytes of a checkpointed unit
+ * (0 when none is). */
+static size_t recompute_bytes(const ts_llama *m, const ts_engine_opts *o) {
+  size_t ckpt = 0;
+  for (int u = 0; u < m->n_units; u++) {
+    size_t saved = ts_llama_saved_bytes(m, u, o->micro_batch, o->seq, o->dtype);
+    if (ts_engine_is_checkpointed(m, o, u) && saved > ckpt) ckpt = saved;
+  }
+  return ckpt;
+}
+
 size_t ts_engine_activation_bytes(const ts_llama *m, const ts_engine_opts *o) {
   size_t B = o->micro_batch, T = o->seq, C = m->cfg.hidden_size, es = ts_dtype_size(o->dtype);
-  size_t bytes = 2 * B * T * 4 + ((size_t)m->n_units - 1 + 2) * B * T * C * es, ckpt = 0;
-  for (int u = 0; u < m->n_units; u++) {
-    size_t saved = ts_llama_saved_bytes(m, u, B, T, o->dtype);
-    if (!ts_engine_is_checkpointed(m, o, u)) bytes += saved;
-    else if (saved > ckpt) ckpt = saved;
-  }
-  return bytes + ckpt;
+  size_t bytes = 2 * B * T * 4 + ((size_t)m->n_units - 1 + 2) * B * T * C * es;
+  for (int u = 0; u < m->n_units; u++)
+    if (!ts_engine_is_checkpointed(m, o, u)) bytes += ts_llama_saved_bytes(m, u, B, T, o->dtype);
+  return bytes + recompute_bytes(m, o);
 }
 
 /* First flat element of this rank's shard of unit u. */
@@ -189,11 +197,7 @@ static ts_status create(ts_engine *e) {
   TS_CHECK(ts_ledger_alloc(&e->ledger, TS_MEM_ACTIVATIONS, B * T * 4, (void **)&e->targets));
   for (int i = 0; i < 2; i++)
     TS_CHECK(ts_ledger_alloc(&e->ledger, TS_MEM_ACTIVATIONS, B * T * C * es, &e->dbuf[i]));
-  size_t ckpt = 0;
-  for (int u = 0; u < m->n_units; u++) {
-    size_t saved = ts_llama_saved_bytes(m, u, B, T, e->opts.dtype);
-    if (e->units[u].ckpt && saved > ckpt) ckpt = saved;
-  }
+  size_t ckpt = recompute_bytes(m, &e->opts);
   if (ckpt) TS_CHECK(ts_ledger_alloc(&e->ledger, TS_MEM_ACTIVATIONS, ckpt, &e->ckpt_saved));
   return TS_OK;
 }

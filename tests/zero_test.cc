@@ -94,6 +94,21 @@ std::vector<std::vector<float>> OptimizerState(const ts_engine *e, size_t r) {
   return out;
 }
 
+// Every tensor of the model in layout order, read by get (the engine's
+// parameters or, on one rank, its gradients) as fp32.
+template <typename Get>
+std::vector<std::vector<float>> EveryTensor(const ts_llama &model, ts_engine *e, Get get) {
+  std::vector<std::vector<float>> out;
+  for (int u = 0; u < model.n_units; u++)
+    for (int i = 0; i < model.units[u].n_tensors; i++) {
+      const ts_tensor_spec &t = model.units[u].tensors[i];
+      std::vector<float> v(t.numel);
+      EXPECT_EQ(get(e, t.name, v.data(), v.size()), TS_OK) << t.name;
+      out.push_back(v);
+    }
+  return out;
+}
+
 struct TrainSetup {
   bool tied = false;
   int stage = 0;
@@ -150,27 +165,14 @@ TrainRun Train(ts_comm *dp, const TrainSetup &s) {
                 TS_OK)
           << ts_last_error();
     }
-    if (step == 0 && N == 1)
-      for (int u = 0; u < model.n_units; u++)
-        for (int i = 0; i < model.units[u].n_tensors; i++) {
-          const ts_tensor_spec &t = model.units[u].tensors[i];
-          std::vector<float> g(t.numel);
-          EXPECT_EQ(ts_engine_get_grad(e, t.name, g.data(), g.size()), TS_OK);
-          run.grads.push_back(g);
-        }
+    if (step == 0 && N == 1) run.grads = EveryTensor(model, e, ts_engine_get_grad);
     ts_step_stats st{};
     EXPECT_EQ(ts_engine_optimizer_step(e, kLr, &st), TS_OK) << ts_last_error();
     run.losses.push_back(st.loss);
     run.norms.push_back(st.grad_norm);
     run.stats.push_back(st);
   }
-  for (int u = 0; u < model.n_units; u++)
-    for (int i = 0; i < model.units[u].n_tensors; i++) {
-      const ts_tensor_spec &t = model.units[u].tensors[i];
-      std::vector<float> v(t.numel);
-      EXPECT_EQ(ts_engine_get_tensor(e, t.name, v.data(), v.size()), TS_OK);
-      run.params.push_back(v);
-    }
+  run.params = EveryTensor(model, e, ts_engine_get_tensor);
   run.state = OptimizerState(e, r);
   run.at_end = *ts_engine_ledger(e);
   ts_engine_free(e);
