@@ -553,11 +553,15 @@ ts_status ts_comm_barrier(ts_comm *c) {
 }
 
 /* (N-1) * chunk elements of dt, saturating at SIZE_MAX (too big for any scratch). */
-static size_t scratch_for(const ts_comm *c, size_t chunk, ts_dtype dt) {
-  size_t es = ts_dtype_size(dt), n = (size_t)(c->size - 1);
-  if (n == 0) return 0;
+size_t ts_comm_reduce_scatter_scratch_bytes_n(size_t ranks, size_t chunk, ts_dtype dt) {
+  size_t es = ts_dtype_size(dt), n = ranks - 1;
+  if (ranks <= 1) return 0;
   if (chunk > SIZE_MAX / es / n) return SIZE_MAX;
   return n * chunk * es;
+}
+
+static size_t scratch_for(const ts_comm *c, size_t chunk, ts_dtype dt) {
+  return ts_comm_reduce_scatter_scratch_bytes_n((size_t)c->size, chunk, dt);
 }
 
 size_t ts_comm_reduce_scatter_scratch_bytes(const ts_comm *c, size_t count, ts_dtype dt) {

@@ -136,6 +136,8 @@ ts_status ts_comm_barrier(ts_comm *c);
 /* Scratch bytes ts_comm_reduce_scatter needs: (N-1) * count elements of dt
  * (the chunks received from the other ranks). 0 for a one-rank group. */
 size_t ts_comm_reduce_scatter_scratch_bytes(const ts_comm *c, size_t count, ts_dtype dt);
+/* The same for a group of n ranks, without a group (memory estimates). */
+size_t ts_comm_reduce_scatter_scratch_bytes_n(size_t n, size_t count, ts_dtype dt);
 
 /* Reduce-scatter (sum): send is (N, count) in dt — rank j's contribution to
  * chunk j at send + j*count — and recv (count,) receives, on rank r,

@@ -56,6 +56,8 @@ struct ts_engine {
     float scale;
   } history[8];          /* ring of the recent scale changes */
   int n_history;         /* changes recorded so far */
+  int plan;              /* 1: ts_engine_plan: allocations charged to a plan
+                            ledger, no compute, no communication */
   ts_engine_inject inject[4]; /* test hook (engine_testing.h) */
   int n_inject;
   double loss_acc;       /* sum of this rank's micro-batch mean losses this step */
@@ -136,11 +138,15 @@ static ts_status init_unit(ts_engine *e, int u) {
   size_t P = s->layout.padded, S = s->layout.shard, r0 = shard_begin(e, u);
   ts_dtype dt = e->opts.dtype;
   if (dt == TS_FP32 && e->stage < 3)
-    return ts_llama_init_unit(e->model, u, s->params, TS_FP32, e->opts.seed);
+    return e->plan ? TS_OK : ts_llama_init_unit(e->model, u, s->params, TS_FP32, e->opts.seed);
   /* A transient full fp32 copy of the unit, scratch of initialisation
    * (workspace), so that the model-state categories hold model state only. */
   float *full;
   TS_CHECK(ts_ledger_alloc(&e->ledger, TS_MEM_WORKSPACE, P * 4, (void **)&full));
+  if (e->plan) {
+    ts_ledger_free(&e->ledger, full);
+    return TS_OK;
+  }
   ts_status st = ts_llama_init_unit(e->model, u, full, TS_FP32, e->opts.seed);
   if (st == TS_OK && s->master)
     memcpy(s->master, e->stage == 0 ? full : full + r0, (e->stage == 0 ? P : S) * 4);
@@ -151,24 +157,60 @@ static ts_status init_unit(ts_engine *e, int u) {
   return st;
 }
 
+/* The model state of one flat buffer of layout l at `stage` in dt (the
+ * table in engine.h): s->params, grads, master (NULL in fp32), m, v. */
+static ts_status alloc_model_state(ts_ledger *ledger, const ts_flat_layout *l, int stage,
+                                   ts_dtype dt, unit_state *s) {
+  size_t P = l->padded, S = l->shard, es = ts_dtype_size(dt);
+  TS_CHECK(ts_ledger_alloc(ledger, TS_MEM_PARAMS, (stage == 3 ? S : P) * es, &s->params));
+  TS_CHECK(ts_ledger_alloc(ledger, TS_MEM_GRADS, (stage >= 2 ? S : P) * es, &s->grads));
+  size_t n_opt = stage >= 1 ? S : P;
+  if (dt != TS_FP32)
+    TS_CHECK(ts_ledger_alloc(ledger, TS_MEM_MASTER, n_opt * 4, (void **)&s->master));
+  TS_CHECK(ts_ledger_alloc(ledger, TS_MEM_OPTIM, n_opt * 4, (void **)&s->m));
+  TS_CHECK(ts_ledger_alloc(ledger, TS_MEM_OPTIM, n_opt * 4, (void **)&s->v));
+  return TS_OK;
+}
+
+static void free_model_state(ts_ledger *ledger, unit_state *s) {
+  ts_ledger_free(ledger, s->params);
+  ts_ledger_free(ledger, s->grads);
+  ts_ledger_free(ledger, s->master);
+  ts_ledger_free(ledger, s->m);
+  ts_ledger_free(ledger, s->v);
+}
+
+ts_status ts_engine_plan_params(size_t psi, ts_dtype dtype, int zero_stage, size_t world,
+                                ts_ledger *out) {
+  ts_ledger_init_plan(out);
+  if (world < 1)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "-n %zu: expected a number of ranks >= 1",
+                        world);
+  if (zero_stage < 0 || zero_stage > 3)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--zero %d: expected a ZeRO stage 0, 1, 2 or 3",
+                        zero_stage);
+  ts_flat_layout l;
+  TS_CHECK(ts_flat_layout_init(&l, &psi, 1, world));
+  unit_state s;
+  memset(&s, 0, sizeof s);
+  ts_status st = alloc_model_state(out, &l, zero_stage, dtype, &s);
+  ts_ledger plan = *out;
+  free_model_state(out, &s);
+  if (st == TS_OK) *out = plan;
+  return st;
+}
+
 static ts_status alloc_unit(ts_engine *e, int u) {
   const ts_unit *un = &e->model->units[u];
   unit_state *s = &e->units[u];
   size_t numels[TS_UNIT_MAX_TENSORS];
   for (int i = 0; i < un->n_tensors; i++) numels[i] = un->tensors[i].numel;
   TS_CHECK(ts_flat_layout_init(&s->layout, numels, (size_t)un->n_tensors, (size_t)e->world));
-  size_t P = s->layout.padded, S = s->layout.shard, es = e->es;
-  TS_CHECK(ts_ledger_alloc(&e->ledger, TS_MEM_PARAMS, (e->stage == 3 ? S : P) * es, &s->params));
-  TS_CHECK(ts_ledger_alloc(&e->ledger, TS_MEM_GRADS, (e->stage >= 2 ? S : P) * es, &s->grads));
-  size_t n_opt = e->stage >= 1 ? S : P;
-  if (e->opts.dtype != TS_FP32)
-    TS_CHECK(ts_ledger_alloc(&e->ledger, TS_MEM_MASTER, n_opt * 4, (void **)&s->master));
-  TS_CHECK(ts_ledger_alloc(&e->ledger, TS_MEM_OPTIM, n_opt * 4, (void **)&s->m));
-  TS_CHECK(ts_ledger_alloc(&e->ledger, TS_MEM_OPTIM, n_opt * 4, (void **)&s->v));
+  TS_CHECK(alloc_model_state(&e->ledger, &s->layout, e->stage, e->opts.dtype, s));
   s->ckpt = ts_engine_is_checkpointed(e->model, &e->opts, u);
   size_t saved = ts_llama_saved_bytes(e->model, u, e->opts.micro_batch, e->opts.seq, e->opts.dtype);
   if (!s->ckpt) TS_CHECK(ts_ledger_alloc(&e->ledger, TS_MEM_ACTIVATIONS, saved, &s->saved));
-  size_t sb = ts_shard_scratch_bytes(e->dp, &s->layout, e->opts.dtype);
+  size_t sb = ts_shard_scratch_bytes(&s->layout, e->opts.dtype);
   if (sb > e->scratch_bytes) e->scratch_bytes = sb;
   return init_unit(e, u);
 }
@@ -228,9 +270,8 @@ static ts_status init_scaler(ts_engine *e) {
   return TS_OK;
 }
 
-ts_status ts_engine_create(ts_engine **out, const ts_llama *model, const ts_engine_opts *opts,
-                           ts_comm *dp) {
-  *out = NULL;
+/* The argument checks of ts_engine_create and ts_engine_plan. */
+static ts_status check_opts(const ts_llama *model, const ts_engine_opts *opts) {
   if (opts->micro_batch == 0 || opts->seq == 0 || opts->grad_accum == 0)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "--micro-batch %zu, --seq %zu, --grad-accum %zu: expected each >= 1",
@@ -243,6 +284,13 @@ ts_status ts_engine_create(ts_engine **out, const ts_llama *model, const ts_engi
   if (opts->zero_stage < 0 || opts->zero_stage > 3)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--zero %d: expected a ZeRO stage 0, 1, 2 or 3",
                         opts->zero_stage);
+  return TS_OK;
+}
+
+/* A zeroed engine for model and opts (checked), its ledger not yet set. */
+static ts_status engine_new(const ts_llama *model, const ts_engine_opts *opts, ts_engine **out) {
+  *out = NULL;
+  TS_CHECK(check_opts(model, opts));
   ts_engine *e = calloc(1, sizeof *e);
   if (!e) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "engine: cannot allocate");
   e->model = model;
@@ -250,6 +298,15 @@ ts_status ts_engine_create(ts_engine **out, const ts_llama *model, const ts_engi
   e->ctx.device = TS_DEVICE_CPU;
   e->stage = opts->zero_stage;
   e->es = ts_dtype_size(opts->dtype);
+  *out = e;
+  return TS_OK;
+}
+
+ts_status ts_engine_create(ts_engine **out, const ts_llama *model, const ts_engine_opts *opts,
+                           ts_comm *dp) {
+  *out = NULL;
+  ts_engine *e;
+  TS_CHECK(engine_new(model, opts, &e));
   ts_ledger_init(&e->ledger);
   ts_status st = TS_OK;
   if (!dp) st = ts_comm_self(&e->own_comm);
@@ -273,11 +330,7 @@ void ts_engine_free(ts_engine *e) {
   if (e->units) {
     for (int u = 0; u < e->model->n_units; u++) {
       unit_state *s = &e->units[u];
-      ts_ledger_free(&e->ledger, s->params);
-      ts_ledger_free(&e->ledger, s->grads);
-      ts_ledger_free(&e->ledger, s->master);
-      ts_ledger_free(&e->ledger, s->m);
-      ts_ledger_free(&e->ledger, s->v);
+      free_model_state(&e->ledger, s);
       ts_ledger_free(&e->ledger, s->saved);
       ts_ledger_free(&e->ledger, s->full_params);
       ts_ledger_free(&e->ledger, s->full_grads);
@@ -342,9 +395,10 @@ static ts_status full_grads(ts_engine *e, int u, void **out) {
 static ts_status reduce_unit_grads(ts_engine *e, int u) {
   unit_state *s = &e->units[u];
   if (e->stage < 2) return TS_OK;
-  ts_status st = ts_shard_reduce_scatter(e->dp, &s->layout, s->full_grads, s->grads,
-                                         e->opts.dtype, e->micro_done > 0, e->scratch,
-                                         e->scratch_bytes);
+  ts_status st = e->plan ? TS_OK
+                         : ts_shard_reduce_scatter(e->dp, &s->layout, s->full_grads, s->grads,
+                                                   e->opts.dtype, e->micro_done > 0, e->scratch,
+                                                   e->scratch_bytes);
   ts_shard_release(&e->ledger, &s->full_grads);
   return st;
 }
@@ -371,7 +425,7 @@ static ts_status forward_unit(ts_engine *e, int u, ts_unit_args *a) {
   const void *params, *tied = NULL;
   TS_CHECK(acquire_params(e, u, &params));
   ts_status st = uses_tied(e, u) ? acquire_params(e, 0, &tied) : TS_OK;
-  if (st == TS_OK) {
+  if (st == TS_OK && !e->plan) {
     a->tied_weight = tied;
     st = ts_llama_forward(e->model, u, &e->ctx, params, a);
   }
@@ -398,18 +452,12 @@ static ts_status forward(ts_engine *e, const int32_t *inputs, const int32_t *tar
   return TS_OK;
 }
 
-/* Backward of unit u: parameters acquired, gradients accumulated into the
- * full gradient (and the embedding's, tied), then reduced (stages 2-3). */
-static ts_status backward_unit(ts_engine *e, int u, ts_unit_args *a) {
-  const void *params, *tied = NULL;
-  void *grads;
-  TS_CHECK(acquire_params(e, u, &params));
-  ts_status st = full_grads(e, u, &grads);
-  if (st == TS_OK && uses_tied(e, u)) {
-    st = acquire_params(e, 0, &tied);
-    if (st == TS_OK) st = full_grads(e, 0, &a->tied_grad);
-  }
-  if (st == TS_OK && e->units[u].ckpt) {
+/* The arithmetic of unit u's backward (with its recompute when
+ * checkpointed, and the test hook), on acquired buffers. */
+static ts_status backward_compute(ts_engine *e, int u, ts_unit_args *a, const void *params,
+                                  void *grads, const void *tied) {
+  ts_status st = TS_OK;
+  if (e->units[u].ckpt) {
     /* Recompute: the forward again, from the kept input, with the same
      * (in stage 3: the same gathered) parameters. It rewrites the unit's
      * output, acts[u + 1], with the same bits; unit u + 1 is done with it. */
@@ -427,6 +475,21 @@ static ts_status backward_unit(ts_engine *e, int u, ts_unit_args *a) {
       st = ts_k_cast(&e->ctx, (char *)grads + t->offset * e->es, e->opts.dtype,
                      &e->inject[k].value, TS_FP32, 1);
     }
+  return st;
+}
+
+/* Backward of unit u: parameters acquired, gradients accumulated into the
+ * full gradient (and the embedding's, tied), then reduced (stages 2-3). */
+static ts_status backward_unit(ts_engine *e, int u, ts_unit_args *a) {
+  const void *params, *tied = NULL;
+  void *grads;
+  TS_CHECK(acquire_params(e, u, &params));
+  ts_status st = full_grads(e, u, &grads);
+  if (st == TS_OK && uses_tied(e, u)) {
+    st = acquire_params(e, 0, &tied);
+    if (st == TS_OK) st = full_grads(e, 0, &a->tied_grad);
+  }
+  if (st == TS_OK && !e->plan) st = backward_compute(e, u, a, params, grads, tied);
   if (tied) release_params(e, 0);
   release_params(e, u);
   if (st == TS_OK) st = reduce_unit_grads(e, u);
@@ -487,6 +550,27 @@ ts_status ts_engine_micro_step(ts_engine *e, const int32_t *inputs, const int32_
   if (e->micro_done == 0) e->step_start = *ts_comm_get_counters(e->dp);
   ts_status st = micro_step(e, inputs, targets, loss);
   if (st != TS_OK) discard_step(e);
+  return st;
+}
+
+ts_status ts_engine_plan(const ts_llama *model, const ts_engine_opts *opts, size_t world,
+                         ts_ledger *out) {
+  ts_ledger_init_plan(out);
+  if (world < 1 || world > (size_t)INT32_MAX)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "-n %zu: expected a number of ranks from 1 to %d", world, INT32_MAX);
+  ts_engine *e;
+  TS_CHECK(engine_new(model, opts, &e));
+  ts_ledger_init_plan(&e->ledger);
+  e->plan = 1;
+  e->rank = 0; /* shards are equal, so every rank's plan is rank 0's */
+  e->world = (int)world;
+  ts_status st = init_scaler(e);
+  if (st == TS_OK) st = create(e);
+  double loss;
+  if (st == TS_OK) st = micro_step(e, e->tokens, e->targets, &loss);
+  if (st == TS_OK) *out = e->ledger;
+  ts_engine_free(e);
   return st;
 }
 
@@ -605,7 +689,7 @@ static void format_history(const ts_engine *e, char *buf, size_t cap) {
 /* fp16 overflow: the step is skipped (gradients dropped) and the dynamic
  * scale halves, or training stops at the minimum. */
 static ts_status skip_step(ts_engine *e, ts_step_stats *stats) {
-  int u, i;
+  int u = 0, i = 0;
   TS_CHECK(find_overflow(e, &u, &i));
   TS_CHECK(zero_grads(e));
   const ts_tensor_spec *t = &e->model->units[u].tensors[i];

@@ -132,6 +132,32 @@ int ts_engine_is_checkpointed(const ts_llama *m, const ts_engine_opts *opts, int
  * stage and N. The engine allocates exactly this at create. */
 size_t ts_engine_activation_bytes(const ts_llama *m, const ts_engine_opts *opts);
 
+/* The memory plan of one rank of N = world data-parallel ranks training
+ * `model` with opts: the engine's own create and one micro-step (forward
+ * and backward, with every transient gather and full gradient) replayed
+ * on a plan ledger (ts_ledger_init_plan), which charges each allocation
+ * and allocates nothing large; no compute, no MPI. *out receives that
+ * ledger: peak[c] per category, peak_total, and current[c] = what stays
+ * allocated between steps. Shards are equal, so every rank's plan is the
+ * same. The optimizer step and evaluation allocate nothing (evaluation's
+ * forward is a part of the micro-step), so a real run's ledger peaks equal
+ * these exactly (tests/zero_test). Milliseconds for LLaMA-2 70B at
+ * N = 1024. Errors: those of ts_engine_create's checks, and
+ * TS_ERR_INVALID_ARGUMENT for world < 1. */
+ts_status ts_engine_plan(const ts_llama *model, const ts_engine_opts *opts, size_t world,
+                         ts_ledger *out);
+
+/* The model state alone (categories params, grads, master, optim) of one
+ * rank for Ψ = psi parameters held as one flat buffer padded to a multiple
+ * of world * 16 elements, at zero_stage in dtype, on a plan ledger (*out:
+ * current[c] = peak[c]; nothing else is charged, no transients). In
+ * bf16/fp16 these are the ZeRO paper's (Rajbhandari et al. 2020, §5.1 and
+ * Table 1, K = 12): 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N bytes for stages
+ * 0-3; in fp32 the master weights are the parameters themselves (engine.h's
+ * table). TS_ERR_INVALID_ARGUMENT for world < 1 or a stage outside 0-3. */
+ts_status ts_engine_plan_params(size_t psi, ts_dtype dtype, int zero_stage, size_t world,
+                                ts_ledger *out);
+
 typedef struct ts_engine ts_engine; /* opaque; owns its buffers */
 
 typedef struct ts_step_stats {

@@ -17,7 +17,7 @@ ts_status ts_shard_gather_alloc(ts_ledger *ledger, ts_mem_category c, ts_comm *d
   *full = NULL;
   void *buf;
   TS_CHECK(ts_ledger_alloc(ledger, c, l->padded * ts_dtype_size(dt), &buf));
-  ts_status st = ts_shard_all_gather(dp, l, shard, buf, dt);
+  ts_status st = ledger->plan_only ? TS_OK : ts_shard_all_gather(dp, l, shard, buf, dt);
   if (st != TS_OK) {
     ts_ledger_free(ledger, buf);
     return st;
@@ -31,9 +31,8 @@ void ts_shard_release(ts_ledger *ledger, void **full) {
   *full = NULL;
 }
 
-size_t ts_shard_scratch_bytes(const ts_comm *dp, const ts_flat_layout *l, ts_dtype dt) {
-  check_group(dp, l);
-  return ts_comm_reduce_scatter_scratch_bytes(dp, l->shard, dt);
+size_t ts_shard_scratch_bytes(const ts_flat_layout *l, ts_dtype dt) {
+  return ts_comm_reduce_scatter_scratch_bytes_n(l->dp_size, l->shard, dt);
 }
 
 ts_status ts_shard_reduce_scatter(ts_comm *dp, const ts_flat_layout *l, const void *full,

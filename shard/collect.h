@@ -32,7 +32,9 @@ ts_status ts_shard_all_gather(ts_comm *dp, const ts_flat_layout *l, const void *
 
 /* Allocates a full buffer (P * sizeof(dt) bytes, charged to category c of
  * the ledger) and all-gathers the shard into it; *full receives it (NULL on
- * error, nothing left allocated). Release with ts_shard_release. */
+ * error, nothing left allocated). Release with ts_shard_release. A plan
+ * ledger (ts_ledger_init_plan) is charged and nothing is gathered (dp and
+ * shard are not used). */
 ts_status ts_shard_gather_alloc(ts_ledger *ledger, ts_mem_category c, ts_comm *dp,
                                 const ts_flat_layout *l, const void *shard, ts_dtype dt,
                                 void **full);
@@ -42,8 +44,8 @@ ts_status ts_shard_gather_alloc(ts_ledger *ledger, ts_mem_category c, ts_comm *d
 void ts_shard_release(ts_ledger *ledger, void **full);
 
 /* Scratch bytes ts_shard_reduce_scatter needs for layout l: (N-1) * S
- * elements of dt. */
-size_t ts_shard_scratch_bytes(const ts_comm *dp, const ts_flat_layout *l, ts_dtype dt);
+ * elements of dt, N = l->dp_size (no group needed: estimates use it). */
+size_t ts_shard_scratch_bytes(const ts_flat_layout *l, ts_dtype dt);
 
 /* Reduce-scatters full (P,) gradients of every rank into this rank's shard
  * (S,): shard = [shard +] sum over ranks, in rank order (accumulate != 0

@@ -1,6 +1,7 @@
 /* ledger.c — the charging allocator behind the memory ledger.
  * Each block carries a 64-byte header {magic, category, nbytes} in front of
- * the returned pointer, so free needs only the pointer. */
+ * the returned pointer, so free needs only the pointer. A plan ledger
+ * allocates the header alone. */
 #include "shard/ledger.h"
 
 #include <stdint.h>
@@ -24,13 +25,19 @@ const char *ts_mem_category_name(ts_mem_category c) {
 
 void ts_ledger_init(ts_ledger *ledger) { memset(ledger, 0, sizeof *ledger); }
 
+void ts_ledger_init_plan(ts_ledger *ledger) {
+  ts_ledger_init(ledger);
+  ledger->plan_only = 1;
+}
+
 ts_status ts_ledger_alloc(ts_ledger *ledger, ts_mem_category c, size_t nbytes, void **out) {
   *out = NULL;
   if ((unsigned)c >= TS_MEM_NUM_CATEGORIES)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "ledger: category %d: expected 0..%d", (int)c,
                         TS_MEM_NUM_CATEGORIES - 1);
   size_t total = HEADER_BYTES + ((nbytes + 63) & ~(size_t)63);
-  if (total < nbytes)
+  if (ledger->plan_only) total = HEADER_BYTES; /* the header alone: sizes, no memory */
+  else if (total < nbytes)
     return ts_set_error(TS_ERR_OUT_OF_MEMORY, "ledger: %zu bytes of %s overflow size_t", nbytes,
                         ts_mem_category_name(c));
   void *raw = aligned_alloc(64, total);

@@ -38,6 +38,7 @@ typedef struct ts_ledger {
   size_t peak[TS_MEM_NUM_CATEGORIES];    /* largest current[c] seen, bytes */
   size_t current_total;                  /* sum of current[], bytes */
   size_t peak_total;                     /* largest current_total seen, bytes */
+  int plan_only;                         /* 1: charge without allocating (ts_ledger_init_plan) */
 } ts_ledger;
 
 /* Short stable name of a category for tables and JSON: "params", "grads",
@@ -46,6 +47,14 @@ const char *ts_mem_category_name(ts_mem_category c);
 
 /* Zeroes all counters. */
 void ts_ledger_init(ts_ledger *ledger);
+
+/* Zeroes all counters and makes the ledger a plan: ts_ledger_alloc charges
+ * nbytes exactly as it would and returns a pointer that frees and sizes
+ * like a real block but addresses no memory (only a 64-byte header is
+ * allocated; the caller must not read or write through it). The engine's
+ * memory estimate (ts_engine_plan) replays its allocations on such a
+ * ledger, so the estimate is the allocation plan itself. */
+void ts_ledger_init_plan(ts_ledger *ledger);
 
 /* Allocates nbytes of host memory, 64-byte aligned and zero-filled, and
  * charges them to category c. nbytes == 0 yields a valid unique pointer that

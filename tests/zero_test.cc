@@ -575,6 +575,67 @@ TEST(ActivationCheckpointing, PredictedActivationBytesMatchTheLedger) {
   ts_llama_free(&model);
 }
 
+TEST(MemoryPlan, EqualsTheLedgerOfARealRunToTheByte) {
+  // ts_engine_plan replays the engine's allocations on a plan ledger, so
+  // every category's peak, the peak total and what stays allocated between
+  // steps must equal a real run's ledger on this world size exactly: stages
+  // 0-3 x fp32/bf16/fp16 x tied or not x checkpointing off or every block,
+  // and gradient accumulation 2 (stages 2-3 reduce every micro-batch).
+  size_t N = (size_t)ts_comm_size(World());
+  for (ts_dtype dt : {TS_FP32, TS_BF16, TS_FP16})
+    for (int stage = 0; stage <= 3; stage++)
+      for (bool tied : {false, true})
+        for (size_t every : {0, 1}) {
+          TrainSetup s;
+          s.stage = stage;
+          s.dtype = dt;
+          s.tied = tied;
+          s.ckpt_every = every;
+          s.steps = 2;
+          s.accum = dt == TS_BF16 ? 2 : 1;
+          SCOPED_TRACE(std::string(ts_dtype_name(dt)) + ", stage " + std::to_string(stage) +
+                       ", tied " + std::to_string(tied) + ", every " + std::to_string(every) +
+                       ", accum " + std::to_string(s.accum));
+          TrainRun run = Train(World(), s);
+          ts_llama_config cfg = Config(tied);
+          ts_llama model{};
+          ASSERT_EQ(ts_llama_init(&model, &cfg), TS_OK);
+          ts_engine_opts o = ts_engine_default_opts();
+          o.micro_batch = s.global / (N * s.accum);
+          o.seq = kT;
+          o.grad_accum = s.accum;
+          o.zero_stage = stage;
+          o.dtype = dt;
+          o.ckpt_every = every;
+          ts_ledger plan;
+          ASSERT_EQ(ts_engine_plan(&model, &o, N, &plan), TS_OK) << ts_last_error();
+          ts_llama_free(&model);
+          for (int c = 0; c < TS_MEM_NUM_CATEGORIES; c++) {
+            SCOPED_TRACE(ts_mem_category_name((ts_mem_category)c));
+            EXPECT_EQ(plan.peak[c], run.at_end.peak[c]);
+            EXPECT_EQ(plan.current[c], run.at_end.current[c]);
+            EXPECT_EQ(plan.current[c], run.after_create.current[c]);
+          }
+          EXPECT_EQ(plan.peak_total, run.at_end.peak_total);
+          EXPECT_GT(plan.peak[TS_MEM_PARAMS], 0u);
+        }
+}
+
+TEST(MemoryPlan, RejectsBadArgumentsWithTheFlag) {
+  ts_llama_config cfg = Config(false);
+  ts_llama model{};
+  ASSERT_EQ(ts_llama_init(&model, &cfg), TS_OK);
+  ts_engine_opts o = ts_engine_default_opts();
+  o.seq = kT;
+  ts_ledger plan;
+  EXPECT_EQ(ts_engine_plan(&model, &o, 0, &plan), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ts_last_error()).find("-n 0"), std::string::npos) << ts_last_error();
+  o.zero_stage = 4;
+  EXPECT_EQ(ts_engine_plan(&model, &o, 2, &plan), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ts_last_error()).find("--zero 4"), std::string::npos) << ts_last_error();
+  ts_llama_free(&model);
+}
+
 // Unit 1 (block 0), tensor 4 (its o_proj weight): where the planted inf goes.
 constexpr int kInjectUnit = 1, kInjectTensor = 4;
 
