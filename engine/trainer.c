@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "engine/data.h"
@@ -214,15 +215,26 @@ static ts_status eval_and_log(run *r, size_t step, ts_train_callback cb, void *u
   return TS_OK;
 }
 
+/* This process's peak resident set size (getrusage ru_maxrss, KiB on
+ * Linux), bytes: everything the ledger holds plus what it does not (code,
+ * MPI and OpenBLAS buffers, the data loader, the allocator's slack). */
+static double peak_rss_bytes(void) {
+  struct rusage ru;
+  return getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss * 1024.0 : 0.0;
+}
+
 /* The summary line (rank 0 writes; every rank contributes its ledger). */
 static ts_status write_summary(run *r, const ts_train_result *res) {
-  enum { W = TS_MEM_NUM_CATEGORIES + 1 };
+  enum { W = TS_MEM_NUM_CATEGORIES + 3 };
   size_t n = (size_t)r->world * W;
   double *mem = calloc(n, sizeof *mem);
   if (!mem) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "summary: %zu doubles", n);
   const ts_ledger *l = ts_engine_ledger(r->engine);
   for (int c = 0; c < TS_MEM_NUM_CATEGORIES; c++) mem[r->rank * W + c] = (double)l->peak[c];
   mem[r->rank * W + TS_MEM_NUM_CATEGORIES] = (double)l->peak_total;
+  mem[r->rank * W + TS_MEM_NUM_CATEGORIES + 1] = peak_rss_bytes();
+  for (int c = TS_MEM_PARAMS; c <= TS_MEM_OPTIM; c++)
+    mem[r->rank * W + TS_MEM_NUM_CATEGORIES + 2] += (double)l->current[c];
   /* Each rank fills its own row, the rest are zero: the sum is a gather
    * (exact: byte counts are integers below 2^53). */
   ts_status st = ts_comm_all_reduce_f64(r->dp, mem, n, TS_COMM_SUM);
@@ -260,6 +272,8 @@ static ts_status write_summary(run *r, const ts_train_result *res) {
     for (int c = 0; c < TS_MEM_NUM_CATEGORIES; c++)
       cJSON_AddNumberToObject(e, ts_mem_category_name((ts_mem_category)c), mem[q * W + c]);
     cJSON_AddNumberToObject(e, "total", mem[q * W + TS_MEM_NUM_CATEGORIES]);
+    cJSON_AddNumberToObject(e, "peak_rss", mem[q * W + TS_MEM_NUM_CATEGORIES + 1]);
+    cJSON_AddNumberToObject(e, "model_states", mem[q * W + TS_MEM_NUM_CATEGORIES + 2]);
     cJSON_AddItemToArray(ranks, e);
   }
   free(mem);

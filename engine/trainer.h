@@ -21,9 +21,11 @@
  * activation_bytes_predicted, skipped_steps, loss_scale (final),
  * micro_batch, grad_accum, global_batch, seq, comm_bytes_per_step,
  * comm_bytes_by_kind: {all_reduce, ...}, mem_by_rank: [{rank, params,
- * grads, master, optim, activations, comm, workspace, total}, ...]}} where
- * each mem_by_rank entry is that rank's ledger peak per category and its
- * peak total, in bytes.
+ * grads, master, optim, activations, comm, workspace, total, peak_rss,
+ * model_states}, ...]}} where each mem_by_rank entry is that rank's ledger
+ * peak per category and its peak total, the process's peak resident set
+ * size (getrusage), and the model states it holds between steps (params,
+ * grads, master and optim bytes allocated at the end), in bytes.
  */
 #ifndef TS_ENGINE_TRAINER_H
 #define TS_ENGINE_TRAINER_H

@@ -58,6 +58,12 @@ TEST(Trainer, RunWritesMetricsAndLearns) {
   ASSERT_EQ(cJSON_GetArraySize(mem), 1);
   EXPECT_EQ(Num(cJSON_GetArrayItem(mem, 0), "total"), (double)r.ledger.peak_total);
   EXPECT_EQ(Num(cJSON_GetArrayItem(mem, 0), "optim"), (double)r.ledger.peak[TS_MEM_OPTIM]);
+  // The ledger zero-fills what it allocates, so those pages were resident
+  // together at its peak: the process's peak RSS cannot be smaller.
+  EXPECT_GE(Num(cJSON_GetArrayItem(mem, 0), "peak_rss"), (double)r.ledger.peak_total);
+  EXPECT_EQ(Num(cJSON_GetArrayItem(mem, 0), "model_states"),
+            (double)(r.ledger.current[TS_MEM_PARAMS] + r.ledger.current[TS_MEM_GRADS] +
+                     r.ledger.current[TS_MEM_MASTER] + r.ledger.current[TS_MEM_OPTIM]));
   cJSON_Delete(lines.back());
   lines.pop_back();
   for (cJSON *o : lines) {
