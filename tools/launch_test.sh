@@ -10,14 +10,8 @@ bin="$2"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 fails=0
 
-check() { # check NAME EXPECTED-SUBSTRING ACTUAL
-  if [[ "$3" != *"$2"* ]]; then
-    echo "FAIL $1: expected to contain [$2], got [$3]"
-    fails=$((fails + 1))
-  else
-    echo "ok   $1"
-  fi
-}
+# check, absent
+source "$(dirname "${BASH_SOURCE[0]}")/testing.sh"
 
 # 1. No mpirun on PATH: exit 2 with one line naming mpirun and the package.
 mkdir -p "$tmp/empty"

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# estimate_test.sh — `tessera estimate`: the ZeRO paper's Table 1 from Ψ
+# alone, LLaMA-2 70B at N = 1024 within the padding bound of 16Ψ/N, a
+# Hugging Face config.json equal to its preset, model states falling with
+# the stage, and one-line errors (exit 2) for bad input.
+#   estimate_test.sh TESSERA_BIN
+set -uo pipefail
+bin="$1"
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+fails=0
+# Presets resolve under $TESSERA_HOME/models/configs: the runfiles tree of
+# this workspace, which holds //models:configs.
+export TESSERA_HOME="${TEST_SRCDIR:-$PWD/..}/${TEST_WORKSPACE:-tessera}"
+if [[ ! -f "$TESSERA_HOME/models/configs/llama-tiny.json" ]]; then
+  echo "FAIL setup: no models/configs/llama-tiny.json under $TESSERA_HOME"
+  exit 1
+fi
+
+# check, absent
+source "$(dirname "${BASH_SOURCE[0]}")/testing.sh"
+
+# model_states JSON: the stages' model states in GB (1e9 bytes), 3
+# significant figures like the paper's Table 1, space-separated.
+model_states_gb() {
+  python3 -c 'import json, sys
+print(" ".join("%g" % float("%.3g" % (s["model_states"] / 1e9)) for s in json.load(sys.stdin)["stages"]))' \
+    <<<"$1"
+}
+
+# 1. ZeRO paper Table 1 (Rajbhandari et al. 2020): Ψ = 7.5B, K = 12, fp16.
+for n in 1 64; do
+  json="$("$bin" estimate --params 7.5e9 --dtype fp16 --units GB -n "$n" --json)"
+  check "Table 1 N=$n exit code" "[0]" "[$?]"
+  text="$("$bin" estimate --params 7.5e9 --dtype fp16 --units GB -n "$n")"
+  if [[ "$n" == 1 ]]; then
+    check "Table 1 N=1 json" "120 120 120 120" "$(model_states_gb "$json")"
+    check "Table 1 N=1 text" "| model states | 120 | 120 | 120 | 120 |" "$text"
+  else
+    check "Table 1 N=64 json" "120 31.4 16.6 1.88" "$(model_states_gb "$json")"
+    check "Table 1 N=64 text" "| model states | 120 | 31.4 | 16.6 | 1.88 |" "$text"
+  fi
+  check "Table 1 N=$n unit" "GB (10^9 bytes)" "$text"
+  check "Table 1 N=$n says model states only" "model states only" "$text"
+done
+
+# 2. LLaMA-2 70B on 1024 ranks in bf16: stage 3 model states are 16 bytes per
+# padded element / N; each of the 82 units (embedding, 80 blocks, head) pads
+# by fewer than N * 16 elements.
+t0="$(date +%s%N)"
+json="$("$bin" estimate --model llama-2-70b -n 1024 --dtype bf16 --json)"
+rc=$?
+t1="$(date +%s%N)"
+echo "llama-2-70b at N = 1024, four stages: $(((t1 - t0) / 1000000)) ms"
+check "70B exit code" "[0]" "[$rc]"
+verdict="$(python3 -c 'import json, sys
+j = json.load(sys.stdin)
+psi, n, s3 = j["params"], j["world_size"], j["stages"][3]
+lo, hi, got = 16 * psi / n, 16 * (psi + 82 * 1024 * 16) / n, s3["model_states"]
+print("in bound" if s3["zero_stage"] == 3 and lo <= got <= hi else "%d outside [%d, %d]" % (got, lo, hi))' \
+  <<<"$json" 2>&1)"
+check "70B stage 3 model states = 16 x padded / N" "in bound" "$verdict"
+text="$("$bin" estimate --model llama-2-70b -n 1024 --dtype bf16)"
+check "70B header" "llama-2-70b (68.98B parameters), N = 1024 ranks, bf16" "$text"
+check "70B peak total row" "| peak total |" "$text"
+
+# 3. A Hugging Face config.json by path gives the preset's numbers.
+mkdir -p "$tmp/hf"
+cp "$TESSERA_HOME/models/configs/llama-tiny.json" "$tmp/hf/config.json"
+same="$(python3 -c 'import json, subprocess, sys
+def run(m):
+    j = json.loads(subprocess.check_output([sys.argv[1], "estimate", "--model", m, "-n", "2", "--json"]))
+    del j["model"]
+    return j
+print("same" if run("llama-tiny") == run(sys.argv[2]) else "differ")' "$bin" "$tmp/hf/config.json" 2>&1)"
+check "config.json by path = preset" "same" "$same"
+
+# 4. Bad input: exit 2 and one line on stderr that names the problem.
+sed '/"hidden_size"/d' "$tmp/hf/config.json" >"$tmp/hf/no_hidden.json"
+bad() { # bad NAME EXPECTED-SUBSTRING ARGS...
+  local name="$1" want="$2"
+  shift 2
+  local err rc
+  err="$("$bin" estimate "$@" 2>&1 >/dev/null)"
+  rc=$?
+  check "$name exit code" "[2]" "[$rc]"
+  check "$name message" "$want" "$err"
+  [[ "$(printf '%s\n' "$err" | wc -l)" == 1 ]] || { echo "FAIL $name: not one line"; fails=$((fails + 1)); }
+}
+bad "unknown preset" "--model no-such-model: unknown preset" --model no-such-model
+bad "missing field" "$tmp/hf/no_hidden.json: missing field \"hidden_size\"" --model "$tmp/hf/no_hidden.json"
+bad "-n 0" "-n 0: expected an integer >= 1" --params 1e9 -n 0
+bad "--zero 4" "--zero 4: expected a ZeRO stage 0, 1, 2, 3 or all" --params 1e9 --zero 4
+bad "--zero x" "--zero x: expected a ZeRO stage 0, 1, 2, 3 or all" --params 1e9 --zero x
+bad "neither --model nor --params" "expected exactly one of --model CONFIG and --params PSI"
+bad "--params 0" "--params 0: expected a parameter count" --params 0
+bad "--units parsecs" "--units parsecs: expected GiB, GB, MiB, MB or bytes" --params 1e9 --units parsecs
+
+# 5. llama-tiny, N = 4, fp32: each stage keeps strictly less model state.
+json="$("$bin" estimate --model llama-tiny -n 4 --json)"
+falling="$(python3 -c 'import json, sys
+m = [s["model_states"] for s in json.load(sys.stdin)["stages"]]
+print("falling" if len(m) == 4 and all(a > b for a, b in zip(m, m[1:])) else "not falling: %s" % m)' \
+  <<<"$json" 2>&1)"
+check "model states fall from stage 0 to 3" "falling" "$falling"
+
+out="$("$bin" estimate --help)"
+check "--help exit code" "[0]" "[$?]"
+check "--help usage" "usage: tessera estimate" "$out"
+
+if ((fails)); then
+  echo "$fails check(s) failed"
+  exit 1
+fi
+echo "all estimate checks passed"
