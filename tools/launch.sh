@@ -60,4 +60,7 @@ for v in OMP_NUM_THREADS TESSERA_HOME TESSERA_TTY; do
     args+=(-x "$v")
   fi
 done
-exec "$mpirun_bin" "${args[@]}" "$@"
+# Plain `mpirun`, found on PATH again: given an absolute path, Open MPI takes
+# its directory as an installation --prefix, and /bin/mpirun (merged /usr,
+# first on Bazel's PATH) gives the prefix "/", which it rejects.
+exec mpirun "${args[@]}" "$@"

@@ -47,6 +47,8 @@ static const char *USAGE =
     "commands:\n"
     "  prepare   train a SentencePiece tokenizer and write token shards\n"
     "  train     train a model (several ranks: tessera launch -n N train ...)\n"
+    "  estimate  per-rank memory by ledger category at ZeRO stages 0-3 (no MPI)\n"
+    "  compare   train at ZeRO stages 0-3 and compare measured memory, speed, losses\n"
     "run `tessera <command> --help` for its flags\n";
 
 int main(int argc, char **argv) {
@@ -57,6 +59,8 @@ int main(int argc, char **argv) {
   const char *cmd = argv[1];
   if (!strcmp(cmd, "train")) return ts_tool_train(argc - 1, argv + 1);
   if (!strcmp(cmd, "prepare")) return ts_tool_prepare(argc - 1, argv + 1);
+  if (!strcmp(cmd, "estimate")) return ts_tool_estimate(argc - 1, argv + 1);
+  if (!strcmp(cmd, "compare")) return ts_tool_compare(argc - 1, argv + 1);
   fprintf(stderr, "tessera: unknown command '%s'\n%s", cmd, USAGE);
   return 2;
 }

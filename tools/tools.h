@@ -20,6 +20,16 @@ extern "C" {
 int ts_tool_train(int argc, char **argv);
 /* ts_tool_prepare: see tools/prepare.h */
 
+/* `tessera estimate`: per-rank bytes by ledger category for a model config
+ * (or Ψ alone) at ZeRO stages 0-3, from ts_engine_plan; no MPI. */
+int ts_tool_estimate(int argc, char **argv);
+
+/* `tessera compare`: trains one configuration at several ZeRO stages (and
+ * dtypes, checkpointing settings) through tools/launch.sh and writes
+ * compare.md, compare.csv and compare.png: measured memory beside the
+ * estimate, speed, communication, and the identical-loss check. */
+int ts_tool_compare(int argc, char **argv);
+
 /* 1 in the process that should print usage errors: a process not started
  * by a launcher, or rank 0 of one (OMPI_COMM_WORLD_RANK / PMIX_RANK /
  * PMI_RANK, read before MPI starts so every rank parses flags alike). */

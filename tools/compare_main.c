@@ -1,0 +1,681 @@
+/* compare_main.c — `tessera compare`: one training configuration at several
+ * ZeRO stages (and dtypes, checkpointing settings) on N ranks, each run
+ * through tools/launch.sh for a few steps, then per run: every rank's
+ * ledger peaks by category beside the engine's own plan (ts_engine_plan)
+ * and the difference, the model states between steps beside the ZeRO
+ * formula, the process's peak RSS, tokens/s and bytes sent per step with
+ * their ratios to the group's first stage, and the losses, checked to be
+ * identical across stages and checkpointing at every step. Writes
+ * compare.md, compare.csv (each whole or not at all: written to a
+ * temporary name and renamed) and compare.png (gnuplot). Exit status 0
+ * when every check passes, 1 when one fails or a run fails, 2 bad usage. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine/engine.h"
+#include "engine/trainer.h"
+#include "tools/tools.h"
+
+static const char *USAGE =
+    "usage: tessera compare --model CONFIG -n N [--data DIR] [--zero 0,1,2,3]\n"
+    "                       [--dtype fp32[,bf16,fp16]] [--activation-checkpointing none[,all,every:K]]\n"
+    "                       [--steps K] [--micro-batch B] [--seq T] [--lr LR] [--out DIR] [--reuse]\n"
+    "  Trains CONFIG for K steps (default 5) on N ranks at each ZeRO stage (default 0-3), for\n"
+    "  each dtype and checkpointing setting, and writes OUT/compare.md, compare.csv and\n"
+    "  compare.png (OUT defaults to .; run logs and metrics go to OUT/compare_runs/).\n"
+    "  --data defaults to $TESSERA_HOME/data/kjv (`./tessera compare` prepares it).\n"
+    "  --reuse reads the metrics of an earlier compare in OUT instead of training.\n";
+
+#define MAX_LIST 8
+#define W (TS_MEM_NUM_CATEGORIES + 3) /* per rank: categories, total, peak_rss, model_states */
+#define M_TOTAL TS_MEM_NUM_CATEGORIES
+#define M_RSS (TS_MEM_NUM_CATEGORIES + 1)
+#define M_STATES (TS_MEM_NUM_CATEGORIES + 2)
+
+typedef struct run {
+  ts_dtype dt;
+  size_t ckpt;     /* ts_engine_opts.ckpt_every */
+  int stage;
+  char name[48];   /* "fp32 none zero2" */
+  char file[64];   /* "fp32-none-zero2" (metrics .jsonl, log .log) */
+  size_t n_loss;
+  double loss[4096];
+  double tok_s;    /* mean over steps 2.. (all steps when only one) */
+  double comm;     /* bytes sent per step, rank 0, last step */
+  double psi;      /* padded parameter count */
+  double *mem;     /* [N][W] measured, from the summary */
+  ts_ledger est;   /* the plan */
+  int base;        /* the run its ratios compare against: the first of its dtype
+                      and checkpointing */
+  int loss_base;   /* the run its losses must equal: the first of its dtype */
+} run;
+
+typedef struct compare {
+  const char *model, *data, *out;
+  size_t n, steps, micro_batch, seq;
+  float lr;
+  int stages[4], n_stages;
+  ts_dtype dts[MAX_LIST];
+  int n_dts;
+  size_t ckpts[MAX_LIST];
+  int n_ckpts;
+  int reuse;
+  ts_llama llama;
+  run *runs;
+  int n_runs;
+} compare;
+
+static const double MiB = 1024.0 * 1024.0;
+
+/* Formats into a char array, exiting with a one-line error when it does
+ * not fit (a path too long). */
+#define FMT(buf, ...) fits(snprintf(buf, sizeof buf, __VA_ARGS__), sizeof buf, buf)
+static void fits(int n, size_t cap, const char *buf) {
+  if (n < 0 || (size_t)n >= cap) {
+    fprintf(stderr, "tessera compare: a path is too long (over %zu bytes): %.60s...\n", cap, buf);
+    exit(2);
+  }
+}
+
+/* Splits a comma list into items parsed by `parse` (returns 0 on error,
+ * having printed). */
+static int parse_list(const char *flag, const char *v, int *count,
+                      int (*parse)(const char *flag, const char *item, int i, void *out),
+                      void *out) {
+  char buf[256];
+  snprintf(buf, sizeof buf, "%s", v);
+  *count = 0;
+  for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+    if (*count >= MAX_LIST) {
+      fprintf(stderr, "tessera compare: %s %s: at most %d values\n", flag, v, MAX_LIST);
+      return 0;
+    }
+    if (!parse(flag, t, (*count)++, out)) return 0;
+  }
+  if (*count == 0) fprintf(stderr, "tessera compare: %s '%s': expected a list\n", flag, v);
+  return *count > 0;
+}
+
+static int parse_stage(const char *flag, const char *item, int i, void *out) {
+  if (strlen(item) != 1 || item[0] < '0' || item[0] > '3') {
+    fprintf(stderr, "tessera compare: %s %s: expected ZeRO stages 0, 1, 2 or 3\n", flag, item);
+    return 0;
+  }
+  ((int *)out)[i] = item[0] - '0';
+  return 1;
+}
+
+static int parse_dtype(const char *flag, const char *item, int i, void *out) {
+  if (ts_dtype_parse(item, &((ts_dtype *)out)[i]) == TS_OK) return 1;
+  fprintf(stderr, "tessera compare: %s: %s\n", flag, ts_last_error());
+  return 0;
+}
+
+static int parse_ckpt(const char *flag, const char *item, int i, void *out) {
+  if (ts_train_parse_ckpt(item, &((size_t *)out)[i]) == TS_OK) return 1;
+  fprintf(stderr, "tessera compare: %s: %s\n", flag, ts_last_error());
+  return 0;
+}
+
+/* Runs argv with stdout and stderr to `log`; returns the exit status
+ * (-1 if it could not start). */
+static int spawn(char *const argv[], const char *log) {
+  pid_t pid = fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      dup2(fd, STDOUT_FILENO);
+      dup2(fd, STDERR_FILENO);
+      close(fd);
+    }
+    execv(argv[0], argv);
+    fprintf(stderr, "tessera compare: cannot run %s: %s\n", argv[0], strerror(errno));
+    _exit(127);
+  }
+  int status;
+  if (waitpid(pid, &status, 0) < 0) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* Prints the last lines of a failed run's log to stderr. */
+static void print_tail(const char *log) {
+  char cmd[4200];
+  FMT(cmd, "tail -n 5 '%s' >&2", log);
+  if (system(cmd) != 0) fprintf(stderr, "  (see %s)\n", log);
+}
+
+/* Trains run r through tools/launch.sh into OUT/compare_runs/. */
+static int launch_run(const compare *c, const run *r, const char *dir) {
+  const char *home = getenv("TESSERA_HOME");
+  char launch[4096], self[4096], metrics[4200], log[4200], zero[8], steps[32], b[32], t[32],
+      lr[32], ck[32], n[32], logev[32];
+  FMT(launch, "%s/tools/launch.sh", home ? home : ".");
+  ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (len <= 0) return fprintf(stderr, "tessera compare: cannot find its own binary\n"), 0;
+  self[len] = '\0';
+  FMT(metrics, "%s/%s.jsonl", dir, r->file);
+  FMT(log, "%s/%s.log", dir, r->file);
+  snprintf(zero, sizeof zero, "%d", r->stage);
+  snprintf(steps, sizeof steps, "%zu", c->steps);
+  snprintf(logev, sizeof logev, "%zu", c->steps);
+  snprintf(b, sizeof b, "%zu", c->micro_batch);
+  snprintf(t, sizeof t, "%zu", c->seq);
+  snprintf(lr, sizeof lr, "%g", (double)c->lr);
+  snprintf(n, sizeof n, "%zu", c->n);
+  ts_train_ckpt_name(r->ckpt, ck, sizeof ck);
+  char *argv[] = {launch, "-n", n, self, "train", "--model", (char *)c->model, "--data", (char *)c->data,
+                  "--zero", zero, "--dtype", (char *)ts_dtype_name(r->dt),
+                  "--activation-checkpointing", ck, "--steps", steps, "--micro-batch", b, "--seq",
+                  t, "--lr", lr, "--warmup", "1", "--eval-batches", "1", "--log-every", logev,
+                  "--metrics", metrics, NULL};
+  int rc = spawn(argv, log);
+  if (rc != 0) {
+    fprintf(stderr, "tessera compare: run %s failed (exit %d); the end of %s:\n", r->name, rc, log);
+    print_tail(log);
+    return 0;
+  }
+  return 1;
+}
+
+static double num(const cJSON *o, const char *key) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+  return cJSON_IsNumber(v) ? v->valuedouble : NAN;
+}
+
+/* Reads run r's metrics: losses and speed per step, and the summary. */
+static int read_run(const compare *c, run *r, const char *dir) {
+  char path[4200], line[1 << 16];
+  FMT(path, "%s/%s.jsonl", dir, r->file);
+  FILE *f = fopen(path, "r");
+  if (!f) return fprintf(stderr, "tessera compare: %s: %s\n", path, strerror(errno)), 0;
+  double tok_sum = 0, tok_first = NAN;
+  int have_summary = 0;
+  while (fgets(line, sizeof line, f)) {
+    cJSON *o = cJSON_Parse(line);
+    const cJSON *sm = cJSON_GetObjectItemCaseSensitive(o, "summary");
+    if (sm) {
+      const cJSON *ranks = cJSON_GetObjectItemCaseSensitive(sm, "mem_by_rank");
+      r->comm = num(sm, "comm_bytes_per_step");
+      r->psi = num(cJSON_GetObjectItemCaseSensitive(sm, "params"), "padded");
+      have_summary = (size_t)cJSON_GetArraySize(ranks) == c->n;
+      for (size_t q = 0; have_summary && q < c->n; q++) {
+        const cJSON *e = cJSON_GetArrayItem(ranks, (int)q);
+        for (int k = 0; k < TS_MEM_NUM_CATEGORIES; k++)
+          r->mem[q * W + k] = num(e, ts_mem_category_name((ts_mem_category)k));
+        r->mem[q * W + M_TOTAL] = num(e, "total");
+        r->mem[q * W + M_RSS] = num(e, "peak_rss");
+        r->mem[q * W + M_STATES] = num(e, "model_states");
+      }
+    } else if (cJSON_GetObjectItemCaseSensitive(o, "tokens_per_s") &&
+               r->n_loss < sizeof r->loss / sizeof r->loss[0]) {
+      double tok = num(o, "tokens_per_s");
+      if (r->n_loss == 0) tok_first = tok;
+      else tok_sum += tok;
+      r->loss[r->n_loss++] = num(o, "loss");
+    }
+    cJSON_Delete(o);
+  }
+  fclose(f);
+  if (!have_summary || r->n_loss == 0)
+    return fprintf(stderr, "tessera compare: %s: expected step lines and a summary of %zu ranks\n",
+                   path, c->n), 0;
+  r->tok_s = r->n_loss > 1 ? tok_sum / (double)(r->n_loss - 1) : tok_first;
+  return 1;
+}
+
+/* The ZeRO paper's model states per rank (§5.1; fp32 keeps no master
+ * copy: engine.h's table) for padded Ψ on N ranks. */
+static double formula(const run *r, double psi, double n) {
+  int half = r->dt != TS_FP32;
+  switch (r->stage) {
+    case 0: return 16 * psi;
+    case 1: return half ? 4 * psi + 12 * psi / n : 8 * psi + 8 * psi / n;
+    case 2: return half ? 2 * psi + 14 * psi / n : 4 * psi + 12 * psi / n;
+    default: return 16 * psi / n;
+  }
+}
+
+static double est_states(const run *r) {
+  double s = 0;
+  for (int k = TS_MEM_PARAMS; k <= TS_MEM_OPTIM; k++) s += (double)r->est.current[k];
+  return s;
+}
+
+/* Check 1: every rank's model-state peaks and between-step bytes equal the
+ * plan, and the formula. */
+static int check_model_states(const compare *c, FILE *md, int *per_run) {
+  (void)per_run;
+  int ok = 1;
+  for (int i = 0; i < c->n_runs; i++) {
+    const run *r = &c->runs[i];
+    for (size_t q = 0; q < c->n; q++) {
+      const double *m = r->mem + q * W;
+      int same = m[M_STATES] == est_states(r) && m[M_STATES] == formula(r, r->psi, (double)c->n);
+      for (int k = TS_MEM_PARAMS; k <= TS_MEM_OPTIM; k++) same &= m[k] == (double)r->est.peak[k];
+      if (!same) {
+        fprintf(md, "  - %s, rank %zu: measured model states %.0f B, estimate %.0f B, formula %.0f B\n",
+                r->name, q, m[M_STATES], est_states(r), formula(r, r->psi, (double)c->n));
+        ok = 0;
+      }
+    }
+  }
+  return ok;
+}
+
+/* Check 2: the losses of every run equal, step for step and to the bit,
+ * those of its base run (the first run of its dtype). */
+static int check_losses(const compare *c, FILE *md, int *per_run) {
+  int ok = 1;
+  for (int i = 0; i < c->n_runs; i++) {
+    const run *r = &c->runs[i], *b = &c->runs[r->loss_base];
+    per_run[i] = 0;
+    if (r->n_loss != b->n_loss) {
+      fprintf(md, "  - %s: %zu steps, %s: %zu\n", r->name, r->n_loss, b->name, b->n_loss);
+      ok = 0;
+      continue;
+    }
+    per_run[i] = 1;
+    for (size_t s = 0; s < r->n_loss && per_run[i]; s++)
+      if (memcmp(&r->loss[s], &b->loss[s], sizeof(double)) != 0) {
+        fprintf(md, "  - %s, step %zu: loss %.17g, %s: %.17g\n", r->name, s + 1, r->loss[s],
+                b->name, b->loss[s]);
+        ok = per_run[i] = 0;
+      }
+  }
+  return ok;
+}
+
+/* Check 3: within each dtype and checkpointing group, the model states
+ * fall strictly as the stage rises (N > 1). */
+static int check_falling(const compare *c, FILE *md, int *per_run) {
+  int ok = 1;
+  (void)per_run;
+  for (int i = 1; i < c->n_runs; i++) {
+    const run *r = &c->runs[i], *p = &c->runs[i - 1];
+    if (c->n > 1 && r->dt == p->dt && r->ckpt == p->ckpt && r->stage > p->stage &&
+        !(r->mem[M_STATES] < p->mem[M_STATES])) {
+      fprintf(md, "  - %s holds %.0f B of model states, %s %.0f B\n", r->name, r->mem[M_STATES],
+              p->name, p->mem[M_STATES]);
+      ok = 0;
+    }
+  }
+  return ok;
+}
+
+/* Runs one check and writes "- PASS: what" or "- FAIL: what" to ck, then
+ * the check's detail lines. Returns the check's result. */
+static int report(FILE *ck, const compare *c, int (*check)(const compare *, FILE *, int *),
+                  int *per_run, const char *what) {
+  char *detail = NULL;
+  size_t len = 0;
+  FILE *d = open_memstream(&detail, &len);
+  int ok = d ? check(c, d, per_run) : 0;
+  if (d) fclose(d);
+  fprintf(ck, "- %s: %s\n%s", ok ? "PASS" : "FAIL", what, detail ? detail : "");
+  free(detail);
+  return ok;
+}
+
+/* Opens path.tmp for writing (renamed by finish). */
+static FILE *start(const char *path) {
+  char tmp[4200];
+  FMT(tmp, "%s.tmp", path);
+  FILE *f = fopen(tmp, "w");
+  if (!f) fprintf(stderr, "tessera compare: %s: %s\n", tmp, strerror(errno));
+  return f;
+}
+
+static int finish(FILE *f, const char *path) {
+  char tmp[4200];
+  FMT(tmp, "%s.tmp", path);
+  int bad = ferror(f) | fclose(f);
+  if (bad || rename(tmp, path) != 0) {
+    fprintf(stderr, "tessera compare: cannot write %s\n", path);
+    remove(tmp);
+    return 0;
+  }
+  return 1;
+}
+
+/* A cell "measured / estimate (difference)" in MiB. */
+static void cell(FILE *md, double meas, double est) {
+  double d = meas - est;
+  if (d == 0) fprintf(md, " %.2f / %.2f (0) |", meas / MiB, est / MiB);
+  else fprintf(md, " %.2f / %.2f (%+.3f) |", meas / MiB, est / MiB, d / MiB);
+}
+
+static int write_md(const compare *c, const char *path, const char *checks) {
+  FILE *md = start(path);
+  if (!md) return 0;
+  const run *r0 = &c->runs[0];
+  fprintf(md, "# tessera compare: %s on %zu ranks\n\n", c->llama.cfg.name, c->n);
+  fprintf(md, "%zu steps, micro-batch %zu x seq %zu per rank, Ψ = %.0f parameters (%.0f padded), "
+              "%ld cores. Memory is per rank in MiB (2^20 bytes): measured by each rank's "
+              "ledger, estimated by `tessera estimate` (the engine's allocation plan); speed and communication ratios (vs base) are against the first "
+              "stage of the same dtype and checkpointing; the ZeRO formula is Rajbhandari et al. "
+              "2020 §5.1 for the padded Ψ (fp32 keeps no master copy). Peak RSS is each rank "
+              "process's, ledger and all else (MPI, OpenBLAS, code). Device memory: none (CPU "
+              "ranks).\n\n",
+          c->steps, c->micro_batch, c->seq, (double)ts_llama_num_params(&c->llama.cfg), r0->psi,
+          sysconf(_SC_NPROCESSORS_ONLN));
+  fputs(checks, md);
+  fprintf(md, "\n| run | model states between steps: measured | estimate | ZeRO formula "
+              "| peak total: measured | estimate | peak RSS (max over ranks) | tokens/s | vs base "
+              "| MB sent/step | vs base |\n"
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  for (int i = 0; i < c->n_runs; i++) {
+    const run *r = &c->runs[i], *b = &c->runs[r->base];
+    double rss = 0;
+    for (size_t q = 0; q < c->n; q++) rss = fmax(rss, r->mem[q * W + M_RSS]);
+    fprintf(md, "| %s | %.2f | %.2f | %.2f | %.2f | %.2f |", r->name, r->mem[M_STATES] / MiB,
+            est_states(r) / MiB, formula(r, r->psi, (double)c->n) / MiB, r->mem[M_TOTAL] / MiB,
+            (double)r->est.peak_total / MiB);
+    fprintf(md, " %.1f | %.0f | %.2f | %.3f |", rss / MiB, r->tok_s, r->tok_s / b->tok_s,
+            r->comm / 1e6);
+    if (b->comm > 0) fprintf(md, " %.2f |\n", r->comm / b->comm);
+    else fprintf(md, " - |\n");
+  }
+  fprintf(md, "\nPeak bytes per ledger category, rank 0: measured / estimate (difference), MiB\n\n"
+              "| run |");
+  for (int k = 0; k < TS_MEM_NUM_CATEGORIES; k++)
+    fprintf(md, " %s |", ts_mem_category_name((ts_mem_category)k));
+  fprintf(md, "\n| --- |");
+  for (int k = 0; k < TS_MEM_NUM_CATEGORIES; k++) fprintf(md, " --- |");
+  fprintf(md, "\n");
+  for (int i = 0; i < c->n_runs; i++) {
+    const run *r = &c->runs[i];
+    fprintf(md, "| %s |", r->name);
+    for (int k = 0; k < TS_MEM_NUM_CATEGORIES; k++) cell(md, r->mem[k], (double)r->est.peak[k]);
+    fprintf(md, "\n");
+  }
+  fprintf(md, "\nLoss at every step\n\n| run |");
+  for (size_t s = 0; s < r0->n_loss; s++) fprintf(md, " %zu |", s + 1);
+  fprintf(md, "\n| --- |");
+  for (size_t s = 0; s < r0->n_loss; s++) fprintf(md, " ---: |");
+  fprintf(md, "\n");
+  for (int i = 0; i < c->n_runs; i++) {
+    fprintf(md, "| %s |", c->runs[i].name);
+    for (size_t s = 0; s < c->runs[i].n_loss; s++) fprintf(md, " %.6f |", c->runs[i].loss[s]);
+    fprintf(md, "\n");
+  }
+  fprintf(md, "\n![per-rank memory by category](compare.png)\n");
+  return finish(md, path);
+}
+
+static int write_csv(const compare *c, const char *path, const int *loss_ok) {
+  FILE *f = start(path);
+  if (!f) return 0;
+  fprintf(f, "run,dtype,activation_checkpointing,zero_stage,world_size,rank");
+  for (int k = 0; k < TS_MEM_NUM_CATEGORIES; k++)
+    fprintf(f, ",%s_measured,%s_estimate", ts_mem_category_name((ts_mem_category)k),
+            ts_mem_category_name((ts_mem_category)k));
+  fprintf(f, ",total_measured,total_estimate,model_states_measured,model_states_estimate,"
+             "model_states_formula,peak_rss,tokens_per_s,tokens_per_s_ratio,comm_bytes_per_step,"
+             "comm_ratio,losses_identical,losses\n");
+  for (int i = 0; i < c->n_runs; i++) {
+    const run *r = &c->runs[i], *b = &c->runs[r->base];
+    char ck[32];
+    ts_train_ckpt_name(r->ckpt, ck, sizeof ck);
+    for (size_t q = 0; q < c->n; q++) {
+      const double *m = r->mem + q * W;
+      fprintf(f, "%s,%s,%s,%d,%zu,%zu", r->file, ts_dtype_name(r->dt), ck, r->stage, c->n, q);
+      for (int k = 0; k < TS_MEM_NUM_CATEGORIES; k++) fprintf(f, ",%.0f,%zu", m[k], r->est.peak[k]);
+      fprintf(f, ",%.0f,%zu,%.0f,%.0f,%.0f,%.0f,%.1f,%.4f,%.0f,", m[M_TOTAL], r->est.peak_total,
+              m[M_STATES], est_states(r), formula(r, r->psi, (double)c->n), m[M_RSS], r->tok_s,
+              r->tok_s / b->tok_s, r->comm);
+      if (b->comm > 0) fprintf(f, "%.4f", r->comm / b->comm);
+      fprintf(f, ",%s,", loss_ok[i] ? "yes" : "no");
+      for (size_t s = 0; s < r->n_loss; s++) fprintf(f, "%s%.17g", s ? ";" : "", r->loss[s]);
+      fprintf(f, "\n");
+    }
+  }
+  return finish(f, path);
+}
+
+/* compare.png: rank 0's measured peak per category stacked, one bar per
+ * run, the estimate's sum of category peaks marked on each bar. The data
+ * and the gnuplot script stay in dir; the png is drawn to a temporary name
+ * and renamed. */
+static int write_chart(const compare *c, const char *dir, const char *png) {
+  char dat[4200], gp[4200], tmp[4200], log[4200];
+  FMT(dat, "%s/chart.dat", dir);
+  FMT(gp, "%s/chart.gp", dir);
+  FMT(log, "%s/gnuplot.log", dir);
+  FMT(tmp, "%s.tmp", png);
+  FILE *f = fopen(dat, "w");
+  if (!f) return fprintf(stderr, "tessera compare: %s: %s\n", dat, strerror(errno)), 0;
+  fprintf(f, "run");
+  for (int k = 0; k < TS_MEM_NUM_CATEGORIES; k++)
+    fprintf(f, " %s", ts_mem_category_name((ts_mem_category)k));
+  fprintf(f, " estimate\n");
+  for (int i = 0; i < c->n_runs; i++) {
+    const run *r = &c->runs[i];
+    char ck[32];
+    ts_train_ckpt_name(r->ckpt, ck, sizeof ck);
+    double est = 0;
+    for (int k = 0; k < TS_MEM_NUM_CATEGORIES; k++) est += (double)r->est.peak[k];
+    fprintf(f, "\"ZeRO-%d", r->stage);
+    if (c->n_dts > 1) fprintf(f, " %s", ts_dtype_name(r->dt));
+    if (c->n_ckpts > 1) fprintf(f, " ckpt %s", ck);
+    fprintf(f, "\"");
+    for (int k = 0; k < TS_MEM_NUM_CATEGORIES; k++) fprintf(f, " %.4f", r->mem[k] / MiB);
+    fprintf(f, " %.4f\n", est / MiB);
+  }
+  fclose(f);
+  f = fopen(gp, "w");
+  if (!f) return fprintf(stderr, "tessera compare: %s: %s\n", gp, strerror(errno)), 0;
+  fprintf(f,
+          "set terminal pngcairo size %d,560 font 'sans,10'\n"
+          "set output '%s'\n"
+          "set title \"%s on %zu ranks: peak bytes per ledger category, rank 0 (measured, stacked)\"\n"
+          "set style data histograms\nset style histogram rowstacked\n"
+          "set style fill solid 0.85 border -1\nset boxwidth 0.6\n"
+          "set key outside right top autotitle columnhead\nset ylabel 'MiB per rank'\n"
+          "set yrange [0:*]\nset grid ytics\n%s"
+          "plot for [k=2:%d] '%s' using k:xtic(1), "
+          "'' using 0:%d with points pt 9 ps 2.2 lc rgb 'black' title 'estimate (sum of peaks)'\n",
+          c->n_runs > 6 ? 160 + 110 * c->n_runs : 860, tmp, c->llama.cfg.name, c->n,
+          c->n_runs > 4 ? "set xtics rotate by -25\n" : "", TS_MEM_NUM_CATEGORIES + 1, dat,
+          TS_MEM_NUM_CATEGORIES + 2);
+  fclose(f);
+  char *argv[] = {"/usr/bin/gnuplot", gp, NULL};
+  if (access(argv[0], X_OK) != 0)
+    return fprintf(stderr, "tessera compare: /usr/bin/gnuplot not found: install gnuplot-nox "
+                           "(tools/setup.sh does)\n"), 0;
+  int rc = spawn(argv, log);
+  if (rc != 0 || rename(tmp, png) != 0) {
+    fprintf(stderr, "tessera compare: gnuplot failed (exit %d); the end of %s:\n", rc, log);
+    print_tail(log);
+    remove(tmp);
+    return 0;
+  }
+  return 1;
+}
+
+/* Parses the flags into c; 0 on bad usage (printed). */
+static int parse_flags(compare *c, int argc, char **argv) {
+  for (int i = 1; i < argc; i++) {
+    const char *flag = argv[i];
+    if (!strcmp(flag, "-h") || !strcmp(flag, "--help")) {
+      fputs(USAGE, stdout);
+      exit(0);
+    }
+    if (!strcmp(flag, "--reuse")) {
+      c->reuse = 1;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      fprintf(stderr, "tessera compare: %s needs a value\n%s", flag, USAGE);
+      return 0;
+    }
+    const char *v = argv[++i];
+    int ok = 1;
+    if (!strcmp(flag, "--model")) c->model = v;
+    else if (!strcmp(flag, "--data")) c->data = v;
+    else if (!strcmp(flag, "--out")) c->out = v;
+    else if (!strcmp(flag, "-n")) ok = ts_parse_size(flag, v, 1, &c->n);
+    else if (!strcmp(flag, "--steps")) ok = ts_parse_size(flag, v, 1, &c->steps);
+    else if (!strcmp(flag, "--micro-batch")) ok = ts_parse_size(flag, v, 1, &c->micro_batch);
+    else if (!strcmp(flag, "--seq")) ok = ts_parse_size(flag, v, 1, &c->seq);
+    else if (!strcmp(flag, "--lr")) ok = ts_parse_float(flag, v, &c->lr);
+    else if (!strcmp(flag, "--zero")) ok = parse_list(flag, v, &c->n_stages, parse_stage, c->stages);
+    else if (!strcmp(flag, "--dtype")) ok = parse_list(flag, v, &c->n_dts, parse_dtype, c->dts);
+    else if (!strcmp(flag, "--activation-checkpointing"))
+      ok = parse_list(flag, v, &c->n_ckpts, parse_ckpt, c->ckpts);
+    else {
+      fprintf(stderr, "tessera compare: unknown flag %s\n%s", flag, USAGE);
+      return 0;
+    }
+    if (!ok) return 0;
+  }
+  if (!c->model) {
+    fprintf(stderr, "tessera compare: --model is required\n%s", USAGE);
+    return 0;
+  }
+  if (c->n_stages > 4) {
+    fprintf(stderr, "tessera compare: --zero: at most the four stages 0, 1, 2, 3\n");
+    return 0;
+  }
+  return 1;
+}
+
+/* Loads the model config and lists the runs: dtype, then checkpointing,
+ * then stage; each with its plan. */
+static int plan_runs(compare *c) {
+  char path[4096];
+  ts_llama_config cfg;
+  ts_status st = ts_llama_config_resolve(c->model, path, sizeof path);
+  if (st == TS_OK) st = ts_llama_config_load(path, &cfg);
+  if (st == TS_OK) st = ts_llama_init(&c->llama, &cfg);
+  if (st != TS_OK) return fprintf(stderr, "tessera compare: %s\n", ts_last_error()), 0;
+  c->n_runs = c->n_dts * c->n_ckpts * c->n_stages;
+  c->runs = calloc((size_t)c->n_runs, sizeof *c->runs);
+  if (!c->runs) return fprintf(stderr, "tessera compare: out of memory\n"), 0;
+  int i = 0;
+  for (int d = 0; d < c->n_dts; d++)
+    for (int k = 0; k < c->n_ckpts; k++)
+      for (int s = 0; s < c->n_stages; s++, i++) {
+        run *r = &c->runs[i];
+        r->dt = c->dts[d];
+        r->ckpt = c->ckpts[k];
+        r->stage = c->stages[s];
+        r->base = i - s;
+        r->loss_base = i - s - k * c->n_stages;
+        char ck[32], file_ck[32];
+        ts_train_ckpt_name(r->ckpt, ck, sizeof ck);
+        snprintf(file_ck, sizeof file_ck, "%s", ck);
+        for (char *p = file_ck; *p; p++)
+          if (*p == ':') *p = '-';
+        snprintf(r->name, sizeof r->name, "%s ckpt:%s ZeRO-%d", ts_dtype_name(r->dt), ck,
+                 r->stage);
+        snprintf(r->file, sizeof r->file, "%s-%s-zero%d", ts_dtype_name(r->dt), file_ck,
+                 r->stage);
+        r->mem = calloc(c->n * W, sizeof *r->mem);
+        if (!r->mem) return fprintf(stderr, "tessera compare: out of memory\n"), 0;
+        ts_engine_opts o = ts_engine_default_opts();
+        o.micro_batch = c->micro_batch;
+        o.seq = c->seq;
+        o.dtype = r->dt;
+        o.zero_stage = r->stage;
+        o.ckpt_every = r->ckpt;
+        if (ts_engine_plan(&c->llama, &o, c->n, &r->est) != TS_OK)
+          return fprintf(stderr, "tessera compare: %s\n", ts_last_error()), 0;
+      }
+  return 1;
+}
+
+int ts_tool_compare(int argc, char **argv) {
+  compare c;
+  memset(&c, 0, sizeof c);
+  c.out = ".";
+  c.n = 0;
+  c.steps = 5;
+  c.micro_batch = 4;
+  c.seq = 128;
+  c.lr = 1e-3f;
+  c.stages[0] = 0, c.stages[1] = 1, c.stages[2] = 2, c.stages[3] = 3, c.n_stages = 4;
+  c.dts[0] = TS_FP32, c.n_dts = 1;
+  c.ckpts[0] = 0, c.n_ckpts = 1;
+  if (!parse_flags(&c, argc, argv)) return 2;
+  if (c.n == 0) {
+    fprintf(stderr, "tessera compare: -n N (ranks) is required\n");
+    return 2;
+  }
+  char data[4096], dir[4200];
+  if (!c.data) {
+    const char *home = getenv("TESSERA_HOME");
+    FMT(data, "%s/data/kjv", home ? home : ".");
+    c.data = data;
+  }
+  if (!plan_runs(&c)) return 2;
+  FMT(dir, "%s/compare_runs", c.out);
+  if (!c.reuse && mkdir(c.out, 0755) != 0 && errno != EEXIST)
+    return fprintf(stderr, "tessera compare: --out %s: %s\n", c.out, strerror(errno)), 2;
+  if (!c.reuse && mkdir(dir, 0755) != 0 && errno != EEXIST)
+    return fprintf(stderr, "tessera compare: %s: %s\n", dir, strerror(errno)), 2;
+  int rc = 0;
+  for (int i = 0; i < c.n_runs && rc == 0; i++) {
+    run *r = &c.runs[i];
+    if (!c.reuse) {
+      struct timespec t0, t1;
+      clock_gettime(CLOCK_MONOTONIC, &t0);
+      printf("run %d/%d: %s on %zu ranks, %zu steps ... ", i + 1, c.n_runs, r->name, c.n, c.steps);
+      fflush(stdout);
+      if (!launch_run(&c, r, dir)) rc = 1;
+      clock_gettime(CLOCK_MONOTONIC, &t1);
+      if (rc == 0)
+        printf("%.1f s\n", (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+    }
+    if (rc == 0 && !read_run(&c, r, dir)) rc = 1;
+  }
+  if (rc == 0) {
+    /* The checks, as lines for compare.md and the terminal. */
+    char *checks = NULL;
+    size_t checks_len = 0;
+    FILE *ck = open_memstream(&checks, &checks_len);
+    int *loss_ok = calloc((size_t)c.n_runs, sizeof *loss_ok);
+    if (!ck || !loss_ok) return fprintf(stderr, "tessera compare: out of memory\n"), 1;
+    int states = report(ck, &c, check_model_states, NULL,
+                        "model states (params, grads, master, optim: peaks and bytes between "
+                        "steps) measured = estimate = formula on every rank of every run");
+    int falling = report(ck, &c, check_falling, NULL,
+                         "model states per rank fall as the ZeRO stage rises");
+    int losses = report(ck, &c, check_losses, loss_ok,
+                        c.n_ckpts > 1 ? "loss identical at every step across ZeRO stages and "
+                                        "checkpointing settings (bitwise, per dtype)"
+                                      : "loss identical at every step across ZeRO stages "
+                                        "(bitwise, per dtype)");
+    fclose(ck);
+    char md[4200], csv[4200], png[4200];
+    FMT(md, "%s/compare.md", c.out);
+    FMT(csv, "%s/compare.csv", c.out);
+    FMT(png, "%s/compare.png", c.out);
+    if (!write_md(&c, md, checks) || !write_csv(&c, csv, loss_ok) || !write_chart(&c, dir, png))
+      rc = 1;
+    if (rc == 0) {
+      FILE *f = fopen(md, "r");
+      char buf[4096];
+      size_t n;
+      while (f && (n = fread(buf, 1, sizeof buf, f)) > 0) fwrite(buf, 1, n, stdout);
+      if (f) fclose(f);
+      printf("\nwrote %s, %s, %s\n", md, csv, png);
+      if (!(states && falling && losses)) rc = 1;
+    }
+    free(checks);
+    free(loss_ok);
+  }
+  for (int i = 0; c.runs && i < c.n_runs; i++) free(c.runs[i].mem);
+  free(c.runs);
+  ts_llama_free(&c.llama);
+  return rc;
+}

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# compare_test.sh — `tessera compare` on llama-tiny and 2 ranks (2 steps,
+# generated token shards) writes compare.md, compare.csv and compare.png
+# with its three checks passing; fed back its own metrics with one loss
+# changed by one ulp (or one rank's optimizer bytes changed), the same
+# command must report FAIL and exit 1; bad input is a one-line error.
+#   compare_test.sh TESSERA_BIN
+set -uo pipefail
+bin="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+fails=0
+
+# check, absent
+source "$(dirname "${BASH_SOURCE[0]}")/testing.sh"
+
+# The runfiles root holds models/configs/ and tools/launch.sh.
+for root in "${TEST_SRCDIR:-}/${TEST_WORKSPACE:-}" "${RUNFILES_DIR:-}/${TEST_WORKSPACE:-}" "$PWD"; do
+  if [[ -f "$root/tools/launch.sh" ]]; then
+    export TESSERA_HOME="$root"
+    break
+  fi
+done
+[[ -n "${TESSERA_HOME:-}" ]] || { echo "FAIL: no runfiles root with tools/launch.sh"; exit 1; }
+
+# A private MPI scratch directory (see comm/mpirun_test.sh: concurrent
+# tests may share PIDs, hence Open MPI session names, in /tmp).
+scratch="$(mktemp -d /tmp/tscmp.XXXXXX)"
+trap 'rm -rf "$scratch"' EXIT
+export TMPDIR="$scratch" OMPI_MCA_orte_tmpdir_base="$scratch"
+export OMPI_MCA_btl_vader_backing_directory="$scratch" OMP_NUM_THREADS=1
+
+# Token shards in llm.c's layout (engine/data.h): random ids below 4096.
+python3 - "$tmp/data" <<'PY'
+import os, random, struct, sys
+d = sys.argv[1]
+os.makedirs(d, exist_ok=True)
+rng = random.Random(5)
+for name, n in (("train.bin", 40000), ("val.bin", 4000)):
+    header = [20240520, 1, n] + [0] * 253
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(struct.pack("<256i", *header))
+        f.write(struct.pack(f"<{n}H", *(rng.randrange(4096) for _ in range(n))))
+PY
+
+out="$tmp/out"
+log="$("$bin" compare --model llama-tiny -n 2 --data "$tmp/data" --steps 2 --micro-batch 2 \
+  --seq 64 --out "$out" 2>&1)"
+rc=$?
+check "compare exit code" "0" "$rc"
+for f in compare.md compare.csv compare.png; do
+  [[ -s "$out/$f" ]] && echo "ok   $f written" || { echo "FAIL $f missing"; fails=$((fails + 1)); }
+done
+check "png" "PNG" "$(head -c 4 "$out/compare.png" 2>/dev/null | tail -c 3)"
+md="$(cat "$out/compare.md" 2>/dev/null)"
+check "model states check" "PASS: model states" "$md"
+check "falling check" "PASS: model states per rank fall" "$md"
+check "loss check" "PASS: loss identical" "$md"
+check "stage 3 row" "| fp32 ckpt:none ZeRO-3 |" "$md"
+absent "no failure" "FAIL" "$md"
+check "terminal shows the table" "PASS: loss identical" "$log"
+# One row per run and rank, a header: 4 stages x 2 ranks.
+check "csv rows" "9" "$(wc -l <"$out/compare.csv")"
+check "csv header" "params_measured,params_estimate" "$(head -n 1 "$out/compare.csv")"
+
+# The loss check itself: step 2 of stage 2 moved by one ulp.
+cp -r "$out" "$tmp/loss"
+python3 - "$tmp/loss/compare_runs/fp32-none-zero2.jsonl" <<'PY'
+import json, math, sys
+p = sys.argv[1]
+lines = [json.loads(l) for l in open(p)]
+steps = [o for o in lines if "tokens_per_s" in o]
+steps[1]["loss"] = math.nextafter(steps[1]["loss"], math.inf)
+open(p, "w").write("".join(json.dumps(o) + "\n" for o in lines))
+PY
+log="$("$bin" compare --model llama-tiny -n 2 --steps 2 --micro-batch 2 --seq 64 \
+  --out "$tmp/loss" --reuse 2>&1)"
+rc=$?
+check "differing losses exit code" "1" "$rc"
+check "differing losses fail" "FAIL: loss identical" "$log"
+check "names the run and step" "fp32 ckpt:none ZeRO-2, step 2" "$log"
+check "other checks still pass" "PASS: model states (" "$log"
+check "md says so too" "FAIL: loss identical" "$(cat "$tmp/loss/compare.md")"
+
+# The model-state check: rank 1's Adam state one byte more than planned.
+cp -r "$out" "$tmp/mem"
+python3 - "$tmp/mem/compare_runs/fp32-none-zero1.jsonl" <<'PY'
+import json, sys
+p = sys.argv[1]
+lines = [json.loads(l) for l in open(p)]
+lines[-1]["summary"]["mem_by_rank"][1]["optim"] += 1
+open(p, "w").write("".join(json.dumps(o) + "\n" for o in lines))
+PY
+log="$("$bin" compare --model llama-tiny -n 2 --steps 2 --micro-batch 2 --seq 64 \
+  --out "$tmp/mem" --reuse 2>&1)"
+rc=$?
+check "memory mismatch exit code" "1" "$rc"
+check "memory mismatch fails" "FAIL: model states (" "$log"
+check "names the rank" "fp32 ckpt:none ZeRO-1, rank 1" "$log"
+
+# Bad input: one line, exit 2, before any run.
+bad() { # bad NAME EXPECTED-SUBSTRING ARGS...
+  local name="$1" want="$2"
+  shift 2
+  local err
+  err="$("$bin" compare "$@" 2>&1 >/dev/null)"
+  local code=$?
+  err_last="$err"
+  check "$name exit code" "2" "$code"
+  check "$name message" "$want" "$err"
+  [[ "$(printf '%s\n' "$err" | wc -l)" == 1 ]] || { echo "FAIL $name: not one line: $err"; fails=$((fails + 1)); }
+}
+bad "unknown preset" "no-such-model" --model no-such-model -n 2 --out "$tmp/bad"
+bad "ranks" "-n 0: expected an integer >= 1" --model llama-tiny -n 0
+bad "stage" "--zero 4: expected ZeRO stages 0, 1, 2 or 3" --model llama-tiny -n 2 --zero 1,4
+bad "dtype" "fp8" --model llama-tiny -n 2 --dtype fp32,fp8
+grep -v '"hidden_size"' "$TESSERA_HOME/models/configs/llama-tiny.json" >"$tmp/no_hidden.json"
+bad "config missing a field" "no_hidden.json" --model "$tmp/no_hidden.json" -n 2
+check "names the field" "hidden_size" "$err_last"
+[[ ! -e "$tmp/bad" ]] && echo "ok   nothing written on bad input" ||
+  { echo "FAIL: bad input created $tmp/bad"; fails=$((fails + 1)); }
+
+((fails == 0)) || { echo "$fails failure(s)"; exit 1; }
+echo "all passed"
