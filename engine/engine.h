@@ -143,8 +143,9 @@ size_t ts_engine_activation_bytes(const ts_llama *m, const ts_engine_opts *opts)
  * forward is a part of the micro-step), so a real run's ledger peaks equal
  * these exactly (tests/zero_test). Milliseconds for LLaMA-2 70B at
  * N = 1024. Errors: those of ts_engine_create's checks, and
- * TS_ERR_INVALID_ARGUMENT for world outside 1 .. INT32_MAX. Sizes are not
- * checked for size_t overflow (a config of absurd sizes can wrap them). */
+ * TS_ERR_INVALID_ARGUMENT for world outside 1 .. INT32_MAX. The config's
+ * sizes are bounded (TS_LLAMA_MAX_PARAMS); products of an absurd B or T
+ * (e.g. B NH T^2 attention bytes) are not checked for size_t overflow. */
 ts_status ts_engine_plan(const ts_llama *model, const ts_engine_opts *opts, size_t world,
                          ts_ledger *out);
 

@@ -115,6 +115,17 @@ ts_status ts_llama_config_validate(const ts_llama_config *c) {
                         "%s: field \"num_key_value_heads\" = %zu: expected a divisor of "
                         "num_attention_heads = %zu",
                         src, c->num_key_value_heads, c->num_attention_heads);
+  /* Ψ in double (exact enough to compare): sizes whose products would wrap
+   * size_t in the unit layouts, byte counts and plans are refused here. */
+  double C = (double)c->hidden_size, I = (double)c->intermediate_size,
+         V = (double)c->vocab_size, kv = (double)c->num_key_value_heads * (double)ts_llama_head_size(c);
+  double psi = 2 * V * C + (double)c->num_hidden_layers * (2 * C * C + 2 * kv * C + 3 * I * C);
+  if (psi > TS_LLAMA_MAX_PARAMS)
+    return ts_set_error(TS_ERR_FORMAT,
+                        "%s: hidden_size %zu, intermediate_size %zu, num_hidden_layers %zu, "
+                        "vocab_size %zu give %.3g parameters: expected at most 2^48",
+                        src, c->hidden_size, c->intermediate_size, c->num_hidden_layers,
+                        c->vocab_size, psi);
   return TS_OK;
 }
 

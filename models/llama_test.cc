@@ -386,6 +386,20 @@ TEST(LlamaConfig, MalformedOrIncompleteConfigsNameFileAndField) {
   EXPECT_NE(e.find("expected true or false"), std::string::npos) << e;
 }
 
+TEST(LlamaConfig, SizesWhoseProductsWouldWrapAreRejected) {
+  // Each size is accepted alone (up to 1e15), but V x C = 2.4e21 elements
+  // would wrap size_t byte counts: one line naming the sizes, not a crash.
+  std::string e = ErrorOf(R"({"hidden_size": 2400000, "intermediate_size": 8,
+    "num_hidden_layers": 1, "num_attention_heads": 8, "vocab_size": 1000000000000000,
+    "max_position_embeddings": 4, "rms_norm_eps": 1e-5})");
+  EXPECT_NE(e.find("bad/config.json: hidden_size 2400000"), std::string::npos) << e;
+  EXPECT_NE(e.find("expected at most 2^48"), std::string::npos) << e;
+  // LLaMA-2 70B's sizes pass.
+  Parse(R"({"hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+    "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 32000,
+    "max_position_embeddings": 4096, "rms_norm_eps": 1e-5})");
+}
+
 TEST(LlamaConfig, ArchitectureVariantsTesseraDoesNotComputeAreRejected) {
   const std::string base = R"({"hidden_size": 64, "intermediate_size": 8,
     "num_hidden_layers": 1, "num_attention_heads": 8, "vocab_size": 10,
