@@ -250,9 +250,10 @@ ts_status ts_llama_config_resolve(const char *model, char *out, size_t cap) {
   if (stat(out, &sb) == 0 && S_ISREG(sb.st_mode)) return TS_OK;
   return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                       "--model %s: unknown preset: expected a config.json path or a preset in "
-                      "models/configs/ (llama-tiny, llama-small, llama-2-7b, llama-2-13b, "
-                      "llama-2-70b)",
-                      model);
+                      "%s%smodels/configs/ (llama-tiny, llama-small, llama-2-7b, llama-2-13b, "
+                      "llama-2-70b)%s",
+                      model, home ? home : "", home ? "/" : "",
+                      home ? "" : "; TESSERA_HOME is unset, so that is relative to this directory");
 }
 
 size_t ts_llama_num_params(const ts_llama_config *c) {

@@ -440,6 +440,18 @@ TEST(LlamaConfig, MissingFileAndUnknownPreset) {
   char path[256];
   EXPECT_EQ(ts_llama_config_resolve("llama-nope", path, sizeof path), TS_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(ts_last_error()).find("unknown preset"), std::string::npos);
+  // The message names the directory it searched (TESSERA_HOME restored after).
+  const char *was = getenv("TESSERA_HOME");
+  std::string saved = was ? was : "";
+  setenv("TESSERA_HOME", "/opt/somewhere", 1);
+  EXPECT_EQ(ts_llama_config_resolve("llama-nope", path, sizeof path), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ts_last_error()).find("/opt/somewhere/models/configs/"), std::string::npos)
+      << ts_last_error();
+  unsetenv("TESSERA_HOME");
+  EXPECT_EQ(ts_llama_config_resolve("llama-nope", path, sizeof path), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ts_last_error()).find("TESSERA_HOME is unset"), std::string::npos)
+      << ts_last_error();
+  if (was) setenv("TESSERA_HOME", saved.c_str(), 1);
 }
 
 TEST(LlamaConfig, PresetsLoadWithExpectedSizes) {
