@@ -8,6 +8,9 @@
 #include "tools/prepare.h"
 #include "tools/tools.h"
 
+/* The subcommand running, for the prefix of shared flag errors. */
+static const char *tool_name = "";
+
 int ts_tool_is_lead(void) {
   static const char *vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"};
   for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
@@ -23,7 +26,8 @@ int ts_parse_size(const char *flag, const char *value, size_t min, size_t *out) 
   unsigned long long v = strtoull(value, &end, 10);
   if (errno || end == value || *end || value[0] == '-' || v < min) {
     if (ts_tool_is_lead())
-      fprintf(stderr, "tessera: %s %s: expected an integer >= %zu\n", flag, value, min);
+      fprintf(stderr, "tessera%s%s: %s %s: expected an integer >= %zu\n", *tool_name ? " " : "",
+              tool_name, flag, value, min);
     return 0;
   }
   *out = (size_t)v;
@@ -35,7 +39,9 @@ int ts_parse_float(const char *flag, const char *value, float *out) {
   errno = 0;
   float v = strtof(value, &end);
   if (errno || end == value || *end || !isfinite(v)) {
-    if (ts_tool_is_lead()) fprintf(stderr, "tessera: %s %s: expected a finite number\n", flag, value);
+    if (ts_tool_is_lead())
+      fprintf(stderr, "tessera%s%s: %s %s: expected a finite number\n", *tool_name ? " " : "",
+              tool_name, flag, value);
     return 0;
   }
   *out = v;
@@ -57,6 +63,7 @@ int main(int argc, char **argv) {
     return argc < 2 ? 2 : 0;
   }
   const char *cmd = argv[1];
+  tool_name = cmd;
   if (!strcmp(cmd, "train")) return ts_tool_train(argc - 1, argv + 1);
   if (!strcmp(cmd, "prepare")) return ts_tool_prepare(argc - 1, argv + 1);
   if (!strcmp(cmd, "estimate")) return ts_tool_estimate(argc - 1, argv + 1);

@@ -36,7 +36,8 @@ int ts_tool_compare(int argc, char **argv);
 int ts_tool_is_lead(void);
 
 /* Parses a decimal integer >= min for `flag`; on failure prints (on the
- * lead rank) "tessera: FLAG VALUE: expected an integer >= MIN" and returns 0. */
+ * lead rank) "tessera SUB: FLAG VALUE: expected an integer >= MIN" and
+ * returns 0 (SUB: the subcommand running). */
 int ts_parse_size(const char *flag, const char *value, size_t min, size_t *out);
 
 /* Parses a finite float for `flag`; prints an error and returns 0 on failure. */
