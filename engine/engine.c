@@ -180,15 +180,27 @@ static void free_model_state(ts_ledger *ledger, unit_state *s) {
   ts_ledger_free(ledger, s->v);
 }
 
-ts_status ts_engine_plan_params(size_t psi, ts_dtype dtype, int zero_stage, size_t world,
-                                ts_ledger *out) {
-  ts_ledger_init_plan(out);
-  if (world < 1)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "-n %zu: expected a number of ranks >= 1",
-                        world);
+/* The checks shared by create and the plans: a ZeRO stage 0-3, and (plans)
+ * a world of 1 .. INT32_MAX ranks. */
+static ts_status check_stage(int zero_stage) {
   if (zero_stage < 0 || zero_stage > 3)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--zero %d: expected a ZeRO stage 0, 1, 2 or 3",
                         zero_stage);
+  return TS_OK;
+}
+
+static ts_status check_world(size_t world) {
+  if (world < 1 || world > (size_t)INT32_MAX)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "-n %zu: expected a number of ranks from 1 to %d", world, INT32_MAX);
+  return TS_OK;
+}
+
+ts_status ts_engine_plan_params(size_t psi, ts_dtype dtype, int zero_stage, size_t world,
+                                ts_ledger *out) {
+  ts_ledger_init_plan(out);
+  TS_CHECK(check_world(world));
+  TS_CHECK(check_stage(zero_stage));
   ts_flat_layout l;
   TS_CHECK(ts_flat_layout_init(&l, &psi, 1, world));
   unit_state s;
@@ -281,10 +293,7 @@ static ts_status check_opts(const ts_llama *model, const ts_engine_opts *opts) {
                         "--seq %zu: expected at most max_position_embeddings = %zu of %s",
                         opts->seq, model->cfg.max_position_embeddings,
                         ts_llama_config_origin(&model->cfg));
-  if (opts->zero_stage < 0 || opts->zero_stage > 3)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--zero %d: expected a ZeRO stage 0, 1, 2 or 3",
-                        opts->zero_stage);
-  return TS_OK;
+  return check_stage(opts->zero_stage);
 }
 
 /* A zeroed engine for model and opts (checked), its ledger not yet set. */
@@ -556,9 +565,7 @@ ts_status ts_engine_micro_step(ts_engine *e, const int32_t *inputs, const int32_
 ts_status ts_engine_plan(const ts_llama *model, const ts_engine_opts *opts, size_t world,
                          ts_ledger *out) {
   ts_ledger_init_plan(out);
-  if (world < 1 || world > (size_t)INT32_MAX)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "-n %zu: expected a number of ranks from 1 to %d", world, INT32_MAX);
+  TS_CHECK(check_world(world));
   ts_engine *e;
   TS_CHECK(engine_new(model, opts, &e));
   ts_ledger_init_plan(&e->ledger);

@@ -156,7 +156,8 @@ ts_status ts_engine_plan(const ts_llama *model, const ts_engine_opts *opts, size
  * bf16/fp16 these are the ZeRO paper's (Rajbhandari et al. 2020, §5.1 and
  * Table 1, K = 12): 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N bytes for stages
  * 0-3; in fp32 the master weights are the parameters themselves (engine.h's
- * table). TS_ERR_INVALID_ARGUMENT for world < 1 or a stage outside 0-3. */
+ * table). TS_ERR_INVALID_ARGUMENT for world outside 1 .. INT32_MAX or a
+ * stage outside 0-3. */
 ts_status ts_engine_plan_params(size_t psi, ts_dtype dtype, int zero_stage, size_t world,
                                 ts_ledger *out);
 

@@ -233,8 +233,7 @@ static ts_status write_summary(run *r, const ts_train_result *res) {
   for (int c = 0; c < TS_MEM_NUM_CATEGORIES; c++) mem[r->rank * W + c] = (double)l->peak[c];
   mem[r->rank * W + TS_MEM_NUM_CATEGORIES] = (double)l->peak_total;
   mem[r->rank * W + TS_MEM_NUM_CATEGORIES + 1] = peak_rss_bytes();
-  for (int c = TS_MEM_PARAMS; c <= TS_MEM_OPTIM; c++)
-    mem[r->rank * W + TS_MEM_NUM_CATEGORIES + 2] += (double)l->current[c];
+  mem[r->rank * W + TS_MEM_NUM_CATEGORIES + 2] = (double)ts_ledger_model_state_bytes(l);
   /* Each rank fills its own row, the rest are zero: the sum is a gather
    * (exact: byte counts are integers below 2^53). */
   ts_status st = ts_comm_all_reduce_f64(r->dp, mem, n, TS_COMM_SUM);

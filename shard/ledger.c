@@ -68,6 +68,11 @@ void ts_ledger_free(ts_ledger *ledger, void *p) {
   free(h);
 }
 
+size_t ts_ledger_model_state_bytes(const ts_ledger *ledger) {
+  return ledger->current[TS_MEM_PARAMS] + ledger->current[TS_MEM_GRADS] +
+         ledger->current[TS_MEM_MASTER] + ledger->current[TS_MEM_OPTIM];
+}
+
 size_t ts_ledger_size(const void *p) {
   if (!p) return 0;
   const block_header *h = (const block_header *)((const char *)p - HEADER_BYTES);

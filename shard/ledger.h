@@ -67,6 +67,10 @@ ts_status ts_ledger_alloc(ts_ledger *ledger, ts_mem_category c, size_t nbytes, v
  * bytes. p == NULL is a no-op. */
 void ts_ledger_free(ts_ledger *ledger, void *p);
 
+/* Model states allocated now: current params + grads + master + optim
+ * bytes (what the ZeRO paper's per-rank formulas count). */
+size_t ts_ledger_model_state_bytes(const ts_ledger *ledger);
+
 /* Bytes that p was charged (0 for NULL). */
 size_t ts_ledger_size(const void *p);
 

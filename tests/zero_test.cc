@@ -538,7 +538,9 @@ TEST(ActivationCheckpointing, GradientsAreBitwiseIdenticalInEveryStage) {
           EXPECT_EQ(none.norms, r->norms);
           EXPECT_EQ(none.losses, r->losses);
         }
-        if (dp == self) EXPECT_FALSE(none.grads.empty());
+        if (dp == self) {
+          EXPECT_FALSE(none.grads.empty());
+        }
         EXPECT_LT(all.at_end.peak[TS_MEM_ACTIVATIONS], every2.at_end.peak[TS_MEM_ACTIVATIONS]);
         EXPECT_LT(every2.at_end.peak[TS_MEM_ACTIVATIONS], none.at_end.peak[TS_MEM_ACTIVATIONS]);
       }

@@ -158,7 +158,7 @@ static void print_tail(const char *log) {
 static int launch_run(const compare *c, const run *r, const char *dir) {
   const char *home = getenv("TESSERA_HOME");
   char launch[4096], self[4096], metrics[4200], log[4200], zero[8], steps[32], b[32], t[32],
-      lr[32], ck[32], n[32], logev[32];
+      lr[32], ck[32], n[32];
   FMT(launch, "%s/tools/launch.sh", home ? home : ".");
   ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
   if (len <= 0) return fprintf(stderr, "tessera compare: cannot find its own binary\n"), 0;
@@ -167,7 +167,6 @@ static int launch_run(const compare *c, const run *r, const char *dir) {
   FMT(log, "%s/%s.log", dir, r->file);
   snprintf(zero, sizeof zero, "%d", r->stage);
   snprintf(steps, sizeof steps, "%zu", c->steps);
-  snprintf(logev, sizeof logev, "%zu", c->steps);
   snprintf(b, sizeof b, "%zu", c->micro_batch);
   snprintf(t, sizeof t, "%zu", c->seq);
   snprintf(lr, sizeof lr, "%g", (double)c->lr);
@@ -176,7 +175,7 @@ static int launch_run(const compare *c, const run *r, const char *dir) {
   char *argv[] = {launch, "-n", n, self, "train", "--model", (char *)c->model, "--data", (char *)c->data,
                   "--zero", zero, "--dtype", (char *)ts_dtype_name(r->dt),
                   "--activation-checkpointing", ck, "--steps", steps, "--micro-batch", b, "--seq",
-                  t, "--lr", lr, "--warmup", "1", "--eval-batches", "1", "--log-every", logev,
+                  t, "--lr", lr, "--warmup", "1", "--eval-batches", "1", "--log-every", steps,
                   "--metrics", metrics, NULL};
   int rc = spawn(argv, log);
   if (rc != 0) {
@@ -245,12 +244,6 @@ static double formula(const run *r, double psi, double n) {
   }
 }
 
-static double est_states(const run *r) {
-  double s = 0;
-  for (int k = TS_MEM_PARAMS; k <= TS_MEM_OPTIM; k++) s += (double)r->est.current[k];
-  return s;
-}
-
 /* Check 1: every rank's model-state peaks and between-step bytes equal the
  * plan, and the formula. */
 static int check_model_states(const compare *c, FILE *md, int *per_run) {
@@ -260,11 +253,11 @@ static int check_model_states(const compare *c, FILE *md, int *per_run) {
     const run *r = &c->runs[i];
     for (size_t q = 0; q < c->n; q++) {
       const double *m = r->mem + q * W;
-      int same = m[M_STATES] == est_states(r) && m[M_STATES] == formula(r, r->psi, (double)c->n);
+      int same = m[M_STATES] == (double)ts_ledger_model_state_bytes(&r->est) && m[M_STATES] == formula(r, r->psi, (double)c->n);
       for (int k = TS_MEM_PARAMS; k <= TS_MEM_OPTIM; k++) same &= m[k] == (double)r->est.peak[k];
       if (!same) {
         fprintf(md, "  - %s, rank %zu: measured model states %.0f B, estimate %.0f B, formula %.0f B\n",
-                r->name, q, m[M_STATES], est_states(r), formula(r, r->psi, (double)c->n));
+                r->name, q, m[M_STATES], (double)ts_ledger_model_state_bytes(&r->est), formula(r, r->psi, (double)c->n));
         ok = 0;
       }
     }
@@ -378,7 +371,7 @@ static int write_md(const compare *c, const char *path, const char *checks) {
     double rss = 0;
     for (size_t q = 0; q < c->n; q++) rss = fmax(rss, r->mem[q * W + M_RSS]);
     fprintf(md, "| %s | %.2f | %.2f | %.2f | %.2f | %.2f |", r->name, r->mem[M_STATES] / MiB,
-            est_states(r) / MiB, formula(r, r->psi, (double)c->n) / MiB, r->mem[M_TOTAL] / MiB,
+            (double)ts_ledger_model_state_bytes(&r->est) / MiB, formula(r, r->psi, (double)c->n) / MiB, r->mem[M_TOTAL] / MiB,
             (double)r->est.peak_total / MiB);
     fprintf(md, " %.1f | %.0f | %.2f | %.3f |", rss / MiB, r->tok_s, r->tok_s / b->tok_s,
             r->comm / 1e6);
@@ -431,7 +424,7 @@ static int write_csv(const compare *c, const char *path, const int *loss_ok) {
       fprintf(f, "%s,%s,%s,%d,%zu,%zu", r->file, ts_dtype_name(r->dt), ck, r->stage, c->n, q);
       for (int k = 0; k < TS_MEM_NUM_CATEGORIES; k++) fprintf(f, ",%.0f,%zu", m[k], r->est.peak[k]);
       fprintf(f, ",%.0f,%zu,%.0f,%.0f,%.0f,%.0f,%.1f,%.4f,%.0f,", m[M_TOTAL], r->est.peak_total,
-              m[M_STATES], est_states(r), formula(r, r->psi, (double)c->n), m[M_RSS], r->tok_s,
+              m[M_STATES], (double)ts_ledger_model_state_bytes(&r->est), formula(r, r->psi, (double)c->n), m[M_RSS], r->tok_s,
               r->tok_s / b->tok_s, r->comm);
       if (b->comm > 0) fprintf(f, "%.4f", r->comm / b->comm);
       fprintf(f, ",%s,", loss_ok[i] ? "yes" : "no");

@@ -8,7 +8,6 @@
  * and config errors print one line on stderr and exit 2. */
 #include <cjson/cJSON.h>
 #include <math.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,11 +45,6 @@ static const unit_choice UNITS[] = {
 };
 
 #define MAX_PSI ((size_t)1 << 48) /* keeps 16 (Ψ + 16 N) bytes far inside size_t */
-
-/* The model states (params, grads, master, optim) of a per-category array. */
-static size_t model_states(const size_t *bytes) {
-  return bytes[TS_MEM_PARAMS] + bytes[TS_MEM_GRADS] + bytes[TS_MEM_MASTER] + bytes[TS_MEM_OPTIM];
-}
 
 /* Prints `nbytes` in unit u: an exact integer for bytes, else 3 significant
  * figures (as the ZeRO paper's Table 1) without an exponent. */
@@ -183,10 +177,6 @@ int ts_tool_estimate(int argc, char **argv) {
             model ? " (got both)" : "");
     return 2;
   }
-  if (world > (size_t)INT32_MAX) {
-    fprintf(stderr, "tessera estimate: -n %zu: expected at most %d ranks\n", world, INT32_MAX);
-    return 2;
-  }
   if (psi_arg && act_flag) {
     fprintf(stderr, "tessera estimate: %s applies to --model only: --params plans model states, "
                     "no activations\n", act_flag);
@@ -239,7 +229,7 @@ int ts_tool_estimate(int argc, char **argv) {
       cJSON_AddNumberToObject(s, "zero_stage", stage_lo + i);
       cJSON_AddItemToObject(s, "peak", category_object(l->peak, ncat));
       cJSON_AddItemToObject(s, "between_steps", category_object(l->current, ncat));
-      add_int(s, "model_states", model_states(l->current));
+      add_int(s, "model_states", ts_ledger_model_state_bytes(l));
       add_int(s, "peak_total", l->peak_total);
       cJSON_AddItemToArray(stages, s);
     }
@@ -277,14 +267,14 @@ int ts_tool_estimate(int argc, char **argv) {
   size_t row[4];
   for (int c = 0; c < ncat; c++) {
     if (c == TS_MEM_ACTIVATIONS) {
-      for (int i = 0; i < nstages; i++) row[i] = model_states(ledgers[i].current);
+      for (int i = 0; i < nstages; i++) row[i] = ts_ledger_model_state_bytes(&ledgers[i]);
       print_row("model states between steps", row, nstages, unit);
     }
     for (int i = 0; i < nstages; i++) row[i] = ledgers[i].peak[c];
     print_row(ts_mem_category_name((ts_mem_category)c), row, nstages, unit);
   }
   if (!model) {
-    for (int i = 0; i < nstages; i++) row[i] = model_states(ledgers[i].current);
+    for (int i = 0; i < nstages; i++) row[i] = ts_ledger_model_state_bytes(&ledgers[i]);
     print_row("model states", row, nstages, unit);
     return 0;
   }
