@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# check_unchanged.sh — shows that a change left training bitwise unchanged:
+# the same fixed set of runs with the tessera of an earlier revision (the
+# "before") and with the working tree (the "after"), on this machine, in one
+# script run, and every loss, gradient norm, learning rate, loss scale,
+# skipped step, communication byte count, validation loss and ledger figure
+# compared exactly.
+#
+#   tools/check_unchanged.sh BASE_REV [AFTER_BIN]
+#
+# BASE_REV is built once in a git worktree under .unchanged/ (its binary is
+# cached there by commit); AFTER_BIN defaults to the working tree's
+# //tools:tessera, built here. The runs: llama-tiny on 1 and 2 ranks, ZeRO
+# stages 0-3, fp32/bf16/fp16, activation checkpointing none/all, 10 steps
+# each (micro-batch 4, seq 64, gradient accumulation 2, an evaluation every 5
+# steps) on a generated corpus (no SentencePiece, no download), before and
+# after interleaved run by run. Timings and peak RSS are not compared (they
+# are not deterministic); a figure only the "after" reports is listed, not
+# failed. Prints one line per run ("identical" or what differs) and exits 1
+# if any run differs.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BASE_REV="${1:?usage: tools/check_unchanged.sh BASE_REV [AFTER_BIN]}"
+AFTER_BIN="${2:-}"
+cd "$ROOT"
+tools/setup.sh
+
+base_sha="$(git rev-parse --verify "$BASE_REV^{commit}")"
+CACHE="$ROOT/.unchanged"
+BASE_TREE="$CACHE/tree-$base_sha"
+BASE_BIN="$CACHE/tessera-$base_sha"
+if [[ ! -x "$BASE_BIN" ]]; then
+  mkdir -p "$CACHE"
+  if [[ ! -d "$BASE_TREE" ]]; then
+    git worktree add --detach "$BASE_TREE" "$base_sha" >/dev/null
+  fi
+  (cd "$BASE_TREE" && bazel build --ui_event_filters=-info,-progress --noshow_progress \
+    //tools:tessera)
+  cp "$BASE_TREE/bazel-bin/tools/tessera" "$BASE_BIN.tmp"
+  mv "$BASE_BIN.tmp" "$BASE_BIN"
+fi
+if [[ -z "$AFTER_BIN" ]]; then
+  bazel build --ui_event_filters=-info,-progress --noshow_progress //tools:tessera
+  AFTER_BIN="$ROOT/bazel-bin/tools/tessera"
+fi
+
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+
+# A corpus of llama-tiny's vocabulary (4096) in llm.c's shard layout: runs
+# of consecutive ids with a pseudo-random restart every 17 tokens.
+python3 - "$TMP/data" <<'PY'
+import os, struct, sys
+out = sys.argv[1]
+os.makedirs(out, exist_ok=True)
+V, s = 4096, 7
+def tokens(n):
+    global s
+    t = []
+    for i in range(n):
+        s = (s * 1103515245 + 12345) % 2**32
+        t.append((s >> 16) % V if i % 17 == 0 else (t[-1] + 1) % V)
+    return t
+for name, n in (("train.bin", 40000), ("val.bin", 6000)):
+    t = tokens(n)
+    header = [20240520, 1, n] + [0] * 253
+    with open(os.path.join(out, name), "wb") as f:
+        f.write(struct.pack("<256i", *header))
+        f.write(struct.pack("<%dH" % n, *t))
+PY
+
+runs=()
+for np in 1 2; do
+  for dtype in fp32 bf16 fp16; do
+    for ac in none all; do
+      for zero in 0 1 2 3; do
+        runs+=("$np $dtype $ac $zero")
+      done
+    done
+  done
+done
+
+# run WHICH BIN HOME NP DTYPE AC ZERO: one training run's metrics into
+# $TMP/WHICH-NAME.jsonl (its output into .log).
+run() {
+  local which="$1" bin="$2" home="$3" np="$4" dtype="$5" ac="$6" zero="$7"
+  local name="np${np}-${dtype}-${ac}-zero${zero}"
+  TESSERA_HOME="$home" OMP_NUM_THREADS=1 "$ROOT/tools/launch.sh" -n "$np" "$bin" train \
+    --model llama-tiny --data "$TMP/data" --steps 10 --micro-batch 4 --seq 64 --grad-accum 2 \
+    --lr 3e-3 --warmup 2 --eval-every 5 --eval-batches 2 --dtype "$dtype" \
+    --activation-checkpointing "$ac" --zero "$zero" --metrics "$TMP/$which-$name.jsonl" \
+    --log-every 10 >"$TMP/$which-$name.log" 2>&1 ||
+    { echo "$which $name failed:"; tail -5 "$TMP/$which-$name.log"; exit 1; }
+}
+
+echo "before: $BASE_REV ($base_sha), after: $AFTER_BIN; ${#runs[@]} runs each"
+for r in "${runs[@]}"; do
+  # shellcheck disable=SC2086
+  run before "$BASE_BIN" "$BASE_TREE" $r
+  # shellcheck disable=SC2086
+  run after "$AFTER_BIN" "$ROOT" $r
+done
+
+python3 - "$TMP" "${runs[@]}" <<'PY'
+import json, os, sys
+tmp, runs = sys.argv[1], sys.argv[2:]
+# Not deterministic: wall-clock rates and the process's resident set size.
+VOLATILE = {"tokens_per_s", "gflops", "step_seconds", "peak_rss"}
+
+def records(path):
+    return [json.loads(l) for l in open(path)]
+
+def diff(a, b, where, out, extra):
+    """Every value of a (the before) must be in b with the same bits."""
+    if isinstance(a, dict):
+        if not isinstance(b, dict):
+            out.append(f"{where}: {a!r} vs {b!r}")
+            return
+        for k in a:
+            if k in VOLATILE:
+                continue
+            if k not in b:
+                out.append(f"{where}.{k}: missing after")
+            else:
+                diff(a[k], b[k], f"{where}.{k}", out, extra)
+        extra.update(f"{where}.{k}" for k in b if k not in a and k not in VOLATILE)
+    elif isinstance(a, list):
+        if not isinstance(b, list) or len(a) != len(b):
+            out.append(f"{where}: lengths {len(a)} vs {len(b) if isinstance(b, list) else b!r}")
+            return
+        for i, (x, y) in enumerate(zip(a, b)):
+            diff(x, y, f"{where}[{i}]", out, extra)
+    elif a != b or type(a) != type(b):
+        out.append(f"{where}: {a!r} before, {b!r} after")
+
+bad = 0
+for r in runs:
+    np_, dtype, ac, zero = r.split()
+    name = f"np{np_}-{dtype}-{ac}-zero{zero}"
+    a = records(os.path.join(tmp, f"before-{name}.jsonl"))
+    b = records(os.path.join(tmp, f"after-{name}.jsonl"))
+    out, extra = [], set()
+    diff(a, b, "metrics", out, extra)
+    steps = sum(1 for x in a if "loss" in x)
+    note = f" (after adds {', '.join(sorted(k.split('.', 1)[1] for k in extra))})" if extra else ""
+    if out:
+        bad += 1
+        print(f"{name}: DIFFERS ({len(out)}): " + "; ".join(out[:4]))
+    else:
+        print(f"{name}: identical ({steps} steps, {len(a)} records){note}")
+print(f"{len(runs) - bad} of {len(runs)} runs identical")
+sys.exit(1 if bad else 0)
+PY
