@@ -40,7 +40,7 @@
 #include <string.h>
 
 #include "comm/comm_testing.h"
-#include "kernels/elementwise.h"
+#include "base/floats.h"
 
 struct ts_comm {
   int rank;                  /* this rank in the group, 0 .. size-1 */

@@ -11,7 +11,7 @@
 
 #include "comm/comm.h"
 #include "gtest/gtest.h"
-#include "kernels/elementwise.h"
+#include "base/floats.h"
 
 namespace {
 

@@ -20,18 +20,14 @@
 
 #include "comm/comm_testing.h"
 #include "gtest/gtest.h"
-#include "kernels/elementwise.h"
+#include "base/floats.h"
+#include "base/rng.h"
 
 namespace {
 
 // ---- contributions and typed buffers ------------------------------------------
 
-uint64_t Mix(uint64_t x) {  // splitmix64's finaliser
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+uint64_t Mix(uint64_t x) { return ts_splitmix64(&x); }  // the first output from state x
 
 // Rank `rank`'s contribution at element i under `seed`: +-(1 + m) * 2^e with
 // a random 24-bit m and e in [-8, 8] (finite in fp16 and bf16 as well).

@@ -10,6 +10,9 @@
 
 #include "engine/data.h"
 
+#include "base/atomic_file.h"
+#include "base/rng.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -41,42 +44,6 @@ struct ts_loader {
 
 /* ------------------------------------------------------------------ writing */
 
-/* write(2) until all n bytes are out or an error occurs. */
-static int write_all(int fd, const void *buf, size_t n) {
-  const char *p = (const char *)buf;
-  while (n > 0) {
-    ssize_t w = write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return -1;
-    }
-    p += w;
-    n -= (size_t)w;
-  }
-  return 0;
-}
-
-/* fsync the directory holding `path` so the rename is durable (best effort:
- * some file systems refuse fsync on directories). */
-static void fsync_parent_dir(const char *path) {
-  const char *slash = strrchr(path, '/');
-  char *dir = NULL;
-  if (slash == NULL) {
-    dir = strdup(".");
-  } else if (slash == path) {
-    dir = strdup("/");
-  } else {
-    dir = strndup(path, (size_t)(slash - path));
-  }
-  if (dir == NULL) return;
-  int fd = open(dir, O_RDONLY);
-  if (fd >= 0) {
-    (void)fsync(fd);
-    close(fd);
-  }
-  free(dir);
-}
-
 ts_status ts_shard_write(const char *path, const uint32_t *tokens, size_t n_tokens,
                          size_t vocab_size) {
   if (path == NULL || (tokens == NULL && n_tokens > 0))
@@ -101,50 +68,25 @@ ts_status ts_shard_write(const char *path, const uint32_t *tokens, size_t n_toke
   header[1] = wide ? TS_SHARD_VERSION_U32 : TS_SHARD_VERSION_U16;
   header[2] = (int32_t)n_tokens;
 
-  size_t path_len = strlen(path);
-  char *tmp = (char *)malloc(path_len + 5);
-  if (tmp == NULL) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: out of memory", path);
-  memcpy(tmp, path, path_len);
-  memcpy(tmp + path_len, ".tmp", 5);
-
-  ts_status st = TS_OK;
-  const char *what = "open";
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) goto io_error;
-  what = "write";
-  if (write_all(fd, header, sizeof header) != 0) goto io_error;
+  ts_atomic_file *f;
+  TS_CHECK(ts_atomic_file_open(&f, path));
+  ts_status st = ts_atomic_file_write(f, header, sizeof header);
   if (wide) {
-    if (n_tokens > 0 && write_all(fd, tokens, n_tokens * sizeof(uint32_t)) != 0) goto io_error;
+    if (st == TS_OK) st = ts_atomic_file_write(f, tokens, n_tokens * sizeof(uint32_t));
   } else {
     uint16_t buf[4096]; /* converts in chunks to keep the copy small */
-    for (size_t i = 0; i < n_tokens;) {
+    for (size_t i = 0; i < n_tokens && st == TS_OK;) {
       size_t n = n_tokens - i < 4096 ? n_tokens - i : 4096;
       for (size_t j = 0; j < n; j++) buf[j] = (uint16_t)tokens[i + j];
-      if (write_all(fd, buf, n * sizeof(uint16_t)) != 0) goto io_error;
+      st = ts_atomic_file_write(f, buf, n * sizeof(uint16_t));
       i += n;
     }
   }
-  what = "fsync";
-  if (fsync(fd) != 0) goto io_error;
-  what = "close";
-  {
-    int rc = close(fd);
-    fd = -1;
-    if (rc != 0) goto io_error;
+  if (st != TS_OK) {
+    ts_atomic_file_discard(f);
+    return st;
   }
-  what = "rename";
-  if (rename(tmp, path) != 0) goto io_error;
-  fsync_parent_dir(path);
-  free(tmp);
-  return TS_OK;
-
-io_error:
-  st = ts_set_error(TS_ERR_IO, "%s: cannot %s %s: %s", path, what,
-                    strcmp(what, "rename") == 0 ? "into place" : tmp, strerror(errno));
-  if (fd >= 0) close(fd);
-  unlink(tmp);
-  free(tmp);
-  return st;
+  return ts_atomic_file_commit(f);
 }
 
 /* ------------------------------------------------------------------ reading */
@@ -279,35 +221,19 @@ void ts_shard_close(ts_token_shard *shard) {
 
 /* ------------------------------------------------------------------- loader */
 
-/* splitmix64 (Steele, Lea, Flood 2014; Vigna's reference code): advances
- * *state and returns the next output. */
-static uint64_t splitmix64_next(uint64_t *state) {
-  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-/* splitmix64's output function alone: a bijection on 64-bit values. */
-static uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 /* Uniform integer in [0, n), n >= 1, without modulo bias (rejection). */
 static uint64_t uniform_below(uint64_t *state, uint64_t n) {
   uint64_t threshold = (0 - n) % n; /* 2^64 mod n: outputs below it are rejected */
   for (;;) {
-    uint64_t r = splitmix64_next(state);
+    uint64_t r = ts_splitmix64(state);
     if (r >= threshold) return r % n;
   }
 }
 
 /* perm = Fisher-Yates (Durstenfeld) permutation of [0, W) for one epoch; the
- * stream starts at mix64(seed ^ mix64(epoch + 1)), distinct per (seed, epoch). */
+ * stream starts at ts_mix64(seed ^ ts_mix64(epoch + 1)), distinct per (seed, epoch). */
 static void build_permutation(size_t *perm, size_t W, uint64_t seed, uint64_t epoch) {
-  uint64_t state = mix64(seed ^ mix64(epoch + 1));
+  uint64_t state = ts_mix64(seed ^ ts_mix64(epoch + 1));
   for (size_t i = 0; i < W; i++) perm[i] = i;
   for (size_t i = W; i > 1; i--) {
     size_t j = (size_t)uniform_below(&state, (uint64_t)i);

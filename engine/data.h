@@ -25,7 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/base.h"
+#include "base/base.h"
 
 #ifdef __cplusplus
 extern "C" {

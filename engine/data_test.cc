@@ -15,28 +15,13 @@
 #include <string>
 #include <vector>
 
+#include "base/testing.h"
+
 namespace {
 
-// A fresh directory per test, removed with its files at the end.
-class TempDir {
- public:
-  TempDir() {
-    const char *base = getenv("TEST_TMPDIR");
-    std::string tmpl = std::string(base ? base : "/tmp") + "/ts_data_test.XXXXXX";
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    EXPECT_NE(mkdtemp(buf.data()), nullptr);
-    dir_ = buf.data();
-  }
-  ~TempDir() {
-    std::string cmd = "rm -rf '" + dir_ + "'";
-    (void)system(cmd.c_str());
-  }
-  std::string path(const std::string &name) const { return dir_ + "/" + name; }
+using ts_test::TempDir;
 
- private:
-  std::string dir_;
-};
+// A fresh directory per test, removed with its files at the end.
 
 bool FileExists(const std::string &p) { return access(p.c_str(), F_OK) == 0; }
 
@@ -72,7 +57,7 @@ std::vector<uint32_t> Ramp(size_t n, size_t vocab) {
 }
 
 TEST(Shard, RoundTripUint16) {
-  TempDir dir;
+  TempDir dir("ts_data_test");
   const std::string p = dir.path("train.bin");
   std::vector<uint32_t> toks = {0, 1, 65534, 42, 7, 65534, 3};
   ASSERT_EQ(ts_shard_write(p.c_str(), toks.data(), toks.size(), 65535), TS_OK) << ts_last_error();
@@ -93,7 +78,7 @@ TEST(Shard, RoundTripUint16) {
 }
 
 TEST(Shard, RoundTripUint32) {
-  TempDir dir;
+  TempDir dir("ts_data_test");
   const std::string p = dir.path("train.bin");
   const size_t vocab = 100000;  // > 65535: uint32 tokens
   std::vector<uint32_t> toks = {0, 65535, 65536, 99999, 12345};
@@ -114,7 +99,7 @@ TEST(Shard, RoundTripUint32) {
 }
 
 TEST(Shard, RewriteReplacesExistingFile) {
-  TempDir dir;
+  TempDir dir("ts_data_test");
   const std::string p = dir.path("train.bin");
   std::vector<uint32_t> a = Ramp(10, 50), b = Ramp(3, 50);
   ASSERT_EQ(ts_shard_write(p.c_str(), a.data(), a.size(), 50), TS_OK);
@@ -123,7 +108,7 @@ TEST(Shard, RewriteReplacesExistingFile) {
 }
 
 TEST(Shard, MissingFileIsIoError) {
-  TempDir dir;
+  TempDir dir("ts_data_test");
   const std::string p = dir.path("train.bin");
   ts_token_shard *sh = (ts_token_shard *)0x1;
   EXPECT_EQ(ts_shard_open(&sh, p.c_str(), 100), TS_ERR_IO);
@@ -133,7 +118,7 @@ TEST(Shard, MissingFileIsIoError) {
 }
 
 TEST(Shard, BadMagicNamesFieldAndExpectedValues) {
-  TempDir dir;
+  TempDir dir("ts_data_test");
   const std::string p = dir.path("train.bin");
   std::vector<uint32_t> toks = Ramp(8, 100);
   ASSERT_EQ(ts_shard_write(p.c_str(), toks.data(), toks.size(), 100), TS_OK);
@@ -151,7 +136,7 @@ TEST(Shard, BadMagicNamesFieldAndExpectedValues) {
 }
 
 TEST(Shard, BadVersionNamesFieldAndExpectedValue) {
-  TempDir dir;
+  TempDir dir("ts_data_test");
   const std::string p = dir.path("val.bin");
   std::vector<uint32_t> toks = Ramp(8, 100);
   ASSERT_EQ(ts_shard_write(p.c_str(), toks.data(), toks.size(), 100), TS_OK);
@@ -168,7 +153,7 @@ TEST(Shard, BadVersionNamesFieldAndExpectedValue) {
 }
 
 TEST(Shard, TruncatedAndTrailingBytesNameExpectedSize) {
-  TempDir dir;
+  TempDir dir("ts_data_test");
   const std::string p = dir.path("train.bin");
   std::vector<uint32_t> toks = Ramp(10, 100);
   ASSERT_EQ(ts_shard_write(p.c_str(), toks.data(), toks.size(), 100), TS_OK);
@@ -201,7 +186,7 @@ TEST(Shard, TruncatedAndTrailingBytesNameExpectedSize) {
 }
 
 TEST(Shard, TokenOutsideVocabularyNamesPositionAndId) {
-  TempDir dir;
+  TempDir dir("ts_data_test");
   const std::string p = dir.path("train.bin");
   std::vector<uint32_t> toks = Ramp(10, 100);
   toks[6] = 250;
@@ -217,7 +202,7 @@ TEST(Shard, TokenOutsideVocabularyNamesPositionAndId) {
 }
 
 TEST(Shard, WritingInvalidTokenLeavesNoFile) {
-  TempDir dir;
+  TempDir dir("ts_data_test");
   const std::string p = dir.path("train.bin");
   std::vector<uint32_t> toks = Ramp(10, 100);
   toks[9] = 100;  // == vocab_size
@@ -240,7 +225,7 @@ TEST(Shard, WritingInvalidTokenLeavesNoFile) {
 // ----------------------------------------------------------------- loader
 
 struct ShardFixture {
-  TempDir dir;
+  TempDir dir{"ts_data_test"};
   ts_token_shard *sh = nullptr;
   std::vector<uint32_t> toks;
   explicit ShardFixture(size_t n, size_t vocab = 1000) {

@@ -11,19 +11,17 @@
 #include <string>
 #include <vector>
 
+#include "base/testing.h"
 #include "engine/data.h"
 
 namespace ts_test {
 
-inline std::string TmpDir() {
-  const char *t = std::getenv("TEST_TMPDIR");
-  return t ? t : "/tmp";
-}
+using ts_test::TestTmpDir;
 
 // A corpus with structure a small model learns quickly: token i+1 follows
 // token i (mod V), with a random restart every 17 tokens.
 inline std::string MakeData(size_t V) {
-  std::string dir = TmpDir() + "/trainer_data";
+  std::string dir = TestTmpDir() + "/trainer_data";
   std::string mk = "mkdir -p " + dir;
   EXPECT_EQ(std::system(mk.c_str()), 0);
   unsigned s = 7;
@@ -42,7 +40,7 @@ inline std::string MakeData(size_t V) {
 }
 
 inline std::string MakeConfig(size_t V, size_t max_pos) {
-  std::string path = TmpDir() + "/trainer_config.json";
+  std::string path = TestTmpDir() + "/trainer_config.json";
   std::ofstream f(path);
   f << "{\"hidden_size\": 32, \"intermediate_size\": 64, \"num_hidden_layers\": 2,"
        " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"vocab_size\": "

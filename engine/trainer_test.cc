@@ -21,12 +21,12 @@ using ts_test::MakeConfig;
 using ts_test::MakeData;
 using ts_test::Num;
 using ts_test::ReadLines;
-using ts_test::TmpDir;
+using ts_test::TestTmpDir;
 
 TEST(Trainer, RunWritesMetricsAndLearns) {
   const size_t V = 64;
   std::string data = MakeData(V), model = MakeConfig(V, 64);
-  std::string metrics = TmpDir() + "/metrics.jsonl";
+  std::string metrics = TestTmpDir() + "/metrics.jsonl";
   ts_train_config c = ts_train_default_config();
   c.model = model.c_str();
   c.data_dir = data.c_str();
@@ -103,7 +103,7 @@ TEST(Trainer, Fp16WithCheckpointingTracksFp32AndLogsTheLossScale) {
   std::vector<double> losses[2], norms[2];
   std::vector<double> scales;
   for (int half = 0; half < 2; half++) {
-    std::string metrics = TmpDir() + "/metrics_fp16_" + std::to_string(half) + ".jsonl";
+    std::string metrics = TestTmpDir() + "/metrics_fp16_" + std::to_string(half) + ".jsonl";
     ts_train_config c = ts_train_default_config();
     c.model = model.c_str();
     c.data_dir = data.c_str();
@@ -181,7 +181,7 @@ TEST(Trainer, GlobalBatchIsRanksTimesMicroBatchTimesAccumulation) {
 TEST(Trainer, BadInputFailsBeforeAnyWork) {
   const size_t V = 64;
   std::string data = MakeData(V);
-  std::string metrics = TmpDir() + "/never.jsonl";
+  std::string metrics = TestTmpDir() + "/never.jsonl";
   std::remove(metrics.c_str());
   ts_train_config c = ts_train_default_config();
   c.data_dir = data.c_str();

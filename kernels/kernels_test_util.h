@@ -12,21 +12,18 @@
 #include <cstring>
 #include <vector>
 
+#include "base/rng.h"
 #include "kernels/elementwise.h"
 #include "kernels/kernels.h"
 
 namespace ts_test {
 
-/* splitmix64: a small deterministic generator, same stream on every host. */
+/* A seeded generator of test inputs (splitmix64, base/rng.h): the same
+ * stream on every host. */
 struct Rng {
   uint64_t s;
   explicit Rng(uint64_t seed) : s(seed) {}
-  uint64_t next() {
-    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
+  uint64_t next() { return ts_splitmix64(&s); }
   /* uniform in [lo, hi) */
   float uniform(float lo = -1.0f, float hi = 1.0f) {
     return lo + (hi - lo) * (float)((next() >> 40) * (1.0 / 16777216.0));

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/rng.h"
+
 /* Indices of a block's tensors in layout order (Hugging Face order). */
 enum {
   B_LN1 = 0, B_WQ, B_WK, B_WV, B_WO, B_LN2, B_WGATE, B_WUP, B_WDOWN,
@@ -76,24 +78,9 @@ void ts_llama_free(ts_llama *m) {
 
 /* ---- deterministic init ---------------------------------------------------- */
 
-/* splitmix64 (Steele et al. 2014): one 64-bit step of the stream. */
-static uint64_t splitmix64(uint64_t *s) {
-  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-/* FNV-1a 64 of a string, to seed a tensor's stream from its name. */
-static uint64_t fnv1a(const char *s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
-  return h;
-}
-
 /* Uniform in (0, 1) with 53 random bits. */
 static double uniform01(uint64_t *s) {
-  return ((double)(splitmix64(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+  return ((double)(ts_splitmix64(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
 }
 
 ts_status ts_llama_init_unit(const ts_llama *m, int u, void *params, ts_dtype dt, uint64_t seed) {
@@ -106,8 +93,8 @@ ts_status ts_llama_init_unit(const ts_llama *m, int u, void *params, ts_dtype dt
   float chunk[1024];
   for (int i = 0; i < unit->n_tensors; i++) {
     const ts_tensor_spec *t = &unit->tensors[i];
-    uint64_t s = seed ^ fnv1a(t->name);
-    splitmix64(&s);
+    uint64_t s = seed ^ ts_fnv1a64(t->name);
+    ts_splitmix64(&s);
     for (size_t j = 0; j < t->numel; j += 1024) {
       size_t n = t->numel - j < 1024 ? t->numel - j : 1024;
       for (size_t k = 0; k < n; k++) {

@@ -15,6 +15,8 @@
 
 #include "models/safetensors.h"
 
+#include "base/atomic_file.h"
+
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -538,35 +540,6 @@ done:
   return text;
 }
 
-/* write(2) all n bytes, retrying on EINTR and short writes; 0 or errno. */
-static int write_all(int fd, const void *buf, size_t n) {
-  const char *p = buf;
-  while (n > 0) {
-    ssize_t w = write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    p += w;
-    n -= (size_t)w;
-  }
-  return 0;
-}
-
-/* fsync of the directory holding path, so the rename is durable (best effort:
- * some file systems refuse fsync on directories). */
-static void fsync_parent_dir(const char *path) {
-  const char *slash = strrchr(path, '/');
-  char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : dup_str(".");
-  if (dir == NULL) return;
-  int fd = open(dir, O_RDONLY);
-  if (fd >= 0) {
-    (void)fsync(fd);
-    close(fd);
-  }
-  free(dir);
-}
-
 ts_status ts_safetensors_write(const char *path, const ts_safetensors_tensor *tensors, size_t n,
                                const char *const *meta_kv) {
   if (path == NULL || (n > 0 && tensors == NULL)) {
@@ -582,54 +555,23 @@ ts_status ts_safetensors_write(const char *path, const ts_safetensors_tensor *te
     total += tensors[i].nbytes;
   }
 
-  ts_status s = TS_OK;
-  int fd = -1;
-  char *tmp = NULL;
   char *json = build_header(tensors, n, meta_kv);
   if (json == NULL) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: out of memory for the header", path);
   size_t jlen = strlen(json);
   size_t hlen = (jlen + 7) / 8 * 8; /* padded with spaces to 8-byte alignment */
   char *hdr = malloc(8 + hlen);
-  tmp = malloc(strlen(path) + 5);
-  if (hdr == NULL || tmp == NULL) {
-    s = ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: out of memory for the header", path);
-    goto done;
+  ts_atomic_file *f = NULL;
+  ts_status s = hdr ? ts_atomic_file_open(&f, path)
+                    : ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: out of memory for the header", path);
+  if (s == TS_OK) {
+    for (int i = 0; i < 8; i++) hdr[i] = (char)(((uint64_t)hlen >> (8 * i)) & 0xff);
+    memcpy(hdr + 8, json, jlen);
+    memset(hdr + 8 + jlen, ' ', hlen - jlen);
+    s = ts_atomic_file_write(f, hdr, 8 + hlen);
+    for (size_t i = 0; i < n && s == TS_OK; i++)
+      s = ts_atomic_file_write(f, tensors[i].data, tensors[i].nbytes);
+    s = s == TS_OK ? ts_atomic_file_commit(f) : (ts_atomic_file_discard(f), s);
   }
-  for (int i = 0; i < 8; i++) hdr[i] = (char)(((uint64_t)hlen >> (8 * i)) & 0xff);
-  memcpy(hdr + 8, json, jlen);
-  memset(hdr + 8 + jlen, ' ', hlen - jlen);
-  sprintf(tmp, "%s.tmp", path);
-
-  fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) {
-    s = ts_set_error(TS_ERR_IO, "%s: cannot create (%s)", tmp, strerror(errno));
-    goto done;
-  }
-  int err = write_all(fd, hdr, 8 + hlen);
-  for (size_t i = 0; i < n && err == 0; i++) err = write_all(fd, tensors[i].data, tensors[i].nbytes);
-  if (err != 0) {
-    s = ts_set_error(TS_ERR_IO, "%s: write failed (%s)", tmp, strerror(err));
-    goto done;
-  }
-  if (fsync(fd) != 0) {
-    s = ts_set_error(TS_ERR_IO, "%s: fsync failed (%s)", tmp, strerror(errno));
-    goto done;
-  }
-  int c = close(fd);
-  fd = -1;
-  if (c != 0) {
-    s = ts_set_error(TS_ERR_IO, "%s: close failed (%s)", tmp, strerror(errno));
-    goto done;
-  }
-  if (rename(tmp, path) != 0) {
-    s = ts_set_error(TS_ERR_IO, "%s: cannot rename %s over it (%s)", path, tmp, strerror(errno));
-    goto done;
-  }
-  fsync_parent_dir(path);
-done:
-  if (fd >= 0) close(fd);
-  if (s != TS_OK && tmp != NULL) unlink(tmp);
-  free(tmp);
   free(hdr);
   cJSON_free(json);
   return s;

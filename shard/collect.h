@@ -17,7 +17,7 @@
 #include <stddef.h>
 
 #include "comm/comm.h"
-#include "kernels/base.h"
+#include "base/base.h"
 #include "shard/flat.h"
 #include "shard/ledger.h"
 

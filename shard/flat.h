@@ -13,7 +13,7 @@
 
 #include <stddef.h>
 
-#include "kernels/base.h"
+#include "base/base.h"
 
 #ifdef __cplusplus
 extern "C" {

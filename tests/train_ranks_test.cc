@@ -56,8 +56,8 @@ constexpr size_t kV = 64;  // vocabulary of the generated corpus
 // The generated shards and config, written by rank 0 while the other ranks
 // wait at a barrier. *data and *model receive their paths on every rank.
 void SharedFixture(ts_comm *world, std::string *data, std::string *model) {
-  *data = ts_test::TmpDir() + "/trainer_data";
-  *model = ts_test::TmpDir() + "/trainer_config.json";
+  *data = ts_test::TestTmpDir() + "/trainer_data";
+  *model = ts_test::TestTmpDir() + "/trainer_config.json";
   if (ts_comm_rank(world) == 0) {
     *data = ts_test::MakeData(kV);
     *model = ts_test::MakeConfig(kV, 64);
@@ -73,7 +73,7 @@ TEST(TrainRanks, EveryStageTrainsTheSameLossesWithLessMemory) {
   SharedFixture(world, &data, &model);
   std::vector<Metrics> runs;
   for (int stage = 0; stage <= 3; stage++) {
-    std::string metrics = ts_test::TmpDir() + "/ranks_" + std::to_string(stage) + ".jsonl";
+    std::string metrics = ts_test::TestTmpDir() + "/ranks_" + std::to_string(stage) + ".jsonl";
     ts_train_config c = ts_train_default_config();
     c.model = model.c_str();
     c.data_dir = data.c_str();
@@ -139,12 +139,12 @@ TEST(TrainRanks, SetupFailureOnOneRankLeavesTheMetricsFileUntouched) {
   ts_comm *world = nullptr;
   ASSERT_EQ(ts_comm_world(&world), TS_OK) << ts_last_error();
   int rank = ts_comm_rank(world), N = ts_comm_size(world);
-  std::string metrics = ts_test::TmpDir() + "/earlier_run.jsonl";
+  std::string metrics = ts_test::TestTmpDir() + "/earlier_run.jsonl";
   const std::string earlier = "{\"step\": 1, \"loss\": 4.5}\n";
   if (rank == 0) std::ofstream(metrics) << earlier;  // only rank 0 opens it
   std::string data, model;
   SharedFixture(world, &data, &model);
-  std::string missing = ts_test::TmpDir() + "/no_such_data";
+  std::string missing = ts_test::TestTmpDir() + "/no_such_data";
   ts_train_config c = ts_train_default_config();
   c.model = model.c_str();
   c.data_dir = rank == N - 1 ? missing.c_str() : data.c_str();

@@ -7,7 +7,7 @@ other object, together with @cuda//:cudart and the library's deps.
 
 What nvcc sees:
   - include paths, defines and headers of every dep (taken from their CcInfo,
-    so `#include "kernels/base.h"` works when //kernels:base is a dep, and
+    so `#include "base/base.h"` works when //base is a dep, and
     generated headers under bazel-out are found too), plus `hdrs` and
     `cu_hdrs` of the library itself;
   - -O2 -std=c++17 -Xcompiler -fPIC, and machine code for sm_80 (A100) and

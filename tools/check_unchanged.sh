@@ -8,8 +8,9 @@
 #
 #   tools/check_unchanged.sh BASE_REV [AFTER_BIN]
 #
-# BASE_REV is built once in a git worktree under .unchanged/ (its binary is
-# cached there by commit); AFTER_BIN defaults to the working tree's
+# BASE_REV is built once in a git worktree under ~/.cache/tessera/ (outside
+# the repository, so Bazel's //... never sees it; its binary is cached there
+# by commit); AFTER_BIN defaults to the working tree's
 # //tools:tessera, built here. The runs: llama-tiny on 1 and 2 ranks, ZeRO
 # stages 0-3, fp32/bf16/fp16, activation checkpointing none/all, 10 steps
 # each (micro-batch 4, seq 64, gradient accumulation 2, an evaluation every 5
@@ -27,9 +28,9 @@ cd "$ROOT"
 tools/setup.sh
 
 base_sha="$(git rev-parse --verify "$BASE_REV^{commit}")"
-CACHE="$ROOT/.unchanged"
-BASE_TREE="$CACHE/tree-$base_sha"
-BASE_BIN="$CACHE/tessera-$base_sha"
+CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/tessera"
+BASE_TREE="$CACHE/unchanged-tree-$base_sha"
+BASE_BIN="$CACHE/unchanged-tessera-$base_sha"
 if [[ ! -x "$BASE_BIN" ]]; then
   mkdir -p "$CACHE"
   if [[ ! -d "$BASE_TREE" ]]; then

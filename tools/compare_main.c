@@ -21,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/atomic_file.h"
 #include "engine/engine.h"
 #include "engine/trainer.h"
 #include "tools/tools.h"
@@ -319,25 +320,19 @@ static int report(FILE *ck, const compare *c, int (*check)(const compare *, FILE
   return ok;
 }
 
-/* Opens path.tmp for writing (renamed by finish). */
-static FILE *start(const char *path) {
-  char tmp[4200];
-  FMT(tmp, "%s.tmp", path);
-  FILE *f = fopen(tmp, "w");
-  if (!f) fprintf(stderr, "tessera compare: %s: %s\n", tmp, strerror(errno));
-  return f;
+/* Opens path for an atomic write (base/atomic_file.h: path.tmp, renamed by
+ * finish); the stream to print to, or NULL after printing why. */
+static FILE *start(ts_atomic_file **af, const char *path) {
+  if (ts_atomic_file_open(af, path) == TS_OK) return ts_atomic_file_stream(*af);
+  fprintf(stderr, "tessera compare: %s\n", ts_last_error());
+  return NULL;
 }
 
-static int finish(FILE *f, const char *path) {
-  char tmp[4200];
-  FMT(tmp, "%s.tmp", path);
-  int bad = ferror(f) | fclose(f);
-  if (bad || rename(tmp, path) != 0) {
-    fprintf(stderr, "tessera compare: cannot write %s\n", path);
-    remove(tmp);
-    return 0;
-  }
-  return 1;
+/* Commits a file from start; 0 after printing why it failed. */
+static int finish(ts_atomic_file *af) {
+  if (ts_atomic_file_commit(af) == TS_OK) return 1;
+  fprintf(stderr, "tessera compare: %s\n", ts_last_error());
+  return 0;
 }
 
 /* A cell "measured / estimate (difference)" in MiB. */
@@ -348,7 +343,8 @@ static void cell(FILE *md, double meas, double est) {
 }
 
 static int write_md(const compare *c, const char *path, const char *checks) {
-  FILE *md = start(path);
+  ts_atomic_file *af;
+  FILE *md = start(&af, path);
   if (!md) return 0;
   const run *r0 = &c->runs[0];
   fprintf(md, "# tessera compare: %s on %zu ranks\n\n", c->llama.cfg.name, c->n);
@@ -402,11 +398,12 @@ static int write_md(const compare *c, const char *path, const char *checks) {
     fprintf(md, "\n");
   }
   fprintf(md, "\n![per-rank memory by category](compare.png)\n");
-  return finish(md, path);
+  return finish(af);
 }
 
 static int write_csv(const compare *c, const char *path, const int *loss_ok) {
-  FILE *f = start(path);
+  ts_atomic_file *af;
+  FILE *f = start(&af, path);
   if (!f) return 0;
   fprintf(f, "run,dtype,activation_checkpointing,zero_stage,world_size,rank");
   for (int k = 0; k < TS_MEM_NUM_CATEGORIES; k++)
@@ -432,7 +429,7 @@ static int write_csv(const compare *c, const char *path, const int *loss_ok) {
       fprintf(f, "\n");
     }
   }
-  return finish(f, path);
+  return finish(af);
 }
 
 /* compare.png: rank 0's measured peak per category stacked, one bar per
@@ -486,7 +483,7 @@ static int write_chart(const compare *c, const char *dir, const char *png) {
     return fprintf(stderr, "tessera compare: /usr/bin/gnuplot not found: install gnuplot-nox "
                            "(tools/setup.sh does)\n"), 0;
   int rc = spawn(argv, log);
-  if (rc != 0 || rename(tmp, png) != 0) {
+  if (rc != 0 || ts_atomic_rename(tmp, png) != TS_OK) {
     fprintf(stderr, "tessera compare: gnuplot failed (exit %d); the end of %s:\n", rc, log);
     print_tail(log);
     remove(tmp);

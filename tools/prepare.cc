@@ -29,6 +29,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "base/atomic_file.h"
 #include "engine/data.h"
 
 namespace {
@@ -207,29 +208,6 @@ ts_status EncodeText(const sentencepiece::SentencePieceProcessor &sp, const std:
     out->push_back(TS_PREPARE_NEWLINE_ID);
     pos = nl + 1;
   }
-  return TS_OK;
-}
-
-// Writes bytes to path and fsyncs it.
-ts_status WriteFileSync(const std::string &path, const void *data, size_t n) {
-  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) return ts_set_error(TS_ERR_IO, "%s: cannot create: %s", path.c_str(), strerror(errno));
-  const char *p = (const char *)data;
-  while (n > 0) {
-    ssize_t w = write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) {
-      ts_status st = ts_set_error(TS_ERR_IO, "%s: write failed: %s", path.c_str(), strerror(errno));
-      close(fd);
-      return st;
-    }
-    p += w;
-    n -= (size_t)w;
-  }
-  int bad = fsync(fd) != 0;
-  bad = close(fd) != 0 || bad;
-  if (bad)
-    return ts_set_error(TS_ERR_IO, "%s: fsync/close failed: %s", path.c_str(), strerror(errno));
   return TS_OK;
 }
 
@@ -437,16 +415,16 @@ extern "C" ts_status ts_prepare_corpus(const ts_prepare_opts *opts, ts_prepare_r
 
   ts_status st = TS_OK;
   std::string meta;
-  TS_CHECK_GOTO(WriteFileSync(tmp + "/tokenizer.model", model.data(), model.size()), st, fail);
+  TS_CHECK_GOTO(ts_atomic_write((tmp + "/tokenizer.model").c_str(), model.data(), model.size()), st, fail);
   TS_CHECK_GOTO(ts_shard_write((tmp + "/train.bin").c_str(), train_ids.data(), train_ids.size(), V),
                 st, fail);
   TS_CHECK_GOTO(ts_shard_write((tmp + "/val.bin").c_str(), val_ids.data(), val_ids.size(), V), st,
                 fail);
   TS_CHECK_GOTO(BuildMeta(opts, &rep, K, &meta), st, fail);
-  TS_CHECK_GOTO(WriteFileSync(tmp + "/meta.json", meta.data(), meta.size()), st, fail);
+  TS_CHECK_GOTO(ts_atomic_write((tmp + "/meta.json").c_str(), meta.data(), meta.size()), st, fail);
 
   // Move into place: the whole directory when DIR is new, else file by file.
-  if (!dir_exists && rename(tmp.c_str(), dir.c_str()) == 0) {
+  if (!dir_exists && ts_atomic_rename(tmp.c_str(), dir.c_str()) == TS_OK) {
     // done
   } else {
     if (!dir_exists && mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
@@ -455,9 +433,9 @@ extern "C" ts_status ts_prepare_corpus(const ts_prepare_opts *opts, ts_prepare_r
     }
     for (size_t i = 0; i < kNumFiles; i++) {
       std::string from = tmp + "/" + kFiles[i], to = dir + "/" + kFiles[i];
-      if (rename(from.c_str(), to.c_str()) != 0) {
+      if (ts_atomic_rename(from.c_str(), to.c_str()) != TS_OK) {
         st = ts_set_error(TS_ERR_IO, "--out %s: cannot move %s into place: %s", opts->out_dir,
-                          kFiles[i], strerror(errno));
+                          kFiles[i], ts_last_error());
         goto fail;
       }
     }

@@ -18,46 +18,18 @@
 #include <string>
 #include <vector>
 
+#include "base/testing.h"
 #include "engine/data.h"
 
 namespace {
+
+using ts_test::TempDir;
 
 const size_t kVocab = 400;
 const size_t kValEvery = 5;
 const size_t kSections = 40;
 const char kKnownSentence[] = "In the beginning was the test, and the test was good.";
 
-class TempDir {
- public:
-  TempDir() {
-    const char *base = getenv("TEST_TMPDIR");
-    std::string tmpl = std::string(base ? base : "/tmp") + "/ts_prepare_test.XXXXXX";
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    EXPECT_NE(mkdtemp(buf.data()), nullptr);
-    dir_ = buf.data();
-  }
-  ~TempDir() {
-    std::string cmd = "rm -rf '" + dir_ + "'";
-    (void)system(cmd.c_str());
-  }
-  std::string path(const std::string &name) const { return dir_ + "/" + name; }
-  // Names in the directory other than . and ..
-  std::vector<std::string> List() const {
-    std::vector<std::string> names;
-    DIR *d = opendir(dir_.c_str());
-    if (!d) return names;
-    while (struct dirent *e = readdir(d)) {
-      std::string n = e->d_name;
-      if (n != "." && n != "..") names.push_back(n);
-    }
-    closedir(d);
-    return names;
-  }
-
- private:
-  std::string dir_;
-};
 
 bool Exists(const std::string &p) { return access(p.c_str(), F_OK) == 0; }
 
@@ -142,7 +114,7 @@ double JsonNumber(const cJSON *obj, const char *key) {
 }
 
 TEST(Prepare, WritesTokenizerShardsAndMeta) {
-  TempDir dir;
+  TempDir dir("ts_prepare_test");
   Corpus c = MakeCorpus();
   ASSERT_GT(c.text.size(), 20000u);
   ASSERT_LT(c.text.size(), 40000u);
@@ -208,7 +180,7 @@ TEST(Prepare, WritesTokenizerShardsAndMeta) {
 }
 
 TEST(Prepare, ReplacesFilesInExistingDirectory) {
-  TempDir dir;
+  TempDir dir("ts_prepare_test");
   Corpus c = MakeCorpus();
   const std::string text_path = dir.path("corpus.txt"), out = dir.path("out");
   Spit(text_path, c.text);
@@ -228,7 +200,7 @@ TEST(Prepare, ReplacesFilesInExistingDirectory) {
 }
 
 TEST(Prepare, MissingTextFileCreatesNothing) {
-  TempDir dir;
+  TempDir dir("ts_prepare_test");
   const std::string text_path = dir.path("missing.txt"), out = dir.path("out");
   ts_prepare_opts opts = {text_path.c_str(), out.c_str(), kVocab, kValEvery, 0};
   EXPECT_EQ(ts_prepare_corpus(&opts, nullptr), TS_ERR_IO);
@@ -241,7 +213,7 @@ TEST(Prepare, MissingTextFileCreatesNothing) {
 }
 
 TEST(Prepare, VocabularyTooSmallForByteFallback) {
-  TempDir dir;
+  TempDir dir("ts_prepare_test");
   Corpus c = MakeCorpus();
   const std::string text_path = dir.path("corpus.txt"), out = dir.path("out");
   Spit(text_path, c.text);
@@ -255,7 +227,7 @@ TEST(Prepare, VocabularyTooSmallForByteFallback) {
 }
 
 TEST(Prepare, TooFewSectionsForValidation) {
-  TempDir dir;
+  TempDir dir("ts_prepare_test");
   const std::string text_path = dir.path("corpus.txt"), out = dir.path("out");
   Spit(text_path, "one paragraph only\nand no blank line\n");
   ts_prepare_opts opts = {text_path.c_str(), out.c_str(), kVocab, kValEvery, 0};
@@ -266,7 +238,7 @@ TEST(Prepare, TooFewSectionsForValidation) {
 }
 
 TEST(PrepareTool, MissingFlagReturnsTwo) {
-  TempDir dir;
+  TempDir dir("ts_prepare_test");
   const std::string out = dir.path("out");
   std::string text = dir.path("corpus.txt");
   Spit(text, MakeCorpus().text);

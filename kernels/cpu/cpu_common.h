@@ -25,7 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/base.h"
+#include "base/base.h"
 #include "kernels/elementwise.h"
 #include "kernels/kernels.h"
 

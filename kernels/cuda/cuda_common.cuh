@@ -9,7 +9,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "kernels/base.h"
+#include "base/base.h"
 #include "kernels/elementwise.h"
 
 /* Storage type of a dtype: float for fp32, uint16_t bits for bf16/fp16. */

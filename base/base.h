@@ -5,11 +5,11 @@
  * Invariants: ts_status values never change once released (NCCL style);
  * library code never prints or exits, it returns a status and leaves a
  * "what, where, why" message in ts_last_error() (thread-local).
- * This target (//kernels:base) has no dependencies, so comm/ and every other
- * layer can use it without pulling in the math.
+ * This target (//base) has no dependencies, so every layer (comm/, shard/,
+ * models/, kernels/, engine/) uses it without pulling in another.
  */
-#ifndef TS_KERNELS_BASE_H
-#define TS_KERNELS_BASE_H
+#ifndef TS_BASE_BASE_H
+#define TS_BASE_BASE_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -88,14 +88,19 @@ const char *ts_dtype_name(ts_dtype dt);
 /* Parses a name as above; TS_ERR_INVALID_ARGUMENT (message lists the choices). */
 ts_status ts_dtype_parse(const char *name, ts_dtype *out);
 
-/* Where a kernel's buffers live. */
+/* Where a buffer lives and a kernel runs: host memory and the CPU, or one
+ * CUDA GPU (the one the process selected). Values index per-device tables. */
 typedef enum ts_device {
   TS_DEVICE_CPU = 0,
   TS_DEVICE_CUDA = 1,
+  TS_DEVICE_COUNT = 2, /* number of device kinds, not a device */
 } ts_device;
+
+/* "cpu", "cuda" ("?" for anything else). */
+const char *ts_device_name(ts_device d);
 
 #ifdef __cplusplus
 }
 #endif
 
-#endif /* TS_KERNELS_BASE_H */
+#endif /* TS_BASE_BASE_H */

@@ -1,5 +1,5 @@
 /* base.c — status names, the thread-local last-error message, dtypes. */
-#include "kernels/base.h"
+#include "base/base.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -64,4 +64,13 @@ ts_status ts_dtype_parse(const char *name, ts_dtype *out) {
   }
   return ts_set_error(TS_ERR_INVALID_ARGUMENT, "dtype '%s': expected fp32, bf16 or fp16",
                       name ? name : "(null)");
+}
+
+const char *ts_device_name(ts_device d) {
+  switch (d) {
+    case TS_DEVICE_CPU: return "cpu";
+    case TS_DEVICE_CUDA: return "cuda";
+    case TS_DEVICE_COUNT: break;
+  }
+  return "?";
 }

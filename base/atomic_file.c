@@ -1,0 +1,120 @@
+/* atomic_file.c — temporary, fsync, rename, fsync of the folder
+ * (atomic_file.h). */
+#include "base/atomic_file.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct ts_atomic_file {
+  FILE *f;    /* the temporary, open for writing */
+  char *path; /* final name (owned) */
+  char *tmp;  /* path + ".tmp" (owned) */
+};
+
+/* fsync of the file or folder at p; 0 or an errno. */
+static int fsync_path(const char *p) {
+  int fd = open(p, O_RDONLY);
+  if (fd < 0) return errno;
+  int err = fsync(fd) != 0 ? errno : 0;
+  close(fd);
+  return err;
+}
+
+/* fsync of the folder holding path, so a rename into it is durable (best
+ * effort: some file systems refuse fsync on folders). */
+static void fsync_parent(const char *path) {
+  const char *slash = strrchr(path, '/');
+  char *dir = slash == NULL ? strdup(".") : strndup(path, slash == path ? 1 : (size_t)(slash - path));
+  if (dir == NULL) return;
+  (void)fsync_path(dir);
+  free(dir);
+}
+
+static void release(ts_atomic_file *f) {
+  free(f->path);
+  free(f->tmp);
+  free(f);
+}
+
+ts_status ts_atomic_file_open(ts_atomic_file **out, const char *path) {
+  *out = NULL;
+  ts_atomic_file *f = calloc(1, sizeof *f);
+  size_t n = strlen(path);
+  if (f) f->path = strdup(path);
+  if (f) f->tmp = malloc(n + 5);
+  if (!f || !f->path || !f->tmp) {
+    if (f) release(f);
+    return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: out of memory", path);
+  }
+  memcpy(f->tmp, path, n);
+  memcpy(f->tmp + n, ".tmp", 5);
+  f->f = fopen(f->tmp, "wb");
+  if (!f->f) {
+    ts_status st = ts_set_error(TS_ERR_IO, "%s: cannot create: %s", f->tmp, strerror(errno));
+    release(f);
+    return st;
+  }
+  *out = f;
+  return TS_OK;
+}
+
+FILE *ts_atomic_file_stream(ts_atomic_file *f) { return f->f; }
+
+ts_status ts_atomic_file_write(ts_atomic_file *f, const void *data, size_t nbytes) {
+  if (nbytes > 0 && fwrite(data, 1, nbytes, f->f) != nbytes)
+    return ts_set_error(TS_ERR_IO, "%s: write failed: %s", f->tmp, strerror(errno));
+  return TS_OK;
+}
+
+ts_status ts_atomic_file_commit(ts_atomic_file *f) {
+  const char *what = NULL;
+  int err = 0;
+  if (ferror(f->f)) what = "write", err = EIO;
+  else if (fflush(f->f) != 0) what = "write", err = errno;
+  else if (fsync(fileno(f->f)) != 0) what = "fsync", err = errno;
+  int closed = fclose(f->f);
+  if (!what && closed != 0) what = "close", err = errno;
+  if (!what && rename(f->tmp, f->path) != 0) what = "rename into place", err = errno;
+  if (what) {
+    ts_status st = ts_set_error(TS_ERR_IO, "%s: cannot %s %s: %s", f->path, what, f->tmp,
+                                strerror(err));
+    unlink(f->tmp);
+    release(f);
+    return st;
+  }
+  fsync_parent(f->path);
+  release(f);
+  return TS_OK;
+}
+
+void ts_atomic_file_discard(ts_atomic_file *f) {
+  if (!f) return;
+  fclose(f->f);
+  unlink(f->tmp);
+  release(f);
+}
+
+ts_status ts_atomic_write(const char *path, const void *data, size_t nbytes) {
+  ts_atomic_file *f;
+  TS_CHECK(ts_atomic_file_open(&f, path));
+  ts_status st = ts_atomic_file_write(f, data, nbytes);
+  if (st != TS_OK) {
+    ts_atomic_file_discard(f);
+    return st;
+  }
+  return ts_atomic_file_commit(f);
+}
+
+ts_status ts_atomic_rename(const char *tmp, const char *path) {
+  int err = fsync_path(tmp);
+  if (err != 0)
+    return ts_set_error(TS_ERR_IO, "%s: cannot fsync %s: %s", path, tmp, strerror(err));
+  if (rename(tmp, path) != 0)
+    return ts_set_error(TS_ERR_IO, "%s: cannot rename %s into place: %s", path, tmp,
+                        strerror(errno));
+  fsync_parent(path);
+  return TS_OK;
+}

@@ -1,0 +1,130 @@
+// Tests of base/: atomic files (whole or absent, the old file kept on every
+// failure), the seeded generator against its published reference values,
+// and the status and dtype vocabulary.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "base/atomic_file.h"
+#include "base/base.h"
+#include "base/rng.h"
+#include "base/testing.h"
+
+namespace {
+
+using ts_test::TempDir;
+
+std::string Slurp(const std::string &p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+bool Exists(const std::string &p) { return access(p.c_str(), F_OK) == 0; }
+
+TEST(AtomicFile, CommitWritesEverythingAndLeavesNoTemporary) {
+  TempDir d;
+  std::string p = d.path("out.bin");
+  ts_atomic_file *f;
+  ASSERT_EQ(ts_atomic_file_open(&f, p.c_str()), TS_OK);
+  EXPECT_TRUE(Exists(p + ".tmp"));
+  EXPECT_FALSE(Exists(p)) << "the final name appears only at commit";
+  ASSERT_EQ(ts_atomic_file_write(f, "abc", 3), TS_OK);
+  fprintf(ts_atomic_file_stream(f), "%d", 42);
+  ASSERT_EQ(ts_atomic_file_commit(f), TS_OK);
+  EXPECT_EQ(Slurp(p), "abc42");
+  EXPECT_FALSE(Exists(p + ".tmp"));
+  EXPECT_EQ(d.List().size(), 1u);
+}
+
+TEST(AtomicFile, DiscardKeepsTheOldFile) {
+  TempDir d;
+  std::string p = d.path("keep.txt");
+  ASSERT_EQ(ts_atomic_write(p.c_str(), "old", 3), TS_OK);
+  ts_atomic_file *f;
+  ASSERT_EQ(ts_atomic_file_open(&f, p.c_str()), TS_OK);
+  ASSERT_EQ(ts_atomic_file_write(f, "new!", 4), TS_OK);
+  ts_atomic_file_discard(f);
+  EXPECT_EQ(Slurp(p), "old");
+  EXPECT_FALSE(Exists(p + ".tmp"));
+}
+
+TEST(AtomicFile, ReplacesAnExistingFileWhole) {
+  TempDir d;
+  std::string p = d.path("f");
+  ASSERT_EQ(ts_atomic_write(p.c_str(), "first version", 13), TS_OK);
+  ASSERT_EQ(ts_atomic_write(p.c_str(), "2", 1), TS_OK);
+  EXPECT_EQ(Slurp(p), "2");
+}
+
+TEST(AtomicFile, AStreamErrorFailsTheCommitAndKeepsTheOldFile) {
+  TempDir d;
+  std::string p = d.path("f");
+  ASSERT_EQ(ts_atomic_write(p.c_str(), "old", 3), TS_OK);
+  ts_atomic_file *f;
+  ASSERT_EQ(ts_atomic_file_open(&f, p.c_str()), TS_OK);
+  FILE *s = ts_atomic_file_stream(f);
+  fgetc(s);  // reading a write-only stream sets its error flag
+  ASSERT_TRUE(ferror(s));
+  EXPECT_EQ(ts_atomic_file_commit(f), TS_ERR_IO);
+  std::string msg = ts_last_error();
+  EXPECT_NE(msg.find(p), std::string::npos) << msg;
+  EXPECT_EQ(Slurp(p), "old");
+  EXPECT_FALSE(Exists(p + ".tmp"));
+}
+
+TEST(AtomicFile, AMissingFolderIsAnIoErrorNamingTheFile) {
+  TempDir d;
+  std::string p = d.path("no/such/folder/f");
+  EXPECT_EQ(ts_atomic_write(p.c_str(), "x", 1), TS_ERR_IO);
+  std::string msg = ts_last_error();
+  EXPECT_NE(msg.find("no/such/folder/f.tmp: cannot create"), std::string::npos) << msg;
+}
+
+TEST(AtomicFile, RenameMovesAFinishedFolderIntoPlace) {
+  TempDir d;
+  std::string tmp = d.path("staging"), dst = d.path("final");
+  ASSERT_EQ(mkdir(tmp.c_str(), 0755), 0);
+  ASSERT_EQ(ts_atomic_write((tmp + "/a").c_str(), "A", 1), TS_OK);
+  ASSERT_EQ(ts_atomic_rename(tmp.c_str(), dst.c_str()), TS_OK);
+  EXPECT_EQ(Slurp(dst + "/a"), "A");
+  EXPECT_FALSE(Exists(tmp));
+  EXPECT_EQ(ts_atomic_rename(tmp.c_str(), dst.c_str()), TS_ERR_IO) << "tmp is gone now";
+}
+
+// splitmix64 from state 0: the first outputs of Vigna's reference
+// implementation (prng.di.unimi.it/splitmix64.c).
+TEST(Rng, Splitmix64MatchesTheReference) {
+  uint64_t s = 0;
+  EXPECT_EQ(ts_splitmix64(&s), 0xe220a8397b1dcdafull);
+  EXPECT_EQ(ts_splitmix64(&s), 0x6e789e6aa1b965f4ull);
+  EXPECT_EQ(ts_splitmix64(&s), 0x06c45d188009454full);
+  EXPECT_EQ(s, 3 * 0x9e3779b97f4a7c15ull);
+  EXPECT_EQ(ts_mix64(0x9e3779b97f4a7c15ull), 0xe220a8397b1dcdafull);
+}
+
+// FNV-1a 64 test vectors (Fowler, Noll, Vo; draft-eastlake-fnv).
+TEST(Rng, Fnv1aMatchesTheTestVectors) {
+  EXPECT_EQ(ts_fnv1a64(""), 0xcbf29ce484222325ull);
+  EXPECT_EQ(ts_fnv1a64("a"), 0xaf63dc4c8601ec8cull);
+  EXPECT_EQ(ts_fnv1a64("foobar"), 0x85944171f73967e8ull);
+}
+
+TEST(Base, DtypesAndStatusNames) {
+  ts_dtype dt;
+  EXPECT_EQ(ts_dtype_parse("bf16", &dt), TS_OK);
+  EXPECT_EQ(dt, TS_BF16);
+  EXPECT_EQ(ts_dtype_size(TS_FP32), 4u);
+  EXPECT_EQ(ts_dtype_size(TS_FP16), 2u);
+  EXPECT_EQ(ts_dtype_parse("fp8", &dt), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ts_last_error()).find("'fp8'"), std::string::npos);
+  EXPECT_STREQ(ts_status_str(TS_ERR_NUMERIC), "numerical failure");
+  EXPECT_STREQ(ts_device_name(TS_DEVICE_CUDA), "cuda");
+}
+
+}  // namespace
