@@ -17,8 +17,8 @@ typedef struct unit_state {
   float *master;         /* fp32, NULL in fp32: stage 0 (P), stages 1-3 (S) */
   float *m, *v;          /* fp32 Adam moments: stage 0 (P), stages 1-3 (S) */
   void *saved;           /* ts_llama_saved_bytes() of one micro-batch; NULL when
-                            checkpointed (the engine's ckpt_saved serves) */
-  int ckpt;              /* activation checkpointing: recompute before backward */
+                            checkpointed (the engine's recompute_saved serves) */
+  int recompute;              /* activation checkpointing: recompute before backward */
   void *full_params;     /* stage 3: (P) gathered while uses > 0, else NULL */
   int uses;              /* stage 3: holders of full_params */
   void *full_grads;      /* stages 2-3: (P) from the unit's (or the tied head's)
@@ -42,7 +42,7 @@ struct ts_engine {
   int32_t *tokens;       /* (B, T) inputs of the current micro-batch */
   int32_t *targets;      /* (B, T) */
   void *dbuf[2];         /* (B, T, C) activation gradients, ping-pong */
-  void *ckpt_saved;      /* saved activations of the checkpointed unit in use */
+  void *recompute_saved;      /* saved activations of the checkpointed unit in use */
   int micro_done;        /* micro-steps since the last optimizer step */
   int step;              /* optimizer updates applied (AdamW's t) */
   int attempts;          /* optimizer steps finished, skipped ones included */
@@ -82,31 +82,31 @@ ts_engine_opts ts_engine_default_opts(void) {
   o.loss_scale_init = 65536.0f;
   o.loss_scale_window = 2000;
   o.min_loss_scale = 1.0f;
-  o.ckpt_every = 0;
+  o.recompute_every = 0;
   return o;
 }
 
-int ts_engine_is_checkpointed(const ts_llama *m, const ts_engine_opts *o, int u) {
+int ts_engine_is_recomputed(const ts_llama *m, const ts_engine_opts *o, int u) {
   const ts_unit *un = &m->units[u];
-  return o->ckpt_every > 0 && un->kind == TS_UNIT_BLOCK && (size_t)un->layer % o->ckpt_every == 0;
+  return o->recompute_every > 0 && un->kind == TS_UNIT_BLOCK && (size_t)un->layer % o->recompute_every == 0;
 }
 
 /* The recompute buffer: the largest saved bytes of a checkpointed unit
  * (0 when none is). */
 static size_t recompute_bytes(const ts_llama *m, const ts_engine_opts *o) {
-  size_t ckpt = 0;
+  size_t recompute = 0;
   for (int u = 0; u < m->n_units; u++) {
     size_t saved = ts_llama_saved_bytes(m, u, o->micro_batch, o->seq, o->dtype);
-    if (ts_engine_is_checkpointed(m, o, u) && saved > ckpt) ckpt = saved;
+    if (ts_engine_is_recomputed(m, o, u) && saved > recompute) recompute = saved;
   }
-  return ckpt;
+  return recompute;
 }
 
 size_t ts_engine_activation_bytes(const ts_llama *m, const ts_engine_opts *o) {
   size_t B = o->micro_batch, T = o->seq, C = m->cfg.hidden_size, es = ts_dtype_size(o->dtype);
   size_t bytes = 2 * B * T * 4 + ((size_t)m->n_units - 1 + 2) * B * T * C * es;
   for (int u = 0; u < m->n_units; u++)
-    if (!ts_engine_is_checkpointed(m, o, u)) bytes += ts_llama_saved_bytes(m, u, B, T, o->dtype);
+    if (!ts_engine_is_recomputed(m, o, u)) bytes += ts_llama_saved_bytes(m, u, B, T, o->dtype);
   return bytes + recompute_bytes(m, o);
 }
 
@@ -219,9 +219,9 @@ static ts_status alloc_unit(ts_engine *e, int u) {
   for (int i = 0; i < un->n_tensors; i++) numels[i] = un->tensors[i].numel;
   TS_CHECK(ts_flat_layout_init(&s->layout, numels, (size_t)un->n_tensors, (size_t)e->world));
   TS_CHECK(alloc_model_state(&e->ledger, &s->layout, e->stage, e->opts.dtype, s));
-  s->ckpt = ts_engine_is_checkpointed(e->model, &e->opts, u);
+  s->recompute = ts_engine_is_recomputed(e->model, &e->opts, u);
   size_t saved = ts_llama_saved_bytes(e->model, u, e->opts.micro_batch, e->opts.seq, e->opts.dtype);
-  if (!s->ckpt) TS_CHECK(ts_ledger_alloc(&e->ledger, TS_MEM_ACTIVATIONS, saved, &s->saved));
+  if (!s->recompute) TS_CHECK(ts_ledger_alloc(&e->ledger, TS_MEM_ACTIVATIONS, saved, &s->saved));
   size_t sb = ts_shard_scratch_bytes(&s->layout, e->opts.dtype);
   if (sb > e->scratch_bytes) e->scratch_bytes = sb;
   return init_unit(e, u);
@@ -251,8 +251,8 @@ static ts_status create(ts_engine *e) {
   TS_CHECK(ts_ledger_alloc(&e->ledger, TS_MEM_ACTIVATIONS, B * T * 4, (void **)&e->targets));
   for (int i = 0; i < 2; i++)
     TS_CHECK(ts_ledger_alloc(&e->ledger, TS_MEM_ACTIVATIONS, B * T * C * es, &e->dbuf[i]));
-  size_t ckpt = recompute_bytes(m, &e->opts);
-  if (ckpt) TS_CHECK(ts_ledger_alloc(&e->ledger, TS_MEM_ACTIVATIONS, ckpt, &e->ckpt_saved));
+  size_t recompute = recompute_bytes(m, &e->opts);
+  if (recompute) TS_CHECK(ts_ledger_alloc(&e->ledger, TS_MEM_ACTIVATIONS, recompute, &e->recompute_saved));
   return TS_OK;
 }
 
@@ -353,7 +353,7 @@ void ts_engine_free(ts_engine *e) {
   ts_ledger_free(&e->ledger, e->dbuf[1]);
   ts_ledger_free(&e->ledger, e->ctx.workspace);
   ts_ledger_free(&e->ledger, e->scratch);
-  ts_ledger_free(&e->ledger, e->ckpt_saved);
+  ts_ledger_free(&e->ledger, e->recompute_saved);
   ts_comm_free(e->own_comm);
   free(e->units);
   free(e->acts);
@@ -454,7 +454,7 @@ static ts_status forward(ts_engine *e, const int32_t *inputs, const int32_t *tar
     ts_unit_args a = base_args(e);
     a.x = u > 0 ? e->acts[u] : NULL;
     a.y = u + 1 < n ? e->acts[u + 1] : NULL;
-    a.saved = e->units[u].ckpt ? e->ckpt_saved : e->units[u].saved;
+    a.saved = e->units[u].recompute ? e->recompute_saved : e->units[u].saved;
     TS_CHECK(forward_unit(e, u, &a));
     if (u == n - 1) *head = a;
   }
@@ -466,7 +466,7 @@ static ts_status forward(ts_engine *e, const int32_t *inputs, const int32_t *tar
 static ts_status backward_compute(ts_engine *e, int u, ts_unit_args *a, const void *params,
                                   void *grads, const void *tied) {
   ts_status st = TS_OK;
-  if (e->units[u].ckpt) {
+  if (e->units[u].recompute) {
     /* Recompute: the forward again, from the kept input, with the same
      * (in stage 3: the same gathered) parameters. It rewrites the unit's
      * output, acts[u + 1], with the same bits; unit u + 1 is done with it. */
@@ -536,7 +536,7 @@ static ts_status micro_step(ts_engine *e, const int32_t *inputs, const int32_t *
   for (int u = n - 1, cur = 0; u >= 0; u--) {
     ts_unit_args a = base_args(e);
     a.x = u > 0 ? e->acts[u] : NULL;
-    a.saved = e->units[u].ckpt ? e->ckpt_saved : e->units[u].saved;
+    a.saved = e->units[u].recompute ? e->recompute_saved : e->units[u].saved;
     a.dloss = dloss;
     a.dy = u < n - 1 ? e->dbuf[cur] : NULL;
     a.dx = u > 0 ? e->dbuf[cur ^ 1] : NULL;

@@ -111,7 +111,7 @@ typedef struct ts_engine_opts {
    * its forward again just before its backward. The embedding saves
    * nothing and the head's backward follows its forward directly, so
    * neither is ever checkpointed. */
-  size_t ckpt_every;
+  size_t recompute_every;
 } ts_engine_opts;
 
 /* Defaults: B 8, T 128, accumulation 1, fp32, seed 1337, AdamW (0.9, 0.95,
@@ -120,8 +120,8 @@ typedef struct ts_engine_opts {
  * minimum 1 (fp16 only), no activation checkpointing. */
 ts_engine_opts ts_engine_default_opts(void);
 
-/* Whether unit u of m is checkpointed under opts->ckpt_every. */
-int ts_engine_is_checkpointed(const ts_llama *m, const ts_engine_opts *opts, int u);
+/* Whether unit u of m is checkpointed under opts->recompute_every. */
+int ts_engine_is_recomputed(const ts_llama *m, const ts_engine_opts *opts, int u);
 
 /* Activation bytes one rank allocates (ledger category activations), from
  * the units' declared saved bytes (ts_llama_saved_bytes) alone: the (B, T)

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "base/testing.h"
-#include "engine/data.h"
+#include "engine/token_file.h"
 
 namespace ts_test {
 
@@ -34,8 +34,8 @@ inline std::string MakeData(size_t V) {
     return t;
   };
   std::vector<uint32_t> train = make(20000), val = make(3000);
-  EXPECT_EQ(ts_shard_write((dir + "/train.bin").c_str(), train.data(), train.size(), V), TS_OK);
-  EXPECT_EQ(ts_shard_write((dir + "/val.bin").c_str(), val.data(), val.size(), V), TS_OK);
+  EXPECT_EQ(ts_token_file_write((dir + "/train.bin").c_str(), train.data(), train.size(), V), TS_OK);
+  EXPECT_EQ(ts_token_file_write((dir + "/val.bin").c_str(), val.data(), val.size(), V), TS_OK);
   return dir;
 }
 

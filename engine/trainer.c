@@ -11,7 +11,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
-#include "engine/data.h"
+#include "engine/token_file.h"
 
 ts_train_config ts_train_default_config(void) {
   ts_train_config c;
@@ -95,7 +95,7 @@ typedef struct run {
   ts_llama_config mcfg;
   ts_llama model;
   int model_ok;
-  ts_token_shard *train, *val;
+  ts_token_file *train, *val;
   ts_loader *train_ld, *val_ld;
   ts_engine *engine;
   int32_t *inputs, *targets; /* (B, T) host, the engine's own buffers */
@@ -108,8 +108,8 @@ static void run_free(run *r) {
   ts_engine_free(r->engine);
   ts_loader_free(r->train_ld);
   ts_loader_free(r->val_ld);
-  ts_shard_close(r->train);
-  ts_shard_close(r->val);
+  ts_token_file_close(r->train);
+  ts_token_file_close(r->val);
   if (r->model_ok) ts_llama_free(&r->model);
   ts_comm_free(r->own_comm);
 }
@@ -147,9 +147,9 @@ static ts_status setup(run *r) {
   r->model_ok = 1;
   size_t V = r->mcfg.vocab_size, T = r->eo.seq, NB = r->eo.micro_batch * (size_t)r->world;
   snprintf(path, sizeof path, "%s/train.bin", cfg->data_dir);
-  TS_CHECK(ts_shard_open(&r->train, path, V));
+  TS_CHECK(ts_token_file_open(&r->train, path, V));
   snprintf(path, sizeof path, "%s/val.bin", cfg->data_dir);
-  TS_CHECK(ts_shard_open(&r->val, path, V));
+  TS_CHECK(ts_token_file_open(&r->val, path, V));
   TS_CHECK(ts_loader_init(&r->train_ld, r->train, T, r->eo.seed, 1));
   TS_CHECK(ts_loader_init(&r->val_ld, r->val, T, 0, 0));
   if (ts_loader_num_windows(r->val_ld) < NB)
@@ -248,9 +248,9 @@ static ts_status write_summary(run *r, const ts_train_result *res) {
   cJSON_AddNumberToObject(sm, "world_size", r->world);
   cJSON_AddNumberToObject(sm, "zero_stage", r->eo.zero_stage);
   cJSON_AddStringToObject(sm, "dtype", ts_dtype_name(r->eo.dtype));
-  char ckpt[32];
-  ts_train_ckpt_name(r->eo.ckpt_every, ckpt, sizeof ckpt);
-  cJSON_AddStringToObject(sm, "activation_checkpointing", ckpt);
+  char recompute[32];
+  ts_train_recompute_name(r->eo.recompute_every, recompute, sizeof recompute);
+  cJSON_AddStringToObject(sm, "activation_checkpointing", recompute);
   cJSON_AddNumberToObject(sm, "activation_bytes_predicted",
                           (double)ts_engine_activation_bytes(&r->model, &r->eo));
   cJSON_AddNumberToObject(sm, "skipped_steps", (double)res->skipped_steps);
@@ -376,7 +376,7 @@ static ts_status check_config(const ts_train_config *cfg) {
   return TS_OK;
 }
 
-ts_status ts_train_parse_ckpt(const char *s, size_t *every) {
+ts_status ts_train_parse_recompute(const char *s, size_t *every) {
   char *end;
   if (!strcmp(s, "none")) *every = 0;
   else if (!strcmp(s, "all")) *every = 1;
@@ -390,7 +390,7 @@ ts_status ts_train_parse_ckpt(const char *s, size_t *every) {
   return TS_OK;
 }
 
-void ts_train_ckpt_name(size_t every, char *buf, size_t cap) {
+void ts_train_recompute_name(size_t every, char *buf, size_t cap) {
   if (every == 0) snprintf(buf, cap, "none");
   else if (every == 1) snprintf(buf, cap, "all");
   else snprintf(buf, cap, "every:%zu", every);

@@ -110,10 +110,10 @@ typedef struct ts_train_result {
 } ts_train_result;
 
 /* Parses --activation-checkpointing: "none" (0), "all" (1), "every:K"
- * (K >= 1) into ts_engine_opts.ckpt_every; TS_ERR_INVALID_ARGUMENT names
- * the value and the choices. ts_train_ckpt_name is its inverse. */
-ts_status ts_train_parse_ckpt(const char *s, size_t *every);
-void ts_train_ckpt_name(size_t every, char *buf, size_t cap);
+ * (K >= 1) into ts_engine_opts.recompute_every; TS_ERR_INVALID_ARGUMENT names
+ * the value and the choices. ts_train_recompute_name is its inverse. */
+ts_status ts_train_parse_recompute(const char *s, size_t *every);
+void ts_train_recompute_name(size_t every, char *buf, size_t cap);
 
 /* Cosine schedule with linear warm-up (Loshchilov & Hutter 2017, SGDR eq. 5
  * without restarts): step s (1-based) of `steps`:

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/data.h"
+#include "engine/token_file.h"
 #include "engine/train_fixture.h"
 
 namespace {
@@ -116,7 +116,7 @@ TEST(Trainer, Fp16WithCheckpointingTracksFp32AndLogsTheLossScale) {
     c.metrics_path = metrics.c_str();
     if (half) {
       c.engine.dtype = TS_FP16;
-      c.engine.ckpt_every = 1;
+      c.engine.recompute_every = 1;
       c.engine.loss_scale_window = 10;
     }
     ts_train_result r;

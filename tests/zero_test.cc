@@ -117,7 +117,7 @@ struct TrainSetup {
   size_t steps = 3;
   float clip = 1.0f;
   ts_dtype dtype = TS_FP32;
-  size_t ckpt_every = 0;
+  size_t recompute_every = 0;
   size_t layers = 2;
   ts_engine_inject inject{};  // armed on the last rank when inject.step > 0,
   ts_engine_inject inject2{}; // and this one too when inject2.step > 0
@@ -145,7 +145,7 @@ TrainRun Train(ts_comm *dp, const TrainSetup &s) {
   o.grad_clip = s.clip;
   o.zero_stage = s.stage;
   o.dtype = s.dtype;
-  o.ckpt_every = s.ckpt_every;
+  o.recompute_every = s.recompute_every;
   o.loss_scale_init = s.loss_scale_init;
   o.loss_scale_window = s.loss_scale_window;
   o.min_loss_scale = s.min_loss_scale;
@@ -528,9 +528,9 @@ TEST(ActivationCheckpointing, GradientsAreBitwiseIdenticalInEveryStage) {
         s.tied = stage % 2 == 1;
         s.layers = 4;
         TrainRun none = Train(dp, s);
-        s.ckpt_every = 1;
+        s.recompute_every = 1;
         TrainRun all = Train(dp, s);
-        s.ckpt_every = 2;
+        s.recompute_every = 2;
         TrainRun every2 = Train(dp, s);
         for (const TrainRun *r : {&all, &every2}) {
           EXPECT_TRUE(BitwiseEqual(none.grads, r->grads));
@@ -562,14 +562,14 @@ TEST(ActivationCheckpointing, PredictedActivationBytesMatchTheLedger) {
       TrainSetup s;
       s.stage = 3;
       s.dtype = dt;
-      s.ckpt_every = every;
+      s.recompute_every = every;
       s.steps = 1;
       TrainRun run = Train(World(), s);
       ts_engine_opts o = ts_engine_default_opts();
       o.micro_batch = s.global / (size_t)ts_comm_size(World());
       o.seq = kT;
       o.dtype = dt;
-      o.ckpt_every = every;
+      o.recompute_every = every;
       size_t predicted = ts_engine_activation_bytes(&model, &o);
       EXPECT_EQ(run.at_end.peak[TS_MEM_ACTIVATIONS], predicted);
       EXPECT_EQ(run.at_end.current[TS_MEM_ACTIVATIONS], predicted);
@@ -592,7 +592,7 @@ TEST(MemoryPlan, EqualsTheLedgerOfARealRunToTheByte) {
           s.stage = stage;
           s.dtype = dt;
           s.tied = tied;
-          s.ckpt_every = every;
+          s.recompute_every = every;
           s.steps = 2;
           s.accum = dt == TS_BF16 ? 2 : 1;
           SCOPED_TRACE(std::string(ts_dtype_name(dt)) + ", stage " + std::to_string(stage) +
@@ -608,7 +608,7 @@ TEST(MemoryPlan, EqualsTheLedgerOfARealRunToTheByte) {
           o.grad_accum = s.accum;
           o.zero_stage = stage;
           o.dtype = dt;
-          o.ckpt_every = every;
+          o.recompute_every = every;
           ts_ledger plan;
           ASSERT_EQ(ts_engine_plan(&model, &o, N, &plan), TS_OK) << ts_last_error();
           ts_llama_free(&model);

@@ -31,11 +31,11 @@ trap 'rm -rf "$TMP"' EXIT
 
 RUNS=()
 for dtype in fp32 bf16 fp16; do
-  for ckpt in none all; do
-    name="$dtype-$ckpt"
+  for recompute in none all; do
+    name="$dtype-$recompute"
     RUNS+=("$name")
     tools/launch.sh -n "$N" "$BIN" train --model "$MODEL" --data data/kjv --zero "$STAGE" \
-      --dtype "$dtype" --activation-checkpointing "$ckpt" \
+      --dtype "$dtype" --activation-checkpointing "$recompute" \
       --steps "$STEPS" --micro-batch $((16 / N)) --global-batch 16 --seq 128 --lr 1e-3 \
       --warmup 5 --eval-batches 4 --metrics "$TMP/$name.jsonl" --log-every "$STEPS" \
       >"$TMP/$name.log"
@@ -71,8 +71,8 @@ for name in names:
     tok = tok_s(steps)
     d = [abs(a["loss"] - b["loss"]) for a, b in zip(steps, base_steps)]
     m = sm["mem_by_rank"][0]
-    dtype, ckpt = name.split("-")
-    print(f"| {dtype} | {ckpt} | {tok:.0f} | {tok / base_tok:.2f} | {max(d):.4f} | {d[-1]:.4f} "
+    dtype, recompute = name.split("-")
+    print(f"| {dtype} | {recompute} | {tok:.0f} | {tok / base_tok:.2f} | {max(d):.4f} | {d[-1]:.4f} "
           f"| {val:.4f} | {sm['skipped_steps']} | {sm['loss_scale']:g} | "
           + " | ".join(f"{m[c] / mib:.2f}" for c in cats)
           + f" | {sm['activation_bytes_predicted'] / mib:.2f} |")

@@ -44,9 +44,9 @@ static const char *USAGE =
 
 typedef struct run {
   ts_dtype dt;
-  size_t ckpt;     /* ts_engine_opts.ckpt_every */
+  size_t recompute; /* ts_engine_opts.recompute_every */
   int stage;
-  char name[48];   /* "fp32 none zero2" */
+  char name[64];   /* "fp32 recompute:none ZeRO-2" */
   char file[64];   /* "fp32-none-zero2" (metrics .jsonl, log .log) */
   size_t n_loss;
   double loss[4096];
@@ -67,8 +67,8 @@ typedef struct compare {
   int stages[4], n_stages;
   ts_dtype dts[MAX_LIST];
   int n_dts;
-  size_t ckpts[MAX_LIST];
-  int n_ckpts;
+  size_t recomputes[MAX_LIST];
+  int n_recomputes;
   int reuse;
   ts_llama llama;
   run *runs;
@@ -121,8 +121,8 @@ static int parse_dtype(const char *flag, const char *item, int i, void *out) {
   return 0;
 }
 
-static int parse_ckpt(const char *flag, const char *item, int i, void *out) {
-  if (ts_train_parse_ckpt(item, &((size_t *)out)[i]) == TS_OK) return 1;
+static int parse_recompute(const char *flag, const char *item, int i, void *out) {
+  if (ts_train_parse_recompute(item, &((size_t *)out)[i]) == TS_OK) return 1;
   fprintf(stderr, "tessera compare: %s: %s\n", flag, ts_last_error());
   return 0;
 }
@@ -172,7 +172,7 @@ static int launch_run(const compare *c, const run *r, const char *dir) {
   snprintf(t, sizeof t, "%zu", c->seq);
   snprintf(lr, sizeof lr, "%g", (double)c->lr);
   snprintf(n, sizeof n, "%zu", c->n);
-  ts_train_ckpt_name(r->ckpt, ck, sizeof ck);
+  ts_train_recompute_name(r->recompute, ck, sizeof ck);
   char *argv[] = {launch, "-n", n, self, "train", "--model", (char *)c->model, "--data", (char *)c->data,
                   "--zero", zero, "--dtype", (char *)ts_dtype_name(r->dt),
                   "--activation-checkpointing", ck, "--steps", steps, "--micro-batch", b, "--seq",
@@ -296,7 +296,7 @@ static int check_falling(const compare *c, FILE *md, int *per_run) {
   (void)per_run;
   for (int i = 1; i < c->n_runs; i++) {
     const run *r = &c->runs[i], *p = &c->runs[i - 1];
-    if (c->n > 1 && r->dt == p->dt && r->ckpt == p->ckpt && r->stage > p->stage &&
+    if (c->n > 1 && r->dt == p->dt && r->recompute == p->recompute && r->stage > p->stage &&
         !(r->mem[M_STATES] < p->mem[M_STATES])) {
       fprintf(md, "  - %s holds %.0f B of model states, %s %.0f B\n", r->name, r->mem[M_STATES],
               p->name, p->mem[M_STATES]);
@@ -415,7 +415,7 @@ static int write_csv(const compare *c, const char *path, const int *loss_ok) {
   for (int i = 0; i < c->n_runs; i++) {
     const run *r = &c->runs[i], *b = &c->runs[r->base];
     char ck[32];
-    ts_train_ckpt_name(r->ckpt, ck, sizeof ck);
+    ts_train_recompute_name(r->recompute, ck, sizeof ck);
     for (size_t q = 0; q < c->n; q++) {
       const double *m = r->mem + q * W;
       fprintf(f, "%s,%s,%s,%d,%zu,%zu", r->file, ts_dtype_name(r->dt), ck, r->stage, c->n, q);
@@ -451,12 +451,12 @@ static int write_chart(const compare *c, const char *dir, const char *png) {
   for (int i = 0; i < c->n_runs; i++) {
     const run *r = &c->runs[i];
     char ck[32];
-    ts_train_ckpt_name(r->ckpt, ck, sizeof ck);
+    ts_train_recompute_name(r->recompute, ck, sizeof ck);
     double est = 0;
     for (int k = 0; k < TS_MEM_NUM_CATEGORIES; k++) est += (double)r->est.peak[k];
     fprintf(f, "\"ZeRO-%d", r->stage);
     if (c->n_dts > 1) fprintf(f, " %s", ts_dtype_name(r->dt));
-    if (c->n_ckpts > 1) fprintf(f, " ckpt %s", ck);
+    if (c->n_recomputes > 1) fprintf(f, " recompute %s", ck);
     fprintf(f, "\"");
     for (int k = 0; k < TS_MEM_NUM_CATEGORIES; k++) fprintf(f, " %.4f", r->mem[k] / MiB);
     fprintf(f, " %.4f\n", est / MiB);
@@ -521,7 +521,7 @@ static int parse_flags(compare *c, int argc, char **argv) {
     else if (!strcmp(flag, "--zero")) ok = parse_list(flag, v, &c->n_stages, parse_stage, c->stages);
     else if (!strcmp(flag, "--dtype")) ok = parse_list(flag, v, &c->n_dts, parse_dtype, c->dts);
     else if (!strcmp(flag, "--activation-checkpointing"))
-      ok = parse_list(flag, v, &c->n_ckpts, parse_ckpt, c->ckpts);
+      ok = parse_list(flag, v, &c->n_recomputes, parse_recompute, c->recomputes);
     else {
       fprintf(stderr, "tessera compare: unknown flag %s\n%s", flag, USAGE);
       return 0;
@@ -548,25 +548,25 @@ static int plan_runs(compare *c) {
   if (st == TS_OK) st = ts_llama_config_load(path, &cfg);
   if (st == TS_OK) st = ts_llama_init(&c->llama, &cfg);
   if (st != TS_OK) return fprintf(stderr, "tessera compare: %s\n", ts_last_error()), 0;
-  c->n_runs = c->n_dts * c->n_ckpts * c->n_stages;
+  c->n_runs = c->n_dts * c->n_recomputes * c->n_stages;
   c->runs = calloc((size_t)c->n_runs, sizeof *c->runs);
   if (!c->runs) return fprintf(stderr, "tessera compare: out of memory\n"), 0;
   int i = 0;
   for (int d = 0; d < c->n_dts; d++)
-    for (int k = 0; k < c->n_ckpts; k++)
+    for (int k = 0; k < c->n_recomputes; k++)
       for (int s = 0; s < c->n_stages; s++, i++) {
         run *r = &c->runs[i];
         r->dt = c->dts[d];
-        r->ckpt = c->ckpts[k];
+        r->recompute = c->recomputes[k];
         r->stage = c->stages[s];
         r->base = i - s;
         r->loss_base = i - s - k * c->n_stages;
         char ck[32], file_ck[32];
-        ts_train_ckpt_name(r->ckpt, ck, sizeof ck);
+        ts_train_recompute_name(r->recompute, ck, sizeof ck);
         snprintf(file_ck, sizeof file_ck, "%s", ck);
         for (char *p = file_ck; *p; p++)
           if (*p == ':') *p = '-';
-        snprintf(r->name, sizeof r->name, "%s ckpt:%s ZeRO-%d", ts_dtype_name(r->dt), ck,
+        snprintf(r->name, sizeof r->name, "%s recompute:%s ZeRO-%d", ts_dtype_name(r->dt), ck,
                  r->stage);
         snprintf(r->file, sizeof r->file, "%s-%s-zero%d", ts_dtype_name(r->dt), file_ck,
                  r->stage);
@@ -577,7 +577,7 @@ static int plan_runs(compare *c) {
         o.seq = c->seq;
         o.dtype = r->dt;
         o.zero_stage = r->stage;
-        o.ckpt_every = r->ckpt;
+        o.recompute_every = r->recompute;
         if (ts_engine_plan(&c->llama, &o, c->n, &r->est) != TS_OK)
           return fprintf(stderr, "tessera compare: %s\n", ts_last_error()), 0;
       }
@@ -595,7 +595,7 @@ int ts_tool_compare(int argc, char **argv) {
   c.lr = 1e-3f;
   c.stages[0] = 0, c.stages[1] = 1, c.stages[2] = 2, c.stages[3] = 3, c.n_stages = 4;
   c.dts[0] = TS_FP32, c.n_dts = 1;
-  c.ckpts[0] = 0, c.n_ckpts = 1;
+  c.recomputes[0] = 0, c.n_recomputes = 1;
   if (!parse_flags(&c, argc, argv)) return 2;
   if (c.n == 0) {
     fprintf(stderr, "tessera compare: -n N (ranks) is required\n");
@@ -641,7 +641,7 @@ int ts_tool_compare(int argc, char **argv) {
     int falling = report(ck, &c, check_falling, NULL,
                          "model states per rank fall as the ZeRO stage rises");
     int losses = report(ck, &c, check_losses, loss_ok,
-                        c.n_ckpts > 1 ? "loss identical at every step across ZeRO stages and "
+                        c.n_recomputes > 1 ? "loss identical at every step across ZeRO stages and "
                                         "checkpointing settings (bitwise, per dtype)"
                                       : "loss identical at every step across ZeRO stages "
                                         "(bitwise, per dtype)");

@@ -29,7 +29,7 @@ trap 'rm -rf "$scratch"' EXIT
 export TMPDIR="$scratch" OMPI_MCA_orte_tmpdir_base="$scratch"
 export OMPI_MCA_btl_vader_backing_directory="$scratch" OMP_NUM_THREADS=1
 
-# Token shards in llm.c's layout (engine/data.h): random ids below 4096.
+# Token shards in llm.c's layout (engine/token_file.h): random ids below 4096.
 python3 - "$tmp/data" <<'PY'
 import os, random, struct, sys
 d = sys.argv[1]
@@ -55,7 +55,7 @@ md="$(cat "$out/compare.md" 2>/dev/null)"
 check "model states check" "PASS: model states" "$md"
 check "falling check" "PASS: model states per rank fall" "$md"
 check "loss check" "PASS: loss identical" "$md"
-check "stage 3 row" "| fp32 ckpt:none ZeRO-3 |" "$md"
+check "stage 3 row" "| fp32 recompute:none ZeRO-3 |" "$md"
 absent "no failure" "FAIL" "$md"
 check "terminal shows the table" "PASS: loss identical" "$log"
 # One row per run and rank, a header: 4 stages x 2 ranks.
@@ -77,7 +77,7 @@ log="$("$bin" compare --model llama-tiny -n 2 --steps 2 --micro-batch 2 --seq 64
 rc=$?
 check "differing losses exit code" "1" "$rc"
 check "differing losses fail" "FAIL: loss identical" "$log"
-check "names the run and step" "fp32 ckpt:none ZeRO-2, step 2" "$log"
+check "names the run and step" "fp32 recompute:none ZeRO-2, step 2" "$log"
 check "other checks still pass" "PASS: model states (" "$log"
 check "md says so too" "FAIL: loss identical" "$(cat "$tmp/loss/compare.md")"
 
@@ -95,7 +95,7 @@ log="$("$bin" compare --model llama-tiny -n 2 --steps 2 --micro-batch 2 --seq 64
 rc=$?
 check "memory mismatch exit code" "1" "$rc"
 check "memory mismatch fails" "FAIL: model states (" "$log"
-check "names the rank" "fp32 ckpt:none ZeRO-1, rank 1" "$log"
+check "names the rank" "fp32 recompute:none ZeRO-1, rank 1" "$log"
 
 # Bad input: one line, exit 2, before any run.
 bad() { # bad NAME EXPECTED-SUBSTRING ARGS...

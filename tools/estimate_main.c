@@ -165,7 +165,7 @@ int ts_tool_estimate(int argc, char **argv) {
       ok = ts_dtype_parse(v, &opts.dtype) == TS_OK || report();
     } else if (!strcmp(flag, "--activation-checkpointing")) {
       act_flag = flag;
-      ok = ts_train_parse_ckpt(v, &opts.ckpt_every) == TS_OK || report();
+      ok = ts_train_parse_recompute(v, &opts.recompute_every) == TS_OK || report();
     } else {
       fprintf(stderr, "tessera estimate: unknown flag %s (--help lists the flags)\n", flag);
       return 2;
@@ -209,8 +209,8 @@ int ts_tool_estimate(int argc, char **argv) {
   }
 
   int ncat = model ? TS_MEM_NUM_CATEGORIES : TS_MEM_ACTIVATIONS; /* params mode: model states */
-  char ckpt[32];
-  ts_train_ckpt_name(opts.ckpt_every, ckpt, sizeof ckpt);
+  char recompute[32];
+  ts_train_recompute_name(opts.recompute_every, recompute, sizeof recompute);
   if (json) {
     cJSON *root = cJSON_CreateObject(), *stages = cJSON_CreateArray();
     if (model) cJSON_AddStringToObject(root, "model", model);
@@ -221,7 +221,7 @@ int ts_tool_estimate(int argc, char **argv) {
     if (model) {
       add_int(root, "micro_batch", opts.micro_batch);
       add_int(root, "seq", opts.seq);
-      cJSON_AddStringToObject(root, "activation_checkpointing", ckpt);
+      cJSON_AddStringToObject(root, "activation_checkpointing", recompute);
     }
     for (int i = 0; i < nstages; i++) {
       const ts_ledger *l = &ledgers[i];
@@ -251,7 +251,7 @@ int ts_tool_estimate(int argc, char **argv) {
     printf("tessera estimate: %s (%s parameters), N = %zu rank%s, %s, micro-batch %zu x seq %zu, "
            "activation checkpointing %s\n",
            model, count, world, world == 1 ? "" : "s", ts_dtype_name(opts.dtype),
-           opts.micro_batch, opts.seq, ckpt);
+           opts.micro_batch, opts.seq, recompute);
   else
     printf("tessera estimate: Ψ = %s parameters (%zu), N = %zu rank%s, %s, model states only "
            "(Ψ given, no model: no activations, buffers or transients)\n",

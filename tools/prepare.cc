@@ -30,7 +30,7 @@
 #include <vector>
 
 #include "base/atomic_file.h"
-#include "engine/data.h"
+#include "engine/token_file.h"
 
 namespace {
 
@@ -238,7 +238,7 @@ ts_status BuildMeta(const ts_prepare_opts *o, const ts_prepare_report *r, size_t
   cJSON_AddStringToObject(m, "tokenizer_model", "tokenizer.model");
   cJSON_AddNumberToObject(m, "vocab_size", (double)r->vocab_size);
   cJSON_AddStringToObject(m, "token_dtype",
-                          r->vocab_size > TS_SHARD_U16_MAX_VOCAB ? "uint32" : "uint16");
+                          r->vocab_size > TS_TOKEN_FILE_U16_MAX_VOCAB ? "uint32" : "uint16");
   cJSON *ids = cJSON_AddObjectToObject(m, "special_ids");
   cJSON_AddNumberToObject(ids, "unk", 0);
   cJSON_AddNumberToObject(ids, "bos", 1);
@@ -416,9 +416,9 @@ extern "C" ts_status ts_prepare_corpus(const ts_prepare_opts *opts, ts_prepare_r
   ts_status st = TS_OK;
   std::string meta;
   TS_CHECK_GOTO(ts_atomic_write((tmp + "/tokenizer.model").c_str(), model.data(), model.size()), st, fail);
-  TS_CHECK_GOTO(ts_shard_write((tmp + "/train.bin").c_str(), train_ids.data(), train_ids.size(), V),
+  TS_CHECK_GOTO(ts_token_file_write((tmp + "/train.bin").c_str(), train_ids.data(), train_ids.size(), V),
                 st, fail);
-  TS_CHECK_GOTO(ts_shard_write((tmp + "/val.bin").c_str(), val_ids.data(), val_ids.size(), V), st,
+  TS_CHECK_GOTO(ts_token_file_write((tmp + "/val.bin").c_str(), val_ids.data(), val_ids.size(), V), st,
                 fail);
   TS_CHECK_GOTO(BuildMeta(opts, &rep, K, &meta), st, fail);
   TS_CHECK_GOTO(ts_atomic_write((tmp + "/meta.json").c_str(), meta.data(), meta.size()), st, fail);

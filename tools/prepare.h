@@ -4,7 +4,7 @@
  *
  *   tessera prepare --text FILE --vocab-size N --out DIR [--val-every K] [--seed S]
  *
- * writes DIR/tokenizer.model, DIR/train.bin, DIR/val.bin (engine/data.h
+ * writes DIR/tokenizer.model, DIR/train.bin, DIR/val.bin (engine/token_file.h
  * shards) and DIR/meta.json. The implementation is C++ (SentencePiece is a
  * C++ library); this interface is C.
  *

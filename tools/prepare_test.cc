@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "base/testing.h"
-#include "engine/data.h"
+#include "engine/token_file.h"
 
 namespace {
 
@@ -99,11 +99,11 @@ Corpus MakeCorpus() {
 
 std::vector<int> ShardIds(const std::string &path, size_t vocab) {
   std::vector<int> ids;
-  ts_token_shard *sh = nullptr;
-  EXPECT_EQ(ts_shard_open(&sh, path.c_str(), vocab), TS_OK) << ts_last_error();
+  ts_token_file *sh = nullptr;
+  EXPECT_EQ(ts_token_file_open(&sh, path.c_str(), vocab), TS_OK) << ts_last_error();
   if (!sh) return ids;
-  for (size_t i = 0; i < ts_shard_num_tokens(sh); i++) ids.push_back((int)ts_shard_token(sh, i));
-  ts_shard_close(sh);
+  for (size_t i = 0; i < ts_token_file_num_tokens(sh); i++) ids.push_back((int)ts_token_file_token(sh, i));
+  ts_token_file_close(sh);
   return ids;
 }
 

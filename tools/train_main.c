@@ -162,7 +162,7 @@ int ts_tool_train(int argc, char **argv) {
       scale_flag = flag;
       ok = ts_parse_float(flag, v, &cfg.engine.min_loss_scale);
     } else if (!strcmp(flag, "--activation-checkpointing")) {
-      if (ts_train_parse_ckpt(v, &cfg.engine.ckpt_every) != TS_OK) {
+      if (ts_train_parse_recompute(v, &cfg.engine.recompute_every) != TS_OK) {
         if (lead) fprintf(stderr, "tessera train: %s\n", ts_last_error());
         return 2;
       }

@@ -1,7 +1,7 @@
 // data_test.cc — token shards (round trip, every malformed-file error) and
 // the loader (contiguous windows, shifted targets, per-epoch permutation,
 // data-parallel slices that tile the global batch).
-#include "engine/data.h"
+#include "engine/token_file.h"
 
 #include <gtest/gtest.h>
 #include <stdint.h>
@@ -60,7 +60,7 @@ TEST(Shard, RoundTripUint16) {
   TempDir dir("ts_data_test");
   const std::string p = dir.path("train.bin");
   std::vector<uint32_t> toks = {0, 1, 65534, 42, 7, 65534, 3};
-  ASSERT_EQ(ts_shard_write(p.c_str(), toks.data(), toks.size(), 65535), TS_OK) << ts_last_error();
+  ASSERT_EQ(ts_token_file_write(p.c_str(), toks.data(), toks.size(), 65535), TS_OK) << ts_last_error();
   EXPECT_FALSE(FileExists(p + ".tmp"));
   std::vector<uint8_t> bytes = ReadFile(p);
   ASSERT_EQ(bytes.size(), 1024 + 2 * toks.size());
@@ -70,11 +70,11 @@ TEST(Shard, RoundTripUint16) {
   EXPECT_EQ(h[1], 1);
   EXPECT_EQ(h[2], (int32_t)toks.size());
 
-  ts_token_shard *sh = nullptr;
-  ASSERT_EQ(ts_shard_open(&sh, p.c_str(), 65535), TS_OK) << ts_last_error();
-  ASSERT_EQ(ts_shard_num_tokens(sh), toks.size());
-  for (size_t i = 0; i < toks.size(); i++) EXPECT_EQ(ts_shard_token(sh, i), toks[i]) << i;
-  ts_shard_close(sh);
+  ts_token_file *sh = nullptr;
+  ASSERT_EQ(ts_token_file_open(&sh, p.c_str(), 65535), TS_OK) << ts_last_error();
+  ASSERT_EQ(ts_token_file_num_tokens(sh), toks.size());
+  for (size_t i = 0; i < toks.size(); i++) EXPECT_EQ(ts_token_file_token(sh, i), toks[i]) << i;
+  ts_token_file_close(sh);
 }
 
 TEST(Shard, RoundTripUint32) {
@@ -82,7 +82,7 @@ TEST(Shard, RoundTripUint32) {
   const std::string p = dir.path("train.bin");
   const size_t vocab = 100000;  // > 65535: uint32 tokens
   std::vector<uint32_t> toks = {0, 65535, 65536, 99999, 12345};
-  ASSERT_EQ(ts_shard_write(p.c_str(), toks.data(), toks.size(), vocab), TS_OK) << ts_last_error();
+  ASSERT_EQ(ts_token_file_write(p.c_str(), toks.data(), toks.size(), vocab), TS_OK) << ts_last_error();
   std::vector<uint8_t> bytes = ReadFile(p);
   ASSERT_EQ(bytes.size(), 1024 + 4 * toks.size());
   int32_t h[3];
@@ -91,27 +91,27 @@ TEST(Shard, RoundTripUint32) {
   EXPECT_EQ(h[1], 7);
   EXPECT_EQ(h[2], (int32_t)toks.size());
 
-  ts_token_shard *sh = nullptr;
-  ASSERT_EQ(ts_shard_open(&sh, p.c_str(), vocab), TS_OK) << ts_last_error();
-  ASSERT_EQ(ts_shard_num_tokens(sh), toks.size());
-  for (size_t i = 0; i < toks.size(); i++) EXPECT_EQ(ts_shard_token(sh, i), toks[i]) << i;
-  ts_shard_close(sh);
+  ts_token_file *sh = nullptr;
+  ASSERT_EQ(ts_token_file_open(&sh, p.c_str(), vocab), TS_OK) << ts_last_error();
+  ASSERT_EQ(ts_token_file_num_tokens(sh), toks.size());
+  for (size_t i = 0; i < toks.size(); i++) EXPECT_EQ(ts_token_file_token(sh, i), toks[i]) << i;
+  ts_token_file_close(sh);
 }
 
 TEST(Shard, RewriteReplacesExistingFile) {
   TempDir dir("ts_data_test");
   const std::string p = dir.path("train.bin");
   std::vector<uint32_t> a = Ramp(10, 50), b = Ramp(3, 50);
-  ASSERT_EQ(ts_shard_write(p.c_str(), a.data(), a.size(), 50), TS_OK);
-  ASSERT_EQ(ts_shard_write(p.c_str(), b.data(), b.size(), 50), TS_OK);
+  ASSERT_EQ(ts_token_file_write(p.c_str(), a.data(), a.size(), 50), TS_OK);
+  ASSERT_EQ(ts_token_file_write(p.c_str(), b.data(), b.size(), 50), TS_OK);
   EXPECT_EQ(ReadFile(p).size(), 1024u + 2 * 3);
 }
 
 TEST(Shard, MissingFileIsIoError) {
   TempDir dir("ts_data_test");
   const std::string p = dir.path("train.bin");
-  ts_token_shard *sh = (ts_token_shard *)0x1;
-  EXPECT_EQ(ts_shard_open(&sh, p.c_str(), 100), TS_ERR_IO);
+  ts_token_file *sh = (ts_token_file *)0x1;
+  EXPECT_EQ(ts_token_file_open(&sh, p.c_str(), 100), TS_ERR_IO);
   EXPECT_EQ(sh, nullptr);
   std::string msg = ts_last_error();
   EXPECT_NE(msg.find("train.bin: cannot open: No such file or directory"), std::string::npos) << msg;
@@ -121,12 +121,12 @@ TEST(Shard, BadMagicNamesFieldAndExpectedValues) {
   TempDir dir("ts_data_test");
   const std::string p = dir.path("train.bin");
   std::vector<uint32_t> toks = Ramp(8, 100);
-  ASSERT_EQ(ts_shard_write(p.c_str(), toks.data(), toks.size(), 100), TS_OK);
+  ASSERT_EQ(ts_token_file_write(p.c_str(), toks.data(), toks.size(), 100), TS_OK);
   std::vector<uint8_t> bytes = ReadFile(p);
   PutInt32(&bytes, 0, 12345);
   WriteFile(p, bytes);
-  ts_token_shard *sh = nullptr;
-  EXPECT_EQ(ts_shard_open(&sh, p.c_str(), 100), TS_ERR_FORMAT);
+  ts_token_file *sh = nullptr;
+  EXPECT_EQ(ts_token_file_open(&sh, p.c_str(), 100), TS_ERR_FORMAT);
   std::string msg = ts_last_error();
   EXPECT_NE(msg.find("train.bin"), std::string::npos) << msg;
   EXPECT_NE(msg.find("magic"), std::string::npos) << msg;
@@ -139,12 +139,12 @@ TEST(Shard, BadVersionNamesFieldAndExpectedValue) {
   TempDir dir("ts_data_test");
   const std::string p = dir.path("val.bin");
   std::vector<uint32_t> toks = Ramp(8, 100);
-  ASSERT_EQ(ts_shard_write(p.c_str(), toks.data(), toks.size(), 100), TS_OK);
+  ASSERT_EQ(ts_token_file_write(p.c_str(), toks.data(), toks.size(), 100), TS_OK);
   std::vector<uint8_t> bytes = ReadFile(p);
   PutInt32(&bytes, 1, 7);  // uint32's version with uint16's magic
   WriteFile(p, bytes);
-  ts_token_shard *sh = nullptr;
-  EXPECT_EQ(ts_shard_open(&sh, p.c_str(), 100), TS_ERR_FORMAT);
+  ts_token_file *sh = nullptr;
+  EXPECT_EQ(ts_token_file_open(&sh, p.c_str(), 100), TS_ERR_FORMAT);
   std::string msg = ts_last_error();
   EXPECT_NE(msg.find("val.bin"), std::string::npos) << msg;
   EXPECT_NE(msg.find("version"), std::string::npos) << msg;
@@ -156,14 +156,14 @@ TEST(Shard, TruncatedAndTrailingBytesNameExpectedSize) {
   TempDir dir("ts_data_test");
   const std::string p = dir.path("train.bin");
   std::vector<uint32_t> toks = Ramp(10, 100);
-  ASSERT_EQ(ts_shard_write(p.c_str(), toks.data(), toks.size(), 100), TS_OK);
+  ASSERT_EQ(ts_token_file_write(p.c_str(), toks.data(), toks.size(), 100), TS_OK);
   std::vector<uint8_t> good = ReadFile(p);
   ASSERT_EQ(good.size(), 1044u);
 
   std::vector<uint8_t> cut(good.begin(), good.end() - 3);  // 1041 bytes
   WriteFile(p, cut);
-  ts_token_shard *sh = nullptr;
-  EXPECT_EQ(ts_shard_open(&sh, p.c_str(), 100), TS_ERR_FORMAT);
+  ts_token_file *sh = nullptr;
+  EXPECT_EQ(ts_token_file_open(&sh, p.c_str(), 100), TS_ERR_FORMAT);
   std::string msg = ts_last_error();
   EXPECT_NE(msg.find("train.bin"), std::string::npos) << msg;
   EXPECT_NE(msg.find("1041"), std::string::npos) << msg;
@@ -172,14 +172,14 @@ TEST(Shard, TruncatedAndTrailingBytesNameExpectedSize) {
   std::vector<uint8_t> longer = good;
   longer.push_back(0);
   WriteFile(p, longer);
-  EXPECT_EQ(ts_shard_open(&sh, p.c_str(), 100), TS_ERR_FORMAT);
+  EXPECT_EQ(ts_token_file_open(&sh, p.c_str(), 100), TS_ERR_FORMAT);
   msg = ts_last_error();
   EXPECT_NE(msg.find("expected 1044"), std::string::npos) << msg;
   EXPECT_NE(msg.find("trailing"), std::string::npos) << msg;
 
   std::vector<uint8_t> stub(good.begin(), good.begin() + 100);  // not even a header
   WriteFile(p, stub);
-  EXPECT_EQ(ts_shard_open(&sh, p.c_str(), 100), TS_ERR_FORMAT);
+  EXPECT_EQ(ts_token_file_open(&sh, p.c_str(), 100), TS_ERR_FORMAT);
   msg = ts_last_error();
   EXPECT_NE(msg.find("1024"), std::string::npos) << msg;
   EXPECT_EQ(sh, nullptr);
@@ -190,9 +190,9 @@ TEST(Shard, TokenOutsideVocabularyNamesPositionAndId) {
   const std::string p = dir.path("train.bin");
   std::vector<uint32_t> toks = Ramp(10, 100);
   toks[6] = 250;
-  ASSERT_EQ(ts_shard_write(p.c_str(), toks.data(), toks.size(), 300), TS_OK);
-  ts_token_shard *sh = nullptr;
-  EXPECT_EQ(ts_shard_open(&sh, p.c_str(), 200), TS_ERR_FORMAT);
+  ASSERT_EQ(ts_token_file_write(p.c_str(), toks.data(), toks.size(), 300), TS_OK);
+  ts_token_file *sh = nullptr;
+  EXPECT_EQ(ts_token_file_open(&sh, p.c_str(), 200), TS_ERR_FORMAT);
   EXPECT_EQ(sh, nullptr);
   std::string msg = ts_last_error();
   EXPECT_NE(msg.find("train.bin"), std::string::npos) << msg;
@@ -206,7 +206,7 @@ TEST(Shard, WritingInvalidTokenLeavesNoFile) {
   const std::string p = dir.path("train.bin");
   std::vector<uint32_t> toks = Ramp(10, 100);
   toks[9] = 100;  // == vocab_size
-  EXPECT_EQ(ts_shard_write(p.c_str(), toks.data(), toks.size(), 100), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(ts_token_file_write(p.c_str(), toks.data(), toks.size(), 100), TS_ERR_INVALID_ARGUMENT);
   std::string msg = ts_last_error();
   EXPECT_NE(msg.find("train.bin"), std::string::npos) << msg;
   EXPECT_NE(msg.find("token 9"), std::string::npos) << msg;
@@ -216,9 +216,9 @@ TEST(Shard, WritingInvalidTokenLeavesNoFile) {
 
   // An existing good shard survives a failed rewrite untouched.
   std::vector<uint32_t> good = Ramp(5, 100);
-  ASSERT_EQ(ts_shard_write(p.c_str(), good.data(), good.size(), 100), TS_OK);
+  ASSERT_EQ(ts_token_file_write(p.c_str(), good.data(), good.size(), 100), TS_OK);
   std::vector<uint8_t> before = ReadFile(p);
-  EXPECT_EQ(ts_shard_write(p.c_str(), toks.data(), toks.size(), 100), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(ts_token_file_write(p.c_str(), toks.data(), toks.size(), 100), TS_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(ReadFile(p), before);
 }
 
@@ -226,15 +226,15 @@ TEST(Shard, WritingInvalidTokenLeavesNoFile) {
 
 struct ShardFixture {
   TempDir dir{"ts_data_test"};
-  ts_token_shard *sh = nullptr;
+  ts_token_file *sh = nullptr;
   std::vector<uint32_t> toks;
   explicit ShardFixture(size_t n, size_t vocab = 1000) {
     toks = Ramp(n, vocab);
     std::string p = dir.path("train.bin");
-    EXPECT_EQ(ts_shard_write(p.c_str(), toks.data(), toks.size(), vocab), TS_OK);
-    EXPECT_EQ(ts_shard_open(&sh, p.c_str(), vocab), TS_OK) << ts_last_error();
+    EXPECT_EQ(ts_token_file_write(p.c_str(), toks.data(), toks.size(), vocab), TS_OK);
+    EXPECT_EQ(ts_token_file_open(&sh, p.c_str(), vocab), TS_OK) << ts_last_error();
   }
-  ~ShardFixture() { ts_shard_close(sh); }
+  ~ShardFixture() { ts_token_file_close(sh); }
 };
 
 // Window index of one filled sequence (tokens are a ramp, so the first input

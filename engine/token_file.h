@@ -1,7 +1,9 @@
 /*
- * data.h — token shards and the data loader.
+ * token_file.h — token files (the training data on disk) and the loader that
+ * cuts them into sequences. (Not to be confused with parameter shards,
+ * shard/: a token file is what llm.c calls a shard.)
  *
- * A token shard is one file in llm.c's layout: a header of 256 little-endian
+ * A token file is one file in llm.c's shard layout: a header of 256 little-endian
  * int32 values (header[0] magic, header[1] version, header[2] token count,
  * the rest zero), then the tokens back to back:
  *   magic 20240520, version 1: uint16 tokens (vocabulary of at most 65 535 ids);
@@ -9,7 +11,7 @@
  * File size is exactly 1024 + count * token bytes; every token id is below the
  * vocabulary size. The host must be little-endian, as llm.c assumes.
  *
- * The loader cuts a shard into windows of T+1 tokens at stride T (window w is
+ * The loader cuts a token file into windows of T+1 tokens at stride T (window w is
  * tokens [w*T, w*T + T], so consecutive windows share one token) and hands
  * them out by a global sample index k = 0, 1, 2, ...: epoch e = k / W,
  * position p = k % W, window perm_e[p], where perm_e is a Fisher-Yates
@@ -19,8 +21,8 @@
  * size, the ZeRO stage, the micro-batch size or on what was read before.
  * ts_loader_sample_index() says which indices each data-parallel rank reads.
  */
-#ifndef TS_ENGINE_DATA_H
-#define TS_ENGINE_DATA_H
+#ifndef TS_ENGINE_TOKEN_FILE_H
+#define TS_ENGINE_TOKEN_FILE_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -32,34 +34,34 @@ extern "C" {
 #endif
 
 /* Header layout (int32 slots) and the two accepted formats. */
-#define TS_SHARD_HEADER_INTS 256
-#define TS_SHARD_HEADER_BYTES (TS_SHARD_HEADER_INTS * 4)
-#define TS_SHARD_MAGIC_U16 20240520
-#define TS_SHARD_VERSION_U16 1
-#define TS_SHARD_MAGIC_U32 20240801
-#define TS_SHARD_VERSION_U32 7
+#define TS_TOKEN_FILE_HEADER_INTS 256
+#define TS_TOKEN_FILE_HEADER_BYTES (TS_TOKEN_FILE_HEADER_INTS * 4)
+#define TS_TOKEN_FILE_MAGIC_U16 20240520
+#define TS_TOKEN_FILE_VERSION_U16 1
+#define TS_TOKEN_FILE_MAGIC_U32 20240801
+#define TS_TOKEN_FILE_VERSION_U32 7
 /* Largest vocabulary stored as uint16 tokens; larger ones use uint32. */
-#define TS_SHARD_U16_MAX_VOCAB 65535
-/* Largest vocabulary a shard may declare: ids must fit the loader's int32. */
-#define TS_SHARD_MAX_VOCAB ((size_t)INT32_MAX)
+#define TS_TOKEN_FILE_U16_MAX_VOCAB 65535
+/* Largest vocabulary a token file may declare: ids must fit the loader's int32. */
+#define TS_TOKEN_FILE_MAX_VOCAB ((size_t)INT32_MAX)
 
-/* Writes tokens (n_tokens, uint32, host) as a shard at `path`: uint16 tokens
+/* Writes tokens (n_tokens, uint32, host) as a token file at `path`: uint16 tokens
  * when vocab_size <= 65 535, else uint32. The file appears atomically: the
  * bytes go to path + ".tmp", are fsync'ed, then renamed over `path` (an
  * existing file is replaced only on success).
  * Returns TS_OK; TS_ERR_INVALID_ARGUMENT if vocab_size is 0 or above
- * TS_SHARD_MAX_VOCAB, if n_tokens exceeds INT32_MAX (llm.c's int32 count), or
+ * TS_TOKEN_FILE_MAX_VOCAB, if n_tokens exceeds INT32_MAX (llm.c's int32 count), or
  * if a token is >= vocab_size (the message names the position and the id;
  * nothing is written); TS_ERR_IO if a write, fsync or rename fails (the .tmp
  * file is removed). */
-ts_status ts_shard_write(const char *path, const uint32_t *tokens, size_t n_tokens,
+ts_status ts_token_file_write(const char *path, const uint32_t *tokens, size_t n_tokens,
                          size_t vocab_size);
 
-/* An open, validated shard (opaque). Owns its mapping of the file; read-only
- * after ts_shard_open, so several loaders and threads may share one. */
-typedef struct ts_token_shard ts_token_shard;
+/* An open, validated token file (opaque). Owns its mapping of the file; read-only
+ * after ts_token_file_open, so several loaders and threads may share one. */
+typedef struct ts_token_file ts_token_file;
 
-/* Opens and validates the shard at `path` (memory-mapped read-only).
+/* Opens and validates the token file at `path` (memory-mapped read-only).
  * Checks, in order: the file opens (TS_ERR_IO: "train.bin: cannot open: No
  * such file or directory"); it holds a whole header; header[0] is a known
  * magic and header[1] its version; header[2] is a non-negative count; the
@@ -67,35 +69,35 @@ typedef struct ts_token_shard ts_token_shard;
  * bytes); every token id is < vocab_size. Format failures return
  * TS_ERR_FORMAT with a message naming the file, the field, the value found
  * and the expected value. TS_ERR_INVALID_ARGUMENT if vocab_size is 0 or above
- * TS_SHARD_MAX_VOCAB; TS_ERR_OUT_OF_MEMORY. On failure *out is NULL. */
-ts_status ts_shard_open(ts_token_shard **out, const char *path, size_t vocab_size);
+ * TS_TOKEN_FILE_MAX_VOCAB; TS_ERR_OUT_OF_MEMORY. On failure *out is NULL. */
+ts_status ts_token_file_open(ts_token_file **out, const char *path, size_t vocab_size);
 
-/* Number of tokens in the shard. */
-size_t ts_shard_num_tokens(const ts_token_shard *shard);
+/* Number of tokens in the file. */
+size_t ts_token_file_num_tokens(const ts_token_file *tf);
 
-/* Token i (i < ts_shard_num_tokens; asserted). */
-uint32_t ts_shard_token(const ts_token_shard *shard, size_t i);
+/* Token i (i < ts_token_file_num_tokens; asserted). */
+uint32_t ts_token_file_token(const ts_token_file *tf, size_t i);
 
-/* The path the shard was opened from (for messages). */
-const char *ts_shard_path(const ts_token_shard *shard);
+/* The path the file was opened from (for messages). */
+const char *ts_token_file_path(const ts_token_file *tf);
 
-/* Unmaps and frees the shard; NULL is a no-op. Loaders built on it must be
+/* Unmaps and frees the file; NULL is a no-op. Loaders built on it must be
  * freed first. */
-void ts_shard_close(ts_token_shard *shard);
+void ts_token_file_close(ts_token_file *tf);
 
-/* A loader over one shard (opaque). Borrows the shard; caches the window
+/* A loader over one token file (opaque). Borrows the file; caches the window
  * permutation of the most recent epoch, so it is not thread-safe (one loader
  * per thread). */
 typedef struct ts_loader ts_loader;
 
-/* Creates a loader of sequences of T tokens over `shard`:
+/* Creates a loader of sequences of T tokens over `tf`:
  * W = (n_tokens - 1) / T windows; shuffle != 0 permutes the windows anew
  * each epoch from `seed` (training), shuffle == 0 visits them in file order
  * (evaluation; `seed` is ignored).
- * Returns TS_OK; TS_ERR_INVALID_ARGUMENT if T is 0 or the shard has fewer
+ * Returns TS_OK; TS_ERR_INVALID_ARGUMENT if T is 0 or the file has fewer
  * than T+1 tokens (W == 0; "val.bin: shard has N tokens, fewer than seq
  * T+1 = ..."); TS_ERR_OUT_OF_MEMORY. On failure *out is NULL. */
-ts_status ts_loader_init(ts_loader **out, const ts_token_shard *shard, size_t T,
+ts_status ts_loader_init(ts_loader **out, const ts_token_file *tf, size_t T,
                          uint64_t seed, int shuffle);
 
 /* Fills `count` sequences for the sample indices first_sample, ...,
@@ -111,7 +113,7 @@ ts_status ts_loader_fill(ts_loader *ld, int32_t *inputs, int32_t *targets,
 /* Number of windows W per epoch. */
 size_t ts_loader_num_windows(const ts_loader *ld);
 
-/* Frees the loader (not the shard); NULL is a no-op. */
+/* Frees the loader (not the file); NULL is a no-op. */
 void ts_loader_free(ts_loader *ld);
 
 /* First sample index of one micro-batch: rank dp_rank of a data-parallel
@@ -131,4 +133,4 @@ uint64_t ts_loader_sample_index(uint64_t step, size_t accum_step, size_t accum,
 }
 #endif
 
-#endif /* TS_ENGINE_DATA_H */
+#endif /* TS_ENGINE_TOKEN_FILE_H */

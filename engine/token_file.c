@@ -1,5 +1,6 @@
 /*
- * data.c — token shards (llm.c layout) and the deterministic data loader.
+ * token_file.c — token files (llm.c shard layout) and the deterministic data
+ * loader.
  *
  * Invariants: an open shard has been validated completely (header, exact
  * size, every token < vocab_size), so readers never re-check; shard files are
@@ -8,7 +9,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
-#include "engine/data.h"
+#include "engine/token_file.h"
 
 #include "base/atomic_file.h"
 #include "base/rng.h"
@@ -22,8 +23,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-struct ts_token_shard {
-  char *path;              /* as passed to ts_shard_open (owned) */
+struct ts_token_file {
+  char *path;              /* as passed to ts_token_file_open (owned) */
   void *map;               /* whole file, read-only mapping */
   size_t map_bytes;        /* file size in bytes */
   const uint16_t *tok16;   /* (n_tokens) when stored as uint16, else NULL */
@@ -32,7 +33,7 @@ struct ts_token_shard {
 };
 
 struct ts_loader {
-  const ts_token_shard *shard; /* borrowed */
+  const ts_token_file *shard; /* borrowed */
   size_t T;                    /* sequence length in tokens */
   size_t n_windows;            /* W = (n_tokens - 1) / T */
   uint64_t seed;               /* shuffle seed */
@@ -44,13 +45,13 @@ struct ts_loader {
 
 /* ------------------------------------------------------------------ writing */
 
-ts_status ts_shard_write(const char *path, const uint32_t *tokens, size_t n_tokens,
+ts_status ts_token_file_write(const char *path, const uint32_t *tokens, size_t n_tokens,
                          size_t vocab_size) {
   if (path == NULL || (tokens == NULL && n_tokens > 0))
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "ts_shard_write: path and tokens must not be NULL");
-  if (vocab_size == 0 || vocab_size > TS_SHARD_MAX_VOCAB)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "ts_token_file_write: path and tokens must not be NULL");
+  if (vocab_size == 0 || vocab_size > TS_TOKEN_FILE_MAX_VOCAB)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: vocab_size %zu: expected 1 .. %zu", path,
-                        vocab_size, TS_SHARD_MAX_VOCAB);
+                        vocab_size, TS_TOKEN_FILE_MAX_VOCAB);
   if (n_tokens > (size_t)INT32_MAX)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "%s: %zu tokens: expected at most %d (llm.c's int32 token count)", path,
@@ -62,10 +63,10 @@ ts_status ts_shard_write(const char *path, const uint32_t *tokens, size_t n_toke
                           (unsigned)tokens[i], vocab_size);
   }
 
-  const int wide = vocab_size > TS_SHARD_U16_MAX_VOCAB;
-  int32_t header[TS_SHARD_HEADER_INTS] = {0};
-  header[0] = wide ? TS_SHARD_MAGIC_U32 : TS_SHARD_MAGIC_U16;
-  header[1] = wide ? TS_SHARD_VERSION_U32 : TS_SHARD_VERSION_U16;
+  const int wide = vocab_size > TS_TOKEN_FILE_U16_MAX_VOCAB;
+  int32_t header[TS_TOKEN_FILE_HEADER_INTS] = {0};
+  header[0] = wide ? TS_TOKEN_FILE_MAGIC_U32 : TS_TOKEN_FILE_MAGIC_U16;
+  header[1] = wide ? TS_TOKEN_FILE_VERSION_U32 : TS_TOKEN_FILE_VERSION_U16;
   header[2] = (int32_t)n_tokens;
 
   ts_atomic_file *f;
@@ -91,13 +92,13 @@ ts_status ts_shard_write(const char *path, const uint32_t *tokens, size_t n_toke
 
 /* ------------------------------------------------------------------ reading */
 
-ts_status ts_shard_open(ts_token_shard **out, const char *path, size_t vocab_size) {
+ts_status ts_token_file_open(ts_token_file **out, const char *path, size_t vocab_size) {
   if (out == NULL || path == NULL)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "ts_shard_open: out and path must not be NULL");
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "ts_token_file_open: out and path must not be NULL");
   *out = NULL;
-  if (vocab_size == 0 || vocab_size > TS_SHARD_MAX_VOCAB)
+  if (vocab_size == 0 || vocab_size > TS_TOKEN_FILE_MAX_VOCAB)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: vocab_size %zu: expected 1 .. %zu", path,
-                        vocab_size, TS_SHARD_MAX_VOCAB);
+                        vocab_size, TS_TOKEN_FILE_MAX_VOCAB);
 
   int fd = open(path, O_RDONLY);
   if (fd < 0) return ts_set_error(TS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
@@ -108,11 +109,11 @@ ts_status ts_shard_open(ts_token_shard **out, const char *path, size_t vocab_siz
     return st;
   }
   size_t file_bytes = (size_t)sb.st_size;
-  if (file_bytes < TS_SHARD_HEADER_BYTES) {
+  if (file_bytes < TS_TOKEN_FILE_HEADER_BYTES) {
     close(fd);
     return ts_set_error(TS_ERR_FORMAT,
                         "%s: file is %zu bytes, expected at least the %d-byte header (256 x int32)",
-                        path, file_bytes, TS_SHARD_HEADER_BYTES);
+                        path, file_bytes, TS_TOKEN_FILE_HEADER_BYTES);
   }
   void *map = mmap(NULL, file_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
   int map_errno = errno;
@@ -122,27 +123,27 @@ ts_status ts_shard_open(ts_token_shard **out, const char *path, size_t vocab_siz
                         strerror(map_errno));
 
   ts_status st = TS_OK;
-  ts_token_shard *sh = NULL;
+  ts_token_file *sh = NULL;
   const int32_t *header = (const int32_t *)map;
   size_t token_bytes = 0;
-  if (header[0] == TS_SHARD_MAGIC_U16) {
+  if (header[0] == TS_TOKEN_FILE_MAGIC_U16) {
     token_bytes = 2;
-    if (header[1] != TS_SHARD_VERSION_U16) {
+    if (header[1] != TS_TOKEN_FILE_VERSION_U16) {
       st = ts_set_error(TS_ERR_FORMAT, "%s: header[1] (version) is %d, expected %d for magic %d",
-                        path, header[1], TS_SHARD_VERSION_U16, TS_SHARD_MAGIC_U16);
+                        path, header[1], TS_TOKEN_FILE_VERSION_U16, TS_TOKEN_FILE_MAGIC_U16);
       goto fail;
     }
-  } else if (header[0] == TS_SHARD_MAGIC_U32) {
+  } else if (header[0] == TS_TOKEN_FILE_MAGIC_U32) {
     token_bytes = 4;
-    if (header[1] != TS_SHARD_VERSION_U32) {
+    if (header[1] != TS_TOKEN_FILE_VERSION_U32) {
       st = ts_set_error(TS_ERR_FORMAT, "%s: header[1] (version) is %d, expected %d for magic %d",
-                        path, header[1], TS_SHARD_VERSION_U32, TS_SHARD_MAGIC_U32);
+                        path, header[1], TS_TOKEN_FILE_VERSION_U32, TS_TOKEN_FILE_MAGIC_U32);
       goto fail;
     }
   } else {
     st = ts_set_error(TS_ERR_FORMAT,
                       "%s: header[0] (magic) is %d, expected %d (uint16 tokens) or %d (uint32 tokens)",
-                      path, header[0], TS_SHARD_MAGIC_U16, TS_SHARD_MAGIC_U32);
+                      path, header[0], TS_TOKEN_FILE_MAGIC_U16, TS_TOKEN_FILE_MAGIC_U32);
     goto fail;
   }
   if (header[2] < 0) {
@@ -151,7 +152,7 @@ ts_status ts_shard_open(ts_token_shard **out, const char *path, size_t vocab_siz
     goto fail;
   }
   size_t n_tokens = (size_t)header[2];
-  size_t expect_bytes = TS_SHARD_HEADER_BYTES + n_tokens * token_bytes;
+  size_t expect_bytes = TS_TOKEN_FILE_HEADER_BYTES + n_tokens * token_bytes;
   if (file_bytes != expect_bytes) {
     st = ts_set_error(TS_ERR_FORMAT,
                       "%s: file is %zu bytes, expected %zu (1024-byte header + %zu tokens x %zu "
@@ -161,7 +162,7 @@ ts_status ts_shard_open(ts_token_shard **out, const char *path, size_t vocab_siz
     goto fail;
   }
 
-  sh = (ts_token_shard *)calloc(1, sizeof *sh);
+  sh = (ts_token_file *)calloc(1, sizeof *sh);
   if (sh == NULL || (sh->path = strdup(path)) == NULL) {
     st = ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: out of memory", path);
     goto fail;
@@ -169,7 +170,7 @@ ts_status ts_shard_open(ts_token_shard **out, const char *path, size_t vocab_siz
   sh->map = map;
   sh->map_bytes = file_bytes;
   sh->n_tokens = n_tokens;
-  const char *body = (const char *)map + TS_SHARD_HEADER_BYTES;
+  const char *body = (const char *)map + TS_TOKEN_FILE_HEADER_BYTES;
   if (token_bytes == 2) {
     sh->tok16 = (const uint16_t *)body;
     for (size_t i = 0; i < n_tokens; i++) {
@@ -203,16 +204,16 @@ fail:
   return st;
 }
 
-size_t ts_shard_num_tokens(const ts_token_shard *shard) { return shard->n_tokens; }
+size_t ts_token_file_num_tokens(const ts_token_file *shard) { return shard->n_tokens; }
 
-uint32_t ts_shard_token(const ts_token_shard *shard, size_t i) {
+uint32_t ts_token_file_token(const ts_token_file *shard, size_t i) {
   TS_ASSERT(i < shard->n_tokens);
   return shard->tok16 != NULL ? shard->tok16[i] : shard->tok32[i];
 }
 
-const char *ts_shard_path(const ts_token_shard *shard) { return shard->path; }
+const char *ts_token_file_path(const ts_token_file *shard) { return shard->path; }
 
-void ts_shard_close(ts_token_shard *shard) {
+void ts_token_file_close(ts_token_file *shard) {
   if (shard == NULL) return;
   munmap(shard->map, shard->map_bytes);
   free(shard->path);
@@ -243,7 +244,7 @@ static void build_permutation(size_t *perm, size_t W, uint64_t seed, uint64_t ep
   }
 }
 
-ts_status ts_loader_init(ts_loader **out, const ts_token_shard *shard, size_t T, uint64_t seed,
+ts_status ts_loader_init(ts_loader **out, const ts_token_file *shard, size_t T, uint64_t seed,
                          int shuffle) {
   if (out == NULL || shard == NULL)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "ts_loader_init: out and shard must not be NULL");
@@ -304,7 +305,7 @@ ts_status ts_loader_fill(ts_loader *ld, int32_t *inputs, int32_t *targets, uint6
     size_t start = window * T;
     int32_t *in = inputs + i * T;   /* (T) */
     int32_t *tg = targets + i * T;  /* (T) */
-    const ts_token_shard *sh = ld->shard;
+    const ts_token_file *sh = ld->shard;
     if (sh->tok16 != NULL) {
       const uint16_t *src = sh->tok16 + start; /* (T+1) */
       for (size_t t = 0; t < T; t++) {
