@@ -239,7 +239,7 @@ static ts_status create(ts_engine *e) {
   for (int u = 0; u < m->n_units; u++) TS_CHECK(alloc_unit(e, u));
   size_t ws = 0;
   for (int u = 0; u < m->n_units; u++) {
-    size_t w = ts_llama_workspace_bytes(m, u, B, T, e->opts.dtype);
+    size_t w = ts_llama_workspace_bytes(m, u, B, T, e->opts.dtype, TS_DEVICE_CPU);
     if (w > ws) ws = w;
   }
   TS_CHECK(ts_ledger_alloc(&e->ledger, TS_MEM_WORKSPACE, ws, &e->ctx.workspace));

@@ -1,12 +1,21 @@
 /*
  * kernels.h — the device-neutral, dtype-aware math of one device.
  *
+ * One front, several backends (DESIGN.md "Devices"; ggml's backend table):
+ * every function here is implemented once in kernels/kernels.c, which
+ * validates the arguments (context, device, dtypes, pointers, aliasing,
+ * shapes, workspace size) and then calls the op of ctx->device's backend
+ * table (kernels/backend.h): kernels/cpu/ (OpenBLAS + OpenMP) or
+ * kernels/cuda/. A backend checks only what depends on the data (a token or
+ * target out of range) or on its own limits (BLAS's int dimensions).
+ *
  * Every op takes a ts_kctx (which device, which stream, which workspace),
  * then outputs, then inputs, then dimensions, then the storage dtype `dt` of
- * its activation/parameter tensors (llm.c argument order). Statistics that
- * backward needs (rstd, per-row losses) are always fp32. Half-precision
- * storage (bf16/fp16) is read, widened, computed and accumulated in fp32, and
- * rounded back to storage with round-to-nearest-even.
+ * its activation/parameter tensors (llm.c argument order). Every pointer
+ * lives on ctx->device unless its name starts with h_ (host memory).
+ * Statistics that backward needs (rstd, per-row losses) are always fp32.
+ * Half-precision storage (bf16/fp16) is read, widened, computed and
+ * accumulated in fp32, and rounded back to storage with round-to-nearest-even.
  *
  * Shapes use B batch, T sequence, C channels, NH query heads, NKV key/value
  * heads, HS head size, I MLP width, V vocabulary, N rows (= B*T).
@@ -15,12 +24,14 @@
  *
  * Scratch memory comes only from ctx->workspace (charged to the ledger's
  * workspace category by the caller); each op that needs some has a
- * *_workspace_bytes() query returning the exact bytes it will take. An op
- * whose workspace is too small returns TS_ERR_OUT_OF_MEMORY, touching nothing.
+ * *_workspace_bytes(device, ...) query returning the exact bytes it will
+ * take on that device. An op whose workspace is too small returns
+ * TS_ERR_OUT_OF_MEMORY, touching nothing.
  *
- * Devices: every op runs on TS_DEVICE_CPU (OpenBLAS + OpenMP). On
- * TS_DEVICE_CUDA, ts_k_cast, ts_k_zero and ts_k_adamw run (kernels/cuda/); the rest
- * return TS_ERR_UNSUPPORTED until the GPU issue lands.
+ * Devices: every op runs on TS_DEVICE_CPU. On TS_DEVICE_CUDA, the memory
+ * functions, ts_k_cast, ts_k_zero and ts_k_adamw run (kernels/cuda/); the
+ * other ops return TS_ERR_UNSUPPORTED ("... has no CUDA implementation
+ * yet") until the GPU issue lands. CUDA ops are asynchronous on ctx->stream.
  *
  * Determinism: for a fixed input, every op's result is bitwise identical
  * whatever the number of OpenMP threads (reductions use fixed chunking).
@@ -28,10 +39,10 @@
  * Status values: TS_OK; TS_ERR_INVALID_ARGUMENT for a NULL ctx, an unknown
  * dtype or device, a NULL pointer the op needs, a bad shape (odd HS,
  * NH % NKV != 0, ...) or bad data (a token or target out of range);
- * TS_ERR_OUT_OF_MEMORY for a workspace below the op's query;
- * TS_ERR_UNSUPPORTED for a device the op has no body for; TS_ERR_CUDA for a
- * failed launch. Every such check runs before any output is written.
- * Implementations: kernels/cpu/ (one file per op family), kernels/cuda/.
+ * TS_ERR_OUT_OF_MEMORY for a workspace below the op's query or a failed
+ * allocation; TS_ERR_UNSUPPORTED for a device the op has no body for;
+ * TS_ERR_CUDA for a failed launch or CUDA call. Every such check runs before
+ * any output is written.
  */
 #ifndef TS_KERNELS_KERNELS_H
 #define TS_KERNELS_KERNELS_H
@@ -45,14 +56,53 @@
 extern "C" {
 #endif
 
-/* Execution context of a kernel call. Plain descriptor; the caller owns the
- * workspace memory and the stream. */
+/* Execution context of a kernel call. Plain descriptor; whoever filled it
+ * (ts_k_context_init, or a caller building a CPU context by hand) owns the
+ * workspace memory, the stream and the handles. */
 typedef struct ts_kctx {
-  ts_device device;      /* where every pointer argument lives */
-  void *stream;          /* cudaStream_t on TS_DEVICE_CUDA, NULL on CPU */
-  void *workspace;       /* scratch, 64-byte aligned, on `device` */
+  ts_device device;       /* where every pointer argument lives */
+  int device_index;       /* CUDA device ordinal (cudaSetDevice); 0 on CPU */
+  void *stream;           /* cudaStream_t on TS_DEVICE_CUDA, NULL on CPU */
+  void *blas;             /* cublasLtHandle_t on CUDA once an op uses it, else NULL */
+  void *dnn;              /* cudnnHandle_t on CUDA once an op uses it, else NULL */
+  void *workspace;        /* scratch, 64-byte aligned, on `device` */
   size_t workspace_bytes; /* bytes available at `workspace` */
 } ts_kctx;
+
+/* ---- devices, contexts and memory --------------------------------------- */
+
+/* Devices of kind dev this process can use: 1 for the CPU; for CUDA the
+ * number of GPUs the runtime sees (0 without a driver or a GPU). */
+int ts_k_device_count(ts_device dev);
+
+/* A context on device dev (ordinal index, 0 on CPU) without workspace: on
+ * CUDA it selects the GPU and creates a non-blocking stream. Release with
+ * ts_k_context_destroy. TS_ERR_INVALID_ARGUMENT (unknown device, index out of
+ * range), TS_ERR_CUDA. */
+ts_status ts_k_context_init(ts_kctx *ctx, ts_device dev, int index);
+/* Releases what ts_k_context_init created (not the workspace); NULL no-op. */
+void ts_k_context_destroy(ts_kctx *ctx);
+
+/* Waits until every op queued on ctx has finished (CPU: returns at once). */
+ts_status ts_k_synchronize(const ts_kctx *ctx);
+
+/* Allocates nbytes on device dev, 64-byte aligned and zero-filled (CUDA:
+ * cudaMalloc + cudaMemset, 256-byte aligned). nbytes == 0 gives NULL.
+ * TS_ERR_OUT_OF_MEMORY naming the bytes and the device, TS_ERR_CUDA. */
+ts_status ts_k_alloc(ts_device dev, size_t nbytes, void **out);
+/* Frees p from ts_k_alloc(dev, ...); NULL is a no-op. */
+void ts_k_free(ts_device dev, void *p);
+
+/* dst = src, nbytes bytes, both on ctx->device; the ranges must not overlap
+ * unless dst == src (a no-op). Asynchronous on CUDA. */
+ts_status ts_k_copy(const ts_kctx *ctx, void *dst, const void *src, size_t nbytes);
+/* h_dst (host) = src (ctx->device), nbytes bytes; returns when h_dst holds
+ * them (CUDA: after every op queued before it on ctx->stream). */
+ts_status ts_k_to_host(const ts_kctx *ctx, void *h_dst, const void *src, size_t nbytes);
+/* dst (ctx->device) = h_src (host), nbytes bytes, queued on ctx's stream:
+ * h_src must stay unchanged until ts_k_synchronize (or ts_k_to_host) on ctx
+ * returns (CPU: copied before returning). */
+ts_status ts_k_from_host(const ts_kctx *ctx, void *dst, const void *h_src, size_t nbytes);
 
 /* Index that cross-entropy skips (Hugging Face / PyTorch convention). */
 #define TS_IGNORE_INDEX (-100)
@@ -72,11 +122,17 @@ ts_status ts_k_zero(const ts_kctx *ctx, void *x, size_t nbytes);
 ts_status ts_k_add(const ts_kctx *ctx, void *out, const void *a, const void *b, size_t n,
                    ts_dtype dt);
 
-/* *out = sum_i x[i]^2 in double, over (n) elements of dt. Summed in fixed
- * 4096-element chunks, whose sums are combined in an order that depends on
- * n only (kernels/cpu/vecops.c), so the result does not depend on the
- * thread count. */
+/* out[0] = sum_i x[i]^2 in double, over (n) elements of dt; out is one
+ * double on ctx->device (read it with ts_k_to_host), written (=), 0 for
+ * n == 0. CPU: summed in fixed 4096-element chunks, whose sums are combined
+ * in an order that depends on n only (kernels/cpu/vecops.c), so the result
+ * does not depend on the thread count. */
 ts_status ts_k_sumsq(const ts_kctx *ctx, double *out, const void *x, size_t n, ts_dtype dt);
+
+/* flag[0] = 1 if any of the (n) elements of x (dt) is inf or NaN, else 0;
+ * flag is one int32 on ctx->device, written (=). The overflow test of fp16
+ * loss scaling, per tensor. */
+ts_status ts_k_nonfinite(const ts_kctx *ctx, int32_t *flag, const void *x, size_t n, ts_dtype dt);
 
 /* ---- linear layer: y = x W^T (no bias; Hugging Face nn.Linear layout) --- */
 
@@ -88,9 +144,9 @@ ts_status ts_k_linear_forward(const ts_kctx *ctx, void *out, const void *inp, co
 ts_status ts_k_linear_backward(const ts_kctx *ctx, void *dinp, void *dweight, const void *dout,
                                const void *inp, const void *weight, size_t M, size_t N, size_t K,
                                ts_dtype dt);
-/* Exact bytes of ctx->workspace either linear pass needs: 0 for fp32; the
- * widened fp32 operands for bf16/fp16. */
-size_t ts_k_linear_workspace_bytes(size_t M, size_t N, size_t K, ts_dtype dt);
+/* Exact bytes of ctx->workspace either linear pass needs on device dev.
+ * CPU: 0 for fp32; the widened fp32 operands for bf16/fp16. */
+size_t ts_k_linear_workspace_bytes(ts_device dev, size_t M, size_t N, size_t K, ts_dtype dt);
 
 /* ---- token embedding ------------------------------------------------------ */
 
@@ -106,7 +162,8 @@ ts_status ts_k_embedding_forward(const ts_kctx *ctx, void *out, const int32_t *t
  * bf16/fp16 (kernels.h: accumulate in fp32): for each row v, the dout rows
  * of its positions are summed in fp32 in position order, then
  *   dwte[v, c] = round(dwte[v, c] + sum)   (one RNE rounding per call).
- * Needs ts_k_embedding_workspace_bytes(N, dt) bytes of ctx->workspace.
+ * Needs ts_k_embedding_workspace_bytes(ctx->device, N, dt) bytes of
+ * ctx->workspace.
  * Results do not depend on the thread count (no atomics).
  * Returns TS_ERR_INVALID_ARGUMENT for a token outside [0, V) (naming the
  * position and the token), a NULL pointer, or N > INT32_MAX with bf16/fp16;
@@ -115,11 +172,12 @@ ts_status ts_k_embedding_forward(const ts_kctx *ctx, void *out, const int32_t *t
 ts_status ts_k_embedding_backward(const ts_kctx *ctx, void *dwte, const void *dout,
                                   const int32_t *tokens, size_t N, size_t C, size_t V,
                                   ts_dtype dt);
-/* Exact bytes of ctx->workspace embedding backward needs for N positions:
- * 0 for fp32 (and for forward, whatever dt); for bf16/fp16 two 64-byte-
- * aligned buffers of N int32 (the positions, stably sorted by token, and
- * the merge sort's second buffer). Independent of C and V. */
-size_t ts_k_embedding_workspace_bytes(size_t N, ts_dtype dt);
+/* Exact bytes of ctx->workspace embedding backward needs for N positions
+ * on device dev. CPU: 0 for fp32 (and for forward, whatever dt); for
+ * bf16/fp16 two 64-byte-aligned buffers of N int32 (the positions, stably
+ * sorted by token, and the merge sort's second buffer). Independent of C
+ * and V. */
+size_t ts_k_embedding_workspace_bytes(ts_device dev, size_t N, ts_dtype dt);
 
 /* ---- RMSNorm (Zhang & Sennrich 2019, eq. 4; Hugging Face LlamaRMSNorm) ---- */
 
@@ -161,11 +219,11 @@ ts_status ts_k_attention_backward(const ts_kctx *ctx, void *dq, void *dk, void *
                                   const void *dout, const void *q, const void *k, const void *v,
                                   const void *probs, size_t B, size_t T, size_t NH, size_t NKV,
                                   size_t HS, ts_dtype dt);
-/* Exact bytes of ctx->workspace the larger attention pass needs: one
- * (T, T) fp32 dP for fp32 backward; for bf16/fp16 also one batch row's
+/* Exact bytes of ctx->workspace the larger attention pass needs on device
+ * dev (both passes check against it). CPU: one (T, T) fp32 dP for fp32 backward; for bf16/fp16 also one batch row's
  * operands and probabilities widened to fp32. */
-size_t ts_k_attention_workspace_bytes(size_t B, size_t T, size_t NH, size_t NKV, size_t HS,
-                                      ts_dtype dt);
+size_t ts_k_attention_workspace_bytes(ts_device dev, size_t B, size_t T, size_t NH, size_t NKV,
+                                      size_t HS, ts_dtype dt);
 
 /* ---- SwiGLU (Shazeer 2020, eq. 6): h = silu(gate) * up ------------------- */
 
@@ -183,6 +241,12 @@ ts_status ts_k_swiglu_backward(const ts_kctx *ctx, void *dgate, void *dup, const
  * not -100 returns TS_ERR_INVALID_ARGUMENT naming the row and the value. */
 ts_status ts_k_cross_entropy_forward(const ts_kctx *ctx, float *loss_rows, const void *logits,
                                      const int32_t *targets, size_t N, size_t V, ts_dtype dt);
+/* out[0] = sum of loss_rows[n] over the rows whose target is not -100,
+ * added in row order n = 0 .. N-1 in double; out[1] = the number of those
+ * rows. out: two doubles on ctx->device, written (=) — the micro-batch's
+ * loss as the sum and count of PyTorch's mean reduction. */
+ts_status ts_k_loss_sum(const ts_kctx *ctx, double *out, const float *loss_rows,
+                        const int32_t *targets, size_t N);
 /* dlogits (N, V) = dloss * (softmax(logits[n]) - onehot(targets[n])) for
  * rows with a target, 0 for ignored rows. Written (=); in place allowed
  * (dlogits == logits). dloss is the gradient of the reduced loss w.r.t. each
@@ -208,7 +272,8 @@ typedef struct ts_adamw_hparams {
  *   master *= 1 - lr wd;  master -= (lr / (1-b1^t)) * m / (sqrt(v)/sqrt(1-b2^t) + eps)
  *   if param_out != NULL: param_out[i] = (param_dt) master[i]   (RNE)
  * master, m, v: (n) fp32, updated in place. grad: (n) grad_dt.
- * param_out may alias master when param_dt is fp32. CPU and CUDA. */
+ * param_out may alias master when param_dt is fp32. hp is host memory, read
+ * before the call returns. CPU and CUDA. */
 ts_status ts_k_adamw(const ts_kctx *ctx, float *master, void *param_out, ts_dtype param_dt,
                      float *m, float *v, const void *grad, ts_dtype grad_dt, size_t n,
                      const ts_adamw_hparams *hp);

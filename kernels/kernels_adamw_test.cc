@@ -161,7 +161,7 @@ TEST(Determinism, ReductionsAreBitwiseEqualAcrossThreadCounts) {
     auto q = rng.vec(B * T * NH * HS), k = rng.vec(B * T * NKV * HS), v = rng.vec(k.size()),
          dy = rng.vec(q.size());
     expect_thread_independent("attention", [&] {
-      CpuCtx c(ts_k_attention_workspace_bytes(B, T, NH, NKV, HS, TS_FP32));
+      CpuCtx c(ts_k_attention_workspace_bytes(TS_DEVICE_CPU, B, T, NH, NKV, HS, TS_FP32));
       std::vector<float> out(q.size()), p(B * NH * T * T), dq(q.size()), dk(k.size()), dv(k.size());
       EXPECT_EQ(ts_k_attention_forward(c.get(), out.data(), p.data(), q.data(), k.data(), v.data(),
                                        B, T, NH, NKV, HS, TS_FP32),

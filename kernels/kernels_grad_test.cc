@@ -156,7 +156,7 @@ void check_attention_backward(size_t B, size_t T, size_t NH, size_t NKV, size_t 
   Rng rng(seed);
   auto q = rng.vec(B * T * NH * HS), k = rng.vec(B * T * NKV * HS), v = rng.vec(B * T * NKV * HS);
   auto wl = rng.vec(q.size());
-  CpuCtx c(ts_k_attention_workspace_bytes(B, T, NH, NKV, HS, TS_FP32));
+  CpuCtx c(ts_k_attention_workspace_bytes(TS_DEVICE_CPU, B, T, NH, NKV, HS, TS_FP32));
   std::vector<float> out(q.size()), probs(B * NH * T * T);
   auto loss = [&] {
     EXPECT_EQ(ts_k_attention_forward(c.get(), out.data(), probs.data(), q.data(), k.data(),

@@ -50,7 +50,7 @@ TEST(Half, LinearForwardAndBackward) {
     std::vector<std::vector<float>> res[2];
     for (int pass = 0; pass < 2; pass++) {
       ts_dtype d = pass == 0 ? TS_FP32 : dt;
-      CpuCtx c(ts_k_linear_workspace_bytes(M, N, K, d));
+      CpuCtx c(ts_k_linear_workspace_bytes(TS_DEVICE_CPU, M, N, K, d));
       Buf bx(x, d), bw(w, d), bdy(dy, d), by(std::vector<float>(M * N), d),
           bdx(std::vector<float>(M * K), d), bdw(dw0, d);
       ASSERT_EQ(ts_k_linear_forward(c.get(), by.data(), bx.data(), bw.data(), M, N, K, d), TS_OK);
@@ -72,7 +72,7 @@ TEST(Half, EmbeddingForwardAndBackward) {
     Rng rng(22);
     auto wte = round_to(rng.vec(V * C), dt), dy = round_to(rng.vec(N * C), dt),
          d0 = round_to(rng.vec(V * C), dt);
-    CpuCtx c(ts_k_embedding_workspace_bytes(N, dt));
+    CpuCtx c(ts_k_embedding_workspace_bytes(TS_DEVICE_CPU, N, dt));
     std::vector<float> out32(N * C), d32 = d0;
     ASSERT_EQ(
         ts_k_embedding_forward(c.get(), out32.data(), tok.data(), wte.data(), N, C, V, TS_FP32),
@@ -117,7 +117,7 @@ std::vector<float> embedding_backward_half(const std::vector<float> &d0,
                                            const std::vector<int32_t> &tok, size_t C,
                                            ts_dtype dt) {
   size_t N = tok.size(), V = d0.size() / C;
-  CpuCtx c(ts_k_embedding_workspace_bytes(N, dt));
+  CpuCtx c(ts_k_embedding_workspace_bytes(TS_DEVICE_CPU, N, dt));
   Buf bdy(dy, dt), bd(d0, dt);
   EXPECT_EQ(ts_k_embedding_backward(c.get(), bd.data(), bdy.data(), tok.data(), N, C, V, dt),
             TS_OK)
@@ -191,7 +191,7 @@ TEST(Half, EmbeddingBackwardWorkspaceTooSmall) {
   for (ts_dtype dt : kHalf) {
     std::vector<int32_t> tok(N, 2);
     Buf bdy(std::vector<float>(N * C, 1.0f), dt), bd(std::vector<float>(V * C, 0.5f), dt);
-    size_t need = ts_k_embedding_workspace_bytes(N, dt);
+    size_t need = ts_k_embedding_workspace_bytes(TS_DEVICE_CPU, N, dt);
     ASSERT_EQ(need, 2u * 64u);  // two 64-byte-aligned buffers of 10 int32
     auto before = bd.get();
     CpuCtx small(need - 1), none(0);
@@ -208,7 +208,7 @@ TEST(Half, EmbeddingBackwardWorkspaceTooSmall) {
     EXPECT_EQ(bd.get()[2 * C], 10.5f);
   }
   // fp32 needs no workspace.
-  EXPECT_EQ(ts_k_embedding_workspace_bytes(N, TS_FP32), 0u);
+  EXPECT_EQ(ts_k_embedding_workspace_bytes(TS_DEVICE_CPU, N, TS_FP32), 0u);
   std::vector<int32_t> tok(N, 0);
   std::vector<float> dy(N * C, 1.0f), d(V * C, 0.0f);
   CpuCtx none(0);
@@ -274,13 +274,13 @@ TEST(Half, AttentionForwardAndBackward) {
     auto q = round_to(rng.vec(B * T * NH * HS), dt), k = round_to(rng.vec(B * T * NKV * HS), dt),
          v = round_to(rng.vec(B * T * NKV * HS), dt), dy = round_to(rng.vec(q.size()), dt);
     // Half forward first: its rounded probs feed both backwards.
-    CpuCtx c(ts_k_attention_workspace_bytes(B, T, NH, NKV, HS, dt));
+    CpuCtx c(ts_k_attention_workspace_bytes(TS_DEVICE_CPU, B, T, NH, NKV, HS, dt));
     Buf hq(q, dt), hk(k, dt), hv(v, dt), hout(std::vector<float>(q.size()), dt),
         hp(std::vector<float>(B * NH * T * T), dt), hdy(dy, dt);
     ASSERT_EQ(ts_k_attention_forward(c.get(), hout.data(), hp.data(), hq.data(), hk.data(),
                                      hv.data(), B, T, NH, NKV, HS, dt),
               TS_OK);
-    CpuCtx c32(ts_k_attention_workspace_bytes(B, T, NH, NKV, HS, TS_FP32));
+    CpuCtx c32(ts_k_attention_workspace_bytes(TS_DEVICE_CPU, B, T, NH, NKV, HS, TS_FP32));
     std::vector<float> out(q.size()), p(B * NH * T * T);
     ASSERT_EQ(ts_k_attention_forward(c32.get(), out.data(), p.data(), q.data(), k.data(), v.data(),
                                      B, T, NH, NKV, HS, TS_FP32),

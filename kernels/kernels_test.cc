@@ -1,6 +1,6 @@
 // Forward tests of the CPU kernels against naive double-precision reference
 // loops, plus the error contract: invalid tokens/targets, workspace too
-// small, CUDA contexts in a CPU-only build, and the workspace queries.
+// small, contexts on a device without the op, and the workspace queries.
 #include "kernels/kernels.h"
 
 #include <gtest/gtest.h>
@@ -154,7 +154,7 @@ void check_attention_forward(size_t B, size_t T, size_t NH, size_t NKV, size_t H
   auto q = rng.vec(B * T * NH * HS, -2, 2), k = rng.vec(B * T * NKV * HS, -2, 2),
        v = rng.vec(B * T * NKV * HS);
   std::vector<float> out(q.size()), probs(B * NH * T * T, -1.0f);
-  CpuCtx c(ts_k_attention_workspace_bytes(B, T, NH, NKV, HS, TS_FP32));
+  CpuCtx c(ts_k_attention_workspace_bytes(TS_DEVICE_CPU, B, T, NH, NKV, HS, TS_FP32));
   ASSERT_EQ(ts_k_attention_forward(c.get(), out.data(), probs.data(), q.data(), k.data(), v.data(),
                                    B, T, NH, NKV, HS, TS_FP32),
             TS_OK);
@@ -260,11 +260,11 @@ TEST(CrossEntropy, InvalidTargetIsRejectedByName) {
 }
 
 TEST(Workspace, QueriesAreExact) {
-  EXPECT_EQ(ts_k_linear_workspace_bytes(8, 16, 32, TS_FP32), 0u);
+  EXPECT_EQ(ts_k_linear_workspace_bytes(TS_DEVICE_CPU, 8, 16, 32, TS_FP32), 0u);
   // three fp32 buffers (M K, N K, M N), each rounded up to 64 bytes
-  EXPECT_EQ(ts_k_linear_workspace_bytes(3, 5, 7, TS_BF16), 128u + 192u + 64u);
+  EXPECT_EQ(ts_k_linear_workspace_bytes(TS_DEVICE_CPU, 3, 5, 7, TS_BF16), 128u + 192u + 64u);
   // fp32 backward needs one (T, T) fp32 dP, rounded up to 64 bytes
-  EXPECT_EQ(ts_k_attention_workspace_bytes(2, 10, 4, 2, 8, TS_FP32), 448u);
+  EXPECT_EQ(ts_k_attention_workspace_bytes(TS_DEVICE_CPU, 2, 10, 4, 2, 8, TS_FP32), 448u);
 }
 
 TEST(Workspace, TooSmallReturnsOutOfMemoryAndTouchesNothing) {
@@ -273,7 +273,7 @@ TEST(Workspace, TooSmallReturnsOutOfMemoryAndTouchesNothing) {
   auto q = rng.vec(B * T * NH * HS), k = rng.vec(B * T * NKV * HS), v = rng.vec(B * T * NKV * HS);
   std::vector<float> probs(B * NH * T * T, 0.1f), dout = rng.vec(q.size());
   std::vector<float> dq(q.size(), 9.0f), dk(k.size(), 9.0f), dv(v.size(), 9.0f);
-  size_t need = ts_k_attention_workspace_bytes(B, T, NH, NKV, HS, TS_FP32);
+  size_t need = ts_k_attention_workspace_bytes(TS_DEVICE_CPU, B, T, NH, NKV, HS, TS_FP32);
   ASSERT_GT(need, 0u);
   CpuCtx small(need - 1);
   EXPECT_EQ(
@@ -301,7 +301,7 @@ TEST(Workspace, TooSmallReturnsOutOfMemoryAndTouchesNothing) {
   const size_t M = 4, N = 3, K = 5;
   ts_test::Buf hx(rng.vec(M * K), TS_BF16), hw(rng.vec(N * K), TS_BF16);
   std::vector<uint16_t> hy(M * N, 0x1234);
-  CpuCtx small_lin(ts_k_linear_workspace_bytes(M, N, K, TS_BF16) - 1);
+  CpuCtx small_lin(ts_k_linear_workspace_bytes(TS_DEVICE_CPU, M, N, K, TS_BF16) - 1);
   EXPECT_EQ(ts_k_linear_forward(small_lin.get(), hy.data(), hx.data(), hw.data(), M, N, K, TS_BF16),
             TS_ERR_OUT_OF_MEMORY);
   for (uint16_t x : hy) EXPECT_EQ(x, 0x1234);
@@ -312,22 +312,32 @@ TEST(Workspace, TooSmallReturnsOutOfMemoryAndTouchesNothing) {
             TS_OK);
 }
 
-TEST(Device, CudaContextIsUnsupportedInCpuBuild) {
+// The front refuses, before any backend runs (so no GPU is needed): an op
+// the CUDA backend has no body for yet, naming the op; a device that does
+// not exist; a missing context.
+TEST(Device, OpsWithoutACudaBodyAreUnsupportedAndBadContextsInvalid) {
   ts_kctx cuda;
   std::memset(&cuda, 0, sizeof cuda);
   cuda.device = TS_DEVICE_CUDA;
-  float x[4] = {1, 2, 3, 4}, w[4] = {1, 1, 1, 1}, out[4], rstd[1];
+  float x[4] = {1, 2, 3, 4}, w[4] = {1, 1, 1, 1}, out[4] = {7, 7, 7, 7}, rstd[1];
   EXPECT_EQ(ts_k_rmsnorm_forward(&cuda, out, rstd, x, w, 1, 4, 1e-5f, TS_FP32), TS_ERR_UNSUPPORTED);
-  EXPECT_NE(std::string(ts_last_error()).find("no CUDA implementation"), std::string::npos)
+  EXPECT_NE(std::string(ts_last_error()).find("ts_k_rmsnorm_forward: op has no CUDA implementation"),
+            std::string::npos)
       << ts_last_error();
-#ifndef TS_WITH_CUDA
-  uint16_t h[4];
-  EXPECT_EQ(ts_k_cast(&cuda, h, TS_BF16, x, TS_FP32, 4), TS_ERR_UNSUPPORTED);
-  float m[4] = {0}, v[4] = {0};
-  ts_adamw_hparams hp = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.0f};
-  EXPECT_EQ(ts_k_adamw(&cuda, x, nullptr, TS_FP32, m, v, w, TS_FP32, 4, &hp), TS_ERR_UNSUPPORTED);
-  EXPECT_EQ(ts_k_zero(&cuda, x, sizeof x), TS_ERR_UNSUPPORTED);
-#endif
+  EXPECT_EQ(ts_k_add(&cuda, out, x, w, 4, TS_FP32), TS_ERR_UNSUPPORTED);
+  EXPECT_EQ(ts_k_swiglu_forward(&cuda, out, x, w, 4, TS_BF16), TS_ERR_UNSUPPORTED);
+  double sq;
+  EXPECT_EQ(ts_k_sumsq(&cuda, &sq, x, 4, TS_FP32), TS_ERR_UNSUPPORTED);
+  for (float o : out) EXPECT_EQ(o, 7.0f);
+  // Arguments are checked before the device's lack of a body is reported.
+  EXPECT_EQ(ts_k_add(&cuda, nullptr, x, w, 4, TS_FP32), TS_ERR_INVALID_ARGUMENT);
+  ts_kctx bad = cuda;
+  bad.device = (ts_device)7;
+  EXPECT_EQ(ts_k_add(&bad, out, x, w, 4, TS_FP32), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ts_last_error()).find("ctx->device = 7 is not a device"), std::string::npos)
+      << ts_last_error();
+  EXPECT_EQ(ts_k_cast(nullptr, out, TS_FP32, x, TS_FP32, 4), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ts_last_error()).find("ctx is NULL"), std::string::npos);
 }
 
 TEST(Zero, ClearsExactlyTheGivenBytes) {
@@ -352,6 +362,82 @@ TEST(Shapes, BadArgumentsAreRejected) {
   EXPECT_EQ(
       ts_k_adamw(c.get(), buf, nullptr, TS_FP32, buf + 8, buf + 16, buf + 24, TS_FP32, 4, &hp),
       TS_ERR_INVALID_ARGUMENT);  // step 0
+}
+
+// The non-finite flag: 0 for finite data (the largest finite values
+// included), 1 for one inf or NaN anywhere, chunk boundaries and the last
+// element included, in every storage dtype.
+TEST(Nonfinite, FlagsAnyInfOrNanAndNothingElse) {
+  CpuCtx c;
+  const size_t n = 3 * 4096 + 5;
+  const ts_dtype all[] = {TS_FP32, TS_BF16, TS_FP16};
+  for (ts_dtype dt : all) {
+    std::vector<float> x(n, 1.5f);
+    x[7] = dt == TS_FP16 ? 65504.0f : 3.0e38f;  // largest finite of the format (about)
+    ts_test::Buf b(x, dt);
+    int32_t flag = -1;
+    ASSERT_EQ(ts_k_nonfinite(c.get(), &flag, b.data(), n, dt), TS_OK);
+    EXPECT_EQ(flag, 0) << ts_dtype_name(dt);
+    const size_t where[] = {0, 4095, 4096, n - 1};
+    const float bad[] = {INFINITY, -INFINITY, NAN};
+    for (size_t i : where)
+      for (float v : bad) {
+        std::vector<float> y = x;
+        y[i] = v;
+        ts_test::Buf by(y, dt);
+        flag = -1;
+        ASSERT_EQ(ts_k_nonfinite(c.get(), &flag, by.data(), n, dt), TS_OK);
+        EXPECT_EQ(flag, 1) << ts_dtype_name(dt) << " at " << i << " = " << v;
+      }
+  }
+  int32_t flag = -1;
+  ASSERT_EQ(ts_k_nonfinite(c.get(), &flag, nullptr, 0, TS_FP32), TS_OK);
+  EXPECT_EQ(flag, 0);
+}
+
+// The loss sum adds the rows with a target in row order in double and
+// counts them; ignored rows (-100) add nothing whatever their value.
+TEST(LossSum, SumsTheRowsWithATargetInOrder) {
+  CpuCtx c;
+  std::vector<float> rows = {0.5f, 1e30f, 0.25f, 3.0f, 1e-8f};
+  std::vector<int32_t> y = {1, TS_IGNORE_INDEX, 0, 2, 9};
+  double out[2] = {-1, -1};
+  ASSERT_EQ(ts_k_loss_sum(c.get(), out, rows.data(), y.data(), rows.size()), TS_OK);
+  double want = 0;
+  for (size_t i = 0; i < rows.size(); i++)
+    if (y[i] != TS_IGNORE_INDEX) want += rows[i];
+  EXPECT_EQ(out[0], want);
+  EXPECT_EQ(out[1], 4.0);
+  ASSERT_EQ(ts_k_loss_sum(c.get(), out, nullptr, nullptr, 0), TS_OK);
+  EXPECT_EQ(out[0], 0.0);
+  EXPECT_EQ(out[1], 0.0);
+}
+
+// Memory through the front on the CPU: zero-filled 64-byte-aligned blocks,
+// copies in each direction, and the overlap a copy refuses.
+TEST(Memory, AllocCopyAndTransfersOnTheCpu) {
+  EXPECT_EQ(ts_k_device_count(TS_DEVICE_CPU), 1);
+  void *p = nullptr;
+  ASSERT_EQ(ts_k_alloc(TS_DEVICE_CPU, 100, &p), TS_OK);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ((uintptr_t)p % 64, 0u);
+  const unsigned char *b = static_cast<const unsigned char *>(p);
+  for (int i = 0; i < 100; i++) EXPECT_EQ(b[i], 0) << i;
+  ts_kctx ctx;
+  ASSERT_EQ(ts_k_context_init(&ctx, TS_DEVICE_CPU, 0), TS_OK);
+  unsigned char h[100], back[100];
+  for (int i = 0; i < 100; i++) h[i] = (unsigned char)(3 * i + 1);
+  ASSERT_EQ(ts_k_from_host(&ctx, p, h, 100), TS_OK);
+  ASSERT_EQ(ts_k_copy(&ctx, static_cast<char *>(p) + 50, p, 50), TS_OK);
+  ASSERT_EQ(ts_k_to_host(&ctx, back, p, 100), TS_OK);
+  for (int i = 0; i < 100; i++) EXPECT_EQ(back[i], h[i % 50]) << i;
+  EXPECT_EQ(ts_k_copy(&ctx, static_cast<char *>(p) + 10, p, 50), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(ts_k_synchronize(&ctx), TS_OK);
+  EXPECT_EQ(ts_k_context_init(&ctx, TS_DEVICE_CPU, 1), TS_ERR_INVALID_ARGUMENT);
+  ts_k_context_destroy(&ctx);
+  ts_k_free(TS_DEVICE_CPU, p);
+  ASSERT_EQ(ts_k_alloc(TS_DEVICE_CPU, 0, &p), TS_OK);
+  EXPECT_EQ(p, nullptr);
 }
 
 }  // namespace

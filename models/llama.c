@@ -239,20 +239,20 @@ static size_t head_temps_bytes(const dims *d, ts_dtype dt) {
 static size_t max2(size_t a, size_t b) { return a > b ? a : b; }
 
 /* Largest kernel workspace any op of a unit asks for. */
-static size_t kernel_ws(const dims *d, ts_unit_kind kind, ts_dtype dt) {
+static size_t kernel_ws(const dims *d, ts_unit_kind kind, ts_dtype dt, ts_device dev) {
   size_t w = 0;
   if (kind == TS_UNIT_BLOCK) {
-    w = max2(w, ts_k_linear_workspace_bytes(d->N, d->QD, d->C, dt));
-    w = max2(w, ts_k_linear_workspace_bytes(d->N, d->KVD, d->C, dt));
-    w = max2(w, ts_k_linear_workspace_bytes(d->N, d->C, d->QD, dt));
-    w = max2(w, ts_k_linear_workspace_bytes(d->N, d->I, d->C, dt));
-    w = max2(w, ts_k_linear_workspace_bytes(d->N, d->C, d->I, dt));
-    w = max2(w, ts_k_attention_workspace_bytes(d->B, d->T, d->NH, d->NKV, d->HS, dt));
+    w = max2(w, ts_k_linear_workspace_bytes(dev, d->N, d->QD, d->C, dt));
+    w = max2(w, ts_k_linear_workspace_bytes(dev, d->N, d->KVD, d->C, dt));
+    w = max2(w, ts_k_linear_workspace_bytes(dev, d->N, d->C, d->QD, dt));
+    w = max2(w, ts_k_linear_workspace_bytes(dev, d->N, d->I, d->C, dt));
+    w = max2(w, ts_k_linear_workspace_bytes(dev, d->N, d->C, d->I, dt));
+    w = max2(w, ts_k_attention_workspace_bytes(dev, d->B, d->T, d->NH, d->NKV, d->HS, dt));
   } else if (kind == TS_UNIT_HEAD) {
-    w = ts_k_linear_workspace_bytes(d->N, d->V, d->C, dt);
+    w = ts_k_linear_workspace_bytes(dev, d->N, d->V, d->C, dt);
   } else if (kind == TS_UNIT_EMBEDDING) {
     /* forward needs none; backward gets the whole of ctx (no temps). */
-    w = ts_k_embedding_workspace_bytes(d->N, dt);
+    w = ts_k_embedding_workspace_bytes(dev, d->N, dt);
   }
   return w;
 }
@@ -266,11 +266,12 @@ static size_t temps_bytes(const dims *d, ts_unit_kind kind, ts_dtype dt) {
   return 0;
 }
 
-size_t ts_llama_workspace_bytes(const ts_llama *m, int u, size_t B, size_t T, ts_dtype dt) {
+size_t ts_llama_workspace_bytes(const ts_llama *m, int u, size_t B, size_t T, ts_dtype dt,
+                                ts_device dev) {
   TS_ASSERT(u >= 0 && u < m->n_units);
   dims d = get_dims(m, B, T);
   ts_unit_kind kind = m->units[u].kind;
-  return temps_bytes(&d, kind, dt) + kernel_ws(&d, kind, dt);
+  return temps_bytes(&d, kind, dt) + kernel_ws(&d, kind, dt, dev);
 }
 
 void *ts_llama_head_logits(const ts_llama *m, void *saved, size_t B, size_t T, ts_dtype dt) {
@@ -326,7 +327,7 @@ static ts_status block_forward(const ts_llama *m, const ts_unit *un, const ts_kc
   dims d = get_dims(m, a->B, a->T);
   ts_dtype dt = a->dt;
   ts_kctx k;
-  TS_CHECK(split_ws(ctx, 0, ts_llama_workspace_bytes(m, 1 + un->layer, a->B, a->T, dt), &k,
+  TS_CHECK(split_ws(ctx, 0, ts_llama_workspace_bytes(m, 1 + un->layer, a->B, a->T, dt, ctx->device), &k,
                     "block forward"));
   block_saved s = block_layout(&d, a->saved, dt);
   float eps = m->cfg.rms_norm_eps, theta = m->cfg.rope_theta;
@@ -357,7 +358,7 @@ static ts_status block_backward(const ts_llama *m, const ts_unit *un, const ts_k
   float theta = m->cfg.rope_theta;
   size_t temps = temps_bytes(&d, TS_UNIT_BLOCK, dt);
   ts_kctx k;
-  TS_CHECK(split_ws(ctx, temps, ts_llama_workspace_bytes(m, 1 + un->layer, a->B, a->T, dt), &k,
+  TS_CHECK(split_ws(ctx, temps, ts_llama_workspace_bytes(m, 1 + un->layer, a->B, a->T, dt, ctx->device), &k,
                     "block backward"));
   block_saved s = block_layout(&d, a->saved, dt);
   block_temps t = block_temps_layout(&d, ctx->workspace, dt);
@@ -421,7 +422,7 @@ static ts_status head_forward(const ts_llama *m, const ts_unit *un, const ts_kct
   ts_dtype dt = a->dt;
   size_t temps = temps_bytes(&d, TS_UNIT_HEAD, dt);
   ts_kctx k;
-  TS_CHECK(split_ws(ctx, temps, ts_llama_workspace_bytes(m, m->n_units - 1, a->B, a->T, dt), &k,
+  TS_CHECK(split_ws(ctx, temps, ts_llama_workspace_bytes(m, m->n_units - 1, a->B, a->T, dt, ctx->device), &k,
                     "head forward"));
   head_saved s = head_layout(&d, a->saved, dt);
   const void *w = NULL;
@@ -449,7 +450,7 @@ static ts_status head_backward(const ts_llama *m, const ts_unit *un, const ts_kc
   ts_dtype dt = a->dt;
   size_t temps = temps_bytes(&d, TS_UNIT_HEAD, dt);
   ts_kctx k;
-  TS_CHECK(split_ws(ctx, temps, ts_llama_workspace_bytes(m, m->n_units - 1, a->B, a->T, dt), &k,
+  TS_CHECK(split_ws(ctx, temps, ts_llama_workspace_bytes(m, m->n_units - 1, a->B, a->T, dt, ctx->device), &k,
                     "head backward"));
   head_saved s = head_layout(&d, a->saved, dt);
   const void *w = NULL;

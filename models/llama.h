@@ -83,7 +83,8 @@ ts_status ts_llama_init_unit(const ts_llama *m, int u, void *params, ts_dtype dt
 size_t ts_llama_saved_bytes(const ts_llama *m, int u, size_t B, size_t T, ts_dtype dt);
 
 /* Bytes of ctx->workspace a unit's forward or backward needs (the larger). */
-size_t ts_llama_workspace_bytes(const ts_llama *m, int u, size_t B, size_t T, ts_dtype dt);
+size_t ts_llama_workspace_bytes(const ts_llama *m, int u, size_t B, size_t T, ts_dtype dt,
+                                ts_device dev);
 
 /* Arguments of one unit call. Pointers not used by a unit kind are NULL.
  * B, T: micro-batch and sequence length (T <= max_position_embeddings). */

@@ -69,12 +69,12 @@ struct UnitHarness {
       tied_g.assign(V * C, 0.f);
     }
     saved.resize(ts_llama_saved_bytes(&model, u, B, T, TS_FP32) + 1);
-    ws.resize(ts_llama_workspace_bytes(&model, u, B, T, TS_FP32) + 64);
+    ws.resize(ts_llama_workspace_bytes(&model, u, B, T, TS_FP32, TS_DEVICE_CPU) + 64);
     ctx.device = TS_DEVICE_CPU;
     // 64-byte aligned start inside ws
     uintptr_t p = ((uintptr_t)ws.data() + 63) & ~(uintptr_t)63;
     ctx.workspace = (void *)p;
-    ctx.workspace_bytes = ts_llama_workspace_bytes(&model, u, B, T, TS_FP32);
+    ctx.workspace_bytes = ts_llama_workspace_bytes(&model, u, B, T, TS_FP32, TS_DEVICE_CPU);
   }
   ~UnitHarness() { ts_llama_free(&model); }
 
@@ -189,8 +189,8 @@ size_t SavedHighWater(const ts_llama_config &cfg, int u, ts_dtype dt, bool *guar
     return out;
   };
   std::vector<unsigned char> params = cast(h.params), x = cast(h.x), tied = cast(h.tied_w);
-  std::vector<unsigned char> y(h.x.size() * es), ws(ts_llama_workspace_bytes(&h.model, u, h.B,
-                                                                              h.T, dt) + 64);
+  std::vector<unsigned char> y(h.x.size() * es),
+      ws(ts_llama_workspace_bytes(&h.model, u, h.B, h.T, dt, TS_DEVICE_CPU) + 64);
   h.ctx.workspace = (void *)(((uintptr_t)ws.data() + 63) & ~(uintptr_t)63);
   h.ctx.workspace_bytes = ws.size() - 64;
   const size_t guard = 256;
@@ -319,10 +319,10 @@ TEST(LlamaUnits, EmbeddingWorkspaceCoversHalfBackward) {
   ts_llama_config cfg = Parse(kSmallGqa);
   ASSERT_EQ(ts_llama_init(&model, &cfg), TS_OK);
   const size_t B = 2, T = 5, N = B * T, C = cfg.hidden_size, V = cfg.vocab_size;
-  EXPECT_EQ(ts_llama_workspace_bytes(&model, 0, B, T, TS_FP32), 0u);
+  EXPECT_EQ(ts_llama_workspace_bytes(&model, 0, B, T, TS_FP32, TS_DEVICE_CPU), 0u);
   for (ts_dtype dt : {TS_BF16, TS_FP16}) {
-    size_t need = ts_llama_workspace_bytes(&model, 0, B, T, dt);
-    EXPECT_EQ(need, ts_k_embedding_workspace_bytes(N, dt));
+    size_t need = ts_llama_workspace_bytes(&model, 0, B, T, dt, TS_DEVICE_CPU);
+    EXPECT_EQ(need, ts_k_embedding_workspace_bytes(TS_DEVICE_CPU, N, dt));
     ASSERT_GT(need, 0u);
     std::vector<int32_t> tokens(N);
     for (size_t i = 0; i < N; i++) tokens[i] = (int32_t)(i % 3);

@@ -1,5 +1,6 @@
 /*
- * adamw.c — the AdamW optimizer step (Loshchilov & Hutter 2019, Algorithm 2;
+ * adamw.c — the CPU body of ts_k_adamw: the AdamW optimizer step
+ * (Loshchilov & Hutter 2019, Algorithm 2;
  * torch.optim.AdamW's single-tensor path) on fp32 master weights and
  * moments, with an optional rounded copy into the compute parameters.
  *
@@ -11,10 +12,6 @@
 #include <math.h>
 
 #include "kernels/cpu/cpu_common.h"
-
-#ifdef TS_WITH_CUDA
-#include "kernels/cuda/kernels_cuda.h"
-#endif
 
 enum { CHUNK = 4096 };
 
@@ -34,43 +31,9 @@ TS_AI void adamw_range_g(float *master, void *param_out, float *m, float *v, con
   TS_DT_CALL(pdt, adamw_range, master, param_out, m, v, grad, lo, hi, c, gdt);
 }
 
-ts_status ts_k_adamw(const ts_kctx *ctx, float *master, void *param_out, ts_dtype param_dt,
-                     float *m, float *v, const void *grad, ts_dtype grad_dt, size_t n,
-                     const ts_adamw_hparams *hp) {
-  static const char op[] = "ts_k_adamw";
-  if (ctx == NULL) return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: ctx is NULL", op);
-  TS_CHECK_PTR(hp, op);
-  TS_CHECK_DTYPE(param_dt, op);
-  TS_CHECK_DTYPE(grad_dt, op);
-  if (hp->step < 1)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: hp->step = %d: expected >= 1 (1-based)", op,
-                        hp->step);
-  if (!(hp->beta1 >= 0.0f && hp->beta1 < 1.0f) || !(hp->beta2 >= 0.0f && hp->beta2 < 1.0f))
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "%s: hp->beta1 = %g, hp->beta2 = %g: expected each in [0, 1)", op,
-                        (double)hp->beta1, (double)hp->beta2);
-  if (n == 0) return TS_OK;
-  TS_CHECK_PTR(master, op);
-  TS_CHECK_PTR(m, op);
-  TS_CHECK_PTR(v, op);
-  TS_CHECK_PTR(grad, op);
-  if (param_out == (void *)master && param_dt != TS_FP32)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "%s: param_out aliases master but param_dt is %s (needs fp32)", op,
-                        ts_dtype_name(param_dt));
-  if (ctx->device == TS_DEVICE_CUDA) {
-#ifdef TS_WITH_CUDA
-    return ts_k_adamw_cuda(ctx, master, param_out, param_dt, m, v, grad, grad_dt, n, hp);
-#else
-    return ts_set_error(TS_ERR_UNSUPPORTED,
-                        "%s: ctx->device is CUDA but this build has no CUDA kernels "
-                        "(link //kernels:kernels_with_cuda)",
-                        op);
-#endif
-  }
-  if (ctx->device != TS_DEVICE_CPU)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: ctx->device = %d is not a device", op,
-                        (int)ctx->device);
+ts_status ts_cpu_adamw(const ts_kctx *ctx, float *master, void *param_out, ts_dtype param_dt,
+                       float *m, float *v, const void *grad, ts_dtype grad_dt, size_t n,
+                       const ts_adamw_hparams *hp) {
   ts_adamw_coeffs c = ts_adamw_make_coeffs(hp->lr, hp->beta1, hp->beta2, hp->eps, hp->weight_decay,
                                            hp->step, hp->grad_scale);
   ptrdiff_t nchunks = (ptrdiff_t)((n + CHUNK - 1) / CHUNK);

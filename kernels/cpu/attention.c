@@ -1,6 +1,7 @@
 /*
- * attention.c — causal grouped-query scaled dot-product attention (Vaswani
- * et al. 2017 eq. 1; GQA: Ainslie et al. 2023), forward and backward.
+ * attention.c — the CPU body of causal grouped-query scaled dot-product
+ * attention (Vaswani et al. 2017 eq. 1; GQA: Ainslie et al. 2023), forward
+ * and backward.
  *
  * Per batch row b and query head h (kv head g = h / (NH / NKV)), with
  * s = 1/sqrt(HS):
@@ -20,7 +21,7 @@
  *   do not depend on the OpenMP thread count.
  * - Scratch comes only from ctx->workspace: fp32 backward needs dP (T, T);
  *   bf16/fp16 widen one batch row at a time into fp32 buffers, run the fp32
- *   path and round the outputs once. ts_k_attention_workspace_bytes is the
+ *   path and round the outputs once. ts_cpu_attention_workspace_bytes is the
  *   larger of the forward and backward needs, exactly.
  */
 #include <cblas.h>
@@ -73,7 +74,7 @@ static ws_layout layout(size_t T, size_t NH, size_t NKV, size_t HS, ts_dtype dt,
   return w;
 }
 
-size_t ts_k_attention_workspace_bytes(size_t B, size_t T, size_t NH, size_t NKV, size_t HS,
+size_t ts_cpu_attention_workspace_bytes(size_t B, size_t T, size_t NH, size_t NKV, size_t HS,
                                       ts_dtype dt) {
   size_t f = layout(T, NH, NKV, HS, dt, 0).total, b = layout(T, NH, NKV, HS, dt, 1).total;
   return f > b ? f : b;
@@ -185,13 +186,8 @@ static void attn_bwd_f32(float *dq, float *dk, float *dv, float *dp, const float
 
 /* ---- public entry points ------------------------------------------------------ */
 
-static ts_status check_shape(const ts_kctx *ctx, size_t B, size_t T, size_t NH, size_t NKV,
-                             size_t HS, ts_dtype dt, const char *op) {
-  TS_CPU_ONLY(ctx, op);
-  TS_CHECK_DTYPE(dt, op);
-  if (NKV == 0 || NH % NKV != 0)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "%s: NH = %zu, NKV = %zu: expected NKV >= 1 dividing NH", op, NH, NKV);
+/* Checks that the dimensions fit BLAS's int (the front checked the rest). */
+static ts_status check_blas_dims(size_t T, size_t NH, size_t HS, const char *op) {
   if (T > INT_MAX || NH * HS > INT_MAX)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "%s: T = %zu, NH*HS = %zu: each must be at most %d (BLAS int)", op, T,
@@ -199,20 +195,11 @@ static ts_status check_shape(const ts_kctx *ctx, size_t B, size_t T, size_t NH, 
   return TS_OK;
 }
 
-ts_status ts_k_attention_forward(const ts_kctx *ctx, void *out, void *probs, const void *q,
-                                 const void *k, const void *v, size_t B, size_t T, size_t NH,
-                                 size_t NKV, size_t HS, ts_dtype dt) {
-  static const char op[] = "ts_k_attention_forward";
-  TS_CHECK(check_shape(ctx, B, T, NH, NKV, HS, dt, op));
-  if (B == 0 || T == 0 || NH == 0) return TS_OK;
-  if (HS == 0) return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: HS = 0: expected >= 1", op);
-  TS_CHECK_PTR(out, op);
-  TS_CHECK_PTR(probs, op);
-  TS_CHECK_PTR(q, op);
-  TS_CHECK_PTR(k, op);
-  TS_CHECK_PTR(v, op);
+ts_status ts_cpu_attention_forward(const ts_kctx *ctx, void *out, void *probs, const void *q,
+                                   const void *k, const void *v, size_t B, size_t T, size_t NH,
+                                   size_t NKV, size_t HS, ts_dtype dt) {
+  TS_CHECK(check_blas_dims(T, NH, HS, "ts_k_attention_forward"));
   ws_layout w = layout(T, NH, NKV, HS, dt, 0);
-  TS_CHECK(ts_check_workspace(ctx, w.total, op));
   if (dt == TS_FP32) {
     attn_fwd_f32(out, probs, q, k, v, B, T, NH, NKV, HS);
     return TS_OK;
@@ -232,24 +219,12 @@ ts_status ts_k_attention_forward(const ts_kctx *ctx, void *out, void *probs, con
   return TS_OK;
 }
 
-ts_status ts_k_attention_backward(const ts_kctx *ctx, void *dq, void *dk, void *dv,
-                                  const void *dout, const void *q, const void *k, const void *v,
-                                  const void *probs, size_t B, size_t T, size_t NH, size_t NKV,
-                                  size_t HS, ts_dtype dt) {
-  static const char op[] = "ts_k_attention_backward";
-  TS_CHECK(check_shape(ctx, B, T, NH, NKV, HS, dt, op));
-  if (B == 0 || T == 0 || NH == 0) return TS_OK;
-  if (HS == 0) return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: HS = 0: expected >= 1", op);
-  TS_CHECK_PTR(dq, op);
-  TS_CHECK_PTR(dk, op);
-  TS_CHECK_PTR(dv, op);
-  TS_CHECK_PTR(dout, op);
-  TS_CHECK_PTR(q, op);
-  TS_CHECK_PTR(k, op);
-  TS_CHECK_PTR(v, op);
-  TS_CHECK_PTR(probs, op);
+ts_status ts_cpu_attention_backward(const ts_kctx *ctx, void *dq, void *dk, void *dv,
+                                    const void *dout, const void *q, const void *k,
+                                    const void *v, const void *probs, size_t B, size_t T,
+                                    size_t NH, size_t NKV, size_t HS, ts_dtype dt) {
+  TS_CHECK(check_blas_dims(T, NH, HS, "ts_k_attention_backward"));
   ws_layout w = layout(T, NH, NKV, HS, dt, 1);
-  TS_CHECK(ts_check_workspace(ctx, w.total, op));
   char *ws = (char *)ctx->workspace;
   float *dp = (float *)(ws + w.dp);
   if (dt == TS_FP32) {

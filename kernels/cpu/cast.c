@@ -1,6 +1,7 @@
 /*
- * cast.c — ts_k_cast (storage conversions between fp32, bf16 and fp16) and
- * the widen/narrow helpers the half-precision paths of other ops use.
+ * cast.c — the CPU bodies of ts_k_cast (storage conversions between fp32,
+ * bf16 and fp16) and ts_k_zero, and the widen/narrow helpers the
+ * half-precision paths of other ops use.
  *
  * Invariants: conversions are the bit-exact ones of kernels/elementwise.h
  * (RNE narrowing, exact widening), so CPU and CUDA give the same bits.
@@ -28,10 +29,6 @@
 
 #if TS_CPU_X86
 #include <immintrin.h>
-#endif
-
-#ifdef TS_WITH_CUDA
-#include "kernels/cuda/kernels_cuda.h"
 #endif
 
 enum { CHUNK = 4096 };
@@ -173,54 +170,13 @@ void ts_cpu_narrow_at(void *dst, size_t i0, const float *src, size_t n, ts_dtype
   convert((char *)dst + i0 * ts_dtype_size(dt), dt, src, TS_FP32, n);
 }
 
-ts_status ts_k_cast(const ts_kctx *ctx, void *out, ts_dtype out_dt, const void *in, ts_dtype in_dt,
-                    size_t n) {
-  static const char op[] = "ts_k_cast";
-  if (ctx == NULL) return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: ctx is NULL", op);
-  TS_CHECK_DTYPE(out_dt, op);
-  TS_CHECK_DTYPE(in_dt, op);
-  if (n == 0) return TS_OK;
-  TS_CHECK_PTR(out, op);
-  TS_CHECK_PTR(in, op);
-  if (out == in && ts_dtype_size(out_dt) != ts_dtype_size(in_dt))
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "%s: in == out needs dtypes of equal size, got %s -> %s", op,
-                        ts_dtype_name(in_dt), ts_dtype_name(out_dt));
-  if (ctx->device == TS_DEVICE_CUDA) {
-#ifdef TS_WITH_CUDA
-    return ts_k_cast_cuda(ctx, out, out_dt, in, in_dt, n);
-#else
-    return ts_set_error(TS_ERR_UNSUPPORTED,
-                        "%s: ctx->device is CUDA but this build has no CUDA kernels "
-                        "(link //kernels:kernels_with_cuda)",
-                        op);
-#endif
-  }
-  if (ctx->device != TS_DEVICE_CPU)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: ctx->device = %d is not a device", op,
-                        (int)ctx->device);
+ts_status ts_cpu_cast(const ts_kctx *ctx, void *out, ts_dtype out_dt, const void *in,
+                      ts_dtype in_dt, size_t n) {
   cast_cpu(out, out_dt, in, in_dt, n);
   return TS_OK;
 }
 
-ts_status ts_k_zero(const ts_kctx *ctx, void *x, size_t nbytes) {
-  static const char op[] = "ts_k_zero";
-  if (ctx == NULL) return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: ctx is NULL", op);
-  if (nbytes == 0) return TS_OK;
-  TS_CHECK_PTR(x, op);
-  if (ctx->device == TS_DEVICE_CUDA) {
-#ifdef TS_WITH_CUDA
-    return ts_k_zero_cuda(ctx, x, nbytes);
-#else
-    return ts_set_error(TS_ERR_UNSUPPORTED,
-                        "%s: ctx->device is CUDA but this build has no CUDA kernels "
-                        "(link //kernels:kernels_with_cuda)",
-                        op);
-#endif
-  }
-  if (ctx->device != TS_DEVICE_CPU)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: ctx->device = %d is not a device", op,
-                        (int)ctx->device);
+ts_status ts_cpu_zero(const ts_kctx *ctx, void *x, size_t nbytes) {
   memset(x, 0, nbytes);
   return TS_OK;
 }

@@ -1,7 +1,9 @@
 /*
- * cpu_common.h — private helpers of the CPU kernels (the .c files in kernels/cpu/):
- * dtype-generic element load/store, the per-dtype specialisation idiom, the
- * device check and argument checks. Not part of the public API.
+ * cpu_common.h — private to the CPU backend (the .c files in kernels/cpu/):
+ * the op bodies its table (cpu/backend.c) points at, dtype-generic element
+ * load/store and the per-dtype specialisation idiom. Not part of the public
+ * API: callers go through kernels/kernels.h, whose front (kernels.c) has
+ * validated every argument before an op here runs (kernels/backend.h).
  *
  * Specialisation idiom: a hot loop body lives in a TS_AI (always-inline)
  * function whose last parameter is the storage dtype; the caller invokes it
@@ -27,7 +29,7 @@
 
 #include "base/base.h"
 #include "kernels/elementwise.h"
-#include "kernels/kernels.h"
+#include "kernels/backend.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -104,46 +106,8 @@ TS_AI void st(void *p, size_t i, ts_dtype dt, float x) {
       fn(__VA_ARGS__, TS_FP16); \
   } while (0)
 
-/* Returns TS_ERR_UNSUPPORTED from a CPU-only op called on a CUDA context,
- * and TS_ERR_INVALID_ARGUMENT for a NULL context or an unknown device. */
-#define TS_CPU_ONLY(ctx, op)                                                                     \
-  do {                                                                                           \
-    if ((ctx) == NULL) return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: ctx is NULL", (op));    \
-    if ((ctx)->device == TS_DEVICE_CUDA)                                                         \
-      return ts_set_error(TS_ERR_UNSUPPORTED, "%s: op has no CUDA implementation yet", (op));    \
-    if ((ctx)->device != TS_DEVICE_CPU)                                                          \
-      return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: ctx->device = %d is not a device", (op), \
-                          (int)(ctx)->device);                                                   \
-  } while (0)
-
-/* Returns TS_ERR_INVALID_ARGUMENT unless dt is fp32, bf16 or fp16. */
-#define TS_CHECK_DTYPE(dt, op)                                                                    \
-  do {                                                                                            \
-    if ((dt) != TS_FP32 && (dt) != TS_BF16 && (dt) != TS_FP16)                                    \
-      return ts_set_error(TS_ERR_INVALID_ARGUMENT,                                                \
-                          "%s: dtype %d: expected TS_FP32, TS_BF16 or TS_FP16", (op), (int)(dt)); \
-  } while (0)
-
-/* Returns TS_ERR_INVALID_ARGUMENT if pointer p is NULL while the op has work. */
-#define TS_CHECK_PTR(p, op)                                                                    \
-  do {                                                                                         \
-    if ((p) == NULL) return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: %s is NULL", (op), #p); \
-  } while (0)
-
 /* n rounded up to a multiple of 64 (workspace sub-buffers stay 64-byte aligned). */
 static inline size_t ts_align64(size_t n) { return (n + 63) & ~(size_t)63; }
-
-/* Returns TS_ERR_OUT_OF_MEMORY, naming the op and both sizes, if the context's
- * workspace holds fewer than `need` bytes (or is NULL while need > 0). */
-static inline ts_status ts_check_workspace(const ts_kctx *ctx, size_t need, const char *op) {
-  if (need == 0) return TS_OK;
-  if (ctx->workspace == NULL || ctx->workspace_bytes < need)
-    return ts_set_error(TS_ERR_OUT_OF_MEMORY,
-                        "%s: workspace has %zu bytes, needs %zu (see the op's "
-                        "*_workspace_bytes query)",
-                        op, ctx->workspace == NULL ? (size_t)0 : ctx->workspace_bytes, need);
-  return TS_OK;
-}
 
 /* Widens n elements of src (dtype dt) into dst (fp32), in parallel. */
 void ts_cpu_widen(float *dst, const void *src, size_t n, ts_dtype dt);
@@ -160,6 +124,61 @@ void ts_cpu_narrow_at(void *dst, size_t i0, const float *src, size_t n, ts_dtype
 /* Elements per fp32 scratch piece of the ops that run half storage through
  * ts_cpu_widen_at / ts_cpu_narrow_at (4 KiB of stack per buffer). */
 enum { TS_CPU_PIECE = 1024 };
+
+/* ---- the CPU backend's ops (contracts: kernels/backend.h) ---------------- */
+
+ts_status ts_cpu_cast(const ts_kctx *ctx, void *out, ts_dtype out_dt, const void *in,
+                      ts_dtype in_dt, size_t n);
+ts_status ts_cpu_zero(const ts_kctx *ctx, void *x, size_t nbytes);
+ts_status ts_cpu_add(const ts_kctx *ctx, void *out, const void *a, const void *b, size_t n,
+                     ts_dtype dt);
+ts_status ts_cpu_sumsq(const ts_kctx *ctx, double *out, const void *x, size_t n, ts_dtype dt);
+ts_status ts_cpu_nonfinite(const ts_kctx *ctx, int32_t *flag, const void *x, size_t n,
+                           ts_dtype dt);
+size_t ts_cpu_linear_workspace_bytes(size_t M, size_t N, size_t K, ts_dtype dt);
+ts_status ts_cpu_linear_forward(const ts_kctx *ctx, void *out, const void *inp,
+                                const void *weight, size_t M, size_t N, size_t K, ts_dtype dt);
+ts_status ts_cpu_linear_backward(const ts_kctx *ctx, void *dinp, void *dweight, const void *dout,
+                                 const void *inp, const void *weight, size_t M, size_t N,
+                                 size_t K, ts_dtype dt);
+size_t ts_cpu_embedding_workspace_bytes(size_t N, ts_dtype dt);
+ts_status ts_cpu_embedding_forward(const ts_kctx *ctx, void *out, const int32_t *tokens,
+                                   const void *wte, size_t N, size_t C, size_t V, ts_dtype dt);
+ts_status ts_cpu_embedding_backward(const ts_kctx *ctx, void *dwte, const void *dout,
+                                    const int32_t *tokens, size_t N, size_t C, size_t V,
+                                    ts_dtype dt);
+ts_status ts_cpu_rmsnorm_forward(const ts_kctx *ctx, void *out, float *rstd, const void *inp,
+                                 const void *weight, size_t N, size_t C, float eps, ts_dtype dt);
+ts_status ts_cpu_rmsnorm_backward(const ts_kctx *ctx, void *dinp, void *dweight,
+                                  const void *dout, const void *inp, const void *weight,
+                                  const float *rstd, size_t N, size_t C, ts_dtype dt);
+ts_status ts_cpu_rope_forward(const ts_kctx *ctx, void *out, const void *x, size_t B, size_t T,
+                              size_t H, size_t HS, float theta, ts_dtype dt);
+ts_status ts_cpu_rope_backward(const ts_kctx *ctx, void *dx, const void *dout, size_t B,
+                               size_t T, size_t H, size_t HS, float theta, ts_dtype dt);
+size_t ts_cpu_attention_workspace_bytes(size_t B, size_t T, size_t NH, size_t NKV, size_t HS,
+                                        ts_dtype dt);
+ts_status ts_cpu_attention_forward(const ts_kctx *ctx, void *out, void *probs, const void *q,
+                                   const void *k, const void *v, size_t B, size_t T, size_t NH,
+                                   size_t NKV, size_t HS, ts_dtype dt);
+ts_status ts_cpu_attention_backward(const ts_kctx *ctx, void *dq, void *dk, void *dv,
+                                    const void *dout, const void *q, const void *k,
+                                    const void *v, const void *probs, size_t B, size_t T,
+                                    size_t NH, size_t NKV, size_t HS, ts_dtype dt);
+ts_status ts_cpu_swiglu_forward(const ts_kctx *ctx, void *h, const void *gate, const void *up,
+                                size_t n, ts_dtype dt);
+ts_status ts_cpu_swiglu_backward(const ts_kctx *ctx, void *dgate, void *dup, const void *dh,
+                                 const void *gate, const void *up, size_t n, ts_dtype dt);
+ts_status ts_cpu_cross_entropy_forward(const ts_kctx *ctx, float *loss_rows, const void *logits,
+                                       const int32_t *targets, size_t N, size_t V, ts_dtype dt);
+ts_status ts_cpu_loss_sum(const ts_kctx *ctx, double *out, const float *loss_rows,
+                          const int32_t *targets, size_t N);
+ts_status ts_cpu_cross_entropy_backward(const ts_kctx *ctx, void *dlogits, const void *logits,
+                                        const int32_t *targets, size_t N, size_t V, float dloss,
+                                        ts_dtype dt);
+ts_status ts_cpu_adamw(const ts_kctx *ctx, float *master, void *param_out, ts_dtype param_dt,
+                       float *m, float *v, const void *grad, ts_dtype grad_dt, size_t n,
+                       const ts_adamw_hparams *hp);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,8 @@
 /*
- * cross_entropy.c — softmax cross-entropy over the vocabulary, matching
- * PyTorch F.cross_entropy(reduction="none", ignore_index=-100) per row.
+ * cross_entropy.c — the CPU bodies of softmax cross-entropy over the
+ * vocabulary, matching PyTorch F.cross_entropy(reduction="none",
+ * ignore_index=-100) per row, and of the masked loss sum (ts_k_loss_sum:
+ * the rows' losses added in row order in double).
  *
  *   loss[n] = logsumexp(x[n]) - x[n, y[n]],  logsumexp = max + log sum e^(x - max)
  *   dlogits[n] = dloss * (softmax(x[n]) - onehot(y[n]))
@@ -70,16 +72,9 @@ TS_AI float ce_fwd_row(const void *logits, int32_t y, size_t V, size_t n, ts_dty
   return (logf(s) + m) - ld(logits, n * V + (size_t)y, dt);
 }
 
-ts_status ts_k_cross_entropy_forward(const ts_kctx *ctx, float *loss_rows, const void *logits,
-                                     const int32_t *targets, size_t N, size_t V, ts_dtype dt) {
-  static const char op[] = "ts_k_cross_entropy_forward";
-  TS_CPU_ONLY(ctx, op);
-  TS_CHECK_DTYPE(dt, op);
-  if (N == 0) return TS_OK;
-  TS_CHECK_PTR(targets, op);
-  TS_CHECK_PTR(loss_rows, op);
-  TS_CHECK(check_targets(targets, N, V, op));
-  TS_CHECK_PTR(logits, op);
+ts_status ts_cpu_cross_entropy_forward(const ts_kctx *ctx, float *loss_rows, const void *logits,
+                                       const int32_t *targets, size_t N, size_t V, ts_dtype dt) {
+  TS_CHECK(check_targets(targets, N, V, "ts_k_cross_entropy_forward"));
 #pragma omp parallel for schedule(static) if (N * V > 16384)
   for (ptrdiff_t n = 0; n < (ptrdiff_t)N; n++) {
     int32_t y = targets[n];
@@ -94,6 +89,20 @@ ts_status ts_k_cross_entropy_forward(const ts_kctx *ctx, float *loss_rows, const
     }
     loss_rows[n] = loss;
   }
+  return TS_OK;
+}
+
+ts_status ts_cpu_loss_sum(const ts_kctx *ctx, double *out, const float *loss_rows,
+                          const int32_t *targets, size_t N) {
+  double sum = 0;
+  size_t count = 0;
+  for (size_t n = 0; n < N; n++) {
+    if (targets[n] == TS_IGNORE_INDEX) continue;
+    sum += loss_rows[n];
+    count++;
+  }
+  out[0] = sum;
+  out[1] = (double)count;
   return TS_OK;
 }
 
@@ -140,17 +149,10 @@ TS_AI void ce_bwd_row(void *dlogits, const void *logits, int32_t y, size_t V, si
   }
 }
 
-ts_status ts_k_cross_entropy_backward(const ts_kctx *ctx, void *dlogits, const void *logits,
-                                      const int32_t *targets, size_t N, size_t V, float dloss,
-                                      ts_dtype dt) {
-  static const char op[] = "ts_k_cross_entropy_backward";
-  TS_CPU_ONLY(ctx, op);
-  TS_CHECK_DTYPE(dt, op);
-  if (N == 0 || V == 0) return TS_OK;
-  TS_CHECK_PTR(targets, op);
-  TS_CHECK(check_targets(targets, N, V, op));
-  TS_CHECK_PTR(dlogits, op);
-  TS_CHECK_PTR(logits, op);
+ts_status ts_cpu_cross_entropy_backward(const ts_kctx *ctx, void *dlogits, const void *logits,
+                                        const int32_t *targets, size_t N, size_t V, float dloss,
+                                        ts_dtype dt) {
+  TS_CHECK(check_targets(targets, N, V, "ts_k_cross_entropy_backward"));
 #pragma omp parallel for schedule(static) if (N * V > 16384)
   for (ptrdiff_t n = 0; n < (ptrdiff_t)N; n++)
     TS_DT_CALL(dt, ce_bwd_row, dlogits, logits, targets[n], V, (size_t)n, dloss);

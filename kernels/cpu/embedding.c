@@ -1,5 +1,6 @@
 /*
- * embedding.c — token embedding lookup (forward) and its scatter-add
+ * embedding.c — the CPU bodies of the token embedding lookup (forward) and
+ * its scatter-add
  * (backward), in the storage dtype of the table.
  *
  * Invariants:
@@ -14,7 +15,7 @@
  *   dwte[v, c] = round(dwte[v, c] + sum). To find each row's positions
  *   without a (V, C) fp32 buffer, the positions are stably sorted by token
  *   (a bottom-up merge sort of N int32 in ctx->workspace, two 64-byte-aligned
- *   buffers of N int32; ts_k_embedding_workspace_bytes returns exactly that);
+ *   buffers of N int32; ts_cpu_embedding_workspace_bytes returns exactly that);
  *   the sorted order is unique, so it does not depend on the thread count.
  */
 #include <stdint.h>
@@ -35,17 +36,10 @@ static ts_status check_tokens(const int32_t *tokens, size_t N, size_t V, const c
   return TS_OK;
 }
 
-ts_status ts_k_embedding_forward(const ts_kctx *ctx, void *out, const int32_t *tokens,
-                                 const void *wte, size_t N, size_t C, size_t V, ts_dtype dt) {
-  static const char op[] = "ts_k_embedding_forward";
-  TS_CPU_ONLY(ctx, op);
-  TS_CHECK_DTYPE(dt, op);
-  if (N == 0) return TS_OK;
-  TS_CHECK_PTR(tokens, op);
-  TS_CHECK(check_tokens(tokens, N, V, op));
+ts_status ts_cpu_embedding_forward(const ts_kctx *ctx, void *out, const int32_t *tokens,
+                                   const void *wte, size_t N, size_t C, size_t V, ts_dtype dt) {
+  TS_CHECK(check_tokens(tokens, N, V, "ts_k_embedding_forward"));
   if (C == 0) return TS_OK;
-  TS_CHECK_PTR(out, op);
-  TS_CHECK_PTR(wte, op);
   size_t row = C * ts_dtype_size(dt);
 #pragma omp parallel for schedule(static) if (N * C > 65536)
   for (ptrdiff_t n = 0; n < (ptrdiff_t)N; n++)
@@ -53,7 +47,7 @@ ts_status ts_k_embedding_forward(const ts_kctx *ctx, void *out, const int32_t *t
   return TS_OK;
 }
 
-size_t ts_k_embedding_workspace_bytes(size_t N, ts_dtype dt) {
+size_t ts_cpu_embedding_workspace_bytes(size_t N, ts_dtype dt) {
   if (dt == TS_FP32) return 0;
   return 2 * ts_align64(N * sizeof(int32_t));
 }
@@ -120,23 +114,16 @@ TS_AI void embedding_bwd_block_half(void *dwte, const void *dout, const int32_t 
   }
 }
 
-ts_status ts_k_embedding_backward(const ts_kctx *ctx, void *dwte, const void *dout,
-                                  const int32_t *tokens, size_t N, size_t C, size_t V,
-                                  ts_dtype dt) {
+ts_status ts_cpu_embedding_backward(const ts_kctx *ctx, void *dwte, const void *dout,
+                                    const int32_t *tokens, size_t N, size_t C, size_t V,
+                                    ts_dtype dt) {
   static const char op[] = "ts_k_embedding_backward";
-  TS_CPU_ONLY(ctx, op);
-  TS_CHECK_DTYPE(dt, op);
-  if (N == 0) return TS_OK;
-  TS_CHECK_PTR(tokens, op);
   TS_CHECK(check_tokens(tokens, N, V, op));
   if (dt != TS_FP32 && N > (size_t)INT32_MAX)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "%s: N = %zu positions: expected at most %d (int32 sort indices)", op, N,
                         (int)INT32_MAX);
-  TS_CHECK(ts_check_workspace(ctx, ts_k_embedding_workspace_bytes(N, dt), op));
   if (C == 0) return TS_OK;
-  TS_CHECK_PTR(dwte, op);
-  TS_CHECK_PTR(dout, op);
   ptrdiff_t nblocks = (ptrdiff_t)((C + CBLOCK - 1) / CBLOCK);
   if (dt == TS_FP32) {
 #pragma omp parallel for schedule(static) if (nblocks > 1 && N * C > 65536)

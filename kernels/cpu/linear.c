@@ -1,5 +1,5 @@
 /*
- * linear.c — the bias-free linear layer y = x W^T (Hugging Face nn.Linear
+ * linear.c — the CPU body of the bias-free linear layer y = x W^T (Hugging Face nn.Linear
  * weight layout (N, K)), forward and backward, through OpenBLAS sgemm.
  *
  * Invariants:
@@ -7,7 +7,7 @@
  * - bf16/fp16 widen the operands into ctx->workspace, run the same fp32
  *   sgemm, and round the results back once (RNE). The workspace is three
  *   64-byte-aligned fp32 buffers of M*K, N*K and M*N elements; the query
- *   ts_k_linear_workspace_bytes returns exactly that (0 for fp32).
+ *   ts_cpu_linear_workspace_bytes returns exactly that (0 for fp32).
  * - OpenBLAS (Debian's pthread build) is never called from inside an OpenMP
  *   parallel region. sgemm splits work over M and N only, so each output
  *   element's dot product has one fixed order: results are deterministic.
@@ -18,17 +18,14 @@
 
 #include "kernels/cpu/cpu_common.h"
 
-size_t ts_k_linear_workspace_bytes(size_t M, size_t N, size_t K, ts_dtype dt) {
+size_t ts_cpu_linear_workspace_bytes(size_t M, size_t N, size_t K, ts_dtype dt) {
   if (dt == TS_FP32) return 0;
   return ts_align64(M * K * sizeof(float)) + ts_align64(N * K * sizeof(float)) +
          ts_align64(M * N * sizeof(float));
 }
 
-/* Checks the device, the dtype and that every dimension fits BLAS's int. */
-static ts_status check_dims(const ts_kctx *ctx, size_t M, size_t N, size_t K, ts_dtype dt,
-                            const char *op) {
-  TS_CPU_ONLY(ctx, op);
-  TS_CHECK_DTYPE(dt, op);
+/* Checks that every dimension fits BLAS's int. */
+static ts_status check_dims(size_t M, size_t N, size_t K, const char *op) {
   if (M > INT_MAX || N > INT_MAX || K > INT_MAX)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "%s: M=%zu N=%zu K=%zu: each must be at most %d (BLAS int)", op, M, N, K,
@@ -52,19 +49,9 @@ static ws_bufs split_ws(const ts_kctx *ctx, size_t M, size_t N, size_t K) {
   return w;
 }
 
-ts_status ts_k_linear_forward(const ts_kctx *ctx, void *out, const void *inp, const void *weight,
-                              size_t M, size_t N, size_t K, ts_dtype dt) {
-  static const char op[] = "ts_k_linear_forward";
-  TS_CHECK(check_dims(ctx, M, N, K, dt, op));
-  if (M == 0 || N == 0) return TS_OK;
-  TS_CHECK_PTR(out, op);
-  if (K == 0) { /* empty sum: zeros */
-    memset(out, 0, M * N * ts_dtype_size(dt));
-    return TS_OK;
-  }
-  TS_CHECK_PTR(inp, op);
-  TS_CHECK_PTR(weight, op);
-  TS_CHECK(ts_check_workspace(ctx, ts_k_linear_workspace_bytes(M, N, K, dt), op));
+ts_status ts_cpu_linear_forward(const ts_kctx *ctx, void *out, const void *inp,
+                                const void *weight, size_t M, size_t N, size_t K, ts_dtype dt) {
+  TS_CHECK(check_dims(M, N, K, "ts_k_linear_forward"));
   if (dt == TS_FP32) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1.0f,
                 (const float *)inp, (int)K, (const float *)weight, (int)K, 0.0f, (float *)out,
@@ -80,21 +67,10 @@ ts_status ts_k_linear_forward(const ts_kctx *ctx, void *out, const void *inp, co
   return TS_OK;
 }
 
-ts_status ts_k_linear_backward(const ts_kctx *ctx, void *dinp, void *dweight, const void *dout,
-                               const void *inp, const void *weight, size_t M, size_t N, size_t K,
-                               ts_dtype dt) {
-  static const char op[] = "ts_k_linear_backward";
-  TS_CHECK(check_dims(ctx, M, N, K, dt, op));
-  if (M == 0 || K == 0) return TS_OK; /* dinp and dweight are empty */
-  if (N == 0) {                       /* dinp = 0; dweight is empty */
-    if (dinp) memset(dinp, 0, M * K * ts_dtype_size(dt));
-    return TS_OK;
-  }
-  if (dinp == NULL && dweight == NULL) return TS_OK;
-  TS_CHECK_PTR(dout, op);
-  if (dinp) TS_CHECK_PTR(weight, op);
-  if (dweight) TS_CHECK_PTR(inp, op);
-  TS_CHECK(ts_check_workspace(ctx, ts_k_linear_workspace_bytes(M, N, K, dt), op));
+ts_status ts_cpu_linear_backward(const ts_kctx *ctx, void *dinp, void *dweight, const void *dout,
+                                 const void *inp, const void *weight, size_t M, size_t N,
+                                 size_t K, ts_dtype dt) {
+  TS_CHECK(check_dims(M, N, K, "ts_k_linear_backward"));
   if (dt == TS_FP32) {
     if (dinp) /* dinp (M, K) = dout (M, N) @ W (N, K) */
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)K, (int)N, 1.0f,

@@ -1,6 +1,7 @@
 /*
- * rope.c — rotary position embedding (Su et al. 2021, eq. 34) in Hugging
- * Face's rotate-half layout: channel i pairs with channel i + HS/2.
+ * rope.c — the CPU body of rotary position embedding (Su et al. 2021,
+ * eq. 34) in Hugging Face's rotate-half layout: channel i pairs with
+ * channel i + HS/2.
  *
  * Angles follow LlamaRotaryEmbedding step by step in fp32:
  *   inv_freq[i] = 1 / theta^((2i) / HS)   (fp32 division, powf, fp32 1/x)
@@ -33,19 +34,10 @@ TS_AI void rope_row(void *out, const void *x, size_t H, size_t HS, size_t row, c
   }
 }
 
-static ts_status rope_apply(const ts_kctx *ctx, void *out, const void *x, size_t B, size_t T,
-                            size_t H, size_t HS, float theta, float sign, ts_dtype dt,
-                            const char *op) {
-  TS_CPU_ONLY(ctx, op);
-  TS_CHECK_DTYPE(dt, op);
-  if (HS % 2 != 0 || HS / 2 > MAX_HALF)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: HS = %zu: expected even and <= %d", op, HS,
-                        2 * MAX_HALF);
-  if (!(theta > 0.0f))
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: theta = %g: expected > 0", op, (double)theta);
-  if (B == 0 || T == 0 || H == 0 || HS == 0) return TS_OK;
-  TS_CHECK_PTR(out, op);
-  TS_CHECK_PTR(x, op);
+/* Rotates every row; the front has checked HS even and at most 2 * MAX_HALF. */
+static ts_status rope_apply(void *out, const void *x, size_t B, size_t T, size_t H, size_t HS,
+                            float theta, float sign, ts_dtype dt) {
+  TS_ASSERT(HS % 2 == 0 && HS / 2 <= MAX_HALF);
   size_t half = HS / 2;
   float inv_freq[MAX_HALF];
   for (size_t i = 0; i < half; i++) inv_freq[i] = 1.0f / powf(theta, (float)(2 * i) / (float)HS);
@@ -64,12 +56,12 @@ static ts_status rope_apply(const ts_kctx *ctx, void *out, const void *x, size_t
   return TS_OK;
 }
 
-ts_status ts_k_rope_forward(const ts_kctx *ctx, void *out, const void *x, size_t B, size_t T,
-                            size_t H, size_t HS, float theta, ts_dtype dt) {
-  return rope_apply(ctx, out, x, B, T, H, HS, theta, 1.0f, dt, "ts_k_rope_forward");
+ts_status ts_cpu_rope_forward(const ts_kctx *ctx, void *out, const void *x, size_t B, size_t T,
+                              size_t H, size_t HS, float theta, ts_dtype dt) {
+  return rope_apply(out, x, B, T, H, HS, theta, 1.0f, dt);
 }
 
-ts_status ts_k_rope_backward(const ts_kctx *ctx, void *dx, const void *dout, size_t B, size_t T,
-                             size_t H, size_t HS, float theta, ts_dtype dt) {
-  return rope_apply(ctx, dx, dout, B, T, H, HS, theta, -1.0f, dt, "ts_k_rope_backward");
+ts_status ts_cpu_rope_backward(const ts_kctx *ctx, void *dx, const void *dout, size_t B,
+                               size_t T, size_t H, size_t HS, float theta, ts_dtype dt) {
+  return rope_apply(dx, dout, B, T, H, HS, theta, -1.0f, dt);
 }

@@ -1,5 +1,5 @@
 /*
- * swiglu.c — the SwiGLU gate of LLaMA's MLP (Shazeer 2020, eq. 6):
+ * swiglu.c — the CPU body of the SwiGLU gate of LLaMA's MLP (Shazeer 2020, eq. 6):
  * h = silu(gate) * up, and its backward.
  *
  * Invariants: purely per element (kernels/elementwise.h's ts_silu and
@@ -60,17 +60,8 @@ static void swiglu_bwd_half(void *dgate, void *dup, const void *dh, const void *
   }
 }
 
-ts_status ts_k_swiglu_forward(const ts_kctx *ctx, void *h, const void *gate, const void *up,
-                              size_t n, ts_dtype dt) {
-  static const char op[] = "ts_k_swiglu_forward";
-  TS_CPU_ONLY(ctx, op);
-  TS_CHECK_DTYPE(dt, op);
-  if (n == 0) return TS_OK;
-  TS_CHECK_PTR(h, op);
-  TS_CHECK_PTR(gate, op);
-  TS_CHECK_PTR(up, op);
-  if (h == gate || h == up)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: h aliases gate or up (not allowed)", op);
+ts_status ts_cpu_swiglu_forward(const ts_kctx *ctx, void *h, const void *gate, const void *up,
+                                size_t n, ts_dtype dt) {
   ptrdiff_t nchunks = (ptrdiff_t)((n + CHUNK - 1) / CHUNK);
 #pragma omp parallel for schedule(static) if (nchunks > 1)
   for (ptrdiff_t c = 0; c < nchunks; c++) {
@@ -84,17 +75,8 @@ ts_status ts_k_swiglu_forward(const ts_kctx *ctx, void *h, const void *gate, con
   return TS_OK;
 }
 
-ts_status ts_k_swiglu_backward(const ts_kctx *ctx, void *dgate, void *dup, const void *dh,
-                               const void *gate, const void *up, size_t n, ts_dtype dt) {
-  static const char op[] = "ts_k_swiglu_backward";
-  TS_CPU_ONLY(ctx, op);
-  TS_CHECK_DTYPE(dt, op);
-  if (n == 0) return TS_OK;
-  TS_CHECK_PTR(dgate, op);
-  TS_CHECK_PTR(dup, op);
-  TS_CHECK_PTR(dh, op);
-  TS_CHECK_PTR(gate, op);
-  TS_CHECK_PTR(up, op);
+ts_status ts_cpu_swiglu_backward(const ts_kctx *ctx, void *dgate, void *dup, const void *dh,
+                                 const void *gate, const void *up, size_t n, ts_dtype dt) {
   ptrdiff_t nchunks = (ptrdiff_t)((n + CHUNK - 1) / CHUNK);
 #pragma omp parallel for schedule(static) if (nchunks > 1)
   for (ptrdiff_t c = 0; c < nchunks; c++) {

@@ -1,5 +1,6 @@
 /*
- * vecops.c — simple vector ops: ts_k_add and ts_k_sumsq.
+ * vecops.c — the CPU bodies of the simple vector ops: ts_k_add, ts_k_sumsq
+ * and ts_k_nonfinite.
  *
  * Invariant: results are bitwise independent of the OpenMP thread count.
  * add is per element (half storage: pieces widened in bulk, added in fp32,
@@ -32,15 +33,8 @@ static void add_range_half(void *out, const void *a, const void *b, size_t lo, s
   }
 }
 
-ts_status ts_k_add(const ts_kctx *ctx, void *out, const void *a, const void *b, size_t n,
-                   ts_dtype dt) {
-  static const char op[] = "ts_k_add";
-  TS_CPU_ONLY(ctx, op);
-  TS_CHECK_DTYPE(dt, op);
-  if (n == 0) return TS_OK;
-  TS_CHECK_PTR(out, op);
-  TS_CHECK_PTR(a, op);
-  TS_CHECK_PTR(b, op);
+ts_status ts_cpu_add(const ts_kctx *ctx, void *out, const void *a, const void *b, size_t n,
+                     ts_dtype dt) {
   ptrdiff_t nchunks = (ptrdiff_t)((n + CHUNK - 1) / CHUNK);
 #pragma omp parallel for schedule(static) if (nchunks > 1)
   for (ptrdiff_t c = 0; c < nchunks; c++) {
@@ -71,16 +65,11 @@ TS_AI double sumsq_range(const void *x, size_t lo, size_t hi, ts_dtype dt) {
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
-ts_status ts_k_sumsq(const ts_kctx *ctx, double *out, const void *x, size_t n, ts_dtype dt) {
-  static const char op[] = "ts_k_sumsq";
-  TS_CPU_ONLY(ctx, op);
-  TS_CHECK_DTYPE(dt, op);
-  TS_CHECK_PTR(out, op);
+ts_status ts_cpu_sumsq(const ts_kctx *ctx, double *out, const void *x, size_t n, ts_dtype dt) {
   if (n == 0) {
     *out = 0.0;
     return TS_OK;
   }
-  TS_CHECK_PTR(x, op);
   size_t nchunks = (n + CHUNK - 1) / CHUNK;
   size_t ngroups = nchunks < MAX_GROUPS ? nchunks : MAX_GROUPS;
   double group_sum[MAX_GROUPS];
@@ -105,5 +94,33 @@ ts_status ts_k_sumsq(const ts_kctx *ctx, double *out, const void *x, size_t n, t
   double total = 0.0;
   for (size_t g = 0; g < ngroups; g++) total += group_sum[g];
   *out = total;
+  return TS_OK;
+}
+
+/* 1 if some element of x[lo, hi) is inf or NaN: its exponent bits all set. */
+static int nonfinite_range(const void *x, size_t lo, size_t hi, ts_dtype dt) {
+  if (dt == TS_FP32) {
+    const uint32_t *u = (const uint32_t *)x;
+    for (size_t i = lo; i < hi; i++)
+      if ((u[i] & 0x7f800000u) == 0x7f800000u) return 1;
+    return 0;
+  }
+  uint16_t exp = dt == TS_BF16 ? 0x7f80u : 0x7c00u;
+  const uint16_t *h = (const uint16_t *)x;
+  for (size_t i = lo; i < hi; i++)
+    if ((h[i] & exp) == exp) return 1;
+  return 0;
+}
+
+ts_status ts_cpu_nonfinite(const ts_kctx *ctx, int32_t *flag, const void *x, size_t n,
+                           ts_dtype dt) {
+  ptrdiff_t nchunks = (ptrdiff_t)((n + CHUNK - 1) / CHUNK);
+  int any = 0;
+#pragma omp parallel for schedule(static) reduction(| : any) if (nchunks > 1)
+  for (ptrdiff_t c = 0; c < nchunks; c++) {
+    size_t lo = (size_t)c * CHUNK;
+    any |= nonfinite_range(x, lo, lo + CHUNK < n ? lo + CHUNK : n, dt);
+  }
+  *flag = any;
   return TS_OK;
 }

@@ -44,9 +44,9 @@ static void launch_adamw(float *master, void *param_out, float *m, float *v, con
   }
 }
 
-extern "C" ts_status ts_k_adamw_cuda(const ts_kctx *ctx, float *master, void *param_out,
-                                     ts_dtype param_dt, float *m, float *v, const void *grad,
-                                     ts_dtype grad_dt, size_t n, const ts_adamw_hparams *hp) {
+extern "C" ts_status ts_cuda_adamw(const ts_kctx *ctx, float *master, void *param_out,
+                                    ts_dtype param_dt, float *m, float *v, const void *grad,
+                                    ts_dtype grad_dt, size_t n, const ts_adamw_hparams *hp) {
   if (n == 0) return TS_OK;
   cudaStream_t s = (cudaStream_t)ctx->stream;
   ts_adamw_coeffs c = ts_adamw_make_coeffs(hp->lr, hp->beta1, hp->beta2, hp->eps, hp->weight_decay,

@@ -1,5 +1,5 @@
 /*
- * cast.cu — CUDA body of ts_k_cast: storage conversions between fp32, bf16
+ * cast.cu — CUDA bodies of ts_k_cast and ts_k_zero: storage conversions between fp32, bf16
  * and fp16 with the bit-exact conversions of kernels/elementwise.h, so the
  * result equals the CPU's bit for bit. Grid-stride loop on ctx->stream.
  */
@@ -31,8 +31,8 @@ static void launch_cast(void *out, const void *in, ts_dtype in_dt, size_t n, cud
   }
 }
 
-extern "C" ts_status ts_k_cast_cuda(const ts_kctx *ctx, void *out, ts_dtype out_dt, const void *in,
-                                    ts_dtype in_dt, size_t n) {
+extern "C" ts_status ts_cuda_cast(const ts_kctx *ctx, void *out, ts_dtype out_dt, const void *in,
+                                   ts_dtype in_dt, size_t n) {
   cudaStream_t s = (cudaStream_t)ctx->stream;
   if (n == 0) return TS_OK;
   if (out_dt == in_dt) {
@@ -62,7 +62,7 @@ extern "C" ts_status ts_k_cast_cuda(const ts_kctx *ctx, void *out, ts_dtype out_
   return TS_OK;
 }
 
-extern "C" ts_status ts_k_zero_cuda(const ts_kctx *ctx, void *x, size_t nbytes) {
+extern "C" ts_status ts_cuda_zero(const ts_kctx *ctx, void *x, size_t nbytes) {
   cudaError_t e = cudaMemsetAsync(x, 0, nbytes, (cudaStream_t)ctx->stream);
   if (e != cudaSuccess)
     return ts_set_error(TS_ERR_CUDA, "ts_k_zero (cuda): cudaMemsetAsync of %zu bytes: %s", nbytes,

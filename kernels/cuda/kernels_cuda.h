@@ -1,11 +1,10 @@
 /*
- * kernels_cuda.h — private: the CUDA implementations behind the device-
- * neutral entry points of kernels/kernels.h. ts_k_cast, ts_k_zero and ts_k_adamw call
- * these when ctx->device == TS_DEVICE_CUDA in a build with -DTS_WITH_CUDA
- * (//kernels:kernels_with_cuda). Arguments have been validated by the
- * caller; contracts are those of the public functions.
+ * kernels_cuda.h — private: the CUDA backend's bodies, which
+ * kernels/cuda/backend.c lists in its table (kernels/backend.h). Arguments
+ * have been validated by the kernels front; contracts are those of the
+ * public functions of kernels/kernels.h with the same name after ts_k_.
  *
- * Every pointer is device memory; kernels are launched on
+ * Every pointer is device memory unless named h_; kernels are launched on
  * (cudaStream_t)ctx->stream and are asynchronous: a launch failure returns
  * TS_ERR_CUDA with cudaGetErrorString's text, errors during execution show
  * up at the caller's next synchronisation.
@@ -21,18 +20,30 @@
 extern "C" {
 #endif
 
-/* CUDA body of ts_k_cast: out (n, out_dt) = in (n, in_dt), RNE. */
-ts_status ts_k_cast_cuda(const ts_kctx *ctx, void *out, ts_dtype out_dt, const void *in,
-                         ts_dtype in_dt, size_t n);
+/* ---- devices, contexts, memory (memory.cu) ----------------------------- */
 
-/* CUDA body of ts_k_zero: cudaMemsetAsync of nbytes at x. */
-ts_status ts_k_zero_cuda(const ts_kctx *ctx, void *x, size_t nbytes);
+int ts_cuda_device_count(void);
+ts_status ts_cuda_context_init(ts_kctx *ctx, int index);
+void ts_cuda_context_destroy(ts_kctx *ctx);
+ts_status ts_cuda_synchronize(const ts_kctx *ctx);
+ts_status ts_cuda_alloc(size_t nbytes, void **out);
+void ts_cuda_free(void *p);
+ts_status ts_cuda_copy(const ts_kctx *ctx, void *dst, const void *src, size_t nbytes);
+ts_status ts_cuda_to_host(const ts_kctx *ctx, void *h_dst, const void *src, size_t nbytes);
+ts_status ts_cuda_from_host(const ts_kctx *ctx, void *dst, const void *h_src, size_t nbytes);
 
-/* CUDA body of ts_k_adamw: master, m, v (n) fp32 updated; param_out
- * (n, param_dt) written if non-NULL; grad (n, grad_dt). */
-ts_status ts_k_adamw_cuda(const ts_kctx *ctx, float *master, void *param_out, ts_dtype param_dt,
-                          float *m, float *v, const void *grad, ts_dtype grad_dt, size_t n,
-                          const ts_adamw_hparams *hp);
+/* ---- ops -------------------------------------------------------------------- */
+
+/* cast.cu: out (n, out_dt) = in (n, in_dt), RNE; zero: cudaMemsetAsync. */
+ts_status ts_cuda_cast(const ts_kctx *ctx, void *out, ts_dtype out_dt, const void *in,
+                       ts_dtype in_dt, size_t n);
+ts_status ts_cuda_zero(const ts_kctx *ctx, void *x, size_t nbytes);
+
+/* adamw.cu: master, m, v (n) fp32 updated; param_out (n, param_dt) written
+ * if non-NULL; grad (n, grad_dt); hp host. */
+ts_status ts_cuda_adamw(const ts_kctx *ctx, float *master, void *param_out, ts_dtype param_dt,
+                        float *m, float *v, const void *grad, ts_dtype grad_dt, size_t n,
+                        const ts_adamw_hparams *hp);
 
 #ifdef __cplusplus
 }
