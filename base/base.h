@@ -88,6 +88,11 @@ const char *ts_dtype_name(ts_dtype dt);
 /* Parses a name as above; TS_ERR_INVALID_ARGUMENT (message lists the choices). */
 ts_status ts_dtype_parse(const char *name, ts_dtype *out);
 
+/* The most tensors one unit of a model (one flat buffer of parameters)
+ * holds: models/ lays units out within it, shard/ partitions them. A
+ * LLaMA block has 9, a BERT layer 16. */
+#define TS_UNIT_MAX_TENSORS 32
+
 /* Where a buffer lives and a kernel runs: host memory and the CPU, or one
  * CUDA GPU (the one the process selected). Values index per-device tables. */
 typedef enum ts_device {

@@ -29,8 +29,8 @@
  * full gradient of each block in turn; in stage 3 the head holds its own
  * gathered parameters and the embedding's at once. Besides model state: the unit
  * inputs (B, T, C) and saved activations of one micro-batch (a
- * checkpointed unit keeps none: one recompute buffer of the largest
- * checkpointed unit's saved bytes serves them all;
+ * recomputed unit keeps none: one recompute buffer of the largest
+ * recomputed unit's saved bytes serves them all;
  * ts_engine_activation_bytes), two (B, T, C)
  * activation-gradient buffers, one workspace sized for the hungriest unit,
  * and one reduce-scatter scratch buffer ((N-1) * S of the largest unit,
@@ -38,7 +38,8 @@
  *
  * Gradient reduction (determinism contract): every stage reduces with the
  * same primitive, a reduce-scatter per unit over the same layout (comm/
- * sums in rank order), so at a fixed world size and gradient accumulation 1
+ * sums in rank order), so at a fixed data-parallel size and gradient
+ * accumulation 1
  * all four stages produce bitwise-identical parameters. Stage 0 follows it
  * with an all-gather of the gradients (all-reduce), stage 1 with an
  * all-gather of the updated parameters; stage 2 reduce-scatters each unit
@@ -47,10 +48,10 @@
  * stages 2-3 reduce-scatter every micro-batch (K times the traffic) and add
  * into the shard, so their sums are ordered differently from stages 0-1.
  * Tied embeddings in stage 3: the head gathers the embedding weight again
- * for its forward and its backward. A checkpointed unit's recompute runs
+ * for its forward and its backward. A recomputed unit's forward runs again
  * inside its backward's gather: one all-gather serves both. Recompute is
  * the same forward on the same input and parameters, so gradients are
- * bitwise those without checkpointing.
+ * bitwise those without activation checkpointing.
  *
  * Mixed precision: casts round to nearest even; kernels read bf16/fp16 and
  * accumulate in fp32; reduce-scatter sums half-precision gradients in fp32
@@ -67,6 +68,12 @@
  * ts_engine_optimizer_step, ts_engine_eval and (stage 3) ts_engine_get_tensor
  * are collective over the data-parallel group: every rank calls them in the
  * same order. ts_engine_create is local.
+ *
+ * Devices: every buffer lives on opts->device and every op runs there
+ * through kernels/kernels.h; inside a step the engine reads the device
+ * once, at the optimizer step (the micro-batches' losses and the units'
+ * squared norms, one block), and writes it once per micro-batch (the token
+ * batch). The files of engine/ split it by concept (engine_internal.h).
  */
 #ifndef TS_ENGINE_ENGINE_H
 #define TS_ENGINE_ENGINE_H
@@ -76,7 +83,7 @@
 
 #include "comm/comm.h"
 #include "kernels/kernels.h"
-#include "models/llama.h"
+#include "models/model.h"
 #include "shard/flat.h"
 #include "shard/ledger.h"
 
@@ -112,6 +119,10 @@ typedef struct ts_engine_opts {
    * nothing and the head's backward follows its forward directly, so
    * neither is ever checkpointed. */
   size_t recompute_every;
+  /* Where every training buffer lives and every op runs (process-wide:
+   * GPU local_rank % device_count is the caller's choice of context). The
+   * CPU runs every op; CUDA runs what kernels/cuda/ has (kernels.h). */
+  ts_device device;
 } ts_engine_opts;
 
 /* Defaults: B 8, T 128, accumulation 1, fp32, seed 1337, AdamW (0.9, 0.95,
@@ -120,46 +131,48 @@ typedef struct ts_engine_opts {
  * minimum 1 (fp16 only), no activation checkpointing. */
 ts_engine_opts ts_engine_default_opts(void);
 
-/* Whether unit u of m is checkpointed under opts->recompute_every. */
-int ts_engine_is_recomputed(const ts_llama *m, const ts_engine_opts *opts, int u);
+/* Whether unit u of m is recomputed (activation checkpointing) under
+ * opts->recompute_every: blocks (ts_unit.layer >= 0) whose layer is a
+ * multiple of it. */
+int ts_engine_is_recomputed(const ts_model *m, const ts_engine_opts *opts, int u);
 
 /* Activation bytes one rank allocates (ledger category activations), from
- * the units' declared saved bytes (ts_llama_saved_bytes) alone: the (B, T)
+ * the units' declared saved bytes (ts_unit_saved_bytes) alone: the (B, T)
  * int32 inputs and targets, the (B, T, C) input of every unit but the
  * first, two (B, T, C) activation-gradient buffers, the saved bytes of
  * every unit not checkpointed and, when some unit is, one recompute buffer
  * of the largest checkpointed unit's saved bytes. Independent of the ZeRO
  * stage and N. The engine allocates exactly this at create. */
-size_t ts_engine_activation_bytes(const ts_llama *m, const ts_engine_opts *opts);
+size_t ts_engine_activation_bytes(const ts_model *m, const ts_engine_opts *opts);
 
-/* The memory plan of one rank of N = world data-parallel ranks training
+/* The memory plan of one rank of N = dp_size data-parallel ranks training
  * `model` with opts: the engine's own create and one micro-step (forward
  * and backward, with every transient gather and full gradient) replayed
  * on a plan ledger (ts_ledger_init_plan), which charges each allocation
- * and allocates nothing large; no compute, no MPI. *out receives that
- * ledger: peak[c] per category, peak_total, and current[c] = what stays
- * allocated between steps. Shards are equal, so every rank's plan is the
- * same. The optimizer step and evaluation allocate nothing (evaluation's
- * forward is a part of the micro-step), so a real run's ledger peaks equal
- * these exactly (tests/zero_test). Milliseconds for LLaMA-2 70B at
- * N = 1024. Errors: those of ts_engine_create's checks, and
- * TS_ERR_INVALID_ARGUMENT for world outside 1 .. INT32_MAX. The config's
+ * and allocates nothing; no compute, no MPI. *out receives the counters of
+ * opts->device: peak[c] per category, peak_total, and current[c] = what
+ * stays allocated between steps. Shards are equal, so every rank's plan is
+ * the same. The optimizer step and evaluation allocate nothing
+ * (evaluation's forward is a part of the micro-step), so a real run's
+ * ledger peaks equal these exactly (tests/zero_test). Milliseconds for
+ * LLaMA-2 70B at N = 1024. Errors: those of ts_engine_create's checks, and
+ * TS_ERR_INVALID_ARGUMENT for dp_size outside 1 .. INT32_MAX. The config's
  * sizes are bounded (TS_LLAMA_MAX_PARAMS); products of an absurd B or T
  * (e.g. B NH T^2 attention bytes) are not checked for size_t overflow. */
-ts_status ts_engine_plan(const ts_llama *model, const ts_engine_opts *opts, size_t world,
-                         ts_ledger *out);
+ts_status ts_engine_plan(const ts_model *model, const ts_engine_opts *opts, size_t dp_size,
+                         ts_mem_account *out);
 
 /* The model state alone (categories params, grads, master, optim) of one
  * rank for Ψ = psi parameters held as one flat buffer padded to a multiple
- * of world * 16 elements, at zero_stage in dtype, on a plan ledger (*out:
+ * of dp_size * 16 elements, at zero_stage in dtype, on a plan ledger (*out:
  * current[c] = peak[c]; nothing else is charged, no transients). In
  * bf16/fp16 these are the ZeRO paper's (Rajbhandari et al. 2020, §5.1 and
  * Table 1, K = 12): 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N bytes for stages
  * 0-3; in fp32 the master weights are the parameters themselves (engine.h's
- * table). TS_ERR_INVALID_ARGUMENT for world outside 1 .. INT32_MAX or a
+ * table). TS_ERR_INVALID_ARGUMENT for dp_size outside 1 .. INT32_MAX or a
  * stage outside 0-3. */
-ts_status ts_engine_plan_params(size_t psi, ts_dtype dtype, int zero_stage, size_t world,
-                                ts_ledger *out);
+ts_status ts_engine_plan_params(size_t psi, ts_dtype dtype, int zero_stage, size_t dp_size,
+                                ts_mem_account *out);
 
 typedef struct ts_engine ts_engine; /* opaque; owns its buffers */
 
@@ -191,7 +204,7 @@ typedef struct ts_step_stats {
  * flag and the expected value; in fp16 also a loss scale that is negative
  * or not finite, an initial scale below the minimum, a window of 0),
  * TS_ERR_OUT_OF_MEMORY, TS_ERR_MPI. */
-ts_status ts_engine_create(ts_engine **out, const ts_llama *model, const ts_engine_opts *opts,
+ts_status ts_engine_create(ts_engine **out, const ts_model *model, const ts_engine_opts *opts,
                            ts_comm *dp);
 /* Frees every buffer (the ledger returns to zero) and the engine; NULL is a
  * no-op. */
@@ -199,8 +212,8 @@ void ts_engine_free(ts_engine *e);
 
 /* Forward and backward of one micro-batch; gradients accumulate until
  * ts_engine_optimizer_step. inputs, targets: (B, T) int32 host arrays (they
- * may be the engine's own, ts_engine_batch). *loss receives the
- * micro-batch's mean loss (nats/token).
+ * may be the engine's own, ts_engine_batch). loss: NULL, or receives the
+ * micro-batch's mean loss (nats/token; reading it waits for the device).
  * Errors: TS_ERR_INVALID_ARGUMENT (token or target out of range),
  * TS_ERR_INVALID_USAGE (more micro-batches than grad_accum: refused before
  * any work, the step's gradients kept for the optimizer step it asks for).
@@ -241,12 +254,16 @@ ts_status ts_engine_eval(ts_engine *e, const int32_t *inputs, const int32_t *tar
  * ledger. */
 void ts_engine_batch(ts_engine *e, int32_t **inputs, int32_t **targets);
 
-/* The ledger of this rank (read-only). */
-const ts_ledger *ts_engine_ledger(const ts_engine *e);
+/* This rank's memory counters on the engine's device (read-only; the
+ * ledger's account of opts->device). */
+const ts_mem_account *ts_engine_memory(const ts_engine *e);
 
 /* The engine's options (as given) and its data-parallel group. */
 const ts_engine_opts *ts_engine_options(const ts_engine *e);
 ts_comm *ts_engine_comm(const ts_engine *e);
+
+/* The model the engine trains (borrowed from the creator). */
+const ts_model *ts_engine_model(const ts_engine *e);
 
 /* Number of units of the model (embedding, blocks, head). */
 int ts_engine_num_units(const ts_engine *e);

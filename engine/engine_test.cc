@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/trainer.h"
+#include "models/llama.h"
 
 namespace {
 
@@ -40,15 +41,15 @@ struct Batch {
 };
 
 struct EngineFixture {
-  ts_llama model{};
+  ts_model model{};
   ts_engine *e = nullptr;
   EngineFixture(const ts_llama_config &c, const ts_engine_opts &o) {
-    EXPECT_EQ(ts_llama_init(&model, &c), TS_OK);
+    EXPECT_EQ(ts_llama_model_init(&model, &c), TS_OK);
     EXPECT_EQ(ts_engine_create(&e, &model, &o, nullptr), TS_OK) << ts_last_error();
   }
   ~EngineFixture() {
     ts_engine_free(e);
-    ts_llama_free(&model);
+    ts_model_free(&model);
   }
 };
 
@@ -148,7 +149,7 @@ TEST(Engine, LedgerChargesModelStatesExactly) {
   const size_t V = 100;
   ts_llama_config c = SmallConfig(V);
   EngineFixture f(c, Opts(2, 8));
-  const ts_ledger *l = ts_engine_ledger(f.e);
+  const ts_mem_account *l = ts_engine_memory(f.e);
   size_t padded = 0;
   for (int u = 0; u < f.model.n_units; u++) {
     const ts_flat_layout *lay = ts_engine_layout(f.e, u);
@@ -164,7 +165,7 @@ TEST(Engine, LedgerChargesModelStatesExactly) {
   EXPECT_EQ(l->current[TS_MEM_MASTER], 0u);
   size_t saved = 0;
   for (int u = 0; u < f.model.n_units; u++)
-    saved += ts_llama_saved_bytes(&f.model, u, 2, 8, TS_FP32);
+    saved += ts_unit_saved_bytes(&f.model, u, 2, 8, TS_FP32);
   // unit inputs (L+1) x (B,T,C), tokens and targets, two gradient buffers
   size_t BT = 16, C = 32;
   EXPECT_EQ(l->current[TS_MEM_ACTIVATIONS],
@@ -186,9 +187,9 @@ TEST(Engine, TensorsRoundTripByHuggingFaceName) {
 }
 
 TEST(Engine, RejectsBadOptions) {
-  ts_llama model;
+  ts_model model{};
   ts_llama_config c = SmallConfig(64);
-  ASSERT_EQ(ts_llama_init(&model, &c), TS_OK);
+  ASSERT_EQ(ts_llama_model_init(&model, &c), TS_OK);
   ts_engine *e = nullptr;
   ts_engine_opts o = Opts(1, 33);  // max_position_embeddings is 32
   EXPECT_EQ(ts_engine_create(&e, &model, &o, nullptr), TS_ERR_INVALID_ARGUMENT);
@@ -200,7 +201,7 @@ TEST(Engine, RejectsBadOptions) {
   o.zero_stage = 4;
   EXPECT_EQ(ts_engine_create(&e, &model, &o, nullptr), TS_ERR_INVALID_ARGUMENT);
   EXPECT_STREQ(ts_last_error(), "--zero 4: expected a ZeRO stage 0, 1, 2 or 3");
-  ts_llama_free(&model);
+  ts_model_free(&model);
 }
 
 TEST(Engine, EveryZeroStageOnOneRankTrainsIdentically) {

@@ -1,9 +1,7 @@
-/* trainer.c — the training loop around the engine: data, schedule, eval,
- * metrics (JSON Lines through cJSON). */
+/* trainer.c — the training loop around the engine: data, schedule,
+ * evaluation, and what to record when (engine/metrics.c writes it). */
 #include "engine/trainer.h"
 
-#include <cjson/cJSON.h>
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +9,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "engine/metrics.h"
 #include "engine/token_file.h"
 
 ts_train_config ts_train_default_config(void) {
@@ -39,21 +38,6 @@ static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* Appends one JSON object as a line to the metrics file, if any. */
-static ts_status write_line(FILE *f, const char *path, cJSON *obj) {
-  if (!f) {
-    cJSON_Delete(obj);
-    return TS_OK;
-  }
-  char *s = cJSON_PrintUnformatted(obj);
-  cJSON_Delete(obj);
-  if (!s) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot format a metrics line", path);
-  int bad = fprintf(f, "%s\n", s) < 0 || fflush(f) != 0;
-  free(s);
-  if (bad) return ts_set_error(TS_ERR_IO, "%s: write failed: %s", path, strerror(errno));
-  return TS_OK;
 }
 
 ts_status ts_train_resolve_batch(size_t world, size_t *global_batch, ts_engine_opts *eo) {
@@ -92,25 +76,23 @@ typedef struct run {
   ts_comm *dp;               /* cfg->dp or own_comm */
   ts_comm *own_comm;         /* one-rank group when cfg->dp is NULL */
   int rank, world;
-  ts_llama_config mcfg;
-  ts_llama model;
-  int model_ok;
+  ts_model model;
   ts_token_file *train, *val;
   ts_loader *train_ld, *val_ld;
   ts_engine *engine;
   int32_t *inputs, *targets; /* (B, T) host, the engine's own buffers */
-  FILE *metrics;             /* rank 0 only */
+  ts_metrics *metrics;       /* rank 0 only */
   ts_step_stats last;        /* the last optimizer step */
 } run;
 
 static void run_free(run *r) {
-  if (r->metrics) fclose(r->metrics);
+  ts_metrics_close(r->metrics);
   ts_engine_free(r->engine);
   ts_loader_free(r->train_ld);
   ts_loader_free(r->val_ld);
   ts_token_file_close(r->train);
   ts_token_file_close(r->val);
-  if (r->model_ok) ts_llama_free(&r->model);
+  ts_model_free(&r->model);
   ts_comm_free(r->own_comm);
 }
 
@@ -141,11 +123,9 @@ static ts_status setup(run *r) {
   const ts_train_config *cfg = r->cfg;
   char path[4096];
   TS_CHECK(ts_train_resolve_batch((size_t)r->world, &r->global_batch, &r->eo));
-  TS_CHECK(ts_llama_config_resolve(cfg->model, path, sizeof path));
-  TS_CHECK(ts_llama_config_load(path, &r->mcfg));
-  TS_CHECK(ts_llama_init(&r->model, &r->mcfg));
-  r->model_ok = 1;
-  size_t V = r->mcfg.vocab_size, T = r->eo.seq, NB = r->eo.micro_batch * (size_t)r->world;
+  TS_CHECK(ts_model_resolve(cfg->model, path, sizeof path));
+  TS_CHECK(ts_model_load(path, &r->model));
+  size_t V = r->model.vocab_size, T = r->eo.seq, NB = r->eo.micro_batch * (size_t)r->world;
   snprintf(path, sizeof path, "%s/train.bin", cfg->data_dir);
   TS_CHECK(ts_token_file_open(&r->train, path, V));
   snprintf(path, sizeof path, "%s/val.bin", cfg->data_dir);
@@ -167,12 +147,7 @@ static ts_status setup(run *r) {
  * setup succeeded, so that a failed start leaves an earlier run's file as
  * it was. */
 static ts_status open_metrics(run *r) {
-  if (!r->cfg->metrics_path || r->rank != 0) return TS_OK;
-  r->metrics = fopen(r->cfg->metrics_path, "w");
-  if (!r->metrics)
-    return ts_set_error(TS_ERR_IO, "%s: cannot open for writing: %s", r->cfg->metrics_path,
-                        strerror(errno));
-  return TS_OK;
+  return ts_metrics_open(&r->metrics, r->rank == 0 ? r->cfg->metrics_path : NULL);
 }
 
 /* Agreement on this rank's status st: if any rank failed, every rank
@@ -199,10 +174,7 @@ static ts_status eval_and_log(run *r, size_t step, ts_train_callback cb, void *u
                               double *val) {
   TS_CHECK(evaluate(r, val));
   if (r->rank != 0) return TS_OK;
-  cJSON *o = cJSON_CreateObject();
-  cJSON_AddNumberToObject(o, "step", (double)step);
-  cJSON_AddNumberToObject(o, "val_loss", *val);
-  TS_CHECK(write_line(r->metrics, r->cfg->metrics_path, o));
+  TS_CHECK(ts_metrics_write_eval(r->metrics, step, *val));
   if (cb) {
     ts_train_event ev;
     memset(&ev, 0, sizeof ev);
@@ -223,67 +195,45 @@ static double peak_rss_bytes(void) {
   return getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss * 1024.0 : 0.0;
 }
 
-/* The summary line (rank 0 writes; every rank contributes its ledger). */
+/* The summary line (rank 0 writes; every rank contributes its memory). */
 static ts_status write_summary(run *r, const ts_train_result *res) {
-  enum { W = TS_MEM_NUM_CATEGORIES + 3 };
+  enum { W = TS_METRICS_RANK_FIELDS };
   size_t n = (size_t)r->world * W;
   double *mem = calloc(n, sizeof *mem);
   if (!mem) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "summary: %zu doubles", n);
-  const ts_ledger *l = ts_engine_ledger(r->engine);
-  for (int c = 0; c < TS_MEM_NUM_CATEGORIES; c++) mem[r->rank * W + c] = (double)l->peak[c];
-  mem[r->rank * W + TS_MEM_NUM_CATEGORIES] = (double)l->peak_total;
-  mem[r->rank * W + TS_MEM_NUM_CATEGORIES + 1] = peak_rss_bytes();
-  mem[r->rank * W + TS_MEM_NUM_CATEGORIES + 2] = (double)ts_ledger_model_state_bytes(l);
+  const ts_mem_account *l = ts_engine_memory(r->engine);
+  double *row = mem + (size_t)r->rank * W;
+  for (int c = 0; c < TS_MEM_NUM_CATEGORIES; c++) row[c] = (double)l->peak[c];
+  row[TS_METRICS_TOTAL] = (double)l->peak_total;
+  row[TS_METRICS_PEAK_RSS] = peak_rss_bytes();
+  row[TS_METRICS_MODEL_STATES] = (double)ts_mem_model_state_bytes(l);
   /* Each rank fills its own row, the rest are zero: the sum is a gather
    * (exact: byte counts are integers below 2^53). */
   ts_status st = ts_comm_all_reduce_f64(r->dp, mem, n, TS_COMM_SUM);
-  if (st != TS_OK || r->rank != 0) {
-    free(mem);
-    return st;
-  }
-  cJSON *o = cJSON_CreateObject(), *sm = cJSON_AddObjectToObject(o, "summary");
-  cJSON *p = cJSON_AddObjectToObject(sm, "params");
-  cJSON_AddNumberToObject(p, "unpadded", (double)res->num_params);
-  cJSON_AddNumberToObject(p, "padded", (double)res->padded_params);
-  cJSON_AddNumberToObject(sm, "world_size", r->world);
-  cJSON_AddNumberToObject(sm, "zero_stage", r->eo.zero_stage);
-  cJSON_AddStringToObject(sm, "dtype", ts_dtype_name(r->eo.dtype));
-  char recompute[32];
-  ts_train_recompute_name(r->eo.recompute_every, recompute, sizeof recompute);
-  cJSON_AddStringToObject(sm, "activation_checkpointing", recompute);
-  cJSON_AddNumberToObject(sm, "activation_bytes_predicted",
-                          (double)ts_engine_activation_bytes(&r->model, &r->eo));
-  cJSON_AddNumberToObject(sm, "skipped_steps", (double)res->skipped_steps);
-  cJSON_AddNumberToObject(sm, "loss_scale", ts_engine_loss_scale(r->engine));
-  cJSON_AddNumberToObject(sm, "micro_batch", (double)r->eo.micro_batch);
-  cJSON_AddNumberToObject(sm, "grad_accum", (double)r->eo.grad_accum);
-  cJSON_AddNumberToObject(sm, "global_batch", (double)r->global_batch);
-  cJSON_AddNumberToObject(sm, "seq", (double)r->eo.seq);
-  cJSON_AddNumberToObject(sm, "comm_bytes_per_step", (double)r->last.comm_bytes);
-  cJSON *kinds = cJSON_AddObjectToObject(sm, "comm_bytes_by_kind");
-  for (int k = 0; k < TS_COMM_NUM_KINDS; k++)
-    cJSON_AddNumberToObject(kinds, ts_comm_kind_name((ts_comm_kind)k),
-                            (double)r->last.comm.bytes[k]);
-  cJSON *ranks = cJSON_AddArrayToObject(sm, "mem_by_rank");
-  for (int q = 0; q < r->world; q++) {
-    cJSON *e = cJSON_CreateObject();
-    cJSON_AddNumberToObject(e, "rank", q);
-    for (int c = 0; c < TS_MEM_NUM_CATEGORIES; c++)
-      cJSON_AddNumberToObject(e, ts_mem_category_name((ts_mem_category)c), mem[q * W + c]);
-    cJSON_AddNumberToObject(e, "total", mem[q * W + TS_MEM_NUM_CATEGORIES]);
-    cJSON_AddNumberToObject(e, "peak_rss", mem[q * W + TS_MEM_NUM_CATEGORIES + 1]);
-    cJSON_AddNumberToObject(e, "model_states", mem[q * W + TS_MEM_NUM_CATEGORIES + 2]);
-    cJSON_AddItemToArray(ranks, e);
+  if (st == TS_OK && r->rank == 0) {
+    ts_metrics_summary s = {
+        .params_unpadded = res->num_params,
+        .params_padded = res->padded_params,
+        .world_size = r->world,
+        .opts = &r->eo,
+        .activation_bytes_predicted = ts_engine_activation_bytes(&r->model, &r->eo),
+        .skipped_steps = res->skipped_steps,
+        .loss_scale = ts_engine_loss_scale(r->engine),
+        .global_batch = r->global_batch,
+        .last = &r->last,
+        .mem = mem,
+    };
+    st = ts_metrics_write_summary(r->metrics, &s);
   }
   free(mem);
-  return write_line(r->metrics, r->cfg->metrics_path, o);
+  return st;
 }
 
 static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result *res) {
   const ts_train_config *cfg = r->cfg;
   const ts_engine_opts *eo = &r->eo;
   size_t tokens_per_step = r->global_batch * eo->seq;
-  double flops_per_token = ts_llama_flops_per_token(&r->mcfg, eo->seq);
+  double flops_per_token = ts_model_flops_per_token(&r->model, eo->seq);
   double t_loop = now_s(), tok_s_sum = 0;
   size_t timed = 0;
   for (size_t step = 1; step <= cfg->steps; step++) {
@@ -291,9 +241,8 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
     for (size_t a = 0; a < eo->grad_accum; a++) {
       uint64_t k = ts_loader_sample_index(step - 1, a, eo->grad_accum, (size_t)r->rank,
                                           (size_t)r->world, eo->micro_batch);
-      double loss;
       TS_CHECK(ts_loader_fill(r->train_ld, r->inputs, r->targets, k, eo->micro_batch));
-      TS_CHECK(ts_engine_micro_step(r->engine, r->inputs, r->targets, &loss));
+      TS_CHECK(ts_engine_micro_step(r->engine, r->inputs, r->targets, NULL));
     }
     float lr = ts_train_lr(step, cfg->steps, cfg->warmup, cfg->lr, cfg->min_lr_ratio);
     ts_step_stats st;
@@ -312,25 +261,8 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
     if (step == 1) res->first_loss = st.loss;
     res->final_loss = st.loss;
     if (r->rank == 0) {
-      cJSON *o = cJSON_CreateObject();
-      cJSON_AddNumberToObject(o, "step", (double)step);
-      cJSON_AddNumberToObject(o, "loss", st.loss);
-      cJSON_AddNumberToObject(o, "lr", lr);
-      cJSON_AddNumberToObject(o, "grad_norm", st.grad_norm);
-      cJSON_AddNumberToObject(o, "tokens_per_s", tok_s);
-      cJSON_AddNumberToObject(o, "gflops", tok_s * flops_per_token / 1e9);
-      cJSON_AddNumberToObject(o, "step_seconds", dt);
-      cJSON_AddNumberToObject(o, "comm_bytes", (double)st.comm_bytes);
-      cJSON_AddNumberToObject(o, "loss_scale", st.loss_scale);
-      cJSON_AddNumberToObject(o, "skipped", st.skipped);
-      if (st.skipped) {
-        cJSON *ov = cJSON_AddObjectToObject(o, "overflow");
-        cJSON_AddNumberToObject(ov, "unit", st.overflow_unit);
-        cJSON_AddStringToObject(ov, "tensor", st.overflow_tensor);
-        cJSON_AddNumberToObject(ov, "loss_scale_before", st.loss_scale);
-        cJSON_AddNumberToObject(ov, "loss_scale_after", st.next_loss_scale);
-      }
-      TS_CHECK(write_line(r->metrics, cfg->metrics_path, o));
+      ts_metrics_step ms = {step, lr, tok_s, tok_s * flops_per_token / 1e9, dt};
+      TS_CHECK(ts_metrics_write_step(r->metrics, &ms, &st));
       if (cb) {
         ts_train_event ev;
         memset(&ev, 0, sizeof ev);
@@ -362,7 +294,7 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
   res->gflops = res->tokens_per_s * flops_per_token / 1e9;
   res->comm_bytes_per_step = r->last.comm_bytes;
   TS_CHECK(eval_and_log(r, cfg->steps, cb, user, &res->final_val_loss));
-  res->ledger = *ts_engine_ledger(r->engine);
+  res->memory = *ts_engine_memory(r->engine);
   return write_summary(r, res);
 }
 
@@ -419,7 +351,7 @@ ts_status ts_train_run(const ts_train_config *cfg, ts_train_callback cb, void *u
     st = setup_agreed(&r, result);
   }
   if (st == TS_OK) {
-    result->num_params = ts_llama_num_params(&r.mcfg);
+    result->num_params = r.model.num_params;
     result->global_batch = r.global_batch;
     for (int u = 0; u < ts_engine_num_units(r.engine); u++)
       result->padded_params += ts_engine_layout(r.engine, u)->padded;

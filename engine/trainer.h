@@ -98,7 +98,7 @@ typedef struct ts_train_result {
   int world_size;          /* N data-parallel ranks */
   size_t global_batch;     /* sequences per optimizer step, all ranks */
   uint64_t comm_bytes_per_step; /* bytes this rank sent in the last step */
-  ts_ledger ledger;        /* this rank's ledger at the end (peaks) */
+  ts_mem_account memory;   /* this rank's memory counters at the end (peaks) */
   int setup_failed;        /* on error: 1 when it happened during setup, where
                               every rank agrees and returns an error */
   int failed_elsewhere;    /* on a setup (or agreed) error: 1 when another rank

@@ -56,14 +56,14 @@ TEST(Trainer, RunWritesMetricsAndLearns) {
             (double)r.num_params);
   const cJSON *mem = cJSON_GetObjectItemCaseSensitive(summary, "mem_by_rank");
   ASSERT_EQ(cJSON_GetArraySize(mem), 1);
-  EXPECT_EQ(Num(cJSON_GetArrayItem(mem, 0), "total"), (double)r.ledger.peak_total);
-  EXPECT_EQ(Num(cJSON_GetArrayItem(mem, 0), "optim"), (double)r.ledger.peak[TS_MEM_OPTIM]);
+  EXPECT_EQ(Num(cJSON_GetArrayItem(mem, 0), "total"), (double)r.memory.peak_total);
+  EXPECT_EQ(Num(cJSON_GetArrayItem(mem, 0), "optim"), (double)r.memory.peak[TS_MEM_OPTIM]);
   // The ledger zero-fills what it allocates, so those pages were resident
   // together at its peak: the process's peak RSS cannot be smaller.
-  EXPECT_GE(Num(cJSON_GetArrayItem(mem, 0), "peak_rss"), (double)r.ledger.peak_total);
+  EXPECT_GE(Num(cJSON_GetArrayItem(mem, 0), "peak_rss"), (double)r.memory.peak_total);
   EXPECT_EQ(Num(cJSON_GetArrayItem(mem, 0), "model_states"),
-            (double)(r.ledger.current[TS_MEM_PARAMS] + r.ledger.current[TS_MEM_GRADS] +
-                     r.ledger.current[TS_MEM_MASTER] + r.ledger.current[TS_MEM_OPTIM]));
+            (double)(r.memory.current[TS_MEM_PARAMS] + r.memory.current[TS_MEM_GRADS] +
+                     r.memory.current[TS_MEM_MASTER] + r.memory.current[TS_MEM_OPTIM]));
   cJSON_Delete(lines.back());
   lines.pop_back();
   for (cJSON *o : lines) {
@@ -127,7 +127,7 @@ TEST(Trainer, Fp16WithCheckpointingTracksFp32AndLogsTheLossScale) {
     ASSERT_TRUE(cJSON_IsObject(summary));
     const cJSON *ck = cJSON_GetObjectItemCaseSensitive(summary, "activation_checkpointing");
     EXPECT_STREQ(cJSON_GetStringValue(ck), half ? "all" : "none");
-    EXPECT_EQ(Num(summary, "activation_bytes_predicted"), (double)r.ledger.peak[TS_MEM_ACTIVATIONS]);
+    EXPECT_EQ(Num(summary, "activation_bytes_predicted"), (double)r.memory.peak[TS_MEM_ACTIVATIONS]);
     EXPECT_EQ(Num(summary, "skipped_steps"), (double)r.skipped_steps);
     for (cJSON *o : lines) {
       if (cJSON_GetObjectItemCaseSensitive(o, "loss_scale")) {

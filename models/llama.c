@@ -1,13 +1,16 @@
-/* llama.c — units of the LLaMA decoder: layout, init, forward, backward.
- * Matches transformers' LlamaForCausalLM (modeling_llama.py) in fp32. */
+/*
+ * llama.c — the LLaMA family (models/llama.h): config.json -> units, and the
+ * ops tables of its three unit kinds (embedding, block, head): layout,
+ * saved and workspace bytes, forward, backward, logits. Matches
+ * transformers' LlamaForCausalLM (modeling_llama.py) in fp32
+ * (tests/hf_parity).
+ */
 #include "models/llama.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "base/rng.h"
 
 /* Indices of a block's tensors in layout order (Hugging Face order). */
 enum {
@@ -16,6 +19,18 @@ enum {
 /* Indices of the head's tensors. */
 enum { H_NORM = 0, H_LM_HEAD = 1 };
 
+/* Hugging Face's initializer_range for LLaMA: the std of every matrix. */
+#define INIT_STD 0.02
+
+static const ts_unit_ops embedding_ops, block_ops, head_ops;
+
+const ts_llama_config *ts_llama_config_of(const ts_model *m) {
+  TS_ASSERT(m->family == &ts_llama_family);
+  return (const ts_llama_config *)m->impl;
+}
+
+/* Appends a tensor to unit u's layout: matrices N(0, 0.02^2) with weight
+ * decay, vectors (norm weights) ones without. */
 static void add_tensor(ts_unit *u, const char *name, size_t rows, size_t cols, int ndim) {
   ts_tensor_spec *t = &u->tensors[u->n_tensors++];
   snprintf(t->name, sizeof t->name, "%s", name);
@@ -25,29 +40,50 @@ static void add_tensor(ts_unit *u, const char *name, size_t rows, size_t cols, i
   t->numel = rows * cols;
   t->offset = u->numel;
   t->decay = ndim >= 2;
+  t->init = ndim >= 2 ? TS_INIT_NORMAL : TS_INIT_ONES;
+  t->init_std = ndim >= 2 ? INIT_STD : 0.0;
   u->numel += t->numel;
 }
 
-ts_status ts_llama_init(ts_llama *m, const ts_llama_config *cfg) {
-  memset(m, 0, sizeof *m);
+/* A unit of role r and kind ops, borrowing nothing. */
+static void start_unit(ts_unit *u, const ts_unit_ops *ops, ts_unit_role r, int layer) {
+  u->ops = ops;
+  u->role = r;
+  u->layer = layer;
+  u->tied_unit = u->tied_tensor = -1;
+}
+
+ts_status ts_llama_model_init(ts_model *m, const ts_llama_config *cfg) {
   TS_CHECK(ts_llama_config_validate(cfg));
-  m->cfg = *cfg;
+  if (!m->family) { /* built by hand, not through ts_model_parse */
+    m->family = &ts_llama_family;
+    snprintf(m->name, sizeof m->name, "%s", cfg->name);
+    snprintf(m->source, sizeof m->source, "%s", cfg->source);
+  }
+  TS_ASSERT(m->family == &ts_llama_family && !m->impl && !m->units);
+  ts_llama_config *own = malloc(sizeof *own);
   size_t L = cfg->num_hidden_layers, C = cfg->hidden_size, I = cfg->intermediate_size;
-  size_t HS = ts_llama_head_size(cfg);
-  size_t QD = cfg->num_attention_heads * HS, KVD = cfg->num_key_value_heads * HS;
   m->n_units = (int)L + 2;
   m->units = calloc((size_t)m->n_units, sizeof *m->units);
-  if (!m->units) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "llama: cannot allocate %d units",
-                                     m->n_units);
+  if (!own || !m->units) {
+    free(own);
+    return ts_set_error(TS_ERR_OUT_OF_MEMORY, "llama: cannot allocate %d units", m->n_units);
+  }
+  *own = *cfg;
+  m->impl = own;
+  m->hidden_size = C;
+  m->vocab_size = cfg->vocab_size;
+  m->max_seq = cfg->max_position_embeddings;
+  m->num_params = ts_llama_num_params(cfg);
+  size_t HS = ts_llama_head_size(cfg);
+  size_t QD = cfg->num_attention_heads * HS, KVD = cfg->num_key_value_heads * HS;
   ts_unit *e = &m->units[0];
-  e->kind = TS_UNIT_EMBEDDING;
-  e->layer = -1;
+  start_unit(e, &embedding_ops, TS_UNIT_EMBEDDING, -1);
   add_tensor(e, "model.embed_tokens.weight", cfg->vocab_size, C, 2);
-  char name[80];
+  char name[96];
   for (size_t l = 0; l < L; l++) {
     ts_unit *b = &m->units[1 + l];
-    b->kind = TS_UNIT_BLOCK;
-    b->layer = (int)l;
+    start_unit(b, &block_ops, TS_UNIT_BLOCK, (int)l);
 #define BT(suffix, r, c, nd)                                              \
   snprintf(name, sizeof name, "model.layers.%zu." suffix, l);             \
   add_tensor(b, name, r, c, nd)
@@ -63,54 +99,48 @@ ts_status ts_llama_init(ts_llama *m, const ts_llama_config *cfg) {
 #undef BT
   }
   ts_unit *h = &m->units[L + 1];
-  h->kind = TS_UNIT_HEAD;
-  h->layer = -1;
+  start_unit(h, &head_ops, TS_UNIT_HEAD, -1);
   add_tensor(h, "model.norm.weight", C, 1, 1);
-  if (!cfg->tie_word_embeddings) add_tensor(h, "lm_head.weight", cfg->vocab_size, C, 2);
-  return TS_OK;
-}
-
-void ts_llama_free(ts_llama *m) {
-  free(m->units);
-  m->units = NULL;
-  m->n_units = 0;
-}
-
-/* ---- deterministic init ---------------------------------------------------- */
-
-/* Uniform in (0, 1) with 53 random bits. */
-static double uniform01(uint64_t *s) {
-  return ((double)(ts_splitmix64(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-}
-
-ts_status ts_llama_init_unit(const ts_llama *m, int u, void *params, ts_dtype dt, uint64_t seed) {
-  if (u < 0 || u >= m->n_units)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "llama: unit %d: expected 0..%d", u,
-                        m->n_units - 1);
-  const ts_unit *unit = &m->units[u];
-  ts_kctx cpu = {TS_DEVICE_CPU, NULL, NULL, 0};
-  size_t es = ts_dtype_size(dt);
-  float chunk[1024];
-  for (int i = 0; i < unit->n_tensors; i++) {
-    const ts_tensor_spec *t = &unit->tensors[i];
-    uint64_t s = seed ^ ts_fnv1a64(t->name);
-    ts_splitmix64(&s);
-    for (size_t j = 0; j < t->numel; j += 1024) {
-      size_t n = t->numel - j < 1024 ? t->numel - j : 1024;
-      for (size_t k = 0; k < n; k++) {
-        if (t->ndim == 1) {
-          chunk[k] = 1.0f;
-        } else {
-          /* Box–Muller; one normal per pair of uniforms keeps it simple. */
-          double u1 = uniform01(&s), u2 = uniform01(&s);
-          chunk[k] = (float)(0.02 * sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
-        }
-      }
-      TS_CHECK(ts_k_cast(&cpu, (char *)params + (t->offset + j) * es, dt, chunk, TS_FP32, n));
-    }
+  if (cfg->tie_word_embeddings) {
+    h->tied_unit = 0; /* lm_head is embed_tokens */
+    h->tied_tensor = 0;
+  } else {
+    add_tensor(h, "lm_head.weight", cfg->vocab_size, C, 2);
   }
   return TS_OK;
 }
+
+/* ts_model_family.init: the config.json object -> the model. */
+static ts_status llama_init(ts_model *m, const void *root) {
+  ts_llama_config cfg;
+  TS_CHECK(ts_llama_config_from_json(root, m->name, m->source, &cfg));
+  return ts_llama_model_init(m, &cfg);
+}
+
+/* ts_model_family.free: the config copy (ts_model_free frees the units). */
+static void llama_free(ts_model *m) {
+  free(m->impl);
+  m->impl = NULL;
+}
+
+double ts_llama_flops_per_token(const ts_llama_config *c, size_t T) {
+  size_t C = c->hidden_size, HS = ts_llama_head_size(c);
+  size_t QD = c->num_attention_heads * HS, KVD = c->num_key_value_heads * HS;
+  double per_block = (double)(QD * C + 2 * KVD * C + C * QD + 3 * c->intermediate_size * C);
+  double matmul = (double)c->num_hidden_layers * per_block + (double)c->vocab_size * C;
+  return 6.0 * matmul + 12.0 * (double)c->num_hidden_layers * (double)C * (double)T;
+}
+
+static double llama_flops(const ts_model *m, size_t T) {
+  return ts_llama_flops_per_token(ts_llama_config_of(m), T);
+}
+
+const ts_model_family ts_llama_family = {
+    .model_type = "llama",
+    .init = llama_init,
+    .free = llama_free,
+    .flops_per_token = llama_flops,
+};
 
 /* ---- sizes ----------------------------------------------------------------- */
 
@@ -118,8 +148,8 @@ typedef struct dims {
   size_t B, T, N, C, I, V, NH, NKV, HS, QD, KVD;
 } dims;
 
-static dims get_dims(const ts_llama *m, size_t B, size_t T) {
-  const ts_llama_config *c = &m->cfg;
+static dims get_dims(const ts_model *m, size_t B, size_t T) {
+  const ts_llama_config *c = ts_llama_config_of(m);
   dims d;
   d.B = B;
   d.T = T;
@@ -192,17 +222,6 @@ static head_saved head_layout(const dims *d, void *base, ts_dtype dt) {
   return s;
 }
 
-size_t ts_llama_saved_bytes(const ts_llama *m, int u, size_t B, size_t T, ts_dtype dt) {
-  TS_ASSERT(u >= 0 && u < m->n_units);
-  dims d = get_dims(m, B, T);
-  switch (m->units[u].kind) {
-    case TS_UNIT_EMBEDDING: return 0;
-    case TS_UNIT_BLOCK: return block_layout(&d, NULL, dt).bytes;
-    case TS_UNIT_HEAD: return head_layout(&d, NULL, dt).bytes;
-  }
-  return 0;
-}
-
 /* Block backward temporaries in the workspace, before the kernels' share. */
 typedef struct block_temps {
   void *d_xmid, *d_xn, *d_tmp; /* (N, C) */
@@ -239,7 +258,7 @@ static size_t head_temps_bytes(const dims *d, ts_dtype dt) {
 static size_t max2(size_t a, size_t b) { return a > b ? a : b; }
 
 /* Largest kernel workspace any op of a unit asks for. */
-static size_t kernel_ws(const dims *d, ts_unit_kind kind, ts_dtype dt, ts_device dev) {
+static size_t kernel_ws(const dims *d, ts_unit_role kind, ts_dtype dt, ts_device dev) {
   size_t w = 0;
   if (kind == TS_UNIT_BLOCK) {
     w = max2(w, ts_k_linear_workspace_bytes(dev, d->N, d->QD, d->C, dt));
@@ -260,31 +279,35 @@ static size_t kernel_ws(const dims *d, ts_unit_kind kind, ts_dtype dt, ts_device
 /* Temporaries are rounded to 64 bytes so the kernels' share stays aligned. */
 static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
 
-static size_t temps_bytes(const dims *d, ts_unit_kind kind, ts_dtype dt) {
+static size_t temps_bytes(const dims *d, ts_unit_role kind, ts_dtype dt) {
   if (kind == TS_UNIT_BLOCK) return round64(block_temps_layout(d, NULL, dt).bytes);
   if (kind == TS_UNIT_HEAD) return round64(head_temps_bytes(d, dt));
   return 0;
 }
 
-size_t ts_llama_workspace_bytes(const ts_llama *m, int u, size_t B, size_t T, ts_dtype dt,
-                                ts_device dev) {
-  TS_ASSERT(u >= 0 && u < m->n_units);
+/* ts_unit_ops.saved_bytes and .workspace_bytes, one pair per kind: what
+ * forward keeps besides the input (the block's normalised inputs, rotated
+ * q/k, v, attention probabilities, attention output, mid-residual, MLP
+ * gate/up/hidden and two fp32 rstd vectors; the head's rstd, normalised
+ * input and logits (B, T, V); nothing for the embedding), and the larger
+ * scratch of either pass (the unit's temporaries then the kernels'). */
+static size_t unit_saved(const ts_model *m, const ts_unit *u, size_t B, size_t T, ts_dtype dt) {
   dims d = get_dims(m, B, T);
-  ts_unit_kind kind = m->units[u].kind;
-  return temps_bytes(&d, kind, dt) + kernel_ws(&d, kind, dt, dev);
+  if (u->role == TS_UNIT_BLOCK) return block_layout(&d, NULL, dt).bytes;
+  if (u->role == TS_UNIT_HEAD) return head_layout(&d, NULL, dt).bytes;
+  return 0;
 }
 
-void *ts_llama_head_logits(const ts_llama *m, void *saved, size_t B, size_t T, ts_dtype dt) {
+static size_t unit_workspace(const ts_model *m, const ts_unit *u, size_t B, size_t T,
+                             ts_dtype dt, ts_device dev) {
+  dims d = get_dims(m, B, T);
+  return temps_bytes(&d, u->role, dt) + kernel_ws(&d, u->role, dt, dev);
+}
+
+static void *head_logits(const ts_model *m, const ts_unit *u, void *saved, size_t B, size_t T,
+                         ts_dtype dt) {
   dims d = get_dims(m, B, T);
   return head_layout(&d, saved, dt).logits;
-}
-
-double ts_llama_flops_per_token(const ts_llama_config *c, size_t T) {
-  size_t C = c->hidden_size, HS = ts_llama_head_size(c);
-  size_t QD = c->num_attention_heads * HS, KVD = c->num_key_value_heads * HS;
-  double per_block = (double)(QD * C + 2 * KVD * C + C * QD + 3 * c->intermediate_size * C);
-  double matmul = (double)c->num_hidden_layers * per_block + (double)c->vocab_size * C;
-  return 6.0 * matmul + 12.0 * (double)c->num_hidden_layers * (double)C * (double)T;
 }
 
 /* ---- forward / backward ------------------------------------------------------ */
@@ -307,30 +330,16 @@ static ts_status split_ws(const ts_kctx *ctx, size_t temps, size_t need, ts_kctx
   return TS_OK;
 }
 
-static ts_status check_args(const ts_llama *m, int u, const ts_unit_args *a) {
-  if (u < 0 || u >= m->n_units)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "llama: unit %d: expected 0..%d", u,
-                        m->n_units - 1);
-  if (a->T == 0 || a->B == 0)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "llama: micro-batch %zu x seq %zu: expected > 0",
-                        a->B, a->T);
-  if (a->T > m->cfg.max_position_embeddings)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "sequence length %zu: expected at most max_position_embeddings = %zu "
-                        "of %s",
-                        a->T, m->cfg.max_position_embeddings, ts_llama_config_origin(&m->cfg));
-  return TS_OK;
-}
-
-static ts_status block_forward(const ts_llama *m, const ts_unit *un, const ts_kctx *ctx,
+static ts_status block_forward(const ts_model *m, const ts_unit *un, const ts_kctx *ctx,
                                const void *p, ts_unit_args *a) {
   dims d = get_dims(m, a->B, a->T);
   ts_dtype dt = a->dt;
   ts_kctx k;
-  TS_CHECK(split_ws(ctx, 0, ts_llama_workspace_bytes(m, 1 + un->layer, a->B, a->T, dt, ctx->device), &k,
+  TS_CHECK(split_ws(ctx, 0, unit_workspace(m, un, a->B, a->T, dt, ctx->device), &k,
                     "block forward"));
   block_saved s = block_layout(&d, a->saved, dt);
-  float eps = m->cfg.rms_norm_eps, theta = m->cfg.rope_theta;
+  const ts_llama_config *c = ts_llama_config_of(m);
+  float eps = c->rms_norm_eps, theta = c->rope_theta;
   TS_CHECK(ts_k_rmsnorm_forward(&k, s.xn1, s.rstd1, a->x, tensor(un, B_LN1, p, dt), d.N, d.C, eps,
                                 dt));
   TS_CHECK(ts_k_linear_forward(&k, s.q, s.xn1, tensor(un, B_WQ, p, dt), d.N, d.QD, d.C, dt));
@@ -351,14 +360,14 @@ static ts_status block_forward(const ts_llama *m, const ts_unit *un, const ts_kc
   return ts_k_add(&k, a->y, a->y, s.xmid, d.N * d.C, dt);
 }
 
-static ts_status block_backward(const ts_llama *m, const ts_unit *un, const ts_kctx *ctx,
+static ts_status block_backward(const ts_model *m, const ts_unit *un, const ts_kctx *ctx,
                                 const void *p, void *g, ts_unit_args *a) {
   dims d = get_dims(m, a->B, a->T);
   ts_dtype dt = a->dt;
-  float theta = m->cfg.rope_theta;
+  float theta = ts_llama_config_of(m)->rope_theta;
   size_t temps = temps_bytes(&d, TS_UNIT_BLOCK, dt);
   ts_kctx k;
-  TS_CHECK(split_ws(ctx, temps, ts_llama_workspace_bytes(m, 1 + un->layer, a->B, a->T, dt, ctx->device), &k,
+  TS_CHECK(split_ws(ctx, temps, unit_workspace(m, un, a->B, a->T, dt, ctx->device), &k,
                     "block backward"));
   block_saved s = block_layout(&d, a->saved, dt);
   block_temps t = block_temps_layout(&d, ctx->workspace, dt);
@@ -396,9 +405,9 @@ static ts_status block_backward(const ts_llama *m, const ts_unit *un, const ts_k
 }
 
 /* The LM head's weight and gradient: its own, or the tied embedding's. */
-static ts_status head_weight(const ts_llama *m, const ts_unit *un, const void *p, void *g,
+static ts_status head_weight(const ts_model *m, const ts_unit *un, const void *p, void *g,
                              const ts_unit_args *a, const void **w, void **gw) {
-  if (m->cfg.tie_word_embeddings) {
+  if (un->tied_unit >= 0) {
     if (!a->tied_weight)
       return ts_set_error(TS_ERR_INVALID_USAGE,
                           "llama head: tie_word_embeddings needs the embedding weight");
@@ -416,41 +425,32 @@ static ts_status head_weight(const ts_llama *m, const ts_unit *un, const void *p
   return TS_OK;
 }
 
-static ts_status head_forward(const ts_llama *m, const ts_unit *un, const ts_kctx *ctx,
+static ts_status head_forward(const ts_model *m, const ts_unit *un, const ts_kctx *ctx,
                               const void *p, ts_unit_args *a) {
   dims d = get_dims(m, a->B, a->T);
   ts_dtype dt = a->dt;
   size_t temps = temps_bytes(&d, TS_UNIT_HEAD, dt);
   ts_kctx k;
-  TS_CHECK(split_ws(ctx, temps, ts_llama_workspace_bytes(m, m->n_units - 1, a->B, a->T, dt, ctx->device), &k,
+  TS_CHECK(split_ws(ctx, temps, unit_workspace(m, un, a->B, a->T, dt, ctx->device), &k,
                     "head forward"));
   head_saved s = head_layout(&d, a->saved, dt);
   const void *w = NULL;
   TS_CHECK(head_weight(m, un, p, NULL, a, &w, NULL));
   TS_CHECK(ts_k_rmsnorm_forward(&k, s.xn, s.rstd, a->x, tensor(un, H_NORM, p, dt), d.N, d.C,
-                                m->cfg.rms_norm_eps, dt));
+                                ts_llama_config_of(m)->rms_norm_eps, dt));
   TS_CHECK(ts_k_linear_forward(&k, s.logits, s.xn, w, d.N, d.V, d.C, dt));
   float *rows = ctx->workspace;
   TS_CHECK(ts_k_cross_entropy_forward(&k, rows, s.logits, a->targets, d.N, d.V, dt));
-  double sum = 0;
-  size_t count = 0;
-  for (size_t i = 0; i < d.N; i++) {
-    if (a->targets[i] == TS_IGNORE_INDEX) continue;
-    sum += rows[i];
-    count++;
-  }
-  a->loss_sum = sum;
-  a->loss_count = count;
-  return TS_OK;
+  return ts_k_loss_sum(&k, a->loss, rows, a->targets, d.N);
 }
 
-static ts_status head_backward(const ts_llama *m, const ts_unit *un, const ts_kctx *ctx,
+static ts_status head_backward(const ts_model *m, const ts_unit *un, const ts_kctx *ctx,
                                const void *p, void *g, ts_unit_args *a) {
   dims d = get_dims(m, a->B, a->T);
   ts_dtype dt = a->dt;
   size_t temps = temps_bytes(&d, TS_UNIT_HEAD, dt);
   ts_kctx k;
-  TS_CHECK(split_ws(ctx, temps, ts_llama_workspace_bytes(m, m->n_units - 1, a->B, a->T, dt, ctx->device), &k,
+  TS_CHECK(split_ws(ctx, temps, unit_workspace(m, un, a->B, a->T, dt, ctx->device), &k,
                     "head backward"));
   head_saved s = head_layout(&d, a->saved, dt);
   const void *w = NULL;
@@ -465,30 +465,39 @@ static ts_status head_backward(const ts_llama *m, const ts_unit *un, const ts_kc
                                tensor(un, H_NORM, p, dt), s.rstd, d.N, d.C, dt);
 }
 
-ts_status ts_llama_forward(const ts_llama *m, int u, const ts_kctx *ctx, const void *params,
-                           ts_unit_args *a) {
-  TS_CHECK(check_args(m, u, a));
-  const ts_unit *un = &m->units[u];
-  switch (un->kind) {
-    case TS_UNIT_EMBEDDING:
-      return ts_k_embedding_forward(ctx, a->y, a->tokens, params, a->B * a->T, m->cfg.hidden_size,
-                                    m->cfg.vocab_size, a->dt);
-    case TS_UNIT_BLOCK: return block_forward(m, un, ctx, params, a);
-    case TS_UNIT_HEAD: return head_forward(m, un, ctx, params, a);
-  }
-  return ts_set_error(TS_ERR_INTERNAL, "llama: unit %d has unknown kind", u);
+static ts_status embedding_forward(const ts_model *m, const ts_unit *un, const ts_kctx *ctx,
+                                   const void *p, ts_unit_args *a) {
+  return ts_k_embedding_forward(ctx, a->y, a->tokens, p, a->B * a->T, m->hidden_size,
+                                m->vocab_size, a->dt);
 }
 
-ts_status ts_llama_backward(const ts_llama *m, int u, const ts_kctx *ctx, const void *params,
-                            void *grads, ts_unit_args *a) {
-  TS_CHECK(check_args(m, u, a));
-  const ts_unit *un = &m->units[u];
-  switch (un->kind) {
-    case TS_UNIT_EMBEDDING:
-      return ts_k_embedding_backward(ctx, grads, a->dy, a->tokens, a->B * a->T,
-                                     m->cfg.hidden_size, m->cfg.vocab_size, a->dt);
-    case TS_UNIT_BLOCK: return block_backward(m, un, ctx, params, grads, a);
-    case TS_UNIT_HEAD: return head_backward(m, un, ctx, params, grads, a);
-  }
-  return ts_set_error(TS_ERR_INTERNAL, "llama: unit %d has unknown kind", u);
+static ts_status embedding_backward(const ts_model *m, const ts_unit *un, const ts_kctx *ctx,
+                                    const void *p, void *g, ts_unit_args *a) {
+  return ts_k_embedding_backward(ctx, g, a->dy, a->tokens, a->B * a->T, m->hidden_size,
+                                 m->vocab_size, a->dt);
 }
+
+static const ts_unit_ops embedding_ops = {
+    .kind = "embedding",
+    .saved_bytes = unit_saved,
+    .workspace_bytes = unit_workspace,
+    .forward = embedding_forward,
+    .backward = embedding_backward,
+};
+
+static const ts_unit_ops block_ops = {
+    .kind = "block",
+    .saved_bytes = unit_saved,
+    .workspace_bytes = unit_workspace,
+    .forward = block_forward,
+    .backward = block_backward,
+};
+
+static const ts_unit_ops head_ops = {
+    .kind = "head",
+    .saved_bytes = unit_saved,
+    .workspace_bytes = unit_workspace,
+    .forward = head_forward,
+    .backward = head_backward,
+    .logits = head_logits,
+};

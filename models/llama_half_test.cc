@@ -71,7 +71,7 @@
 #include <string>
 #include <vector>
 
-#include "models/config.h"
+#include "models/llama_config.h"
 
 namespace {
 
@@ -135,11 +135,11 @@ struct Inputs {
 
 // Matrices N(0, 1/fan_in) keep each product O(1); norm weights near 1.
 // One token appears three times so the embedding scatter accumulates.
-Inputs MakeInputs(const ts_llama &m, int u, unsigned seed) {
+Inputs MakeInputs(const ts_model &m, int u, unsigned seed) {
   std::mt19937 g(seed);
   std::normal_distribution<float> n(0.f, 1.f);
   const ts_unit &un = m.units[u];
-  size_t C = m.cfg.hidden_size, V = m.cfg.vocab_size, N = kB * kT;
+  size_t C = m.hidden_size, V = m.vocab_size, N = kB * kT;
   Inputs in;
   in.params.resize(un.numel);
   for (int i = 0; i < un.n_tensors; i++) {
@@ -148,7 +148,7 @@ Inputs MakeInputs(const ts_llama &m, int u, unsigned seed) {
     for (size_t j = 0; j < t.numel; j++)
       in.params[t.offset + j] = (t.ndim == 1 ? 1.0f : 0.0f) + sd * n(g);
   }
-  if (m.cfg.tie_word_embeddings && un.kind == TS_UNIT_HEAD) {
+  if (un.tied_unit >= 0) {
     in.tied_w.resize(V * C);
     for (auto &v : in.tied_w) v = n(g) / std::sqrt((float)C);
   }
@@ -179,15 +179,15 @@ struct Result {
 
 // Forward then backward of unit u in dtype dt, from `in` cast to dt. The
 // parameters are stored as param_dt (a deliberate mismatch when it differs).
-Result RunUnit(const ts_llama &m, int u, const Inputs &in, ts_dtype dt, ts_dtype param_dt) {
+Result RunUnit(const ts_model &m, int u, const Inputs &in, ts_dtype dt, ts_dtype param_dt) {
   const ts_unit &un = m.units[u];
-  size_t C = m.cfg.hidden_size, V = m.cfg.vocab_size, N = kB * kT, es = ts_dtype_size(dt);
+  size_t C = m.hidden_size, V = m.vocab_size, N = kB * kT, es = ts_dtype_size(dt);
   std::vector<unsigned char> params = ToDtype(in.params, param_dt), x = ToDtype(in.x, dt),
                              dy = ToDtype(in.dy, dt), tied_w = ToDtype(in.tied_w, dt);
   std::vector<unsigned char> grads(un.numel * es, 0), tied_g(in.tied_w.size() * es, 0);
   std::vector<unsigned char> y(N * C * es), dx(N * C * es);
-  std::vector<float> saved_mem(ts_llama_saved_bytes(&m, u, kB, kT, dt) / 4 + 1);
-  size_t ws_bytes = ts_llama_workspace_bytes(&m, u, kB, kT, dt, TS_DEVICE_CPU);
+  std::vector<float> saved_mem(ts_unit_saved_bytes(&m, u, kB, kT, dt) / 4 + 1);
+  size_t ws_bytes = ts_unit_workspace_bytes(&m, u, kB, kT, dt, TS_DEVICE_CPU);
   std::vector<unsigned char> ws(ws_bytes + 64);
   ts_kctx ctx = CpuCtx();
   ctx.workspace = (void *)(((uintptr_t)ws.data() + 63) & ~(uintptr_t)63);
@@ -202,23 +202,25 @@ Result RunUnit(const ts_llama &m, int u, const Inputs &in, ts_dtype dt, ts_dtype
   a.x = x.data();
   a.y = y.data();
   a.saved = saved_mem.data();
+  double loss[2] = {0, 0};
+  a.loss = loss;
   if (!in.tied_w.empty()) {
     a.tied_weight = tied_w.data();
     a.tied_grad = tied_g.data();
   }
   Result r;
-  EXPECT_EQ(ts_llama_forward(&m, u, &ctx, params.data(), &a), TS_OK) << ts_last_error();
-  r.loss_sum = a.loss_sum;
-  r.loss_count = a.loss_count;
-  if (un.kind == TS_UNIT_HEAD)  // the logits, before backward overwrites them
-    r.y = ToFloat(ts_llama_head_logits(&m, a.saved, kB, kT, dt), N * V, dt);
+  EXPECT_EQ(ts_unit_forward(&m, u, &ctx, params.data(), &a), TS_OK) << ts_last_error();
+  r.loss_sum = loss[0];
+  r.loss_count = (size_t)loss[1];
+  if (un.role == TS_UNIT_HEAD)  // the logits, before backward overwrites them
+    r.y = ToFloat(ts_unit_logits(&m, u, a.saved, kB, kT, dt), N * V, dt);
   a.dy = dy.data();
-  a.dx = un.kind == TS_UNIT_EMBEDDING ? nullptr : dx.data();
+  a.dx = un.role == TS_UNIT_EMBEDDING ? nullptr : dx.data();
   a.dloss = 1.0f;  // see the fp16 range note above
-  EXPECT_EQ(ts_llama_backward(&m, u, &ctx, params.data(), grads.data(), &a), TS_OK)
+  EXPECT_EQ(ts_unit_backward(&m, u, &ctx, params.data(), grads.data(), &a), TS_OK)
       << ts_last_error();
-  if (un.kind != TS_UNIT_HEAD) r.y = ToFloat(y.data(), N * C, dt);
-  if (un.kind != TS_UNIT_EMBEDDING) r.dx = ToFloat(dx.data(), N * C, dt);
+  if (un.role != TS_UNIT_HEAD) r.y = ToFloat(y.data(), N * C, dt);
+  if (un.role != TS_UNIT_EMBEDDING) r.dx = ToFloat(dx.data(), N * C, dt);
   r.grads = ToFloat(grads.data(), un.numel, dt);
   r.tied_g = ToFloat(tied_g.data(), in.tied_w.size(), dt);
   return r;
@@ -236,8 +238,8 @@ const Bounds kHead = {5, 1, 6, 6};
 // Runs unit u of cfg in fp32, bf16 and fp16 and checks every result of the
 // half runs against fp32 within the bounds (in units of u).
 void CheckUnit(const ts_llama_config &cfg, int u, const Bounds &b, unsigned seed) {
-  ts_llama m;
-  ASSERT_EQ(ts_llama_init(&m, &cfg), TS_OK) << ts_last_error();
+  ts_model m{};
+  ASSERT_EQ(ts_llama_model_init(&m, &cfg), TS_OK) << ts_last_error();
   const ts_unit &un = m.units[u];
   Inputs in = MakeInputs(m, u, seed);
   Result ref = RunUnit(m, u, in, TS_FP32, TS_FP32);
@@ -249,8 +251,8 @@ void CheckUnit(const ts_llama_config &cfg, int u, const Bounds &b, unsigned seed
       std::printf("%-60s err %.3g u (bound %g u)\n", (tag + what).c_str(), err / uu, bound);
       EXPECT_LE(err, bound * uu) << tag << what << ": " << err / uu << " u";
     };
-    check(un.kind == TS_UNIT_HEAD ? "logits" : "y", RelErr(h.y, ref.y), b.y);
-    if (un.kind == TS_UNIT_HEAD) {
+    check(un.role == TS_UNIT_HEAD ? "logits" : "y", RelErr(h.y, ref.y), b.y);
+    if (un.role == TS_UNIT_HEAD) {
       ASSERT_EQ(h.loss_count, ref.loss_count);
       check("loss", std::fabs(h.loss_sum - ref.loss_sum) / ref.loss_sum, b.loss);
     }
@@ -261,13 +263,13 @@ void CheckUnit(const ts_llama_config &cfg, int u, const Bounds &b, unsigned seed
             RelErr(h.grads.data() + t.offset, ref.grads.data() + t.offset, t.numel), b.grad);
     }
     if (!ref.tied_g.empty()) check("grad tied embedding", RelErr(h.tied_g, ref.tied_g), b.grad);
-    if (un.kind == TS_UNIT_EMBEDDING) {
-      size_t C = m.cfg.hidden_size, o = (size_t)in.repeated * C;
+    if (un.role == TS_UNIT_EMBEDDING) {
+      size_t C = m.hidden_size, o = (size_t)in.repeated * C;
       check("grad row of the repeated token", RelErr(h.grads.data() + o, ref.grads.data() + o, C),
             b.grad);
     }
   }
-  ts_llama_free(&m);
+  ts_model_free(&m);
 }
 
 ts_llama_config Config(bool tied) {
@@ -287,8 +289,8 @@ TEST(LlamaHalf, TiedHeadMatchesFp32WithinRounding) { CheckUnit(Config(true), 2, 
 // be far outside them.
 TEST(LlamaHalf, WrongDtypeReadIsCaught) {
   ts_llama_config cfg = Config(false);
-  ts_llama m;
-  ASSERT_EQ(ts_llama_init(&m, &cfg), TS_OK) << ts_last_error();
+  ts_model m{};
+  ASSERT_EQ(ts_llama_model_init(&m, &cfg), TS_OK) << ts_last_error();
   Inputs in = MakeInputs(m, 1, 2);
   Result ref = RunUnit(m, 1, in, TS_FP32, TS_FP32);
   Result bad = RunUnit(m, 1, in, TS_BF16, TS_FP16);
@@ -296,7 +298,7 @@ TEST(LlamaHalf, WrongDtypeReadIsCaught) {
   std::printf("wrong dtype read: y err %.3g u, dx err %.3g u\n", ey / u, edx / u);
   EXPECT_GT(ey, 4 * kBlock.y * u);
   EXPECT_GT(edx, 4 * kBlock.dx * u);
-  ts_llama_free(&m);
+  ts_model_free(&m);
 }
 
 }  // namespace

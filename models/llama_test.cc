@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "models/config.h"
+#include "models/llama_config.h"
 
 namespace {
 
@@ -30,7 +30,7 @@ ts_llama_config Parse(const char *json) {
 // One unit under test: params, saved, workspace, with a scalar objective
 // J = sum(y * r) (embedding, block) or the head's mean loss.
 struct UnitHarness {
-  ts_llama model{};
+  ts_model model{};
   int u;
   size_t B = 2, T = 5;
   std::vector<float> params, grads, tied_w, tied_g;
@@ -38,9 +38,10 @@ struct UnitHarness {
   std::vector<int32_t> tokens, targets;
   std::vector<unsigned char> saved, ws;
   ts_kctx ctx{};
+  double loss[2] = {0, 0};  // the head's (loss sum, rows with a target)
 
   UnitHarness(const ts_llama_config &cfg, int unit, unsigned seed) : u(unit) {
-    EXPECT_EQ(ts_llama_init(&model, &cfg), TS_OK);
+    EXPECT_EQ(ts_llama_model_init(&model, &cfg), TS_OK);
     std::mt19937 g(seed);
     std::normal_distribution<float> n(0.f, 1.f);
     const ts_unit &un = model.units[u];
@@ -68,15 +69,15 @@ struct UnitHarness {
       for (auto &v : tied_w) v = 0.3f * n(g);
       tied_g.assign(V * C, 0.f);
     }
-    saved.resize(ts_llama_saved_bytes(&model, u, B, T, TS_FP32) + 1);
-    ws.resize(ts_llama_workspace_bytes(&model, u, B, T, TS_FP32, TS_DEVICE_CPU) + 64);
+    saved.resize(ts_unit_saved_bytes(&model, u, B, T, TS_FP32) + 1);
+    ws.resize(ts_unit_workspace_bytes(&model, u, B, T, TS_FP32, TS_DEVICE_CPU) + 64);
     ctx.device = TS_DEVICE_CPU;
     // 64-byte aligned start inside ws
     uintptr_t p = ((uintptr_t)ws.data() + 63) & ~(uintptr_t)63;
     ctx.workspace = (void *)p;
-    ctx.workspace_bytes = ts_llama_workspace_bytes(&model, u, B, T, TS_FP32, TS_DEVICE_CPU);
+    ctx.workspace_bytes = ts_unit_workspace_bytes(&model, u, B, T, TS_FP32, TS_DEVICE_CPU);
   }
-  ~UnitHarness() { ts_llama_free(&model); }
+  ~UnitHarness() { ts_model_free(&model); }
 
   ts_unit_args Args(std::vector<float> *y) {
     ts_unit_args a{};
@@ -88,6 +89,7 @@ struct UnitHarness {
     a.x = x.data();
     a.y = y ? y->data() : nullptr;
     a.saved = saved.data();
+    a.loss = loss;
     if (!tied_w.empty()) {
       a.tied_weight = tied_w.data();
       a.tied_grad = tied_g.data();
@@ -99,8 +101,8 @@ struct UnitHarness {
   double Objective() {
     std::vector<float> y(x.size());
     ts_unit_args a = Args(&y);
-    EXPECT_EQ(ts_llama_forward(&model, u, &ctx, params.data(), &a), TS_OK) << ts_last_error();
-    if (model.units[u].kind == TS_UNIT_HEAD) return a.loss_sum / (double)a.loss_count;
+    EXPECT_EQ(ts_unit_forward(&model, u, &ctx, params.data(), &a), TS_OK) << ts_last_error();
+    if (model.units[u].role == TS_UNIT_HEAD) return loss[0] / loss[1];
     double j = 0;
     for (size_t i = 0; i < y.size(); i++) j += (double)y[i] * r[i];
     return j;
@@ -110,11 +112,11 @@ struct UnitHarness {
   std::vector<float> Backward() {
     std::vector<float> y(x.size()), dx(x.size(), 0.f);
     ts_unit_args a = Args(&y);
-    EXPECT_EQ(ts_llama_forward(&model, u, &ctx, params.data(), &a), TS_OK) << ts_last_error();
+    EXPECT_EQ(ts_unit_forward(&model, u, &ctx, params.data(), &a), TS_OK) << ts_last_error();
     a.dy = r.data();
-    a.dx = model.units[u].kind == TS_UNIT_EMBEDDING ? nullptr : dx.data();
-    a.dloss = (float)(1.0 / (double)a.loss_count);
-    EXPECT_EQ(ts_llama_backward(&model, u, &ctx, params.data(), grads.data(), &a), TS_OK)
+    a.dx = model.units[u].role == TS_UNIT_EMBEDDING ? nullptr : dx.data();
+    a.dloss = (float)(1.0 / loss[1]);
+    EXPECT_EQ(ts_unit_backward(&model, u, &ctx, params.data(), grads.data(), &a), TS_OK)
         << ts_last_error();
     return dx;
   }
@@ -150,8 +152,8 @@ void CheckUnit(const ts_llama_config &cfg, int u, unsigned seed) {
   std::vector<float> dx = h.Backward();
   std::vector<float> dparams = h.grads, dtied = h.tied_g;
   ExpectGradMatches(h, h.params, dparams, std::string("params of unit ") + std::to_string(u));
-  if (h.model.units[u].kind != TS_UNIT_EMBEDDING) ExpectGradMatches(h, h.x, dx, "dx");
-  if (h.model.units[u].kind == TS_UNIT_HEAD && cfg.tie_word_embeddings)
+  if (h.model.units[u].role != TS_UNIT_EMBEDDING) ExpectGradMatches(h, h.x, dx, "dx");
+  if (h.model.units[u].role == TS_UNIT_HEAD && cfg.tie_word_embeddings)
     ExpectGradMatches(h, h.tied_w, dtied, "tied embedding");
 }
 
@@ -182,7 +184,7 @@ TEST(LlamaUnits, TiedHeadBackwardMatchesFiniteDifferences) {
 // (the high-water mark) and sets *guard_touched if the guard was written.
 size_t SavedHighWater(const ts_llama_config &cfg, int u, ts_dtype dt, bool *guard_touched) {
   UnitHarness h(cfg, u, 11);
-  size_t es = ts_dtype_size(dt), declared = ts_llama_saved_bytes(&h.model, u, h.B, h.T, dt);
+  size_t es = ts_dtype_size(dt), declared = ts_unit_saved_bytes(&h.model, u, h.B, h.T, dt);
   auto cast = [&](const std::vector<float> &v) {
     std::vector<unsigned char> out(v.size() * es + 1);
     EXPECT_EQ(ts_k_cast(&h.ctx, out.data(), dt, v.data(), TS_FP32, v.size()), TS_OK);
@@ -190,7 +192,7 @@ size_t SavedHighWater(const ts_llama_config &cfg, int u, ts_dtype dt, bool *guar
   };
   std::vector<unsigned char> params = cast(h.params), x = cast(h.x), tied = cast(h.tied_w);
   std::vector<unsigned char> y(h.x.size() * es),
-      ws(ts_llama_workspace_bytes(&h.model, u, h.B, h.T, dt, TS_DEVICE_CPU) + 64);
+      ws(ts_unit_workspace_bytes(&h.model, u, h.B, h.T, dt, TS_DEVICE_CPU) + 64);
   h.ctx.workspace = (void *)(((uintptr_t)ws.data() + 63) & ~(uintptr_t)63);
   h.ctx.workspace_bytes = ws.size() - 64;
   const size_t guard = 256;
@@ -204,7 +206,7 @@ size_t SavedHighWater(const ts_llama_config &cfg, int u, ts_dtype dt, bool *guar
     a.y = y.data();
     a.saved = runs[k].data();
     if (!h.tied_w.empty()) a.tied_weight = tied.data();
-    EXPECT_EQ(ts_llama_forward(&h.model, u, &h.ctx, params.data(), &a), TS_OK) << ts_last_error();
+    EXPECT_EQ(ts_unit_forward(&h.model, u, &h.ctx, params.data(), &a), TS_OK) << ts_last_error();
   }
   size_t high = 0;
   *guard_touched = false;
@@ -230,10 +232,10 @@ TEST(LlamaUnits, DeclaredSavedBytesAreWhatForwardWrites) {
       for (int u = 1; u <= 2; u++) {
         SCOPED_TRACE(std::string(ts_dtype_name(dt)) + ", unit " + std::to_string(u) +
                      (tied ? ", tied" : ""));
-        ts_llama model{};
-        ASSERT_EQ(ts_llama_init(&model, &cfg), TS_OK);
-        size_t declared = ts_llama_saved_bytes(&model, u, 2, 5, dt);
-        ts_llama_free(&model);
+        ts_model model{};
+        ASSERT_EQ(ts_llama_model_init(&model, &cfg), TS_OK);
+        size_t declared = ts_unit_saved_bytes(&model, u, 2, 5, dt);
+        ts_model_free(&model);
         bool guard_touched;
         size_t high = SavedHighWater(cfg, u, dt, &guard_touched);
         EXPECT_FALSE(guard_touched) << "forward wrote past the declared " << declared << " bytes";
@@ -243,9 +245,9 @@ TEST(LlamaUnits, DeclaredSavedBytesAreWhatForwardWrites) {
 }
 
 TEST(LlamaUnits, LayoutUsesHuggingFaceNamesInOrder) {
-  ts_llama m;
+  ts_model m{};
   ts_llama_config c = Parse(kSmallGqa);
-  ASSERT_EQ(ts_llama_init(&m, &c), TS_OK);
+  ASSERT_EQ(ts_llama_model_init(&m, &c), TS_OK);
   ASSERT_EQ(m.n_units, 3);
   EXPECT_STREQ(m.units[0].tensors[0].name, "model.embed_tokens.weight");
   EXPECT_STREQ(m.units[1].tensors[2].name, "model.layers.0.self_attn.k_proj.weight");
@@ -261,22 +263,24 @@ TEST(LlamaUnits, LayoutUsesHuggingFaceNamesInOrder) {
     total += m.units[u].numel;
   }
   EXPECT_EQ(total, ts_llama_num_params(&c));
-  ts_llama_free(&m);
+  ts_model_free(&m);
 }
 
 TEST(LlamaUnits, InitIsDeterministicFromSeedAndName) {
-  ts_llama m;
+  ts_model m{};
   ts_llama_config c = Parse(kSmallGqa);
   c.num_hidden_layers = 2;
-  ASSERT_EQ(ts_llama_init(&m, &c), TS_OK);
+  ASSERT_EQ(ts_llama_model_init(&m, &c), TS_OK);
   std::vector<float> a(m.units[1].numel), b(m.units[1].numel), l2(m.units[2].numel);
-  ASSERT_EQ(ts_llama_init_unit(&m, 1, a.data(), TS_FP32, 7), TS_OK);
-  ASSERT_EQ(ts_llama_init_unit(&m, 1, b.data(), TS_FP32, 7), TS_OK);
+  ts_kctx cpu{};
+  cpu.device = TS_DEVICE_CPU;
+  ASSERT_EQ(ts_model_init_unit(&m, 1, &cpu, a.data(), 7), TS_OK);
+  ASSERT_EQ(ts_model_init_unit(&m, 1, &cpu, b.data(), 7), TS_OK);
   EXPECT_EQ(a, b);
-  ASSERT_EQ(ts_llama_init_unit(&m, 2, l2.data(), TS_FP32, 7), TS_OK);
+  ASSERT_EQ(ts_model_init_unit(&m, 2, &cpu, l2.data(), 7), TS_OK);
   EXPECT_NE(std::vector<float>(a.begin() + 16, a.begin() + 32),
             std::vector<float>(l2.begin() + 16, l2.begin() + 32));  // other layer, other name
-  ASSERT_EQ(ts_llama_init_unit(&m, 1, b.data(), TS_FP32, 8), TS_OK);
+  ASSERT_EQ(ts_model_init_unit(&m, 1, &cpu, b.data(), 8), TS_OK);
   EXPECT_NE(a, b);
   EXPECT_EQ(a[0], 1.0f);  // input_layernorm starts at 1
   double s2 = 0;
@@ -284,7 +288,7 @@ TEST(LlamaUnits, InitIsDeterministicFromSeedAndName) {
   for (size_t i = 0; i < q.numel; i++) s2 += (double)a[q.offset + i] * a[q.offset + i];
   // 256 samples of N(0, 0.02^2): the sample std is within ~15% of 0.02 at 3 sigma.
   EXPECT_NEAR(std::sqrt(s2 / q.numel), 0.02, 0.003);
-  ts_llama_free(&m);
+  ts_model_free(&m);
 }
 
 TEST(LlamaUnits, SequenceLongerThanMaxPositionsIsRejected) {
@@ -292,22 +296,22 @@ TEST(LlamaUnits, SequenceLongerThanMaxPositionsIsRejected) {
   std::vector<float> y(h.x.size());
   ts_unit_args a = h.Args(&y);
   a.T = 9;  // max_position_embeddings is 8
-  EXPECT_EQ(ts_llama_forward(&h.model, 1, &h.ctx, h.params.data(), &a), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(ts_unit_forward(&h.model, 1, &h.ctx, h.params.data(), &a), TS_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(ts_last_error()).find("max_position_embeddings = 8"), std::string::npos)
       << ts_last_error();
 }
 
 TEST(LlamaUnits, SmallWorkspaceIsRejected) {
-  // Both passes ask for ts_llama_workspace_bytes() (the larger of the two).
+  // Both passes ask for ts_unit_workspace_bytes() (the larger of the two).
   UnitHarness h(Parse(kSmallGqa), 1, 6);
   std::vector<float> y(h.x.size()), dx(h.x.size());
   ts_unit_args a = h.Args(&y);
-  ASSERT_EQ(ts_llama_forward(&h.model, 1, &h.ctx, h.params.data(), &a), TS_OK);
+  ASSERT_EQ(ts_unit_forward(&h.model, 1, &h.ctx, h.params.data(), &a), TS_OK);
   a.dy = h.r.data();
   a.dx = dx.data();
   h.ctx.workspace_bytes -= 1;
-  EXPECT_EQ(ts_llama_forward(&h.model, 1, &h.ctx, h.params.data(), &a), TS_ERR_OUT_OF_MEMORY);
-  EXPECT_EQ(ts_llama_backward(&h.model, 1, &h.ctx, h.params.data(), h.grads.data(), &a),
+  EXPECT_EQ(ts_unit_forward(&h.model, 1, &h.ctx, h.params.data(), &a), TS_ERR_OUT_OF_MEMORY);
+  EXPECT_EQ(ts_unit_backward(&h.model, 1, &h.ctx, h.params.data(), h.grads.data(), &a),
             TS_ERR_OUT_OF_MEMORY);
   EXPECT_NE(std::string(ts_last_error()).find("workspace"), std::string::npos);
 }
@@ -315,13 +319,13 @@ TEST(LlamaUnits, SmallWorkspaceIsRejected) {
 TEST(LlamaUnits, EmbeddingWorkspaceCoversHalfBackward) {
   // bf16/fp16 embedding backward sorts positions in the workspace; the
   // unit's query must cover it (the unit hands the kernel all of ctx).
-  ts_llama model{};
+  ts_model model{};
   ts_llama_config cfg = Parse(kSmallGqa);
-  ASSERT_EQ(ts_llama_init(&model, &cfg), TS_OK);
+  ASSERT_EQ(ts_llama_model_init(&model, &cfg), TS_OK);
   const size_t B = 2, T = 5, N = B * T, C = cfg.hidden_size, V = cfg.vocab_size;
-  EXPECT_EQ(ts_llama_workspace_bytes(&model, 0, B, T, TS_FP32, TS_DEVICE_CPU), 0u);
+  EXPECT_EQ(ts_unit_workspace_bytes(&model, 0, B, T, TS_FP32, TS_DEVICE_CPU), 0u);
   for (ts_dtype dt : {TS_BF16, TS_FP16}) {
-    size_t need = ts_llama_workspace_bytes(&model, 0, B, T, dt, TS_DEVICE_CPU);
+    size_t need = ts_unit_workspace_bytes(&model, 0, B, T, dt, TS_DEVICE_CPU);
     EXPECT_EQ(need, ts_k_embedding_workspace_bytes(TS_DEVICE_CPU, N, dt));
     ASSERT_GT(need, 0u);
     std::vector<int32_t> tokens(N);
@@ -338,13 +342,13 @@ TEST(LlamaUnits, EmbeddingWorkspaceCoversHalfBackward) {
     a.dt = dt;
     a.tokens = tokens.data();
     a.dy = dy.data();
-    EXPECT_EQ(ts_llama_backward(&model, 0, &ctx, params.data(), grads.data(), &a), TS_OK)
+    EXPECT_EQ(ts_unit_backward(&model, 0, &ctx, params.data(), grads.data(), &a), TS_OK)
         << ts_last_error();
     ctx.workspace_bytes = need - 1;
-    EXPECT_EQ(ts_llama_backward(&model, 0, &ctx, params.data(), grads.data(), &a),
+    EXPECT_EQ(ts_unit_backward(&model, 0, &ctx, params.data(), grads.data(), &a),
               TS_ERR_OUT_OF_MEMORY);
   }
-  ts_llama_free(&model);
+  ts_model_free(&model);
 }
 
 // ---- config.json validation -------------------------------------------------
@@ -427,28 +431,28 @@ TEST(LlamaConfig, ArchitectureVariantsTesseraDoesNotComputeAreRejected) {
 TEST(LlamaConfig, InitRejectsAnInvalidHandBuiltConfig) {
   ts_llama_config c = Parse(kSmallGqa);
   c.num_attention_heads = 0;
-  ts_llama m;
-  EXPECT_EQ(ts_llama_init(&m, &c), TS_ERR_FORMAT);
+  ts_model m{};
+  EXPECT_EQ(ts_llama_model_init(&m, &c), TS_ERR_FORMAT);
   EXPECT_NE(std::string(ts_last_error()).find("\"num_attention_heads\" = 0"), std::string::npos)
       << ts_last_error();
 }
 
 TEST(LlamaConfig, MissingFileAndUnknownPreset) {
-  ts_llama_config c;
-  EXPECT_EQ(ts_llama_config_load("/nonexistent/config.json", &c), TS_ERR_IO);
+  ts_model m{};
+  EXPECT_EQ(ts_model_load("/nonexistent/config.json", &m), TS_ERR_IO);
   EXPECT_NE(std::string(ts_last_error()).find("/nonexistent/config.json"), std::string::npos);
   char path[256];
-  EXPECT_EQ(ts_llama_config_resolve("llama-nope", path, sizeof path), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(ts_model_resolve("llama-nope", path, sizeof path), TS_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(ts_last_error()).find("unknown preset"), std::string::npos);
   // The message names the directory it searched (TESSERA_HOME restored after).
   const char *was = getenv("TESSERA_HOME");
   std::string saved = was ? was : "";
   setenv("TESSERA_HOME", "/opt/somewhere", 1);
-  EXPECT_EQ(ts_llama_config_resolve("llama-nope", path, sizeof path), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(ts_model_resolve("llama-nope", path, sizeof path), TS_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(ts_last_error()).find("/opt/somewhere/models/configs/"), std::string::npos)
       << ts_last_error();
   unsetenv("TESSERA_HOME");
-  EXPECT_EQ(ts_llama_config_resolve("llama-nope", path, sizeof path), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(ts_model_resolve("llama-nope", path, sizeof path), TS_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(ts_last_error()).find("TESSERA_HOME is unset"), std::string::npos)
       << ts_last_error();
   if (was) setenv("TESSERA_HOME", saved.c_str(), 1);
@@ -464,12 +468,14 @@ TEST(LlamaConfig, PresetsLoadWithExpectedSizes) {
                  {"llama-2-70b", 68.9e9, 69.1e9}};
   for (const auto &p : presets) {
     char path[256];
-    ASSERT_EQ(ts_llama_config_resolve(p.name, path, sizeof path), TS_OK) << ts_last_error();
-    ts_llama_config c;
-    ASSERT_EQ(ts_llama_config_load(path, &c), TS_OK) << ts_last_error();
-    double n = (double)ts_llama_num_params(&c);
+    ASSERT_EQ(ts_model_resolve(p.name, path, sizeof path), TS_OK) << ts_last_error();
+    ts_model m{};
+    ASSERT_EQ(ts_model_load(path, &m), TS_OK) << ts_last_error();
+    double n = (double)ts_llama_num_params(ts_llama_config_of(&m));
+    EXPECT_EQ(n, (double)m.num_params) << p.name;
     EXPECT_GE(n, p.min_params) << p.name;
     EXPECT_LE(n, p.max_params) << p.name;
+    ts_model_free(&m);
   }
 }
 

@@ -11,12 +11,12 @@ ts_status ts_shard_all_gather(ts_comm *dp, const ts_flat_layout *l, const void *
   return ts_comm_all_gather(dp, shard, full, l->shard, dt);
 }
 
-ts_status ts_shard_gather_alloc(ts_ledger *ledger, ts_mem_category c, ts_comm *dp,
+ts_status ts_shard_gather_alloc(ts_ledger *ledger, ts_device dev, ts_mem_category c, ts_comm *dp,
                                 const ts_flat_layout *l, const void *shard, ts_dtype dt,
                                 void **full) {
   *full = NULL;
   void *buf;
-  TS_CHECK(ts_ledger_alloc(ledger, c, l->padded * ts_dtype_size(dt), &buf));
+  TS_CHECK(ts_ledger_alloc(ledger, dev, c, l->padded * ts_dtype_size(dt), &buf));
   ts_status st = ledger->plan_only ? TS_OK : ts_shard_all_gather(dp, l, shard, buf, dt);
   if (st != TS_OK) {
     ts_ledger_free(ledger, buf);

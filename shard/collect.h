@@ -30,12 +30,12 @@ extern "C" {
 ts_status ts_shard_all_gather(ts_comm *dp, const ts_flat_layout *l, const void *shard,
                               void *full, ts_dtype dt);
 
-/* Allocates a full buffer (P * sizeof(dt) bytes, charged to category c of
- * the ledger) and all-gathers the shard into it; *full receives it (NULL on
- * error, nothing left allocated). Release with ts_shard_release. A plan
- * ledger (ts_ledger_init_plan) is charged and nothing is gathered (dp and
- * shard are not used). */
-ts_status ts_shard_gather_alloc(ts_ledger *ledger, ts_mem_category c, ts_comm *dp,
+/* Allocates a full buffer on device dev (P * sizeof(dt) bytes, charged to
+ * category c of the ledger) and all-gathers the shard into it; *full
+ * receives it (NULL on error, nothing left allocated). Release with
+ * ts_shard_release. A plan ledger (ts_ledger_init_plan) is charged and
+ * nothing is gathered (dp and shard are not used). */
+ts_status ts_shard_gather_alloc(ts_ledger *ledger, ts_device dev, ts_mem_category c, ts_comm *dp,
                                 const ts_flat_layout *l, const void *shard, ts_dtype dt,
                                 void **full);
 

@@ -6,9 +6,9 @@
 ts_status ts_flat_layout_init(ts_flat_layout *layout, const size_t *numels, size_t n,
                               size_t dp_size) {
   memset(layout, 0, sizeof *layout);
-  if (n > TS_FLAT_MAX_TENSORS)
+  if (n > TS_UNIT_MAX_TENSORS)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "flat layout: %zu tensors: expected at most %d",
-                        n, TS_FLAT_MAX_TENSORS);
+                        n, TS_UNIT_MAX_TENSORS);
   if (dp_size == 0)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "flat layout: dp_size 0: expected >= 1");
   size_t off = 0;

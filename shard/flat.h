@@ -20,12 +20,11 @@ extern "C" {
 #endif
 
 #define TS_FLAT_ALIGN 16     /* elements; padding granule per rank */
-#define TS_FLAT_MAX_TENSORS 16
 
 typedef struct ts_flat_layout {
   size_t n_tensors;                     /* tensors in layout order */
-  size_t offset[TS_FLAT_MAX_TENSORS];   /* element offset of each tensor */
-  size_t numel[TS_FLAT_MAX_TENSORS];    /* elements of each tensor */
+  size_t offset[TS_UNIT_MAX_TENSORS];   /* element offset of each tensor */
+  size_t numel[TS_UNIT_MAX_TENSORS];    /* elements of each tensor */
   size_t total;                         /* sum of numel[], unpadded elements */
   size_t padded;                        /* total rounded up to dp_size*16 */
   size_t dp_size;                       /* ranks sharing the buffer */
@@ -33,7 +32,7 @@ typedef struct ts_flat_layout {
 } ts_flat_layout;
 
 /* Lays out n tensors of numels[i] elements for dp_size ranks.
- * Returns TS_ERR_INVALID_ARGUMENT when n > TS_FLAT_MAX_TENSORS or
+ * Returns TS_ERR_INVALID_ARGUMENT when n > TS_UNIT_MAX_TENSORS or
  * dp_size == 0. */
 ts_status ts_flat_layout_init(ts_flat_layout *layout, const size_t *numels, size_t n,
                               size_t dp_size);

@@ -1,21 +1,29 @@
-/* ledger.c — the charging allocator behind the memory ledger.
- * Each block carries a 64-byte header {magic, category, nbytes} in front of
- * the returned pointer, so free needs only the pointer. A plan ledger
- * allocates the header alone. */
+/* ledger.c — the charging allocator behind the memory ledger (ledger.h).
+ *
+ * The side table is an open-addressing hash map from block address to
+ * (bytes, category, device), linear probing, kept at most half full, with
+ * backward-shift deletion (no tombstones). Blocks come from ts_k_alloc on
+ * their device; a plan ledger makes up addresses instead (64 apart, from
+ * 64 up: unique, never dereferenced). */
 #include "shard/ledger.h"
 
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define HEADER_BYTES 64
-#define LEDGER_MAGIC 0x7e55e1a1edce4ull
+#include "kernels/kernels.h"
 
-typedef struct block_header {
-  uint64_t magic;  /* LEDGER_MAGIC while live */
-  uint64_t category;
-  uint64_t nbytes; /* bytes charged */
-} block_header;
+typedef struct entry {
+  uintptr_t key;   /* block address; 0: empty slot */
+  size_t nbytes;   /* bytes charged */
+  uint8_t category; /* ts_mem_category */
+  uint8_t device;  /* ts_device */
+} entry;
+
+struct ts_ledger_table {
+  entry *slots; /* (cap,) */
+  size_t cap;   /* a power of two */
+  size_t n;     /* live entries */
+};
 
 const char *ts_mem_category_name(ts_mem_category c) {
   static const char *names[TS_MEM_NUM_CATEGORIES] = {
@@ -30,52 +38,132 @@ void ts_ledger_init_plan(ts_ledger *ledger) {
   ledger->plan_only = 1;
 }
 
-ts_status ts_ledger_alloc(ts_ledger *ledger, ts_mem_category c, size_t nbytes, void **out) {
+void ts_ledger_release(ts_ledger *ledger) {
+  if (ledger->table) {
+    TS_ASSERT(ledger->table->n == 0); /* every block freed */
+    free(ledger->table->slots);
+    free(ledger->table);
+  }
+  ledger->table = NULL;
+}
+
+/* Home slot of key k in a table of cap slots (Fibonacci hashing of the
+ * address without its always-zero low bits). */
+static size_t home(uintptr_t k, size_t cap) {
+  return (size_t)(((uint64_t)(k >> 4) * 0x9e3779b97f4a7c15ull) >> 20) & (cap - 1);
+}
+
+/* The slot holding key k, or the empty slot where it would go. */
+static size_t probe(const ts_ledger_table *t, uintptr_t k) {
+  size_t i = home(k, t->cap);
+  while (t->slots[i].key != 0 && t->slots[i].key != k) i = (i + 1) & (t->cap - 1);
+  return i;
+}
+
+/* Makes room for one more entry (allocates the table on first use,
+ * doubles it past half full). */
+static ts_status reserve(ts_ledger *ledger) {
+  ts_ledger_table *t = ledger->table;
+  if (t && 2 * (t->n + 1) <= t->cap) return TS_OK;
+  size_t cap = t ? 2 * t->cap : 64;
+  entry *slots = calloc(cap, sizeof *slots);
+  if (!slots) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "ledger: cannot grow the block table");
+  if (!t) {
+    t = calloc(1, sizeof *t);
+    if (!t) {
+      free(slots);
+      return ts_set_error(TS_ERR_OUT_OF_MEMORY, "ledger: cannot allocate the block table");
+    }
+    ledger->table = t;
+  }
+  ts_ledger_table grown = {slots, cap, t->n};
+  for (size_t i = 0; i < t->cap; i++)
+    if (t->slots[i].key) grown.slots[probe(&grown, t->slots[i].key)] = t->slots[i];
+  free(t->slots);
+  *t = grown;
+  return TS_OK;
+}
+
+ts_status ts_ledger_alloc(ts_ledger *ledger, ts_device dev, ts_mem_category c, size_t nbytes,
+                          void **out) {
   *out = NULL;
   if ((unsigned)c >= TS_MEM_NUM_CATEGORIES)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "ledger: category %d: expected 0..%d", (int)c,
                         TS_MEM_NUM_CATEGORIES - 1);
-  size_t total = HEADER_BYTES + ((nbytes + 63) & ~(size_t)63);
-  if (ledger->plan_only) total = HEADER_BYTES; /* the header alone: sizes, no memory */
-  else if (total < nbytes)
+  if ((unsigned)dev >= TS_DEVICE_COUNT)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "ledger: device %d: expected 0..%d", (int)dev,
+                        TS_DEVICE_COUNT - 1);
+  if (nbytes == 0) return TS_OK;
+  if (nbytes > SIZE_MAX - 64)
     return ts_set_error(TS_ERR_OUT_OF_MEMORY, "ledger: %zu bytes of %s overflow size_t", nbytes,
                         ts_mem_category_name(c));
-  void *raw = aligned_alloc(64, total);
-  if (!raw)
-    return ts_set_error(TS_ERR_OUT_OF_MEMORY, "ledger: cannot allocate %zu bytes of %s", nbytes,
-                        ts_mem_category_name(c));
-  memset(raw, 0, total);
-  block_header *h = (block_header *)raw;
-  h->magic = LEDGER_MAGIC;
-  h->category = (uint64_t)c;
-  h->nbytes = nbytes;
-  ledger->current[c] += nbytes;
-  if (ledger->current[c] > ledger->peak[c]) ledger->peak[c] = ledger->current[c];
-  ledger->current_total += nbytes;
-  if (ledger->current_total > ledger->peak_total) ledger->peak_total = ledger->current_total;
-  *out = (char *)raw + HEADER_BYTES;
+  TS_CHECK(reserve(ledger));
+  void *p = NULL;
+  if (ledger->plan_only) {
+    ledger->next_plan_address += 64;
+    p = (void *)ledger->next_plan_address;
+  } else if (ts_k_alloc(dev, nbytes, &p) != TS_OK) {
+    return ts_set_error(TS_ERR_OUT_OF_MEMORY, "ledger: cannot allocate %zu bytes of %s on %s (%s)",
+                        nbytes, ts_mem_category_name(c), ts_device_name(dev), ts_last_error());
+  }
+  ts_ledger_table *t = ledger->table;
+  entry *e = &t->slots[probe(t, (uintptr_t)p)];
+  TS_ASSERT(e->key == 0); /* a live address handed out twice */
+  *e = (entry){(uintptr_t)p, nbytes, (uint8_t)c, (uint8_t)dev};
+  t->n++;
+  ts_mem_account *a = &ledger->device[dev];
+  a->current[c] += nbytes;
+  if (a->current[c] > a->peak[c]) a->peak[c] = a->current[c];
+  a->current_total += nbytes;
+  if (a->current_total > a->peak_total) a->peak_total = a->current_total;
+  *out = p;
   return TS_OK;
 }
 
 void ts_ledger_free(ts_ledger *ledger, void *p) {
   if (!p) return;
-  block_header *h = (block_header *)((char *)p - HEADER_BYTES);
-  TS_ASSERT(h->magic == LEDGER_MAGIC);
-  TS_ASSERT(ledger->current[h->category] >= h->nbytes);
-  ledger->current[h->category] -= h->nbytes;
-  ledger->current_total -= h->nbytes;
-  h->magic = 0;
-  free(h);
+  ts_ledger_table *t = ledger->table;
+  TS_ASSERT(t != NULL);
+  size_t i = probe(t, (uintptr_t)p);
+  entry e = t->slots[i];
+  TS_ASSERT(e.key == (uintptr_t)p); /* not a block of this ledger */
+  ts_mem_account *a = &ledger->device[e.device];
+  TS_ASSERT(a->current[e.category] >= e.nbytes);
+  a->current[e.category] -= e.nbytes;
+  a->current_total -= e.nbytes;
+  if (!ledger->plan_only) ts_k_free((ts_device)e.device, p);
+  /* Backward-shift deletion: pull later entries of the run into the hole
+   * when their home slot does not lie strictly between the hole and them. */
+  size_t hole = i, j = i;
+  for (;;) {
+    j = (j + 1) & (t->cap - 1);
+    if (t->slots[j].key == 0) break;
+    size_t h = home(t->slots[j].key, t->cap);
+    int between = hole <= j ? (hole < h && h <= j) : (hole < h || h <= j);
+    if (!between) {
+      t->slots[hole] = t->slots[j];
+      hole = j;
+    }
+  }
+  t->slots[hole].key = 0;
+  t->n--;
 }
 
-size_t ts_ledger_model_state_bytes(const ts_ledger *ledger) {
-  return ledger->current[TS_MEM_PARAMS] + ledger->current[TS_MEM_GRADS] +
-         ledger->current[TS_MEM_MASTER] + ledger->current[TS_MEM_OPTIM];
-}
-
-size_t ts_ledger_size(const void *p) {
+size_t ts_ledger_size(const ts_ledger *ledger, const void *p) {
   if (!p) return 0;
-  const block_header *h = (const block_header *)((const char *)p - HEADER_BYTES);
-  TS_ASSERT(h->magic == LEDGER_MAGIC);
-  return (size_t)h->nbytes;
+  const ts_ledger_table *t = ledger->table;
+  TS_ASSERT(t != NULL);
+  const entry *e = &t->slots[probe(t, (uintptr_t)p)];
+  TS_ASSERT(e->key == (uintptr_t)p);
+  return e->nbytes;
+}
+
+const ts_mem_account *ts_ledger_account(const ts_ledger *ledger, ts_device dev) {
+  TS_ASSERT((unsigned)dev < TS_DEVICE_COUNT);
+  return &ledger->device[dev];
+}
+
+size_t ts_mem_model_state_bytes(const ts_mem_account *a) {
+  return a->current[TS_MEM_PARAMS] + a->current[TS_MEM_GRADS] + a->current[TS_MEM_MASTER] +
+         a->current[TS_MEM_OPTIM];
 }

@@ -1,19 +1,29 @@
 /*
  * ledger.h — the memory ledger: every byte tessera allocates for training is
- * charged to one category, with current and peak bytes per category and in
- * total, per rank (DESIGN.md "The memory ledger").
+ * charged to one category on one device, with current and peak bytes per
+ * category and in total, per device, per rank (DESIGN.md "The memory
+ * ledger and the plan").
  *
- * Invariants: the ledger charges exactly the bytes requested (the allocator's
- * own 64-byte header and alignment slack are not model state and are not
- * charged); current[c] is the sum of live allocations of category c; peak[c]
- * is the largest current[c] ever seen; peak_total is the largest sum over
- * categories seen at one time (not the sum of per-category peaks).
- * A ledger is a plain struct owned by its creator; it is not thread-safe.
+ * The accounting lives in a side table (block address -> bytes, category,
+ * device), never in a header in front of the block, so the same ledger
+ * charges host memory and device memory alike: the blocks come from the
+ * kernels' allocator of their device (ts_k_alloc), zero-filled.
+ *
+ * Invariants: the ledger charges exactly the bytes requested (alignment
+ * slack is not model state and is not charged); current[c] is the sum of
+ * live blocks of category c on that device; peak[c] is the largest
+ * current[c] ever seen; peak_total is the largest sum over categories seen
+ * at one time (not the sum of per-category peaks).
+ *
+ * Ownership: a ts_ledger owns its side table; it is used through a pointer
+ * and never copied (copy a ts_mem_account instead: plain counters). It is
+ * not thread-safe.
  */
 #ifndef TS_SHARD_LEDGER_H
 #define TS_SHARD_LEDGER_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "base/base.h"
 
@@ -33,46 +43,65 @@ typedef enum ts_mem_category {
   TS_MEM_NUM_CATEGORIES = 7,
 } ts_mem_category;
 
-typedef struct ts_ledger {
+/* The counters of one device: plain values, copyable (a plan's result, a
+ * run's summary). */
+typedef struct ts_mem_account {
   size_t current[TS_MEM_NUM_CATEGORIES]; /* bytes live now, per category */
   size_t peak[TS_MEM_NUM_CATEGORIES];    /* largest current[c] seen, bytes */
   size_t current_total;                  /* sum of current[], bytes */
   size_t peak_total;                     /* largest current_total seen, bytes */
-  int plan_only;                         /* 1: charge without allocating (ts_ledger_init_plan) */
+} ts_mem_account;
+
+typedef struct ts_ledger_table ts_ledger_table; /* the side table (ledger.c) */
+
+typedef struct ts_ledger {
+  ts_mem_account device[TS_DEVICE_COUNT]; /* counters per device kind */
+  int plan_only;                          /* 1: charge without allocating (ts_ledger_init_plan) */
+  uintptr_t next_plan_address;            /* plan ledgers: the next made-up address */
+  ts_ledger_table *table;                 /* live blocks (owned); NULL until the first */
 } ts_ledger;
 
 /* Short stable name of a category for tables and JSON: "params", "grads",
  * "master", "optim", "activations", "comm", "workspace". */
 const char *ts_mem_category_name(ts_mem_category c);
 
-/* Zeroes all counters. */
+/* An empty ledger that allocates (through ts_k_alloc). */
 void ts_ledger_init(ts_ledger *ledger);
 
-/* Zeroes all counters and makes the ledger a plan: ts_ledger_alloc charges
- * nbytes exactly as it would and returns a pointer that frees and sizes
- * like a real block but addresses no memory (only a 64-byte header is
- * allocated; the caller must not read or write through it). The engine's
- * memory estimate (ts_engine_plan) replays its allocations on such a
- * ledger, so the estimate is the allocation plan itself. */
+/* An empty plan ledger: ts_ledger_alloc charges nbytes exactly as it would
+ * and returns a unique made-up address that frees and sizes like a real
+ * block but addresses no memory (nothing is allocated; the caller must not
+ * read or write through it). The engine's memory estimate (ts_engine_plan)
+ * replays its allocations on such a ledger, so the estimate is the
+ * allocation plan itself. */
 void ts_ledger_init_plan(ts_ledger *ledger);
 
-/* Allocates nbytes of host memory, 64-byte aligned and zero-filled, and
- * charges them to category c. nbytes == 0 yields a valid unique pointer that
- * charges nothing. *out receives the pointer, or NULL on failure.
- * Returns TS_OK, TS_ERR_INVALID_ARGUMENT (bad category), or
- * TS_ERR_OUT_OF_MEMORY (message names the category and the bytes). */
-ts_status ts_ledger_alloc(ts_ledger *ledger, ts_mem_category c, size_t nbytes, void **out);
+/* Frees the side table. Every block must have been freed (asserted: a
+ * leak is a bug). The ledger may then be initialised again. */
+void ts_ledger_release(ts_ledger *ledger);
+
+/* Allocates nbytes on device dev, zero-filled and 64-byte aligned, and
+ * charges them to category c of that device. *out receives the pointer, or
+ * NULL on failure; nbytes == 0 gives NULL and charges nothing.
+ * Returns TS_OK, TS_ERR_INVALID_ARGUMENT (bad category or device),
+ * TS_ERR_OUT_OF_MEMORY (the message names the device, the category and the
+ * bytes), or the allocator's TS_ERR_CUDA. */
+ts_status ts_ledger_alloc(ts_ledger *ledger, ts_device dev, ts_mem_category c, size_t nbytes,
+                          void **out);
 
 /* Releases p (from ts_ledger_alloc on the same ledger) and uncharges its
- * bytes. p == NULL is a no-op. */
+ * bytes. p == NULL is a no-op; any other unknown p is a bug (asserted). */
 void ts_ledger_free(ts_ledger *ledger, void *p);
 
-/* Model states allocated now: current params + grads + master + optim
- * bytes (what the ZeRO paper's per-rank formulas count). */
-size_t ts_ledger_model_state_bytes(const ts_ledger *ledger);
+/* Bytes that p was charged (0 for NULL; asserted to be a live block). */
+size_t ts_ledger_size(const ts_ledger *ledger, const void *p);
 
-/* Bytes that p was charged (0 for NULL). */
-size_t ts_ledger_size(const void *p);
+/* The counters of device dev (asserted in range). */
+const ts_mem_account *ts_ledger_account(const ts_ledger *ledger, ts_device dev);
+
+/* Model states in an account now: current params + grads + master + optim
+ * bytes (what the ZeRO paper's per-rank formulas count). */
+size_t ts_mem_model_state_bytes(const ts_mem_account *a);
 
 #ifdef __cplusplus
 }

@@ -2,6 +2,11 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "base/rng.h"
 
 #include "shard/flat.h"
 #include "shard/ledger.h"
@@ -63,9 +68,9 @@ TEST(FlatLayout, ShardOverlapsPartitionEveryTensor) {
 }
 
 TEST(FlatLayout, RejectsBadArguments) {
-  size_t numels[TS_FLAT_MAX_TENSORS + 1] = {};
+  size_t numels[TS_UNIT_MAX_TENSORS + 1] = {};
   ts_flat_layout l;
-  EXPECT_EQ(ts_flat_layout_init(&l, numels, TS_FLAT_MAX_TENSORS + 1, 1), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(ts_flat_layout_init(&l, numels, TS_UNIT_MAX_TENSORS + 1, 1), TS_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(ts_flat_layout_init(&l, numels, 1, 0), TS_ERR_INVALID_ARGUMENT);
 }
 
@@ -73,33 +78,92 @@ TEST(Ledger, TracksCurrentAndPeakPerCategory) {
   ts_ledger l;
   ts_ledger_init(&l);
   void *a, *b, *c;
-  ASSERT_EQ(ts_ledger_alloc(&l, TS_MEM_PARAMS, 1000, &a), TS_OK);
-  ASSERT_EQ(ts_ledger_alloc(&l, TS_MEM_ACTIVATIONS, 300, &b), TS_OK);
+  ASSERT_EQ(ts_ledger_alloc(&l, TS_DEVICE_CPU, TS_MEM_PARAMS, 1000, &a), TS_OK);
+  ASSERT_EQ(ts_ledger_alloc(&l, TS_DEVICE_CPU, TS_MEM_ACTIVATIONS, 300, &b), TS_OK);
   EXPECT_EQ((uintptr_t)a % 64, 0u);
   EXPECT_EQ(((unsigned char *)a)[999], 0);  // zero-filled
-  EXPECT_EQ(l.current[TS_MEM_PARAMS], 1000u);
-  EXPECT_EQ(l.current_total, 1300u);
+  const ts_mem_account *m = ts_ledger_account(&l, TS_DEVICE_CPU);
+  EXPECT_EQ(m->current[TS_MEM_PARAMS], 1000u);
+  EXPECT_EQ(m->current_total, 1300u);
   ts_ledger_free(&l, b);
-  ASSERT_EQ(ts_ledger_alloc(&l, TS_MEM_ACTIVATIONS, 200, &c), TS_OK);
-  EXPECT_EQ(l.current[TS_MEM_ACTIVATIONS], 200u);
-  EXPECT_EQ(l.peak[TS_MEM_ACTIVATIONS], 300u);
-  EXPECT_EQ(l.peak_total, 1300u);  // the peak of the sum, not the sum of peaks
-  EXPECT_EQ(ts_ledger_size(c), 200u);
+  ASSERT_EQ(ts_ledger_alloc(&l, TS_DEVICE_CPU, TS_MEM_ACTIVATIONS, 200, &c), TS_OK);
+  EXPECT_EQ(m->current[TS_MEM_ACTIVATIONS], 200u);
+  EXPECT_EQ(m->peak[TS_MEM_ACTIVATIONS], 300u);
+  EXPECT_EQ(m->peak_total, 1300u);  // the peak of the sum, not the sum of peaks
+  EXPECT_EQ(ts_ledger_size(&l, c), 200u);
+  EXPECT_EQ(ts_mem_model_state_bytes(m), 1000u);
   ts_ledger_free(&l, a);
   ts_ledger_free(&l, c);
   ts_ledger_free(&l, nullptr);
-  EXPECT_EQ(l.current_total, 0u);
+  EXPECT_EQ(m->current_total, 0u);
+  EXPECT_EQ(ts_ledger_account(&l, TS_DEVICE_CUDA)->peak_total, 0u);
   EXPECT_STREQ(ts_mem_category_name(TS_MEM_OPTIM), "optim");
+  void *z = (void *)1;
+  ASSERT_EQ(ts_ledger_alloc(&l, TS_DEVICE_CPU, TS_MEM_COMM, 0, &z), TS_OK);
+  EXPECT_EQ(z, nullptr) << "zero bytes: no block, nothing charged";
+  EXPECT_EQ(m->current_total, 0u);
+  ts_ledger_release(&l);
 }
 
 TEST(Ledger, RejectsBadCategoryAndImpossibleSizes) {
   ts_ledger l;
   ts_ledger_init(&l);
   void *p = (void *)1;
-  EXPECT_EQ(ts_ledger_alloc(&l, TS_MEM_NUM_CATEGORIES, 8, &p), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(ts_ledger_alloc(&l, TS_DEVICE_CPU, TS_MEM_NUM_CATEGORIES, 8, &p),
+            TS_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(p, nullptr);
-  EXPECT_EQ(ts_ledger_alloc(&l, TS_MEM_GRADS, SIZE_MAX - 8, &p), TS_ERR_OUT_OF_MEMORY);
-  EXPECT_EQ(l.current_total, 0u);
+  EXPECT_EQ(ts_ledger_alloc(&l, (ts_device)5, TS_MEM_GRADS, 8, &p), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(ts_ledger_alloc(&l, TS_DEVICE_CPU, TS_MEM_GRADS, SIZE_MAX - 8, &p),
+            TS_ERR_OUT_OF_MEMORY);
+  EXPECT_NE(std::string(ts_last_error()).find("grads"), std::string::npos) << ts_last_error();
+  EXPECT_EQ(ts_ledger_account(&l, TS_DEVICE_CPU)->current_total, 0u);
+  ts_ledger_release(&l);
+}
+
+// The side table under churn: thousands of blocks of two devices, freed in
+// a shuffled order while others are allocated, every size and every
+// account right throughout (a plan ledger: no GPU needed for device blocks).
+TEST(Ledger, SideTableKeepsEveryBlockThroughChurn) {
+  for (int plan = 0; plan < 2; plan++) {
+    ts_ledger l;
+    if (plan) ts_ledger_init_plan(&l);
+    else ts_ledger_init(&l);
+    const ts_device devs[2] = {TS_DEVICE_CPU, plan ? TS_DEVICE_CUDA : TS_DEVICE_CPU};
+    std::vector<std::pair<void *, size_t>> live;
+    size_t want[TS_DEVICE_COUNT] = {0, 0}, peak[TS_DEVICE_COUNT] = {0, 0};
+    uint64_t s = 99;
+    auto rnd = [&s]() { return ts_splitmix64(&s); };
+    for (int round = 0; round < 3000; round++) {
+      if (live.empty() || rnd() % 3 != 0) {
+        size_t n = 1 + rnd() % 5000;
+        ts_device d = devs[rnd() % 2];
+        void *p;
+        ASSERT_EQ(ts_ledger_alloc(&l, d, (ts_mem_category)(rnd() % TS_MEM_NUM_CATEGORIES), n, &p),
+                  TS_OK);
+        ASSERT_NE(p, nullptr);
+        for (auto &q : live) ASSERT_NE(q.first, p) << "addresses are unique";
+        live.push_back({p, n * TS_DEVICE_COUNT + d});
+        want[d] += n;
+        if (want[d] > peak[d]) peak[d] = want[d];
+      } else {
+        size_t k = rnd() % live.size();
+        size_t n = live[k].second / TS_DEVICE_COUNT, d = live[k].second % TS_DEVICE_COUNT;
+        ASSERT_EQ(ts_ledger_size(&l, live[k].first), n);
+        ts_ledger_free(&l, live[k].first);
+        want[d] -= n;
+        live[k] = live.back();
+        live.pop_back();
+      }
+      for (int d = 0; d < TS_DEVICE_COUNT; d++)
+        ASSERT_EQ(ts_ledger_account(&l, (ts_device)d)->current_total, want[d]) << round;
+    }
+    for (auto &q : live) ASSERT_EQ(ts_ledger_size(&l, q.first), q.second / TS_DEVICE_COUNT);
+    for (int d = 0; d < TS_DEVICE_COUNT; d++)
+      EXPECT_EQ(ts_ledger_account(&l, (ts_device)d)->peak_total, peak[d]);
+    for (auto &q : live) ts_ledger_free(&l, q.first);
+    EXPECT_EQ(ts_ledger_account(&l, TS_DEVICE_CPU)->current_total, 0u);
+    ts_ledger_release(&l);
+  }
 }
 
 }  // namespace

@@ -15,7 +15,6 @@
 #include <vector>
 
 #include "engine/engine.h"
-#include "models/config.h"
 #include "models/llama.h"
 #include "models/safetensors.h"
 
@@ -26,7 +25,7 @@ const char *kDir = "tests/hf_parity/fixtures/";
 struct Fixture {
   ts_safetensors *st = nullptr;
   ts_llama_config cfg{};
-  ts_llama model{};
+  ts_model model{};
   ts_engine *engine = nullptr;
   size_t B = 0, T = 0;
   std::vector<int32_t> inputs, targets;
@@ -37,9 +36,8 @@ struct Fixture {
     EXPECT_EQ(ts_safetensors_open(&st, (file + ".safetensors").c_str()), TS_OK)
         << ts_last_error();
     EXPECT_EQ(Meta("dtype"), ts_dtype_name(dt)) << file;
-    EXPECT_EQ(ts_llama_config_load((base + ".config.json").c_str(), &cfg), TS_OK)
-        << ts_last_error();
-    EXPECT_EQ(ts_llama_init(&model, &cfg), TS_OK);
+    EXPECT_EQ(ts_model_load((base + ".config.json").c_str(), &model), TS_OK) << ts_last_error();
+    cfg = *ts_llama_config_of(&model);
     ts_safetensors_tensor ids = Get("input_ids");
     B = ids.shape[0];
     T = ids.shape[1];
@@ -66,7 +64,7 @@ struct Fixture {
   }
   ~Fixture() {
     ts_engine_free(engine);
-    ts_llama_free(&model);
+    ts_model_free(&model);
     ts_safetensors_close(st);
   }
   // A tensor of the fixture; every one is F32 except the I32 token ids.

@@ -71,7 +71,7 @@ struct TrainRun {
   std::vector<std::vector<float>> state;   // per unit: this rank's shard of m, v, master
   std::vector<double> losses, norms;       // per step
   std::vector<ts_step_stats> stats;        // per step
-  ts_ledger after_create{}, at_end{};
+  ts_mem_account after_create{}, at_end{};
   std::vector<size_t> padded;              // P of each unit
 };
 
@@ -97,7 +97,7 @@ std::vector<std::vector<float>> OptimizerState(const ts_engine *e, size_t r) {
 // Every tensor of the model in layout order, read by get (the engine's
 // parameters or, on one rank, its gradients) as fp32.
 template <typename Get>
-std::vector<std::vector<float>> EveryTensor(const ts_llama &model, ts_engine *e, Get get) {
+std::vector<std::vector<float>> EveryTensor(const ts_model &model, ts_engine *e, Get get) {
   std::vector<std::vector<float>> out;
   for (int u = 0; u < model.n_units; u++)
     for (int i = 0; i < model.units[u].n_tensors; i++) {
@@ -135,8 +135,8 @@ TrainRun Train(ts_comm *dp, const TrainSetup &s) {
   size_t B = s.global / (N * s.accum);
   EXPECT_EQ(B * N * s.accum, s.global) << "test setup: global batch not divisible";
   ts_llama_config cfg = Config(s.tied, s.layers);
-  ts_llama model{};
-  EXPECT_EQ(ts_llama_init(&model, &cfg), TS_OK);
+  ts_model model{};
+  EXPECT_EQ(ts_llama_model_init(&model, &cfg), TS_OK);
   ts_engine_opts o = ts_engine_default_opts();
   o.micro_batch = B;
   o.seq = kT;
@@ -153,7 +153,7 @@ TrainRun Train(ts_comm *dp, const TrainSetup &s) {
   EXPECT_EQ(ts_engine_create(&e, &model, &o, dp), TS_OK) << ts_last_error();
   if (s.inject.step > 0 && r == N - 1) ts_engine_inject_nonfinite(e, &s.inject);
   if (s.inject2.step > 0 && r == N - 1) ts_engine_inject_nonfinite(e, &s.inject2);
-  run.after_create = *ts_engine_ledger(e);
+  run.after_create = *ts_engine_memory(e);
   for (int u = 0; u < model.n_units; u++) run.padded.push_back(ts_engine_layout(e, u)->padded);
   std::vector<int32_t> in, tgt;
   for (size_t step = 0; step < s.steps; step++) {
@@ -174,9 +174,9 @@ TrainRun Train(ts_comm *dp, const TrainSetup &s) {
   }
   run.params = EveryTensor(model, e, ts_engine_get_tensor);
   run.state = OptimizerState(e, r);
-  run.at_end = *ts_engine_ledger(e);
+  run.at_end = *ts_engine_memory(e);
   ts_engine_free(e);
-  ts_llama_free(&model);
+  ts_model_free(&model);
   return run;
 }
 
@@ -290,8 +290,8 @@ TEST(ZeroStages, WorldSizesAgreeWithOneRank) {
 // layout): the sum rounded up to a multiple of N * 16 elements.
 std::vector<size_t> FormulaPadded(bool tied, size_t N) {
   ts_llama_config cfg = Config(tied);
-  ts_llama model{};
-  EXPECT_EQ(ts_llama_init(&model, &cfg), TS_OK);
+  ts_model model{};
+  EXPECT_EQ(ts_llama_model_init(&model, &cfg), TS_OK);
   std::vector<size_t> P;
   for (int u = 0; u < model.n_units; u++) {
     size_t n = 0;
@@ -299,7 +299,7 @@ std::vector<size_t> FormulaPadded(bool tied, size_t N) {
     size_t g = 16 * N;
     P.push_back((n + g - 1) / g * g);
   }
-  ts_llama_free(&model);
+  ts_model_free(&model);
   return P;
 }
 
@@ -342,7 +342,7 @@ TEST(ZeroStages, LedgerMatchesTheZeroFormulasExactly) {
       size_t params = stage == 3 ? 4 * psi / N : 4 * psi;
       size_t grads = stage >= 2 ? 4 * psi / N : 4 * psi;
       size_t optim = stage >= 1 ? 8 * psi / N : 8 * psi;
-      for (const ts_ledger *l : {&run.after_create, &run.at_end}) {
+      for (const ts_mem_account *l : {&run.after_create, &run.at_end}) {
         EXPECT_EQ(l->current[TS_MEM_PARAMS], params);
         EXPECT_EQ(l->current[TS_MEM_GRADS], grads);
         EXPECT_EQ(l->current[TS_MEM_OPTIM], optim);
@@ -489,7 +489,7 @@ TEST(ZeroStages, LedgerMatchesTheMixedPrecisionFormulasExactly) {
         size_t grads = stage >= 2 ? 2 * psi / N : 2 * psi;
         size_t master = stage >= 1 ? 4 * psi / N : 4 * psi;
         size_t optim = stage >= 1 ? 8 * psi / N : 8 * psi;
-        for (const ts_ledger *l : {&run.after_create, &run.at_end}) {
+        for (const ts_mem_account *l : {&run.after_create, &run.at_end}) {
           EXPECT_EQ(l->current[TS_MEM_PARAMS], params);
           EXPECT_EQ(l->current[TS_MEM_GRADS], grads);
           EXPECT_EQ(l->current[TS_MEM_MASTER], master);
@@ -554,8 +554,8 @@ TEST(ActivationCheckpointing, PredictedActivationBytesMatchTheLedger) {
   // the category must equal the prediction (the issue asks for 5%; the
   // plan is exact), with and without checkpointing, in every dtype.
   ts_llama_config cfg = Config(false);
-  ts_llama model{};
-  ASSERT_EQ(ts_llama_init(&model, &cfg), TS_OK);
+  ts_model model{};
+  ASSERT_EQ(ts_llama_model_init(&model, &cfg), TS_OK);
   for (ts_dtype dt : {TS_FP32, TS_BF16, TS_FP16})
     for (size_t every : {0, 1, 2}) {
       SCOPED_TRACE(std::string(ts_dtype_name(dt)) + ", every " + std::to_string(every));
@@ -574,7 +574,7 @@ TEST(ActivationCheckpointing, PredictedActivationBytesMatchTheLedger) {
       EXPECT_EQ(run.at_end.peak[TS_MEM_ACTIVATIONS], predicted);
       EXPECT_EQ(run.at_end.current[TS_MEM_ACTIVATIONS], predicted);
     }
-  ts_llama_free(&model);
+  ts_model_free(&model);
 }
 
 TEST(MemoryPlan, EqualsTheLedgerOfARealRunToTheByte) {
@@ -600,8 +600,8 @@ TEST(MemoryPlan, EqualsTheLedgerOfARealRunToTheByte) {
                        ", accum " + std::to_string(s.accum));
           TrainRun run = Train(World(), s);
           ts_llama_config cfg = Config(tied);
-          ts_llama model{};
-          ASSERT_EQ(ts_llama_init(&model, &cfg), TS_OK);
+          ts_model model{};
+          ASSERT_EQ(ts_llama_model_init(&model, &cfg), TS_OK);
           ts_engine_opts o = ts_engine_default_opts();
           o.micro_batch = s.global / (N * s.accum);
           o.seq = kT;
@@ -609,9 +609,9 @@ TEST(MemoryPlan, EqualsTheLedgerOfARealRunToTheByte) {
           o.zero_stage = stage;
           o.dtype = dt;
           o.recompute_every = every;
-          ts_ledger plan;
+          ts_mem_account plan;
           ASSERT_EQ(ts_engine_plan(&model, &o, N, &plan), TS_OK) << ts_last_error();
-          ts_llama_free(&model);
+          ts_model_free(&model);
           for (int c = 0; c < TS_MEM_NUM_CATEGORIES; c++) {
             SCOPED_TRACE(ts_mem_category_name((ts_mem_category)c));
             EXPECT_EQ(plan.peak[c], run.at_end.peak[c]);
@@ -625,17 +625,17 @@ TEST(MemoryPlan, EqualsTheLedgerOfARealRunToTheByte) {
 
 TEST(MemoryPlan, RejectsBadArgumentsWithTheFlag) {
   ts_llama_config cfg = Config(false);
-  ts_llama model{};
-  ASSERT_EQ(ts_llama_init(&model, &cfg), TS_OK);
+  ts_model model{};
+  ASSERT_EQ(ts_llama_model_init(&model, &cfg), TS_OK);
   ts_engine_opts o = ts_engine_default_opts();
   o.seq = kT;
-  ts_ledger plan;
+  ts_mem_account plan;
   EXPECT_EQ(ts_engine_plan(&model, &o, 0, &plan), TS_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(ts_last_error()).find("-n 0"), std::string::npos) << ts_last_error();
   o.zero_stage = 4;
   EXPECT_EQ(ts_engine_plan(&model, &o, 2, &plan), TS_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(ts_last_error()).find("--zero 4"), std::string::npos) << ts_last_error();
-  ts_llama_free(&model);
+  ts_model_free(&model);
 }
 
 // Unit 1 (block 0), tensor 4 (its o_proj weight): where the planted inf goes.
@@ -667,10 +667,10 @@ TEST(LossScaling, InjectedOverflowSkipsTheStepOnEveryRank) {
     EXPECT_EQ(skip.skipped, 1);
     EXPECT_EQ(skip.overflow_unit, kInjectUnit);
     ts_llama_config cfg = Config(false);
-    ts_llama model{};
-    ASSERT_EQ(ts_llama_init(&model, &cfg), TS_OK);
+    ts_model model{};
+    ASSERT_EQ(ts_llama_model_init(&model, &cfg), TS_OK);
     EXPECT_STREQ(skip.overflow_tensor, model.units[kInjectUnit].tensors[kInjectTensor].name);
-    ts_llama_free(&model);
+    ts_model_free(&model);
     EXPECT_FALSE(std::isfinite(skip.grad_norm));
     EXPECT_EQ(skip.step, 1) << "a skipped step does not advance AdamW's t";
     const float scales[4][2] = {{65536, 65536}, {65536, 32768}, {32768, 32768}, {32768, 65536}};
@@ -695,8 +695,8 @@ TEST(LossScaling, OverflowAtTheMinimumScaleStopsWithTheTensorAndHistory) {
   // every rank), naming the tensor and the scale history.
   size_t N = (size_t)ts_comm_size(World()), r = (size_t)ts_comm_rank(World());
   ts_llama_config cfg = Config(false);
-  ts_llama model{};
-  ASSERT_EQ(ts_llama_init(&model, &cfg), TS_OK);
+  ts_model model{};
+  ASSERT_EQ(ts_llama_model_init(&model, &cfg), TS_OK);
   ts_engine_opts o = ts_engine_default_opts();
   o.micro_batch = 8 / N;
   o.seq = kT;
@@ -734,7 +734,7 @@ TEST(LossScaling, OverflowAtTheMinimumScaleStopsWithTheTensorAndHistory) {
   EXPECT_NE(message.find("step 0: 4, step 2: 2"), std::string::npos) << message;
   EXPECT_EQ(ts_engine_loss_scale(e), 2.0f);
   ts_engine_free(e);
-  ts_llama_free(&model);
+  ts_model_free(&model);
 }
 
 }  // namespace

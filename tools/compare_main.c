@@ -54,7 +54,7 @@ typedef struct run {
   double comm;     /* bytes sent per step, rank 0, last step */
   double psi;      /* padded parameter count */
   double *mem;     /* [N][W] measured, from the summary */
-  ts_ledger est;   /* the plan */
+  ts_mem_account est; /* the plan */
   int base;        /* the run its ratios compare against: the first of its dtype
                       and checkpointing */
   int loss_base;   /* the run its losses must equal: the first of its dtype */
@@ -70,7 +70,7 @@ typedef struct compare {
   size_t recomputes[MAX_LIST];
   int n_recomputes;
   int reuse;
-  ts_llama llama;
+  ts_model arch;   /* the model --model names, loaded */
   run *runs;
   int n_runs;
 } compare;
@@ -254,11 +254,11 @@ static int check_model_states(const compare *c, FILE *md, int *per_run) {
     const run *r = &c->runs[i];
     for (size_t q = 0; q < c->n; q++) {
       const double *m = r->mem + q * W;
-      int same = m[M_STATES] == (double)ts_ledger_model_state_bytes(&r->est) && m[M_STATES] == formula(r, r->psi, (double)c->n);
+      int same = m[M_STATES] == (double)ts_mem_model_state_bytes(&r->est) && m[M_STATES] == formula(r, r->psi, (double)c->n);
       for (int k = TS_MEM_PARAMS; k <= TS_MEM_OPTIM; k++) same &= m[k] == (double)r->est.peak[k];
       if (!same) {
         fprintf(md, "  - %s, rank %zu: measured model states %.0f B, estimate %.0f B, formula %.0f B\n",
-                r->name, q, m[M_STATES], (double)ts_ledger_model_state_bytes(&r->est), formula(r, r->psi, (double)c->n));
+                r->name, q, m[M_STATES], (double)ts_mem_model_state_bytes(&r->est), formula(r, r->psi, (double)c->n));
         ok = 0;
       }
     }
@@ -347,7 +347,7 @@ static int write_md(const compare *c, const char *path, const char *checks) {
   FILE *md = start(&af, path);
   if (!md) return 0;
   const run *r0 = &c->runs[0];
-  fprintf(md, "# tessera compare: %s on %zu ranks\n\n", c->llama.cfg.name, c->n);
+  fprintf(md, "# tessera compare: %s on %zu ranks\n\n", c->arch.name, c->n);
   fprintf(md, "%zu steps, micro-batch %zu x seq %zu per rank, Ψ = %.0f parameters (%.0f padded), "
               "%ld cores. Memory is per rank in MiB (2^20 bytes): measured by each rank's "
               "ledger, estimated by `tessera estimate` (the engine's allocation plan); speed and communication ratios (vs base) are against the first "
@@ -355,7 +355,7 @@ static int write_md(const compare *c, const char *path, const char *checks) {
               "2020 §5.1 for the padded Ψ (fp32 keeps no master copy). Peak RSS is each rank "
               "process's, ledger and all else (MPI, OpenBLAS, code). Device memory: none (CPU "
               "ranks).\n\n",
-          c->steps, c->micro_batch, c->seq, (double)ts_llama_num_params(&c->llama.cfg), r0->psi,
+          c->steps, c->micro_batch, c->seq, (double)c->arch.num_params, r0->psi,
           sysconf(_SC_NPROCESSORS_ONLN));
   fputs(checks, md);
   fprintf(md, "\n| run | model states between steps: measured | estimate | ZeRO formula "
@@ -367,7 +367,7 @@ static int write_md(const compare *c, const char *path, const char *checks) {
     double rss = 0;
     for (size_t q = 0; q < c->n; q++) rss = fmax(rss, r->mem[q * W + M_RSS]);
     fprintf(md, "| %s | %.2f | %.2f | %.2f | %.2f | %.2f |", r->name, r->mem[M_STATES] / MiB,
-            (double)ts_ledger_model_state_bytes(&r->est) / MiB, formula(r, r->psi, (double)c->n) / MiB, r->mem[M_TOTAL] / MiB,
+            (double)ts_mem_model_state_bytes(&r->est) / MiB, formula(r, r->psi, (double)c->n) / MiB, r->mem[M_TOTAL] / MiB,
             (double)r->est.peak_total / MiB);
     fprintf(md, " %.1f | %.0f | %.2f | %.3f |", rss / MiB, r->tok_s, r->tok_s / b->tok_s,
             r->comm / 1e6);
@@ -421,7 +421,7 @@ static int write_csv(const compare *c, const char *path, const int *loss_ok) {
       fprintf(f, "%s,%s,%s,%d,%zu,%zu", r->file, ts_dtype_name(r->dt), ck, r->stage, c->n, q);
       for (int k = 0; k < TS_MEM_NUM_CATEGORIES; k++) fprintf(f, ",%.0f,%zu", m[k], r->est.peak[k]);
       fprintf(f, ",%.0f,%zu,%.0f,%.0f,%.0f,%.0f,%.1f,%.4f,%.0f,", m[M_TOTAL], r->est.peak_total,
-              m[M_STATES], (double)ts_ledger_model_state_bytes(&r->est), formula(r, r->psi, (double)c->n), m[M_RSS], r->tok_s,
+              m[M_STATES], (double)ts_mem_model_state_bytes(&r->est), formula(r, r->psi, (double)c->n), m[M_RSS], r->tok_s,
               r->tok_s / b->tok_s, r->comm);
       if (b->comm > 0) fprintf(f, "%.4f", r->comm / b->comm);
       fprintf(f, ",%s,", loss_ok[i] ? "yes" : "no");
@@ -474,7 +474,7 @@ static int write_chart(const compare *c, const char *dir, const char *png) {
           "set yrange [0:*]\nset grid ytics\n%s"
           "plot for [k=2:%d] '%s' using k:xtic(1), "
           "'' using 0:%d with points pt 9 ps 2.2 lc rgb 'black' title 'estimate (sum of peaks)'\n",
-          c->n_runs > 6 ? 160 + 110 * c->n_runs : 860, tmp, c->llama.cfg.name, c->n,
+          c->n_runs > 6 ? 160 + 110 * c->n_runs : 860, tmp, c->arch.name, c->n,
           c->n_runs > 4 ? "set xtics rotate by -25\n" : "", TS_MEM_NUM_CATEGORIES + 1, dat,
           TS_MEM_NUM_CATEGORIES + 2);
   fclose(f);
@@ -543,10 +543,8 @@ static int parse_flags(compare *c, int argc, char **argv) {
  * then stage; each with its plan. */
 static int plan_runs(compare *c) {
   char path[4096];
-  ts_llama_config cfg;
-  ts_status st = ts_llama_config_resolve(c->model, path, sizeof path);
-  if (st == TS_OK) st = ts_llama_config_load(path, &cfg);
-  if (st == TS_OK) st = ts_llama_init(&c->llama, &cfg);
+  ts_status st = ts_model_resolve(c->model, path, sizeof path);
+  if (st == TS_OK) st = ts_model_load(path, &c->arch);
   if (st != TS_OK) return fprintf(stderr, "tessera compare: %s\n", ts_last_error()), 0;
   c->n_runs = c->n_dts * c->n_recomputes * c->n_stages;
   c->runs = calloc((size_t)c->n_runs, sizeof *c->runs);
@@ -578,7 +576,7 @@ static int plan_runs(compare *c) {
         o.dtype = r->dt;
         o.zero_stage = r->stage;
         o.recompute_every = r->recompute;
-        if (ts_engine_plan(&c->llama, &o, c->n, &r->est) != TS_OK)
+        if (ts_engine_plan(&c->arch, &o, c->n, &r->est) != TS_OK)
           return fprintf(stderr, "tessera compare: %s\n", ts_last_error()), 0;
       }
   return 1;
@@ -666,6 +664,6 @@ int ts_tool_compare(int argc, char **argv) {
   }
   for (int i = 0; c.runs && i < c.n_runs; i++) free(c.runs[i].mem);
   free(c.runs);
-  ts_llama_free(&c.llama);
+  ts_model_free(&c.arch);
   return rc;
 }

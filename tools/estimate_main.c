@@ -14,8 +14,7 @@
 
 #include "engine/engine.h"
 #include "engine/trainer.h"
-#include "models/config.h"
-#include "models/llama.h"
+#include "models/model.h"
 #include "tools/tools.h"
 
 static const char *USAGE =
@@ -184,25 +183,23 @@ int ts_tool_estimate(int argc, char **argv) {
   }
 
   /* Plan every requested stage: ledgers[i] is stage stage_lo + i. */
-  ts_ledger ledgers[4];
+  ts_mem_account ledgers[4];
   int nstages = stage_hi - stage_lo + 1;
-  ts_llama m;
+  ts_model m;
   memset(&m, 0, sizeof m);
   ts_status st = TS_OK;
   if (model) {
     char path[4096];
-    ts_llama_config cfg;
-    st = ts_llama_config_resolve(model, path, sizeof path);
-    if (st == TS_OK) st = ts_llama_config_load(path, &cfg);
-    if (st == TS_OK) st = ts_llama_init(&m, &cfg);
-    if (st == TS_OK) psi = ts_llama_num_params(&cfg);
+    st = ts_model_resolve(model, path, sizeof path);
+    if (st == TS_OK) st = ts_model_load(path, &m);
+    if (st == TS_OK) psi = m.num_params;
   }
   for (int i = 0; i < nstages && st == TS_OK; i++) {
     opts.zero_stage = stage_lo + i;
     st = model ? ts_engine_plan(&m, &opts, world, &ledgers[i])
                : ts_engine_plan_params(psi, opts.dtype, opts.zero_stage, world, &ledgers[i]);
   }
-  if (model) ts_llama_free(&m);
+  ts_model_free(&m);
   if (st != TS_OK) {
     report();
     return exit_for(st);
@@ -224,12 +221,12 @@ int ts_tool_estimate(int argc, char **argv) {
       cJSON_AddStringToObject(root, "activation_checkpointing", recompute);
     }
     for (int i = 0; i < nstages; i++) {
-      const ts_ledger *l = &ledgers[i];
+      const ts_mem_account *l = &ledgers[i];
       cJSON *s = cJSON_CreateObject();
       cJSON_AddNumberToObject(s, "zero_stage", stage_lo + i);
       cJSON_AddItemToObject(s, "peak", category_object(l->peak, ncat));
       cJSON_AddItemToObject(s, "between_steps", category_object(l->current, ncat));
-      add_int(s, "model_states", ts_ledger_model_state_bytes(l));
+      add_int(s, "model_states", ts_mem_model_state_bytes(l));
       add_int(s, "peak_total", l->peak_total);
       cJSON_AddItemToArray(stages, s);
     }
@@ -267,14 +264,14 @@ int ts_tool_estimate(int argc, char **argv) {
   size_t row[4];
   for (int c = 0; c < ncat; c++) {
     if (c == TS_MEM_ACTIVATIONS) {
-      for (int i = 0; i < nstages; i++) row[i] = ts_ledger_model_state_bytes(&ledgers[i]);
+      for (int i = 0; i < nstages; i++) row[i] = ts_mem_model_state_bytes(&ledgers[i]);
       print_row("model states between steps", row, nstages, unit);
     }
     for (int i = 0; i < nstages; i++) row[i] = ledgers[i].peak[c];
     print_row(ts_mem_category_name((ts_mem_category)c), row, nstages, unit);
   }
   if (!model) {
-    for (int i = 0; i < nstages; i++) row[i] = ts_ledger_model_state_bytes(&ledgers[i]);
+    for (int i = 0; i < nstages; i++) row[i] = ts_mem_model_state_bytes(&ledgers[i]);
     print_row("model states", row, nstages, unit);
     return 0;
   }

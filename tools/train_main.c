@@ -93,7 +93,7 @@ static void print_summary(const ts_train_config *cfg, const ts_train_result *res
     printf("validation loss %.4f (unigram baseline %.4f)\n", res->final_val_loss, uni);
   else
     printf("validation loss %.4f\n", res->final_val_loss);
-  const ts_ledger *l = &res->ledger;
+  const ts_mem_account *l = &res->memory;
   const double MiB = 1024.0 * 1024.0;
   if (cfg->engine.dtype == TS_FP16)
     printf("fp16: %zu step%s skipped for overflow\n", res->skipped_steps,

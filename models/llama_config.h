@@ -1,13 +1,15 @@
 /*
- * config.h — a LLaMA-style model's hyper-parameters, read from a Hugging
- * Face config.json (the fields of transformers.LlamaConfig that tessera uses).
+ * llama_config.h — a LLaMA-style model's hyper-parameters, read from a
+ * Hugging Face config.json (the fields of transformers.LlamaConfig that
+ * tessera uses). Part of the LLaMA family (models/llama.h); the engine and
+ * tools see only models/model.h.
  *
  * Invariants after a successful load: every size is positive;
  * hidden_size % num_attention_heads == 0; the head size is even (RoPE);
  * num_attention_heads % num_key_value_heads == 0.
  */
-#ifndef TS_MODELS_CONFIG_H
-#define TS_MODELS_CONFIG_H
+#ifndef TS_MODELS_LLAMA_CONFIG_H
+#define TS_MODELS_LLAMA_CONFIG_H
 
 #include <stddef.h>
 
@@ -53,27 +55,23 @@ static inline size_t ts_llama_head_size(const ts_llama_config *c) {
  * TS_ERR_FORMAT naming c->source (or c->name) and the field otherwise. */
 ts_status ts_llama_config_validate(const ts_llama_config *c);
 
-/* Parses config.json text. `source` names the file in error messages.
- * Required: hidden_size, intermediate_size, num_hidden_layers,
+/* Reads a config.json already parsed into a cJSON object (json_object).
+ * `name` is the model's name in logs, `source` names the file in error
+ * messages. Required: hidden_size, intermediate_size, num_hidden_layers,
  * num_attention_heads, vocab_size, max_position_embeddings, rms_norm_eps.
  * Optional: num_key_value_heads (= NH), rope_theta (10000),
  * tie_word_embeddings (false), head_dim (must equal C / NH). hidden_act,
- * attention_bias, mlp_bias and pretraining_tp, when present, must be "silu",
- * false, false and 1, and rope_scaling null: other values describe a model
- * tessera does not compute. A missing or mistyped field, a value found but
- * not supported, or sizes that break the invariants above, give TS_ERR_FORMAT with a one-line message
- * naming the file, the field and the expected value. */
+ * attention_bias, mlp_bias and pretraining_tp, when present, must be
+ * "silu", false, false and 1, and rope_scaling null: other values describe
+ * a model tessera does not compute. A missing or mistyped field, a value
+ * found but not supported, or sizes that break the invariants above, give
+ * TS_ERR_FORMAT with a one-line message naming the file, the field and the
+ * expected value. */
+ts_status ts_llama_config_from_json(const void *json_object, const char *name,
+                                    const char *source, ts_llama_config *out);
+
+/* The same from config.json text (the name is the file stem of source). */
 ts_status ts_llama_config_parse(const char *json, const char *source, ts_llama_config *out);
-
-/* Reads and parses a config.json file (TS_ERR_IO if unreadable). */
-ts_status ts_llama_config_load(const char *path, ts_llama_config *out);
-
-/* Resolves --model: a path to a file is used as is; a bare preset name
- * ("llama-tiny") maps to models/configs/<name>.json under $TESSERA_HOME (or
- * the current directory). Writes the path to out (size cap). Returns
- * TS_ERR_INVALID_ARGUMENT naming the preset and the presets directory when
- * neither exists. */
-ts_status ts_llama_config_resolve(const char *model, char *out, size_t cap);
 
 /* Parameter count Ψ (unpadded): embeddings, L blocks, final norm, and the
  * LM head unless tied. */
@@ -83,4 +81,4 @@ size_t ts_llama_num_params(const ts_llama_config *c);
 }
 #endif
 
-#endif /* TS_MODELS_CONFIG_H */
+#endif /* TS_MODELS_LLAMA_CONFIG_H */

@@ -1,0 +1,160 @@
+/*
+ * engine_internal.h — private to engine/: the engine's state, shared by the
+ * files that implement engine.h by concept:
+ *   engine.c   create, free, the micro-step (forward, backward) and the
+ *              optimizer step
+ *   zero.c     the ZeRO stage as a policy table (zero.h)
+ *   loss_scale.c  the fp16 loss scaler (loss_scale.h)
+ *   tensors.c  the slice iterator over (tensor, this rank's part), AdamW
+ *              per unit, get/set tensor, the overflow search
+ *   plan.c     the memory plan (create and one micro-step on a plan ledger)
+ *              and the activation prediction
+ *
+ * Ownership: the engine owns every buffer below and allocates each through
+ * its ledger on its device (e->device), except the step scalars on the CPU
+ * (see alloc_scalars in engine.c).
+ */
+#ifndef TS_ENGINE_ENGINE_INTERNAL_H
+#define TS_ENGINE_ENGINE_INTERNAL_H
+
+#include "engine/engine.h"
+#include "engine/engine_testing.h"
+#include "engine/loss_scale.h"
+#include "engine/zero.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct unit_state {
+  ts_flat_layout layout; /* offsets, padding P, shard S for the N ranks */
+  void *params;          /* compute dtype: (P), or (S) when the policy shards them */
+  void *grads;           /* compute dtype: (P), or (S) when the policy shards them */
+  float *master;         /* fp32, NULL in fp32: (P), or (S) with sharded optimizer state */
+  float *m, *v;          /* fp32 Adam moments: as master */
+  void *saved;           /* the unit's saved bytes of one micro-batch; NULL when
+                            recomputed (the engine's recompute_saved serves) */
+  int recompute;         /* activation checkpointing: forward again before backward */
+  void *full_params;     /* sharded params: (P) gathered while uses > 0, else NULL */
+  int uses;              /* sharded params: holders of full_params */
+  void *full_grads;      /* sharded grads: (P) from the unit's (or a borrower's)
+                            backward to its reduce-scatter, else NULL */
+} unit_state;
+
+struct ts_engine {
+  const ts_model *model;
+  ts_engine_opts opts;
+  const ts_zero_policy *zero; /* the stage's policy (zero.h) */
+  ts_device device;      /* where every training buffer lives */
+  ts_ledger ledger;
+  ts_kctx ctx;           /* the device's context, with the workspace */
+  ts_comm *dp;           /* data-parallel group (borrowed or own_comm) */
+  ts_comm *own_comm;     /* the one-rank group made when none was given */
+  int rank, dp_size;     /* this rank r and N, of the data-parallel group */
+  size_t es;             /* bytes per compute element */
+  void *scratch;         /* reduce-scatter scratch, (N-1) * max S elements */
+  size_t scratch_bytes;
+  unit_state *units;     /* [n_units] */
+  void **acts;           /* [n_units] input of unit u (B, T, C), acts[0] unused */
+  int32_t *tokens;       /* (B, T) inputs of the current micro-batch */
+  int32_t *targets;      /* (B, T) */
+  void *dbuf[2];         /* (B, T, C) activation gradients, ping-pong */
+  void *recompute_saved; /* saved activations of the recomputed unit in use */
+  /* The step's scalars on the device, read once per step (one block): */
+  double *scalars;       /* the block: loss then sumsq then eval_loss */
+  double *loss;          /* (grad_accum, 2): each micro-batch's (loss sum, rows) */
+  double *sumsq;         /* (n_units): squared norm of each unit's gradient shard */
+  double *eval_loss;     /* (2): the evaluation's (loss sum, rows) */
+  int32_t *nonfinite;    /* (n_units, TS_UNIT_MAX_TENSORS): overflow search flags */
+  size_t scalar_bytes;   /* bytes of the block */
+  double *h_scalars;     /* host copy of the block (what the step reads back) */
+  int micro_done;        /* micro-steps since the last optimizer step */
+  int step;              /* optimizer updates applied (AdamW's t) */
+  int attempts;          /* optimizer steps finished, skipped ones included */
+  ts_loss_scaler scaler; /* fp16 loss scaling (scale 1 otherwise) */
+  int plan;              /* 1: ts_engine_plan: allocations charged to a plan
+                            ledger, no compute, no communication */
+  const ts_engine_hooks *hooks; /* test seam (engine_testing.h); NULL in training */
+  ts_comm_counters step_start;  /* counters when the current step began */
+};
+
+/* ---- engine.c ------------------------------------------------------------ */
+
+/* A zeroed engine for model and opts (checked), its ledger not yet set. */
+ts_status ts_engine_new(const ts_model *model, const ts_engine_opts *opts, ts_engine **out);
+
+/* Allocates every buffer through the ledger and initialises the
+ * parameters (a plan ledger: charges only). */
+ts_status ts_engine_alloc(ts_engine *e);
+
+/* Forward and backward of one micro-batch (ts_engine_micro_step's body). */
+ts_status ts_engine_run_micro_step(ts_engine *e, const int32_t *inputs, const int32_t *targets);
+
+/* The model state of one flat buffer of layout l under policy z in dt
+ * (zero.h's table): s->params, grads, master (NULL in fp32), m, v, on dev. */
+ts_status ts_engine_alloc_model_state(ts_ledger *ledger, ts_device dev, const ts_flat_layout *l,
+                                      const ts_zero_policy *z, ts_dtype dt, unit_state *s);
+void ts_engine_free_model_state(ts_ledger *ledger, unit_state *s);
+
+/* TS_ERR_INVALID_ARGUMENT unless zero_stage is 0-3 (the flag named). */
+ts_status ts_engine_check_stage(int zero_stage);
+
+/* The recompute buffer's bytes: the largest saved bytes of a recomputed
+ * unit (0 when none is). */
+size_t ts_engine_recompute_bytes(const ts_model *m, const ts_engine_opts *o);
+
+/* ---- tensors.c ------------------------------------------------------------- */
+
+/* First flat element of this rank's shard of unit u. */
+size_t ts_engine_shard_begin(const ts_engine *e, int u);
+
+/* This rank's gradient shard (S) of unit u: its own buffer when the
+ * policy shards gradients, else its slice of the full gradient. */
+void *ts_engine_grad_shard(const ts_engine *e, int u);
+
+/* One part of a tensor that this rank holds in a buffer of unit u. */
+typedef struct ts_slice {
+  int tensor;    /* index in the unit's layout */
+  size_t begin;  /* first flat element of the part (offset in the full unit) */
+  size_t end;    /* one past the last */
+  size_t offset; /* element offset of `begin` in the held buffer */
+} ts_slice;
+
+/* Walks the non-empty parts of unit u's tensors (layout order) in a
+ * buffer that holds the whole unit (sharded == 0) or this rank's shard. */
+typedef struct ts_slice_iter {
+  const ts_engine *e;
+  int unit;
+  int sharded;
+  int next; /* the next tensor to look at */
+} ts_slice_iter;
+
+ts_slice_iter ts_slices(const ts_engine *e, int u, int sharded);
+/* Fills *s with the next part; 0 when there is none left. */
+int ts_slice_next(ts_slice_iter *it, ts_slice *s);
+/* The part of tensor i alone (possibly empty: begin == end). */
+ts_slice ts_slice_of(const ts_engine *e, int u, int i, int sharded);
+/* Element offset of flat element `flat` of unit u in a held buffer. */
+size_t ts_engine_held_offset(const ts_engine *e, int u, int sharded, size_t flat);
+
+/* AdamW on this rank's part of unit u (optimizer.c's step): each tensor's
+ * part with its own weight decay; scale multiplies the gradient first. */
+ts_status ts_engine_adamw_unit(ts_engine *e, int u, float lr, float scale);
+
+/* Skipped step: where the overflow began (tensors.c): the highest unit
+ * holding a non-finite reduced gradient on any rank and its first such
+ * tensor (layout order), agreed by one all-reduce. */
+ts_status ts_engine_find_overflow(ts_engine *e, int *unit, int *tensor);
+
+/* ---- the stage's gathers (engine.c) ------------------------------------------ */
+
+/* The full parameters (P) of unit u for a forward or backward: gathered on
+ * first use when sharded. Pair with ts_engine_release_params. */
+ts_status ts_engine_acquire_params(ts_engine *e, int u, const void **full);
+void ts_engine_release_params(ts_engine *e, int u);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TS_ENGINE_ENGINE_INTERNAL_H */

@@ -1,0 +1,127 @@
+/* metrics.c — the JSON Lines records of a training run (metrics.h), built
+ * with cJSON. Numbers print with enough digits to round-trip (cJSON's
+ * %1.15g, then %1.17g when that loses bits), so a run's losses compare
+ * bitwise from its file. */
+#include "engine/metrics.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/trainer.h"
+
+struct ts_metrics {
+  FILE *f;    /* NULL: the sink */
+  char *path; /* for messages (owned) */
+};
+
+ts_status ts_metrics_open(ts_metrics **out, const char *path) {
+  *out = NULL;
+  ts_metrics *m = calloc(1, sizeof *m);
+  if (!m) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "metrics: cannot allocate");
+  if (path) {
+    m->path = strdup(path);
+    m->f = m->path ? fopen(path, "w") : NULL;
+    if (!m->f) {
+      ts_status st = ts_set_error(TS_ERR_IO, "%s: cannot open for writing: %s", path,
+                                  strerror(m->path ? errno : ENOMEM));
+      free(m->path);
+      free(m);
+      return st;
+    }
+  }
+  *out = m;
+  return TS_OK;
+}
+
+void ts_metrics_close(ts_metrics *m) {
+  if (!m) return;
+  if (m->f) fclose(m->f);
+  free(m->path);
+  free(m);
+}
+
+/* Appends obj (consumed) as one flushed line; the sink drops it. */
+static ts_status write_line(ts_metrics *m, cJSON *obj) {
+  if (!m->f) {
+    cJSON_Delete(obj);
+    return TS_OK;
+  }
+  char *s = cJSON_PrintUnformatted(obj);
+  cJSON_Delete(obj);
+  if (!s) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot format a metrics line", m->path);
+  int bad = fprintf(m->f, "%s\n", s) < 0 || fflush(m->f) != 0;
+  free(s);
+  if (bad) return ts_set_error(TS_ERR_IO, "%s: write failed: %s", m->path, strerror(errno));
+  return TS_OK;
+}
+
+ts_status ts_metrics_write_step(ts_metrics *m, const ts_metrics_step *s, const ts_step_stats *st) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddNumberToObject(o, "step", (double)s->step);
+  cJSON_AddNumberToObject(o, "loss", st->loss);
+  cJSON_AddNumberToObject(o, "lr", s->lr);
+  cJSON_AddNumberToObject(o, "grad_norm", st->grad_norm);
+  cJSON_AddNumberToObject(o, "tokens_per_s", s->tokens_per_s);
+  cJSON_AddNumberToObject(o, "gflops", s->gflops);
+  cJSON_AddNumberToObject(o, "step_seconds", s->seconds);
+  cJSON_AddNumberToObject(o, "comm_bytes", (double)st->comm_bytes);
+  cJSON_AddNumberToObject(o, "loss_scale", st->loss_scale);
+  cJSON_AddNumberToObject(o, "skipped", st->skipped);
+  if (st->skipped) {
+    cJSON *ov = cJSON_AddObjectToObject(o, "overflow");
+    cJSON_AddNumberToObject(ov, "unit", st->overflow_unit);
+    cJSON_AddStringToObject(ov, "tensor", st->overflow_tensor);
+    cJSON_AddNumberToObject(ov, "loss_scale_before", st->loss_scale);
+    cJSON_AddNumberToObject(ov, "loss_scale_after", st->next_loss_scale);
+  }
+  return write_line(m, o);
+}
+
+ts_status ts_metrics_write_eval(ts_metrics *m, size_t step, double val_loss) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddNumberToObject(o, "step", (double)step);
+  cJSON_AddNumberToObject(o, "val_loss", val_loss);
+  return write_line(m, o);
+}
+
+ts_status ts_metrics_write_summary(ts_metrics *m, const ts_metrics_summary *s) {
+  const ts_engine_opts *eo = s->opts;
+  cJSON *o = cJSON_CreateObject(), *sm = cJSON_AddObjectToObject(o, "summary");
+  cJSON *p = cJSON_AddObjectToObject(sm, "params");
+  cJSON_AddNumberToObject(p, "unpadded", (double)s->params_unpadded);
+  cJSON_AddNumberToObject(p, "padded", (double)s->params_padded);
+  cJSON_AddNumberToObject(sm, "world_size", s->world_size);
+  cJSON_AddNumberToObject(sm, "zero_stage", eo->zero_stage);
+  cJSON_AddStringToObject(sm, "dtype", ts_dtype_name(eo->dtype));
+  char recompute[32];
+  ts_train_recompute_name(eo->recompute_every, recompute, sizeof recompute);
+  cJSON_AddStringToObject(sm, "activation_checkpointing", recompute);
+  cJSON_AddNumberToObject(sm, "activation_bytes_predicted", (double)s->activation_bytes_predicted);
+  cJSON_AddNumberToObject(sm, "skipped_steps", (double)s->skipped_steps);
+  cJSON_AddNumberToObject(sm, "loss_scale", s->loss_scale);
+  cJSON_AddNumberToObject(sm, "micro_batch", (double)eo->micro_batch);
+  cJSON_AddNumberToObject(sm, "grad_accum", (double)eo->grad_accum);
+  cJSON_AddNumberToObject(sm, "global_batch", (double)s->global_batch);
+  cJSON_AddNumberToObject(sm, "seq", (double)eo->seq);
+  cJSON_AddNumberToObject(sm, "comm_bytes_per_step", (double)s->last->comm_bytes);
+  cJSON *kinds = cJSON_AddObjectToObject(sm, "comm_bytes_by_kind");
+  for (int k = 0; k < TS_COMM_NUM_KINDS; k++)
+    cJSON_AddNumberToObject(kinds, ts_comm_kind_name((ts_comm_kind)k),
+                            (double)s->last->comm.bytes[k]);
+  cJSON *ranks = cJSON_AddArrayToObject(sm, "mem_by_rank");
+  for (int q = 0; q < s->world_size; q++) {
+    const double *row = s->mem + (size_t)q * TS_METRICS_RANK_FIELDS;
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddNumberToObject(e, "rank", q);
+    for (int c = 0; c < TS_MEM_NUM_CATEGORIES; c++)
+      cJSON_AddNumberToObject(e, ts_mem_category_name((ts_mem_category)c), row[c]);
+    cJSON_AddNumberToObject(e, "total", row[TS_METRICS_TOTAL]);
+    cJSON_AddNumberToObject(e, "peak_rss", row[TS_METRICS_PEAK_RSS]);
+    cJSON_AddNumberToObject(e, "model_states", row[TS_METRICS_MODEL_STATES]);
+    cJSON_AddItemToArray(ranks, e);
+  }
+  return write_line(m, o);
+}

@@ -1,0 +1,73 @@
+/*
+ * metrics.h — a training run's records as JSON Lines (the fields are listed
+ * in engine/trainer.h): one line per optimizer step, one per evaluation and
+ * a summary at the end, each flushed as written. The trainer decides what
+ * to record and when (rank 0 writes); this file owns the format.
+ */
+#ifndef TS_ENGINE_METRICS_H
+#define TS_ENGINE_METRICS_H
+
+#include <stddef.h>
+
+#include "engine/engine.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ts_metrics ts_metrics; /* opaque: the open file */
+
+/* Opens (truncates) path for writing; path NULL gives a sink that accepts
+ * every record and writes nothing. TS_ERR_IO ("PATH: cannot open for
+ * writing: ..."), TS_ERR_OUT_OF_MEMORY. */
+ts_status ts_metrics_open(ts_metrics **out, const char *path);
+
+/* Closes the file; NULL is a no-op. */
+void ts_metrics_close(ts_metrics *m);
+
+/* What one step line holds besides the engine's statistics. */
+typedef struct ts_metrics_step {
+  size_t step;         /* 1-based optimizer step */
+  float lr;            /* the learning rate asked for */
+  double tokens_per_s; /* tokens of the step over its wall time */
+  double gflops;       /* achieved model GFLOP/s (PaLM count) */
+  double seconds;      /* the step's wall time */
+} ts_metrics_step;
+
+/* {step, loss, lr, grad_norm, tokens_per_s, gflops, step_seconds,
+ * comm_bytes, loss_scale, skipped[, overflow: {unit, tensor,
+ * loss_scale_before, loss_scale_after}]}. TS_ERR_IO. */
+ts_status ts_metrics_write_step(ts_metrics *m, const ts_metrics_step *s, const ts_step_stats *st);
+
+/* {step, val_loss}. TS_ERR_IO. */
+ts_status ts_metrics_write_eval(ts_metrics *m, size_t step, double val_loss);
+
+/* Per rank in the summary: the ledger's peak per category, its peak total,
+ * the process's peak RSS and the model states held at the end, bytes. */
+enum {
+  TS_METRICS_TOTAL = TS_MEM_NUM_CATEGORIES,
+  TS_METRICS_PEAK_RSS = TS_MEM_NUM_CATEGORIES + 1,
+  TS_METRICS_MODEL_STATES = TS_MEM_NUM_CATEGORIES + 2,
+  TS_METRICS_RANK_FIELDS = TS_MEM_NUM_CATEGORIES + 3,
+};
+
+typedef struct ts_metrics_summary {
+  size_t params_unpadded, params_padded; /* Ψ and Σ padded flat lengths */
+  int world_size;                        /* N data-parallel ranks */
+  const ts_engine_opts *opts;            /* stage, dtype, recompute, batch shape */
+  size_t activation_bytes_predicted;
+  size_t skipped_steps;
+  float loss_scale;                      /* the final one */
+  size_t global_batch;
+  const ts_step_stats *last;             /* the last optimizer step (communication) */
+  const double *mem;                     /* (world_size, TS_METRICS_RANK_FIELDS) */
+} ts_metrics_summary;
+
+/* {"summary": {...}} as trainer.h lists. TS_ERR_IO, TS_ERR_OUT_OF_MEMORY. */
+ts_status ts_metrics_write_summary(ts_metrics *m, const ts_metrics_summary *s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TS_ENGINE_METRICS_H */

@@ -1,0 +1,79 @@
+/*
+ * plan.c — the memory plan (engine.h: ts_engine_plan, ts_engine_plan_params,
+ * ts_engine_activation_bytes): the engine's own create and one micro-step
+ * replayed on a plan ledger, which charges every allocation exactly and
+ * allocates nothing, so the estimate is the allocation plan itself; and the
+ * activation bytes predicted from the units' declared saved bytes alone.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine_internal.h"
+
+int ts_engine_is_recomputed(const ts_model *m, const ts_engine_opts *o, int u) {
+  const ts_unit *un = &m->units[u];
+  return o->recompute_every > 0 && un->role == TS_UNIT_BLOCK && un->layer >= 0 &&
+         (size_t)un->layer % o->recompute_every == 0;
+}
+
+size_t ts_engine_recompute_bytes(const ts_model *m, const ts_engine_opts *o) {
+  size_t most = 0;
+  for (int u = 0; u < m->n_units; u++) {
+    size_t saved = ts_unit_saved_bytes(m, u, o->micro_batch, o->seq, o->dtype);
+    if (ts_engine_is_recomputed(m, o, u) && saved > most) most = saved;
+  }
+  return most;
+}
+
+size_t ts_engine_activation_bytes(const ts_model *m, const ts_engine_opts *o) {
+  size_t B = o->micro_batch, T = o->seq, C = m->hidden_size, es = ts_dtype_size(o->dtype);
+  size_t bytes = 2 * B * T * 4 + ((size_t)m->n_units - 1 + 2) * B * T * C * es;
+  for (int u = 0; u < m->n_units; u++)
+    if (!ts_engine_is_recomputed(m, o, u)) bytes += ts_unit_saved_bytes(m, u, B, T, o->dtype);
+  return bytes + ts_engine_recompute_bytes(m, o);
+}
+
+/* TS_ERR_INVALID_ARGUMENT unless dp_size is 1 .. INT32_MAX. */
+static ts_status check_dp_size(size_t dp_size) {
+  if (dp_size < 1 || dp_size > (size_t)INT32_MAX)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "-n %zu: expected a number of ranks from 1 to %d", dp_size, INT32_MAX);
+  return TS_OK;
+}
+
+ts_status ts_engine_plan_params(size_t psi, ts_dtype dtype, int zero_stage, size_t dp_size,
+                                ts_mem_account *out) {
+  memset(out, 0, sizeof *out);
+  TS_CHECK(check_dp_size(dp_size));
+  TS_CHECK(ts_engine_check_stage(zero_stage));
+  ts_flat_layout l;
+  TS_CHECK(ts_flat_layout_init(&l, &psi, 1, dp_size));
+  ts_ledger plan;
+  ts_ledger_init_plan(&plan);
+  unit_state s;
+  memset(&s, 0, sizeof s);
+  ts_status st = ts_engine_alloc_model_state(&plan, TS_DEVICE_CPU, &l,
+                                             ts_zero_policy_of(zero_stage), dtype, &s);
+  if (st == TS_OK) *out = *ts_ledger_account(&plan, TS_DEVICE_CPU);
+  ts_engine_free_model_state(&plan, &s);
+  ts_ledger_release(&plan);
+  return st;
+}
+
+ts_status ts_engine_plan(const ts_model *model, const ts_engine_opts *opts, size_t dp_size,
+                         ts_mem_account *out) {
+  memset(out, 0, sizeof *out);
+  TS_CHECK(check_dp_size(dp_size));
+  ts_engine *e;
+  ts_status st = ts_engine_new(model, opts, &e);
+  if (!e) return st;
+  ts_ledger_init_plan(&e->ledger);
+  e->plan = 1;
+  e->rank = 0; /* shards are equal, so every rank's plan is rank 0's */
+  e->dp_size = (int)dp_size;
+  if (st == TS_OK) st = ts_engine_alloc(e);
+  if (st == TS_OK) st = ts_engine_run_micro_step(e, e->tokens, e->targets);
+  if (st == TS_OK) *out = *ts_ledger_account(&e->ledger, e->device);
+  ts_engine_free(e);
+  return st;
+}

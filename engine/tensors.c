@@ -1,0 +1,218 @@
+/*
+ * tensors.c — the engine's view of one tensor: the slice iterator over
+ * (tensor, this rank's part of it) that AdamW, get/set tensor and the
+ * overflow search share, and those three users (engine_internal.h).
+ *
+ * A rank holds each buffer of unit u either whole (P elements, flat offsets
+ * as in the layout) or as its shard [r S, (r+1) S); the policy table says
+ * which per buffer (params, grads, optimizer state). A tensor's part in a
+ * buffer is its flat range clipped to what the buffer holds, and its
+ * element offset there is the flat offset minus the buffer's first flat
+ * element: that arithmetic lives here once.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "engine/engine_internal.h"
+#include "shard/collect.h"
+
+size_t ts_engine_shard_begin(const ts_engine *e, int u) {
+  return ts_flat_shard_begin(&e->units[u].layout, (size_t)e->rank);
+}
+
+void *ts_engine_grad_shard(const ts_engine *e, int u) {
+  const unit_state *s = &e->units[u];
+  return e->zero->shard_grads ? s->grads : (char *)s->grads + ts_engine_shard_begin(e, u) * e->es;
+}
+
+size_t ts_engine_held_offset(const ts_engine *e, int u, int sharded, size_t flat) {
+  return flat - (sharded ? ts_engine_shard_begin(e, u) : 0);
+}
+
+ts_slice ts_slice_of(const ts_engine *e, int u, int i, int sharded) {
+  const ts_tensor_spec *t = &e->model->units[u].tensors[i];
+  ts_slice s = {i, t->offset, t->offset + t->numel, 0};
+  if (sharded)
+    ts_flat_shard_overlap(&e->units[u].layout, (size_t)i, (size_t)e->rank, &s.begin, &s.end);
+  s.offset = ts_engine_held_offset(e, u, sharded, s.begin);
+  return s;
+}
+
+ts_slice_iter ts_slices(const ts_engine *e, int u, int sharded) {
+  ts_slice_iter it = {e, u, sharded, 0};
+  return it;
+}
+
+int ts_slice_next(ts_slice_iter *it, ts_slice *s) {
+  while (it->next < it->e->model->units[it->unit].n_tensors) {
+    *s = ts_slice_of(it->e, it->unit, it->next++, it->sharded);
+    if (s->begin < s->end) return 1;
+  }
+  return 0;
+}
+
+/* ---- AdamW ------------------------------------------------------------------- */
+
+ts_status ts_engine_adamw_unit(ts_engine *e, int u, float lr, float scale) {
+  unit_state *s = &e->units[u];
+  const ts_zero_policy *z = e->zero;
+  ts_dtype dt = e->opts.dtype;
+  ts_slice_iter it = ts_slices(e, u, z->shard_optim);
+  ts_slice sl;
+  while (ts_slice_next(&it, &sl)) {
+    const ts_tensor_spec *t = &e->model->units[u].tensors[sl.tensor];
+    ts_adamw_hparams hp = {lr, e->opts.beta1, e->opts.beta2, e->opts.eps,
+                           t->decay ? e->opts.weight_decay : 0.0f, e->step, scale};
+    char *param = (char *)s->params + ts_engine_held_offset(e, u, z->shard_params, sl.begin) * e->es;
+    const char *grad =
+        (const char *)s->grads + ts_engine_held_offset(e, u, z->shard_grads, sl.begin) * e->es;
+    /* fp32: the compute parameters are the master weights */
+    float *master = s->master ? s->master + sl.offset : (float *)param;
+    TS_CHECK(ts_k_adamw(&e->ctx, master, s->master ? param : NULL, dt, s->m + sl.offset,
+                        s->v + sl.offset, grad, dt, sl.end - sl.begin, &hp));
+  }
+  return TS_OK;
+}
+
+/* ---- the overflow search -------------------------------------------------------- */
+
+ts_status ts_engine_find_overflow(ts_engine *e, int *unit, int *tensor) {
+  const ts_model *m = e->model;
+  enum { MAX = TS_UNIT_MAX_TENSORS };
+  /* A flag per (unit, tensor) of the reduced gradient shard, on the device,
+   * read once. Every part is looked at, empty ones included (flag 0). */
+  for (int u = 0; u < m->n_units; u++)
+    for (int i = 0; i < m->units[u].n_tensors; i++) {
+      ts_slice sl = ts_slice_of(e, u, i, 1);
+      TS_CHECK(ts_k_nonfinite(&e->ctx, e->nonfinite + u * MAX + i,
+                              (char *)ts_engine_grad_shard(e, u) + sl.offset * e->es,
+                              sl.end - sl.begin, e->opts.dtype));
+    }
+  /* the host copy of the flags: the same place in the host block */
+  int32_t *flags = (int32_t *)((char *)e->h_scalars + ((char *)e->nonfinite - (char *)e->scalars));
+  size_t nflags = (size_t)m->n_units * MAX;
+  TS_CHECK(ts_k_to_host(&e->ctx, flags, e->nonfinite, nflags * sizeof *flags));
+  /* Backward runs from the last unit to the first and a non-finite
+   * activation gradient spoils every unit below it, so the answer is the
+   * highest unit holding a non-finite reduced gradient on any rank, and in
+   * it the first such tensor in layout order: agreed by an all-reduce (max)
+   * of each rank's u * MAX + (MAX - 1 - i), -1 for none. */
+  double key = -1;
+  for (int u = m->n_units - 1; u >= 0 && key < 0; u--)
+    for (int i = 0; i < m->units[u].n_tensors; i++)
+      if (flags[u * MAX + i]) {
+        key = (double)(u * MAX + (MAX - 1 - i));
+        break;
+      }
+  TS_CHECK(ts_comm_all_reduce_f64(e->dp, &key, 1, TS_COMM_MAX));
+  if (key < 0) /* partial sums overflowed, no element did: impossible in fp16 */
+    return ts_set_error(TS_ERR_INTERNAL, "engine: overflow agreed but no rank holds a "
+                                         "non-finite gradient");
+  *unit = (int)key / MAX;
+  *tensor = MAX - 1 - (int)key % MAX;
+  return TS_OK;
+}
+
+/* ---- tensors in and out ------------------------------------------------------------ */
+
+/* dst (n, dt, on the engine's device) = src (n fp32, host): directly on the
+ * CPU, else a workspace-sized piece at a time through the workspace. */
+static ts_status cast_from_host(ts_engine *e, void *dst, const float *src, size_t n) {
+  ts_dtype dt = e->opts.dtype;
+  if (e->device == TS_DEVICE_CPU) return ts_k_cast(&e->ctx, dst, dt, src, TS_FP32, n);
+  size_t piece = e->ctx.workspace_bytes / 4;
+  if (piece == 0) return ts_set_error(TS_ERR_INTERNAL, "engine: no workspace to stage tensors");
+  for (size_t k = 0; k < n; k += piece) {
+    size_t c = n - k < piece ? n - k : piece;
+    TS_CHECK(ts_k_from_host(&e->ctx, e->ctx.workspace, src + k, c * 4));
+    TS_CHECK(ts_k_cast(&e->ctx, (char *)dst + k * e->es, dt, e->ctx.workspace, TS_FP32, c));
+    TS_CHECK(ts_k_synchronize(&e->ctx)); /* the workspace is reused */
+  }
+  return TS_OK;
+}
+
+/* dst (n fp32, host) = src (n, dt, on the engine's device). */
+static ts_status cast_to_host(ts_engine *e, float *dst, const void *src, size_t n) {
+  ts_dtype dt = e->opts.dtype;
+  if (e->device == TS_DEVICE_CPU) return ts_k_cast(&e->ctx, dst, TS_FP32, src, dt, n);
+  size_t piece = e->ctx.workspace_bytes / 4;
+  if (piece == 0) return ts_set_error(TS_ERR_INTERNAL, "engine: no workspace to stage tensors");
+  for (size_t k = 0; k < n; k += piece) {
+    size_t c = n - k < piece ? n - k : piece;
+    TS_CHECK(ts_k_cast(&e->ctx, e->ctx.workspace, TS_FP32, (const char *)src + k * e->es, dt, c));
+    TS_CHECK(ts_k_to_host(&e->ctx, dst + k, e->ctx.workspace, c * 4));
+  }
+  return TS_OK;
+}
+
+/* Finds tensor `name`: its unit and index, checking its size. */
+static ts_status find(const ts_engine *e, const char *name, size_t numel, int *u, int *i) {
+  TS_CHECK(ts_model_find_tensor(e->model, name, u, i));
+  const ts_tensor_spec *t = &e->model->units[*u].tensors[*i];
+  if (t->numel != numel)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "tensor %s: %zu elements given, expected %zu",
+                        name, numel, t->numel);
+  return TS_OK;
+}
+
+ts_status ts_engine_set_tensor(ts_engine *e, const char *name, const float *src, size_t numel) {
+  int u, i;
+  TS_CHECK(find(e, name, numel, &u, &i));
+  unit_state *s = &e->units[u];
+  const ts_tensor_spec *t = &e->model->units[u].tensors[i];
+  ts_slice p = ts_slice_of(e, u, i, e->zero->shard_params);
+  TS_CHECK(cast_from_host(e, (char *)s->params + p.offset * e->es, src + (p.begin - t->offset),
+                          p.end - p.begin));
+  if (!s->master) return TS_OK;
+  ts_slice o = ts_slice_of(e, u, i, e->zero->shard_optim);
+  return ts_k_from_host(&e->ctx, s->master + o.offset, src + (o.begin - t->offset),
+                        (o.end - o.begin) * 4);
+}
+
+ts_status ts_engine_get_tensor(ts_engine *e, const char *name, float *dst, size_t numel) {
+  int u, i;
+  TS_CHECK(find(e, name, numel, &u, &i));
+  const void *full;
+  TS_CHECK(ts_engine_acquire_params(e, u, &full));
+  size_t off = e->model->units[u].tensors[i].offset;
+  ts_status st = cast_to_host(e, dst, (const char *)full + off * e->es, numel);
+  ts_engine_release_params(e, u);
+  return st;
+}
+
+ts_status ts_engine_get_grad(const ts_engine *e, const char *name, float *dst, size_t numel) {
+  if (e->dp_size != 1)
+    return ts_set_error(TS_ERR_INVALID_USAGE,
+                        "engine: get_grad of %s on %d ranks: gradients are unreduced or sharded; "
+                        "expected a one-rank group",
+                        name, e->dp_size);
+  int u, i;
+  TS_CHECK(find(e, name, numel, &u, &i));
+  /* One rank: the gradient buffer is the whole padded unit in every stage. */
+  size_t off = e->model->units[u].tensors[i].offset;
+  TS_CHECK(cast_to_host((ts_engine *)e, dst, (const char *)e->units[u].grads + off * e->es, numel));
+  float scale = e->scaler.scale;
+  if (scale != 1.0f)
+    for (size_t k = 0; k < numel; k++) dst[k] /= scale;
+  return TS_OK;
+}
+
+ts_status ts_engine_get_logits(const ts_engine *e, float *dst, size_t numel) {
+  size_t B = e->opts.micro_batch, T = e->opts.seq, V = e->model->vocab_size;
+  if (numel != B * T * V)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "logits: %zu elements given, expected %zu",
+                        numel, B * T * V);
+  int h = e->model->n_units - 1;
+  void *logits = ts_unit_logits(e->model, h, e->units[h].saved, B, T, e->opts.dtype);
+  if (!logits)
+    return ts_set_error(TS_ERR_INVALID_USAGE, "logits: the last unit of %s has none",
+                        e->model->name);
+  return cast_to_host((ts_engine *)e, dst, logits, numel);
+}
+
+const float *ts_engine_optimizer_state(const ts_engine *e, int u, int which, size_t *n) {
+  TS_ASSERT(u >= 0 && u < e->model->n_units && which >= 0 && which <= 2);
+  const unit_state *s = &e->units[u];
+  *n = e->zero->shard_optim ? s->layout.shard : s->layout.padded;
+  return which == 0 ? s->m : which == 1 ? s->v : s->master;
+}

@@ -1,0 +1,241 @@
+/*
+ * model.c — the model interface (model.h): the registry of families,
+ * config.json loading, the seeded initialisation every family shares, and
+ * the unit calls that dispatch through each unit's ops table.
+ *
+ * Adding a family means a file with a ts_model_family and its units' ops
+ * tables, plus one line in FAMILIES below; nothing outside models/ changes.
+ */
+#include "models/model.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "base/rng.h"
+#include "models/config_json.h"
+#include "models/llama.h"
+
+/* Every family tessera computes; the first is the default for a
+ * config.json without "model_type". */
+static const ts_model_family *const FAMILIES[] = {&ts_llama_family};
+enum { N_FAMILIES = sizeof FAMILIES / sizeof FAMILIES[0] };
+
+/* ---- loading ------------------------------------------------------------------ */
+
+ts_status ts_model_resolve(const char *model, char *out, size_t cap) {
+  struct stat sb;
+  if (stat(model, &sb) == 0 && S_ISREG(sb.st_mode)) {
+    snprintf(out, cap, "%s", model);
+    return TS_OK;
+  }
+  if (strchr(model, '/') || strstr(model, ".json"))
+    return ts_set_error(TS_ERR_IO, "%s: model config not found: expected a config.json file",
+                        model);
+  const char *home = getenv("TESSERA_HOME");
+  snprintf(out, cap, "%s%smodels/configs/%s.json", home ? home : "", home ? "/" : "", model);
+  if (stat(out, &sb) == 0 && S_ISREG(sb.st_mode)) return TS_OK;
+  return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                      "--model %s: unknown preset: expected a config.json path or a preset in "
+                      "%s%smodels/configs/ (llama-tiny, llama-small, llama-2-7b, llama-2-13b, "
+                      "llama-2-70b)%s",
+                      model, home ? home : "", home ? "/" : "",
+                      home ? "" : "; TESSERA_HOME is unset, so that is relative to this directory");
+}
+
+/* The family of root's "model_type" (absent: the first family). */
+static ts_status find_family(const cJSON *root, const char *source,
+                             const ts_model_family **out) {
+  const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+  if (!mt) {
+    *out = FAMILIES[0];
+    return TS_OK;
+  }
+  for (int f = 0; f < N_FAMILIES && cJSON_IsString(mt); f++)
+    if (strcmp(mt->valuestring, FAMILIES[f]->model_type) == 0) {
+      *out = FAMILIES[f];
+      return TS_OK;
+    }
+  char known[256] = "";
+  for (int f = 0; f < N_FAMILIES; f++)
+    snprintf(known + strlen(known), sizeof known - strlen(known), "%s\"%s\"", f ? ", " : "",
+             FAMILIES[f]->model_type);
+  char *found = cJSON_PrintUnformatted(mt);
+  ts_set_error(TS_ERR_FORMAT, "%s: field \"model_type\" = %.40s: expected one of %s", source,
+               found ? found : "?", known);
+  cJSON_free(found);
+  return TS_ERR_FORMAT;
+}
+
+ts_status ts_model_parse(const char *json, const char *source, ts_model *out) {
+  memset(out, 0, sizeof *out);
+  cJSON *root = cJSON_Parse(json);
+  if (!root || !cJSON_IsObject(root)) {
+    cJSON_Delete(root);
+    return ts_set_error(TS_ERR_FORMAT, "%s: not a JSON object: expected a Hugging Face config.json",
+                        source);
+  }
+  const ts_model_family *fam = NULL;
+  ts_status st = find_family(root, source, &fam);
+  if (st == TS_OK) {
+    ts_cfg_stem(source, out->name, sizeof out->name);
+    snprintf(out->source, sizeof out->source, "%s", source);
+    out->family = fam;
+    st = fam->init(out, root);
+    if (st != TS_OK) ts_model_free(out);
+  }
+  cJSON_Delete(root);
+  return st;
+}
+
+ts_status ts_model_load(const char *path, ts_model *out) {
+  memset(out, 0, sizeof *out);
+  FILE *f = fopen(path, "rb");
+  if (!f) return ts_set_error(TS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+  char *buf = NULL;
+  size_t len = 0, cap = 0;
+  for (;;) {
+    if (len + 4096 + 1 > cap) {
+      cap = cap ? cap * 2 : 8192;
+      char *nb = realloc(buf, cap);
+      if (!nb) {
+        free(buf);
+        fclose(f);
+        return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot buffer the file", path);
+      }
+      buf = nb;
+    }
+    size_t got = fread(buf + len, 1, 4096, f);
+    len += got;
+    if (got < 4096) break;
+  }
+  int err = ferror(f);
+  fclose(f);
+  if (err) {
+    free(buf);
+    return ts_set_error(TS_ERR_IO, "%s: read failed", path);
+  }
+  buf[len] = '\0';
+  ts_status st = ts_model_parse(buf, path, out);
+  free(buf);
+  return st;
+}
+
+void ts_model_free(ts_model *m) {
+  if (m->family && m->family->free) m->family->free(m);
+  free(m->units);
+  memset(m, 0, sizeof *m);
+}
+
+const char *ts_model_origin(const ts_model *m) { return m->source[0] ? m->source : m->name; }
+
+double ts_model_flops_per_token(const ts_model *m, size_t T) {
+  return m->family->flops_per_token(m, T);
+}
+
+ts_status ts_model_find_tensor(const ts_model *m, const char *name, int *u, int *i) {
+  for (int a = 0; a < m->n_units; a++)
+    for (int b = 0; b < m->units[a].n_tensors; b++)
+      if (strcmp(m->units[a].tensors[b].name, name) == 0) {
+        *u = a;
+        *i = b;
+        return TS_OK;
+      }
+  return ts_set_error(TS_ERR_INVALID_ARGUMENT, "tensor %s: not a parameter of model %s", name,
+                      m->name);
+}
+
+/* ---- initialisation --------------------------------------------------------------- */
+
+/* Uniform in (0, 1) with 53 random bits. */
+static double uniform01(uint64_t *s) {
+  return ((double)(ts_splitmix64(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+
+ts_status ts_model_init_unit(const ts_model *m, int u, const ts_kctx *ctx, float *params,
+                             uint64_t seed) {
+  TS_ASSERT(u >= 0 && u < m->n_units);
+  const ts_unit *unit = &m->units[u];
+  enum { CHUNK = 1024 };
+  float chunk[CHUNK];
+  for (int i = 0; i < unit->n_tensors; i++) {
+    const ts_tensor_spec *t = &unit->tensors[i];
+    uint64_t s = seed ^ ts_fnv1a64(t->name);
+    ts_splitmix64(&s);
+    for (size_t j = 0; j < t->numel; j += CHUNK) {
+      size_t n = t->numel - j < CHUNK ? t->numel - j : CHUNK;
+      for (size_t k = 0; k < n; k++) {
+        if (t->init == TS_INIT_ONES) {
+          chunk[k] = 1.0f;
+        } else if (t->init == TS_INIT_ZEROS) {
+          chunk[k] = 0.0f;
+        } else {
+          /* Box-Muller; one normal per pair of uniforms keeps it simple. */
+          double u1 = uniform01(&s), u2 = uniform01(&s);
+          chunk[k] = (float)(t->init_std * sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
+        }
+      }
+      TS_CHECK(ts_k_from_host(ctx, params + t->offset + j, chunk, n * sizeof(float)));
+      /* the host chunk is reused: the copy must have left it */
+      TS_CHECK(ts_k_synchronize(ctx));
+    }
+  }
+  return TS_OK;
+}
+
+/* ---- unit calls --------------------------------------------------------------------- */
+
+/* Unit u of m, asserted in range. */
+static const ts_unit *unit_at(const ts_model *m, int u) {
+  TS_ASSERT(u >= 0 && u < m->n_units);
+  return &m->units[u];
+}
+
+size_t ts_unit_saved_bytes(const ts_model *m, int u, size_t B, size_t T, ts_dtype dt) {
+  const ts_unit *un = unit_at(m, u);
+  return un->ops->saved_bytes(m, un, B, T, dt);
+}
+
+size_t ts_unit_workspace_bytes(const ts_model *m, int u, size_t B, size_t T, ts_dtype dt,
+                               ts_device dev) {
+  const ts_unit *un = unit_at(m, u);
+  return un->ops->workspace_bytes(m, un, B, T, dt, dev);
+}
+
+/* The checks every unit call shares: the unit exists, the batch is not
+ * empty and fits the model's positions. */
+static ts_status check_call(const ts_model *m, int u, const ts_unit_args *a) {
+  if (u < 0 || u >= m->n_units)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "model: unit %d: expected 0..%d", u,
+                        m->n_units - 1);
+  if (a->T == 0 || a->B == 0)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "model: micro-batch %zu x seq %zu: expected > 0",
+                        a->B, a->T);
+  if (a->T > m->max_seq)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "sequence length %zu: expected at most max_position_embeddings = %zu "
+                        "of %s",
+                        a->T, m->max_seq, ts_model_origin(m));
+  return TS_OK;
+}
+
+ts_status ts_unit_forward(const ts_model *m, int u, const ts_kctx *ctx, const void *params,
+                          ts_unit_args *a) {
+  TS_CHECK(check_call(m, u, a));
+  return m->units[u].ops->forward(m, &m->units[u], ctx, params, a);
+}
+
+ts_status ts_unit_backward(const ts_model *m, int u, const ts_kctx *ctx, const void *params,
+                           void *grads, ts_unit_args *a) {
+  TS_CHECK(check_call(m, u, a));
+  return m->units[u].ops->backward(m, &m->units[u], ctx, params, grads, a);
+}
+
+void *ts_unit_logits(const ts_model *m, int u, void *saved, size_t B, size_t T, ts_dtype dt) {
+  const ts_unit *un = unit_at(m, u);
+  return un->ops->logits ? un->ops->logits(m, un, saved, B, T, dt) : NULL;
+}

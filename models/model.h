@@ -1,0 +1,213 @@
+/*
+ * model.h — the one interface the engine sees (DESIGN.md "The unit and the
+ * model interface"): a model is an ordered list of units, each with an ops
+ * table; a model family (LLaMA today, BERT next) is files behind it, and the
+ * engine, the trainer, estimate and compare include only this header.
+ *
+ * A unit is the granule of sharding, gathering, recompute and pipeline
+ * placement (FSDP's wrapped module, DeepSpeed's layer). Its parameters are
+ * one flat buffer: its tensors back to back in layout order (Hugging Face
+ * names and shapes, row-major), so export and import are lookups. The first
+ * unit reads the token batch, every later one reads the previous unit's
+ * output (B, T, C), and the last one writes the loss.
+ *
+ * Memory: units allocate nothing. Forward writes the unit's output and its
+ * saved activations into caller buffers of the declared saved bytes; both
+ * passes take scratch only from ctx->workspace (the declared workspace
+ * bytes for ctx->device). Every pointer in ts_unit_args lives on
+ * ctx->device. Backward accumulates (+=) into parameter gradients and
+ * writes (=) the input's gradient.
+ *
+ * Initialisation is shared by every family (ts_model_init_unit): each
+ * tensor is filled from a stream seeded by (seed, tensor name) alone, so
+ * every world size, ZeRO stage, pipeline layout and unit order starts from
+ * identical weights.
+ */
+#ifndef TS_MODELS_MODEL_H
+#define TS_MODELS_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/base.h"
+#include "kernels/kernels.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What a unit does in the model's chain. */
+typedef enum ts_unit_role {
+  TS_UNIT_EMBEDDING = 0, /* first: tokens (B, T) -> activations (B, T, C) */
+  TS_UNIT_BLOCK = 1,     /* (B, T, C) -> (B, T, C); may be recomputed */
+  TS_UNIT_HEAD = 2,      /* last: (B, T, C) and targets -> loss (and logits) */
+} ts_unit_role;
+
+/* How ts_model_init_unit fills a tensor. */
+typedef enum ts_init_kind {
+  TS_INIT_NORMAL = 0, /* N(0, init_std^2), Box-Muller on the tensor's stream */
+  TS_INIT_ONES = 1,   /* norm weights */
+  TS_INIT_ZEROS = 2,  /* biases */
+} ts_init_kind;
+
+typedef struct ts_tensor_spec {
+  char name[96];     /* Hugging Face name, e.g. "model.layers.0.mlp.up_proj.weight" */
+  int ndim;          /* 1 or 2 */
+  size_t shape[2];   /* row-major shape; shape[1] = 1 when ndim == 1 */
+  size_t numel;      /* shape[0] * shape[1] */
+  size_t offset;     /* elements from the start of the unit's flat buffer */
+  int decay;         /* 1 if AdamW weight decay applies (matrices), 0 (norms, biases) */
+  ts_init_kind init; /* how it starts */
+  double init_std;   /* TS_INIT_NORMAL: standard deviation (e.g. initializer_range) */
+} ts_tensor_spec;
+
+typedef struct ts_model ts_model;
+typedef struct ts_unit ts_unit;
+
+/* Arguments of one unit call. Pointers a unit does not use are NULL; every
+ * pointer is on the ctx's device. B, T: micro-batch and sequence length. */
+typedef struct ts_unit_args {
+  size_t B, T;
+  ts_dtype dt;             /* storage dtype of params, activations, grads */
+  const int32_t *tokens;   /* (B, T) first unit's input */
+  const int32_t *targets;  /* (B, T) last unit's targets, -100 = ignore */
+  const void *x;           /* (B, T, C) input of every unit but the first (kept by the engine) */
+  void *y;                 /* (B, T, C) output of every unit but the last */
+  void *saved;             /* the unit's saved bytes */
+  const void *tied_weight; /* the tensor this unit borrows (ts_unit.tied_unit), full */
+  void *tied_grad;         /* its gradient (+=) */
+  const void *dy;          /* (B, T, C) gradient of y */
+  void *dx;                /* (B, T, C) gradient of x, written (=) */
+  float dloss;             /* last unit's backward: d(loss)/d(row loss), e.g. 1/count */
+  double *loss;            /* last unit's forward: (2) fp64 = (sum of row losses, rows
+                              with a target), written (=) */
+} ts_unit_args;
+
+/* A unit kind's operations. Contracts in the comment of each wrapper below. */
+typedef struct ts_unit_ops {
+  const char *kind; /* "embedding", "block", "head", ... */
+  size_t (*saved_bytes)(const ts_model *m, const ts_unit *u, size_t B, size_t T, ts_dtype dt);
+  size_t (*workspace_bytes)(const ts_model *m, const ts_unit *u, size_t B, size_t T, ts_dtype dt,
+                            ts_device dev);
+  ts_status (*forward)(const ts_model *m, const ts_unit *u, const ts_kctx *ctx,
+                       const void *params, ts_unit_args *a);
+  ts_status (*backward)(const ts_model *m, const ts_unit *u, const ts_kctx *ctx,
+                        const void *params, void *grads, ts_unit_args *a);
+  /* last unit: its logits (B, T, V) in its saved buffer; NULL otherwise */
+  void *(*logits)(const ts_model *m, const ts_unit *u, void *saved, size_t B, size_t T,
+                  ts_dtype dt);
+} ts_unit_ops;
+
+struct ts_unit {
+  const ts_unit_ops *ops; /* the kind's operations (static, owned by the family) */
+  ts_unit_role role;
+  int layer;              /* block index among the blocks, -1 for other roles */
+  int tied_unit;          /* a unit whose tensor this one also uses (tied embeddings), -1 */
+  int tied_tensor;        /* that tensor's index in tied_unit, -1 */
+  int n_tensors;
+  ts_tensor_spec tensors[TS_UNIT_MAX_TENSORS];
+  size_t numel;           /* sum of tensor numels (unpadded) */
+};
+
+/* A family: how a config.json of its model_type becomes units. */
+typedef struct ts_model_family {
+  const char *model_type; /* config.json "model_type", e.g. "llama" */
+  /* Fills m (zeroed, name and source set) from the parsed config.json
+   * object `root` (a cJSON *): checks every field (TS_ERR_FORMAT naming the
+   * file, the field and the expected value), sets the ts_model fields and
+   * units, and keeps its own config in m->impl. */
+  ts_status (*init)(ts_model *m, const void *root);
+  void (*free)(ts_model *m);  /* frees m->impl */
+  /* Model FLOPs per token of one forward+backward at sequence length T
+   * (PaLM, Chowdhery et al. 2022, App. B: 6 x matmul parameters + attention). */
+  double (*flops_per_token)(const ts_model *m, size_t T);
+} ts_model_family;
+
+struct ts_model {
+  const ts_model_family *family;
+  char name[64];      /* preset or file stem, for logs */
+  char source[256];   /* the config.json it came from, for errors */
+  size_t hidden_size; /* C: width of the activations between units */
+  size_t vocab_size;  /* V */
+  size_t max_seq;     /* largest T (max_position_embeddings) */
+  size_t num_params;  /* Ψ, unpadded (tied tensors counted once) */
+  int n_units;
+  ts_unit *units;     /* owned; [0] the first unit ... [n_units - 1] the last */
+  void *impl;         /* the family's own config (owned by the family) */
+};
+
+/* ---- loading ---------------------------------------------------------------- */
+
+/* Resolves --model: a path to a file is used as is; a bare preset name
+ * ("llama-tiny") maps to models/configs/<name>.json under $TESSERA_HOME (or
+ * the current directory). Writes the path to out (size cap). Returns
+ * TS_ERR_INVALID_ARGUMENT naming the preset and the presets folder when
+ * neither exists, TS_ERR_IO for a missing path. */
+ts_status ts_model_resolve(const char *model, char *out, size_t cap);
+
+/* Builds the model of a Hugging Face config.json's text: its "model_type"
+ * picks the family (absent: "llama", the first family), which checks every
+ * field it reads. `source` names the file in messages. TS_ERR_FORMAT (not
+ * a JSON object, a model_type no family computes — the message lists those
+ * that exist — or the family's own checks), TS_ERR_OUT_OF_MEMORY. On
+ * failure *out holds nothing to free. */
+ts_status ts_model_parse(const char *json, const char *source, ts_model *out);
+
+/* Reads and parses a config.json file (TS_ERR_IO if unreadable). */
+ts_status ts_model_load(const char *path, ts_model *out);
+
+/* Frees what the model owns; m may be loaded again. A zeroed m is fine. */
+void ts_model_free(ts_model *m);
+
+/* What messages call the model: its file, or its name if built by hand. */
+const char *ts_model_origin(const ts_model *m);
+
+/* Model FLOPs per token of one forward+backward at sequence length T. */
+double ts_model_flops_per_token(const ts_model *m, size_t T);
+
+/* Unit u and tensor i of the tensor named `name`; TS_ERR_INVALID_ARGUMENT
+ * ("tensor X: not a parameter of model M") when there is none. */
+ts_status ts_model_find_tensor(const ts_model *m, const char *name, int *u, int *i);
+
+/* ---- units -------------------------------------------------------------------- */
+
+/* Fills unit u's flat buffer, (numel) fp32 on ctx->device, with its initial
+ * values (ts_tensor_spec.init). Each tensor's stream is seeded from (seed,
+ * tensor name): splitmix64 from seed ^ FNV-1a(name) (base/rng.h), one
+ * Box-Muller normal per pair of 53-bit uniforms. Values go through a host
+ * buffer and ts_k_from_host. u in [0, n_units) (asserted). */
+ts_status ts_model_init_unit(const ts_model *m, int u, const ts_kctx *ctx, float *params,
+                             uint64_t seed);
+
+/* Bytes unit u keeps from forward for backward per micro-batch of (B, T),
+ * besides its input (which the engine keeps). u asserted in range. */
+size_t ts_unit_saved_bytes(const ts_model *m, int u, size_t B, size_t T, ts_dtype dt);
+
+/* Bytes of ctx->workspace unit u's forward or backward needs on device dev
+ * (the larger). */
+size_t ts_unit_workspace_bytes(const ts_model *m, int u, size_t B, size_t T, ts_dtype dt,
+                               ts_device dev);
+
+/* Forward of unit u: the first writes y; a block writes y and saved; the
+ * last writes saved (logits included) and *loss. Errors:
+ * TS_ERR_INVALID_ARGUMENT (a token or target out of range, T too long:
+ * messages name the value), TS_ERR_OUT_OF_MEMORY (workspace small), the
+ * kernels' errors. */
+ts_status ts_unit_forward(const ts_model *m, int u, const ts_kctx *ctx, const void *params,
+                          ts_unit_args *a);
+
+/* Backward of unit u after its forward with the same args: accumulates
+ * (+=) into grads (the unit's flat gradient) and tied_grad, writes dx (=)
+ * for every unit but the first. May overwrite the last unit's saved logits. */
+ts_status ts_unit_backward(const ts_model *m, int u, const ts_kctx *ctx, const void *params,
+                           void *grads, ts_unit_args *a);
+
+/* The last unit's logits (B, T, V) of dt inside its saved buffer, valid
+ * after forward and before backward; NULL for a unit without logits. */
+void *ts_unit_logits(const ts_model *m, int u, void *saved, size_t B, size_t T, ts_dtype dt);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TS_MODELS_MODEL_H */
