@@ -1,6 +1,9 @@
 /*
  * comm.h — process groups and collectives on host memory over MPI, with
  * per-group byte counters (DESIGN.md "Layers", "Determinism contract").
+ * One front (comm.c) checks every call and keeps the counters; backends
+ * move the data: MPI (mpi.c) for groups of two or more ranks, a local one
+ * (self.c) for every group of one rank. Their seam is comm/backend.h.
  *
  * A ts_comm is a group of ranks: the world (a duplicate of MPI_COMM_WORLD),
  * a sub-group split from another (the data-parallel group now, pipeline
@@ -19,10 +22,13 @@
  * receives); all-reduce is reduce-scatter followed by all-gather over the
  * same chunks (the engine's one reduction primitive).
  *
- * Counters: each call adds to its group's counters the bytes this rank sends
- * under the algorithm named in the call's comment ((N-1)/N of the buffer for
- * reduce-scatter and all-gather, ZeRO paper §7 / Thakur et al. 2005), so a
- * training step's communication volume is measured, not assumed. A one-rank
+ * Counters: each call adds to its group's counters the bytes the call asks
+ * this rank to send, computed from its arguments by the formula in the
+ * call's comment ((N-1)/N of the buffer for reduce-scatter and all-gather,
+ * what a ring or direct exchange sends: ZeRO paper §7 / Thakur et al. 2005).
+ * They are not measured on the wire: MPI's own algorithm may move other
+ * amounts, and the counters are charged when a call passes its checks,
+ * before it runs (a call rejected by the checks counts nothing). A one-rank
  * group sends nothing and counts nothing.
  *
  * Errors: every MPI call runs with MPI_ERRORS_RETURN; a failure becomes
@@ -66,7 +72,7 @@ typedef enum ts_comm_kind {
 const char *ts_comm_kind_name(ts_comm_kind k);
 
 typedef struct ts_comm_counters {
-  uint64_t bytes[TS_COMM_NUM_KINDS]; /* bytes sent by this rank, per kind */
+  uint64_t bytes[TS_COMM_NUM_KINDS]; /* bytes the calls asked this rank to send, per kind */
   uint64_t calls[TS_COMM_NUM_KINDS]; /* calls made, per kind */
 } ts_comm_counters;
 
@@ -99,8 +105,9 @@ void ts_comm_abort(int code);
 /* --- groups --------------------------------------------------------------- */
 
 /* The world: a duplicate of MPI_COMM_WORLD named "world", with fresh
- * counters. TS_ERR_INVALID_USAGE if MPI is not initialised; TS_ERR_MPI;
- * TS_ERR_OUT_OF_MEMORY. */
+ * counters (in a job of one rank, a one-rank group that keeps no
+ * communicator, like ts_comm_self). TS_ERR_INVALID_USAGE if MPI is not
+ * initialised; TS_ERR_MPI; TS_ERR_OUT_OF_MEMORY. */
 ts_status ts_comm_world(ts_comm **out);
 
 /* A one-rank group ("self") that makes no MPI call: rank 0 of size 1,
@@ -110,9 +117,10 @@ ts_status ts_comm_self(ts_comm **out);
 
 /* Collective over `parent`: ranks with the same color form one new group,
  * ordered by key (then parent rank), named `name` (copied, up to 31 chars;
- * e.g. "dp"). color must be >= 0. A one-rank parent from ts_comm_self gives
- * another self group. TS_ERR_INVALID_ARGUMENT (color < 0), TS_ERR_MPI,
- * TS_ERR_OUT_OF_MEMORY. */
+ * e.g. "dp"). color must be >= 0. A one-rank parent (ts_comm_self) gives
+ * another one-rank group without any MPI call; every group of one rank runs
+ * its calls locally, like ts_comm_self. TS_ERR_INVALID_ARGUMENT (color < 0),
+ * TS_ERR_MPI, TS_ERR_OUT_OF_MEMORY. */
 ts_status ts_comm_split(ts_comm *parent, int color, int key, const char *name, ts_comm **out);
 
 /* Frees the group (MPI_Comm_free for MPI groups). NULL is a no-op. */
@@ -122,9 +130,10 @@ int ts_comm_rank(const ts_comm *c);      /* 0 .. size-1 */
 int ts_comm_size(const ts_comm *c);      /* N >= 1 */
 const char *ts_comm_name(const ts_comm *c);
 
-/* This rank's counters since creation or the last reset. */
+/* This rank's counters since creation or the last reset: bytes the calls
+ * asked this rank to send, from their arguments (see the header comment). */
 const ts_comm_counters *ts_comm_get_counters(const ts_comm *c);
-/* Sum of bytes[] over all kinds. */
+/* Sum of bytes[] over all kinds (computed, not measured on the wire). */
 uint64_t ts_comm_bytes_sent(const ts_comm *c);
 void ts_comm_reset_counters(ts_comm *c);
 

@@ -1,0 +1,144 @@
+/*
+ * backend.h — comm's private seam between the front (comm.c) and its
+ * transports (mpi.c, self.c): the descriptor of one call, the backend
+ * interface table, and the group and request structs. Not part of the
+ * public API; only comm's own .c files include it.
+ *
+ * The front turns every public collective and point-to-point call into one
+ * ts_comm_call, validates it once, charges the counters once, and hands it
+ * to the group's backend through the table (in the manner of NCCL's
+ * src/collectives.cc and ggml's backend interface). A backend only moves
+ * data: it sees calls that passed every check, never touches the counters,
+ * and never sees TS_COMM_CALL_ALL_REDUCE (the front runs all-reduce as a
+ * reduce-scatter and an all-gather over uneven chunks, comm.h).
+ *
+ * Ownership: the front allocates and frees a ts_comm (ts_comm_new,
+ * ts_comm_free); the backend owns what `impl` points to and releases it in
+ * its free_group. A request belongs to its backend entirely: the backend
+ * allocates it as a struct whose first member is a ts_comm_request
+ * (ts_comm_request_new) and frees it in wait.
+ */
+#ifndef TS_COMM_BACKEND_H
+#define TS_COMM_BACKEND_H
+
+#include <stddef.h>
+
+#include "base/base.h"
+#include "comm/comm.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What a call does. The values are private and may change. */
+typedef enum ts_comm_call_kind {
+  TS_COMM_CALL_BARRIER = 0,
+  TS_COMM_CALL_REDUCE_SCATTER = 1,
+  TS_COMM_CALL_ALL_GATHER = 2,
+  TS_COMM_CALL_ALL_REDUCE = 3, /* front only: backends get its two halves */
+  TS_COMM_CALL_ALL_REDUCE_F64 = 4,
+  TS_COMM_CALL_BROADCAST = 5,
+  TS_COMM_CALL_SEND = 6,
+  TS_COMM_CALL_RECV = 7,
+} ts_comm_call_kind;
+
+/* One public call, as the front hands it to a backend. Buffers are host
+ * memory; fields a kind does not use are zero. Shapes in elements of dt:
+ *   reduce-scatter  send (N, count) -> recv (count,)
+ *   all-gather      send (count,)   -> recv (N, count)
+ *   all-reduce, all_reduce_f64 (doubles), broadcast, send, recv: buf (count,)
+ * With uneven (all-reduce's halves only), count is the whole buffer, split
+ * into chunks [j*count/N, (j+1)*count/N): reduce-scatter sends the whole
+ * (count,) and recv is the own chunk in it; all-gather's send is the own
+ * chunk of recv (count,). */
+typedef struct ts_comm_call {
+  ts_comm_call_kind kind; /* what to do */
+  const char *name;       /* the public function, for messages */
+  const void *send;       /* reduce-scatter, all-gather: the outgoing data */
+  void *recv;             /* reduce-scatter, all-gather: the result */
+  void *buf;              /* the other kinds: the data, in place */
+  size_t count;           /* elements per rank; with uneven, elements in all */
+  ts_dtype dt;            /* element type; unused by all_reduce_f64 */
+  int accumulate;         /* reduce-scatter: add the previous recv last */
+  void *scratch;          /* reduce-scatter: room for the N-1 received chunks */
+  size_t scratch_bytes;   /* bytes at scratch */
+  int root;               /* broadcast: the sending rank */
+  int peer;               /* send, recv: the other rank */
+  int tag;                /* send, recv: >= 0 */
+  ts_comm_op reduce;      /* all_reduce_f64: sum, max or min */
+  int blocking;           /* 1: run to completion, no request */
+  int uneven;             /* 1: chunks [j*count/N, (j+1)*count/N) of count */
+  int in_place;           /* set by the front: the own chunk is already in place */
+} ts_comm_call;
+
+/* A transport. Every entry is required. */
+typedef struct ts_comm_backend {
+  const char *name; /* "mpi", "self" */
+  /* Runs call d on group c to completion when d->blocking (req is NULL
+   * then), else starts it and stores its request in *req, which is written
+   * only on success. TS_ERR_MPI, TS_ERR_OUT_OF_MEMORY. */
+  ts_status (*run)(ts_comm *c, const ts_comm_call *d, ts_comm_request **req);
+  /* Completes req (started by run on a group of this backend) and frees it,
+   * even on error. */
+  ts_status (*wait)(ts_comm_request *req);
+  /* Collective over parent: the ranks with the same color (>= 0, checked by
+   * the front) form a new group ordered by key, named name. */
+  ts_status (*split)(ts_comm *parent, int color, int key, const char *name, ts_comm **out);
+  /* Releases c->impl (the front frees c itself). */
+  void (*free_group)(ts_comm *c);
+} ts_comm_backend;
+
+/* A group: the front's part. */
+struct ts_comm {
+  int rank;                  /* this rank in the group, 0 .. size-1 */
+  int size;                  /* ranks in the group, >= 1 */
+  char name[32];             /* NUL-terminated, e.g. "world", "dp" */
+  ts_comm_counters counters; /* bytes the calls were asked to send, and calls made */
+  const ts_comm_backend *be; /* the transport that runs this group's calls */
+  void *impl;                /* the backend's state (MPI: communicators); NULL for self */
+};
+
+/* The head of every backend's request struct. */
+struct ts_comm_request {
+  ts_comm *c;     /* the group (borrowed); c->be->wait completes and frees the request */
+  const char *op; /* the public call that started it, for messages */
+};
+
+/* Chunk j of count elements over n ranks, as comm.h's all-reduce divides
+ * them, starts at element j*count/n; computed without overflowing j*count. */
+static inline size_t ts_comm_chunk_lo(size_t count, int n, int j) {
+  size_t q = count / (size_t)n, m = count % (size_t)n;
+  return q * (size_t)j + m * (size_t)j / (size_t)n;
+}
+
+/* The longest such chunk: ceil(count / n) elements. */
+static inline size_t ts_comm_chunk_max(size_t count, int n) {
+  return count / (size_t)n + (count % (size_t)n != 0);
+}
+
+/* The transports. */
+extern const ts_comm_backend ts_comm_mpi_backend;  /* mpi.c */
+extern const ts_comm_backend ts_comm_self_backend; /* self.c */
+
+/* A new group of backend be, rank 0 of size 1 (a larger group sets both),
+ * the given name (copied, truncated to 31 chars) and impl, zero counters.
+ * TS_ERR_OUT_OF_MEMORY naming op. */
+ts_status ts_comm_new(const char *op, const ts_comm_backend *be, const char *name, void *impl,
+                      ts_comm **out);
+
+/* A zeroed request of `bytes` (>= sizeof(ts_comm_request)) for group c and
+ * public call op. TS_ERR_OUT_OF_MEMORY. */
+ts_status ts_comm_request_new(ts_comm *c, const char *op, size_t bytes, ts_comm_request **out);
+
+/* A one-rank group on the local backend (self.c): no MPI call, ever. */
+ts_status ts_comm_self_new(const char *op, const char *name, ts_comm **out);
+
+/* The world group on the MPI backend (mpi.c), or on the local backend when
+ * the job has one rank. TS_ERR_INVALID_USAGE if MPI is not initialised. */
+ts_status ts_comm_mpi_world(ts_comm **out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TS_COMM_BACKEND_H */

@@ -1,0 +1,655 @@
+/*
+ * mpi.c — the MPI backend: groups of two or more ranks over Open MPI 4.1
+ * communicators, the transport of their calls on host memory (the table is
+ * backend.h), and the MPI library calls of comm.h (init, finalize, abort).
+ *
+ * Invariants:
+ * - Every group here has two ranks or more: a communicator of one rank is
+ *   freed when the group is made, and the group runs on the local backend
+ *   (self.c), which makes no MPI call.
+ * - Every MPI communicator runs with MPI_ERRORS_RETURN; every MPI call goes
+ *   through MPI_ST, which turns a failure into TS_ERR_MPI naming the tessera
+ *   call, the MPI call and MPI's own message.
+ * - A group holds two communicators: `user` for MPI collectives (all-gather,
+ *   broadcast, barrier) and the caller's send/recv, and a private duplicate
+ *   `coll` for the collectives' own point-to-point messages (the
+ *   reduce-scatter exchange, large all-gathers), so that no user tag can
+ *   match them.
+ * - No MPI message exceeds g_max_message bytes (1 GiB): larger transfers are
+ *   split into pieces sent in order with one tag (MPI's non-overtaking rule
+ *   keeps them matched), and an all-gather too large for MPI's int counts and
+ *   displacements becomes a direct point-to-point exchange. So element counts
+ *   beyond INT_MAX work.
+ * - A start reserves every request slot it needs before it posts anything,
+ *   so only an MPI error can interrupt it half-posted (req_abandon).
+ * - Calls arrive checked and counted by the front (comm.c); the only
+ *   arithmetic here is ts_comm_sum_rank_order / ts_comm_reduce_f64_rank_order
+ *   (sum.c) once the messages are in.
+ */
+#include <limits.h>
+#include <mpi.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/backend.h"
+#include "comm/comm_testing.h"
+#include "comm/sum.h"
+
+/* A group's communicators (ts_comm.impl); both owned by the group. */
+typedef struct mpi_group {
+  MPI_Comm user; /* MPI collectives and the caller's send/recv */
+  MPI_Comm coll; /* private duplicate: the collectives' point-to-point traffic */
+} mpi_group;
+
+/* One MPI request of an mpi_request, for completion checks and messages. */
+typedef struct msg_info {
+  const char *call; /* the MPI call that started it, e.g. "MPI_Irecv" */
+  int peer;         /* rank in the group, -1 for an MPI collective */
+  int expect;       /* bytes a receive must deliver; -1 for sends and collectives */
+} msg_info;
+
+/* This backend's request: the MPI requests of one call, and for a
+ * reduce-scatter what to sum once they complete. */
+typedef struct mpi_request {
+  ts_comm_request base; /* group and public call (first member, backend.h) */
+  size_t n, cap;        /* requests posted, allocated */
+  MPI_Request *reqs;    /* (cap,) */
+  msg_info *info;       /* (cap,) */
+  const void **srcs;    /* (nsrc,) rank j's chunk: own data or a scratch slot; NULL if none */
+  int nsrc;             /* group size; 0 when there is nothing to sum */
+  void *dst;            /* (count,) the result */
+  size_t count;         /* elements of the own chunk */
+  ts_dtype dt;          /* element type of srcs and dst */
+  int accumulate;       /* add the previous dst last */
+} mpi_request;
+
+/* How a collective's whole buffer divides into the ranks' chunks. */
+typedef struct chunks {
+  size_t count; /* elements per rank, or in all when uneven */
+  size_t es;    /* bytes per element */
+  int uneven;   /* 1: chunk j is elements [j*count/n, (j+1)*count/n), else [j*count, (j+1)*count) */
+  int n;        /* ranks */
+} chunks;
+
+/* Tags on the private communicator (user tags never reach it). */
+enum { TAG_REDUCE_SCATTER = 1, TAG_ALL_GATHER = 2 };
+
+/* Largest message in bytes, <= INT_MAX (see comm_testing.h). */
+static size_t g_max_message = (size_t)1 << 30;
+/* 1 between ts_comm_init and ts_comm_finalize. */
+static int g_initialized;
+/* 1 if ts_comm_init called MPI_Init_thread (then finalize finalises). */
+static int g_owns_mpi;
+
+size_t ts_comm_testing_set_max_message_bytes(size_t nbytes) {
+  size_t old = g_max_message;
+  if (nbytes < 1) nbytes = 1;
+  if (nbytes > ((size_t)1 << 30)) nbytes = (size_t)1 << 30;
+  g_max_message = nbytes;
+  return old;
+}
+
+/* ---- errors ---------------------------------------------------------------- */
+
+/* TS_OK if rc is MPI_SUCCESS, else TS_ERR_MPI with MPI's message, the MPI
+ * call, the peer (if >= 0) and the group (if any). */
+static ts_status mpi_status(int rc, const ts_comm *c, const char *op, const char *call, int peer) {
+  if (rc == MPI_SUCCESS) return TS_OK;
+  char err[MPI_MAX_ERROR_STRING + 1];
+  int len = 0;
+  if (MPI_Error_string(rc, err, &len) != MPI_SUCCESS)
+    len = snprintf(err, sizeof err, "error code %d", rc);
+  err[len < 0 ? 0 : len > MPI_MAX_ERROR_STRING ? MPI_MAX_ERROR_STRING : len] = '\0';
+  char where[96] = "";
+  if (c)
+    snprintf(where, sizeof where, " on group \"%s\" (rank %d of %d)", c->name, c->rank, c->size);
+  if (peer >= 0) {
+    return ts_set_error(TS_ERR_MPI, "%s: %s with rank %d failed%s: %s", op, call, peer, where, err);
+  }
+  return ts_set_error(TS_ERR_MPI, "%s: %s failed%s: %s", op, call, where, err);
+}
+
+/* Runs MPI call fn with the parenthesised args and maps its result. */
+#define MPI_ST(c, op, peer, fn, args) mpi_status(fn args, (c), (op), #fn, (peer))
+
+/* The communicators of group c. */
+static mpi_group *group_of(const ts_comm *c) { return (mpi_group *)c->impl; }
+
+/* ---- requests ------------------------------------------------------------------- */
+
+/* A new, empty request of this backend for call op on c. */
+static ts_status req_new(ts_comm *c, const char *op, mpi_request **out) {
+  ts_comm_request *q = NULL;
+  TS_CHECK(ts_comm_request_new(c, op, sizeof(mpi_request), &q));
+  *out = (mpi_request *)q;
+  return TS_OK;
+}
+
+/* Makes room for `more` requests beyond those posted. A start reserves
+ * all its slots before it posts anything (post_send and post_recv assert
+ * the room), so that only an MPI error can interrupt it half-posted (see
+ * req_abandon). */
+static ts_status req_reserve(mpi_request *q, size_t more) {
+  if (q->n + more <= q->cap) return TS_OK;
+  size_t cap = q->cap ? 2 * q->cap : 8;
+  while (cap < q->n + more) cap *= 2;
+  MPI_Request *r = (MPI_Request *)realloc(q->reqs, cap * sizeof *r);
+  if (r) q->reqs = r;
+  msg_info *m = r ? (msg_info *)realloc(q->info, cap * sizeof *m) : NULL;
+  if (m) q->info = m;
+  if (!r || !m) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot grow a request", q->base.op);
+  q->cap = cap;
+  return TS_OK;
+}
+
+/* Records the request *slot just started by `call`. */
+static void req_push(mpi_request *q, const char *call, int peer, int expect) {
+  q->info[q->n].call = call;
+  q->info[q->n].peer = peer;
+  q->info[q->n].expect = expect;
+  q->n++;
+}
+
+/* Pieces a transfer of nbytes is split into; at least one if min_one. */
+static size_t npieces(size_t nbytes, int min_one) {
+  size_t k = (nbytes + g_max_message - 1) / g_max_message;
+  return k == 0 && min_one ? 1 : k;
+}
+
+/* Bytes of piece p (at byte p * g_max_message) of a transfer of nbytes. */
+static int piece_len(size_t nbytes, size_t p) {
+  size_t rest = nbytes - p * g_max_message;
+  return (int)(rest < g_max_message ? rest : g_max_message);
+}
+
+/* Requests a direct exchange among n ranks may post: a send to and a
+ * receive from each of the n-1 others, each at most `longest` bytes. */
+static size_t exchange_slots(int n, size_t longest) {
+  return 2 * (size_t)(n - 1) * npieces(longest, 0);
+}
+
+/* Starts the MPI_Isend of nbytes at buf to peer, in pieces. */
+static ts_status post_send(mpi_request *q, MPI_Comm comm, const void *buf, size_t nbytes, int peer,
+                           int tag, int min_one) {
+  size_t k = npieces(nbytes, min_one);
+  for (size_t p = 0; p < k; p++) {
+    const char *at = (const char *)buf + p * g_max_message;
+    int len = piece_len(nbytes, p);
+    TS_ASSERT(q->n < q->cap); /* reserved by the start */
+    TS_CHECK(MPI_ST(q->base.c, q->base.op, peer, MPI_Isend,
+                    (at, len, MPI_BYTE, peer, tag, comm, &q->reqs[q->n])));
+    req_push(q, "MPI_Isend", peer, -1);
+  }
+  return TS_OK;
+}
+
+/* Starts the MPI_Irecv of nbytes into buf from peer, in pieces. */
+static ts_status post_recv(mpi_request *q, MPI_Comm comm, void *buf, size_t nbytes, int peer,
+                           int tag, int min_one) {
+  size_t k = npieces(nbytes, min_one);
+  for (size_t p = 0; p < k; p++) {
+    char *at = (char *)buf + p * g_max_message;
+    int len = piece_len(nbytes, p);
+    TS_ASSERT(q->n < q->cap); /* reserved by the start */
+    TS_CHECK(MPI_ST(q->base.c, q->base.op, peer, MPI_Irecv,
+                    (at, len, MPI_BYTE, peer, tag, comm, &q->reqs[q->n])));
+    req_push(q, "MPI_Irecv", peer, len);
+  }
+  return TS_OK;
+}
+
+/* Frees q and its arrays. */
+static void req_free(mpi_request *q) {
+  free(q->reqs);
+  free(q->info);
+  free(q->srcs);
+  free(q);
+}
+
+/* Frees q without completing it, after an MPI error while posting (every
+ * slot was reserved first, so nothing else interrupts a start). Posted
+ * receives are cancelled and waited for, so none writes into a buffer
+ * after this returns. Posted sends are released to MPI: after an MPI error
+ * MPI's state is undefined (MPI-3.1 §8.3) and the caller aborts the job
+ * (tools call ts_comm_abort), so they are not waited for, since a peer
+ * that never posts the matching receive would hang this rank. */
+static void req_abandon(mpi_request *q) {
+  for (size_t i = 0; i < q->n; i++) {
+    if (q->reqs[i] == MPI_REQUEST_NULL) continue;
+    if (q->info[i].expect >= 0) {
+      MPI_Cancel(&q->reqs[i]);
+      MPI_Wait(&q->reqs[i], MPI_STATUS_IGNORE);
+    } else if (strcmp(q->info[i].call, "MPI_Isend") == 0) {
+      MPI_Request_free(&q->reqs[i]);
+    } /* a nonblocking collective's request may be neither freed nor
+         cancelled (MPI-3.1 §5.12): its handle is dropped */
+  }
+  req_free(q);
+}
+
+/* Completes every request of q (all of them, even after a failure, so no
+ * buffer stays in MPI's hands), checks received sizes, sums a
+ * reduce-scatter, and frees q. Returns the first failure. */
+static ts_status req_complete(mpi_request *q) {
+  const ts_comm *c = q->base.c;
+  ts_status st = TS_OK;
+  for (size_t i = 0; i < q->n; i++) {
+    MPI_Status s;
+    int rc = MPI_Wait(&q->reqs[i], &s);
+    const msg_info *m = &q->info[i];
+    if (st != TS_OK) continue;
+    if (rc != MPI_SUCCESS) {
+      int cls = MPI_ERR_OTHER;
+      MPI_Error_class(rc, &cls);
+      st = mpi_status(rc, c, q->base.op, m->call, m->peer);
+      if (cls == MPI_ERR_TRUNCATE && m->expect >= 0) {
+        char prev[1024];
+        snprintf(prev, sizeof prev, "%s", ts_last_error());
+        st = ts_set_error(TS_ERR_MPI, "%s (the message is longer than the %d bytes expected)", prev,
+                          m->expect);
+      }
+      continue;
+    }
+    if (m->expect >= 0) {
+      int got = -1;
+      MPI_Get_count(&s, MPI_BYTE, &got);
+      if (got != m->expect) {
+        st = ts_set_error(TS_ERR_MPI,
+                          "%s: expected %d bytes from rank %d, the message has %d bytes, on group "
+                          "\"%s\" (rank %d of %d)",
+                          q->base.op, m->expect, m->peer, got, c->name, c->rank, c->size);
+      }
+    }
+  }
+  if (st == TS_OK && q->srcs) {
+    ts_comm_sum_rank_order(q->dst, q->srcs, q->nsrc, q->count, q->dt, q->accumulate);
+  }
+  req_free(q);
+  return st;
+}
+
+/* Ends a start: after a failure while posting (st) abandons q; else gives q
+ * to the caller (req != NULL) or completes it. */
+static ts_status req_finish(mpi_request *q, ts_status st, ts_comm_request **req) {
+  if (st != TS_OK) {
+    req_abandon(q);
+    return st;
+  }
+  if (req) {
+    *req = &q->base;
+    return TS_OK;
+  }
+  return req_complete(q);
+}
+
+/* ---- chunks ------------------------------------------------------------------------- */
+
+/* The chunks of call d on c: even (count per rank) or uneven (count in all). */
+static chunks chunks_of(const ts_comm *c, const ts_comm_call *d) {
+  chunks k = {d->count, ts_dtype_size(d->dt), d->uneven, c->size};
+  return k;
+}
+
+/* Byte offset of chunk j (0 <= j <= n) in the whole buffer. */
+static size_t chunk_off(const chunks *k, int j) {
+  size_t lo = k->uneven ? ts_comm_chunk_lo(k->count, k->n, j) : (size_t)j * k->count;
+  return lo * k->es;
+}
+
+/* Bytes of chunk j. */
+static size_t chunk_len(const chunks *k, int j) { return chunk_off(k, j + 1) - chunk_off(k, j); }
+
+/* Bytes of the longest chunk. */
+static size_t chunk_longest(const chunks *k) {
+  return (k->uneven ? ts_comm_chunk_max(k->count, k->n) : k->count) * k->es;
+}
+
+/* ---- collectives -------------------------------------------------------------------- */
+
+/* Starts a reduce-scatter's direct exchange on q: chunk j of d->send goes
+ * to rank j, the other ranks' chunks r arrive in scratch slots of the own
+ * chunk's length (slot j for j < r, j - 1 for j > r), and q is set to sum
+ * them in rank order into d->recv when it completes. */
+static ts_status rs_start(mpi_request *q, const ts_comm_call *d) {
+  ts_comm *c = q->base.c;
+  MPI_Comm coll = group_of(c)->coll;
+  int n = c->size, r = c->rank;
+  chunks k = chunks_of(c, d);
+  const char *base = (const char *)d->send;
+  char *scratch = (char *)d->scratch;
+  size_t len_r = chunk_len(&k, r);
+  q->srcs = (const void **)calloc((size_t)n, sizeof *q->srcs);
+  if (!q->srcs)
+    return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot allocate %d pointers", q->base.op, n);
+  q->nsrc = n;
+  q->dst = d->recv;
+  q->count = len_r / k.es;
+  q->dt = d->dt;
+  q->accumulate = d->accumulate;
+  for (int j = 0; j < n; j++) { /* scratch may be NULL when there is nothing to receive */
+    if (j == r) {
+      q->srcs[j] = base + chunk_off(&k, r);
+    } else if (len_r > 0) {
+      q->srcs[j] = scratch + (size_t)(j < r ? j : j - 1) * len_r;
+    }
+  }
+  TS_CHECK(req_reserve(q, exchange_slots(n, chunk_longest(&k))));
+  if (len_r > 0) {
+    for (int j = 0; j < n; j++) {
+      if (j == r) continue;
+      TS_CHECK(post_recv(q, coll, (void *)q->srcs[j], len_r, j, TAG_REDUCE_SCATTER, 0));
+    }
+  }
+  for (int s = 1; s < n; s++) { /* rank r+1 first, so sends spread over the peers */
+    int j = (r + s) % n;
+    TS_CHECK(
+        post_send(q, coll, base + chunk_off(&k, j), chunk_len(&k, j), j, TAG_REDUCE_SCATTER, 0));
+  }
+  return TS_OK;
+}
+
+/* MPI_Allgatherv of the uneven chunks k, in place in recv (every offset
+ * fits an int). Blocking. */
+static ts_status agv_now(mpi_request *q, const chunks *k, char *recv) {
+  ts_comm *c = q->base.c;
+  int n = c->size;
+  int *counts = (int *)malloc(2 * (size_t)n * sizeof *counts);
+  if (!counts) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot allocate counts", q->base.op);
+  int *displs = counts + n;
+  for (int j = 0; j < n; j++) {
+    displs[j] = (int)chunk_off(k, j);
+    counts[j] = (int)chunk_len(k, j);
+  }
+  ts_status st = MPI_ST(
+      c, q->base.op, -1, MPI_Allgatherv,
+      (MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, counts, displs, MPI_BYTE, group_of(c)->user));
+  free(counts);
+  return st;
+}
+
+/* All-gather over chunks k: this rank's chunk (at send, or already at its
+ * place in recv when in_place) lands at its place in recv on every rank.
+ * MPI_Allgather (MPI_Iallgather unless blocking) when an even chunk fits
+ * MPI's int counts; MPI_Allgatherv (blocking, in place: all-reduce's half)
+ * when uneven chunks' offsets do; else a direct exchange on the private
+ * communicator. Non-blocking pieces go on q; blocking collectives complete
+ * here. */
+static ts_status ag_post(mpi_request *q, const chunks *k, const void *send, char *recv,
+                         int in_place, int blocking) {
+  ts_comm *c = q->base.c;
+  mpi_group *g = group_of(c);
+  int n = c->size, r = c->rank;
+  size_t own_off = chunk_off(k, r), own_len = chunk_len(k, r);
+  if (k->uneven) TS_ASSERT(in_place && blocking);
+  if (k->uneven && chunk_off(k, n) <= g_max_message) return agv_now(q, k, recv);
+  if (!k->uneven && own_len <= g_max_message) {
+    const void *sb = in_place ? MPI_IN_PLACE : send;
+    int len = (int)own_len;
+    if (blocking) {
+      return MPI_ST(c, q->base.op, -1, MPI_Allgather,
+                    (sb, len, MPI_BYTE, recv, len, MPI_BYTE, g->user));
+    }
+    TS_CHECK(req_reserve(q, 1));
+    TS_CHECK(MPI_ST(c, q->base.op, -1, MPI_Iallgather,
+                    (sb, len, MPI_BYTE, recv, len, MPI_BYTE, g->user, &q->reqs[q->n])));
+    req_push(q, "MPI_Iallgather", -1, -1);
+    return TS_OK;
+  }
+  char *own = recv + own_off;
+  if (!in_place) memcpy(own, send, own_len);
+  TS_CHECK(req_reserve(q, exchange_slots(n, chunk_longest(k))));
+  for (int j = 0; j < n; j++) {
+    if (j != r)
+      TS_CHECK(
+          post_recv(q, g->coll, recv + chunk_off(k, j), chunk_len(k, j), j, TAG_ALL_GATHER, 0));
+  }
+  for (int s = 1; s < n; s++) {
+    TS_CHECK(post_send(q, g->coll, own, own_len, (r + s) % n, TAG_ALL_GATHER, 0));
+  }
+  return TS_OK;
+}
+
+/* all_reduce_f64: every rank's doubles gathered (blocking), then reduced
+ * in rank order here. */
+static ts_status f64_run(ts_comm *c, const ts_comm_call *d) {
+  if (d->count == 0) return TS_OK;
+  size_t n = (size_t)c->size, nb = d->count * sizeof(double);
+  double *all = (double *)malloc(n * nb); /* (N, count) */
+  if (!all) {
+    return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes", d->name, n * nb);
+  }
+  chunks k = {d->count, sizeof(double), 0, c->size};
+  mpi_request *q = NULL;
+  ts_status st = req_new(c, d->name, &q);
+  if (st == TS_OK) st = req_finish(q, ag_post(q, &k, d->buf, (char *)all, 0, 1), NULL);
+  if (st == TS_OK) ts_comm_reduce_f64_rank_order((double *)d->buf, all, n, d->count, d->reduce);
+  free(all);
+  return st;
+}
+
+/* Broadcast from d->root in pieces: MPI_Bcast, or MPI_Ibcast on q. */
+static ts_status bcast_post(mpi_request *q, const ts_comm_call *d) {
+  ts_comm *c = q->base.c;
+  size_t nb = d->count * ts_dtype_size(d->dt), k = npieces(nb, 0);
+  if (!d->blocking) TS_CHECK(req_reserve(q, k));
+  for (size_t p = 0; p < k; p++) {
+    char *at = (char *)d->buf + p * g_max_message;
+    int len = piece_len(nb, p);
+    if (d->blocking) {
+      TS_CHECK(MPI_ST(c, d->name, -1, MPI_Bcast, (at, len, MPI_BYTE, d->root, group_of(c)->user)));
+      continue;
+    }
+    TS_CHECK(MPI_ST(c, d->name, -1, MPI_Ibcast,
+                    (at, len, MPI_BYTE, d->root, group_of(c)->user, &q->reqs[q->n])));
+    req_push(q, "MPI_Ibcast", -1, -1);
+  }
+  return TS_OK;
+}
+
+/* ---- point-to-point ------------------------------------------------------------------ */
+
+/* Blocking send of d->buf in pieces (at least one, so empty messages match). */
+static ts_status send_now(ts_comm *c, const ts_comm_call *d) {
+  size_t nb = d->count * ts_dtype_size(d->dt);
+  for (size_t p = 0, k = npieces(nb, 1); p < k; p++) {
+    const char *at = (const char *)d->buf + p * g_max_message;
+    TS_CHECK(MPI_ST(c, d->name, d->peer, MPI_Send,
+                    (at, piece_len(nb, p), MPI_BYTE, d->peer, d->tag, group_of(c)->user)));
+  }
+  return TS_OK;
+}
+
+/* Blocking receive of exactly d->count elements in pieces; a message of
+ * another size fails naming both sizes and is consumed. */
+static ts_status recv_now(ts_comm *c, const ts_comm_call *d) {
+  MPI_Comm user = group_of(c)->user;
+  const char *op = d->name;
+  int peer = d->peer, tag = d->tag;
+  size_t nb = d->count * ts_dtype_size(d->dt);
+  for (size_t p = 0, k = npieces(nb, 1); p < k; p++) {
+    char *at = (char *)d->buf + p * g_max_message;
+    int len = piece_len(nb, p);
+    MPI_Status s;
+    int got = -1;
+    TS_CHECK(MPI_ST(c, op, peer, MPI_Probe, (peer, tag, user, &s)));
+    TS_CHECK(MPI_ST(c, op, peer, MPI_Get_count, (&s, MPI_BYTE, &got)));
+    if (got != len) { /* consume the message so it cannot match a later recv */
+      void *tmp = malloc(got > 0 ? (size_t)got : 1);
+      if (tmp) MPI_Recv(tmp, got, MPI_BYTE, peer, tag, user, MPI_STATUS_IGNORE);
+      free(tmp);
+      char piece[48] = "";
+      if (k > 1) snprintf(piece, sizeof piece, " (piece %zu of %zu)", p + 1, k);
+      return ts_set_error(TS_ERR_MPI,
+                          "%s: expected %zu elements of %s (%d bytes%s) from rank %d with tag %d, "
+                          "the message has %d bytes (%d elements), on group \"%s\" (rank %d of %d)",
+                          op, d->count, ts_dtype_name(d->dt), len, piece, peer, tag, got,
+                          got / (int)ts_dtype_size(d->dt), c->name, c->rank, c->size);
+    }
+    TS_CHECK(
+        MPI_ST(c, op, peer, MPI_Recv, (at, len, MPI_BYTE, peer, tag, user, MPI_STATUS_IGNORE)));
+  }
+  return TS_OK;
+}
+
+/* Starts an isend or irecv of d->buf on the user communicator, on q. */
+static ts_status p2p_post(mpi_request *q, const ts_comm_call *d) {
+  MPI_Comm user = group_of(q->base.c)->user;
+  size_t nb = d->count * ts_dtype_size(d->dt);
+  TS_CHECK(req_reserve(q, npieces(nb, 1)));
+  if (d->kind == TS_COMM_CALL_SEND) return post_send(q, user, d->buf, nb, d->peer, d->tag, 1);
+  return post_recv(q, user, d->buf, nb, d->peer, d->tag, 1);
+}
+
+/* ---- the table ------------------------------------------------------------------------ */
+
+/* Runs or starts call d on group c (backend.h). */
+static ts_status mpi_run(ts_comm *c, const ts_comm_call *d, ts_comm_request **req) {
+  switch (d->kind) {
+    case TS_COMM_CALL_BARRIER: return MPI_ST(c, d->name, -1, MPI_Barrier, (group_of(c)->user));
+    case TS_COMM_CALL_ALL_REDUCE_F64: return f64_run(c, d);
+    case TS_COMM_CALL_SEND:
+      if (d->blocking) return send_now(c, d);
+      break;
+    case TS_COMM_CALL_RECV:
+      if (d->blocking) return recv_now(c, d);
+      break;
+    case TS_COMM_CALL_ALL_REDUCE:
+      return ts_set_error(TS_ERR_INTERNAL, "%s: all-reduce reached the backend whole", d->name);
+    default: break;
+  }
+  mpi_request *q = NULL;
+  TS_CHECK(req_new(c, d->name, &q));
+  ts_status st = TS_OK;
+  if (d->kind == TS_COMM_CALL_REDUCE_SCATTER) {
+    st = rs_start(q, d);
+  } else if (d->kind == TS_COMM_CALL_ALL_GATHER) {
+    chunks k = chunks_of(c, d);
+    st = ag_post(q, &k, d->send, (char *)d->recv, d->in_place, d->blocking);
+  } else if (d->kind == TS_COMM_CALL_BROADCAST) {
+    st = bcast_post(q, d);
+  } else {
+    st = p2p_post(q, d);
+  }
+  return req_finish(q, st, req);
+}
+
+/* Completes a request of this backend. */
+static ts_status mpi_wait(ts_comm_request *req) { return req_complete((mpi_request *)req); }
+
+/* 1 if MPI is usable now (initialised, not finalised). */
+static int mpi_live(void) {
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  return init && !fin;
+}
+
+/* Frees the group's communicators (while MPI is live) and their holder. */
+static void mpi_free_group(ts_comm *c) {
+  mpi_group *g = group_of(c);
+  if (!g) return;
+  if (mpi_live()) {
+    if (g->coll != MPI_COMM_NULL) MPI_Comm_free(&g->coll);
+    if (g->user != MPI_COMM_NULL) MPI_Comm_free(&g->user);
+  }
+  free(g);
+  c->impl = NULL;
+}
+
+/* Wraps `user` (a new communicator we own; freed on failure) into a group:
+ * error handler, rank and size, private duplicate. A communicator of one
+ * rank is freed and the group goes to the local backend. */
+static ts_status group_new(const char *op, MPI_Comm user, const char *name, ts_comm **out) {
+  ts_comm *c = NULL;
+  mpi_group *g = (mpi_group *)calloc(1, sizeof *g);
+  if (g) {
+    g->user = user;
+    g->coll = MPI_COMM_NULL;
+  }
+  ts_status st = g ? ts_comm_new(op, &ts_comm_mpi_backend, name, g, &c)
+                   : ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot allocate a group", op);
+  if (st != TS_OK) {
+    free(g);
+    MPI_Comm_free(&user);
+    return st;
+  }
+  TS_CHECK_GOTO(MPI_ST(NULL, op, -1, MPI_Comm_set_errhandler, (user, MPI_ERRORS_RETURN)), st, fail);
+  TS_CHECK_GOTO(MPI_ST(NULL, op, -1, MPI_Comm_rank, (user, &c->rank)), st, fail);
+  TS_CHECK_GOTO(MPI_ST(NULL, op, -1, MPI_Comm_size, (user, &c->size)), st, fail);
+  if (c->size == 1) {
+    ts_comm_free(c);
+    return ts_comm_self_new(op, name, out);
+  }
+  TS_CHECK_GOTO(MPI_ST(c, op, -1, MPI_Comm_dup, (user, &g->coll)), st, fail);
+  TS_CHECK_GOTO(MPI_ST(c, op, -1, MPI_Comm_set_errhandler, (g->coll, MPI_ERRORS_RETURN)), st, fail);
+  *out = c;
+  return TS_OK;
+fail:
+  ts_comm_free(c);
+  return st;
+}
+
+/* MPI_Comm_split of the parent's user communicator (backend.h). */
+static ts_status mpi_split(ts_comm *parent, int color, int key, const char *name, ts_comm **out) {
+  static const char *op = "ts_comm_split";
+  MPI_Comm user = MPI_COMM_NULL;
+  TS_CHECK(MPI_ST(parent, op, -1, MPI_Comm_split, (group_of(parent)->user, color, key, &user)));
+  return group_new(op, user, name, out);
+}
+
+const ts_comm_backend ts_comm_mpi_backend = {
+    .name = "mpi",
+    .run = mpi_run,
+    .wait = mpi_wait,
+    .split = mpi_split,
+    .free_group = mpi_free_group,
+};
+
+ts_status ts_comm_mpi_world(ts_comm **out) {
+  static const char *op = "ts_comm_world";
+  if (!mpi_live()) {
+    return ts_set_error(TS_ERR_INVALID_USAGE, "%s: MPI is not initialised (call ts_comm_init)", op);
+  }
+  MPI_Comm user = MPI_COMM_NULL;
+  TS_CHECK(MPI_ST(NULL, op, -1, MPI_Comm_dup, (MPI_COMM_WORLD, &user)));
+  return group_new(op, user, "world", out);
+}
+
+/* ---- the MPI library -------------------------------------------------------------- */
+
+ts_status ts_comm_init(int *argc, char ***argv) {
+  static const char *op = "ts_comm_init";
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  if (fin) return ts_set_error(TS_ERR_MPI, "%s: MPI was finalised already; it cannot restart", op);
+  if (!init) {
+    int provided = MPI_THREAD_SINGLE;
+    TS_CHECK(MPI_ST(NULL, op, -1, MPI_Init_thread, (argc, argv, MPI_THREAD_FUNNELED, &provided)));
+    g_owns_mpi = 1;
+    if (provided < MPI_THREAD_FUNNELED) {
+      return ts_set_error(TS_ERR_MPI, "%s: MPI provides thread level %d, below MPI_THREAD_FUNNELED",
+                          op, provided);
+    }
+  }
+  TS_CHECK(MPI_ST(NULL, op, -1, MPI_Comm_set_errhandler, (MPI_COMM_WORLD, MPI_ERRORS_RETURN)));
+  g_initialized = 1;
+  return TS_OK;
+}
+
+int ts_comm_initialized(void) { return g_initialized; }
+
+ts_status ts_comm_finalize(void) {
+  g_initialized = 0;
+  if (!g_owns_mpi) return TS_OK;
+  g_owns_mpi = 0;
+  if (!mpi_live()) return TS_OK;
+  return MPI_ST(NULL, "ts_comm_finalize", -1, MPI_Finalize, ());
+}
+
+void ts_comm_abort(int code) {
+  if (mpi_live()) MPI_Abort(MPI_COMM_WORLD, code);
+  exit(code);
+}
