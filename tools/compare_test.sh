@@ -111,8 +111,14 @@ bad() { # bad NAME EXPECTED-SUBSTRING ARGS...
 }
 bad "unknown preset" "no-such-model" --model no-such-model -n 2 --out "$tmp/bad"
 bad "ranks" "-n 0: expected an integer >= 1" --model llama-tiny -n 0
-bad "stage" "--zero 4: expected ZeRO stages 0, 1, 2 or 3" --model llama-tiny -n 2 --zero 1,4
+bad "stage" "--zero 1,4: expected ZeRO stages 0, 1, 2 or 3 (not 4)" \
+  --model llama-tiny -n 2 --zero 1,4
 bad "dtype" "fp8" --model llama-tiny -n 2 --dtype fp32,fp8
+# Past four stages, and past the list's room (stages[] once overflowed at a fifth).
+bad "five stages" "--zero: at most the four stages 0, 1, 2, 3" \
+  --model llama-tiny -n 2 --zero 0,1,2,3,0
+bad "nine stages" "--zero 0,0,0,0,0,0,0,0,0: expected at most 8 values" \
+  --model llama-tiny -n 2 --zero 0,0,0,0,0,0,0,0,0
 grep -v '"hidden_size"' "$TESSERA_HOME/models/configs/llama-tiny.json" >"$tmp/no_hidden.json"
 bad "config missing a field" "no_hidden.json" --model "$tmp/no_hidden.json" -n 2
 check "names the field" "hidden_size" "$err_last"

@@ -2,7 +2,7 @@
 # launch_test.sh — tools/launch.sh builds the right mpirun command and fails
 # clearly without mpirun; `tessera train` rejects bad ZeRO stages, global
 # batches, dtypes, loss-scale and checkpointing flags before any work,
-# printing the derived values once.
+# printing the derived values (and a flag error) once.
 #   launch_test.sh LAUNCH_SH TESSERA_BIN
 set -uo pipefail
 launch="$1"
@@ -86,6 +86,14 @@ check "2 ranks derived values" \
   "--global-batch 12: not divisible by 2 ranks x --micro-batch 4 = 8 (it would need --grad-accum 1.5)" "$out"
 n="$(printf '%s\n' "$out" | grep -c "not divisible")"
 check_eq "2 ranks print once" 1 "$n"
+# A flag error, found by every rank before MPI starts, prints on rank 0 only.
+out="$(OMP_NUM_THREADS=1 timeout 120 mpirun -n 2 --oversubscribe --bind-to none \
+  $([[ "$(id -u)" == 0 ]] && echo --allow-run-as-root) \
+  "$bin" train --model m --data d --steps 0 2>&1)"
+rc=$?
+check_eq "2 ranks flag error exit code" 2 "$rc"
+n="$(printf '%s\n' "$out" | grep -c "^tessera train: --steps 0: expected an integer >= 1$")"
+check_eq "2 ranks flag error prints once" 1 "$n"
 
 if ((fails)); then
   echo "$fails check(s) failed"
