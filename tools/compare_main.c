@@ -24,17 +24,15 @@
 #include "base/atomic_file.h"
 #include "engine/engine.h"
 #include "engine/trainer.h"
+#include "tools/flags.h"
 #include "tools/tools.h"
 
 static const char *USAGE =
-    "usage: tessera compare --model CONFIG -n N [--data DIR] [--zero 0,1,2,3]\n"
-    "                       [--dtype fp32[,bf16,fp16]] [--activation-checkpointing none[,all,every:K]]\n"
-    "                       [--steps K] [--micro-batch B] [--seq T] [--lr LR] [--out DIR] [--reuse]\n"
-    "  Trains CONFIG for K steps (default 5) on N ranks at each ZeRO stage (default 0-3), for\n"
-    "  each dtype and checkpointing setting, and writes OUT/compare.md, compare.csv and\n"
-    "  compare.png (OUT defaults to .; run logs and metrics go to OUT/compare_runs/).\n"
-    "  --data defaults to $TESSERA_HOME/data/kjv (`./tessera compare` prepares it).\n"
-    "  --reuse reads the metrics of an earlier compare in OUT instead of training.\n";
+    "usage: tessera compare --model CONFIG -n N [flags]\n"
+    "  Trains CONFIG for K steps on N ranks at each ZeRO stage, for each dtype and\n"
+    "  checkpointing setting, and writes OUT/compare.md, compare.csv and compare.png\n"
+    "  (run logs and metrics go to OUT/compare_runs/). `./tessera compare` prepares\n"
+    "  the default --data first.\n";
 
 #define MAX_LIST 8
 #define W (TS_MEM_NUM_CATEGORIES + 3) /* per rank: categories, total, peak_rss, model_states */
@@ -64,7 +62,7 @@ typedef struct compare {
   const char *model, *data, *out;
   size_t n, steps, micro_batch, seq;
   float lr;
-  int stages[4], n_stages;
+  int stages[MAX_LIST], n_stages; /* more than 4 refused after parsing */
   ts_dtype dts[MAX_LIST];
   int n_dts;
   size_t recomputes[MAX_LIST];
@@ -87,44 +85,51 @@ static void fits(int n, size_t cap, const char *buf) {
   }
 }
 
-/* Splits a comma list into items parsed by `parse` (returns 0 on error,
- * having printed). */
-static int parse_list(const char *flag, const char *v, int *count,
-                      int (*parse)(const char *flag, const char *item, int i, void *out),
-                      void *out) {
+/* Splits the comma list v into at most MAX_LIST items, each parsed by
+ * `item` into out[i]; *count gets their number. An item's error ends with
+ * "(not ITEM)" when v holds more than that item. */
+static ts_status parse_list(const char *v, int *count,
+                            ts_status (*item)(const char *item, int i, void *out), void *out) {
   char buf[256];
   snprintf(buf, sizeof buf, "%s", v);
   *count = 0;
   for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-    if (*count >= MAX_LIST) {
-      fprintf(stderr, "tessera compare: %s %s: at most %d values\n", flag, v, MAX_LIST);
-      return 0;
-    }
-    if (!parse(flag, t, (*count)++, out)) return 0;
+    if (*count >= MAX_LIST)
+      return ts_set_error(TS_ERR_INVALID_ARGUMENT, "expected at most %d values", MAX_LIST);
+    if (item(t, (*count)++, out) == TS_OK) continue;
+    if (!strcmp(t, v)) return TS_ERR_INVALID_ARGUMENT;
+    char why[512];
+    snprintf(why, sizeof why, "%s", ts_last_error());
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s (not %s)", why, t);
   }
-  if (*count == 0) fprintf(stderr, "tessera compare: %s '%s': expected a list\n", flag, v);
-  return *count > 0;
+  if (*count == 0) return ts_set_error(TS_ERR_INVALID_ARGUMENT, "expected a list");
+  return TS_OK;
 }
 
-static int parse_stage(const char *flag, const char *item, int i, void *out) {
-  if (strlen(item) != 1 || item[0] < '0' || item[0] > '3') {
-    fprintf(stderr, "tessera compare: %s %s: expected ZeRO stages 0, 1, 2 or 3\n", flag, item);
-    return 0;
-  }
+static ts_status stage_item(const char *item, int i, void *out) {
+  if (strlen(item) != 1 || item[0] < '0' || item[0] > '3')
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "expected ZeRO stages 0, 1, 2 or 3");
   ((int *)out)[i] = item[0] - '0';
-  return 1;
+  return TS_OK;
 }
 
-static int parse_dtype(const char *flag, const char *item, int i, void *out) {
-  if (ts_dtype_parse(item, &((ts_dtype *)out)[i]) == TS_OK) return 1;
-  fprintf(stderr, "tessera compare: %s: %s\n", flag, ts_last_error());
-  return 0;
+static ts_status dtype_item(const char *item, int i, void *out) {
+  return ts_dtype_parse(item, &((ts_dtype *)out)[i]);
 }
 
-static int parse_recompute(const char *flag, const char *item, int i, void *out) {
-  if (ts_train_parse_recompute(item, &((size_t *)out)[i]) == TS_OK) return 1;
-  fprintf(stderr, "tessera compare: %s: %s\n", flag, ts_last_error());
-  return 0;
+static ts_status recompute_item(const char *item, int i, void *out) {
+  return ts_train_parse_recompute(item, &((size_t *)out)[i]);
+}
+
+/* --zero, --dtype, --activation-checkpointing: lists into a compare. */
+static ts_status parse_stages(const char *v, void *c) {
+  return parse_list(v, &((compare *)c)->n_stages, stage_item, ((compare *)c)->stages);
+}
+static ts_status parse_dtypes(const char *v, void *c) {
+  return parse_list(v, &((compare *)c)->n_dts, dtype_item, ((compare *)c)->dts);
+}
+static ts_status parse_recomputes(const char *v, void *c) {
+  return parse_list(v, &((compare *)c)->n_recomputes, recompute_item, ((compare *)c)->recomputes);
 }
 
 /* Runs argv with stdout and stderr to `log`; returns the exit status
@@ -492,51 +497,38 @@ static int write_chart(const compare *c, const char *dir, const char *png) {
   return 1;
 }
 
-/* Parses the flags into c; 0 on bad usage (printed). */
+/* Parses the flags into c: TS_FLAGS_OK, TS_FLAGS_HELP (usage printed) or
+ * TS_FLAGS_BAD_USAGE (the error printed). */
 static int parse_flags(compare *c, int argc, char **argv) {
-  for (int i = 1; i < argc; i++) {
-    const char *flag = argv[i];
-    if (!strcmp(flag, "-h") || !strcmp(flag, "--help")) {
-      fputs(USAGE, stdout);
-      exit(0);
-    }
-    if (!strcmp(flag, "--reuse")) {
-      c->reuse = 1;
-      continue;
-    }
-    if (i + 1 >= argc) {
-      fprintf(stderr, "tessera compare: %s needs a value\n%s", flag, USAGE);
-      return 0;
-    }
-    const char *v = argv[++i];
-    int ok = 1;
-    if (!strcmp(flag, "--model")) c->model = v;
-    else if (!strcmp(flag, "--data")) c->data = v;
-    else if (!strcmp(flag, "--out")) c->out = v;
-    else if (!strcmp(flag, "-n")) ok = ts_parse_size(flag, v, 1, &c->n);
-    else if (!strcmp(flag, "--steps")) ok = ts_parse_size(flag, v, 1, &c->steps);
-    else if (!strcmp(flag, "--micro-batch")) ok = ts_parse_size(flag, v, 1, &c->micro_batch);
-    else if (!strcmp(flag, "--seq")) ok = ts_parse_size(flag, v, 1, &c->seq);
-    else if (!strcmp(flag, "--lr")) ok = ts_parse_float(flag, v, &c->lr);
-    else if (!strcmp(flag, "--zero")) ok = parse_list(flag, v, &c->n_stages, parse_stage, c->stages);
-    else if (!strcmp(flag, "--dtype")) ok = parse_list(flag, v, &c->n_dts, parse_dtype, c->dts);
-    else if (!strcmp(flag, "--activation-checkpointing"))
-      ok = parse_list(flag, v, &c->n_recomputes, parse_recompute, c->recomputes);
-    else {
-      fprintf(stderr, "tessera compare: unknown flag %s\n%s", flag, USAGE);
-      return 0;
-    }
-    if (!ok) return 0;
-  }
-  if (!c->model) {
-    fprintf(stderr, "tessera compare: --model is required\n%s", USAGE);
-    return 0;
-  }
-  if (c->n_stages > 4) {
-    fprintf(stderr, "tessera compare: --zero: at most the four stages 0, 1, 2, 3\n");
-    return 0;
-  }
-  return 1;
+  const ts_flag flags[] = {
+      TS_FLAG_STRING("--model", NULL, &c->model, "CONFIG",
+                     "a preset (llama-tiny, ...) or a Hugging Face config.json; required", NULL),
+      TS_FLAG_SIZE("-n", NULL, &c->n, 1, "N", "ranks of every run; required", NULL),
+      TS_FLAG_STRING("--data", NULL, &c->data, "DIR",
+                     "token shards (default $TESSERA_HOME/data/kjv)", NULL),
+      TS_FLAG_CUSTOM("--zero", NULL, c, parse_stages, "0,1,2,3",
+                     "ZeRO stages to run (default 0,1,2,3)", NULL),
+      TS_FLAG_CUSTOM("--dtype", NULL, c, parse_dtypes, "fp32[,bf16,fp16]",
+                     "compute dtypes to run (default fp32)", NULL),
+      TS_FLAG_CUSTOM("--activation-checkpointing", NULL, c, parse_recomputes,
+                     "none[,all,every:K]",
+                     "checkpointing settings to run (default none)", NULL),
+      TS_FLAG_SIZE("--steps", NULL, &c->steps, 1, "K", "steps per run (default 5)", NULL),
+      TS_FLAG_SIZE("--micro-batch", NULL, &c->micro_batch, 1, "B",
+                   "sequences per micro-batch per rank (default 4)", NULL),
+      TS_FLAG_SIZE("--seq", NULL, &c->seq, 1, "T", "tokens per sequence (default 128)", NULL),
+      TS_FLAG_FLOAT("--lr", NULL, &c->lr, "LR", "peak learning rate (default 1e-3)", NULL),
+      TS_FLAG_STRING("--out", NULL, &c->out, "DIR", "where the three files go (default .)", NULL),
+      TS_FLAG_SWITCH("--reuse", NULL, &c->reuse,
+                     "read the metrics of an earlier compare in OUT instead of training"),
+  };
+  int r = ts_flags_parse("compare", flags, sizeof flags / sizeof *flags, argc, argv, USAGE);
+  if (r != TS_FLAGS_OK) return r;
+  if (!c->model) return ts_flags_error("compare", "--model is required " TS_FLAGS_HINT);
+  if (c->n_stages > 4)
+    return ts_flags_error("compare", "--zero: at most the four stages 0, 1, 2, 3");
+  if (c->n == 0) return ts_flags_error("compare", "-n N (ranks) is required " TS_FLAGS_HINT);
+  return TS_FLAGS_OK;
 }
 
 /* Loads the model config and lists the runs: dtype, then checkpointing,
@@ -594,11 +586,8 @@ int ts_tool_compare(int argc, char **argv) {
   c.stages[0] = 0, c.stages[1] = 1, c.stages[2] = 2, c.stages[3] = 3, c.n_stages = 4;
   c.dts[0] = TS_FP32, c.n_dts = 1;
   c.recomputes[0] = 0, c.n_recomputes = 1;
-  if (!parse_flags(&c, argc, argv)) return 2;
-  if (c.n == 0) {
-    fprintf(stderr, "tessera compare: -n N (ranks) is required\n");
-    return 2;
-  }
+  int r = parse_flags(&c, argc, argv);
+  if (r != TS_FLAGS_OK) return r == TS_FLAGS_HELP ? 0 : 2;
   char data[4096], dir[4200];
   if (!c.data) {
     const char *home = getenv("TESSERA_HOME");

@@ -10,7 +10,7 @@ bin="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 fails=0
 
-# check, absent
+# check, check_eq, absent, lines
 source "$(dirname "${BASH_SOURCE[0]}")/testing.sh"
 
 # The runfiles root holds models/configs/ and tools/launch.sh.
@@ -46,11 +46,11 @@ out="$tmp/out"
 log="$("$bin" compare --model llama-tiny -n 2 --data "$tmp/data" --steps 2 --micro-batch 2 \
   --seq 64 --out "$out" 2>&1)"
 rc=$?
-check "compare exit code" "0" "$rc"
+check_eq "compare exit code" 0 "$rc"
 for f in compare.md compare.csv compare.png; do
   [[ -s "$out/$f" ]] && echo "ok   $f written" || { echo "FAIL $f missing"; fails=$((fails + 1)); }
 done
-check "png" "PNG" "$(head -c 4 "$out/compare.png" 2>/dev/null | tail -c 3)"
+check_eq "png" "PNG" "$(head -c 4 "$out/compare.png" 2>/dev/null | tail -c 3)"
 md="$(cat "$out/compare.md" 2>/dev/null)"
 check "model states check" "PASS: model states" "$md"
 check "falling check" "PASS: model states per rank fall" "$md"
@@ -59,7 +59,7 @@ check "stage 3 row" "| fp32 recompute:none ZeRO-3 |" "$md"
 absent "no failure" "FAIL" "$md"
 check "terminal shows the table" "PASS: loss identical" "$log"
 # One row per run and rank, a header: 4 stages x 2 ranks.
-check "csv rows" "9" "$(wc -l <"$out/compare.csv")"
+check_eq "csv rows" 9 "$(wc -l <"$out/compare.csv")"
 check "csv header" "params_measured,params_estimate" "$(head -n 1 "$out/compare.csv")"
 
 # The loss check itself: step 2 of stage 2 moved by one ulp.
@@ -75,7 +75,7 @@ PY
 log="$("$bin" compare --model llama-tiny -n 2 --steps 2 --micro-batch 2 --seq 64 \
   --out "$tmp/loss" --reuse 2>&1)"
 rc=$?
-check "differing losses exit code" "1" "$rc"
+check_eq "differing losses exit code" 1 "$rc"
 check "differing losses fail" "FAIL: loss identical" "$log"
 check "names the run and step" "fp32 recompute:none ZeRO-2, step 2" "$log"
 check "other checks still pass" "PASS: model states (" "$log"
@@ -93,7 +93,7 @@ PY
 log="$("$bin" compare --model llama-tiny -n 2 --steps 2 --micro-batch 2 --seq 64 \
   --out "$tmp/mem" --reuse 2>&1)"
 rc=$?
-check "memory mismatch exit code" "1" "$rc"
+check_eq "memory mismatch exit code" 1 "$rc"
 check "memory mismatch fails" "FAIL: model states (" "$log"
 check "names the rank" "fp32 recompute:none ZeRO-1, rank 1" "$log"
 
@@ -105,14 +105,20 @@ bad() { # bad NAME EXPECTED-SUBSTRING ARGS...
   err="$("$bin" compare "$@" 2>&1 >/dev/null)"
   local code=$?
   err_last="$err"
-  check "$name exit code" "2" "$code"
+  check_eq "$name exit code" 2 "$code"
   check "$name message" "$want" "$err"
-  [[ "$(printf '%s\n' "$err" | wc -l)" == 1 ]] || { echo "FAIL $name: not one line: $err"; fails=$((fails + 1)); }
+  check_eq "$name: one line" 1 "$(lines "$err")"
 }
 bad "unknown preset" "no-such-model" --model no-such-model -n 2 --out "$tmp/bad"
 bad "ranks" "-n 0: expected an integer >= 1" --model llama-tiny -n 0
-bad "stage" "--zero 4: expected ZeRO stages 0, 1, 2 or 3" --model llama-tiny -n 2 --zero 1,4
+bad "stage" "--zero 1,4: expected ZeRO stages 0, 1, 2 or 3 (not 4)" \
+  --model llama-tiny -n 2 --zero 1,4
 bad "dtype" "fp8" --model llama-tiny -n 2 --dtype fp32,fp8
+# Past four stages, and past the list's room (stages[] once overflowed at a fifth).
+bad "five stages" "--zero: at most the four stages 0, 1, 2, 3" \
+  --model llama-tiny -n 2 --zero 0,1,2,3,0
+bad "nine stages" "--zero 0,0,0,0,0,0,0,0,0: expected at most 8 values" \
+  --model llama-tiny -n 2 --zero 0,0,0,0,0,0,0,0,0
 grep -v '"hidden_size"' "$TESSERA_HOME/models/configs/llama-tiny.json" >"$tmp/no_hidden.json"
 bad "config missing a field" "no_hidden.json" --model "$tmp/no_hidden.json" -n 2
 check "names the field" "hidden_size" "$err_last"

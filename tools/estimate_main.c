@@ -15,33 +15,31 @@
 #include "engine/engine.h"
 #include "engine/trainer.h"
 #include "models/model.h"
+#include "tools/flags.h"
 #include "tools/tools.h"
 
 static const char *USAGE =
-    "usage: tessera estimate (--model CONFIG | --params PSI) [-n N] [--zero 0|1|2|3|all]\n"
-    "                        [--dtype fp32|bf16|fp16] [--micro-batch B] [--seq T]\n"
-    "                        [--activation-checkpointing none|all|every:K]\n"
-    "                        [--units GiB|GB|MiB|MB|bytes] [--json]\n"
-    "  Bytes per rank of N data-parallel ranks (-n, --world-size; default 1) by ledger\n"
-    "  category, from the engine's allocation plan; no MPI, nothing large allocated.\n"
-    "  --model: a preset (llama-tiny, llama-small, llama-2-7b, llama-2-13b, llama-2-70b)\n"
-    "  or a Hugging Face config.json. --params PSI (e.g. 7.5e9): model states only.\n"
-    "  Defaults: --zero all, fp32, micro-batch 8, seq 128, no checkpointing, GiB.\n";
+    "usage: tessera estimate (--model CONFIG | --params PSI) [flags]\n"
+    "  Bytes per rank of N data-parallel ranks by ledger category, from the engine's\n"
+    "  allocation plan; no MPI, nothing large allocated.\n";
 
-/* One --units choice: bytes per unit and how the header names it. */
+/* One --units choice (named by UNIT_NAMES at the same index): bytes per
+ * unit and how the header names it. */
 typedef struct unit_choice {
-  const char *name; /* as given to --units */
   double bytes;     /* bytes per unit; 1 prints exact integers */
   const char *what; /* header text */
 } unit_choice;
 
+static const char *const UNIT_NAMES[] = {"GiB", "GB", "MiB", "MB", "bytes", NULL};
 static const unit_choice UNITS[] = {
-    {"GiB", 1073741824.0, "GiB (2^30 bytes), 3 significant figures"},
-    {"GB", 1e9, "GB (10^9 bytes), 3 significant figures"},
-    {"MiB", 1048576.0, "MiB (2^20 bytes), 3 significant figures"},
-    {"MB", 1e6, "MB (10^6 bytes), 3 significant figures"},
-    {"bytes", 1.0, "bytes (exact)"},
+    {1073741824.0, "GiB (2^30 bytes), 3 significant figures"},
+    {1e9, "GB (10^9 bytes), 3 significant figures"},
+    {1048576.0, "MiB (2^20 bytes), 3 significant figures"},
+    {1e6, "MB (10^6 bytes), 3 significant figures"},
+    {1.0, "bytes (exact)"},
 };
+_Static_assert(sizeof UNITS / sizeof *UNITS + 1 == sizeof UNIT_NAMES / sizeof *UNIT_NAMES,
+               "one name per unit");
 
 #define MAX_PSI ((size_t)1 << 48) /* keeps 16 (Ψ + 16 N) bytes far inside size_t */
 
@@ -87,21 +85,32 @@ static cJSON *category_object(const size_t *bytes, int ncat) {
   return o;
 }
 
-/* Parses --params: a finite integer value in [1, MAX_PSI], "7.5e9" or
- * "7500000000"; prints the error and returns 0 otherwise. */
-static int parse_psi(const char *v, size_t *out) {
+/* --params: a finite integer value in [1, MAX_PSI], "7.5e9" or
+ * "7500000000", into a size_t. */
+static ts_status parse_psi(const char *v, void *psi) {
   char *end;
   double d = strtod(v, &end);
-  if (end == v || *end || !isfinite(d) || d != floor(d) || d < 1 || d > (double)MAX_PSI) {
-    fprintf(stderr,
-            "tessera estimate: --params %s: expected a parameter count from 1 to 2^48, an "
-            "integer such as 7500000000 or 7.5e9\n",
-            v);
-    return 0;
-  }
-  *out = (size_t)d;
-  return 1;
+  if (end == v || *end || !isfinite(d) || d != floor(d) || d < 1 || d > (double)MAX_PSI)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "expected a parameter count from 1 to 2^48, an integer such as "
+                        "7500000000 or 7.5e9");
+  *(size_t *)psi = (size_t)d;
+  return TS_OK;
 }
+
+/* --zero: a ZeRO stage 0-3, or all (-1), into an int. */
+static ts_status parse_stage(const char *v, void *stage) {
+  if (!strcmp(v, "all")) *(int *)stage = -1;
+  else if (strlen(v) == 1 && v[0] >= '0' && v[0] <= '3') *(int *)stage = v[0] - '0';
+  else return ts_set_error(TS_ERR_INVALID_ARGUMENT, "expected a ZeRO stage 0, 1, 2, 3 or all");
+  return TS_OK;
+}
+
+/* --dtype: ts_dtype_parse into a ts_dtype. */
+static ts_status parse_dtype(const char *v, void *dtype) { return ts_dtype_parse(v, dtype); }
+
+/* --activation-checkpointing: ts_train_parse_recompute into recompute_every. */
+static ts_status parse_recompute(const char *v, void *every) { return ts_train_parse_recompute(v, every); }
 
 /* Prints ts_last_error() as the one-line usage error; returns 0. */
 static int report(void) {
@@ -118,69 +127,43 @@ static int exit_for(ts_status st) {
 int ts_tool_estimate(int argc, char **argv) {
   const char *model = NULL, *psi_arg = NULL, *act_flag = NULL;
   size_t world = 1, psi = 0;
-  int stage_lo = 0, stage_hi = 3, json = 0;
-  const unit_choice *unit = &UNITS[0];
+  int stage = -1, unit_index = 0, json = 0;
   ts_engine_opts opts = ts_engine_default_opts();
-  for (int i = 1; i < argc; i++) {
-    const char *flag = argv[i];
-    if (!strcmp(flag, "-h") || !strcmp(flag, "--help")) {
-      fputs(USAGE, stdout);
-      return 0;
-    }
-    if (!strcmp(flag, "--json")) {
-      json = 1;
-      continue;
-    }
-    if (i + 1 >= argc) {
-      fprintf(stderr, "tessera estimate: %s needs a value (--help lists the flags)\n", flag);
-      return 2;
-    }
-    const char *v = argv[++i];
-    int ok = 1;
-    if (!strcmp(flag, "--model")) model = v;
-    else if (!strcmp(flag, "--params")) ok = parse_psi(psi_arg = v, &psi);
-    else if (!strcmp(flag, "-n") || !strcmp(flag, "--world-size"))
-      ok = ts_parse_size(flag, v, 1, &world);
-    else if (!strcmp(flag, "--micro-batch"))
-      ok = ts_parse_size(act_flag = flag, v, 1, &opts.micro_batch);
-    else if (!strcmp(flag, "--seq")) ok = ts_parse_size(act_flag = flag, v, 1, &opts.seq);
-    else if (!strcmp(flag, "--zero")) {
-      if (!strcmp(v, "all")) stage_lo = 0, stage_hi = 3;
-      else if (strlen(v) == 1 && v[0] >= '0' && v[0] <= '3') stage_lo = stage_hi = v[0] - '0';
-      else {
-        fprintf(stderr, "tessera estimate: --zero %s: expected a ZeRO stage 0, 1, 2, 3 or all\n",
-                v);
-        return 2;
-      }
-    } else if (!strcmp(flag, "--units")) {
-      unit = NULL;
-      for (size_t k = 0; k < sizeof UNITS / sizeof *UNITS; k++)
-        if (!strcmp(v, UNITS[k].name)) unit = &UNITS[k];
-      if (!unit) {
-        fprintf(stderr, "tessera estimate: --units %s: expected GiB, GB, MiB, MB or bytes\n", v);
-        return 2;
-      }
-    } else if (!strcmp(flag, "--dtype")) {
-      ok = ts_dtype_parse(v, &opts.dtype) == TS_OK || report();
-    } else if (!strcmp(flag, "--activation-checkpointing")) {
-      act_flag = flag;
-      ok = ts_train_parse_recompute(v, &opts.recompute_every) == TS_OK || report();
-    } else {
-      fprintf(stderr, "tessera estimate: unknown flag %s (--help lists the flags)\n", flag);
-      return 2;
-    }
-    if (!ok) return 2;
-  }
-  if (!model == !psi_arg) {
-    fprintf(stderr, "tessera estimate: expected exactly one of --model CONFIG and --params PSI%s\n",
-            model ? " (got both)" : "");
-    return 2;
-  }
-  if (psi_arg && act_flag) {
-    fprintf(stderr, "tessera estimate: %s applies to --model only: --params plans model states, "
-                    "no activations\n", act_flag);
-    return 2;
-  }
+  const ts_flag flags[] = {
+      TS_FLAG_STRING("--model", NULL, &model, "CONFIG",
+                     "a preset (llama-tiny, llama-small, llama-2-7b/13b/70b) or a Hugging Face "
+                     "config.json",
+                     NULL),
+      TS_FLAG_CUSTOM("--params", NULL, &psi, parse_psi, "PSI",
+                     "a parameter count (e.g. 7.5e9) instead of a model: model states only",
+                     &psi_arg),
+      TS_FLAG_SIZE("--world-size", "-n", &world, 1, "N", "data-parallel ranks (default 1)", NULL),
+      TS_FLAG_CUSTOM("--zero", NULL, &stage, parse_stage, "0|1|2|3|all",
+                     "one ZeRO stage, or all four side by side (default all)", NULL),
+      TS_FLAG_CUSTOM("--dtype", NULL, &opts.dtype, parse_dtype, "fp32|bf16|fp16",
+                     "compute dtype (default fp32)", NULL),
+      TS_FLAG_SIZE("--micro-batch", NULL, &opts.micro_batch, 1, "B",
+                   "sequences per micro-batch (default 8)", &act_flag),
+      TS_FLAG_SIZE("--seq", NULL, &opts.seq, 1, "T", "tokens per sequence (default 128)",
+                   &act_flag),
+      TS_FLAG_CUSTOM("--activation-checkpointing", NULL, &opts.recompute_every, parse_recompute,
+                     "none|all|every:K", "blocks recomputed in backward (default none)",
+                     &act_flag),
+      TS_FLAG_CHOICE("--units", NULL, &unit_index, UNIT_NAMES,
+                     "unit of the table (default GiB)", NULL),
+      TS_FLAG_SWITCH("--json", NULL, &json,
+                     "one JSON object with exact integer bytes instead of the table"),
+  };
+  int r = ts_flags_parse("estimate", flags, sizeof flags / sizeof *flags, argc, argv, USAGE);
+  if (r != TS_FLAGS_OK) return r == TS_FLAGS_HELP ? 0 : 2;
+  if (!model == !psi_arg)
+    return ts_flags_error("estimate", "expected exactly one of --model CONFIG and --params PSI%s",
+                          model ? " (got both)" : "");
+  if (psi_arg && act_flag)
+    return ts_flags_error("estimate", "%s applies to --model only: --params plans model states, "
+                                      "no activations", act_flag);
+  int stage_lo = stage < 0 ? 0 : stage, stage_hi = stage < 0 ? 3 : stage;
+  const unit_choice *unit = &UNITS[unit_index];
 
   /* Plan every requested stage: ledgers[i] is stage stage_lo + i. */
   ts_mem_account ledgers[4];

@@ -16,7 +16,7 @@ if [[ ! -f "$TESSERA_HOME/models/configs/llama-tiny.json" ]]; then
   exit 1
 fi
 
-# check, absent
+# check, check_eq, absent, lines
 source "$(dirname "${BASH_SOURCE[0]}")/testing.sh"
 
 # model_states JSON: the stages' model states in GB (1e9 bytes), 3
@@ -30,13 +30,13 @@ print(" ".join("%g" % float("%.3g" % (s["model_states"] / 1e9)) for s in json.lo
 # 1. ZeRO paper Table 1 (Rajbhandari et al. 2020): Ψ = 7.5B, K = 12, fp16.
 for n in 1 64; do
   json="$("$bin" estimate --params 7.5e9 --dtype fp16 --units GB -n "$n" --json)"
-  check "Table 1 N=$n exit code" "[0]" "[$?]"
+  check_eq "Table 1 N=$n exit code" 0 "$?"
   text="$("$bin" estimate --params 7.5e9 --dtype fp16 --units GB -n "$n")"
   if [[ "$n" == 1 ]]; then
-    check "Table 1 N=1 json" "120 120 120 120" "$(model_states_gb "$json")"
+    check_eq "Table 1 N=1 json" "120 120 120 120" "$(model_states_gb "$json")"
     check "Table 1 N=1 text" "| model states | 120 | 120 | 120 | 120 |" "$text"
   else
-    check "Table 1 N=64 json" "120 31.4 16.6 1.88" "$(model_states_gb "$json")"
+    check_eq "Table 1 N=64 json" "120 31.4 16.6 1.88" "$(model_states_gb "$json")"
     check "Table 1 N=64 text" "| model states | 120 | 31.4 | 16.6 | 1.88 |" "$text"
   fi
   check "Table 1 N=$n unit" "GB (10^9 bytes)" "$text"
@@ -51,14 +51,14 @@ json="$("$bin" estimate --model llama-2-70b -n 1024 --dtype bf16 --json)"
 rc=$?
 t1="$(date +%s%N)"
 echo "llama-2-70b at N = 1024, four stages: $(((t1 - t0) / 1000000)) ms"
-check "70B exit code" "[0]" "[$rc]"
+check_eq "70B exit code" 0 "$rc"
 verdict="$(python3 -c 'import json, sys
 j = json.load(sys.stdin)
 psi, n, s3 = j["params"], j["world_size"], j["stages"][3]
 lo, hi, got = 16 * psi / n, 16 * (psi + 82 * 1024 * 16) / n, s3["model_states"]
 print("in bound" if s3["zero_stage"] == 3 and lo <= got <= hi else "%d outside [%d, %d]" % (got, lo, hi))' \
   <<<"$json" 2>&1)"
-check "70B stage 3 model states = 16 x padded / N" "in bound" "$verdict"
+check_eq "70B stage 3 model states = 16 x padded / N" "in bound" "$verdict"
 text="$("$bin" estimate --model llama-2-70b -n 1024 --dtype bf16)"
 check "70B header" "llama-2-70b (68.98B parameters), N = 1024 ranks, bf16" "$text"
 check "70B peak total row" "| peak total |" "$text"
@@ -72,7 +72,7 @@ def run(m):
     del j["model"]
     return j
 print("same" if run("llama-tiny") == run(sys.argv[2]) else "differ")' "$bin" "$tmp/hf/config.json" 2>&1)"
-check "config.json by path = preset" "same" "$same"
+check_eq "config.json by path = preset" "same" "$same"
 
 # 4. Bad input: exit 2 and one line on stderr that names the problem.
 sed '/"hidden_size"/d' "$tmp/hf/config.json" >"$tmp/hf/no_hidden.json"
@@ -82,9 +82,9 @@ bad() { # bad NAME EXPECTED-SUBSTRING ARGS...
   local err rc
   err="$("$bin" estimate "$@" 2>&1 >/dev/null)"
   rc=$?
-  check "$name exit code" "[2]" "[$rc]"
+  check_eq "$name exit code" 2 "$rc"
   check "$name message" "$want" "$err"
-  [[ "$(printf '%s\n' "$err" | wc -l)" == 1 ]] || { echo "FAIL $name: not one line"; fails=$((fails + 1)); }
+  check_eq "$name: one line" 1 "$(lines "$err")"
 }
 bad "unknown preset" "--model no-such-model: unknown preset" --model no-such-model
 bad "missing field" "$tmp/hf/no_hidden.json: missing field \"hidden_size\"" --model "$tmp/hf/no_hidden.json"
@@ -101,10 +101,10 @@ falling="$(python3 -c 'import json, sys
 m = [s["model_states"] for s in json.load(sys.stdin)["stages"]]
 print("falling" if len(m) == 4 and all(a > b for a, b in zip(m, m[1:])) else "not falling: %s" % m)' \
   <<<"$json" 2>&1)"
-check "model states fall from stage 0 to 3" "falling" "$falling"
+check_eq "model states fall from stage 0 to 3" "falling" "$falling"
 
 out="$("$bin" estimate --help)"
-check "--help exit code" "[0]" "[$?]"
+check_eq "--help exit code" 0 "$?"
 check "--help usage" "usage: tessera estimate" "$out"
 
 if ((fails)); then

@@ -2,7 +2,7 @@
 # launch_test.sh — tools/launch.sh builds the right mpirun command and fails
 # clearly without mpirun; `tessera train` rejects bad ZeRO stages, global
 # batches, dtypes, loss-scale and checkpointing flags before any work,
-# printing the derived values once.
+# printing the derived values (and a flag error) once.
 #   launch_test.sh LAUNCH_SH TESSERA_BIN
 set -uo pipefail
 launch="$1"
@@ -10,17 +10,17 @@ bin="$2"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 fails=0
 
-# check, absent
+# check, check_eq, absent, lines
 source "$(dirname "${BASH_SOURCE[0]}")/testing.sh"
 
 # 1. No mpirun on PATH: exit 2 with one line naming mpirun and the package.
 mkdir -p "$tmp/empty"
 out="$(PATH="$tmp/empty" /bin/bash "$launch" -n 2 /bin/true 2>&1)"
 rc=$?
-check "missing mpirun exit code" "2" "$rc"
+check_eq "missing mpirun exit code" 2 "$rc"
 check "missing mpirun message" "mpirun: not found on PATH" "$out"
 check "missing mpirun names the package" "openmpi-bin" "$out"
-[[ "$(printf '%s\n' "$out" | wc -l)" == 1 ]] || { echo "FAIL missing mpirun: not one line"; fails=$((fails + 1)); }
+check_eq "missing mpirun: one line" 1 "$(lines "$out")"
 
 # 2. A fake mpirun records the command line.
 mkdir -p "$tmp/bin"
@@ -30,7 +30,8 @@ out="$(env -u OMP_NUM_THREADS PATH="$tmp/bin:/usr/bin:/bin" /bin/bash "$launch" 
 check "ranks" "mpirun -n 4 " "$out"
 check "oversubscribe" "--oversubscribe" "$out"
 check "binary and args" "/bin/echo a b" "$out"
-check "threads per rank" "OMP_NUM_THREADS=$(($(nproc) / 4 > 1 ? $(nproc) / 4 : 1))" "$out"
+check_eq "threads per rank" "OMP_NUM_THREADS=$(($(nproc) / 4 > 1 ? $(nproc) / 4 : 1))" \
+  "$(printf '%s\n' "$out" | grep '^OMP_NUM_THREADS=')"
 if [[ "$(id -u)" == 0 ]]; then
   check "root adds --allow-run-as-root" "--allow-run-as-root" "$out"
 else
@@ -47,11 +48,11 @@ check "missing hostfile" "--hostfile $tmp/nope: cannot read" "$out"
 # 3. tessera train: bad use fails before any work, with the derived values.
 out="$("$bin" train --model m --data d --zero 4 2>&1)"
 rc=$?
-check "--zero 4 exit code" "2" "$rc"
+check_eq "--zero 4 exit code" 2 "$rc"
 check "--zero 4 message" "--zero 4: expected a ZeRO stage 0, 1, 2 or 3" "$out"
 out="$("$bin" train --model m --data d --micro-batch 4 --global-batch 10 2>&1)"
 rc=$?
-check "indivisible global batch exit code" "1" "$rc"
+check_eq "indivisible global batch exit code" 1 "$rc"
 check "indivisible global batch" \
   "--global-batch 10: not divisible by 1 ranks x --micro-batch 4 = 4 (it would need --grad-accum 2.5)" "$out"
 out="$("$bin" train --model m --data d --micro-batch 4 --grad-accum 2 --global-batch 16 2>&1)"
@@ -63,13 +64,13 @@ check "--dtype fp8" "fp8" "$out"
 check "--dtype choices" "fp16" "$out"
 out="$("$bin" train --model m --data d --loss-scale 1024 2>&1)"
 rc=$?
-check "--loss-scale without fp16 exit code" "2" "$rc"
+check_eq "--loss-scale without fp16 exit code" 2 "$rc"
 check "--loss-scale without fp16" "--loss-scale applies to --dtype fp16 only (got --dtype fp32)" "$out"
 out="$("$bin" train --model m --data d --dtype fp16 --loss-scale -4 2>&1)"
 check "--loss-scale -4" "--loss-scale -4: expected dynamic or a scale > 0" "$out"
 out="$("$bin" train --model m --data d --activation-checkpointing every:0 2>&1)"
 rc=$?
-check "--activation-checkpointing every:0 exit code" "2" "$rc"
+check_eq "--activation-checkpointing every:0 exit code" 2 "$rc"
 check "--activation-checkpointing every:0" \
   "--activation-checkpointing every:0: expected none, all or every:K with K >= 1" "$out"
 out="$("$bin" train --model m --data d --activation-checkpointing some 2>&1)"
@@ -80,11 +81,19 @@ out="$(OMP_NUM_THREADS=1 timeout 120 mpirun -n 2 --oversubscribe --bind-to none 
   $([[ "$(id -u)" == 0 ]] && echo --allow-run-as-root) \
   "$bin" train --model m --data d --micro-batch 4 --global-batch 12 2>&1)"
 rc=$?
-[[ "$rc" != 0 ]] || { echo "FAIL 2 ranks: mpirun exited 0"; fails=$((fails + 1)); }
+check_eq "2 ranks exit code" 1 "$rc"
 check "2 ranks derived values" \
   "--global-batch 12: not divisible by 2 ranks x --micro-batch 4 = 8 (it would need --grad-accum 1.5)" "$out"
 n="$(printf '%s\n' "$out" | grep -c "not divisible")"
-check "2 ranks print once" "1" "$n"
+check_eq "2 ranks print once" 1 "$n"
+# A flag error, found by every rank before MPI starts, prints on rank 0 only.
+out="$(OMP_NUM_THREADS=1 timeout 120 mpirun -n 2 --oversubscribe --bind-to none \
+  $([[ "$(id -u)" == 0 ]] && echo --allow-run-as-root) \
+  "$bin" train --model m --data d --steps 0 2>&1)"
+rc=$?
+check_eq "2 ranks flag error exit code" 2 "$rc"
+n="$(printf '%s\n' "$out" | grep -c "^tessera train: --steps 0: expected an integer >= 1$")"
+check_eq "2 ranks flag error prints once" 1 "$n"
 
 if ((fails)); then
   echo "$fails check(s) failed"

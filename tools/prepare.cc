@@ -31,6 +31,7 @@
 
 #include "base/atomic_file.h"
 #include "engine/token_file.h"
+#include "tools/flags.h"
 
 namespace {
 
@@ -455,98 +456,41 @@ fail:
 namespace {
 
 const char kUsage[] =
-    "usage: tessera prepare --text FILE --vocab-size N --out DIR [--val-every K] [--seed S]\n"
+    "usage: tessera prepare --text FILE --vocab-size N --out DIR [flags]\n"
     "  Trains a SentencePiece BPE tokenizer (byte fallback) on FILE less every K-th\n"
-    "  section (default K = 30), and writes DIR/tokenizer.model, DIR/train.bin,\n"
-    "  DIR/val.bin and DIR/meta.json.\n";
-
-// Parses a non-negative decimal integer.
-ts_status ParseSize(const char *flag, const char *s, uint64_t *out) {
-  if (s == nullptr || *s < '0' || *s > '9')
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s '%s': expected a non-negative integer", flag,
-                        s ? s : "");
-  errno = 0;
-  char *end = nullptr;
-  unsigned long long v = strtoull(s, &end, 10);
-  if (errno != 0 || *end != '\0')
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s '%s': expected a non-negative integer", flag, s);
-  *out = v;
-  return TS_OK;
-}
-
-ts_status ParseArgs(int argc, char **argv, ts_prepare_opts *o, bool *help) {
-  bool have_vocab = false;
-  for (int i = 1; i < argc; i++) {
-    std::string a = argv[i], flag = a;
-    bool inline_value = false;
-    size_t eq = a.find('=');
-    if (a.rfind("--", 0) == 0 && eq != std::string::npos) {
-      flag = a.substr(0, eq);
-      inline_value = true;
-    }
-    if (flag == "--help" || flag == "-h") {
-      *help = true;
-      return TS_OK;
-    }
-    if (flag != "--text" && flag != "--vocab-size" && flag != "--out" && flag != "--val-every" &&
-        flag != "--seed")
-      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                          "unknown argument '%s', expected --text, --vocab-size, --out, "
-                          "--val-every or --seed",
-                          argv[i]);
-    if (!inline_value) {
-      if (i + 1 >= argc)
-        return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: missing its value", flag.c_str());
-      ++i;
-    }
-    // Strings stay valid: they point into argv, or into argv[i] after '='.
-    const char *v = inline_value ? argv[i] + eq + 1 : argv[i];
-    uint64_t n = 0;
-    if (flag == "--text") {
-      o->text_path = v;
-    } else if (flag == "--out") {
-      o->out_dir = v;
-    } else if (flag == "--vocab-size") {
-      TS_CHECK(ParseSize("--vocab-size", v, &n));
-      o->vocab_size = (size_t)n;
-      have_vocab = true;
-    } else if (flag == "--val-every") {
-      TS_CHECK(ParseSize("--val-every", v, &n));
-      if (n < 2)
-        return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--val-every %s: expected an integer >= 2", v);
-      o->val_every = (size_t)n;
-    } else {
-      TS_CHECK(ParseSize("--seed", v, &n));
-      o->seed = n;
-    }
-  }
-  if (o->text_path == nullptr)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--text FILE is required (the UTF-8 corpus)");
-  if (!have_vocab)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "--vocab-size N is required (e.g. 4096; at least 261)");
-  if (o->out_dir == nullptr)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--out DIR is required (the output directory)");
-  return TS_OK;
-}
+    "  section, and writes DIR/tokenizer.model, DIR/train.bin, DIR/val.bin and\n"
+    "  DIR/meta.json.\n";
 
 }  // namespace
 
 extern "C" int ts_tool_prepare(int argc, char **argv) {
   ts_prepare_opts o;
   memset(&o, 0, sizeof o);
-  bool help = false;
-  ts_status st = ParseArgs(argc, argv, &o, &help);
-  if (st == TS_OK && help) {
-    fputs(kUsage, stdout);
-    return 0;
-  }
-  if (st != TS_OK) {
-    fprintf(stderr, "tessera prepare: %s\n", ts_last_error());
-    return 2;
-  }
+  size_t seed = 0;
+  const char *vocab_given = nullptr;
+  const ts_flag flags[] = {
+      TS_FLAG_STRING("--text", nullptr, &o.text_path, "FILE", "the UTF-8 corpus; required",
+                     nullptr),
+      TS_FLAG_SIZE("--vocab-size", nullptr, &o.vocab_size, 0, "N",
+                   "SentencePiece pieces, e.g. 4096 (at least 261); required", &vocab_given),
+      TS_FLAG_STRING("--out", nullptr, &o.out_dir, "DIR", "the output directory; required",
+                     nullptr),
+      TS_FLAG_SIZE("--val-every", nullptr, &o.val_every, 2, "K",
+                   "every K-th section is validation (default 30)", nullptr),
+      TS_FLAG_SIZE("--seed", nullptr, &seed, 0, "S",
+                   "SentencePiece sampling seed, used past 2 million lines (default 0)", nullptr),
+  };
+  int rc = ts_flags_parse("prepare", flags, sizeof flags / sizeof *flags, argc, argv, kUsage);
+  if (rc != TS_FLAGS_OK) return rc == TS_FLAGS_HELP ? 0 : 2;
+  o.seed = seed;
+  if (o.text_path == nullptr)
+    return ts_flags_error("prepare", "--text FILE is required (the UTF-8 corpus)");
+  if (vocab_given == nullptr)
+    return ts_flags_error("prepare", "--vocab-size N is required (e.g. 4096; at least 261)");
+  if (o.out_dir == nullptr)
+    return ts_flags_error("prepare", "--out DIR is required (the output directory)");
   ts_prepare_report r;
-  st = ts_prepare_corpus(&o, &r);
+  ts_status st = ts_prepare_corpus(&o, &r);
   if (st != TS_OK) {
     fprintf(stderr, "tessera prepare: %s\n", ts_last_error());
     return st == TS_ERR_INVALID_ARGUMENT ? 2 : 1;

@@ -253,7 +253,7 @@ TEST(PrepareTool, MissingFlagReturnsTwo) {
   argv.clear();
   for (auto &a : bad) argv.push_back(&a[0]);
   EXPECT_EQ(ts_tool_prepare((int)argv.size(), argv.data()), 2);
-  EXPECT_NE(std::string(ts_last_error()).find("'many'"), std::string::npos);
+  EXPECT_NE(std::string(ts_last_error()).find("--vocab-size many: expected"), std::string::npos);
 
   std::vector<std::string> good = {"prepare", "--text=" + text, "--vocab-size=400", "--out", out,
                                    "--val-every", "5", "--seed", "3"};

@@ -1,13 +1,12 @@
 /*
- * tools.h — the subcommands of the `tessera` binary and the flag parsing
- * they share. Each ts_tool_X(argc, argv) gets argv[0] = "X" and returns the
- * process exit status: 0 success, 1 failure while running, 2 bad usage.
- * These print to stdout/stderr; nothing below tools/ does.
+ * tools.h — the subcommands of the `tessera` binary (main.c dispatches to
+ * them; their flags go through tools/flags.h). Each ts_tool_X(argc, argv)
+ * gets argv[0] = "X" and returns the process exit status: 0 success (and
+ * --help), 1 failure while running, 2 bad usage. These print to
+ * stdout/stderr; nothing below tools/ does.
  */
 #ifndef TS_TOOLS_TOOLS_H
 #define TS_TOOLS_TOOLS_H
-
-#include <stddef.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -29,19 +28,6 @@ int ts_tool_estimate(int argc, char **argv);
  * compare.md, compare.csv and compare.png: measured memory beside the
  * estimate, speed, communication, and the identical-loss check. */
 int ts_tool_compare(int argc, char **argv);
-
-/* 1 in the process that should print usage errors: a process not started
- * by a launcher, or rank 0 of one (OMPI_COMM_WORLD_RANK / PMIX_RANK /
- * PMI_RANK, read before MPI starts so every rank parses flags alike). */
-int ts_tool_is_lead(void);
-
-/* Parses a decimal integer >= min for `flag`; on failure prints (on the
- * lead rank) "tessera SUB: FLAG VALUE: expected an integer >= MIN" and
- * returns 0 (SUB: the subcommand running). */
-int ts_parse_size(const char *flag, const char *value, size_t min, size_t *out);
-
-/* Parses a finite float for `flag`; prints an error and returns 0 on failure. */
-int ts_parse_float(const char *flag, const char *value, float *out);
 
 #ifdef __cplusplus
 }

@@ -12,16 +12,11 @@
 
 #include "comm/comm.h"
 #include "engine/trainer.h"
+#include "tools/flags.h"
 #include "tools/tools.h"
 
 static const char *USAGE =
-    "usage: tessera train --model CONFIG --data DIR [--steps N] [--micro-batch B] [--seq T]\n"
-    "                     [--lr LR] [--seed S] [--grad-accum K] [--warmup N]\n"
-    "                     [--eval-every N] [--eval-batches N] [--metrics FILE]\n"
-    "                     [--weight-decay WD] [--grad-clip C] [--log-every N]\n"
-    "                     [--zero 0|1|2|3] [--global-batch G] [--dtype fp32|bf16|fp16]\n"
-    "                     [--loss-scale dynamic|S] [--loss-scale-window N] [--min-loss-scale S]\n"
-    "                     [--activation-checkpointing none|all|every:K]\n"
+    "usage: tessera train --model CONFIG --data DIR [flags]\n"
     "  --micro-batch is per rank; --global-batch = ranks x micro-batch x grad-accum\n"
     "  (give two of --global-batch, --grad-accum and the rank count fixes the third).\n"
     "  Several ranks: tessera launch -n N train ...\n";
@@ -108,91 +103,85 @@ static void print_summary(const ts_train_config *cfg, const ts_train_result *res
   printf(")\n");
 }
 
+/* --dtype: ts_dtype_parse into a ts_dtype. */
+static ts_status parse_dtype(const char *v, void *dtype) { return ts_dtype_parse(v, dtype); }
+
+/* --activation-checkpointing: ts_train_parse_recompute into recompute_every. */
+static ts_status parse_recompute(const char *v, void *every) { return ts_train_parse_recompute(v, every); }
+
+/* --loss-scale: "dynamic" (0) or a fixed scale > 0. */
+static ts_status parse_loss_scale(const char *v, void *scale) {
+  float s = 0; /* dynamic */
+  if (strcmp(v, "dynamic") != 0 && (ts_flags_float(v, &s) != TS_OK || !(s > 0)))
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "expected dynamic or a scale > 0");
+  *(float *)scale = s;
+  return TS_OK;
+}
+
 int ts_tool_train(int argc, char **argv) {
   ts_train_config cfg = ts_train_default_config();
-  size_t log_every = 0, zero = 0;
-  int warmup_set = 0, accum_set = 0;
-  const char *scale_flag = NULL; /* a loss-scaling flag given (fp16 only) */
-  int lead = ts_tool_is_lead();
-  for (int i = 1; i < argc; i++) {
-    const char *flag = argv[i];
-    if (!strcmp(flag, "-h") || !strcmp(flag, "--help")) {
-      fputs(USAGE, stdout);
-      return 0;
-    }
-    if (i + 1 >= argc) {
-      if (lead) fprintf(stderr, "tessera train: %s needs a value\n%s", flag, USAGE);
-      return 2;
-    }
-    const char *v = argv[++i];
-    int ok = 1;
-    if (!strcmp(flag, "--model")) cfg.model = v;
-    else if (!strcmp(flag, "--data")) cfg.data_dir = v;
-    else if (!strcmp(flag, "--metrics")) cfg.metrics_path = v;
-    else if (!strcmp(flag, "--steps")) ok = ts_parse_size(flag, v, 1, &cfg.steps);
-    else if (!strcmp(flag, "--micro-batch")) ok = ts_parse_size(flag, v, 1, &cfg.engine.micro_batch);
-    else if (!strcmp(flag, "--seq")) ok = ts_parse_size(flag, v, 1, &cfg.engine.seq);
-    else if (!strcmp(flag, "--grad-accum")) ok = accum_set = ts_parse_size(flag, v, 1, &cfg.engine.grad_accum);
-    else if (!strcmp(flag, "--global-batch")) ok = ts_parse_size(flag, v, 1, &cfg.global_batch);
-    else if (!strcmp(flag, "--zero")) ok = ts_parse_size(flag, v, 0, &zero);
-    else if (!strcmp(flag, "--eval-every")) ok = ts_parse_size(flag, v, 0, &cfg.eval_every);
-    else if (!strcmp(flag, "--eval-batches")) ok = ts_parse_size(flag, v, 1, &cfg.eval_batches);
-    else if (!strcmp(flag, "--log-every")) ok = ts_parse_size(flag, v, 1, &log_every);
-    else if (!strcmp(flag, "--warmup")) ok = warmup_set = ts_parse_size(flag, v, 0, &cfg.warmup);
-    else if (!strcmp(flag, "--lr")) ok = ts_parse_float(flag, v, &cfg.lr);
-    else if (!strcmp(flag, "--weight-decay")) ok = ts_parse_float(flag, v, &cfg.engine.weight_decay);
-    else if (!strcmp(flag, "--grad-clip")) ok = ts_parse_float(flag, v, &cfg.engine.grad_clip);
-    else if (!strcmp(flag, "--seed")) {
-      size_t s;
-      ok = ts_parse_size(flag, v, 0, &s);
-      cfg.engine.seed = s;
-    } else if (!strcmp(flag, "--loss-scale")) {
-      scale_flag = flag;
-      if (strcmp(v, "dynamic") != 0) {
-        ok = ts_parse_float(flag, v, &cfg.engine.loss_scale);
-        if (ok && !(cfg.engine.loss_scale > 0)) {
-          if (lead) fprintf(stderr, "tessera train: --loss-scale %s: expected dynamic or a scale > 0\n", v);
-          return 2;
-        }
-      }
-    } else if (!strcmp(flag, "--loss-scale-window")) {
-      scale_flag = flag;
-      ok = ts_parse_size(flag, v, 1, &cfg.engine.loss_scale_window);
-    } else if (!strcmp(flag, "--min-loss-scale")) {
-      scale_flag = flag;
-      ok = ts_parse_float(flag, v, &cfg.engine.min_loss_scale);
-    } else if (!strcmp(flag, "--activation-checkpointing")) {
-      if (ts_train_parse_recompute(v, &cfg.engine.recompute_every) != TS_OK) {
-        if (lead) fprintf(stderr, "tessera train: %s\n", ts_last_error());
-        return 2;
-      }
-    } else if (!strcmp(flag, "--dtype")) {
-      if (ts_dtype_parse(v, &cfg.engine.dtype) != TS_OK) {
-        if (lead) fprintf(stderr, "tessera train: %s\n", ts_last_error());
-        return 2;
-      }
-    } else {
-      if (lead) fprintf(stderr, "tessera train: unknown flag %s\n%s", flag, USAGE);
-      return 2;
-    }
-    if (!ok) return 2;
-  }
-  if (!cfg.model || !cfg.data_dir) {
-    if (lead) fprintf(stderr, "tessera train: --model and --data are required\n%s", USAGE);
-    return 2;
-  }
-  if (zero > 3) {
-    if (lead) fprintf(stderr, "tessera train: --zero %zu: expected a ZeRO stage 0, 1, 2 or 3\n", zero);
-    return 2;
-  }
-  cfg.engine.zero_stage = (int)zero;
-  if (scale_flag && cfg.engine.dtype != TS_FP16) {
-    if (lead)
-      fprintf(stderr, "tessera train: %s applies to --dtype fp16 only (got --dtype %s)\n",
-              scale_flag, ts_dtype_name(cfg.engine.dtype));
-    return 2;
-  }
-  if (cfg.global_batch && !accum_set) cfg.engine.grad_accum = 0; /* derived */
+  ts_engine_opts *e = &cfg.engine;
+  size_t log_every = 0, zero = 0, seed = (size_t)e->seed;
+  const char *warmup_set = NULL, *accum_set = NULL;
+  const char *scale_flag = NULL; /* the loss-scaling flag given last (fp16 only) */
+  const ts_flag flags[] = {
+      TS_FLAG_STRING("--model", NULL, &cfg.model, "CONFIG",
+                     "a preset (llama-tiny, ...) or a Hugging Face config.json; required", NULL),
+      TS_FLAG_STRING("--data", NULL, &cfg.data_dir, "DIR",
+                     "train.bin and val.bin from tessera prepare; required", NULL),
+      TS_FLAG_SIZE("--steps", NULL, &cfg.steps, 1, "N", "optimizer steps (default 200)", NULL),
+      TS_FLAG_SIZE("--micro-batch", NULL, &e->micro_batch, 1, "B",
+                   "sequences per micro-batch on each rank (default 8)", NULL),
+      TS_FLAG_SIZE("--seq", NULL, &e->seq, 1, "T", "tokens per sequence (default 128)", NULL),
+      TS_FLAG_FLOAT("--lr", NULL, &cfg.lr, "LR", "peak learning rate, cosine decay (default 3e-3)",
+                    NULL),
+      TS_FLAG_SIZE("--seed", NULL, &seed, 0, "S", "random seed (default 1337)", NULL),
+      TS_FLAG_SIZE("--grad-accum", NULL, &e->grad_accum, 1, "K",
+                   "micro-batches per optimizer step (default 1, or from --global-batch)",
+                   &accum_set),
+      TS_FLAG_SIZE("--warmup", NULL, &cfg.warmup, 0, "N",
+                   "linear warm-up steps (default steps / 10)", &warmup_set),
+      TS_FLAG_SIZE("--eval-every", NULL, &cfg.eval_every, 0, "N",
+                   "steps between validations (default 0: at the end only)", NULL),
+      TS_FLAG_SIZE("--eval-batches", NULL, &cfg.eval_batches, 1, "N",
+                   "validation micro-batches per validation (default 16)", NULL),
+      TS_FLAG_STRING("--metrics", NULL, &cfg.metrics_path, "FILE",
+                     "write every step and the summary to FILE as JSON Lines", NULL),
+      TS_FLAG_FLOAT("--weight-decay", NULL, &e->weight_decay, "WD",
+                    "AdamW weight decay (default 0.1)", NULL),
+      TS_FLAG_FLOAT("--grad-clip", NULL, &e->grad_clip, "C",
+                    "clip the global gradient norm to C (default 1)", NULL),
+      TS_FLAG_SIZE("--log-every", NULL, &log_every, 1, "N",
+                   "steps between kept progress lines (default steps / 20)", NULL),
+      TS_FLAG_SIZE("--zero", NULL, &zero, 0, "0|1|2|3", "ZeRO stage (default 0: DDP)", NULL),
+      TS_FLAG_SIZE("--global-batch", NULL, &cfg.global_batch, 1, "G",
+                   "sequences per optimizer step over all ranks", NULL),
+      TS_FLAG_CUSTOM("--dtype", NULL, &e->dtype, parse_dtype, "fp32|bf16|fp16",
+                     "compute dtype; master weights and Adam state stay fp32 (default fp32)",
+                     NULL),
+      TS_FLAG_CUSTOM("--loss-scale", NULL, &e->loss_scale, parse_loss_scale, "dynamic|S",
+                     "fp16: dynamic loss scaling or the fixed scale S (default dynamic)",
+                     &scale_flag),
+      TS_FLAG_SIZE("--loss-scale-window", NULL, &e->loss_scale_window, 1, "N",
+                   "fp16, dynamic: clean steps before the scale doubles (default 2000)",
+                   &scale_flag),
+      TS_FLAG_FLOAT("--min-loss-scale", NULL, &e->min_loss_scale, "S",
+                    "fp16, dynamic: the smallest scale (default 1)", &scale_flag),
+      TS_FLAG_CUSTOM("--activation-checkpointing", NULL, &e->recompute_every, parse_recompute,
+                     "none|all|every:K", "blocks recomputed in backward (default none)", NULL),
+  };
+  int r = ts_flags_parse("train", flags, sizeof flags / sizeof *flags, argc, argv, USAGE);
+  if (r != TS_FLAGS_OK) return r == TS_FLAGS_HELP ? 0 : 2;
+  if (!cfg.model || !cfg.data_dir)
+    return ts_flags_error("train", "--model and --data are required " TS_FLAGS_HINT);
+  if (zero > 3)
+    return ts_flags_error("train", "--zero %zu: expected a ZeRO stage 0, 1, 2 or 3", zero);
+  e->zero_stage = (int)zero;
+  e->seed = seed;
+  if (scale_flag && e->dtype != TS_FP16)
+    return ts_flags_error("train", "%s applies to --dtype fp16 only (got --dtype %s)", scale_flag,
+                          ts_dtype_name(e->dtype));
+  if (cfg.global_batch && !accum_set) e->grad_accum = 0; /* derived */
   if (!warmup_set) cfg.warmup = cfg.steps / 10;
   progress p = {stdout_is_terminal(), log_every ? log_every : (cfg.steps + 19) / 20};
   ts_comm *world = NULL;

@@ -1,0 +1,172 @@
+/* flags.c — the table-driven flag parser of the `tessera` subcommands (see
+ * flags.h). Every message goes through one function (vreport), so the
+ * format, ts_last_error() and the lead-rank rule hold for every flag of
+ * every command; each value kind is parsed by one function that leaves
+ * "expected ..." in ts_last_error() on failure, and ts_flags_parse alone
+ * puts "FLAG VALUE: " in front of it. */
+#include "tools/flags.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int ts_flags_is_lead(void) {
+  static const char *vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"};
+  for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
+    const char *v = getenv(vars[i]);
+    if (v) return strcmp(v, "0") == 0;
+  }
+  return 1;
+}
+
+/* Records the message as the last error and prints it after "tessera SUB: "
+ * on the lead rank; returns TS_FLAGS_BAD_USAGE. */
+static int vreport(const char *sub, const char *fmt, va_list ap) {
+  char msg[1024];
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s", msg);
+  if (ts_flags_is_lead()) fprintf(stderr, "tessera %s: %s\n", sub, msg);
+  return TS_FLAGS_BAD_USAGE;
+}
+
+int ts_flags_error(const char *sub, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int r = vreport(sub, fmt, ap);
+  va_end(ap);
+  return r;
+}
+
+ts_status ts_flags_size(const char *value, size_t min, size_t *out) {
+  int digits = value[0] >= '0' && value[0] <= '9'; /* strtoull takes signs and spaces */
+  char *end = NULL;
+  unsigned long long v = 0;
+  errno = 0;
+  if (digits) v = strtoull(value, &end, 10);
+  if (!digits || errno || *end || (size_t)v != v || v < min)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "expected an integer >= %zu", min);
+  *out = (size_t)v;
+  return TS_OK;
+}
+
+ts_status ts_flags_float(const char *value, float *out) {
+  char *end;
+  errno = 0;
+  float v = strtof(value, &end);
+  if (errno || end == value || *end || !isfinite(v))
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "expected a finite number");
+  *out = v;
+  return TS_OK;
+}
+
+/* Parses a CHOICE value into its index; the error lists the choices
+ * ("expected GiB, GB, MiB, MB or bytes"). */
+static ts_status parse_choice(const char *value, const char *const *choices, int *out) {
+  char expected[512] = "expected ";
+  size_t n = 0;
+  for (; choices[n]; n++) {
+    if (!strcmp(value, choices[n])) {
+      *out = (int)n;
+      return TS_OK;
+    }
+  }
+  for (size_t k = 0; k < n; k++) {
+    size_t len = strlen(expected);
+    snprintf(expected + len, sizeof expected - len, "%s%s",
+             k == 0 ? "" : k + 1 == n ? " or " : ", ", choices[k]);
+  }
+  return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s", expected);
+}
+
+/* Stores value through row f; on failure ts_last_error() says what was
+ * expected (possibly after the parser's own words, see ts_flag_parse_fn). */
+static ts_status store(const ts_flag *f, const char *value) {
+  switch (f->kind) {
+    case TS_FLAG_KIND_SIZE: return ts_flags_size(value, f->min, (size_t *)f->dest);
+    case TS_FLAG_KIND_FLOAT: return ts_flags_float(value, (float *)f->dest);
+    case TS_FLAG_KIND_STRING: *(const char **)f->dest = value; return TS_OK;
+    case TS_FLAG_KIND_CHOICE: return parse_choice(value, f->choices, (int *)f->dest);
+    case TS_FLAG_KIND_CUSTOM: return f->parse(value, f->dest);
+    case TS_FLAG_KIND_SWITCH: break; /* has no value; ts_flags_parse sets it */
+  }
+  return ts_set_error(TS_ERR_INTERNAL, "flag %s: no value to store for its kind", f->name);
+}
+
+/* The row named `name` (long name or alias), or NULL. */
+static const ts_flag *find(const ts_flag *flags, size_t nflags, const char *name) {
+  for (size_t k = 0; k < nflags; k++)
+    if (!strcmp(name, flags[k].name) || (flags[k].alias && !strcmp(name, flags[k].alias)))
+      return &flags[k];
+  return NULL;
+}
+
+/* Writes row f's names and value as --help shows them ("-n, --world-size N"). */
+static void row_names(const ts_flag *f, char *buf, size_t cap) {
+  int len = snprintf(buf, cap, "%s%s%s", f->alias ? f->alias : "", f->alias ? ", " : "", f->name);
+  if (f->value_name) {
+    snprintf(buf + len, cap - (size_t)len, " %s", f->value_name);
+  } else if (f->kind == TS_FLAG_KIND_CHOICE) {
+    for (size_t k = 0; f->choices[k] && (size_t)len < cap; k++)
+      len += snprintf(buf + len, cap - (size_t)len, "%c%s", k ? '|' : ' ', f->choices[k]);
+  }
+}
+
+/* --help: the command's usage, then a line per flag: its names, then its
+ * help in a column (on a line of its own after names too long for it). */
+static void print_help(const ts_flag *flags, size_t nflags, const char *usage) {
+  enum { MAX_COLUMN = 28 }; /* the help column starts at most this far in */
+  static const ts_flag help = TS_FLAG_SWITCH("--help", "-h", (int *)NULL, "print this help");
+  char names[256];
+  int width = 0;
+  for (size_t k = 0; k <= nflags; k++) {
+    row_names(k < nflags ? &flags[k] : &help, names, sizeof names);
+    int len = (int)strlen(names);
+    if (len > width && len <= MAX_COLUMN) width = len;
+  }
+  fputs(usage, stdout);
+  fputs("flags:\n", stdout);
+  for (size_t k = 0; k <= nflags; k++) {
+    const ts_flag *f = k < nflags ? &flags[k] : &help;
+    row_names(f, names, sizeof names);
+    if ((int)strlen(names) > width) printf("  %s\n  %-*s  %s\n", names, width, "", f->help);
+    else printf("  %-*s  %s\n", width, names, f->help);
+  }
+}
+
+int ts_flags_parse(const char *sub, const ts_flag *flags, size_t nflags, int argc, char **argv,
+                   const char *usage) {
+  for (int i = 1; i < argc; i++) {
+    const char *arg = argv[i];
+    /* "--name=value": the name before '=', the value after it. */
+    char name[256];
+    const char *eq = !strncmp(arg, "--", 2) ? strchr(arg, '=') : NULL;
+    snprintf(name, sizeof name, "%.*s", eq ? (int)(eq - arg) : (int)strlen(arg), arg);
+    if (!strcmp(name, "-h") || !strcmp(name, "--help")) {
+      if (ts_flags_is_lead()) print_help(flags, nflags, usage);
+      return TS_FLAGS_HELP;
+    }
+    const ts_flag *f = find(flags, nflags, name);
+    if (!f) return ts_flags_error(sub, "unknown flag %s " TS_FLAGS_HINT, name);
+    if (f->kind == TS_FLAG_KIND_SWITCH) {
+      if (eq) return ts_flags_error(sub, "%s takes no value " TS_FLAGS_HINT, name);
+      *(int *)f->dest = 1;
+      continue;
+    }
+    if (!eq && i + 1 >= argc) return ts_flags_error(sub, "%s needs a value " TS_FLAGS_HINT, name);
+    const char *value = eq ? eq + 1 : argv[++i];
+    if (store(f, value) != TS_OK) {
+      /* The parser's words from "expected" on; copied, as ts_flags_error
+       * overwrites the last error. */
+      char why[512];
+      const char *e = strstr(ts_last_error(), "expected");
+      snprintf(why, sizeof why, "%s", e ? e : ts_last_error());
+      return ts_flags_error(sub, "%s %s: %s", name, value, why);
+    }
+    if (f->given) *f->given = f->name;
+  }
+  return TS_FLAGS_OK;
+}
