@@ -4,6 +4,11 @@
 #
 #   tools/bench_train.sh [STEPS]      (default 30 steps per model)
 #
+# TESSERA_BIN (with TESSERA_HOME for its presets) runs that binary instead
+# of building the working tree's; BENCH_JSON=FILE appends one JSON line of
+# the measured figures ({"bench": "train", "model": ..., "tokens_per_s": ...})
+# per model to FILE (tools/bench_before_after.sh uses both).
+#
 # Prints a Markdown table: tokens/s and achieved model GFLOP/s (PaLM count,
 # models/llama.h) averaged over the steps after the first five, and their
 # ratio to sgemm's GFLOP/s at 1024^3 and at each model's MLP shape.
@@ -16,9 +21,15 @@ B=16
 T=128
 cd "$ROOT"
 tools/setup.sh
-bazel build --ui_event_filters=-info,-progress --noshow_progress //tools:tessera //kernels:bench_sgemm
-BIN="$ROOT/bazel-bin/tools/tessera"
-export TESSERA_HOME="$ROOT"
+if [[ -n "${TESSERA_BIN:-}" ]]; then
+  bazel build --ui_event_filters=-info,-progress --noshow_progress //kernels:bench_sgemm
+  BIN="$TESSERA_BIN"
+  export TESSERA_HOME="${TESSERA_HOME:-$ROOT}"
+else
+  bazel build --ui_event_filters=-info,-progress --noshow_progress //tools:tessera //kernels:bench_sgemm
+  BIN="$ROOT/bazel-bin/tools/tessera"
+  export TESSERA_HOME="$ROOT"
+fi
 DATA="$ROOT/data/kjv"
 tools/kjv.sh "$BIN" >/dev/null
 TMP="$(mktemp -d)"
@@ -34,9 +45,9 @@ for model in llama-tiny llama-small; do
     >"$TMP/$model.log"
 done
 
-python3 - "$TMP" "$B" "$T" <<'PY'
+python3 - "$TMP" "$B" "$T" "${BENCH_JSON:-}" <<'PY'
 import json, os, sys
-tmp, B, T = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+tmp, B, T, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 sgemm = {}
 for line in open(os.path.join(tmp, "sgemm.txt")):
     f = line.split()
@@ -60,4 +71,8 @@ for model in ("llama-tiny", "llama-small"):
     params = log.split("(")[1].split(" parameters")[0] if "parameters" in log else "?"
     print(f"| {model} | {params} | {B} x {T} | {tok:.0f} | {gf:.1f} | {gf / peak:.2f} | "
           f"{gf / sgemm[mlp[model]]:.2f} |")
+    if out:
+        with open(out, "a") as f:
+            f.write(json.dumps({"bench": "train", "model": model, "tokens_per_s": tok,
+                                "gflops": gf, "sgemm_gflops": peak}) + "\n")
 PY

@@ -4,6 +4,10 @@
 #
 #   tools/bench_zero.sh [STEPS] [RANKS] [MODEL]   (default 30, 2, llama-tiny)
 #
+# TESSERA_BIN (with TESSERA_HOME for its presets) runs that binary instead
+# of building the working tree's; BENCH_JSON=FILE appends one JSON line per
+# stage ({"bench": "zero", "stage": S, "tokens_per_s": ...}) to FILE.
+#
 # Prints a Markdown table per stage: tokens/s (mean over steps after the
 # first three) and its ratio to stage 0 of the same run, bytes sent per step
 # per rank (measured by comm/'s counters) beside the ZeRO-paper figure
@@ -18,23 +22,29 @@ N="${2:-2}"
 MODEL="${3:-llama-tiny}"
 cd "$ROOT"
 tools/setup.sh
-bazel build --ui_event_filters=-info,-progress --noshow_progress //tools:tessera
-BIN="$ROOT/bazel-bin/tools/tessera"
-export TESSERA_HOME="$ROOT"
+if [[ -n "${TESSERA_BIN:-}" ]]; then
+  BIN="$TESSERA_BIN"
+  export TESSERA_HOME="${TESSERA_HOME:-$ROOT}"
+else
+  bazel build --ui_event_filters=-info,-progress --noshow_progress //tools:tessera
+  BIN="$ROOT/bazel-bin/tools/tessera"
+  export TESSERA_HOME="$ROOT"
+fi
 tools/kjv.sh "$BIN" >/dev/null
+DATA="$ROOT/data/kjv"
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
 
 for stage in 0 1 2 3; do
-  tools/launch.sh -n "$N" "$BIN" train --model "$MODEL" --data data/kjv --zero "$stage" \
+  tools/launch.sh -n "$N" "$BIN" train --model "$MODEL" --data "$DATA" --zero "$stage" \
     --steps "$STEPS" --micro-batch $((16 / N)) --global-batch 16 --seq 128 --lr 1e-3 \
     --warmup 5 --eval-batches 1 --metrics "$TMP/zero$stage.jsonl" --log-every "$STEPS" \
     >"$TMP/zero$stage.log"
 done
 
-python3 - "$TMP" "$N" "$MODEL" "$(nproc)" <<'PY'
+python3 - "$TMP" "$N" "$MODEL" "$(nproc)" "${BENCH_JSON:-}" <<'PY'
 import json, os, sys
-tmp, n, model, cores = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+tmp, n, model, cores, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 runs = {}
 for s in range(4):
     recs = [json.loads(l) for l in open(os.path.join(tmp, f"zero{s}.jsonl"))]
@@ -63,4 +73,8 @@ for s in range(4):
     print(f"| {s} | {tok:.0f} | {tok / base_tok:.2f} | {sm['comm_bytes_per_step'] / 1e6:.3f} | "
           f"{theory / 1e6:.3f} | {'yes' if same else 'NO'} | "
           + " | ".join(f"{m[c] / mib:.2f}" for c in cats) + " |")
+    if out:
+        with open(out, "a") as f:
+            f.write(json.dumps({"bench": "zero", "model": model, "ranks": n, "stage": s,
+                                "tokens_per_s": tok, "same_losses": same}) + "\n")
 PY

@@ -8,9 +8,8 @@
 #
 #   tools/check_unchanged.sh BASE_REV [AFTER_BIN]
 #
-# BASE_REV is built once in a git worktree under ~/.cache/tessera/ (outside
-# the repository, so Bazel's //... never sees it; its binary is cached there
-# by commit); AFTER_BIN defaults to the working tree's
+# BASE_REV is built once in a git worktree by tools/build_rev.sh (cached by
+# commit); AFTER_BIN defaults to the working tree's
 # //tools:tessera, built here. The runs: llama-tiny on 1 and 2 ranks, ZeRO
 # stages 0-3, fp32/bf16/fp16, activation checkpointing none/all, 10 steps
 # each (micro-batch 4, seq 64, gradient accumulation 2, an evaluation every 5
@@ -28,19 +27,7 @@ cd "$ROOT"
 tools/setup.sh
 
 base_sha="$(git rev-parse --verify "$BASE_REV^{commit}")"
-CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/tessera"
-BASE_TREE="$CACHE/unchanged-tree-$base_sha"
-BASE_BIN="$CACHE/unchanged-tessera-$base_sha"
-if [[ ! -x "$BASE_BIN" ]]; then
-  mkdir -p "$CACHE"
-  if [[ ! -d "$BASE_TREE" ]]; then
-    git worktree add --detach "$BASE_TREE" "$base_sha" >/dev/null
-  fi
-  (cd "$BASE_TREE" && bazel build --ui_event_filters=-info,-progress --noshow_progress \
-    //tools:tessera)
-  cp "$BASE_TREE/bazel-bin/tools/tessera" "$BASE_BIN.tmp"
-  mv "$BASE_BIN.tmp" "$BASE_BIN"
-fi
+read -r BASE_BIN BASE_TREE < <(tools/build_rev.sh "$BASE_REV")
 if [[ -z "$AFTER_BIN" ]]; then
   bazel build --ui_event_filters=-info,-progress --noshow_progress //tools:tessera
   AFTER_BIN="$ROOT/bazel-bin/tools/tessera"
