@@ -21,7 +21,9 @@
 //
 // A backend other than the CPU may answer TS_ERR_UNSUPPORTED for an op it
 // has no body for yet (CUDA before the GPU issue); the test lists those. The
-// CPU must run every op.
+// CPU must run every op. The gpu-tagged build of this file
+// (kernels_parity_gpu_test, in tools/gpu_bundle.sh's bundle) also fails
+// when the machine has no CUDA device.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -844,6 +846,9 @@ TEST(BackendParity, EveryOpOnEveryBackendMatchesTheReference) {
       }
   }
   EXPECT_GE(backends, 1);
+#ifdef TS_PARITY_REQUIRE_CUDA  // the gpu-tagged build: a GPU machine must run CUDA
+  EXPECT_GT(ts_k_device_count(TS_DEVICE_CUDA), 0) << "no CUDA device: tests tagged gpu need one";
+#endif
   for (const std::string &u : unsupported) std::printf("[ unsupported ] %s\n", u.c_str());
 }
 

@@ -219,7 +219,7 @@ size_t SavedHighWater(const ts_llama_config &cfg, int u, ts_dtype dt, bool *guar
 }
 
 TEST(LlamaUnits, DeclaredSavedBytesAreWhatForwardWrites) {
-  // The engine predicts activation memory from ts_llama_saved_bytes, so the
+  // The engine predicts activation memory from ts_unit_saved_bytes, so the
   // declaration must be what forward uses: it never writes past it, and its
   // high-water mark is within 5% of it (the only slack allowed is the
   // 64-byte alignment between the saved regions). Measured: the high-water
