@@ -115,32 +115,29 @@ ts_status ts_engine_find_overflow(ts_engine *e, int *unit, int *tensor) {
 
 /* ---- tensors in and out ------------------------------------------------------------ */
 
-/* dst (n, dt, on the engine's device) = src (n fp32, host): directly on the
- * CPU, else a workspace-sized piece at a time through the workspace. */
-static ts_status cast_from_host(ts_engine *e, void *dst, const float *src, size_t n) {
+/* Converts n elements between fp32 host values and the compute dtype on
+ * the engine's device: to_host 0 writes dev (dt) from host (fp32), 1 the
+ * other way. Directly on the CPU; elsewhere a workspace-sized piece at a
+ * time through the workspace (cast on the device, copy across). host is
+ * only read when !to_host (the casts of const away are for that). */
+static ts_status stage(ts_engine *e, int to_host, void *dev, float *host, size_t n) {
   ts_dtype dt = e->opts.dtype;
-  if (e->device == TS_DEVICE_CPU) return ts_k_cast(&e->ctx, dst, dt, src, TS_FP32, n);
-  size_t piece = e->ctx.workspace_bytes / 4;
+  const ts_kctx *c = &e->ctx;
+  if (e->device == TS_DEVICE_CPU)
+    return to_host ? ts_k_cast(c, host, TS_FP32, dev, dt, n) : ts_k_cast(c, dev, dt, host, TS_FP32, n);
+  size_t piece = c->workspace_bytes / 4;
   if (piece == 0) return ts_set_error(TS_ERR_INTERNAL, "engine: no workspace to stage tensors");
   for (size_t k = 0; k < n; k += piece) {
-    size_t c = n - k < piece ? n - k : piece;
-    TS_CHECK(ts_k_from_host(&e->ctx, e->ctx.workspace, src + k, c * 4));
-    TS_CHECK(ts_k_cast(&e->ctx, (char *)dst + k * e->es, dt, e->ctx.workspace, TS_FP32, c));
-    TS_CHECK(ts_k_synchronize(&e->ctx)); /* the workspace is reused */
-  }
-  return TS_OK;
-}
-
-/* dst (n fp32, host) = src (n, dt, on the engine's device). */
-static ts_status cast_to_host(ts_engine *e, float *dst, const void *src, size_t n) {
-  ts_dtype dt = e->opts.dtype;
-  if (e->device == TS_DEVICE_CPU) return ts_k_cast(&e->ctx, dst, TS_FP32, src, dt, n);
-  size_t piece = e->ctx.workspace_bytes / 4;
-  if (piece == 0) return ts_set_error(TS_ERR_INTERNAL, "engine: no workspace to stage tensors");
-  for (size_t k = 0; k < n; k += piece) {
-    size_t c = n - k < piece ? n - k : piece;
-    TS_CHECK(ts_k_cast(&e->ctx, e->ctx.workspace, TS_FP32, (const char *)src + k * e->es, dt, c));
-    TS_CHECK(ts_k_to_host(&e->ctx, dst + k, e->ctx.workspace, c * 4));
+    size_t m = n - k < piece ? n - k : piece;
+    char *d = (char *)dev + k * e->es;
+    if (to_host) {
+      TS_CHECK(ts_k_cast(c, c->workspace, TS_FP32, d, dt, m));
+      TS_CHECK(ts_k_to_host(c, host + k, c->workspace, m * 4));
+    } else {
+      TS_CHECK(ts_k_from_host(c, c->workspace, host + k, m * 4));
+      TS_CHECK(ts_k_cast(c, d, dt, c->workspace, TS_FP32, m));
+      TS_CHECK(ts_k_synchronize(c)); /* the workspace is reused */
+    }
   }
   return TS_OK;
 }
@@ -161,8 +158,8 @@ ts_status ts_engine_set_tensor(ts_engine *e, const char *name, const float *src,
   unit_state *s = &e->units[u];
   const ts_tensor_spec *t = &e->model->units[u].tensors[i];
   ts_slice p = ts_slice_of(e, u, i, e->zero->shard_params);
-  TS_CHECK(cast_from_host(e, (char *)s->params + p.offset * e->es, src + (p.begin - t->offset),
-                          p.end - p.begin));
+  TS_CHECK(stage(e, 0, (char *)s->params + p.offset * e->es, (float *)src + (p.begin - t->offset),
+                 p.end - p.begin));
   if (!s->master) return TS_OK;
   ts_slice o = ts_slice_of(e, u, i, e->zero->shard_optim);
   return ts_k_from_host(&e->ctx, s->master + o.offset, src + (o.begin - t->offset),
@@ -175,7 +172,7 @@ ts_status ts_engine_get_tensor(ts_engine *e, const char *name, float *dst, size_
   const void *full;
   TS_CHECK(ts_engine_acquire_params(e, u, &full));
   size_t off = e->model->units[u].tensors[i].offset;
-  ts_status st = cast_to_host(e, dst, (const char *)full + off * e->es, numel);
+  ts_status st = stage(e, 1, (char *)full + off * e->es, dst, numel);
   ts_engine_release_params(e, u);
   return st;
 }
@@ -190,7 +187,7 @@ ts_status ts_engine_get_grad(const ts_engine *e, const char *name, float *dst, s
   TS_CHECK(find(e, name, numel, &u, &i));
   /* One rank: the gradient buffer is the whole padded unit in every stage. */
   size_t off = e->model->units[u].tensors[i].offset;
-  TS_CHECK(cast_to_host((ts_engine *)e, dst, (const char *)e->units[u].grads + off * e->es, numel));
+  TS_CHECK(stage((ts_engine *)e, 1, (char *)e->units[u].grads + off * e->es, dst, numel));
   float scale = e->scaler.scale;
   if (scale != 1.0f)
     for (size_t k = 0; k < numel; k++) dst[k] /= scale;
@@ -207,7 +204,7 @@ ts_status ts_engine_get_logits(const ts_engine *e, float *dst, size_t numel) {
   if (!logits)
     return ts_set_error(TS_ERR_INVALID_USAGE, "logits: the last unit of %s has none",
                         e->model->name);
-  return cast_to_host((ts_engine *)e, dst, logits, numel);
+  return stage((ts_engine *)e, 1, logits, dst, numel);
 }
 
 const float *ts_engine_optimizer_state(const ts_engine *e, int u, int which, size_t *n) {

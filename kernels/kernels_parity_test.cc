@@ -487,28 +487,19 @@ ts_status RmsnormBackward(Backend &b, ts_dtype dt, Rng &rng) {
 
 // ---- RoPE ---------------------------------------------------------------------------------
 
-// x (B, T, H, HS) rotated by position (sign +1) or back (-1), the angle in
-// fp32 as Hugging Face computes it, cos and sin in double.
-void RopeRef(const std::vector<float> &x, size_t H, float theta, int sign, std::vector<double> *ref,
-             std::vector<double> *tol, ts_dtype dt) {
+// The bounds of RoPE's outputs: cosf/sinf within 2 ulp and three roundings
+// of terms as large as |x1| + |x2|, then one rounding to dt.
+std::vector<double> RopeTol(const std::vector<float> &x, const std::vector<double> &ref,
+                            ts_dtype dt) {
+  std::vector<double> tol(x.size());
   size_t half = kHS / 2;
-  ref->assign(x.size(), 0);
-  tol->assign(x.size(), 0);
-  for (size_t b = 0; b < kB; b++)
-    for (size_t t = 0; t < kT; t++)
-      for (size_t h = 0; h < H; h++)
-        for (size_t i = 0; i < half; i++) {
-          float inv = 1.0f / std::pow(theta, (float)(2 * i) / (float)kHS);
-          float a = (float)t * inv;
-          double cs = std::cos((double)a), sn = sign * std::sin((double)a);
-          size_t o = ((b * kT + t) * H + h) * kHS;
-          double x1 = x[o + i], x2 = x[o + i + half];
-          (*ref)[o + i] = x1 * cs - x2 * sn;
-          (*ref)[o + i + half] = x2 * cs + x1 * sn;
-          double mag = std::fabs(x1) + std::fabs(x2);  // cosf/sinf within 2 ulp, 3 roundings
-          (*tol)[o + i] = Eta(dt) + U(dt) * std::fabs((*ref)[o + i]) + 8 * kU32 * mag;
-          (*tol)[o + i + half] = Eta(dt) + U(dt) * std::fabs((*ref)[o + i + half]) + 8 * kU32 * mag;
-        }
+  for (size_t o = 0; o < x.size(); o += kHS)
+    for (size_t i = 0; i < half; i++) {
+      double mag = std::fabs(x[o + i]) + std::fabs(x[o + i + half]);
+      for (size_t j : {o + i, o + i + half})
+        tol[j] = Eta(dt) + U(dt) * std::fabs(ref[j]) + 8 * kU32 * mag;
+    }
+  return tol;
 }
 
 ts_status Rope(Backend &b, ts_dtype dt, Rng &rng, int backward) {
@@ -518,9 +509,9 @@ ts_status Rope(Backend &b, ts_dtype dt, Rng &rng, int backward) {
   DevPtr dx = b.Up(x, dt), dout = b.Poisoned(x.size(), dt);
   RUN_OR_RETURN(backward ? ts_k_rope_backward(b.ctx(), dout->p, dx->p, kB, kT, H, kHS, theta, dt)
                          : ts_k_rope_forward(b.ctx(), dout->p, dx->p, kB, kT, H, kHS, theta, dt));
-  std::vector<double> ref, tol;
-  RopeRef(x, H, theta, backward ? -1 : 1, &ref, &tol, dt);
-  Expect(backward ? "dx" : "out", b.Down(*dout, x.size(), dt), ref, tol);
+  std::vector<double> ref;
+  ts_test::rope_ref(ref, x, kB, kT, H, kHS, theta, backward ? -1 : 1);
+  Expect(backward ? "dx" : "out", b.Down(*dout, x.size(), dt), ref, RopeTol(x, ref, dt));
   return TS_OK;
 }
 

@@ -72,26 +72,6 @@ TEST(Rmsnorm, ForwardMatchesNaive) {
   }
 }
 
-// Reference rotation: the fp32 angle of Hugging Face (powf, fp32 product),
-// then cos/sin and the rotation in double.
-void rope_ref(std::vector<double> &out, const std::vector<float> &x, size_t B, size_t T, size_t H,
-              size_t HS, float theta, int sign) {
-  size_t half = HS / 2;
-  out.assign(x.size(), 0);
-  for (size_t b = 0; b < B; b++)
-    for (size_t t = 0; t < T; t++)
-      for (size_t h = 0; h < H; h++)
-        for (size_t i = 0; i < half; i++) {
-          float inv = 1.0f / std::pow(theta, (float)(2 * i) / (float)HS);
-          float a = (float)t * inv;
-          double cs = std::cos((double)a), sn = sign * std::sin((double)a);
-          size_t o = ((b * T + t) * H + h) * HS;
-          double x1 = x[o + i], x2 = x[o + i + half];
-          out[o + i] = x1 * cs - x2 * sn;
-          out[o + i + half] = x2 * cs + x1 * sn;
-        }
-}
-
 TEST(Rope, ForwardMatchesNaiveAndIsIdentityAtPositionZero) {
   const size_t B = 2, T = 9, H = 3, HS = 8;
   const float theta = 10000.0f;
@@ -101,7 +81,7 @@ TEST(Rope, ForwardMatchesNaiveAndIsIdentityAtPositionZero) {
   CpuCtx c;
   ASSERT_EQ(ts_k_rope_forward(c.get(), out.data(), x.data(), B, T, H, HS, theta, TS_FP32), TS_OK);
   std::vector<double> ref;
-  rope_ref(ref, x, B, T, H, HS, theta, 1);
+  ts_test::rope_ref(ref, x, B, T, H, HS, theta, 1);
   // cosf/sinf are within 1 ulp; two products and a sum of |x| <= 1: < 1e-6.
   for (size_t i = 0; i < x.size(); i++) EXPECT_NEAR(out[i], ref[i], 1e-6) << i;
   for (size_t b = 0; b < B; b++)

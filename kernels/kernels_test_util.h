@@ -107,6 +107,26 @@ inline double max_abs(const std::vector<float> &a) {
   return m;
 }
 
+/* Reference RoPE rotation of x (B, T, H, HS), sign +1 forward, -1 back: the fp32 angle of Hugging Face (powf, fp32 product),
+* then cos/sin and the rotation in double. */
+inline void rope_ref(std::vector<double> &out, const std::vector<float> &x, size_t B, size_t T,
+                     size_t H, size_t HS, float theta, int sign) {
+  size_t half = HS / 2;
+  out.assign(x.size(), 0);
+  for (size_t b = 0; b < B; b++)
+    for (size_t t = 0; t < T; t++)
+      for (size_t h = 0; h < H; h++)
+        for (size_t i = 0; i < half; i++) {
+          float inv = 1.0f / std::pow(theta, (float)(2 * i) / (float)HS);
+          float a = (float)t * inv;
+          double cs = std::cos((double)a), sn = sign * std::sin((double)a);
+          size_t o = ((b * T + t) * H + h) * HS;
+          double x1 = x[o + i], x2 = x[o + i + half];
+          out[o + i] = x1 * cs - x2 * sn;
+          out[o + i + half] = x2 * cs + x1 * sn;
+        }
+}
+
 }  // namespace ts_test
 
 #endif /* TS_KERNELS_KERNELS_TEST_UTIL_H */

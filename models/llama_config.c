@@ -3,6 +3,7 @@
 #include "models/llama_config.h"
 
 #include "models/config_json.h"
+#include "models/llama.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -131,16 +132,14 @@ done:
 
 ts_status ts_llama_config_parse(const char *json, const char *source, ts_llama_config *out) {
   memset(out, 0, sizeof *out);
-  cJSON *root = cJSON_Parse(json);
-  if (!root || !cJSON_IsObject(root)) {
-    cJSON_Delete(root);
-    return ts_set_error(TS_ERR_FORMAT, "%s: not a JSON object: expected a Hugging Face config.json",
-                        source);
-  }
-  char name[64];
-  ts_cfg_stem(source, name, sizeof name);
-  ts_status st = ts_llama_config_from_json(root, name, source, out);
-  cJSON_Delete(root);
+  ts_model m;
+  TS_CHECK(ts_model_parse(json, source, &m));
+  ts_status st = TS_OK;
+  if (m.family == &ts_llama_family)
+    *out = *ts_llama_config_of(&m);
+  else
+    st = ts_set_error(TS_ERR_FORMAT, "%s: field \"model_type\": expected \"llama\"", source);
+  ts_model_free(&m);
   return st;
 }
 

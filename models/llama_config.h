@@ -70,7 +70,8 @@ ts_status ts_llama_config_validate(const ts_llama_config *c);
 ts_status ts_llama_config_from_json(const void *json_object, const char *name,
                                     const char *source, ts_llama_config *out);
 
-/* The same from config.json text (the name is the file stem of source). */
+/* The same from config.json text (the name is the file stem of source),
+ * through ts_model_parse: TS_ERR_FORMAT also for another model_type. */
 ts_status ts_llama_config_parse(const char *json, const char *source, ts_llama_config *out);
 
 /* Parameter count Ψ (unpadded): embeddings, L blocks, final norm, and the
