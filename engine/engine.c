@@ -144,6 +144,16 @@ ts_status ts_engine_alloc(ts_engine *e) {
     TS_CHECK(ts_ledger_alloc(&e->ledger, dev, TS_MEM_ACTIVATIONS, B * T * C * es, &e->acts[u]));
   TS_CHECK(ts_ledger_alloc(&e->ledger, dev, TS_MEM_ACTIVATIONS, B * T * 4, (void **)&e->tokens));
   TS_CHECK(ts_ledger_alloc(&e->ledger, dev, TS_MEM_ACTIVATIONS, B * T * 4, (void **)&e->targets));
+  /* The host's batch (ts_engine_batch): the same buffers on the CPU, host
+   * staging (the ledger's CPU account) beside a device's. */
+  e->h_tokens = e->tokens;
+  e->h_targets = e->targets;
+  if (dev != TS_DEVICE_CPU) {
+    TS_CHECK(ts_ledger_alloc(&e->ledger, TS_DEVICE_CPU, TS_MEM_ACTIVATIONS, B * T * 4,
+                             (void **)&e->h_tokens));
+    TS_CHECK(ts_ledger_alloc(&e->ledger, TS_DEVICE_CPU, TS_MEM_ACTIVATIONS, B * T * 4,
+                             (void **)&e->h_targets));
+  }
   for (int i = 0; i < 2; i++)
     TS_CHECK(ts_ledger_alloc(&e->ledger, dev, TS_MEM_ACTIVATIONS, B * T * C * es, &e->dbuf[i]));
   size_t rb = ts_engine_recompute_bytes(m, &e->opts);
@@ -226,6 +236,8 @@ void ts_engine_free(ts_engine *e) {
   }
   if (e->acts)
     for (int u = 1; u < e->model->n_units; u++) ts_ledger_free(&e->ledger, e->acts[u]);
+  if (e->h_tokens != e->tokens) ts_ledger_free(&e->ledger, e->h_tokens);
+  if (e->h_targets != e->targets) ts_ledger_free(&e->ledger, e->h_targets);
   ts_ledger_free(&e->ledger, e->tokens);
   ts_ledger_free(&e->ledger, e->targets);
   ts_ledger_free(&e->ledger, e->dbuf[0]);
@@ -346,9 +358,9 @@ static ts_status forward(ts_engine *e, double *loss) {
   return TS_OK;
 }
 
-/* Copies this micro-batch's (B, T) inputs and targets to the device
- * (nothing when the caller filled the engine's own buffers) and counts the
- * targets that are not -100 (host arithmetic on the host array). */
+/* Copies this micro-batch's (B, T) host inputs and targets to the device
+ * (nothing on the CPU when the caller filled the engine's own buffers) and
+ * counts the targets that are not -100 (host arithmetic on the host array). */
 static ts_status load_batch(ts_engine *e, const int32_t *inputs, const int32_t *targets,
                             size_t *count) {
   size_t BT = e->opts.micro_batch * e->opts.seq;
@@ -602,8 +614,8 @@ const ts_mem_account *ts_engine_memory(const ts_engine *e) {
 }
 
 void ts_engine_batch(ts_engine *e, int32_t **inputs, int32_t **targets) {
-  *inputs = e->tokens;
-  *targets = e->targets;
+  *inputs = e->h_tokens;
+  *targets = e->h_targets;
 }
 
 const ts_flat_layout *ts_engine_layout(const ts_engine *e, int u) {

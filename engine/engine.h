@@ -248,10 +248,12 @@ ts_status ts_engine_optimizer_step(ts_engine *e, float lr, ts_step_stats *stats)
 ts_status ts_engine_eval(ts_engine *e, const int32_t *inputs, const int32_t *targets,
                          double *loss_sum, size_t *count);
 
-/* The engine's own (B, T) int32 input and target buffers (ledger category
- * activations). A caller that fills them and passes them back to
- * ts_engine_micro_step / ts_engine_eval saves a copy and stays inside the
- * ledger. */
+/* The engine's own (B, T) int32 input and target buffers, host memory
+ * (ledger category activations: on the CPU they are the batch the units
+ * read; beside a device, host staging charged to the ledger's CPU
+ * account). A caller that fills them and passes them back to
+ * ts_engine_micro_step / ts_engine_eval saves a copy on the CPU and stays
+ * inside the ledger. */
 void ts_engine_batch(ts_engine *e, int32_t **inputs, int32_t **targets);
 
 /* This rank's memory counters on the engine's device (read-only; the

@@ -58,6 +58,9 @@ struct ts_engine {
   void **acts;           /* [n_units] input of unit u (B, T, C), acts[0] unused */
   int32_t *tokens;       /* (B, T) inputs of the current micro-batch */
   int32_t *targets;      /* (B, T) */
+  int32_t *h_tokens;     /* (B, T) the host's batch (ts_engine_batch): tokens itself on the
+                            CPU, host staging for a device */
+  int32_t *h_targets;    /* (B, T) likewise */
   void *dbuf[2];         /* (B, T, C) activation gradients, ping-pong */
   void *recompute_saved; /* saved activations of the recomputed unit in use */
   /* The step's scalars on the device, read once per step (one block): */

@@ -201,6 +201,18 @@ TEST(Engine, RejectsBadOptions) {
   o.zero_stage = 4;
   EXPECT_EQ(ts_engine_create(&e, &model, &o, nullptr), TS_ERR_INVALID_ARGUMENT);
   EXPECT_STREQ(ts_last_error(), "--zero 4: expected a ZeRO stage 0, 1, 2 or 3");
+  o.zero_stage = 0;
+  o.device = (ts_device)9;
+  EXPECT_EQ(ts_engine_create(&e, &model, &o, nullptr), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_STREQ(ts_last_error(), "device 9: expected cpu or cuda");
+  if (ts_k_device_count(TS_DEVICE_CUDA) == 0) {  // a machine without a GPU: one clear line
+    o.device = TS_DEVICE_CUDA;
+    EXPECT_EQ(ts_engine_create(&e, &model, &o, nullptr), TS_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(ts_last_error()).find("cuda device 0: this process sees 0"),
+              std::string::npos)
+        << ts_last_error();
+    EXPECT_EQ(e, nullptr);
+  }
   ts_model_free(&model);
 }
 

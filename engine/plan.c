@@ -72,7 +72,7 @@ ts_status ts_engine_plan(const ts_model *model, const ts_engine_opts *opts, size
   e->rank = 0; /* shards are equal, so every rank's plan is rank 0's */
   e->dp_size = (int)dp_size;
   if (st == TS_OK) st = ts_engine_alloc(e);
-  if (st == TS_OK) st = ts_engine_run_micro_step(e, e->tokens, e->targets);
+  if (st == TS_OK) st = ts_engine_run_micro_step(e, e->h_tokens, e->h_targets);
   if (st == TS_OK) *out = *ts_ledger_account(&e->ledger, e->device);
   ts_engine_free(e);
   return st;

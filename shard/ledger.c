@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/rng.h"
 #include "kernels/kernels.h"
 
 typedef struct entry {
@@ -47,11 +48,9 @@ void ts_ledger_release(ts_ledger *ledger) {
   ledger->table = NULL;
 }
 
-/* Home slot of key k in a table of cap slots (Fibonacci hashing of the
- * address without its always-zero low bits). */
-static size_t home(uintptr_t k, size_t cap) {
-  return (size_t)(((uint64_t)(k >> 4) * 0x9e3779b97f4a7c15ull) >> 20) & (cap - 1);
-}
+/* Home slot of key k in a table of cap slots (splitmix64's mixer of the
+ * address, base/rng.h). */
+static size_t home(uintptr_t k, size_t cap) { return (size_t)ts_mix64((uint64_t)k) & (cap - 1); }
 
 /* The slot holding key k, or the empty slot where it would go. */
 static size_t probe(const ts_ledger_table *t, uintptr_t k) {
