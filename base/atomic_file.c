@@ -33,6 +33,7 @@ static void fsync_parent(const char *path) {
   free(dir);
 }
 
+/* Frees f and its names (the stream is closed by then). */
 static void release(ts_atomic_file *f) {
   free(f->path);
   free(f->tmp);

@@ -103,7 +103,10 @@ static ts_status alloc_scalars(ts_engine *e) {
   size_t K = e->opts.grad_accum, U = (size_t)e->model->n_units;
   size_t doubles = 2 * K + U + 2;
   e->scalar_bytes = doubles * sizeof(double) + U * TS_UNIT_MAX_TENSORS * sizeof(int32_t);
-  if (e->plan) return TS_OK;
+  if (e->plan) /* what a real run charges: the block on a device, nothing on the CPU */
+    return e->device == TS_DEVICE_CPU ? TS_OK
+                                      : ts_ledger_alloc(&e->ledger, e->device, TS_MEM_WORKSPACE,
+                                                        e->scalar_bytes, (void **)&e->scalars);
   e->h_scalars = calloc(1, e->scalar_bytes); /* the host's copy of the block */
   if (!e->h_scalars) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "engine: step scalars");
   void *block = NULL;
@@ -207,7 +210,14 @@ ts_status ts_engine_create(ts_engine **out, const ts_model *model, const ts_engi
   ts_status st = ts_engine_new(model, opts, &e);
   if (!e) return st;
   ts_ledger_init(&e->ledger);
-  if (st == TS_OK) st = ts_k_context_init(&e->ctx, e->device, 0);
+  /* comm/ moves host memory only so far: the gathers and reductions of a
+   * device's buffers wait for a device transport (the GPU issue). */
+  if (st == TS_OK && e->device != TS_DEVICE_CPU)
+    st = ts_set_error(TS_ERR_UNSUPPORTED,
+                      "engine on %s: its collectives need a device transport in comm/, which "
+                      "carries host memory only so far",
+                      ts_device_name(e->device));
+  if (st == TS_OK) st = ts_k_context_init(&e->ctx, e->device, opts->device_index);
   if (st == TS_OK && !dp) st = ts_comm_self(&e->own_comm);
   if (st == TS_OK) {
     e->dp = dp ? dp : e->own_comm;
@@ -225,6 +235,7 @@ ts_status ts_engine_create(ts_engine **out, const ts_model *model, const ts_engi
 
 void ts_engine_free(ts_engine *e) {
   if (!e) return;
+  if (e->hooks && e->hooks->release) e->hooks->release(e->hooks->user, e);
   if (e->units) {
     for (int u = 0; u < e->model->n_units; u++) {
       unit_state *s = &e->units[u];

@@ -69,11 +69,14 @@
  * are collective over the data-parallel group: every rank calls them in the
  * same order. ts_engine_create is local.
  *
- * Devices: every buffer lives on opts->device and every op runs there
- * through kernels/kernels.h; inside a step the engine reads the device
- * once, at the optimizer step (the micro-batches' losses and the units'
- * squared norms, one block), and writes it once per micro-batch (the token
- * batch). The files of engine/ split it by concept (engine_internal.h).
+ * Devices: every training buffer lives on opts->device and every op runs
+ * there through kernels/kernels.h. Inside a step the engine writes the
+ * device once per micro-batch (its tokens and targets) and reads it once,
+ * at the optimizer step (the micro-batches' losses and the units' squared
+ * norms, one block); a skipped fp16 step reads its overflow flags too, and
+ * a micro-step asked for its loss reads that. Host memory beside a device:
+ * the batch's staging (ts_engine_batch) and the scalars' host copy. The
+ * files of engine/ split it by concept (engine_internal.h).
  */
 #ifndef TS_ENGINE_ENGINE_H
 #define TS_ENGINE_ENGINE_H
@@ -119,10 +122,12 @@ typedef struct ts_engine_opts {
    * nothing and the head's backward follows its forward directly, so
    * neither is ever checkpointed. */
   size_t recompute_every;
-  /* Where every training buffer lives and every op runs (process-wide:
-   * GPU local_rank % device_count is the caller's choice of context). The
-   * CPU runs every op; CUDA runs what kernels/cuda/ has (kernels.h). */
+  /* Where every training buffer lives and every op runs: the CPU, or a
+   * CUDA GPU (ordinal device_index; the caller picks it, e.g. local rank %
+   * device count). The plan takes any device; create refuses all but the
+   * CPU until comm/ has a device transport (TS_ERR_UNSUPPORTED). */
   ts_device device;
+  int device_index;
 } ts_engine_opts;
 
 /* Defaults: B 8, T 128, accumulation 1, fp32, seed 1337, AdamW (0.9, 0.95,
@@ -202,8 +207,9 @@ typedef struct ts_step_stats {
  * Errors: TS_ERR_INVALID_ARGUMENT (B, T or accumulation zero, T >
  * max_position_embeddings, zero_stage outside 0-3: the message names the
  * flag and the expected value; in fp16 also a loss scale that is negative
- * or not finite, an initial scale below the minimum, a window of 0),
- * TS_ERR_OUT_OF_MEMORY, TS_ERR_MPI. */
+ * or not finite, an initial scale below the minimum, a window of 0; an
+ * unknown device), TS_ERR_UNSUPPORTED (a device other than the CPU, until
+ * comm/ carries device memory), TS_ERR_OUT_OF_MEMORY, TS_ERR_MPI. */
 ts_status ts_engine_create(ts_engine **out, const ts_model *model, const ts_engine_opts *opts,
                            ts_comm *dp);
 /* Frees every buffer (the ledger returns to zero) and the engine; NULL is a

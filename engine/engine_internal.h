@@ -11,8 +11,9 @@
  *              and the activation prediction
  *
  * Ownership: the engine owns every buffer below and allocates each through
- * its ledger on its device (e->device), except the step scalars on the CPU
- * (see alloc_scalars in engine.c).
+ * its ledger on its device (e->device), except: the batch's host staging
+ * beside a device (the ledger's CPU account), the step scalars on the CPU
+ * and their host copy (plain host memory; see alloc_scalars in engine.c).
  */
 #ifndef TS_ENGINE_ENGINE_INTERNAL_H
 #define TS_ENGINE_ENGINE_INTERNAL_H
@@ -42,18 +43,18 @@ typedef struct unit_state {
 } unit_state;
 
 struct ts_engine {
-  const ts_model *model;
-  ts_engine_opts opts;
+  const ts_model *model;      /* borrowed from the creator */
+  ts_engine_opts opts;        /* as given */
   const ts_zero_policy *zero; /* the stage's policy (zero.h) */
   ts_device device;      /* where every training buffer lives */
-  ts_ledger ledger;
+  ts_ledger ledger;      /* every buffer below, per device */
   ts_kctx ctx;           /* the device's context, with the workspace */
   ts_comm *dp;           /* data-parallel group (borrowed or own_comm) */
   ts_comm *own_comm;     /* the one-rank group made when none was given */
   int rank, dp_size;     /* this rank r and N, of the data-parallel group */
   size_t es;             /* bytes per compute element */
   void *scratch;         /* reduce-scatter scratch, (N-1) * max S elements */
-  size_t scratch_bytes;
+  size_t scratch_bytes;  /* its size, bytes */
   unit_state *units;     /* [n_units] */
   void **acts;           /* [n_units] input of unit u (B, T, C), acts[0] unused */
   int32_t *tokens;       /* (B, T) inputs of the current micro-batch */
@@ -83,7 +84,10 @@ struct ts_engine {
 
 /* ---- engine.c ------------------------------------------------------------ */
 
-/* A zeroed engine for model and opts (checked), its ledger not yet set. */
+/* A zeroed engine for model and opts, its ledger not yet set. *out is NULL
+ * when the options fail their checks, but set (for the caller to free with
+ * ts_engine_free) when only the loss scaler's settings do: callers test
+ * *out, then the status. */
 ts_status ts_engine_new(const ts_model *model, const ts_engine_opts *opts, ts_engine **out);
 
 /* Allocates every buffer through the ledger and initialises the
@@ -97,6 +101,7 @@ ts_status ts_engine_run_micro_step(ts_engine *e, const int32_t *inputs, const in
  * (zero.h's table): s->params, grads, master (NULL in fp32), m, v, on dev. */
 ts_status ts_engine_alloc_model_state(ts_ledger *ledger, ts_device dev, const ts_flat_layout *l,
                                       const ts_zero_policy *z, ts_dtype dt, unit_state *s);
+/* Frees what ts_engine_alloc_model_state allocated (NULLs are fine). */
 void ts_engine_free_model_state(ts_ledger *ledger, unit_state *s);
 
 /* TS_ERR_INVALID_ARGUMENT unless zero_stage is 0-3 (the flag named). */
@@ -126,12 +131,13 @@ typedef struct ts_slice {
 /* Walks the non-empty parts of unit u's tensors (layout order) in a
  * buffer that holds the whole unit (sharded == 0) or this rank's shard. */
 typedef struct ts_slice_iter {
-  const ts_engine *e;
-  int unit;
-  int sharded;
-  int next; /* the next tensor to look at */
+  const ts_engine *e; /* the engine (borrowed) */
+  int unit;           /* the unit walked */
+  int sharded;        /* 1: the buffer holds this rank's shard, 0: the whole unit */
+  int next;           /* the next tensor to look at */
 } ts_slice_iter;
 
+/* An iterator over unit u's parts in a buffer sharded or whole. */
 ts_slice_iter ts_slices(const ts_engine *e, int u, int sharded);
 /* Fills *s with the next part; 0 when there is none left. */
 int ts_slice_next(ts_slice_iter *it, ts_slice *s);
@@ -140,8 +146,9 @@ ts_slice ts_slice_of(const ts_engine *e, int u, int i, int sharded);
 /* Element offset of flat element `flat` of unit u in a held buffer. */
 size_t ts_engine_held_offset(const ts_engine *e, int u, int sharded, size_t flat);
 
-/* AdamW on this rank's part of unit u (optimizer.c's step): each tensor's
- * part with its own weight decay; scale multiplies the gradient first. */
+/* AdamW on this rank's part of unit u (for the optimizer step in engine.c):
+ * each tensor's part with its own weight decay; scale multiplies the
+ * gradient first. */
 ts_status ts_engine_adamw_unit(ts_engine *e, int u, float lr, float scale);
 
 /* Skipped step: where the overflow began (tensors.c): the highest unit

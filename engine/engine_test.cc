@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
@@ -205,14 +206,47 @@ TEST(Engine, RejectsBadOptions) {
   o.device = (ts_device)9;
   EXPECT_EQ(ts_engine_create(&e, &model, &o, nullptr), TS_ERR_INVALID_ARGUMENT);
   EXPECT_STREQ(ts_last_error(), "device 9: expected cpu or cuda");
-  if (ts_k_device_count(TS_DEVICE_CUDA) == 0) {  // a machine without a GPU: one clear line
-    o.device = TS_DEVICE_CUDA;
-    EXPECT_EQ(ts_engine_create(&e, &model, &o, nullptr), TS_ERR_INVALID_ARGUMENT);
-    EXPECT_NE(std::string(ts_last_error()).find("cuda device 0: this process sees 0"),
-              std::string::npos)
-        << ts_last_error();
-    EXPECT_EQ(e, nullptr);
+  // A device engine waits for comm/'s device transport: refused in one line.
+  o.device = TS_DEVICE_CUDA;
+  EXPECT_EQ(ts_engine_create(&e, &model, &o, nullptr), TS_ERR_UNSUPPORTED);
+  EXPECT_NE(std::string(ts_last_error()).find("engine on cuda: its collectives need a device "
+                                              "transport"),
+            std::string::npos)
+      << ts_last_error();
+  EXPECT_EQ(e, nullptr);
+  ts_model_free(&model);
+}
+
+// The plan of a device engine charges what its create would: the same model
+// states, activations and comm as on the CPU, and a workspace of the
+// kernels' (sized for that device) plus the step's scalar block, which on
+// the CPU is host bookkeeping. Plans allocate nothing, so no GPU is needed.
+TEST(Engine, ThePlanOfADeviceChargesItsStepScalars) {
+  ts_model model{};
+  ts_llama_config c = SmallConfig(64);
+  ASSERT_EQ(ts_llama_model_init(&model, &c), TS_OK);
+  ts_engine_opts o = Opts(2, 8);
+  o.grad_accum = 3;
+  o.dtype = TS_BF16;
+  ts_mem_account cpu, cuda;
+  ASSERT_EQ(ts_engine_plan(&model, &o, 2, &cpu), TS_OK) << ts_last_error();
+  o.device = TS_DEVICE_CUDA;
+  ASSERT_EQ(ts_engine_plan(&model, &o, 2, &cuda), TS_OK) << ts_last_error();
+  for (int k : {TS_MEM_PARAMS, TS_MEM_GRADS, TS_MEM_MASTER, TS_MEM_OPTIM, TS_MEM_ACTIVATIONS,
+                TS_MEM_COMM}) {
+    EXPECT_EQ(cuda.peak[k], cpu.peak[k]) << ts_mem_category_name((ts_mem_category)k);
+    EXPECT_EQ(cuda.current[k], cpu.current[k]) << ts_mem_category_name((ts_mem_category)k);
   }
+  size_t ws_cpu = 0, ws_cuda = 0, U = (size_t)model.n_units;
+  for (int u = 0; u < model.n_units; u++) {
+    ws_cpu = std::max(ws_cpu, ts_unit_workspace_bytes(&model, u, 2, 8, TS_BF16, TS_DEVICE_CPU));
+    ws_cuda = std::max(ws_cuda, ts_unit_workspace_bytes(&model, u, 2, 8, TS_BF16, TS_DEVICE_CUDA));
+  }
+  // (loss sum, rows) per micro-batch, a squared norm per unit, the
+  // evaluation's pair, then an int32 flag per (unit, tensor)
+  size_t scalars = (2 * 3 + U + 2) * sizeof(double) + U * TS_UNIT_MAX_TENSORS * sizeof(int32_t);
+  EXPECT_EQ(cpu.current[TS_MEM_WORKSPACE], ws_cpu);
+  EXPECT_EQ(cuda.current[TS_MEM_WORKSPACE], ws_cuda + scalars);
   ts_model_free(&model);
 }
 

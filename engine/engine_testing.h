@@ -27,6 +27,8 @@ typedef struct ts_engine_hooks {
    * compute dtype, on the engine's device). A status other than TS_OK
    * fails the micro-step. */
   ts_status (*after_backward)(void *user, struct ts_engine *e, int step, int unit, void *grads);
+  /* Runs once when the engine carrying the hooks is freed (NULL: none). */
+  void (*release)(void *user, struct ts_engine *e);
   void *user; /* passed back as is */
 } ts_engine_hooks;
 
@@ -62,7 +64,8 @@ typedef struct ts_engine_inject {
 
 /* Arms one more planted value on this rank only (up to 4; a fifth
  * replaces the fourth), or with NULL disarms them all; unit and tensor
- * must exist (asserted). Uses the engine's hooks. */
+ * must exist (asserted). Uses the engine's hooks; at most 8 engines armed
+ * at once (asserted), each released when it is freed. */
 void ts_engine_inject_nonfinite(struct ts_engine *e, const ts_engine_inject *inject);
 
 #ifdef __cplusplus

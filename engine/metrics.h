@@ -55,10 +55,10 @@ typedef struct ts_metrics_summary {
   size_t params_unpadded, params_padded; /* Ψ and Σ padded flat lengths */
   int world_size;                        /* N data-parallel ranks */
   const ts_engine_opts *opts;            /* stage, dtype, recompute, batch shape */
-  size_t activation_bytes_predicted;
-  size_t skipped_steps;
+  size_t activation_bytes_predicted;     /* ts_engine_activation_bytes */
+  size_t skipped_steps;                  /* fp16 overflows */
   float loss_scale;                      /* the final one */
-  size_t global_batch;
+  size_t global_batch;                   /* sequences per step, all ranks */
   const ts_step_stats *last;             /* the last optimizer step (communication) */
   const double *mem;                     /* (world_size, TS_METRICS_RANK_FIELDS) */
 } ts_metrics_summary;

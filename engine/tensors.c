@@ -135,8 +135,7 @@ static ts_status stage(ts_engine *e, int to_host, void *dev, float *host, size_t
       TS_CHECK(ts_k_to_host(c, host + k, c->workspace, m * 4));
     } else {
       TS_CHECK(ts_k_from_host(c, c->workspace, host + k, m * 4));
-      TS_CHECK(ts_k_cast(c, d, dt, c->workspace, TS_FP32, m));
-      TS_CHECK(ts_k_synchronize(c)); /* the workspace is reused */
+      TS_CHECK(ts_k_cast(c, d, dt, c->workspace, TS_FP32, m)); /* stream order guards the reuse */
     }
   }
   return TS_OK;
@@ -158,10 +157,11 @@ ts_status ts_engine_set_tensor(ts_engine *e, const char *name, const float *src,
   unit_state *s = &e->units[u];
   const ts_tensor_spec *t = &e->model->units[u].tensors[i];
   ts_slice p = ts_slice_of(e, u, i, e->zero->shard_params);
-  TS_CHECK(stage(e, 0, (char *)s->params + p.offset * e->es, (float *)src + (p.begin - t->offset),
-                 p.end - p.begin));
-  if (!s->master) return TS_OK;
+  if (p.end > p.begin) /* (an empty part's begin may lie before the tensor) */
+    TS_CHECK(stage(e, 0, (char *)s->params + p.offset * e->es,
+                   (float *)src + (p.begin - t->offset), p.end - p.begin));
   ts_slice o = ts_slice_of(e, u, i, e->zero->shard_optim);
+  if (!s->master || o.end == o.begin) return TS_OK;
   return ts_k_from_host(&e->ctx, s->master + o.offset, src + (o.begin - t->offset),
                         (o.end - o.begin) * 4);
 }

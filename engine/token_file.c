@@ -2,10 +2,11 @@
  * token_file.c — token files (llm.c shard layout) and the deterministic data
  * loader.
  *
- * Invariants: an open shard has been validated completely (header, exact
- * size, every token < vocab_size), so readers never re-check; shard files are
- * only ever replaced by rename, so a mapping stays valid while open; the
- * loader's output depends only on (shard, T, seed, shuffle, sample index).
+ * Invariants: an open token file has been validated completely (header,
+ * exact size, every token < vocab_size), so readers never re-check; token
+ * files are only ever replaced by rename (base/atomic_file.h), so a mapping
+ * stays valid while open; the loader's output depends only on (file, T,
+ * seed, shuffle, sample index).
  */
 #define _POSIX_C_SOURCE 200809L
 

@@ -1,4 +1,4 @@
-// data_test.cc — token shards (round trip, every malformed-file error) and
+// token_file_test.cc — token files (round trip, every malformed-file error) and
 // the loader (contiguous windows, shifted targets, per-epoch permutation,
 // data-parallel slices that tile the global batch).
 #include "engine/token_file.h"
@@ -19,9 +19,7 @@
 
 namespace {
 
-using ts_test::TempDir;
-
-// A fresh directory per test, removed with its files at the end.
+using ts_test::TempDir;  // a fresh folder per test, removed with its files
 
 bool FileExists(const std::string &p) { return access(p.c_str(), F_OK) == 0; }
 

@@ -40,11 +40,11 @@ static double now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-ts_status ts_train_resolve_batch(size_t world, size_t *global_batch, ts_engine_opts *eo) {
-  size_t G = *global_batch, B = eo->micro_batch, K = eo->grad_accum, NB = world * B;
-  if (B == 0 || world == 0)
+ts_status ts_train_resolve_batch(size_t dp_size, size_t *global_batch, ts_engine_opts *eo) {
+  size_t G = *global_batch, B = eo->micro_batch, K = eo->grad_accum, NB = dp_size * B;
+  if (B == 0 || dp_size == 0)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--micro-batch %zu on %zu ranks: expected >= 1",
-                        B, world);
+                        B, dp_size);
   if (G == 0) {
     if (K == 0)
       return ts_set_error(TS_ERR_INVALID_ARGUMENT,
@@ -57,7 +57,7 @@ ts_status ts_train_resolve_batch(size_t world, size_t *global_batch, ts_engine_o
       return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                           "--global-batch %zu: not divisible by %zu ranks x --micro-batch %zu = "
                           "%zu (it would need --grad-accum %.4g)",
-                          G, world, B, NB, (double)G / (double)NB);
+                          G, dp_size, B, NB, (double)G / (double)NB);
     eo->grad_accum = G / NB;
     return TS_OK;
   }
@@ -65,21 +65,21 @@ ts_status ts_train_resolve_batch(size_t world, size_t *global_batch, ts_engine_o
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "--global-batch %zu: expected %zu ranks x --micro-batch %zu x "
                         "--grad-accum %zu = %zu",
-                        G, world, B, K, NB * K);
+                        G, dp_size, B, K, NB * K);
   return TS_OK;
 }
 
 typedef struct run {
-  const ts_train_config *cfg;
+  const ts_train_config *cfg; /* borrowed */
   ts_engine_opts eo;         /* cfg->engine with grad_accum resolved */
   size_t global_batch;       /* sequences per step over all ranks */
   ts_comm *dp;               /* cfg->dp or own_comm */
   ts_comm *own_comm;         /* one-rank group when cfg->dp is NULL */
-  int rank, world;
-  ts_model model;
-  ts_token_file *train, *val;
-  ts_loader *train_ld, *val_ld;
-  ts_engine *engine;
+  int rank, dp_size;         /* this rank and N, of the data-parallel group */
+  ts_model model;            /* loaded from cfg->model */
+  ts_token_file *train, *val; /* DATA/train.bin, DATA/val.bin */
+  ts_loader *train_ld, *val_ld; /* shuffled, in file order */
+  ts_engine *engine;         /* the step */
   int32_t *inputs, *targets; /* (B, T) host, the engine's own buffers */
   ts_metrics *metrics;       /* rank 0 only */
   ts_step_stats last;        /* the last optimizer step */
@@ -100,7 +100,7 @@ static void run_free(run *r) {
  * N * B sequences: rank r evaluates its B of each, and the loss sums and
  * counts are summed over ranks (the same sequences whatever N). */
 static ts_status evaluate(run *r, double *val_loss) {
-  size_t B = r->eo.micro_batch, NB = B * (size_t)r->world;
+  size_t B = r->eo.micro_batch, NB = B * (size_t)r->dp_size;
   size_t windows = ts_loader_num_windows(r->val_ld);
   size_t batches = r->cfg->eval_batches;
   if (batches * NB > windows) batches = windows / NB;
@@ -122,10 +122,10 @@ static ts_status evaluate(run *r, double *val_loss) {
 static ts_status setup(run *r) {
   const ts_train_config *cfg = r->cfg;
   char path[4096];
-  TS_CHECK(ts_train_resolve_batch((size_t)r->world, &r->global_batch, &r->eo));
+  TS_CHECK(ts_train_resolve_batch((size_t)r->dp_size, &r->global_batch, &r->eo));
   TS_CHECK(ts_model_resolve(cfg->model, path, sizeof path));
   TS_CHECK(ts_model_load(path, &r->model));
-  size_t V = r->model.vocab_size, T = r->eo.seq, NB = r->eo.micro_batch * (size_t)r->world;
+  size_t V = r->model.vocab_size, T = r->eo.seq, NB = r->eo.micro_batch * (size_t)r->dp_size;
   snprintf(path, sizeof path, "%s/train.bin", cfg->data_dir);
   TS_CHECK(ts_token_file_open(&r->train, path, V));
   snprintf(path, sizeof path, "%s/val.bin", cfg->data_dir);
@@ -136,7 +136,7 @@ static ts_status setup(run *r) {
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "%s/val.bin: %zu windows of --seq %zu: expected at least %d ranks x "
                         "--micro-batch %zu = %zu",
-                        cfg->data_dir, ts_loader_num_windows(r->val_ld), T, r->world,
+                        cfg->data_dir, ts_loader_num_windows(r->val_ld), T, r->dp_size,
                         r->eo.micro_batch, NB);
   TS_CHECK(ts_engine_create(&r->engine, &r->model, &r->eo, r->dp));
   ts_engine_batch(r->engine, &r->inputs, &r->targets);
@@ -153,15 +153,15 @@ static ts_status open_metrics(run *r) {
 /* Agreement on this rank's status st: if any rank failed, every rank
  * returns an error; the lowest failing rank keeps its own message. */
 static ts_status agree(run *r, ts_status st, ts_train_result *res) {
-  double first = st != TS_OK ? (double)r->rank : (double)r->world;
+  double first = st != TS_OK ? (double)r->rank : (double)r->dp_size;
   ts_status cst = ts_comm_all_reduce_f64(r->dp, &first, 1, TS_COMM_MIN);
   if (cst != TS_OK) return cst;
-  if (first >= (double)r->world) return TS_OK;
+  if (first >= (double)r->dp_size) return TS_OK;
   res->setup_failed = 1;
   if ((int)first == r->rank) return st;
   res->failed_elsewhere = 1;
   return ts_set_error(TS_ERR_INVALID_USAGE, "rank %d of %d failed during setup", (int)first,
-                      r->world);
+                      r->dp_size);
 }
 
 /* Setup on every rank, agreed; then the metrics file, agreed. */
@@ -198,7 +198,7 @@ static double peak_rss_bytes(void) {
 /* The summary line (rank 0 writes; every rank contributes its memory). */
 static ts_status write_summary(run *r, const ts_train_result *res) {
   enum { W = TS_METRICS_RANK_FIELDS };
-  size_t n = (size_t)r->world * W;
+  size_t n = (size_t)r->dp_size * W;
   double *mem = calloc(n, sizeof *mem);
   if (!mem) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "summary: %zu doubles", n);
   const ts_mem_account *l = ts_engine_memory(r->engine);
@@ -214,7 +214,7 @@ static ts_status write_summary(run *r, const ts_train_result *res) {
     ts_metrics_summary s = {
         .params_unpadded = res->num_params,
         .params_padded = res->padded_params,
-        .world_size = r->world,
+        .world_size = r->dp_size,
         .opts = &r->eo,
         .activation_bytes_predicted = ts_engine_activation_bytes(&r->model, &r->eo),
         .skipped_steps = res->skipped_steps,
@@ -240,7 +240,7 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
     double t0 = now_s();
     for (size_t a = 0; a < eo->grad_accum; a++) {
       uint64_t k = ts_loader_sample_index(step - 1, a, eo->grad_accum, (size_t)r->rank,
-                                          (size_t)r->world, eo->micro_batch);
+                                          (size_t)r->dp_size, eo->micro_batch);
       TS_CHECK(ts_loader_fill(r->train_ld, r->inputs, r->targets, k, eo->micro_batch));
       TS_CHECK(ts_engine_micro_step(r->engine, r->inputs, r->targets, NULL));
     }
@@ -346,8 +346,8 @@ ts_status ts_train_run(const ts_train_config *cfg, ts_train_callback cb, void *u
   if (st == TS_OK) {
     r.dp = cfg->dp ? cfg->dp : r.own_comm;
     r.rank = ts_comm_rank(r.dp);
-    r.world = ts_comm_size(r.dp);
-    result->world_size = r.world;
+    r.dp_size = ts_comm_size(r.dp);
+    result->world_size = r.dp_size;
     st = setup_agreed(&r, result);
   }
   if (st == TS_OK) {

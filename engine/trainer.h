@@ -58,14 +58,14 @@ typedef struct ts_train_config {
  * caller. */
 ts_train_config ts_train_default_config(void);
 
-/* Reconciles the global batch G with N data-parallel ranks, micro-batch B
- * and accumulation K (DeepSpeed's train_batch_size = B * K * N): with
+/* Reconciles the global batch G with N = dp_size data-parallel ranks,
+ * micro-batch B and accumulation K (DeepSpeed's train_batch_size = B * K * N): with
  * G == 0, K must be >= 1 and G becomes N * B * K; with G > 0 and K == 0, K
  * is derived as G / (N * B); with both, G must equal N * B * K. Updates
  * *global_batch and eo->grad_accum. TS_ERR_INVALID_ARGUMENT with a message
  * that prints the derived values, e.g. "--global-batch 30: not divisible by
  * 2 ranks x --micro-batch 4 = 8 (it would need --grad-accum 3.75)". */
-ts_status ts_train_resolve_batch(size_t world, size_t *global_batch, ts_engine_opts *eo);
+ts_status ts_train_resolve_batch(size_t dp_size, size_t *global_batch, ts_engine_opts *eo);
 
 /* What a callback sees after every step and every evaluation. */
 typedef struct ts_train_event {

@@ -99,9 +99,9 @@ ts_status ts_k_copy(const ts_kctx *ctx, void *dst, const void *src, size_t nbyte
 /* h_dst (host) = src (ctx->device), nbytes bytes; returns when h_dst holds
  * them (CUDA: after every op queued before it on ctx->stream). */
 ts_status ts_k_to_host(const ts_kctx *ctx, void *h_dst, const void *src, size_t nbytes);
-/* dst (ctx->device) = h_src (host), nbytes bytes, queued on ctx's stream:
- * h_src must stay unchanged until ts_k_synchronize (or ts_k_to_host) on ctx
- * returns (CPU: copied before returning). */
+/* dst (ctx->device) = h_src (host), nbytes bytes, in ctx's stream order
+ * (after every op queued before it); h_src may be reused as soon as the
+ * call returns (CUDA: it waits for the copy). */
 ts_status ts_k_from_host(const ts_kctx *ctx, void *dst, const void *h_src, size_t nbytes);
 
 /* Index that cross-entropy skips (Hugging Face / PyTorch convention). */

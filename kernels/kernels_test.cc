@@ -320,6 +320,32 @@ TEST(Device, OpsWithoutACudaBodyAreUnsupportedAndBadContextsInvalid) {
   EXPECT_NE(std::string(ts_last_error()).find("ctx is NULL"), std::string::npos);
 }
 
+// On a machine without a GPU the ops that do have a CUDA body fail with one
+// line, TS_ERR_CUDA, and no crash; no CUDA device is counted and none can
+// be opened. (A GPU machine runs them for real: kernels_parity_gpu_test.)
+TEST(Device, CudaBodiesFailCleanlyWithoutAGpu) {
+  if (ts_k_device_count(TS_DEVICE_CUDA) > 0) GTEST_SKIP() << "this machine has a GPU";
+  ts_kctx cuda;
+  std::memset(&cuda, 0, sizeof cuda);
+  cuda.device = TS_DEVICE_CUDA;
+  float x[4] = {1, 2, 3, 4}, m[4] = {0}, v[4] = {0};
+  uint16_t h[4];
+  EXPECT_EQ(ts_k_cast(&cuda, h, TS_BF16, x, TS_FP32, 4), TS_ERR_CUDA);
+  EXPECT_NE(std::string(ts_last_error()).find("ts_k_cast (cuda)"), std::string::npos)
+      << ts_last_error();
+  EXPECT_EQ(ts_k_zero(&cuda, x, sizeof x), TS_ERR_CUDA);
+  ts_adamw_hparams hp = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.0f};
+  EXPECT_EQ(ts_k_adamw(&cuda, x, nullptr, TS_FP32, m, v, x, TS_FP32, 4, &hp), TS_ERR_CUDA);
+  void *p = nullptr;
+  EXPECT_NE(ts_k_alloc(TS_DEVICE_CUDA, 64, &p), TS_OK);
+  EXPECT_EQ(p, nullptr);
+  ts_kctx ctx;
+  EXPECT_EQ(ts_k_context_init(&ctx, TS_DEVICE_CUDA, 0), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ts_last_error()).find("cuda device 0: this process sees 0"),
+            std::string::npos)
+      << ts_last_error();
+}
+
 TEST(Zero, ClearsExactlyTheGivenBytes) {
   CpuCtx c;
   unsigned char b[100];

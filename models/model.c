@@ -180,8 +180,6 @@ ts_status ts_model_init_unit(const ts_model *m, int u, const ts_kctx *ctx, float
         }
       }
       TS_CHECK(ts_k_from_host(ctx, params + t->offset + j, chunk, n * sizeof(float)));
-      /* the host chunk is reused: the copy must have left it */
-      TS_CHECK(ts_k_synchronize(ctx));
     }
   }
   return TS_OK;

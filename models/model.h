@@ -86,11 +86,15 @@ typedef struct ts_unit_args {
 /* A unit kind's operations. Contracts in the comment of each wrapper below. */
 typedef struct ts_unit_ops {
   const char *kind; /* "embedding", "block", "head", ... */
+  /* ts_unit_saved_bytes */
   size_t (*saved_bytes)(const ts_model *m, const ts_unit *u, size_t B, size_t T, ts_dtype dt);
+  /* ts_unit_workspace_bytes */
   size_t (*workspace_bytes)(const ts_model *m, const ts_unit *u, size_t B, size_t T, ts_dtype dt,
                             ts_device dev);
+  /* ts_unit_forward (arguments checked) */
   ts_status (*forward)(const ts_model *m, const ts_unit *u, const ts_kctx *ctx,
                        const void *params, ts_unit_args *a);
+  /* ts_unit_backward (arguments checked) */
   ts_status (*backward)(const ts_model *m, const ts_unit *u, const ts_kctx *ctx,
                         const void *params, void *grads, ts_unit_args *a);
   /* last unit: its logits (B, T, V) in its saved buffer; NULL otherwise */
@@ -104,8 +108,8 @@ struct ts_unit {
   int layer;              /* block index among the blocks, -1 for other roles */
   int tied_unit;          /* a unit whose tensor this one also uses (tied embeddings), -1 */
   int tied_tensor;        /* that tensor's index in tied_unit, -1 */
-  int n_tensors;
-  ts_tensor_spec tensors[TS_UNIT_MAX_TENSORS];
+  int n_tensors;          /* tensors in the flat buffer, layout order */
+  ts_tensor_spec tensors[TS_UNIT_MAX_TENSORS]; /* [n_tensors] */
   size_t numel;           /* sum of tensor numels (unpadded) */
 };
 

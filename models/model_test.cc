@@ -96,12 +96,17 @@ TEST(ModelInit, EveryKindFromTheSeedAndTheName) {
     double s2 = 0;
     for (size_t j = 0; j < t.numel; j++) {
       float x = a[t.offset + j];
-      if (t.init == TS_INIT_ONES) EXPECT_EQ(x, 1.0f) << t.name;
-      if (t.init == TS_INIT_ZEROS) EXPECT_EQ(x, 0.0f) << t.name;
+      if (t.init == TS_INIT_ONES) {
+        EXPECT_EQ(x, 1.0f) << t.name;
+      }
+      if (t.init == TS_INIT_ZEROS) {
+        EXPECT_EQ(x, 0.0f) << t.name;
+      }
       s2 += (double)x * x;
     }
-    if (t.init == TS_INIT_NORMAL && t.numel >= 256)  // sample std within 20% of 0.02 (3 sigma)
+    if (t.init == TS_INIT_NORMAL && t.numel >= 256) {  // sample std within 20% of 0.02 (3 sigma)
       EXPECT_NEAR(std::sqrt(s2 / t.numel), t.init_std, 0.2 * t.init_std) << t.name;
+    }
   }
   ts_model_free(&m);
 }

@@ -1,6 +1,7 @@
 /* collect.c — gather and reduce-scatter of one unit's flat buffer. */
 #include "shard/collect.h"
 
+/* The layout is for this group's size (a programmer error otherwise). */
 static void check_group(const ts_comm *dp, const ts_flat_layout *l) {
   TS_ASSERT((size_t)ts_comm_size(dp) == l->dp_size);
 }

@@ -7,6 +7,7 @@
  * 64 up: unique, never dereferenced). */
 #include "shard/ledger.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -101,9 +102,13 @@ ts_status ts_ledger_alloc(ts_ledger *ledger, ts_device dev, ts_mem_category c, s
   if (ledger->plan_only) {
     ledger->next_plan_address += 64;
     p = (void *)ledger->next_plan_address;
-  } else if (ts_k_alloc(dev, nbytes, &p) != TS_OK) {
-    return ts_set_error(TS_ERR_OUT_OF_MEMORY, "ledger: cannot allocate %zu bytes of %s on %s (%s)",
-                        nbytes, ts_mem_category_name(c), ts_device_name(dev), ts_last_error());
+  } else {
+    ts_status st = ts_k_alloc(dev, nbytes, &p);
+    if (st != TS_OK) { /* the allocator's status, its message after the category */
+      char why[512];
+      snprintf(why, sizeof why, "%s", ts_last_error());
+      return ts_set_error(st, "ledger: %zu bytes of %s: %s", nbytes, ts_mem_category_name(c), why);
+    }
   }
   ts_ledger_table *t = ledger->table;
   entry *e = &t->slots[probe(t, (uintptr_t)p)];

@@ -83,9 +83,10 @@ void ts_ledger_release(ts_ledger *ledger);
 /* Allocates nbytes on device dev, zero-filled and 64-byte aligned, and
  * charges them to category c of that device. *out receives the pointer, or
  * NULL on failure; nbytes == 0 gives NULL and charges nothing.
- * Returns TS_OK, TS_ERR_INVALID_ARGUMENT (bad category or device),
- * TS_ERR_OUT_OF_MEMORY (the message names the device, the category and the
- * bytes), or the allocator's TS_ERR_CUDA. */
+ * Returns TS_OK, TS_ERR_INVALID_ARGUMENT (bad category or device), or the
+ * allocator's status (TS_ERR_OUT_OF_MEMORY, TS_ERR_CUDA) with a message
+ * naming the bytes, the category and the allocator's own words ("cpu:
+ * cannot allocate ... of host memory"). */
 ts_status ts_ledger_alloc(ts_ledger *ledger, ts_device dev, ts_mem_category c, size_t nbytes,
                           void **out);
 

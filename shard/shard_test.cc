@@ -116,6 +116,12 @@ TEST(Ledger, RejectsBadCategoryAndImpossibleSizes) {
   EXPECT_EQ(ts_ledger_alloc(&l, TS_DEVICE_CPU, TS_MEM_GRADS, SIZE_MAX - 8, &p),
             TS_ERR_OUT_OF_MEMORY);
   EXPECT_NE(std::string(ts_last_error()).find("grads"), std::string::npos) << ts_last_error();
+  // The allocator's refusal keeps its own words after the ledger's.
+  EXPECT_EQ(ts_ledger_alloc(&l, TS_DEVICE_CPU, TS_MEM_OPTIM, SIZE_MAX >> 2, &p),
+            TS_ERR_OUT_OF_MEMORY);
+  std::string msg = ts_last_error();
+  EXPECT_NE(msg.find("bytes of optim: cpu: cannot allocate"), std::string::npos) << msg;
+  EXPECT_EQ(p, nullptr);
   EXPECT_EQ(ts_ledger_account(&l, TS_DEVICE_CPU)->current_total, 0u);
   ts_ledger_release(&l);
 }

@@ -134,10 +134,14 @@ def ts_cuda_library(name, srcs, hdrs = [], cu_hdrs = [], deps = [], copts = [], 
         testonly = kwargs.get("testonly", False),
         visibility = ["//visibility:private"],
     )
+    # linkstatic: never a shared object of its own, even in a test's dynamic
+    # link, because the static CUDA runtime's symbols are hidden (visibility
+    # "hidden") and can only be reached from objects linked beside it.
     native.cc_library(
         name = name,
         srcs = [":" + name + "_nvcc"],
         hdrs = hdrs,
         deps = all_deps,
+        linkstatic = True,
         **kwargs
     )

@@ -106,6 +106,7 @@ static ts_status parse_list(const char *v, int *count,
   return TS_OK;
 }
 
+/* One item of each list, into element i of its array. */
 static ts_status stage_item(const char *item, int i, void *out) {
   if (strlen(item) != 1 || item[0] < '0' || item[0] > '3')
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "expected ZeRO stages 0, 1, 2 or 3");
@@ -113,10 +114,12 @@ static ts_status stage_item(const char *item, int i, void *out) {
   return TS_OK;
 }
 
+/* (a dtype name) */
 static ts_status dtype_item(const char *item, int i, void *out) {
   return ts_dtype_parse(item, &((ts_dtype *)out)[i]);
 }
 
+/* (none, all or every:K) */
 static ts_status recompute_item(const char *item, int i, void *out) {
   return ts_train_parse_recompute(item, &((size_t *)out)[i]);
 }
@@ -125,9 +128,11 @@ static ts_status recompute_item(const char *item, int i, void *out) {
 static ts_status parse_stages(const char *v, void *c) {
   return parse_list(v, &((compare *)c)->n_stages, stage_item, ((compare *)c)->stages);
 }
+/* (see parse_stages) */
 static ts_status parse_dtypes(const char *v, void *c) {
   return parse_list(v, &((compare *)c)->n_dts, dtype_item, ((compare *)c)->dts);
 }
+/* (see parse_stages) */
 static ts_status parse_recomputes(const char *v, void *c) {
   return parse_list(v, &((compare *)c)->n_recomputes, recompute_item, ((compare *)c)->recomputes);
 }

@@ -10,8 +10,9 @@
 # DIR holds each test binary, the project's shared libraries from
 # bazel-bin/_solib_k8, and the libraries outside the C runtime and the CUDA
 # toolkit that the binaries load (OpenBLAS's OpenMP build, libgfortran,
-# libquadmath, libgomp), resolved by ldd here. libcudart comes from the GPU
-# machine's /usr/local/cuda when it has one, else from the bundle.
+# libquadmath, libgomp), resolved by ldd here. The CUDA runtime is linked
+# into the binaries statically (third_party/cuda.BUILD); the GPU machine's
+# driver is all they need of CUDA.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -33,7 +34,7 @@ for t in $targets; do
   tests+=("$name")
   # Libraries the binary loads that a bare CUDA machine may lack.
   ldd "$path" | awk '/=> \// {print $3}' |
-    grep -E 'openblas|libgfortran|libquadmath|libgomp|libcudart' |
+    grep -E "openblas|libgfortran|libquadmath|libgomp" |
     while read -r lib; do cp -L "$lib" "$DIR/lib/"; done
 done
 cp -L bazel-bin/_solib_k8/*.so "$DIR/lib/"
@@ -42,8 +43,8 @@ cat >"$DIR/run.sh" <<EOF
 #!/usr/bin/env bash
 # Runs tessera's GPU tests from this bundle (made by tools/gpu_bundle.sh).
 cd "\$(dirname "\${BASH_SOURCE[0]}")"
-# The machine's CUDA runtime first (it matches its driver), then the bundle's.
-export LD_LIBRARY_PATH="/usr/local/cuda/lib64:\$PWD/lib:\${LD_LIBRARY_PATH:-}"
+# The bundle's libraries (the CUDA runtime is inside each binary).
+export LD_LIBRARY_PATH="\$PWD/lib:\${LD_LIBRARY_PATH:-}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 fails=0
 for t in ${tests[*]}; do

@@ -435,8 +435,9 @@ extern "C" ts_status ts_prepare_corpus(const ts_prepare_opts *opts, ts_prepare_r
     for (size_t i = 0; i < kNumFiles; i++) {
       std::string from = tmp + "/" + kFiles[i], to = dir + "/" + kFiles[i];
       if (ts_atomic_rename(from.c_str(), to.c_str()) != TS_OK) {
+        std::string why = ts_last_error();  // a copy: ts_set_error rewrites that buffer
         st = ts_set_error(TS_ERR_IO, "--out %s: cannot move %s into place: %s", opts->out_dir,
-                          kFiles[i], ts_last_error());
+                          kFiles[i], why.c_str());
         goto fail;
       }
     }

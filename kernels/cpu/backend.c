@@ -32,6 +32,7 @@ static ts_status cpu_alloc(size_t nbytes, void **out) {
   return TS_OK;
 }
 
+/* Frees a block of cpu_alloc. */
 static void cpu_free(void *p) { free(p); }
 
 /* Host to host: one memcpy serves all three directions. */

@@ -5,8 +5,8 @@
  *
  * Invariants: every CUDA runtime error becomes TS_ERR_CUDA with the call and
  * cudaGetErrorString's text; nothing here synchronises the device except
- * ts_cuda_synchronize and ts_cuda_to_host (which waits for the stream, so
- * the host may read what it copied).
+ * ts_cuda_synchronize and the copies with the host, which wait for the
+ * stream so the host may read (to_host) or reuse (from_host) its buffer.
  */
 #include <cuda_runtime.h>
 
@@ -82,7 +82,9 @@ extern "C" ts_status ts_cuda_to_host(const ts_kctx *ctx, void *h_dst, const void
 
 extern "C" ts_status ts_cuda_from_host(const ts_kctx *ctx, void *dst, const void *h_src,
                                        size_t nbytes) {
-  return cuda_status(
-      cudaMemcpyAsync(dst, h_src, nbytes, cudaMemcpyHostToDevice, (cudaStream_t)ctx->stream),
-      "cudaMemcpyAsync host to device", nbytes);
+  cudaStream_t s = (cudaStream_t)ctx->stream;
+  TS_CHECK(cuda_status(cudaMemcpyAsync(dst, h_src, nbytes, cudaMemcpyHostToDevice, s),
+                       "cudaMemcpyAsync host to device", nbytes));
+  /* the caller may reuse h_src at once (kernels.h): wait for the copy */
+  return cuda_status(cudaStreamSynchronize(s), "cudaStreamSynchronize", nbytes);
 }

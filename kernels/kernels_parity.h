@@ -1,0 +1,199 @@
+// kernels_parity.h — the harness of the backend parity test
+// (kernels_parity_test.cc has the method; kernels_parity_layers.cc the
+// cases of the model's layers): device buffers, moves to and from a
+// backend, bound checks, the shapes, and the case table's entry type.
+// Test-only (C++17).
+#ifndef TS_KERNELS_KERNELS_PARITY_H
+#define TS_KERNELS_KERNELS_PARITY_H
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/kernels.h"
+#include "kernels/kernels_test_util.h"
+
+namespace ts_parity {
+
+using ts_test::Rng;
+
+const double kU32 = std::ldexp(1.0, -24);
+
+inline double U(ts_dtype dt) { return ts_test::unit_roundoff(dt); }
+
+// The absolute part of one rounding to dt: half the smallest subnormal
+// (fp16's 2^-24 spacing below 2^-14 matters; bf16 and fp32 reach 2^-133).
+inline double Eta(ts_dtype dt) {
+  return dt == TS_FP16 ? std::ldexp(1.0, -25) : dt == TS_BF16 ? std::ldexp(1.0, -134)
+                                                               : std::ldexp(1.0, -150);
+}
+
+// ---- buffers on a backend -----------------------------------------------------
+
+// Bytes of n elements of dt.
+inline size_t Bytes(size_t n, ts_dtype dt) { return n * ts_dtype_size(dt); }
+
+// A buffer on one device, freed with the test.
+struct Dev {
+  ts_device dev;
+  void *p = nullptr;
+  size_t bytes;
+  Dev(ts_device d, size_t b) : dev(d), bytes(b) {
+    EXPECT_EQ(ts_k_alloc(d, b ? b : 1, &p), TS_OK) << ts_last_error();
+  }
+  ~Dev() { ts_k_free(dev, p); }
+  template <typename T>
+  T *as() const {
+    return static_cast<T *>(p);
+  }
+};
+using DevPtr = std::unique_ptr<Dev>;
+
+// One backend: its context with a workspace, and moves between host and it.
+class Backend {
+ public:
+  explicit Backend(ts_device dev) : dev_(dev) {
+    EXPECT_EQ(ts_k_context_init(&ctx_, dev, 0), TS_OK) << ts_last_error();
+  }
+  ~Backend() { ts_k_context_destroy(&ctx_); }
+  ts_device device() const { return dev_; }
+  const ts_kctx *ctx() const { return &ctx_; }
+  // Gives the context at least `bytes` of workspace.
+  void Workspace(size_t bytes) {
+    if (ws_ && ws_->bytes >= bytes) return;
+    ws_.reset(new Dev(dev_, bytes));
+    ctx_.workspace = ws_->p;
+    ctx_.workspace_bytes = bytes;
+  }
+  // x (already rounded to dt) stored as dt on the device.
+  DevPtr Up(const std::vector<float> &x, ts_dtype dt) {
+    ts_test::Buf h(x, dt);
+    return UpBytes(h.data(), Bytes(x.size(), dt));
+  }
+  DevPtr UpInts(const std::vector<int32_t> &x) { return UpBytes(x.data(), x.size() * 4); }
+  DevPtr UpBytes(const void *h, size_t n) {
+    DevPtr d(new Dev(dev_, n));
+    EXPECT_EQ(ts_k_from_host(&ctx_, d->p, h, n), TS_OK) << ts_last_error();
+    EXPECT_EQ(ts_k_synchronize(&ctx_), TS_OK);
+    return d;
+  }
+  // n elements of dt, every byte 0xFF (NaN in each float format).
+  DevPtr Poisoned(size_t n, ts_dtype dt) {
+    std::vector<unsigned char> h(Bytes(n, dt), 0xFF);
+    return UpBytes(h.data(), h.size());
+  }
+  std::vector<unsigned char> DownBytes(const Dev &d, size_t n) {
+    std::vector<unsigned char> h(n);
+    EXPECT_EQ(ts_k_to_host(&ctx_, h.data(), d.p, n), TS_OK) << ts_last_error();
+    return h;
+  }
+  // n elements of dt widened to fp32.
+  std::vector<float> Down(const Dev &d, size_t n, ts_dtype dt) {
+    std::vector<unsigned char> b = DownBytes(d, Bytes(n, dt));
+    std::vector<float> out(n);
+    for (size_t i = 0; i < n; i++) {
+      if (dt == TS_FP32) {
+        std::memcpy(&out[i], &b[4 * i], 4);
+      } else {
+        uint16_t h;
+        std::memcpy(&h, &b[2 * i], 2);
+        out[i] = dt == TS_BF16 ? ts_bf16_to_f32(h) : ts_f16_to_f32(h);
+      }
+    }
+    return out;
+  }
+
+ private:
+  ts_device dev_;
+  ts_kctx ctx_{};
+  std::unique_ptr<Dev> ws_;
+};
+
+// Uniform in [lo, hi), rounded to dt (what a dt tensor can hold).
+inline std::vector<float> Input(Rng &rng, size_t n, ts_dtype dt, float lo = -1.0f, float hi = 1.0f) {
+  return ts_test::round_to(rng.vec(n, lo, hi), dt);
+}
+
+// Every got[i] finite and within tol[i] of ref[i]; failures name the
+// element, the worst excess goes to the log.
+inline void Expect(const char *what, const std::vector<float> &got, const std::vector<double> &ref,
+            const std::vector<double> &tol) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  int bad = 0;
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); i++) {
+    double err = std::fabs((double)got[i] - ref[i]);
+    if (!std::isfinite(got[i]) || !(err <= tol[i])) {
+      if (bad++ < 5)
+        ADD_FAILURE() << what << "[" << i << "] = " << got[i] << ", reference " << ref[i]
+                      << ", bound " << tol[i] << (std::isfinite(got[i]) ? "" : " (not written?)");
+    } else if (tol[i] > 0) {
+      worst = std::fmax(worst, err / tol[i]);
+    }
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << got.size() << " elements out of bounds";
+  ::testing::Test::RecordProperty(std::string(what) + "_worst_error_over_bound", std::to_string(worst));
+}
+
+// Bitwise equality of two byte strings.
+inline void ExpectBits(const char *what, const std::vector<unsigned char> &got,
+                const std::vector<unsigned char> &want) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  size_t first = got.size();
+  for (size_t i = 0; i < got.size() && first == got.size(); i++)
+    if (got[i] != want[i]) first = i;
+  EXPECT_EQ(first, got.size()) << what << ": first differing byte " << first;
+}
+
+// Bytes of x stored as dt on the host.
+inline std::vector<unsigned char> HostBytes(const std::vector<float> &x, ts_dtype dt) {
+  ts_test::Buf b(x, dt);
+  const unsigned char *p = static_cast<const unsigned char *>(b.data());
+  return std::vector<unsigned char>(p, p + Bytes(x.size(), dt));
+}
+
+// ---- the shapes ----------------------------------------------------------------
+
+const size_t kB = 2, kT = 37, kN = kB * kT;  // odd sequence length
+const size_t kC = 96, kNH = 6, kHS = 16, kI = 150, kV = 777;
+
+// ---- the table ---------------------------------------------------------------
+
+struct Case {
+  const char *op;
+  // Runs the op on backend b in dt and checks it; returns the op's status
+  // (TS_ERR_UNSUPPORTED: the backend has no body, nothing was checked).
+  std::function<ts_status(Backend &b, ts_dtype dt, Rng &rng)> run;
+};
+
+// Runs an op; a status other than TS_OK ends the case with it (only
+// TS_ERR_UNSUPPORTED is expected: a backend without a body).
+#define RUN_OR_RETURN(call)                        \
+  do {                                             \
+    ts_status s_ = (call);                         \
+    if (s_ != TS_OK) {                             \
+      EXPECT_EQ(s_, TS_ERR_UNSUPPORTED) << ts_last_error(); \
+      return s_;                                   \
+    }                                              \
+  } while (0)
+
+// The cases of the model's layers (kernels_parity_layers.cc).
+ts_status RmsnormForward(Backend &b, ts_dtype dt, Rng &rng);
+ts_status RmsnormBackward(Backend &b, ts_dtype dt, Rng &rng);
+ts_status Rope(Backend &b, ts_dtype dt, Rng &rng, int backward);
+ts_status AttentionForward(Backend &b, ts_dtype dt, Rng &rng, size_t NKV);
+ts_status AttentionBackward(Backend &b, ts_dtype dt, Rng &rng, size_t NKV);
+ts_status SwigluForward(Backend &b, ts_dtype dt, Rng &rng);
+ts_status SwigluBackward(Backend &b, ts_dtype dt, Rng &rng);
+ts_status CrossEntropyForward(Backend &b, ts_dtype dt, Rng &rng);
+ts_status CrossEntropyBackward(Backend &b, ts_dtype dt, Rng &rng);
+
+}  // namespace ts_parity
+
+#endif  // TS_KERNELS_KERNELS_PARITY_H

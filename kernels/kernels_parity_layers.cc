@@ -1,0 +1,336 @@
+// kernels_parity_layers.cc — the parity cases of the model's layers:
+// RMSNorm, RoPE, attention (GQA and MQA), SwiGLU, cross-entropy (method
+// and bounds: kernels_parity_test.cc).
+#include "kernels/kernels_parity.h"
+
+namespace ts_parity {
+
+// ---- RMSNorm --------------------------------------------------------------------------
+
+const float kEps = 1e-5f;
+
+// rstd of each row of x (N, C), in double.
+std::vector<double> Rstd(const std::vector<float> &x) {
+  std::vector<double> r(kN);
+  for (size_t n = 0; n < kN; n++) {
+    double ss = 0;
+    for (size_t c = 0; c < kC; c++) ss += (double)x[n * kC + c] * x[n * kC + c];
+    r[n] = 1.0 / std::sqrt(ss / kC + (double)kEps);
+  }
+  return r;
+}
+
+ts_status RmsnormForward(Backend &b, ts_dtype dt, Rng &rng) {
+  std::vector<float> x = Input(rng, kN * kC, dt, -2, 2), w = Input(rng, kC, dt, 0.5f, 1.5f);
+  DevPtr dx = b.Up(x, dt), dw = b.Up(w, dt), dy = b.Poisoned(kN * kC, dt);
+  DevPtr dr = b.Poisoned(kN, TS_FP32);
+  RUN_OR_RETURN(ts_k_rmsnorm_forward(b.ctx(), dy->p, dr->as<float>(), dx->p, dw->p, kN, kC, kEps,
+                                     dt));
+  std::vector<double> r = Rstd(x), ref(kN * kC), tol(kN * kC), tr(kN);
+  for (size_t n = 0; n < kN; n++) {
+    tr[n] = (kC + 8) * kU32 * r[n];  // C squares summed, then / + sqrt and 1/
+    for (size_t c = 0; c < kC; c++) {
+      double o = (double)w[c] * x[n * kC + c] * r[n];
+      ref[n * kC + c] = o;
+      tol[n * kC + c] = Eta(dt) + (U(dt) + (kC + 12) * kU32) * std::fabs(o);  // a product: relative
+    }
+  }
+  Expect("out", b.Down(*dy, kN * kC, dt), ref, tol);
+  Expect("rstd", b.Down(*dr, kN, TS_FP32), r, tr);
+  return TS_OK;
+}
+
+ts_status RmsnormBackward(Backend &b, ts_dtype dt, Rng &rng) {
+  std::vector<float> x = Input(rng, kN * kC, dt, -2, 2), w = Input(rng, kC, dt, 0.5f, 1.5f);
+  std::vector<float> dy = Input(rng, kN * kC, dt), dx0 = Input(rng, kN * kC, dt);
+  std::vector<float> dw0 = Input(rng, kC, dt);
+  std::vector<double> r64 = Rstd(x);
+  std::vector<float> r(kN);
+  for (size_t n = 0; n < kN; n++) r[n] = (float)r64[n];  // an fp32 input like forward's
+  DevPtr dx = b.Up(x, dt), dw = b.Up(w, dt), ddy = b.Up(dy, dt), dr = b.Up(r, TS_FP32);
+  DevPtr ddx = b.Up(dx0, dt), ddw = b.Up(dw0, dt);
+  RUN_OR_RETURN(ts_k_rmsnorm_backward(b.ctx(), ddx->p, ddw->p, ddy->p, dx->p, dw->p,
+                                      dr->as<float>(), kN, kC, dt));
+  std::vector<double> rx(kN * kC), tx(kN * kC), rw(kC), tw(kC), mw(kC);
+  for (size_t c = 0; c < kC; c++) rw[c] = dw0[c], mw[c] = std::fabs(dw0[c]);
+  for (size_t n = 0; n < kN; n++) {
+    double rn = r[n], dot = 0, adot = 0;
+    for (size_t c = 0; c < kC; c++) {
+      double g = (double)w[c] * dy[n * kC + c];
+      dot += g * x[n * kC + c];
+      adot += std::fabs(g * x[n * kC + c]);
+    }
+    for (size_t c = 0; c < kC; c++) {
+      size_t i = n * kC + c;
+      double g = (double)w[c] * dy[i], k = rn * rn * rn * dot / kC;
+      rx[i] = dx0[i] + (rn * g - k * x[i]);
+      double mag = std::fabs(dx0[i]) + std::fabs(rn * g) + rn * rn * rn * adot / kC * std::fabs(x[i]);
+      tx[i] = Eta(dt) + U(dt) * std::fabs(rx[i]) + (kC + 16) * kU32 * mag;
+      rw[c] += (double)dy[i] * x[i] * rn;
+      mw[c] += std::fabs((double)dy[i] * x[i] * rn);
+    }
+  }
+  for (size_t c = 0; c < kC; c++) tw[c] = Eta(dt) + U(dt) * std::fabs(rw[c]) + (kN + 8) * kU32 * mw[c];
+  Expect("dinp (accumulated)", b.Down(*ddx, kN * kC, dt), rx, tx);
+  Expect("dweight (accumulated)", b.Down(*ddw, kC, dt), rw, tw);
+  return TS_OK;
+}
+
+// ---- RoPE ---------------------------------------------------------------------------------
+
+// The bounds of RoPE's outputs: cosf/sinf within 2 ulp and three roundings
+// of terms as large as |x1| + |x2|, then one rounding to dt.
+std::vector<double> RopeTol(const std::vector<float> &x, const std::vector<double> &ref,
+                            ts_dtype dt) {
+  std::vector<double> tol(x.size());
+  size_t half = kHS / 2;
+  for (size_t o = 0; o < x.size(); o += kHS)
+    for (size_t i = 0; i < half; i++) {
+      double mag = std::fabs(x[o + i]) + std::fabs(x[o + i + half]);
+      for (size_t j : {o + i, o + i + half})
+        tol[j] = Eta(dt) + U(dt) * std::fabs(ref[j]) + 8 * kU32 * mag;
+    }
+  return tol;
+}
+
+ts_status Rope(Backend &b, ts_dtype dt, Rng &rng, int backward) {
+  const size_t H = kNH;
+  const float theta = 10000.0f;
+  std::vector<float> x = Input(rng, kB * kT * H * kHS, dt);
+  DevPtr dx = b.Up(x, dt), dout = b.Poisoned(x.size(), dt);
+  RUN_OR_RETURN(backward ? ts_k_rope_backward(b.ctx(), dout->p, dx->p, kB, kT, H, kHS, theta, dt)
+                         : ts_k_rope_forward(b.ctx(), dout->p, dx->p, kB, kT, H, kHS, theta, dt));
+  std::vector<double> ref;
+  ts_test::rope_ref(ref, x, kB, kT, H, kHS, theta, backward ? -1 : 1);
+  Expect(backward ? "dx" : "out", b.Down(*dout, x.size(), dt), ref, RopeTol(x, ref, dt));
+  return TS_OK;
+}
+
+// ---- attention ----------------------------------------------------------------------------
+
+// Causal GQA attention of kernels.h in double: probs (B, NH, T, T) and out
+// (B, T, NH, HS), with their bounds.
+struct AttnRef {
+  std::vector<double> p, tp, o, to;
+};
+
+AttnRef AttentionRef(const std::vector<float> &q, const std::vector<float> &k,
+                     const std::vector<float> &v, size_t NKV, ts_dtype dt) {
+  AttnRef r;
+  size_t rep = kNH / NKV;
+  double scale = 1.0 / std::sqrt((double)kHS);
+  r.p.assign(kB * kNH * kT * kT, 0);
+  r.tp.assign(r.p.size(), 0);
+  r.o.assign(kB * kT * kNH * kHS, 0);
+  r.to.assign(r.o.size(), 0);
+  for (size_t b = 0; b < kB; b++)
+    for (size_t h = 0; h < kNH; h++) {
+      size_t g = h / rep;
+      for (size_t i = 0; i < kT; i++) {
+        const float *qi = &q[((b * kT + i) * kNH + h) * kHS];
+        std::vector<double> s(i + 1);
+        double mx = -INFINITY, smag = 0;
+        for (size_t j = 0; j <= i; j++) {
+          const float *kj = &k[((b * kT + j) * NKV + g) * kHS];
+          double d = 0, ad = 0;
+          for (size_t e = 0; e < kHS; e++) d += (double)qi[e] * kj[e], ad += std::fabs((double)qi[e] * kj[e]);
+          s[j] = scale * d;
+          mx = std::fmax(mx, s[j]);
+          smag = std::fmax(smag, scale * ad);
+        }
+        double z = 0;
+        for (size_t j = 0; j <= i; j++) z += std::exp(s[j] - mx);
+        // relative error of each p: the logits' (HS products each, twice:
+        // s_j and the max) plus the exponentials and the sum of i + 1 terms
+        double rel = 2 * (kHS + 2) * kU32 * smag + (kT + 8) * kU32;
+        double *prow = &r.p[((b * kNH + h) * kT + i) * kT];
+        for (size_t j = 0; j <= i; j++) {
+          prow[j] = std::exp(s[j] - mx) / z;
+          r.tp[((b * kNH + h) * kT + i) * kT + j] = Eta(dt) + (U(dt) + rel) * prow[j];
+        }
+        for (size_t e = 0; e < kHS; e++) {
+          double o = 0, mag = 0;
+          for (size_t j = 0; j <= i; j++) {
+            double vj = v[((b * kT + j) * NKV + g) * kHS + e];
+            o += prow[j] * vj;
+            mag += prow[j] * std::fabs(vj);
+          }
+          size_t oi = ((b * kT + i) * kNH + h) * kHS + e;
+          r.o[oi] = o;
+          r.to[oi] = Eta(dt) + U(dt) * std::fabs(o) + (rel + (kT + 4) * kU32) * mag;
+        }
+      }
+    }
+  return r;
+}
+
+ts_status AttentionForward(Backend &b, ts_dtype dt, Rng &rng, size_t NKV) {
+  std::vector<float> q = Input(rng, kN * kNH * kHS, dt), k = Input(rng, kN * NKV * kHS, dt),
+                     v = Input(rng, kN * NKV * kHS, dt);
+  b.Workspace(ts_k_attention_workspace_bytes(b.device(), kB, kT, kNH, NKV, kHS, dt));
+  DevPtr dq = b.Up(q, dt), dk = b.Up(k, dt), dv = b.Up(v, dt);
+  DevPtr dout = b.Poisoned(q.size(), dt), dp = b.Poisoned(kB * kNH * kT * kT, dt);
+  RUN_OR_RETURN(ts_k_attention_forward(b.ctx(), dout->p, dp->p, dq->p, dk->p, dv->p, kB, kT, kNH,
+                                       NKV, kHS, dt));
+  AttnRef r = AttentionRef(q, k, v, NKV, dt);
+  Expect("out", b.Down(*dout, q.size(), dt), r.o, r.to);
+  Expect("probs (0 above the diagonal)", b.Down(*dp, r.p.size(), dt), r.p, r.tp);
+  return TS_OK;
+}
+
+ts_status AttentionBackward(Backend &b, ts_dtype dt, Rng &rng, size_t NKV) {
+  std::vector<float> q = Input(rng, kN * kNH * kHS, dt), k = Input(rng, kN * NKV * kHS, dt),
+                     v = Input(rng, kN * NKV * kHS, dt), dout = Input(rng, q.size(), dt);
+  // The saved probabilities as forward stores them: rounded to dt.
+  AttnRef fwd = AttentionRef(q, k, v, NKV, TS_FP32);
+  std::vector<float> p(fwd.p.begin(), fwd.p.end());
+  p = ts_test::round_to(p, dt);
+  b.Workspace(ts_k_attention_workspace_bytes(b.device(), kB, kT, kNH, NKV, kHS, dt));
+  DevPtr dq_in = b.Up(q, dt), dk_in = b.Up(k, dt), dv_in = b.Up(v, dt), ddo = b.Up(dout, dt);
+  DevPtr dp = b.Up(p, dt);
+  DevPtr ddq = b.Poisoned(q.size(), dt), ddk = b.Poisoned(k.size(), dt),
+         ddv = b.Poisoned(v.size(), dt);
+  RUN_OR_RETURN(ts_k_attention_backward(b.ctx(), ddq->p, ddk->p, ddv->p, ddo->p, dq_in->p,
+                                        dk_in->p, dv_in->p, dp->p, kB, kT, kNH, NKV, kHS, dt));
+  size_t rep = kNH / NKV;
+  double scale = 1.0 / std::sqrt((double)kHS);
+  std::vector<double> rq(q.size(), 0), mq(q.size(), 0), rk(k.size(), 0), mk(k.size(), 0),
+      rv(v.size(), 0), mv(v.size(), 0);
+  for (size_t b_ = 0; b_ < kB; b_++)
+    for (size_t h = 0; h < kNH; h++) {
+      size_t g = h / rep;
+      for (size_t i = 0; i < kT; i++) {
+        const float *pr = &p[((b_ * kNH + h) * kT + i) * kT];
+        const float *doi = &dout[((b_ * kT + i) * kNH + h) * kHS];
+        std::vector<double> dP(i + 1), aP(i + 1);
+        double dot = 0, adot = 0;
+        for (size_t j = 0; j <= i; j++) {
+          const float *vj = &v[((b_ * kT + j) * NKV + g) * kHS];
+          double s = 0, as = 0;
+          for (size_t e = 0; e < kHS; e++) s += (double)doi[e] * vj[e], as += std::fabs((double)doi[e] * vj[e]);
+          dP[j] = s;
+          aP[j] = as;
+          dot += pr[j] * s;
+          adot += pr[j] * as;
+          for (size_t e = 0; e < kHS; e++) {  // dV += P^T dO
+            rv[((b_ * kT + j) * NKV + g) * kHS + e] += pr[j] * doi[e];
+            mv[((b_ * kT + j) * NKV + g) * kHS + e] += std::fabs(pr[j] * doi[e]);
+          }
+        }
+        for (size_t j = 0; j <= i; j++) {
+          double ds = scale * pr[j] * (dP[j] - dot), ads = scale * pr[j] * (aP[j] + adot);
+          const float *kj = &k[((b_ * kT + j) * NKV + g) * kHS];
+          const float *qi = &q[((b_ * kT + i) * kNH + h) * kHS];
+          for (size_t e = 0; e < kHS; e++) {
+            size_t qo = ((b_ * kT + i) * kNH + h) * kHS + e, ko = ((b_ * kT + j) * NKV + g) * kHS + e;
+            rq[qo] += ds * kj[e];  // dQ = dS K
+            mq[qo] += ads * std::fabs(kj[e]);
+            rk[ko] += ds * qi[e];  // dK += dS^T Q
+            mk[ko] += ads * std::fabs(qi[e]);
+          }
+        }
+      }
+    }
+  // Each output is two reductions deep (HS, then up to rep T terms).
+  const double depth = 4 * (kHS + rep * kT + 8) * kU32;
+  auto tol = [&](const std::vector<double> &r, const std::vector<double> &m) {
+    std::vector<double> t(r.size());
+    for (size_t i = 0; i < r.size(); i++) t[i] = Eta(dt) + U(dt) * std::fabs(r[i]) + depth * m[i];
+    return t;
+  };
+  Expect("dq", b.Down(*ddq, q.size(), dt), rq, tol(rq, mq));
+  Expect("dk", b.Down(*ddk, k.size(), dt), rk, tol(rk, mk));
+  Expect("dv", b.Down(*ddv, v.size(), dt), rv, tol(rv, mv));
+  return TS_OK;
+}
+
+// ---- SwiGLU ----------------------------------------------------------------------------
+
+ts_status SwigluForward(Backend &b, ts_dtype dt, Rng &rng) {
+  const size_t n = kN * kI;
+  std::vector<float> g = Input(rng, n, dt, -3, 3), u = Input(rng, n, dt, -3, 3);
+  DevPtr dg = b.Up(g, dt), du = b.Up(u, dt), dh = b.Poisoned(n, dt);
+  RUN_OR_RETURN(ts_k_swiglu_forward(b.ctx(), dh->p, dg->p, du->p, n, dt));
+  std::vector<double> ref(n), tol(n);
+  for (size_t i = 0; i < n; i++) {
+    double s = g[i] / (1 + std::exp(-(double)g[i]));
+    ref[i] = s * u[i];
+    tol[i] = Eta(dt) + (U(dt) + 8 * kU32) * std::fabs(ref[i]);  // expf, +, /, *: relative
+  }
+  Expect("h", b.Down(*dh, n, dt), ref, tol);
+  return TS_OK;
+}
+
+ts_status SwigluBackward(Backend &b, ts_dtype dt, Rng &rng) {
+  const size_t n = kN * kI;
+  std::vector<float> g = Input(rng, n, dt, -3, 3), u = Input(rng, n, dt, -3, 3),
+                     dh = Input(rng, n, dt);
+  DevPtr dg = b.Up(g, dt), du = b.Up(u, dt), ddh = b.Up(dh, dt);
+  DevPtr ddg = b.Poisoned(n, dt), ddu = b.Poisoned(n, dt);
+  RUN_OR_RETURN(ts_k_swiglu_backward(b.ctx(), ddg->p, ddu->p, ddh->p, dg->p, du->p, n, dt));
+  std::vector<double> rg(n), tg(n), ru(n), tu(n);
+  for (size_t i = 0; i < n; i++) {
+    double x = g[i], s = 1 / (1 + std::exp(-x));
+    double grad = s * (1 + x * (1 - s)), agrad = s * (1 + std::fabs(x) * (1 - s));
+    rg[i] = (double)dh[i] * u[i] * grad;
+    tg[i] = Eta(dt) + U(dt) * std::fabs(rg[i]) + 16 * kU32 * std::fabs((double)dh[i] * u[i]) * agrad;
+    ru[i] = (double)dh[i] * x * s;
+    tu[i] = Eta(dt) + (U(dt) + 8 * kU32) * std::fabs(ru[i]);
+  }
+  Expect("dgate", b.Down(*ddg, n, dt), rg, tg);
+  Expect("dup", b.Down(*ddu, n, dt), ru, tu);
+  return TS_OK;
+}
+
+// ---- cross-entropy -------------------------------------------------------------------------
+
+std::vector<int32_t> Targets() {
+  std::vector<int32_t> y(kN);
+  for (size_t i = 0; i < kN; i++) y[i] = i % 9 == 4 ? TS_IGNORE_INDEX : (int32_t)((i * 101) % kV);
+  return y;
+}
+
+ts_status CrossEntropyForward(Backend &b, ts_dtype dt, Rng &rng) {
+  std::vector<float> x = Input(rng, kN * kV, dt, -4, 4);
+  std::vector<int32_t> y = Targets();
+  DevPtr dx = b.Up(x, dt), dy = b.UpInts(y), dl = b.Poisoned(kN, TS_FP32);
+  RUN_OR_RETURN(ts_k_cross_entropy_forward(b.ctx(), dl->as<float>(), dx->p, dy->as<int32_t>(), kN,
+                                           kV, dt));
+  std::vector<double> ref(kN, 0), tol(kN, 0);
+  for (size_t n = 0; n < kN; n++) {
+    if (y[n] == TS_IGNORE_INDEX) continue;  // exactly 0
+    double mx = -INFINITY, z = 0;
+    for (size_t j = 0; j < kV; j++) mx = std::fmax(mx, (double)x[n * kV + j]);
+    for (size_t j = 0; j < kV; j++) z += std::exp(x[n * kV + j] - mx);
+    double lse = std::log(z) + mx, xy = x[n * kV + y[n]];
+    ref[n] = lse - xy;
+    tol[n] = (kV + 8) * kU32 + 4 * kU32 * (std::fabs(lse) + std::fabs(xy));  // fp32 rows
+  }
+  Expect("loss_rows", b.Down(*dl, kN, TS_FP32), ref, tol);
+  return TS_OK;
+}
+
+ts_status CrossEntropyBackward(Backend &b, ts_dtype dt, Rng &rng) {
+  std::vector<float> x = Input(rng, kN * kV, dt, -4, 4);
+  std::vector<int32_t> y = Targets();
+  const float dloss = 1.0f / 61;
+  DevPtr dx = b.Up(x, dt), dy = b.UpInts(y), dd = b.Poisoned(kN * kV, dt);
+  RUN_OR_RETURN(ts_k_cross_entropy_backward(b.ctx(), dd->p, dx->p, dy->as<int32_t>(), kN, kV,
+                                            dloss, dt));
+  std::vector<double> ref(kN * kV, 0), tol(kN * kV, 0);
+  for (size_t n = 0; n < kN; n++) {
+    if (y[n] == TS_IGNORE_INDEX) continue;  // exactly 0
+    double mx = -INFINITY, z = 0;
+    for (size_t j = 0; j < kV; j++) mx = std::fmax(mx, (double)x[n * kV + j]);
+    for (size_t j = 0; j < kV; j++) z += std::exp(x[n * kV + j] - mx);
+    for (size_t j = 0; j < kV; j++) {
+      double p = std::exp(x[n * kV + j] - mx) / z, one = (int32_t)j == y[n] ? 1.0 : 0.0;
+      ref[n * kV + j] = dloss * (p - one);
+      tol[n * kV + j] = Eta(dt) + U(dt) * std::fabs(ref[n * kV + j]) + dloss * ((kV + 8) * kU32 * p + 2 * kU32 * one);
+    }
+  }
+  Expect("dlogits", b.Down(*dd, kN * kV, dt), ref, tol);
+  return TS_OK;
+}
+
+}  // namespace ts_parity
