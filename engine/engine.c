@@ -187,32 +187,41 @@ static ts_status check_opts(const ts_model *model, const ts_engine_opts *opts) {
   return ts_engine_check_stage(opts->zero_stage);
 }
 
-ts_status ts_engine_new(const ts_model *model, const ts_engine_opts *opts, ts_engine **out) {
+ts_status ts_engine_new(const ts_model *model, const ts_engine_opts *opts, int plan,
+                        ts_engine **out) {
   *out = NULL;
   TS_CHECK(check_opts(model, opts));
   ts_engine *e = calloc(1, sizeof *e);
   if (!e) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "engine: cannot allocate");
+  ts_status st = ts_loss_scaler_init(&e->scaler, opts->dtype, opts->loss_scale,
+                                     opts->loss_scale_init, opts->loss_scale_window,
+                                     opts->min_loss_scale);
+  if (st != TS_OK) {
+    free(e);
+    return st;
+  }
   e->model = model;
   e->opts = *opts;
   e->zero = ts_zero_policy_of(opts->zero_stage);
   e->device = opts->device;
   e->ctx.device = opts->device;
   e->es = ts_dtype_size(opts->dtype);
+  e->plan = plan;
+  if (plan) ts_ledger_init_plan(&e->ledger);
+  else ts_ledger_init(&e->ledger);
   *out = e;
-  return ts_loss_scaler_init(&e->scaler, opts->dtype, opts->loss_scale, opts->loss_scale_init,
-                             opts->loss_scale_window, opts->min_loss_scale);
+  return TS_OK;
 }
 
 ts_status ts_engine_create(ts_engine **out, const ts_model *model, const ts_engine_opts *opts,
                            ts_comm *dp) {
   *out = NULL;
   ts_engine *e;
-  ts_status st = ts_engine_new(model, opts, &e);
-  if (!e) return st;
-  ts_ledger_init(&e->ledger);
+  TS_CHECK(ts_engine_new(model, opts, 0, &e));
+  ts_status st = TS_OK;
   /* comm/ moves host memory only so far: the gathers and reductions of a
    * device's buffers wait for a device transport (the GPU issue). */
-  if (st == TS_OK && e->device != TS_DEVICE_CPU)
+  if (e->device != TS_DEVICE_CPU)
     st = ts_set_error(TS_ERR_UNSUPPORTED,
                       "engine on %s: its collectives need a device transport in comm/, which "
                       "carries host memory only so far",

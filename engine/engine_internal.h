@@ -84,11 +84,11 @@ struct ts_engine {
 
 /* ---- engine.c ------------------------------------------------------------ */
 
-/* A zeroed engine for model and opts, its ledger not yet set. *out is NULL
- * when the options fail their checks, but set (for the caller to free with
- * ts_engine_free) when only the loss scaler's settings do: callers test
- * *out, then the status. */
-ts_status ts_engine_new(const ts_model *model, const ts_engine_opts *opts, ts_engine **out);
+/* A new engine for model and opts (every option checked, the loss scaler
+ * set up) with an empty ledger, a plan ledger when plan != 0, and nothing
+ * allocated yet; *out is NULL on any error. */
+ts_status ts_engine_new(const ts_model *model, const ts_engine_opts *opts, int plan,
+                        ts_engine **out);
 
 /* Allocates every buffer through the ledger and initialises the
  * parameters (a plan ledger: charges only). */

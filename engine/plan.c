@@ -65,13 +65,10 @@ ts_status ts_engine_plan(const ts_model *model, const ts_engine_opts *opts, size
   memset(out, 0, sizeof *out);
   TS_CHECK(check_dp_size(dp_size));
   ts_engine *e;
-  ts_status st = ts_engine_new(model, opts, &e);
-  if (!e) return st;
-  ts_ledger_init_plan(&e->ledger);
-  e->plan = 1;
+  TS_CHECK(ts_engine_new(model, opts, 1, &e));
   e->rank = 0; /* shards are equal, so every rank's plan is rank 0's */
   e->dp_size = (int)dp_size;
-  if (st == TS_OK) st = ts_engine_alloc(e);
+  ts_status st = ts_engine_alloc(e);
   if (st == TS_OK) st = ts_engine_run_micro_step(e, e->h_tokens, e->h_targets);
   if (st == TS_OK) *out = *ts_ledger_account(&e->ledger, e->device);
   ts_engine_free(e);
