@@ -96,6 +96,7 @@ struct ts_comm {
   ts_comm_counters counters; /* bytes the calls were asked to send, and calls made */
   const ts_comm_backend *be; /* the transport that runs this group's calls */
   void *impl;                /* the backend's state (MPI: communicators); NULL for self */
+  const ts_comm_memory *mem; /* ts_comm_set_memory: where data buffers live; NULL: host */
 };
 
 /* The head of every backend's request struct. */

@@ -51,6 +51,19 @@ ts_status ts_comm_new(const char *op, const ts_comm_backend *be, const char *nam
   return TS_OK;
 }
 
+ts_status ts_comm_set_memory(ts_comm *c, const ts_comm_memory *mem) {
+  if (!c) return ts_set_error(TS_ERR_INVALID_ARGUMENT, "ts_comm_set_memory: c is NULL");
+  if (mem && c->size > 1)
+    return ts_set_error(TS_ERR_UNSUPPORTED,
+                        "ts_comm_set_memory: group %s has %d ranks: collectives over device "
+                        "memory need a device transport (NCCL or host-staged MPI), not built yet",
+                        c->name, c->size);
+  if (mem && (!mem->copy || !mem->add))
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "ts_comm_set_memory: copy and add are required");
+  c->mem = mem;
+  return TS_OK;
+}
+
 ts_status ts_comm_request_new(ts_comm *c, const char *op, size_t bytes, ts_comm_request **out) {
   ts_comm_request *q = (ts_comm_request *)calloc(1, bytes);
   if (!q) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot allocate a request", op);

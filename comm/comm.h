@@ -126,6 +126,28 @@ ts_status ts_comm_split(ts_comm *parent, int color, int key, const char *name, t
 /* Frees the group (MPI_Comm_free for MPI groups). NULL is a no-op. */
 void ts_comm_free(ts_comm *c);
 
+/* Memory that is not the host's (a GPU's, DESIGN.md "GPU"): comm knows
+ * nothing of devices, so the owner of the buffers lends the two operations
+ * a one-rank group needs on them. Both are ordered after every earlier
+ * operation on that memory (a CUDA stream) and may return before they
+ * finish. */
+typedef struct ts_comm_memory {
+  void *user; /* passed back to both */
+  /* dst = src, nbytes bytes, not overlapping */
+  ts_status (*copy)(void *user, void *dst, const void *src, size_t nbytes);
+  /* out[i] = a[i] + b[i] for i < count, summed in fp32 and rounded once to
+   * dt (the one-rank case of comm/sum.h's rank-order sum with accumulate);
+   * out may alias b */
+  ts_status (*add)(void *user, void *out, const void *a, const void *b, size_t count, ts_dtype dt);
+} ts_comm_memory;
+
+/* From now on the data buffers of c's collectives live in mem's memory
+ * (NULL: host memory again); all_reduce_f64's buffer stays on the host. mem
+ * is borrowed and must outlive c's calls. Only one-rank groups can do this
+ * so far: a larger group gives TS_ERR_UNSUPPORTED (a device transport,
+ * NCCL or host-staged MPI, is planned). */
+ts_status ts_comm_set_memory(ts_comm *c, const ts_comm_memory *mem);
+
 int ts_comm_rank(const ts_comm *c);      /* 0 .. size-1 */
 int ts_comm_size(const ts_comm *c);      /* N >= 1 */
 const char *ts_comm_name(const ts_comm *c);

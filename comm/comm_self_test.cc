@@ -126,3 +126,47 @@ TEST_F(Self, WorldNeedsInit) {
 }
 
 }  // namespace
+
+// Lent memory (ts_comm_set_memory): the one-rank collectives move the data
+// with the lender's copy and add only. The lender here is host memory that
+// counts its calls and records what it was asked, so a copy done behind its
+// back (a plain memcpy on what could be device memory) fails the test.
+struct Lender {
+  int copies = 0, adds = 0;
+  static ts_status Copy(void *user, void *dst, const void *src, size_t nbytes) {
+    static_cast<Lender *>(user)->copies++;
+    memcpy(dst, src, nbytes);
+    return TS_OK;
+  }
+  static ts_status Add(void *user, void *out, const void *a, const void *b, size_t count,
+                       ts_dtype dt) {
+    static_cast<Lender *>(user)->adds++;
+    EXPECT_EQ(dt, TS_FP32);
+    for (size_t i = 0; i < count; i++)
+      ((float *)out)[i] = ((const float *)a)[i] + ((const float *)b)[i];
+    return TS_OK;
+  }
+};
+
+TEST_F(Self, LentMemoryMovesDataThroughTheLendersOperations) {
+  Lender l;
+  ts_comm_memory mem = {&l, Lender::Copy, Lender::Add};
+  ASSERT_EQ(ts_comm_set_memory(c_, &mem), TS_OK) << ts_last_error();
+  std::vector<float> send = {1, 2, 3}, recv(3, 0.0f);
+  ASSERT_EQ(ts_comm_reduce_scatter(c_, send.data(), recv.data(), 3, TS_FP32, 0, nullptr, 0), TS_OK);
+  EXPECT_EQ(l.copies, 1);
+  ASSERT_EQ(ts_comm_reduce_scatter(c_, send.data(), recv.data(), 3, TS_FP32, 1, nullptr, 0), TS_OK);
+  EXPECT_EQ(l.adds, 1);
+  EXPECT_EQ(recv, (std::vector<float>{2, 4, 6}));
+  std::vector<float> full(3, 0.0f);
+  ASSERT_EQ(ts_comm_all_gather(c_, recv.data(), full.data(), 3, TS_FP32), TS_OK);
+  EXPECT_EQ(l.copies, 2);
+  EXPECT_EQ(full, recv);
+  // Back to host memory: the lender is no longer called.
+  ASSERT_EQ(ts_comm_set_memory(c_, nullptr), TS_OK);
+  ASSERT_EQ(ts_comm_all_gather(c_, send.data(), full.data(), 3, TS_FP32), TS_OK);
+  EXPECT_EQ(l.copies, 2);
+  EXPECT_EQ(full, send);
+  ts_comm_memory half = {&l, Lender::Copy, nullptr};
+  EXPECT_EQ(ts_comm_set_memory(c_, &half), TS_ERR_INVALID_ARGUMENT);
+}

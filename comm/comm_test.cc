@@ -568,6 +568,25 @@ TEST_F(Comm, ScratchTooSmallNamesBothSizes) {
   ExpectCounters(c_, TS_COMM_SEND, 0, 0);  // rejected calls count nothing
 }
 
+// Device memory needs a device transport for more than one rank (not built
+// yet): lending memory to a larger group is refused in one line; one rank
+// takes it.
+TEST_F(Comm, LentMemoryNeedsOneRank) {
+  ts_comm_memory mem = {nullptr,
+                        [](void *, void *, const void *, size_t) { return TS_OK; },
+                        [](void *, void *, const void *, const void *, size_t, ts_dtype) {
+                          return TS_OK;
+                        }};
+  if (n_ == 1) {
+    EXPECT_EQ(ts_comm_set_memory(c_, &mem), TS_OK) << ts_last_error();
+  } else {
+    EXPECT_EQ(ts_comm_set_memory(c_, &mem), TS_ERR_UNSUPPORTED);
+    EXPECT_NE(std::string(ts_last_error()).find("need a device transport"), std::string::npos)
+        << ts_last_error();
+  }
+  EXPECT_EQ(ts_comm_set_memory(c_, nullptr), TS_OK);
+}
+
 TEST_F(Comm, BadArguments) {
   Buf a(TS_FP32, 4 * n_), b(TS_FP32, 4 * n_);
   std::vector<uint8_t> scratch(4096);

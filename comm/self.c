@@ -12,7 +12,9 @@
  *   N = 1 the uneven chunks of all-reduce's halves are the even ones.
  * - The front rejects every send and recv on one rank (no peer exists), and
  *   counts nothing for one rank; this file never touches the counters.
- * - Requests are already complete when run returns; wait only frees them.
+ * - Requests are already complete when run returns; wait only frees them
+ *   (on lent memory, ts_comm_set_memory, they are queued in its order).
+ * - On lent memory the copy and the addition are the lender's operations.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -25,17 +27,30 @@ static ts_status self_run(ts_comm *c, const ts_comm_call *d, ts_comm_request **r
   ts_comm_request *q = NULL;
   if (req) TS_CHECK(ts_comm_request_new(c, d->name, sizeof *q, &q));
   size_t nb = d->count * ts_dtype_size(d->dt);
+  const ts_comm_memory *mem = c->mem;
+  ts_status st = TS_OK;
   switch (d->kind) {
     case TS_COMM_CALL_REDUCE_SCATTER:
       if (d->accumulate) {
         const void *src[1] = {d->send};
-        ts_comm_sum_rank_order(d->recv, src, 1, d->count, d->dt, 1);
+        if (mem)
+          st = mem->add(mem->user, d->recv, d->send, d->recv, d->count, d->dt);
+        else
+          ts_comm_sum_rank_order(d->recv, src, 1, d->count, d->dt, 1);
       } else if (!d->in_place) {
-        memcpy(d->recv, d->send, nb);
+        if (mem)
+          st = nb ? mem->copy(mem->user, d->recv, d->send, nb) : TS_OK;
+        else
+          memcpy(d->recv, d->send, nb);
       }
       break;
     case TS_COMM_CALL_ALL_GATHER:
-      if (!d->in_place) memcpy(d->recv, d->send, nb);
+      if (!d->in_place) {
+        if (mem)
+          st = nb ? mem->copy(mem->user, d->recv, d->send, nb) : TS_OK;
+        else
+          memcpy(d->recv, d->send, nb);
+      }
       break;
     case TS_COMM_CALL_SEND:
     case TS_COMM_CALL_RECV:
@@ -45,6 +60,10 @@ static ts_status self_run(ts_comm *c, const ts_comm_call *d, ts_comm_request **r
                           (int)d->kind);
     /* barrier; all_reduce_f64 and broadcast: one rank's data is already in place */
     default: break;
+  }
+  if (st != TS_OK) {
+    free(q);
+    return st;
   }
   if (q) *req = q;
   return TS_OK;

@@ -87,7 +87,8 @@ static ts_status alloc_unit(ts_engine *e, int u) {
   TS_CHECK(ts_engine_alloc_model_state(&e->ledger, e->device, &s->layout, e->zero, e->opts.dtype,
                                        s));
   s->recompute = ts_engine_is_recomputed(e->model, &e->opts, u);
-  size_t saved = ts_unit_saved_bytes(e->model, u, e->opts.micro_batch, e->opts.seq, e->opts.dtype);
+  size_t saved = ts_unit_saved_bytes(e->model, u, e->opts.micro_batch, e->opts.seq, e->opts.dtype,
+                                     e->opts.device);
   if (!s->recompute)
     TS_CHECK(ts_ledger_alloc(&e->ledger, e->device, TS_MEM_ACTIVATIONS, saved, &s->saved));
   size_t sb = ts_shard_scratch_bytes(&s->layout, e->opts.dtype);
@@ -156,6 +157,9 @@ ts_status ts_engine_alloc(ts_engine *e) {
                              (void **)&e->h_tokens));
     TS_CHECK(ts_ledger_alloc(&e->ledger, TS_DEVICE_CPU, TS_MEM_ACTIVATIONS, B * T * 4,
                              (void **)&e->h_targets));
+    TS_CHECK(ts_ledger_alloc(&e->ledger, TS_DEVICE_CPU, TS_MEM_ACTIVATIONS, 2 * B * T * 4,
+                             (void **)&e->staging));
+    if (!e->plan) TS_CHECK(ts_k_host_register(dev, e->staging, 2 * B * T * 4));
   }
   for (int i = 0; i < 2; i++)
     TS_CHECK(ts_ledger_alloc(&e->ledger, dev, TS_MEM_ACTIVATIONS, B * T * C * es, &e->dbuf[i]));
@@ -213,27 +217,63 @@ ts_status ts_engine_new(const ts_model *model, const ts_engine_opts *opts, int p
   return TS_OK;
 }
 
+/* The device copy and addition comm's one-rank group uses on the
+ * engine's buffers (comm.h ts_comm_memory), on the engine's stream. */
+static ts_status device_copy(void *user, void *dst, const void *src, size_t nbytes) {
+  return ts_k_copy(&((ts_engine *)user)->ctx, dst, src, nbytes);
+}
+
+static ts_status device_add(void *user, void *out, const void *a, const void *b, size_t count,
+                            ts_dtype dt) {
+  return ts_k_add(&((ts_engine *)user)->ctx, out, a, b, count, dt);
+}
+
+/* Beside a GPU, before anything is allocated: lends comm the device's copy
+ * and addition (one rank only, until a device transport exists), sets the
+ * kernels' flags, and refuses a plan larger than the card's free memory,
+ * naming each category. */
+static ts_status prepare_device(ts_engine *e) {
+  e->comm_mem = (ts_comm_memory){.user = e, .copy = device_copy, .add = device_add};
+  TS_CHECK(ts_comm_set_memory(e->dp, &e->comm_mem));
+  e->ctx.flags |= TS_K_INDICES_CHECKED; /* load_batch checks them on the host */
+  if (e->opts.allow_tf32) e->ctx.flags |= TS_K_ALLOW_TF32;
+  ts_device_report *r = &e->report;
+  size_t free_bytes, total;
+  r->index = e->opts.device_index;
+  TS_CHECK(ts_k_device_memory(e->device, r->index, &free_bytes, &total, r->name, sizeof r->name));
+  r->total = total;
+  r->used_at_create = total - free_bytes;
+  ts_mem_account plan;
+  TS_CHECK(ts_engine_plan(e->model, &e->opts, (size_t)e->dp_size, &plan));
+  if (plan.peak_total <= free_bytes) return TS_OK;
+  char parts[512];
+  size_t n = 0;
+  for (int c = 0; c < TS_MEM_NUM_CATEGORIES && n < sizeof parts; c++)
+    n += (size_t)snprintf(parts + n, sizeof parts - n, "%s%s %.2f GiB", c ? ", " : "",
+                          ts_mem_category_name((ts_mem_category)c),
+                          (double)plan.peak[c] / (1u << 30));
+  return ts_set_error(TS_ERR_OUT_OF_MEMORY,
+                      "%s:%d (%s) has %.2f GiB free; this run's plan needs %.2f GiB at its peak "
+                      "(%s): raise --zero, lower --micro-batch, add --activation-checkpointing "
+                      "or use more ranks",
+                      ts_device_name(e->device), r->index, r->name,
+                      (double)free_bytes / (1u << 30), (double)plan.peak_total / (1u << 30), parts);
+}
+
 ts_status ts_engine_create(ts_engine **out, const ts_model *model, const ts_engine_opts *opts,
                            ts_comm *dp) {
   *out = NULL;
   ts_engine *e;
   TS_CHECK(ts_engine_new(model, opts, 0, &e));
-  ts_status st = TS_OK;
-  /* comm/ moves host memory only so far: the gathers and reductions of a
-   * device's buffers wait for a device transport (the GPU issue). */
-  if (e->device != TS_DEVICE_CPU)
-    st = ts_set_error(TS_ERR_UNSUPPORTED,
-                      "engine on %s: its collectives need a device transport in comm/, which "
-                      "carries host memory only so far",
-                      ts_device_name(e->device));
-  if (st == TS_OK) st = ts_k_context_init(&e->ctx, e->device, opts->device_index);
+  ts_status st = ts_k_context_init(&e->ctx, e->device, opts->device_index);
   if (st == TS_OK && !dp) st = ts_comm_self(&e->own_comm);
   if (st == TS_OK) {
     e->dp = dp ? dp : e->own_comm;
     e->rank = ts_comm_rank(e->dp);
     e->dp_size = ts_comm_size(e->dp);
-    st = ts_engine_alloc(e);
+    if (e->device != TS_DEVICE_CPU) st = prepare_device(e);
   }
+  if (st == TS_OK) st = ts_engine_alloc(e);
   if (st != TS_OK) {
     ts_engine_free(e);
     return st;
@@ -257,6 +297,14 @@ void ts_engine_free(ts_engine *e) {
   if (e->acts)
     for (int u = 1; u < e->model->n_units; u++) ts_ledger_free(&e->ledger, e->acts[u]);
   if (e->h_tokens != e->tokens) ts_ledger_free(&e->ledger, e->h_tokens);
+  if (e->staging) {
+    if (!e->plan) {
+      ts_k_host_wait(&e->ctx); /* no copy may still read it */
+      ts_k_host_unregister(e->device, e->staging);
+    }
+    ts_ledger_free(&e->ledger, e->staging);
+  }
+  if (e->dp && e->comm_mem.copy) ts_comm_set_memory(e->dp, NULL);
   if (e->h_targets != e->targets) ts_ledger_free(&e->ledger, e->h_targets);
   ts_ledger_free(&e->ledger, e->tokens);
   ts_ledger_free(&e->ledger, e->targets);
@@ -378,14 +426,45 @@ static ts_status forward(ts_engine *e, double *loss) {
   return TS_OK;
 }
 
+/* Beside a device: TS_ERR_INVALID_ARGUMENT naming the first input outside
+ * [0, V) or target outside [0, V) and not -100, checked here on the host so
+ * the kernels need not read the device back (TS_K_INDICES_CHECKED). */
+static ts_status check_batch(const ts_engine *e, const int32_t *inputs, const int32_t *targets,
+                             size_t BT) {
+  size_t V = e->model->vocab_size;
+  for (size_t i = 0; i < BT; i++) {
+    if (inputs[i] < 0 || (size_t)inputs[i] >= V)
+      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                          "engine: tokens[%zu] = %d is outside the vocabulary [0, %zu)", i,
+                          (int)inputs[i], V);
+    if (targets[i] != TS_IGNORE_INDEX && (targets[i] < 0 || (size_t)targets[i] >= V))
+      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                          "engine: targets[%zu] = %d: expected a class in [0, %zu) or %d (ignore)",
+                          i, (int)targets[i], V, TS_IGNORE_INDEX);
+  }
+  return TS_OK;
+}
+
 /* Copies this micro-batch's (B, T) host inputs and targets to the device
- * (nothing on the CPU when the caller filled the engine's own buffers) and
- * counts the targets that are not -100 (host arithmetic on the host array). */
+ * and counts the targets that are not -100 (host arithmetic on the host
+ * array). On the CPU nothing moves when the caller filled the engine's own
+ * buffers. Beside a device the batch goes through the page-locked staging
+ * by one asynchronous copy each: the only wait is for the previous
+ * micro-batch's copies to have left the staging, long done by now. */
 static ts_status load_batch(ts_engine *e, const int32_t *inputs, const int32_t *targets,
                             size_t *count) {
   size_t BT = e->opts.micro_batch * e->opts.seq;
-  if (inputs != e->tokens) TS_CHECK(ts_k_from_host(&e->ctx, e->tokens, inputs, BT * 4));
-  if (targets != e->targets) TS_CHECK(ts_k_from_host(&e->ctx, e->targets, targets, BT * 4));
+  if (e->staging) {
+    TS_CHECK(check_batch(e, inputs, targets, BT));
+    TS_CHECK(ts_k_host_wait(&e->ctx));
+    memcpy(e->staging, inputs, BT * 4);
+    memcpy(e->staging + BT, targets, BT * 4);
+    TS_CHECK(ts_k_from_host_async(&e->ctx, e->tokens, e->staging, BT * 4));
+    TS_CHECK(ts_k_from_host_async(&e->ctx, e->targets, e->staging + BT, BT * 4));
+  } else {
+    if (inputs != e->tokens) TS_CHECK(ts_k_from_host(&e->ctx, e->tokens, inputs, BT * 4));
+    if (targets != e->targets) TS_CHECK(ts_k_from_host(&e->ctx, e->targets, targets, BT * 4));
+  }
   *count = 0;
   for (size_t i = 0; i < BT; i++) *count += targets[i] != TS_IGNORE_INDEX;
   return TS_OK;
@@ -631,6 +710,20 @@ ts_status ts_engine_eval(ts_engine *e, const int32_t *inputs, const int32_t *tar
 
 const ts_mem_account *ts_engine_memory(const ts_engine *e) {
   return ts_ledger_account(&e->ledger, e->device);
+}
+
+ts_status ts_engine_device_report(const ts_engine *e, ts_device_report *out) {
+  *out = e->report;
+  if (e->device == TS_DEVICE_CPU) {
+    snprintf(out->name, sizeof out->name, "cpu");
+    return TS_OK;
+  }
+  size_t free_bytes, total;
+  TS_CHECK(ts_k_device_memory(e->device, out->index, &free_bytes, &total, NULL, 0));
+  out->used_now = total - free_bytes;
+  size_t ledger = ts_ledger_account(&e->ledger, e->device)->current_total;
+  out->overhead = out->used_now > ledger ? out->used_now - ledger : 0;
+  return TS_OK;
 }
 
 void ts_engine_batch(ts_engine *e, int32_t **inputs, int32_t **targets) {

@@ -74,8 +74,10 @@
  * device once per micro-batch (its tokens and targets) and reads it once,
  * at the optimizer step (the micro-batches' losses and the units' squared
  * norms, one block); a skipped fp16 step reads its overflow flags too, and
- * a micro-step asked for its loss reads that. Host memory beside a device:
- * the batch's staging (ts_engine_batch) and the scalars' host copy. The
+ * a micro-step asked for its loss reads that. The batch goes up by an
+ * asynchronous copy from page-locked staging, its tokens and targets
+ * checked on the host first. Host memory beside a device: the batch
+ * (ts_engine_batch), its staging, and the scalars' host copy. The
  * files of engine/ split it by concept (engine_internal.h).
  */
 #ifndef TS_ENGINE_ENGINE_H
@@ -124,10 +126,12 @@ typedef struct ts_engine_opts {
   size_t recompute_every;
   /* Where every training buffer lives and every op runs: the CPU, or a
    * CUDA GPU (ordinal device_index; the caller picks it, e.g. local rank %
-   * device count). The plan takes any device; create refuses all but the
-   * CPU until comm/ has a device transport (TS_ERR_UNSUPPORTED). */
+   * device count). On a GPU, create needs a data-parallel group of one
+   * rank until comm/ has a device transport (NCCL or host-staged MPI):
+   * more ranks give TS_ERR_UNSUPPORTED. The plan takes any device. */
   ts_device device;
   int device_index;
+  int allow_tf32; /* CUDA fp32 products on TF32 tensor cores (kernels.h TS_K_ALLOW_TF32) */
 } ts_engine_opts;
 
 /* Defaults: B 8, T 128, accumulation 1, fp32, seed 1337, AdamW (0.9, 0.95,
@@ -208,8 +212,11 @@ typedef struct ts_step_stats {
  * max_position_embeddings, zero_stage outside 0-3: the message names the
  * flag and the expected value; in fp16 also a loss scale that is negative
  * or not finite, an initial scale below the minimum, a window of 0; an
- * unknown device), TS_ERR_UNSUPPORTED (a device other than the CPU, until
- * comm/ carries device memory), TS_ERR_OUT_OF_MEMORY, TS_ERR_MPI. */
+ * unknown device), TS_ERR_UNSUPPORTED (a GPU with a data-parallel group of
+ * more than one rank, until comm/ has a device transport),
+ * TS_ERR_OUT_OF_MEMORY (on a GPU also before anything is allocated, when
+ * the plan exceeds the card's free memory: the message names the
+ * categories), TS_ERR_CUDA, TS_ERR_MPI. */
 ts_status ts_engine_create(ts_engine **out, const ts_model *model, const ts_engine_opts *opts,
                            ts_comm *dp);
 /* Frees every buffer (the ledger returns to zero) and the engine; NULL is a
@@ -265,6 +272,24 @@ void ts_engine_batch(ts_engine *e, int32_t **inputs, int32_t **targets);
 /* This rank's memory counters on the engine's device (read-only; the
  * ledger's account of opts->device). */
 const ts_mem_account *ts_engine_memory(const ts_engine *e);
+
+/* What the GPU itself reports (cudaMemGetInfo), beside the ledger: the
+ * measured counterpart of ts_engine_memory, so that the CUDA context,
+ * cuBLASLt's and cuDNN's own allocations and anything else on the card show
+ * up as the difference. All bytes. */
+typedef struct ts_device_report {
+  char name[96];          /* e.g. "NVIDIA H100 80GB HBM3"; "cpu" on the CPU */
+  int index;              /* CUDA ordinal; 0 on the CPU */
+  size_t total;           /* the card's memory */
+  size_t used_at_create;  /* total - free after the context and handles were made, before the
+                             engine allocated anything (context, libraries, other processes) */
+  size_t used_now;        /* total - free now */
+  size_t overhead;        /* used_now - the ledger's current device bytes */
+} ts_device_report;
+
+/* Fills *out for e's device (a CPU engine: name "cpu", zeros).
+ * TS_ERR_CUDA. */
+ts_status ts_engine_device_report(const ts_engine *e, ts_device_report *out);
 
 /* The engine's options (as given) and its data-parallel group. */
 const ts_engine_opts *ts_engine_options(const ts_engine *e);

@@ -62,6 +62,10 @@ struct ts_engine {
   int32_t *h_tokens;     /* (B, T) the host's batch (ts_engine_batch): tokens itself on the
                             CPU, host staging for a device */
   int32_t *h_targets;    /* (B, T) likewise */
+  int32_t *staging;      /* beside a device: (2, B, T) page-locked host copy of a micro-batch's
+                            tokens then targets, read by an asynchronous copy; else NULL */
+  ts_comm_memory comm_mem; /* beside a device: device copy and add lent to the one-rank dp */
+  ts_device_report report; /* beside a device: its name, total and used_at_create */
   void *dbuf[2];         /* (B, T, C) activation gradients, ping-pong */
   void *recompute_saved; /* saved activations of the recomputed unit in use */
   /* The step's scalars on the device, read once per step (one block): */

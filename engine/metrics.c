@@ -94,6 +94,18 @@ ts_status ts_metrics_write_summary(ts_metrics *m, const ts_metrics_summary *s) {
   cJSON_AddNumberToObject(p, "unpadded", (double)s->params_unpadded);
   cJSON_AddNumberToObject(p, "padded", (double)s->params_padded);
   cJSON_AddNumberToObject(sm, "world_size", s->world_size);
+  cJSON_AddStringToObject(sm, "device", ts_device_name(eo->device));
+  if (s->device) {
+    const ts_device_report *d = s->device;
+    cJSON_AddStringToObject(sm, "gpu_name", d->name);
+    cJSON_AddNumberToObject(sm, "gpu_index", d->index);
+    cJSON *db = cJSON_AddObjectToObject(sm, "device_bytes");
+    cJSON_AddNumberToObject(db, "total", (double)d->total);
+    cJSON_AddNumberToObject(db, "ledger_peak", s->mem[TS_METRICS_TOTAL]);
+    cJSON_AddNumberToObject(db, "used_at_create", (double)d->used_at_create);
+    cJSON_AddNumberToObject(db, "used_now", (double)d->used_now);
+    cJSON_AddNumberToObject(db, "overhead", (double)d->overhead);
+  }
   cJSON_AddNumberToObject(sm, "zero_stage", eo->zero_stage);
   cJSON_AddStringToObject(sm, "dtype", ts_dtype_name(eo->dtype));
   char recompute[32];

@@ -61,6 +61,7 @@ typedef struct ts_metrics_summary {
   size_t global_batch;                   /* sequences per step, all ranks */
   const ts_step_stats *last;             /* the last optimizer step (communication) */
   const double *mem;                     /* (world_size, TS_METRICS_RANK_FIELDS) */
+  const ts_device_report *device;        /* rank 0's GPU as measured; NULL on the CPU */
 } ts_metrics_summary;
 
 /* {"summary": {...}} as trainer.h lists. TS_ERR_IO, TS_ERR_OUT_OF_MEMORY. */

@@ -19,7 +19,7 @@ int ts_engine_is_recomputed(const ts_model *m, const ts_engine_opts *o, int u) {
 size_t ts_engine_recompute_bytes(const ts_model *m, const ts_engine_opts *o) {
   size_t most = 0;
   for (int u = 0; u < m->n_units; u++) {
-    size_t saved = ts_unit_saved_bytes(m, u, o->micro_batch, o->seq, o->dtype);
+    size_t saved = ts_unit_saved_bytes(m, u, o->micro_batch, o->seq, o->dtype, o->device);
     if (ts_engine_is_recomputed(m, o, u) && saved > most) most = saved;
   }
   return most;
@@ -29,7 +29,7 @@ size_t ts_engine_activation_bytes(const ts_model *m, const ts_engine_opts *o) {
   size_t B = o->micro_batch, T = o->seq, C = m->hidden_size, es = ts_dtype_size(o->dtype);
   size_t bytes = 2 * B * T * 4 + ((size_t)m->n_units - 1 + 2) * B * T * C * es;
   for (int u = 0; u < m->n_units; u++)
-    if (!ts_engine_is_recomputed(m, o, u)) bytes += ts_unit_saved_bytes(m, u, B, T, o->dtype);
+    if (!ts_engine_is_recomputed(m, o, u)) bytes += ts_unit_saved_bytes(m, u, B, T, o->dtype, o->device);
   return bytes + ts_engine_recompute_bytes(m, o);
 }
 

@@ -210,6 +210,8 @@ static ts_status write_summary(run *r, const ts_train_result *res) {
   /* Each rank fills its own row, the rest are zero: the sum is a gather
    * (exact: byte counts are integers below 2^53). */
   ts_status st = ts_comm_all_reduce_f64(r->dp, mem, n, TS_COMM_SUM);
+  ts_device_report dev;
+  if (st == TS_OK && r->eo.device != TS_DEVICE_CPU) st = ts_engine_device_report(r->engine, &dev);
   if (st == TS_OK && r->rank == 0) {
     ts_metrics_summary s = {
         .params_unpadded = res->num_params,
@@ -222,6 +224,7 @@ static ts_status write_summary(run *r, const ts_train_result *res) {
         .global_batch = r->global_batch,
         .last = &r->last,
         .mem = mem,
+        .device = r->eo.device != TS_DEVICE_CPU ? &dev : NULL,
     };
     st = ts_metrics_write_summary(r->metrics, &s);
   }

@@ -16,7 +16,10 @@
  * comm_bytes, loss_scale, skipped} (a skipped fp16 step adds overflow:
  * {unit, tensor, loss_scale_before, loss_scale_after}, its grad_norm is
  * null and its lr 0), one per evaluation {step, val_loss}, and at the end
- * {"summary": {params: {unpadded, padded}, world_size, zero_stage, dtype,
+ * {"summary": {params: {unpadded, padded}, world_size, device ("cpu",
+ * "cuda"; on a GPU also gpu_name, gpu_index and device_bytes: {total,
+ * ledger_peak, used_at_create, used_now, overhead}, engine.h
+ * ts_device_report), zero_stage, dtype,
  * activation_checkpointing ("none", "all", "every:K"),
  * activation_bytes_predicted, skipped_steps, loss_scale (final),
  * micro_batch, grad_accum, global_batch, seq, comm_bytes_per_step,

@@ -38,17 +38,28 @@ typedef struct ts_k_backend {
   ts_status (*context_init)(ts_kctx *ctx, int index); /* ctx zeroed, device set */
   void (*context_destroy)(ts_kctx *ctx);
   ts_status (*synchronize)(const ts_kctx *ctx);
+  /* NULL: the device reports no memory figures */
+  ts_status (*memory_info)(int index, size_t *free_bytes, size_t *total_bytes, char *name,
+                           size_t name_len);
   ts_status (*alloc)(size_t nbytes, void **out); /* nbytes > 0 */
   void (*free)(void *p);                         /* p != NULL */
   ts_status (*copy)(const ts_kctx *ctx, void *dst, const void *src, size_t nbytes);
   ts_status (*to_host)(const ts_kctx *ctx, void *h_dst, const void *src, size_t nbytes);
   ts_status (*from_host)(const ts_kctx *ctx, void *dst, const void *h_src, size_t nbytes);
+  /* NULL: from_host is already synchronous and host memory needs no pinning */
+  ts_status (*host_register)(void *h, size_t nbytes);
+  void (*host_unregister)(void *h);
+  ts_status (*from_host_async)(const ts_kctx *ctx, void *dst, const void *h_src, size_t nbytes);
+  ts_status (*host_wait)(const ts_kctx *ctx);
 
   /* workspace queries (NULL: the op needs none on this device) */
   size_t (*linear_workspace_bytes)(size_t M, size_t N, size_t K, ts_dtype dt);
   size_t (*embedding_workspace_bytes)(size_t N, ts_dtype dt);
   size_t (*attention_workspace_bytes)(size_t B, size_t T, size_t NH, size_t NKV, size_t HS,
                                       ts_dtype dt);
+  /* NULL: the probabilities, B * NH * T * T elements of dt */
+  size_t (*attention_state_bytes)(size_t B, size_t T, size_t NH, size_t NKV, size_t HS,
+                                  ts_dtype dt);
 
   /* casts and vector ops */
   ts_status (*cast)(const ts_kctx *ctx, void *out, ts_dtype out_dt, const void *in,
@@ -85,13 +96,13 @@ typedef struct ts_k_backend {
                             size_t H, size_t HS, float theta, ts_dtype dt);
   ts_status (*rope_backward)(const ts_kctx *ctx, void *dx, const void *dout, size_t B, size_t T,
                              size_t H, size_t HS, float theta, ts_dtype dt);
-  ts_status (*attention_forward)(const ts_kctx *ctx, void *out, void *probs, const void *q,
+  ts_status (*attention_forward)(const ts_kctx *ctx, void *out, void *state, const void *q,
                                  const void *k, const void *v, size_t B, size_t T, size_t NH,
                                  size_t NKV, size_t HS, ts_dtype dt);
   ts_status (*attention_backward)(const ts_kctx *ctx, void *dq, void *dk, void *dv,
-                                  const void *dout, const void *q, const void *k, const void *v,
-                                  const void *probs, size_t B, size_t T, size_t NH, size_t NKV,
-                                  size_t HS, ts_dtype dt);
+                                  const void *dout, const void *out, const void *q, const void *k,
+                                  const void *v, const void *state, size_t B, size_t T, size_t NH,
+                                  size_t NKV, size_t HS, ts_dtype dt);
   ts_status (*swiglu_forward)(const ts_kctx *ctx, void *h, const void *gate, const void *up,
                               size_t n, ts_dtype dt);
   ts_status (*swiglu_backward)(const ts_kctx *ctx, void *dgate, void *dup, const void *dh,

@@ -102,6 +102,23 @@ void ts_k_context_destroy(ts_kctx *ctx) {
     be->context_destroy(ctx);
 }
 
+ts_status ts_k_device_memory(ts_device dev, int index, size_t *free_bytes, size_t *total_bytes,
+                             char *name, size_t name_len) {
+  static const char op[] = "ts_k_device_memory";
+  const ts_k_backend *be;
+  CHECK_PTR(free_bytes);
+  CHECK_PTR(total_bytes);
+  TS_CHECK(backend_for(dev, op, &be));
+  if (!be->memory_info)
+    return ts_set_error(TS_ERR_UNSUPPORTED, "%s: the %s backend reports no memory figures", op,
+                        be->name);
+  int n = be->device_count();
+  if (index < 0 || index >= n)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: %s device %d: this process sees %d", op,
+                        be->name, index, n);
+  return be->memory_info(index, free_bytes, total_bytes, name, name_len);
+}
+
 ts_status ts_k_synchronize(const ts_kctx *ctx) {
   static const char op[] = "ts_k_synchronize";
   const ts_k_backend *be;
@@ -155,6 +172,37 @@ ts_status ts_k_from_host(const ts_kctx *ctx, void *dst, const void *h_src, size_
   const ts_k_backend *be;
   TS_CHECK(check_copy(ctx, dst, h_src, nbytes, op, &be));
   return nbytes == 0 ? TS_OK : be->from_host(ctx, dst, h_src, nbytes);
+}
+
+ts_status ts_k_host_register(ts_device dev, void *h, size_t nbytes) {
+  static const char op[] = "ts_k_host_register";
+  const ts_k_backend *be;
+  TS_CHECK(backend_for(dev, op, &be));
+  if (nbytes == 0 || !be->host_register) return TS_OK;
+  CHECK_PTR(h);
+  return be->host_register(h, nbytes);
+}
+
+void ts_k_host_unregister(ts_device dev, void *h) {
+  const ts_k_backend *be;
+  if (h && backend_for(dev, "ts_k_host_unregister", &be) == TS_OK && be->host_unregister)
+    be->host_unregister(h);
+}
+
+ts_status ts_k_from_host_async(const ts_kctx *ctx, void *dst, const void *h_src, size_t nbytes) {
+  static const char op[] = "ts_k_from_host_async";
+  const ts_k_backend *be;
+  TS_CHECK(check_copy(ctx, dst, h_src, nbytes, op, &be));
+  if (nbytes == 0) return TS_OK;
+  return be->from_host_async ? be->from_host_async(ctx, dst, h_src, nbytes)
+                             : be->from_host(ctx, dst, h_src, nbytes);
+}
+
+ts_status ts_k_host_wait(const ts_kctx *ctx) {
+  static const char op[] = "ts_k_host_wait";
+  const ts_k_backend *be;
+  TS_CHECK(backend_of(ctx, op, &be));
+  return be->host_wait ? be->host_wait(ctx) : TS_OK;
 }
 
 /* ---- workspace queries ----------------------------------------------------------- */
@@ -408,7 +456,14 @@ static ts_status check_attention(const ts_kctx *ctx, size_t B, size_t T, size_t 
   return TS_OK;
 }
 
-ts_status ts_k_attention_forward(const ts_kctx *ctx, void *out, void *probs, const void *q,
+size_t ts_k_attention_state_bytes(ts_device dev, size_t B, size_t T, size_t NH, size_t NKV,
+                                  size_t HS, ts_dtype dt) {
+  const ts_k_backend *be = query_backend(dev);
+  if (be->attention_state_bytes) return be->attention_state_bytes(B, T, NH, NKV, HS, dt);
+  return B * NH * T * T * ts_dtype_size(dt);
+}
+
+ts_status ts_k_attention_forward(const ts_kctx *ctx, void *out, void *state, const void *q,
                                  const void *k, const void *v, size_t B, size_t T, size_t NH,
                                  size_t NKV, size_t HS, ts_dtype dt) {
   static const char op[] = "ts_k_attention_forward";
@@ -417,19 +472,19 @@ ts_status ts_k_attention_forward(const ts_kctx *ctx, void *out, void *probs, con
   TS_CHECK(check_attention(ctx, B, T, NH, NKV, HS, dt, op, &be, &work));
   if (!work) return TS_OK;
   CHECK_PTR(out);
-  CHECK_PTR(probs);
+  CHECK_PTR(state);
   CHECK_PTR(q);
   CHECK_PTR(k);
   CHECK_PTR(v);
   TS_CHECK(check_workspace(
       ctx, ts_k_attention_workspace_bytes(ctx->device, B, T, NH, NKV, HS, dt), op));
-  return CALL(be, attention_forward, ctx, out, probs, q, k, v, B, T, NH, NKV, HS, dt);
+  return CALL(be, attention_forward, ctx, out, state, q, k, v, B, T, NH, NKV, HS, dt);
 }
 
 ts_status ts_k_attention_backward(const ts_kctx *ctx, void *dq, void *dk, void *dv,
-                                  const void *dout, const void *q, const void *k, const void *v,
-                                  const void *probs, size_t B, size_t T, size_t NH, size_t NKV,
-                                  size_t HS, ts_dtype dt) {
+                                  const void *dout, const void *out, const void *q, const void *k,
+                                  const void *v, const void *state, size_t B, size_t T, size_t NH,
+                                  size_t NKV, size_t HS, ts_dtype dt) {
   static const char op[] = "ts_k_attention_backward";
   const ts_k_backend *be;
   int work;
@@ -439,14 +494,15 @@ ts_status ts_k_attention_backward(const ts_kctx *ctx, void *dq, void *dk, void *
   CHECK_PTR(dk);
   CHECK_PTR(dv);
   CHECK_PTR(dout);
+  CHECK_PTR(out);
   CHECK_PTR(q);
   CHECK_PTR(k);
   CHECK_PTR(v);
-  CHECK_PTR(probs);
+  CHECK_PTR(state);
   TS_CHECK(check_workspace(
       ctx, ts_k_attention_workspace_bytes(ctx->device, B, T, NH, NKV, HS, dt), op));
-  return CALL(be, attention_backward, ctx, dq, dk, dv, dout, q, k, v, probs, B, T, NH, NKV, HS,
-              dt);
+  return CALL(be, attention_backward, ctx, dq, dk, dv, dout, out, q, k, v, state, B, T, NH, NKV,
+              HS, dt);
 }
 
 /* ---- SwiGLU --------------------------------------------------------------------------------- */

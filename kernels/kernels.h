@@ -28,10 +28,15 @@
  * take on that device. An op whose workspace is too small returns
  * TS_ERR_OUT_OF_MEMORY, touching nothing.
  *
- * Devices: every op runs on TS_DEVICE_CPU. On TS_DEVICE_CUDA, the memory
- * functions, ts_k_cast, ts_k_zero and ts_k_adamw run (kernels/cuda/); the
- * other ops return TS_ERR_UNSUPPORTED ("... has no CUDA implementation
- * yet") until the GPU issue lands. CUDA ops are asynchronous on ctx->stream.
+ * Devices: every op runs on TS_DEVICE_CPU and on TS_DEVICE_CUDA
+ * (kernels/cuda/: cuBLASLt for the linear layer, cuDNN's fused attention
+ * for bf16/fp16, own kernels for the rest). CUDA ops are asynchronous on
+ * ctx->stream: they return once queued, and errors during execution show up
+ * at the next synchronising call. Data checks (a token or target out of
+ * range) are synchronous on CUDA (a flag read back) unless the caller sets
+ * TS_K_INDICES_CHECKED in ctx->flags after checking them itself on the
+ * host; then an out-of-range index is skipped (its row written as zeros),
+ * never read or written out of bounds.
  *
  * Determinism: for a fixed input, every op's result is bitwise identical
  * whatever the number of OpenMP threads (reductions use fixed chunking).
@@ -67,7 +72,16 @@ typedef struct ts_kctx {
   void *dnn;              /* cudnnHandle_t on CUDA once an op uses it, else NULL */
   void *workspace;        /* scratch, 64-byte aligned, on `device` */
   size_t workspace_bytes; /* bytes available at `workspace` */
+  unsigned flags;         /* TS_K_* bits below; 0 by default */
+  void *backend_state;    /* the backend's own (CUDA: reduction scratch), NULL on CPU */
 } ts_kctx;
+
+/* ctx->flags: fp32 matrix products may use TF32 tensor cores (CUDA; 10-bit
+ * mantissa products, so fp32 parity with the CPU no longer holds). */
+#define TS_K_ALLOW_TF32 1u
+/* ctx->flags: every token and target passed to this context's ops was
+ * checked by the caller (host side); CUDA skips its synchronous check. */
+#define TS_K_INDICES_CHECKED 2u
 
 /* ---- devices, contexts and memory --------------------------------------- */
 
@@ -82,6 +96,14 @@ int ts_k_device_count(ts_device dev);
 ts_status ts_k_context_init(ts_kctx *ctx, ts_device dev, int index);
 /* Releases what ts_k_context_init created (not the workspace); NULL no-op. */
 void ts_k_context_destroy(ts_kctx *ctx);
+
+/* Memory of GPU `index` of kind dev as the driver reports it
+ * (cudaMemGetInfo): *free_bytes and *total_bytes, and its name (e.g.
+ * "NVIDIA H100 80GB HBM3") in name[name_len] when name is not NULL.
+ * Creates the GPU's CUDA context if it has none yet. TS_ERR_UNSUPPORTED on
+ * the CPU; TS_ERR_INVALID_ARGUMENT (index out of range), TS_ERR_CUDA. */
+ts_status ts_k_device_memory(ts_device dev, int index, size_t *free_bytes, size_t *total_bytes,
+                             char *name, size_t name_len);
 
 /* Waits until every op queued on ctx has finished (CPU: returns at once). */
 ts_status ts_k_synchronize(const ts_kctx *ctx);
@@ -103,6 +125,20 @@ ts_status ts_k_to_host(const ts_kctx *ctx, void *h_dst, const void *src, size_t 
  * (after every op queued before it); h_src may be reused as soon as the
  * call returns (CUDA: it waits for the copy). */
 ts_status ts_k_from_host(const ts_kctx *ctx, void *dst, const void *h_src, size_t nbytes);
+
+/* Page-locks the host range [h, h + nbytes) for device dev's asynchronous
+ * copies (cudaHostRegister; a no-op on the CPU). Undo with
+ * ts_k_host_unregister before freeing it. TS_ERR_CUDA. */
+ts_status ts_k_host_register(ts_device dev, void *h, size_t nbytes);
+/* Undoes ts_k_host_register(dev, h, ...); NULL is a no-op. */
+void ts_k_host_unregister(ts_device dev, void *h);
+/* dst (ctx->device) = h_src (host), nbytes bytes, queued in ctx's stream
+ * order; returns at once (CPU: copies before returning). h_src (best
+ * page-locked, ts_k_host_register) must not change until ts_k_host_wait(ctx)
+ * has returned, which waits for the copies this function queued on ctx and
+ * for nothing queued after them. */
+ts_status ts_k_from_host_async(const ts_kctx *ctx, void *dst, const void *h_src, size_t nbytes);
+ts_status ts_k_host_wait(const ts_kctx *ctx);
 
 /* Index that cross-entropy skips (Hugging Face / PyTorch convention). */
 #define TS_IGNORE_INDEX (-100)
@@ -207,21 +243,32 @@ ts_status ts_k_rope_backward(const ts_kctx *ctx, void *dx, const void *dout, siz
 /* ---- causal grouped-query attention (Vaswani et al. 2017 eq. 1; GQA:
  * Ainslie et al. 2023 — query head h reads kv head h / (NH / NKV)) -------- */
 
-/* probs (B, NH, T, T) = softmax(q k^T / sqrt(HS) + causal mask), rows over
- * keys, entries above the diagonal are 0;
- * out (B, T, NH, HS) = probs @ v.
- * q (B, T, NH, HS), k and v (B, T, NKV, HS). NH % NKV == 0. */
-ts_status ts_k_attention_forward(const ts_kctx *ctx, void *out, void *probs, const void *q,
+/* P = softmax(q k^T / sqrt(HS) + causal mask), rows over keys;
+ * out (B, T, NH, HS) = P @ v.
+ * q (B, T, NH, HS), k and v (B, T, NKV, HS). NH % NKV == 0.
+ * state: what backward needs besides the inputs, written (=), of
+ * ts_k_attention_state_bytes(ctx->device, ...) bytes on ctx->device:
+ *   CPU (every dt) and CUDA fp32: the probabilities P (B, NH, T, T) in dt,
+ *     entries above the diagonal 0;
+ *   CUDA bf16/fp16: the log-sum-exp of each softmax row (B, NH, T) fp32
+ *     (cuDNN's fused flash attention, Dao et al. 2022, keeps no P). */
+ts_status ts_k_attention_forward(const ts_kctx *ctx, void *out, void *state, const void *q,
                                  const void *k, const void *v, size_t B, size_t T, size_t NH,
                                  size_t NKV, size_t HS, ts_dtype dt);
-/* dq (B, T, NH, HS), dk, dv (B, T, NKV, HS): all written (=). */
+/* dq (B, T, NH, HS), dk, dv (B, T, NKV, HS): all written (=). out and state
+ * are the forward's outputs for these q, k, v (the CPU reads only state). */
 ts_status ts_k_attention_backward(const ts_kctx *ctx, void *dq, void *dk, void *dv,
-                                  const void *dout, const void *q, const void *k, const void *v,
-                                  const void *probs, size_t B, size_t T, size_t NH, size_t NKV,
+                                  const void *dout, const void *out, const void *q, const void *k,
+                                  const void *v, const void *state, size_t B, size_t T, size_t NH,
+                                  size_t NKV, size_t HS, ts_dtype dt);
+/* Exact bytes of the forward's saved state on device dev (see above). */
+size_t ts_k_attention_state_bytes(ts_device dev, size_t B, size_t T, size_t NH, size_t NKV,
                                   size_t HS, ts_dtype dt);
 /* Exact bytes of ctx->workspace the larger attention pass needs on device
- * dev (both passes check against it). CPU: one (T, T) fp32 dP for fp32 backward; for bf16/fp16 also one batch row's
- * operands and probabilities widened to fp32. */
+ * dev (both passes check against it). CPU: one (T, T) fp32 dP for fp32
+ * backward; for bf16/fp16 also one batch row's operands and probabilities
+ * widened to fp32. CUDA fp32: one batch row's (NH, T, T) fp32 dS; CUDA
+ * bf16/fp16: cuDNN's bound (kernels/cuda/attention_cudnn.h). */
 size_t ts_k_attention_workspace_bytes(ts_device dev, size_t B, size_t T, size_t NH, size_t NKV,
                                       size_t HS, ts_dtype dt);
 

@@ -167,7 +167,7 @@ TEST(Determinism, ReductionsAreBitwiseEqualAcrossThreadCounts) {
                                        B, T, NH, NKV, HS, TS_FP32),
                 TS_OK);
       EXPECT_EQ(
-          ts_k_attention_backward(c.get(), dq.data(), dk.data(), dv.data(), dy.data(), q.data(),
+          ts_k_attention_backward(c.get(), dq.data(), dk.data(), dv.data(), dy.data(), out.data(), q.data(),
                                   k.data(), v.data(), p.data(), B, T, NH, NKV, HS, TS_FP32),
           TS_OK);
       for (auto *t : {&p, &dq, &dk, &dv}) out.insert(out.end(), t->begin(), t->end());

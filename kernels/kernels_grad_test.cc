@@ -166,7 +166,7 @@ void check_attention_backward(size_t B, size_t T, size_t NH, size_t NKV, size_t 
   };
   loss();
   std::vector<float> dq(q.size(), 5.0f), dk(k.size(), 5.0f), dv(v.size(), 5.0f);  // written (=)
-  ASSERT_EQ(ts_k_attention_backward(c.get(), dq.data(), dk.data(), dv.data(), wl.data(), q.data(),
+  ASSERT_EQ(ts_k_attention_backward(c.get(), dq.data(), dk.data(), dv.data(), wl.data(), out.data(), q.data(),
                                     k.data(), v.data(), probs.data(), B, T, NH, NKV, HS, TS_FP32),
             TS_OK);
   check_grad("dq", q, dq, loss, stride);

@@ -290,12 +290,12 @@ TEST(Half, AttentionForwardAndBackward) {
     auto p_half = hp.get();
     Buf hdq(q, dt), hdk(k, dt), hdv(v, dt);
     ASSERT_EQ(
-        ts_k_attention_backward(c.get(), hdq.data(), hdk.data(), hdv.data(), hdy.data(), hq.data(),
+        ts_k_attention_backward(c.get(), hdq.data(), hdk.data(), hdv.data(), hdy.data(), hout.data(), hq.data(),
                                 hk.data(), hv.data(), hp.data(), B, T, NH, NKV, HS, dt),
         TS_OK);
     std::vector<float> dq(q.size()), dk(k.size()), dv(v.size());
     ASSERT_EQ(
-        ts_k_attention_backward(c32.get(), dq.data(), dk.data(), dv.data(), dy.data(), q.data(),
+        ts_k_attention_backward(c32.get(), dq.data(), dk.data(), dv.data(), dy.data(), out.data(), q.data(),
                                 k.data(), v.data(), p_half.data(), B, T, NH, NKV, HS, TS_FP32),
         TS_OK);
     expect_one_rounding("dq", hdq.get(), dq, dt);

@@ -84,8 +84,9 @@ class Backend {
     return d;
   }
   // n elements of dt, every byte 0xFF (NaN in each float format).
-  DevPtr Poisoned(size_t n, ts_dtype dt) {
-    std::vector<unsigned char> h(Bytes(n, dt), 0xFF);
+  DevPtr Poisoned(size_t n, ts_dtype dt) { return PoisonedBytes(Bytes(n, dt)); }
+  DevPtr PoisonedBytes(size_t n) {
+    std::vector<unsigned char> h(n, 0xFF);
     return UpBytes(h.data(), h.size());
   }
   std::vector<unsigned char> DownBytes(const Dev &d, size_t n) {

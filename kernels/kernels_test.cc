@@ -257,7 +257,7 @@ TEST(Workspace, TooSmallReturnsOutOfMemoryAndTouchesNothing) {
   ASSERT_GT(need, 0u);
   CpuCtx small(need - 1);
   EXPECT_EQ(
-      ts_k_attention_backward(small.get(), dq.data(), dk.data(), dv.data(), dout.data(), q.data(),
+      ts_k_attention_backward(small.get(), dq.data(), dk.data(), dv.data(), dout.data(), /*out=*/dout.data(), q.data(),
                               k.data(), v.data(), probs.data(), B, T, NH, NKV, HS, TS_FP32),
       TS_ERR_OUT_OF_MEMORY);
   EXPECT_NE(std::string(ts_last_error()).find("workspace"), std::string::npos);
@@ -265,7 +265,7 @@ TEST(Workspace, TooSmallReturnsOutOfMemoryAndTouchesNothing) {
   for (float x : dk) EXPECT_EQ(x, 9.0f);
   CpuCtx none(0);
   EXPECT_EQ(
-      ts_k_attention_backward(none.get(), dq.data(), dk.data(), dv.data(), dout.data(), q.data(),
+      ts_k_attention_backward(none.get(), dq.data(), dk.data(), dv.data(), dout.data(), dout.data(), q.data(),
                               k.data(), v.data(), probs.data(), B, T, NH, NKV, HS, TS_FP32),
       TS_ERR_OUT_OF_MEMORY);
   // Half-precision forward needs its widened buffers too.
@@ -292,22 +292,26 @@ TEST(Workspace, TooSmallReturnsOutOfMemoryAndTouchesNothing) {
             TS_OK);
 }
 
-// The front refuses, before any backend runs (so no GPU is needed): an op
-// the CUDA backend has no body for yet, naming the op; a device that does
-// not exist; a missing context.
-TEST(Device, OpsWithoutACudaBodyAreUnsupportedAndBadContextsInvalid) {
+// Without a GPU, CUDA ops fail cleanly in one line (the launch reports no
+// driver or device; ops that need the context's state refuse a context not
+// made by ts_k_context_init), and the front refuses, before any backend
+// runs, a device that does not exist and a missing context.
+TEST(Device, CudaOpsFailCleanlyWithoutAGpuAndBadContextsAreInvalid) {
   ts_kctx cuda;
   std::memset(&cuda, 0, sizeof cuda);
   cuda.device = TS_DEVICE_CUDA;
   float x[4] = {1, 2, 3, 4}, w[4] = {1, 1, 1, 1}, out[4] = {7, 7, 7, 7}, rstd[1];
-  EXPECT_EQ(ts_k_rmsnorm_forward(&cuda, out, rstd, x, w, 1, 4, 1e-5f, TS_FP32), TS_ERR_UNSUPPORTED);
-  EXPECT_NE(std::string(ts_last_error()).find("ts_k_rmsnorm_forward: op has no CUDA implementation"),
-            std::string::npos)
-      << ts_last_error();
-  EXPECT_EQ(ts_k_add(&cuda, out, x, w, 4, TS_FP32), TS_ERR_UNSUPPORTED);
-  EXPECT_EQ(ts_k_swiglu_forward(&cuda, out, x, w, 4, TS_BF16), TS_ERR_UNSUPPORTED);
+  if (ts_k_device_count(TS_DEVICE_CUDA) == 0) {
+    EXPECT_EQ(ts_k_rmsnorm_forward(&cuda, out, rstd, x, w, 1, 4, 1e-5f, TS_FP32), TS_ERR_CUDA);
+    EXPECT_NE(std::string(ts_last_error()).find("ts_k_rmsnorm_forward (cuda)"), std::string::npos)
+        << ts_last_error();
+    EXPECT_EQ(ts_k_add(&cuda, out, x, w, 4, TS_FP32), TS_ERR_CUDA);
+    EXPECT_EQ(ts_k_swiglu_forward(&cuda, out, x, w, 4, TS_BF16), TS_ERR_CUDA);
+  }
   double sq;
-  EXPECT_EQ(ts_k_sumsq(&cuda, &sq, x, 4, TS_FP32), TS_ERR_UNSUPPORTED);
+  EXPECT_EQ(ts_k_sumsq(&cuda, &sq, x, 4, TS_FP32), TS_ERR_INVALID_USAGE);
+  EXPECT_NE(std::string(ts_last_error()).find("ts_k_context_init"), std::string::npos)
+      << ts_last_error();
   for (float o : out) EXPECT_EQ(o, 7.0f);
   // Arguments are checked before the device's lack of a body is reported.
   EXPECT_EQ(ts_k_add(&cuda, nullptr, x, w, 4, TS_FP32), TS_ERR_INVALID_ARGUMENT);

@@ -171,35 +171,40 @@ typedef struct block_saved {
   void *xn1, *xmid, *xn2; /* (N, C) */
   void *q, *att;         /* (N, QD) */
   void *k, *v;           /* (N, KVD) */
-  void *probs;           /* (B, NH, T, T) */
+  void *att_state;       /* ts_k_attention_state_bytes: (B, NH, T, T) probs or (B, NH, T) */
   void *gate, *up, *h;   /* (N, I) */
   size_t bytes;
 } block_saved;
 
-/* Carves n elements of size es from *p and returns the region. */
-static void *carve(char **p, size_t n, size_t es) {
-  void *r = *p;
-  *p += n * es;
+/* Carves n elements of size es from *p, a cursor into a buffer starting at
+ * base, and returns the region; regions start at 64-byte offsets from base
+ * (the engine's buffers are 64-byte aligned, or 256 from cudaMalloc), as
+ * vectorised GPU loads, cuBLASLt and cuDNN want. The layout does not
+ * depend on base's address, so a NULL base gives the same sizes. */
+static void *carve(void *base, char **p, size_t n, size_t es) {
+  char *b = (char *)base, *r = b + (((size_t)(*p - b) + 63) & ~(size_t)63);
+  *p = r + n * es;
   return r;
 }
 
-static block_saved block_layout(const dims *d, void *base, ts_dtype dt) {
+static block_saved block_layout(const dims *d, void *base, ts_dtype dt, ts_device dev) {
   block_saved s;
   size_t es = ts_dtype_size(dt);
   char *p = base;
-  s.rstd1 = carve(&p, d->N, 4);
-  s.rstd2 = carve(&p, d->N, 4);
-  s.xn1 = carve(&p, d->N * d->C, es);
-  s.xmid = carve(&p, d->N * d->C, es);
-  s.xn2 = carve(&p, d->N * d->C, es);
-  s.q = carve(&p, d->N * d->QD, es);
-  s.att = carve(&p, d->N * d->QD, es);
-  s.k = carve(&p, d->N * d->KVD, es);
-  s.v = carve(&p, d->N * d->KVD, es);
-  s.probs = carve(&p, d->B * d->NH * d->T * d->T, es);
-  s.gate = carve(&p, d->N * d->I, es);
-  s.up = carve(&p, d->N * d->I, es);
-  s.h = carve(&p, d->N * d->I, es);
+  s.rstd1 = carve(base, &p, d->N, 4);
+  s.rstd2 = carve(base, &p, d->N, 4);
+  s.xn1 = carve(base, &p, d->N * d->C, es);
+  s.xmid = carve(base, &p, d->N * d->C, es);
+  s.xn2 = carve(base, &p, d->N * d->C, es);
+  s.q = carve(base, &p, d->N * d->QD, es);
+  s.att = carve(base, &p, d->N * d->QD, es);
+  s.k = carve(base, &p, d->N * d->KVD, es);
+  s.v = carve(base, &p, d->N * d->KVD, es);
+  s.att_state =
+      carve(base, &p, ts_k_attention_state_bytes(dev, d->B, d->T, d->NH, d->NKV, d->HS, dt), 1);
+  s.gate = carve(base, &p, d->N * d->I, es);
+  s.up = carve(base, &p, d->N * d->I, es);
+  s.h = carve(base, &p, d->N * d->I, es);
   s.bytes = (size_t)(p - (char *)base);
   return s;
 }
@@ -215,9 +220,9 @@ static head_saved head_layout(const dims *d, void *base, ts_dtype dt) {
   head_saved s;
   size_t es = ts_dtype_size(dt);
   char *p = base;
-  s.rstd = carve(&p, d->N, 4);
-  s.xn = carve(&p, d->N * d->C, es);
-  s.logits = carve(&p, d->N * d->V, es);
+  s.rstd = carve(base, &p, d->N, 4);
+  s.xn = carve(base, &p, d->N * d->C, es);
+  s.logits = carve(base, &p, d->N * d->V, es);
   s.bytes = (size_t)(p - (char *)base);
   return s;
 }
@@ -235,16 +240,16 @@ static block_temps block_temps_layout(const dims *d, void *base, ts_dtype dt) {
   block_temps t;
   size_t es = ts_dtype_size(dt);
   char *p = base;
-  t.d_xmid = carve(&p, d->N * d->C, es);
-  t.d_xn = carve(&p, d->N * d->C, es);
-  t.d_tmp = carve(&p, d->N * d->C, es);
-  t.d_h = carve(&p, d->N * d->I, es);
-  t.d_gate = carve(&p, d->N * d->I, es);
-  t.d_up = carve(&p, d->N * d->I, es);
-  t.d_att = carve(&p, d->N * d->QD, es);
-  t.dq = carve(&p, d->N * d->QD, es);
-  t.dk = carve(&p, d->N * d->KVD, es);
-  t.dv = carve(&p, d->N * d->KVD, es);
+  t.d_xmid = carve(base, &p, d->N * d->C, es);
+  t.d_xn = carve(base, &p, d->N * d->C, es);
+  t.d_tmp = carve(base, &p, d->N * d->C, es);
+  t.d_h = carve(base, &p, d->N * d->I, es);
+  t.d_gate = carve(base, &p, d->N * d->I, es);
+  t.d_up = carve(base, &p, d->N * d->I, es);
+  t.d_att = carve(base, &p, d->N * d->QD, es);
+  t.dq = carve(base, &p, d->N * d->QD, es);
+  t.dk = carve(base, &p, d->N * d->KVD, es);
+  t.dv = carve(base, &p, d->N * d->KVD, es);
   t.bytes = (size_t)(p - (char *)base);
   return t;
 }
@@ -291,9 +296,10 @@ static size_t temps_bytes(const dims *d, ts_unit_role kind, ts_dtype dt) {
  * gate/up/hidden and two fp32 rstd vectors; the head's rstd, normalised
  * input and logits (B, T, V); nothing for the embedding), and the larger
  * scratch of either pass (the unit's temporaries then the kernels'). */
-static size_t unit_saved(const ts_model *m, const ts_unit *u, size_t B, size_t T, ts_dtype dt) {
+static size_t unit_saved(const ts_model *m, const ts_unit *u, size_t B, size_t T, ts_dtype dt,
+                         ts_device dev) {
   dims d = get_dims(m, B, T);
-  if (u->role == TS_UNIT_BLOCK) return block_layout(&d, NULL, dt).bytes;
+  if (u->role == TS_UNIT_BLOCK) return block_layout(&d, NULL, dt, dev).bytes;
   if (u->role == TS_UNIT_HEAD) return head_layout(&d, NULL, dt).bytes;
   return 0;
 }
@@ -337,7 +343,7 @@ static ts_status block_forward(const ts_model *m, const ts_unit *un, const ts_kc
   ts_kctx k;
   TS_CHECK(split_ws(ctx, 0, unit_workspace(m, un, a->B, a->T, dt, ctx->device), &k,
                     "block forward"));
-  block_saved s = block_layout(&d, a->saved, dt);
+  block_saved s = block_layout(&d, a->saved, dt, ctx->device);
   const ts_llama_config *c = ts_llama_config_of(m);
   float eps = c->rms_norm_eps, theta = c->rope_theta;
   TS_CHECK(ts_k_rmsnorm_forward(&k, s.xn1, s.rstd1, a->x, tensor(un, B_LN1, p, dt), d.N, d.C, eps,
@@ -347,7 +353,7 @@ static ts_status block_forward(const ts_model *m, const ts_unit *un, const ts_kc
   TS_CHECK(ts_k_linear_forward(&k, s.v, s.xn1, tensor(un, B_WV, p, dt), d.N, d.KVD, d.C, dt));
   TS_CHECK(ts_k_rope_forward(&k, s.q, s.q, d.B, d.T, d.NH, d.HS, theta, dt));
   TS_CHECK(ts_k_rope_forward(&k, s.k, s.k, d.B, d.T, d.NKV, d.HS, theta, dt));
-  TS_CHECK(ts_k_attention_forward(&k, s.att, s.probs, s.q, s.k, s.v, d.B, d.T, d.NH, d.NKV, d.HS,
+  TS_CHECK(ts_k_attention_forward(&k, s.att, s.att_state, s.q, s.k, s.v, d.B, d.T, d.NH, d.NKV, d.HS,
                                   dt));
   TS_CHECK(ts_k_linear_forward(&k, s.xmid, s.att, tensor(un, B_WO, p, dt), d.N, d.C, d.QD, dt));
   TS_CHECK(ts_k_add(&k, s.xmid, s.xmid, a->x, d.N * d.C, dt));
@@ -369,7 +375,7 @@ static ts_status block_backward(const ts_model *m, const ts_unit *un, const ts_k
   ts_kctx k;
   TS_CHECK(split_ws(ctx, temps, unit_workspace(m, un, a->B, a->T, dt, ctx->device), &k,
                     "block backward"));
-  block_saved s = block_layout(&d, a->saved, dt);
+  block_saved s = block_layout(&d, a->saved, dt, ctx->device);
   block_temps t = block_temps_layout(&d, ctx->workspace, dt);
   size_t NC = d.N * d.C;
   /* MLP: y = xmid + down(silu(gate) * up) */
@@ -387,8 +393,8 @@ static ts_status block_backward(const ts_model *m, const ts_unit *un, const ts_k
   /* attention: xmid = x + o(attn(rope(q(xn1)), rope(k(xn1)), v(xn1))) */
   TS_CHECK(ts_k_linear_backward(&k, t.d_att, tensor(un, B_WO, g, dt), t.d_xmid, s.att,
                                 tensor(un, B_WO, p, dt), d.N, d.C, d.QD, dt));
-  TS_CHECK(ts_k_attention_backward(&k, t.dq, t.dk, t.dv, t.d_att, s.q, s.k, s.v, s.probs, d.B,
-                                   d.T, d.NH, d.NKV, d.HS, dt));
+  TS_CHECK(ts_k_attention_backward(&k, t.dq, t.dk, t.dv, t.d_att, s.att, s.q, s.k, s.v,
+                                   s.att_state, d.B, d.T, d.NH, d.NKV, d.HS, dt));
   TS_CHECK(ts_k_rope_backward(&k, t.dq, t.dq, d.B, d.T, d.NH, d.HS, theta, dt));
   TS_CHECK(ts_k_rope_backward(&k, t.dk, t.dk, d.B, d.T, d.NKV, d.HS, theta, dt));
   TS_CHECK(ts_k_linear_backward(&k, t.d_xn, tensor(un, B_WQ, g, dt), t.dq, s.xn1,

@@ -186,7 +186,7 @@ Result RunUnit(const ts_model &m, int u, const Inputs &in, ts_dtype dt, ts_dtype
                              dy = ToDtype(in.dy, dt), tied_w = ToDtype(in.tied_w, dt);
   std::vector<unsigned char> grads(un.numel * es, 0), tied_g(in.tied_w.size() * es, 0);
   std::vector<unsigned char> y(N * C * es), dx(N * C * es);
-  std::vector<float> saved_mem(ts_unit_saved_bytes(&m, u, kB, kT, dt) / 4 + 1);
+  std::vector<float> saved_mem(ts_unit_saved_bytes(&m, u, kB, kT, dt, TS_DEVICE_CPU) / 4 + 1);
   size_t ws_bytes = ts_unit_workspace_bytes(&m, u, kB, kT, dt, TS_DEVICE_CPU);
   std::vector<unsigned char> ws(ws_bytes + 64);
   ts_kctx ctx = CpuCtx();

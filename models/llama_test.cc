@@ -69,7 +69,7 @@ struct UnitHarness {
       for (auto &v : tied_w) v = 0.3f * n(g);
       tied_g.assign(V * C, 0.f);
     }
-    saved.resize(ts_unit_saved_bytes(&model, u, B, T, TS_FP32) + 1);
+    saved.resize(ts_unit_saved_bytes(&model, u, B, T, TS_FP32, TS_DEVICE_CPU) + 1);
     ws.resize(ts_unit_workspace_bytes(&model, u, B, T, TS_FP32, TS_DEVICE_CPU) + 64);
     ctx.device = TS_DEVICE_CPU;
     // 64-byte aligned start inside ws
@@ -184,7 +184,7 @@ TEST(LlamaUnits, TiedHeadBackwardMatchesFiniteDifferences) {
 // (the high-water mark) and sets *guard_touched if the guard was written.
 size_t SavedHighWater(const ts_llama_config &cfg, int u, ts_dtype dt, bool *guard_touched) {
   UnitHarness h(cfg, u, 11);
-  size_t es = ts_dtype_size(dt), declared = ts_unit_saved_bytes(&h.model, u, h.B, h.T, dt);
+  size_t es = ts_dtype_size(dt), declared = ts_unit_saved_bytes(&h.model, u, h.B, h.T, dt, TS_DEVICE_CPU);
   auto cast = [&](const std::vector<float> &v) {
     std::vector<unsigned char> out(v.size() * es + 1);
     EXPECT_EQ(ts_k_cast(&h.ctx, out.data(), dt, v.data(), TS_FP32, v.size()), TS_OK);
@@ -234,7 +234,7 @@ TEST(LlamaUnits, DeclaredSavedBytesAreWhatForwardWrites) {
                      (tied ? ", tied" : ""));
         ts_model model{};
         ASSERT_EQ(ts_llama_model_init(&model, &cfg), TS_OK);
-        size_t declared = ts_unit_saved_bytes(&model, u, 2, 5, dt);
+        size_t declared = ts_unit_saved_bytes(&model, u, 2, 5, dt, TS_DEVICE_CPU);
         ts_model_free(&model);
         bool guard_touched;
         size_t high = SavedHighWater(cfg, u, dt, &guard_touched);
@@ -464,6 +464,7 @@ TEST(LlamaConfig, PresetsLoadWithExpectedSizes) {
     const char *name;
     double min_params, max_params;
   } presets[] = {{"llama-tiny", 1e6, 6e6},        {"llama-small", 20e6, 30e6},
+                 {"llama-124m", 133e6, 135e6},    {"llama-1.1b", 1.09e9, 1.11e9},
                  {"llama-2-7b", 6.6e9, 6.8e9},    {"llama-2-13b", 12.9e9, 13.1e9},
                  {"llama-2-70b", 68.9e9, 69.1e9}};
   for (const auto &p : presets) {

@@ -193,9 +193,10 @@ static const ts_unit *unit_at(const ts_model *m, int u) {
   return &m->units[u];
 }
 
-size_t ts_unit_saved_bytes(const ts_model *m, int u, size_t B, size_t T, ts_dtype dt) {
+size_t ts_unit_saved_bytes(const ts_model *m, int u, size_t B, size_t T, ts_dtype dt,
+                           ts_device dev) {
   const ts_unit *un = unit_at(m, u);
-  return un->ops->saved_bytes(m, un, B, T, dt);
+  return un->ops->saved_bytes(m, un, B, T, dt, dev);
 }
 
 size_t ts_unit_workspace_bytes(const ts_model *m, int u, size_t B, size_t T, ts_dtype dt,

@@ -87,7 +87,8 @@ typedef struct ts_unit_args {
 typedef struct ts_unit_ops {
   const char *kind; /* "embedding", "block", "head", ... */
   /* ts_unit_saved_bytes */
-  size_t (*saved_bytes)(const ts_model *m, const ts_unit *u, size_t B, size_t T, ts_dtype dt);
+  size_t (*saved_bytes)(const ts_model *m, const ts_unit *u, size_t B, size_t T, ts_dtype dt,
+                        ts_device dev);
   /* ts_unit_workspace_bytes */
   size_t (*workspace_bytes)(const ts_model *m, const ts_unit *u, size_t B, size_t T, ts_dtype dt,
                             ts_device dev);
@@ -183,9 +184,11 @@ ts_status ts_model_find_tensor(const ts_model *m, const char *name, int *u, int 
 ts_status ts_model_init_unit(const ts_model *m, int u, const ts_kctx *ctx, float *params,
                              uint64_t seed);
 
-/* Bytes unit u keeps from forward for backward per micro-batch of (B, T),
+/* Bytes unit u keeps from forward for backward per micro-batch of (B, T)
+ * on device dev (attention keeps different state per device: kernels.h),
  * besides its input (which the engine keeps). u asserted in range. */
-size_t ts_unit_saved_bytes(const ts_model *m, int u, size_t B, size_t T, ts_dtype dt);
+size_t ts_unit_saved_bytes(const ts_model *m, int u, size_t B, size_t T, ts_dtype dt,
+                           ts_device dev);
 
 /* Bytes of ctx->workspace unit u's forward or backward needs on device dev
  * (the larger). */

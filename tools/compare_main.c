@@ -68,6 +68,8 @@ typedef struct compare {
   size_t recomputes[MAX_LIST];
   int n_recomputes;
   int reuse;
+  int device;      /* --device choice (tools.h), passed to every run */
+  ts_device dev;   /* what it resolves to here, for the plans */
   ts_model arch;   /* the model --model names, loaded */
   run *runs;
   int n_runs;
@@ -187,7 +189,8 @@ static int launch_run(const compare *c, const run *r, const char *dir) {
                   "--zero", zero, "--dtype", (char *)ts_dtype_name(r->dt),
                   "--activation-checkpointing", ck, "--steps", steps, "--micro-batch", b, "--seq",
                   t, "--lr", lr, "--warmup", "1", "--eval-batches", "1", "--log-every", steps,
-                  "--metrics", metrics, NULL};
+                  "--metrics", metrics, "--device", (char *)ts_tool_device_choice_name(c->device),
+                  NULL};
   int rc = spawn(argv, log);
   if (rc != 0) {
     fprintf(stderr, "tessera compare: run %s failed (exit %d); the end of %s:\n", r->name, rc, log);
@@ -526,6 +529,9 @@ static int parse_flags(compare *c, int argc, char **argv) {
       TS_FLAG_STRING("--out", NULL, &c->out, "DIR", "where the three files go (default .)", NULL),
       TS_FLAG_SWITCH("--reuse", NULL, &c->reuse,
                      "read the metrics of an earlier compare in OUT instead of training"),
+      TS_FLAG_CUSTOM("--device", NULL, &c->device, ts_tool_parse_device, "cpu|cuda|auto",
+                     "where every run trains, and whose bytes the plans count (default cpu)",
+                     NULL),
   };
   int r = ts_flags_parse("compare", flags, sizeof flags / sizeof *flags, argc, argv, USAGE);
   if (r != TS_FLAGS_OK) return r;
@@ -533,6 +539,9 @@ static int parse_flags(compare *c, int argc, char **argv) {
   if (c->n_stages > 4)
     return ts_flags_error("compare", "--zero: at most the four stages 0, 1, 2, 3");
   if (c->n == 0) return ts_flags_error("compare", "-n N (ranks) is required " TS_FLAGS_HINT);
+  int index;
+  if (ts_tool_resolve_device(c->device, !c->reuse, &c->dev, &index) != TS_OK)
+    return ts_flags_error("compare", "%s", ts_last_error());
   return TS_FLAGS_OK;
 }
 
@@ -573,6 +582,7 @@ static int plan_runs(compare *c) {
         o.dtype = r->dt;
         o.zero_stage = r->stage;
         o.recompute_every = r->recompute;
+        o.device = c->dev;
         if (ts_engine_plan(&c->arch, &o, c->n, &r->est) != TS_OK)
           return fprintf(stderr, "tessera compare: %s\n", ts_last_error()), 0;
       }

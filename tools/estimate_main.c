@@ -127,7 +127,7 @@ static int exit_for(ts_status st) {
 int ts_tool_estimate(int argc, char **argv) {
   const char *model = NULL, *psi_arg = NULL, *act_flag = NULL;
   size_t world = 1, psi = 0;
-  int stage = -1, unit_index = 0, json = 0;
+  int stage = -1, unit_index = 0, json = 0, device = TS_TOOL_DEVICE_CPU;
   ts_engine_opts opts = ts_engine_default_opts();
   const ts_flag flags[] = {
       TS_FLAG_STRING("--model", NULL, &model, "CONFIG",
@@ -149,6 +149,10 @@ int ts_tool_estimate(int argc, char **argv) {
       TS_FLAG_CUSTOM("--activation-checkpointing", NULL, &opts.recompute_every, parse_recompute,
                      "none|all|every:K", "blocks recomputed in backward (default none)",
                      &act_flag),
+      TS_FLAG_CUSTOM("--device", NULL, &device, ts_tool_parse_device, "cpu|cuda|auto",
+                     "device whose bytes to plan: the GPU's kernels keep other state and "
+                     "workspace (default cpu; cuda needs no GPU here)",
+                     NULL),
       TS_FLAG_CHOICE("--units", NULL, &unit_index, UNIT_NAMES,
                      "unit of the table (default GiB)", NULL),
       TS_FLAG_SWITCH("--json", NULL, &json,
@@ -162,6 +166,8 @@ int ts_tool_estimate(int argc, char **argv) {
   if (psi_arg && act_flag)
     return ts_flags_error("estimate", "%s applies to --model only: --params plans model states, "
                                       "no activations", act_flag);
+  if (ts_tool_resolve_device(device, 0, &opts.device, &opts.device_index) != TS_OK)
+    return ts_flags_error("estimate", "%s", ts_last_error());
   int stage_lo = stage < 0 ? 0 : stage, stage_hi = stage < 0 ? 3 : stage;
   const unit_choice *unit = &UNITS[unit_index];
 
@@ -198,6 +204,7 @@ int ts_tool_estimate(int argc, char **argv) {
     add_int(root, "params", psi);
     add_int(root, "world_size", world);
     cJSON_AddStringToObject(root, "dtype", ts_dtype_name(opts.dtype));
+    cJSON_AddStringToObject(root, "device", ts_device_name(opts.device));
     if (model) {
       add_int(root, "micro_batch", opts.micro_batch);
       add_int(root, "seq", opts.seq);
@@ -229,9 +236,9 @@ int ts_tool_estimate(int argc, char **argv) {
   format_count(psi, count, sizeof count);
   if (model)
     printf("tessera estimate: %s (%s parameters), N = %zu rank%s, %s, micro-batch %zu x seq %zu, "
-           "activation checkpointing %s\n",
+           "activation checkpointing %s, on %s\n",
            model, count, world, world == 1 ? "" : "s", ts_dtype_name(opts.dtype),
-           opts.micro_batch, opts.seq, recompute);
+           opts.micro_batch, opts.seq, recompute, ts_device_name(opts.device));
   else
     printf("tessera estimate: Ψ = %s parameters (%zu), N = %zu rank%s, %s, model states only "
            "(Ψ given, no model: no activations, buffers or transients)\n",

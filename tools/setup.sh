@@ -5,6 +5,8 @@
 # Needs root only when something is missing. CUDA is not a Debian package
 # here: it is expected preinstalled at /usr/local/cuda; without it only the
 # CUDA targets fail to build, so its absence is a warning, not an error.
+# Nor is NVIDIA's cudnn-frontend (header-only C++ over cuDNN): its headers
+# come from the pinned PyPI wheel, unpacked once under /opt (see below).
 set -euo pipefail
 
 PACKAGES=(
@@ -21,6 +23,7 @@ PACKAGES=(
   bible-kjv             # default corpus: `bible -l0 gen1:1-rev22:21`
   gnuplot-nox           # plots of loss and memory curves
   python3               # helper scripts
+  python3-pip           # `pip download` of the cudnn-frontend wheel (below)
 )
 
 missing=()
@@ -39,6 +42,64 @@ if ((${#missing[@]} > 0)); then
   echo "tools/setup.sh: installing ${missing[*]}" >&2
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# cudnn-frontend (@cudnn_frontend, third_party/cudnn_frontend.BUILD): the
+# include/ tree of the PyPI wheel nvidia-cudnn-frontend, version and file
+# pinned (the wheel's include/ is the same for every Python; the pin picks
+# one file so its sha256 can be checked), unpacked to
+# /opt/cudnn-frontend/<version>/include. Only include/ is taken: the wheel's
+# Python module and its compiled extension are not used. The tree appears
+# by one rename, so an interrupted run leaves nothing half-written behind.
+CUDNN_FE_VERSION=1.16.0
+CUDNN_FE_WHEEL=nvidia_cudnn_frontend-1.16.0-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl
+CUDNN_FE_SHA256=5c4a8fc573d85a86e08b15d9bf37f729e2487298781867a492a59cde6ac295e2
+CUDNN_FE_DIR="/opt/cudnn-frontend/$CUDNN_FE_VERSION"
+
+if [[ ! -f "$CUDNN_FE_DIR/include/cudnn_frontend.h" ]]; then
+  if [[ "$(id -u)" -ne 0 ]]; then
+    echo "tools/setup.sh: missing $CUDNN_FE_DIR/include (run as root to install cudnn-frontend $CUDNN_FE_VERSION)" >&2
+    exit 1
+  fi
+  echo "tools/setup.sh: installing cudnn-frontend $CUDNN_FE_VERSION headers to $CUDNN_FE_DIR/include" >&2
+  tmp="$(mktemp -d)"
+  trap 'rm -rf "$tmp"' EXIT
+  if ! /usr/bin/python3 -m pip download --quiet --no-deps --only-binary=:all: \
+      --python-version 3.11 --platform manylinux_2_28_x86_64 \
+      "nvidia-cudnn-frontend==$CUDNN_FE_VERSION" -d "$tmp"; then
+    echo "tools/setup.sh: cannot download nvidia-cudnn-frontend==$CUDNN_FE_VERSION from PyPI" >&2
+    exit 1
+  fi
+  if ! echo "$CUDNN_FE_SHA256  $tmp/$CUDNN_FE_WHEEL" | sha256sum --check --quiet --strict -; then
+    echo "tools/setup.sh: $CUDNN_FE_WHEEL: sha256 is not $CUDNN_FE_SHA256" >&2
+    exit 1
+  fi
+  # Extracts include/ only, refusing absolute paths and "..".
+  /usr/bin/python3 - "$tmp/$CUDNN_FE_WHEEL" "$tmp/include" <<'PY'
+import os, sys, zipfile
+wheel, dest = sys.argv[1], sys.argv[2]
+n = 0
+with zipfile.ZipFile(wheel) as z:
+    for info in z.infolist():
+        name = info.filename
+        if not name.startswith("include/") or name.endswith("/"):
+            continue
+        parts = name.split("/")[1:]
+        if os.path.isabs(name) or ".." in parts:
+            sys.exit("tools/setup.sh: %s: unsafe path %r" % (wheel, name))
+        out = os.path.join(dest, *parts)
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        with z.open(info) as src, open(out, "wb") as dst:
+            dst.write(src.read())
+        n += 1
+if not os.path.isfile(os.path.join(dest, "cudnn_frontend.h")):
+    sys.exit("tools/setup.sh: %s has no include/cudnn_frontend.h" % wheel)
+print("tools/setup.sh: %d headers" % n, file=sys.stderr)
+PY
+  chmod -R a+rX "$tmp/include"
+  mkdir -p "$CUDNN_FE_DIR"
+  rm -rf "$CUDNN_FE_DIR/include"
+  mv "$tmp/include" "$CUDNN_FE_DIR/include"
 fi
 
 if [[ ! -x /usr/local/cuda/bin/nvcc ]]; then

@@ -8,9 +8,23 @@
 #ifndef TS_TOOLS_TOOLS_H
 #define TS_TOOLS_TOOLS_H
 
+#include "base/base.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* --device of train, estimate and compare (tools/device.c). */
+enum { TS_TOOL_DEVICE_CPU = 0, TS_TOOL_DEVICE_CUDA = 1, TS_TOOL_DEVICE_AUTO = 2 };
+/* Flag parser: "cpu", "cuda" or "auto" into *(int *)choice. */
+ts_status ts_tool_parse_device(const char *v, void *choice);
+const char *ts_tool_device_choice_name(int choice);
+/* The device and GPU ordinal of this rank for a --device choice: cpu; cuda
+ * (GPU local_rank % GPUs seen; with none, TS_ERR_INVALID_ARGUMENT when
+ * need_gpu, else CUDA ordinal 0 for a plan); auto (cuda when a GPU is seen,
+ * else cpu). Local rank from OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID or
+ * SLURM_LOCALID (0 without). */
+ts_status ts_tool_resolve_device(int choice, int need_gpu, ts_device *dev, int *index);
 
 /* `tessera train`: parses the flags (--help lists them) into a
  * ts_train_config, runs ts_train_run with a progress line on stdout, prints a

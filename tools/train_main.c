@@ -124,6 +124,7 @@ int ts_tool_train(int argc, char **argv) {
   size_t log_every = 0, zero = 0, seed = (size_t)e->seed;
   const char *warmup_set = NULL, *accum_set = NULL;
   const char *scale_flag = NULL; /* the loss-scaling flag given last (fp16 only) */
+  int device = TS_TOOL_DEVICE_CPU, tf32 = 0;
   const ts_flag flags[] = {
       TS_FLAG_STRING("--model", NULL, &cfg.model, "CONFIG",
                      "a preset (llama-tiny, ...) or a Hugging Face config.json; required", NULL),
@@ -169,6 +170,12 @@ int ts_tool_train(int argc, char **argv) {
                     "fp16, dynamic: the smallest scale (default 1)", &scale_flag),
       TS_FLAG_CUSTOM("--activation-checkpointing", NULL, &e->recompute_every, parse_recompute,
                      "none|all|every:K", "blocks recomputed in backward (default none)", NULL),
+      TS_FLAG_CUSTOM("--device", NULL, &device, ts_tool_parse_device, "cpu|cuda|auto",
+                     "where to train; cuda: GPU local_rank % GPUs, auto: cuda if a GPU is seen "
+                     "(default cpu)",
+                     NULL),
+      TS_FLAG_SWITCH("--tf32", NULL, &tf32,
+                     "cuda, fp32: matrix products on TF32 tensor cores (faster, no fp32 parity)"),
   };
   int r = ts_flags_parse("train", flags, sizeof flags / sizeof *flags, argc, argv, USAGE);
   if (r != TS_FLAGS_OK) return r == TS_FLAGS_HELP ? 0 : 2;
@@ -181,6 +188,11 @@ int ts_tool_train(int argc, char **argv) {
   if (scale_flag && e->dtype != TS_FP16)
     return ts_flags_error("train", "%s applies to --dtype fp16 only (got --dtype %s)", scale_flag,
                           ts_dtype_name(e->dtype));
+  if (tf32 && (device == TS_TOOL_DEVICE_CPU || e->dtype != TS_FP32))
+    return ts_flags_error("train", "--tf32 applies to --device cuda with --dtype fp32 only");
+  e->allow_tf32 = tf32;
+  if (ts_tool_resolve_device(device, 1, &e->device, &e->device_index) != TS_OK)
+    return ts_flags_error("train", "%s", ts_last_error());
   if (cfg.global_batch && !accum_set) e->grad_accum = 0; /* derived */
   if (!warmup_set) cfg.warmup = cfg.steps / 10;
   progress p = {stdout_is_terminal(), log_every ? log_every : (cfg.steps + 19) / 20};

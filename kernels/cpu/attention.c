@@ -220,8 +220,8 @@ ts_status ts_cpu_attention_forward(const ts_kctx *ctx, void *out, void *probs, c
 }
 
 ts_status ts_cpu_attention_backward(const ts_kctx *ctx, void *dq, void *dk, void *dv,
-                                    const void *dout, const void *q, const void *k,
-                                    const void *v, const void *probs, size_t B, size_t T,
+                                    const void *dout, const void *out, const void *q,
+                                    const void *k, const void *v, const void *probs, size_t B, size_t T,
                                     size_t NH, size_t NKV, size_t HS, ts_dtype dt) {
   TS_CHECK(check_blas_dims(T, NH, HS, "ts_k_attention_backward"));
   ws_layout w = layout(T, NH, NKV, HS, dt, 1);

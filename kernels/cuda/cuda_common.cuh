@@ -7,10 +7,12 @@
 #define TS_KERNELS_CUDA_CUDA_COMMON_CUH
 
 #include <cuda_runtime.h>
+#include <math.h>
 #include <stdint.h>
 
 #include "base/base.h"
 #include "kernels/elementwise.h"
+#include "kernels/kernels.h"
 
 /* Storage type of a dtype: float for fp32, uint16_t bits for bf16/fp16. */
 template <ts_dtype DT>
@@ -63,6 +65,93 @@ static inline unsigned ts_cuda_grid(size_t n) {
   const size_t cap = 65535u * 8u;
   if (blocks > cap) blocks = cap;
   return blocks == 0 ? 1u : (unsigned)blocks;
+}
+
+/* Calls F<DT>(args...) for the runtime dtype dt (fp32, bf16, fp16; the
+ * front has checked it). */
+#define TS_CUDA_DT_CALL(dt, F, ...)  \
+  do {                               \
+    switch (dt) {                    \
+      case TS_FP32:                  \
+        F<TS_FP32>(__VA_ARGS__);     \
+        break;                       \
+      case TS_BF16:                  \
+        F<TS_BF16>(__VA_ARGS__);     \
+        break;                       \
+      default:                       \
+        F<TS_FP16>(__VA_ARGS__);     \
+        break;                       \
+    }                                \
+  } while (0)
+
+/* TS_ERR_CUDA naming op if the launches since the last check failed, else
+ * TS_OK (errors raised while kernels run show up at a later sync). */
+static inline ts_status ts_cuda_launched(const char *op) {
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) return TS_OK;
+  return ts_set_error(TS_ERR_CUDA, "%s (cuda): launch failed: %s", op, cudaGetErrorString(e));
+}
+
+/* Sum over a warp, in a fixed butterfly order (deterministic). */
+template <typename T>
+__device__ __forceinline__ T ts_warp_sum(T v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+/* Max over a warp. */
+__device__ __forceinline__ float ts_warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+/* Sum of v over the block (blockDim.x a multiple of 32, at most 1024), in a
+ * fixed order for a fixed block size; every thread gets the result. sh: 32
+ * elements of shared memory, free before and after the call. */
+template <typename T>
+__device__ T ts_block_sum(T v, T *sh) {
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = ts_warp_sum(v);
+  __syncthreads(); /* sh may still be read by a previous call */
+  if (lane == 0) sh[w] = v;
+  __syncthreads();
+  v = lane < nw ? sh[lane] : (T)0;
+  return ts_warp_sum(v);
+}
+
+/* Max of v over the block; same rules as ts_block_sum. */
+__device__ inline float ts_block_max(float v, float *sh) {
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = ts_warp_max(v);
+  __syncthreads();
+  if (lane == 0) sh[w] = v;
+  __syncthreads();
+  v = lane < nw ? sh[lane] : -INFINITY;
+  return ts_warp_max(v);
+}
+
+/* The CUDA backend's private per-context state (ctx->backend_state):
+ * device scratch for two-pass reductions and data checks. Allocated by
+ * ts_cuda_context_init, outside the ledger (it is part of the context's
+ * overhead that the engine measures with cudaMemGetInfo). */
+enum { TS_CUDA_PARTIALS = 1024 }; /* blocks of a two-pass reduction */
+typedef struct ts_cuda_state {
+  double *partials;   /* (TS_CUDA_PARTIALS) fp64 */
+  int32_t *check;     /* (2): first bad position (INT32_MAX if none), its value */
+  cudaEvent_t copied; /* recorded after each ts_k_from_host_async */
+} ts_cuda_state;
+
+static inline ts_cuda_state *ts_cuda_state_of(const ts_kctx *ctx) {
+  return (ts_cuda_state *)ctx->backend_state;
+}
+
+/* TS_ERR_INVALID_USAGE unless ctx carries the state ts_k_context_init
+ * makes (a context filled by hand has none). */
+static inline ts_status ts_cuda_need_state(const ts_kctx *ctx, const char *op) {
+  if (ctx->backend_state) return TS_OK;
+  return ts_set_error(TS_ERR_INVALID_USAGE,
+                      "%s (cuda): the context has no CUDA state: make it with ts_k_context_init",
+                      op);
 }
 
 #endif /* TS_KERNELS_CUDA_CUDA_COMMON_CUH */

@@ -9,7 +9,11 @@
  * stream so the host may read (to_host) or reuse (from_host) its buffer.
  */
 #include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
 
+#include "kernels/cuda/attention_cudnn.h"
+#include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/kernels_cuda.h"
 
 /* TS_ERR_CUDA naming the call and CUDA's message, or TS_OK. */
@@ -28,18 +32,64 @@ extern "C" int ts_cuda_device_count(void) {
   return n;
 }
 
+/* The context's scratch: TS_CUDA_PARTIALS doubles, then the 2 check words. */
+static const size_t STATE_BYTES = TS_CUDA_PARTIALS * sizeof(double) + 2 * sizeof(int32_t);
+
 extern "C" ts_status ts_cuda_context_init(ts_kctx *ctx, int index) {
   TS_CHECK(cuda_status(cudaSetDevice(index), "cudaSetDevice", 0));
   cudaStream_t s = nullptr;
   TS_CHECK(cuda_status(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking),
                        "cudaStreamCreateWithFlags", 0));
   ctx->stream = s;
-  return TS_OK;
+  /* Everything made so far is reachable from ctx, so one destroy undoes a
+   * failure at any point. */
+  ts_status st = ts_cuda_blas_create(&ctx->blas);
+  if (st == TS_OK) st = ts_cudnn_create(&ctx->dnn, s);
+  ts_cuda_state *state = NULL;
+  if (st == TS_OK) {
+    state = (ts_cuda_state *)calloc(1, sizeof *state);
+    if (!state)
+      st = ts_set_error(TS_ERR_OUT_OF_MEMORY, "ts_k_context_init (cuda): cannot allocate its state");
+    ctx->backend_state = state;
+  }
+  void *scratch = nullptr;
+  if (st == TS_OK) st = cuda_status(cudaMalloc(&scratch, STATE_BYTES), "cudaMalloc", STATE_BYTES);
+  if (st == TS_OK) {
+    state->partials = (double *)scratch;
+    state->check = (int32_t *)((char *)scratch + TS_CUDA_PARTIALS * sizeof(double));
+    st = cuda_status(cudaEventCreateWithFlags(&state->copied, cudaEventDisableTiming),
+                     "cudaEventCreateWithFlags", 0);
+  }
+  if (st != TS_OK) ts_cuda_context_destroy(ctx);
+  return st;
 }
 
 extern "C" void ts_cuda_context_destroy(ts_kctx *ctx) {
+  ts_cuda_state *state = (ts_cuda_state *)ctx->backend_state;
+  if (state) {
+    if (state->copied) cudaEventDestroy(state->copied);
+    cudaFree(state->partials);
+    free(state);
+  }
+  ctx->backend_state = nullptr;
+  ts_cudnn_destroy(ctx->dnn);
+  ctx->dnn = nullptr;
+  ts_cuda_blas_destroy(ctx->blas);
+  ctx->blas = nullptr;
   if (ctx->stream) cudaStreamDestroy((cudaStream_t)ctx->stream);
   ctx->stream = nullptr;
+}
+
+extern "C" ts_status ts_cuda_memory_info(int index, size_t *free_bytes, size_t *total_bytes,
+                                         char *name, size_t name_len) {
+  TS_CHECK(cuda_status(cudaSetDevice(index), "cudaSetDevice", 0));
+  TS_CHECK(cuda_status(cudaMemGetInfo(free_bytes, total_bytes), "cudaMemGetInfo", 0));
+  if (name && name_len) {
+    cudaDeviceProp prop;
+    TS_CHECK(cuda_status(cudaGetDeviceProperties(&prop, index), "cudaGetDeviceProperties", 0));
+    snprintf(name, name_len, "%s", prop.name);
+  }
+  return TS_OK;
 }
 
 extern "C" ts_status ts_cuda_synchronize(const ts_kctx *ctx) {
@@ -87,4 +137,26 @@ extern "C" ts_status ts_cuda_from_host(const ts_kctx *ctx, void *dst, const void
                        "cudaMemcpyAsync host to device", nbytes));
   /* the caller may reuse h_src at once (kernels.h): wait for the copy */
   return cuda_status(cudaStreamSynchronize(s), "cudaStreamSynchronize", nbytes);
+}
+
+extern "C" ts_status ts_cuda_host_register(void *h, size_t nbytes) {
+  return cuda_status(cudaHostRegister(h, nbytes, cudaHostRegisterDefault), "cudaHostRegister",
+                     nbytes);
+}
+
+extern "C" void ts_cuda_host_unregister(void *h) { cudaHostUnregister(h); }
+
+extern "C" ts_status ts_cuda_from_host_async(const ts_kctx *ctx, void *dst, const void *h_src,
+                                             size_t nbytes) {
+  TS_CHECK(ts_cuda_need_state(ctx, "ts_k_from_host_async"));
+  cudaStream_t s = (cudaStream_t)ctx->stream;
+  TS_CHECK(cuda_status(cudaMemcpyAsync(dst, h_src, nbytes, cudaMemcpyHostToDevice, s),
+                       "cudaMemcpyAsync host to device", nbytes));
+  return cuda_status(cudaEventRecord(ts_cuda_state_of(ctx)->copied, s), "cudaEventRecord", 0);
+}
+
+extern "C" ts_status ts_cuda_host_wait(const ts_kctx *ctx) {
+  TS_CHECK(ts_cuda_need_state(ctx, "ts_k_host_wait"));
+  return cuda_status(cudaEventSynchronize(ts_cuda_state_of(ctx)->copied), "cudaEventSynchronize",
+                     0);
 }

@@ -1,0 +1,135 @@
+/*
+ * attention_cudnn.h — private to the CUDA backend: causal grouped-query
+ * attention in bf16/fp16 through cuDNN's fused flash attention (cuDNN's
+ * "scaled dot product attention", SDPA, forward and backward; the algorithm
+ * of Dao et al. 2022, FlashAttention, which never stores the (T, T)
+ * probabilities and recomputes them in backward from the row log-sum-exp).
+ *
+ * A small C interface over NVIDIA's cudnn-frontend graph API (C++, kept
+ * inside attention_cudnn.cpp): a cuDNN handle, and the two passes with the
+ * shapes and argument order of ts_k_attention_forward/backward
+ * (kernels/kernels.h). Callers are C; nothing C++ crosses this header.
+ *
+ * Invariants:
+ *   - every pointer argument except h_ ones is device memory on the GPU
+ *     the handle was created on; work is queued on (cudaStream_t)
+ *     ctx->stream (the handle is re-bound to it on every call) and is
+ *     asynchronous: errors during execution show at the next
+ *     synchronisation;
+ *   - a cuDNN graph is built once per (handle, B, T, NH, NKV, HS, dt,
+ *     direction), on the first call with that key, and cached until
+ *     ts_cudnn_destroy(handle): the first call is slow (heuristics and
+ *     plan compilation), later ones only execute. The cache is guarded by
+ *     a mutex, so calls from several threads are safe (each thread on its
+ *     own handle and stream, as cuDNN requires);
+ *   - scratch comes only from ctx->workspace; a graph needing more than
+ *     ctx->workspace_bytes fails before anything is queued;
+ *   - the backward pass uses cuDNN's deterministic algorithm: the same
+ *     inputs on the same GPU give the same bits, run after run.
+ *
+ * Status values: TS_OK; TS_ERR_INVALID_ARGUMENT for a NULL ctx or pointer,
+ * a zero dimension, NH % NKV != 0, a dimension past cuDNN's int64 range or
+ * an unknown dtype; TS_ERR_INVALID_USAGE for a context without a cuDNN
+ * handle (ctx->dnn) or not on TS_DEVICE_CUDA; TS_ERR_UNSUPPORTED for fp32
+ * or a shape cuDNN's SDPA does not support on this GPU (e.g. HS not a
+ * multiple of 8, or above cuDNN's head-size limit), with cuDNN's message;
+ * TS_ERR_OUT_OF_MEMORY for a workspace below the graph's need (both
+ * numbers in the message) or a failed host allocation; TS_ERR_CUDA for
+ * any other cuDNN or cudnn-frontend failure, with its message.
+ */
+#ifndef TS_KERNELS_CUDA_ATTENTION_CUDNN_H
+#define TS_KERNELS_CUDA_ATTENTION_CUDNN_H
+
+#include <stddef.h>
+
+#include "base/base.h"
+#include "kernels/kernels.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Creates a cuDNN handle on the current CUDA device, bound to `stream` (a
+ * cudaStream_t; NULL is the legacy default stream): *handle =
+ * cudnnHandle_t, for ts_kctx.dnn. Release with ts_cudnn_destroy.
+ * TS_ERR_INVALID_ARGUMENT for a NULL handle; TS_ERR_CUDA naming
+ * cudnnCreate (or cudnnSetStream) and cudnnGetErrorString's text, e.g. on a
+ * machine without a GPU or driver; *handle is untouched on failure. */
+ts_status ts_cudnn_create(void **handle, void *stream);
+
+/* Destroys a handle from ts_cudnn_create and drops the graphs cached for
+ * it; NULL is a no-op. Call it only once no call on the handle is running;
+ * work already queued on its stream is not waited for by this call. */
+void ts_cudnn_destroy(void *handle);
+
+/* Causal grouped-query attention, forward, cuDNN SDPA (flash attention):
+ *   S = q k^T * scale (scale = 1/sqrt(HS)), causal mask aligned top-left
+ *   (query t sees keys 0..t), P = softmax(S) over keys, out = P v;
+ *   query head h reads key/value head h / (NH / NKV) (GQA, Ainslie et al.
+ *   2023; MQA when NKV == 1).
+ * q, out: (B, T, NH, HS); k, v: (B, T, NKV, HS); all dt (TS_BF16 or
+ *   TS_FP16), device memory, row-major (as cuDNN tensors of dims
+ *   (B, H, T, HS): strides (T*H*HS, HS, H*HS, 1)). out written (=); it may
+ *   not alias the inputs.
+ * stats: (B, NH, T) fp32, device, written (=): the natural log-sum-exp of
+ *   each row of S after masking (cuDNN's Stats output, training mode),
+ *   which ts_cudnn_attention_backward reads.
+ * Accumulation and softmax in fp32 (cuDNN's intermediate and compute
+ * types); out rounded to dt once. Workspace: up to
+ * ts_cudnn_attention_workspace_bytes(...) bytes of ctx->workspace.
+ * Statuses: see the top of this file. */
+ts_status ts_cudnn_attention_forward(const ts_kctx *ctx, void *out, float *stats, const void *q,
+                                     const void *k, const void *v, size_t B, size_t T, size_t NH,
+                                     size_t NKV, size_t HS, ts_dtype dt);
+
+/* Backward of ts_cudnn_attention_forward (cuDNN SDPA backward, Dao et al.
+ * 2022 Algorithm 4 without dropout): with dS = P * (dP - rowsum(dout * out)),
+ * dP = dout v^T,
+ *   dq = dS k * scale, dk = dS^T q * scale, dv = P^T dout,
+ * dk and dv summed over the NH / NKV query heads that share a kv head.
+ * dq: (B, T, NH, HS); dk, dv: (B, T, NKV, HS); all written (=), dt, device,
+ *   row-major as in forward; no output may alias an input or another output.
+ * dout, out, q: (B, T, NH, HS); k, v: (B, T, NKV, HS); dt, device.
+ * stats: (B, NH, T) fp32, device: the forward's, for these q, k, v.
+ * Deterministic: cuDNN's deterministic algorithm
+ * (SDPA_backward_attributes::set_deterministic_algorithm), so two runs on
+ * the same GPU give the same bits; cuDNN supports it on Ampere and Hopper,
+ * not on Blackwell (TS_ERR_UNSUPPORTED there). Workspace: up to
+ * ts_cudnn_attention_workspace_bytes(...) bytes of ctx->workspace.
+ * Statuses: see the top of this file. */
+ts_status ts_cudnn_attention_backward(const ts_kctx *ctx, void *dq, void *dk, void *dv,
+                                      const void *dout, const void *out, const void *q,
+                                      const void *k, const void *v, const float *stats, size_t B,
+                                      size_t T, size_t NH, size_t NKV, size_t HS, ts_dtype dt);
+
+/* Bytes of ctx->workspace either pass above may need: an upper bound, not
+ * the exact need (that is known only once cuDNN has built the graph on a
+ * GPU), so that memory can be planned on a machine without one. A pure
+ * function of its arguments; SIZE_MAX if the bound overflows size_t, 0 for
+ * a zero dimension. With Tp = T rounded up to 128 (cuDNN's largest
+ * attention tile) and sizes in bytes, it is the backward's need (the
+ * forward needs no more):
+ *     B*NH*Tp*Tp*2          dP/dS in dt, the scratch of the deterministic
+ *                           backward (cudnn-frontend forces its "dP
+ *                           workspace" decomposition when determinism is
+ *                           asked for: b*h*s_q*s_kv*2 bytes, padded)
+ *   + B*NH*Tp*HS*4          an fp32 dQ accumulator (the other backward
+ *                           decomposition, should cuDNN pick it)
+ *   + 2*B*NH*Tp*HS*4        fp32 full-head dK, dV before the sum over
+ *                           query heads (GQA/MQA only: NH != NKV)
+ *   + 2*B*NH*Tp*4           the fp32 softmax sums rowsum(dout * out) the
+ *                           frontend keeps in the workspace (B*NH*T*4),
+ *                           and as much again for a backend copy
+ *   + 16 MiB                headroom: semaphores, alignment, small buffers.
+ * The passes check the built graph's real need against
+ * ctx->workspace_bytes and fail with TS_ERR_OUT_OF_MEMORY if this bound
+ * ever proves low. dt is accepted for symmetry (both storage types are
+ * 2 bytes). */
+size_t ts_cudnn_attention_workspace_bytes(size_t B, size_t T, size_t NH, size_t NKV, size_t HS,
+                                          ts_dtype dt);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TS_KERNELS_CUDA_ATTENTION_CUDNN_H */

@@ -1,0 +1,149 @@
+/*
+ * embedding.cu — CUDA bodies of the token embedding (ts_k_embedding_forward
+ * and _backward, kernels/kernels.h; torch.nn.functional.embedding).
+ *
+ * Backward without order-dependent atomics: the positions are sorted by
+ * token in the workspace (keys token << 32 | position, all distinct, so the
+ * order is total and ties keep position order), by a bitonic sort over the
+ * next power of two (Batcher 1968); then one warp per run of equal tokens
+ * adds the run's dout rows channel by channel in position order:
+ *   fp32:       dwte[v, c] += dout[n, c] one addition at a time (the CPU's
+ *               order, so the result equals the CPU's bit for bit);
+ *   bf16/fp16:  sum in fp32 in position order, then one rounding of
+ *               dwte[v, c] + sum (the CPU's rule).
+ * Workspace: ts_cuda_embedding_workspace_bytes = next_pow2(N) uint64 keys.
+ * Tokens outside [0, V) are an error (synchronous check) unless the caller
+ * checked them (TS_K_INDICES_CHECKED); then their rows are skipped (forward
+ * writes zeros).
+ */
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/kernels_cuda.h"
+
+static size_t next_pow2(size_t n) {
+  size_t p = 1;
+  while (p < n) p <<= 1;
+  return p;
+}
+
+extern "C" size_t ts_cuda_embedding_workspace_bytes(size_t N, ts_dtype dt) {
+  (void)dt;
+  return N == 0 ? 0 : ((next_pow2(N) * sizeof(uint64_t) + 63) & ~(size_t)63);
+}
+
+/* out[n, c] = wte[tokens[n], c] (bits copied), 0 for a token out of range. */
+template <ts_dtype DT>
+__global__ void embedding_fwd_kernel(void *out, const int32_t *tokens, const void *wte, size_t N,
+                                     size_t C, size_t V) {
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < N * C;
+       i += (size_t)gridDim.x * blockDim.x) {
+    size_t n = i / C, c = i % C;
+    int32_t t = tokens[n];
+    float x = (t >= 0 && (size_t)t < V) ? ts_ld<DT>(wte, (size_t)t * C + c) : 0.0f;
+    ts_st<DT>(out, i, x); /* widening then rounding back is exact */
+  }
+}
+
+template <ts_dtype DT>
+static void launch_embedding_fwd(void *out, const int32_t *tokens, const void *wte, size_t N,
+                                 size_t C, size_t V, cudaStream_t s) {
+  embedding_fwd_kernel<DT><<<ts_cuda_grid(N * C), TS_CUDA_BLOCK, 0, s>>>(out, tokens, wte, N, C, V);
+}
+
+extern "C" ts_status ts_cuda_embedding_forward(const ts_kctx *ctx, void *out,
+                                               const int32_t *tokens, const void *wte, size_t N,
+                                               size_t C, size_t V, ts_dtype dt) {
+  static const char op[] = "ts_k_embedding_forward";
+  TS_CHECK(ts_cuda_check_indices(ctx, tokens, N, V, 0, op, "tokens"));
+  if (C == 0) return TS_OK;
+  TS_CUDA_DT_CALL(dt, launch_embedding_fwd, out, tokens, wte, N, C, V, (cudaStream_t)ctx->stream);
+  return ts_cuda_launched(op);
+}
+
+/* keys[i] = token << 32 | i for i < N (a token out of range sorts last and
+ * is skipped), UINT64_MAX for the padding up to P. */
+__global__ void embedding_keys_kernel(uint64_t *keys, const int32_t *tokens, size_t N, size_t P,
+                                      size_t V) {
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < P;
+       i += (size_t)gridDim.x * blockDim.x) {
+    if (i >= N) {
+      keys[i] = ~(uint64_t)0;
+      continue;
+    }
+    int32_t t = tokens[i];
+    uint64_t tok = (t >= 0 && (size_t)t < V) ? (uint64_t)t : (uint64_t)V;
+    keys[i] = tok << 32 | (uint64_t)i;
+  }
+}
+
+/* One compare-exchange step (k, j) of the bitonic sort, ascending overall. */
+__global__ void bitonic_step_kernel(uint64_t *keys, size_t P, size_t j, size_t k) {
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < P;
+       i += (size_t)gridDim.x * blockDim.x) {
+    size_t l = i ^ j;
+    if (l <= i) continue;
+    uint64_t a = keys[i], b = keys[l];
+    bool up = (i & k) == 0;
+    if (up ? a > b : a < b) {
+      keys[i] = b;
+      keys[l] = a;
+    }
+  }
+}
+
+/* One warp per sorted entry that starts a run of equal (valid) tokens:
+ * adds the run's dout rows into dwte[token], channels across the lanes. */
+template <ts_dtype DT>
+__global__ void embedding_bwd_runs_kernel(void *dwte, const void *dout, const uint64_t *keys,
+                                          size_t N, size_t C, size_t V) {
+  size_t warp = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+  unsigned lane = threadIdx.x % 32;
+  if (warp >= N) return;
+  uint64_t tok = keys[warp] >> 32;
+  if (tok >= V) return;
+  if (warp > 0 && (keys[warp - 1] >> 32) == tok) return; /* not the first of its run */
+  size_t end = warp + 1;
+  while (end < N && (keys[end] >> 32) == tok) end++;
+  for (size_t c = lane; c < C; c += 32) {
+    size_t o = (size_t)tok * C + c;
+    if (DT == TS_FP32) {
+      float acc = ts_ld<DT>(dwte, o);
+      for (size_t j = warp; j < end; j++) acc += ts_ld<DT>(dout, (keys[j] & 0xffffffffu) * C + c);
+      ts_st<DT>(dwte, o, acc);
+    } else {
+      float sum = 0.0f;
+      for (size_t j = warp; j < end; j++) sum += ts_ld<DT>(dout, (keys[j] & 0xffffffffu) * C + c);
+      ts_st<DT>(dwte, o, ts_ld<DT>(dwte, o) + sum);
+    }
+  }
+}
+
+template <ts_dtype DT>
+static void launch_embedding_bwd_runs(void *dwte, const void *dout, const uint64_t *keys,
+                                      size_t N, size_t C, size_t V, cudaStream_t s) {
+  size_t threads = N * 32;
+  unsigned blocks = (unsigned)((threads + TS_CUDA_BLOCK - 1) / TS_CUDA_BLOCK);
+  embedding_bwd_runs_kernel<DT><<<blocks, TS_CUDA_BLOCK, 0, s>>>(dwte, dout, keys, N, C, V);
+}
+
+extern "C" ts_status ts_cuda_embedding_backward(const ts_kctx *ctx, void *dwte, const void *dout,
+                                                const int32_t *tokens, size_t N, size_t C,
+                                                size_t V, ts_dtype dt) {
+  static const char op[] = "ts_k_embedding_backward";
+  TS_CHECK(ts_cuda_check_indices(ctx, tokens, N, V, 0, op, "tokens"));
+  if (C == 0 || N == 0) return TS_OK;
+  if (N > 0x7fffffffu || V > 0x7fffffffu)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s (cuda): N = %zu, V = %zu: each at most 2^31 - 1",
+                        op, N, V);
+  cudaStream_t s = (cudaStream_t)ctx->stream;
+  uint64_t *keys = (uint64_t *)ctx->workspace;
+  size_t P = next_pow2(N);
+  unsigned grid = ts_cuda_grid(P);
+  embedding_keys_kernel<<<grid, TS_CUDA_BLOCK, 0, s>>>(keys, tokens, N, P, V);
+  for (size_t k = 2; k <= P; k <<= 1)
+    for (size_t j = k >> 1; j > 0; j >>= 1)
+      bitonic_step_kernel<<<grid, TS_CUDA_BLOCK, 0, s>>>(keys, P, j, k);
+  TS_CUDA_DT_CALL(dt, launch_embedding_bwd_runs, dwte, dout, keys, N, C, V, s);
+  return ts_cuda_launched(op);
+}

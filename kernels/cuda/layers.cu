@@ -1,0 +1,207 @@
+/*
+ * layers.cu — CUDA bodies of RMSNorm (Zhang & Sennrich 2019, eq. 4;
+ * Hugging Face LlamaRMSNorm), rotary position embedding (Su et al. 2021,
+ * Hugging Face rotate-half layout) and SwiGLU (Shazeer 2020, eq. 6), with
+ * the contracts of kernels/kernels.h.
+ *
+ * Every element is read in its storage dtype, computed in fp32 and rounded
+ * once (RNE) to storage, as on the CPU. Reductions (a row's sum of squares,
+ * dweight's column sums) use fixed trees and fixed row partitions, so
+ * results repeat bit for bit; their order is not the CPU's, so the backends
+ * agree within the parity test's bounds. SiLU comes from
+ * kernels/elementwise.h, the same code as the CPU's.
+ */
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/kernels_cuda.h"
+
+enum { ROW_THREADS = 256, DW_COLS = 32, DW_LANES = 32 };
+
+/* ---- RMSNorm ------------------------------------------------------------- */
+
+/* One block per row: rstd = 1 / sqrt(mean(x^2) + eps); out = w * (x * rstd). */
+template <ts_dtype DT>
+__global__ void rmsnorm_fwd_kernel(void *out, float *rstd, const void *inp, const void *weight,
+                                   size_t C, float eps) {
+  __shared__ float sh[32];
+  size_t o = (size_t)blockIdx.x * C;
+  float ss = 0.0f;
+  for (size_t c = threadIdx.x; c < C; c += blockDim.x) {
+    float x = ts_ld<DT>(inp, o + c);
+    ss += x * x;
+  }
+  ss = ts_block_sum(ss, sh);
+  float r = 1.0f / sqrtf(ss / (float)C + eps);
+  for (size_t c = threadIdx.x; c < C; c += blockDim.x)
+    ts_st<DT>(out, o + c, ts_ld<DT>(weight, c) * (ts_ld<DT>(inp, o + c) * r));
+  if (threadIdx.x == 0) rstd[blockIdx.x] = r;
+}
+
+template <ts_dtype DT>
+static void launch_rmsnorm_fwd(void *out, float *rstd, const void *inp, const void *weight,
+                               size_t N, size_t C, float eps, cudaStream_t s) {
+  rmsnorm_fwd_kernel<DT><<<(unsigned)N, ROW_THREADS, 0, s>>>(out, rstd, inp, weight, C, eps);
+}
+
+extern "C" ts_status ts_cuda_rmsnorm_forward(const ts_kctx *ctx, void *out, float *rstd,
+                                             const void *inp, const void *weight, size_t N,
+                                             size_t C, float eps, ts_dtype dt) {
+  if (N > 0x7fffffffu)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "ts_k_rmsnorm_forward (cuda): N = %zu rows: at most 2^31 - 1", N);
+  TS_CUDA_DT_CALL(dt, launch_rmsnorm_fwd, out, rstd, inp, weight, N, C, eps,
+                  (cudaStream_t)ctx->stream);
+  return ts_cuda_launched("ts_k_rmsnorm_forward");
+}
+
+/* One block per row: dinp += r g - (r^3 (g . x) / C) x, g = w * dout. */
+template <ts_dtype DT>
+__global__ void rmsnorm_bwd_kernel(void *dinp, const void *dout, const void *inp,
+                                   const void *weight, const float *rstd, size_t C) {
+  __shared__ float sh[32];
+  size_t o = (size_t)blockIdx.x * C;
+  float r = rstd[blockIdx.x];
+  float dot = 0.0f;
+  for (size_t c = threadIdx.x; c < C; c += blockDim.x)
+    dot += ts_ld<DT>(weight, c) * ts_ld<DT>(dout, o + c) * ts_ld<DT>(inp, o + c);
+  dot = ts_block_sum(dot, sh);
+  float k = r * r * r * dot / (float)C;
+  for (size_t c = threadIdx.x; c < C; c += blockDim.x) {
+    float g = ts_ld<DT>(weight, c) * ts_ld<DT>(dout, o + c);
+    ts_st<DT>(dinp, o + c, ts_ld<DT>(dinp, o + c) + (r * g - k * ts_ld<DT>(inp, o + c)));
+  }
+}
+
+/* dweight[c] += sum_n dout[n, c] * (inp[n, c] * rstd[n]): a block of
+ * DW_COLS columns x DW_LANES row lanes; lane l sums rows l, l + DW_LANES, ...
+ * then the lanes' partials are added in lane order. */
+template <ts_dtype DT>
+__global__ void rmsnorm_dweight_kernel(void *dweight, const void *dout, const void *inp,
+                                       const float *rstd, size_t N, size_t C) {
+  __shared__ float part[DW_LANES][DW_COLS];
+  unsigned col = threadIdx.x % DW_COLS, lane = threadIdx.x / DW_COLS;
+  size_t c = (size_t)blockIdx.x * DW_COLS + col;
+  float acc = 0.0f;
+  if (c < C)
+    for (size_t n = lane; n < N; n += DW_LANES)
+      acc += ts_ld<DT>(dout, n * C + c) * (ts_ld<DT>(inp, n * C + c) * rstd[n]);
+  part[lane][col] = acc;
+  __syncthreads();
+  if (lane == 0 && c < C) {
+    float sum = 0.0f;
+    for (unsigned l = 0; l < DW_LANES; l++) sum += part[l][col];
+    ts_st<DT>(dweight, c, ts_ld<DT>(dweight, c) + sum);
+  }
+}
+
+template <ts_dtype DT>
+static void launch_rmsnorm_bwd(void *dinp, void *dweight, const void *dout, const void *inp,
+                               const void *weight, const float *rstd, size_t N, size_t C,
+                               cudaStream_t s) {
+  if (dinp) rmsnorm_bwd_kernel<DT><<<(unsigned)N, ROW_THREADS, 0, s>>>(dinp, dout, inp, weight, rstd, C);
+  if (dweight)
+    rmsnorm_dweight_kernel<DT><<<(unsigned)((C + DW_COLS - 1) / DW_COLS), DW_COLS * DW_LANES, 0, s>>>(
+        dweight, dout, inp, rstd, N, C);
+}
+
+extern "C" ts_status ts_cuda_rmsnorm_backward(const ts_kctx *ctx, void *dinp, void *dweight,
+                                              const void *dout, const void *inp,
+                                              const void *weight, const float *rstd, size_t N,
+                                              size_t C, ts_dtype dt) {
+  if (N > 0x7fffffffu)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "ts_k_rmsnorm_backward (cuda): N = %zu rows: at most 2^31 - 1", N);
+  TS_CUDA_DT_CALL(dt, launch_rmsnorm_bwd, dinp, dweight, dout, inp, weight, rstd, N, C,
+                  (cudaStream_t)ctx->stream);
+  return ts_cuda_launched("ts_k_rmsnorm_backward");
+}
+
+/* ---- RoPE ------------------------------------------------------------------ */
+
+/* One thread per (row, head, i < HS/2): rotates the pair (i, i + HS/2) of
+ * position t = row % T by a = t * theta^(-2i/HS) (sign -1: the inverse).
+ * The pair is read before it is written, so out == x is fine. */
+template <ts_dtype DT>
+__global__ void rope_kernel(void *out, const void *x, size_t rows, size_t T, size_t H, size_t HS,
+                            float theta, float sign) {
+  size_t half = HS / 2, total = rows * H * half;
+  for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+       idx += (size_t)gridDim.x * blockDim.x) {
+    size_t i = idx % half, rh = idx / half, row = rh / H;
+    float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)HS);
+    float a = (float)(row % T) * inv_freq;
+    float c = cosf(a), sn = sign * sinf(a);
+    size_t o = rh * HS;
+    float x1 = ts_ld<DT>(x, o + i), x2 = ts_ld<DT>(x, o + i + half);
+    ts_st<DT>(out, o + i, x1 * c - x2 * sn);
+    ts_st<DT>(out, o + i + half, x2 * c + x1 * sn);
+  }
+}
+
+template <ts_dtype DT>
+static void launch_rope(void *out, const void *x, size_t B, size_t T, size_t H, size_t HS,
+                        float theta, float sign, cudaStream_t s) {
+  size_t n = B * T * H * (HS / 2);
+  rope_kernel<DT><<<ts_cuda_grid(n), TS_CUDA_BLOCK, 0, s>>>(out, x, B * T, T, H, HS, theta, sign);
+}
+
+extern "C" ts_status ts_cuda_rope_forward(const ts_kctx *ctx, void *out, const void *x, size_t B,
+                                          size_t T, size_t H, size_t HS, float theta,
+                                          ts_dtype dt) {
+  TS_CUDA_DT_CALL(dt, launch_rope, out, x, B, T, H, HS, theta, 1.0f, (cudaStream_t)ctx->stream);
+  return ts_cuda_launched("ts_k_rope_forward");
+}
+
+extern "C" ts_status ts_cuda_rope_backward(const ts_kctx *ctx, void *dx, const void *dout,
+                                           size_t B, size_t T, size_t H, size_t HS, float theta,
+                                           ts_dtype dt) {
+  TS_CUDA_DT_CALL(dt, launch_rope, dx, dout, B, T, H, HS, theta, -1.0f,
+                  (cudaStream_t)ctx->stream);
+  return ts_cuda_launched("ts_k_rope_backward");
+}
+
+/* ---- SwiGLU ------------------------------------------------------------------ */
+
+template <ts_dtype DT>
+__global__ void swiglu_fwd_kernel(void *h, const void *gate, const void *up, size_t n) {
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x)
+    ts_st<DT>(h, i, ts_silu(ts_ld<DT>(gate, i)) * ts_ld<DT>(up, i));
+}
+
+template <ts_dtype DT>
+__global__ void swiglu_bwd_kernel(void *dgate, void *dup, const void *dh, const void *gate,
+                                  const void *up, size_t n) {
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    float g = ts_ld<DT>(gate, i), u = ts_ld<DT>(up, i), d = ts_ld<DT>(dh, i);
+    float sg, dsg;
+    ts_silu_and_grad(g, &sg, &dsg);
+    ts_st<DT>(dgate, i, d * u * dsg);
+    ts_st<DT>(dup, i, d * sg);
+  }
+}
+
+template <ts_dtype DT>
+static void launch_swiglu_fwd(void *h, const void *gate, const void *up, size_t n,
+                              cudaStream_t s) {
+  swiglu_fwd_kernel<DT><<<ts_cuda_grid(n), TS_CUDA_BLOCK, 0, s>>>(h, gate, up, n);
+}
+
+template <ts_dtype DT>
+static void launch_swiglu_bwd(void *dgate, void *dup, const void *dh, const void *gate,
+                              const void *up, size_t n, cudaStream_t s) {
+  swiglu_bwd_kernel<DT><<<ts_cuda_grid(n), TS_CUDA_BLOCK, 0, s>>>(dgate, dup, dh, gate, up, n);
+}
+
+extern "C" ts_status ts_cuda_swiglu_forward(const ts_kctx *ctx, void *h, const void *gate,
+                                            const void *up, size_t n, ts_dtype dt) {
+  TS_CUDA_DT_CALL(dt, launch_swiglu_fwd, h, gate, up, n, (cudaStream_t)ctx->stream);
+  return ts_cuda_launched("ts_k_swiglu_forward");
+}
+
+extern "C" ts_status ts_cuda_swiglu_backward(const ts_kctx *ctx, void *dgate, void *dup,
+                                             const void *dh, const void *gate, const void *up,
+                                             size_t n, ts_dtype dt) {
+  TS_CUDA_DT_CALL(dt, launch_swiglu_bwd, dgate, dup, dh, gate, up, n, (cudaStream_t)ctx->stream);
+  return ts_cuda_launched("ts_k_swiglu_backward");
+}

@@ -1,0 +1,138 @@
+/*
+ * linear.cu — CUDA bodies of the linear layer (ts_k_linear_forward and
+ * _backward, kernels/kernels.h: y = x W^T, Hugging Face nn.Linear layout)
+ * through cuBLASLt, and the cuBLASLt handle of a context.
+ *
+ * Row-major (M, K) x (N, K)^T is the column-major product
+ * out^T (N, M) = W^T(N, K) x^T (K, M), so each pass is one cublasLtMatmul
+ * on the row-major buffers as they are:
+ *   forward:  D (N x M, ld N)  = op_T(W: K x N, ld K) * inp (K x M, ld K)
+ *   dinp:     D (K x M, ld K)  = W (K x N, ld K) * dout (N x M, ld N)
+ *   dweight:  D (K x N, ld K) += inp (K x M, ld K) * op_T(dout: N x M, ld N)
+ * (beta = 1 with C = D = dweight: the fp32 accumulator plus the old value,
+ * rounded once to dt — the CPU's rule.)
+ *
+ * Precision: bf16/fp16 operands run on tensor cores with fp32 accumulation
+ * (CUBLAS_COMPUTE_32F); fp32 uses CUBLAS_COMPUTE_32F, i.e. no TF32, so fp32
+ * matches the CPU within fp32 bounds, unless ctx->flags has
+ * TS_K_ALLOW_TF32 (CUBLAS_COMPUTE_32F_FAST_TF32).
+ * Determinism: the algorithm is the heuristic's first choice for the shape
+ * with a fixed workspace (TS_CUDA_LT_WORKSPACE), so the same shapes give the
+ * same algorithm and the same bits on the same GPU and library.
+ */
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/kernels_cuda.h"
+
+/* cuBLASLt's workspace: 32 MiB, NVIDIA's recommendation for Hopper. */
+static const size_t TS_CUDA_LT_WORKSPACE = (size_t)32 << 20;
+
+extern "C" size_t ts_cuda_linear_workspace_bytes(size_t M, size_t N, size_t K, ts_dtype dt) {
+  (void)M;
+  (void)N;
+  (void)K;
+  (void)dt;
+  return TS_CUDA_LT_WORKSPACE;
+}
+
+static ts_status lt_status(cublasStatus_t st, const char *op, const char *what) {
+  if (st == CUBLAS_STATUS_SUCCESS) return TS_OK;
+  return ts_set_error(TS_ERR_CUDA, "%s (cuda): %s: %s (%d)", op, what, cublasLtGetStatusString(st),
+                      (int)st);
+}
+
+extern "C" ts_status ts_cuda_blas_create(void **handle) {
+  cublasLtHandle_t h = nullptr;
+  TS_CHECK(lt_status(cublasLtCreate(&h), "ts_k_context_init", "cublasLtCreate"));
+  *handle = h;
+  return TS_OK;
+}
+
+extern "C" void ts_cuda_blas_destroy(void *handle) {
+  if (handle) cublasLtDestroy((cublasLtHandle_t)handle);
+}
+
+static cudaDataType_t data_type(ts_dtype dt) {
+  return dt == TS_FP32 ? CUDA_R_32F : dt == TS_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+}
+
+/* One column-major matmul D (m x n, ld ldd) = alpha op(A) op(B) + beta D,
+ * A stored (ta ? k x m : m x k) with ld lda, B stored (tb ? n x k : k x n)
+ * with ld ldb. Descriptors are made and released per call (host-only
+ * calls, no device work). */
+static ts_status matmul(const ts_kctx *ctx, const char *op, bool ta, bool tb, uint64_t m,
+                        uint64_t n, uint64_t k, const void *A, int64_t lda, const void *B,
+                        int64_t ldb, void *D, int64_t ldd, float beta, ts_dtype dt) {
+  cublasLtHandle_t h = (cublasLtHandle_t)ctx->blas;
+  cudaDataType_t ty = data_type(dt);
+  cublasComputeType_t ct = (dt == TS_FP32 && (ctx->flags & TS_K_ALLOW_TF32))
+                               ? CUBLAS_COMPUTE_32F_FAST_TF32
+                               : CUBLAS_COMPUTE_32F;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  size_t ws = TS_CUDA_LT_WORKSPACE;
+  float alpha = 1.0f;
+  cublasLtMatmulHeuristicResult_t heur;
+  int found = 0;
+  ts_status st = lt_status(cublasLtMatmulDescCreate(&desc, ct, CUDA_R_32F), op, "MatmulDescCreate");
+  if (st == TS_OK)
+    st = lt_status(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa),
+                   op, "TRANSA");
+  if (st == TS_OK)
+    st = lt_status(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb),
+                   op, "TRANSB");
+  if (st == TS_OK)
+    st = lt_status(cublasLtMatrixLayoutCreate(&la, ty, ta ? k : m, ta ? m : k, lda), op, "layout A");
+  if (st == TS_OK)
+    st = lt_status(cublasLtMatrixLayoutCreate(&lb, ty, tb ? n : k, tb ? k : n, ldb), op, "layout B");
+  if (st == TS_OK) st = lt_status(cublasLtMatrixLayoutCreate(&ld, ty, m, n, ldd), op, "layout D");
+  if (st == TS_OK) st = lt_status(cublasLtMatmulPreferenceCreate(&pref), op, "PreferenceCreate");
+  if (st == TS_OK)
+    st = lt_status(cublasLtMatmulPreferenceSetAttribute(
+                       pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
+                   op, "MAX_WORKSPACE_BYTES");
+  if (st == TS_OK)
+    st = lt_status(cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, ld, ld, pref, 1, &heur, &found),
+                   op, "AlgoGetHeuristic");
+  if (st == TS_OK && found == 0)
+    st = ts_set_error(TS_ERR_UNSUPPORTED,
+                      "%s (cuda): cuBLASLt has no algorithm for %llu x %llu x %llu in %s", op,
+                      (unsigned long long)m, (unsigned long long)n, (unsigned long long)k,
+                      ts_dtype_name(dt));
+  if (st == TS_OK)
+    st = lt_status(cublasLtMatmul(h, desc, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &heur.algo,
+                                  ctx->workspace, ws, (cudaStream_t)ctx->stream),
+                   op, "cublasLtMatmul");
+  if (pref) cublasLtMatmulPreferenceDestroy(pref);
+  if (ld) cublasLtMatrixLayoutDestroy(ld);
+  if (lb) cublasLtMatrixLayoutDestroy(lb);
+  if (la) cublasLtMatrixLayoutDestroy(la);
+  if (desc) cublasLtMatmulDescDestroy(desc);
+  return st;
+}
+
+extern "C" ts_status ts_cuda_linear_forward(const ts_kctx *ctx, void *out, const void *inp,
+                                            const void *weight, size_t M, size_t N, size_t K,
+                                            ts_dtype dt) {
+  if (M == 0 || N == 0) return TS_OK;
+  return matmul(ctx, "ts_k_linear_forward", true, false, N, M, K, weight, (int64_t)K, inp,
+                (int64_t)K, out, (int64_t)N, 0.0f, dt);
+}
+
+extern "C" ts_status ts_cuda_linear_backward(const ts_kctx *ctx, void *dinp, void *dweight,
+                                             const void *dout, const void *inp,
+                                             const void *weight, size_t M, size_t N, size_t K,
+                                             ts_dtype dt) {
+  static const char op[] = "ts_k_linear_backward";
+  if (dinp)
+    TS_CHECK(matmul(ctx, op, false, false, K, M, N, weight, (int64_t)K, dout, (int64_t)N, dinp,
+                    (int64_t)K, 0.0f, dt));
+  if (dweight)
+    TS_CHECK(matmul(ctx, op, false, true, K, N, M, inp, (int64_t)K, dout, (int64_t)N, dweight,
+                    (int64_t)K, 1.0f, dt));
+  return TS_OK;
+}
