@@ -6,7 +6,9 @@
 // torch.optim.AdamW steps (losses and final weights). This test loads the
 // weights into the engine by Hugging Face name and checks everything in fp32
 // (llama_<variant>.safetensors) and in bf16 (llama_<variant>_bf16.safetensors,
-// transformers run in bfloat16; tolerances set by bf16's precision).
+// transformers run in bfloat16; tolerances set by bf16's precision). Built
+// with -DTS_TEST_DEVICE=TS_DEVICE_CUDA (hf_parity_gpu_test) the engine runs
+// on the GPU and must meet the same bounds.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -21,6 +23,11 @@
 namespace {
 
 const char *kDir = "tests/hf_parity/fixtures/";
+
+#ifndef TS_TEST_DEVICE
+#define TS_TEST_DEVICE TS_DEVICE_CPU
+#endif
+const ts_device kDevice = TS_TEST_DEVICE;
 
 struct Fixture {
   ts_safetensors *st = nullptr;
@@ -53,7 +60,9 @@ struct Fixture {
     o.weight_decay = std::stof(Meta("weight_decay"));
     o.grad_clip = 0;  // the script does not clip
     o.dtype = dt;
+    o.device = kDevice;
     EXPECT_EQ(ts_engine_create(&engine, &model, &o, nullptr), TS_OK) << ts_last_error();
+    if (!engine) return;  // the tests ASSERT it; nothing to load into
     for (int u = 0; u < model.n_units; u++)
       for (int i = 0; i < model.units[u].n_tensors; i++) {
         const ts_tensor_spec &t = model.units[u].tensors[i];
