@@ -412,11 +412,15 @@ static ts_status forward_unit(ts_engine *e, int u, ts_unit_args *a) {
   return st;
 }
 
-/* Forward over all units; the last unit's loss goes to loss (2). */
-static ts_status forward(ts_engine *e, double *loss) {
+/* Forward over all units; the last unit's loss goes to loss (2). In
+ * training (fused) the last unit also leaves the gradient of its logits,
+ * scaled by dloss, for backward (one pass over the logits). */
+static ts_status forward(ts_engine *e, double *loss, int fused, float dloss) {
   int n = e->model->n_units;
   for (int u = 0; u < n; u++) {
     ts_unit_args a = base_args(e);
+    a.fused_loss_grad = fused && u == n - 1;
+    a.dloss = dloss;
     a.x = u > 0 ? e->acts[u] : NULL;
     a.y = u + 1 < n ? e->acts[u + 1] : NULL;
     a.saved = e->units[u].recompute ? e->recompute_saved : e->units[u].saved;
@@ -540,14 +544,15 @@ static void discard_step(ts_engine *e) {
 ts_status ts_engine_run_micro_step(ts_engine *e, const int32_t *inputs, const int32_t *targets) {
   size_t count = 0;
   if (!e->plan) TS_CHECK(load_batch(e, inputs, targets, &count));
-  TS_CHECK(forward(e, e->plan ? NULL : e->loss + 2 * (size_t)e->micro_done));
   int n = e->model->n_units;
   double micro_batches = (double)e->opts.grad_accum * (double)e->dp_size;
   /* d(scaled loss)/d(row loss); the scale is 1 unless fp16 (exact: 2^k). */
   float dloss =
       count ? (float)((double)e->scaler.scale / ((double)count * micro_batches)) : 0.0f;
+  TS_CHECK(forward(e, e->plan ? NULL : e->loss + 2 * (size_t)e->micro_done, 1, dloss));
   for (int u = n - 1, cur = 0; u >= 0; u--) {
     ts_unit_args a = base_args(e);
+    a.fused_loss_grad = u == n - 1;
     a.x = u > 0 ? e->acts[u] : NULL;
     a.saved = e->units[u].recompute ? e->recompute_saved : e->units[u].saved;
     a.dloss = dloss;
@@ -698,7 +703,7 @@ ts_status ts_engine_eval(ts_engine *e, const int32_t *inputs, const int32_t *tar
                          double *loss_sum, size_t *count) {
   size_t rows;
   TS_CHECK(load_batch(e, inputs, targets, &rows));
-  TS_CHECK(forward(e, e->eval_loss));
+  TS_CHECK(forward(e, e->eval_loss, 0, 0.0f));
   double pair[2];
   TS_CHECK(ts_k_to_host(&e->ctx, pair, e->eval_loss, sizeof pair));
   *loss_sum = pair[0];

@@ -115,6 +115,9 @@ typedef struct ts_k_backend {
   ts_status (*cross_entropy_backward)(const ts_kctx *ctx, void *dlogits, const void *logits,
                                       const int32_t *targets, size_t N, size_t V, float dloss,
                                       ts_dtype dt);
+  ts_status (*cross_entropy_fused)(const ts_kctx *ctx, float *loss_rows, void *dlogits,
+                                   const void *logits, const int32_t *targets, size_t N, size_t V,
+                                   float dloss, ts_dtype dt);
   ts_status (*adamw)(const ts_kctx *ctx, float *master, void *param_out, ts_dtype param_dt,
                      float *m, float *v, const void *grad, ts_dtype grad_dt, size_t n,
                      const ts_adamw_hparams *hp);

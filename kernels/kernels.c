@@ -579,6 +579,21 @@ ts_status ts_k_cross_entropy_backward(const ts_kctx *ctx, void *dlogits, const v
   return CALL(be, cross_entropy_backward, ctx, dlogits, logits, targets, N, V, dloss, dt);
 }
 
+ts_status ts_k_cross_entropy_fused(const ts_kctx *ctx, float *loss_rows, void *dlogits,
+                                   const void *logits, const int32_t *targets, size_t N, size_t V,
+                                   float dloss, ts_dtype dt) {
+  static const char op[] = "ts_k_cross_entropy_fused";
+  const ts_k_backend *be;
+  TS_CHECK(backend_of(ctx, op, &be));
+  TS_CHECK(check_dtype(dt, op));
+  if (N == 0) return TS_OK;
+  CHECK_PTR(targets);
+  CHECK_PTR(loss_rows);
+  CHECK_PTR(dlogits);
+  CHECK_PTR(logits);
+  return CALL(be, cross_entropy_fused, ctx, loss_rows, dlogits, logits, targets, N, V, dloss, dt);
+}
+
 /* ---- AdamW ---------------------------------------------------------------------------------- */
 
 ts_status ts_k_adamw(const ts_kctx *ctx, float *master, void *param_out, ts_dtype param_dt,

@@ -302,6 +302,17 @@ ts_status ts_k_cross_entropy_backward(const ts_kctx *ctx, void *dlogits, const v
                                       const int32_t *targets, size_t N, size_t V, float dloss,
                                       ts_dtype dt);
 
+/* Both of the above in one pass over the logits (what a training step
+ * needs: the head's backward then starts from dlogits):
+ *   loss_rows (N) fp32 = ts_k_cross_entropy_forward's, and
+ *   dlogits (N, V) = ts_k_cross_entropy_backward's, written (=);
+ * dlogits may alias logits (each row's statistics are taken before any of
+ * it is overwritten). Bit for bit the two separate calls' results on every
+ * backend. */
+ts_status ts_k_cross_entropy_fused(const ts_kctx *ctx, float *loss_rows, void *dlogits,
+                                   const void *logits, const int32_t *targets, size_t N, size_t V,
+                                   float dloss, ts_dtype dt);
+
 /* ---- AdamW (Loshchilov & Hutter 2019, Algorithm 2; matches torch.optim.AdamW) */
 
 typedef struct ts_adamw_hparams {

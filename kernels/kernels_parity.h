@@ -194,6 +194,7 @@ ts_status SwigluForward(Backend &b, ts_dtype dt, Rng &rng);
 ts_status SwigluBackward(Backend &b, ts_dtype dt, Rng &rng);
 ts_status CrossEntropyForward(Backend &b, ts_dtype dt, Rng &rng);
 ts_status CrossEntropyBackward(Backend &b, ts_dtype dt, Rng &rng);
+ts_status CrossEntropyFused(Backend &b, ts_dtype dt, Rng &rng);
 
 }  // namespace ts_parity
 

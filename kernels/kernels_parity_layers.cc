@@ -305,23 +305,46 @@ std::vector<int32_t> Targets() {
   return y;
 }
 
+// The double reference of the cross-entropy of logits x (N, V) and targets
+// y: each row's loss and the gradient dloss * (softmax - onehot) of its
+// logits, with bounds. The losses are fp32 rows: (V + 8) u32 from the sum
+// of exponentials plus 4 u32 of each term; the gradient: one rounding to dt
+// plus the probability's (V + 8) u32.
+struct CeRef {
+  std::vector<double> loss, loss_tol, grad, grad_tol;
+};
+
+static CeRef CrossEntropyRef(const std::vector<float> &x, const std::vector<int32_t> &y, float dloss,
+                             ts_dtype dt) {
+  CeRef r{std::vector<double>(kN, 0), std::vector<double>(kN, 0), std::vector<double>(kN * kV, 0),
+          std::vector<double>(kN * kV, 0)};
+  for (size_t n = 0; n < kN; n++) {
+    if (y[n] == TS_IGNORE_INDEX) continue;  // exactly 0, loss and gradient
+    double mx = -INFINITY, z = 0;
+    for (size_t j = 0; j < kV; j++) mx = std::fmax(mx, (double)x[n * kV + j]);
+    for (size_t j = 0; j < kV; j++) z += std::exp(x[n * kV + j] - mx);
+    double lse = std::log(z) + mx, xy = x[n * kV + y[n]];
+    r.loss[n] = lse - xy;
+    r.loss_tol[n] = (kV + 8) * kU32 + 4 * kU32 * (std::fabs(lse) + std::fabs(xy));
+    for (size_t j = 0; j < kV; j++) {
+      double p = std::exp(x[n * kV + j] - mx) / z, one = (int32_t)j == y[n] ? 1.0 : 0.0;
+      double g = dloss * (p - one);
+      r.grad[n * kV + j] = g;
+      r.grad_tol[n * kV + j] =
+          Eta(dt) + U(dt) * std::fabs(g) + dloss * ((kV + 8) * kU32 * p + 2 * kU32 * one);
+    }
+  }
+  return r;
+}
+
 ts_status CrossEntropyForward(Backend &b, ts_dtype dt, Rng &rng) {
   std::vector<float> x = Input(rng, kN * kV, dt, -4, 4);
   std::vector<int32_t> y = Targets();
   DevPtr dx = b.Up(x, dt), dy = b.UpInts(y), dl = b.Poisoned(kN, TS_FP32);
   RUN_OR_RETURN(ts_k_cross_entropy_forward(b.ctx(), dl->as<float>(), dx->p, dy->as<int32_t>(), kN,
                                            kV, dt));
-  std::vector<double> ref(kN, 0), tol(kN, 0);
-  for (size_t n = 0; n < kN; n++) {
-    if (y[n] == TS_IGNORE_INDEX) continue;  // exactly 0
-    double mx = -INFINITY, z = 0;
-    for (size_t j = 0; j < kV; j++) mx = std::fmax(mx, (double)x[n * kV + j]);
-    for (size_t j = 0; j < kV; j++) z += std::exp(x[n * kV + j] - mx);
-    double lse = std::log(z) + mx, xy = x[n * kV + y[n]];
-    ref[n] = lse - xy;
-    tol[n] = (kV + 8) * kU32 + 4 * kU32 * (std::fabs(lse) + std::fabs(xy));  // fp32 rows
-  }
-  Expect("loss_rows", b.Down(*dl, kN, TS_FP32), ref, tol);
+  CeRef r = CrossEntropyRef(x, y, 1.0f, dt);
+  Expect("loss_rows", b.Down(*dl, kN, TS_FP32), r.loss, r.loss_tol);
   return TS_OK;
 }
 
@@ -332,19 +355,32 @@ ts_status CrossEntropyBackward(Backend &b, ts_dtype dt, Rng &rng) {
   DevPtr dx = b.Up(x, dt), dy = b.UpInts(y), dd = b.Poisoned(kN * kV, dt);
   RUN_OR_RETURN(ts_k_cross_entropy_backward(b.ctx(), dd->p, dx->p, dy->as<int32_t>(), kN, kV,
                                             dloss, dt));
-  std::vector<double> ref(kN * kV, 0), tol(kN * kV, 0);
-  for (size_t n = 0; n < kN; n++) {
-    if (y[n] == TS_IGNORE_INDEX) continue;  // exactly 0
-    double mx = -INFINITY, z = 0;
-    for (size_t j = 0; j < kV; j++) mx = std::fmax(mx, (double)x[n * kV + j]);
-    for (size_t j = 0; j < kV; j++) z += std::exp(x[n * kV + j] - mx);
-    for (size_t j = 0; j < kV; j++) {
-      double p = std::exp(x[n * kV + j] - mx) / z, one = (int32_t)j == y[n] ? 1.0 : 0.0;
-      ref[n * kV + j] = dloss * (p - one);
-      tol[n * kV + j] = Eta(dt) + U(dt) * std::fabs(ref[n * kV + j]) + dloss * ((kV + 8) * kU32 * p + 2 * kU32 * one);
-    }
-  }
-  Expect("dlogits", b.Down(*dd, kN * kV, dt), ref, tol);
+  CeRef r = CrossEntropyRef(x, y, dloss, dt);
+  Expect("dlogits", b.Down(*dd, kN * kV, dt), r.grad, r.grad_tol);
+  return TS_OK;
+}
+
+// The fused pass, in place (dlogits == logits, as the LM head runs it): both
+// outputs within the references' bounds, and bit for bit those of the two
+// separate calls on the same backend.
+ts_status CrossEntropyFused(Backend &b, ts_dtype dt, Rng &rng) {
+  std::vector<float> x = Input(rng, kN * kV, dt, -4, 4);
+  std::vector<int32_t> y = Targets();
+  const float dloss = 1.0f / 61;
+  DevPtr dx = b.Up(x, dt), dy = b.UpInts(y), dl = b.Poisoned(kN, TS_FP32);
+  RUN_OR_RETURN(ts_k_cross_entropy_fused(b.ctx(), dl->as<float>(), dx->p, dx->p,
+                                         dy->as<int32_t>(), kN, kV, dloss, dt));
+  CeRef r = CrossEntropyRef(x, y, dloss, dt);
+  Expect("loss_rows", b.Down(*dl, kN, TS_FP32), r.loss, r.loss_tol);
+  Expect("dlogits", b.Down(*dx, kN * kV, dt), r.grad, r.grad_tol);
+  DevPtr sx = b.Up(x, dt), sl = b.Poisoned(kN, TS_FP32), sd = b.Poisoned(kN * kV, dt);
+  RUN_OR_RETURN(ts_k_cross_entropy_forward(b.ctx(), sl->as<float>(), sx->p, dy->as<int32_t>(), kN,
+                                           kV, dt));
+  RUN_OR_RETURN(ts_k_cross_entropy_backward(b.ctx(), sd->p, sx->p, dy->as<int32_t>(), kN, kV,
+                                            dloss, dt));
+  ExpectBits("fused loss_rows == forward's", b.DownBytes(*dl, kN * 4), b.DownBytes(*sl, kN * 4));
+  ExpectBits("fused dlogits == backward's", b.DownBytes(*dx, Bytes(kN * kV, dt)),
+             b.DownBytes(*sd, Bytes(kN * kV, dt)));
   return TS_OK;
 }
 

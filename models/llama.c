@@ -446,7 +446,11 @@ static ts_status head_forward(const ts_model *m, const ts_unit *un, const ts_kct
                                 ts_llama_config_of(m)->rms_norm_eps, dt));
   TS_CHECK(ts_k_linear_forward(&k, s.logits, s.xn, w, d.N, d.V, d.C, dt));
   float *rows = ctx->workspace;
-  TS_CHECK(ts_k_cross_entropy_forward(&k, rows, s.logits, a->targets, d.N, d.V, dt));
+  if (a->fused_loss_grad)
+    TS_CHECK(ts_k_cross_entropy_fused(&k, rows, s.logits, s.logits, a->targets, d.N, d.V,
+                                      a->dloss, dt));
+  else
+    TS_CHECK(ts_k_cross_entropy_forward(&k, rows, s.logits, a->targets, d.N, d.V, dt));
   return ts_k_loss_sum(&k, a->loss, rows, a->targets, d.N);
 }
 
@@ -463,8 +467,9 @@ static ts_status head_backward(const ts_model *m, const ts_unit *un, const ts_kc
   void *gw = NULL;
   TS_CHECK(head_weight(m, un, p, g, a, &w, &gw));
   void *d_xn = ctx->workspace;
-  TS_CHECK(ts_k_cross_entropy_backward(&k, s.logits, s.logits, a->targets, d.N, d.V, a->dloss,
-                                       dt));
+  if (!a->fused_loss_grad) /* else forward left the gradient in place of the logits */
+    TS_CHECK(ts_k_cross_entropy_backward(&k, s.logits, s.logits, a->targets, d.N, d.V, a->dloss,
+                                         dt));
   TS_CHECK(ts_k_linear_backward(&k, d_xn, gw, s.logits, s.xn, w, d.N, d.V, d.C, dt));
   TS_CHECK(ts_k_zero(&k, a->dx, d.N * d.C * ts_dtype_size(dt)));
   return ts_k_rmsnorm_backward(&k, a->dx, tensor(un, H_NORM, g, dt), d_xn, a->x,

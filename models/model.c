@@ -41,8 +41,8 @@ ts_status ts_model_resolve(const char *model, char *out, size_t cap) {
   if (stat(out, &sb) == 0 && S_ISREG(sb.st_mode)) return TS_OK;
   return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                       "--model %s: unknown preset: expected a config.json path or a preset in "
-                      "%s%smodels/configs/ (llama-tiny, llama-small, llama-2-7b, llama-2-13b, "
-                      "llama-2-70b)%s",
+                      "%s%smodels/configs/ (llama-tiny, llama-small, llama-124m, llama-1.1b, "
+                      "llama-2-7b, llama-2-13b, llama-2-70b)%s",
                       model, home ? home : "", home ? "/" : "",
                       home ? "" : "; TESSERA_HOME is unset, so that is relative to this directory");
 }

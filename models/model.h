@@ -78,7 +78,11 @@ typedef struct ts_unit_args {
   void *tied_grad;         /* its gradient (+=) */
   const void *dy;          /* (B, T, C) gradient of y */
   void *dx;                /* (B, T, C) gradient of x, written (=) */
-  float dloss;             /* last unit's backward: d(loss)/d(row loss), e.g. 1/count */
+  float dloss;             /* last unit's backward (and fused forward): d(loss)/d(row loss),
+                              e.g. 1/count */
+  int fused_loss_grad;     /* last unit in training, forward and backward alike: forward
+                              also turns its logits into their gradient (dloss-scaled, one
+                              pass: ts_k_cross_entropy_fused) and backward starts from it */
   double *loss;            /* last unit's forward: (2) fp64 = (sum of row losses, rows
                               with a target), written (=) */
 } ts_unit_args;

@@ -131,8 +131,8 @@ int ts_tool_estimate(int argc, char **argv) {
   ts_engine_opts opts = ts_engine_default_opts();
   const ts_flag flags[] = {
       TS_FLAG_STRING("--model", NULL, &model, "CONFIG",
-                     "a preset (llama-tiny, llama-small, llama-2-7b/13b/70b) or a Hugging Face "
-                     "config.json",
+                     "a preset (llama-tiny, llama-small, llama-124m, llama-1.1b, llama-2-7b/13b/70b) "
+                     "or a Hugging Face config.json",
                      NULL),
       TS_FLAG_CUSTOM("--params", NULL, &psi, parse_psi, "PSI",
                      "a parameter count (e.g. 7.5e9) instead of a model: model states only",

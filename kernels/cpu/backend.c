@@ -76,5 +76,6 @@ const ts_k_backend ts_k_cpu_backend = {
     .cross_entropy_forward = ts_cpu_cross_entropy_forward,
     .loss_sum = ts_cpu_loss_sum,
     .cross_entropy_backward = ts_cpu_cross_entropy_backward,
+    .cross_entropy_fused = ts_cpu_cross_entropy_fused,
     .adamw = ts_cpu_adamw,
 };

@@ -173,6 +173,9 @@ ts_status ts_cpu_cross_entropy_forward(const ts_kctx *ctx, float *loss_rows, con
                                        const int32_t *targets, size_t N, size_t V, ts_dtype dt);
 ts_status ts_cpu_loss_sum(const ts_kctx *ctx, double *out, const float *loss_rows,
                           const int32_t *targets, size_t N);
+ts_status ts_cpu_cross_entropy_fused(const ts_kctx *ctx, float *loss_rows, void *dlogits,
+                                     const void *logits, const int32_t *targets, size_t N,
+                                     size_t V, float dloss, ts_dtype dt);
 ts_status ts_cpu_cross_entropy_backward(const ts_kctx *ctx, void *dlogits, const void *logits,
                                         const int32_t *targets, size_t N, size_t V, float dloss,
                                         ts_dtype dt);

@@ -158,3 +158,28 @@ ts_status ts_cpu_cross_entropy_backward(const ts_kctx *ctx, void *dlogits, const
     TS_DT_CALL(dt, ce_bwd_row, dlogits, logits, targets[n], V, (size_t)n, dloss);
   return TS_OK;
 }
+
+ts_status ts_cpu_cross_entropy_fused(const ts_kctx *ctx, float *loss_rows, void *dlogits,
+                                     const void *logits, const int32_t *targets, size_t N,
+                                     size_t V, float dloss, ts_dtype dt) {
+  TS_CHECK(check_targets(targets, N, V, "ts_k_cross_entropy_fused"));
+  /* Per row: the forward's loss, then the backward's gradient from the same
+   * row functions (the same bits as the two calls), the row read whole
+   * before it is overwritten. */
+#pragma omp parallel for schedule(static) if (N * V > 16384)
+  for (ptrdiff_t n = 0; n < (ptrdiff_t)N; n++) {
+    int32_t y = targets[n];
+    float loss = 0.0f;
+    if (y != TS_IGNORE_INDEX) {
+      if (dt == TS_FP32)
+        loss = ce_fwd_row(logits, y, V, (size_t)n, TS_FP32);
+      else if (dt == TS_BF16)
+        loss = ce_fwd_row(logits, y, V, (size_t)n, TS_BF16);
+      else
+        loss = ce_fwd_row(logits, y, V, (size_t)n, TS_FP16);
+    }
+    loss_rows[n] = loss;
+    TS_DT_CALL(dt, ce_bwd_row, dlogits, logits, y, V, (size_t)n, dloss);
+  }
+  return TS_OK;
+}

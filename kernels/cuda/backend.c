@@ -52,5 +52,6 @@ const ts_k_backend ts_k_cuda_backend = {
     .cross_entropy_forward = ts_cuda_cross_entropy_forward,
     .loss_sum = ts_cuda_loss_sum,
     .cross_entropy_backward = ts_cuda_cross_entropy_backward,
+    .cross_entropy_fused = ts_cuda_cross_entropy_fused,
     .adamw = ts_cuda_adamw,
 };

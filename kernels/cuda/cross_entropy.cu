@@ -10,6 +10,8 @@
  *   backward: dlogits[j] = dloss * (e^(x_j - max) / sum - [j == target]),
  *             each element read before the same thread writes it, so
  *             dlogits == logits is fine.
+ * fused:    both from one read of the row's statistics, the loss written
+ *           before the row is overwritten (the same bits as the two).
  * Targets outside [0, V) and not -100 are an error (synchronous check)
  * unless the caller checked them (TS_K_INDICES_CHECKED); then such a row
  * is treated as ignored.
@@ -74,6 +76,37 @@ __global__ void ce_bwd_kernel(void *dlogits, const void *logits, const int32_t *
 }
 
 template <ts_dtype DT>
+__global__ void ce_fused_kernel(float *loss_rows, void *dlogits, const void *logits,
+                                const int32_t *targets, size_t V, float dloss) {
+  __shared__ float sh[32];
+  size_t n = blockIdx.x, o = n * V;
+  int32_t y = targets[n];
+  if (!has_target(y, V)) {
+    if (threadIdx.x == 0) loss_rows[n] = 0.0f;
+    for (size_t j = threadIdx.x; j < V; j += blockDim.x) ts_st<DT>(dlogits, o + j, 0.0f);
+    return;
+  }
+  float m, s;
+  row_stats<DT>(logits, o, V, &m, &s, sh);
+  float xy = ts_ld<DT>(logits, o + (size_t)y);
+  __syncthreads(); /* every thread has read x[y] before any overwrites it */
+  if (threadIdx.x == 0) loss_rows[n] = (logf(s) + m) - xy;
+  float inv = 1.0f / s;
+  for (size_t j = threadIdx.x; j < V; j += blockDim.x) {
+    float p = expf(ts_ld<DT>(logits, o + j) - m) * inv;
+    ts_st<DT>(dlogits, o + j, dloss * (p - (j == (size_t)y ? 1.0f : 0.0f)));
+  }
+}
+
+template <ts_dtype DT>
+static void launch_ce_fused(float *loss_rows, void *dlogits, const void *logits,
+                            const int32_t *targets, size_t N, size_t V, float dloss,
+                            cudaStream_t s) {
+  ce_fused_kernel<DT><<<(unsigned)N, CE_THREADS, 0, s>>>(loss_rows, dlogits, logits, targets, V,
+                                                         dloss);
+}
+
+template <ts_dtype DT>
 static void launch_ce_fwd(float *loss_rows, const void *logits, const int32_t *targets, size_t N,
                           size_t V, cudaStream_t s) {
   ce_fwd_kernel<DT><<<(unsigned)N, CE_THREADS, 0, s>>>(loss_rows, logits, targets, V);
@@ -108,6 +141,18 @@ extern "C" ts_status ts_cuda_cross_entropy_backward(const ts_kctx *ctx, void *dl
   TS_CHECK(check_rows(N, op));
   TS_CHECK(ts_cuda_check_indices(ctx, targets, N, V, 1, op, "targets"));
   TS_CUDA_DT_CALL(dt, launch_ce_bwd, dlogits, logits, targets, N, V, dloss,
+                  (cudaStream_t)ctx->stream);
+  return ts_cuda_launched(op);
+}
+
+extern "C" ts_status ts_cuda_cross_entropy_fused(const ts_kctx *ctx, float *loss_rows,
+                                                 void *dlogits, const void *logits,
+                                                 const int32_t *targets, size_t N, size_t V,
+                                                 float dloss, ts_dtype dt) {
+  static const char op[] = "ts_k_cross_entropy_fused";
+  TS_CHECK(check_rows(N, op));
+  TS_CHECK(ts_cuda_check_indices(ctx, targets, N, V, 1, op, "targets"));
+  TS_CUDA_DT_CALL(dt, launch_ce_fused, loss_rows, dlogits, logits, targets, N, V, dloss,
                   (cudaStream_t)ctx->stream);
   return ts_cuda_launched(op);
 }

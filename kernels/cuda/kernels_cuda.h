@@ -111,6 +111,9 @@ ts_status ts_cuda_swiglu_backward(const ts_kctx *ctx, void *dgate, void *dup, co
                                   const void *gate, const void *up, size_t n, ts_dtype dt);
 ts_status ts_cuda_cross_entropy_forward(const ts_kctx *ctx, float *loss_rows, const void *logits,
                                         const int32_t *targets, size_t N, size_t V, ts_dtype dt);
+ts_status ts_cuda_cross_entropy_fused(const ts_kctx *ctx, float *loss_rows, void *dlogits,
+                                      const void *logits, const int32_t *targets, size_t N,
+                                      size_t V, float dloss, ts_dtype dt);
 ts_status ts_cuda_cross_entropy_backward(const ts_kctx *ctx, void *dlogits, const void *logits,
                                          const int32_t *targets, size_t N, size_t V, float dloss,
                                          ts_dtype dt);
