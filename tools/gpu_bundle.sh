@@ -105,11 +105,12 @@ for comp in "$components"/mca_*.so; do
 done
 echo "gpu_bundle: $kept Open MPI components from $components" >&2
 
-# The CUDA libraries the binaries link dynamically (cuBLAS, cuDNN, ...; not
-# the driver's libcuda), for env.sh to look for on the GPU machine.
-cuda_libs="$(for f in "$DIR/bin/tessera" "${tests[@]/#/$DIR/}"; do deps "$f"; done |
-  awk '{print $1}' | { grep -E "$SYSTEM" | grep -E '^lib(cu|nv|nccl)' | grep -v '^libcuda\.so' || true; } |
-  sort -u | tr '\n' ' ')"
+# The CUDA libraries the binaries link dynamically (cuDNN, ...; not the
+# driver's libcuda), and cuBLASLt, which they open with dlopen
+# (kernels/cuda/linear.cu), for env.sh to look for on the GPU machine.
+cuda_libs="$( (for f in "$DIR/bin/tessera" "${tests[@]/#/$DIR/}"; do deps "$f"; done |
+  awk '{print $1}' | { grep -E "$SYSTEM" | grep -E '^lib(cu|nv|nccl)' | grep -v '^libcuda\.so' || true; }
+  echo libcublasLt.so.13) | sort -u | tr '\n' ' ')"
 cat >"$DIR/env.sh" <<EOF
 # Sourced by run.sh and ./tessera (made by tools/gpu_bundle.sh): the bundle's
 # libraries first on the loader's path; then, for each CUDA library the
