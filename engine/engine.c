@@ -243,21 +243,31 @@ static ts_status prepare_device(ts_engine *e) {
   TS_CHECK(ts_k_device_memory(e->device, r->index, &free_bytes, &total, r->name, sizeof r->name));
   r->total = total;
   r->used_at_create = total - free_bytes;
-  ts_mem_account plan;
-  TS_CHECK(ts_engine_plan(e->model, &e->opts, (size_t)e->dp_size, &plan));
-  if (plan.peak_total <= free_bytes) return TS_OK;
-  char parts[512];
-  size_t n = 0;
-  for (int c = 0; c < TS_MEM_NUM_CATEGORIES && n < sizeof parts; c++)
-    n += (size_t)snprintf(parts + n, sizeof parts - n, "%s%s %.2f GiB", c ? ", " : "",
-                          ts_mem_category_name((ts_mem_category)c),
-                          (double)plan.peak[c] / (1u << 30));
-  return ts_set_error(TS_ERR_OUT_OF_MEMORY,
+  ts_engine *pe;
+  TS_CHECK(ts_engine_plan_engine(e->model, &e->opts, (size_t)e->dp_size, &pe));
+  ts_mem_account plan = *ts_ledger_account(&pe->ledger, e->device);
+  ts_status st = TS_OK;
+  if (plan.peak_total > free_bytes) {
+    char parts[512];
+    size_t n = 0;
+    for (int c = 0; c < TS_MEM_NUM_CATEGORIES && n < sizeof parts; c++)
+      n += (size_t)snprintf(parts + n, sizeof parts - n, "%s%s %.2f GiB", c ? ", " : "",
+                            ts_mem_category_name((ts_mem_category)c),
+                            (double)plan.peak[c] / (1u << 30));
+    st = ts_set_error(TS_ERR_OUT_OF_MEMORY,
                       "%s:%d (%s) has %.2f GiB free; this run's plan needs %.2f GiB at its peak "
                       "(%s): raise --zero, lower --micro-batch, add --activation-checkpointing "
                       "or use more ranks",
                       ts_device_name(e->device), r->index, r->name,
-                      (double)free_bytes / (1u << 30), (double)plan.peak_total / (1u << 30), parts);
+                      (double)free_bytes / (1u << 30), (double)plan.peak_total / (1u << 30),
+                      parts);
+  }
+  /* The step's transients (ZeRO-2/3's full gradients, ZeRO-3's gathers),
+   * allocated now as many at once as the plan's step holds them, so that
+   * the step itself allocates nothing. */
+  if (st == TS_OK) st = ts_ledger_reserve_transients(&e->ledger, &pe->ledger);
+  ts_engine_free(pe);
+  return st;
 }
 
 ts_status ts_engine_create(ts_engine **out, const ts_model *model, const ts_engine_opts *opts,
@@ -284,14 +294,16 @@ ts_status ts_engine_create(ts_engine **out, const ts_model *model, const ts_engi
 
 void ts_engine_free(ts_engine *e) {
   if (!e) return;
+  /* Whatever is still queued on the device finishes before its buffers go. */
+  if (!e->plan && e->ctx.stream) ts_k_synchronize(&e->ctx);
   if (e->hooks && e->hooks->release) e->hooks->release(e->hooks->user, e);
   if (e->units) {
     for (int u = 0; u < e->model->n_units; u++) {
       unit_state *s = &e->units[u];
       ts_engine_free_model_state(&e->ledger, s);
       ts_ledger_free(&e->ledger, s->saved);
-      ts_ledger_free(&e->ledger, s->full_params);
-      ts_ledger_free(&e->ledger, s->full_grads);
+      ts_shard_release(&e->ledger, &s->full_params);
+      ts_shard_release(&e->ledger, &s->full_grads);
     }
   }
   if (e->acts)
@@ -354,9 +366,14 @@ static ts_status full_grads(ts_engine *e, int u, void **out) {
     *out = s->grads;
     return TS_OK;
   }
-  if (!s->full_grads)
-    TS_CHECK(ts_ledger_alloc(&e->ledger, e->device, TS_MEM_GRADS, s->layout.padded * e->es,
-                             &s->full_grads));
+  if (!s->full_grads) {
+    size_t bytes = s->layout.padded * e->es;
+    TS_CHECK(ts_ledger_alloc_transient(&e->ledger, e->device, TS_MEM_GRADS, bytes,
+                                       &s->full_grads));
+    /* a device's transients come back unzeroed (ledger.h); the CPU's are new */
+    if (!e->plan && e->device != TS_DEVICE_CPU)
+      TS_CHECK(ts_k_zero(&e->ctx, s->full_grads, bytes));
+  }
   *out = s->full_grads;
   return TS_OK;
 }
@@ -726,7 +743,8 @@ ts_status ts_engine_device_report(const ts_engine *e, ts_device_report *out) {
   size_t free_bytes, total;
   TS_CHECK(ts_k_device_memory(e->device, out->index, &free_bytes, &total, NULL, 0));
   out->used_now = total - free_bytes;
-  size_t ledger = ts_ledger_account(&e->ledger, e->device)->current_total;
+  out->reserved = ts_ledger_cached_bytes(&e->ledger, e->device);
+  size_t ledger = ts_ledger_account(&e->ledger, e->device)->current_total + out->reserved;
   out->overhead = out->used_now > ledger ? out->used_now - ledger : 0;
   return TS_OK;
 }

@@ -284,7 +284,8 @@ typedef struct ts_device_report {
   size_t used_at_create;  /* total - free after the context and handles were made, before the
                              engine allocated anything (context, libraries, other processes) */
   size_t used_now;        /* total - free now */
-  size_t overhead;        /* used_now - the ledger's current device bytes */
+  size_t reserved;        /* the step's transients kept between uses (ts_ledger_cached_bytes) */
+  size_t overhead;        /* used_now - the ledger's current device bytes - reserved */
 } ts_device_report;
 
 /* Fills *out for e's device (a CPU engine: name "cpu", zeros).

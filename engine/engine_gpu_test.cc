@@ -156,6 +156,20 @@ TEST_F(EngineGpu, TheDeviceLedgerEqualsThePlan) {
       }
       ts_step_stats st;
       ASSERT_EQ(ts_engine_optimizer_step(e, 1e-3f, &st), TS_OK);
+      // A second step allocates nothing: the card's used bytes stay put
+      // (the first may still see cuBLASLt's and cuDNN's lazy set-up).
+      ts_device_report before, after;
+      ASSERT_EQ(ts_engine_device_report(e, &before), TS_OK) << ts_last_error();
+      for (size_t k = 0; k < o.grad_accum; k++) {
+        Batch(o.micro_batch * o.seq, model_.vocab_size, (unsigned)(10 + k), &in, &tgt);
+        ASSERT_EQ(ts_engine_micro_step(e, in.data(), tgt.data(), nullptr), TS_OK);
+      }
+      ASSERT_EQ(ts_engine_optimizer_step(e, 1e-3f, &st), TS_OK);
+      ASSERT_EQ(ts_engine_device_report(e, &after), TS_OK) << ts_last_error();
+      EXPECT_EQ(after.used_now, before.used_now) << ts_dtype_name(dt) << " ZeRO-" << stage;
+      if (stage >= 2) {
+        EXPECT_GT(after.reserved, 0u);  // its transients, kept
+      }
       const ts_mem_account *m = ts_engine_memory(e);
       for (int c = 0; c < TS_MEM_NUM_CATEGORIES; c++)
         EXPECT_EQ(m->peak[c], plan.peak[c])

@@ -98,6 +98,12 @@ ts_status ts_engine_new(const ts_model *model, const ts_engine_opts *opts, int p
  * parameters (a plan ledger: charges only). */
 ts_status ts_engine_alloc(ts_engine *e);
 
+/* A plan engine (plan ledger, nothing allocated) after create and one
+ * micro-step: ts_engine_plan's, kept for its ledger (the account and the
+ * transients' profile). Free with ts_engine_free. */
+ts_status ts_engine_plan_engine(const ts_model *model, const ts_engine_opts *opts, size_t dp_size,
+                                ts_engine **out);
+
 /* Forward and backward of one micro-batch (ts_engine_micro_step's body). */
 ts_status ts_engine_run_micro_step(ts_engine *e, const int32_t *inputs, const int32_t *targets);
 

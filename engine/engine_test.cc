@@ -246,7 +246,9 @@ TEST(Engine, ThePlanOfADeviceChargesItsStepScalars) {
   for (int u = 0; u < model.n_units; u++) {
     size_t a = ts_unit_saved_bytes(&model, u, 2, 8, TS_BF16, TS_DEVICE_CPU),
            b = ts_unit_saved_bytes(&model, u, 2, 8, TS_BF16, TS_DEVICE_CUDA);
-    if (model.units[u].role == TS_UNIT_BLOCK) EXPECT_LT(b, a) << "unit " << u;
+    if (model.units[u].role == TS_UNIT_BLOCK) {
+      EXPECT_LT(b, a) << "unit " << u;
+    }
     saved_cpu += a;
     saved_cuda += b;
   }

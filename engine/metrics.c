@@ -104,6 +104,7 @@ ts_status ts_metrics_write_summary(ts_metrics *m, const ts_metrics_summary *s) {
     cJSON_AddNumberToObject(db, "ledger_peak", s->mem[TS_METRICS_TOTAL]);
     cJSON_AddNumberToObject(db, "used_at_create", (double)d->used_at_create);
     cJSON_AddNumberToObject(db, "used_now", (double)d->used_now);
+    cJSON_AddNumberToObject(db, "reserved", (double)d->reserved);
     cJSON_AddNumberToObject(db, "overhead", (double)d->overhead);
   }
   cJSON_AddNumberToObject(sm, "zero_stage", eo->zero_stage);

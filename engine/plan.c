@@ -60,9 +60,9 @@ ts_status ts_engine_plan_params(size_t psi, ts_dtype dtype, int zero_stage, size
   return st;
 }
 
-ts_status ts_engine_plan(const ts_model *model, const ts_engine_opts *opts, size_t dp_size,
-                         ts_mem_account *out) {
-  memset(out, 0, sizeof *out);
+ts_status ts_engine_plan_engine(const ts_model *model, const ts_engine_opts *opts, size_t dp_size,
+                                ts_engine **out) {
+  *out = NULL;
   TS_CHECK(check_dp_size(dp_size));
   ts_engine *e;
   TS_CHECK(ts_engine_new(model, opts, 1, &e));
@@ -70,7 +70,20 @@ ts_status ts_engine_plan(const ts_model *model, const ts_engine_opts *opts, size
   e->dp_size = (int)dp_size;
   ts_status st = ts_engine_alloc(e);
   if (st == TS_OK) st = ts_engine_run_micro_step(e, e->h_tokens, e->h_targets);
-  if (st == TS_OK) *out = *ts_ledger_account(&e->ledger, e->device);
+  if (st != TS_OK) {
+    ts_engine_free(e);
+    return st;
+  }
+  *out = e;
+  return TS_OK;
+}
+
+ts_status ts_engine_plan(const ts_model *model, const ts_engine_opts *opts, size_t dp_size,
+                         ts_mem_account *out) {
+  memset(out, 0, sizeof *out);
+  ts_engine *e;
+  TS_CHECK(ts_engine_plan_engine(model, opts, dp_size, &e));
+  *out = *ts_ledger_account(&e->ledger, e->device);
   ts_engine_free(e);
-  return st;
+  return TS_OK;
 }

@@ -18,7 +18,7 @@
  * null and its lr 0), one per evaluation {step, val_loss}, and at the end
  * {"summary": {params: {unpadded, padded}, world_size, device ("cpu",
  * "cuda"; on a GPU also gpu_name, gpu_index and device_bytes: {total,
- * ledger_peak, used_at_create, used_now, overhead}, engine.h
+ * ledger_peak, used_at_create, used_now, reserved, overhead}, engine.h
  * ts_device_report), zero_stage, dtype,
  * activation_checkpointing ("none", "all", "every:K"),
  * activation_bytes_predicted, skipped_steps, loss_scale (final),

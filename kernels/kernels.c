@@ -218,6 +218,11 @@ size_t ts_k_linear_workspace_bytes(ts_device dev, size_t M, size_t N, size_t K, 
   return be->linear_workspace_bytes ? be->linear_workspace_bytes(M, N, K, dt) : 0;
 }
 
+size_t ts_k_rmsnorm_workspace_bytes(ts_device dev, size_t N, size_t C, ts_dtype dt) {
+  const ts_k_backend *be = query_backend(dev);
+  return be->rmsnorm_workspace_bytes ? be->rmsnorm_workspace_bytes(N, C, dt) : 0;
+}
+
 size_t ts_k_embedding_workspace_bytes(ts_device dev, size_t N, ts_dtype dt) {
   const ts_k_backend *be = query_backend(dev);
   return be->embedding_workspace_bytes ? be->embedding_workspace_bytes(N, dt) : 0;
@@ -391,6 +396,7 @@ ts_status ts_k_rmsnorm_backward(const ts_kctx *ctx, void *dinp, void *dweight, c
   CHECK_PTR(inp);
   CHECK_PTR(rstd);
   if (dinp) CHECK_PTR(weight);
+  TS_CHECK(check_workspace(ctx, ts_k_rmsnorm_workspace_bytes(ctx->device, N, C, dt), op));
   return CALL(be, rmsnorm_backward, ctx, dinp, dweight, dout, inp, weight, rstd, N, C, dt);
 }
 

@@ -193,7 +193,7 @@ ts_status ts_k_embedding_forward(const ts_kctx *ctx, void *out, const int32_t *t
 /* dwte (V, C) += scatter of dout (N, C) by tokens (N) (accumulated): the
  * gradient of the lookup above (torch.nn.functional.embedding backward,
  * a scatter-add over rows). dwte and dout are dt; tokens int32; all on
- * ctx->device (CPU only). dwte may not alias dout.
+ * ctx->device. dwte may not alias dout.
  * fp32: dwte[tokens[n], c] += dout[n, c] one addition at a time, n = 0..N-1.
  * bf16/fp16 (kernels.h: accumulate in fp32): for each row v, the dout rows
  * of its positions are summed in fp32 in position order, then
@@ -201,17 +201,20 @@ ts_status ts_k_embedding_forward(const ts_kctx *ctx, void *out, const int32_t *t
  * Needs ts_k_embedding_workspace_bytes(ctx->device, N, dt) bytes of
  * ctx->workspace.
  * Results do not depend on the thread count (no atomics).
+ * CUDA: the same sums in the same order, without atomics (positions sorted
+ * by token in the workspace, one warp per token: kernels/cuda/embedding.cu).
  * Returns TS_ERR_INVALID_ARGUMENT for a token outside [0, V) (naming the
- * position and the token), a NULL pointer, or N > INT32_MAX with bf16/fp16;
- * TS_ERR_OUT_OF_MEMORY, naming the bytes needed, for a smaller workspace;
- * TS_ERR_UNSUPPORTED on CUDA. On any error dwte is untouched. */
+ * position and the token), a NULL pointer, or N > INT32_MAX with bf16/fp16
+ * (CUDA: any dtype); TS_ERR_OUT_OF_MEMORY, naming the bytes needed, for a
+ * smaller workspace. On any error dwte is untouched. */
 ts_status ts_k_embedding_backward(const ts_kctx *ctx, void *dwte, const void *dout,
                                   const int32_t *tokens, size_t N, size_t C, size_t V,
                                   ts_dtype dt);
 /* Exact bytes of ctx->workspace embedding backward needs for N positions
  * on device dev. CPU: 0 for fp32 (and for forward, whatever dt); for
  * bf16/fp16 two 64-byte-aligned buffers of N int32 (the positions, stably
- * sorted by token, and the merge sort's second buffer). Independent of C
+ * sorted by token, and the merge sort's second buffer). CUDA, every dt:
+ * next_pow2(N) uint64 sort keys (token << 32 | position). Independent of C
  * and V. */
 size_t ts_k_embedding_workspace_bytes(ts_device dev, size_t N, ts_dtype dt);
 
@@ -222,10 +225,15 @@ size_t ts_k_embedding_workspace_bytes(ts_device dev, size_t N, ts_dtype dt);
 ts_status ts_k_rmsnorm_forward(const ts_kctx *ctx, void *out, float *rstd, const void *inp,
                                const void *weight, size_t N, size_t C, float eps, ts_dtype dt);
 /* dinp (N, C) += d/dinp   (ACCUMULATED, so residual streams add for free)
- * dweight (C) += d/dweight (accumulated). */
+ * dweight (C) += d/dweight (accumulated). Needs
+ * ts_k_rmsnorm_workspace_bytes(ctx->device, N, C, dt) bytes of workspace. */
 ts_status ts_k_rmsnorm_backward(const ts_kctx *ctx, void *dinp, void *dweight, const void *dout,
                                 const void *inp, const void *weight, const float *rstd, size_t N,
                                 size_t C, ts_dtype dt);
+/* Exact bytes of ctx->workspace RMSNorm backward needs on device dev. CPU:
+ * 0. CUDA: dweight's fp32 partial sums, one (C) row per fixed block of rows
+ * (kernels/cuda/layers.cu), summed in row-block order. */
+size_t ts_k_rmsnorm_workspace_bytes(ts_device dev, size_t N, size_t C, ts_dtype dt);
 
 /* ---- rotary position embedding (Su et al. 2021; HF rotate-half layout) ---- */
 
@@ -288,8 +296,9 @@ ts_status ts_k_swiglu_backward(const ts_kctx *ctx, void *dgate, void *dup, const
  * not -100 returns TS_ERR_INVALID_ARGUMENT naming the row and the value. */
 ts_status ts_k_cross_entropy_forward(const ts_kctx *ctx, float *loss_rows, const void *logits,
                                      const int32_t *targets, size_t N, size_t V, ts_dtype dt);
-/* out[0] = sum of loss_rows[n] over the rows whose target is not -100,
- * added in row order n = 0 .. N-1 in double; out[1] = the number of those
+/* out[0] = sum of loss_rows[n] over the rows whose target is not -100, in
+ * double (CPU: added in row order n = 0 .. N-1; CUDA: a fixed tree, so
+ * repeatable but not the CPU's bits); out[1] = the number of those
  * rows. out: two doubles on ctx->device, written (=) — the micro-batch's
  * loss as the sum and count of PyTorch's mean reduction. */
 ts_status ts_k_loss_sum(const ts_kctx *ctx, double *out, const float *loss_rows,

@@ -49,6 +49,7 @@ ts_status RmsnormBackward(Backend &b, ts_dtype dt, Rng &rng) {
   for (size_t n = 0; n < kN; n++) r[n] = (float)r64[n];  // an fp32 input like forward's
   DevPtr dx = b.Up(x, dt), dw = b.Up(w, dt), ddy = b.Up(dy, dt), dr = b.Up(r, TS_FP32);
   DevPtr ddx = b.Up(dx0, dt), ddw = b.Up(dw0, dt);
+  b.Workspace(ts_k_rmsnorm_workspace_bytes(b.device(), kN, kC, dt));
   RUN_OR_RETURN(ts_k_rmsnorm_backward(b.ctx(), ddx->p, ddw->p, ddy->p, dx->p, dw->p,
                                       dr->as<float>(), kN, kC, dt));
   std::vector<double> rx(kN * kC), tx(kN * kC), rw(kC), tw(kC), mw(kC);

@@ -272,8 +272,10 @@ static size_t kernel_ws(const dims *d, ts_unit_role kind, ts_dtype dt, ts_device
     w = max2(w, ts_k_linear_workspace_bytes(dev, d->N, d->I, d->C, dt));
     w = max2(w, ts_k_linear_workspace_bytes(dev, d->N, d->C, d->I, dt));
     w = max2(w, ts_k_attention_workspace_bytes(dev, d->B, d->T, d->NH, d->NKV, d->HS, dt));
+    w = max2(w, ts_k_rmsnorm_workspace_bytes(dev, d->N, d->C, dt));
   } else if (kind == TS_UNIT_HEAD) {
-    w = ts_k_linear_workspace_bytes(dev, d->N, d->V, d->C, dt);
+    w = max2(ts_k_linear_workspace_bytes(dev, d->N, d->V, d->C, dt),
+             ts_k_rmsnorm_workspace_bytes(dev, d->N, d->C, dt));
   } else if (kind == TS_UNIT_EMBEDDING) {
     /* forward needs none; backward gets the whole of ctx (no temps). */
     w = ts_k_embedding_workspace_bytes(dev, d->N, dt);

@@ -17,10 +17,10 @@ ts_status ts_shard_gather_alloc(ts_ledger *ledger, ts_device dev, ts_mem_categor
                                 void **full) {
   *full = NULL;
   void *buf;
-  TS_CHECK(ts_ledger_alloc(ledger, dev, c, l->padded * ts_dtype_size(dt), &buf));
+  TS_CHECK(ts_ledger_alloc_transient(ledger, dev, c, l->padded * ts_dtype_size(dt), &buf));
   ts_status st = ledger->plan_only ? TS_OK : ts_shard_all_gather(dp, l, shard, buf, dt);
   if (st != TS_OK) {
-    ts_ledger_free(ledger, buf);
+    ts_ledger_free_transient(ledger, buf);
     return st;
   }
   *full = buf;
@@ -28,7 +28,7 @@ ts_status ts_shard_gather_alloc(ts_ledger *ledger, ts_device dev, ts_mem_categor
 }
 
 void ts_shard_release(ts_ledger *ledger, void **full) {
-  ts_ledger_free(ledger, *full);
+  ts_ledger_free_transient(ledger, *full);
   *full = NULL;
 }
 

@@ -31,7 +31,8 @@ ts_status ts_shard_all_gather(ts_comm *dp, const ts_flat_layout *l, const void *
                               void *full, ts_dtype dt);
 
 /* Allocates a full buffer on device dev (P * sizeof(dt) bytes, charged to
- * category c of the ledger) and all-gathers the shard into it; *full
+ * category c of the ledger; a transient, ts_ledger_alloc_transient: reused
+ * from step to step on a device) and all-gathers the shard into it; *full
  * receives it (NULL on error, nothing left allocated). Release with
  * ts_shard_release. A plan ledger (ts_ledger_init_plan) is charged and
  * nothing is gathered (dp and shard are not used). */
@@ -39,8 +40,9 @@ ts_status ts_shard_gather_alloc(ts_ledger *ledger, ts_device dev, ts_mem_categor
                                 const ts_flat_layout *l, const void *shard, ts_dtype dt,
                                 void **full);
 
-/* Frees a buffer from ts_shard_gather_alloc (or any ledger allocation) and
- * sets *full to NULL; NULL *full is a no-op. */
+/* Ends the use of a transient buffer (ts_shard_gather_alloc, or any
+ * ts_ledger_alloc_transient block) and sets *full to NULL; NULL *full is a
+ * no-op. */
 void ts_shard_release(ts_ledger *ledger, void **full);
 
 /* Scratch bytes ts_shard_reduce_scatter needs for layout l: (N-1) * S

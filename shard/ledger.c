@@ -41,6 +41,11 @@ void ts_ledger_init_plan(ts_ledger *ledger) {
 }
 
 void ts_ledger_release(ts_ledger *ledger) {
+  for (int i = 0; i < TS_LEDGER_CACHE; i++) {
+    ts_ledger_cached *c = &ledger->cache[i];
+    if (c->p && !ledger->plan_only) ts_k_free((ts_device)c->device, c->p);
+    c->p = NULL;
+  }
   if (ledger->table) {
     TS_ASSERT(ledger->table->n == 0); /* every block freed */
     free(ledger->table->slots);
@@ -84,6 +89,24 @@ static ts_status reserve(ts_ledger *ledger) {
   return TS_OK;
 }
 
+/* Records block p, already allocated, as live in the table and the
+ * accounts (ts_ledger_alloc's bookkeeping). */
+static ts_status charge(ts_ledger *ledger, ts_device dev, ts_mem_category c, size_t nbytes,
+                        void *p) {
+  TS_CHECK(reserve(ledger));
+  ts_ledger_table *t = ledger->table;
+  entry *e = &t->slots[probe(t, (uintptr_t)p)];
+  TS_ASSERT(e->key == 0);
+  *e = (entry){(uintptr_t)p, nbytes, (uint8_t)c, (uint8_t)dev};
+  t->n++;
+  ts_mem_account *a = &ledger->device[dev];
+  a->current[c] += nbytes;
+  if (a->current[c] > a->peak[c]) a->peak[c] = a->current[c];
+  a->current_total += nbytes;
+  if (a->current_total > a->peak_total) a->peak_total = a->current_total;
+  return TS_OK;
+}
+
 ts_status ts_ledger_alloc(ts_ledger *ledger, ts_device dev, ts_mem_category c, size_t nbytes,
                           void **out) {
   *out = NULL;
@@ -110,22 +133,13 @@ ts_status ts_ledger_alloc(ts_ledger *ledger, ts_device dev, ts_mem_category c, s
       return ts_set_error(st, "ledger: %zu bytes of %s: %s", nbytes, ts_mem_category_name(c), why);
     }
   }
-  ts_ledger_table *t = ledger->table;
-  entry *e = &t->slots[probe(t, (uintptr_t)p)];
-  TS_ASSERT(e->key == 0); /* a live address handed out twice */
-  *e = (entry){(uintptr_t)p, nbytes, (uint8_t)c, (uint8_t)dev};
-  t->n++;
-  ts_mem_account *a = &ledger->device[dev];
-  a->current[c] += nbytes;
-  if (a->current[c] > a->peak[c]) a->peak[c] = a->current[c];
-  a->current_total += nbytes;
-  if (a->current_total > a->peak_total) a->peak_total = a->current_total;
+  TS_CHECK(charge(ledger, dev, c, nbytes, p)); /* cannot fail: the table has room */
   *out = p;
   return TS_OK;
 }
 
-void ts_ledger_free(ts_ledger *ledger, void *p) {
-  if (!p) return;
+/* Uncharges live block p and drops it from the table; returns its entry. */
+static entry forget(ts_ledger *ledger, void *p) {
   ts_ledger_table *t = ledger->table;
   TS_ASSERT(t != NULL);
   size_t i = probe(t, (uintptr_t)p);
@@ -135,7 +149,6 @@ void ts_ledger_free(ts_ledger *ledger, void *p) {
   TS_ASSERT(a->current[e.category] >= e.nbytes);
   a->current[e.category] -= e.nbytes;
   a->current_total -= e.nbytes;
-  if (!ledger->plan_only) ts_k_free((ts_device)e.device, p);
   /* Backward-shift deletion: pull later entries of the run into the hole
    * when their home slot does not lie strictly between the hole and them. */
   size_t hole = i, j = i;
@@ -151,6 +164,13 @@ void ts_ledger_free(ts_ledger *ledger, void *p) {
   }
   t->slots[hole].key = 0;
   t->n--;
+  return e;
+}
+
+void ts_ledger_free(ts_ledger *ledger, void *p) {
+  if (!p) return;
+  entry e = forget(ledger, p);
+  if (!ledger->plan_only) ts_k_free((ts_device)e.device, p);
 }
 
 size_t ts_ledger_size(const ts_ledger *ledger, const void *p) {
@@ -170,4 +190,107 @@ const ts_mem_account *ts_ledger_account(const ts_ledger *ledger, ts_device dev) 
 size_t ts_mem_model_state_bytes(const ts_mem_account *a) {
   return a->current[TS_MEM_PARAMS] + a->current[TS_MEM_GRADS] + a->current[TS_MEM_MASTER] +
          a->current[TS_MEM_OPTIM];
+}
+
+/* ---- transients ------------------------------------------------------------ */
+
+/* The profile entry of (dev, nbytes), made if absent; NULL when the table
+ * is full (the profile is then incomplete: a reserve falls short and the
+ * step allocates, which stays correct). */
+static ts_ledger_transient *profile(ts_ledger *ledger, ts_device dev, size_t nbytes) {
+  ts_ledger_transient *free_slot = NULL;
+  for (int i = 0; i < TS_LEDGER_TRANSIENT_SIZES; i++) {
+    ts_ledger_transient *t = &ledger->transients[i];
+    if (t->nbytes == nbytes && t->device == (uint8_t)dev) return t;
+    if (t->nbytes == 0 && !free_slot) free_slot = t;
+  }
+  if (free_slot) *free_slot = (ts_ledger_transient){nbytes, (uint8_t)dev, 0, 0};
+  return free_slot;
+}
+
+/* Takes a cached block of (dev, nbytes) out of the cache, or NULL. */
+static void *take_cached(ts_ledger *ledger, ts_device dev, size_t nbytes) {
+  for (int i = 0; i < TS_LEDGER_CACHE; i++) {
+    ts_ledger_cached *c = &ledger->cache[i];
+    if (c->p && c->nbytes == nbytes && c->device == (uint8_t)dev) {
+      void *p = c->p;
+      c->p = NULL;
+      return p;
+    }
+  }
+  return NULL;
+}
+
+/* Keeps p in the cache; 0 when the cache is full. */
+static int put_cached(ts_ledger *ledger, ts_device dev, size_t nbytes, void *p) {
+  for (int i = 0; i < TS_LEDGER_CACHE; i++) {
+    ts_ledger_cached *c = &ledger->cache[i];
+    if (!c->p) {
+      *c = (ts_ledger_cached){p, nbytes, (uint8_t)dev};
+      return 1;
+    }
+  }
+  return 0;
+}
+
+ts_status ts_ledger_alloc_transient(ts_ledger *ledger, ts_device dev, ts_mem_category c,
+                                    size_t nbytes, void **out) {
+  *out = NULL;
+  void *p = NULL;
+  if (nbytes > 0 && (unsigned)c < TS_MEM_NUM_CATEGORIES && dev != TS_DEVICE_CPU &&
+      (unsigned)dev < TS_DEVICE_COUNT && !ledger->plan_only)
+    p = take_cached(ledger, dev, nbytes);
+  if (p) {
+    ts_status st = charge(ledger, dev, c, nbytes, p);
+    if (st != TS_OK) {
+      put_cached(ledger, dev, nbytes, p);
+      return st;
+    }
+  } else {
+    TS_CHECK(ts_ledger_alloc(ledger, dev, c, nbytes, &p));
+  }
+  if (p) {
+    ts_ledger_transient *t = profile(ledger, dev, nbytes);
+    if (t && ++t->live > t->most) t->most = t->live;
+  }
+  *out = p;
+  return TS_OK;
+}
+
+void ts_ledger_free_transient(ts_ledger *ledger, void *p) {
+  if (!p) return;
+  entry e = forget(ledger, p);
+  ts_ledger_transient *pr = profile(ledger, (ts_device)e.device, e.nbytes);
+  if (pr && pr->live > 0) pr->live--;
+  if (ledger->plan_only) return;
+  if (e.device == TS_DEVICE_CPU || !put_cached(ledger, (ts_device)e.device, e.nbytes, p))
+    ts_k_free((ts_device)e.device, p);
+}
+
+ts_status ts_ledger_reserve_transients(ts_ledger *ledger, const ts_ledger *plan) {
+  for (int i = 0; i < TS_LEDGER_TRANSIENT_SIZES; i++) {
+    const ts_ledger_transient *t = &plan->transients[i];
+    if (t->nbytes == 0 || t->device == TS_DEVICE_CPU) continue;
+    uint32_t have = 0;
+    for (int j = 0; j < TS_LEDGER_CACHE; j++)
+      have += ledger->cache[j].p && ledger->cache[j].nbytes == t->nbytes &&
+              ledger->cache[j].device == t->device;
+    for (; have < t->most; have++) {
+      void *p = NULL;
+      if (!ledger->plan_only) TS_CHECK(ts_k_alloc((ts_device)t->device, t->nbytes, &p));
+      if (!p || !put_cached(ledger, (ts_device)t->device, t->nbytes, p)) {
+        if (p) ts_k_free((ts_device)t->device, p);
+        break; /* cache full (or a plan): the rest is allocated by the step */
+      }
+    }
+  }
+  return TS_OK;
+}
+
+size_t ts_ledger_cached_bytes(const ts_ledger *ledger, ts_device dev) {
+  size_t n = 0;
+  for (int i = 0; i < TS_LEDGER_CACHE; i++)
+    if (ledger->cache[i].p && ledger->cache[i].device == (uint8_t)dev)
+      n += ledger->cache[i].nbytes;
+  return n;
 }

@@ -54,11 +54,30 @@ typedef struct ts_mem_account {
 
 typedef struct ts_ledger_table ts_ledger_table; /* the side table (ledger.c) */
 
+/* Transient blocks of one size on one device (ts_ledger_alloc_transient):
+ * how many are in use and the most ever in use at once. */
+enum { TS_LEDGER_TRANSIENT_SIZES = 32, TS_LEDGER_CACHE = 64 };
+typedef struct ts_ledger_transient {
+  size_t nbytes;  /* 0: unused entry */
+  uint8_t device; /* ts_device */
+  uint32_t live;  /* in use now */
+  uint32_t most;  /* the most in use at once */
+} ts_ledger_transient;
+
+/* A freed device transient the ledger keeps for reuse. */
+typedef struct ts_ledger_cached {
+  void *p; /* NULL: unused entry */
+  size_t nbytes;
+  uint8_t device;
+} ts_ledger_cached;
+
 typedef struct ts_ledger {
   ts_mem_account device[TS_DEVICE_COUNT]; /* counters per device kind */
   int plan_only;                          /* 1: charge without allocating (ts_ledger_init_plan) */
   uintptr_t next_plan_address;            /* plan ledgers: the next made-up address */
   ts_ledger_table *table;                 /* live blocks (owned); NULL until the first */
+  ts_ledger_transient transients[TS_LEDGER_TRANSIENT_SIZES]; /* per (device, size) */
+  ts_ledger_cached cache[TS_LEDGER_CACHE]; /* kept device transients: owned, uncharged */
 } ts_ledger;
 
 /* Short stable name of a category for tables and JSON: "params", "grads",
@@ -96,6 +115,27 @@ void ts_ledger_free(ts_ledger *ledger, void *p);
 
 /* Bytes that p was charged (0 for NULL; asserted to be a live block). */
 size_t ts_ledger_size(const ts_ledger *ledger, const void *p);
+
+/* A transient block: one the step allocates and frees again every time
+ * (ZeRO-3's gathered parameters, ZeRO-2/3's full gradients), charged like
+ * any block while in use. On a device other than the CPU a freed transient
+ * is kept (uncharged: ts_ledger_cached_bytes) and handed out again to the
+ * next transient of the same size and device, so that a step allocates
+ * nothing; CPU transients are plain blocks. A block handed out again is NOT
+ * zeroed: the caller overwrites it whole or zeroes it on its own stream
+ * (ts_k_zero). Every ledger counts, per (device, size), the transients in
+ * use and the most at once: a plan ledger's counts are what
+ * ts_ledger_reserve_transients reserves. Errors as ts_ledger_alloc. */
+ts_status ts_ledger_alloc_transient(ts_ledger *ledger, ts_device dev, ts_mem_category c,
+                                    size_t nbytes, void **out);
+/* Ends a transient's use (NULL: no-op); p from ts_ledger_alloc_transient. */
+void ts_ledger_free_transient(ts_ledger *ledger, void *p);
+/* Allocates, into ledger's cache (uncharged), as many blocks of each
+ * (device, size) as plan had transients of it in use at once, minus those
+ * cached already; the CPU's are skipped. Errors as ts_ledger_alloc. */
+ts_status ts_ledger_reserve_transients(ts_ledger *ledger, const ts_ledger *plan);
+/* Bytes of dev's transients the ledger keeps for reuse (not charged). */
+size_t ts_ledger_cached_bytes(const ts_ledger *ledger, ts_device dev);
 
 /* The counters of device dev (asserted in range). */
 const ts_mem_account *ts_ledger_account(const ts_ledger *ledger, ts_device dev);

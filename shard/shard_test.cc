@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "base/rng.h"
+#include "kernels/kernels.h"
 
 #include "shard/flat.h"
 #include "shard/ledger.h"
@@ -173,3 +174,51 @@ TEST(Ledger, SideTableKeepsEveryBlockThroughChurn) {
 }
 
 }  // namespace
+
+// Transients: a plan ledger counts, per (device, size), the most in use at
+// once (what a device engine reserves at create); on the CPU a transient is
+// a plain zeroed block, freed at once, and nothing is kept.
+TEST(Ledger, TransientsAreProfiledAndCpuKeepsNone) {
+  ts_ledger plan;
+  ts_ledger_init_plan(&plan);
+  void *a, *b, *c;
+  ASSERT_EQ(ts_ledger_alloc_transient(&plan, TS_DEVICE_CUDA, TS_MEM_PARAMS, 4096, &a), TS_OK);
+  ASSERT_EQ(ts_ledger_alloc_transient(&plan, TS_DEVICE_CUDA, TS_MEM_GRADS, 4096, &b), TS_OK);
+  EXPECT_EQ(ts_ledger_account(&plan, TS_DEVICE_CUDA)->current_total, 8192u);  // charged
+  ts_ledger_free_transient(&plan, a);
+  ts_ledger_free_transient(&plan, b);
+  ASSERT_EQ(ts_ledger_alloc_transient(&plan, TS_DEVICE_CUDA, TS_MEM_PARAMS, 4096, &c), TS_OK);
+  ts_ledger_free_transient(&plan, c);
+  EXPECT_EQ(ts_ledger_account(&plan, TS_DEVICE_CUDA)->current_total, 0u);
+  EXPECT_EQ(ts_ledger_account(&plan, TS_DEVICE_CUDA)->peak_total, 8192u);
+  int found = 0;
+  for (const ts_ledger_transient &t : plan.transients)
+    if (t.nbytes == 4096 && t.device == TS_DEVICE_CUDA) {
+      EXPECT_EQ(t.most, 2u);
+      EXPECT_EQ(t.live, 0u);
+      found++;
+    }
+  EXPECT_EQ(found, 1);
+  EXPECT_EQ(ts_ledger_cached_bytes(&plan, TS_DEVICE_CUDA), 0u);  // a plan keeps nothing
+  ts_ledger_release(&plan);
+
+  ts_ledger cpu;
+  ts_ledger_init(&cpu);
+  ASSERT_EQ(ts_ledger_alloc_transient(&cpu, TS_DEVICE_CPU, TS_MEM_GRADS, 256, &a), TS_OK);
+  for (int i = 0; i < 256; i++) EXPECT_EQ(((unsigned char *)a)[i], 0) << i;
+  ((unsigned char *)a)[0] = 7;
+  ts_ledger_free_transient(&cpu, a);
+  EXPECT_EQ(ts_ledger_cached_bytes(&cpu, TS_DEVICE_CPU), 0u);
+  // Reserving the plan's CUDA transients needs a GPU: without one it fails
+  // in one line and keeps nothing.
+  if (ts_k_device_count(TS_DEVICE_CUDA) == 0) {
+    EXPECT_NE(ts_ledger_reserve_transients(&cpu, &plan), TS_OK);
+    EXPECT_NE(std::string(ts_last_error()), "");
+    EXPECT_EQ(ts_ledger_cached_bytes(&cpu, TS_DEVICE_CUDA), 0u);
+  }
+  ASSERT_EQ(ts_ledger_alloc_transient(&cpu, TS_DEVICE_CPU, TS_MEM_GRADS, 256, &b), TS_OK);
+  EXPECT_EQ(((unsigned char *)b)[0], 0);  // a fresh zeroed block
+  ts_ledger_free_transient(&cpu, b);
+  EXPECT_EQ(ts_ledger_account(&cpu, TS_DEVICE_CPU)->current_total, 0u);
+  ts_ledger_release(&cpu);
+}

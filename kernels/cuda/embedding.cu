@@ -32,16 +32,17 @@ extern "C" size_t ts_cuda_embedding_workspace_bytes(size_t N, ts_dtype dt) {
   return N == 0 ? 0 : ((next_pow2(N) * sizeof(uint64_t) + 63) & ~(size_t)63);
 }
 
-/* out[n, c] = wte[tokens[n], c] (bits copied), 0 for a token out of range. */
+/* out[n, c] = wte[tokens[n], c], the stored bits copied (as the CPU's
+ * memcpy: a signalling NaN stays one), 0 for a token out of range. */
 template <ts_dtype DT>
 __global__ void embedding_fwd_kernel(void *out, const int32_t *tokens, const void *wte, size_t N,
                                      size_t C, size_t V) {
+  typedef typename ts_storage<DT>::type S;
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < N * C;
        i += (size_t)gridDim.x * blockDim.x) {
     size_t n = i / C, c = i % C;
     int32_t t = tokens[n];
-    float x = (t >= 0 && (size_t)t < V) ? ts_ld<DT>(wte, (size_t)t * C + c) : 0.0f;
-    ts_st<DT>(out, i, x); /* widening then rounding back is exact */
+    ((S *)out)[i] = (t >= 0 && (size_t)t < V) ? ((const S *)wte)[(size_t)t * C + c] : (S)0;
   }
 }
 

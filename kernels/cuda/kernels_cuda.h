@@ -52,6 +52,7 @@ ts_status ts_cuda_check_indices(const ts_kctx *ctx, const int32_t *idx, size_t N
 /* Workspace and state queries (kernels/backend.h). */
 size_t ts_cuda_linear_workspace_bytes(size_t M, size_t N, size_t K, ts_dtype dt);
 size_t ts_cuda_embedding_workspace_bytes(size_t N, ts_dtype dt);
+size_t ts_cuda_rmsnorm_workspace_bytes(size_t N, size_t C, ts_dtype dt);
 size_t ts_cuda_attention_workspace_bytes(size_t B, size_t T, size_t NH, size_t NKV, size_t HS,
                                          ts_dtype dt);
 size_t ts_cuda_attention_state_bytes(size_t B, size_t T, size_t NH, size_t NKV, size_t HS,

@@ -16,7 +16,7 @@
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/kernels_cuda.h"
 
-enum { ROW_THREADS = 256, DW_COLS = 32, DW_LANES = 32 };
+enum { ROW_THREADS = 256, DW_COLS = 32, DW_LANES = 16 };
 
 /* ---- RMSNorm ------------------------------------------------------------- */
 
@@ -72,36 +72,68 @@ __global__ void rmsnorm_bwd_kernel(void *dinp, const void *dout, const void *inp
   }
 }
 
-/* dweight[c] += sum_n dout[n, c] * (inp[n, c] * rstd[n]): a block of
- * DW_COLS columns x DW_LANES row lanes; lane l sums rows l, l + DW_LANES, ...
- * then the lanes' partials are added in lane order. */
+/* dweight's two passes. Rows are cut into R = dw_blocks(N) fixed blocks of
+ * consecutive rows; pass 1, one thread block per (32 columns, row block):
+ * lane l of DW_LANES sums rows l, l + DW_LANES, ... of the row block, the
+ * lanes' sums are added in lane order into partial[r, c] (fp32, the
+ * workspace); pass 2 adds partial[0..R) in order to dweight (one rounding
+ * to dt). Every order is fixed by N and C alone: results repeat. */
+enum { DW_MAX_BLOCKS = 128, DW_MIN_ROWS = 64 };
+
+static size_t dw_blocks(size_t N) {
+  size_t r = (N + DW_MIN_ROWS - 1) / DW_MIN_ROWS;
+  return r < 1 ? 1 : r > DW_MAX_BLOCKS ? DW_MAX_BLOCKS : r;
+}
+
+extern "C" size_t ts_cuda_rmsnorm_workspace_bytes(size_t N, size_t C, ts_dtype dt) {
+  (void)dt;
+  return N == 0 || C == 0 ? 0 : (dw_blocks(N) * C * sizeof(float) + 63) & ~(size_t)63;
+}
+
 template <ts_dtype DT>
-__global__ void rmsnorm_dweight_kernel(void *dweight, const void *dout, const void *inp,
-                                       const float *rstd, size_t N, size_t C) {
+__global__ void rmsnorm_dweight_partial_kernel(float *partial, const void *dout, const void *inp,
+                                               const float *rstd, size_t N, size_t C, size_t R) {
   __shared__ float part[DW_LANES][DW_COLS];
   unsigned col = threadIdx.x % DW_COLS, lane = threadIdx.x / DW_COLS;
-  size_t c = (size_t)blockIdx.x * DW_COLS + col;
+  size_t c = (size_t)blockIdx.x * DW_COLS + col, r = blockIdx.y;
+  size_t n0 = r * N / R, n1 = (r + 1) * N / R;
   float acc = 0.0f;
   if (c < C)
-    for (size_t n = lane; n < N; n += DW_LANES)
+    for (size_t n = n0 + lane; n < n1; n += DW_LANES)
       acc += ts_ld<DT>(dout, n * C + c) * (ts_ld<DT>(inp, n * C + c) * rstd[n]);
   part[lane][col] = acc;
   __syncthreads();
   if (lane == 0 && c < C) {
     float sum = 0.0f;
     for (unsigned l = 0; l < DW_LANES; l++) sum += part[l][col];
+    partial[r * C + c] = sum;
+  }
+}
+
+template <ts_dtype DT>
+__global__ void rmsnorm_dweight_sum_kernel(void *dweight, const float *partial, size_t C,
+                                           size_t R) {
+  for (size_t c = (size_t)blockIdx.x * blockDim.x + threadIdx.x; c < C;
+       c += (size_t)gridDim.x * blockDim.x) {
+    float sum = 0.0f;
+    for (size_t r = 0; r < R; r++) sum += partial[r * C + c];
     ts_st<DT>(dweight, c, ts_ld<DT>(dweight, c) + sum);
   }
 }
 
 template <ts_dtype DT>
-static void launch_rmsnorm_bwd(void *dinp, void *dweight, const void *dout, const void *inp,
-                               const void *weight, const float *rstd, size_t N, size_t C,
-                               cudaStream_t s) {
+static void launch_rmsnorm_bwd(void *dinp, void *dweight, float *partial, const void *dout,
+                               const void *inp, const void *weight, const float *rstd, size_t N,
+                               size_t C, cudaStream_t s) {
   if (dinp) rmsnorm_bwd_kernel<DT><<<(unsigned)N, ROW_THREADS, 0, s>>>(dinp, dout, inp, weight, rstd, C);
-  if (dweight)
-    rmsnorm_dweight_kernel<DT><<<(unsigned)((C + DW_COLS - 1) / DW_COLS), DW_COLS * DW_LANES, 0, s>>>(
-        dweight, dout, inp, rstd, N, C);
+  if (dweight) {
+    size_t R = dw_blocks(N);
+    dim3 grid((unsigned)((C + DW_COLS - 1) / DW_COLS), (unsigned)R);
+    rmsnorm_dweight_partial_kernel<DT><<<grid, DW_COLS * DW_LANES, 0, s>>>(partial, dout, inp,
+                                                                           rstd, N, C, R);
+    rmsnorm_dweight_sum_kernel<DT><<<ts_cuda_grid(C), TS_CUDA_BLOCK, 0, s>>>(dweight, partial, C,
+                                                                            R);
+  }
 }
 
 extern "C" ts_status ts_cuda_rmsnorm_backward(const ts_kctx *ctx, void *dinp, void *dweight,
@@ -110,25 +142,33 @@ extern "C" ts_status ts_cuda_rmsnorm_backward(const ts_kctx *ctx, void *dinp, vo
                                               size_t C, ts_dtype dt) {
   if (N > 0x7fffffffu)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "ts_k_rmsnorm_backward (cuda): N = %zu rows: at most 2^31 - 1", N);
-  TS_CUDA_DT_CALL(dt, launch_rmsnorm_bwd, dinp, dweight, dout, inp, weight, rstd, N, C,
-                  (cudaStream_t)ctx->stream);
+  TS_CUDA_DT_CALL(dt, launch_rmsnorm_bwd, dinp, dweight, (float *)ctx->workspace, dout, inp,
+                  weight, rstd, N, C, (cudaStream_t)ctx->stream);
   return ts_cuda_launched("ts_k_rmsnorm_backward");
 }
 
 /* ---- RoPE ------------------------------------------------------------------ */
 
+/* The rotation frequencies f_i = theta^(-2i/HS), i < HS/2, computed on the
+ * host with the CPU's expression (kernels/cpu/rope.c), so both backends
+ * rotate by the same angles: the device's powf is not correctly rounded, and
+ * an ulp in f_i is t ulps in the angle at position t. Passed by value. */
+enum { ROPE_MAX_HALF = 512 };
+struct rope_freqs {
+  float f[ROPE_MAX_HALF];
+};
+
 /* One thread per (row, head, i < HS/2): rotates the pair (i, i + HS/2) of
- * position t = row % T by a = t * theta^(-2i/HS) (sign -1: the inverse).
- * The pair is read before it is written, so out == x is fine. */
+ * position t = row % T by a = t * f_i (sign -1: the inverse). The pair is
+ * read before it is written, so out == x is fine. */
 template <ts_dtype DT>
 __global__ void rope_kernel(void *out, const void *x, size_t rows, size_t T, size_t H, size_t HS,
-                            float theta, float sign) {
+                            rope_freqs fr, float sign) {
   size_t half = HS / 2, total = rows * H * half;
   for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
        idx += (size_t)gridDim.x * blockDim.x) {
     size_t i = idx % half, rh = idx / half, row = rh / H;
-    float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)HS);
-    float a = (float)(row % T) * inv_freq;
+    float a = (float)(row % T) * fr.f[i];
     float c = cosf(a), sn = sign * sinf(a);
     size_t o = rh * HS;
     float x1 = ts_ld<DT>(x, o + i), x2 = ts_ld<DT>(x, o + i + half);
@@ -139,24 +179,34 @@ __global__ void rope_kernel(void *out, const void *x, size_t rows, size_t T, siz
 
 template <ts_dtype DT>
 static void launch_rope(void *out, const void *x, size_t B, size_t T, size_t H, size_t HS,
-                        float theta, float sign, cudaStream_t s) {
+                        const rope_freqs &fr, float sign, cudaStream_t s) {
   size_t n = B * T * H * (HS / 2);
-  rope_kernel<DT><<<ts_cuda_grid(n), TS_CUDA_BLOCK, 0, s>>>(out, x, B * T, T, H, HS, theta, sign);
+  rope_kernel<DT><<<ts_cuda_grid(n), TS_CUDA_BLOCK, 0, s>>>(out, x, B * T, T, H, HS, fr, sign);
+}
+
+static ts_status rope_apply(const ts_kctx *ctx, void *out, const void *x, size_t B, size_t T,
+                            size_t H, size_t HS, float theta, float sign, ts_dtype dt,
+                            const char *op) {
+  size_t half = HS / 2;
+  if (half > ROPE_MAX_HALF)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s (cuda): HS = %zu: at most %d", op, HS,
+                        2 * ROPE_MAX_HALF);
+  rope_freqs fr;
+  for (size_t i = 0; i < half; i++) fr.f[i] = 1.0f / powf(theta, (float)(2 * i) / (float)HS);
+  TS_CUDA_DT_CALL(dt, launch_rope, out, x, B, T, H, HS, fr, sign, (cudaStream_t)ctx->stream);
+  return ts_cuda_launched(op);
 }
 
 extern "C" ts_status ts_cuda_rope_forward(const ts_kctx *ctx, void *out, const void *x, size_t B,
                                           size_t T, size_t H, size_t HS, float theta,
                                           ts_dtype dt) {
-  TS_CUDA_DT_CALL(dt, launch_rope, out, x, B, T, H, HS, theta, 1.0f, (cudaStream_t)ctx->stream);
-  return ts_cuda_launched("ts_k_rope_forward");
+  return rope_apply(ctx, out, x, B, T, H, HS, theta, 1.0f, dt, "ts_k_rope_forward");
 }
 
 extern "C" ts_status ts_cuda_rope_backward(const ts_kctx *ctx, void *dx, const void *dout,
                                            size_t B, size_t T, size_t H, size_t HS, float theta,
                                            ts_dtype dt) {
-  TS_CUDA_DT_CALL(dt, launch_rope, dx, dout, B, T, H, HS, theta, -1.0f,
-                  (cudaStream_t)ctx->stream);
-  return ts_cuda_launched("ts_k_rope_backward");
+  return rope_apply(ctx, dx, dout, B, T, H, HS, theta, -1.0f, dt, "ts_k_rope_backward");
 }
 
 /* ---- SwiGLU ------------------------------------------------------------------ */

@@ -38,12 +38,14 @@
 /* cuBLASLt's workspace: 32 MiB, NVIDIA's recommendation for Hopper. */
 static const size_t TS_CUDA_LT_WORKSPACE = (size_t)32 << 20;
 
+/* cuBLASLt's workspace plus room to start it on a 256-byte boundary (the
+ * caller's share of a workspace is only 64-byte aligned). */
 extern "C" size_t ts_cuda_linear_workspace_bytes(size_t M, size_t N, size_t K, ts_dtype dt) {
   (void)M;
   (void)N;
   (void)K;
   (void)dt;
-  return TS_CUDA_LT_WORKSPACE;
+  return TS_CUDA_LT_WORKSPACE + 256;
 }
 
 /* The cuBLASLt functions this file calls, resolved from the library. */
@@ -107,6 +109,19 @@ extern "C" void ts_cuda_blas_destroy(void *handle) {
   if (handle) lt.cublasLtDestroy((cublasLtHandle_t)handle);
 }
 
+/* The alignment cuBLASLt may assume of p: the largest power of two up to
+ * 256 dividing its address. Device buffers come from cudaMalloc (256-byte
+ * aligned) and tensors sit at fixed offsets inside them, so this depends on
+ * the tensor's offset alone: the same in every run and whether a unit's
+ * parameters are resident or gathered (ZeRO-3), so the chosen algorithm,
+ * and the bits, are too. */
+static uint32_t alignment_of(const void *p) {
+  uintptr_t a = (uintptr_t)p;
+  uint32_t al = 256;
+  while (al > 1 && a % al != 0) al >>= 1;
+  return al;
+}
+
 static cudaDataType_t data_type(ts_dtype dt) {
   return dt == TS_FP32 ? CUDA_R_32F : dt == TS_BF16 ? CUDA_R_16BF : CUDA_R_16F;
 }
@@ -153,6 +168,16 @@ static ts_status matmul(const ts_kctx *ctx, const char *op, bool ta, bool tb, ui
     st = lt_status(lt.cublasLtMatmulPreferenceSetAttribute(
                        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
                    op, "MAX_WORKSPACE_BYTES");
+  /* Without these the heuristic assumes 256-byte aligned operands, which
+   * a weight inside a flat buffer need not be. */
+  const uint32_t align[4] = {alignment_of(A), alignment_of(B), alignment_of(D), alignment_of(D)};
+  const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  for (int i = 0; i < 4 && st == TS_OK; i++)
+    st = lt_status(lt.cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align[i],
+                                                           sizeof align[i]),
+                   op, "MIN_ALIGNMENT");
   if (st == TS_OK)
     st = lt_status(lt.cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, ld, ld, pref, 1, &heur, &found),
                    op, "AlgoGetHeuristic");
@@ -163,7 +188,8 @@ static ts_status matmul(const ts_kctx *ctx, const char *op, bool ta, bool tb, ui
                       ts_dtype_name(dt));
   if (st == TS_OK)
     st = lt_status(lt.cublasLtMatmul(h, desc, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &heur.algo,
-                                  ctx->workspace, ws, (cudaStream_t)ctx->stream),
+                                  (void *)(((uintptr_t)ctx->workspace + 255) & ~(uintptr_t)255),
+                                  ws, (cudaStream_t)ctx->stream),
                    op, "cublasLtMatmul");
   if (pref) lt.cublasLtMatmulPreferenceDestroy(pref);
   if (ld) lt.cublasLtMatrixLayoutDestroy(ld);

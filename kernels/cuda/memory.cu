@@ -19,6 +19,7 @@
 /* TS_ERR_CUDA naming the call and CUDA's message, or TS_OK. */
 static ts_status cuda_status(cudaError_t e, const char *what, size_t nbytes) {
   if (e == cudaSuccess) return TS_OK;
+  cudaGetLastError(); /* clear it, or the next launch check would report it again */
   return ts_set_error(TS_ERR_CUDA, "cuda: %s (%zu bytes): %s", what, nbytes,
                       cudaGetErrorString(e));
 }
@@ -105,7 +106,14 @@ extern "C" ts_status ts_cuda_alloc(size_t nbytes, void **out) {
                         nbytes);
   }
   TS_CHECK(cuda_status(e, "cudaMalloc", nbytes));
-  ts_status st = cuda_status(cudaMemset(p, 0, nbytes), "cudaMemset", nbytes);
+  /* Zeroed before anything can use it: a plain cudaMemset runs on the
+   * legacy stream, which the contexts' non-blocking streams do not wait
+   * for, so wait here (allocation is never on a step's path: the engine
+   * allocates at create and reuses its transients, shard/ledger.h). */
+  ts_status st = cuda_status(cudaMemsetAsync(p, 0, nbytes, cudaStreamLegacy), "cudaMemsetAsync",
+                             nbytes);
+  if (st == TS_OK)
+    st = cuda_status(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize", nbytes);
   if (st != TS_OK) {
     cudaFree(p);
     return st;
@@ -114,7 +122,12 @@ extern "C" ts_status ts_cuda_alloc(size_t nbytes, void **out) {
   return TS_OK;
 }
 
-extern "C" void ts_cuda_free(void *p) { cudaFree(p); }
+/* cudaFree waits for the device to finish what it queued (CUDA runtime
+ * API: an implicit device synchronisation), so a buffer freed right after
+ * queuing a kernel that reads it is still safe. */
+extern "C" void ts_cuda_free(void *p) {
+  if (cudaFree(p) != cudaSuccess) cudaGetLastError();
+}
 
 extern "C" ts_status ts_cuda_copy(const ts_kctx *ctx, void *dst, const void *src, size_t nbytes) {
   return cuda_status(
@@ -144,7 +157,9 @@ extern "C" ts_status ts_cuda_host_register(void *h, size_t nbytes) {
                      nbytes);
 }
 
-extern "C" void ts_cuda_host_unregister(void *h) { cudaHostUnregister(h); }
+extern "C" void ts_cuda_host_unregister(void *h) {
+  if (cudaHostUnregister(h) != cudaSuccess) cudaGetLastError();
+}
 
 extern "C" ts_status ts_cuda_from_host_async(const ts_kctx *ctx, void *dst, const void *h_src,
                                              size_t nbytes) {
