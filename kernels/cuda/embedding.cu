@@ -5,7 +5,7 @@
  * Backward without order-dependent atomics: the positions are sorted by
  * token in the workspace (keys token << 32 | position, all distinct, so the
  * order is total and ties keep position order), by a bitonic sort over the
- * next power of two (Batcher 1968); then one warp per run of equal tokens
+ * next power of two (Batcher 1968); then one block per run of equal tokens
  * adds the run's dout rows channel by channel in position order:
  *   fp32:       dwte[v, c] += dout[n, c] one addition at a time (the CPU's
  *               order, so the result equals the CPU's bit for bit);
@@ -93,28 +93,29 @@ __global__ void bitonic_step_kernel(uint64_t *keys, size_t P, size_t j, size_t k
   }
 }
 
-/* One warp per sorted entry that starts a run of equal (valid) tokens:
- * adds the run's dout rows into dwte[token], channels across the lanes. */
+/* One block per sorted entry; the block of an entry that starts a run of
+ * equal (valid) tokens adds the run's dout rows into dwte[token], one
+ * channel per thread, the run's positions in order. A frequent token's run
+ * is long (thousands in a batch of text), so its channels spread over a
+ * whole block rather than one warp. */
 template <ts_dtype DT>
 __global__ void embedding_bwd_runs_kernel(void *dwte, const void *dout, const uint64_t *keys,
                                           size_t N, size_t C, size_t V) {
-  size_t warp = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
-  unsigned lane = threadIdx.x % 32;
-  if (warp >= N) return;
-  uint64_t tok = keys[warp] >> 32;
+  size_t first = blockIdx.x;
+  uint64_t tok = keys[first] >> 32;
   if (tok >= V) return;
-  if (warp > 0 && (keys[warp - 1] >> 32) == tok) return; /* not the first of its run */
-  size_t end = warp + 1;
+  if (first > 0 && (keys[first - 1] >> 32) == tok) return; /* not the first of its run */
+  size_t end = first + 1;
   while (end < N && (keys[end] >> 32) == tok) end++;
-  for (size_t c = lane; c < C; c += 32) {
+  for (size_t c = threadIdx.x; c < C; c += blockDim.x) {
     size_t o = (size_t)tok * C + c;
     if (DT == TS_FP32) {
       float acc = ts_ld<DT>(dwte, o);
-      for (size_t j = warp; j < end; j++) acc += ts_ld<DT>(dout, (keys[j] & 0xffffffffu) * C + c);
+      for (size_t j = first; j < end; j++) acc += ts_ld<DT>(dout, (keys[j] & 0xffffffffu) * C + c);
       ts_st<DT>(dwte, o, acc);
     } else {
       float sum = 0.0f;
-      for (size_t j = warp; j < end; j++) sum += ts_ld<DT>(dout, (keys[j] & 0xffffffffu) * C + c);
+      for (size_t j = first; j < end; j++) sum += ts_ld<DT>(dout, (keys[j] & 0xffffffffu) * C + c);
       ts_st<DT>(dwte, o, ts_ld<DT>(dwte, o) + sum);
     }
   }
@@ -123,9 +124,7 @@ __global__ void embedding_bwd_runs_kernel(void *dwte, const void *dout, const ui
 template <ts_dtype DT>
 static void launch_embedding_bwd_runs(void *dwte, const void *dout, const uint64_t *keys,
                                       size_t N, size_t C, size_t V, cudaStream_t s) {
-  size_t threads = N * 32;
-  unsigned blocks = (unsigned)((threads + TS_CUDA_BLOCK - 1) / TS_CUDA_BLOCK);
-  embedding_bwd_runs_kernel<DT><<<blocks, TS_CUDA_BLOCK, 0, s>>>(dwte, dout, keys, N, C, V);
+  embedding_bwd_runs_kernel<DT><<<(unsigned)N, TS_CUDA_BLOCK, 0, s>>>(dwte, dout, keys, N, C, V);
 }
 
 extern "C" ts_status ts_cuda_embedding_backward(const ts_kctx *ctx, void *dwte, const void *dout,
