@@ -2,7 +2,8 @@
 # estimate_test.sh — `tessera estimate`: the ZeRO paper's Table 1 from Ψ
 # alone, LLaMA-2 70B at N = 1024 within the padding bound of 16Ψ/N, a
 # Hugging Face config.json equal to its preset, model states falling with
-# the stage, and one-line errors (exit 2) for bad input.
+# the stage, the GPU's plan (--device cuda, no GPU needed), and one-line
+# errors (exit 2) for bad input, train's --device cuda without a GPU too.
 #   estimate_test.sh TESSERA_BIN
 set -uo pipefail
 bin="$1"
@@ -102,6 +103,32 @@ m = [s["model_states"] for s in json.load(sys.stdin)["stages"]]
 print("falling" if len(m) == 4 and all(a > b for a, b in zip(m, m[1:])) else "not falling: %s" % m)' \
   <<<"$json" 2>&1)"
 check_eq "model states fall from stage 0 to 3" "falling" "$falling"
+
+# 6. --device cuda plans the GPU's bytes without a GPU: the same model states
+# as the CPU's plan, and in bf16 less activation memory (a GPU block keeps
+# each attention row's log-sum-exp, not the T x T probabilities).
+cpu="$("$bin" estimate --model llama-tiny --dtype bf16 --zero 0 --seq 64 --json)"
+gpu="$("$bin" estimate --model llama-tiny --dtype bf16 --zero 0 --seq 64 --device cuda --json)"
+check_eq "--device cuda exit code" 0 "$?"
+verdict="$(python3 -c 'import json, sys
+c, g = (json.loads(a)["stages"][0] for a in sys.argv[1:3])
+dev = json.loads(sys.argv[2])["device"]
+ok = (dev == "cuda" and g["model_states"] == c["model_states"]
+      and g["peak"]["activations"] < c["peak"]["activations"])
+print("as expected" if ok else "device %s, model states %d vs %d, activations %d vs %d" % (
+    dev, g["model_states"], c["model_states"], g["peak"]["activations"], c["peak"]["activations"]))' \
+  "$cpu" "$gpu" 2>&1)"
+check_eq "--device cuda: same model states, smaller activations" "as expected" "$verdict"
+bad "--device tpu" "--device tpu: expected cpu, cuda or auto" --params 1e9 --device tpu
+
+# 7. train --device cuda on a machine without a GPU: one line, exit 2,
+# before anything is read or allocated (skipped where a GPU is present).
+if ! "$bin" estimate --model llama-tiny --device auto --json | grep -q '"device": *"cuda"'; then
+  err="$("$bin" train --device cuda --model llama-tiny --data "$tmp/nowhere" 2>&1 >/dev/null)"
+  check_eq "train --device cuda without a GPU: exit code" 2 "$?"
+  check "train --device cuda without a GPU: message" "--device cuda: this process sees no CUDA GPU" "$err"
+  check_eq "train --device cuda without a GPU: one line" 1 "$(lines "$err")"
+fi
 
 out="$("$bin" estimate --help)"
 check_eq "--help exit code" 0 "$?"
