@@ -126,10 +126,107 @@ static cudaDataType_t data_type(ts_dtype dt) {
   return dt == TS_FP32 ? CUDA_R_32F : dt == TS_BF16 ? CUDA_R_16BF : CUDA_R_16F;
 }
 
-/* One column-major matmul D (m x n, ld ldd) = alpha op(A) op(B) + beta D,
- * A stored (ta ? k x m : m x k) with ld lda, B stored (tb ? n x k : k x n)
- * with ld ldb. Descriptors are made and released per call (host-only
- * calls, no device work). */
+/* A matmul's cuBLASLt set-up: descriptors and the heuristic's algorithm
+ * for one (device, shape, transposes, leading dimensions, dtype, TF32,
+ * operand alignments). Building it costs tens of microseconds of host time
+ * (the heuristic query above all), ~20 times per block per micro-step, so
+ * each is built once and kept for the process (host memory only, a few
+ * hundred bytes each); the algorithm for a key never changes, so neither do
+ * the bits. */
+typedef struct lt_plan {
+  int used, device, tf32;
+  bool ta, tb;
+  uint64_t m, n, k;
+  int64_t lda, ldb, ldd;
+  ts_dtype dt;
+  uint32_t align[3]; /* A, B, C = D */
+  cublasLtMatmulDesc_t desc;
+  cublasLtMatrixLayout_t la, lb, ld;
+  cublasLtMatmulAlgo_t algo;
+} lt_plan;
+
+enum { LT_PLANS = 512 };
+static lt_plan lt_plans[LT_PLANS];
+static pthread_mutex_t lt_plans_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static bool same_key(const lt_plan *a, const lt_plan *b) {
+  return a->device == b->device && a->tf32 == b->tf32 && a->ta == b->ta && a->tb == b->tb &&
+         a->m == b->m && a->n == b->n && a->k == b->k && a->lda == b->lda && a->ldb == b->ldb &&
+         a->ldd == b->ldd && a->dt == b->dt && a->align[0] == b->align[0] &&
+         a->align[1] == b->align[1] && a->align[2] == b->align[2];
+}
+
+static void plan_release(lt_plan *p) {
+  if (p->ld) lt.cublasLtMatrixLayoutDestroy(p->ld);
+  if (p->lb) lt.cublasLtMatrixLayoutDestroy(p->lb);
+  if (p->la) lt.cublasLtMatrixLayoutDestroy(p->la);
+  if (p->desc) lt.cublasLtMatmulDescDestroy(p->desc);
+  p->desc = nullptr;
+  p->la = p->lb = p->ld = nullptr;
+}
+
+/* Fills p's descriptors and algorithm from its key. */
+static ts_status plan_build(cublasLtHandle_t h, lt_plan *p, const char *op) {
+  cudaDataType_t ty = data_type(p->dt);
+  cublasComputeType_t ct = p->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  cublasOperation_t opa = p->ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = p->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  size_t ws = TS_CUDA_LT_WORKSPACE;
+  cublasLtMatmulPreference_t pref = nullptr;
+  cublasLtMatmulHeuristicResult_t heur;
+  int found = 0;
+  uint64_t m = p->m, n = p->n, k = p->k;
+  ts_status st =
+      lt_status(lt.cublasLtMatmulDescCreate(&p->desc, ct, CUDA_R_32F), op, "MatmulDescCreate");
+  if (st == TS_OK)
+    st = lt_status(lt.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa,
+                                                     sizeof opa),
+                   op, "TRANSA");
+  if (st == TS_OK)
+    st = lt_status(lt.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb,
+                                                     sizeof opb),
+                   op, "TRANSB");
+  if (st == TS_OK)
+    st = lt_status(lt.cublasLtMatrixLayoutCreate(&p->la, ty, p->ta ? k : m, p->ta ? m : k, p->lda),
+                   op, "layout A");
+  if (st == TS_OK)
+    st = lt_status(lt.cublasLtMatrixLayoutCreate(&p->lb, ty, p->tb ? n : k, p->tb ? k : n, p->ldb),
+                   op, "layout B");
+  if (st == TS_OK)
+    st = lt_status(lt.cublasLtMatrixLayoutCreate(&p->ld, ty, m, n, p->ldd), op, "layout D");
+  if (st == TS_OK) st = lt_status(lt.cublasLtMatmulPreferenceCreate(&pref), op, "PreferenceCreate");
+  if (st == TS_OK)
+    st = lt_status(lt.cublasLtMatmulPreferenceSetAttribute(
+                       pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
+                   op, "MAX_WORKSPACE_BYTES");
+  /* Without these the heuristic assumes 256-byte aligned operands, which
+   * a weight inside a flat buffer need not be. */
+  const uint32_t align[4] = {p->align[0], p->align[1], p->align[2], p->align[2]};
+  const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  for (int i = 0; i < 4 && st == TS_OK; i++)
+    st = lt_status(lt.cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align[i],
+                                                           sizeof align[i]),
+                   op, "MIN_ALIGNMENT");
+  if (st == TS_OK)
+    st = lt_status(lt.cublasLtMatmulAlgoGetHeuristic(h, p->desc, p->la, p->lb, p->ld, p->ld, pref,
+                                                     1, &heur, &found),
+                   op, "AlgoGetHeuristic");
+  if (st == TS_OK && found == 0)
+    st = ts_set_error(TS_ERR_UNSUPPORTED,
+                      "%s (cuda): cuBLASLt has no algorithm for %llu x %llu x %llu in %s", op,
+                      (unsigned long long)m, (unsigned long long)n, (unsigned long long)k,
+                      ts_dtype_name(p->dt));
+  if (pref) lt.cublasLtMatmulPreferenceDestroy(pref);
+  if (st == TS_OK) p->algo = heur.algo;
+  else plan_release(p);
+  return st;
+}
+
+/* One column-major matmul D (m x n, ld ldd) = op(A) op(B) + beta D, A
+ * stored (ta ? k x m : m x k) with ld lda, B stored (tb ? n x k : k x n)
+ * with ld ldb, through the kept plan of its key (built on first use; a
+ * full table builds a temporary one). */
 static ts_status matmul(const ts_kctx *ctx, const char *op, bool ta, bool tb, uint64_t m,
                         uint64_t n, uint64_t k, const void *A, int64_t lda, const void *B,
                         int64_t ldb, void *D, int64_t ldd, float beta, ts_dtype dt) {
@@ -139,63 +236,47 @@ static ts_status matmul(const ts_kctx *ctx, const char *op, bool ta, bool tb, ui
                         "ts_k_context_init",
                         op);
   cublasLtHandle_t h = (cublasLtHandle_t)ctx->blas;
-  cudaDataType_t ty = data_type(dt);
-  cublasComputeType_t ct = (dt == TS_FP32 && (ctx->flags & TS_K_ALLOW_TF32))
-                               ? CUBLAS_COMPUTE_32F_FAST_TF32
-                               : CUBLAS_COMPUTE_32F;
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
-  cublasLtMatmulPreference_t pref = nullptr;
-  cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-  size_t ws = TS_CUDA_LT_WORKSPACE;
+  lt_plan key = {};
+  key.used = 1;
+  key.device = ctx->device_index;
+  key.tf32 = dt == TS_FP32 && (ctx->flags & TS_K_ALLOW_TF32);
+  key.ta = ta;
+  key.tb = tb;
+  key.m = m;
+  key.n = n;
+  key.k = k;
+  key.lda = lda;
+  key.ldb = ldb;
+  key.ldd = ldd;
+  key.dt = dt;
+  key.align[0] = alignment_of(A);
+  key.align[1] = alignment_of(B);
+  key.align[2] = alignment_of(D);
+  lt_plan temp = key, *p = nullptr;
+  ts_status st = TS_OK;
+  pthread_mutex_lock(&lt_plans_lock);
+  for (int i = 0; i < LT_PLANS && !p; i++) {
+    if (lt_plans[i].used && same_key(&lt_plans[i], &key)) {
+      p = &lt_plans[i];
+    } else if (!lt_plans[i].used) {
+      st = plan_build(h, &key, op);
+      if (st == TS_OK) lt_plans[i] = key;
+      p = &lt_plans[i];
+    }
+  }
+  pthread_mutex_unlock(&lt_plans_lock);
+  if (!p) { /* every slot holds another key */
+    st = plan_build(h, &temp, op);
+    p = &temp;
+  }
+  if (st != TS_OK) return st;
   float alpha = 1.0f;
-  cublasLtMatmulHeuristicResult_t heur;
-  int found = 0;
-  ts_status st = lt_status(lt.cublasLtMatmulDescCreate(&desc, ct, CUDA_R_32F), op, "MatmulDescCreate");
-  if (st == TS_OK)
-    st = lt_status(lt.cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa),
-                   op, "TRANSA");
-  if (st == TS_OK)
-    st = lt_status(lt.cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb),
-                   op, "TRANSB");
-  if (st == TS_OK)
-    st = lt_status(lt.cublasLtMatrixLayoutCreate(&la, ty, ta ? k : m, ta ? m : k, lda), op, "layout A");
-  if (st == TS_OK)
-    st = lt_status(lt.cublasLtMatrixLayoutCreate(&lb, ty, tb ? n : k, tb ? k : n, ldb), op, "layout B");
-  if (st == TS_OK) st = lt_status(lt.cublasLtMatrixLayoutCreate(&ld, ty, m, n, ldd), op, "layout D");
-  if (st == TS_OK) st = lt_status(lt.cublasLtMatmulPreferenceCreate(&pref), op, "PreferenceCreate");
-  if (st == TS_OK)
-    st = lt_status(lt.cublasLtMatmulPreferenceSetAttribute(
-                       pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
-                   op, "MAX_WORKSPACE_BYTES");
-  /* Without these the heuristic assumes 256-byte aligned operands, which
-   * a weight inside a flat buffer need not be. */
-  const uint32_t align[4] = {alignment_of(A), alignment_of(B), alignment_of(D), alignment_of(D)};
-  const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
-      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-  for (int i = 0; i < 4 && st == TS_OK; i++)
-    st = lt_status(lt.cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align[i],
-                                                           sizeof align[i]),
-                   op, "MIN_ALIGNMENT");
-  if (st == TS_OK)
-    st = lt_status(lt.cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, ld, ld, pref, 1, &heur, &found),
-                   op, "AlgoGetHeuristic");
-  if (st == TS_OK && found == 0)
-    st = ts_set_error(TS_ERR_UNSUPPORTED,
-                      "%s (cuda): cuBLASLt has no algorithm for %llu x %llu x %llu in %s", op,
-                      (unsigned long long)m, (unsigned long long)n, (unsigned long long)k,
-                      ts_dtype_name(dt));
-  if (st == TS_OK)
-    st = lt_status(lt.cublasLtMatmul(h, desc, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &heur.algo,
-                                  (void *)(((uintptr_t)ctx->workspace + 255) & ~(uintptr_t)255),
-                                  ws, (cudaStream_t)ctx->stream),
-                   op, "cublasLtMatmul");
-  if (pref) lt.cublasLtMatmulPreferenceDestroy(pref);
-  if (ld) lt.cublasLtMatrixLayoutDestroy(ld);
-  if (lb) lt.cublasLtMatrixLayoutDestroy(lb);
-  if (la) lt.cublasLtMatrixLayoutDestroy(la);
-  if (desc) lt.cublasLtMatmulDescDestroy(desc);
+  void *ws = (void *)(((uintptr_t)ctx->workspace + 255) & ~(uintptr_t)255);
+  st = lt_status(lt.cublasLtMatmul(h, p->desc, &alpha, A, p->la, B, p->lb, &beta, D, p->ld, D,
+                                   p->ld, &p->algo, ws, TS_CUDA_LT_WORKSPACE,
+                                   (cudaStream_t)ctx->stream),
+                 op, "cublasLtMatmul");
+  if (p == &temp) plan_release(&temp);
   return st;
 }
 
