@@ -237,6 +237,7 @@ static ts_status prepare_device(ts_engine *e) {
   TS_CHECK(ts_comm_set_memory(e->dp, &e->comm_mem));
   e->ctx.flags |= TS_K_INDICES_CHECKED; /* load_batch checks them on the host */
   if (e->opts.allow_tf32) e->ctx.flags |= TS_K_ALLOW_TF32;
+  if (e->opts.plain_attention) e->ctx.flags |= TS_K_PLAIN_ATTENTION;
   ts_device_report *r = &e->report;
   size_t free_bytes, total;
   r->index = e->opts.device_index;

@@ -132,6 +132,8 @@ typedef struct ts_engine_opts {
   ts_device device;
   int device_index;
   int allow_tf32; /* CUDA fp32 products on TF32 tensor cores (kernels.h TS_K_ALLOW_TF32) */
+  int plain_attention; /* CUDA bf16/fp16 attention on the plain kernels, not cuDNN's
+                          (kernels.h TS_K_PLAIN_ATTENTION) */
 } ts_engine_opts;
 
 /* Defaults: B 8, T 128, accumulation 1, fp32, seed 1337, AdamW (0.9, 0.95,

@@ -79,6 +79,10 @@ typedef struct ts_kctx {
 /* ctx->flags: fp32 matrix products may use TF32 tensor cores (CUDA; 10-bit
  * mantissa products, so fp32 parity with the CPU no longer holds). */
 #define TS_K_ALLOW_TF32 1u
+/* ctx->flags: CUDA bf16/fp16 attention runs the plain kernels instead of
+ * cuDNN's fused ones (same state, kernels/cuda/attention.cu): debugging,
+ * and a check of cuDNN. */
+#define TS_K_PLAIN_ATTENTION 4u
 /* ctx->flags: every token and target passed to this context's ops was
  * checked by the caller (host side); CUDA skips its synchronous check. */
 #define TS_K_INDICES_CHECKED 2u

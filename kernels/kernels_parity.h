@@ -64,6 +64,12 @@ class Backend {
   ~Backend() { ts_k_context_destroy(&ctx_); }
   ts_device device() const { return dev_; }
   const ts_kctx *ctx() const { return &ctx_; }
+  // Sets ctx->flags (TS_K_*), returning the old ones.
+  unsigned SetFlags(unsigned f) {
+    unsigned old = ctx_.flags;
+    ctx_.flags = f;
+    return old;
+  }
   // Gives the context at least `bytes` of workspace.
   void Workspace(size_t bytes) {
     if (ws_ && ws_->bytes >= bytes) return;

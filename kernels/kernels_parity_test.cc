@@ -313,6 +313,22 @@ const std::vector<Case> &Cases() {
        [](Backend &b, ts_dtype dt, Rng &r) { return AttentionBackward(b, dt, r, 2); }},
       {"attention_backward_mqa",
        [](Backend &b, ts_dtype dt, Rng &r) { return AttentionBackward(b, dt, r, 1); }},
+      // CUDA's plain kernels where cuDNN would run (bf16/fp16; elsewhere the
+      // flag changes nothing): its fallback and the check of cuDNN.
+      {"attention_forward_gqa_plain",
+       [](Backend &b, ts_dtype dt, Rng &r) {
+         unsigned old = b.SetFlags(b.ctx()->flags | TS_K_PLAIN_ATTENTION);
+         ts_status st = AttentionForward(b, dt, r, 2);
+         b.SetFlags(old);
+         return st;
+       }},
+      {"attention_backward_gqa_plain",
+       [](Backend &b, ts_dtype dt, Rng &r) {
+         unsigned old = b.SetFlags(b.ctx()->flags | TS_K_PLAIN_ATTENTION);
+         ts_status st = AttentionBackward(b, dt, r, 2);
+         b.SetFlags(old);
+         return st;
+       }},
       {"swiglu_forward", SwigluForward},
       {"swiglu_backward", SwigluBackward},
       {"cross_entropy_forward", CrossEntropyForward},

@@ -124,7 +124,7 @@ int ts_tool_train(int argc, char **argv) {
   size_t log_every = 0, zero = 0, seed = (size_t)e->seed;
   const char *warmup_set = NULL, *accum_set = NULL;
   const char *scale_flag = NULL; /* the loss-scaling flag given last (fp16 only) */
-  int device = TS_TOOL_DEVICE_CPU, tf32 = 0;
+  int device = TS_TOOL_DEVICE_CPU, tf32 = 0, plain_attention = 0;
   const ts_flag flags[] = {
       TS_FLAG_STRING("--model", NULL, &cfg.model, "CONFIG",
                      "a preset (llama-tiny, ...) or a Hugging Face config.json; required", NULL),
@@ -176,6 +176,9 @@ int ts_tool_train(int argc, char **argv) {
                      NULL),
       TS_FLAG_SWITCH("--tf32", NULL, &tf32,
                      "cuda, fp32: matrix products on TF32 tensor cores (faster, no fp32 parity)"),
+      TS_FLAG_SWITCH("--plain-attention", NULL, &plain_attention,
+                     "cuda, bf16/fp16: attention on tessera's plain kernels instead of cuDNN's "
+                     "fused ones (slow; to check cuDNN)"),
   };
   int r = ts_flags_parse("train", flags, sizeof flags / sizeof *flags, argc, argv, USAGE);
   if (r != TS_FLAGS_OK) return r == TS_FLAGS_HELP ? 0 : 2;
@@ -191,6 +194,10 @@ int ts_tool_train(int argc, char **argv) {
   if (tf32 && (device == TS_TOOL_DEVICE_CPU || e->dtype != TS_FP32))
     return ts_flags_error("train", "--tf32 applies to --device cuda with --dtype fp32 only");
   e->allow_tf32 = tf32;
+  if (plain_attention && (device == TS_TOOL_DEVICE_CPU || e->dtype == TS_FP32))
+    return ts_flags_error("train",
+                          "--plain-attention applies to --device cuda with --dtype bf16 or fp16");
+  e->plain_attention = plain_attention;
   if (ts_tool_resolve_device(device, 1, &e->device, &e->device_index) != TS_OK)
     return ts_flags_error("train", "%s", ts_last_error());
   if (cfg.global_batch && !accum_set) e->grad_accum = 0; /* derived */
