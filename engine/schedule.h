@@ -1,0 +1,124 @@
+/*
+ * schedule.h — pipeline-parallel schedules as data (DESIGN.md "Pipeline
+ * stages"): for each pipeline stage, the ordered list of actions one step
+ * runs (forward and backward of a micro-batch, sends and receives of
+ * activations and their gradients, the reduction and the optimizer step),
+ * built by GPipe (Huang et al. 2019) or 1F1B (PipeDream-Flush: Narayanan
+ * et al. 2021, §2.2; Megatron-LM's non-interleaved schedule), and the
+ * split of a model's units into contiguous stages.
+ *
+ * The executor runs a stage's list in order; a simulator
+ * (ts_schedule_simulate) runs all stages' lists against each other with no
+ * compute, which is how the schedules are checked: every stage runs each
+ * micro-batch's forward and backward once, every send meets its receive in
+ * the same order, nothing deadlocks, and the activations a stage holds at
+ * once never exceed what the memory plan charges (ts_schedule_in_flight).
+ *
+ * Communication model: a send is non-blocking (the executor posts it and
+ * keeps its buffer until it completes; MPI_Isend); a receive blocks until
+ * the matching send has been posted. Backward passes run in micro-batch
+ * order 0, 1, ..., m-1 in both schedules, so gradients accumulate in the
+ * order of a run without pipelining (the bitwise contract).
+ */
+#ifndef TS_ENGINE_SCHEDULE_H
+#define TS_ENGINE_SCHEDULE_H
+
+#include <stddef.h>
+
+#include "base/base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum ts_schedule_kind {
+  TS_SCHEDULE_GPIPE = 0, /* all m forwards, then all m backwards */
+  TS_SCHEDULE_1F1B = 1,  /* P - s - 1 warm-up forwards, then one forward, one backward */
+} ts_schedule_kind;
+
+typedef enum ts_action_kind {
+  TS_ACT_FORWARD = 0,   /* forward of micro-batch `mb` over this stage's units */
+  TS_ACT_BACKWARD,      /* its backward */
+  TS_ACT_SEND_ACT,      /* send micro-batch mb's output activation to stage s + 1 */
+  TS_ACT_RECV_ACT,      /* receive its input activation from stage s - 1 */
+  TS_ACT_SEND_GRAD,     /* send the gradient of its input to stage s - 1 */
+  TS_ACT_RECV_GRAD,     /* receive the gradient of its output from stage s + 1 */
+  TS_ACT_REDUCE,        /* the step's gradient reduction and global norm (mb = -1) */
+  TS_ACT_OPTIMIZER,     /* the optimizer step (mb = -1) */
+  TS_ACT_NUM_KINDS,
+} ts_action_kind;
+
+typedef struct ts_action {
+  ts_action_kind kind;
+  int mb;   /* micro-batch 0 .. m-1, or -1 */
+  int peer; /* the other stage of a send or receive, else -1 */
+} ts_action;
+
+/* One stage's actions for one step, in order. */
+typedef struct ts_stage_schedule {
+  ts_action *actions; /* (n), owned */
+  size_t n;
+} ts_stage_schedule;
+
+/* A step's schedule: P stages' lists. */
+typedef struct ts_schedule {
+  ts_schedule_kind kind;
+  int stages;         /* P >= 1 */
+  int micro_batches;  /* m >= 1 */
+  ts_stage_schedule *stage; /* (P), owned */
+} ts_schedule;
+
+/* Short names: "gpipe", "1f1b"; and the action kinds' ("forward", ...). */
+const char *ts_schedule_kind_name(ts_schedule_kind k);
+const char *ts_action_kind_name(ts_action_kind k);
+/* "gpipe" or "1f1b" into *kind; TS_ERR_INVALID_ARGUMENT otherwise. */
+ts_status ts_schedule_kind_parse(const char *s, ts_schedule_kind *kind);
+
+/* Builds the schedule of `kind` for P stages and m micro-batches into *out
+ * (free with ts_schedule_free). m < P is allowed (a larger bubble).
+ * TS_ERR_INVALID_ARGUMENT (P or m < 1, unknown kind), TS_ERR_OUT_OF_MEMORY. */
+ts_status ts_schedule_build(ts_schedule_kind kind, int stages, int micro_batches,
+                            ts_schedule *out);
+void ts_schedule_free(ts_schedule *s);
+
+/* The most micro-batches whose activations stage s holds at once under
+ * this schedule: forwards done whose backward has not run. GPipe: m;
+ * 1F1B: min(P - s, m). What the memory plan charges a stage. */
+int ts_schedule_in_flight(ts_schedule_kind kind, int stages, int micro_batches, int s);
+
+/* What ts_schedule_simulate found. */
+typedef struct ts_schedule_report {
+  int deadlocked;          /* 1: some stage waits forever (msg says where) */
+  int max_in_flight[64];   /* per stage (first 64), measured */
+  size_t rounds;           /* simulation rounds until every list finished */
+  char msg[256];           /* the first problem found, "" if none */
+} ts_schedule_report;
+
+/* Runs every stage's list against the others with no compute, under the
+ * communication model above, and checks: each stage runs FORWARD and
+ * BACKWARD of every micro-batch exactly once, forward before backward, and
+ * backwards in micro-batch order; a stage's first action needing a peer
+ * only talks to s - 1 and s + 1; the k-th send of a kind from a to b meets
+ * the k-th receive of that kind at b from a, and both name the same
+ * micro-batch; FORWARD of mb on stage s > 0 follows its RECV_ACT, BACKWARD
+ * on s < P - 1 follows its RECV_GRAD; REDUCE then OPTIMIZER end every list;
+ * nothing deadlocks. TS_OK when all hold, else TS_ERR_INTERNAL with the
+ * first violation in report->msg (and in ts_last_error). */
+ts_status ts_schedule_simulate(const ts_schedule *s, ts_schedule_report *report);
+
+/* Splits n units with costs cost[0..n) into P contiguous stages minimising
+ * the largest stage's cost (ties: the earliest boundaries); first[s] is the
+ * index of stage s's first unit (first[0] = 0), P entries.
+ * TS_ERR_INVALID_ARGUMENT when P < 1 or P > n (every stage needs a unit). */
+ts_status ts_pipeline_split_balanced(const double *cost, int n, int stages, int *first);
+
+/* An explicit split: "a,b,c" units per stage (P numbers, each >= 1,
+ * summing to n) into first[] as above. TS_ERR_INVALID_ARGUMENT naming what
+ * is wrong (a count of 0, a sum that is not n, P numbers expected). */
+ts_status ts_pipeline_split_parse(const char *text, int n, int stages, int *first);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TS_ENGINE_SCHEDULE_H */

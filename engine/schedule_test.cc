@@ -1,0 +1,170 @@
+// schedule_test.cc — the pipeline schedules checked by their simulator, no
+// compute (issue "Pipeline-parallel stages"): for P in 1..8 and m in 1..16,
+// GPipe and 1F1B: every stage runs each micro-batch's forward and backward
+// once, backwards in micro-batch order, every send meets its receive in
+// order, nothing deadlocks, and the activations held at once equal what
+// ts_schedule_in_flight (the plan's charge) says. Then the simulator's own
+// checks are shown to fire on broken lists, and the stage splits.
+#include "engine/schedule.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace {
+
+TEST(Schedule, EveryScheduleRunsToTheEndAndHoldsWhatThePlanCharges) {
+  for (ts_schedule_kind kind : {TS_SCHEDULE_GPIPE, TS_SCHEDULE_1F1B})
+    for (int P = 1; P <= 8; P++)
+      for (int m = 1; m <= 16; m++) {
+        SCOPED_TRACE(std::string(ts_schedule_kind_name(kind)) + " P=" + std::to_string(P) +
+                     " m=" + std::to_string(m));
+        ts_schedule s;
+        ASSERT_EQ(ts_schedule_build(kind, P, m, &s), TS_OK) << ts_last_error();
+        ts_schedule_report r;
+        EXPECT_EQ(ts_schedule_simulate(&s, &r), TS_OK) << r.msg;
+        EXPECT_EQ(r.deadlocked, 0);
+        for (int st = 0; st < P; st++) {
+          int fwd = 0, bwd = 0;
+          for (size_t i = 0; i < s.stage[st].n; i++) {
+            fwd += s.stage[st].actions[i].kind == TS_ACT_FORWARD;
+            bwd += s.stage[st].actions[i].kind == TS_ACT_BACKWARD;
+          }
+          EXPECT_EQ(fwd, m) << "stage " << st;
+          EXPECT_EQ(bwd, m) << "stage " << st;
+          int charged = ts_schedule_in_flight(kind, P, m, st);
+          EXPECT_EQ(r.max_in_flight[st], charged) << "stage " << st;
+          EXPECT_LE(charged, kind == TS_SCHEDULE_GPIPE ? m : P - st) << "stage " << st;
+        }
+        ts_schedule_free(&s);
+      }
+}
+
+// The schedules' known shapes: 1F1B's last stage alternates forward and
+// backward from the start; its first stage warms up with P - 1 forwards.
+TEST(Schedule, OneFOneBHasItsWarmUpAndSteadyState) {
+  ts_schedule s;
+  ASSERT_EQ(ts_schedule_build(TS_SCHEDULE_1F1B, 4, 8, &s), TS_OK);
+  std::vector<ts_action_kind> computed;
+  for (size_t i = 0; i < s.stage[3].n; i++)
+    if (s.stage[3].actions[i].kind == TS_ACT_FORWARD ||
+        s.stage[3].actions[i].kind == TS_ACT_BACKWARD)
+      computed.push_back(s.stage[3].actions[i].kind);
+  for (size_t i = 0; i < computed.size(); i++)
+    EXPECT_EQ(computed[i], i % 2 == 0 ? TS_ACT_FORWARD : TS_ACT_BACKWARD) << i;
+  int leading = 0;
+  for (size_t i = 0; i < s.stage[0].n && s.stage[0].actions[i].kind != TS_ACT_BACKWARD; i++)
+    leading += s.stage[0].actions[i].kind == TS_ACT_FORWARD;
+  EXPECT_EQ(leading, 4);  // 3 warm-up forwards, then the steady state's first
+  ts_schedule_free(&s);
+}
+
+// The simulator fails broken lists: it is a check that can fail.
+TEST(Schedule, TheSimulatorCatchesBrokenLists) {
+  struct Breakage {
+    const char *what, *expect;
+    void (*apply)(ts_schedule *);
+  };
+  const Breakage cases[] = {
+      {"receives swapped", "order",
+       [](ts_schedule *s) {  // stage 1's first two receives of activations
+         ts_stage_schedule *l = &s->stage[1];
+         int seen = 0;
+         size_t first = 0;
+         for (size_t i = 0; i < l->n; i++)
+           if (l->actions[i].kind == TS_ACT_RECV_ACT) {
+             if (seen++ == 0) first = i;
+             else {
+               std::swap(l->actions[first].mb, l->actions[i].mb);
+               break;
+             }
+           }
+       }},
+      {"a send dropped", "deadlock",
+       [](ts_schedule *s) {  // stage 0 never sends the last micro-batch's activation
+         ts_stage_schedule *l = &s->stage[0];
+         for (size_t i = l->n; i-- > 0;)
+           if (l->actions[i].kind == TS_ACT_SEND_ACT) {  // removed from the list
+             for (size_t j = i; j + 1 < l->n; j++) l->actions[j] = l->actions[j + 1];
+             l->n--;
+             break;
+           }
+       }},
+      {"backwards reordered", "micro-batch order",
+       [](ts_schedule *s) {  // the last stage's first two backwards swapped
+         ts_stage_schedule *l = &s->stage[s->stages - 1];
+         std::vector<size_t> at;
+         for (size_t i = 0; i < l->n; i++)
+           if (l->actions[i].kind == TS_ACT_BACKWARD) at.push_back(i);
+         std::swap(l->actions[at[0]].mb, l->actions[at[1]].mb);
+       }},
+  };
+  for (const Breakage &b : cases) {
+    ts_schedule s;
+    ASSERT_EQ(ts_schedule_build(TS_SCHEDULE_GPIPE, 3, 4, &s), TS_OK);
+    b.apply(&s);
+    ts_schedule_report r;
+    EXPECT_EQ(ts_schedule_simulate(&s, &r), TS_ERR_INTERNAL) << b.what;
+    EXPECT_NE(std::string(r.msg).find(b.expect), std::string::npos) << b.what << ": " << r.msg;
+    ts_schedule_free(&s);
+  }
+}
+
+TEST(Schedule, BadArgumentsAreRefused) {
+  ts_schedule s;
+  EXPECT_EQ(ts_schedule_build(TS_SCHEDULE_GPIPE, 0, 4, &s), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(ts_schedule_build(TS_SCHEDULE_1F1B, 2, 0, &s), TS_ERR_INVALID_ARGUMENT);
+  ts_schedule_kind k;
+  EXPECT_EQ(ts_schedule_kind_parse("1f1b", &k), TS_OK);
+  EXPECT_EQ(k, TS_SCHEDULE_1F1B);
+  EXPECT_EQ(ts_schedule_kind_parse("zb", &k), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_STREQ(ts_last_error(), "schedule zb: expected gpipe or 1f1b");
+}
+
+TEST(PipelineSplit, BalancedSplitMinimisesTheLargestStage) {
+  // embedding, 6 equal blocks, a heavy head
+  const double cost[] = {1, 4, 4, 4, 4, 4, 4, 9};
+  int first[3];
+  ASSERT_EQ(ts_pipeline_split_balanced(cost, 8, 3, first), TS_OK);
+  // The best largest stage, by brute force over both boundaries:
+  double best = 1e30;
+  for (int a = 1; a < 8; a++)
+    for (int b = a + 1; b < 8; b++) {
+      double s0 = 0, s1 = 0, s2 = 0;
+      for (int i = 0; i < 8; i++) (i < a ? s0 : i < b ? s1 : s2) += cost[i];
+      double mx = std::max(s0, std::max(s1, s2));
+      if (mx < best) best = mx;
+    }
+  double got = 0, s = 0;
+  for (int st = 0; st < 3; st++) {
+    int lo = first[st], hi = st + 1 < 3 ? first[st + 1] : 8;
+    EXPECT_LT(lo, hi) << "every stage holds a unit";
+    s = 0;
+    for (int i = lo; i < hi; i++) s += cost[i];
+    got = std::max(got, s);
+  }
+  EXPECT_EQ(first[0], 0);
+  EXPECT_EQ(got, best);
+  EXPECT_EQ(ts_pipeline_split_balanced(cost, 8, 9, first), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ts_last_error()).find("the model has 8 units"), std::string::npos);
+}
+
+TEST(PipelineSplit, ExplicitSplitMustCoverTheUnitsExactly) {
+  int first[3];
+  ASSERT_EQ(ts_pipeline_split_parse("2,4,3", 9, 3, first), TS_OK) << ts_last_error();
+  EXPECT_EQ(first[0], 0);
+  EXPECT_EQ(first[1], 2);
+  EXPECT_EQ(first[2], 6);
+  EXPECT_EQ(ts_pipeline_split_parse("2,4,2", 9, 3, first), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ts_last_error()).find("covers 8 units: expected the model's 9"),
+            std::string::npos);
+  EXPECT_EQ(ts_pipeline_split_parse("2,0,7", 9, 3, first), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(ts_pipeline_split_parse("2,7", 9, 3, first), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(ts_pipeline_split_parse("2,4,3,0", 9, 3, first), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(ts_pipeline_split_parse("x", 9, 1, first), TS_ERR_INVALID_ARGUMENT);
+}
+
+}  // namespace
