@@ -337,14 +337,35 @@ void ts_engine_free(ts_engine *e) {
   free(e);
 }
 
+/* ---- trace spans ---------------------------------------------------------------- */
+
+void ts_engine_span_begin(ts_engine *e, ts_span_kind kind, int unit) {
+  if (!e->trace || e->plan) return;
+  /* micro-batch: the one in progress during a step, none outside */
+  int mb = e->micro_done < (int)e->opts.grad_accum && e->in_micro_step ? e->micro_done : -1;
+  ts_trace_begin(e->trace, kind, unit, mb);
+}
+
+void ts_engine_span_end(ts_engine *e) {
+  if (!e->trace || e->plan) return;
+  if (e->device != TS_DEVICE_CPU) ts_k_synchronize(&e->ctx);
+  ts_trace_end(e->trace);
+}
+
+void ts_engine_set_trace(ts_engine *e, ts_trace *t) { e->trace = t; }
+
 /* ---- gathers and reductions -------------------------------------------------- */
 
 ts_status ts_engine_acquire_params(ts_engine *e, int u, const void **full) {
   unit_state *s = &e->units[u];
   if (e->zero->shard_params) {
-    if (s->uses == 0)
-      TS_CHECK(ts_shard_gather_alloc(&e->ledger, e->device, TS_MEM_PARAMS, e->dp, &s->layout,
-                                     s->params, e->opts.dtype, &s->full_params));
+    if (s->uses == 0) {
+      ts_engine_span_begin(e, TS_SPAN_ALL_GATHER, u);
+      ts_status st = ts_shard_gather_alloc(&e->ledger, e->device, TS_MEM_PARAMS, e->dp,
+                                           &s->layout, s->params, e->opts.dtype, &s->full_params);
+      ts_engine_span_end(e);
+      TS_CHECK(st);
+    }
     s->uses++;
     *full = s->full_params;
   } else {
@@ -385,10 +406,12 @@ static ts_status full_grads(ts_engine *e, int u, void **out) {
 static ts_status reduce_unit_grads(ts_engine *e, int u) {
   unit_state *s = &e->units[u];
   if (!e->zero->shard_grads) return TS_OK;
+  ts_engine_span_begin(e, TS_SPAN_REDUCE_SCATTER, u);
   ts_status st = e->plan ? TS_OK
                          : ts_shard_reduce_scatter(e->dp, &s->layout, s->full_grads, s->grads,
                                                    e->opts.dtype, e->micro_done > 0, e->scratch,
                                                    e->scratch_bytes);
+  ts_engine_span_end(e);
   ts_shard_release(&e->ledger, &s->full_grads);
   return st;
 }
@@ -423,7 +446,9 @@ static ts_status forward_unit(ts_engine *e, int u, ts_unit_args *a) {
   ts_status st = un->tied_unit >= 0 ? ts_engine_acquire_params(e, un->tied_unit, &lender) : TS_OK;
   if (st == TS_OK && !e->plan) {
     a->tied_weight = lender ? borrowed(e, u, lender) : NULL;
+    ts_engine_span_begin(e, TS_SPAN_FORWARD, u);
     st = ts_unit_forward(e->model, u, &e->ctx, params, a);
+    ts_engine_span_end(e);
   }
   if (lender) ts_engine_release_params(e, un->tied_unit);
   ts_engine_release_params(e, u);
@@ -504,11 +529,15 @@ static ts_status backward_compute(ts_engine *e, int u, ts_unit_args *a, const vo
     ts_unit_args f = *a;
     f.y = e->acts[u + 1];
     f.tied_weight = lender ? borrowed(e, u, lender) : NULL;
+    ts_engine_span_begin(e, TS_SPAN_RECOMPUTE, u);
     st = ts_unit_forward(e->model, u, &e->ctx, params, &f);
+    ts_engine_span_end(e);
   }
   if (st == TS_OK) {
     a->tied_weight = lender ? borrowed(e, u, lender) : NULL;
+    ts_engine_span_begin(e, TS_SPAN_BACKWARD, u);
     st = ts_unit_backward(e->model, u, &e->ctx, params, grads, a);
+    ts_engine_span_end(e);
   }
   if (st == TS_OK && e->hooks)
     st = e->hooks->after_backward(e->hooks->user, e, e->attempts + 1, u, grads);
@@ -559,7 +588,8 @@ static void discard_step(ts_engine *e) {
   e->micro_done = 0;
 }
 
-ts_status ts_engine_run_micro_step(ts_engine *e, const int32_t *inputs, const int32_t *targets) {
+/* ts_engine_run_micro_step's body. */
+static ts_status run_micro_step(ts_engine *e, const int32_t *inputs, const int32_t *targets) {
   size_t count = 0;
   if (!e->plan) TS_CHECK(load_batch(e, inputs, targets, &count));
   int n = e->model->n_units;
@@ -581,6 +611,13 @@ ts_status ts_engine_run_micro_step(ts_engine *e, const int32_t *inputs, const in
   }
   e->micro_done++;
   return TS_OK;
+}
+
+ts_status ts_engine_run_micro_step(ts_engine *e, const int32_t *inputs, const int32_t *targets) {
+  e->in_micro_step = 1;
+  ts_status st = run_micro_step(e, inputs, targets);
+  e->in_micro_step = 0;
+  return st;
 }
 
 /* The mean loss of a (sum, rows) pair: 0 when no row has a target. */
@@ -614,10 +651,17 @@ static ts_status reduce_full_grads(ts_engine *e) {
   for (int u = 0; u < e->model->n_units; u++) {
     unit_state *s = &e->units[u];
     void *own = ts_engine_grad_shard(e, u);
-    TS_CHECK(ts_shard_reduce_scatter(e->dp, &s->layout, s->grads, own, e->opts.dtype, 0,
-                                     e->scratch, e->scratch_bytes));
-    if (e->zero->gather_grads)
-      TS_CHECK(ts_shard_all_gather(e->dp, &s->layout, own, s->grads, e->opts.dtype));
+    ts_engine_span_begin(e, TS_SPAN_REDUCE_SCATTER, u);
+    ts_status st = ts_shard_reduce_scatter(e->dp, &s->layout, s->grads, own, e->opts.dtype, 0,
+                                           e->scratch, e->scratch_bytes);
+    ts_engine_span_end(e);
+    TS_CHECK(st);
+    if (e->zero->gather_grads) {
+      ts_engine_span_begin(e, TS_SPAN_ALL_GATHER, u);
+      st = ts_shard_all_gather(e->dp, &s->layout, own, s->grads, e->opts.dtype);
+      ts_engine_span_end(e);
+      TS_CHECK(st);
+    }
   }
   return TS_OK;
 }
@@ -658,14 +702,21 @@ static ts_status apply_step(ts_engine *e, float lr, double sumsq, ts_step_stats 
     scale = (float)(e->opts.grad_clip / (norm + 1e-6)); /* torch clip_grad_norm_ */
   scale /= loss_scale; /* unscale: exact for a power of two */
   e->step++;
-  for (int u = 0; u < e->model->n_units; u++) {
+  ts_engine_span_begin(e, TS_SPAN_OPTIMIZER, -1);
+  ts_status st = TS_OK;
+  for (int u = 0; u < e->model->n_units && st == TS_OK; u++) {
     unit_state *s = &e->units[u];
-    TS_CHECK(ts_engine_adamw_unit(e, u, lr, scale));
-    if (e->zero->gather_after_update)
-      TS_CHECK(ts_shard_all_gather(e->dp, &s->layout,
-                                   (char *)s->params + ts_engine_shard_begin(e, u) * e->es,
-                                   s->params, e->opts.dtype));
+    st = ts_engine_adamw_unit(e, u, lr, scale);
+    if (st == TS_OK && e->zero->gather_after_update) {
+      ts_engine_span_begin(e, TS_SPAN_ALL_GATHER, u);
+      st = ts_shard_all_gather(e->dp, &s->layout,
+                               (char *)s->params + ts_engine_shard_begin(e, u) * e->es, s->params,
+                               e->opts.dtype);
+      ts_engine_span_end(e);
+    }
   }
+  ts_engine_span_end(e);
+  TS_CHECK(st);
   TS_CHECK(zero_grads(e));
   e->attempts++;
   ts_loss_scaler_clean(&e->scaler, e->attempts);

@@ -301,6 +301,13 @@ ts_comm *ts_engine_comm(const ts_engine *e);
 /* The model the engine trains (borrowed from the creator). */
 const ts_model *ts_engine_model(const ts_engine *e);
 
+/* Records the engine's spans (forward, backward, recompute per unit and
+ * micro-batch; all-gathers, reduce-scatters; the optimizer step) into t
+ * (engine/trace.h; borrowed, NULL: stop). On a GPU every span then waits
+ * for the device at its end. */
+typedef struct ts_trace ts_trace;
+void ts_engine_set_trace(ts_engine *e, ts_trace *t);
+
 /* Number of units of the model (embedding, blocks, head). */
 int ts_engine_num_units(const ts_engine *e);
 

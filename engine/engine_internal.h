@@ -19,6 +19,7 @@
 #define TS_ENGINE_ENGINE_INTERNAL_H
 
 #include "engine/engine.h"
+#include "engine/trace.h"
 #include "engine/engine_testing.h"
 #include "engine/loss_scale.h"
 #include "engine/zero.h"
@@ -83,10 +84,17 @@ struct ts_engine {
   int plan;              /* 1: ts_engine_plan: allocations charged to a plan
                             ledger, no compute, no communication */
   const ts_engine_hooks *hooks; /* test seam (engine_testing.h); NULL in training */
+  ts_trace *trace;              /* train --trace: spans (borrowed); NULL: none */
+  int in_micro_step;            /* 1 inside ts_engine_run_micro_step (spans name the mb) */
   ts_comm_counters step_start;  /* counters when the current step began */
 };
 
 /* ---- engine.c ------------------------------------------------------------ */
+
+/* Opens / closes a span of the run's trace (no-ops without one); closing
+ * waits for the device first, so that a GPU span covers its kernels. */
+void ts_engine_span_begin(ts_engine *e, ts_span_kind kind, int unit);
+void ts_engine_span_end(ts_engine *e);
 
 /* A new engine for model and opts (every option checked, the loss scaler
  * set up) with an empty ledger, a plan ledger when plan != 0, and nothing

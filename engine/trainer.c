@@ -11,6 +11,7 @@
 
 #include "engine/metrics.h"
 #include "engine/token_file.h"
+#include "engine/trace.h"
 
 ts_train_config ts_train_default_config(void) {
   ts_train_config c;
@@ -82,12 +83,14 @@ typedef struct run {
   ts_engine *engine;         /* the step */
   int32_t *inputs, *targets; /* (B, T) host, the engine's own buffers */
   ts_metrics *metrics;       /* rank 0 only */
+  ts_trace *trace;           /* cfg->trace_path: this rank's spans; else NULL */
   ts_step_stats last;        /* the last optimizer step */
 } run;
 
 static void run_free(run *r) {
   ts_metrics_close(r->metrics);
   ts_engine_free(r->engine);
+  ts_trace_free(r->trace);
   ts_loader_free(r->train_ld);
   ts_loader_free(r->val_ld);
   ts_token_file_close(r->train);
@@ -140,6 +143,10 @@ static ts_status setup(run *r) {
                         r->eo.micro_batch, NB);
   TS_CHECK(ts_engine_create(&r->engine, &r->model, &r->eo, r->dp));
   ts_engine_batch(r->engine, &r->inputs, &r->targets);
+  if (cfg->trace_path) {
+    TS_CHECK(ts_trace_new(&r->trace));
+    ts_engine_set_trace(r->engine, r->trace);
+  }
   return TS_OK;
 }
 
@@ -296,8 +303,10 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
   res->tokens_per_s = timed ? tok_s_sum / (double)timed : 0;
   res->gflops = res->tokens_per_s * flops_per_token / 1e9;
   res->comm_bytes_per_step = r->last.comm_bytes;
+  ts_engine_set_trace(r->engine, NULL); /* the final evaluation is not traced */
   TS_CHECK(eval_and_log(r, cfg->steps, cb, user, &res->final_val_loss));
   res->memory = *ts_engine_memory(r->engine);
+  if (r->trace) TS_CHECK(ts_trace_write(r->trace, r->dp, cfg->trace_path));
   return write_summary(r, res);
 }
 

@@ -54,6 +54,7 @@ typedef struct ts_train_config {
   const char *metrics_path; /* JSON Lines output, or NULL */
   size_t global_batch;      /* sequences per optimizer step over all ranks; 0: N*B*K */
   ts_comm *dp;              /* data-parallel group (borrowed); NULL: one rank */
+  const char *trace_path;   /* Chrome trace-event JSON of the run (engine/trace.h), or NULL */
 } ts_train_config;
 
 /* Defaults: 200 steps, lr 3e-3, floor 0.1, warm-up 20, eval at the end on 16

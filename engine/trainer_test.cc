@@ -10,10 +10,15 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <algorithm>
+#include <iterator>
+#include <map>
+#include <utility>
 #include <vector>
 
 #include "engine/token_file.h"
 #include "engine/train_fixture.h"
+#include "models/model.h"
 
 namespace {
 
@@ -208,6 +213,79 @@ TEST(Trainer, BadInputFailsBeforeAnyWork) {
   EXPECT_NE(std::string(ts_last_error()).find("/nonexistent-dir/train.bin"), std::string::npos);
   // none of these wrote a metrics file
   EXPECT_EQ(std::fopen(metrics.c_str(), "r"), nullptr);
+}
+
+// train --trace: one complete event per span on rank 0's track. With ZeRO-3,
+// recompute of every block and 2 micro-batches per step over 3 steps, each
+// micro-batch has a forward and a backward of every unit, a recompute of
+// every block, an all-gather before each forward and backward and a
+// reduce-scatter after each backward; each step one optimizer span; spans
+// on the track nest or follow each other, never overlap partly.
+TEST(Trainer, TraceHasEverySpan) {
+  const size_t V = 64;
+  std::string data = MakeData(V), model = MakeConfig(V, 64);
+  std::string trace = TestTmpDir() + "/trace.json";
+  ts_train_config c = ts_train_default_config();
+  c.model = model.c_str();
+  c.data_dir = data.c_str();
+  c.steps = 3;
+  c.warmup = 1;
+  c.engine.micro_batch = 2;
+  c.engine.seq = 16;
+  c.engine.grad_accum = 2;
+  c.engine.zero_stage = 3;
+  c.engine.recompute_every = 1;
+  c.eval_batches = 1;
+  c.trace_path = trace.c_str();
+  ts_train_result r;
+  ASSERT_EQ(ts_train_run(&c, nullptr, nullptr, &r), TS_OK) << ts_last_error();
+  std::ifstream in(trace);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  cJSON *root = cJSON_Parse(text.c_str());
+  ASSERT_NE(root, nullptr) << "not JSON";
+  const cJSON *events = cJSON_GetObjectItemCaseSensitive(root, "traceEvents");
+  ASSERT_TRUE(cJSON_IsArray(events));
+  ts_model m{};
+  ASSERT_EQ(ts_model_load(model.c_str(), &m), TS_OK);
+  int units = m.n_units, blocks = 0;
+  for (int u = 0; u < units; u++) blocks += m.units[u].role == TS_UNIT_BLOCK;
+  ts_model_free(&m);
+  std::map<std::string, int> count;
+  std::map<std::string, int> per_mb[2];
+  std::vector<std::pair<double, double>> spans;  // (start, end)
+  const cJSON *e;
+  cJSON_ArrayForEach(e, events) {
+    std::string ph = cJSON_GetObjectItemCaseSensitive(e, "ph")->valuestring;
+    if (ph != "X") continue;
+    std::string name = cJSON_GetObjectItemCaseSensitive(e, "name")->valuestring;
+    count[name]++;
+    const cJSON *mb = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(e, "args"), "mb");
+    if (mb) per_mb[(int)mb->valuedouble][name]++;
+    double ts = Num(e, "ts"), dur = Num(e, "dur");
+    EXPECT_GE(dur, 0) << name;
+    spans.emplace_back(ts, ts + dur);
+  }
+  const int steps = 3;
+  EXPECT_EQ(count["optimizer_step"], steps);
+  for (int mb = 0; mb < 2; mb++) {
+    EXPECT_EQ(per_mb[mb]["forward"], steps * units) << "mb " << mb;
+    EXPECT_EQ(per_mb[mb]["backward"], steps * units) << "mb " << mb;
+    EXPECT_EQ(per_mb[mb]["recompute"], steps * blocks) << "mb " << mb;
+    EXPECT_EQ(per_mb[mb]["reduce_scatter"], steps * units) << "mb " << mb;
+    EXPECT_GE(per_mb[mb]["all_gather"], 2 * steps * units) << "mb " << mb;
+  }
+  // nesting: sorted by start, every span ends before the next one starts
+  // or contains it whole (1 us of slack: times are whole microseconds)
+  std::sort(spans.begin(), spans.end());
+  std::vector<double> open_ends;
+  for (const auto &s : spans) {
+    while (!open_ends.empty() && open_ends.back() <= s.first) open_ends.pop_back();
+    if (!open_ends.empty()) {
+      EXPECT_LE(s.second, open_ends.back() + 1) << "partial overlap";
+    }
+    open_ends.push_back(s.second);
+  }
+  cJSON_Delete(root);
 }
 
 }  // namespace

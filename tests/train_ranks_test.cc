@@ -88,11 +88,34 @@ TEST(TrainRanks, EveryStageTrainsTheSameLossesWithLessMemory) {
     c.eval_batches = 2;
     c.metrics_path = metrics.c_str();
     c.dp = world;
+    std::string trace = ts_test::TestTmpDir() + "/ranks_" + std::to_string(stage) + ".trace.json";
+    if (stage == 3) c.trace_path = trace.c_str();  // collective: every rank's spans, one file
     ts_train_result r;
     EXPECT_EQ(ts_train_run(&c, nullptr, nullptr, &r), TS_OK) << ts_last_error();
     EXPECT_EQ(r.world_size, N);
     EXPECT_EQ(r.global_batch, 8u);
     if (rank == 0) runs.push_back(Read(metrics));
+    if (rank == 0 && stage == 3) {
+      // one track per rank, each with every step's optimizer span
+      std::ifstream in(trace);
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      cJSON *root = cJSON_Parse(text.c_str());
+      ASSERT_NE(root, nullptr) << trace;
+      std::vector<int> optimizer(N, 0), tracks(N, 0);
+      const cJSON *e;
+      cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(root, "traceEvents")) {
+        int tid = (int)cJSON_GetObjectItemCaseSensitive(e, "tid")->valuedouble;
+        ASSERT_TRUE(tid >= 0 && tid < N) << tid;
+        std::string name = cJSON_GetObjectItemCaseSensitive(e, "name")->valuestring;
+        if (name == "thread_name") tracks[tid]++;
+        if (name == "optimizer_step") optimizer[tid]++;
+      }
+      for (int q = 0; q < N; q++) {
+        EXPECT_EQ(tracks[q], 1) << "rank " << q;
+        EXPECT_EQ(optimizer[q], 6) << "rank " << q;
+      }
+      cJSON_Delete(root);
+    }
   }
   ts_comm_free(world);
   if (rank != 0) return;

@@ -146,6 +146,10 @@ int ts_tool_train(int argc, char **argv) {
                    "steps between validations (default 0: at the end only)", NULL),
       TS_FLAG_SIZE("--eval-batches", NULL, &cfg.eval_batches, 1, "N",
                    "validation micro-batches per validation (default 16)", NULL),
+      TS_FLAG_STRING("--trace", NULL, &cfg.trace_path, "FILE",
+                     "write the run's timeline as Chrome trace events (chrome://tracing, "
+                     "Perfetto): spans per unit and micro-batch, collectives, optimizer",
+                     NULL),
       TS_FLAG_STRING("--metrics", NULL, &cfg.metrics_path, "FILE",
                      "write every step and the summary to FILE as JSON Lines", NULL),
       TS_FLAG_FLOAT("--weight-decay", NULL, &e->weight_decay, "WD",
