@@ -247,8 +247,13 @@ static ts_status prepare_device(ts_engine *e) {
   ts_engine *pe;
   TS_CHECK(ts_engine_plan_engine(e->model, &e->opts, (size_t)e->dp_size, &pe));
   ts_mem_account plan = *ts_ledger_account(&pe->ledger, e->device);
+  /* What the card will hold: the plan's other blocks at their peak plus
+   * every transient reserved below (more than the plan's peak, which
+   * counts only the transients in use at that moment). */
+  size_t need = ts_ledger_reserved_peak(&pe->ledger, e->device);
+  if (need < plan.peak_total) need = plan.peak_total;
   ts_status st = TS_OK;
-  if (plan.peak_total > free_bytes) {
+  if (need > free_bytes) {
     char parts[512];
     size_t n = 0;
     for (int c = 0; c < TS_MEM_NUM_CATEGORIES && n < sizeof parts; c++)
@@ -256,12 +261,11 @@ static ts_status prepare_device(ts_engine *e) {
                             ts_mem_category_name((ts_mem_category)c),
                             (double)plan.peak[c] / (1u << 30));
     st = ts_set_error(TS_ERR_OUT_OF_MEMORY,
-                      "%s:%d (%s) has %.2f GiB free; this run's plan needs %.2f GiB at its peak "
-                      "(%s): raise --zero, lower --micro-batch, add --activation-checkpointing "
-                      "or use more ranks",
+                      "%s:%d (%s) has %.2f GiB free; this run needs %.2f GiB (plan peaks: %s; "
+                      "with the step's transients reserved): raise --zero, lower --micro-batch, "
+                      "add --activation-checkpointing or use more ranks",
                       ts_device_name(e->device), r->index, r->name,
-                      (double)free_bytes / (1u << 30), (double)plan.peak_total / (1u << 30),
-                      parts);
+                      (double)free_bytes / (1u << 30), (double)need / (1u << 30), parts);
   }
   /* The step's transients (ZeRO-2/3's full gradients, ZeRO-3's gathers),
    * allocated now as many at once as the plan's step holds them, so that

@@ -119,8 +119,9 @@ typedef struct {
 
 typedef struct {
   int P, m;
-  int *fwd, *bwd, *got_act, *got_grad; /* (P, m) flags */
-  int *next_bwd, *in_flight, *reduced;  /* (P) */
+  int *fwd, *bwd, *got_act, *got_grad, *sent_act, *sent_grad; /* (P, m) flags */
+  const size_t *n_of; /* (P) list lengths */
+  int *next_bwd, *in_flight, *reduced, *optimized; /* (P) */
   fifo *act, *grad; /* act[s]: s -> s + 1; grad[s]: s -> s - 1 (P each) */
   ts_schedule_report *r;
 } sim;
@@ -165,6 +166,9 @@ static ts_status step(sim *S, int s, size_t pc, const ts_action *a, int last, in
         return violation(S, s, pc, a, "send to a stage that is not the neighbour");
       if (act ? !AT(S->fwd, s, mb) : !AT(S->bwd, s, mb))
         return violation(S, s, pc, a, "sends what was not computed");
+      int *sent = act ? &AT(S->sent_act, s, mb) : &AT(S->sent_grad, s, mb);
+      if (*sent) return violation(S, s, pc, a, "second send of the same micro-batch");
+      *sent = 1;
       fifo *f = act ? &S->act[s] : &S->grad[s];
       f->mb[f->tail++] = mb;
       break;
@@ -176,6 +180,8 @@ static ts_status step(sim *S, int s, size_t pc, const ts_action *a, int last, in
         return violation(S, s, pc, a, "receive from a stage that is not the neighbour");
       fifo *f = act ? &S->act[a->peer] : &S->grad[a->peer];
       if (f->head == f->tail) return TS_OK; /* blocked: the send is not posted yet */
+      if (act ? AT(S->got_act, s, mb) : AT(S->got_grad, s, mb))
+        return violation(S, s, pc, a, "second receive of the same micro-batch");
       if (f->mb[f->head] != mb)
         return violation(S, s, pc, a, "matches a send of another micro-batch (order)");
       f->head++;
@@ -185,11 +191,14 @@ static ts_status step(sim *S, int s, size_t pc, const ts_action *a, int last, in
     }
     case TS_ACT_REDUCE:
       if (S->next_bwd[s] != m) return violation(S, s, pc, a, "reduce before every backward");
+      if (S->reduced[s]) return violation(S, s, pc, a, "second reduce");
+      if (pc + 2 != S->n_of[s]) return violation(S, s, pc, a, "reduce is not second to last");
       S->reduced[s] = 1;
       break;
     case TS_ACT_OPTIMIZER:
       if (!S->reduced[s]) return violation(S, s, pc, a, "optimizer step before the reduce");
       if (!last) return violation(S, s, pc, a, "optimizer step is not the last action");
+      S->optimized[s] = 1;
       break;
     default:
       return violation(S, s, pc, a, "unknown action");
@@ -201,8 +210,19 @@ static ts_status step(sim *S, int s, size_t pc, const ts_action *a, int last, in
 ts_status ts_schedule_simulate(const ts_schedule *sch, ts_schedule_report *report) {
   memset(report, 0, sizeof *report);
   int P = sch->stages, m = sch->micro_batches;
-  sim Sv = {P, m, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, report}, *S = &Sv;
+  sim Sv;
+  memset(&Sv, 0, sizeof Sv);
+  sim *S = &Sv;
+  S->P = P;
+  S->m = m;
+  S->r = report;
   size_t pm = (size_t)P * (size_t)m;
+  size_t *n_of = calloc((size_t)P, sizeof(size_t));
+  for (int s = 0; n_of && s < P; s++) n_of[s] = sch->stage[s].n;
+  S->n_of = n_of;
+  S->sent_act = calloc(pm, sizeof(int));
+  S->sent_grad = calloc(pm, sizeof(int));
+  S->optimized = calloc((size_t)P, sizeof(int));
   S->fwd = calloc(pm, sizeof(int));
   S->bwd = calloc(pm, sizeof(int));
   S->got_act = calloc(pm, sizeof(int));
@@ -215,7 +235,8 @@ ts_status ts_schedule_simulate(const ts_schedule *sch, ts_schedule_report *repor
   size_t *pc = calloc((size_t)P, sizeof(size_t));
   ts_status st = TS_OK;
   if (!S->fwd || !S->bwd || !S->got_act || !S->got_grad || !S->next_bwd || !S->in_flight ||
-      !S->reduced || !S->act || !S->grad || !pc)
+      !S->reduced || !S->act || !S->grad || !pc || !n_of || !S->sent_act || !S->sent_grad ||
+      !S->optimized)
     st = ts_set_error(TS_ERR_OUT_OF_MEMORY, "schedule simulator: P=%d m=%d", P, m);
   for (int s = 0; s < P && st == TS_OK; s++) {
     /* a link carries at most one send per action of its sender */
@@ -250,8 +271,9 @@ ts_status ts_schedule_simulate(const ts_schedule *sch, ts_schedule_report *repor
   }
   for (int s = 0; s < P && st == TS_OK; s++) {
     ts_action none = {TS_ACT_OPTIMIZER, -1, -1};
-    if (S->next_bwd[s] != m || !S->reduced[s])
-      st = violation(S, s, pc[s], &none, "the list ends before every backward and the reduce");
+    if (S->next_bwd[s] != m || !S->reduced[s] || !S->optimized[s])
+      st = violation(S, s, pc[s], &none,
+                     "the list ends before every backward, the reduce and the optimizer step");
     else if (S->act[s].head != S->act[s].tail || S->grad[s].head != S->grad[s].tail)
       st = violation(S, s, pc[s], &none, "a send nobody received");
     for (int i = 0; i < m && st == TS_OK; i++)
@@ -263,6 +285,7 @@ ts_status ts_schedule_simulate(const ts_schedule *sch, ts_schedule_report *repor
   }
   free(S->fwd), free(S->bwd), free(S->got_act), free(S->got_grad), free(S->next_bwd);
   free(S->in_flight), free(S->reduced), free(S->act), free(S->grad), free(pc);
+  free(n_of), free(S->sent_act), free(S->sent_grad), free(S->optimized);
   return st;
 }
 
@@ -315,10 +338,10 @@ ts_status ts_pipeline_split_parse(const char *text, int n, int stages, int *firs
     char *end;
     errno = 0;
     long v = strtol(p, &end, 10);
-    if (end == p || errno || v < 1 || v > n)
+    if (end == p || errno || v < 1 || v > n || *p < '0' || *p > '9')
       return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                          "--pipeline-split %s: stage %d: expected a count of units >= 1", text,
-                          s);
+                          "--pipeline-split %s: stage %d: expected a count of units from 1 to %d",
+                          text, s, n);
     first[s] = sum;
     sum += (int)v;
     p = end;

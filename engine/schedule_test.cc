@@ -102,7 +102,25 @@ TEST(Schedule, TheSimulatorCatchesBrokenLists) {
          std::swap(l->actions[at[0]].mb, l->actions[at[1]].mb);
        }},
   };
-  for (const Breakage &b : cases) {
+  const Breakage more[] = {
+      {"optimizer dropped", "not second to last",
+       [](ts_schedule *s) { s->stage[1].n--; }},
+      {"reduce moved up", "not second to last",
+       [](ts_schedule *s) {  // stage 1 ends ..., SEND_GRAD 3, REDUCE, OPTIMIZER: swap the first two
+         ts_stage_schedule *l = &s->stage[1];
+         std::swap(l->actions[l->n - 2], l->actions[l->n - 3]);
+       }},
+      {"a send repeated", "second send",
+       [](ts_schedule *s) {  // stage 0's second send names micro-batch 0 again
+         ts_stage_schedule *l = &s->stage[0];
+         int seen = 0;
+         for (size_t i = 0; i < l->n; i++)
+           if (l->actions[i].kind == TS_ACT_SEND_ACT && seen++ == 1) l->actions[i].mb = 0;
+       }},
+  };
+  std::vector<Breakage> all(std::begin(cases), std::end(cases));
+  all.insert(all.end(), std::begin(more), std::end(more));
+  for (const Breakage &b : all) {
     ts_schedule s;
     ASSERT_EQ(ts_schedule_build(TS_SCHEDULE_GPIPE, 3, 4, &s), TS_OK);
     b.apply(&s);

@@ -104,6 +104,8 @@ static ts_status charge(ts_ledger *ledger, ts_device dev, ts_mem_category c, siz
   if (a->current[c] > a->peak[c]) a->peak[c] = a->current[c];
   a->current_total += nbytes;
   if (a->current_total > a->peak_total) a->peak_total = a->current_total;
+  size_t steady = a->current_total - ledger->transient_current[dev];
+  if (steady > ledger->steady_peak[dev]) ledger->steady_peak[dev] = steady;
   return TS_OK;
 }
 
@@ -236,23 +238,21 @@ static int put_cached(ts_ledger *ledger, ts_device dev, size_t nbytes, void *p) 
 ts_status ts_ledger_alloc_transient(ts_ledger *ledger, ts_device dev, ts_mem_category c,
                                     size_t nbytes, void **out) {
   *out = NULL;
+  if (nbytes == 0 || (unsigned)c >= TS_MEM_NUM_CATEGORIES || (unsigned)dev >= TS_DEVICE_COUNT)
+    return ts_ledger_alloc(ledger, dev, c, nbytes, out); /* its checks, its messages */
   void *p = NULL;
-  if (nbytes > 0 && (unsigned)c < TS_MEM_NUM_CATEGORIES && dev != TS_DEVICE_CPU &&
-      (unsigned)dev < TS_DEVICE_COUNT && !ledger->plan_only)
-    p = take_cached(ledger, dev, nbytes);
-  if (p) {
-    ts_status st = charge(ledger, dev, c, nbytes, p);
-    if (st != TS_OK) {
-      put_cached(ledger, dev, nbytes, p);
-      return st;
-    }
-  } else {
-    TS_CHECK(ts_ledger_alloc(ledger, dev, c, nbytes, &p));
+  if (dev != TS_DEVICE_CPU && !ledger->plan_only) p = take_cached(ledger, dev, nbytes);
+  /* counted as transient before charge() sees it, so the steady peak
+   * never includes it */
+  ledger->transient_current[dev] += nbytes;
+  ts_status st = p ? charge(ledger, dev, c, nbytes, p) : ts_ledger_alloc(ledger, dev, c, nbytes, &p);
+  if (st != TS_OK) {
+    ledger->transient_current[dev] -= nbytes;
+    if (p) put_cached(ledger, dev, nbytes, p);
+    return st;
   }
-  if (p) {
-    ts_ledger_transient *t = profile(ledger, dev, nbytes);
-    if (t && ++t->live > t->most) t->most = t->live;
-  }
+  ts_ledger_transient *t = profile(ledger, dev, nbytes);
+  if (t && ++t->live > t->most) t->most = t->live;
   *out = p;
   return TS_OK;
 }
@@ -260,6 +260,7 @@ ts_status ts_ledger_alloc_transient(ts_ledger *ledger, ts_device dev, ts_mem_cat
 void ts_ledger_free_transient(ts_ledger *ledger, void *p) {
   if (!p) return;
   entry e = forget(ledger, p);
+  ledger->transient_current[e.device] -= e.nbytes;
   ts_ledger_transient *pr = profile(ledger, (ts_device)e.device, e.nbytes);
   if (pr && pr->live > 0) pr->live--;
   if (ledger->plan_only) return;
@@ -293,4 +294,13 @@ size_t ts_ledger_cached_bytes(const ts_ledger *ledger, ts_device dev) {
     if (ledger->cache[i].p && ledger->cache[i].device == (uint8_t)dev)
       n += ledger->cache[i].nbytes;
   return n;
+}
+
+size_t ts_ledger_reserved_peak(const ts_ledger *plan, ts_device dev) {
+  size_t reserved = 0;
+  for (int i = 0; i < TS_LEDGER_TRANSIENT_SIZES; i++) {
+    const ts_ledger_transient *t = &plan->transients[i];
+    if (t->nbytes && t->device == (uint8_t)dev) reserved += (size_t)t->most * t->nbytes;
+  }
+  return plan->steady_peak[dev] + reserved;
 }

@@ -77,6 +77,8 @@ typedef struct ts_ledger {
   uintptr_t next_plan_address;            /* plan ledgers: the next made-up address */
   ts_ledger_table *table;                 /* live blocks (owned); NULL until the first */
   ts_ledger_transient transients[TS_LEDGER_TRANSIENT_SIZES]; /* per (device, size) */
+  size_t transient_current[TS_DEVICE_COUNT]; /* bytes of transients in use, per device */
+  size_t steady_peak[TS_DEVICE_COUNT]; /* largest current_total - transient_current seen */
   ts_ledger_cached cache[TS_LEDGER_CACHE]; /* kept device transients: owned, uncharged */
 } ts_ledger;
 
@@ -136,6 +138,11 @@ void ts_ledger_free_transient(ts_ledger *ledger, void *p);
 ts_status ts_ledger_reserve_transients(ts_ledger *ledger, const ts_ledger *plan);
 /* Bytes of dev's transients the ledger keeps for reuse (not charged). */
 size_t ts_ledger_cached_bytes(const ts_ledger *ledger, ts_device dev);
+/* What a device holds at most when the transients of plan are reserved
+ * (ts_ledger_reserve_transients): the largest sum of its other blocks at
+ * any moment, plus every reserved transient, bytes. Not plan's peak_total,
+ * which counts only the transients in use at its peak. */
+size_t ts_ledger_reserved_peak(const ts_ledger *plan, ts_device dev);
 
 /* The counters of device dev (asserted in range). */
 const ts_mem_account *ts_ledger_account(const ts_ledger *ledger, ts_device dev);

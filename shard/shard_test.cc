@@ -200,6 +200,16 @@ TEST(Ledger, TransientsAreProfiledAndCpuKeepsNone) {
     }
   EXPECT_EQ(found, 1);
   EXPECT_EQ(ts_ledger_cached_bytes(&plan, TS_DEVICE_CUDA), 0u);  // a plan keeps nothing
+  // Reserving every transient costs more than the plan's peak when sizes
+  // peak at different moments: a steady 1000-byte block, then 4096 x 2
+  // (above), then a 6000-byte transient alone.
+  void *steady, *big;
+  ASSERT_EQ(ts_ledger_alloc(&plan, TS_DEVICE_CUDA, TS_MEM_PARAMS, 1000, &steady), TS_OK);
+  ASSERT_EQ(ts_ledger_alloc_transient(&plan, TS_DEVICE_CUDA, TS_MEM_GRADS, 6000, &big), TS_OK);
+  ts_ledger_free_transient(&plan, big);
+  EXPECT_EQ(ts_ledger_account(&plan, TS_DEVICE_CUDA)->peak_total, 8192u);  // 4096 x 2 earlier
+  EXPECT_EQ(ts_ledger_reserved_peak(&plan, TS_DEVICE_CUDA), 1000u + 2 * 4096u + 6000u);
+  ts_ledger_free(&plan, steady);
   ts_ledger_release(&plan);
 
   ts_ledger cpu;

@@ -15,12 +15,15 @@
  *
  * The plain kernels compute every output element by one thread summing over
  * keys (or queries) in index order, and each row's statistics by a fixed
- * block tree, so results repeat bit for bit. Backward runs one batch row at
- * a time with that row's dS = P * (dP - D) / sqrt(HS), (NH, T, T) fp32, in
- * the workspace (D: rowsum(P * dP), = rowsum(dO * O)), and for the
- * log-sum-exp state that row's P too.
+ * block tree, so results repeat bit for bit. Backward runs one batch row
+ * and a chunk of kv groups at a time (as many as the workspace holds; all
+ * of them for fp32) with their dS = P * (dP - D) / sqrt(HS), fp32, in the
+ * workspace (D: rowsum(P * dP)), and for the log-sum-exp state their P
+ * too. The chunking changes no sum's order.
  */
 #include <cuda_runtime.h>
+#include <pthread.h>
+#include <string.h>
 
 #include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/cuda_common.cuh"
@@ -39,14 +42,23 @@ extern "C" size_t ts_cuda_attention_state_bytes(size_t B, size_t T, size_t NH, s
   return B * NH * T * T * sizeof(float);
 }
 
-/* fp32: one batch row's dS. bf16/fp16: the larger of cuDNN's bound and the
- * plain backward's dS and P of one batch row. */
+/* The plain backward's scratch per kv group (its rep = NH / NKV heads):
+ * dS, and for the log-sum-exp state P too, (rep, T, T) fp32 each. It works
+ * through a batch row a chunk of kv groups at a time, as many as the
+ * workspace holds. */
+static size_t plain_group_bytes(size_t T, size_t NH, size_t NKV, ts_dtype dt) {
+  return (dt == TS_FP32 ? 1 : 2) * (NH / NKV) * T * T * sizeof(float);
+}
+
+/* fp32: one batch row's dS (every kv group at once). bf16/fp16: cuDNN's
+ * bound, or one kv group's plain scratch if that is larger (so the
+ * fallback always runs; T beyond the plain kernels' limit: cuDNN's). */
 extern "C" size_t ts_cuda_attention_workspace_bytes(size_t B, size_t T, size_t NH, size_t NKV,
                                                     size_t HS, ts_dtype dt) {
-  size_t row = NH * T * T * sizeof(float);
-  if (!lse_state(dt)) return row;
+  if (!lse_state(dt)) return NKV * plain_group_bytes(T, NH, NKV, dt);
   size_t cudnn = ts_cudnn_attention_workspace_bytes(B, T, NH, NKV, HS, dt);
-  return cudnn > 2 * row ? cudnn : 2 * row;
+  size_t group = T > ATT_MAX_T ? 0 : plain_group_bytes(T, NH, NKV, dt);
+  return cudnn > group ? cudnn : group;
 }
 
 /* ---- forward -------------------------------------------------------------- */
@@ -114,16 +126,21 @@ __global__ void att_out_kernel(float *out, const float *probs, const float *v, s
 
 /* ---- backward ------------------------------------------------------------- */
 
-/* Batch row b, one block per (h, t): dS[h, t, j] for j <= t, from the row's
+/* The kv groups [g0, g0 + gc) of batch row b and their heads h =
+ * g0 * rep + hl, hl < gc * rep; dS and P are (gc * rep, T, T) indexed by hl. */
+
+/* One block per (hl, t): dS[hl, t, j] for j <= t, from the row's
  * probabilities: the probs state's (p_state, row (b, h, t)), or, for the
  * lse state, recomputed as e^(q_t . k_j * scale - lse) and also written to
- * p_out[h, t, j] for dv. D is rowsum(P * dP). */
+ * p_out[hl, t, j] for dv. D is rowsum(P * dP). */
 template <ts_dtype DT>
 __global__ void att_ds_kernel(float *ds, float *p_out, const float *p_state, const float *lse,
                               const void *q, const void *k, const void *dout, const void *v,
-                              size_t b, size_t T, size_t NH, size_t NKV, size_t HS, float scale) {
+                              size_t b, size_t g0, size_t T, size_t NH, size_t NKV, size_t HS,
+                              float scale) {
   __shared__ float sh[32];
-  size_t row = blockIdx.x, t = row % T, h = row / T, g = h / (NH / NKV);
+  size_t rep = NH / NKV, row = blockIdx.x, t = row % T, hl = row / T, h = g0 * rep + hl;
+  size_t g = h / rep;
   size_t qo = ((b * T + t) * NH + h) * HS;
   float *r = ds + row * T;
   float *pr = p_out ? p_out + row * T : NULL;
@@ -152,39 +169,40 @@ __global__ void att_ds_kernel(float *ds, float *p_out, const float *p_state, con
   }
 }
 
-/* Batch row b: dq[b, t, h, d] = sum_{j <= t} dS[h, t, j] k[b, j, g, d]. */
+/* dq[b, t, h, d] = sum_{j <= t} dS[hl, t, j] k[b, j, g, d] for the chunk's heads. */
 template <ts_dtype DT>
-__global__ void att_dq_kernel(void *dq, const float *ds, const void *k, size_t b, size_t T,
-                              size_t NH, size_t NKV, size_t HS) {
-  size_t total = T * NH * HS;
+__global__ void att_dq_kernel(void *dq, const float *ds, const void *k, size_t b, size_t g0,
+                              size_t gc, size_t T, size_t NH, size_t NKV, size_t HS) {
+  size_t rep = NH / NKV, heads = gc * rep, total = T * heads * HS;
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
        i += (size_t)gridDim.x * blockDim.x) {
-    size_t d = i % HS, h = (i / HS) % NH, t = i / (HS * NH), g = h / (NH / NKV);
-    const float *r = ds + (h * T + t) * T;
+    size_t d = i % HS, hl = (i / HS) % heads, t = i / (HS * heads);
+    size_t h = g0 * rep + hl, g = h / rep;
+    const float *r = ds + (hl * T + t) * T;
     float acc = 0.0f;
     for (size_t j = 0; j <= t; j++) acc += r[j] * ts_ld<DT>(k, ((b * T + j) * NKV + g) * HS + d);
     ts_st<DT>(dq, (b * T + t) * NH * HS + h * HS + d, acc);
   }
 }
 
-/* Batch row b, P its (NH, T, T) probabilities: for key s of kv head g, over
- * the group's heads in order and queries t >= s in order,
- *   dk[b, s, g, d] = sum dS[h, t, s] q[b, t, h, d]
- *   dv[b, s, g, d] = sum P[h, t, s] dout[b, t, h, d]. */
+/* For key s of kv group g of the chunk, over its heads in order and
+ * queries t >= s in order (P: the chunk's probabilities, as dS):
+ *   dk[b, s, g, d] = sum dS[hl, t, s] q[b, t, h, d]
+ *   dv[b, s, g, d] = sum P[hl, t, s] dout[b, t, h, d]. */
 template <ts_dtype DT>
 __global__ void att_dkv_kernel(void *dk, void *dv, const float *ds, const float *P, const void *q,
-                               const void *dout, size_t b, size_t T, size_t NH, size_t NKV,
-                               size_t HS) {
-  size_t total = T * NKV * HS, rep = NH / NKV;
+                               const void *dout, size_t b, size_t g0, size_t gc, size_t T,
+                               size_t NH, size_t NKV, size_t HS) {
+  size_t rep = NH / NKV, total = T * gc * HS;
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
        i += (size_t)gridDim.x * blockDim.x) {
-    size_t d = i % HS, g = (i / HS) % NKV, s = i / (HS * NKV);
+    size_t d = i % HS, gl = (i / HS) % gc, s = i / (HS * gc), g = g0 + gl;
     float ak = 0.0f, av = 0.0f;
-    for (size_t h = g * rep; h < (g + 1) * rep; h++)
+    for (size_t hl = gl * rep; hl < (gl + 1) * rep; hl++)
       for (size_t t = s; t < T; t++) {
-        size_t qi = ((b * T + t) * NH + h) * HS + d;
-        ak += ds[(h * T + t) * T + s] * ts_ld<DT>(q, qi);
-        av += P[(h * T + t) * T + s] * ts_ld<DT>(dout, qi);
+        size_t qi = ((b * T + t) * NH + g0 * rep + hl) * HS + d;
+        ak += ds[(hl * T + t) * T + s] * ts_ld<DT>(q, qi);
+        av += P[(hl * T + t) * T + s] * ts_ld<DT>(dout, qi);
       }
     size_t o = ((b * T + s) * NKV + g) * HS + d;
     ts_st<DT>(dk, o, ak);
@@ -220,31 +238,79 @@ static void plain_forward(const ts_kctx *ctx, void *out, void *state, const void
 }
 
 template <ts_dtype DT>
-static void plain_backward(const ts_kctx *ctx, void *dq, void *dk, void *dv, const void *dout,
-                           const void *q, const void *k, const void *v, const void *state,
-                           size_t B, size_t T, size_t NH, size_t NKV, size_t HS) {
+static ts_status plain_backward(const ts_kctx *ctx, void *dq, void *dk, void *dv,
+                                const void *dout, const void *q, const void *k, const void *v,
+                                const void *state, size_t B, size_t T, size_t NH, size_t NKV,
+                                size_t HS, const char *op) {
   cudaStream_t s = (cudaStream_t)ctx->stream;
   float scale = 1.0f / sqrtf((float)HS);
   bool lse = lse_state(DT);
+  size_t rep = NH / NKV, per_group = plain_group_bytes(T, NH, NKV, DT);
+  size_t chunk = ctx->workspace_bytes / per_group; /* kv groups per pass */
+  if (chunk == 0)
+    return ts_set_error(TS_ERR_OUT_OF_MEMORY,
+                        "%s (cuda): the plain backward needs %zu bytes of workspace per kv "
+                        "group, has %zu",
+                        op, per_group, ctx->workspace_bytes);
+  if (chunk > NKV) chunk = NKV;
   float *ds = (float *)ctx->workspace;
-  float *p_row = lse ? ds + NH * T * T : nullptr; /* the lse state's recomputed P */
-  for (size_t b = 0; b < B; b++) {
-    const float *P = lse ? p_row : (const float *)state + b * NH * T * T;
-    att_ds_kernel<DT><<<(unsigned)(NH * T), ATT_THREADS, 0, s>>>(
-        ds, p_row, lse ? nullptr : (const float *)state, lse ? (const float *)state : nullptr, q,
-        k, dout, v, b, T, NH, NKV, HS, scale);
-    att_dq_kernel<DT><<<ts_cuda_grid(T * NH * HS), TS_CUDA_BLOCK, 0, s>>>(dq, ds, k, b, T, NH,
-                                                                         NKV, HS);
-    att_dkv_kernel<DT><<<ts_cuda_grid(T * NKV * HS), TS_CUDA_BLOCK, 0, s>>>(
-        dk, dv, ds, P, q, dout, b, T, NH, NKV, HS);
-  }
+  float *p_chunk = lse ? ds + chunk * rep * T * T : nullptr; /* the lse state's P */
+  for (size_t b = 0; b < B; b++)
+    for (size_t g0 = 0; g0 < NKV; g0 += chunk) {
+      size_t gc = NKV - g0 < chunk ? NKV - g0 : chunk;
+      /* the probs state's P of these heads: the state itself */
+      const float *P = lse ? p_chunk : (const float *)state + (b * NH + g0 * rep) * T * T;
+      att_ds_kernel<DT><<<(unsigned)(gc * rep * T), ATT_THREADS, 0, s>>>(
+          ds, p_chunk, lse ? nullptr : (const float *)state,
+          lse ? (const float *)state : nullptr, q, k, dout, v, b, g0, T, NH, NKV, HS, scale);
+      att_dq_kernel<DT><<<ts_cuda_grid(T * gc * rep * HS), TS_CUDA_BLOCK, 0, s>>>(
+          dq, ds, k, b, g0, gc, T, NH, NKV, HS);
+      att_dkv_kernel<DT><<<ts_cuda_grid(T * gc * HS), TS_CUDA_BLOCK, 0, s>>>(
+          dk, dv, ds, P, q, dout, b, g0, gc, T, NH, NKV, HS);
+    }
+  return TS_OK;
 }
 
 /* ---- entry points ------------------------------------------------------------ */
 
+/* Shapes cuDNN said it cannot run, per pass, so that later calls go to the
+ * plain kernels at once instead of asking cuDNN again (a graph build and a
+ * heuristics query each time). A full table only costs the asking. */
+typedef struct {
+  size_t B, T, NH, NKV, HS;
+  int dt, backward, device;
+} shape_key;
+enum { REFUSED_MAX = 64 };
+static shape_key refused[REFUSED_MAX];
+static int n_refused;
+static pthread_mutex_t refused_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static bool was_refused(const shape_key *k) {
+  bool found = false;
+  pthread_mutex_lock(&refused_lock);
+  for (int i = 0; i < n_refused && !found; i++) found = memcmp(&refused[i], k, sizeof *k) == 0;
+  pthread_mutex_unlock(&refused_lock);
+  return found;
+}
+
+static void remember_refusal(const shape_key *k) {
+  pthread_mutex_lock(&refused_lock);
+  if (n_refused < REFUSED_MAX) refused[n_refused++] = *k;
+  pthread_mutex_unlock(&refused_lock);
+}
+
+static shape_key key_of(const ts_kctx *ctx, size_t B, size_t T, size_t NH, size_t NKV, size_t HS,
+                        ts_dtype dt, int backward) {
+  shape_key k;
+  memset(&k, 0, sizeof k); /* padding too: keys compare with memcmp */
+  k.B = B, k.T = T, k.NH = NH, k.NKV = NKV, k.HS = HS;
+  k.dt = (int)dt, k.backward = backward, k.device = ctx->device_index;
+  return k;
+}
+
 /* Does this call go to cuDNN first? */
-static bool try_cudnn(const ts_kctx *ctx, ts_dtype dt) {
-  return lse_state(dt) && !(ctx->flags & TS_K_PLAIN_ATTENTION);
+static bool try_cudnn(const ts_kctx *ctx, ts_dtype dt, const shape_key *k) {
+  return lse_state(dt) && !(ctx->flags & TS_K_PLAIN_ATTENTION) && !was_refused(k);
 }
 
 extern "C" ts_status ts_cuda_attention_forward(const ts_kctx *ctx, void *out, void *state,
@@ -252,10 +318,12 @@ extern "C" ts_status ts_cuda_attention_forward(const ts_kctx *ctx, void *out, vo
                                                size_t B, size_t T, size_t NH, size_t NKV,
                                                size_t HS, ts_dtype dt) {
   static const char op[] = "ts_k_attention_forward";
-  if (try_cudnn(ctx, dt)) {
+  shape_key key = key_of(ctx, B, T, NH, NKV, HS, dt, 0);
+  if (try_cudnn(ctx, dt, &key)) {
     ts_status st =
         ts_cudnn_attention_forward(ctx, out, (float *)state, q, k, v, B, T, NH, NKV, HS, dt);
     if (st != TS_ERR_UNSUPPORTED) return st; /* else: the plain kernels, same state */
+    remember_refusal(&key);
   }
   TS_CHECK(check_plain(B, T, NH, op));
   if (dt == TS_FP32)
@@ -273,17 +341,19 @@ extern "C" ts_status ts_cuda_attention_backward(const ts_kctx *ctx, void *dq, vo
                                                 const void *state, size_t B, size_t T, size_t NH,
                                                 size_t NKV, size_t HS, ts_dtype dt) {
   static const char op[] = "ts_k_attention_backward";
-  if (try_cudnn(ctx, dt)) {
+  shape_key key = key_of(ctx, B, T, NH, NKV, HS, dt, 1);
+  if (try_cudnn(ctx, dt, &key)) {
     ts_status st = ts_cudnn_attention_backward(ctx, dq, dk, dv, dout, out, q, k, v,
                                                (const float *)state, B, T, NH, NKV, HS, dt);
     if (st != TS_ERR_UNSUPPORTED) return st;
+    remember_refusal(&key);
   }
   TS_CHECK(check_plain(B, T, NH, op));
   if (dt == TS_FP32)
-    plain_backward<TS_FP32>(ctx, dq, dk, dv, dout, q, k, v, state, B, T, NH, NKV, HS);
+    TS_CHECK(plain_backward<TS_FP32>(ctx, dq, dk, dv, dout, q, k, v, state, B, T, NH, NKV, HS, op));
   else if (dt == TS_BF16)
-    plain_backward<TS_BF16>(ctx, dq, dk, dv, dout, q, k, v, state, B, T, NH, NKV, HS);
+    TS_CHECK(plain_backward<TS_BF16>(ctx, dq, dk, dv, dout, q, k, v, state, B, T, NH, NKV, HS, op));
   else
-    plain_backward<TS_FP16>(ctx, dq, dk, dv, dout, q, k, v, state, B, T, NH, NKV, HS);
+    TS_CHECK(plain_backward<TS_FP16>(ctx, dq, dk, dv, dout, q, k, v, state, B, T, NH, NKV, HS, op));
   return ts_cuda_launched(op);
 }
