@@ -210,7 +210,6 @@ TEST(Ledger, TransientsAreProfiledAndCpuKeepsNone) {
   EXPECT_EQ(ts_ledger_account(&plan, TS_DEVICE_CUDA)->peak_total, 8192u);  // 4096 x 2 earlier
   EXPECT_EQ(ts_ledger_reserved_peak(&plan, TS_DEVICE_CUDA), 1000u + 2 * 4096u + 6000u);
   ts_ledger_free(&plan, steady);
-  ts_ledger_release(&plan);
 
   ts_ledger cpu;
   ts_ledger_init(&cpu);
@@ -231,4 +230,5 @@ TEST(Ledger, TransientsAreProfiledAndCpuKeepsNone) {
   ts_ledger_free_transient(&cpu, b);
   EXPECT_EQ(ts_ledger_account(&cpu, TS_DEVICE_CPU)->current_total, 0u);
   ts_ledger_release(&cpu);
+  ts_ledger_release(&plan);
 }
