@@ -217,64 +217,6 @@ ts_status ts_engine_new(const ts_model *model, const ts_engine_opts *opts, int p
   return TS_OK;
 }
 
-/* The device copy and addition comm's one-rank group uses on the
- * engine's buffers (comm.h ts_comm_memory), on the engine's stream. */
-static ts_status device_copy(void *user, void *dst, const void *src, size_t nbytes) {
-  return ts_k_copy(&((ts_engine *)user)->ctx, dst, src, nbytes);
-}
-
-static ts_status device_add(void *user, void *out, const void *a, const void *b, size_t count,
-                            ts_dtype dt) {
-  return ts_k_add(&((ts_engine *)user)->ctx, out, a, b, count, dt);
-}
-
-/* Beside a GPU, before anything is allocated: lends comm the device's copy
- * and addition (one rank only, until a device transport exists), sets the
- * kernels' flags, and refuses a plan larger than the card's free memory,
- * naming each category. */
-static ts_status prepare_device(ts_engine *e) {
-  e->comm_mem = (ts_comm_memory){.user = e, .copy = device_copy, .add = device_add};
-  TS_CHECK(ts_comm_set_memory(e->dp, &e->comm_mem));
-  e->ctx.flags |= TS_K_INDICES_CHECKED; /* load_batch checks them on the host */
-  if (e->opts.allow_tf32) e->ctx.flags |= TS_K_ALLOW_TF32;
-  if (e->opts.plain_attention) e->ctx.flags |= TS_K_PLAIN_ATTENTION;
-  ts_device_report *r = &e->report;
-  size_t free_bytes, total;
-  r->index = e->opts.device_index;
-  TS_CHECK(ts_k_device_memory(e->device, r->index, &free_bytes, &total, r->name, sizeof r->name));
-  r->total = total;
-  r->used_at_create = total - free_bytes;
-  ts_engine *pe;
-  TS_CHECK(ts_engine_plan_engine(e->model, &e->opts, (size_t)e->dp_size, &pe));
-  ts_mem_account plan = *ts_ledger_account(&pe->ledger, e->device);
-  /* What the card will hold: the plan's other blocks at their peak plus
-   * every transient reserved below (more than the plan's peak, which
-   * counts only the transients in use at that moment). */
-  size_t need = ts_ledger_reserved_peak(&pe->ledger, e->device);
-  if (need < plan.peak_total) need = plan.peak_total;
-  ts_status st = TS_OK;
-  if (need > free_bytes) {
-    char parts[512];
-    size_t n = 0;
-    for (int c = 0; c < TS_MEM_NUM_CATEGORIES && n < sizeof parts; c++)
-      n += (size_t)snprintf(parts + n, sizeof parts - n, "%s%s %.2f GiB", c ? ", " : "",
-                            ts_mem_category_name((ts_mem_category)c),
-                            (double)plan.peak[c] / (1u << 30));
-    st = ts_set_error(TS_ERR_OUT_OF_MEMORY,
-                      "%s:%d (%s) has %.2f GiB free; this run needs %.2f GiB (plan peaks: %s; "
-                      "with the step's transients reserved): raise --zero, lower --micro-batch, "
-                      "add --activation-checkpointing or use more ranks",
-                      ts_device_name(e->device), r->index, r->name,
-                      (double)free_bytes / (1u << 30), (double)need / (1u << 30), parts);
-  }
-  /* The step's transients (ZeRO-2/3's full gradients, ZeRO-3's gathers),
-   * allocated now as many at once as the plan's step holds them, so that
-   * the step itself allocates nothing. */
-  if (st == TS_OK) st = ts_ledger_reserve_transients(&e->ledger, &pe->ledger);
-  ts_engine_free(pe);
-  return st;
-}
-
 ts_status ts_engine_create(ts_engine **out, const ts_model *model, const ts_engine_opts *opts,
                            ts_comm *dp) {
   *out = NULL;
@@ -286,7 +228,7 @@ ts_status ts_engine_create(ts_engine **out, const ts_model *model, const ts_engi
     e->dp = dp ? dp : e->own_comm;
     e->rank = ts_comm_rank(e->dp);
     e->dp_size = ts_comm_size(e->dp);
-    if (e->device != TS_DEVICE_CPU) st = prepare_device(e);
+    if (e->device != TS_DEVICE_CPU) st = ts_engine_prepare_device(e);
   }
   if (st == TS_OK) st = ts_engine_alloc(e);
   if (st != TS_OK) {
@@ -477,25 +419,6 @@ static ts_status forward(ts_engine *e, double *loss, int fused, float dloss) {
   return TS_OK;
 }
 
-/* Beside a device: TS_ERR_INVALID_ARGUMENT naming the first input outside
- * [0, V) or target outside [0, V) and not -100, checked here on the host so
- * the kernels need not read the device back (TS_K_INDICES_CHECKED). */
-static ts_status check_batch(const ts_engine *e, const int32_t *inputs, const int32_t *targets,
-                             size_t BT) {
-  size_t V = e->model->vocab_size;
-  for (size_t i = 0; i < BT; i++) {
-    if (inputs[i] < 0 || (size_t)inputs[i] >= V)
-      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                          "engine: tokens[%zu] = %d is outside the vocabulary [0, %zu)", i,
-                          (int)inputs[i], V);
-    if (targets[i] != TS_IGNORE_INDEX && (targets[i] < 0 || (size_t)targets[i] >= V))
-      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                          "engine: targets[%zu] = %d: expected a class in [0, %zu) or %d (ignore)",
-                          i, (int)targets[i], V, TS_IGNORE_INDEX);
-  }
-  return TS_OK;
-}
-
 /* Copies this micro-batch's (B, T) host inputs and targets to the device
  * and counts the targets that are not -100 (host arithmetic on the host
  * array). On the CPU nothing moves when the caller filled the engine's own
@@ -506,7 +429,7 @@ static ts_status load_batch(ts_engine *e, const int32_t *inputs, const int32_t *
                             size_t *count) {
   size_t BT = e->opts.micro_batch * e->opts.seq;
   if (e->staging) {
-    TS_CHECK(check_batch(e, inputs, targets, BT));
+    TS_CHECK(ts_engine_check_batch(e, inputs, targets, BT));
     TS_CHECK(ts_k_host_wait(&e->ctx));
     memcpy(e->staging, inputs, BT * 4);
     memcpy(e->staging + BT, targets, BT * 4);
@@ -788,21 +711,6 @@ ts_status ts_engine_eval(ts_engine *e, const int32_t *inputs, const int32_t *tar
 
 const ts_mem_account *ts_engine_memory(const ts_engine *e) {
   return ts_ledger_account(&e->ledger, e->device);
-}
-
-ts_status ts_engine_device_report(const ts_engine *e, ts_device_report *out) {
-  *out = e->report;
-  if (e->device == TS_DEVICE_CPU) {
-    snprintf(out->name, sizeof out->name, "cpu");
-    return TS_OK;
-  }
-  size_t free_bytes, total;
-  TS_CHECK(ts_k_device_memory(e->device, out->index, &free_bytes, &total, NULL, 0));
-  out->used_now = total - free_bytes;
-  out->reserved = ts_ledger_cached_bytes(&e->ledger, e->device);
-  size_t ledger = ts_ledger_account(&e->ledger, e->device)->current_total + out->reserved;
-  out->overhead = out->used_now > ledger ? out->used_now - ledger : 0;
-  return TS_OK;
 }
 
 void ts_engine_batch(ts_engine *e, int32_t **inputs, int32_t **targets) {

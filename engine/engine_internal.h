@@ -3,6 +3,8 @@
  * files that implement engine.h by concept:
  *   engine.c   create, free, the micro-step (forward, backward) and the
  *              optimizer step
+ *   device.c   the engine beside a GPU: its preparation at create, the
+ *              batch's host check, the card's memory report
  *   zero.c     the ZeRO stage as a policy table (zero.h)
  *   loss_scale.c  the fp16 loss scaler (loss_scale.h)
  *   tensors.c  the slice iterator over (tensor, this rank's part), AdamW
@@ -88,6 +90,21 @@ struct ts_engine {
   int in_micro_step;            /* 1 inside ts_engine_run_micro_step (spans name the mb) */
   ts_comm_counters step_start;  /* counters when the current step began */
 };
+
+/* ---- device.c ------------------------------------------------------------ */
+
+/* Beside a GPU, before anything is allocated: lends comm the device's copy
+ * and addition (one rank only, until a device transport exists), sets the
+ * kernels' flags, refuses a run the card cannot hold (the plan's other
+ * blocks at their peak plus every reserved transient), naming each
+ * category, and reserves the step's transients. */
+ts_status ts_engine_prepare_device(ts_engine *e);
+
+/* TS_ERR_INVALID_ARGUMENT naming the first of the BT inputs outside [0, V)
+ * or targets outside [0, V) and not -100: checked on the host so the
+ * device's kernels need not read them back (TS_K_INDICES_CHECKED). */
+ts_status ts_engine_check_batch(const ts_engine *e, const int32_t *inputs,
+                                const int32_t *targets, size_t BT);
 
 /* ---- engine.c ------------------------------------------------------------ */
 

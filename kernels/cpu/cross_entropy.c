@@ -72,23 +72,20 @@ TS_AI float ce_fwd_row(const void *logits, int32_t y, size_t V, size_t n, ts_dty
   return (logf(s) + m) - ld(logits, n * V + (size_t)y, dt);
 }
 
+/* Row n's loss in dt's specialisation, 0 for an ignored row. */
+static float ce_loss_row(const void *logits, int32_t y, size_t V, size_t n, ts_dtype dt) {
+  if (y == TS_IGNORE_INDEX) return 0.0f;
+  if (dt == TS_FP32) return ce_fwd_row(logits, y, V, n, TS_FP32);
+  if (dt == TS_BF16) return ce_fwd_row(logits, y, V, n, TS_BF16);
+  return ce_fwd_row(logits, y, V, n, TS_FP16);
+}
+
 ts_status ts_cpu_cross_entropy_forward(const ts_kctx *ctx, float *loss_rows, const void *logits,
                                        const int32_t *targets, size_t N, size_t V, ts_dtype dt) {
   TS_CHECK(check_targets(targets, N, V, "ts_k_cross_entropy_forward"));
 #pragma omp parallel for schedule(static) if (N * V > 16384)
-  for (ptrdiff_t n = 0; n < (ptrdiff_t)N; n++) {
-    int32_t y = targets[n];
-    float loss = 0.0f;
-    if (y != TS_IGNORE_INDEX) {
-      if (dt == TS_FP32)
-        loss = ce_fwd_row(logits, y, V, (size_t)n, TS_FP32);
-      else if (dt == TS_BF16)
-        loss = ce_fwd_row(logits, y, V, (size_t)n, TS_BF16);
-      else
-        loss = ce_fwd_row(logits, y, V, (size_t)n, TS_FP16);
-    }
-    loss_rows[n] = loss;
-  }
+  for (ptrdiff_t n = 0; n < (ptrdiff_t)N; n++)
+    loss_rows[n] = ce_loss_row(logits, targets[n], V, (size_t)n, dt);
   return TS_OK;
 }
 
@@ -169,16 +166,7 @@ ts_status ts_cpu_cross_entropy_fused(const ts_kctx *ctx, float *loss_rows, void 
 #pragma omp parallel for schedule(static) if (N * V > 16384)
   for (ptrdiff_t n = 0; n < (ptrdiff_t)N; n++) {
     int32_t y = targets[n];
-    float loss = 0.0f;
-    if (y != TS_IGNORE_INDEX) {
-      if (dt == TS_FP32)
-        loss = ce_fwd_row(logits, y, V, (size_t)n, TS_FP32);
-      else if (dt == TS_BF16)
-        loss = ce_fwd_row(logits, y, V, (size_t)n, TS_BF16);
-      else
-        loss = ce_fwd_row(logits, y, V, (size_t)n, TS_FP16);
-    }
-    loss_rows[n] = loss;
+    loss_rows[n] = ce_loss_row(logits, y, V, (size_t)n, dt);
     TS_DT_CALL(dt, ce_bwd_row, dlogits, logits, y, V, (size_t)n, dloss);
   }
   return TS_OK;
