@@ -122,6 +122,17 @@ class Backend {
   std::unique_ptr<Dev> ws_;
 };
 
+// Adds TS_K_* flags to b's context for its lifetime.
+class WithFlags {
+ public:
+  WithFlags(Backend &b, unsigned add) : b_(b), old_(b.SetFlags(b.ctx()->flags | add)) {}
+  ~WithFlags() { b_.SetFlags(old_); }
+
+ private:
+  Backend &b_;
+  unsigned old_;
+};
+
 // Uniform in [lo, hi), rounded to dt (what a dt tensor can hold).
 inline std::vector<float> Input(Rng &rng, size_t n, ts_dtype dt, float lo = -1.0f, float hi = 1.0f) {
   return ts_test::round_to(rng.vec(n, lo, hi), dt);
@@ -194,8 +205,9 @@ struct Case {
 ts_status RmsnormForward(Backend &b, ts_dtype dt, Rng &rng);
 ts_status RmsnormBackward(Backend &b, ts_dtype dt, Rng &rng);
 ts_status Rope(Backend &b, ts_dtype dt, Rng &rng, int backward);
-ts_status AttentionForward(Backend &b, ts_dtype dt, Rng &rng, size_t NKV);
-ts_status AttentionBackward(Backend &b, ts_dtype dt, Rng &rng, size_t NKV);
+// flags: TS_K_* added to the context for the call (TS_K_PLAIN_ATTENTION).
+ts_status AttentionForward(Backend &b, ts_dtype dt, Rng &rng, size_t NKV, unsigned flags = 0);
+ts_status AttentionBackward(Backend &b, ts_dtype dt, Rng &rng, size_t NKV, unsigned flags = 0);
 ts_status SwigluForward(Backend &b, ts_dtype dt, Rng &rng);
 ts_status SwigluBackward(Backend &b, ts_dtype dt, Rng &rng);
 ts_status CrossEntropyForward(Backend &b, ts_dtype dt, Rng &rng);

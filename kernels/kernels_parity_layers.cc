@@ -170,7 +170,8 @@ AttnRef AttentionRef(const std::vector<float> &q, const std::vector<float> &k,
 // the rows' log-sum-exp instead.
 static size_t ProbsBytes(size_t B, ts_dtype dt) { return Bytes(B * kNH * kT * kT, dt); }
 
-ts_status AttentionForward(Backend &b, ts_dtype dt, Rng &rng, size_t NKV) {
+ts_status AttentionForward(Backend &b, ts_dtype dt, Rng &rng, size_t NKV, unsigned flags) {
+  WithFlags with(b, flags);
   std::vector<float> q = Input(rng, kN * kNH * kHS, dt), k = Input(rng, kN * NKV * kHS, dt),
                      v = Input(rng, kN * NKV * kHS, dt);
   b.Workspace(ts_k_attention_workspace_bytes(b.device(), kB, kT, kNH, NKV, kHS, dt));
@@ -186,7 +187,8 @@ ts_status AttentionForward(Backend &b, ts_dtype dt, Rng &rng, size_t NKV) {
   return TS_OK;
 }
 
-ts_status AttentionBackward(Backend &b, ts_dtype dt, Rng &rng, size_t NKV) {
+ts_status AttentionBackward(Backend &b, ts_dtype dt, Rng &rng, size_t NKV, unsigned flags) {
+  WithFlags with(b, flags);
   std::vector<float> q = Input(rng, kN * kNH * kHS, dt), k = Input(rng, kN * NKV * kHS, dt),
                      v = Input(rng, kN * NKV * kHS, dt), dout = Input(rng, q.size(), dt);
   // The saved state as this backend's own forward stores it (the

@@ -317,17 +317,11 @@ const std::vector<Case> &Cases() {
       // flag changes nothing): its fallback and the check of cuDNN.
       {"attention_forward_gqa_plain",
        [](Backend &b, ts_dtype dt, Rng &r) {
-         unsigned old = b.SetFlags(b.ctx()->flags | TS_K_PLAIN_ATTENTION);
-         ts_status st = AttentionForward(b, dt, r, 2);
-         b.SetFlags(old);
-         return st;
+         return AttentionForward(b, dt, r, 2, TS_K_PLAIN_ATTENTION);
        }},
       {"attention_backward_gqa_plain",
        [](Backend &b, ts_dtype dt, Rng &r) {
-         unsigned old = b.SetFlags(b.ctx()->flags | TS_K_PLAIN_ATTENTION);
-         ts_status st = AttentionBackward(b, dt, r, 2);
-         b.SetFlags(old);
-         return st;
+         return AttentionBackward(b, dt, r, 2, TS_K_PLAIN_ATTENTION);
        }},
       {"swiglu_forward", SwigluForward},
       {"swiglu_backward", SwigluBackward},
