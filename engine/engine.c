@@ -29,6 +29,8 @@ ts_engine_opts ts_engine_default_opts(void) {
   o.min_loss_scale = 1.0f;
   o.recompute_every = 0;
   o.device = TS_DEVICE_CPU;
+  o.pipeline_stages = 1;
+  o.schedule = TS_SCHEDULE_1F1B;
   return o;
 }
 
@@ -78,22 +80,76 @@ void ts_engine_free_model_state(ts_ledger *ledger, unit_state *s) {
   ts_ledger_free(ledger, s->v);
 }
 
-static ts_status alloc_unit(ts_engine *e, int u) {
+static ts_status init_layout(ts_engine *e, int u) {
   const ts_unit *un = &e->model->units[u];
-  unit_state *s = &e->units[u];
   size_t numels[TS_UNIT_MAX_TENSORS];
   for (int i = 0; i < un->n_tensors; i++) numels[i] = un->tensors[i].numel;
-  TS_CHECK(ts_flat_layout_init(&s->layout, numels, (size_t)un->n_tensors, (size_t)e->dp_size));
+  return ts_flat_layout_init(&e->units[u].layout, numels, (size_t)un->n_tensors,
+                             (size_t)e->dp_size);
+}
+
+/* Saved bytes of unit u for slot sl, unless it is recomputed. */
+static ts_status alloc_saved(ts_engine *e, act_slot *sl, int u) {
+  if (e->units[u].recompute) return TS_OK;
+  size_t saved = ts_unit_saved_bytes(e->model, u, e->opts.micro_batch, e->opts.seq, e->opts.dtype,
+                                     e->opts.device);
+  return ts_ledger_alloc(&e->ledger, e->device, TS_MEM_ACTIVATIONS, saved, &sl->saved[u]);
+}
+
+static ts_status alloc_unit(ts_engine *e, int u) {
+  unit_state *s = &e->units[u];
+  TS_CHECK(init_layout(e, u));
   TS_CHECK(ts_engine_alloc_model_state(&e->ledger, e->device, &s->layout, e->zero, e->opts.dtype,
                                        s));
   s->recompute = ts_engine_is_recomputed(e->model, &e->opts, u);
-  size_t saved = ts_unit_saved_bytes(e->model, u, e->opts.micro_batch, e->opts.seq, e->opts.dtype,
-                                     e->opts.device);
-  if (!s->recompute)
-    TS_CHECK(ts_ledger_alloc(&e->ledger, e->device, TS_MEM_ACTIVATIONS, saved, &s->saved));
+  TS_CHECK(alloc_saved(e, &e->slots[0], u));
   size_t sb = ts_shard_scratch_bytes(&s->layout, e->opts.dtype);
   if (sb > e->scratch_bytes) e->scratch_bytes = sb;
   return init_unit(e, u);
+}
+
+/* The last stage's copy of a tied head's lender (unit u): its parameters
+ * alone, held as the stage's policy holds parameters, initialised as
+ * stage 0 initialises them (the same bits). */
+static ts_status alloc_replica(ts_engine *e, int u) {
+  unit_state *s = &e->units[u];
+  TS_CHECK(init_layout(e, u));
+  size_t n = e->zero->shard_params ? s->layout.shard : s->layout.padded;
+  TS_CHECK(ts_ledger_alloc(&e->ledger, e->device, TS_MEM_PARAMS, n * e->es, &s->params));
+  return init_unit(e, u);
+}
+
+/* The activations of slot k: saved bytes (slot 0's come with the units),
+ * the units' inputs and the stage's output, the batch, and (stages s > 0)
+ * the gradient sent back. */
+static ts_status alloc_slot(ts_engine *e, int k) {
+  const ts_model *m = e->model;
+  act_slot *sl = &e->slots[k];
+  size_t B = e->opts.micro_batch, T = e->opts.seq, BTC = B * T * m->hidden_size * e->es;
+  if (k > 0)
+    for (int u = e->u_begin; u < e->u_end; u++) TS_CHECK(alloc_saved(e, sl, u));
+  int first = e->u_begin > 1 ? e->u_begin : 1, last = e->u_end < m->n_units ? e->u_end : m->n_units - 1;
+  for (int u = first; u <= last; u++)
+    TS_CHECK(ts_ledger_alloc(&e->ledger, e->device, TS_MEM_ACTIVATIONS, BTC, &sl->acts[u]));
+  TS_CHECK(ts_ledger_alloc(&e->ledger, e->device, TS_MEM_ACTIVATIONS, B * T * 4,
+                           (void **)&sl->tokens));
+  TS_CHECK(ts_ledger_alloc(&e->ledger, e->device, TS_MEM_ACTIVATIONS, B * T * 4,
+                           (void **)&sl->targets));
+  if (e->stage > 0 && k > 0)
+    TS_CHECK(ts_ledger_alloc(&e->ledger, e->device, TS_MEM_ACTIVATIONS, BTC, &sl->gsend));
+  return TS_OK;
+}
+
+static void free_slot(ts_engine *e, act_slot *sl) {
+  if (sl->acts)
+    for (int u = 0; u < e->model->n_units; u++) ts_ledger_free(&e->ledger, sl->acts[u]);
+  if (sl->saved)
+    for (int u = 0; u < e->model->n_units; u++) ts_ledger_free(&e->ledger, sl->saved[u]);
+  ts_ledger_free(&e->ledger, sl->tokens);
+  ts_ledger_free(&e->ledger, sl->targets);
+  ts_ledger_free(&e->ledger, sl->gsend);
+  free(sl->acts);
+  free(sl->saved);
 }
 
 /* The step's scalars: a few hundred bytes the engine reads once per step.
@@ -109,7 +165,8 @@ static ts_status alloc_scalars(ts_engine *e) {
                                       : ts_ledger_alloc(&e->ledger, e->device, TS_MEM_WORKSPACE,
                                                         e->scalar_bytes, (void **)&e->scalars);
   e->h_scalars = calloc(1, e->scalar_bytes); /* the host's copy of the block */
-  if (!e->h_scalars) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "engine: step scalars");
+  e->h_part = calloc(U + 1, sizeof(double));
+  if (!e->h_scalars || !e->h_part) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "engine: step scalars");
   void *block = NULL;
   if (e->device == TS_DEVICE_CPU) {
     block = calloc(1, e->scalar_bytes);
@@ -129,25 +186,32 @@ ts_status ts_engine_alloc(ts_engine *e) {
   const ts_model *m = e->model;
   ts_device dev = e->device;
   size_t B = e->opts.micro_batch, T = e->opts.seq, C = m->hidden_size, es = e->es;
-  e->units = calloc((size_t)m->n_units, sizeof *e->units);
-  e->acts = calloc((size_t)m->n_units, sizeof *e->acts);
-  if (!e->units || !e->acts) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "engine: unit tables");
+  size_t U = (size_t)m->n_units;
+  e->units = calloc(U, sizeof *e->units);
+  e->slots = calloc((size_t)e->n_slots, sizeof *e->slots);
+  if (!e->units || !e->slots) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "engine: unit tables");
+  for (int k = 0; k < e->n_slots; k++) {
+    e->slots[k].acts = calloc(U, sizeof(void *));
+    e->slots[k].saved = calloc(U, sizeof(void *));
+    if (!e->slots[k].acts || !e->slots[k].saved)
+      return ts_set_error(TS_ERR_OUT_OF_MEMORY, "engine: slot tables");
+  }
   /* Units first: their initialisation scratch (workspace category) is gone
    * before the kernel workspace exists, so the category's peak is the
    * larger of the two, not their sum. */
-  for (int u = 0; u < m->n_units; u++) TS_CHECK(alloc_unit(e, u));
+  for (int u = e->u_begin; u < e->u_end; u++) TS_CHECK(alloc_unit(e, u));
+  if (e->replica) TS_CHECK(alloc_replica(e, ts_engine_tied_lender(m)));
   size_t ws = 0;
-  for (int u = 0; u < m->n_units; u++) {
+  for (int u = e->u_begin; u < e->u_end; u++) {
     size_t w = ts_unit_workspace_bytes(m, u, B, T, e->opts.dtype, dev);
     if (w > ws) ws = w;
   }
   TS_CHECK(ts_ledger_alloc(&e->ledger, dev, TS_MEM_WORKSPACE, ws, &e->ctx.workspace));
   e->ctx.workspace_bytes = ws;
   TS_CHECK(ts_ledger_alloc(&e->ledger, dev, TS_MEM_COMM, e->scratch_bytes, &e->scratch));
-  for (int u = 1; u < m->n_units; u++)
-    TS_CHECK(ts_ledger_alloc(&e->ledger, dev, TS_MEM_ACTIVATIONS, B * T * C * es, &e->acts[u]));
-  TS_CHECK(ts_ledger_alloc(&e->ledger, dev, TS_MEM_ACTIVATIONS, B * T * 4, (void **)&e->tokens));
-  TS_CHECK(ts_ledger_alloc(&e->ledger, dev, TS_MEM_ACTIVATIONS, B * T * 4, (void **)&e->targets));
+  TS_CHECK(alloc_slot(e, 0));
+  e->tokens = e->slots[0].tokens;
+  e->targets = e->slots[0].targets;
   /* The host's batch (ts_engine_batch): the same buffers on the CPU, host
    * staging (the ledger's CPU account) beside a device's. */
   e->h_tokens = e->tokens;
@@ -163,8 +227,14 @@ ts_status ts_engine_alloc(ts_engine *e) {
   }
   for (int i = 0; i < 2; i++)
     TS_CHECK(ts_ledger_alloc(&e->ledger, dev, TS_MEM_ACTIVATIONS, B * T * C * es, &e->dbuf[i]));
-  size_t rb = ts_engine_recompute_bytes(m, &e->opts);
+  size_t rb = ts_engine_recompute_bytes(m, &e->opts, e->u_begin, e->u_end);
   TS_CHECK(ts_ledger_alloc(&e->ledger, dev, TS_MEM_ACTIVATIONS, rb, &e->recompute_saved));
+  /* A pipeline stage's other micro-batches in flight, and slot 0's send
+   * buffer of the input's gradient. */
+  for (int k = 1; k < e->n_slots; k++) TS_CHECK(alloc_slot(e, k));
+  if (e->stage > 0)
+    TS_CHECK(ts_ledger_alloc(&e->ledger, dev, TS_MEM_ACTIVATIONS, B * T * C * es,
+                             &e->slots[0].gsend));
   return alloc_scalars(e);
 }
 
@@ -211,14 +281,17 @@ ts_status ts_engine_new(const ts_model *model, const ts_engine_opts *opts, int p
   e->ctx.device = opts->device;
   e->es = ts_dtype_size(opts->dtype);
   e->plan = plan;
+  e->stages = 1; /* no pipelining until ts_engine_set_stage */
+  e->u_end = model->n_units;
+  e->n_slots = 1;
   if (plan) ts_ledger_init_plan(&e->ledger);
   else ts_ledger_init(&e->ledger);
   *out = e;
   return TS_OK;
 }
 
-ts_status ts_engine_create(ts_engine **out, const ts_model *model, const ts_engine_opts *opts,
-                           ts_comm *dp) {
+ts_status ts_engine_create_stage(ts_engine **out, const ts_model *model,
+                                 const ts_engine_opts *opts, ts_comm *dp, ts_comm *pp, int stage) {
   *out = NULL;
   ts_engine *e;
   TS_CHECK(ts_engine_new(model, opts, 0, &e));
@@ -226,10 +299,12 @@ ts_status ts_engine_create(ts_engine **out, const ts_model *model, const ts_engi
   if (st == TS_OK && !dp) st = ts_comm_self(&e->own_comm);
   if (st == TS_OK) {
     e->dp = dp ? dp : e->own_comm;
+    e->pp = pp;
     e->rank = ts_comm_rank(e->dp);
     e->dp_size = ts_comm_size(e->dp);
-    if (e->device != TS_DEVICE_CPU) st = ts_engine_prepare_device(e);
+    st = ts_engine_set_stage(e, stage);
   }
+  if (st == TS_OK && e->device != TS_DEVICE_CPU) st = ts_engine_prepare_device(e);
   if (st == TS_OK) st = ts_engine_alloc(e);
   if (st != TS_OK) {
     ts_engine_free(e);
@@ -239,22 +314,34 @@ ts_status ts_engine_create(ts_engine **out, const ts_model *model, const ts_engi
   return TS_OK;
 }
 
+ts_status ts_engine_create(ts_engine **out, const ts_model *model, const ts_engine_opts *opts,
+                           ts_comm *dp) {
+  if (opts->pipeline_stages > 1) {
+    *out = NULL;
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "engine: --pipeline %d needs its grid (ts_engine_create_pipeline)",
+                        opts->pipeline_stages);
+  }
+  return ts_engine_create_stage(out, model, opts, dp, NULL, 0);
+}
+
 void ts_engine_free(ts_engine *e) {
   if (!e) return;
   /* Whatever is still queued on the device finishes before its buffers go. */
   if (!e->plan && e->ctx.stream) ts_k_synchronize(&e->ctx);
   if (e->hooks && e->hooks->release) e->hooks->release(e->hooks->user, e);
+  ts_engine_wait_sends(e); /* no send may still read a buffer */
   if (e->units) {
     for (int u = 0; u < e->model->n_units; u++) {
       unit_state *s = &e->units[u];
       ts_engine_free_model_state(&e->ledger, s);
-      ts_ledger_free(&e->ledger, s->saved);
       ts_shard_release(&e->ledger, &s->full_params);
       ts_shard_release(&e->ledger, &s->full_grads);
     }
   }
-  if (e->acts)
-    for (int u = 1; u < e->model->n_units; u++) ts_ledger_free(&e->ledger, e->acts[u]);
+  ts_shard_release(&e->ledger, &e->tied_grads);
+  if (e->slots)
+    for (int k = 0; k < e->n_slots; k++) free_slot(e, &e->slots[k]);
   if (e->h_tokens != e->tokens) ts_ledger_free(&e->ledger, e->h_tokens);
   if (e->staging) {
     if (!e->plan) {
@@ -265,8 +352,6 @@ void ts_engine_free(ts_engine *e) {
   }
   if (e->dp && e->comm_mem.copy) ts_comm_set_memory(e->dp, NULL);
   if (e->h_targets != e->targets) ts_ledger_free(&e->ledger, e->h_targets);
-  ts_ledger_free(&e->ledger, e->tokens);
-  ts_ledger_free(&e->ledger, e->targets);
   ts_ledger_free(&e->ledger, e->dbuf[0]);
   ts_ledger_free(&e->ledger, e->dbuf[1]);
   ts_ledger_free(&e->ledger, e->ctx.workspace);
@@ -275,11 +360,13 @@ void ts_engine_free(ts_engine *e) {
   if (e->device == TS_DEVICE_CPU) free(e->scalars);
   else ts_ledger_free(&e->ledger, e->scalars);
   free(e->h_scalars);
+  free(e->h_part);
   ts_ledger_release(&e->ledger);
   ts_k_context_destroy(&e->ctx);
   ts_comm_free(e->own_comm);
   free(e->units);
-  free(e->acts);
+  free(e->slots);
+  ts_schedule_free(&e->sched);
   free(e);
 }
 
@@ -288,7 +375,7 @@ void ts_engine_free(ts_engine *e) {
 void ts_engine_span_begin(ts_engine *e, ts_span_kind kind, int unit) {
   if (!e->trace || e->plan) return;
   /* micro-batch: the one in progress during a step, none outside */
-  int mb = e->micro_done < (int)e->opts.grad_accum && e->in_micro_step ? e->micro_done : -1;
+  int mb = e->in_micro_step ? e->cur_mb : -1;
   ts_trace_begin(e->trace, kind, unit, mb);
 }
 
@@ -355,24 +442,84 @@ static ts_status reduce_unit_grads(ts_engine *e, int u) {
   ts_engine_span_begin(e, TS_SPAN_REDUCE_SCATTER, u);
   ts_status st = e->plan ? TS_OK
                          : ts_shard_reduce_scatter(e->dp, &s->layout, s->full_grads, s->grads,
-                                                   e->opts.dtype, e->micro_done > 0, e->scratch,
+                                                   e->opts.dtype, e->cur_mb > 0, e->scratch,
                                                    e->scratch_bytes);
   ts_engine_span_end(e);
   ts_shard_release(&e->ledger, &s->full_grads);
   return st;
 }
 
+/* ---- tied embeddings ------------------------------------------------------------ */
+
+int ts_engine_tied_lender(const ts_model *m) {
+  for (int u = 0; u < m->n_units; u++)
+    if (m->units[u].tied_unit >= 0) return m->units[u].tied_unit;
+  return -1;
+}
+
+/* Whether the tied head adds its gradient straight into the lender's
+ * (full, zeroed) gradient: one micro-batch, both units here, gradients not
+ * sharded. The bits are those of the fold below (zero + T = T). */
+static int tied_direct(const ts_engine *e, int head) {
+  int lender = e->model->units[head].tied_unit;
+  return !e->zero->shard_grads && e->opts.grad_accum == 1 && ts_engine_owns(e, lender) &&
+         ts_engine_owns(e, head);
+}
+
+/* The tied head's gradient of the borrowed tensor, summed over the step's
+ * micro-batches in T = e->tied_grads (a zeroed transient from its first
+ * backward), is added into the lender's gradient once per step, just
+ * before the lender's backward of the last micro-batch: the lender's full
+ * gradient becomes G + T (with sharded gradients, G is that micro-batch's
+ * zeroed transient: T itself becomes it), then the lender's own backward
+ * adds to it. On a pipeline, T comes from the last stage. */
+static ts_status fold_tied(ts_engine *e, int lender) {
+  unit_state *s = &e->units[lender];
+  if (!e->tied_grads) TS_CHECK(ts_engine_recv_tied_grads(e));
+  if (e->zero->shard_grads) {
+    s->full_grads = e->tied_grads; /* same size and category: a transient either way */
+    e->tied_grads = NULL;
+    return TS_OK;
+  }
+  ts_status st =
+      e->plan ? TS_OK
+              : ts_k_add(&e->ctx, s->grads, s->grads, e->tied_grads, s->layout.padded,
+                         e->opts.dtype);
+  ts_shard_release(&e->ledger, &e->tied_grads);
+  return st;
+}
+
+/* The buffer a tied head's backward adds its borrowed tensor's gradient
+ * to: the lender's own gradient (tied_direct), else T (allocated zeroed on
+ * first use). *out: the lender's layout (P). */
+static ts_status tied_grads(ts_engine *e, int head, void **out) {
+  int lender = e->model->units[head].tied_unit;
+  if (tied_direct(e, head)) {
+    *out = e->units[lender].grads;
+    return TS_OK;
+  }
+  if (!e->tied_grads) {
+    size_t bytes = e->units[lender].layout.padded * e->es;
+    TS_CHECK(ts_ledger_alloc_transient(&e->ledger, e->device, TS_MEM_GRADS, bytes,
+                                       &e->tied_grads));
+    if (!e->plan && e->device != TS_DEVICE_CPU) TS_CHECK(ts_k_zero(&e->ctx, e->tied_grads, bytes));
+  }
+  *out = e->tied_grads;
+  return TS_OK;
+}
+
 /* ---- forward and backward ------------------------------------------------------- */
 
-/* Arguments common to every unit call of this micro-batch. */
-static ts_unit_args base_args(const ts_engine *e) {
+/* Arguments common to every unit call of slot sl's micro-batch. */
+static ts_unit_args base_args(const ts_engine *e, const act_slot *sl) {
   ts_unit_args a;
   memset(&a, 0, sizeof a);
   a.B = e->opts.micro_batch;
   a.T = e->opts.seq;
   a.dt = e->opts.dtype;
-  a.tokens = e->tokens;
-  a.targets = e->targets;
+  a.tokens = sl->tokens;
+  a.targets = sl->targets;
+  a.dloss = sl->dloss;
   return a;
 }
 
@@ -401,18 +548,14 @@ static ts_status forward_unit(ts_engine *e, int u, ts_unit_args *a) {
   return st;
 }
 
-/* Forward over all units; the last unit's loss goes to loss (2). In
- * training (fused) the last unit also leaves the gradient of its logits,
- * scaled by dloss, for backward (one pass over the logits). */
-static ts_status forward(ts_engine *e, double *loss, int fused, float dloss) {
+ts_status ts_engine_forward_slot(ts_engine *e, act_slot *sl, double *loss, int fused) {
   int n = e->model->n_units;
-  for (int u = 0; u < n; u++) {
-    ts_unit_args a = base_args(e);
+  for (int u = e->u_begin; u < e->u_end; u++) {
+    ts_unit_args a = base_args(e, sl);
     a.fused_loss_grad = fused && u == n - 1;
-    a.dloss = dloss;
-    a.x = u > 0 ? e->acts[u] : NULL;
-    a.y = u + 1 < n ? e->acts[u + 1] : NULL;
-    a.saved = e->units[u].recompute ? e->recompute_saved : e->units[u].saved;
+    a.x = u > 0 ? sl->acts[u] : NULL;
+    a.y = u + 1 < n ? sl->acts[u + 1] : NULL;
+    a.saved = e->units[u].recompute ? e->recompute_saved : sl->saved[u];
     a.loss = u == n - 1 ? loss : NULL;
     TS_CHECK(forward_unit(e, u, &a));
   }
@@ -444,6 +587,13 @@ static ts_status load_batch(ts_engine *e, const int32_t *inputs, const int32_t *
   return TS_OK;
 }
 
+/* d(scaled step loss)/d(row loss) of a micro-batch with `count` targets:
+ * the loss scale (1 unless fp16; exact: 2^k) over count N K. */
+float ts_engine_dloss(const ts_engine *e, size_t count) {
+  double micro_batches = (double)e->opts.grad_accum * (double)e->dp_size;
+  return count ? (float)((double)e->scaler.scale / ((double)count * micro_batches)) : 0.0f;
+}
+
 /* The arithmetic of unit u's backward (with its recompute, and the test
  * seam), on acquired buffers. */
 static ts_status backward_compute(ts_engine *e, int u, ts_unit_args *a, const void *params,
@@ -452,9 +602,9 @@ static ts_status backward_compute(ts_engine *e, int u, ts_unit_args *a, const vo
   if (e->units[u].recompute) {
     /* Recompute: the forward again, from the kept input, with the same
      * (when sharded: the same gathered) parameters. It rewrites the unit's
-     * output, acts[u + 1], with the same bits; unit u + 1 is done with it. */
+     * output (the next unit's kept input) with the same bits; that unit
+     * is done with it. */
     ts_unit_args f = *a;
-    f.y = e->acts[u + 1];
     f.tied_weight = lender ? borrowed(e, u, lender) : NULL;
     ts_engine_span_begin(e, TS_SPAN_RECOMPUTE, u);
     st = ts_unit_forward(e->model, u, &e->ctx, params, &f);
@@ -472,16 +622,20 @@ static ts_status backward_compute(ts_engine *e, int u, ts_unit_args *a, const vo
 }
 
 /* Backward of unit u: parameters acquired, gradients accumulated into the
- * full gradient (and the lender's), then reduced when sharded. */
+ * full gradient (a tied head's borrowed one into tied_grads), then reduced
+ * when sharded. */
 static ts_status backward_unit(ts_engine *e, int u, ts_unit_args *a) {
   const ts_unit *un = &e->model->units[u];
   const void *params, *lender = NULL;
   void *grads, *lender_grads = NULL;
+  if (u == ts_engine_tied_lender(e->model) && (size_t)e->cur_mb + 1 == e->opts.grad_accum &&
+      !tied_direct(e, e->model->n_units - 1))
+    TS_CHECK(fold_tied(e, u));
   TS_CHECK(ts_engine_acquire_params(e, u, &params));
   ts_status st = full_grads(e, u, &grads);
   if (st == TS_OK && un->tied_unit >= 0) {
     st = ts_engine_acquire_params(e, un->tied_unit, &lender);
-    if (st == TS_OK) st = full_grads(e, un->tied_unit, &lender_grads);
+    if (st == TS_OK) st = tied_grads(e, u, &lender_grads);
     if (st == TS_OK) a->tied_grad = borrowed(e, u, lender_grads);
   }
   if (st == TS_OK && !e->plan) st = backward_compute(e, u, a, params, grads, lender);
@@ -491,9 +645,31 @@ static ts_status backward_unit(ts_engine *e, int u, ts_unit_args *a) {
   return st;
 }
 
+ts_status ts_engine_backward_slot(ts_engine *e, act_slot *sl, const void *dy) {
+  int n = e->model->n_units, cur = 0;
+  const void *din = dy; /* the gradient of the current unit's output */
+  for (int u = e->u_end - 1; u >= e->u_begin; u--) {
+    ts_unit_args a = base_args(e, sl);
+    a.fused_loss_grad = u == n - 1;
+    a.x = u > 0 ? sl->acts[u] : NULL;
+    a.y = u + 1 < n ? sl->acts[u + 1] : NULL; /* what a recompute rewrites */
+    a.saved = e->units[u].recompute ? e->recompute_saved : sl->saved[u];
+    a.dy = u < n - 1 ? din : NULL;
+    /* ping-pong through dbuf; a pipeline stage's input gradient goes to its
+     * send buffer (dy arrives in dbuf[1], so dbuf[0] is free first) */
+    a.dx = u == 0 ? NULL : u == e->u_begin && sl->gsend ? sl->gsend : e->dbuf[cur];
+    TS_CHECK(backward_unit(e, u, &a));
+    din = a.dx;
+    cur ^= 1;
+  }
+  if (e->replica && (size_t)e->cur_mb + 1 == e->opts.grad_accum)
+    TS_CHECK(ts_engine_send_tied_grads(e));
+  return TS_OK;
+}
+
 /* Zeroes every gradient buffer this rank holds (the shard when sharded). */
 static ts_status zero_grads(ts_engine *e) {
-  for (int u = 0; u < e->model->n_units; u++) {
+  for (int u = e->u_begin; u < e->u_end; u++) {
     unit_state *s = &e->units[u];
     size_t n = e->zero->shard_grads ? s->layout.shard : s->layout.padded;
     TS_CHECK(ts_k_zero(&e->ctx, s->grads, n * e->es));
@@ -504,38 +680,28 @@ static ts_status zero_grads(ts_engine *e) {
 /* Drops the gradients accumulated so far in this step and any transient
  * buffer, so that a failed micro-step leaves the engine as it was after
  * the last optimizer step. */
-static void discard_step(ts_engine *e) {
+void ts_engine_discard_step(ts_engine *e) {
   zero_grads(e);
+  ts_engine_wait_sends(e);
   for (int u = 0; u < e->model->n_units; u++) {
     unit_state *s = &e->units[u];
     ts_shard_release(&e->ledger, &s->full_grads);
     ts_shard_release(&e->ledger, &s->full_params);
     s->uses = 0;
   }
+  ts_shard_release(&e->ledger, &e->tied_grads);
   e->micro_done = 0;
 }
 
 /* ts_engine_run_micro_step's body. */
 static ts_status run_micro_step(ts_engine *e, const int32_t *inputs, const int32_t *targets) {
   size_t count = 0;
+  act_slot *sl = &e->slots[0];
   if (!e->plan) TS_CHECK(load_batch(e, inputs, targets, &count));
-  int n = e->model->n_units;
-  double micro_batches = (double)e->opts.grad_accum * (double)e->dp_size;
-  /* d(scaled loss)/d(row loss); the scale is 1 unless fp16 (exact: 2^k). */
-  float dloss =
-      count ? (float)((double)e->scaler.scale / ((double)count * micro_batches)) : 0.0f;
-  TS_CHECK(forward(e, e->plan ? NULL : e->loss + 2 * (size_t)e->micro_done, 1, dloss));
-  for (int u = n - 1, cur = 0; u >= 0; u--) {
-    ts_unit_args a = base_args(e);
-    a.fused_loss_grad = u == n - 1;
-    a.x = u > 0 ? e->acts[u] : NULL;
-    a.saved = e->units[u].recompute ? e->recompute_saved : e->units[u].saved;
-    a.dloss = dloss;
-    a.dy = u < n - 1 ? e->dbuf[cur] : NULL;
-    a.dx = u > 0 ? e->dbuf[cur ^ 1] : NULL;
-    TS_CHECK(backward_unit(e, u, &a));
-    cur ^= 1;
-  }
+  sl->dloss = ts_engine_dloss(e, count);
+  e->cur_mb = e->micro_done;
+  TS_CHECK(ts_engine_forward_slot(e, sl, e->plan ? NULL : e->loss + 2 * (size_t)e->cur_mb, 1));
+  TS_CHECK(ts_engine_backward_slot(e, sl, NULL));
   e->micro_done++;
   return TS_OK;
 }
@@ -552,19 +718,24 @@ static double mean_loss(const double *pair) { return pair[1] > 0 ? pair[0] / pai
 
 ts_status ts_engine_micro_step(ts_engine *e, const int32_t *inputs, const int32_t *targets,
                                double *loss) {
+  if (e->stages > 1)
+    return ts_set_error(TS_ERR_INVALID_USAGE,
+                        "engine: micro-step on pipeline stage %d of %d: a pipeline runs whole "
+                        "steps (ts_engine_step)",
+                        e->stage, e->stages);
   if ((size_t)e->micro_done >= e->opts.grad_accum)
     return ts_set_error(TS_ERR_INVALID_USAGE,
                         "engine: micro-step %d of a step with grad_accum %zu: call "
                         "ts_engine_optimizer_step first",
                         e->micro_done + 1, e->opts.grad_accum);
-  if (e->micro_done == 0) e->step_start = *ts_comm_get_counters(e->dp);
+  if (e->micro_done == 0) ts_engine_step_begin(e);
   ts_status st = ts_engine_run_micro_step(e, inputs, targets);
   if (st == TS_OK && loss) {
     double pair[2];
     st = ts_k_to_host(&e->ctx, pair, e->loss + 2 * (size_t)(e->micro_done - 1), sizeof pair);
     *loss = mean_loss(pair);
   }
-  if (st != TS_OK) discard_step(e);
+  if (st != TS_OK) ts_engine_discard_step(e);
   return st;
 }
 
@@ -575,7 +746,7 @@ ts_status ts_engine_micro_step(ts_engine *e, const int32_t *inputs, const int32_
  * reduced slices back (all-reduce). */
 static ts_status reduce_full_grads(ts_engine *e) {
   if (!e->zero->reduce_after_step) return TS_OK;
-  for (int u = 0; u < e->model->n_units; u++) {
+  for (int u = e->u_begin; u < e->u_end; u++) {
     unit_state *s = &e->units[u];
     void *own = ts_engine_grad_shard(e, u);
     ts_engine_span_begin(e, TS_SPAN_REDUCE_SCATTER, u);
@@ -593,9 +764,24 @@ static ts_status reduce_full_grads(ts_engine *e) {
   return TS_OK;
 }
 
+/* The counters of the dp group plus (pipeline) the pipeline group. */
+static ts_comm_counters counters_now(const ts_engine *e) {
+  ts_comm_counters d = *ts_comm_get_counters(e->dp);
+  if (e->pp) {
+    const ts_comm_counters *p = ts_comm_get_counters(e->pp);
+    for (int k = 0; k < TS_COMM_NUM_KINDS; k++) {
+      d.bytes[k] += p->bytes[k];
+      d.calls[k] += p->calls[k];
+    }
+  }
+  return d;
+}
+
+void ts_engine_step_begin(ts_engine *e) { e->step_start = counters_now(e); }
+
 /* Counter differences now - since. */
-static ts_comm_counters counters_since(const ts_comm *c, const ts_comm_counters *since) {
-  ts_comm_counters d = *ts_comm_get_counters(c);
+static ts_comm_counters counters_since(const ts_engine *e, const ts_comm_counters *since) {
+  ts_comm_counters d = counters_now(e);
   for (int k = 0; k < TS_COMM_NUM_KINDS; k++) {
     d.bytes[k] -= since->bytes[k];
     d.calls[k] -= since->calls[k];
@@ -631,7 +817,7 @@ static ts_status apply_step(ts_engine *e, float lr, double sumsq, ts_step_stats 
   e->step++;
   ts_engine_span_begin(e, TS_SPAN_OPTIMIZER, -1);
   ts_status st = TS_OK;
-  for (int u = 0; u < e->model->n_units && st == TS_OK; u++) {
+  for (int u = e->u_begin; u < e->u_end && st == TS_OK; u++) {
     unit_state *s = &e->units[u];
     st = ts_engine_adamw_unit(e, u, lr, scale);
     if (st == TS_OK && e->zero->gather_after_update) {
@@ -644,6 +830,7 @@ static ts_status apply_step(ts_engine *e, float lr, double sumsq, ts_step_stats 
   }
   ts_engine_span_end(e);
   TS_CHECK(st);
+  TS_CHECK(ts_engine_sync_replica(e));
   TS_CHECK(zero_grads(e));
   e->attempts++;
   ts_loss_scaler_clean(&e->scaler, e->attempts);
@@ -664,7 +851,7 @@ ts_status ts_engine_optimizer_step(ts_engine *e, float lr, ts_step_stats *stats)
   stats->overflow_unit = -1;
   stats->loss_scale = stats->next_loss_scale = e->scaler.scale;
   TS_CHECK(reduce_full_grads(e));
-  for (int u = 0; u < m->n_units; u++)
+  for (int u = e->u_begin; u < e->u_end; u++)
     TS_CHECK(ts_k_sumsq(&e->ctx, e->sumsq + u, ts_engine_grad_shard(e, u),
                         e->units[u].layout.shard, e->opts.dtype));
   /* The step's one read of the device: the micro-batches' losses and the
@@ -672,12 +859,22 @@ ts_status ts_engine_optimizer_step(ts_engine *e, float lr, ts_step_stats *stats)
   size_t K = e->opts.grad_accum, U = (size_t)m->n_units;
   const double *h = e->h_scalars;
   TS_CHECK(ts_k_to_host(&e->ctx, e->h_scalars, e->scalars, (2 * K + U) * sizeof(double)));
-  /* [0]: this rank's sum of micro-batch mean losses, [1]: sum of squares of
-   * its gradient shards, per unit in model order (not finite on any rank:
-   * overflow, agreed by this one all-reduce). */
-  double sums[2] = {0.0, 0.0};
-  for (size_t k = 0; k < K; k++) sums[0] += mean_loss(h + 2 * k);
-  for (size_t u = 0; u < U; u++) sums[1] += h[2 * K + u];
+  /* part[0]: this rank's sum of micro-batch mean losses (the stage with
+   * the loss), part[1 + u]: the squared norm of its shard of unit u (the
+   * stage computing u, else 0). A pipeline gathers them by a sum over its
+   * stages (each entry is non-zero on one stage alone: exact), so the
+   * norm below is summed per unit in model order whatever the layout. */
+  double *part = e->h_part;
+  part[0] = 0.0;
+  if (ts_engine_owns(e, m->n_units - 1))
+    for (size_t k = 0; k < K; k++) part[0] += mean_loss(h + 2 * k);
+  for (size_t u = 0; u < U; u++) part[1 + u] = ts_engine_owns(e, (int)u) ? h[2 * K + u] : 0.0;
+  if (e->pp) TS_CHECK(ts_comm_all_reduce_f64(e->pp, part, U + 1, TS_COMM_SUM));
+  /* [0]: the loss sum, [1]: the sum of squares of the gradient shards, per
+   * unit in model order (not finite on any rank: overflow, agreed by this
+   * one all-reduce over the dp group; the pipeline's sum came first). */
+  double sums[2] = {part[0], 0.0};
+  for (size_t u = 0; u < U; u++) sums[1] += part[1 + u];
   TS_CHECK(ts_comm_all_reduce_f64(e->dp, sums, 2, TS_COMM_SUM));
   stats->loss = sums[0] / ((double)e->opts.grad_accum * (double)e->dp_size);
   stats->step = e->step;
@@ -688,7 +885,7 @@ ts_status ts_engine_optimizer_step(ts_engine *e, float lr, ts_step_stats *stats)
   } else {
     st = apply_step(e, lr, sums[1], stats);
   }
-  stats->comm = counters_since(e->dp, &e->step_start);
+  stats->comm = counters_since(e, &e->step_start);
   stats->comm_bytes = 0;
   for (int k = 0; k < TS_COMM_NUM_KINDS; k++) stats->comm_bytes += stats->comm.bytes[k];
   e->micro_done = 0;
@@ -699,9 +896,13 @@ ts_status ts_engine_eval(ts_engine *e, const int32_t *inputs, const int32_t *tar
                          double *loss_sum, size_t *count) {
   size_t rows;
   TS_CHECK(load_batch(e, inputs, targets, &rows));
-  TS_CHECK(forward(e, e->eval_loss, 0, 0.0f));
-  double pair[2];
-  TS_CHECK(ts_k_to_host(&e->ctx, pair, e->eval_loss, sizeof pair));
+  double pair[2] = {0.0, 0.0};
+  if (e->stages > 1) {
+    TS_CHECK(ts_engine_eval_pipeline(e, pair));
+  } else {
+    TS_CHECK(ts_engine_forward_slot(e, &e->slots[0], e->eval_loss, 0));
+    TS_CHECK(ts_k_to_host(&e->ctx, pair, e->eval_loss, sizeof pair));
+  }
   *loss_sum = pair[0];
   *count = (size_t)pair[1];
   return TS_OK;
@@ -730,6 +931,12 @@ const ts_engine_opts *ts_engine_options(const ts_engine *e) { return &e->opts; }
 ts_comm *ts_engine_comm(const ts_engine *e) { return e->dp; }
 
 int ts_engine_num_units(const ts_engine *e) { return e->model->n_units; }
+
+int ts_engine_stage_units(const ts_engine *e, int *begin, int *end) {
+  *begin = e->u_begin;
+  *end = e->u_end;
+  return e->stage;
+}
 
 void ts_engine_set_hooks(ts_engine *e, const ts_engine_hooks *hooks) { e->hooks = hooks; }
 

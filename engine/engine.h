@@ -87,6 +87,8 @@
 #include <stdint.h>
 
 #include "comm/comm.h"
+#include "engine/grid.h"
+#include "engine/schedule.h"
 #include "kernels/kernels.h"
 #include "models/model.h"
 #include "shard/flat.h"
@@ -134,12 +136,20 @@ typedef struct ts_engine_opts {
   int allow_tf32; /* CUDA fp32 products on TF32 tensor cores (kernels.h TS_K_ALLOW_TF32) */
   int plain_attention; /* CUDA bf16/fp16 attention on the plain kernels, not cuDNN's
                           (kernels.h TS_K_PLAIN_ATTENTION) */
+  /* Pipeline stages (DESIGN.md "Pipeline stages"; ts_engine_create_pipeline):
+   * the units split into P contiguous stages, each stage's grad_accum
+   * micro-batches run by the schedule. P = 1: no pipelining. */
+  int pipeline_stages;         /* P >= 1 */
+  ts_schedule_kind schedule;   /* GPipe or 1F1B */
+  const char *pipeline_split;  /* NULL or "auto": balanced by cost (ts_engine_unit_cost);
+                                  else "a,b,..." units per stage (borrowed) */
 } ts_engine_opts;
 
 /* Defaults: B 8, T 128, accumulation 1, fp32, seed 1337, AdamW (0.9, 0.95,
  * 1e-8), weight decay 0.1, clipping at 1.0 (nanoGPT / LLaMA settings),
  * ZeRO stage 0, dynamic loss scaling from 2^16 with window 2000 and
- * minimum 1 (fp16 only), no activation checkpointing. */
+ * minimum 1 (fp16 only), no activation checkpointing, no pipelining
+ * (P = 1; schedule 1F1B when P > 1, auto split). */
 ts_engine_opts ts_engine_default_opts(void);
 
 /* Whether unit u of m is recomputed (activation checkpointing) under
@@ -185,6 +195,32 @@ ts_status ts_engine_plan(const ts_model *model, const ts_engine_opts *opts, size
 ts_status ts_engine_plan_params(size_t psi, ts_dtype dtype, int zero_stage, size_t dp_size,
                                 ts_mem_account *out);
 
+/* The cost of unit u in one micro-step, used to balance pipeline stages:
+ * its forward and backward FLOPs (6 per parameter and token for the
+ * matrices it multiplies, borrowed ones included; 12 T C per token for a
+ * block's attention scores and values: the PaLM count) plus the bytes it
+ * reads and writes per token (its (B, T, C) input, output and their
+ * gradients), per micro-batch of B T tokens. Units: FLOP-equivalents. */
+double ts_engine_unit_cost(const ts_model *m, const ts_engine_opts *opts, int u);
+
+/* The split of m's units into opts->pipeline_stages stages: first[s] is
+ * stage s's first unit (first[0] = 0), P entries; auto balances
+ * ts_engine_unit_cost (ts_pipeline_split_balanced), an explicit split is
+ * parsed (ts_pipeline_split_parse). TS_ERR_INVALID_ARGUMENT, naming the
+ * flag: P < 1 or more stages than units ("--pipeline 9: expected at most
+ * the 6 units of llama-tiny"), an explicit split that does not give every
+ * stage a unit and cover the units exactly. */
+ts_status ts_engine_pipeline_split(const ts_model *m, const ts_engine_opts *opts, int *first);
+
+/* The memory plan of pipeline stage `stage` (0 .. P-1) of one rank of its
+ * dp_size data-parallel ranks, as ts_engine_plan (which is stage 0's): its
+ * units' model state, the tied head's replica of the lender's parameters
+ * (last stage), the activations of the schedule's micro-batches in flight
+ * (ts_schedule_in_flight: GPipe m, 1F1B min(P - s, m)), the receive and
+ * send buffers, and one whole step of that stage's schedule replayed. */
+ts_status ts_engine_plan_stage(const ts_model *model, const ts_engine_opts *opts, size_t dp_size,
+                               int stage, ts_mem_account *out);
+
 typedef struct ts_engine ts_engine; /* opaque; owns its buffers */
 
 typedef struct ts_step_stats {
@@ -221,6 +257,17 @@ typedef struct ts_step_stats {
  * categories), TS_ERR_CUDA, TS_ERR_MPI. */
 ts_status ts_engine_create(ts_engine **out, const ts_model *model, const ts_engine_opts *opts,
                            ts_comm *dp);
+/* ts_engine_create for pipeline stage grid->stage of grid->stages (=
+ * opts->pipeline_stages, else TS_ERR_INVALID_ARGUMENT): the engine holds
+ * its stage's units (ts_engine_pipeline_split) with ZeRO stage
+ * opts->zero_stage inside grid->dp_group, and talks to its neighbour
+ * stages through grid->pp_group (both borrowed). A tied head on the last
+ * stage holds its own copy of the lender's parameters (sharded as the
+ * stage says), updated from stage 0 after every step. Local, like create;
+ * errors as create and ts_engine_pipeline_split. */
+ts_status ts_engine_create_pipeline(ts_engine **out, const ts_model *model,
+                                    const ts_engine_opts *opts, const ts_grid *grid);
+
 /* Frees every buffer (the ledger returns to zero) and the engine; NULL is a
  * no-op. */
 void ts_engine_free(ts_engine *e);
@@ -236,6 +283,27 @@ void ts_engine_free(ts_engine *e);
  * (zeroed), as if the step had not begun. */
 ts_status ts_engine_micro_step(ts_engine *e, const int32_t *inputs, const int32_t *targets,
                                double *loss);
+
+/* Fills the (B, T) int32 host arrays inputs and targets with micro-batch
+ * mb (0 .. grad_accum - 1) of the current step; a status other than TS_OK
+ * stops the step. */
+typedef ts_status (*ts_engine_batch_fn)(void *user, int mb, int32_t *inputs, int32_t *targets);
+
+/* One whole optimizer step of grad_accum micro-batches, fetched by batch:
+ * without pipelining grad_accum ts_engine_micro_step then
+ * ts_engine_optimizer_step; with pipeline stages this rank's list of the
+ * schedule (ts_schedule_build: forwards, backwards, the sends and receives
+ * of activations and their gradients, paired so that no rank waits on a
+ * wrong peer), then the optimizer step across the grid. Every stage calls
+ * batch for every micro-batch (stage 0 reads the inputs, the last stage
+ * the targets). The bits are those of the same micro-batches without
+ * pipelining at the same dp size: every unit computes the same values,
+ * backward runs in micro-batch order, the tied head's gradient is summed
+ * into the lender's at the same point, and the global norm is summed per
+ * unit in model order. Collective over the grid (pipeline and dp groups).
+ * Errors: as the two calls it stands for, batch's, TS_ERR_MPI. */
+ts_status ts_engine_step(ts_engine *e, ts_engine_batch_fn batch, void *user, float lr,
+                         ts_step_stats *stats);
 
 /* After grad_accum micro-steps: gradient reduction (stages 0-1), global
  * grad norm from every rank's gradient shard (one all-reduce of the partial
@@ -310,6 +378,10 @@ void ts_engine_set_trace(ts_engine *e, ts_trace *t);
 
 /* Number of units of the model (embedding, blocks, head). */
 int ts_engine_num_units(const ts_engine *e);
+
+/* This rank's pipeline stage and the units it computes, [*begin, *end)
+ * (stage 0 and every unit without pipelining). */
+int ts_engine_stage_units(const ts_engine *e, int *begin, int *end);
 
 /* The flat layout of unit u, 0 <= u < n_units (asserted). */
 const ts_flat_layout *ts_engine_layout(const ts_engine *e, int u);

@@ -9,8 +9,11 @@
  *   loss_scale.c  the fp16 loss scaler (loss_scale.h)
  *   tensors.c  the slice iterator over (tensor, this rank's part), AdamW
  *              per unit, get/set tensor, the overflow search
- *   plan.c     the memory plan (create and one micro-step on a plan ledger)
- *              and the activation prediction
+ *   plan.c     the memory plan (create and one step on a plan ledger),
+ *              the activation prediction and the units' costs
+ *   pipeline.c pipeline stages: create on a grid, the schedule's executor,
+ *              the sends and receives of activations, their gradients and
+ *              the tied embedding, the per-stage plan
  *
  * Ownership: the engine owns every buffer below and allocates each through
  * its ledger on its device (e->device), except: the batch's host staging
@@ -36,14 +39,30 @@ typedef struct unit_state {
   void *grads;           /* compute dtype: (P), or (S) when the policy shards them */
   float *master;         /* fp32, NULL in fp32: (P), or (S) with sharded optimizer state */
   float *m, *v;          /* fp32 Adam moments: as master */
-  void *saved;           /* the unit's saved bytes of one micro-batch; NULL when
-                            recomputed (the engine's recompute_saved serves) */
   int recompute;         /* activation checkpointing: forward again before backward */
   void *full_params;     /* sharded params: (P) gathered while uses > 0, else NULL */
   int uses;              /* sharded params: holders of full_params */
   void *full_grads;      /* sharded grads: (P) from the unit's (or a borrower's)
                             backward to its reduce-scatter, else NULL */
 } unit_state;
+
+/* The activations of one micro-batch in flight (pipeline schedules hold
+ * several; without pipelining there is one). A slot serves micro-batches
+ * mb with mb % n_slots equal to its index: the ones in flight at once are
+ * consecutive, never more than n_slots (ts_schedule_in_flight). */
+typedef struct act_slot {
+  void **acts;      /* [n_units] input (B, T, C) of unit u, for the units this stage
+                       computes (u > 0) and the next stage's first unit (its output) */
+  void **saved;     /* [n_units] the saved bytes of unit u; NULL when recomputed (the
+                       engine's recompute_saved serves) or not on this stage */
+  int32_t *tokens;  /* (B, T) the micro-batch's inputs */
+  int32_t *targets; /* (B, T) its targets, -100 = ignore */
+  void *gsend;      /* (B, T, C) gradient of the stage's input, sent to stage s - 1
+                       (stages s > 0 of a pipeline), else NULL */
+  float dloss;      /* d(scaled step loss)/d(row loss) of this micro-batch */
+  ts_comm_request *act_req;  /* pending send of its output (acts[u_end]), or NULL */
+  ts_comm_request *grad_req; /* pending send of gsend, or NULL */
+} act_slot;
 
 struct ts_engine {
   const ts_model *model;      /* borrowed from the creator */
@@ -58,10 +77,12 @@ struct ts_engine {
   size_t es;             /* bytes per compute element */
   void *scratch;         /* reduce-scatter scratch, (N-1) * max S elements */
   size_t scratch_bytes;  /* its size, bytes */
-  unit_state *units;     /* [n_units] */
-  void **acts;           /* [n_units] input of unit u (B, T, C), acts[0] unused */
-  int32_t *tokens;       /* (B, T) inputs of the current micro-batch */
-  int32_t *targets;      /* (B, T) */
+  unit_state *units;     /* [n_units]; those of other pipeline stages stay zeroed, but
+                            for a tied head's lender (its params alone: the replica) */
+  act_slot *slots;       /* [n_slots] micro-batches in flight */
+  int n_slots;           /* 1 without pipelining */
+  int32_t *tokens;       /* (B, T) slot 0's inputs (the micro-step's batch) */
+  int32_t *targets;      /* (B, T) slot 0's targets */
   int32_t *h_tokens;     /* (B, T) the host's batch (ts_engine_batch): tokens itself on the
                             CPU, host staging for a device */
   int32_t *h_targets;    /* (B, T) likewise */
@@ -79,12 +100,26 @@ struct ts_engine {
   int32_t *nonfinite;    /* (n_units, TS_UNIT_MAX_TENSORS): overflow search flags */
   size_t scalar_bytes;   /* bytes of the block */
   double *h_scalars;     /* host copy of the block (what the step reads back) */
+  double *h_part;        /* (1 + n_units) host: the step's loss sum and per-unit squared
+                            norms, summed over the pipeline's stages */
   int micro_done;        /* micro-steps since the last optimizer step */
   int step;              /* optimizer updates applied (AdamW's t) */
   int attempts;          /* optimizer steps finished, skipped ones included */
   ts_loss_scaler scaler; /* fp16 loss scaling (scale 1 otherwise) */
   int plan;              /* 1: ts_engine_plan: allocations charged to a plan
                             ledger, no compute, no communication */
+  /* Pipeline stages (pipeline.c; without pipelining P = 1, stage 0, all units): */
+  int stages, stage;     /* P and this rank's pipeline stage s */
+  int u_begin, u_end;    /* the units this stage computes, [u_begin, u_end) */
+  ts_comm *pp;           /* the pipeline group of this dp rank (borrowed), NULL when P = 1 */
+  int replica;           /* 1: units[lender] holds only the tied head's copy of the
+                            lender's parameters (the last stage, P > 1) */
+  int cur_mb;            /* the micro-batch whose backward runs (its index in the step) */
+  void *tied_grads;      /* tied head: its gradient of the borrowed tensor, summed over the
+                            step's micro-batches, (P) of the lender's layout, compute dtype;
+                            a transient (grads) from the first head backward to the fold */
+  ts_comm_request *tied_req; /* pending send of tied_grads to stage 0, or NULL */
+  ts_schedule sched;     /* the step's schedule (P > 1), built once */
   const ts_engine_hooks *hooks; /* test seam (engine_testing.h); NULL in training */
   ts_trace *trace;              /* train --trace: spans (borrowed); NULL: none */
   int in_micro_step;            /* 1 inside ts_engine_run_micro_step (spans name the mb) */
@@ -113,6 +148,14 @@ ts_status ts_engine_check_batch(const ts_engine *e, const int32_t *inputs,
 void ts_engine_span_begin(ts_engine *e, ts_span_kind kind, int unit);
 void ts_engine_span_end(ts_engine *e);
 
+/* ts_engine_create's body for pipeline stage `stage` (0 without
+ * pipelining; pp NULL then), both groups borrowed. */
+ts_status ts_engine_create_stage(ts_engine **out, const ts_model *model,
+                                 const ts_engine_opts *opts, ts_comm *dp, ts_comm *pp, int stage);
+
+/* Drops the step's gradients and transients (a failed step). */
+void ts_engine_discard_step(ts_engine *e);
+
 /* A new engine for model and opts (every option checked, the loss scaler
  * set up) with an empty ledger, a plan ledger when plan != 0, and nothing
  * allocated yet; *out is NULL on any error. */
@@ -127,10 +170,51 @@ ts_status ts_engine_alloc(ts_engine *e);
  * micro-step: ts_engine_plan's, kept for its ledger (the account and the
  * transients' profile). Free with ts_engine_free. */
 ts_status ts_engine_plan_engine(const ts_model *model, const ts_engine_opts *opts, size_t dp_size,
-                                ts_engine **out);
+                                int stage, ts_engine **out);
+
+/* Sets the engine's stage geometry for stage s of opts->pipeline_stages
+ * (units from the split, slots from the schedule). Errors: the split's. */
+ts_status ts_engine_set_stage(ts_engine *e, int s);
 
 /* Forward and backward of one micro-batch (ts_engine_micro_step's body). */
 ts_status ts_engine_run_micro_step(ts_engine *e, const int32_t *inputs, const int32_t *targets);
+
+/* Forward of micro-batch slot sl over this stage's units (its inputs and
+ * dloss already in place); a last stage writes the loss pair (2) to loss. */
+ts_status ts_engine_forward_slot(ts_engine *e, act_slot *sl, double *loss, int fused);
+/* Backward of micro-batch e->cur_mb in slot sl over this stage's units in
+ * reverse: dy (B, T, C) the gradient of the stage's output (NULL on the
+ * last stage); the gradient of its input goes to sl->gsend (stage s > 0). */
+ts_status ts_engine_backward_slot(ts_engine *e, act_slot *sl, const void *dy);
+/* Counters at the step's start (dp and pipeline groups). */
+void ts_engine_step_begin(ts_engine *e);
+/* d(scaled step loss)/d(row loss) of a micro-batch with count targets. */
+float ts_engine_dloss(const ts_engine *e, size_t count);
+/* Waits for every pending send (activations, gradients, the tied
+ * gradient): nothing left reading a buffer. Errors are ignored (the
+ * engine is stopping or failing anyway) but for the first, returned. */
+ts_status ts_engine_wait_sends(ts_engine *e);
+/* The pipeline's evaluation forward of slot 0 (its batch loaded): the
+ * loss pair (sum, rows) of the last stage on every stage. */
+ts_status ts_engine_eval_pipeline(ts_engine *e, double pair[2]);
+/* Whether unit u is computed by this rank's stage. */
+static inline int ts_engine_owns(const ts_engine *e, int u) {
+  return u >= e->u_begin && u < e->u_end;
+}
+/* The lender unit of a tied head (its tied_unit), or -1 without one. */
+int ts_engine_tied_lender(const ts_model *m);
+
+/* ---- pipeline.c ------------------------------------------------------------ */
+
+/* Stage 0 of a pipeline, before the lender's backward of the step's last
+ * micro-batch: receives the tied head's gradient from the last stage into
+ * a new transient (P) (a plan only charges it), e->tied_grads. */
+ts_status ts_engine_recv_tied_grads(ts_engine *e);
+/* The last stage, after the step's last backward: sends e->tied_grads. */
+ts_status ts_engine_send_tied_grads(ts_engine *e);
+/* After an applied optimizer step: stage 0 sends the lender's updated
+ * parameters (as its policy holds them) to the last stage's replica. */
+ts_status ts_engine_sync_replica(ts_engine *e);
 
 /* The model state of one flat buffer of layout l under policy z in dt
  * (zero.h's table): s->params, grads, master (NULL in fp32), m, v, on dev. */
@@ -143,8 +227,8 @@ void ts_engine_free_model_state(ts_ledger *ledger, unit_state *s);
 ts_status ts_engine_check_stage(int zero_stage);
 
 /* The recompute buffer's bytes: the largest saved bytes of a recomputed
- * unit (0 when none is). */
-size_t ts_engine_recompute_bytes(const ts_model *m, const ts_engine_opts *o);
+ * unit among units [begin, end) (0 when none is). */
+size_t ts_engine_recompute_bytes(const ts_model *m, const ts_engine_opts *o, int begin, int end);
 
 /* ---- tensors.c ------------------------------------------------------------- */
 

@@ -16,9 +16,9 @@ int ts_engine_is_recomputed(const ts_model *m, const ts_engine_opts *o, int u) {
          (size_t)un->layer % o->recompute_every == 0;
 }
 
-size_t ts_engine_recompute_bytes(const ts_model *m, const ts_engine_opts *o) {
+size_t ts_engine_recompute_bytes(const ts_model *m, const ts_engine_opts *o, int begin, int end) {
   size_t most = 0;
-  for (int u = 0; u < m->n_units; u++) {
+  for (int u = begin; u < end; u++) {
     size_t saved = ts_unit_saved_bytes(m, u, o->micro_batch, o->seq, o->dtype, o->device);
     if (ts_engine_is_recomputed(m, o, u) && saved > most) most = saved;
   }
@@ -30,7 +30,38 @@ size_t ts_engine_activation_bytes(const ts_model *m, const ts_engine_opts *o) {
   size_t bytes = 2 * B * T * 4 + ((size_t)m->n_units - 1 + 2) * B * T * C * es;
   for (int u = 0; u < m->n_units; u++)
     if (!ts_engine_is_recomputed(m, o, u)) bytes += ts_unit_saved_bytes(m, u, B, T, o->dtype, o->device);
-  return bytes + ts_engine_recompute_bytes(m, o);
+  return bytes + ts_engine_recompute_bytes(m, o, 0, m->n_units);
+}
+
+double ts_engine_unit_cost(const ts_model *m, const ts_engine_opts *o, int u) {
+  const ts_unit *un = &m->units[u];
+  double BT = (double)o->micro_batch * (double)o->seq, C = (double)m->hidden_size;
+  double bytes = 4.0 * C * (double)ts_dtype_size(o->dtype); /* x, y, dx, dy per token */
+  if (un->role == TS_UNIT_EMBEDDING) return bytes * BT; /* a gather: no products */
+  double matrices = 0;
+  for (int i = 0; i < un->n_tensors; i++) matrices += (double)un->tensors[i].numel;
+  if (un->tied_unit >= 0)
+    matrices += (double)m->units[un->tied_unit].tensors[un->tied_tensor].numel;
+  double flops = 6.0 * matrices;
+  if (un->role == TS_UNIT_BLOCK) flops += 12.0 * (double)o->seq * C; /* attention */
+  return (flops + bytes) * BT;
+}
+
+ts_status ts_engine_pipeline_split(const ts_model *m, const ts_engine_opts *o, int *first) {
+  int P = o->pipeline_stages, n = m->n_units;
+  if (P < 1 || P > n)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "--pipeline %d: expected 1 to %d stages (the units of %s: embedding, %d "
+                        "blocks, head)",
+                        P, n, m->name, n - 2);
+  if (o->pipeline_split && strcmp(o->pipeline_split, "auto") != 0)
+    return ts_pipeline_split_parse(o->pipeline_split, n, P, first);
+  double *cost = malloc((size_t)n * sizeof *cost);
+  if (!cost) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "pipeline split: %d costs", n);
+  for (int u = 0; u < n; u++) cost[u] = ts_engine_unit_cost(m, o, u);
+  ts_status st = ts_pipeline_split_balanced(cost, n, P, first);
+  free(cost);
+  return st;
 }
 
 /* TS_ERR_INVALID_ARGUMENT unless dp_size is 1 .. INT32_MAX. */
@@ -61,15 +92,17 @@ ts_status ts_engine_plan_params(size_t psi, ts_dtype dtype, int zero_stage, size
 }
 
 ts_status ts_engine_plan_engine(const ts_model *model, const ts_engine_opts *opts, size_t dp_size,
-                                ts_engine **out) {
+                                int stage, ts_engine **out) {
   *out = NULL;
   TS_CHECK(check_dp_size(dp_size));
   ts_engine *e;
   TS_CHECK(ts_engine_new(model, opts, 1, &e));
   e->rank = 0; /* shards are equal, so every rank's plan is rank 0's */
   e->dp_size = (int)dp_size;
-  ts_status st = ts_engine_alloc(e);
-  if (st == TS_OK) st = ts_engine_run_micro_step(e, e->h_tokens, e->h_targets);
+  ts_status st = ts_engine_set_stage(e, stage);
+  if (st == TS_OK) st = ts_engine_alloc(e);
+  /* One whole step: the tied head's gradient lives across micro-batches. */
+  if (st == TS_OK) st = ts_engine_step(e, NULL, NULL, 0.0f, NULL);
   if (st != TS_OK) {
     ts_engine_free(e);
     return st;
@@ -80,9 +113,14 @@ ts_status ts_engine_plan_engine(const ts_model *model, const ts_engine_opts *opt
 
 ts_status ts_engine_plan(const ts_model *model, const ts_engine_opts *opts, size_t dp_size,
                          ts_mem_account *out) {
+  return ts_engine_plan_stage(model, opts, dp_size, 0, out);
+}
+
+ts_status ts_engine_plan_stage(const ts_model *model, const ts_engine_opts *opts, size_t dp_size,
+                               int stage, ts_mem_account *out) {
   memset(out, 0, sizeof *out);
   ts_engine *e;
-  TS_CHECK(ts_engine_plan_engine(model, opts, dp_size, &e));
+  TS_CHECK(ts_engine_plan_engine(model, opts, dp_size, stage, &e));
   *out = *ts_ledger_account(&e->ledger, e->device);
   ts_engine_free(e);
   return TS_OK;

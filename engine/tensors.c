@@ -80,8 +80,9 @@ ts_status ts_engine_find_overflow(ts_engine *e, int *unit, int *tensor) {
   const ts_model *m = e->model;
   enum { MAX = TS_UNIT_MAX_TENSORS };
   /* A flag per (unit, tensor) of the reduced gradient shard, on the device,
-   * read once. Every part is looked at, empty ones included (flag 0). */
-  for (int u = 0; u < m->n_units; u++)
+   * read once. Every part is looked at, empty ones included (flag 0);
+   * units of other pipeline stages are theirs to look at. */
+  for (int u = e->u_begin; u < e->u_end; u++)
     for (int i = 0; i < m->units[u].n_tensors; i++) {
       ts_slice sl = ts_slice_of(e, u, i, 1);
       TS_CHECK(ts_k_nonfinite(&e->ctx, e->nonfinite + u * MAX + i,
@@ -98,13 +99,14 @@ ts_status ts_engine_find_overflow(ts_engine *e, int *unit, int *tensor) {
    * it the first such tensor in layout order: agreed by an all-reduce (max)
    * of each rank's u * MAX + (MAX - 1 - i), -1 for none. */
   double key = -1;
-  for (int u = m->n_units - 1; u >= 0 && key < 0; u--)
+  for (int u = e->u_end - 1; u >= e->u_begin && key < 0; u--)
     for (int i = 0; i < m->units[u].n_tensors; i++)
       if (flags[u * MAX + i]) {
         key = (double)(u * MAX + (MAX - 1 - i));
         break;
       }
   TS_CHECK(ts_comm_all_reduce_f64(e->dp, &key, 1, TS_COMM_MAX));
+  if (e->pp) TS_CHECK(ts_comm_all_reduce_f64(e->pp, &key, 1, TS_COMM_MAX));
   if (key < 0) /* partial sums overflowed, no element did: impossible in fp16 */
     return ts_set_error(TS_ERR_INTERNAL, "engine: overflow agreed but no rank holds a "
                                          "non-finite gradient");
@@ -141,9 +143,16 @@ static ts_status stage(ts_engine *e, int to_host, void *dev, float *host, size_t
   return TS_OK;
 }
 
-/* Finds tensor `name`: its unit and index, checking its size. */
-static ts_status find(const ts_engine *e, const char *name, size_t numel, int *u, int *i) {
+/* Finds tensor `name`: its unit and index, checking its size and that
+ * this rank holds it (its pipeline stage's units; a tied head's copy of the
+ * lender's parameters when params != 0). */
+static ts_status find(const ts_engine *e, const char *name, size_t numel, int params, int *u,
+                      int *i) {
   TS_CHECK(ts_model_find_tensor(e->model, name, u, i));
+  if (!ts_engine_owns(e, *u) && !(params && e->replica && e->units[*u].params))
+    return ts_set_error(TS_ERR_INVALID_USAGE,
+                        "tensor %s: unit %d is not on pipeline stage %d (units %d..%d)", name, *u,
+                        e->stage, e->u_begin, e->u_end - 1);
   const ts_tensor_spec *t = &e->model->units[*u].tensors[*i];
   if (t->numel != numel)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "tensor %s: %zu elements given, expected %zu",
@@ -153,7 +162,7 @@ static ts_status find(const ts_engine *e, const char *name, size_t numel, int *u
 
 ts_status ts_engine_set_tensor(ts_engine *e, const char *name, const float *src, size_t numel) {
   int u, i;
-  TS_CHECK(find(e, name, numel, &u, &i));
+  TS_CHECK(find(e, name, numel, 1, &u, &i));
   unit_state *s = &e->units[u];
   const ts_tensor_spec *t = &e->model->units[u].tensors[i];
   ts_slice p = ts_slice_of(e, u, i, e->zero->shard_params);
@@ -168,7 +177,7 @@ ts_status ts_engine_set_tensor(ts_engine *e, const char *name, const float *src,
 
 ts_status ts_engine_get_tensor(ts_engine *e, const char *name, float *dst, size_t numel) {
   int u, i;
-  TS_CHECK(find(e, name, numel, &u, &i));
+  TS_CHECK(find(e, name, numel, 1, &u, &i));
   const void *full;
   TS_CHECK(ts_engine_acquire_params(e, u, &full));
   size_t off = e->model->units[u].tensors[i].offset;
@@ -184,7 +193,7 @@ ts_status ts_engine_get_grad(const ts_engine *e, const char *name, float *dst, s
                         "expected a one-rank group",
                         name, e->dp_size);
   int u, i;
-  TS_CHECK(find(e, name, numel, &u, &i));
+  TS_CHECK(find(e, name, numel, 0, &u, &i));
   /* One rank: the gradient buffer is the whole padded unit in every stage. */
   size_t off = e->model->units[u].tensors[i].offset;
   TS_CHECK(stage((ts_engine *)e, 1, (char *)e->units[u].grads + off * e->es, dst, numel));
@@ -200,7 +209,9 @@ ts_status ts_engine_get_logits(const ts_engine *e, float *dst, size_t numel) {
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "logits: %zu elements given, expected %zu",
                         numel, B * T * V);
   int h = e->model->n_units - 1;
-  void *logits = ts_unit_logits(e->model, h, e->units[h].saved, B, T, e->opts.dtype);
+  if (!ts_engine_owns(e, h))
+    return ts_set_error(TS_ERR_INVALID_USAGE, "logits: the last unit is on the last pipeline stage");
+  void *logits = ts_unit_logits(e->model, h, e->slots[0].saved[h], B, T, e->opts.dtype);
   if (!logits)
     return ts_set_error(TS_ERR_INVALID_USAGE, "logits: the last unit of %s has none",
                         e->model->name);
@@ -208,7 +219,7 @@ ts_status ts_engine_get_logits(const ts_engine *e, float *dst, size_t numel) {
 }
 
 const float *ts_engine_optimizer_state(const ts_engine *e, int u, int which, size_t *n) {
-  TS_ASSERT(u >= 0 && u < e->model->n_units && which >= 0 && which <= 2);
+  TS_ASSERT(ts_engine_owns(e, u) && which >= 0 && which <= 2);
   const unit_state *s = &e->units[u];
   *n = e->zero->shard_optim ? s->layout.shard : s->layout.padded;
   return which == 0 ? s->m : which == 1 ? s->v : s->master;

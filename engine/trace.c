@@ -23,9 +23,10 @@ struct ts_trace {
 };
 
 static const char *const NAMES[TS_SPAN_NUM_KINDS] = {
-    "forward", "backward", "recompute", "all_gather", "reduce_scatter", "optimizer_step"};
-static const char *const CATEGORIES[TS_SPAN_NUM_KINDS] = {"compute", "compute", "compute",
-                                                           "comm",    "comm",    "optimizer"};
+    "forward", "backward",       "recompute", "all_gather",
+    "reduce_scatter", "optimizer_step", "send", "recv"};
+static const char *const CATEGORIES[TS_SPAN_NUM_KINDS] = {
+    "compute", "compute", "compute", "comm", "comm", "optimizer", "p2p", "p2p"};
 
 static double now_us(void) {
   struct timespec ts;

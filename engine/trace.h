@@ -35,6 +35,8 @@ typedef enum ts_span_kind {
   TS_SPAN_ALL_GATHER,
   TS_SPAN_REDUCE_SCATTER,
   TS_SPAN_OPTIMIZER,
+  TS_SPAN_SEND,    /* a pipeline send posted (activation or its gradient) */
+  TS_SPAN_RECV,    /* a pipeline receive: the wait for a neighbour stage */
   TS_SPAN_NUM_KINDS,
 } ts_span_kind;
 

@@ -20,38 +20,19 @@
 #include "engine/engine.h"
 #include "engine/engine_testing.h"
 #include "models/llama.h"
+#include "tests/tiny_model.h"
 
 namespace {
 
 constexpr size_t kT = 8;    // sequence length
-constexpr size_t kV = 96;   // vocabulary
+constexpr size_t kV = tiny::kV;
 constexpr float kLr = 1e-2f;
 
 ts_llama_config Config(bool tied, size_t layers = 2) {
-  ts_llama_config c{};
-  snprintf(c.name, sizeof c.name, "zero-test");
-  c.hidden_size = 32;
-  c.intermediate_size = 64;
-  c.num_hidden_layers = layers;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.vocab_size = kV;
-  c.max_position_embeddings = 16;
-  c.rms_norm_eps = 1e-5f;
-  c.rope_theta = 10000.f;
-  c.tie_word_embeddings = tied;
-  return c;
+  return tiny::Config("zero-test", tied, layers);
 }
 
-// The world of mpirun, shared by every test of this process.
-ts_comm *World() {
-  static ts_comm *world = [] {
-    ts_comm *c = nullptr;
-    EXPECT_EQ(ts_comm_world(&c), TS_OK) << ts_last_error();
-    return c;
-  }();
-  return world;
-}
+using tiny::World;
 
 // One global batch of `global` sequences for optimizer step `step`, the
 // same on every rank whatever the world size.

@@ -1,0 +1,297 @@
+// pipeline_test.cc — pipeline stages under mpirun (2 and 4 ranks): for
+// every P > 1 dividing the world, P stages x dp ranks give bitwise the
+// losses, gradient norms, parameters, Adam moments and master weights of
+// dp ranks without pipelining on the same micro-batches (the reference
+// runs on the same process's dp group: the grid's dp groups are the
+// world's consecutive blocks), for ZeRO stages 0-3, GPipe and 1F1B, tied
+// and untied, fp32 and bf16, recompute none and all, m below and above P;
+// fp16 with an injected overflow skips the step on every rank of the grid;
+// evaluation agrees; every rank's plan equals its ledger to the byte; bad
+// splits are refused before any work. Every test is collective.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "comm/comm.h"
+#include "engine/engine.h"
+#include "engine/engine_testing.h"
+#include "engine/grid.h"
+#include "models/llama.h"
+#include "tests/tiny_model.h"
+
+namespace {
+
+constexpr size_t kB = 2, kT = 8, kV = tiny::kV;
+
+ts_llama_config Config(bool tied, size_t layers) {
+  return tiny::Config("pipeline-test", tied, layers);
+}
+
+using tiny::World;
+
+// Micro-batch mb of optimizer step `step` for dp rank r: random tokens,
+// the same whatever the layout (a pure function of step, r and mb).
+struct Feed {
+  size_t step = 0;
+  int dp_rank = 0;
+};
+
+ts_status Fill(void *user, int mb, int32_t *in, int32_t *tgt) {
+  const Feed *f = static_cast<const Feed *>(user);
+  std::mt19937 g(7919u * (unsigned)f->step + 131u * (unsigned)f->dp_rank + (unsigned)mb);
+  for (size_t i = 0; i < kB * kT; i++) {
+    in[i] = (int32_t)(g() % kV);
+    tgt[i] = i % 7 == 3 ? -100 : (int32_t)(g() % kV);  // some ignored targets
+  }
+  return TS_OK;
+}
+
+struct Layout {
+  int zero = 0;
+  ts_schedule_kind schedule = TS_SCHEDULE_1F1B;
+  bool tied = false;
+  ts_dtype dtype = TS_FP32;
+  size_t recompute_every = 0;
+  size_t m = 3;  // micro-batches per step
+  size_t layers = 3;
+  size_t steps = 3;
+  ts_engine_inject inject{};  // armed on the last dp rank when inject.step > 0
+  const char *split = nullptr;
+
+  std::string Name(int P) const {
+    char buf[160];
+    snprintf(buf, sizeof buf, "P=%d zero=%d %s %s %s recompute=%zu m=%zu", P, zero,
+             ts_schedule_kind_name(schedule), tied ? "tied" : "untied", ts_dtype_name(dtype),
+             recompute_every, m);
+    return buf;
+  }
+};
+
+ts_engine_opts Opts(const Layout &s, int P) {
+  ts_engine_opts o = ts_engine_default_opts();
+  o.micro_batch = kB;
+  o.seq = kT;
+  o.grad_accum = s.m;
+  o.dtype = s.dtype;
+  o.zero_stage = s.zero;
+  o.recompute_every = s.recompute_every;
+  o.pipeline_stages = P;
+  o.schedule = s.schedule;
+  o.pipeline_split = P > 1 ? s.split : nullptr;
+  return o;
+}
+
+// What a run leaves: per step loss, norm, skip; at the end this rank's
+// parameters and optimizer state of the units [begin, end).
+struct Result {
+  std::vector<double> losses, norms;
+  std::vector<int> skipped;
+  std::vector<std::vector<float>> params, state;
+  std::vector<double> eval;  // loss sum and count of one evaluation batch
+};
+
+Result Train(const Layout &s, ts_engine *e, const ts_model &model, int dp_rank, int dp,
+             int begin, int end) {
+  Result r;
+  if (s.inject.step > 0 && dp_rank == dp - 1) ts_engine_inject_nonfinite(e, &s.inject);
+  for (size_t step = 1; step <= s.steps; step++) {
+    Feed f{step, dp_rank};
+    ts_step_stats st;
+    ts_status rc = ts_engine_step(e, Fill, &f, 1e-2f, &st);
+    EXPECT_EQ(rc, TS_OK) << ts_last_error();
+    r.losses.push_back(st.loss);
+    r.norms.push_back(st.grad_norm);
+    r.skipped.push_back(st.skipped);
+  }
+  for (int u = begin; u < end; u++) {
+    for (int i = 0; i < model.units[u].n_tensors; i++) {
+      const ts_tensor_spec &t = model.units[u].tensors[i];
+      std::vector<float> v(t.numel);
+      EXPECT_EQ(ts_engine_get_tensor(e, t.name, v.data(), v.size()), TS_OK) << ts_last_error();
+      r.params.push_back(v);
+    }
+    for (int which = 0; which < 3; which++) {
+      size_t n;
+      const float *p = ts_engine_optimizer_state(e, u, which, &n);
+      if (p) r.state.emplace_back(p, p + n);
+    }
+  }
+  std::vector<int32_t> in(kB * kT), tgt(kB * kT);
+  Feed f{1000, dp_rank};
+  Fill(&f, 0, in.data(), tgt.data());
+  double sum = 0;
+  size_t count = 0;
+  EXPECT_EQ(ts_engine_eval(e, in.data(), tgt.data(), &sum, &count), TS_OK) << ts_last_error();
+  r.eval = {sum, (double)count};
+  return r;
+}
+
+template <typename T>
+bool Same(const std::vector<T> &a, const std::vector<T> &b) {
+  return a.size() == b.size() && (a.empty() || memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+}
+
+// The pipelined run on P stages against dp ranks alone, and this rank's
+// plan against its ledger.
+void ExpectSameAsDataParallel(const Layout &s, int P) {
+  SCOPED_TRACE(s.Name(P));
+  ts_llama_config cfg = Config(s.tied, s.layers);
+  ts_model model{};
+  ASSERT_EQ(ts_llama_model_init(&model, &cfg), TS_OK) << ts_last_error();
+  ts_grid grid;
+  ASSERT_EQ(ts_grid_make(World(), P, &grid), TS_OK) << ts_last_error();
+  int dp = grid.dp;
+
+  ts_engine *ref = nullptr;
+  ts_engine_opts ro = Opts(s, 1);
+  ASSERT_EQ(ts_engine_create(&ref, &model, &ro, grid.dp_group), TS_OK) << ts_last_error();
+  ts_engine *pipe = nullptr;
+  ts_engine_opts po = Opts(s, P);
+  ASSERT_EQ(ts_engine_create_pipeline(&pipe, &model, &po, &grid), TS_OK) << ts_last_error();
+  int begin, end;
+  EXPECT_EQ(ts_engine_stage_units(pipe, &begin, &end), grid.stage);
+
+  Result a = Train(s, ref, model, grid.dp_rank, dp, begin, end);
+  Result b = Train(s, pipe, model, grid.dp_rank, dp, begin, end);
+  EXPECT_TRUE(Same(a.losses, b.losses)) << "losses " << a.losses[0] << " vs " << b.losses[0];
+  EXPECT_TRUE(Same(a.norms, b.norms)) << "norms " << a.norms[0] << " vs " << b.norms[0];
+  EXPECT_EQ(a.skipped, b.skipped);
+  ASSERT_EQ(a.params.size(), b.params.size());
+  for (size_t i = 0; i < a.params.size(); i++) EXPECT_TRUE(Same(a.params[i], b.params[i])) << i;
+  ASSERT_EQ(a.state.size(), b.state.size());
+  for (size_t i = 0; i < a.state.size(); i++) EXPECT_TRUE(Same(a.state[i], b.state[i])) << i;
+  EXPECT_TRUE(Same(a.eval, b.eval)) << a.eval[0] << " vs " << b.eval[0];
+  if (s.inject.step > 0) {
+    EXPECT_EQ(b.skipped[s.inject.step - 1], 1);
+  }
+
+  ts_mem_account plan;
+  ASSERT_EQ(ts_engine_plan_stage(&model, &po, (size_t)dp, grid.stage, &plan), TS_OK)
+      << ts_last_error();
+  const ts_mem_account *real = ts_engine_memory(pipe);
+  for (int c = 0; c < TS_MEM_NUM_CATEGORIES; c++) {
+    EXPECT_EQ(plan.peak[c], real->peak[c]) << "stage " << grid.stage << " category " << c;
+    EXPECT_EQ(plan.current[c], real->current[c]) << "stage " << grid.stage << " category " << c;
+  }
+  EXPECT_EQ(plan.peak_total, real->peak_total) << "stage " << grid.stage;
+
+  ts_engine_free(pipe);
+  ts_engine_free(ref);
+  ts_grid_free(&grid);
+  ts_model_free(&model);
+}
+
+// Every P > 1 that divides the world.
+std::vector<int> Stages() {
+  std::vector<int> out;
+  int W = ts_comm_size(World());
+  for (int P = 2; P <= W; P++)
+    if (W % P == 0) out.push_back(P);
+  return out;
+}
+
+TEST(Pipeline, BitwiseEqualToDataParallelForEveryZeroStageAndSchedule) {
+  for (int P : Stages())
+    for (int zero = 0; zero <= 3; zero++)
+      for (ts_schedule_kind k : {TS_SCHEDULE_GPIPE, TS_SCHEDULE_1F1B})
+        for (bool tied : {false, true}) {
+          Layout s;
+          s.zero = zero;
+          s.schedule = k;
+          s.tied = tied;
+          ExpectSameAsDataParallel(s, P);
+        }
+}
+
+TEST(Pipeline, Bf16AndRecomputeAndMicroBatchCounts) {
+  for (int P : Stages())
+    for (int zero : {0, 3})
+      for (ts_schedule_kind k : {TS_SCHEDULE_GPIPE, TS_SCHEDULE_1F1B}) {
+        Layout s;
+        s.zero = zero;
+        s.schedule = k;
+        s.tied = true;
+        s.dtype = TS_BF16;
+        s.recompute_every = 1;
+        ExpectSameAsDataParallel(s, P);
+        Layout one = s;  // one micro-batch: the largest bubble
+        one.m = 1;
+        one.dtype = TS_FP32;
+        one.recompute_every = 0;
+        ExpectSameAsDataParallel(one, P);
+        Layout many = s;  // m > P in 1F1B's steady state, fp32, stage 2
+        many.m = 6;
+        many.zero = 2;
+        many.dtype = TS_FP32;
+        ExpectSameAsDataParallel(many, P);
+      }
+}
+
+TEST(Pipeline, Fp16InjectedOverflowSkipsTheStepOnEveryRankOfTheGrid) {
+  for (int P : Stages())
+    for (int zero : {1, 3}) {
+      Layout s;
+      s.zero = zero;
+      s.tied = true;
+      s.dtype = TS_FP16;
+      s.inject = {2, 1, 4, INFINITY};  // step 2, the first block's 5th tensor
+      ExpectSameAsDataParallel(s, P);
+    }
+}
+
+TEST(Pipeline, ExplicitSplit) {
+  int W = ts_comm_size(World());
+  if (W % 2) return;
+  Layout s;
+  s.zero = 2;
+  s.tied = true;
+  s.layers = 3;
+  s.split = "1,4";  // the embedding alone, then the blocks and the head
+  ExpectSameAsDataParallel(s, 2);
+  s.split = "4,1";  // the head alone on the last stage (a replica of the embedding)
+  ExpectSameAsDataParallel(s, 2);
+}
+
+TEST(Pipeline, BadSplitsAreRefusedWithOneLine) {
+  ts_llama_config cfg = Config(false, 2);
+  ts_model model{};
+  ASSERT_EQ(ts_llama_model_init(&model, &cfg), TS_OK) << ts_last_error();
+  ts_engine_opts o = ts_engine_default_opts();
+  o.micro_batch = kB;
+  o.seq = kT;
+  std::vector<int> first(8);
+  o.pipeline_stages = 5;  // 4 units
+  EXPECT_EQ(ts_engine_pipeline_split(&model, &o, first.data()), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ts_last_error()).find("--pipeline 5: expected 1 to 4"), std::string::npos)
+      << ts_last_error();
+  o.pipeline_stages = 2;
+  o.pipeline_split = "1,2";  // covers 3 of 4
+  EXPECT_EQ(ts_engine_pipeline_split(&model, &o, first.data()), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(std::string(ts_last_error()).find('\n'), std::string::npos);
+  o.pipeline_split = "0,4";
+  EXPECT_EQ(ts_engine_pipeline_split(&model, &o, first.data()), TS_ERR_INVALID_ARGUMENT);
+  o.pipeline_split = "2,2";
+  EXPECT_EQ(ts_engine_pipeline_split(&model, &o, first.data()), TS_OK) << ts_last_error();
+  EXPECT_EQ(first[0], 0);
+  EXPECT_EQ(first[1], 2);
+  // A plan engine for stage 0 of a 2-stage pipeline holds half the units:
+  // less model state than one holding them all.
+  o.pipeline_split = nullptr;
+  ts_mem_account all, half;
+  ts_engine_opts one = o;
+  one.pipeline_stages = 1;
+  ASSERT_EQ(ts_engine_plan(&model, &one, 1, &all), TS_OK) << ts_last_error();
+  ASSERT_EQ(ts_engine_plan_stage(&model, &o, 1, 0, &half), TS_OK) << ts_last_error();
+  EXPECT_LT(half.peak[TS_MEM_PARAMS], all.peak[TS_MEM_PARAMS]);
+  // create refuses a pipeline without its grid
+  ts_engine *e = nullptr;
+  EXPECT_EQ(ts_engine_create(&e, &model, &o, nullptr), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(e, nullptr);
+  ts_model_free(&model);
+}
+
+}  // namespace
