@@ -94,6 +94,17 @@ ts_status ts_metrics_write_summary(ts_metrics *m, const ts_metrics_summary *s) {
   cJSON_AddNumberToObject(p, "unpadded", (double)s->params_unpadded);
   cJSON_AddNumberToObject(p, "padded", (double)s->params_padded);
   cJSON_AddNumberToObject(sm, "world_size", s->world_size);
+  int P = eo->pipeline_stages > 1 ? eo->pipeline_stages : 1;
+  if (P > 1) {
+    cJSON *pp = cJSON_AddObjectToObject(sm, "pipeline");
+    cJSON_AddNumberToObject(pp, "stages", P);
+    cJSON_AddStringToObject(pp, "schedule", ts_schedule_kind_name(eo->schedule));
+    cJSON_AddNumberToObject(pp, "dp", s->dp_size);
+    cJSON *split = cJSON_AddArrayToObject(pp, "split");
+    for (int q = 0; q < P; q++) cJSON_AddItemToArray(split, cJSON_CreateNumber(s->split[q]));
+    double m = (double)eo->grad_accum;
+    cJSON_AddNumberToObject(pp, "bubble_theory", (P - 1) / (m + P - 1));
+  }
   cJSON_AddStringToObject(sm, "device", ts_device_name(eo->device));
   if (s->device) {
     const ts_device_report *d = s->device;
@@ -129,6 +140,7 @@ ts_status ts_metrics_write_summary(ts_metrics *m, const ts_metrics_summary *s) {
     const double *row = s->mem + (size_t)q * TS_METRICS_RANK_FIELDS;
     cJSON *e = cJSON_CreateObject();
     cJSON_AddNumberToObject(e, "rank", q);
+    cJSON_AddNumberToObject(e, "stage", q / (s->dp_size > 0 ? s->dp_size : 1));
     for (int c = 0; c < TS_MEM_NUM_CATEGORIES; c++)
       cJSON_AddNumberToObject(e, ts_mem_category_name((ts_mem_category)c), row[c]);
     cJSON_AddNumberToObject(e, "total", row[TS_METRICS_TOTAL]);

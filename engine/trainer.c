@@ -74,9 +74,13 @@ typedef struct run {
   const ts_train_config *cfg; /* borrowed */
   ts_engine_opts eo;         /* cfg->engine with grad_accum resolved */
   size_t global_batch;       /* sequences per step over all ranks */
-  ts_comm *dp;               /* cfg->dp or own_comm */
+  ts_comm *world;            /* cfg->dp or own_comm: every rank of the run */
   ts_comm *own_comm;         /* one-rank group when cfg->dp is NULL */
+  int wrank, world_size;     /* this rank and the size, of the world */
+  ts_grid grid;              /* pipeline stages x dp ranks (P > 1), else zeroed */
+  ts_comm *dp;               /* the data-parallel group: world, or the grid's */
   int rank, dp_size;         /* this rank and N, of the data-parallel group */
+  int split[TS_TRAIN_MAX_STAGES]; /* first unit of each pipeline stage */
   ts_model model;            /* loaded from cfg->model */
   ts_token_file *train, *val; /* DATA/train.bin, DATA/val.bin */
   ts_loader *train_ld, *val_ld; /* shuffled, in file order */
@@ -96,6 +100,7 @@ static void run_free(run *r) {
   ts_token_file_close(r->train);
   ts_token_file_close(r->val);
   ts_model_free(&r->model);
+  ts_grid_free(&r->grid);
   ts_comm_free(r->own_comm);
 }
 
@@ -125,9 +130,20 @@ static ts_status evaluate(run *r, double *val_loss) {
 static ts_status setup(run *r) {
   const ts_train_config *cfg = r->cfg;
   char path[4096];
+  int P = r->eo.pipeline_stages;
+  if (P < 1 || P > TS_TRAIN_MAX_STAGES)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--pipeline %d: expected 1 to %d stages", P,
+                        TS_TRAIN_MAX_STAGES);
+  if (P > 1) { /* the grid: P stages of dp ranks (P must divide the world) */
+    TS_CHECK(ts_grid_make(r->world, P, &r->grid));
+    r->dp = r->grid.dp_group;
+    r->rank = r->grid.dp_rank;
+    r->dp_size = r->grid.dp;
+  }
   TS_CHECK(ts_train_resolve_batch((size_t)r->dp_size, &r->global_batch, &r->eo));
   TS_CHECK(ts_model_resolve(cfg->model, path, sizeof path));
   TS_CHECK(ts_model_load(path, &r->model));
+  TS_CHECK(ts_engine_pipeline_split(&r->model, &r->eo, r->split));
   size_t V = r->model.vocab_size, T = r->eo.seq, NB = r->eo.micro_batch * (size_t)r->dp_size;
   snprintf(path, sizeof path, "%s/train.bin", cfg->data_dir);
   TS_CHECK(ts_token_file_open(&r->train, path, V));
@@ -141,7 +157,8 @@ static ts_status setup(run *r) {
                         "--micro-batch %zu = %zu",
                         cfg->data_dir, ts_loader_num_windows(r->val_ld), T, r->dp_size,
                         r->eo.micro_batch, NB);
-  TS_CHECK(ts_engine_create(&r->engine, &r->model, &r->eo, r->dp));
+  if (P > 1) TS_CHECK(ts_engine_create_pipeline(&r->engine, &r->model, &r->eo, &r->grid));
+  else TS_CHECK(ts_engine_create(&r->engine, &r->model, &r->eo, r->dp));
   ts_engine_batch(r->engine, &r->inputs, &r->targets);
   if (cfg->trace_path) {
     TS_CHECK(ts_trace_new(&r->trace));
@@ -154,21 +171,22 @@ static ts_status setup(run *r) {
  * setup succeeded, so that a failed start leaves an earlier run's file as
  * it was. */
 static ts_status open_metrics(run *r) {
-  return ts_metrics_open(&r->metrics, r->rank == 0 ? r->cfg->metrics_path : NULL);
+  return ts_metrics_open(&r->metrics, r->wrank == 0 ? r->cfg->metrics_path : NULL);
 }
 
-/* Agreement on this rank's status st: if any rank failed, every rank
- * returns an error; the lowest failing rank keeps its own message. */
+/* Agreement on this rank's status st over the world: if any rank failed,
+ * every rank returns an error; the lowest failing rank keeps its own
+ * message. */
 static ts_status agree(run *r, ts_status st, ts_train_result *res) {
-  double first = st != TS_OK ? (double)r->rank : (double)r->dp_size;
-  ts_status cst = ts_comm_all_reduce_f64(r->dp, &first, 1, TS_COMM_MIN);
+  double first = st != TS_OK ? (double)r->wrank : (double)r->world_size;
+  ts_status cst = ts_comm_all_reduce_f64(r->world, &first, 1, TS_COMM_MIN);
   if (cst != TS_OK) return cst;
-  if (first >= (double)r->dp_size) return TS_OK;
+  if (first >= (double)r->world_size) return TS_OK;
   res->setup_failed = 1;
-  if ((int)first == r->rank) return st;
+  if ((int)first == r->wrank) return st;
   res->failed_elsewhere = 1;
   return ts_set_error(TS_ERR_INVALID_USAGE, "rank %d of %d failed during setup", (int)first,
-                      r->dp_size);
+                      r->world_size);
 }
 
 /* Setup on every rank, agreed; then the metrics file, agreed. */
@@ -180,7 +198,7 @@ static ts_status setup_agreed(run *r, ts_train_result *res) {
 static ts_status eval_and_log(run *r, size_t step, ts_train_callback cb, void *user,
                               double *val) {
   TS_CHECK(evaluate(r, val));
-  if (r->rank != 0) return TS_OK;
+  if (r->wrank != 0) return TS_OK;
   TS_CHECK(ts_metrics_write_eval(r->metrics, step, *val));
   if (cb) {
     ts_train_event ev;
@@ -205,25 +223,28 @@ static double peak_rss_bytes(void) {
 /* The summary line (rank 0 writes; every rank contributes its memory). */
 static ts_status write_summary(run *r, const ts_train_result *res) {
   enum { W = TS_METRICS_RANK_FIELDS };
-  size_t n = (size_t)r->dp_size * W;
+  size_t n = (size_t)r->world_size * W;
   double *mem = calloc(n, sizeof *mem);
   if (!mem) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "summary: %zu doubles", n);
   const ts_mem_account *l = ts_engine_memory(r->engine);
-  double *row = mem + (size_t)r->rank * W;
+  double *row = mem + (size_t)r->wrank * W;
   for (int c = 0; c < TS_MEM_NUM_CATEGORIES; c++) row[c] = (double)l->peak[c];
   row[TS_METRICS_TOTAL] = (double)l->peak_total;
   row[TS_METRICS_PEAK_RSS] = peak_rss_bytes();
   row[TS_METRICS_MODEL_STATES] = (double)ts_mem_model_state_bytes(l);
   /* Each rank fills its own row, the rest are zero: the sum is a gather
    * (exact: byte counts are integers below 2^53). */
-  ts_status st = ts_comm_all_reduce_f64(r->dp, mem, n, TS_COMM_SUM);
+  ts_status st = ts_comm_all_reduce_f64(r->world, mem, n, TS_COMM_SUM);
   ts_device_report dev;
   if (st == TS_OK && r->eo.device != TS_DEVICE_CPU) st = ts_engine_device_report(r->engine, &dev);
-  if (st == TS_OK && r->rank == 0) {
+  if (st == TS_OK && r->wrank == 0) {
     ts_metrics_summary s = {
         .params_unpadded = res->num_params,
         .params_padded = res->padded_params,
-        .world_size = r->dp_size,
+        .world_size = r->world_size,
+        .dp_size = r->dp_size,
+        .split = r->split,
+        .n_units = r->model.n_units,
         .opts = &r->eo,
         .activation_bytes_predicted = ts_engine_activation_bytes(&r->model, &r->eo),
         .skipped_steps = res->skipped_steps,
@@ -239,6 +260,22 @@ static ts_status write_summary(run *r, const ts_train_result *res) {
   return st;
 }
 
+/* The step's batch source (ts_engine_batch_fn): micro-batch mb of this dp
+ * rank's share of the global batch of step `step`, the same on every
+ * pipeline stage. */
+typedef struct feed {
+  run *r;
+  size_t step; /* 1-based */
+} feed;
+
+static ts_status fill_micro_batch(void *user, int mb, int32_t *inputs, int32_t *targets) {
+  const feed *f = user;
+  const ts_engine_opts *eo = &f->r->eo;
+  uint64_t k = ts_loader_sample_index(f->step - 1, (size_t)mb, eo->grad_accum,
+                                      (size_t)f->r->rank, (size_t)f->r->dp_size, eo->micro_batch);
+  return ts_loader_fill(f->r->train_ld, inputs, targets, k, eo->micro_batch);
+}
+
 static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result *res) {
   const ts_train_config *cfg = r->cfg;
   const ts_engine_opts *eo = &r->eo;
@@ -248,15 +285,10 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
   size_t timed = 0;
   for (size_t step = 1; step <= cfg->steps; step++) {
     double t0 = now_s();
-    for (size_t a = 0; a < eo->grad_accum; a++) {
-      uint64_t k = ts_loader_sample_index(step - 1, a, eo->grad_accum, (size_t)r->rank,
-                                          (size_t)r->dp_size, eo->micro_batch);
-      TS_CHECK(ts_loader_fill(r->train_ld, r->inputs, r->targets, k, eo->micro_batch));
-      TS_CHECK(ts_engine_micro_step(r->engine, r->inputs, r->targets, NULL));
-    }
     float lr = ts_train_lr(step, cfg->steps, cfg->warmup, cfg->lr, cfg->min_lr_ratio);
     ts_step_stats st;
-    ts_status sst = ts_engine_optimizer_step(r->engine, lr, &st);
+    feed f = {r, step};
+    ts_status sst = ts_engine_step(r->engine, fill_micro_batch, &f, lr, &st);
     /* TS_ERR_NUMERIC (fp16 overflow at the minimum loss scale) is agreed by
      * every rank: the step's line is still written, then training stops. */
     if (sst != TS_OK && sst != TS_ERR_NUMERIC) return sst;
@@ -270,7 +302,7 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
     }
     if (step == 1) res->first_loss = st.loss;
     res->final_loss = st.loss;
-    if (r->rank == 0) {
+    if (r->wrank == 0) {
       ts_metrics_step ms = {step, lr, tok_s, tok_s * flops_per_token / 1e9, dt};
       TS_CHECK(ts_metrics_write_step(r->metrics, &ms, &st));
       if (cb) {
@@ -292,7 +324,7 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
     }
     if (sst != TS_OK) {
       res->failed_together = 1;
-      res->failed_elsewhere = r->rank != 0; /* rank 0 reports */
+      res->failed_elsewhere = r->wrank != 0; /* rank 0 reports */
       return sst;
     }
     double val;
@@ -306,7 +338,7 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
   ts_engine_set_trace(r->engine, NULL); /* the final evaluation is not traced */
   TS_CHECK(eval_and_log(r, cfg->steps, cb, user, &res->final_val_loss));
   res->memory = *ts_engine_memory(r->engine);
-  if (r->trace) TS_CHECK(ts_trace_write(r->trace, r->dp, cfg->trace_path));
+  if (r->trace) TS_CHECK(ts_trace_write(r->trace, r->world, cfg->trace_path));
   return write_summary(r, res);
 }
 
@@ -356,10 +388,10 @@ ts_status ts_train_run(const ts_train_config *cfg, ts_train_callback cb, void *u
   r.global_batch = cfg->global_batch;
   ts_status st = cfg->dp ? TS_OK : ts_comm_self(&r.own_comm);
   if (st == TS_OK) {
-    r.dp = cfg->dp ? cfg->dp : r.own_comm;
-    r.rank = ts_comm_rank(r.dp);
-    r.dp_size = ts_comm_size(r.dp);
-    result->world_size = r.dp_size;
+    r.world = r.dp = cfg->dp ? cfg->dp : r.own_comm;
+    r.wrank = r.rank = ts_comm_rank(r.dp);
+    r.world_size = r.dp_size = ts_comm_size(r.dp);
+    result->world_size = r.world_size;
     st = setup_agreed(&r, result);
   }
   if (st == TS_OK) {

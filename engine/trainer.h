@@ -10,20 +10,25 @@
  *
  * Across ranks: every rank of the data-parallel group calls ts_train_run
  * with the same config; each reads its own slice of every global batch
- * (ts_loader_sample_index). Rank 0 alone writes the metrics file and calls
- * the callback. The metrics file holds one line per step
+ * (ts_loader_sample_index). With pipeline stages (engine.pipeline_stages
+ * P > 1) the world is a grid of P stages x dp ranks (engine/grid.h) and
+ * every stage of a dp rank reads that dp rank's slice; the loss each rank
+ * reports is the step's (the last stage's, summed to all). Rank 0 alone
+ * writes the metrics file and calls the callback. The metrics file holds one line per step
  * {step, loss, lr, grad_norm, tokens_per_s, gflops, step_seconds,
  * comm_bytes, loss_scale, skipped} (a skipped fp16 step adds overflow:
  * {unit, tensor, loss_scale_before, loss_scale_after}, its grad_norm is
  * null and its lr 0), one per evaluation {step, val_loss}, and at the end
- * {"summary": {params: {unpadded, padded}, world_size, device ("cpu",
+ * {"summary": {params: {unpadded, padded}, world_size, pipeline: {stages,
+ * schedule, dp, split (first unit of each stage), bubble_theory ((P-1) /
+ * (m+P-1))} (P > 1 only), device ("cpu",
  * "cuda"; on a GPU also gpu_name, gpu_index and device_bytes: {total,
  * ledger_peak, used_at_create, used_now, reserved, overhead}, engine.h
  * ts_device_report), zero_stage, dtype,
  * activation_checkpointing ("none", "all", "every:K"),
  * activation_bytes_predicted, skipped_steps, loss_scale (final),
  * micro_batch, grad_accum, global_batch, seq, comm_bytes_per_step,
- * comm_bytes_by_kind: {all_reduce, ...}, mem_by_rank: [{rank, params,
+ * comm_bytes_by_kind: {all_reduce, ...}, mem_by_rank: [{rank, stage, params,
  * grads, master, optim, activations, comm, workspace, total, peak_rss,
  * model_states}, ...]}} where each mem_by_rank entry is that rank's ledger
  * peak per category and its peak total, the process's peak resident set
@@ -41,6 +46,8 @@
 extern "C" {
 #endif
 
+enum { TS_TRAIN_MAX_STAGES = 64 }; /* pipeline stages a run may have */
+
 typedef struct ts_train_config {
   const char *model;        /* config.json path or preset name */
   const char *data_dir;     /* holds train.bin and val.bin (tessera prepare) */
@@ -53,7 +60,9 @@ typedef struct ts_train_config {
   size_t eval_batches;      /* validation micro-batches per evaluation */
   const char *metrics_path; /* JSON Lines output, or NULL */
   size_t global_batch;      /* sequences per optimizer step over all ranks; 0: N*B*K */
-  ts_comm *dp;              /* data-parallel group (borrowed); NULL: one rank */
+  ts_comm *dp;              /* every rank of the run (borrowed; NULL: one rank): the
+                               data-parallel group, or with engine.pipeline_stages
+                               P > 1 the world cut into P stages x dp ranks */
   const char *trace_path;   /* Chrome trace-event JSON of the run (engine/trace.h), or NULL */
 } ts_train_config;
 

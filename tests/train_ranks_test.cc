@@ -1,6 +1,8 @@
 // train_ranks_test.cc — whole training runs on the ranks mpirun gives (1, 2
 // or 4) at ZeRO stages 0-3: the same loss at every step in every stage, and
-// a metrics summary whose per-rank memory falls as the stage rises.
+// a metrics summary whose per-rank memory falls as the stage rises; and
+// pipelined runs (2 stages) whose losses are those of their data-parallel
+// size alone, with a summary and trace that show the stages.
 #include <cjson/cJSON.h>
 #include <gtest/gtest.h>
 
@@ -21,7 +23,8 @@ struct Metrics {
   std::vector<double> losses, val_losses;
   double comm_bytes_per_step = -1;
   std::vector<std::vector<double>> mem;  // [rank][category..., total]
-  int world_size = -1, zero_stage = -1;
+  std::vector<int> stage_of;              // [rank] its pipeline stage
+  int world_size = -1, zero_stage = -1, pipeline_stages = 1;
 };
 
 // Reads rank 0's metrics file (steps, evaluations, summary).
@@ -33,6 +36,8 @@ Metrics Read(const std::string &path) {
       m.world_size = (int)Num(s, "world_size");
       m.zero_stage = (int)Num(s, "zero_stage");
       m.comm_bytes_per_step = Num(s, "comm_bytes_per_step");
+      const cJSON *pp = cJSON_GetObjectItemCaseSensitive(s, "pipeline");
+      if (pp) m.pipeline_stages = (int)Num(pp, "stages");
       const cJSON *e;
       cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(s, "mem_by_rank")) {
         std::vector<double> row;
@@ -40,6 +45,7 @@ Metrics Read(const std::string &path) {
           row.push_back(Num(e, ts_mem_category_name((ts_mem_category)c)));
         row.push_back(Num(e, "total"));
         m.mem.push_back(row);
+        m.stage_of.push_back((int)Num(e, "stage"));
       }
     } else if (cJSON_GetObjectItemCaseSensitive(o, "val_loss")) {
       m.val_losses.push_back(Num(o, "val_loss"));
@@ -194,6 +200,85 @@ TEST(TrainRanks, SetupFailureOnOneRankLeavesTheMetricsFileUntouched) {
   std::ifstream f(metrics);
   std::string got((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   EXPECT_EQ(got, earlier) << "the earlier run's metrics must survive a failed start";
+}
+
+TEST(TrainRanks, PipelineTrainsTheLossesOfItsDataParallelSize) {
+  ts_comm *world = nullptr;
+  ASSERT_EQ(ts_comm_world(&world), TS_OK) << ts_last_error();
+  int rank = ts_comm_rank(world), N = ts_comm_size(world);
+  if (N < 2) {  // one rank has no second stage
+    ts_comm_free(world);
+    return;
+  }
+  std::string data, model;
+  SharedFixture(world, &data, &model);
+  int dp = N / 2;
+  auto config = [&](const std::string &metrics) {
+    ts_train_config c = ts_train_default_config();
+    c.model = model.c_str();
+    c.data_dir = data.c_str();
+    c.steps = 4;
+    c.warmup = 1;
+    c.lr = 1e-2f;
+    c.engine.micro_batch = 2;
+    c.engine.seq = 16;
+    c.engine.grad_accum = 4;
+    c.engine.zero_stage = 3;
+    c.eval_batches = 2;
+    c.metrics_path = metrics.c_str();
+    return c;
+  };
+  // The reference: dp ranks alone (the world cut into blocks of dp, each
+  // block a run of its own writing its own metrics).
+  ts_comm *block = nullptr;
+  ASSERT_EQ(ts_comm_split(world, rank / dp, rank % dp, "block", &block), TS_OK);
+  std::string ref_path =
+      ts_test::TestTmpDir() + "/pp_ref_" + std::to_string(rank / dp) + ".jsonl";
+  std::string pp_path = ts_test::TestTmpDir() + "/pp.jsonl";
+  std::string trace = ts_test::TestTmpDir() + "/pp.trace.json";
+  ts_train_config ref = config(ref_path);
+  ref.dp = block;
+  ts_train_result r;
+  EXPECT_EQ(ts_train_run(&ref, nullptr, nullptr, &r), TS_OK) << ts_last_error();
+  ts_train_config pp = config(pp_path);
+  pp.dp = world;
+  pp.engine.pipeline_stages = 2;
+  pp.engine.schedule = TS_SCHEDULE_1F1B;
+  pp.trace_path = trace.c_str();
+  EXPECT_EQ(ts_train_run(&pp, nullptr, nullptr, &r), TS_OK) << ts_last_error();
+  EXPECT_EQ(r.world_size, N);
+  EXPECT_EQ(r.global_batch, (size_t)dp * 2 * 4);
+  ts_comm_free(block);
+  ts_comm_free(world);
+  if (rank != 0) return;
+  Metrics a = Read(ref_path), b = Read(pp_path);
+  ASSERT_EQ(b.losses.size(), 4u);
+  EXPECT_EQ(a.losses, b.losses) << "the pipeline must train the same losses, bit for bit";
+  EXPECT_EQ(a.val_losses, b.val_losses);
+  EXPECT_EQ(b.pipeline_stages, 2);
+  ASSERT_EQ(b.mem.size(), (size_t)N);
+  for (int q = 0; q < N; q++) EXPECT_EQ(b.stage_of[q], q / dp) << "rank " << q;
+  // the stages hold different units: their memory differs
+  EXPECT_NE(b.mem[0][TS_MEM_PARAMS], b.mem[N - 1][TS_MEM_PARAMS]);
+  // every rank's track has its sends and receives
+  std::ifstream in(trace);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  cJSON *root = cJSON_Parse(text.c_str());
+  ASSERT_NE(root, nullptr) << trace;
+  std::vector<int> sends(N, 0), recvs(N, 0);
+  const cJSON *e;
+  cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(root, "traceEvents")) {
+    int tid = (int)cJSON_GetObjectItemCaseSensitive(e, "tid")->valuedouble;
+    std::string name = cJSON_GetObjectItemCaseSensitive(e, "name")->valuestring;
+    if (name == "send") sends[tid]++;
+    if (name == "recv") recvs[tid]++;
+  }
+  for (int q = 0; q < N; q++) {
+    // 4 steps x 4 micro-batches: one activation or gradient each way
+    EXPECT_EQ(sends[q], 16) << "rank " << q;
+    EXPECT_GE(recvs[q], 16) << "rank " << q;
+  }
+  cJSON_Delete(root);
 }
 
 }  // namespace

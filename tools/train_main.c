@@ -19,6 +19,8 @@ static const char *USAGE =
     "usage: tessera train --model CONFIG --data DIR [flags]\n"
     "  --micro-batch is per rank; --global-batch = ranks x micro-batch x grad-accum\n"
     "  (give two of --global-batch, --grad-accum and the rank count fixes the third).\n"
+    "  --pipeline P: ranks = P stages x data-parallel ranks; each step's --grad-accum\n"
+    "  micro-batches flow through the stages (the ranks count is then P x dp).\n"
     "  Several ranks: tessera launch -n N train ...\n";
 
 typedef struct progress {
@@ -93,6 +95,13 @@ static void print_summary(const ts_train_config *cfg, const ts_train_result *res
   if (cfg->engine.dtype == TS_FP16)
     printf("fp16: %zu step%s skipped for overflow\n", res->skipped_steps,
            res->skipped_steps == 1 ? "" : "s");
+  int P = cfg->engine.pipeline_stages;
+  size_t m = res->global_batch / ((size_t)(res->world_size / P) * cfg->engine.micro_batch);
+  if (P > 1)
+    printf("pipeline: %d stages x %d data-parallel ranks, %s, %zu micro-batches per step "
+           "(bubble in theory %.1f%%)\n",
+           P, res->world_size / P, ts_schedule_kind_name(cfg->engine.schedule), m,
+           100.0 * (P - 1) / ((double)m + P - 1));
   printf("ZeRO stage %d on %d rank%s, global batch %zu: %.3f MB sent per step per rank; rank 0 "
          "peak %.2f MiB (",
          cfg->engine.zero_stage, res->world_size, res->world_size > 1 ? "s" : "",
@@ -101,6 +110,11 @@ static void print_summary(const ts_train_config *cfg, const ts_train_result *res
     printf("%s%s %.2f", c ? ", " : "", ts_mem_category_name((ts_mem_category)c),
            (double)l->peak[c] / MiB);
   printf(")\n");
+}
+
+/* --schedule: gpipe or 1f1b into a ts_schedule_kind. */
+static ts_status parse_schedule(const char *v, void *kind) {
+  return ts_schedule_kind_parse(v, kind);
 }
 
 /* --dtype: ts_dtype_parse into a ts_dtype. */
@@ -121,7 +135,7 @@ static ts_status parse_loss_scale(const char *v, void *scale) {
 int ts_tool_train(int argc, char **argv) {
   ts_train_config cfg = ts_train_default_config();
   ts_engine_opts *e = &cfg.engine;
-  size_t log_every = 0, zero = 0, seed = (size_t)e->seed;
+  size_t log_every = 0, zero = 0, seed = (size_t)e->seed, pipeline = 1;
   const char *warmup_set = NULL, *accum_set = NULL;
   const char *scale_flag = NULL; /* the loss-scaling flag given last (fp16 only) */
   int device = TS_TOOL_DEVICE_CPU, tf32 = 0, plain_attention = 0;
@@ -178,6 +192,14 @@ int ts_tool_train(int argc, char **argv) {
                      "where to train; cuda: GPU local_rank % GPUs, auto: cuda if a GPU is seen "
                      "(default cpu)",
                      NULL),
+      TS_FLAG_SIZE("--pipeline", NULL, &pipeline, 1, "P",
+                   "pipeline stages (default 1: none); P must divide the ranks", NULL),
+      TS_FLAG_CUSTOM("--schedule", NULL, &e->schedule, parse_schedule, "gpipe|1f1b",
+                     "pipeline schedule (default 1f1b)", NULL),
+      TS_FLAG_STRING("--pipeline-split", NULL, &e->pipeline_split, "auto|a,b,...",
+                     "units per stage (embedding and head count as units; default auto: "
+                     "balanced by FLOPs and bytes)",
+                     NULL),
       TS_FLAG_SWITCH("--tf32", NULL, &tf32,
                      "cuda, fp32: matrix products on TF32 tensor cores (faster, no fp32 parity)"),
       TS_FLAG_SWITCH("--plain-attention", NULL, &plain_attention,
@@ -191,6 +213,10 @@ int ts_tool_train(int argc, char **argv) {
   if (zero > 3)
     return ts_flags_error("train", "--zero %zu: expected a ZeRO stage 0, 1, 2 or 3", zero);
   e->zero_stage = (int)zero;
+  if (pipeline > TS_TRAIN_MAX_STAGES)
+    return ts_flags_error("train", "--pipeline %zu: expected 1 to %d stages", pipeline,
+                          TS_TRAIN_MAX_STAGES);
+  e->pipeline_stages = (int)pipeline;
   e->seed = seed;
   if (scale_flag && e->dtype != TS_FP16)
     return ts_flags_error("train", "%s applies to --dtype fp16 only (got --dtype %s)", scale_flag,
