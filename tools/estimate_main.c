@@ -1,7 +1,9 @@
 /* estimate_main.c — `tessera estimate`: bytes per rank by ledger category
  * for a training configuration, at one ZeRO stage or stages 0-3 side by
- * side. The numbers are the engine's own allocation plan (ts_engine_plan:
- * create and one micro-step replayed on a plan ledger) or, given Ψ alone,
+ * side, and with --pipeline P for every pipeline stage (ranks of different
+ * stages hold different units and micro-batches in flight). The numbers
+ * are the engine's own allocation plan (ts_engine_plan_stage: create and
+ * one step replayed on a plan ledger) or, given Ψ alone,
  * the model states of one flat buffer (ts_engine_plan_params). No MPI, no
  * compute, nothing large allocated. Output: a Markdown table in the unit of
  * --units, or one JSON object (--json) with exact integer bytes. Bad usage
@@ -20,8 +22,9 @@
 
 static const char *USAGE =
     "usage: tessera estimate (--model CONFIG | --params PSI) [flags]\n"
-    "  Bytes per rank of N data-parallel ranks by ledger category, from the engine's\n"
-    "  allocation plan; no MPI, nothing large allocated.\n";
+    "  Bytes per rank of N ranks by ledger category, from the engine's allocation\n"
+    "  plan; no MPI, nothing large allocated. With --pipeline P the N ranks are P\n"
+    "  stages x N/P data-parallel ranks and each stage gets its own column.\n";
 
 /* One --units choice (named by UNIT_NAMES at the same index): bytes per
  * unit and how the header names it. */
@@ -112,6 +115,11 @@ static ts_status parse_dtype(const char *v, void *dtype) { return ts_dtype_parse
 /* --activation-checkpointing: ts_train_parse_recompute into recompute_every. */
 static ts_status parse_recompute(const char *v, void *every) { return ts_train_parse_recompute(v, every); }
 
+/* --schedule: gpipe or 1f1b. */
+static ts_status parse_schedule(const char *v, void *kind) {
+  return ts_schedule_kind_parse(v, kind);
+}
+
 /* Prints ts_last_error() as the one-line usage error; returns 0. */
 static int report(void) {
   fprintf(stderr, "tessera estimate: %s\n", ts_last_error());
@@ -126,7 +134,7 @@ static int exit_for(ts_status st) {
 
 int ts_tool_estimate(int argc, char **argv) {
   const char *model = NULL, *psi_arg = NULL, *act_flag = NULL;
-  size_t world = 1, psi = 0;
+  size_t world = 1, psi = 0, pipeline = 1;
   int stage = -1, unit_index = 0, json = 0, device = TS_TOOL_DEVICE_CPU;
   ts_engine_opts opts = ts_engine_default_opts();
   const ts_flag flags[] = {
@@ -137,7 +145,8 @@ int ts_tool_estimate(int argc, char **argv) {
       TS_FLAG_CUSTOM("--params", NULL, &psi, parse_psi, "PSI",
                      "a parameter count (e.g. 7.5e9) instead of a model: model states only",
                      &psi_arg),
-      TS_FLAG_SIZE("--world-size", "-n", &world, 1, "N", "data-parallel ranks (default 1)", NULL),
+      TS_FLAG_SIZE("--world-size", "-n", &world, 1, "N",
+                   "ranks: data-parallel, or P pipeline stages x N/P (default 1)", NULL),
       TS_FLAG_CUSTOM("--zero", NULL, &stage, parse_stage, "0|1|2|3|all",
                      "one ZeRO stage, or all four side by side (default all)", NULL),
       TS_FLAG_CUSTOM("--dtype", NULL, &opts.dtype, parse_dtype, "fp32|bf16|fp16",
@@ -149,6 +158,15 @@ int ts_tool_estimate(int argc, char **argv) {
       TS_FLAG_CUSTOM("--activation-checkpointing", NULL, &opts.recompute_every, parse_recompute,
                      "none|all|every:K", "blocks recomputed in backward (default none)",
                      &act_flag),
+      TS_FLAG_SIZE("--grad-accum", NULL, &opts.grad_accum, 1, "M",
+                   "micro-batches per step: a pipeline's micro-batches in flight (default 1)",
+                   &act_flag),
+      TS_FLAG_SIZE("--pipeline", NULL, &pipeline, 1, "P",
+                   "pipeline stages; P divides N (default 1)", &act_flag),
+      TS_FLAG_CUSTOM("--schedule", NULL, &opts.schedule, parse_schedule, "gpipe|1f1b",
+                     "pipeline schedule (default 1f1b)", &act_flag),
+      TS_FLAG_STRING("--pipeline-split", NULL, &opts.pipeline_split, "auto|a,b,...",
+                     "units per pipeline stage (default auto)", &act_flag),
       TS_FLAG_CUSTOM("--device", NULL, &device, ts_tool_parse_device, "cpu|cuda|auto",
                      "device whose bytes to plan: the GPU's kernels keep other state and "
                      "workspace (default cpu; cuda needs no GPU here)",
@@ -168,12 +186,19 @@ int ts_tool_estimate(int argc, char **argv) {
                                       "no activations", act_flag);
   if (ts_tool_resolve_device(device, 0, &opts.device, &opts.device_index) != TS_OK)
     return ts_flags_error("estimate", "%s", ts_last_error());
+  if (pipeline > TS_TRAIN_MAX_STAGES || world % pipeline)
+    return ts_flags_error("estimate", "--pipeline %zu: expected a number of stages up to %d "
+                          "dividing -n %zu", pipeline, TS_TRAIN_MAX_STAGES, world);
+  opts.pipeline_stages = (int)pipeline;
+  size_t dp = world / pipeline;
   int stage_lo = stage < 0 ? 0 : stage, stage_hi = stage < 0 ? 3 : stage;
   const unit_choice *unit = &UNITS[unit_index];
 
-  /* Plan every requested stage: ledgers[i] is stage stage_lo + i. */
-  ts_mem_account ledgers[4];
-  int nstages = stage_hi - stage_lo + 1;
+  /* Plan every requested ZeRO stage and pipeline stage: ledgers[i] is ZeRO
+   * stage stage_lo + i / P on pipeline stage i % P. */
+  int P = (int)pipeline, nstages = (stage_hi - stage_lo + 1) * P;
+  ts_mem_account ledgers[4 * TS_TRAIN_MAX_STAGES];
+  int split[TS_TRAIN_MAX_STAGES + 1];
   ts_model m;
   memset(&m, 0, sizeof m);
   ts_status st = TS_OK;
@@ -183,10 +208,12 @@ int ts_tool_estimate(int argc, char **argv) {
     if (st == TS_OK) st = ts_model_load(path, &m);
     if (st == TS_OK) psi = m.num_params;
   }
+  if (st == TS_OK && model) st = ts_engine_pipeline_split(&m, &opts, split);
+  split[P] = model ? m.n_units : 0;
   for (int i = 0; i < nstages && st == TS_OK; i++) {
-    opts.zero_stage = stage_lo + i;
-    st = model ? ts_engine_plan(&m, &opts, world, &ledgers[i])
-               : ts_engine_plan_params(psi, opts.dtype, opts.zero_stage, world, &ledgers[i]);
+    opts.zero_stage = stage_lo + i / P;
+    st = model ? ts_engine_plan_stage(&m, &opts, dp, i % P, &ledgers[i])
+               : ts_engine_plan_params(psi, opts.dtype, opts.zero_stage, dp, &ledgers[i]);
   }
   ts_model_free(&m);
   if (st != TS_OK) {
@@ -203,6 +230,11 @@ int ts_tool_estimate(int argc, char **argv) {
     else cJSON_AddNullToObject(root, "model");
     add_int(root, "params", psi);
     add_int(root, "world_size", world);
+    if (P > 1) {
+      add_int(root, "pipeline", pipeline);
+      cJSON_AddStringToObject(root, "schedule", ts_schedule_kind_name(opts.schedule));
+      add_int(root, "grad_accum", opts.grad_accum);
+    }
     cJSON_AddStringToObject(root, "dtype", ts_dtype_name(opts.dtype));
     cJSON_AddStringToObject(root, "device", ts_device_name(opts.device));
     if (model) {
@@ -213,7 +245,13 @@ int ts_tool_estimate(int argc, char **argv) {
     for (int i = 0; i < nstages; i++) {
       const ts_mem_account *l = &ledgers[i];
       cJSON *s = cJSON_CreateObject();
-      cJSON_AddNumberToObject(s, "zero_stage", stage_lo + i);
+      cJSON_AddNumberToObject(s, "zero_stage", stage_lo + i / P);
+      if (P > 1) {
+        cJSON_AddNumberToObject(s, "pipeline_stage", i % P);
+        cJSON *units = cJSON_AddArrayToObject(s, "units"); /* [first, end) */
+        cJSON_AddItemToArray(units, cJSON_CreateNumber(split[i % P]));
+        cJSON_AddItemToArray(units, cJSON_CreateNumber(split[i % P + 1]));
+      }
       cJSON_AddItemToObject(s, "peak", category_object(l->peak, ncat));
       cJSON_AddItemToObject(s, "between_steps", category_object(l->current, ncat));
       add_int(s, "model_states", ts_mem_model_state_bytes(l));
@@ -239,6 +277,10 @@ int ts_tool_estimate(int argc, char **argv) {
            "activation checkpointing %s, on %s\n",
            model, count, world, world == 1 ? "" : "s", ts_dtype_name(opts.dtype),
            opts.micro_batch, opts.seq, recompute, ts_device_name(opts.device));
+  if (model && P > 1)
+    printf("pipeline: %d stages x %zu data-parallel rank%s, %s, %zu micro-batches per step; "
+           "column sS is pipeline stage S (units first..last)\n",
+           P, dp, dp == 1 ? "" : "s", ts_schedule_kind_name(opts.schedule), opts.grad_accum);
   else
     printf("tessera estimate: Ψ = %s parameters (%zu), N = %zu rank%s, %s, model states only "
            "(Ψ given, no model: no activations, buffers or transients)\n",
@@ -247,11 +289,15 @@ int ts_tool_estimate(int argc, char **argv) {
          model ? "the peak of each ledger category during a step, and the peak of their sum"
                : "the model states, allocated once and held between steps");
   printf("| category |");
-  for (int i = 0; i < nstages; i++) printf(" stage %d |", stage_lo + i);
+  for (int i = 0; i < nstages; i++) {
+    if (P > 1) printf(" ZeRO %d s%d (%d..%d) |", stage_lo + i / P, i % P, split[i % P],
+                      split[i % P + 1] - 1);
+    else printf(" stage %d |", stage_lo + i);
+  }
   printf("\n| --- |");
   for (int i = 0; i < nstages; i++) printf(" ---: |");
   printf("\n");
-  size_t row[4];
+  size_t row[4 * TS_TRAIN_MAX_STAGES];
   for (int c = 0; c < ncat; c++) {
     if (c == TS_MEM_ACTIVATIONS) {
       for (int i = 0; i < nstages; i++) row[i] = ts_mem_model_state_bytes(&ledgers[i]);

@@ -3,7 +3,8 @@
 # alone, LLaMA-2 70B at N = 1024 within the padding bound of 16Ψ/N, a
 # Hugging Face config.json equal to its preset, model states falling with
 # the stage, the GPU's plan (--device cuda, no GPU needed), and one-line
-# errors (exit 2) for bad input, train's --device cuda without a GPU too.
+# errors (exit 2) for bad input, train's --device cuda without a GPU too;
+# pipeline stages, one column each.
 #   estimate_test.sh TESSERA_BIN
 set -uo pipefail
 bin="$1"
@@ -129,6 +130,37 @@ if ! "$bin" estimate --model llama-tiny --device auto --json | grep -q '"device"
   check "train --device cuda without a GPU: message" "--device cuda: this process sees no CUDA GPU" "$err"
   check_eq "train --device cuda without a GPU: one line" 1 "$(lines "$err")"
 fi
+
+# 8. --pipeline: one column per pipeline stage, whose units cover the model
+# in order; 1F1B holds min(P - s, m) micro-batches in flight, GPipe m, so at
+# m = 8 and P = 2 stage 0's activations under 1F1B are about a quarter of
+# GPipe's (2 of 8 slots, plus the gradient buffers both keep); bad layouts
+# are refused in one line.
+f1b="$("$bin" estimate --model llama-tiny -n 4 --pipeline 2 --grad-accum 8 --zero 1 --json)"
+check_eq "--pipeline exit code" 0 "$?"
+gpipe="$("$bin" estimate --model llama-tiny -n 4 --pipeline 2 --grad-accum 8 --zero 1 --schedule gpipe --json)"
+verdict="$(python3 -c 'import json, sys
+a, g = (json.loads(x) for x in sys.argv[1:3])
+s = a["stages"]
+units = [u for st in s for u in st["units"]]
+ok = (a["pipeline"] == 2 and a["schedule"] == "1f1b" and len(s) == 2
+      and [st["pipeline_stage"] for st in s] == [0, 1] and units[0] == 0
+      and units[1] == units[2] and units[3] == 6)
+act = [st["peak"]["activations"] for st in s]
+gact = [st["peak"]["activations"] for st in g["stages"]]
+ratio = act[0] / gact[0]
+ok = ok and 0.25 < ratio < 0.3 and act[1] < act[0] and gact[1] >= gact[0] * 0.5
+print("as expected" if ok else "stages %s, activations 1f1b %s gpipe %s" % (s, act, gact))' \
+  "$f1b" "$gpipe" 2>&1)"
+check_eq "--pipeline 2: columns, units, 1F1B vs GPipe activations" "as expected" "$verdict"
+text="$("$bin" estimate --model llama-tiny -n 2 --pipeline 2 --zero 3)"
+check "--pipeline table header" "| category | ZeRO 3 s0 (0..3) | ZeRO 3 s1 (4..5) |" "$text"
+bad "--pipeline 3 of 4 ranks" "--pipeline 3: expected a number of stages up to 64 dividing -n 4" \
+  --model llama-tiny -n 4 --pipeline 3
+bad "--pipeline 7 of 6 units" "--pipeline 7: expected 1 to 6 stages" --model llama-tiny -n 7 --pipeline 7
+bad "--pipeline-split 1,2" "--pipeline-split 1,2: covers 3 units: expected the model's 6 exactly" \
+  --model llama-tiny -n 2 --pipeline 2 --pipeline-split 1,2
+bad "--schedule zigzag" "--schedule zigzag: expected gpipe or 1f1b" --model llama-tiny --schedule zigzag
 
 out="$("$bin" estimate --help)"
 check_eq "--help exit code" 0 "$?"
