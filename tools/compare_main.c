@@ -139,27 +139,6 @@ static ts_status parse_recomputes(const char *v, void *c) {
   return parse_list(v, &((compare *)c)->n_recomputes, recompute_item, ((compare *)c)->recomputes);
 }
 
-/* Runs argv with stdout and stderr to `log`; returns the exit status
- * (-1 if it could not start). */
-static int spawn(char *const argv[], const char *log) {
-  pid_t pid = fork();
-  if (pid < 0) return -1;
-  if (pid == 0) {
-    int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd >= 0) {
-      dup2(fd, STDOUT_FILENO);
-      dup2(fd, STDERR_FILENO);
-      close(fd);
-    }
-    execv(argv[0], argv);
-    fprintf(stderr, "tessera compare: cannot run %s: %s\n", argv[0], strerror(errno));
-    _exit(127);
-  }
-  int status;
-  if (waitpid(pid, &status, 0) < 0) return -1;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
 /* Prints the last lines of a failed run's log to stderr. */
 static void print_tail(const char *log) {
   char cmd[4200];
@@ -191,7 +170,7 @@ static int launch_run(const compare *c, const run *r, const char *dir) {
                   t, "--lr", lr, "--warmup", "1", "--eval-batches", "1", "--log-every", steps,
                   "--metrics", metrics, "--device", (char *)ts_tool_device_choice_name(c->device),
                   NULL};
-  int rc = spawn(argv, log);
+  int rc = ts_tool_spawn(argv, log);
   if (rc != 0) {
     fprintf(stderr, "tessera compare: run %s failed (exit %d); the end of %s:\n", r->name, rc, log);
     print_tail(log);
@@ -495,7 +474,7 @@ static int write_chart(const compare *c, const char *dir, const char *png) {
   if (access(argv[0], X_OK) != 0)
     return fprintf(stderr, "tessera compare: /usr/bin/gnuplot not found: install gnuplot-nox "
                            "(tools/setup.sh does)\n"), 0;
-  int rc = spawn(argv, log);
+  int rc = ts_tool_spawn(argv, log);
   if (rc != 0 || ts_atomic_rename(tmp, png) != TS_OK) {
     fprintf(stderr, "tessera compare: gnuplot failed (exit %d); the end of %s:\n", rc, log);
     print_tail(log);

@@ -26,6 +26,15 @@ const char *ts_tool_device_choice_name(int choice);
  * SLURM_LOCALID (0 without). */
 ts_status ts_tool_resolve_device(int choice, int need_gpu, ts_device *dev, int *index);
 
+/* Runs argv (argv[0] a path) with stdout and stderr to the file `log`,
+ * waits, and returns its exit status: 128 + signal when killed, -1 when it
+ * could not start (tools/spawn.c). */
+int ts_tool_spawn(char *const argv[], const char *log);
+
+/* `tessera timeline TRACE`: one step of a train --trace file, its measured
+ * bubble and picture (tools/timeline.h). */
+int ts_tool_timeline(int argc, char **argv);
+
 /* `tessera train`: parses the flags (--help lists them) into a
  * ts_train_config, runs ts_train_run with a progress line on stdout, prints a
  * summary with the validation loss next to the unigram baseline of

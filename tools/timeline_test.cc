@@ -1,0 +1,78 @@
+// timeline_test.cc — the measured bubble of a hand-written trace: the step
+// window, each rank's compute time in it, spans of other steps left out,
+// and bad traces and steps refused.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "tools/timeline.h"
+
+namespace {
+
+std::string Write(const std::string &name, const std::string &text) {
+  const char *dir = getenv("TEST_TMPDIR");
+  std::string path = std::string(dir ? dir : "/tmp") + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+std::string Span(const char *name, int tid, double ts, double dur, int mb = -1) {
+  char buf[200];
+  snprintf(buf, sizeof buf,
+           "{\"name\":\"%s\",\"ph\":\"X\",\"ts\":%g,\"dur\":%g,\"pid\":0,\"tid\":%d,"
+           "\"args\":{\"mb\":%d}},",
+           name, ts, dur, tid, mb);
+  return buf;
+}
+
+// Two ranks, two steps. Step 2: rank 0 computes 100..140 and 160..200
+// (80 us), rank 1 computes 120..180 after waiting 100..120 (60 us); the
+// window is 100..200, so the idle fractions are 0.2 and 0.4, mean 0.3.
+std::string TwoSteps() {
+  std::string s = "{\"traceEvents\":[";
+  s += Span("forward", 0, 0, 10, 0) + Span("optimizer_step", 0, 50, 10);
+  s += Span("forward", 1, 10, 20, 0) + Span("optimizer_step", 1, 50, 10);
+  s += Span("forward", 0, 100, 20, 0) + Span("forward", 0, 120, 20, 1);  // one stage's units
+  s += Span("recv", 0, 140, 20, 0) + Span("backward", 0, 160, 40, 0);
+  s += Span("optimizer_step", 0, 210, 5);
+  s += Span("recv", 1, 100, 20, 0) + Span("forward", 1, 120, 30, 0);
+  s += Span("backward", 1, 150, 30, 0) + Span("all_gather", 1, 185, 5);
+  s += Span("optimizer_step", 1, 210, 5);
+  s.back() = ']';
+  return s + "}";
+}
+
+TEST(Timeline, MeasuredBubbleOfAStep) {
+  std::string path = Write("two_steps.json", TwoSteps());
+  ts_timeline t;
+  ASSERT_EQ(ts_timeline_load(path.c_str(), 2, &t), TS_OK) << ts_last_error();
+  EXPECT_EQ(t.ranks, 2);
+  EXPECT_DOUBLE_EQ(t.begin, 100);
+  EXPECT_DOUBLE_EQ(t.end, 200);
+  EXPECT_DOUBLE_EQ(t.busy[0], 80);
+  EXPECT_DOUBLE_EQ(t.busy[1], 60);
+  EXPECT_DOUBLE_EQ(t.bubble, 0.3);
+  ts_timeline_free(&t);
+  // step 1: rank 0 computes 0..10, rank 1 10..30: window 0..30
+  ASSERT_EQ(ts_timeline_load(path.c_str(), 1, &t), TS_OK) << ts_last_error();
+  EXPECT_DOUBLE_EQ(t.end - t.begin, 30);
+  EXPECT_DOUBLE_EQ(t.bubble, (20.0 + 10.0) / 60.0);
+  ts_timeline_free(&t);
+}
+
+TEST(Timeline, BadTracesAndStepsAreRefused) {
+  ts_timeline t;
+  EXPECT_EQ(ts_timeline_load("/no/such/trace.json", 1, &t), TS_ERR_IO);
+  std::string path = Write("not_a_trace.json", "{\"steps\": []}");
+  EXPECT_EQ(ts_timeline_load(path.c_str(), 1, &t), TS_ERR_FORMAT);
+  EXPECT_NE(std::string(ts_last_error()).find("traceEvents"), std::string::npos);
+  path = Write("two_steps.json", TwoSteps());
+  EXPECT_EQ(ts_timeline_load(path.c_str(), 3, &t), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ts_last_error()).find("--step 3: expected 1 to 2"), std::string::npos)
+      << ts_last_error();
+  EXPECT_EQ(ts_timeline_load(path.c_str(), 0, &t), TS_ERR_INVALID_ARGUMENT);
+}
+
+}  // namespace
