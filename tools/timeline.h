@@ -29,7 +29,11 @@ typedef struct ts_timeline {
   size_t n;
   double begin, end;      /* the window: the step's first compute start, last compute end (us) */
   double *busy;           /* (ranks) compute time in the window, microseconds (owned) */
-  double bubble;          /* mean over ranks of the idle fraction of the window */
+  double bubble;          /* mean over ranks of the idle fraction of the window (stages of
+                             unequal cost add their imbalance to it) */
+  double bubble_busiest;  /* the idle fraction of the busiest rank (the slowest stage): the
+                             fill and drain alone, what (P-1)/(m+P-1) predicts for equal
+                             stages */
 } ts_timeline;
 
 /* Reads step `step` (1-based; a rank's step k ends with its k-th optimizer

@@ -29,7 +29,8 @@ std::string Span(const char *name, int tid, double ts, double dur, int mb = -1) 
 
 // Two ranks, two steps. Step 2: rank 0 computes 100..140 and 160..200
 // (80 us), rank 1 computes 120..180 after waiting 100..120 (60 us); the
-// window is 100..200, so the idle fractions are 0.2 and 0.4, mean 0.3.
+// window is 100..200, so the idle fractions are 0.2 and 0.4: mean 0.3,
+// the busiest rank's 0.2.
 std::string TwoSteps() {
   std::string s = "{\"traceEvents\":[";
   s += Span("forward", 0, 0, 10, 0) + Span("optimizer_step", 0, 50, 10);
@@ -54,6 +55,7 @@ TEST(Timeline, MeasuredBubbleOfAStep) {
   EXPECT_DOUBLE_EQ(t.busy[0], 80);
   EXPECT_DOUBLE_EQ(t.busy[1], 60);
   EXPECT_DOUBLE_EQ(t.bubble, 0.3);
+  EXPECT_DOUBLE_EQ(t.bubble_busiest, 0.2);
   ts_timeline_free(&t);
   // step 1: rank 0 computes 0..10, rank 1 10..30: window 0..30
   ASSERT_EQ(ts_timeline_load(path.c_str(), 1, &t), TS_OK) << ts_last_error();

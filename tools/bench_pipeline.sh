@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# Pipeline stages side by side: one model on N ranks as (P = 1, dp = N),
+# (P = 2, dp = N/2), ... (P = N, dp = 1), GPipe and 1F1B, at several
+# micro-batch counts m, on the KJV corpus, in one script run. P = 1 (data
+# parallelism alone) is the baseline of every row.
+#
+#   tools/bench_pipeline.sh [STEPS] [RANKS] [MODEL] [MS] [PS]
+#     (default 4, 4, llama-small, "4 8 16", every P dividing RANKS)
+#
+# TESSERA_BIN (with TESSERA_HOME for its presets) runs that binary instead
+# of building the working tree's; BENCH_JSON=FILE appends one JSON line per
+# run ({"bench": "pipeline", "P": ..., "schedule": ..., "m": ..., ...}).
+# BENCH_PNG=FILE draws the timeline of step STEPS of the last P > 1 1F1B run
+# at the largest m (tessera timeline).
+#
+# Per run: tokens/s (mean over steps 2..) and its ratio to P = 1 at the same
+# m, the bubble measured from the run's trace (tessera timeline, step
+# STEPS: the busiest rank's idle fraction of the step's window, i.e. the
+# slowest stage's fill and drain, and the mean over ranks, which adds the
+# stages' imbalance) beside the theory (P-1)/(m+P-1) for equal stages, the
+# busiest rank's difference in percentage points, and per stage the
+# peak bytes of rank (stage x dp): total and activations. And per P > 1 and
+# m: 1F1B's stage-0 activation peak over GPipe's beside P/m. Micro-batch 1
+# x seq 64 per rank, ZeRO stage 1, fp32, OMP_NUM_THREADS = 1 per rank. Each
+# rank is a process: with more ranks than cores they share cores, which
+# shortens the warm-up and cool-down (fewer ranks busy, each faster) and so
+# lowers the measured bubble below the theory's equal-speed stages.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+STEPS="${1:-4}"
+N="${2:-4}"
+MODEL="${3:-llama-small}"
+MS="${4:-4 8 16}"
+PS="${5:-}"
+cd "$ROOT"
+tools/setup.sh
+if [[ -n "${TESSERA_BIN:-}" ]]; then
+  BIN="$TESSERA_BIN"
+  export TESSERA_HOME="${TESSERA_HOME:-$ROOT}"
+else
+  bazel build --ui_event_filters=-info,-progress --noshow_progress //tools:tessera
+  BIN="$ROOT/bazel-bin/tools/tessera"
+  export TESSERA_HOME="$ROOT"
+fi
+tools/kjv.sh "$BIN" >/dev/null
+DATA="$ROOT/data/kjv"
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+export OMP_NUM_THREADS=1
+if [[ -z "$PS" ]]; then
+  for ((p = 1; p <= N; p++)); do ((N % p == 0)) && PS="$PS $p"; done
+fi
+
+runs=()
+for m in $MS; do
+  for p in $PS; do
+    schedules="gpipe 1f1b"
+    ((p == 1)) && schedules="1f1b"
+    for s in $schedules; do
+      name="p${p}-${s}-m${m}"
+      tools/launch.sh -n "$N" "$BIN" train --model "$MODEL" --data "$DATA" --zero 1 \
+        --pipeline "$p" --schedule "$s" --steps "$STEPS" --micro-batch 1 --grad-accum "$m" \
+        --seq 64 --lr 1e-3 --warmup 1 --eval-batches 1 --log-every "$STEPS" \
+        --metrics "$TMP/$name.jsonl" --trace "$TMP/$name.trace.json" >"$TMP/$name.log"
+      "$BIN" timeline "$TMP/$name.trace.json" --step "$STEPS" --json >"$TMP/$name.timeline.json"
+      runs+=("$name")
+    done
+  done
+done
+if [[ -n "${BENCH_PNG:-}" ]]; then
+  last=""
+  for r in "${runs[@]}"; do [[ "$r" == *-1f1b-m${MS##* } && "$r" != p1-* ]] && last="$r"; done
+  [[ -n "$last" ]] && "$BIN" timeline "$TMP/$last.trace.json" --step "$STEPS" --png "$BENCH_PNG" \
+    >/dev/null && echo "timeline of $last, step $STEPS: $BENCH_PNG"
+fi
+
+python3 - "$TMP" "$N" "$MODEL" "$(nproc --all)" "${BENCH_JSON:-}" "${runs[@]}" <<'PY'
+import json, os, sys
+tmp, n, model, cores, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+names = sys.argv[6:]
+mib = 1024.0 ** 2
+rows = {}
+for name in names:
+    p, s, m = name.split("-")
+    p, m = int(p[1:]), int(m[1:])
+    recs = [json.loads(l) for l in open(os.path.join(tmp, name + ".jsonl"))]
+    steps = [r for r in recs if "tokens_per_s" in r]
+    summary = next(r["summary"] for r in recs if "summary" in r)
+    tl = json.load(open(os.path.join(tmp, name + ".timeline.json")))
+    tok = sum(r["tokens_per_s"] for r in steps[1:]) / max(1, len(steps) - 1)
+    dp = n // p
+    stages = [summary["mem_by_rank"][st * dp] for st in range(p)]
+    rows[(p, s, m)] = dict(tok=tok, bubble=tl["bubble_busiest"], mean=tl["bubble"],
+                           theory=(p - 1) / (m + p - 1),
+                           total=[r["total"] for r in stages],
+                           act=[r["activations"] for r in stages],
+                           loss=steps[-1]["loss"])
+print(f"{model}, {n} ranks on {cores} cores (OMP_NUM_THREADS=1 each), fp32, ZeRO-1, "
+      f"micro-batch 1 x seq 64 per rank")
+print()
+print("| P x dp | schedule | m | tokens/s | vs P=1 | bubble, busiest rank | theory (P-1)/(m+P-1) "
+      "| diff (pp) | mean idle | peak MiB per stage | activations MiB per stage |")
+print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |")
+for (p, s, m), r in rows.items():
+    base = rows.get((1, "1f1b", m))
+    ratio = r["tok"] / base["tok"] if base else float("nan")
+    print(f"| {p} x {n // p} | {s} | {m} | {r['tok']:.0f} | {ratio:.2f} | "
+          f"{100 * r['bubble']:.1f}% | {100 * r['theory']:.1f}% | "
+          f"{100 * (r['bubble'] - r['theory']):+.1f} | {100 * r['mean']:.1f}% | "
+          f"{' / '.join('%.1f' % (t / mib) for t in r['total'])} | "
+          f"{' / '.join('%.1f' % (a / mib) for a in r['act'])} |")
+    if out:
+        with open(out, "a") as f:
+            f.write(json.dumps({"bench": "pipeline", "model": model, "ranks": n, "P": p,
+                                "schedule": s, "m": m, "tokens_per_s": r["tok"],
+                                "bubble_busiest": r["bubble"], "bubble_mean": r["mean"],
+                                "bubble_theory": r["theory"],
+                                "peak_bytes_per_stage": r["total"],
+                                "activation_bytes_per_stage": r["act"]}) + "\n")
+print()
+print("| P | m | stage-0 activations 1F1B / GPipe | P/m |")
+print("| ---: | ---: | ---: | ---: |")
+for (p, s, m), r in rows.items():
+    if s == "1f1b" and p > 1 and (p, "gpipe", m) in rows:
+        g = rows[(p, "gpipe", m)]
+        print(f"| {p} | {m} | {r['act'][0] / g['act'][0]:.3f} | {p / m:.3f} |")
+PY
