@@ -1,13 +1,18 @@
 /* compare_main.c — `tessera compare`: one training configuration at several
- * ZeRO stages (and dtypes, checkpointing settings) on N ranks, each run
+ * ZeRO stages (and dtypes, checkpointing settings, pipeline layouts and
+ * schedules) on N ranks, each run
  * through tools/launch.sh for a few steps, then per run: every rank's
  * ledger peaks by category beside the engine's own plan (ts_engine_plan)
  * and the difference, the model states between steps beside the ZeRO
  * formula, the process's peak RSS, tokens/s and bytes sent per step with
  * their ratios to the group's first stage, and the losses, checked to be
- * identical across stages and checkpointing at every step. Writes
- * compare.md, compare.csv (each whole or not at all: written to a
- * temporary name and renamed) and compare.png (gnuplot). Exit status 0
+ * identical across stages and checkpointing at every step (and across
+ * schedules of one pipeline layout). Per-rank memory differs by pipeline
+ * stage: the plan is each stage's, the table has every rank, the chart a
+ * bar per stage, and each pipelined run's timeline of one step is drawn
+ * (tools/timeline.h). Writes compare.md, compare.csv (each whole or not at
+ * all: written to a temporary name and renamed), compare.png and
+ * timeline-RUN.png (gnuplot). Exit status 0
  * when every check passes, 1 when one fails or a run fails, 2 bad usage. */
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -25,12 +30,14 @@
 #include "engine/engine.h"
 #include "engine/trainer.h"
 #include "tools/flags.h"
+#include "tools/timeline.h"
 #include "tools/tools.h"
 
 static const char *USAGE =
     "usage: tessera compare --model CONFIG -n N [flags]\n"
     "  Trains CONFIG for K steps on N ranks at each ZeRO stage, for each dtype and\n"
-    "  checkpointing setting, and writes OUT/compare.md, compare.csv and compare.png\n"
+    "  checkpointing setting (and --pipeline layout and --schedule), and writes\n"
+    "  OUT/compare.md, compare.csv and compare.png\n"
     "  (run logs and metrics go to OUT/compare_runs/). `./tessera compare` prepares\n"
     "  the default --data first.\n";
 
@@ -44,19 +51,28 @@ typedef struct run {
   ts_dtype dt;
   size_t recompute; /* ts_engine_opts.recompute_every */
   int stage;
-  char name[64];   /* "fp32 recompute:none ZeRO-2" */
-  char file[64];   /* "fp32-none-zero2" (metrics .jsonl, log .log) */
+  int pipeline;    /* P pipeline stages (1: none) */
+  ts_schedule_kind schedule; /* when P > 1 */
+  char name[96];   /* "fp32 recompute:none ZeRO-2", "... P2 1f1b ZeRO-2" */
+  char file[96];   /* "fp32-none-zero2", "fp32-none-p2-1f1b-zero2" (metrics .jsonl, log .log) */
   size_t n_loss;
   double loss[4096];
   double tok_s;    /* mean over steps 2.. (all steps when only one) */
   double comm;     /* bytes sent per step, rank 0, last step */
   double psi;      /* padded parameter count */
   double *mem;     /* [N][W] measured, from the summary */
-  ts_mem_account est; /* the plan */
-  int base;        /* the run its ratios compare against: the first of its dtype
-                      and checkpointing */
-  int loss_base;   /* the run its losses must equal: the first of its dtype */
+  ts_mem_account est[TS_TRAIN_MAX_STAGES]; /* the plan of each pipeline stage */
+  int split[TS_TRAIN_MAX_STAGES + 1];      /* first unit of each stage, then n_units */
+  double bubble;   /* P > 1: the measured bubble of the drawn step (busiest rank) */
+  int base;        /* the run its ratios compare against: the first of its dtype,
+                      checkpointing and pipeline layout */
+  int loss_base;   /* the run its losses must equal: the first of its dtype and P */
 } run;
+
+/* The plan of rank q's pipeline stage (ranks q = stage * dp + dp_rank). */
+static const ts_mem_account *est_of(const run *r, size_t q, size_t n) {
+  return &r->est[q / (n / (size_t)r->pipeline)];
+}
 
 typedef struct compare {
   const char *model, *data, *out;
@@ -67,6 +83,10 @@ typedef struct compare {
   int n_dts;
   size_t recomputes[MAX_LIST];
   int n_recomputes;
+  int pipelines[MAX_LIST], n_pipelines; /* --pipeline P list */
+  ts_schedule_kind schedules[MAX_LIST]; /* --schedule list (pipelined runs) */
+  int n_schedules;
+  size_t grad_accum; /* micro-batches per step; 0: 1, or 2 x the largest P */
   int reuse;
   int device;      /* --device choice (tools.h), passed to every run */
   ts_device dev;   /* what it resolves to here, for the plans */
@@ -121,6 +141,22 @@ static ts_status dtype_item(const char *item, int i, void *out) {
   return ts_dtype_parse(item, &((ts_dtype *)out)[i]);
 }
 
+/* (a pipeline stage count >= 1) */
+static ts_status pipeline_item(const char *item, int i, void *out) {
+  char *end;
+  long p = strtol(item, &end, 10);
+  if (end == item || *end || p < 1 || p > TS_TRAIN_MAX_STAGES)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "expected pipeline stage counts 1 to %d",
+                        TS_TRAIN_MAX_STAGES);
+  ((int *)out)[i] = (int)p;
+  return TS_OK;
+}
+
+/* (gpipe or 1f1b) */
+static ts_status schedule_item(const char *item, int i, void *out) {
+  return ts_schedule_kind_parse(item, &((ts_schedule_kind *)out)[i]);
+}
+
 /* (none, all or every:K) */
 static ts_status recompute_item(const char *item, int i, void *out) {
   return ts_train_parse_recompute(item, &((size_t *)out)[i]);
@@ -133,6 +169,14 @@ static ts_status parse_stages(const char *v, void *c) {
 /* (see parse_stages) */
 static ts_status parse_dtypes(const char *v, void *c) {
   return parse_list(v, &((compare *)c)->n_dts, dtype_item, ((compare *)c)->dts);
+}
+/* (see parse_stages) */
+static ts_status parse_pipelines(const char *v, void *c) {
+  return parse_list(v, &((compare *)c)->n_pipelines, pipeline_item, ((compare *)c)->pipelines);
+}
+/* (see parse_stages) */
+static ts_status parse_schedules(const char *v, void *c) {
+  return parse_list(v, &((compare *)c)->n_schedules, schedule_item, ((compare *)c)->schedules);
 }
 /* (see parse_stages) */
 static ts_status parse_recomputes(const char *v, void *c) {
@@ -150,7 +194,7 @@ static void print_tail(const char *log) {
 static int launch_run(const compare *c, const run *r, const char *dir) {
   const char *home = getenv("TESSERA_HOME");
   char launch[4096], self[4096], metrics[4200], log[4200], zero[8], steps[32], b[32], t[32],
-      lr[32], ck[32], n[32];
+      lr[32], ck[32], n[32], pp[16], accum[32], trace[4200];
   FMT(launch, "%s/tools/launch.sh", home ? home : ".");
   ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
   if (len <= 0) return fprintf(stderr, "tessera compare: cannot find its own binary\n"), 0;
@@ -163,13 +207,18 @@ static int launch_run(const compare *c, const run *r, const char *dir) {
   snprintf(t, sizeof t, "%zu", c->seq);
   snprintf(lr, sizeof lr, "%g", (double)c->lr);
   snprintf(n, sizeof n, "%zu", c->n);
+  snprintf(pp, sizeof pp, "%d", r->pipeline);
+  snprintf(accum, sizeof accum, "%zu", c->grad_accum);
+  FMT(trace, "%s/%s.trace.json", dir, r->file);
   ts_train_recompute_name(r->recompute, ck, sizeof ck);
   char *argv[] = {launch, "-n", n, self, "train", "--model", (char *)c->model, "--data", (char *)c->data,
                   "--zero", zero, "--dtype", (char *)ts_dtype_name(r->dt),
                   "--activation-checkpointing", ck, "--steps", steps, "--micro-batch", b, "--seq",
                   t, "--lr", lr, "--warmup", "1", "--eval-batches", "1", "--log-every", steps,
                   "--metrics", metrics, "--device", (char *)ts_tool_device_choice_name(c->device),
-                  NULL};
+                  "--grad-accum", accum, "--pipeline", pp, "--schedule",
+                  (char *)ts_schedule_kind_name(r->schedule),
+                  r->pipeline > 1 ? "--trace" : NULL, trace, NULL};
   int rc = ts_tool_spawn(argv, log);
   if (rc != 0) {
     fprintf(stderr, "tessera compare: run %s failed (exit %d); the end of %s:\n", r->name, rc, log);
@@ -246,11 +295,14 @@ static int check_model_states(const compare *c, FILE *md, int *per_run) {
     const run *r = &c->runs[i];
     for (size_t q = 0; q < c->n; q++) {
       const double *m = r->mem + q * W;
-      int same = m[M_STATES] == (double)ts_mem_model_state_bytes(&r->est) && m[M_STATES] == formula(r, r->psi, (double)c->n);
-      for (int k = TS_MEM_PARAMS; k <= TS_MEM_OPTIM; k++) same &= m[k] == (double)r->est.peak[k];
+      const ts_mem_account *e = est_of(r, q, c->n);
+      /* the ZeRO formula covers the whole model on one pipeline stage */
+      double f = r->pipeline == 1 ? formula(r, r->psi, (double)c->n) : m[M_STATES];
+      int same = m[M_STATES] == (double)ts_mem_model_state_bytes(e) && m[M_STATES] == f;
+      for (int k = TS_MEM_PARAMS; k <= TS_MEM_OPTIM; k++) same &= m[k] == (double)e->peak[k];
       if (!same) {
         fprintf(md, "  - %s, rank %zu: measured model states %.0f B, estimate %.0f B, formula %.0f B\n",
-                r->name, q, m[M_STATES], (double)ts_mem_model_state_bytes(&r->est), formula(r, r->psi, (double)c->n));
+                r->name, q, m[M_STATES], (double)ts_mem_model_state_bytes(e), f);
         ok = 0;
       }
     }
@@ -259,7 +311,8 @@ static int check_model_states(const compare *c, FILE *md, int *per_run) {
 }
 
 /* Check 2: the losses of every run equal, step for step and to the bit,
- * those of its base run (the first run of its dtype). */
+ * those of its base run (the first run of its dtype and pipeline layout
+ * and, with accumulation, reduction: loss_base). */
 static int check_losses(const compare *c, FILE *md, int *per_run) {
   int ok = 1;
   for (int i = 0; i < c->n_runs; i++) {
@@ -288,7 +341,8 @@ static int check_falling(const compare *c, FILE *md, int *per_run) {
   (void)per_run;
   for (int i = 1; i < c->n_runs; i++) {
     const run *r = &c->runs[i], *p = &c->runs[i - 1];
-    if (c->n > 1 && r->dt == p->dt && r->recompute == p->recompute && r->stage > p->stage &&
+    if (c->n / (size_t)r->pipeline > 1 && r->dt == p->dt && r->recompute == p->recompute &&
+        r->pipeline == p->pipeline && r->schedule == p->schedule && r->stage > p->stage &&
         !(r->mem[M_STATES] < p->mem[M_STATES])) {
       fprintf(md, "  - %s holds %.0f B of model states, %s %.0f B\n", r->name, r->mem[M_STATES],
               p->name, p->mem[M_STATES]);
@@ -358,9 +412,11 @@ static int write_md(const compare *c, const char *path, const char *checks) {
     const run *r = &c->runs[i], *b = &c->runs[r->base];
     double rss = 0;
     for (size_t q = 0; q < c->n; q++) rss = fmax(rss, r->mem[q * W + M_RSS]);
-    fprintf(md, "| %s | %.2f | %.2f | %.2f | %.2f | %.2f |", r->name, r->mem[M_STATES] / MiB,
-            (double)ts_mem_model_state_bytes(&r->est) / MiB, formula(r, r->psi, (double)c->n) / MiB, r->mem[M_TOTAL] / MiB,
-            (double)r->est.peak_total / MiB);
+    fprintf(md, "| %s | %.2f | %.2f |", r->name, r->mem[M_STATES] / MiB,
+            (double)ts_mem_model_state_bytes(&r->est[0]) / MiB);
+    if (r->pipeline == 1) fprintf(md, " %.2f |", formula(r, r->psi, (double)c->n) / MiB);
+    else fprintf(md, " - |");
+    fprintf(md, " %.2f | %.2f |", r->mem[M_TOTAL] / MiB, (double)r->est[0].peak_total / MiB);
     fprintf(md, " %.1f | %.0f | %.2f | %.3f |", rss / MiB, r->tok_s, r->tok_s / b->tok_s,
             r->comm / 1e6);
     if (b->comm > 0) fprintf(md, " %.2f |\n", r->comm / b->comm);
@@ -376,7 +432,26 @@ static int write_md(const compare *c, const char *path, const char *checks) {
   for (int i = 0; i < c->n_runs; i++) {
     const run *r = &c->runs[i];
     fprintf(md, "| %s |", r->name);
-    for (int k = 0; k < TS_MEM_NUM_CATEGORIES; k++) cell(md, r->mem[k], (double)r->est.peak[k]);
+    for (int k = 0; k < TS_MEM_NUM_CATEGORIES; k++) cell(md, r->mem[k], (double)r->est[0].peak[k]);
+    fprintf(md, "\n");
+  }
+  /* Every rank: with pipeline stages, ranks of different stages hold
+   * different units and micro-batches in flight. */
+  fprintf(md, "\nPeak total per rank: measured / estimate (difference), MiB; sS = its pipeline "
+              "stage (units first..last)\n\n| run |");
+  for (size_t q = 0; q < c->n; q++) fprintf(md, " rank %zu |", q);
+  fprintf(md, "\n| --- |");
+  for (size_t q = 0; q < c->n; q++) fprintf(md, " --- |");
+  fprintf(md, "\n");
+  for (int i = 0; i < c->n_runs; i++) {
+    const run *r = &c->runs[i];
+    fprintf(md, "| %s |", r->name);
+    for (size_t q = 0; q < c->n; q++) {
+      size_t st = q / (c->n / (size_t)r->pipeline);
+      if (r->pipeline > 1)
+        fprintf(md, " s%zu (%d..%d):", st, r->split[st], r->split[st + 1] - 1);
+      cell(md, r->mem[q * W + M_TOTAL], (double)est_of(r, q, c->n)->peak_total);
+    }
     fprintf(md, "\n");
   }
   fprintf(md, "\nLoss at every step\n\n| run |");
@@ -390,6 +465,14 @@ static int write_md(const compare *c, const char *path, const char *checks) {
     fprintf(md, "\n");
   }
   fprintf(md, "\n![per-rank memory by category](compare.png)\n");
+  for (int i = 0; i < c->n_runs; i++)
+    if (c->runs[i].pipeline > 1)
+      fprintf(md, "\n%s: step %zu's timeline, measured bubble %.1f%% on the busiest rank, "
+                  "(P-1)/(m+P-1) = %.1f%% in theory\n\n![timeline](timeline-%s.png)\n",
+              c->runs[i].name, c->steps, 100.0 * c->runs[i].bubble,
+              100.0 * (c->runs[i].pipeline - 1) /
+                  ((double)c->grad_accum + c->runs[i].pipeline - 1),
+              c->runs[i].file);
   return finish(af);
 }
 
@@ -397,7 +480,8 @@ static int write_csv(const compare *c, const char *path, const int *loss_ok) {
   ts_atomic_file *af;
   FILE *f = start(&af, path);
   if (!f) return 0;
-  fprintf(f, "run,dtype,activation_checkpointing,zero_stage,world_size,rank");
+  fprintf(f, "run,dtype,activation_checkpointing,zero_stage,pipeline,schedule,world_size,rank,"
+             "pipeline_stage");
   for (int k = 0; k < TS_MEM_NUM_CATEGORIES; k++)
     fprintf(f, ",%s_measured,%s_estimate", ts_mem_category_name((ts_mem_category)k),
             ts_mem_category_name((ts_mem_category)k));
@@ -410,11 +494,15 @@ static int write_csv(const compare *c, const char *path, const int *loss_ok) {
     ts_train_recompute_name(r->recompute, ck, sizeof ck);
     for (size_t q = 0; q < c->n; q++) {
       const double *m = r->mem + q * W;
-      fprintf(f, "%s,%s,%s,%d,%zu,%zu", r->file, ts_dtype_name(r->dt), ck, r->stage, c->n, q);
-      for (int k = 0; k < TS_MEM_NUM_CATEGORIES; k++) fprintf(f, ",%.0f,%zu", m[k], r->est.peak[k]);
-      fprintf(f, ",%.0f,%zu,%.0f,%.0f,%.0f,%.0f,%.1f,%.4f,%.0f,", m[M_TOTAL], r->est.peak_total,
-              m[M_STATES], (double)ts_mem_model_state_bytes(&r->est), formula(r, r->psi, (double)c->n), m[M_RSS], r->tok_s,
-              r->tok_s / b->tok_s, r->comm);
+      const ts_mem_account *e = est_of(r, q, c->n);
+      fprintf(f, "%s,%s,%s,%d,%d,%s,%zu,%zu,%zu", r->file, ts_dtype_name(r->dt), ck, r->stage,
+              r->pipeline, r->pipeline > 1 ? ts_schedule_kind_name(r->schedule) : "", c->n, q,
+              q / (c->n / (size_t)r->pipeline));
+      for (int k = 0; k < TS_MEM_NUM_CATEGORIES; k++) fprintf(f, ",%.0f,%zu", m[k], e->peak[k]);
+      fprintf(f, ",%.0f,%zu,%.0f,%.0f,", m[M_TOTAL], e->peak_total, m[M_STATES],
+              (double)ts_mem_model_state_bytes(e));
+      if (r->pipeline == 1) fprintf(f, "%.0f", formula(r, r->psi, (double)c->n));
+      fprintf(f, ",%.0f,%.1f,%.4f,%.0f,", m[M_RSS], r->tok_s, r->tok_s / b->tok_s, r->comm);
       if (b->comm > 0) fprintf(f, "%.4f", r->comm / b->comm);
       fprintf(f, ",%s,", loss_ok[i] ? "yes" : "no");
       for (size_t s = 0; s < r->n_loss; s++) fprintf(f, "%s%.17g", s ? ";" : "", r->loss[s]);
@@ -424,8 +512,9 @@ static int write_csv(const compare *c, const char *path, const int *loss_ok) {
   return finish(af);
 }
 
-/* compare.png: rank 0's measured peak per category stacked, one bar per
- * run, the estimate's sum of category peaks marked on each bar. The data
+/* compare.png: the measured peak per category stacked, one bar per run
+ * (rank 0) or, for a pipelined run, per pipeline stage (its first rank),
+ * the estimate's sum of category peaks marked on each bar. The data
  * and the gnuplot script stay in dir; the png is drawn to a temporary name
  * and renamed. */
 static int write_chart(const compare *c, const char *dir, const char *png) {
@@ -440,34 +529,40 @@ static int write_chart(const compare *c, const char *dir, const char *png) {
   for (int k = 0; k < TS_MEM_NUM_CATEGORIES; k++)
     fprintf(f, " %s", ts_mem_category_name((ts_mem_category)k));
   fprintf(f, " estimate\n");
-  for (int i = 0; i < c->n_runs; i++) {
-    const run *r = &c->runs[i];
-    char ck[32];
-    ts_train_recompute_name(r->recompute, ck, sizeof ck);
-    double est = 0;
-    for (int k = 0; k < TS_MEM_NUM_CATEGORIES; k++) est += (double)r->est.peak[k];
-    fprintf(f, "\"ZeRO-%d", r->stage);
-    if (c->n_dts > 1) fprintf(f, " %s", ts_dtype_name(r->dt));
-    if (c->n_recomputes > 1) fprintf(f, " recompute %s", ck);
-    fprintf(f, "\"");
-    for (int k = 0; k < TS_MEM_NUM_CATEGORIES; k++) fprintf(f, " %.4f", r->mem[k] / MiB);
-    fprintf(f, " %.4f\n", est / MiB);
-  }
+  int bars = 0;
+  for (int i = 0; i < c->n_runs; i++)
+    for (int st = 0; st < c->runs[i].pipeline; st++, bars++) {
+      const run *r = &c->runs[i];
+      size_t q = (size_t)st * (c->n / (size_t)r->pipeline); /* the stage's first rank */
+      char ck[32];
+      ts_train_recompute_name(r->recompute, ck, sizeof ck);
+      double est = 0;
+      for (int k = 0; k < TS_MEM_NUM_CATEGORIES; k++) est += (double)r->est[st].peak[k];
+      fprintf(f, "\"ZeRO-%d", r->stage);
+      if (c->n_dts > 1) fprintf(f, " %s", ts_dtype_name(r->dt));
+      if (c->n_recomputes > 1) fprintf(f, " recompute %s", ck);
+      if (r->pipeline > 1)
+        fprintf(f, " P%d %s s%d", r->pipeline, ts_schedule_kind_name(r->schedule), st);
+      fprintf(f, "\"");
+      for (int k = 0; k < TS_MEM_NUM_CATEGORIES; k++) fprintf(f, " %.4f", r->mem[q * W + k] / MiB);
+      fprintf(f, " %.4f\n", est / MiB);
+    }
   fclose(f);
   f = fopen(gp, "w");
   if (!f) return fprintf(stderr, "tessera compare: %s: %s\n", gp, strerror(errno)), 0;
   fprintf(f,
           "set terminal pngcairo size %d,560 font 'sans,10'\n"
           "set output '%s'\n"
-          "set title \"%s on %zu ranks: peak bytes per ledger category, rank 0 (measured, stacked)\"\n"
+          "set title \"%s on %zu ranks: peak bytes per ledger category, rank 0 or each pipeline "
+          "stage's first rank (measured, stacked)\"\n"
           "set style data histograms\nset style histogram rowstacked\n"
           "set style fill solid 0.85 border -1\nset boxwidth 0.6\n"
           "set key outside right top autotitle columnhead\nset ylabel 'MiB per rank'\n"
           "set yrange [0:*]\nset grid ytics\n%s"
           "plot for [k=2:%d] '%s' using k:xtic(1), "
           "'' using 0:%d with points pt 9 ps 2.2 lc rgb 'black' title 'estimate (sum of peaks)'\n",
-          c->n_runs > 6 ? 160 + 110 * c->n_runs : 860, tmp, c->arch.name, c->n,
-          c->n_runs > 4 ? "set xtics rotate by -25\n" : "", TS_MEM_NUM_CATEGORIES + 1, dat,
+          bars > 6 ? 160 + 110 * bars : 860, tmp, c->arch.name, c->n,
+          bars > 4 ? "set xtics rotate by -25\n" : "", TS_MEM_NUM_CATEGORIES + 1, dat,
           TS_MEM_NUM_CATEGORIES + 2);
   fclose(f);
   char *argv[] = {"/usr/bin/gnuplot", gp, NULL};
@@ -500,6 +595,12 @@ static int parse_flags(compare *c, int argc, char **argv) {
       TS_FLAG_CUSTOM("--activation-checkpointing", NULL, c, parse_recomputes,
                      "none[,all,every:K]",
                      "checkpointing settings to run (default none)", NULL),
+      TS_FLAG_CUSTOM("--pipeline", NULL, c, parse_pipelines, "1[,2,...]",
+                     "pipeline stage counts to run, each dividing N (default 1)", NULL),
+      TS_FLAG_CUSTOM("--schedule", NULL, c, parse_schedules, "1f1b[,gpipe]",
+                     "schedules of the pipelined runs (default 1f1b)", NULL),
+      TS_FLAG_SIZE("--grad-accum", NULL, &c->grad_accum, 1, "M",
+                   "micro-batches per step (default 1, or twice the largest --pipeline)", NULL),
       TS_FLAG_SIZE("--steps", NULL, &c->steps, 1, "K", "steps per run (default 5)", NULL),
       TS_FLAG_SIZE("--micro-batch", NULL, &c->micro_batch, 1, "B",
                    "sequences per micro-batch per rank (default 4)", NULL),
@@ -518,6 +619,14 @@ static int parse_flags(compare *c, int argc, char **argv) {
   if (c->n_stages > 4)
     return ts_flags_error("compare", "--zero: at most the four stages 0, 1, 2, 3");
   if (c->n == 0) return ts_flags_error("compare", "-n N (ranks) is required " TS_FLAGS_HINT);
+  int most = 1;
+  for (int i = 0; i < c->n_pipelines; i++) {
+    if (c->n % (size_t)c->pipelines[i])
+      return ts_flags_error("compare", "--pipeline %d: expected a number of stages dividing -n %zu",
+                            c->pipelines[i], c->n);
+    if (c->pipelines[i] > most) most = c->pipelines[i];
+  }
+  if (!c->grad_accum) c->grad_accum = most > 1 ? 2 * (size_t)most : 1;
   int index;
   if (ts_tool_resolve_device(c->device, !c->reuse, &c->dev, &index) != TS_OK)
     return ts_flags_error("compare", "%s", ts_last_error());
@@ -531,40 +640,92 @@ static int plan_runs(compare *c) {
   ts_status st = ts_model_resolve(c->model, path, sizeof path);
   if (st == TS_OK) st = ts_model_load(path, &c->arch);
   if (st != TS_OK) return fprintf(stderr, "tessera compare: %s\n", ts_last_error()), 0;
-  c->n_runs = c->n_dts * c->n_recomputes * c->n_stages;
+  /* the layouts: (P, schedule) pairs, one for P = 1 */
+  int lp[MAX_LIST * MAX_LIST], n_layouts = 0;
+  ts_schedule_kind ls[MAX_LIST * MAX_LIST];
+  for (int p = 0; p < c->n_pipelines; p++)
+    for (int k = 0; k < (c->pipelines[p] > 1 ? c->n_schedules : 1); k++, n_layouts++) {
+      lp[n_layouts] = c->pipelines[p];
+      ls[n_layouts] = c->schedules[k];
+    }
+  c->n_runs = c->n_dts * c->n_recomputes * n_layouts * c->n_stages;
   c->runs = calloc((size_t)c->n_runs, sizeof *c->runs);
   if (!c->runs) return fprintf(stderr, "tessera compare: out of memory\n"), 0;
   int i = 0;
   for (int d = 0; d < c->n_dts; d++)
     for (int k = 0; k < c->n_recomputes; k++)
-      for (int s = 0; s < c->n_stages; s++, i++) {
-        run *r = &c->runs[i];
-        r->dt = c->dts[d];
-        r->recompute = c->recomputes[k];
-        r->stage = c->stages[s];
-        r->base = i - s;
-        r->loss_base = i - s - k * c->n_stages;
-        char ck[32], file_ck[32];
-        ts_train_recompute_name(r->recompute, ck, sizeof ck);
-        snprintf(file_ck, sizeof file_ck, "%s", ck);
-        for (char *p = file_ck; *p; p++)
-          if (*p == ':') *p = '-';
-        snprintf(r->name, sizeof r->name, "%s recompute:%s ZeRO-%d", ts_dtype_name(r->dt), ck,
-                 r->stage);
-        snprintf(r->file, sizeof r->file, "%s-%s-zero%d", ts_dtype_name(r->dt), file_ck,
-                 r->stage);
-        r->mem = calloc(c->n * W, sizeof *r->mem);
-        if (!r->mem) return fprintf(stderr, "tessera compare: out of memory\n"), 0;
-        ts_engine_opts o = ts_engine_default_opts();
-        o.micro_batch = c->micro_batch;
-        o.seq = c->seq;
-        o.dtype = r->dt;
-        o.zero_stage = r->stage;
-        o.recompute_every = r->recompute;
-        o.device = c->dev;
-        if (ts_engine_plan(&c->arch, &o, c->n, &r->est) != TS_OK)
-          return fprintf(stderr, "tessera compare: %s\n", ts_last_error()), 0;
-      }
+      for (int l = 0; l < n_layouts; l++)
+        for (int s = 0; s < c->n_stages; s++, i++) {
+          run *r = &c->runs[i];
+          r->dt = c->dts[d];
+          r->recompute = c->recomputes[k];
+          r->stage = c->stages[s];
+          r->pipeline = lp[l];
+          r->schedule = ls[l];
+          r->base = i - s;
+          /* the first run of this dtype and P (with accumulation, of its
+           * reduction too: stages 2-3 reduce every micro-batch, engine.h) */
+          r->loss_base = i;
+          for (int j = i - 1; j >= 0; j--)
+            if (c->runs[j].dt == r->dt && c->runs[j].pipeline == r->pipeline &&
+                (c->grad_accum == 1 || (c->runs[j].stage >= 2) == (r->stage >= 2)))
+              r->loss_base = j;
+          char ck[32], file_ck[32], layout[48] = "", file_layout[48] = "";
+          ts_train_recompute_name(r->recompute, ck, sizeof ck);
+          snprintf(file_ck, sizeof file_ck, "%s", ck);
+          for (char *p = file_ck; *p; p++)
+            if (*p == ':') *p = '-';
+          if (r->pipeline > 1) {
+            snprintf(layout, sizeof layout, " P%d %s", r->pipeline,
+                     ts_schedule_kind_name(r->schedule));
+            snprintf(file_layout, sizeof file_layout, "-p%d-%s", r->pipeline,
+                     ts_schedule_kind_name(r->schedule));
+          }
+          snprintf(r->name, sizeof r->name, "%s recompute:%s%s ZeRO-%d", ts_dtype_name(r->dt), ck,
+                   layout, r->stage);
+          snprintf(r->file, sizeof r->file, "%s-%s%s-zero%d", ts_dtype_name(r->dt), file_ck,
+                   file_layout, r->stage);
+          r->mem = calloc(c->n * W, sizeof *r->mem);
+          if (!r->mem) return fprintf(stderr, "tessera compare: out of memory\n"), 0;
+          ts_engine_opts o = ts_engine_default_opts();
+          o.micro_batch = c->micro_batch;
+          o.seq = c->seq;
+          o.grad_accum = c->grad_accum;
+          o.dtype = r->dt;
+          o.zero_stage = r->stage;
+          o.recompute_every = r->recompute;
+          o.device = c->dev;
+          o.pipeline_stages = r->pipeline;
+          o.schedule = r->schedule;
+          size_t dp = c->n / (size_t)r->pipeline;
+          ts_status st = ts_engine_pipeline_split(&c->arch, &o, r->split);
+          r->split[r->pipeline] = c->arch.n_units;
+          for (int q = 0; q < r->pipeline && st == TS_OK; q++)
+            st = ts_engine_plan_stage(&c->arch, &o, dp, q, &r->est[q]);
+          if (st != TS_OK) return fprintf(stderr, "tessera compare: %s\n", ts_last_error()), 0;
+        }
+  return 1;
+}
+
+/* Each pipelined run's step `step` as a timeline picture in OUT, and its
+ * measured bubble. */
+static int draw_timelines(compare *c, const char *dir) {
+  for (int i = 0; i < c->n_runs; i++) {
+    run *r = &c->runs[i];
+    if (r->pipeline == 1) continue;
+    char trace[4200], png[4200], title[256];
+    FMT(trace, "%s/%s.trace.json", dir, r->file);
+    FMT(png, "%s/timeline-%s.png", c->out, r->file);
+    ts_timeline t;
+    if (ts_timeline_load(trace, (int)c->steps, &t) != TS_OK)
+      return fprintf(stderr, "tessera compare: %s\n", ts_last_error()), 0;
+    r->bubble = t.bubble_busiest;
+    snprintf(title, sizeof title, "%s, step %zu: bubble %.1f%% on the busiest rank (measured)",
+             r->name, c->steps, 100.0 * t.bubble_busiest);
+    ts_status st = ts_timeline_draw(&t, title, dir, png);
+    ts_timeline_free(&t);
+    if (st != TS_OK) return fprintf(stderr, "tessera compare: %s\n", ts_last_error()), 0;
+  }
   return 1;
 }
 
@@ -580,6 +741,8 @@ int ts_tool_compare(int argc, char **argv) {
   c.stages[0] = 0, c.stages[1] = 1, c.stages[2] = 2, c.stages[3] = 3, c.n_stages = 4;
   c.dts[0] = TS_FP32, c.n_dts = 1;
   c.recomputes[0] = 0, c.n_recomputes = 1;
+  c.pipelines[0] = 1, c.n_pipelines = 1;
+  c.schedules[0] = TS_SCHEDULE_1F1B, c.n_schedules = 1;
   int r = parse_flags(&c, argc, argv);
   if (r != TS_FLAGS_OK) return r == TS_FLAGS_HELP ? 0 : 2;
   char data[4096], dir[4200];
@@ -609,6 +772,7 @@ int ts_tool_compare(int argc, char **argv) {
     }
     if (rc == 0 && !read_run(&c, r, dir)) rc = 1;
   }
+  if (rc == 0 && !draw_timelines(&c, dir)) rc = 1;
   if (rc == 0) {
     /* The checks, as lines for compare.md and the terminal. */
     char *checks = NULL;
@@ -621,11 +785,15 @@ int ts_tool_compare(int argc, char **argv) {
                         "steps) measured = estimate = formula on every rank of every run");
     int falling = report(ck, &c, check_falling, NULL,
                          "model states per rank fall as the ZeRO stage rises");
-    int losses = report(ck, &c, check_losses, loss_ok,
-                        c.n_recomputes > 1 ? "loss identical at every step across ZeRO stages and "
-                                        "checkpointing settings (bitwise, per dtype)"
-                                      : "loss identical at every step across ZeRO stages "
-                                        "(bitwise, per dtype)");
+    char what[512];
+    snprintf(what, sizeof what,
+             "loss identical at every step across ZeRO stages%s%s (bitwise, per dtype and "
+             "pipeline layout%s)",
+             c.n_recomputes > 1 ? ", checkpointing settings" : "",
+             c.n_schedules > 1 ? ", schedules" : "",
+             c.grad_accum > 1 ? "; with --grad-accum > 1 stages 0-1 and 2-3 apart, as stages "
+                                "2-3 reduce every micro-batch" : "");
+    int losses = report(ck, &c, check_losses, loss_ok, what);
     fclose(ck);
     char md[4200], csv[4200], png[4200];
     FMT(md, "%s/compare.md", c.out);

@@ -3,7 +3,8 @@
 # generated token shards) writes compare.md, compare.csv and compare.png
 # with its three checks passing; fed back its own metrics with one loss
 # changed by one ulp (or one rank's optimizer bytes changed), the same
-# command must report FAIL and exit 1; bad input is a one-line error.
+# command must report FAIL and exit 1; the pipeline axis (per-stage plans,
+# schedules' losses, timelines); bad input is a one-line error.
 #   compare_test.sh TESSERA_BIN
 set -uo pipefail
 bin="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
@@ -97,6 +98,39 @@ check_eq "memory mismatch exit code" 1 "$rc"
 check "memory mismatch fails" "FAIL: model states (" "$log"
 check "names the rank" "fp32 recompute:none ZeRO-1, rank 1" "$log"
 
+# The pipeline axis: P = 1 and 2 at ZeRO 1, GPipe and 1F1B, 4 micro-batches:
+# every rank's plan is its stage's (the model-state check), the schedules
+# train the same losses (the loss check), the per-rank table names the
+# stages, and each pipelined run's timeline is drawn.
+pp="$tmp/pp"
+log="$("$bin" compare --model llama-tiny -n 2 --data "$tmp/data" --steps 2 --micro-batch 2 \
+  --seq 64 --zero 1 --pipeline 1,2 --schedule gpipe,1f1b --out "$pp" 2>&1)"
+check_eq "pipeline compare exit code" 0 "$?"
+md="$(cat "$pp/compare.md" 2>/dev/null)"
+check "pipeline: model states check" "PASS: model states" "$md"
+check "pipeline: loss check across schedules" "PASS: loss identical at every step across ZeRO stages, schedules" "$md"
+check "pipeline: per-rank table names the stages" "| fp32 recompute:none P2 1f1b ZeRO-1 | s0 (0.." "$md"
+check "pipeline: timeline linked" "![timeline](timeline-fp32-none-p2-gpipe-zero1.png)" "$md"
+for f in timeline-fp32-none-p2-gpipe-zero1.png timeline-fp32-none-p2-1f1b-zero1.png; do
+  check_eq "pipeline: $f is a PNG" "PNG" "$(head -c 4 "$pp/$f" 2>/dev/null | tail -c 3)"
+done
+check "pipeline: csv has the stage" "pipeline,schedule,world_size,rank,pipeline_stage" \
+  "$(head -n 1 "$pp/compare.csv")"
+# 1F1B and GPipe losses must agree: one ulp off in the 1F1B run fails.
+cp -r "$pp" "$tmp/pp_loss"
+python3 - "$tmp/pp_loss/compare_runs/fp32-none-p2-1f1b-zero1.jsonl" <<'PY'
+import json, math, sys
+p = sys.argv[1]
+lines = [json.loads(l) for l in open(p)]
+steps = [o for o in lines if "tokens_per_s" in o]
+steps[0]["loss"] = math.nextafter(steps[0]["loss"], -math.inf)
+open(p, "w").write("".join(json.dumps(o) + "\n" for o in lines))
+PY
+log="$("$bin" compare --model llama-tiny -n 2 --steps 2 --micro-batch 2 --seq 64 --zero 1 \
+  --pipeline 1,2 --schedule gpipe,1f1b --out "$tmp/pp_loss" --reuse 2>&1)"
+check_eq "pipeline: differing schedule losses exit code" 1 "$?"
+check "pipeline: names the 1F1B run" "fp32 recompute:none P2 1f1b ZeRO-1, step 1" "$log"
+
 # Bad input: one line, exit 2, before any run.
 bad() { # bad NAME EXPECTED-SUBSTRING ARGS...
   local name="$1" want="$2"
@@ -120,6 +154,9 @@ bad "five stages" "--zero: at most the four stages 0, 1, 2, 3" \
 bad "nine stages" "--zero 0,0,0,0,0,0,0,0,0: expected at most 8 values" \
   --model llama-tiny -n 2 --zero 0,0,0,0,0,0,0,0,0
 grep -v '"hidden_size"' "$TESSERA_HOME/models/configs/llama-tiny.json" >"$tmp/no_hidden.json"
+bad "pipeline not dividing" "--pipeline 3: expected a number of stages dividing -n 2" \
+  --model llama-tiny -n 2 --pipeline 1,3
+bad "schedule" "--schedule zigzag: expected gpipe or 1f1b" --model llama-tiny -n 2 --schedule zigzag
 bad "config missing a field" "no_hidden.json" --model "$tmp/no_hidden.json" -n 2
 check "names the field" "hidden_size" "$err_last"
 [[ ! -e "$tmp/bad" ]] && echo "ok   nothing written on bad input" ||
