@@ -23,11 +23,19 @@
  * one unit at a time in fp32 in a transient buffer charged to the
  * workspace category before the kernel workspace is allocated. The transient full
  * buffers of stages 2-3 are charged to the params/grads categories while
- * they live, so the ledger's peak shows them. Tied embeddings (stages
- * 2-3): the head's backward adds into the embedding's full gradient, which
- * then lives until the embedding's own backward reduces it, beside the
- * full gradient of each block in turn; in stage 3 the head holds its own
- * gathered parameters and the embedding's at once. Besides model state: the unit
+ * they live, so the ledger's peak shows them. Tied embeddings: the head's
+ * backward adds its gradient of the borrowed tensor into T, a full buffer
+ * of the embedding's layout (category grads) that sums the step's
+ * micro-batches and is added into the embedding's gradient once, just
+ * before the embedding's backward of the last micro-batch (with sharded
+ * gradients T becomes that micro-batch's full gradient). With one
+ * micro-batch and unsharded gradients the head adds into the embedding's
+ * gradient directly (the same bits: it is zero then). So T lives from the
+ * head's first backward to the embedding's last, beside the full gradient
+ * of each block in turn; in stage 3 the head holds its own gathered
+ * parameters and the embedding's at once. This order is the pipeline's
+ * (the head on the last stage sends T to the first once per step), so
+ * pipelined and plain runs give the same bits. Besides model state: the unit
  * inputs (B, T, C) and saved activations of one micro-batch (a
  * recomputed unit keeps none: one recompute buffer of the largest
  * recomputed unit's saved bytes serves them all;
@@ -63,6 +71,16 @@
  * that are not -100 (PyTorch F.cross_entropy); a step's loss is the mean of
  * the micro-batch losses of all ranks and accumulation steps, and gradients
  * are those of that mean (each rank scales its loss gradient by 1/(N K)).
+ *
+ * Pipeline stages (ts_engine_create_pipeline, DESIGN.md "Pipeline
+ * stages"): a rank computes the units of its stage only and holds their
+ * model state as above within its stage's dp group; the activations of
+ * the micro-batches in flight (ts_schedule_in_flight: GPipe m, 1F1B
+ * min(P - s, m)) each have a slot: the units' inputs and saved bytes, the
+ * stage's output (sent to stage s + 1) and the gradient of its input (sent
+ * to s - 1), the batch. Gradients of the m micro-batches are reduced as
+ * without pipelining: stages 0-1 once after the last backward, stages 2-3
+ * per unit as each micro-batch's backward of it ends.
  *
  * Collectives: with N > 1 ranks, ts_engine_micro_step,
  * ts_engine_optimizer_step, ts_engine_eval and (stage 3) ts_engine_get_tensor

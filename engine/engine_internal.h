@@ -1,8 +1,9 @@
 /*
  * engine_internal.h — private to engine/: the engine's state, shared by the
  * files that implement engine.h by concept:
- *   engine.c   create, free, the micro-step (forward, backward) and the
- *              optimizer step
+ *   engine.c   create, free, the micro-step (forward, backward), the tied
+ *              head's gradient fold
+ *   optimizer.c  the optimizer step
  *   device.c   the engine beside a GPU: its preparation at create, the
  *              batch's host check, the card's memory report
  *   zero.c     the ZeRO stage as a policy table (zero.h)
@@ -186,7 +187,13 @@ ts_status ts_engine_forward_slot(ts_engine *e, act_slot *sl, double *loss, int f
  * reverse: dy (B, T, C) the gradient of the stage's output (NULL on the
  * last stage); the gradient of its input goes to sl->gsend (stage s > 0). */
 ts_status ts_engine_backward_slot(ts_engine *e, act_slot *sl, const void *dy);
-/* Counters at the step's start (dp and pipeline groups). */
+/* Zeroes every gradient buffer this rank holds (the shard when sharded). */
+ts_status ts_engine_zero_grads(ts_engine *e);
+/* The mean loss of a (sum, rows) pair: 0 when no row has a target. */
+static inline double ts_engine_mean_loss(const double *pair) {
+  return pair[1] > 0 ? pair[0] / pair[1] : 0.0;
+}
+/* Counters at the step's start (dp and pipeline groups; optimizer.c). */
 void ts_engine_step_begin(ts_engine *e);
 /* d(scaled step loss)/d(row loss) of a micro-batch with count targets. */
 float ts_engine_dloss(const ts_engine *e, size_t count);

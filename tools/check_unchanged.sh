@@ -14,7 +14,9 @@
 # stages 0-3, fp32/bf16/fp16, activation checkpointing none/all, 10 steps
 # each (micro-batch 4, seq 64, gradient accumulation 2, an evaluation every 5
 # steps) on a generated corpus (no SentencePiece, no download), before and
-# after interleaved run by run. Timings and peak RSS are not compared (they
+# after interleaved run by run. CHECK_MODEL (a preset or config.json path)
+# and CHECK_ACCUM (the accumulation) replace llama-tiny and 2. Timings and
+# peak RSS are not compared (they
 # are not deterministic); a figure only the "after" reports is listed, not
 # failed. Prints one line per run ("identical" or what differs) and exits 1
 # if any run differs.
@@ -35,6 +37,8 @@ fi
 
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
+MODEL="${CHECK_MODEL:-llama-tiny}"
+ACCUM="${CHECK_ACCUM:-2}"
 
 # A corpus of llama-tiny's vocabulary (4096) in llm.c's shard layout: runs
 # of consecutive ids with a pseudo-random restart every 17 tokens.
@@ -75,14 +79,15 @@ run() {
   local which="$1" bin="$2" home="$3" np="$4" dtype="$5" ac="$6" zero="$7"
   local name="np${np}-${dtype}-${ac}-zero${zero}"
   TESSERA_HOME="$home" OMP_NUM_THREADS=1 "$ROOT/tools/launch.sh" -n "$np" "$bin" train \
-    --model llama-tiny --data "$TMP/data" --steps 10 --micro-batch 4 --seq 64 --grad-accum 2 \
+    --model "$MODEL" --data "$TMP/data" --steps 10 --micro-batch 4 --seq 64 --grad-accum "$ACCUM" \
     --lr 3e-3 --warmup 2 --eval-every 5 --eval-batches 2 --dtype "$dtype" \
     --activation-checkpointing "$ac" --zero "$zero" --metrics "$TMP/$which-$name.jsonl" \
     --log-every 10 >"$TMP/$which-$name.log" 2>&1 ||
     { echo "$which $name failed:"; tail -5 "$TMP/$which-$name.log"; exit 1; }
 }
 
-echo "before: $BASE_REV ($base_sha), after: $AFTER_BIN; ${#runs[@]} runs each"
+echo "before: $BASE_REV ($base_sha), after: $AFTER_BIN; ${#runs[@]} runs each of $MODEL," \
+  "accumulation $ACCUM"
 for r in "${runs[@]}"; do
   # shellcheck disable=SC2086
   run before "$BASE_BIN" "$BASE_TREE" $r

@@ -1,0 +1,163 @@
+/* optimizer.c — the optimizer step (engine.h ts_engine_optimizer_step):
+ * the stage's gradient reduction, the global norm summed per unit in model
+ * order over the pipeline's stages and the dp group, the fp16 overflow
+ * decision and skip, clipping, AdamW on this rank's part, the stage's
+ * all-gather of updated parameters and the tied head's replica. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "engine/engine_internal.h"
+#include "shard/collect.h"
+
+/* Gradients not reduced per unit: reduce-scatter every unit's full
+ * gradient in place into this rank's slice, then (DDP) all-gather the
+ * reduced slices back (all-reduce). */
+static ts_status reduce_full_grads(ts_engine *e) {
+  if (!e->zero->reduce_after_step) return TS_OK;
+  for (int u = e->u_begin; u < e->u_end; u++) {
+    unit_state *s = &e->units[u];
+    void *own = ts_engine_grad_shard(e, u);
+    ts_engine_span_begin(e, TS_SPAN_REDUCE_SCATTER, u);
+    ts_status st = ts_shard_reduce_scatter(e->dp, &s->layout, s->grads, own, e->opts.dtype, 0,
+                                           e->scratch, e->scratch_bytes);
+    ts_engine_span_end(e);
+    TS_CHECK(st);
+    if (e->zero->gather_grads) {
+      ts_engine_span_begin(e, TS_SPAN_ALL_GATHER, u);
+      st = ts_shard_all_gather(e->dp, &s->layout, own, s->grads, e->opts.dtype);
+      ts_engine_span_end(e);
+      TS_CHECK(st);
+    }
+  }
+  return TS_OK;
+}
+
+/* The counters of the dp group plus (pipeline) the pipeline group. */
+static ts_comm_counters counters_now(const ts_engine *e) {
+  ts_comm_counters d = *ts_comm_get_counters(e->dp);
+  if (e->pp) {
+    const ts_comm_counters *p = ts_comm_get_counters(e->pp);
+    for (int k = 0; k < TS_COMM_NUM_KINDS; k++) {
+      d.bytes[k] += p->bytes[k];
+      d.calls[k] += p->calls[k];
+    }
+  }
+  return d;
+}
+
+void ts_engine_step_begin(ts_engine *e) { e->step_start = counters_now(e); }
+
+/* Counter differences now - since. */
+static ts_comm_counters counters_since(const ts_engine *e, const ts_comm_counters *since) {
+  ts_comm_counters d = counters_now(e);
+  for (int k = 0; k < TS_COMM_NUM_KINDS; k++) {
+    d.bytes[k] -= since->bytes[k];
+    d.calls[k] -= since->calls[k];
+  }
+  return d;
+}
+
+/* fp16 overflow: the step is skipped (gradients dropped) and the loss
+ * scaler told, which halves a dynamic scale or stops at its minimum. */
+static ts_status skip_step(ts_engine *e, ts_step_stats *stats) {
+  int u = 0, i = 0;
+  TS_CHECK(ts_engine_find_overflow(e, &u, &i));
+  TS_CHECK(ts_engine_zero_grads(e));
+  const ts_tensor_spec *t = &e->model->units[u].tensors[i];
+  stats->skipped = 1;
+  stats->overflow_unit = u;
+  snprintf(stats->overflow_tensor, sizeof stats->overflow_tensor, "%s", t->name);
+  e->attempts++;
+  TS_CHECK(ts_loss_scaler_overflow(&e->scaler, e->attempts, t->name, u));
+  stats->next_loss_scale = e->scaler.scale;
+  return TS_OK;
+}
+
+/* A clean step: clip, AdamW on this rank's part, the stage's all-gather of
+ * the updated parameters, gradients zeroed, the scaler told. */
+static ts_status apply_step(ts_engine *e, float lr, double sumsq, ts_step_stats *stats) {
+  float loss_scale = e->scaler.scale;
+  double norm = sqrt(sumsq) / (double)loss_scale;
+  float scale = 1.0f;
+  if (e->opts.grad_clip > 0 && norm > e->opts.grad_clip)
+    scale = (float)(e->opts.grad_clip / (norm + 1e-6)); /* torch clip_grad_norm_ */
+  scale /= loss_scale; /* unscale: exact for a power of two */
+  e->step++;
+  ts_engine_span_begin(e, TS_SPAN_OPTIMIZER, -1);
+  ts_status st = TS_OK;
+  for (int u = e->u_begin; u < e->u_end && st == TS_OK; u++) {
+    unit_state *s = &e->units[u];
+    st = ts_engine_adamw_unit(e, u, lr, scale);
+    if (st == TS_OK && e->zero->gather_after_update) {
+      ts_engine_span_begin(e, TS_SPAN_ALL_GATHER, u);
+      st = ts_shard_all_gather(e->dp, &s->layout,
+                               (char *)s->params + ts_engine_shard_begin(e, u) * e->es, s->params,
+                               e->opts.dtype);
+      ts_engine_span_end(e);
+    }
+  }
+  ts_engine_span_end(e);
+  TS_CHECK(st);
+  TS_CHECK(ts_engine_sync_replica(e));
+  TS_CHECK(ts_engine_zero_grads(e));
+  e->attempts++;
+  ts_loss_scaler_clean(&e->scaler, e->attempts);
+  stats->grad_norm = norm;
+  stats->lr = lr;
+  stats->step = e->step;
+  stats->next_loss_scale = e->scaler.scale;
+  return TS_OK;
+}
+
+ts_status ts_engine_optimizer_step(ts_engine *e, float lr, ts_step_stats *stats) {
+  if ((size_t)e->micro_done != e->opts.grad_accum)
+    return ts_set_error(TS_ERR_INVALID_USAGE,
+                        "engine: optimizer step after %d micro-steps: expected grad_accum = %zu",
+                        e->micro_done, e->opts.grad_accum);
+  const ts_model *m = e->model;
+  memset(stats, 0, sizeof *stats);
+  stats->overflow_unit = -1;
+  stats->loss_scale = stats->next_loss_scale = e->scaler.scale;
+  TS_CHECK(reduce_full_grads(e));
+  for (int u = e->u_begin; u < e->u_end; u++)
+    TS_CHECK(ts_k_sumsq(&e->ctx, e->sumsq + u, ts_engine_grad_shard(e, u),
+                        e->units[u].layout.shard, e->opts.dtype));
+  /* The step's one read of the device: the micro-batches' losses and the
+   * units' squared norms, one block. */
+  size_t K = e->opts.grad_accum, U = (size_t)m->n_units;
+  const double *h = e->h_scalars;
+  TS_CHECK(ts_k_to_host(&e->ctx, e->h_scalars, e->scalars, (2 * K + U) * sizeof(double)));
+  /* part[0]: this rank's sum of micro-batch mean losses (the stage with
+   * the loss), part[1 + u]: the squared norm of its shard of unit u (the
+   * stage computing u, else 0). A pipeline gathers them by a sum over its
+   * stages (each entry is non-zero on one stage alone: exact), so the
+   * norm below is summed per unit in model order whatever the layout. */
+  double *part = e->h_part;
+  part[0] = 0.0;
+  if (ts_engine_owns(e, m->n_units - 1))
+    for (size_t k = 0; k < K; k++) part[0] += ts_engine_mean_loss(h + 2 * k);
+  for (size_t u = 0; u < U; u++) part[1 + u] = ts_engine_owns(e, (int)u) ? h[2 * K + u] : 0.0;
+  if (e->pp) TS_CHECK(ts_comm_all_reduce_f64(e->pp, part, U + 1, TS_COMM_SUM));
+  /* [0]: the loss sum, [1]: the sum of squares of the gradient shards, per
+   * unit in model order (not finite on any rank: overflow, agreed by this
+   * one all-reduce over the dp group; the pipeline's sum came first). */
+  double sums[2] = {part[0], 0.0};
+  for (size_t u = 0; u < U; u++) sums[1] += part[1 + u];
+  TS_CHECK(ts_comm_all_reduce_f64(e->dp, sums, 2, TS_COMM_SUM));
+  stats->loss = sums[0] / ((double)e->opts.grad_accum * (double)e->dp_size);
+  stats->step = e->step;
+  ts_status st;
+  if (e->scaler.enabled && !isfinite(sums[1])) {
+    stats->grad_norm = sums[1];
+    st = skip_step(e, stats);
+  } else {
+    st = apply_step(e, lr, sums[1], stats);
+  }
+  stats->comm = counters_since(e, &e->step_start);
+  stats->comm_bytes = 0;
+  for (int k = 0; k < TS_COMM_NUM_KINDS; k++) stats->comm_bytes += stats->comm.bytes[k];
+  e->micro_done = 0;
+  return st;
+}
+
