@@ -119,6 +119,7 @@ typedef struct {
 
 typedef struct {
   int P, m;
+  ts_schedule_kind kind;
   int *fwd, *bwd, *got_act, *got_grad, *sent_act, *sent_grad; /* (P, m) flags */
   const size_t *n_of; /* (P) list lengths */
   int *next_bwd, *in_flight, *reduced, *optimized; /* (P) */
@@ -134,6 +135,20 @@ static ts_status violation(sim *S, int s, size_t pc, const ts_action *a, const c
   return ts_set_error(TS_ERR_INTERNAL, "schedule %s", S->r->msg);
 }
 
+/* The executor's slot rule (engine/pipeline.c): micro-batch mb uses slot
+ * mb % n on stage s (n = ts_schedule_in_flight), and before its forward
+ * (which writes the slot's output) or backward (which writes the slot's
+ * input gradient and may rewrite the output) the sends of the micro-batch
+ * that used the slot before, mb - n, must have been received; before a
+ * backward also mb's own output. 1 when that holds. */
+static int slot_free(const sim *S, int s, int mb, int forward) {
+  int n = ts_schedule_in_flight(S->kind, S->P, S->m, s), prev = mb - n;
+  if (s < S->P - 1 && prev >= 0 && !AT(S->got_act, s + 1, prev)) return 0;
+  if (forward) return 1;
+  if (s > 0 && prev >= 0 && !AT(S->got_grad, s - 1, prev)) return 0;
+  return s == S->P - 1 || AT(S->got_act, s + 1, mb);
+}
+
 /* Runs stage s's action a if it can; *ran = 1 then. Errors: a violation. */
 static ts_status step(sim *S, int s, size_t pc, const ts_action *a, int last, int *ran) {
   int P = S->P, m = S->m, mb = a->mb;
@@ -144,6 +159,7 @@ static ts_status step(sim *S, int s, size_t pc, const ts_action *a, int last, in
     case TS_ACT_FORWARD:
       if (AT(S->fwd, s, mb)) return violation(S, s, pc, a, "second forward");
       if (s > 0 && !AT(S->got_act, s, mb)) return violation(S, s, pc, a, "input not received");
+      if (!slot_free(S, s, mb, 1)) return TS_OK; /* blocked: its slot's output is in flight */
       AT(S->fwd, s, mb) = 1;
       S->in_flight[s]++;
       if (s < 64 && S->in_flight[s] > S->r->max_in_flight[s])
@@ -155,6 +171,7 @@ static ts_status step(sim *S, int s, size_t pc, const ts_action *a, int last, in
       if (mb != S->next_bwd[s]) return violation(S, s, pc, a, "backward out of micro-batch order");
       if (s < P - 1 && !AT(S->got_grad, s, mb))
         return violation(S, s, pc, a, "output gradient not received");
+      if (!slot_free(S, s, mb, 0)) return TS_OK; /* blocked: its slot's gradient is in flight */
       AT(S->bwd, s, mb) = 1;
       S->next_bwd[s]++;
       S->in_flight[s]--;
@@ -193,6 +210,9 @@ static ts_status step(sim *S, int s, size_t pc, const ts_action *a, int last, in
       if (S->next_bwd[s] != m) return violation(S, s, pc, a, "reduce before every backward");
       if (S->reduced[s]) return violation(S, s, pc, a, "second reduce");
       if (pc + 2 != S->n_of[s]) return violation(S, s, pc, a, "reduce is not second to last");
+      for (int i = 0; i < m; i++) /* the executor waits for every send to be received */
+        if ((s < P - 1 && !AT(S->got_act, s + 1, i)) || (s > 0 && !AT(S->got_grad, s - 1, i)))
+          return TS_OK;
       S->reduced[s] = 1;
       break;
     case TS_ACT_OPTIMIZER:
@@ -215,6 +235,7 @@ ts_status ts_schedule_simulate(const ts_schedule *sch, ts_schedule_report *repor
   sim *S = &Sv;
   S->P = P;
   S->m = m;
+  S->kind = sch->kind;
   S->r = report;
   size_t pm = (size_t)P * (size_t)m;
   size_t *n_of = calloc((size_t)P, sizeof(size_t));

@@ -16,7 +16,10 @@
  *
  * Communication model: a send is non-blocking (the executor posts it and
  * keeps its buffer until it completes; MPI_Isend); a receive blocks until
- * the matching send has been posted. Backward passes run in micro-batch
+ * the matching send has been posted. The executor holds the activations of
+ * ts_schedule_in_flight micro-batches in as many slots (mb uses slot
+ * mb % n) and reuses a slot only once the sends from it were received;
+ * its reduce waits for every send. The simulator models those waits too. Backward passes run in micro-batch
  * order 0, 1, ..., m-1 in both schedules, so gradients accumulate in the
  * order of a run without pipelining (the bitwise contract).
  */
