@@ -184,6 +184,17 @@ int ts_engine_is_recomputed(const ts_model *m, const ts_engine_opts *opts, int u
  * stage and N. The engine allocates exactly this at create. */
 size_t ts_engine_activation_bytes(const ts_model *m, const ts_engine_opts *opts);
 
+/* The same for pipeline stage `stage` of opts->pipeline_stages (stage 0:
+ * ts_engine_activation_bytes): per micro-batch in flight
+ * (ts_schedule_in_flight) the (B, T) inputs and targets, the (B, T, C)
+ * inputs of the stage's units and its output, the saved bytes of its units
+ * not checkpointed and, on stages s > 0, the (B, T, C) gradient sent back;
+ * once, the two activation-gradient buffers and the recompute buffer of
+ * its checkpointed units. 0 for a stage or split the options do not
+ * allow. */
+enum { TS_ENGINE_MAX_STAGES = 64 };
+size_t ts_engine_activation_bytes_stage(const ts_model *m, const ts_engine_opts *opts, int stage);
+
 /* The memory plan of one rank of N = dp_size data-parallel ranks training
  * `model` with opts: the engine's own create and one micro-step (forward
  * and backward, with every transient gather and full gradient) replayed

@@ -26,11 +26,28 @@ size_t ts_engine_recompute_bytes(const ts_model *m, const ts_engine_opts *o, int
 }
 
 size_t ts_engine_activation_bytes(const ts_model *m, const ts_engine_opts *o) {
-  size_t B = o->micro_batch, T = o->seq, C = m->hidden_size, es = ts_dtype_size(o->dtype);
-  size_t bytes = 2 * B * T * 4 + ((size_t)m->n_units - 1 + 2) * B * T * C * es;
-  for (int u = 0; u < m->n_units; u++)
-    if (!ts_engine_is_recomputed(m, o, u)) bytes += ts_unit_saved_bytes(m, u, B, T, o->dtype, o->device);
-  return bytes + ts_engine_recompute_bytes(m, o, 0, m->n_units);
+  return ts_engine_activation_bytes_stage(m, o, 0);
+}
+
+size_t ts_engine_activation_bytes_stage(const ts_model *m, const ts_engine_opts *o, int stage) {
+  int P = o->pipeline_stages > 1 ? o->pipeline_stages : 1, n = m->n_units;
+  int first[TS_ENGINE_MAX_STAGES + 1];
+  if (P > TS_ENGINE_MAX_STAGES || stage < 0 || stage >= P) return 0;
+  if (P == 1) first[0] = 0;
+  else if (ts_engine_pipeline_split(m, o, first) != TS_OK) return 0;
+  first[P] = n;
+  int u0 = first[stage], u1 = first[stage + 1];
+  size_t slots = P > 1 ? (size_t)ts_schedule_in_flight(o->schedule, P, (int)o->grad_accum, stage)
+                       : 1;
+  size_t B = o->micro_batch, T = o->seq, BTC = B * T * m->hidden_size * ts_dtype_size(o->dtype);
+  /* a slot: the batch, the inputs of its units and the stage's output,
+   * the saved bytes, the gradient sent back (stages s > 0) */
+  size_t slot = 2 * B * T * 4 + (stage > 0 ? BTC : 0);
+  for (int u = u0 > 1 ? u0 : 1; u <= (u1 < n ? u1 : n - 1); u++) slot += BTC;
+  for (int u = u0; u < u1; u++)
+    if (!ts_engine_is_recomputed(m, o, u)) slot += ts_unit_saved_bytes(m, u, B, T, o->dtype, o->device);
+  /* and once: the two activation-gradient buffers, the recompute buffer */
+  return slots * slot + 2 * BTC + ts_engine_recompute_bytes(m, o, u0, u1);
 }
 
 double ts_engine_unit_cost(const ts_model *m, const ts_engine_opts *o, int u) {

@@ -80,7 +80,7 @@ typedef struct run {
   ts_grid grid;              /* pipeline stages x dp ranks (P > 1), else zeroed */
   ts_comm *dp;               /* the data-parallel group: world, or the grid's */
   int rank, dp_size;         /* this rank and N, of the data-parallel group */
-  int split[TS_TRAIN_MAX_STAGES]; /* first unit of each pipeline stage */
+  int split[TS_ENGINE_MAX_STAGES]; /* first unit of each pipeline stage */
   ts_model model;            /* loaded from cfg->model */
   ts_token_file *train, *val; /* DATA/train.bin, DATA/val.bin */
   ts_loader *train_ld, *val_ld; /* shuffled, in file order */
@@ -131,9 +131,9 @@ static ts_status setup(run *r) {
   const ts_train_config *cfg = r->cfg;
   char path[4096];
   int P = r->eo.pipeline_stages;
-  if (P < 1 || P > TS_TRAIN_MAX_STAGES)
+  if (P < 1 || P > TS_ENGINE_MAX_STAGES)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--pipeline %d: expected 1 to %d stages", P,
-                        TS_TRAIN_MAX_STAGES);
+                        TS_ENGINE_MAX_STAGES);
   if (P > 1) { /* the grid: P stages of dp ranks (P must divide the world) */
     TS_CHECK(ts_grid_make(r->world, P, &r->grid));
     r->dp = r->grid.dp_group;

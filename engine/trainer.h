@@ -46,8 +46,6 @@
 extern "C" {
 #endif
 
-enum { TS_TRAIN_MAX_STAGES = 64 }; /* pipeline stages a run may have */
-
 typedef struct ts_train_config {
   const char *model;        /* config.json path or preset name */
   const char *data_dir;     /* holds train.bin and val.bin (tessera prepare) */

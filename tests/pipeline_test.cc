@@ -178,6 +178,9 @@ void ExpectSameAsDataParallel(const Layout &s, int P) {
     EXPECT_EQ(plan.current[c], real->current[c]) << "stage " << grid.stage << " category " << c;
   }
   EXPECT_EQ(plan.peak_total, real->peak_total) << "stage " << grid.stage;
+  EXPECT_EQ(ts_engine_activation_bytes_stage(&model, &po, grid.stage),
+            real->peak[TS_MEM_ACTIVATIONS])
+      << "stage " << grid.stage;
 
   ts_engine_free(pipe);
   ts_engine_free(ref);

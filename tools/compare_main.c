@@ -61,8 +61,8 @@ typedef struct run {
   double comm;     /* bytes sent per step, rank 0, last step */
   double psi;      /* padded parameter count */
   double *mem;     /* [N][W] measured, from the summary */
-  ts_mem_account est[TS_TRAIN_MAX_STAGES]; /* the plan of each pipeline stage */
-  int split[TS_TRAIN_MAX_STAGES + 1];      /* first unit of each stage, then n_units */
+  ts_mem_account est[TS_ENGINE_MAX_STAGES]; /* the plan of each pipeline stage */
+  int split[TS_ENGINE_MAX_STAGES + 1];      /* first unit of each stage, then n_units */
   double bubble;   /* P > 1: the measured bubble of the drawn step (busiest rank) */
   int base;        /* the run its ratios compare against: the first of its dtype,
                       checkpointing and pipeline layout */
@@ -145,9 +145,9 @@ static ts_status dtype_item(const char *item, int i, void *out) {
 static ts_status pipeline_item(const char *item, int i, void *out) {
   char *end;
   long p = strtol(item, &end, 10);
-  if (end == item || *end || p < 1 || p > TS_TRAIN_MAX_STAGES)
+  if (end == item || *end || p < 1 || p > TS_ENGINE_MAX_STAGES)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "expected pipeline stage counts 1 to %d",
-                        TS_TRAIN_MAX_STAGES);
+                        TS_ENGINE_MAX_STAGES);
   ((int *)out)[i] = (int)p;
   return TS_OK;
 }

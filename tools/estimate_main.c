@@ -186,9 +186,9 @@ int ts_tool_estimate(int argc, char **argv) {
                                       "no activations", act_flag);
   if (ts_tool_resolve_device(device, 0, &opts.device, &opts.device_index) != TS_OK)
     return ts_flags_error("estimate", "%s", ts_last_error());
-  if (pipeline > TS_TRAIN_MAX_STAGES || world % pipeline)
+  if (pipeline > TS_ENGINE_MAX_STAGES || world % pipeline)
     return ts_flags_error("estimate", "--pipeline %zu: expected a number of stages up to %d "
-                          "dividing -n %zu", pipeline, TS_TRAIN_MAX_STAGES, world);
+                          "dividing -n %zu", pipeline, TS_ENGINE_MAX_STAGES, world);
   opts.pipeline_stages = (int)pipeline;
   size_t dp = world / pipeline;
   int stage_lo = stage < 0 ? 0 : stage, stage_hi = stage < 0 ? 3 : stage;
@@ -197,8 +197,8 @@ int ts_tool_estimate(int argc, char **argv) {
   /* Plan every requested ZeRO stage and pipeline stage: ledgers[i] is ZeRO
    * stage stage_lo + i / P on pipeline stage i % P. */
   int P = (int)pipeline, nstages = (stage_hi - stage_lo + 1) * P;
-  ts_mem_account ledgers[4 * TS_TRAIN_MAX_STAGES];
-  int split[TS_TRAIN_MAX_STAGES + 1];
+  ts_mem_account ledgers[4 * TS_ENGINE_MAX_STAGES];
+  int split[TS_ENGINE_MAX_STAGES + 1];
   ts_model m;
   memset(&m, 0, sizeof m);
   ts_status st = TS_OK;
@@ -297,7 +297,7 @@ int ts_tool_estimate(int argc, char **argv) {
   printf("\n| --- |");
   for (int i = 0; i < nstages; i++) printf(" ---: |");
   printf("\n");
-  size_t row[4 * TS_TRAIN_MAX_STAGES];
+  size_t row[4 * TS_ENGINE_MAX_STAGES];
   for (int c = 0; c < ncat; c++) {
     if (c == TS_MEM_ACTIVATIONS) {
       for (int i = 0; i < nstages; i++) row[i] = ts_mem_model_state_bytes(&ledgers[i]);

@@ -213,9 +213,9 @@ int ts_tool_train(int argc, char **argv) {
   if (zero > 3)
     return ts_flags_error("train", "--zero %zu: expected a ZeRO stage 0, 1, 2 or 3", zero);
   e->zero_stage = (int)zero;
-  if (pipeline > TS_TRAIN_MAX_STAGES)
+  if (pipeline > TS_ENGINE_MAX_STAGES)
     return ts_flags_error("train", "--pipeline %zu: expected 1 to %d stages", pipeline,
-                          TS_TRAIN_MAX_STAGES);
+                          TS_ENGINE_MAX_STAGES);
   e->pipeline_stages = (int)pipeline;
   e->seed = seed;
   if (scale_flag && e->dtype != TS_FP16)
