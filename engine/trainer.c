@@ -372,6 +372,16 @@ void ts_train_recompute_name(size_t every, char *buf, size_t cap) {
   else snprintf(buf, cap, "every:%zu", every);
 }
 
+/* Unit u's flat length padded for dp ranks (shard/flat.h), whichever
+ * pipeline stage holds it. */
+static size_t padded_length(const ts_model *m, int u, size_t dp) {
+  const ts_unit *un = &m->units[u];
+  size_t numels[TS_UNIT_MAX_TENSORS];
+  for (int i = 0; i < un->n_tensors; i++) numels[i] = un->tensors[i].numel;
+  ts_flat_layout l;
+  return ts_flat_layout_init(&l, numels, (size_t)un->n_tensors, dp) == TS_OK ? l.padded : 0;
+}
+
 ts_status ts_train_run(const ts_train_config *cfg, ts_train_callback cb, void *user,
                        ts_train_result *result) {
   memset(result, 0, sizeof *result);
@@ -398,7 +408,10 @@ ts_status ts_train_run(const ts_train_config *cfg, ts_train_callback cb, void *u
     result->num_params = r.model.num_params;
     result->global_batch = r.global_batch;
     for (int u = 0; u < ts_engine_num_units(r.engine); u++)
-      result->padded_params += ts_engine_layout(r.engine, u)->padded;
+      result->padded_params += padded_length(&r.model, u, (size_t)r.dp_size);
+    int P = r.eo.pipeline_stages;
+    memcpy(result->pipeline_split, r.split, (size_t)P * sizeof(int));
+    result->pipeline_split[P] = r.model.n_units;
     st = train(&r, cb, user, result);
   }
   run_free(&r);

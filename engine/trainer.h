@@ -118,6 +118,8 @@ typedef struct ts_train_result {
                               point with the same error (fp16 overflow at the
                               minimum loss scale): no rank waits, no abort */
   size_t skipped_steps;    /* steps skipped for fp16 overflow */
+  int pipeline_split[TS_ENGINE_MAX_STAGES + 1]; /* first unit of each pipeline stage, then
+                                                   the number of units */
 } ts_train_result;
 
 /* Parses --activation-checkpointing: "none" (0), "all" (1), "every:K"

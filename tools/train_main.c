@@ -97,11 +97,15 @@ static void print_summary(const ts_train_config *cfg, const ts_train_result *res
            res->skipped_steps == 1 ? "" : "s");
   int P = cfg->engine.pipeline_stages;
   size_t m = res->global_batch / ((size_t)(res->world_size / P) * cfg->engine.micro_batch);
-  if (P > 1)
+  if (P > 1) {
     printf("pipeline: %d stages x %d data-parallel ranks, %s, %zu micro-batches per step "
-           "(bubble in theory %.1f%%)\n",
+           "(bubble in theory %.1f%%); units per stage:",
            P, res->world_size / P, ts_schedule_kind_name(cfg->engine.schedule), m,
            100.0 * (P - 1) / ((double)m + P - 1));
+    for (int s = 0; s < P; s++)
+      printf(" %d..%d", res->pipeline_split[s], res->pipeline_split[s + 1] - 1);
+    printf("\n");
+  }
   printf("ZeRO stage %d on %d rank%s, global batch %zu: %.3f MB sent per step per rank; rank 0 "
          "peak %.2f MiB (",
          cfg->engine.zero_stage, res->world_size, res->world_size > 1 ? "s" : "",
