@@ -62,7 +62,7 @@ TEST(Grid, StagesThatDoNotDivideTheWorldAreRefused) {
   EXPECT_EQ(ts_grid_make(world, N + 1, &g), TS_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(std::string(ts_last_error()), "--pipeline " + std::to_string(N + 1) +
                                               ": expected a number of stages dividing the " +
-                                              std::to_string(N) + " ranks");
+                                              std::to_string(N) + (N == 1 ? " rank" : " ranks"));
   EXPECT_EQ(g.dp_group, nullptr);
   EXPECT_EQ(ts_grid_make(world, 0, &g), TS_ERR_INVALID_ARGUMENT);
   ts_comm_free(world);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # launch_test.sh — tools/launch.sh builds the right mpirun command and fails
 # clearly without mpirun; `tessera train` rejects bad ZeRO stages, global
-# batches, dtypes, loss-scale and checkpointing flags before any work,
+# batches, dtypes, loss-scale, checkpointing and pipeline flags before any work,
 # printing the derived values (and a flag error) once.
 #   launch_test.sh LAUNCH_SH TESSERA_BIN
 set -uo pipefail
@@ -76,6 +76,21 @@ check "--activation-checkpointing every:0" \
 out="$("$bin" train --model m --data d --activation-checkpointing some 2>&1)"
 check "--activation-checkpointing some" "--activation-checkpointing some: expected none" "$out"
 
+# Pipeline flags: bad values name the flag and what fits.
+out="$("$bin" train --model m --data d --pipeline 0 2>&1)"
+check_eq "--pipeline 0 exit code" 2 "$?"
+check "--pipeline 0" "--pipeline 0: expected an integer >= 1" "$out"
+out="$("$bin" train --model m --data d --pipeline 65 2>&1)"
+check_eq "--pipeline 65 exit code" 2 "$?"
+check "--pipeline 65" "--pipeline 65: expected 1 to 64 stages" "$out"
+out="$("$bin" train --model m --data d --schedule zigzag 2>&1)"
+check_eq "--schedule zigzag exit code" 2 "$?"
+check "--schedule zigzag" "--schedule zigzag: expected gpipe or 1f1b" "$out"
+out="$("$bin" train --model m --data d --pipeline 2 2>&1)"
+check_eq "--pipeline 2 on one rank exit code" 1 "$?"
+check "--pipeline 2 on one rank" "--pipeline 2: expected a number of stages dividing the 1 rank" "$out"
+check_eq "--pipeline 2 on one rank: one line" 1 "$(lines "$out")"
+
 # Two ranks: the same error, printed once, and the job fails.
 out="$(OMP_NUM_THREADS=1 timeout 120 mpirun -n 2 --oversubscribe --bind-to none \
   $([[ "$(id -u)" == 0 ]] && echo --allow-run-as-root) \
@@ -86,6 +101,13 @@ check "2 ranks derived values" \
   "--global-batch 12: not divisible by 2 ranks x --micro-batch 4 = 8 (it would need --grad-accum 1.5)" "$out"
 n="$(printf '%s\n' "$out" | grep -c "not divisible")"
 check_eq "2 ranks print once" 1 "$n"
+# A pipeline that does not divide the ranks: refused in setup, printed once.
+out="$(OMP_NUM_THREADS=1 timeout 120 mpirun -n 2 --oversubscribe --bind-to none \
+  $([[ "$(id -u)" == 0 ]] && echo --allow-run-as-root) \
+  "$bin" train --model m --data d --pipeline 3 2>&1)"
+check_eq "2 ranks --pipeline 3 exit code" 1 "$?"
+n="$(printf '%s\n' "$out" | grep -c "tessera train: rank 0 of 2: --pipeline 3: expected a number of stages dividing the 2 ranks$")"
+check_eq "2 ranks --pipeline 3 prints once" 1 "$n"
 # A flag error, found by every rank before MPI starts, prints on rank 0 only.
 out="$(OMP_NUM_THREADS=1 timeout 120 mpirun -n 2 --oversubscribe --bind-to none \
   $([[ "$(id -u)" == 0 ]] && echo --allow-run-as-root) \
