@@ -34,19 +34,8 @@ MODEL="${3:-llama-small}"
 MS="${4:-4 8 16}"
 PS="${5:-}"
 cd "$ROOT"
-tools/setup.sh
-if [[ -n "${TESSERA_BIN:-}" ]]; then
-  BIN="$TESSERA_BIN"
-  export TESSERA_HOME="${TESSERA_HOME:-$ROOT}"
-else
-  bazel build --ui_event_filters=-info,-progress --noshow_progress //tools:tessera
-  BIN="$ROOT/bazel-bin/tools/tessera"
-  export TESSERA_HOME="$ROOT"
-fi
-tools/kjv.sh "$BIN" >/dev/null
-DATA="$ROOT/data/kjv"
-TMP="$(mktemp -d)"
-trap 'rm -rf "$TMP"' EXIT
+# shellcheck source=tools/bench_env.sh
+source tools/bench_env.sh # BIN, DATA, TMP
 export OMP_NUM_THREADS=1
 if [[ -z "$PS" ]]; then
   for ((p = 1; p <= N; p++)); do ((N % p == 0)) && PS="$PS $p"; done

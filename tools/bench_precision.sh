@@ -21,13 +21,8 @@ N="${2:-2}"
 MODEL="${3:-llama-tiny}"
 STAGE="${4:-3}"
 cd "$ROOT"
-tools/setup.sh
-bazel build --ui_event_filters=-info,-progress --noshow_progress //tools:tessera
-BIN="$ROOT/bazel-bin/tools/tessera"
-export TESSERA_HOME="$ROOT"
-tools/kjv.sh "$BIN" >/dev/null
-TMP="$(mktemp -d)"
-trap 'rm -rf "$TMP"' EXIT
+# shellcheck source=tools/bench_env.sh
+source tools/bench_env.sh # BIN, DATA, TMP
 
 RUNS=()
 for dtype in fp32 bf16 fp16; do

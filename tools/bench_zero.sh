@@ -21,19 +21,8 @@ STEPS="${1:-30}"
 N="${2:-2}"
 MODEL="${3:-llama-tiny}"
 cd "$ROOT"
-tools/setup.sh
-if [[ -n "${TESSERA_BIN:-}" ]]; then
-  BIN="$TESSERA_BIN"
-  export TESSERA_HOME="${TESSERA_HOME:-$ROOT}"
-else
-  bazel build --ui_event_filters=-info,-progress --noshow_progress //tools:tessera
-  BIN="$ROOT/bazel-bin/tools/tessera"
-  export TESSERA_HOME="$ROOT"
-fi
-tools/kjv.sh "$BIN" >/dev/null
-DATA="$ROOT/data/kjv"
-TMP="$(mktemp -d)"
-trap 'rm -rf "$TMP"' EXIT
+# shellcheck source=tools/bench_env.sh
+source tools/bench_env.sh # BIN, DATA, TMP
 
 for stage in 0 1 2 3; do
   tools/launch.sh -n "$N" "$BIN" train --model "$MODEL" --data "$DATA" --zero "$stage" \
