@@ -146,6 +146,44 @@ TEST(Engine, FailedMicroStepDiscardsTheStep) {
   EXPECT_EQ(ts_engine_optimizer_step(f.e, 1e-3f, &st), TS_OK);
 }
 
+// A batch source failing at micro-batch `fail` (-1: never), else copying
+// the same batch.
+struct Source {
+  const Batch *batch;
+  int fail;
+};
+ts_status Fill(void *user, int mb, int32_t *in, int32_t *tgt) {
+  const Source *s = static_cast<const Source *>(user);
+  if (mb == s->fail) return ts_set_error(TS_ERR_IO, "source: micro-batch %d unreadable", mb);
+  std::copy(s->batch->in.begin(), s->batch->in.end(), in);
+  std::copy(s->batch->tgt.begin(), s->batch->tgt.end(), tgt);
+  return TS_OK;
+}
+
+TEST(Engine, WholeStepEqualsMicroStepsAndAFailedSourceDiscardsIt) {
+  const size_t V = 64, T = 8;
+  ts_engine_opts o = Opts(2, T);
+  o.grad_accum = 3;
+  EngineFixture a(SmallConfig(V), o), b(SmallConfig(V), o);
+  Batch batch(2, T, V, 6);
+  ts_step_stats sa, sb;
+  for (int k = 0; k < 3; k++)
+    ASSERT_EQ(ts_engine_micro_step(a.e, batch.in.data(), batch.tgt.data(), nullptr), TS_OK);
+  ASSERT_EQ(ts_engine_optimizer_step(a.e, 1e-3f, &sa), TS_OK);
+  Source fails{&batch, 1};
+  EXPECT_EQ(ts_engine_step(b.e, Fill, &fails, 1e-3f, &sb), TS_ERR_IO);
+  EXPECT_NE(std::string(ts_last_error()).find("micro-batch 1"), std::string::npos);
+  // the failed step left nothing behind: the next whole step is a's step
+  Source good{&batch, -1};
+  ASSERT_EQ(ts_engine_step(b.e, Fill, &good, 1e-3f, &sb), TS_OK) << ts_last_error();
+  EXPECT_EQ(sa.loss, sb.loss);
+  EXPECT_EQ(sa.grad_norm, sb.grad_norm);
+  std::vector<float> pa(32), pb(32);
+  ASSERT_EQ(ts_engine_get_tensor(a.e, "model.norm.weight", pa.data(), pa.size()), TS_OK);
+  ASSERT_EQ(ts_engine_get_tensor(b.e, "model.norm.weight", pb.data(), pb.size()), TS_OK);
+  EXPECT_EQ(pa, pb);
+}
+
 TEST(Engine, LedgerChargesModelStatesExactly) {
   const size_t V = 100;
   ts_llama_config c = SmallConfig(V);

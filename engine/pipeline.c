@@ -211,7 +211,7 @@ ts_status ts_engine_step(ts_engine *e, ts_engine_batch_fn batch, void *user, flo
   ts_status st;
   if (e->stages == 1) {
     st = micro_steps(e, batch, user);
-    if (st != TS_OK && e->plan) ts_engine_discard_step(e);
+    if (st != TS_OK) ts_engine_discard_step(e); /* the batch source's error too */
   } else {
     if (!e->plan) ts_engine_step_begin(e);
     const ts_stage_schedule *ss = &e->sched.stage[e->stage];
