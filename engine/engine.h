@@ -307,7 +307,8 @@ void ts_engine_free(ts_engine *e);
  * micro-batch's mean loss (nats/token; reading it waits for the device).
  * Errors: TS_ERR_INVALID_ARGUMENT (token or target out of range),
  * TS_ERR_INVALID_USAGE (more micro-batches than grad_accum: refused before
- * any work, the step's gradients kept for the optimizer step it asks for).
+ * any work, the step's gradients kept for the optimizer step it asks for;
+ * an engine of a pipeline stage, which runs whole steps: ts_engine_step).
  * On any other error the gradients of the current step are discarded
  * (zeroed), as if the step had not begun. */
 ts_status ts_engine_micro_step(ts_engine *e, const int32_t *inputs, const int32_t *targets,
@@ -355,8 +356,9 @@ ts_status ts_engine_step(ts_engine *e, ts_engine_batch_fn batch, void *user, flo
 ts_status ts_engine_optimizer_step(ts_engine *e, float lr, ts_step_stats *stats);
 
 /* Loss of this rank's (B, T) batch without touching gradients (forward
- * only; collective in stage 3). *loss_sum and *count: summed row losses and
- * rows with a target, of this rank only. */
+ * only; collective in stage 3, and over the pipeline group of a pipeline
+ * stage, whose every stage gets the last stage's sums). *loss_sum and
+ * *count: summed row losses and rows with a target, of this dp rank only. */
 ts_status ts_engine_eval(ts_engine *e, const int32_t *inputs, const int32_t *targets,
                          double *loss_sum, size_t *count);
 
@@ -422,7 +424,9 @@ const ts_flat_layout *ts_engine_layout(const ts_engine *e, int u);
  * gathers the unit). get_grad reads the accumulated gradient and needs a
  * one-rank group (TS_ERR_INVALID_USAGE otherwise; ranks hold unreduced or
  * sharded gradients). TS_ERR_INVALID_ARGUMENT names the tensor when it is
- * unknown or the size differs. */
+ * unknown or the size differs; TS_ERR_INVALID_USAGE when its unit is on
+ * another pipeline stage (a tied head's stage holds the borrowed tensor's
+ * parameters too: get and set reach them). */
 ts_status ts_engine_set_tensor(ts_engine *e, const char *name, const float *src, size_t numel);
 ts_status ts_engine_get_tensor(ts_engine *e, const char *name, float *dst, size_t numel);
 ts_status ts_engine_get_grad(const ts_engine *e, const char *name, float *dst, size_t numel);

@@ -56,7 +56,6 @@ typedef struct ts_metrics_summary {
   int world_size;                        /* every rank: P pipeline stages x dp */
   int dp_size;                           /* data-parallel ranks per stage */
   const int *split;                      /* (P) first unit of each pipeline stage */
-  int n_units;                           /* units of the model */
   const ts_engine_opts *opts;            /* stage, dtype, recompute, batch shape */
   size_t activation_bytes_predicted;     /* ts_engine_activation_bytes */
   size_t skipped_steps;                  /* fp16 overflows */

@@ -244,7 +244,6 @@ static ts_status write_summary(run *r, const ts_train_result *res) {
         .world_size = r->world_size,
         .dp_size = r->dp_size,
         .split = r->split,
-        .n_units = r->model.n_units,
         .opts = &r->eo,
         .activation_bytes_predicted = ts_engine_activation_bytes(&r->model, &r->eo),
         .skipped_steps = res->skipped_steps,
