@@ -782,7 +782,8 @@ int ts_tool_compare(int argc, char **argv) {
     if (!ck || !loss_ok) return fprintf(stderr, "tessera compare: out of memory\n"), 1;
     int states = report(ck, &c, check_model_states, NULL,
                         "model states (params, grads, master, optim: peaks and bytes between "
-                        "steps) measured = estimate = formula on every rank of every run");
+                        "steps) measured = estimate = formula on every rank of every run "
+                        "(the formula where one stage holds the whole model)");
     int falling = report(ck, &c, check_falling, NULL,
                          "model states per rank fall as the ZeRO stage rises");
     char what[512];
