@@ -119,3 +119,36 @@ ts_status ts_atomic_rename(const char *tmp, const char *path) {
   fsync_parent(path);
   return TS_OK;
 }
+
+ts_status ts_read_file(const char *path, char **out, size_t *len) {
+  *out = NULL;
+  FILE *f = fopen(path, "rb");
+  if (!f) return ts_set_error(TS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+  char *buf = NULL;
+  size_t n = 0, cap = 0;
+  for (;;) {
+    if (n + 4096 + 1 > cap) {
+      cap = cap ? cap * 2 : 8192;
+      char *nb = realloc(buf, cap);
+      if (!nb) {
+        free(buf);
+        fclose(f);
+        return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot buffer the file", path);
+      }
+      buf = nb;
+    }
+    size_t got = fread(buf + n, 1, 4096, f);
+    n += got;
+    if (got < 4096) break;
+  }
+  int err = ferror(f);
+  fclose(f);
+  if (err) {
+    free(buf);
+    return ts_set_error(TS_ERR_IO, "%s: read failed", path);
+  }
+  buf[n] = '\0';
+  *out = buf;
+  if (len) *len = n;
+  return TS_OK;
+}

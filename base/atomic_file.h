@@ -2,7 +2,8 @@
  * atomic_file.h — files that appear whole or not at all: every writer in
  * tessera (token files, safetensors, prepare's folder, compare's reports,
  * checkpoints) goes through these, so a crash, a full disk or bad input
- * never leaves a half-written file under the name a reader opens.
+ * never leaves a half-written file under the name a reader opens; and the
+ * one whole-file read their readers share.
  *
  * Protocol (POSIX rename(2) atomicity): the bytes go to "PATH.tmp"; commit
  * checks every write, flushes, fsyncs the file, closes it, renames it over
@@ -56,6 +57,12 @@ ts_status ts_atomic_write(const char *path, const void *data, size_t nbytes);
  * another program) over `path`: fsync tmp, rename, fsync the folder of
  * path. On failure tmp is left for the caller to remove. TS_ERR_IO. */
 ts_status ts_atomic_rename(const char *tmp, const char *path);
+
+/* The reader's side: the whole file at path into a new NUL-terminated
+ * buffer *out (free with free()), its length in bytes in *len (NULL: not
+ * wanted). TS_ERR_IO ("PATH: cannot open: ..." or "PATH: read failed"),
+ * TS_ERR_OUT_OF_MEMORY. *out is NULL on error. */
+ts_status ts_read_file(const char *path, char **out, size_t *len);
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,5 @@
 // Tests of base/: atomic files (whole or absent, the old file kept on every
-// failure), the seeded generator against its published reference values,
+// failure) and the whole-file read, the seeded generator against its published reference values,
 // and the status and dtype vocabulary.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -40,6 +40,31 @@ TEST(AtomicFile, CommitWritesEverythingAndLeavesNoTemporary) {
   EXPECT_EQ(Slurp(p), "abc42");
   EXPECT_FALSE(Exists(p + ".tmp"));
   EXPECT_EQ(d.List().size(), 1u);
+}
+
+TEST(ReadFile, ReadsAWholeFileOfAnySizeAndNamesAMissingOne) {
+  TempDir d;
+  std::string p = d.path("big.bin"), text(100000, 'x');
+  text[4095] = '\0';  // embedded NUL: the length, not strlen, is the size
+  text[99999] = 'y';
+  ASSERT_EQ(ts_atomic_write(p.c_str(), text.data(), text.size()), TS_OK);
+  char *buf = nullptr;
+  size_t len = 0;
+  ASSERT_EQ(ts_read_file(p.c_str(), &buf, &len), TS_OK) << ts_last_error();
+  ASSERT_EQ(len, text.size());
+  EXPECT_EQ(std::string(buf, len), text);
+  EXPECT_EQ(buf[len], '\0');
+  free(buf);
+  ASSERT_EQ(ts_atomic_write(p.c_str(), "", 0), TS_OK);
+  ASSERT_EQ(ts_read_file(p.c_str(), &buf, &len), TS_OK);
+  EXPECT_EQ(len, 0u);
+  EXPECT_EQ(buf[0], '\0');
+  free(buf);
+  std::string missing = d.path("nope.json");
+  EXPECT_EQ(ts_read_file(missing.c_str(), &buf, nullptr), TS_ERR_IO);
+  EXPECT_EQ(buf, nullptr);
+  EXPECT_NE(std::string(ts_last_error()).find(missing + ": cannot open"), std::string::npos)
+      << ts_last_error();
 }
 
 TEST(AtomicFile, DiscardKeepsTheOldFile) {

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "base/atomic_file.h"
 #include "base/rng.h"
 #include "models/config_json.h"
 #include "models/llama.h"
@@ -94,32 +95,8 @@ ts_status ts_model_parse(const char *json, const char *source, ts_model *out) {
 
 ts_status ts_model_load(const char *path, ts_model *out) {
   memset(out, 0, sizeof *out);
-  FILE *f = fopen(path, "rb");
-  if (!f) return ts_set_error(TS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-  char *buf = NULL;
-  size_t len = 0, cap = 0;
-  for (;;) {
-    if (len + 4096 + 1 > cap) {
-      cap = cap ? cap * 2 : 8192;
-      char *nb = realloc(buf, cap);
-      if (!nb) {
-        free(buf);
-        fclose(f);
-        return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot buffer the file", path);
-      }
-      buf = nb;
-    }
-    size_t got = fread(buf + len, 1, 4096, f);
-    len += got;
-    if (got < 4096) break;
-  }
-  int err = ferror(f);
-  fclose(f);
-  if (err) {
-    free(buf);
-    return ts_set_error(TS_ERR_IO, "%s: read failed", path);
-  }
-  buf[len] = '\0';
+  char *buf;
+  TS_CHECK(ts_read_file(path, &buf, NULL));
   ts_status st = ts_model_parse(buf, path, out);
   free(buf);
   return st;

@@ -47,32 +47,10 @@ void ts_timeline_free(ts_timeline *t) {
   memset(t, 0, sizeof *t);
 }
 
-/* Reads the whole file at path into a NUL-terminated buffer. */
-static char *slurp(const char *path) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  char *buf = NULL;
-  size_t n = 0, cap = 0;
-  for (;;) {
-    if (n + 65536 + 1 > cap) {
-      cap = 2 * cap + 65536 + 1;
-      char *b = realloc(buf, cap);
-      if (!b) break;
-      buf = b;
-    }
-    size_t got = fread(buf + n, 1, cap - n - 1, f);
-    n += got;
-    if (got == 0) break;
-  }
-  fclose(f);
-  if (buf) buf[n] = '\0';
-  return buf;
-}
-
 /* Reads every span of the trace, sorted by rank then start. */
 static ts_status read_spans(const char *path, ts_timeline *t) {
-  char *text = slurp(path);
-  if (!text) return ts_set_error(TS_ERR_IO, "%s: %s", path, strerror(errno));
+  char *text;
+  TS_CHECK(ts_read_file(path, &text, NULL));
   cJSON *root = cJSON_Parse(text);
   free(text);
   const cJSON *events = cJSON_GetObjectItemCaseSensitive(root, "traceEvents");

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/atomic_file.h"
 #include "comm/comm.h"
 #include "engine/trainer.h"
 #include "tools/flags.h"
@@ -64,15 +65,11 @@ static int stdout_is_terminal(void) {
 
 /* The unigram baseline `tessera prepare` wrote to DIR/meta.json, or < 0. */
 static double unigram_baseline(const char *dir) {
-  char path[4096];
+  char path[4096], *buf;
   snprintf(path, sizeof path, "%s/meta.json", dir);
-  FILE *f = fopen(path, "rb");
-  if (!f) return -1;
-  char buf[65536];
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[n] = '\0';
+  if (ts_read_file(path, &buf, NULL) != TS_OK) return -1;
   cJSON *root = cJSON_Parse(buf);
+  free(buf);
   const cJSON *u = cJSON_GetObjectItemCaseSensitive(root, "unigram_val_loss");
   double v = cJSON_IsNumber(u) ? u->valuedouble : -1;
   cJSON_Delete(root);
