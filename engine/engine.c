@@ -81,12 +81,15 @@ void ts_engine_free_model_state(ts_ledger *ledger, unit_state *s) {
   ts_ledger_free(ledger, s->v);
 }
 
-static ts_status init_layout(ts_engine *e, int u) {
-  const ts_unit *un = &e->model->units[u];
+ts_status ts_engine_unit_layout(const ts_model *m, int u, size_t dp_size, ts_flat_layout *out) {
+  const ts_unit *un = &m->units[u];
   size_t numels[TS_UNIT_MAX_TENSORS];
   for (int i = 0; i < un->n_tensors; i++) numels[i] = un->tensors[i].numel;
-  return ts_flat_layout_init(&e->units[u].layout, numels, (size_t)un->n_tensors,
-                             (size_t)e->dp_size);
+  return ts_flat_layout_init(out, numels, (size_t)un->n_tensors, dp_size);
+}
+
+static ts_status init_layout(ts_engine *e, int u) {
+  return ts_engine_unit_layout(e->model, u, (size_t)e->dp_size, &e->units[u].layout);
 }
 
 /* Saved bytes of unit u for slot sl, unless it is recomputed. */
@@ -136,7 +139,7 @@ static ts_status alloc_slot(ts_engine *e, int k) {
                            (void **)&sl->tokens));
   TS_CHECK(ts_ledger_alloc(&e->ledger, e->device, TS_MEM_ACTIVATIONS, B * T * 4,
                            (void **)&sl->targets));
-  if (e->stage > 0 && k > 0)
+  if (e->stage > 0)
     TS_CHECK(ts_ledger_alloc(&e->ledger, e->device, TS_MEM_ACTIVATIONS, BTC, &sl->gsend));
   return TS_OK;
 }
@@ -201,7 +204,7 @@ ts_status ts_engine_alloc(ts_engine *e) {
    * before the kernel workspace exists, so the category's peak is the
    * larger of the two, not their sum. */
   for (int u = e->u_begin; u < e->u_end; u++) TS_CHECK(alloc_unit(e, u));
-  if (e->replica) TS_CHECK(alloc_replica(e, ts_engine_tied_lender(m)));
+  if (e->replica) TS_CHECK(alloc_replica(e, e->lender));
   size_t ws = 0;
   for (int u = e->u_begin; u < e->u_end; u++) {
     size_t w = ts_unit_workspace_bytes(m, u, B, T, e->opts.dtype, dev);
@@ -230,12 +233,7 @@ ts_status ts_engine_alloc(ts_engine *e) {
     TS_CHECK(ts_ledger_alloc(&e->ledger, dev, TS_MEM_ACTIVATIONS, B * T * C * es, &e->dbuf[i]));
   size_t rb = ts_engine_recompute_bytes(m, &e->opts, e->u_begin, e->u_end);
   TS_CHECK(ts_ledger_alloc(&e->ledger, dev, TS_MEM_ACTIVATIONS, rb, &e->recompute_saved));
-  /* A pipeline stage's other micro-batches in flight, and slot 0's send
-   * buffer of the input's gradient. */
-  for (int k = 1; k < e->n_slots; k++) TS_CHECK(alloc_slot(e, k));
-  if (e->stage > 0)
-    TS_CHECK(ts_ledger_alloc(&e->ledger, dev, TS_MEM_ACTIVATIONS, B * T * C * es,
-                             &e->slots[0].gsend));
+  for (int k = 1; k < e->n_slots; k++) TS_CHECK(alloc_slot(e, k)); /* a pipeline's others */
   return alloc_scalars(e);
 }
 
@@ -283,6 +281,7 @@ ts_status ts_engine_new(const ts_model *model, const ts_engine_opts *opts, int p
   e->es = ts_dtype_size(opts->dtype);
   e->plan = plan;
   e->stages = 1; /* no pipelining until ts_engine_set_stage */
+  e->lender = ts_engine_tied_lender(model);
   e->u_end = model->n_units;
   e->n_slots = 1;
   if (plan) ts_ledger_init_plan(&e->ledger);
@@ -629,7 +628,7 @@ static ts_status backward_unit(ts_engine *e, int u, ts_unit_args *a) {
   const ts_unit *un = &e->model->units[u];
   const void *params, *lender = NULL;
   void *grads, *lender_grads = NULL;
-  if (u == ts_engine_tied_lender(e->model) && (size_t)e->cur_mb + 1 == e->opts.grad_accum &&
+  if (u == e->lender && (size_t)e->cur_mb + 1 == e->opts.grad_accum &&
       !tied_direct(e, e->model->n_units - 1))
     TS_CHECK(fold_tied(e, u));
   TS_CHECK(ts_engine_acquire_params(e, u, &params));

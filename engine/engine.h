@@ -233,7 +233,8 @@ ts_status ts_engine_plan_params(size_t psi, ts_dtype dtype, int zero_stage, size
 double ts_engine_unit_cost(const ts_model *m, const ts_engine_opts *opts, int u);
 
 /* The split of m's units into opts->pipeline_stages stages: first[s] is
- * stage s's first unit (first[0] = 0), P entries; auto balances
+ * stage s's first unit (first[0] = 0), then first[P] = m->n_units, P + 1
+ * entries; auto balances
  * ts_engine_unit_cost (ts_pipeline_split_balanced), an explicit split is
  * parsed (ts_pipeline_split_parse). TS_ERR_INVALID_ARGUMENT, naming the
  * flag: P < 1 or more stages than units ("--pipeline 9: expected at most
@@ -414,7 +415,13 @@ int ts_engine_num_units(const ts_engine *e);
  * (stage 0 and every unit without pipelining). */
 int ts_engine_stage_units(const ts_engine *e, int *begin, int *end);
 
-/* The flat layout of unit u, 0 <= u < n_units (asserted). */
+/* The flat layout of unit u of m (its tensors in layout order, padded for
+ * dp_size data-parallel ranks: shard/flat.h) into *out, whichever pipeline
+ * stage computes it. Errors: ts_flat_layout_init's. */
+ts_status ts_engine_unit_layout(const ts_model *m, int u, size_t dp_size, ts_flat_layout *out);
+
+/* The flat layout of unit u, 0 <= u < n_units (asserted), as this engine
+ * holds it (zeroed for a unit of another pipeline stage). */
 const ts_flat_layout *ts_engine_layout(const ts_engine *e, int u);
 
 /* Copies the tensor named `name` (Hugging Face name) into (set) or out of

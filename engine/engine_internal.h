@@ -113,6 +113,7 @@ struct ts_engine {
   int stages, stage;     /* P and this rank's pipeline stage s */
   int u_begin, u_end;    /* the units this stage computes, [u_begin, u_end) */
   ts_comm *pp;           /* the pipeline group of this dp rank (borrowed), NULL when P = 1 */
+  int lender;            /* the unit a tied head borrows from (ts_engine_tied_lender), or -1 */
   int replica;           /* 1: units[lender] holds only the tied head's copy of the
                             lender's parameters (the last stage, P > 1) */
   int cur_mb;            /* the micro-batch whose backward runs (its index in the step) */

@@ -38,7 +38,7 @@ static size_t btc(const ts_engine *e) {
 ts_status ts_engine_set_stage(ts_engine *e, int s) {
   const ts_model *m = e->model;
   int P = e->opts.pipeline_stages, n = m->n_units;
-  int *first = malloc((size_t)(P > 0 ? P : 1) * sizeof *first);
+  int *first = malloc((size_t)(P > 0 ? P + 1 : 1) * sizeof *first);
   if (!first) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "pipeline: %d stages", P);
   ts_status st = ts_engine_pipeline_split(m, &e->opts, first);
   if (st == TS_OK && (s < 0 || s >= P))
@@ -47,12 +47,11 @@ ts_status ts_engine_set_stage(ts_engine *e, int s) {
     e->stages = P;
     e->stage = s;
     e->u_begin = first[s];
-    e->u_end = s + 1 < P ? first[s + 1] : n;
+    e->u_end = first[s + 1];
   }
   free(first);
   TS_CHECK(st);
-  int lender = ts_engine_tied_lender(m);
-  e->replica = lender >= 0 && ts_engine_owns(e, n - 1) && !ts_engine_owns(e, lender);
+  e->replica = e->lender >= 0 && ts_engine_owns(e, n - 1) && !ts_engine_owns(e, e->lender);
   e->n_slots = 1;
   if (P > 1) {
     TS_CHECK(ts_schedule_build(e->opts.schedule, P, (int)e->opts.grad_accum, &e->sched));
@@ -117,22 +116,20 @@ static ts_status isend(ts_engine *e, const void *buf, size_t count, int peer, in
 }
 
 ts_status ts_engine_recv_tied_grads(ts_engine *e) {
-  int lender = ts_engine_tied_lender(e->model);
-  size_t P = e->units[lender].layout.padded;
+  size_t P = e->units[e->lender].layout.padded;
   TS_CHECK(ts_ledger_alloc_transient(&e->ledger, e->device, TS_MEM_GRADS, P * e->es,
                                      &e->tied_grads));
   return recv(e, e->tied_grads, P, e->stages - 1, tag(TAG_TIED, 0));
 }
 
 ts_status ts_engine_send_tied_grads(ts_engine *e) {
-  size_t P = e->units[ts_engine_tied_lender(e->model)].layout.padded;
+  size_t P = e->units[e->lender].layout.padded;
   return isend(e, e->tied_grads, P, 0, tag(TAG_TIED, 0), &e->tied_req);
 }
 
 ts_status ts_engine_sync_replica(ts_engine *e) {
-  int lender = ts_engine_tied_lender(e->model);
-  if (e->stages == 1 || lender < 0 || e->plan) return TS_OK;
-  unit_state *s = &e->units[lender];
+  if (e->stages == 1 || e->lender < 0 || e->plan) return TS_OK;
+  unit_state *s = &e->units[e->lender];
   size_t n = e->zero->shard_params ? s->layout.shard : s->layout.padded;
   if (e->stage == 0)
     return ts_comm_send(e->pp, s->params, n, e->opts.dtype, e->stages - 1, tag(TAG_PARAMS, 0));

@@ -33,9 +33,8 @@ size_t ts_engine_activation_bytes_stage(const ts_model *m, const ts_engine_opts 
   int P = o->pipeline_stages > 1 ? o->pipeline_stages : 1, n = m->n_units;
   int first[TS_ENGINE_MAX_STAGES + 1];
   if (P > TS_ENGINE_MAX_STAGES || stage < 0 || stage >= P) return 0;
-  if (P == 1) first[0] = 0;
+  if (P == 1) first[0] = 0, first[1] = n;
   else if (ts_engine_pipeline_split(m, o, first) != TS_OK) return 0;
-  first[P] = n;
   int u0 = first[stage], u1 = first[stage + 1];
   size_t slots = P > 1 ? (size_t)ts_schedule_in_flight(o->schedule, P, (int)o->grad_accum, stage)
                        : 1;
@@ -71,6 +70,7 @@ ts_status ts_engine_pipeline_split(const ts_model *m, const ts_engine_opts *o, i
                         "--pipeline %d: expected 1 to %d stages (the units of %s: embedding, %d "
                         "blocks, head)",
                         P, n, m->name, n - 2);
+  first[P] = n;
   if (o->pipeline_split && strcmp(o->pipeline_split, "auto") != 0)
     return ts_pipeline_split_parse(o->pipeline_split, n, P, first);
   double *cost = malloc((size_t)n * sizeof *cost);

@@ -80,7 +80,7 @@ typedef struct run {
   ts_grid grid;              /* pipeline stages x dp ranks (P > 1), else zeroed */
   ts_comm *dp;               /* the data-parallel group: world, or the grid's */
   int rank, dp_size;         /* this rank and N, of the data-parallel group */
-  int split[TS_ENGINE_MAX_STAGES]; /* first unit of each pipeline stage */
+  int split[TS_ENGINE_MAX_STAGES + 1]; /* first unit of each pipeline stage, then n_units */
   ts_model model;            /* loaded from cfg->model */
   ts_token_file *train, *val; /* DATA/train.bin, DATA/val.bin */
   ts_loader *train_ld, *val_ld; /* shuffled, in file order */
@@ -371,16 +371,6 @@ void ts_train_recompute_name(size_t every, char *buf, size_t cap) {
   else snprintf(buf, cap, "every:%zu", every);
 }
 
-/* Unit u's flat length padded for dp ranks (shard/flat.h), whichever
- * pipeline stage holds it. */
-static size_t padded_length(const ts_model *m, int u, size_t dp) {
-  const ts_unit *un = &m->units[u];
-  size_t numels[TS_UNIT_MAX_TENSORS];
-  for (int i = 0; i < un->n_tensors; i++) numels[i] = un->tensors[i].numel;
-  ts_flat_layout l;
-  return ts_flat_layout_init(&l, numels, (size_t)un->n_tensors, dp) == TS_OK ? l.padded : 0;
-}
-
 ts_status ts_train_run(const ts_train_config *cfg, ts_train_callback cb, void *user,
                        ts_train_result *result) {
   memset(result, 0, sizeof *result);
@@ -406,12 +396,14 @@ ts_status ts_train_run(const ts_train_config *cfg, ts_train_callback cb, void *u
   if (st == TS_OK) {
     result->num_params = r.model.num_params;
     result->global_batch = r.global_batch;
-    for (int u = 0; u < ts_engine_num_units(r.engine); u++)
-      result->padded_params += padded_length(&r.model, u, (size_t)r.dp_size);
+    for (int u = 0; u < r.model.n_units && st == TS_OK; u++) {
+      ts_flat_layout l; /* whichever pipeline stage holds the unit */
+      st = ts_engine_unit_layout(&r.model, u, (size_t)r.dp_size, &l);
+      if (st == TS_OK) result->padded_params += l.padded;
+    }
     int P = r.eo.pipeline_stages;
-    memcpy(result->pipeline_split, r.split, (size_t)P * sizeof(int));
-    result->pipeline_split[P] = r.model.n_units;
-    st = train(&r, cb, user, result);
+    memcpy(result->pipeline_split, r.split, (size_t)(P + 1) * sizeof(int));
+    if (st == TS_OK) st = train(&r, cb, user, result);
   }
   run_free(&r);
   return st;

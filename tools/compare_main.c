@@ -699,7 +699,6 @@ static int plan_runs(compare *c) {
           o.schedule = r->schedule;
           size_t dp = c->n / (size_t)r->pipeline;
           ts_status st = ts_engine_pipeline_split(&c->arch, &o, r->split);
-          r->split[r->pipeline] = c->arch.n_units;
           for (int q = 0; q < r->pipeline && st == TS_OK; q++)
             st = ts_engine_plan_stage(&c->arch, &o, dp, q, &r->est[q]);
           if (st != TS_OK) return fprintf(stderr, "tessera compare: %s\n", ts_last_error()), 0;

@@ -209,7 +209,6 @@ int ts_tool_estimate(int argc, char **argv) {
     if (st == TS_OK) psi = m.num_params;
   }
   if (st == TS_OK && model) st = ts_engine_pipeline_split(&m, &opts, split);
-  split[P] = model ? m.n_units : 0;
   for (int i = 0; i < nstages && st == TS_OK; i++) {
     opts.zero_stage = stage_lo + i / P;
     st = model ? ts_engine_plan_stage(&m, &opts, dp, i % P, &ledgers[i])
