@@ -1,0 +1,349 @@
+/* compare_report.c — `tessera compare`'s verdicts and outputs (compare.h):
+ * the checks (every rank's model states against the plan and the ZeRO
+ * formula, model states falling with the stage, identical losses), then
+ * compare.md, compare.csv and compare.png, each written whole or not at
+ * all. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/atomic_file.h"
+#include "engine/trainer.h"
+#include "tools/compare.h"
+#include "tools/tools.h"
+
+/* The ZeRO paper's model states per rank (§5.1; fp32 keeps no master
+ * copy: engine.h's table) for padded Ψ on N ranks. */
+static double formula(const run *r, double psi, double n) {
+  int half = r->dt != TS_FP32;
+  switch (r->stage) {
+    case 0: return 16 * psi;
+    case 1: return half ? 4 * psi + 12 * psi / n : 8 * psi + 8 * psi / n;
+    case 2: return half ? 2 * psi + 14 * psi / n : 4 * psi + 12 * psi / n;
+    default: return 16 * psi / n;
+  }
+}
+
+/* Check 1: every rank's model-state peaks and between-step bytes equal the
+ * plan, and the formula. */
+static int check_model_states(const compare *c, FILE *md, int *per_run) {
+  (void)per_run;
+  int ok = 1;
+  for (int i = 0; i < c->n_runs; i++) {
+    const run *r = &c->runs[i];
+    for (size_t q = 0; q < c->n; q++) {
+      const double *m = r->mem + q * W;
+      const ts_mem_account *e = est_of(r, q, c->n);
+      /* the ZeRO formula covers the whole model on one pipeline stage */
+      double f = r->pipeline == 1 ? formula(r, r->psi, (double)c->n) : m[M_STATES];
+      int same = m[M_STATES] == (double)ts_mem_model_state_bytes(e) && m[M_STATES] == f;
+      for (int k = TS_MEM_PARAMS; k <= TS_MEM_OPTIM; k++) same &= m[k] == (double)e->peak[k];
+      if (!same) {
+        fprintf(md, "  - %s, rank %zu: measured model states %.0f B, estimate %.0f B, formula %.0f B\n",
+                r->name, q, m[M_STATES], (double)ts_mem_model_state_bytes(e), f);
+        ok = 0;
+      }
+    }
+  }
+  return ok;
+}
+
+/* Check 2: the losses of every run equal, step for step and to the bit,
+ * those of its base run (the first run of its dtype and pipeline layout
+ * and, with accumulation, reduction: loss_base). */
+static int check_losses(const compare *c, FILE *md, int *per_run) {
+  int ok = 1;
+  for (int i = 0; i < c->n_runs; i++) {
+    const run *r = &c->runs[i], *b = &c->runs[r->loss_base];
+    per_run[i] = 0;
+    if (r->n_loss != b->n_loss) {
+      fprintf(md, "  - %s: %zu steps, %s: %zu\n", r->name, r->n_loss, b->name, b->n_loss);
+      ok = 0;
+      continue;
+    }
+    per_run[i] = 1;
+    for (size_t s = 0; s < r->n_loss && per_run[i]; s++)
+      if (memcmp(&r->loss[s], &b->loss[s], sizeof(double)) != 0) {
+        fprintf(md, "  - %s, step %zu: loss %.17g, %s: %.17g\n", r->name, s + 1, r->loss[s],
+                b->name, b->loss[s]);
+        ok = per_run[i] = 0;
+      }
+  }
+  return ok;
+}
+
+/* Check 3: within each dtype and checkpointing group, the model states
+ * fall strictly as the stage rises (N > 1). */
+static int check_falling(const compare *c, FILE *md, int *per_run) {
+  int ok = 1;
+  (void)per_run;
+  for (int i = 1; i < c->n_runs; i++) {
+    const run *r = &c->runs[i], *p = &c->runs[i - 1];
+    if (c->n / (size_t)r->pipeline > 1 && r->dt == p->dt && r->recompute == p->recompute &&
+        r->pipeline == p->pipeline && r->schedule == p->schedule && r->stage > p->stage &&
+        !(r->mem[M_STATES] < p->mem[M_STATES])) {
+      fprintf(md, "  - %s holds %.0f B of model states, %s %.0f B\n", r->name, r->mem[M_STATES],
+              p->name, p->mem[M_STATES]);
+      ok = 0;
+    }
+  }
+  return ok;
+}
+
+/* Runs one check and writes "- PASS: what" or "- FAIL: what" to ck, then
+ * the check's detail lines. Returns the check's result. */
+static int report(FILE *ck, const compare *c, int (*check)(const compare *, FILE *, int *),
+                  int *per_run, const char *what) {
+  char *detail = NULL;
+  size_t len = 0;
+  FILE *d = open_memstream(&detail, &len);
+  int ok = d ? check(c, d, per_run) : 0;
+  if (d) fclose(d);
+  fprintf(ck, "- %s: %s\n%s", ok ? "PASS" : "FAIL", what, detail ? detail : "");
+  free(detail);
+  return ok;
+}
+
+int ts_compare_checks(const compare *c, char **text, int *loss_ok) {
+  size_t len = 0;
+  *text = NULL;
+  FILE *ck = open_memstream(text, &len);
+  if (!ck) return -1;
+  int states = report(ck, c, check_model_states, NULL,
+                      "model states (params, grads, master, optim: peaks and bytes between "
+                      "steps) measured = estimate = formula on every rank of every run "
+                      "(the formula where one stage holds the whole model)");
+  int falling = report(ck, c, check_falling, NULL,
+                       "model states per rank fall as the ZeRO stage rises");
+  char what[512];
+  snprintf(what, sizeof what,
+           "loss identical at every step across ZeRO stages%s%s (bitwise, per dtype and "
+           "pipeline layout%s)",
+           c->n_recomputes > 1 ? ", checkpointing settings" : "",
+           c->n_schedules > 1 ? ", schedules" : "",
+           c->grad_accum > 1 ? "; with --grad-accum > 1 stages 0-1 and 2-3 apart, as stages "
+                               "2-3 reduce every micro-batch" : "");
+  int losses = report(ck, c, check_losses, loss_ok, what);
+  if (fclose(ck) != 0 || !*text) {
+    free(*text);
+    *text = NULL;
+    return -1;
+  }
+  return states && falling && losses;
+}
+
+/* Opens path for an atomic write (base/atomic_file.h: path.tmp, renamed by
+ * finish); the stream to print to, or NULL after printing why. */
+static FILE *start(ts_atomic_file **af, const char *path) {
+  if (ts_atomic_file_open(af, path) == TS_OK) return ts_atomic_file_stream(*af);
+  fprintf(stderr, "tessera compare: %s\n", ts_last_error());
+  return NULL;
+}
+
+/* Commits a file from start; 0 after printing why it failed. */
+static int finish(ts_atomic_file *af) {
+  if (ts_atomic_file_commit(af) == TS_OK) return 1;
+  fprintf(stderr, "tessera compare: %s\n", ts_last_error());
+  return 0;
+}
+
+/* A cell "measured / estimate (difference)" in MiB. */
+static void cell(FILE *md, double meas, double est) {
+  double d = meas - est;
+  if (d == 0) fprintf(md, " %.2f / %.2f (0) |", meas / MiB, est / MiB);
+  else fprintf(md, " %.2f / %.2f (%+.3f) |", meas / MiB, est / MiB, d / MiB);
+}
+
+int ts_compare_write_md(const compare *c, const char *path, const char *checks) {
+  ts_atomic_file *af;
+  FILE *md = start(&af, path);
+  if (!md) return 0;
+  const run *r0 = &c->runs[0];
+  fprintf(md, "# tessera compare: %s on %zu ranks\n\n", c->arch.name, c->n);
+  fprintf(md, "%zu steps, micro-batch %zu x seq %zu per rank, Ψ = %.0f parameters (%.0f padded), "
+              "%ld cores. Memory is per rank in MiB (2^20 bytes): measured by each rank's "
+              "ledger, estimated by `tessera estimate` (the engine's allocation plan); speed and communication ratios (vs base) are against the first "
+              "stage of the same dtype and checkpointing; the ZeRO formula is Rajbhandari et al. "
+              "2020 §5.1 for the padded Ψ (fp32 keeps no master copy). Peak RSS is each rank "
+              "process's, ledger and all else (MPI, OpenBLAS, code). Device memory: none (CPU "
+              "ranks).\n\n",
+          c->steps, c->micro_batch, c->seq, (double)c->arch.num_params, r0->psi,
+          sysconf(_SC_NPROCESSORS_ONLN));
+  fputs(checks, md);
+  fprintf(md, "\n| run | model states between steps: measured | estimate | ZeRO formula "
+              "| peak total: measured | estimate | peak RSS (max over ranks) | tokens/s | vs base "
+              "| MB sent/step | vs base |\n"
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  for (int i = 0; i < c->n_runs; i++) {
+    const run *r = &c->runs[i], *b = &c->runs[r->base];
+    double rss = 0;
+    for (size_t q = 0; q < c->n; q++) rss = fmax(rss, r->mem[q * W + M_RSS]);
+    fprintf(md, "| %s | %.2f | %.2f |", r->name, r->mem[M_STATES] / MiB,
+            (double)ts_mem_model_state_bytes(&r->est[0]) / MiB);
+    if (r->pipeline == 1) fprintf(md, " %.2f |", formula(r, r->psi, (double)c->n) / MiB);
+    else fprintf(md, " - |");
+    fprintf(md, " %.2f | %.2f |", r->mem[M_TOTAL] / MiB, (double)r->est[0].peak_total / MiB);
+    fprintf(md, " %.1f | %.0f | %.2f | %.3f |", rss / MiB, r->tok_s, r->tok_s / b->tok_s,
+            r->comm / 1e6);
+    if (b->comm > 0) fprintf(md, " %.2f |\n", r->comm / b->comm);
+    else fprintf(md, " - |\n");
+  }
+  fprintf(md, "\nPeak bytes per ledger category, rank 0: measured / estimate (difference), MiB\n\n"
+              "| run |");
+  for (int k = 0; k < TS_MEM_NUM_CATEGORIES; k++)
+    fprintf(md, " %s |", ts_mem_category_name((ts_mem_category)k));
+  fprintf(md, "\n| --- |");
+  for (int k = 0; k < TS_MEM_NUM_CATEGORIES; k++) fprintf(md, " --- |");
+  fprintf(md, "\n");
+  for (int i = 0; i < c->n_runs; i++) {
+    const run *r = &c->runs[i];
+    fprintf(md, "| %s |", r->name);
+    for (int k = 0; k < TS_MEM_NUM_CATEGORIES; k++) cell(md, r->mem[k], (double)r->est[0].peak[k]);
+    fprintf(md, "\n");
+  }
+  /* Every rank: with pipeline stages, ranks of different stages hold
+   * different units and micro-batches in flight. */
+  fprintf(md, "\nPeak total per rank: measured / estimate (difference), MiB; sS = its pipeline "
+              "stage (units first..last)\n\n| run |");
+  for (size_t q = 0; q < c->n; q++) fprintf(md, " rank %zu |", q);
+  fprintf(md, "\n| --- |");
+  for (size_t q = 0; q < c->n; q++) fprintf(md, " --- |");
+  fprintf(md, "\n");
+  for (int i = 0; i < c->n_runs; i++) {
+    const run *r = &c->runs[i];
+    fprintf(md, "| %s |", r->name);
+    for (size_t q = 0; q < c->n; q++) {
+      size_t st = q / (c->n / (size_t)r->pipeline);
+      if (r->pipeline > 1)
+        fprintf(md, " s%zu (%d..%d):", st, r->split[st], r->split[st + 1] - 1);
+      cell(md, r->mem[q * W + M_TOTAL], (double)est_of(r, q, c->n)->peak_total);
+    }
+    fprintf(md, "\n");
+  }
+  fprintf(md, "\nLoss at every step\n\n| run |");
+  for (size_t s = 0; s < r0->n_loss; s++) fprintf(md, " %zu |", s + 1);
+  fprintf(md, "\n| --- |");
+  for (size_t s = 0; s < r0->n_loss; s++) fprintf(md, " ---: |");
+  fprintf(md, "\n");
+  for (int i = 0; i < c->n_runs; i++) {
+    fprintf(md, "| %s |", c->runs[i].name);
+    for (size_t s = 0; s < c->runs[i].n_loss; s++) fprintf(md, " %.6f |", c->runs[i].loss[s]);
+    fprintf(md, "\n");
+  }
+  fprintf(md, "\n![per-rank memory by category](compare.png)\n");
+  for (int i = 0; i < c->n_runs; i++)
+    if (c->runs[i].pipeline > 1)
+      fprintf(md, "\n%s: step %zu's timeline, measured bubble %.1f%% on the busiest rank, "
+                  "(P-1)/(m+P-1) = %.1f%% in theory\n\n![timeline](timeline-%s.png)\n",
+              c->runs[i].name, c->steps, 100.0 * c->runs[i].bubble,
+              100.0 * (c->runs[i].pipeline - 1) /
+                  ((double)c->grad_accum + c->runs[i].pipeline - 1),
+              c->runs[i].file);
+  return finish(af);
+}
+
+int ts_compare_write_csv(const compare *c, const char *path, const int *loss_ok) {
+  ts_atomic_file *af;
+  FILE *f = start(&af, path);
+  if (!f) return 0;
+  fprintf(f, "run,dtype,activation_checkpointing,zero_stage,pipeline,schedule,world_size,rank,"
+             "pipeline_stage");
+  for (int k = 0; k < TS_MEM_NUM_CATEGORIES; k++)
+    fprintf(f, ",%s_measured,%s_estimate", ts_mem_category_name((ts_mem_category)k),
+            ts_mem_category_name((ts_mem_category)k));
+  fprintf(f, ",total_measured,total_estimate,model_states_measured,model_states_estimate,"
+             "model_states_formula,peak_rss,tokens_per_s,tokens_per_s_ratio,comm_bytes_per_step,"
+             "comm_ratio,losses_identical,losses\n");
+  for (int i = 0; i < c->n_runs; i++) {
+    const run *r = &c->runs[i], *b = &c->runs[r->base];
+    char ck[32];
+    ts_train_recompute_name(r->recompute, ck, sizeof ck);
+    for (size_t q = 0; q < c->n; q++) {
+      const double *m = r->mem + q * W;
+      const ts_mem_account *e = est_of(r, q, c->n);
+      fprintf(f, "%s,%s,%s,%d,%d,%s,%zu,%zu,%zu", r->file, ts_dtype_name(r->dt), ck, r->stage,
+              r->pipeline, r->pipeline > 1 ? ts_schedule_kind_name(r->schedule) : "", c->n, q,
+              q / (c->n / (size_t)r->pipeline));
+      for (int k = 0; k < TS_MEM_NUM_CATEGORIES; k++) fprintf(f, ",%.0f,%zu", m[k], e->peak[k]);
+      fprintf(f, ",%.0f,%zu,%.0f,%.0f,", m[M_TOTAL], e->peak_total, m[M_STATES],
+              (double)ts_mem_model_state_bytes(e));
+      if (r->pipeline == 1) fprintf(f, "%.0f", formula(r, r->psi, (double)c->n));
+      fprintf(f, ",%.0f,%.1f,%.4f,%.0f,", m[M_RSS], r->tok_s, r->tok_s / b->tok_s, r->comm);
+      if (b->comm > 0) fprintf(f, "%.4f", r->comm / b->comm);
+      fprintf(f, ",%s,", loss_ok[i] ? "yes" : "no");
+      for (size_t s = 0; s < r->n_loss; s++) fprintf(f, "%s%.17g", s ? ";" : "", r->loss[s]);
+      fprintf(f, "\n");
+    }
+  }
+  return finish(af);
+}
+
+/* compare.png: the measured peak per category stacked, one bar per run
+ * (rank 0) or, for a pipelined run, per pipeline stage (its first rank),
+ * the estimate's sum of category peaks marked on each bar. The data
+ * and the gnuplot script stay in dir; the png is drawn to a temporary name
+ * and renamed. */
+int ts_compare_write_chart(const compare *c, const char *dir, const char *png) {
+  char dat[4200], gp[4200], tmp[4200], log[4200];
+  FMT(dat, "%s/chart.dat", dir);
+  FMT(gp, "%s/chart.gp", dir);
+  FMT(log, "%s/gnuplot.log", dir);
+  FMT(tmp, "%s.tmp", png);
+  FILE *f = fopen(dat, "w");
+  if (!f) return fprintf(stderr, "tessera compare: %s: %s\n", dat, strerror(errno)), 0;
+  fprintf(f, "run");
+  for (int k = 0; k < TS_MEM_NUM_CATEGORIES; k++)
+    fprintf(f, " %s", ts_mem_category_name((ts_mem_category)k));
+  fprintf(f, " estimate\n");
+  int bars = 0;
+  for (int i = 0; i < c->n_runs; i++)
+    for (int st = 0; st < c->runs[i].pipeline; st++, bars++) {
+      const run *r = &c->runs[i];
+      size_t q = (size_t)st * (c->n / (size_t)r->pipeline); /* the stage's first rank */
+      char ck[32];
+      ts_train_recompute_name(r->recompute, ck, sizeof ck);
+      double est = 0;
+      for (int k = 0; k < TS_MEM_NUM_CATEGORIES; k++) est += (double)r->est[st].peak[k];
+      fprintf(f, "\"ZeRO-%d", r->stage);
+      if (c->n_dts > 1) fprintf(f, " %s", ts_dtype_name(r->dt));
+      if (c->n_recomputes > 1) fprintf(f, " recompute %s", ck);
+      if (r->pipeline > 1)
+        fprintf(f, " P%d %s s%d", r->pipeline, ts_schedule_kind_name(r->schedule), st);
+      fprintf(f, "\"");
+      for (int k = 0; k < TS_MEM_NUM_CATEGORIES; k++) fprintf(f, " %.4f", r->mem[q * W + k] / MiB);
+      fprintf(f, " %.4f\n", est / MiB);
+    }
+  fclose(f);
+  f = fopen(gp, "w");
+  if (!f) return fprintf(stderr, "tessera compare: %s: %s\n", gp, strerror(errno)), 0;
+  fprintf(f,
+          "set terminal pngcairo size %d,560 font 'sans,10'\n"
+          "set output '%s'\n"
+          "set title \"%s on %zu ranks: peak bytes per ledger category, rank 0 or each pipeline "
+          "stage's first rank (measured, stacked)\"\n"
+          "set style data histograms\nset style histogram rowstacked\n"
+          "set style fill solid 0.85 border -1\nset boxwidth 0.6\n"
+          "set key outside right top autotitle columnhead\nset ylabel 'MiB per rank'\n"
+          "set yrange [0:*]\nset grid ytics\n%s"
+          "plot for [k=2:%d] '%s' using k:xtic(1), "
+          "'' using 0:%d with points pt 9 ps 2.2 lc rgb 'black' title 'estimate (sum of peaks)'\n",
+          bars > 6 ? 160 + 110 * bars : 860, tmp, c->arch.name, c->n,
+          bars > 4 ? "set xtics rotate by -25\n" : "", TS_MEM_NUM_CATEGORIES + 1, dat,
+          TS_MEM_NUM_CATEGORIES + 2);
+  fclose(f);
+  char *argv[] = {"/usr/bin/gnuplot", gp, NULL};
+  if (access(argv[0], X_OK) != 0)
+    return fprintf(stderr, "tessera compare: /usr/bin/gnuplot not found: install gnuplot-nox "
+                           "(tools/setup.sh does)\n"), 0;
+  int rc = ts_tool_spawn(argv, log);
+  if (rc != 0 || ts_atomic_rename(tmp, png) != TS_OK) {
+    fprintf(stderr, "tessera compare: gnuplot failed (exit %d); the end of %s:\n", rc, log);
+    ts_compare_print_tail(log);
+    remove(tmp);
+    return 0;
+  }
+  return 1;
+}
