@@ -260,6 +260,13 @@ static ts_status check_opts(const ts_model *model, const ts_engine_opts *opts) {
   return ts_engine_check_stage(opts->zero_stage);
 }
 
+/* The unit a tied head borrows from (its tied_unit), or -1 without one. */
+static int tied_lender(const ts_model *m) {
+  for (int u = 0; u < m->n_units; u++)
+    if (m->units[u].tied_unit >= 0) return m->units[u].tied_unit;
+  return -1;
+}
+
 ts_status ts_engine_new(const ts_model *model, const ts_engine_opts *opts, int plan,
                         ts_engine **out) {
   *out = NULL;
@@ -281,7 +288,7 @@ ts_status ts_engine_new(const ts_model *model, const ts_engine_opts *opts, int p
   e->es = ts_dtype_size(opts->dtype);
   e->plan = plan;
   e->stages = 1; /* no pipelining until ts_engine_set_stage */
-  e->lender = ts_engine_tied_lender(model);
+  e->lender = tied_lender(model);
   e->u_end = model->n_units;
   e->n_slots = 1;
   if (plan) ts_ledger_init_plan(&e->ledger);
@@ -450,12 +457,6 @@ static ts_status reduce_unit_grads(ts_engine *e, int u) {
 }
 
 /* ---- tied embeddings ------------------------------------------------------------ */
-
-int ts_engine_tied_lender(const ts_model *m) {
-  for (int u = 0; u < m->n_units; u++)
-    if (m->units[u].tied_unit >= 0) return m->units[u].tied_unit;
-  return -1;
-}
 
 /* Whether the tied head adds its gradient straight into the lender's
  * (full, zeroed) gradient: one micro-batch, both units here, gradients not

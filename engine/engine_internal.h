@@ -113,7 +113,7 @@ struct ts_engine {
   int stages, stage;     /* P and this rank's pipeline stage s */
   int u_begin, u_end;    /* the units this stage computes, [u_begin, u_end) */
   ts_comm *pp;           /* the pipeline group of this dp rank (borrowed), NULL when P = 1 */
-  int lender;            /* the unit a tied head borrows from (ts_engine_tied_lender), or -1 */
+  int lender;            /* the unit a tied head borrows from (its tied_unit), or -1 */
   int replica;           /* 1: units[lender] holds only the tied head's copy of the
                             lender's parameters (the last stage, P > 1) */
   int cur_mb;            /* the micro-batch whose backward runs (its index in the step) */
@@ -209,8 +209,6 @@ ts_status ts_engine_eval_pipeline(ts_engine *e, double pair[2]);
 static inline int ts_engine_owns(const ts_engine *e, int u) {
   return u >= e->u_begin && u < e->u_end;
 }
-/* The lender unit of a tied head (its tied_unit), or -1 without one. */
-int ts_engine_tied_lender(const ts_model *m);
 
 /* ---- pipeline.c ------------------------------------------------------------ */
 
