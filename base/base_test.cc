@@ -11,6 +11,7 @@
 
 #include "base/atomic_file.h"
 #include "base/base.h"
+#include "base/checksum.h"
 #include "base/rng.h"
 #include "base/testing.h"
 
@@ -138,6 +139,35 @@ TEST(Rng, Fnv1aMatchesTheTestVectors) {
   EXPECT_EQ(ts_fnv1a64(""), 0xcbf29ce484222325ull);
   EXPECT_EQ(ts_fnv1a64("a"), 0xaf63dc4c8601ec8cull);
   EXPECT_EQ(ts_fnv1a64("foobar"), 0x85944171f73967e8ull);
+}
+
+// FIPS 180-4's examples (NIST CSRC "SHA256.pdf"): "abc", the empty string,
+// and the 448-bit two-block message; a file's digest equals its bytes'.
+TEST(Sha256, MatchesTheNistVectorsForBytesAndFiles) {
+  auto digest = [](const std::string &s) {
+    ts_sha256 *h;
+    EXPECT_EQ(ts_sha256_new(&h), TS_OK);
+    // fed in two pieces: the running digest must not depend on the cut
+    ts_sha256_update(h, s.data(), s.size() / 2);
+    ts_sha256_update(h, s.data() + s.size() / 2, s.size() - s.size() / 2);
+    char hex[TS_SHA256_HEX];
+    ts_sha256_final(h, hex);
+    return std::string(hex);
+  };
+  EXPECT_EQ(digest("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(digest(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  std::string two = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+  EXPECT_EQ(digest(two), "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  TempDir d;
+  std::string p = d.path("f.bin");
+  ASSERT_EQ(ts_atomic_write(p.c_str(), two.data(), two.size()), TS_OK);
+  char hex[TS_SHA256_HEX];
+  size_t n = 0;
+  ASSERT_EQ(ts_sha256_file(p.c_str(), hex, &n), TS_OK);
+  EXPECT_EQ(std::string(hex), digest(two));
+  EXPECT_EQ(n, two.size());
+  EXPECT_EQ(ts_sha256_file(d.path("missing").c_str(), hex, &n), TS_ERR_IO);
+  EXPECT_NE(std::string(ts_last_error()).find("missing: cannot open"), std::string::npos);
 }
 
 TEST(Base, DtypesAndStatusNames) {

@@ -12,6 +12,8 @@
  *              per unit, get/set tensor, the overflow search
  *   plan.c     the memory plan (create and one step on a plan ledger),
  *              the activation prediction and the units' costs
+ *   checkpoint.c, checkpoint_load.c  checkpoints (checkpoint.h): each rank's
+ *              slices out, any layout's parts back in
  *   pipeline.c pipeline stages: create on a grid, the schedule's executor,
  *              the sends and receives of activations, their gradients and
  *              the tied embedding, the per-stage plan
@@ -275,6 +277,11 @@ size_t ts_engine_held_offset(const ts_engine *e, int u, int sharded, size_t flat
  * each tensor's part with its own weight decay; scale multiplies the
  * gradient first. */
 ts_status ts_engine_adamw_unit(ts_engine *e, int u, float lr, float scale);
+
+/* Writes this rank's part of Adam's moment `which` (0: m, 1: v) of tensor
+ * i of unit u (owned, asserted) from src, the whole tensor as fp32 host
+ * values (only the part held is read). A checkpoint's load. */
+ts_status ts_engine_set_state(ts_engine *e, int u, int i, int which, const float *src);
 
 /* Skipped step: where the overflow began (tensors.c): the highest unit
  * holding a non-finite reduced gradient on any rank and its first such

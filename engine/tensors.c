@@ -175,6 +175,16 @@ ts_status ts_engine_set_tensor(ts_engine *e, const char *name, const float *src,
                         (o.end - o.begin) * 4);
 }
 
+ts_status ts_engine_set_state(ts_engine *e, int u, int i, int which, const float *src) {
+  TS_ASSERT(ts_engine_owns(e, u) && which >= 0 && which <= 1);
+  unit_state *s = &e->units[u];
+  const ts_tensor_spec *t = &e->model->units[u].tensors[i];
+  ts_slice o = ts_slice_of(e, u, i, e->zero->shard_optim);
+  if (o.end == o.begin) return TS_OK;
+  float *dst = (which == 0 ? s->m : s->v) + o.offset;
+  return ts_k_from_host(&e->ctx, dst, src + (o.begin - t->offset), (o.end - o.begin) * 4);
+}
+
 ts_status ts_engine_get_tensor(ts_engine *e, const char *name, float *dst, size_t numel) {
   int u, i;
   TS_CHECK(find(e, name, numel, 1, &u, &i));

@@ -6,9 +6,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
 
+#include <cjson/cJSON.h>
+
+#include "base/atomic_file.h"
+#include "engine/checkpoint.h"
 #include "engine/metrics.h"
 #include "engine/token_file.h"
 #include "engine/trace.h"
@@ -89,9 +95,16 @@ typedef struct run {
   ts_metrics *metrics;       /* rank 0 only */
   ts_trace *trace;           /* cfg->trace_path: this rank's spans; else NULL */
   ts_step_stats last;        /* the last optimizer step */
+  char model_path[4096];     /* the config.json cfg->model resolved to */
+  char *model_text;          /* its bytes (saved beside every checkpoint), else NULL */
+  size_t model_len;          /* bytes */
+  ts_checkpoint *ck;         /* the checkpoint resumed from (setup), else NULL */
+  size_t start;              /* steps done before this run (resumed), else 0 */
 } run;
 
 static void run_free(run *r) {
+  free(r->model_text);
+  ts_checkpoint_close(r->ck);
   ts_metrics_close(r->metrics);
   ts_engine_free(r->engine);
   ts_trace_free(r->trace);
@@ -127,6 +140,60 @@ static ts_status evaluate(run *r, double *val_loss) {
   return TS_OK;
 }
 
+/* A field of the resumed checkpoint's trainer.json: a number >= 0. */
+static ts_status trainer_field(const run *r, const cJSON *root, const char *field, double *out) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, field);
+  if (!cJSON_IsNumber(v) || v->valuedouble < 0)
+    return ts_set_error(TS_ERR_FORMAT, "%s/trainer.json: field \"%s\": expected a number >= 0",
+                        ts_checkpoint_dir(r->ck), field);
+  *out = v->valuedouble;
+  return TS_OK;
+}
+
+/* cfg->resume: finds and opens the checkpoint (checked against the model),
+ * reads its trainer state: the step to go on from and the data seed (a
+ * batch is a pure function of (seed, step, sample index)). The global
+ * batch must be the saved one, or the steps would mean other samples. */
+static ts_status open_resume(run *r) {
+  const ts_train_config *cfg = r->cfg;
+  if (!cfg->resume) return TS_OK;
+  int is_auto = strcmp(cfg->resume, "auto") == 0;
+  if (is_auto && !cfg->save_dir)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--resume auto: needs --save DIR to look in");
+  const char *where = is_auto ? cfg->save_dir : cfg->resume;
+  char dir[4096];
+  if (!ts_checkpoint_latest(where, dir, sizeof dir, NULL)) {
+    if (is_auto) return TS_OK; /* nothing saved yet: a fresh start */
+    return ts_set_error(TS_ERR_IO, "--resume %s: no complete checkpoint there (a folder with "
+                        TS_CKPT_INDEX ", or step-N folders holding one)", where);
+  }
+  TS_CHECK(ts_checkpoint_open(&r->ck, dir, &r->model));
+  char *text;
+  TS_CHECK(ts_checkpoint_read_extra(r->ck, "trainer.json", &text, NULL));
+  cJSON *root = cJSON_Parse(text);
+  free(text);
+  double step = 0, seed = 0, gb = 0;
+  ts_status st = root ? TS_OK
+                      : ts_set_error(TS_ERR_FORMAT, "%s/trainer.json: not valid JSON", dir);
+  if (st == TS_OK) st = trainer_field(r, root, "step", &step);
+  if (st == TS_OK) st = trainer_field(r, root, "data_seed", &seed);
+  if (st == TS_OK) st = trainer_field(r, root, "global_batch", &gb);
+  cJSON_Delete(root);
+  TS_CHECK(st);
+  if ((size_t)gb != r->global_batch)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "--global-batch %zu: the checkpoint %s was trained with %zu sequences per "
+                        "step; resume with the same global batch",
+                        r->global_batch, dir, (size_t)gb);
+  if ((size_t)step >= cfg->steps)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "--steps %zu: the checkpoint %s is at step %zu already; expected more steps",
+                        cfg->steps, dir, (size_t)step);
+  r->start = (size_t)step;
+  r->eo.seed = (uint64_t)seed; /* the data order of the run that saved it */
+  return TS_OK;
+}
+
 static ts_status setup(run *r) {
   const ts_train_config *cfg = r->cfg;
   char path[4096];
@@ -141,9 +208,11 @@ static ts_status setup(run *r) {
     r->dp_size = r->grid.dp;
   }
   TS_CHECK(ts_train_resolve_batch((size_t)r->dp_size, &r->global_batch, &r->eo));
-  TS_CHECK(ts_model_resolve(cfg->model, path, sizeof path));
-  TS_CHECK(ts_model_load(path, &r->model));
+  TS_CHECK(ts_model_resolve(cfg->model, r->model_path, sizeof r->model_path));
+  TS_CHECK(ts_model_load(r->model_path, &r->model));
+  if (cfg->save_dir) TS_CHECK(ts_read_file(r->model_path, &r->model_text, &r->model_len));
   TS_CHECK(ts_engine_pipeline_split(&r->model, &r->eo, r->split));
+  TS_CHECK(open_resume(r));
   size_t V = r->model.vocab_size, T = r->eo.seq, NB = r->eo.micro_batch * (size_t)r->dp_size;
   snprintf(path, sizeof path, "%s/train.bin", cfg->data_dir);
   TS_CHECK(ts_token_file_open(&r->train, path, V));
@@ -160,6 +229,10 @@ static ts_status setup(run *r) {
   if (P > 1) TS_CHECK(ts_engine_create_pipeline(&r->engine, &r->model, &r->eo, &r->grid));
   else TS_CHECK(ts_engine_create(&r->engine, &r->model, &r->eo, r->dp));
   ts_engine_batch(r->engine, &r->inputs, &r->targets);
+  if (r->ck) { /* every rank checks its share of the files, then loads its parts */
+    TS_CHECK(ts_checkpoint_verify(r->ck, r->wrank, r->world_size));
+    TS_CHECK(ts_checkpoint_load(r->ck, r->engine));
+  }
   if (cfg->trace_path) {
     TS_CHECK(ts_trace_new(&r->trace));
     ts_engine_set_trace(r->engine, r->trace);
@@ -275,6 +348,91 @@ static ts_status fill_micro_batch(void *user, int mb, int32_t *inputs, int32_t *
   return ts_loader_fill(f->r->train_ld, inputs, targets, k, eo->micro_batch);
 }
 
+/* TS_OK on every rank when st is TS_OK on every rank; else the failing
+ * rank keeps its error and the others name it (a save's, a prune's). */
+static ts_status agreed(run *r, ts_status st) {
+  double first = st != TS_OK ? (double)r->wrank : (double)r->world_size;
+  TS_CHECK(ts_comm_all_reduce_f64(r->world, &first, 1, TS_COMM_MIN));
+  if (first >= (double)r->world_size || (int)first == r->wrank) return st;
+  return ts_set_error(TS_ERR_IO, "rank %d of %d failed to save the checkpoint", (int)first,
+                      r->world_size);
+}
+
+/* The trainer's state after `step` steps, as trainer.json's text (rank 0;
+ * NULL when out of memory): where to go on from (the step, the data seed:
+ * a batch is a pure function of (seed, step, sample index)), the schedule
+ * and the run's settings. */
+static char *trainer_json(const run *r, size_t step) {
+  const ts_train_config *cfg = r->cfg;
+  const ts_engine_opts *eo = &r->eo;
+  char recompute[32];
+  ts_train_recompute_name(eo->recompute_every, recompute, sizeof recompute);
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddNumberToObject(o, "step", (double)step);
+  cJSON_AddNumberToObject(o, "steps", (double)cfg->steps);
+  cJSON_AddNumberToObject(o, "data_seed", (double)eo->seed);
+  cJSON_AddNumberToObject(o, "next_sample", (double)(step * r->global_batch));
+  cJSON_AddNumberToObject(o, "global_batch", (double)r->global_batch);
+  cJSON_AddNumberToObject(o, "micro_batch", (double)eo->micro_batch);
+  cJSON_AddNumberToObject(o, "grad_accum", (double)eo->grad_accum);
+  cJSON_AddNumberToObject(o, "seq", (double)eo->seq);
+  cJSON_AddNumberToObject(o, "lr", cfg->lr);
+  cJSON_AddNumberToObject(o, "min_lr_ratio", cfg->min_lr_ratio);
+  cJSON_AddNumberToObject(o, "warmup", (double)cfg->warmup);
+  cJSON_AddNumberToObject(o, "lr_at_step",
+                          ts_train_lr(step, cfg->steps, cfg->warmup, cfg->lr, cfg->min_lr_ratio));
+  cJSON_AddNumberToObject(o, "last_loss", r->last.loss);
+  cJSON_AddNumberToObject(o, "loss_scale", ts_engine_loss_scale(r->engine));
+  cJSON_AddStringToObject(o, "model", cfg->model);
+  cJSON_AddStringToObject(o, "data", cfg->data_dir);
+  cJSON_AddNumberToObject(o, "zero_stage", eo->zero_stage);
+  cJSON_AddStringToObject(o, "dtype", ts_dtype_name(eo->dtype));
+  cJSON_AddStringToObject(o, "activation_checkpointing", recompute);
+  cJSON_AddNumberToObject(o, "pipeline", eo->pipeline_stages);
+  cJSON_AddStringToObject(o, "schedule", ts_schedule_kind_name(eo->schedule));
+  cJSON_AddNumberToObject(o, "world_size", r->world_size);
+  cJSON_AddNumberToObject(o, "weight_decay", eo->weight_decay);
+  cJSON_AddNumberToObject(o, "grad_clip", eo->grad_clip);
+  char *text = cJSON_Print(o);
+  cJSON_Delete(o);
+  return text;
+}
+
+/* Saves the state after `step` into save_dir/step-NNNNNNNN, then keeps the
+ * newest cfg->keep. Collective over the world. */
+static ts_status save(run *r, size_t step, ts_train_result *res) {
+  const ts_train_config *cfg = r->cfg;
+  char dir[4200];
+  snprintf(dir, sizeof dir, "%s/step-%08zu", cfg->save_dir, step);
+  char *tj = NULL;
+  ts_status st = TS_OK;
+  if (r->wrank == 0) {
+    if (mkdir(cfg->save_dir, 0777) != 0 && errno != EEXIST)
+      st = ts_set_error(TS_ERR_IO, "--save %s: cannot create the folder: %s", cfg->save_dir,
+                        strerror(errno));
+    else if (!(tj = trainer_json(r, step)))
+      st = ts_set_error(TS_ERR_OUT_OF_MEMORY, "trainer.json");
+  }
+  TS_CHECK(agreed(r, st));
+  ts_ckpt_extra ex[2] = {{"trainer.json", tj, tj ? strlen(tj) : 0},
+                         {"config.json", r->model_text, r->model_len}};
+  st = ts_checkpoint_save(r->engine, r->world, dir, ex, r->wrank == 0 ? 2 : 0);
+  free(tj);
+  TS_CHECK(st);
+  snprintf(res->saved, sizeof res->saved, "%s", dir);
+  return agreed(r, r->wrank == 0 ? ts_checkpoint_prune(cfg->save_dir, cfg->keep) : TS_OK);
+}
+
+/* Whether any rank was asked to stop (cfg->stop), agreed over the world. */
+static ts_status stop_requested(run *r, int *stop) {
+  *stop = 0;
+  if (!r->cfg->stop) return TS_OK;
+  double f = *r->cfg->stop ? 1.0 : 0.0;
+  TS_CHECK(ts_comm_all_reduce_f64(r->world, &f, 1, TS_COMM_MAX));
+  *stop = f > 0;
+  return TS_OK;
+}
+
 static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result *res) {
   const ts_train_config *cfg = r->cfg;
   const ts_engine_opts *eo = &r->eo;
@@ -282,7 +440,8 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
   double flops_per_token = ts_model_flops_per_token(&r->model, eo->seq);
   double t_loop = now_s(), tok_s_sum = 0;
   size_t timed = 0;
-  for (size_t step = 1; step <= cfg->steps; step++) {
+  res->resumed_from = r->start;
+  for (size_t step = r->start + 1; step <= cfg->steps; step++) {
     double t0 = now_s();
     float lr = ts_train_lr(step, cfg->steps, cfg->warmup, cfg->lr, cfg->min_lr_ratio);
     ts_step_stats st;
@@ -295,11 +454,11 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
     res->skipped_steps += (size_t)st.skipped;
     double dt = now_s() - t0;
     double tok_s = (double)tokens_per_step / dt;
-    if (step > 1 || cfg->steps == 1) {
+    if (step > r->start + 1 || cfg->steps == r->start + 1) {
       tok_s_sum += tok_s;
       timed++;
     }
-    if (step == 1) res->first_loss = st.loss;
+    if (step == r->start + 1) res->first_loss = st.loss;
     res->final_loss = st.loss;
     if (r->wrank == 0) {
       ts_metrics_step ms = {step, lr, tok_s, tok_s * flops_per_token / 1e9, dt};
@@ -325,6 +484,16 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
       res->failed_together = 1;
       res->failed_elsewhere = r->wrank != 0; /* rank 0 reports */
       return sst;
+    }
+    int stop;
+    TS_CHECK(stop_requested(r, &stop));
+    if (cfg->save_dir && (stop || step == cfg->steps || (cfg->save_every && step % cfg->save_every == 0)))
+      TS_CHECK(save(r, step, res));
+    if (stop) {
+      res->stopped_at = step;
+      res->seconds = now_s() - t_loop;
+      res->memory = *ts_engine_memory(r->engine);
+      return TS_OK;
     }
     double val;
     if (cfg->eval_every && step % cfg->eval_every == 0 && step != cfg->steps)

@@ -62,6 +62,15 @@ typedef struct ts_train_config {
                                data-parallel group, or with engine.pipeline_stages
                                P > 1 the world cut into P stages x dp ranks */
   const char *trace_path;   /* Chrome trace-event JSON of the run (engine/trace.h), or NULL */
+  /* Checkpoints (engine/checkpoint.h), all optional: */
+  const char *save_dir;     /* save into SAVE_DIR/step-NNNNNNNN, or NULL: never */
+  size_t save_every;        /* steps between saves (0: only at the end and on a stop) */
+  size_t keep;              /* complete checkpoints kept in save_dir, newest first; 0: all */
+  const char *resume;       /* a checkpoint folder, a folder of them (its newest), "auto"
+                               (save_dir's newest, none: start afresh), or NULL */
+  const volatile int *stop; /* set (by a signal handler) to stop at the next step
+                               boundary: every rank agrees, saves (save_dir) and returns
+                               TS_OK with result->stopped_at; NULL: not watched */
 } ts_train_config;
 
 /* Defaults: 200 steps, lr 3e-3, floor 0.1, warm-up 20, eval at the end on 16
@@ -118,6 +127,9 @@ typedef struct ts_train_result {
                               point with the same error (fp16 overflow at the
                               minimum loss scale): no rank waits, no abort */
   size_t skipped_steps;    /* steps skipped for fp16 overflow */
+  size_t resumed_from;     /* the step of the checkpoint the run resumed from, else 0 */
+  size_t stopped_at;       /* the step after which a stop request ended the run, else 0 */
+  char saved[4096];        /* the last checkpoint saved, else "" */
   int pipeline_split[TS_ENGINE_MAX_STAGES + 1]; /* first unit of each pipeline stage, then
                                                    the number of units */
 } ts_train_result;

@@ -18,6 +18,7 @@ PACKAGES=(
   libopenblas-dev       # OpenBLAS headers and the default (pthread) library
   libopenblas-openmp-dev # OpenBLAS built with OpenMP, the one tessera links (@openblas)
   libcjson-dev          # cJSON, config.json parsing (@cjson)
+  libssl-dev            # OpenSSL libcrypto: SHA-256 of checkpoint files (@openssl)
   libsentencepiece-dev  # SentencePiece C++ API (@sentencepiece)
   sentencepiece         # spm_train / spm_encode command-line tools
   bible-kjv             # default corpus: `bible -l0 gen1:1-rev22:21`

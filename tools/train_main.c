@@ -5,6 +5,7 @@
  * during training aborts the job so no rank waits in a collective. */
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,9 +79,10 @@ static double unigram_baseline(const char *dir) {
 
 /* Rank 0's closing lines: loss, speed, validation, communication, memory. */
 static void print_summary(const ts_train_config *cfg, const ts_train_result *res) {
+  if (res->resumed_from) printf("resumed from step %zu\n", res->resumed_from);
   printf("trained %s (%.2fM parameters) for %zu steps in %.1f s: loss %.4f -> %.4f, "
          "%.0f tok/s, %.2f GFLOP/s\n",
-         cfg->model, (double)res->num_params / 1e6, cfg->steps, res->seconds, res->first_loss,
+         cfg->model, (double)res->num_params / 1e6, cfg->steps - res->resumed_from, res->seconds, res->first_loss,
          res->final_loss, res->tokens_per_s, res->gflops);
   double uni = unigram_baseline(cfg->data_dir);
   if (uni > 0)
@@ -131,6 +133,16 @@ static ts_status parse_loss_scale(const char *v, void *scale) {
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "expected dynamic or a scale > 0");
   *(float *)scale = s;
   return TS_OK;
+}
+
+/* Set by SIGINT/SIGTERM when --save is given: the trainer saves at the next
+ * step boundary and the run ends with status 0. */
+static volatile sig_atomic_t stop_signal;
+static volatile int stop_flag;
+
+static void on_stop_signal(int sig) {
+  stop_signal = sig;
+  stop_flag = 1;
 }
 
 int ts_tool_train(int argc, char **argv) {
@@ -201,6 +213,19 @@ int ts_tool_train(int argc, char **argv) {
                      "units per stage (embedding and head count as units; default auto: "
                      "balanced by FLOPs and bytes)",
                      NULL),
+      TS_FLAG_STRING("--save", NULL, &cfg.save_dir, "DIR",
+                     "save checkpoints into DIR/step-N (every rank its own slices); also at the "
+                     "end and on SIGINT/SIGTERM, after which the run exits 0",
+                     NULL),
+      TS_FLAG_SIZE("--save-every", NULL, &cfg.save_every, 1, "N",
+                   "steps between checkpoints (default: only at the end)", NULL),
+      TS_FLAG_SIZE("--keep", NULL, &cfg.keep, 1, "K",
+                   "keep the K newest checkpoints in --save DIR (default: all)", NULL),
+      TS_FLAG_STRING("--resume", NULL, &cfg.resume, "DIR|auto",
+                     "go on from a checkpoint (a step folder, or the newest in a folder of them; "
+                     "auto: the newest in --save DIR, if any), at any ranks, ZeRO stage, "
+                     "pipeline or dtype",
+                     NULL),
       TS_FLAG_SWITCH("--tf32", NULL, &tf32,
                      "cuda, fp32: matrix products on TF32 tensor cores (faster, no fp32 parity)"),
       TS_FLAG_SWITCH("--plain-attention", NULL, &plain_attention,
@@ -233,6 +258,19 @@ int ts_tool_train(int argc, char **argv) {
     return ts_flags_error("train", "%s", ts_last_error());
   if (cfg.global_batch && !accum_set) e->grad_accum = 0; /* derived */
   if (!warmup_set) cfg.warmup = cfg.steps / 10;
+  if ((cfg.save_every || cfg.keep) && !cfg.save_dir)
+    return ts_flags_error("train", "%s needs --save DIR", cfg.save_every ? "--save-every" : "--keep");
+  if (cfg.resume && !strcmp(cfg.resume, "auto") && !cfg.save_dir)
+    return ts_flags_error("train", "--resume auto needs --save DIR to look in");
+  if (cfg.save_dir) { /* a stop request saves first */
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    cfg.stop = &stop_flag;
+  }
   progress p = {stdout_is_terminal(), log_every ? log_every : (cfg.steps + 19) / 20};
   ts_comm *world = NULL;
   ts_status st = ts_comm_init(&argc, &argv);
@@ -257,7 +295,13 @@ int ts_tool_train(int argc, char **argv) {
     ts_comm_finalize();
     return 1;
   }
-  if (rank == 0) print_summary(&cfg, &res);
+  if (rank == 0 && res.stopped_at) {
+    printf("stopped after step %zu on %s: saved %s\n", res.stopped_at,
+           stop_signal == SIGINT ? "SIGINT" : "SIGTERM", res.saved);
+  } else if (rank == 0) {
+    print_summary(&cfg, &res);
+    if (res.saved[0]) printf("saved %s\n", res.saved);
+  }
   ts_comm_finalize();
   return 0;
 }

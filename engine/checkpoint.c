@@ -1,0 +1,487 @@
+/*
+ * checkpoint.c — save, open, verify and load a checkpoint folder
+ * (checkpoint.h): the layout every rank's file follows, the index rank 0
+ * writes from that same layout, and the re-cut at load.
+ *
+ * Invariant: the file of world rank R (pipeline stage s = R / dp, dp rank
+ * d = R % dp) is, for each kind present, for each unit u of stage s, the
+ * unit's flat elements chunk(u, d) = [d S, min((d + 1) S, total)) in the
+ * kind's dtype. One function (for_each_chunk) walks that order; the writer
+ * follows it with the bytes and rank 0 follows it to write the index, so
+ * they agree by construction and nothing but checksums is exchanged.
+ * Reading a folder back is checkpoint_load.c; the folder of checkpoints
+ * (the newest, pruning) is here.
+ */
+#include "engine/checkpoint.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/atomic_file.h"
+#include "base/checksum.h"
+#include "base/floats.h"
+#include "engine/engine_internal.h"
+
+#define FORMAT TS_CKPT_FORMAT
+#define VERSION TS_CKPT_VERSION
+#define INDEX TS_CKPT_INDEX
+
+const char *ts_ckpt_kind_name(ts_ckpt_kind k) {
+  static const char *const names[TS_CKPT_NUM_KINDS] = {"param", "master", "exp_avg",
+                                                       "exp_avg_sq"};
+  return (int)k >= 0 && k < TS_CKPT_NUM_KINDS ? names[k] : "?";
+}
+
+static ts_ckpt_fault_fn fault_hook; /* tests only (ts_ckpt_set_fault) */
+static int fault_points;            /* points passed on this rank */
+
+void ts_ckpt_set_fault(ts_ckpt_fault_fn fn) {
+  fault_hook = fn;
+  fault_points = 0;
+}
+
+static void fault_point(void) {
+  if (fault_hook) fault_hook(++fault_points);
+}
+
+/* The safetensors name of a compute dtype's elements. */
+static const char *st_dtype(ts_dtype dt) {
+  return dt == TS_FP32 ? "F32" : dt == TS_BF16 ? "BF16" : "F16";
+}
+
+/* ---- the layout of a rank's file -------------------------------------------- */
+
+/* One chunk of a rank's file: unit u's flat elements [begin, end) of kind k
+ * at byte offset `offset`, es bytes each. */
+typedef struct chunk {
+  int kind, unit;
+  size_t begin, end, offset, es;
+  const ts_flat_layout *layout;
+} chunk;
+
+typedef struct saver_layout {
+  const ts_model *model;
+  int dp;                              /* data-parallel ranks */
+  int first[TS_ENGINE_MAX_STAGES + 1]; /* pipeline split */
+  ts_flat_layout *layouts;             /* [n_units] for dp ranks */
+  int has_master;                      /* bf16/fp16 */
+  size_t param_es;                     /* bytes per compute element */
+} saver_layout;
+
+/* Calls fn on each chunk of world rank R's file, in file order; stops at
+ * the first error. */
+static ts_status for_each_chunk(const saver_layout *L, int R,
+                                ts_status (*fn)(void *ctx, const chunk *c), void *ctx) {
+  int s = R / L->dp, d = R % L->dp;
+  size_t offset = 0;
+  for (int k = 0; k < TS_CKPT_NUM_KINDS; k++) {
+    if (k == TS_CKPT_MASTER && !L->has_master) continue;
+    size_t es = k == TS_CKPT_PARAM ? L->param_es : 4;
+    for (int u = L->first[s]; u < L->first[s + 1]; u++) {
+      const ts_flat_layout *l = &L->layouts[u];
+      size_t b = (size_t)d * l->shard, e = b + l->shard;
+      if (e > l->total) e = l->total;
+      if (b > e) b = e;
+      chunk c = {k, u, b, e, offset, es, l};
+      TS_CHECK(fn(ctx, &c));
+      offset += (e - b) * es;
+    }
+  }
+  return TS_OK;
+}
+
+static void saver_layout_free(saver_layout *L) { free(L->layouts); }
+
+static ts_status saver_layout_init(saver_layout *L, const ts_engine *e) {
+  memset(L, 0, sizeof *L);
+  L->model = e->model;
+  L->dp = e->dp_size;
+  L->has_master = e->opts.dtype != TS_FP32;
+  L->param_es = e->es;
+  TS_CHECK(ts_engine_pipeline_split(e->model, &e->opts, L->first));
+  L->layouts = calloc((size_t)e->model->n_units, sizeof *L->layouts);
+  if (!L->layouts) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "checkpoint: layouts");
+  for (int u = 0; u < e->model->n_units; u++)
+    TS_CHECK(ts_engine_unit_layout(e->model, u, (size_t)e->dp_size, &L->layouts[u]));
+  return TS_OK;
+}
+
+/* ---- save -------------------------------------------------------------------- */
+
+typedef struct writer {
+  ts_engine *e;
+  ts_atomic_file *f;
+  ts_sha256 *h;
+  size_t nbytes;
+  void *host; /* staging beside a device, the largest chunk */
+} writer;
+
+/* The held buffer of kind k of unit u and whether it is a shard. */
+static const void *held(const ts_engine *e, int u, int k, int *sharded) {
+  const unit_state *s = &e->units[u];
+  *sharded = k == TS_CKPT_PARAM ? e->zero->shard_params : e->zero->shard_optim;
+  switch (k) {
+    case TS_CKPT_PARAM: return s->params;
+    case TS_CKPT_MASTER: return s->master;
+    case TS_CKPT_EXP_AVG: return s->m;
+    default: return s->v;
+  }
+}
+
+static ts_status write_chunk(void *ctx, const chunk *c) {
+  writer *w = ctx;
+  ts_engine *e = w->e;
+  size_t n = (c->end - c->begin) * c->es;
+  if (n == 0) return TS_OK;
+  int sharded;
+  const char *buf = held(e, c->unit, c->kind, &sharded);
+  const char *src = buf + ts_engine_held_offset(e, c->unit, sharded, c->begin) * c->es;
+  if (e->device != TS_DEVICE_CPU) {
+    TS_CHECK(ts_k_to_host(&e->ctx, w->host, src, n));
+    src = w->host;
+  }
+  ts_sha256_update(w->h, src, n);
+  w->nbytes += n;
+  TS_CHECK(ts_atomic_file_write(w->f, src, n));
+  fault_point(); /* mid-file */
+  return TS_OK;
+}
+
+static ts_status write_rank_file(ts_engine *e, const saver_layout *L, const char *path, int R,
+                                 char hex[TS_SHA256_HEX], size_t *nbytes) {
+  writer w = {e, NULL, NULL, 0, NULL};
+  ts_status st = TS_OK;
+  if (e->device != TS_DEVICE_CPU) {
+    size_t most = 0;
+    for (int u = e->u_begin; u < e->u_end; u++)
+      if (L->layouts[u].shard * 4 > most) most = L->layouts[u].shard * 4;
+    w.host = malloc(most ? most : 1);
+    if (!w.host) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: %zu bytes of staging", path, most);
+  }
+  TS_CHECK_GOTO(ts_sha256_new(&w.h), st, done);
+  TS_CHECK_GOTO(ts_atomic_file_open(&w.f, path), st, done);
+  st = for_each_chunk(L, R, write_chunk, &w);
+  if (st != TS_OK) {
+    ts_atomic_file_discard(w.f);
+    goto done;
+  }
+  fault_point();
+  st = ts_atomic_file_commit(w.f);
+done:
+  ts_sha256_final(w.h, hex);
+  *nbytes = w.nbytes;
+  free(w.host);
+  return st;
+}
+
+/* Index entries: one per (tensor, kind), the slices in rank order. */
+typedef struct index_builder {
+  cJSON **kinds; /* [n tensors * kinds] arrays of slices, by (unit, tensor) */
+  int *tensor0;  /* [n_units] index of the unit's first tensor */
+  int file;      /* the rank file being walked */
+} index_builder;
+
+static ts_status index_chunk(void *ctx, const chunk *c) {
+  index_builder *b = ctx;
+  const ts_flat_layout *l = c->layout;
+  for (size_t i = 0; i < l->n_tensors; i++) {
+    size_t tb = l->offset[i], te = tb + l->numel[i];
+    size_t lo = c->begin > tb ? c->begin : tb, hi = c->end < te ? c->end : te;
+    if (lo >= hi) continue;
+    double v[4] = {b->file, (double)(lo - tb), (double)(hi - tb),
+                   (double)(c->offset + (lo - c->begin) * c->es)};
+    cJSON *arr = b->kinds[(size_t)(b->tensor0[c->unit] + (int)i) * TS_CKPT_NUM_KINDS + c->kind];
+    if (!cJSON_AddItemToArray(arr, cJSON_CreateDoubleArray(v, 4)))
+      return ts_set_error(TS_ERR_OUT_OF_MEMORY, "checkpoint: index");
+  }
+  return TS_OK;
+}
+
+/* The index of the whole save (rank 0): files[] then tensors[]. */
+static ts_status build_index(const ts_engine *e, const saver_layout *L, int world,
+                             const char (*hex)[TS_SHA256_HEX], const size_t *sizes,
+                             const ts_ckpt_extra *extra, const char (*xhex)[TS_SHA256_HEX],
+                             size_t n_extra, char **out) {
+  const ts_model *m = e->model;
+  cJSON *root = cJSON_CreateObject();
+  cJSON_AddStringToObject(root, "format", FORMAT);
+  cJSON_AddNumberToObject(root, "version", VERSION);
+  cJSON_AddStringToObject(root, "model", m->name);
+  cJSON_AddNumberToObject(root, "num_params", (double)m->num_params);
+  cJSON_AddStringToObject(root, "dtype", ts_dtype_name(e->opts.dtype));
+  cJSON_AddNumberToObject(root, "zero_stage", e->opts.zero_stage);
+  cJSON_AddNumberToObject(root, "dp", e->dp_size);
+  cJSON_AddNumberToObject(root, "pipeline", e->stages);
+  cJSON_AddItemToObject(root, "split", cJSON_CreateIntArray(L->first, e->stages + 1));
+  cJSON_AddNumberToObject(root, "world", world);
+  cJSON *opt = cJSON_AddObjectToObject(root, "optimizer");
+  cJSON_AddNumberToObject(opt, "step", e->step);
+  cJSON_AddNumberToObject(opt, "attempts", e->attempts);
+  cJSON *ls = cJSON_AddObjectToObject(root, "loss_scaler");
+  cJSON_AddNumberToObject(ls, "scale", e->scaler.scale);
+  cJSON_AddNumberToObject(ls, "clean_steps", (double)e->scaler.clean_steps);
+  cJSON *hist = cJSON_AddArrayToObject(ls, "history");
+  int nh = e->scaler.n_history < 8 ? e->scaler.n_history : 8;
+  for (int k = 0; k < nh; k++) {
+    int j = (e->scaler.n_history - nh + k) % 8;
+    double v[2] = {e->scaler.history[j].step, e->scaler.history[j].scale};
+    cJSON_AddItemToArray(hist, cJSON_CreateDoubleArray(v, 2));
+  }
+  cJSON *files = cJSON_AddArrayToObject(root, "files");
+  for (int r = 0; r < world + (int)n_extra; r++) {
+    char name[64];
+    cJSON *f = cJSON_CreateObject();
+    if (r < world) snprintf(name, sizeof name, "rank-%05d.bin", r);
+    else snprintf(name, sizeof name, "%s", extra[r - world].name);
+    cJSON_AddStringToObject(f, "name", name);
+    cJSON_AddNumberToObject(f, "bytes", (double)(r < world ? sizes[r] : extra[r - world].nbytes));
+    cJSON_AddStringToObject(f, "sha256", r < world ? hex[r] : xhex[r - world]);
+    cJSON_AddItemToArray(files, f);
+  }
+  int n_tensors = 0;
+  index_builder b = {NULL, calloc((size_t)m->n_units, sizeof(int)), 0};
+  for (int u = 0; u < m->n_units && b.tensor0; u++) {
+    b.tensor0[u] = n_tensors;
+    n_tensors += m->units[u].n_tensors;
+  }
+  b.kinds = calloc((size_t)n_tensors * TS_CKPT_NUM_KINDS, sizeof *b.kinds);
+  ts_status st = b.kinds && b.tensor0 ? TS_OK : ts_set_error(TS_ERR_OUT_OF_MEMORY, "index");
+  cJSON *tensors = cJSON_AddArrayToObject(root, "tensors");
+  for (int u = 0; u < m->n_units && st == TS_OK; u++)
+    for (int i = 0; i < m->units[u].n_tensors; i++) {
+      const ts_tensor_spec *t = &m->units[u].tensors[i];
+      cJSON *jt = cJSON_CreateObject();
+      cJSON_AddStringToObject(jt, "name", t->name);
+      int shape[2] = {(int)t->shape[0], (int)t->shape[1]};
+      cJSON_AddItemToObject(jt, "shape", cJSON_CreateIntArray(shape, t->ndim));
+      for (int k = 0; k < TS_CKPT_NUM_KINDS; k++) {
+        if (k == TS_CKPT_MASTER && !L->has_master) continue;
+        cJSON *jk = cJSON_AddObjectToObject(jt, ts_ckpt_kind_name((ts_ckpt_kind)k));
+        cJSON_AddStringToObject(jk, "dtype", k == TS_CKPT_PARAM ? st_dtype(e->opts.dtype) : "F32");
+        b.kinds[(size_t)(b.tensor0[u] + i) * TS_CKPT_NUM_KINDS + k] =
+            cJSON_AddArrayToObject(jk, "slices");
+      }
+      cJSON_AddItemToArray(tensors, jt);
+    }
+  for (int r = 0; r < world && st == TS_OK; r++) {
+    b.file = r;
+    st = for_each_chunk(L, r, index_chunk, &b);
+  }
+  *out = st == TS_OK ? cJSON_Print(root) : NULL;
+  if (st == TS_OK && !*out) st = ts_set_error(TS_ERR_OUT_OF_MEMORY, "checkpoint: index text");
+  cJSON_Delete(root);
+  free(b.kinds);
+  free(b.tensor0);
+  return st;
+}
+
+/* Rank 0's part of a save: the extra files, then index.json (the commit). */
+static ts_status write_index(const ts_engine *e, const saver_layout *L, const char *dir, int n,
+                             const float *packed, char (*hex)[TS_SHA256_HEX], size_t *sizes,
+                             const ts_ckpt_extra *extra, size_t n_extra, char **text) {
+  char path[4096];
+  for (int r = 0; r < n; r++) {
+    memcpy(hex[r], (const char *)packed + (size_t)r * 72, 64);
+    hex[r][64] = '\0';
+    memcpy(&sizes[r], (const char *)packed + (size_t)r * 72 + 64, 8);
+  }
+  for (size_t k = 0; k < n_extra; k++) {
+    ts_sha256 *h;
+    TS_CHECK(ts_sha256_new(&h));
+    ts_sha256_update(h, extra[k].data, extra[k].nbytes);
+    ts_sha256_final(h, hex[n + k]);
+    snprintf(path, sizeof path, "%s/%s", dir, extra[k].name);
+    fault_point();
+    TS_CHECK(ts_atomic_write(path, extra[k].data, extra[k].nbytes));
+  }
+  TS_CHECK(build_index(e, L, n, (const char(*)[TS_SHA256_HEX])hex, sizes, extra,
+                       (const char(*)[TS_SHA256_HEX])(hex + n), n_extra, text));
+  ts_atomic_file *f;
+  snprintf(path, sizeof path, "%s/" INDEX, dir);
+  TS_CHECK(ts_atomic_file_open(&f, path));
+  ts_status st = ts_atomic_file_write(f, *text, strlen(*text));
+  if (st != TS_OK) {
+    ts_atomic_file_discard(f);
+    return st;
+  }
+  fault_point();
+  return ts_atomic_file_commit(f);
+}
+
+/* Agrees on st over world: TS_OK when every rank's is; else the failing
+ * rank keeps its message and the others name it. */
+static ts_status agree(ts_comm *world, ts_status st, const char *what) {
+  int rank = ts_comm_rank(world), n = ts_comm_size(world);
+  double first = st != TS_OK ? rank : n;
+  TS_CHECK(ts_comm_all_reduce_f64(world, &first, 1, TS_COMM_MIN));
+  if (first >= n) return TS_OK;
+  if ((int)first == rank) return st;
+  return ts_set_error(TS_ERR_IO, "%s: rank %d of %d failed", what, (int)first, n);
+}
+
+static ts_status make_dir(const char *dir) {
+  if (mkdir(dir, 0777) == 0 || errno == EEXIST) return TS_OK;
+  return ts_set_error(TS_ERR_IO, "%s: cannot create the folder: %s", dir, strerror(errno));
+}
+
+ts_status ts_checkpoint_save(ts_engine *e, ts_comm *world, const char *dir,
+                             const ts_ckpt_extra *extra, size_t n_extra) {
+  if (e->micro_done != 0)
+    return ts_set_error(TS_ERR_INVALID_USAGE,
+                        "checkpoint: save after %d micro-steps: expected a step boundary",
+                        e->micro_done);
+  ts_comm *own = NULL;
+  if (!world) TS_CHECK(ts_comm_self(&own));
+  ts_comm *w = world ? world : own;
+  int R = ts_comm_rank(w), n = ts_comm_size(w);
+  char path[4096];
+  snprintf(path, sizeof path, "%s/" INDEX, dir);
+  /* Rank 0 makes the folder and removes an old index before anyone writes:
+   * from here until the new index the folder is not a checkpoint. */
+  ts_status st = R == 0 ? make_dir(dir) : TS_OK;
+  if (st == TS_OK && R == 0 && unlink(path) != 0 && errno != ENOENT)
+    st = ts_set_error(TS_ERR_IO, "%s: cannot remove the old index: %s", path, strerror(errno));
+  st = agree(w, st, dir);
+  saver_layout L;
+  memset(&L, 0, sizeof L);
+  char (*hex)[TS_SHA256_HEX] = calloc((size_t)n + n_extra, TS_SHA256_HEX);
+  float *packed = calloc((size_t)n * 18, sizeof(float)); /* per rank: 64 hex + 8-byte size */
+  size_t *sizes = calloc((size_t)n, sizeof *sizes);
+  char *text = NULL;
+  if (st == TS_OK) { /* every rank writes its file; agreed */
+    ts_status local = hex && packed && sizes
+                          ? TS_OK
+                          : ts_set_error(TS_ERR_OUT_OF_MEMORY, "checkpoint: %d ranks", n);
+    if (local == TS_OK) local = saver_layout_init(&L, e);
+    if (local == TS_OK && L.dp * e->stages != n)
+      local = ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                           "checkpoint: the world has %d ranks, the engine's grid %d x %d", n,
+                           e->stages, L.dp);
+    char hx[TS_SHA256_HEX] = "";
+    size_t nb = 0;
+    snprintf(path, sizeof path, "%s/rank-%05d.bin", dir, R);
+    if (local == TS_OK) local = write_rank_file(e, &L, path, R, hx, &nb);
+    st = agree(w, local, dir);
+    if (st == TS_OK) {
+      char mine[72];
+      memcpy(mine, hx, 64);
+      memcpy(mine + 64, &nb, 8);
+      st = ts_comm_all_gather(w, mine, packed, 18, TS_FP32); /* bytes carried as they are */
+    }
+  }
+  if (st == TS_OK) { /* rank 0: the extra files, then the index; agreed */
+    ts_status local = TS_OK;
+    if (R == 0) local = write_index(e, &L, dir, n, packed, hex, sizes, extra, n_extra, &text);
+    st = agree(w, local, dir);
+  }
+  free(text);
+  free(hex);
+  free(packed);
+  free(sizes);
+  saver_layout_free(&L);
+  ts_comm_free(own);
+  return st;
+}
+
+/* ---- the folder of checkpoints ------------------------------------------------------ */
+
+/* N of a child named "step-N" (digits only), else -1. */
+static long long step_of(const char *name) {
+  if (strncmp(name, "step-", 5) != 0 || !name[5]) return -1;
+  long long n = 0;
+  for (const char *p = name + 5; *p; p++) {
+    if (*p < '0' || *p > '9' || n > (1LL << 50)) return -1;
+    n = n * 10 + (*p - '0');
+  }
+  return n;
+}
+
+static int has_index(const char *dir) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/" INDEX, dir);
+  return access(path, F_OK) == 0;
+}
+
+int ts_checkpoint_latest(const char *root, char *out, size_t cap, size_t *step) {
+  out[0] = '\0';
+  if (step) *step = 0;
+  if (has_index(root)) {
+    snprintf(out, cap, "%s", root);
+    return 1;
+  }
+  DIR *d = opendir(root);
+  if (!d) return 0;
+  long long best = -1;
+  struct dirent *de;
+  while ((de = readdir(d))) {
+    long long n = step_of(de->d_name);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", root, de->d_name);
+    if (n > best && has_index(path)) {
+      best = n;
+      snprintf(out, cap, "%s", path);
+    }
+  }
+  closedir(d);
+  if (best >= 0 && step) *step = (size_t)best;
+  return best >= 0;
+}
+
+/* Removes folder dir's index first, then its files, then the folder. */
+static ts_status remove_checkpoint(const char *dir) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/" INDEX, dir);
+  if (unlink(path) != 0 && errno != ENOENT)
+    return ts_set_error(TS_ERR_IO, "%s: cannot remove: %s", path, strerror(errno));
+  DIR *d = opendir(dir);
+  if (!d) return ts_set_error(TS_ERR_IO, "%s: cannot open: %s", dir, strerror(errno));
+  struct dirent *de;
+  while ((de = readdir(d)))
+    if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
+      snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+      unlink(path);
+    }
+  closedir(d);
+  if (rmdir(dir) != 0) return ts_set_error(TS_ERR_IO, "%s: cannot remove: %s", dir, strerror(errno));
+  return TS_OK;
+}
+
+static int cmp_ll_desc(const void *a, const void *b) {
+  long long x = *(const long long *)a, y = *(const long long *)b;
+  return x > y ? -1 : x < y;
+}
+
+ts_status ts_checkpoint_prune(const char *root, size_t keep) {
+  DIR *d = opendir(root);
+  if (!d) return ts_set_error(TS_ERR_IO, "%s: cannot open: %s", root, strerror(errno));
+  long long done[4096];
+  size_t n = 0;
+  long long newest = -1;
+  struct dirent *de;
+  char path[4200];
+  while ((de = readdir(d)) && n < 4096) {
+    long long s = step_of(de->d_name);
+    if (s < 0) continue;
+    done[n++] = s;
+    snprintf(path, sizeof path, "%s/%s", root, de->d_name);
+    if (has_index(path) && s > newest) newest = s;
+  }
+  closedir(d);
+  qsort(done, n, sizeof *done, cmp_ll_desc);
+  size_t complete = 0;
+  for (size_t k = 0; k < n; k++) {
+    snprintf(path, sizeof path, "%s/step-%08lld", root, done[k]);
+    int whole = has_index(path);
+    complete += (size_t)whole;
+    if ((whole && keep > 0 && complete > keep) || (!whole && done[k] < newest))
+      TS_CHECK(remove_checkpoint(path));
+  }
+  return TS_OK;
+}

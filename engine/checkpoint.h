@@ -1,0 +1,167 @@
+/*
+ * checkpoint.h — a training checkpoint as a folder (DESIGN.md
+ * "Checkpoints"): every rank writes its own slices, an index maps each
+ * logical tensor to them, and a load re-cuts them for any data-parallel
+ * size, ZeRO stage, pipeline layout and compute dtype.
+ *
+ * A folder holds:
+ *   rank-RRRRR.bin  one per rank of the world that saved (R = pipeline
+ *                   stage * dp + dp rank): for each kind (compute
+ *                   parameters in the compute dtype; fp32 master weights,
+ *                   bf16/fp16 only; fp32 Adam exp_avg; fp32 exp_avg_sq),
+ *                   for each unit of the rank's pipeline stage in order,
+ *                   the unit's flat elements [d S, min((d + 1) S, total))
+ *                   of dp rank d, back to back: the rank's own part, as the
+ *                   ZeRO stage-3 shard would hold it (padding not written).
+ *                   No rank gathers anything.
+ *   extra files     written by rank 0 for its caller (trainer.json,
+ *                   config.json), small.
+ *   index.json      written last, by rank 0, once every rank's file is
+ *                   durable: the format and version, the layout that saved
+ *                   it (dtype, ZeRO stage, dp, pipeline stages and split),
+ *                   the optimizer's counters and loss scaler, every file
+ *                   with its byte count and SHA-256, and for every tensor of
+ *                   the model (Hugging Face name, global shape) and every
+ *                   kind the slices that hold it: [file, first element, end
+ *                   element, byte offset in the file].
+ * Every file goes through base/'s atomic write, so the folder is a
+ * complete checkpoint exactly when index.json exists; a folder without it
+ * is ignored (ts_checkpoint_latest) and an existing index is removed before
+ * a new save into the same folder writes anything.
+ *
+ * Loading reads only the fp32 sources (master weights, or the parameters of
+ * an fp32 checkpoint, and the moments), so the compute parameters of any
+ * dtype are the round-to-nearest-even of the fp32 master weights: the bits
+ * an uninterrupted run holds, whatever layout saved them. Host code; the
+ * engine's buffers may live on a device.
+ */
+#ifndef TS_ENGINE_CHECKPOINT_H
+#define TS_ENGINE_CHECKPOINT_H
+
+#include <stddef.h>
+
+#include "comm/comm.h"
+#include "engine/engine.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What a slice of a tensor holds. */
+typedef enum ts_ckpt_kind {
+  TS_CKPT_PARAM = 0,      /* compute parameters, the saving run's dtype */
+  TS_CKPT_MASTER = 1,     /* fp32 master weights (bf16/fp16 runs only) */
+  TS_CKPT_EXP_AVG = 2,    /* fp32 Adam first moment m */
+  TS_CKPT_EXP_AVG_SQ = 3, /* fp32 Adam second moment v */
+  TS_CKPT_NUM_KINDS = 4,
+} ts_ckpt_kind;
+
+/* "param", "master", "exp_avg", "exp_avg_sq" (the index's keys). */
+const char *ts_ckpt_kind_name(ts_ckpt_kind k);
+
+#define TS_CKPT_FORMAT "tessera-checkpoint" /* index.json "format" */
+#define TS_CKPT_VERSION 1                   /* index.json "version" */
+#define TS_CKPT_INDEX "index.json"          /* the file that commits a folder */
+
+/* A small file rank 0 writes into the folder beside the slices (its bytes
+ * borrowed), listed in the index with its checksum. */
+typedef struct ts_ckpt_extra {
+  const char *name;  /* file name inside the folder, e.g. "trainer.json" */
+  const void *data;  /* host bytes */
+  size_t nbytes;     /* bytes */
+} ts_ckpt_extra;
+
+/* Test seam (fault injection, tests only): called before each file of a
+ * save is committed and before the index's rename, with the 1-based count
+ * of such points so far on this rank; NULL in training. */
+typedef void (*ts_ckpt_fault_fn)(int point);
+void ts_ckpt_set_fault(ts_ckpt_fault_fn fn);
+
+/* Saves e's model and optimizer state into folder dir (created if absent;
+ * an index.json already there is removed first), with n_extra files from
+ * rank 0. Collective over world (every rank of the run, in grid order
+ * rank = stage * dp + dp rank; NULL: one rank): each rank writes and
+ * fsyncs rank-RRRRR.bin, the SHA-256s and sizes are gathered to rank 0,
+ * which writes the extra files and then index.json; the call returns on
+ * every rank after the index is committed (the success is agreed).
+ * Between optimizer steps only (TS_ERR_INVALID_USAGE mid-step). Errors:
+ * TS_ERR_IO naming the file, TS_ERR_OUT_OF_MEMORY, TS_ERR_MPI; on any
+ * error no index.json is written (the folder is not a checkpoint). */
+ts_status ts_checkpoint_save(ts_engine *e, ts_comm *world, const char *dir,
+                             const ts_ckpt_extra *extra, size_t n_extra);
+
+typedef struct ts_checkpoint ts_checkpoint; /* an opened index; owns its file handles */
+
+/* Opens the checkpoint in folder dir: parses index.json and checks it
+ * against model (borrowed; NULL: no check): every tensor of the model with
+ * its shape and no other, every slice inside its file and the slices of
+ * each kind covering each tensor exactly once. TS_ERR_IO (no index.json:
+ * "DIR: not a complete checkpoint (no index.json)"), TS_ERR_FORMAT naming
+ * the file, the field and what differs ("DIR/index.json: tensor
+ * model.norm.weight has shape [128], the model llama-tiny has [192]").
+ * *out is NULL on error. */
+ts_status ts_checkpoint_open(ts_checkpoint **out, const char *dir, const ts_model *model);
+
+/* Checks the SHA-256 and size of the files i with i % size == rank (size
+ * ranks share the work; 0, 1: all). TS_ERR_FORMAT naming the file ("is
+ * missing", "has N bytes, the index says M", "sha256 differs from the
+ * index: the file is corrupt"). */
+ts_status ts_checkpoint_verify(const ts_checkpoint *ck, int rank, int size);
+
+/* Loads the checkpoint into e (created for the same model, any layout):
+ * each rank reads the parts of every tensor it holds, the parameters from
+ * the fp32 master weights (else the fp32 parameters) cast to e's dtype, the
+ * master weights and both moments, the optimizer's step count and, when
+ * both runs use fp16, the loss scaler. Local (no collective) but for a
+ * pipeline's tied-head replica, refreshed from stage 0 afterwards: call it
+ * on every rank. TS_ERR_IO, TS_ERR_FORMAT (a short read). */
+ts_status ts_checkpoint_load(ts_checkpoint *ck, ts_engine *e);
+
+/* The whole tensor `name` of kind k as fp32 host values dst (numel
+ * elements, the tensor's), consolidated from every rank's slices (param:
+ * converted from the saving dtype). TS_ERR_INVALID_ARGUMENT (unknown name,
+ * numel differs, a kind the checkpoint lacks), TS_ERR_IO. */
+ts_status ts_checkpoint_read_tensor(ts_checkpoint *ck, const char *name, ts_ckpt_kind k,
+                                    float *dst, size_t numel);
+
+/* An extra file's bytes (NUL-terminated, free() them), its checksum
+ * checked. TS_ERR_FORMAT (not listed, or corrupt), TS_ERR_IO. */
+ts_status ts_checkpoint_read_extra(const ts_checkpoint *ck, const char *name, char **out,
+                                   size_t *len);
+
+/* What the checkpoint says about the run that saved it. */
+typedef struct ts_ckpt_info {
+  const char *dtype;   /* "fp32", "bf16", "fp16" */
+  int zero_stage;      /* 0-3 */
+  int dp;              /* data-parallel ranks */
+  int pipeline;        /* pipeline stages */
+  int world;           /* ranks: pipeline * dp, one rank-RRRRR.bin each */
+  int optimizer_step;  /* AdamW updates applied (t) */
+  size_t n_tensors;    /* logical tensors */
+} ts_ckpt_info;
+void ts_checkpoint_info(const ts_checkpoint *ck, ts_ckpt_info *out);
+
+/* The folder it was opened from (owned by ck). */
+const char *ts_checkpoint_dir(const ts_checkpoint *ck);
+
+/* Frees ck and closes its files; NULL is a no-op. */
+void ts_checkpoint_close(ts_checkpoint *ck);
+
+/* The newest complete checkpoint under root, as a folder path in out
+ * (cap bytes): root itself when it holds index.json, else its child
+ * "step-NNNNNNNN" with index.json and the largest N. Returns 1 when found,
+ * 0 when none (out ""). *step receives N (root itself: 0). */
+int ts_checkpoint_latest(const char *root, char *out, size_t cap, size_t *step);
+
+/* Removes the complete checkpoints "step-N" under root but the `keep`
+ * newest (keep 0: none is removed), and incomplete ones older than the
+ * newest complete one. Their index goes first, so an interrupted removal
+ * leaves an incomplete folder, never a checkpoint missing a file.
+ * TS_ERR_IO naming the folder. */
+ts_status ts_checkpoint_prune(const char *root, size_t keep);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TS_ENGINE_CHECKPOINT_H */
