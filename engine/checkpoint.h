@@ -147,6 +147,15 @@ const char *ts_checkpoint_dir(const ts_checkpoint *ck);
 /* Frees ck and closes its files; NULL is a no-op. */
 void ts_checkpoint_close(ts_checkpoint *ck);
 
+/* Sets e's parameters (and master weights) from the Hugging Face folder
+ * dir (models/hf_folder.h: config.json with single or sharded safetensors
+ * in F32, BF16 or F16), checked against e's model first: every rank reads
+ * the tensors of its units (a tied head's stage the lender's too). Adam
+ * moments stay zero and the step count 0: fine-tuning starts here. Local.
+ * Errors: ts_hf_folder_open's and _check's (one line naming the file and
+ * the tensor). */
+ts_status ts_checkpoint_import_hf(ts_engine *e, const char *dir);
+
 /* The newest complete checkpoint under root, as a folder path in out
  * (cap bytes): root itself when it holds index.json, else its child
  * "step-NNNNNNNN" with index.json and the largest N. Returns 1 when found,

@@ -18,6 +18,7 @@
 #include "base/floats.h"
 #include "engine/checkpoint.h"
 #include "engine/engine_internal.h"
+#include "models/hf_folder.h"
 
 #define FORMAT TS_CKPT_FORMAT
 #define VERSION TS_CKPT_VERSION
@@ -468,3 +469,30 @@ ts_status ts_checkpoint_load(ts_checkpoint *ck, ts_engine *e) {
   return TS_OK;
 }
 
+
+/* ---- import from Hugging Face ------------------------------------------------------ */
+
+ts_status ts_checkpoint_import_hf(ts_engine *e, const char *dir) {
+  const ts_model *m = e->model;
+  ts_hf_folder *f;
+  TS_CHECK(ts_hf_folder_open(&f, dir));
+  ts_status st = ts_hf_folder_check(f, m);
+  float *buf = NULL;
+  for (int u = 0; u < m->n_units && st == TS_OK; u++) {
+    if (!ts_engine_owns(e, u) && !(e->replica && u == e->lender)) continue;
+    for (int i = 0; i < m->units[u].n_tensors && st == TS_OK; i++) {
+      const ts_tensor_spec *s = &m->units[u].tensors[i];
+      float *nb = realloc(buf, s->numel * sizeof(float));
+      if (!nb) {
+        st = ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: tensor %s", dir, s->name);
+        break;
+      }
+      buf = nb;
+      st = ts_hf_folder_read(f, s->name, buf, s->numel);
+      if (st == TS_OK) st = ts_engine_set_tensor(e, s->name, buf, s->numel);
+    }
+  }
+  free(buf);
+  ts_hf_folder_close(f);
+  return st;
+}

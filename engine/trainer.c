@@ -232,6 +232,8 @@ static ts_status setup(run *r) {
   if (r->ck) { /* every rank checks its share of the files, then loads its parts */
     TS_CHECK(ts_checkpoint_verify(r->ck, r->wrank, r->world_size));
     TS_CHECK(ts_checkpoint_load(r->ck, r->engine));
+  } else if (cfg->init_from) {
+    TS_CHECK(ts_checkpoint_import_hf(r->engine, cfg->init_from));
   }
   if (cfg->trace_path) {
     TS_CHECK(ts_trace_new(&r->trace));
@@ -489,6 +491,7 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
     TS_CHECK(stop_requested(r, &stop));
     if (cfg->save_dir && (stop || step == cfg->steps || (cfg->save_every && step % cfg->save_every == 0)))
       TS_CHECK(save(r, step, res));
+    if (cfg->after_step) cfg->after_step(step, r->wrank);
     if (stop) {
       res->stopped_at = step;
       res->seconds = now_s() - t_loop;

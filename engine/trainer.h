@@ -68,6 +68,11 @@ typedef struct ts_train_config {
   size_t keep;              /* complete checkpoints kept in save_dir, newest first; 0: all */
   const char *resume;       /* a checkpoint folder, a folder of them (its newest), "auto"
                                (save_dir's newest, none: start afresh), or NULL */
+  const char *init_from;    /* a Hugging Face folder whose weights start the run (fine-tuning;
+                               a resumed checkpoint wins), or NULL */
+  /* Test seam (fault injection; NULL in training): called on every rank
+   * after each step and its save, with the step and the world rank. */
+  void (*after_step)(size_t step, int rank);
   const volatile int *stop; /* set (by a signal handler) to stop at the next step
                                boundary: every rank agrees, saves (save_dir) and returns
                                TS_OK with result->stopped_at; NULL: not watched */

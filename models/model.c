@@ -34,6 +34,12 @@ ts_status ts_model_resolve(const char *model, char *out, size_t cap) {
     snprintf(out, cap, "%s", model);
     return TS_OK;
   }
+  if (stat(model, &sb) == 0 && S_ISDIR(sb.st_mode)) { /* a Hugging Face folder, a checkpoint */
+    snprintf(out, cap, "%s/config.json", model);
+    if (stat(out, &sb) == 0 && S_ISREG(sb.st_mode)) return TS_OK;
+    return ts_set_error(TS_ERR_IO, "%s: no config.json in the folder: expected a Hugging Face "
+                        "model folder or a tessera checkpoint", model);
+  }
   if (strchr(model, '/') || strstr(model, ".json"))
     return ts_set_error(TS_ERR_IO, "%s: model config not found: expected a config.json file",
                         model);

@@ -147,7 +147,8 @@ struct ts_model {
 
 /* ---- loading ---------------------------------------------------------------- */
 
-/* Resolves --model: a path to a file is used as is; a bare preset name
+/* Resolves --model: a path to a file is used as is; a folder (a Hugging
+ * Face model folder, a tessera checkpoint) means its config.json; a bare preset name
  * ("llama-tiny") maps to models/configs/<name>.json under $TESSERA_HOME (or
  * the current directory). Writes the path to out (size cap). Returns
  * TS_ERR_INVALID_ARGUMENT naming the preset and the presets folder when

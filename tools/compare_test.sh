@@ -23,25 +23,8 @@ for root in "${TEST_SRCDIR:-}/${TEST_WORKSPACE:-}" "${RUNFILES_DIR:-}/${TEST_WOR
 done
 [[ -n "${TESSERA_HOME:-}" ]] || { echo "FAIL: no runfiles root with tools/launch.sh"; exit 1; }
 
-# A private MPI scratch directory (see comm/mpirun_test.sh: concurrent
-# tests may share PIDs, hence Open MPI session names, in /tmp).
-scratch="$(mktemp -d /tmp/tscmp.XXXXXX)"
-trap 'rm -rf "$scratch"' EXIT
-export TMPDIR="$scratch" OMPI_MCA_orte_tmpdir_base="$scratch"
-export OMPI_MCA_btl_vader_backing_directory="$scratch" OMP_NUM_THREADS=1
-
-# Token shards in llm.c's layout (engine/token_file.h): random ids below 4096.
-python3 - "$tmp/data" <<'PY'
-import os, random, struct, sys
-d = sys.argv[1]
-os.makedirs(d, exist_ok=True)
-rng = random.Random(5)
-for name, n in (("train.bin", 40000), ("val.bin", 4000)):
-    header = [20240520, 1, n] + [0] * 253
-    with open(os.path.join(d, name), "wb") as f:
-        f.write(struct.pack("<256i", *header))
-        f.write(struct.pack(f"<{n}H", *(rng.randrange(4096) for _ in range(n))))
-PY
+mpi_scratch
+make_token_shards "$tmp/data"
 
 out="$tmp/out"
 log="$("$bin" compare --model llama-tiny -n 2 --data "$tmp/data" --steps 2 --micro-batch 2 \

@@ -1,4 +1,4 @@
-# testing.sh — assertions shared by the shell tests of tools/ (sourced; each
+# testing.sh — assertions and fixtures shared by the shell tests of tools/ (sourced; each
 # test sets fails=0 first and exits 1 when fails > 0 at the end). Exit codes
 # and counts go through check_eq, never check: a substring match would let
 # a crash's 139 pass a check for 1, or 12 lines pass a check for 1.
@@ -32,4 +32,27 @@ absent() { # absent NAME UNEXPECTED-SUBSTRING ACTUAL
 
 lines() { # lines TEXT — how many lines TEXT has ("" has none)
   if [[ -z "$1" ]]; then echo 0; else printf '%s\n' "$1" | wc -l; fi
+}
+
+mpi_scratch() { # a private MPI scratch folder, removed at exit (see comm/mpirun_test.sh:
+  # concurrent tests may share PIDs, hence Open MPI session names, in /tmp); one thread per rank
+  scratch="$(mktemp -d /tmp/tstest.XXXXXX)"
+  trap 'rm -rf "$scratch"' EXIT
+  export TMPDIR="$scratch" OMPI_MCA_orte_tmpdir_base="$scratch"
+  export OMPI_MCA_btl_vader_backing_directory="$scratch" OMP_NUM_THREADS=1
+}
+
+make_token_shards() { # make_token_shards DIR — train.bin (40000) and val.bin (4000) in
+  # llm.c's layout (engine/token_file.h): random ids below 4096, seeded
+  python3 - "$1" <<'PY'
+import os, random, struct, sys
+d = sys.argv[1]
+os.makedirs(d, exist_ok=True)
+rng = random.Random(5)
+for name, n in (("train.bin", 40000), ("val.bin", 4000)):
+    header = [20240520, 1, n] + [0] * 253
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(struct.pack("<256i", *header))
+        f.write(struct.pack(f"<{n}H", *(rng.randrange(4096) for _ in range(n))))
+PY
 }

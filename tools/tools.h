@@ -35,6 +35,10 @@ int ts_tool_spawn(char *const argv[], const char *log);
  * bubble and picture (tools/timeline.h). */
 int ts_tool_timeline(int argc, char **argv);
 
+/* `tessera export CHECKPOINT --out DIR`: a checkpoint as a Hugging Face
+ * folder (tools/export_main.c). */
+int ts_tool_export(int argc, char **argv);
+
 /* `tessera train`: parses the flags (--help lists them) into a
  * ts_train_config, runs ts_train_run with a progress line on stdout, prints a
  * summary with the validation loss next to the unigram baseline of

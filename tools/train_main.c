@@ -145,6 +145,22 @@ static void on_stop_signal(int sig) {
   stop_flag = 1;
 }
 
+/* Test seam: TESSERA_TEST_KILL="RANK:STEP:MARKER" kills world rank RANK
+ * with SIGKILL after step STEP, once: only while the file MARKER does not
+ * exist (it is created first), so a restarted job runs through. For the
+ * tests of launch --max-restarts; unset in training. */
+static void test_kill(size_t step, int rank) {
+  const char *spec = getenv("TESSERA_TEST_KILL");
+  int want_rank;
+  size_t want_step;
+  char marker[4096];
+  if (!spec || sscanf(spec, "%d:%zu:%4095s", &want_rank, &want_step, marker) != 3) return;
+  if (rank != want_rank || step != want_step || access(marker, F_OK) == 0) return;
+  FILE *f = fopen(marker, "w");
+  if (f) fclose(f);
+  raise(SIGKILL);
+}
+
 int ts_tool_train(int argc, char **argv) {
   ts_train_config cfg = ts_train_default_config();
   ts_engine_opts *e = &cfg.engine;
@@ -226,6 +242,11 @@ int ts_tool_train(int argc, char **argv) {
                      "auto: the newest in --save DIR, if any), at any ranks, ZeRO stage, "
                      "pipeline or dtype",
                      NULL),
+      TS_FLAG_STRING("--init-from", NULL, &cfg.init_from, "DIR",
+                     "start from the weights of a Hugging Face folder (config.json + "
+                     "safetensors, single or sharded, fp32/bf16/fp16): fine-tuning; --model "
+                     "defaults to DIR",
+                     NULL),
       TS_FLAG_SWITCH("--tf32", NULL, &tf32,
                      "cuda, fp32: matrix products on TF32 tensor cores (faster, no fp32 parity)"),
       TS_FLAG_SWITCH("--plain-attention", NULL, &plain_attention,
@@ -234,6 +255,7 @@ int ts_tool_train(int argc, char **argv) {
   };
   int r = ts_flags_parse("train", flags, sizeof flags / sizeof *flags, argc, argv, USAGE);
   if (r != TS_FLAGS_OK) return r == TS_FLAGS_HELP ? 0 : 2;
+  if (!cfg.model) cfg.model = cfg.init_from; /* the folder's own config.json */
   if (!cfg.model || !cfg.data_dir)
     return ts_flags_error("train", "--model and --data are required " TS_FLAGS_HINT);
   if (zero > 3)
@@ -271,6 +293,7 @@ int ts_tool_train(int argc, char **argv) {
     sigaction(SIGTERM, &sa, NULL);
     cfg.stop = &stop_flag;
   }
+  if (getenv("TESSERA_TEST_KILL")) cfg.after_step = test_kill;
   progress p = {stdout_is_terminal(), log_every ? log_every : (cfg.steps + 19) / 20};
   ts_comm *world = NULL;
   ts_status st = ts_comm_init(&argc, &argv);

@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# checkpoint_test.sh — checkpoints through the command line, on llama-tiny
+# with generated token shards:
+#  1. train --save --save-every, then --resume from the middle: the resumed
+#     run's last checkpoint is byte-identical to the uninterrupted run's
+#     (the SHA-256 of every rank file in index.json), on 1 rank and on 2;
+#     and the losses it prints are the same;
+#  2. a checkpoint of 2 ranks, ZeRO-3, 2 pipeline stages resumes on 1 rank;
+#  3. SIGTERM to `launch` saves at the next step boundary and exits 0;
+#  4. launch --max-restarts 1 with rank 1 killed (SIGKILL) after step 3:
+#     one line names the rank and host, the job restarts from the newest
+#     checkpoint and ends byte-identical to the uninterrupted run;
+#  5. --keep 1 keeps the newest; --resume auto with nothing saved starts
+#     afresh;
+#  6. export: a Hugging Face folder that --init-from and --model DIR read;
+#  7. bad input: one line each and the exact exit code.
+#   checkpoint_test.sh TESSERA_BIN LAUNCH_SH
+set -uo pipefail
+bin="$1"
+launch="$2"
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+fails=0
+source "$(dirname "${BASH_SOURCE[0]}")/testing.sh"
+export TESSERA_HOME="${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-tessera}"
+[[ -f "$TESSERA_HOME/models/configs/llama-tiny.json" ]] || export TESSERA_HOME="$(pwd)"
+
+mpi_scratch
+make_token_shards "$tmp/data"
+common=(--model llama-tiny --data "$tmp/data" --steps 6 --micro-batch 2 --seq 32 --log-every 1)
+
+# The rank files' checksums of checkpoint folder $1, one per line.
+shas() { grep -A2 '"rank-' "$1/index.json" | grep sha256 | tr -d ' \t'; }
+# The step lines of a log, without their timing.
+steps() { grep '^step ' <<<"$1" | grep -v val | sed 's/ | [0-9]* tok\/s.*//'; }
+
+# 1. resume from the middle == uninterrupted, 1 and 2 ranks
+for n in 1 2; do
+  a="$("$launch" -n "$n" "$bin" train "${common[@]}" --zero 2 --save "$tmp/a$n" --save-every 2 2>&1)"
+  check_eq "run a$n exit" 0 $?
+  b="$("$launch" -n "$n" "$bin" train "${common[@]}" --zero 2 --resume "$tmp/a$n/step-00000002" \
+    --save "$tmp/b$n" 2>&1)"
+  check_eq "resumed b$n exit" 0 $?
+  check "b$n says so" "resumed from step 2" "$b"
+  check_eq "b$n: steps 3-6 print the same" "$(steps "$a" | tail -n 4)" "$(steps "$b")"
+  [[ -n "$(shas "$tmp/a$n/step-00000006")" ]] || { echo "FAIL no checksums"; fails=$((fails + 1)); }
+  check_eq "b$n: final checkpoint byte-identical" "$(shas "$tmp/a$n/step-00000006")" \
+    "$(shas "$tmp/b$n/step-00000006")"
+  check_eq "a$n: a file per rank" "$n" "$(ls "$tmp/a$n/step-00000006" | grep -c '^rank-')"
+done
+
+# 2. 2 ranks ZeRO-3 with 2 pipeline stages -> 1 rank, ZeRO 0
+p="$("$launch" -n 2 "$bin" train "${common[@]}" --zero 3 --pipeline 2 --grad-accum 2 \
+  --save "$tmp/p" --save-every 3 2>&1)"
+check_eq "pipeline run exit" 0 $?
+check "1 rank resumed the newest" "resumed from step 6" "$(
+  "$bin" train "${common[@]}" --steps 7 --grad-accum 2 --resume "$tmp/p" 2>&1)"
+one="$("$bin" train "${common[@]}" --grad-accum 2 --resume "$tmp/p/step-00000003" 2>&1)"
+check_eq "pipeline checkpoint on 1 rank: exit" 0 $?
+check "steps 4-6 go on near the 2-rank losses (another dp order)" "step     6/6 | loss" "$one"
+
+# 3. SIGTERM: save at the next step boundary, exit 0
+"$launch" -n 2 "$bin" train "${common[@]}" --steps 100000 --save "$tmp/sig" >"$tmp/sig.log" 2>&1 &
+pid=$!
+for _ in $(seq 100); do grep -q '^step' "$tmp/sig.log" && break; sleep 0.2; done
+kill -TERM "$pid"
+wait "$pid"
+check_eq "SIGTERM: exit 0" 0 $?
+check "SIGTERM: saved" "on SIGTERM: saved $tmp/sig/step-" "$(cat "$tmp/sig.log")"
+check_eq "SIGTERM: the checkpoint is complete" 1 "$(ls "$tmp"/sig/step-*/index.json | wc -l)"
+
+# 4. a rank killed after step 3: one line, a restart, byte-identical end
+k="$(TESSERA_TEST_KILL="1:3:$tmp/killed" "$launch" -n 2 --max-restarts 1 "$bin" train \
+  "${common[@]}" --zero 2 --save "$tmp/k" --save-every 2 2>&1)"
+check_eq "killed rank: exit 0 after the restart" 0 $?
+check "killed rank: one line names it" "tessera launch: rank 1 on host" "$k"
+check "killed rank: the signal" "died: signal 9 (Killed); every rank was stopped" "$k"
+absent "killed rank: no mpirun boilerplate" "Primary job" "$k"
+absent "killed rank: no mpirun notice" "mpirun noticed" "$k"
+check "killed rank: restarted" "restart 1 of 1 from the newest complete checkpoint" "$k"
+check "killed rank: resumed" "resumed from step 2" "$k"
+check_eq "killed rank: ends byte-identical" "$(shas "$tmp/a2/step-00000006")" \
+  "$(shas "$tmp/k/step-00000006")"
+k="$(TESSERA_TEST_KILL="0:2:$tmp/killed2" "$launch" -n 2 "$bin" train "${common[@]}" 2>&1)"
+check_eq "no restarts: the death's status" 137 $?
+
+# 5. --keep, --resume auto
+"$bin" train "${common[@]}" --save "$tmp/keep" --save-every 1 --keep 2 >/dev/null 2>&1
+check_eq "--keep 2" "step-00000005 step-00000006" "$(ls "$tmp/keep" | tr '\n' ' ' | sed 's/ $//')"
+fresh="$("$bin" train "${common[@]}" --steps 1 --save "$tmp/empty" --resume auto 2>&1)"
+check_eq "--resume auto, nothing saved: exit" 0 $?
+absent "--resume auto, nothing saved: a fresh start" "resumed" "$fresh"
+
+# 6. export, --init-from, --model DIR
+out="$("$bin" export "$tmp/a1" --out "$tmp/hf" 2>&1)"
+check_eq "export exit" 0 $?
+check "export names the newest" "exported $tmp/a1/step-00000006 (fp32)" "$out"
+check_eq "export files" "config.json model.safetensors" "$(ls "$tmp/hf" | tr '\n' ' ' | sed 's/ $//')"
+ft="$("$bin" train --init-from "$tmp/hf" --data "$tmp/data" --steps 1 --micro-batch 2 --seq 32 2>&1)"
+check_eq "--init-from exit" 0 $?
+first_a="$(steps "$a" | sed -n 6p | sed 's/.*loss \([0-9.]*\).*/\1/')"
+first_ft="$(steps "$ft" | head -n 1 | sed 's/.*loss \([0-9.]*\).*/\1/')"
+python3 -c "import sys; sys.exit(0 if float('$first_ft') < float('$first_a') + 1.0 else 1)" &&
+  echo "ok   --init-from starts from the trained weights" ||
+  { echo "FAIL --init-from loss $first_ft vs trained $first_a"; fails=$((fails + 1)); }
+"$bin" export "$tmp/p" --out "$tmp/hf-bf16" --dtype bf16 --max-shard-size 2000000 >/dev/null 2>&1
+check_eq "sharded export" 1 "$(ls "$tmp/hf-bf16" | grep -c 'model.safetensors.index.json')"
+check "bf16 config" '"torch_dtype":	"bfloat16"' "$(cat "$tmp/hf-bf16/config.json")"
+"$bin" train --model "$tmp/hf-bf16" --init-from "$tmp/hf-bf16" --data "$tmp/data" --steps 1 \
+  --micro-batch 2 --seq 32 >/dev/null 2>&1
+check_eq "--model DIR with sharded bf16 weights" 0 $?
+
+# 7. bad input: one line, exact exit codes
+bad() { # bad NAME CODE EXPECTED-SUBSTRING CMD...
+  local name="$1" code="$2" want="$3"
+  shift 3
+  local o
+  o="$("$@" 2>&1)"
+  check_eq "$name: exit" "$code" $?
+  check "$name: message" "$want" "$o"
+  check_eq "$name: one line" 1 "$(lines "$o")"
+}
+bad "--save-every without --save" 2 "--save-every needs --save DIR" \
+  "$bin" train "${common[@]}" --save-every 2
+bad "--resume auto without --save" 2 "--resume auto needs --save DIR" \
+  "$bin" train "${common[@]}" --resume auto
+bad "--resume nowhere" 1 "--resume $tmp/none: no complete checkpoint there" \
+  "$bin" train "${common[@]}" --resume "$tmp/none"
+bad "--resume at the last step" 1 "is at step 6 already; expected more steps" \
+  "$bin" train "${common[@]}" --resume "$tmp/a1"
+bad "--resume another global batch" 1 "the checkpoint $tmp/a1/step-00000002 was trained with 2" \
+  "$bin" train "${common[@]}" --micro-batch 4 --resume "$tmp/a1/step-00000002"
+bad "--resume another model" 1 "has shape" \
+  "$bin" train "${common[@]}" --model llama-small --resume "$tmp/a1"
+bad "--resume 2 ranks, another model" 1 "has shape" \
+  "$launch" -n 2 "$bin" train "${common[@]}" --model llama-small --resume "$tmp/a1"
+cp -r "$tmp/a1/step-00000006" "$tmp/flip"
+printf '\x55' | dd of="$tmp/flip/rank-00000.bin" bs=1 seek=4096 conv=notrunc status=none
+bad "--resume a corrupt file" 1 "rank-00000.bin: sha256" \
+  "$bin" train "${common[@]}" --steps 7 --resume "$tmp/flip"
+bad "export without --out" 2 "--out DIR is required" "$bin" export "$tmp/a1"
+bad "export of nothing" 1 "$tmp/none: no complete checkpoint there" \
+  "$bin" export "$tmp/none" --out "$tmp/x"
+bad "--init-from another model" 1 "has shape [4096, 192] (2 dims), the model llama-small" \
+  "$bin" train --model llama-small --init-from "$tmp/hf" --data "$tmp/data" --steps 1
+bad "--init-from a checkpoint" 1 "no model.safetensors or model.safetensors.index.json" \
+  "$bin" train --init-from "$tmp/a1/step-00000006" --data "$tmp/data" --steps 1
+bad "--max-restarts x" 2 "--max-restarts x: expected a number of restarts >= 0" \
+  "$launch" --max-restarts x -n 2 "$bin" train
+
+echo "$fails failure(s)"
+((fails == 0))
