@@ -262,11 +262,14 @@ typedef struct ts_step_stats {
                                skipped steps do not count */
   float loss_scale;         /* loss scale of this step's gradients (1 unless fp16) */
   float next_loss_scale;    /* loss scale of the next step */
-  int skipped;              /* 1: fp16 overflow, parameters and moments untouched */
+  int skipped;              /* 1: a non-finite gradient (fp16 overflow, or a diverging
+                               fp32/bf16 run) or, in fp32/bf16, a non-finite loss:
+                               parameters and moments untouched */
   int overflow_unit;        /* skipped: where the overflow began: the last unit
                                (the first that backward reaches) holding a
                                non-finite gradient on any rank, else -1 */
   char overflow_tensor[80]; /* skipped: its first non-finite tensor (layout order),
+                               or "loss" when only the loss is non-finite,
                                Hugging Face name, else "" */
   ts_comm_counters comm;    /* bytes this rank sent during the step, per kind */
   uint64_t comm_bytes;      /* their sum, bytes */
@@ -349,7 +352,10 @@ ts_status ts_engine_step(ts_engine *e, ts_engine_batch_fn batch, void *user, flo
  * gradients are zeroed, parameters, master weights and moments stay as
  * they were, and the scale is updated (see ts_engine_opts). Otherwise the
  * norm and AdamW see the gradients divided by the scale (a power of two:
- * exact). Fills *stats. TS_ERR_INVALID_USAGE if the number of micro-steps
+ * exact). fp32 and bf16: a non-finite gradient norm or step loss is never
+ * applied either: the step is skipped alike, naming the tensor (or
+ * "loss"); the caller decides how many in a row end the run. Fills *stats.
+ * TS_ERR_INVALID_USAGE if the number of micro-steps
  * since the last step is not grad_accum; TS_ERR_NUMERIC (dynamic scaling,
  * an overflow with the scale at min_loss_scale: the message names the
  * tensor and the recent scale history; the step is skipped, stats filled);

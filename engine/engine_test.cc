@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/engine_testing.h"
 #include "engine/trainer.h"
 #include "models/llama.h"
 
@@ -182,6 +183,43 @@ TEST(Engine, WholeStepEqualsMicroStepsAndAFailedSourceDiscardsIt) {
   ASSERT_EQ(ts_engine_get_tensor(a.e, "model.norm.weight", pa.data(), pa.size()), TS_OK);
   ASSERT_EQ(ts_engine_get_tensor(b.e, "model.norm.weight", pb.data(), pb.size()), TS_OK);
   EXPECT_EQ(pa, pb);
+}
+
+// fp32 and bf16 have no loss scale, but a non-finite gradient is still
+// never applied: the step is skipped, the tensor named, every parameter
+// (and the step count) as before; the next clean step trains again.
+TEST(Engine, ANonFiniteGradientInFp32OrBf16IsSkippedAndNamed) {
+  const size_t V = 64, T = 8;
+  for (ts_dtype dt : {TS_FP32, TS_BF16}) {
+    SCOPED_TRACE(ts_dtype_name(dt));
+    ts_engine_opts o = Opts(2, T);
+    o.dtype = dt;
+    EngineFixture f(SmallConfig(V), o);
+    Batch batch(2, T, V, 9);
+    Source good{&batch, -1};
+    ts_engine_inject inj = {2, 1, 3, NAN};  // step 2, the first block's 4th tensor
+    ts_engine_inject_nonfinite(f.e, &inj);
+    ts_step_stats st;
+    ASSERT_EQ(ts_engine_step(f.e, Fill, &good, 1e-2f, &st), TS_OK) << ts_last_error();
+    EXPECT_EQ(st.skipped, 0);
+    std::vector<float> before(32 * 32), after(32 * 32);
+    const char *q = "model.layers.0.self_attn.q_proj.weight";
+    ASSERT_EQ(ts_engine_get_tensor(f.e, q, before.data(), before.size()), TS_OK);
+    ASSERT_EQ(ts_engine_step(f.e, Fill, &good, 1e-2f, &st), TS_OK) << ts_last_error();
+    EXPECT_EQ(st.skipped, 1);
+    EXPECT_EQ(st.step, 1) << "a skipped step is not an update";
+    EXPECT_EQ(st.overflow_unit, 1);
+    EXPECT_STREQ(st.overflow_tensor, f.model.units[1].tensors[3].name);
+    EXPECT_FALSE(std::isfinite(st.grad_norm));
+    ASSERT_EQ(ts_engine_get_tensor(f.e, q, after.data(), after.size()), TS_OK);
+    EXPECT_EQ(before, after);
+    ASSERT_EQ(ts_engine_step(f.e, Fill, &good, 1e-2f, &st), TS_OK) << ts_last_error();
+    EXPECT_EQ(st.skipped, 0);
+    EXPECT_EQ(st.step, 2);
+    ASSERT_EQ(ts_engine_get_tensor(f.e, q, after.data(), after.size()), TS_OK);
+    EXPECT_NE(before, after);
+    for (float x : after) ASSERT_TRUE(std::isfinite(x));
+  }
 }
 
 TEST(Engine, LedgerChargesModelStatesExactly) {

@@ -58,18 +58,22 @@ static ts_comm_counters counters_since(const ts_engine *e, const ts_comm_counter
   return d;
 }
 
-/* fp16 overflow: the step is skipped (gradients dropped) and the loss
- * scaler told, which halves a dynamic scale or stops at its minimum. */
-static ts_status skip_step(ts_engine *e, ts_step_stats *stats) {
-  int u = 0, i = 0;
-  TS_CHECK(ts_engine_find_overflow(e, &u, &i));
+/* A non-finite gradient (fp16 overflow, or in fp32/bf16 a diverging run)
+ * or, without loss scaling, a non-finite loss: the step is skipped
+ * (gradients dropped, parameters and moments untouched) and, in fp16, the
+ * loss scaler told, which halves a dynamic scale or stops at its minimum.
+ * bad_norm: the gradients hold the non-finite values (the search names
+ * the tensor); else the loss alone does ("loss"). */
+static ts_status skip_step(ts_engine *e, ts_step_stats *stats, int bad_norm) {
+  int u = -1, i = 0;
+  if (bad_norm) TS_CHECK(ts_engine_find_overflow(e, &u, &i));
   TS_CHECK(ts_engine_zero_grads(e));
-  const ts_tensor_spec *t = &e->model->units[u].tensors[i];
+  const char *name = u >= 0 ? e->model->units[u].tensors[i].name : "loss";
   stats->skipped = 1;
   stats->overflow_unit = u;
-  snprintf(stats->overflow_tensor, sizeof stats->overflow_tensor, "%s", t->name);
+  snprintf(stats->overflow_tensor, sizeof stats->overflow_tensor, "%s", name);
   e->attempts++;
-  TS_CHECK(ts_loss_scaler_overflow(&e->scaler, e->attempts, t->name, u));
+  if (e->scaler.enabled) TS_CHECK(ts_loss_scaler_overflow(&e->scaler, e->attempts, name, u));
   stats->next_loss_scale = e->scaler.scale;
   return TS_OK;
 }
@@ -148,9 +152,10 @@ ts_status ts_engine_optimizer_step(ts_engine *e, float lr, ts_step_stats *stats)
   stats->loss = sums[0] / ((double)e->opts.grad_accum * (double)e->dp_size);
   stats->step = e->step;
   ts_status st;
-  if (e->scaler.enabled && !isfinite(sums[1])) {
+  int bad_norm = !isfinite(sums[1]), bad_loss = !isfinite(sums[0]) && !e->scaler.enabled;
+  if (bad_norm || bad_loss) { /* agreed: both sums are the same on every rank of the grid */
     stats->grad_norm = sums[1];
-    st = skip_step(e, stats);
+    st = skip_step(e, stats, bad_norm);
   } else {
     st = apply_step(e, lr, sums[1], stats);
   }

@@ -10,6 +10,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -29,6 +30,7 @@ ts_train_config ts_train_default_config(void) {
   c.warmup = 20;
   c.eval_every = 0;
   c.eval_batches = 16;
+  c.max_bad_steps = 3;
   return c;
 }
 
@@ -194,6 +196,30 @@ static ts_status open_resume(run *r) {
   return TS_OK;
 }
 
+/* Refuses a CPU plan this node cannot hold before anything is allocated:
+ * the rank's ledger peak (ts_engine_plan, what `tessera estimate` prints)
+ * times the ranks on this node against its physical memory. A GPU's plan
+ * is checked against the card at create (engine.h). */
+static ts_status check_host_memory(run *r) {
+  if (r->eo.device != TS_DEVICE_CPU) return TS_OK;
+  ts_mem_account plan;
+  int stage = r->eo.pipeline_stages > 1 ? r->grid.stage : 0;
+  TS_CHECK(ts_engine_plan_stage(&r->model, &r->eo, (size_t)r->dp_size, stage, &plan));
+  const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  double ranks = local && atoi(local) > 0 ? atoi(local) : 1;
+  double mem = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGE_SIZE);
+  const double GiB = 1024.0 * 1024.0 * 1024.0;
+  if (mem > 0 && (double)plan.peak_total * ranks > mem)
+    return ts_set_error(TS_ERR_OUT_OF_MEMORY,
+                        "%s: the plan needs %.1f GiB per rank (tessera estimate) x %.0f rank%s on "
+                        "this node, more than its %.1f GiB of memory: expected a smaller "
+                        "--micro-batch or --seq, a higher --zero, --activation-checkpointing or "
+                        "more nodes",
+                        ts_model_origin(&r->model), (double)plan.peak_total / GiB, ranks,
+                        ranks > 1 ? "s" : "", mem / GiB);
+  return TS_OK;
+}
+
 static ts_status setup(run *r) {
   const ts_train_config *cfg = r->cfg;
   char path[4096];
@@ -226,6 +252,7 @@ static ts_status setup(run *r) {
                         "--micro-batch %zu = %zu",
                         cfg->data_dir, ts_loader_num_windows(r->val_ld), T, r->dp_size,
                         r->eo.micro_batch, NB);
+  TS_CHECK(check_host_memory(r));
   if (P > 1) TS_CHECK(ts_engine_create_pipeline(&r->engine, &r->model, &r->eo, &r->grid));
   else TS_CHECK(ts_engine_create(&r->engine, &r->model, &r->eo, r->dp));
   ts_engine_batch(r->engine, &r->inputs, &r->targets);
@@ -443,6 +470,7 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
   double t_loop = now_s(), tok_s_sum = 0;
   size_t timed = 0;
   res->resumed_from = r->start;
+  size_t bad_in_a_row = 0; /* fp32/bf16 steps skipped for non-finite values */
   for (size_t step = r->start + 1; step <= cfg->steps; step++) {
     double t0 = now_s();
     float lr = ts_train_lr(step, cfg->steps, cfg->warmup, cfg->lr, cfg->min_lr_ratio);
@@ -482,6 +510,17 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
         cb(&ev, user);
       }
     }
+    /* A run that diverged: every rank saw the same skip (the decision is
+     * agreed), so every rank stops here, before any save. */
+    int bad = st.skipped && eo->dtype != TS_FP16;
+    bad_in_a_row = bad ? bad_in_a_row + 1 : 0;
+    if (sst == TS_OK && cfg->max_bad_steps && bad_in_a_row >= cfg->max_bad_steps)
+      sst = ts_set_error(TS_ERR_NUMERIC,
+                         "step %zu: %zu steps in a row with a non-finite loss or gradient "
+                         "(--max-bad-steps %zu), the last in %s: training stopped, nothing saved "
+                         "after step %zu",
+                         step, bad_in_a_row, cfg->max_bad_steps, st.overflow_tensor,
+                         step - bad_in_a_row);
     if (sst != TS_OK) {
       res->failed_together = 1;
       res->failed_elsewhere = r->wrank != 0; /* rank 0 reports */
@@ -489,7 +528,9 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
     }
     int stop;
     TS_CHECK(stop_requested(r, &stop));
-    if (cfg->save_dir && (stop || step == cfg->steps || (cfg->save_every && step % cfg->save_every == 0)))
+    /* a skipped bad step changed nothing: no checkpoint of it */
+    if (cfg->save_dir && !bad &&
+        (stop || step == cfg->steps || (cfg->save_every && step % cfg->save_every == 0)))
       TS_CHECK(save(r, step, res));
     if (cfg->after_step) cfg->after_step(step, r->wrank);
     if (stop) {

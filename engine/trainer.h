@@ -70,6 +70,9 @@ typedef struct ts_train_config {
                                (save_dir's newest, none: start afresh), or NULL */
   const char *init_from;    /* a Hugging Face folder whose weights start the run (fine-tuning;
                                a resumed checkpoint wins), or NULL */
+  size_t max_bad_steps;     /* fp32/bf16: this many steps in a row skipped for a non-finite
+                               loss or gradient stop the run (TS_ERR_NUMERIC, nothing saved
+                               after the last good step); 0: never. Default 3 */
   /* Test seam (fault injection; NULL in training): called on every rank
    * after each step and its save, with the step and the world rank. */
   void (*after_step)(size_t step, int rank);
@@ -131,7 +134,7 @@ typedef struct ts_train_result {
   int failed_together;     /* on error: 1 when every rank stopped at the same
                               point with the same error (fp16 overflow at the
                               minimum loss scale): no rank waits, no abort */
-  size_t skipped_steps;    /* steps skipped for fp16 overflow */
+  size_t skipped_steps;    /* steps skipped for fp16 overflow or a non-finite value */
   size_t resumed_from;     /* the step of the checkpoint the run resumed from, else 0 */
   size_t stopped_at;       /* the step after which a stop request ended the run, else 0 */
   char saved[4096];        /* the last checkpoint saved, else "" */

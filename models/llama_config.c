@@ -60,6 +60,47 @@ ts_status ts_llama_config_validate(const ts_llama_config *c) {
   return TS_OK;
 }
 
+/* A config of another family patched to say "llama" would train as a
+ * LLaMA decoder: its own fields say otherwise. "architectures", when
+ * given, must name LlamaForCausalLM alone; a field that changes the math
+ * of a family tessera does not compute (Mistral's and Qwen's sliding
+ * window, BERT's token types, absolute positions and LayerNorm, dropout)
+ * must be absent, null, false or 0. TS_ERR_FORMAT naming the field. */
+static ts_status check_foreign(const cJSON *root, const char *src) {
+  const cJSON *arch = cJSON_GetObjectItemCaseSensitive(root, "architectures");
+  if (arch) {
+    int ok = cJSON_IsArray(arch) && cJSON_GetArraySize(arch) == 1;
+    const cJSON *a = ok ? cJSON_GetArrayItem(arch, 0) : NULL;
+    if (!ok || !cJSON_IsString(a) || strcmp(a->valuestring, "LlamaForCausalLM") != 0) {
+      char *found = cJSON_PrintUnformatted(arch);
+      ts_status st = ts_set_error(TS_ERR_FORMAT,
+                                  "%s: field \"architectures\" = %.60s: expected "
+                                  "[\"LlamaForCausalLM\"] (tessera computes LLaMA decoders)",
+                                  src, found ? found : "?");
+      cJSON_free(found);
+      return st;
+    }
+  }
+  static const char *const foreign[] = {
+      "sliding_window", "use_sliding_window", "max_window_layers", "type_vocab_size",
+      "position_embedding_type", "layer_norm_eps", "hidden_dropout_prob",
+      "attention_probs_dropout_prob", "attention_dropout", "qkv_bias", "partial_rotary_factor"};
+  for (size_t k = 0; k < sizeof foreign / sizeof *foreign; k++) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, foreign[k]);
+    if (!v || cJSON_IsNull(v) || cJSON_IsFalse(v) || (cJSON_IsNumber(v) && v->valuedouble == 0))
+      continue;
+    char *found = cJSON_PrintUnformatted(v);
+    ts_status st = ts_set_error(TS_ERR_FORMAT,
+                                "%s: field \"%s\" = %.40s: expected it absent, null, false or 0 "
+                                "(tessera's LLaMA has no such feature; the config is of another "
+                                "model family)",
+                                src, foreign[k], found ? found : "?");
+    cJSON_free(found);
+    return st;
+  }
+  return TS_OK;
+}
+
 ts_status ts_llama_config_from_json(const void *json_object, const char *name,
                                     const char *source, ts_llama_config *out) {
   const cJSON *root = json_object;
@@ -105,6 +146,7 @@ ts_status ts_llama_config_from_json(const void *json_object, const char *name,
                       source);
     goto done;
   }
+  TS_CHECK_GOTO(check_foreign(root, source), st, done);
   TS_CHECK_GOTO(ts_cfg_expect_value(root, source, "hidden_act", "\"silu\""), st, done);
   TS_CHECK_GOTO(ts_cfg_expect_value(root, source, "attention_bias", "false"), st, done);
   TS_CHECK_GOTO(ts_cfg_expect_value(root, source, "mlp_bias", "false"), st, done);

@@ -13,7 +13,12 @@
 #  5. --keep 1 keeps the newest; --resume auto with nothing saved starts
 #     afresh;
 #  6. export: a Hugging Face folder that --init-from and --model DIR read;
-#  7. bad input: one line each and the exact exit code.
+#  7. bad input: one line each and the exact exit code;
+#  8. training health: a diverging fp32 run skips non-finite steps, stops
+#     with exit 3 after --max-bad-steps and saves nothing after its last
+#     good step; nonsense (a negative lr, a flag twice, a micro-batch whose
+#     sizes overflow, a plan larger than this machine, a BERT or Mistral
+#     config patched to say llama) is refused at once in one line.
 #   checkpoint_test.sh TESSERA_BIN LAUNCH_SH
 set -uo pipefail
 bin="$1"
@@ -26,7 +31,8 @@ export TESSERA_HOME="${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-tessera}"
 
 mpi_scratch
 make_token_shards "$tmp/data"
-common=(--model llama-tiny --data "$tmp/data" --steps 6 --micro-batch 2 --seq 32 --log-every 1)
+base=(--data "$tmp/data" --seq 32 --log-every 1) # train refuses a flag given twice
+common=(--model llama-tiny "${base[@]}" --steps 6 --micro-batch 2)
 
 # The rank files' checksums of checkpoint folder $1, one per line.
 shas() { grep -A2 '"rank-' "$1/index.json" | grep sha256 | tr -d ' \t'; }
@@ -53,13 +59,15 @@ p="$("$launch" -n 2 "$bin" train "${common[@]}" --zero 3 --pipeline 2 --grad-acc
   --save "$tmp/p" --save-every 3 2>&1)"
 check_eq "pipeline run exit" 0 $?
 check "1 rank resumed the newest" "resumed from step 6" "$(
-  "$bin" train "${common[@]}" --steps 7 --grad-accum 2 --resume "$tmp/p" 2>&1)"
+  "$bin" train --model llama-tiny "${base[@]}" --micro-batch 2 --steps 7 --grad-accum 2 \
+    --resume "$tmp/p" 2>&1)"
 one="$("$bin" train "${common[@]}" --grad-accum 2 --resume "$tmp/p/step-00000003" 2>&1)"
 check_eq "pipeline checkpoint on 1 rank: exit" 0 $?
 check "steps 4-6 go on near the 2-rank losses (another dp order)" "step     6/6 | loss" "$one"
 
 # 3. SIGTERM: save at the next step boundary, exit 0
-"$launch" -n 2 "$bin" train "${common[@]}" --steps 100000 --save "$tmp/sig" >"$tmp/sig.log" 2>&1 &
+"$launch" -n 2 "$bin" train --model llama-tiny "${base[@]}" --micro-batch 2 --steps 100000 \
+  --save "$tmp/sig" >"$tmp/sig.log" 2>&1 &
 pid=$!
 for _ in $(seq 100); do grep -q '^step' "$tmp/sig.log" && break; sleep 0.2; done
 kill -TERM "$pid"
@@ -86,7 +94,8 @@ check_eq "no restarts: the death's status" 137 $?
 # 5. --keep, --resume auto
 "$bin" train "${common[@]}" --save "$tmp/keep" --save-every 1 --keep 2 >/dev/null 2>&1
 check_eq "--keep 2" "step-00000005 step-00000006" "$(ls "$tmp/keep" | tr '\n' ' ' | sed 's/ $//')"
-fresh="$("$bin" train "${common[@]}" --steps 1 --save "$tmp/empty" --resume auto 2>&1)"
+fresh="$("$bin" train --model llama-tiny "${base[@]}" --micro-batch 2 --steps 1 --save "$tmp/empty" \
+  --resume auto 2>&1)"
 check_eq "--resume auto, nothing saved: exit" 0 $?
 absent "--resume auto, nothing saved: a fresh start" "resumed" "$fresh"
 
@@ -128,15 +137,15 @@ bad "--resume nowhere" 1 "--resume $tmp/none: no complete checkpoint there" \
 bad "--resume at the last step" 1 "is at step 6 already; expected more steps" \
   "$bin" train "${common[@]}" --resume "$tmp/a1"
 bad "--resume another global batch" 1 "the checkpoint $tmp/a1/step-00000002 was trained with 2" \
-  "$bin" train "${common[@]}" --micro-batch 4 --resume "$tmp/a1/step-00000002"
+  "$bin" train --model llama-tiny "${base[@]}" --steps 6 --micro-batch 4 --resume "$tmp/a1/step-00000002"
 bad "--resume another model" 1 "has shape" \
-  "$bin" train "${common[@]}" --model llama-small --resume "$tmp/a1"
+  "$bin" train --model llama-small "${base[@]}" --steps 6 --resume "$tmp/a1"
 bad "--resume 2 ranks, another model" 1 "has shape" \
-  "$launch" -n 2 "$bin" train "${common[@]}" --model llama-small --resume "$tmp/a1"
+  "$launch" -n 2 "$bin" train --model llama-small "${base[@]}" --steps 6 --resume "$tmp/a1"
 cp -r "$tmp/a1/step-00000006" "$tmp/flip"
 printf '\x55' | dd of="$tmp/flip/rank-00000.bin" bs=1 seek=4096 conv=notrunc status=none
 bad "--resume a corrupt file" 1 "rank-00000.bin: sha256" \
-  "$bin" train "${common[@]}" --steps 7 --resume "$tmp/flip"
+  "$bin" train --model llama-tiny "${base[@]}" --micro-batch 2 --steps 7 --resume "$tmp/flip"
 bad "export without --out" 2 "--out DIR is required" "$bin" export "$tmp/a1"
 bad "export of nothing" 1 "$tmp/none: no complete checkpoint there" \
   "$bin" export "$tmp/none" --out "$tmp/x"
@@ -146,6 +155,45 @@ bad "--init-from a checkpoint" 1 "no model.safetensors or model.safetensors.inde
   "$bin" train --init-from "$tmp/a1/step-00000006" --data "$tmp/data" --steps 1
 bad "--max-restarts x" 2 "--max-restarts x: expected a number of restarts >= 0" \
   "$launch" --max-restarts x -n 2 "$bin" train
+
+# 8. training health: a diverging run stops (exit 3) and saves nothing after
+# its last good step; nonsense is refused before any work
+h="$("$bin" train --model llama-tiny "${base[@]}" --steps 10 --micro-batch 2 --lr 1e30 --warmup 0 \
+  --save "$tmp/div" --save-every 1 2>&1)"
+check_eq "diverging: exit 3" 3 $?
+check "diverging: skipped, named" "skipped: non-finite values in model." "$h"
+check "diverging: stopped" "3 steps in a row with a non-finite loss or gradient (--max-bad-steps 3)" "$h"
+check_eq "diverging: only the good step saved" "step-00000001" "$(ls "$tmp/div" | tr '\n' ' ' | sed 's/ $//')"
+h="$("$bin" train --model llama-tiny "${base[@]}" --steps 10 --micro-batch 2 --lr 1e30 --warmup 0 \
+  --max-bad-steps 1 2>&1)"
+check_eq "--max-bad-steps 1: exit 3" 3 $?
+check "--max-bad-steps 1: at step 2" "step 2: 1 steps in a row" "$h"
+bad "--lr -1" 2 "--lr -1: expected a learning rate >= 0" "$bin" train "${common[@]}" --lr -1
+bad "--lr inf" 2 "--lr inf: expected a finite number" "$bin" train "${common[@]}" --lr inf
+bad "a flag twice" 2 "--seq given twice: expected it once" "$bin" train "${common[@]}" --seq 16
+bad "a flag twice on 2 ranks: once" 2 "--seq given twice: expected it once" \
+  "$launch" -n 2 "$bin" train "${common[@]}" --seq 16
+bad "estimate --micro-batch 1e9" 2 "tokens per micro-batch: expected at most 2^31 - 1" \
+  "$bin" estimate --model llama-tiny --micro-batch 1000000000
+bad "train --micro-batch 1e9" 1 "expected at least 1 ranks x --micro-batch 1000000000" \
+  "$bin" train --model llama-tiny "${base[@]}" --micro-batch 1000000000
+tiny="$TESSERA_HOME/models/configs/llama-tiny.json"
+sed 's/"intermediate_size": 512/"intermediate_size": 20000000/' "$tiny" >"$tmp/huge.json"
+start=$SECONDS
+bad "a plan larger than this machine" 1 "GiB of memory: expected a smaller --micro-batch" \
+  "$bin" train --model "$tmp/huge.json" "${base[@]}" --steps 1
+check_eq "refused at once (under 5 s)" 1 "$(((SECONDS - start) < 5))"
+bad "a plan larger than this machine, 2 ranks" 1 "GiB of memory: expected a smaller --micro-batch" \
+  "$launch" -n 2 "$bin" train --model "$tmp/huge.json" "${base[@]}" --steps 1
+sed 's/"LlamaForCausalLM"/"BertForMaskedLM"/' "$tiny" >"$tmp/bert.json"
+bad "a BERT config patched to llama" 1 'field "architectures" = ["BertForMaskedLM"]' \
+  "$bin" train --model "$tmp/bert.json" "${base[@]}" --steps 1
+sed 's/"hidden_act"/"sliding_window": 4096, "hidden_act"/' "$tiny" >"$tmp/mistral.json"
+bad "a Mistral config patched to llama" 1 'field "sliding_window" = 4096: expected it absent' \
+  "$bin" train --model "$tmp/mistral.json" "${base[@]}" --steps 1
+sed 's/"hidden_act"/"type_vocab_size": 2, "hidden_act"/' "$tiny" >"$tmp/bert2.json"
+bad "a BERT field (estimate: bad usage)" 2 'field "type_vocab_size" = 2' \
+  "$bin" estimate --model "$tmp/bert2.json"
 
 echo "$fails failure(s)"
 ((fails == 0))

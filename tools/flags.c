@@ -139,6 +139,9 @@ static void print_help(const ts_flag *flags, size_t nflags, const char *usage) {
 
 int ts_flags_parse(const char *sub, const ts_flag *flags, size_t nflags, int argc, char **argv,
                    const char *usage) {
+  enum { MAX_FLAGS = 128 };
+  TS_ASSERT(nflags <= MAX_FLAGS);
+  unsigned char seen[MAX_FLAGS] = {0}; /* rows given so far */
   for (int i = 1; i < argc; i++) {
     const char *arg = argv[i];
     /* "--name=value": the name before '=', the value after it. */
@@ -151,6 +154,8 @@ int ts_flags_parse(const char *sub, const ts_flag *flags, size_t nflags, int arg
     }
     const ts_flag *f = find(flags, nflags, name);
     if (!f) return ts_flags_error(sub, "unknown flag %s " TS_FLAGS_HINT, name);
+    if (seen[f - flags]++)
+      return ts_flags_error(sub, "%s given twice: expected it once", f->name);
     if (f->kind == TS_FLAG_KIND_SWITCH) {
       if (eq) return ts_flags_error(sub, "%s takes no value " TS_FLAGS_HINT, name);
       *(int *)f->dest = 1;

@@ -9,6 +9,7 @@
  *   tessera SUB: FLAG needs a value (--help lists the flags)    the last word
  *   tessera SUB: FLAG takes no value (--help lists the flags)   a switch as --f=v
  *   tessera SUB: unknown flag FLAG (--help lists the flags)
+ *   tessera SUB: FLAG given twice: expected it once
  *
  * Checks between flags (one required, two exclusive) stay with the command,
  * after the table parse, and report through ts_flags_error in the same form.
@@ -19,7 +20,8 @@
  * Syntax: `--flag value` or `--flag=value` (long names), `-n value`
  * (aliases), a switch alone; argv[0] is the subcommand and every later word
  * is a flag or a flag's value (values may start with '-': `--lr -1`). A flag
- * given twice keeps its last value. C, callable from C++.
+ * given twice (by either name) is bad usage: "FLAG given twice: expected it
+ * once". C, callable from C++.
  */
 #ifndef TS_TOOLS_FLAGS_H
 #define TS_TOOLS_FLAGS_H

@@ -103,18 +103,22 @@ TEST(Flags, AbsentFlagsKeepTheirDefaults) {
   EXPECT_EQ(v.steps_given, nullptr);
 }
 
-TEST(Flags, AliasEqualsFormAndLastValueWins) {
-  Values v;
-  ASSERT_EQ(Parse({"-s", "3", "--model=a=b", "--steps=5", "--units=bytes", "--model", "c"}, &v),
-            TS_FLAGS_OK);
-  EXPECT_EQ(v.steps, 5u);
-  EXPECT_STREQ(v.model, "c");
-  EXPECT_EQ(v.unit, 2);
+TEST(Flags, AliasAndEqualsForm) {
   Values w;
-  ASSERT_EQ(Parse({"--model=a=b", "-s", "4"}, &w), TS_FLAGS_OK);
+  ASSERT_EQ(Parse({"--model=a=b", "-s", "4", "--units=bytes"}, &w), TS_FLAGS_OK);
   EXPECT_STREQ(w.model, "a=b");  // only the first '=' splits
   EXPECT_EQ(w.steps, 4u);
+  EXPECT_EQ(w.unit, 2);
   EXPECT_STREQ(w.steps_given, "--steps");  // the long name, whichever was typed
+}
+
+// A flag given twice, by either of its names or forms, is refused: which
+// value was meant is not the parser's guess.
+TEST(Flags, AFlagGivenTwiceIsOneLine) {
+  ExpectBad({"-s", "3", "--steps=5"}, "tessera demo: --steps given twice: expected it once");
+  ExpectBad({"--model", "a", "--json", "--model", "c"},
+            "tessera demo: --model given twice: expected it once");
+  ExpectBad({"--json", "--json"}, "tessera demo: --json given twice: expected it once");
 }
 
 TEST(Flags, SizeKeepsItsMinimum) {

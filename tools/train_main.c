@@ -23,11 +23,15 @@ static const char *USAGE =
     "  (give two of --global-batch, --grad-accum and the rank count fixes the third).\n"
     "  --pipeline P: ranks = P stages x data-parallel ranks; each step's --grad-accum\n"
     "  micro-batches flow through the stages (the ranks count is then P x dp).\n"
-    "  Several ranks: tessera launch -n N train ...\n";
+    "  Several ranks: tessera launch -n N train ...\n"
+    "  Exit status: 0 trained (or stopped by SIGINT/SIGTERM after saving), 1 failed,\n"
+    "  2 bad usage, 3 stopped: non-finite losses or gradients (--max-bad-steps, fp16 at\n"
+    "  its minimum loss scale).\n";
 
 typedef struct progress {
   int tty;          /* stdout is a terminal */
   size_t log_every; /* steps between permanent lines */
+  int fp16;         /* a skipped step is an fp16 overflow (else non-finite values) */
 } progress;
 
 static void on_event(const ts_train_event *ev, void *user) {
@@ -38,10 +42,16 @@ static void on_event(const ts_train_event *ev, void *user) {
     fflush(stdout);
     return;
   }
-  if (ev->skipped) { /* always a permanent line */
+  if (ev->skipped && p->fp16) { /* always a permanent line */
     printf("%sstep %5zu/%zu | loss %.4f | skipped: fp16 overflow in %s, loss scale %g -> %g\n",
            p->tty ? "\r\033[K" : "", ev->step, ev->steps, ev->loss, ev->overflow_tensor,
            (double)ev->loss_scale, (double)ev->next_loss_scale);
+    fflush(stdout);
+    return;
+  }
+  if (ev->skipped) {
+    printf("%sstep %5zu/%zu | loss %.4f | skipped: non-finite values in %s, nothing applied\n",
+           p->tty ? "\r\033[K" : "", ev->step, ev->steps, ev->loss, ev->overflow_tensor);
     fflush(stdout);
     return;
   }
@@ -199,6 +209,10 @@ int ts_tool_train(int argc, char **argv) {
                     "AdamW weight decay (default 0.1)", NULL),
       TS_FLAG_FLOAT("--grad-clip", NULL, &e->grad_clip, "C",
                     "clip the global gradient norm to C (default 1)", NULL),
+      TS_FLAG_SIZE("--max-bad-steps", NULL, &cfg.max_bad_steps, 1, "N",
+                   "fp32/bf16: stop (exit 3) after N steps in a row skipped for a non-finite "
+                   "loss or gradient (default 3)",
+                   NULL),
       TS_FLAG_SIZE("--log-every", NULL, &log_every, 1, "N",
                    "steps between kept progress lines (default steps / 20)", NULL),
       TS_FLAG_SIZE("--zero", NULL, &zero, 0, "0|1|2|3", "ZeRO stage (default 0: DDP)", NULL),
@@ -260,6 +274,9 @@ int ts_tool_train(int argc, char **argv) {
     return ts_flags_error("train", "--model and --data are required " TS_FLAGS_HINT);
   if (zero > 3)
     return ts_flags_error("train", "--zero %zu: expected a ZeRO stage 0, 1, 2 or 3", zero);
+  if (cfg.lr < 0) return ts_flags_error("train", "--lr %g: expected a learning rate >= 0", (double)cfg.lr);
+  if (e->weight_decay < 0)
+    return ts_flags_error("train", "--weight-decay %g: expected >= 0", (double)e->weight_decay);
   e->zero_stage = (int)zero;
   if (pipeline > TS_ENGINE_MAX_STAGES)
     return ts_flags_error("train", "--pipeline %zu: expected 1 to %d stages", pipeline,
@@ -294,7 +311,8 @@ int ts_tool_train(int argc, char **argv) {
     cfg.stop = &stop_flag;
   }
   if (getenv("TESSERA_TEST_KILL")) cfg.after_step = test_kill;
-  progress p = {stdout_is_terminal(), log_every ? log_every : (cfg.steps + 19) / 20};
+  progress p = {stdout_is_terminal(), log_every ? log_every : (cfg.steps + 19) / 20,
+                e->dtype == TS_FP16};
   ts_comm *world = NULL;
   ts_status st = ts_comm_init(&argc, &argv);
   if (st == TS_OK) st = ts_comm_world(&world);
@@ -316,7 +334,7 @@ int ts_tool_train(int argc, char **argv) {
      * one rank's, and its peers would wait for it in the next collective. */
     if (n > 1 && !res.setup_failed && !res.failed_together) ts_comm_abort(1);
     ts_comm_finalize();
-    return 1;
+    return st == TS_ERR_NUMERIC ? 3 : 1; /* 3: training diverged (README, exit codes) */
   }
   if (rank == 0 && res.stopped_at) {
     printf("stopped after step %zu on %s: saved %s\n", res.stopped_at,
