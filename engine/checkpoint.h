@@ -138,6 +138,8 @@ typedef struct ts_ckpt_info {
   int world;           /* ranks: pipeline * dp, one rank-RRRRR.bin each */
   int optimizer_step;  /* AdamW updates applied (t) */
   size_t n_tensors;    /* logical tensors */
+  size_t bytes;        /* every file the index lists, summed */
+  size_t bytes_read;   /* what this process read of them so far (verify and load), bytes */
 } ts_ckpt_info;
 void ts_checkpoint_info(const ts_checkpoint *ck, ts_ckpt_info *out);
 

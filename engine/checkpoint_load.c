@@ -272,6 +272,7 @@ static ts_status parse_index(ts_checkpoint *ck, const cJSON *root) {
     snprintf(ck->files[f].name, sizeof ck->files[f].name, "%s", name->valuestring);
     snprintf(ck->files[f].sha, sizeof ck->files[f].sha, "%s", sha->valuestring);
     TS_CHECK(get_size(ck, jf, "bytes", &ck->files[f].bytes));
+    ck->info.bytes += ck->files[f].bytes;
   }
   const cJSON *tensors = cJSON_GetObjectItemCaseSensitive(root, "tensors");
   int nt = cJSON_GetArraySize(tensors);
@@ -328,6 +329,7 @@ ts_status ts_checkpoint_verify(const ts_checkpoint *ck, int rank, int size) {
       return ts_set_error(TS_ERR_FORMAT, "%s: has %lld bytes, " INDEX " says %zu: the file is "
                           "truncated or replaced", path, (long long)sb.st_size, cf->bytes);
     TS_CHECK(ts_sha256_file(path, hex, &n));
+    ((ts_checkpoint *)ck)->info.bytes_read += n;
     if (strcmp(hex, cf->sha) != 0)
       return ts_set_error(TS_ERR_FORMAT, "%s: sha256 %.12s... differs from " INDEX "'s %.12s...: "
                           "the file is corrupt", path, hex, cf->sha);
@@ -362,6 +364,7 @@ static ts_status read_range(ts_checkpoint *ck, const ck_tensor *t, int k, size_t
                             ck->dir, f->name, (long long)(at + (off_t)done));
       done += (size_t)r;
     }
+    ck->info.bytes_read += nbytes;
     if (es == 2) { /* widen in place, front to back: the source sits in the upper half */
       const uint16_t *h = (const uint16_t *)into;
       int bf = !strcmp(t->dtype[k], "BF16");
@@ -445,7 +448,9 @@ ts_status ts_checkpoint_load(ts_checkpoint *ck, ts_engine *e) {
       ts_slice p = ts_slice_of(e, u, i, e->zero->shard_params);
       ts_slice o = ts_slice_of(e, u, i, e->zero->shard_optim);
       st = read_flat(ck, t, src, s->offset, p.begin, p.end, buf);
-      if (st == TS_OK && !replica) st = read_flat(ck, t, src, s->offset, o.begin, o.end, buf);
+      /* the master weights' part, unless the parameters' covered it */
+      int master = !replica && e->units[u].master && (o.begin < p.begin || o.end > p.end);
+      if (st == TS_OK && master) st = read_flat(ck, t, src, s->offset, o.begin, o.end, buf);
       if (st == TS_OK) st = ts_engine_set_tensor(e, s->name, buf, s->numel);
       for (int k = TS_CKPT_EXP_AVG; k <= TS_CKPT_EXP_AVG_SQ && st == TS_OK && !replica; k++) {
         st = read_flat(ck, t, k, s->offset, o.begin, o.end, buf);

@@ -102,6 +102,7 @@ typedef struct run {
   size_t model_len;          /* bytes */
   ts_checkpoint *ck;         /* the checkpoint resumed from (setup), else NULL */
   size_t start;              /* steps done before this run (resumed), else 0 */
+  double load_seconds;       /* this rank's verify and load of ck */
 } run;
 
 static void run_free(run *r) {
@@ -257,8 +258,10 @@ static ts_status setup(run *r) {
   else TS_CHECK(ts_engine_create(&r->engine, &r->model, &r->eo, r->dp));
   ts_engine_batch(r->engine, &r->inputs, &r->targets);
   if (r->ck) { /* every rank checks its share of the files, then loads its parts */
+    double t0 = now_s();
     TS_CHECK(ts_checkpoint_verify(r->ck, r->wrank, r->world_size));
     TS_CHECK(ts_checkpoint_load(r->ck, r->engine));
+    r->load_seconds = now_s() - t0;
   } else if (cfg->init_from) {
     TS_CHECK(ts_checkpoint_import_hf(r->engine, cfg->init_from));
   }
@@ -445,7 +448,10 @@ static ts_status save(run *r, size_t step, ts_train_result *res) {
   TS_CHECK(agreed(r, st));
   ts_ckpt_extra ex[2] = {{"trainer.json", tj, tj ? strlen(tj) : 0},
                          {"config.json", r->model_text, r->model_len}};
+  double t0 = now_s();
   st = ts_checkpoint_save(r->engine, r->world, dir, ex, r->wrank == 0 ? 2 : 0);
+  res->save_seconds += now_s() - t0;
+  res->saves++;
   free(tj);
   TS_CHECK(st);
   snprintf(res->saved, sizeof res->saved, "%s", dir);
@@ -470,6 +476,15 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
   double t_loop = now_s(), tok_s_sum = 0;
   size_t timed = 0;
   res->resumed_from = r->start;
+  if (r->ck) { /* the load's time (the slowest rank) and bytes (all ranks) */
+    ts_ckpt_info info;
+    ts_checkpoint_info(r->ck, &info);
+    double t = r->load_seconds, b = (double)info.bytes_read;
+    TS_CHECK(ts_comm_all_reduce_f64(r->world, &t, 1, TS_COMM_MAX));
+    TS_CHECK(ts_comm_all_reduce_f64(r->world, &b, 1, TS_COMM_SUM));
+    res->load_seconds = t;
+    res->load_bytes = b;
+  }
   size_t bad_in_a_row = 0; /* fp32/bf16 steps skipped for non-finite values */
   for (size_t step = r->start + 1; step <= cfg->steps; step++) {
     double t0 = now_s();

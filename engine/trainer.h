@@ -138,6 +138,10 @@ typedef struct ts_train_result {
   size_t resumed_from;     /* the step of the checkpoint the run resumed from, else 0 */
   size_t stopped_at;       /* the step after which a stop request ended the run, else 0 */
   char saved[4096];        /* the last checkpoint saved, else "" */
+  size_t saves;            /* checkpoints saved */
+  double save_seconds;     /* their wall time, summed: training waits for a save */
+  double load_seconds;     /* the resumed checkpoint's verify and load, wall time */
+  double load_bytes;       /* what every rank read of it (checksums, slices), summed */
   int pipeline_split[TS_ENGINE_MAX_STAGES + 1]; /* first unit of each pipeline stage, then
                                                    the number of units */
 } ts_train_result;

@@ -13,6 +13,7 @@
 
 #include "base/atomic_file.h"
 #include "comm/comm.h"
+#include "engine/checkpoint.h"
 #include "engine/trainer.h"
 #include "tools/flags.h"
 #include "tools/tools.h"
@@ -123,6 +124,30 @@ static void print_summary(const ts_train_config *cfg, const ts_train_result *res
     printf("%s%s %.2f", c ? ", " : "", ts_mem_category_name((ts_mem_category)c),
            (double)l->peak[c] / MiB);
   printf(")\n");
+}
+
+/* Rank 0's checkpoint line: the resumed one's load, the saves (their size
+ * from the last one's index) and the time training waited for them. */
+static void print_checkpoints(const ts_train_result *res) {
+  const double GB = 1e9;
+  if (res->load_seconds > 0)
+    printf("checkpoint load: %.3f GB read by all ranks (checksums and slices) in %.3f s, "
+           "%.3f GB/s\n",
+           res->load_bytes / GB, res->load_seconds, res->load_bytes / GB / res->load_seconds);
+  if (!res->saves) return;
+  ts_checkpoint *ck = NULL;
+  double bytes = 0;
+  if (ts_checkpoint_open(&ck, res->saved, NULL) == TS_OK) {
+    ts_ckpt_info info;
+    ts_checkpoint_info(ck, &info);
+    bytes = (double)info.bytes;
+  }
+  ts_checkpoint_close(ck);
+  double each = res->save_seconds / (double)res->saves;
+  printf("checkpoint save: %zu saved, %.3f GB each in %.3f s (%.3f GB/s), training blocked "
+         "%.3f s in all; the last: %s\n",
+         res->saves, bytes / GB, each, each > 0 ? bytes / GB / each : 0.0, res->save_seconds,
+         res->saved);
 }
 
 /* --schedule: gpipe or 1f1b into a ts_schedule_kind. */
@@ -341,7 +366,7 @@ int ts_tool_train(int argc, char **argv) {
            stop_signal == SIGINT ? "SIGINT" : "SIGTERM", res.saved);
   } else if (rank == 0) {
     print_summary(&cfg, &res);
-    if (res.saved[0]) printf("saved %s\n", res.saved);
+    print_checkpoints(&res);
   }
   ts_comm_finalize();
   return 0;
