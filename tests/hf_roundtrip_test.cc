@@ -3,7 +3,7 @@
 // Face folder import into the engine (train --init-from's path), whose
 // logits then match transformers' (the parity tolerance); saved as a
 // checkpoint and exported (tessera export's path) they come back bitwise,
-// in one file and sharded, fp32 and bf16 (each element the
+// in one file and sharded, fp32, and bf16 and fp16 (each element the
 // round-to-nearest-even of the fp32 one), and import again bitwise. A
 // folder of another model, or with a tensor of a wrong shape, is refused
 // in one line. Untied and tied (no lm_head.weight written).
@@ -162,13 +162,19 @@ void RoundTrip(const std::string &variant) {
     EXPECT_EQ(ts_hf_export(out.c_str(), &fx.model, config.c_str(), TS_FP32, 0, FromCheckpoint, c),
               TS_OK);
   }
+  for (ts_dtype dt : {TS_BF16, TS_FP16}) {  // narrowed: each element rounded to nearest even
+    std::string half = d.path(std::string("export-") + ts_dtype_name(dt));
+    ASSERT_EQ(ts_hf_export(half.c_str(), &fx.model, config.c_str(), dt, 0, FromCheckpoint, c),
+              TS_OK);
+    std::vector<std::vector<float>> h = Weights(half, fx.model);
+    for (size_t k = 0; k < a.size(); k++)
+      for (size_t q = 0; q < a[k].size(); q++) {
+        float want = dt == TS_BF16 ? ts_bf16_to_f32(ts_f32_to_bf16(a[k][q]))
+                                   : ts_f16_to_f32(ts_f32_to_f16(a[k][q]));
+        ASSERT_EQ(ts_f32_bits(h[k][q]), ts_f32_bits(want)) << ts_dtype_name(dt) << " " << k;
+      }
+  }
   std::string out = d.path("export-bf16");
-  ASSERT_EQ(ts_hf_export(out.c_str(), &fx.model, config.c_str(), TS_BF16, 0, FromCheckpoint, c),
-            TS_OK);
-  std::vector<std::vector<float>> h = Weights(out, fx.model);
-  for (size_t k = 0; k < a.size(); k++)
-    for (size_t q = 0; q < a[k].size(); q++)
-      ASSERT_EQ(ts_f32_bits(h[k][q]), ts_f32_bits(ts_bf16_to_f32(ts_f32_to_bf16(a[k][q])))) << k;
   ts_safetensors *sf = nullptr;
   ASSERT_EQ(ts_safetensors_open(&sf, (out + "/model.safetensors").c_str()), TS_OK);
   EXPECT_EQ(ts_safetensors_count(sf), a.size()) << "a tied model writes no lm_head.weight";

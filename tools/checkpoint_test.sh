@@ -88,8 +88,12 @@ check "killed rank: restarted" "restart 1 of 1 from the newest complete checkpoi
 check "killed rank: resumed" "resumed from step 2" "$k"
 check_eq "killed rank: ends byte-identical" "$(shas "$tmp/a2/step-00000006")" \
   "$(shas "$tmp/k/step-00000006")"
-k="$(TESSERA_TEST_KILL="0:2:$tmp/killed2" "$launch" -n 2 "$bin" train "${common[@]}" 2>&1)"
+start=$SECONDS
+k="$(TESSERA_TEST_KILL="0:2:$tmp/killed2" "$launch" -n 2 "$bin" train --model llama-tiny "${base[@]}" \
+  --micro-batch 2 --steps 100000 2>&1)"
 check_eq "no restarts: the death's status" 137 $?
+check_eq "no restarts: every rank stopped within 30 s" 1 "$(((SECONDS - start) < 30))"
+check_eq "no restarts: one line after the progress" 1 "$(grep -vc '^step' <<<"$k")"
 
 # 5. --keep, --resume auto
 "$bin" train "${common[@]}" --save "$tmp/keep" --save-every 1 --keep 2 >/dev/null 2>&1
