@@ -17,7 +17,6 @@
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,7 +25,6 @@
 
 #include "base/atomic_file.h"
 #include "base/checksum.h"
-#include "base/floats.h"
 #include "engine/engine_internal.h"
 
 #define FORMAT TS_CKPT_FORMAT

@@ -175,12 +175,17 @@ static ts_status open_resume(run *r) {
   TS_CHECK(ts_checkpoint_read_extra(r->ck, "trainer.json", &text, NULL));
   cJSON *root = cJSON_Parse(text);
   free(text);
-  double step = 0, seed = 0, gb = 0;
+  double step = 0, gb = 0;
   ts_status st = root ? TS_OK
                       : ts_set_error(TS_ERR_FORMAT, "%s/trainer.json: not valid JSON", dir);
   if (st == TS_OK) st = trainer_field(r, root, "step", &step);
-  if (st == TS_OK) st = trainer_field(r, root, "data_seed", &seed);
   if (st == TS_OK) st = trainer_field(r, root, "global_batch", &gb);
+  const cJSON *js = cJSON_GetObjectItemCaseSensitive(root, "data_seed");
+  char *end = NULL;
+  unsigned long long seed = cJSON_IsString(js) ? strtoull(js->valuestring, &end, 10) : 0;
+  if (st == TS_OK && (!end || end == js->valuestring || *end))
+    st = ts_set_error(TS_ERR_FORMAT, "%s/trainer.json: field \"data_seed\": expected a decimal "
+                      "string", dir);
   cJSON_Delete(root);
   TS_CHECK(st);
   if ((size_t)gb != r->global_batch)
@@ -402,7 +407,9 @@ static char *trainer_json(const run *r, size_t step) {
   cJSON *o = cJSON_CreateObject();
   cJSON_AddNumberToObject(o, "step", (double)step);
   cJSON_AddNumberToObject(o, "steps", (double)cfg->steps);
-  cJSON_AddNumberToObject(o, "data_seed", (double)eo->seed);
+  char seed[32]; /* a string: a 64-bit seed does not fit a JSON number's double */
+  snprintf(seed, sizeof seed, "%llu", (unsigned long long)eo->seed);
+  cJSON_AddStringToObject(o, "data_seed", seed);
   cJSON_AddNumberToObject(o, "next_sample", (double)(step * r->global_batch));
   cJSON_AddNumberToObject(o, "global_batch", (double)r->global_batch);
   cJSON_AddNumberToObject(o, "micro_batch", (double)eo->micro_batch);
