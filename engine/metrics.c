@@ -17,13 +17,13 @@ struct ts_metrics {
   char *path; /* for messages (owned) */
 };
 
-ts_status ts_metrics_open(ts_metrics **out, const char *path) {
+ts_status ts_metrics_open(ts_metrics **out, const char *path, int append) {
   *out = NULL;
   ts_metrics *m = calloc(1, sizeof *m);
   if (!m) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "metrics: cannot allocate");
   if (path) {
     m->path = strdup(path);
-    m->f = m->path ? fopen(path, "w") : NULL;
+    m->f = m->path ? fopen(path, append ? "a" : "w") : NULL;
     if (!m->f) {
       ts_status st = ts_set_error(TS_ERR_IO, "%s: cannot open for writing: %s", path,
                                   strerror(m->path ? errno : ENOMEM));
@@ -84,6 +84,13 @@ ts_status ts_metrics_write_eval(ts_metrics *m, size_t step, double val_loss) {
   cJSON *o = cJSON_CreateObject();
   cJSON_AddNumberToObject(o, "step", (double)step);
   cJSON_AddNumberToObject(o, "val_loss", val_loss);
+  return write_line(m, o);
+}
+
+ts_status ts_metrics_write_resume(ts_metrics *m, size_t step, const char *checkpoint) {
+  cJSON *o = cJSON_CreateObject(), *r = cJSON_AddObjectToObject(o, "resume");
+  cJSON_AddNumberToObject(r, "step", (double)step);
+  cJSON_AddStringToObject(r, "checkpoint", checkpoint);
   return write_line(m, o);
 }
 

@@ -17,10 +17,11 @@ extern "C" {
 
 typedef struct ts_metrics ts_metrics; /* opaque: the open file */
 
-/* Opens (truncates) path for writing; path NULL gives a sink that accepts
+/* Opens path for writing, truncated, or appended to when append != 0 (a
+ * resumed run goes on in its file); path NULL gives a sink that accepts
  * every record and writes nothing. TS_ERR_IO ("PATH: cannot open for
  * writing: ..."), TS_ERR_OUT_OF_MEMORY. */
-ts_status ts_metrics_open(ts_metrics **out, const char *path);
+ts_status ts_metrics_open(ts_metrics **out, const char *path, int append);
 
 /* Closes the file; NULL is a no-op. */
 void ts_metrics_close(ts_metrics *m);
@@ -41,6 +42,11 @@ ts_status ts_metrics_write_step(ts_metrics *m, const ts_metrics_step *s, const t
 
 /* {step, val_loss}. TS_ERR_IO. */
 ts_status ts_metrics_write_eval(ts_metrics *m, size_t step, double val_loss);
+
+/* A resumed run's first line: {"resume": {"step": N, "checkpoint": DIR}};
+ * step lines after it continue from N + 1 (lines of the interrupted run
+ * past N above it were not kept in the checkpoint). */
+ts_status ts_metrics_write_resume(ts_metrics *m, size_t step, const char *checkpoint);
 
 /* Per rank in the summary: the ledger's peak per category, its peak total,
  * the process's peak RSS and the model states held at the end, bytes. */

@@ -281,7 +281,8 @@ static ts_status setup(run *r) {
  * setup succeeded, so that a failed start leaves an earlier run's file as
  * it was. */
 static ts_status open_metrics(run *r) {
-  return ts_metrics_open(&r->metrics, r->wrank == 0 ? r->cfg->metrics_path : NULL);
+  TS_CHECK(ts_metrics_open(&r->metrics, r->wrank == 0 ? r->cfg->metrics_path : NULL, r->ck != NULL));
+  return r->ck ? ts_metrics_write_resume(r->metrics, r->start, ts_checkpoint_dir(r->ck)) : TS_OK;
 }
 
 /* Agreement on this rank's status st over the world: if any rank failed,

@@ -14,7 +14,8 @@
  * P > 1) the world is a grid of P stages x dp ranks (engine/grid.h) and
  * every stage of a dp rank reads that dp rank's slice; the loss each rank
  * reports is the step's (the last stage's, summed to all). Rank 0 alone
- * writes the metrics file and calls the callback. The metrics file holds one line per step
+ * writes the metrics file and calls the callback. A resumed run appends to
+ * it, starting with {"resume": {step, checkpoint}}. The metrics file holds one line per step
  * {step, loss, lr, grad_norm, tokens_per_s, gflops, step_seconds,
  * comm_bytes, loss_scale, skipped} (a skipped fp16 step adds overflow:
  * {unit, tensor, loss_scale_before, loss_scale_after}, its grad_norm is

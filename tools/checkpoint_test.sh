@@ -43,10 +43,14 @@ steps() { grep '^step ' <<<"$1" | grep -v val | sed 's/ | [0-9]* tok\/s.*//'; }
 for n in 1 2; do
   a="$("$launch" -n "$n" "$bin" train "${common[@]}" --zero 2 --save "$tmp/a$n" --save-every 2 2>&1)"
   check_eq "run a$n exit" 0 $?
+  echo '{"earlier": "run"}' >"$tmp/b$n.jsonl"
   b="$("$launch" -n "$n" "$bin" train "${common[@]}" --zero 2 --resume "$tmp/a$n/step-00000002" \
-    --save "$tmp/b$n" 2>&1)"
+    --save "$tmp/b$n" --metrics "$tmp/b$n.jsonl" 2>&1)"
   check_eq "resumed b$n exit" 0 $?
   check "b$n says so" "resumed from step 2" "$b"
+  check_eq "b$n keeps its metrics file's lines" '{"earlier": "run"}' "$(head -n 1 "$tmp/b$n.jsonl")"
+  check "b$n appends to it from the resume" '{"resume":{"step":2,"checkpoint":' \
+    "$(sed -n 2p "$tmp/b$n.jsonl")"
   check_eq "b$n: steps 3-6 print the same" "$(steps "$a" | tail -n 4)" "$(steps "$b")"
   [[ -n "$(shas "$tmp/a$n/step-00000006")" ]] || { echo "FAIL no checksums"; fails=$((fails + 1)); }
   check_eq "b$n: final checkpoint byte-identical" "$(shas "$tmp/a$n/step-00000006")" \
