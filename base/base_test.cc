@@ -166,6 +166,9 @@ TEST(Sha256, MatchesTheNistVectorsForBytesAndFiles) {
   ASSERT_EQ(ts_sha256_file(p.c_str(), hex, &n), TS_OK);
   EXPECT_EQ(std::string(hex), digest(two));
   EXPECT_EQ(n, two.size());
+  char once[TS_SHA256_HEX];
+  ASSERT_EQ(ts_sha256_bytes(two.data(), two.size(), once), TS_OK);
+  EXPECT_EQ(std::string(once), digest(two));
   EXPECT_EQ(ts_sha256_file(d.path("missing").c_str(), hex, &n), TS_ERR_IO);
   EXPECT_NE(std::string(ts_last_error()).find("missing: cannot open"), std::string::npos);
 }

@@ -40,6 +40,15 @@ void ts_sha256_final(ts_sha256 *h, char hex[TS_SHA256_HEX]) {
   free(h);
 }
 
+ts_status ts_sha256_bytes(const void *data, size_t nbytes, char hex[TS_SHA256_HEX]) {
+  ts_sha256 *h;
+  hex[0] = '\0';
+  TS_CHECK(ts_sha256_new(&h));
+  ts_sha256_update(h, data, nbytes);
+  ts_sha256_final(h, hex);
+  return TS_OK;
+}
+
 ts_status ts_sha256_file(const char *path, char hex[TS_SHA256_HEX], size_t *nbytes) {
   FILE *f = fopen(path, "rb");
   if (!f) return ts_set_error(TS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));

@@ -32,6 +32,10 @@ void ts_sha256_update(ts_sha256 *h, const void *data, size_t nbytes);
  * bytes) and frees h. NULL h is a no-op. */
 void ts_sha256_final(ts_sha256 *h, char hex[TS_SHA256_HEX]);
 
+/* The digest of nbytes of data (host) into hex: new, update, final in one
+ * call. TS_ERR_OUT_OF_MEMORY, TS_ERR_INTERNAL (hex then ""). */
+ts_status ts_sha256_bytes(const void *data, size_t nbytes, char hex[TS_SHA256_HEX]);
+
 /* The digest of the whole file at path into hex, and its size in bytes
  * into *nbytes (NULL: not wanted). Reads 4 MiB at a time. TS_ERR_IO
  * ("PATH: cannot open: ..." / "PATH: read failed: ..."),

@@ -429,6 +429,19 @@ ts_status ts_comm_all_reduce_f64(ts_comm *c, double *buf, size_t count, ts_comm_
   return submit(c, &d, NULL);
 }
 
+ts_status ts_comm_agree(ts_comm *c, ts_status st, const char *what, int *first) {
+  int rank = ts_comm_rank(c), n = ts_comm_size(c);
+  enum { STATUSES = 64 }; /* above every ts_status value */
+  double key = st != TS_OK ? (double)rank * STATUSES + (double)st : (double)n * STATUSES;
+  if (first) *first = -1;
+  TS_CHECK(ts_comm_all_reduce_f64(c, &key, 1, TS_COMM_MIN));
+  if (key >= (double)n * STATUSES) return TS_OK;
+  int who = (int)(key / STATUSES);
+  if (first) *first = who;
+  if (who == rank) return st;
+  return ts_set_error((ts_status)((int)key % STATUSES), "rank %d of %d failed %s", who, n, what);
+}
+
 /* A broadcast, blocking (req NULL) or started. */
 static ts_status broadcast(ts_comm *c, const char *name, void *buf, size_t count, ts_dtype dt,
                            int root, ts_comm_request **req) {

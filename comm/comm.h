@@ -215,6 +215,15 @@ ts_status ts_comm_all_reduce(ts_comm *c, void *buf, size_t count, ts_dtype dt, v
  * every rank). TS_ERR_INVALID_ARGUMENT (bad op), TS_ERR_MPI. */
 ts_status ts_comm_all_reduce_f64(ts_comm *c, double *buf, size_t count, ts_comm_op op);
 
+/* Agreement on a status: every rank passes its own st; returns TS_OK on
+ * every rank when every st is TS_OK. Else the lowest failing rank gets its
+ * own st back (its message kept) and every other rank that rank's status
+ * with the message "rank R of N failed WHAT" (what: e.g. "during setup").
+ * *first (NULL: not wanted) receives that rank, or -1 when none failed. One
+ * ts_comm_all_reduce_f64 (min of rank * 64 + status). Errors of its own:
+ * TS_ERR_MPI (*first -1). */
+ts_status ts_comm_agree(ts_comm *c, ts_status st, const char *what, int *first);
+
 /* Broadcast buf (count,) in dt from rank `root` to every rank. The root
  * counts (N-1) * count * sizeof(dt) bytes; other ranks count 0.
  * TS_ERR_INVALID_ARGUMENT (root out of range), TS_ERR_MPI. */

@@ -417,6 +417,25 @@ TEST_F(Comm, AllReduceF64) {
   EXPECT_EQ(ts_comm_all_reduce_f64(c_, &x, 1, (ts_comm_op)7), TS_ERR_INVALID_ARGUMENT);
 }
 
+// The lowest failing rank keeps its status and message; the others get its
+// status and a line naming it; nobody failing is TS_OK everywhere.
+TEST_F(Comm, AgreeNamesTheLowestFailingRank) {
+  int first = 7;
+  EXPECT_EQ(ts_comm_agree(c_, TS_OK, "here", &first), TS_OK);
+  EXPECT_EQ(first, -1);
+  // the last two ranks fail (one rank: rank 0 alone), with different statuses
+  int lowest = n_ > 1 ? n_ - 2 : 0;
+  ts_status mine = r_ == lowest ? TS_ERR_FORMAT : r_ == n_ - 1 ? TS_ERR_IO : TS_OK;
+  if (mine != TS_OK) ts_set_error(mine, "rank %d's own message", r_);
+  ts_status got = ts_comm_agree(c_, mine, "during the test", &first);
+  EXPECT_EQ(first, lowest);
+  EXPECT_EQ(got, TS_ERR_FORMAT);
+  std::string want = r_ == lowest ? "rank " + std::to_string(r_) + "'s own message"
+                                  : "rank " + std::to_string(lowest) + " of " +
+                                        std::to_string(n_) + " failed during the test";
+  EXPECT_EQ(std::string(ts_last_error()), want);
+}
+
 // ---- broadcast -----------------------------------------------------------------------
 
 TEST_P(CommDtype, BroadcastFromEachRoot) {

@@ -297,10 +297,7 @@ static ts_status write_index(const ts_engine *e, const saver_layout *L, const ch
     memcpy(&sizes[r], (const char *)packed + (size_t)r * 72 + 64, 8);
   }
   for (size_t k = 0; k < n_extra; k++) {
-    ts_sha256 *h;
-    TS_CHECK(ts_sha256_new(&h));
-    ts_sha256_update(h, extra[k].data, extra[k].nbytes);
-    ts_sha256_final(h, hex[n + k]);
+    TS_CHECK(ts_sha256_bytes(extra[k].data, extra[k].nbytes, hex[n + k]));
     snprintf(path, sizeof path, "%s/%s", dir, extra[k].name);
     fault_point();
     TS_CHECK(ts_atomic_write(path, extra[k].data, extra[k].nbytes));
@@ -319,17 +316,6 @@ static ts_status write_index(const ts_engine *e, const saver_layout *L, const ch
   return ts_atomic_file_commit(f);
 }
 
-/* Agrees on st over world: TS_OK when every rank's is; else the failing
- * rank keeps its message and the others name it. */
-static ts_status agree(ts_comm *world, ts_status st, const char *what) {
-  int rank = ts_comm_rank(world), n = ts_comm_size(world);
-  double first = st != TS_OK ? rank : n;
-  TS_CHECK(ts_comm_all_reduce_f64(world, &first, 1, TS_COMM_MIN));
-  if (first >= n) return TS_OK;
-  if ((int)first == rank) return st;
-  return ts_set_error(TS_ERR_IO, "%s: rank %d of %d failed", what, (int)first, n);
-}
-
 static ts_status make_dir(const char *dir) {
   if (mkdir(dir, 0777) == 0 || errno == EEXIST) return TS_OK;
   return ts_set_error(TS_ERR_IO, "%s: cannot create the folder: %s", dir, strerror(errno));
@@ -345,14 +331,15 @@ ts_status ts_checkpoint_save(ts_engine *e, ts_comm *world, const char *dir,
   if (!world) TS_CHECK(ts_comm_self(&own));
   ts_comm *w = world ? world : own;
   int R = ts_comm_rank(w), n = ts_comm_size(w);
-  char path[4096];
+  char path[4096], what[4200];
+  snprintf(what, sizeof what, "to save %s", dir);
   snprintf(path, sizeof path, "%s/" INDEX, dir);
   /* Rank 0 makes the folder and removes an old index before anyone writes:
    * from here until the new index the folder is not a checkpoint. */
   ts_status st = R == 0 ? make_dir(dir) : TS_OK;
   if (st == TS_OK && R == 0 && unlink(path) != 0 && errno != ENOENT)
     st = ts_set_error(TS_ERR_IO, "%s: cannot remove the old index: %s", path, strerror(errno));
-  st = agree(w, st, dir);
+  st = ts_comm_agree(w, st, what, NULL);
   saver_layout L;
   memset(&L, 0, sizeof L);
   char (*hex)[TS_SHA256_HEX] = calloc((size_t)n + n_extra, TS_SHA256_HEX);
@@ -372,7 +359,7 @@ ts_status ts_checkpoint_save(ts_engine *e, ts_comm *world, const char *dir,
     size_t nb = 0;
     snprintf(path, sizeof path, "%s/rank-%05d.bin", dir, R);
     if (local == TS_OK) local = write_rank_file(e, &L, path, R, hx, &nb);
-    st = agree(w, local, dir);
+    st = ts_comm_agree(w, local, what, NULL);
     if (st == TS_OK) {
       char mine[72];
       memcpy(mine, hx, 64);
@@ -383,7 +370,7 @@ ts_status ts_checkpoint_save(ts_engine *e, ts_comm *world, const char *dir,
   if (st == TS_OK) { /* rank 0: the extra files, then the index; agreed */
     ts_status local = TS_OK;
     if (R == 0) local = write_index(e, &L, dir, n, packed, hex, sizes, extra, n_extra, &text);
-    st = agree(w, local, dir);
+    st = ts_comm_agree(w, local, what, NULL);
   }
   free(text);
   free(hex);

@@ -393,15 +393,12 @@ ts_status ts_checkpoint_read_extra(const ts_checkpoint *ck, const char *name, ch
       size_t n;
       snprintf(path, sizeof path, "%s/%s", ck->dir, name);
       TS_CHECK(ts_read_file(path, &buf, &n));
-      ts_sha256 *h;
       char hex[TS_SHA256_HEX];
-      ts_status st = ts_sha256_new(&h);
+      ts_status st = ts_sha256_bytes(buf, n, hex);
       if (st != TS_OK) {
         free(buf);
         return st;
       }
-      ts_sha256_update(h, buf, n);
-      ts_sha256_final(h, hex);
       if (n != ck->files[f].bytes || strcmp(hex, ck->files[f].sha) != 0) {
         free(buf);
         return ts_set_error(TS_ERR_FORMAT, "%s: sha256 differs from " INDEX "'s: the file is corrupt",

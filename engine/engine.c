@@ -254,16 +254,13 @@ static ts_status check_opts(const ts_model *model, const ts_engine_opts *opts) {
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "--seq %zu: expected at most max_position_embeddings = %zu of %s",
                         opts->seq, model->max_seq, ts_model_origin(model));
-  /* Token positions are int32 and every byte count is a product of B T
-   * with the model's sizes: bounding B T (and the micro-batch count, an
-   * int) keeps them all far inside 64 bits. */
-  if (opts->micro_batch > INT32_MAX / opts->seq)
+  /* int32 token positions and micro-batch indices; B T so bounded keeps
+   * every byte count (B T times model sizes) far inside 64 bits */
+  if (opts->micro_batch > INT32_MAX / opts->seq || opts->grad_accum > INT32_MAX)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "--micro-batch %zu x --seq %zu = %.3g tokens per micro-batch: expected at "
-                        "most 2^31 - 1",
-                        opts->micro_batch, opts->seq, (double)opts->micro_batch * (double)opts->seq);
-  if (opts->grad_accum > INT32_MAX)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--grad-accum %zu: expected at most 2^31 - 1",
+                        "--micro-batch %zu x --seq %zu = %.3g tokens per micro-batch, --grad-accum "
+                        "%zu: expected at most 2^31 - 1 each",
+                        opts->micro_batch, opts->seq, (double)opts->micro_batch * (double)opts->seq,
                         opts->grad_accum);
   if ((unsigned)opts->device >= TS_DEVICE_COUNT)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "device %d: expected cpu or cuda",

@@ -285,25 +285,24 @@ static ts_status open_metrics(run *r) {
   return r->ck ? ts_metrics_write_resume(r->metrics, r->start, ts_checkpoint_dir(r->ck)) : TS_OK;
 }
 
-/* Agreement on this rank's status st over the world: if any rank failed,
- * every rank returns an error; the lowest failing rank keeps its own
- * message. */
-static ts_status agree(run *r, ts_status st, ts_train_result *res) {
-  double first = st != TS_OK ? (double)r->wrank : (double)r->world_size;
-  ts_status cst = ts_comm_all_reduce_f64(r->world, &first, 1, TS_COMM_MIN);
-  if (cst != TS_OK) return cst;
-  if (first >= (double)r->world_size) return TS_OK;
-  res->setup_failed = 1;
-  if ((int)first == r->wrank) return st;
-  res->failed_elsewhere = 1;
-  return ts_set_error(TS_ERR_INVALID_USAGE, "rank %d of %d failed during setup", (int)first,
-                      r->world_size);
+/* Agreement on this rank's status st over the world (ts_comm_agree): if
+ * any rank failed, every rank returns an error and the lowest failing rank
+ * keeps its own message; res (NULL: a save's) records that setup failed
+ * and whether elsewhere. */
+static ts_status agree(run *r, ts_status st, ts_train_result *res, const char *what) {
+  int first;
+  ts_status out = ts_comm_agree(r->world, st, what, &first);
+  if (res && first >= 0) {
+    res->setup_failed = 1;
+    res->failed_elsewhere = first != r->wrank;
+  }
+  return out;
 }
 
 /* Setup on every rank, agreed; then the metrics file, agreed. */
 static ts_status setup_agreed(run *r, ts_train_result *res) {
-  TS_CHECK(agree(r, setup(r), res));
-  return agree(r, open_metrics(r), res);
+  TS_CHECK(agree(r, setup(r), res, "during setup"));
+  return agree(r, open_metrics(r), res, "during setup");
 }
 
 static ts_status eval_and_log(run *r, size_t step, ts_train_callback cb, void *user,
@@ -386,16 +385,6 @@ static ts_status fill_micro_batch(void *user, int mb, int32_t *inputs, int32_t *
   return ts_loader_fill(f->r->train_ld, inputs, targets, k, eo->micro_batch);
 }
 
-/* TS_OK on every rank when st is TS_OK on every rank; else the failing
- * rank keeps its error and the others name it (a save's, a prune's). */
-static ts_status agreed(run *r, ts_status st) {
-  double first = st != TS_OK ? (double)r->wrank : (double)r->world_size;
-  TS_CHECK(ts_comm_all_reduce_f64(r->world, &first, 1, TS_COMM_MIN));
-  if (first >= (double)r->world_size || (int)first == r->wrank) return st;
-  return ts_set_error(TS_ERR_IO, "rank %d of %d failed to save the checkpoint", (int)first,
-                      r->world_size);
-}
-
 /* The trainer's state after `step` steps, as trainer.json's text (rank 0;
  * NULL when out of memory): where to go on from (the step, the data seed:
  * a batch is a pure function of (seed, step, sample index)), the schedule
@@ -453,7 +442,7 @@ static ts_status save(run *r, size_t step, ts_train_result *res) {
     else if (!(tj = trainer_json(r, step)))
       st = ts_set_error(TS_ERR_OUT_OF_MEMORY, "trainer.json");
   }
-  TS_CHECK(agreed(r, st));
+  TS_CHECK(agree(r, st, NULL, "to save a checkpoint"));
   ts_ckpt_extra ex[2] = {{"trainer.json", tj, tj ? strlen(tj) : 0},
                          {"config.json", r->model_text, r->model_len}};
   double t0 = now_s();
@@ -463,8 +452,13 @@ static ts_status save(run *r, size_t step, ts_train_result *res) {
   free(tj);
   TS_CHECK(st);
   snprintf(res->saved, sizeof res->saved, "%s", dir);
-  return agreed(r, r->wrank == 0 ? ts_checkpoint_prune(cfg->save_dir, cfg->keep) : TS_OK);
+  return agree(r, r->wrank == 0 ? ts_checkpoint_prune(cfg->save_dir, cfg->keep) : TS_OK, NULL,
+               "to prune the checkpoints");
 }
+
+static void (*fault_hook)(size_t step, int rank); /* tests only (ts_train_set_fault) */
+
+void ts_train_set_fault(void (*fn)(size_t step, int rank)) { fault_hook = fn; }
 
 /* Whether any rank was asked to stop (cfg->stop), agreed over the world. */
 static ts_status stop_requested(run *r, int *stop) {
@@ -555,7 +549,7 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
     if (cfg->save_dir && !bad &&
         (stop || step == cfg->steps || (cfg->save_every && step % cfg->save_every == 0)))
       TS_CHECK(save(r, step, res));
-    if (cfg->after_step) cfg->after_step(step, r->wrank);
+    if (fault_hook) fault_hook(step, r->wrank);
     if (stop) {
       res->stopped_at = step;
       res->seconds = now_s() - t_loop;

@@ -74,9 +74,6 @@ typedef struct ts_train_config {
   size_t max_bad_steps;     /* fp32/bf16: this many steps in a row skipped for a non-finite
                                loss or gradient stop the run (TS_ERR_NUMERIC, nothing saved
                                after the last good step); 0: never. Default 3 */
-  /* Test seam (fault injection; NULL in training): called on every rank
-   * after each step and its save, with the step and the world rank. */
-  void (*after_step)(size_t step, int rank);
   const volatile int *stop; /* set (by a signal handler) to stop at the next step
                                boundary: every rank agrees, saves (save_dir) and returns
                                TS_OK with result->stopped_at; NULL: not watched */
@@ -159,6 +156,11 @@ void ts_train_recompute_name(size_t every, char *buf, size_t cap);
  *   else:        min + (lr - min) * (1 + cos(pi * (s - warmup) / (steps - warmup))) / 2
  * with min = lr * min_lr_ratio. */
 float ts_train_lr(size_t step, size_t steps, size_t warmup, float lr, float min_lr_ratio);
+
+/* Test seam (fault injection, tests only; NULL in training): fn is called
+ * on every rank after each step and its save, with the step and the world
+ * rank (tools/train_main.c's TESSERA_TEST_KILL). */
+void ts_train_set_fault(void (*fn)(size_t step, int rank));
 
 /* Runs the training described by cfg (collective over cfg->dp). Setup
  * errors (config, shards, batch sizes, engine) are agreed between ranks

@@ -181,7 +181,7 @@ bad "--lr inf" 2 "--lr inf: expected a finite number" "$bin" train "${common[@]}
 bad "a flag twice" 2 "--seq given twice: expected it once" "$bin" train "${common[@]}" --seq 16
 bad "a flag twice on 2 ranks: once" 2 "--seq given twice: expected it once" \
   "$launch" -n 2 "$bin" train "${common[@]}" --seq 16
-bad "estimate --micro-batch 1e9" 2 "tokens per micro-batch: expected at most 2^31 - 1" \
+bad "estimate --micro-batch 1e9" 2 "tokens per micro-batch, --grad-accum 1: expected at most 2^31 - 1 each" \
   "$bin" estimate --model llama-tiny --micro-batch 1000000000
 bad "train --micro-batch 1e9" 1 "expected at least 1 ranks x --micro-batch 1000000000" \
   "$bin" train --model llama-tiny "${base[@]}" --micro-batch 1000000000

@@ -335,7 +335,7 @@ int ts_tool_train(int argc, char **argv) {
     sigaction(SIGTERM, &sa, NULL);
     cfg.stop = &stop_flag;
   }
-  if (getenv("TESSERA_TEST_KILL")) cfg.after_step = test_kill;
+  if (getenv("TESSERA_TEST_KILL")) ts_train_set_fault(test_kill);
   progress p = {stdout_is_terminal(), log_every ? log_every : (cfg.steps + 19) / 20,
                 e->dtype == TS_FP16};
   ts_comm *world = NULL;
