@@ -444,35 +444,49 @@ static ts_status remove_checkpoint(const char *dir) {
   return TS_OK;
 }
 
-static int cmp_ll_desc(const void *a, const void *b) {
-  long long x = *(const long long *)a, y = *(const long long *)b;
+/* A child "step-N" of root: N and its name as found (padded or not). */
+typedef struct step_dir {
+  long long step;
+  char name[64];
+} step_dir;
+
+static int newest_first(const void *a, const void *b) {
+  long long x = ((const step_dir *)a)->step, y = ((const step_dir *)b)->step;
   return x > y ? -1 : x < y;
 }
 
 ts_status ts_checkpoint_prune(const char *root, size_t keep) {
   DIR *d = opendir(root);
   if (!d) return ts_set_error(TS_ERR_IO, "%s: cannot open: %s", root, strerror(errno));
-  long long done[4096];
+  enum { MOST = 4096 };
+  step_dir *dirs = malloc(MOST * sizeof *dirs);
+  if (!dirs) {
+    closedir(d);
+    return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot list it", root);
+  }
   size_t n = 0;
   long long newest = -1;
   struct dirent *de;
   char path[4200];
-  while ((de = readdir(d)) && n < 4096) {
+  while ((de = readdir(d)) && n < MOST) {
     long long s = step_of(de->d_name);
-    if (s < 0) continue;
-    done[n++] = s;
+    if (s < 0 || strlen(de->d_name) >= sizeof dirs[n].name) continue;
+    dirs[n].step = s;
+    snprintf(dirs[n++].name, sizeof dirs->name, "%s", de->d_name);
     snprintf(path, sizeof path, "%s/%s", root, de->d_name);
     if (has_index(path) && s > newest) newest = s;
   }
   closedir(d);
-  qsort(done, n, sizeof *done, cmp_ll_desc);
+  qsort(dirs, n, sizeof *dirs, newest_first);
   size_t complete = 0;
-  for (size_t k = 0; k < n; k++) {
-    snprintf(path, sizeof path, "%s/step-%08lld", root, done[k]);
+  ts_status st = TS_OK;
+  for (size_t k = 0; k < n && st == TS_OK; k++) {
+    snprintf(path, sizeof path, "%s/%s", root, dirs[k].name);
     int whole = has_index(path);
     complete += (size_t)whole;
-    if ((whole && keep > 0 && complete > keep) || (!whole && done[k] < newest))
-      TS_CHECK(remove_checkpoint(path));
+    if ((whole && keep > 0 && complete > keep) || (!whole && dirs[k].step < newest))
+      st = remove_checkpoint(path);
   }
-  return TS_OK;
+  free(dirs);
+  return st;
 }

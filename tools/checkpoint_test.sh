@@ -100,6 +100,7 @@ check_eq "no restarts: every rank stopped within 30 s" 1 "$(((SECONDS - start) <
 check_eq "no restarts: one line after the progress" 1 "$(grep -vc '^step' <<<"$k")"
 
 # 5. --keep, --resume auto
+mkdir -p "$tmp/keep/step-3" # a folder named by hand, not a checkpoint, older: removed
 "$bin" train "${common[@]}" --save "$tmp/keep" --save-every 1 --keep 2 >/dev/null 2>&1
 check_eq "--keep 2" "step-00000005 step-00000006" "$(ls "$tmp/keep" | tr '\n' ' ' | sed 's/ $//')"
 fresh="$("$bin" train --model llama-tiny "${base[@]}" --micro-batch 2 --steps 1 --save "$tmp/empty" \
