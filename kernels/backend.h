@@ -1,9 +1,9 @@
 /*
  * backend.h — private: the interface a device backend implements behind
- * the kernels front (kernels/kernels.c), in the manner of ggml's
- * ggml_backend_i: one table per device kind, filled by the backend's own
- * files (kernels/cpu/backend.c, kernels/cuda/backend.c), read only by the
- * front.
+ * the kernels front (kernels/kernels.c, kernels/kernels_encoder.c), in the
+ * manner of ggml's ggml_backend_i: one table per device kind, filled by the
+ * backend's own files (kernels/cpu/backend.c, kernels/cuda/backend.c), read
+ * only by the front.
  *
  * Contract of every entry: the front has already validated the arguments
  * exactly as kernels/kernels.h documents (context and device, dtypes,
@@ -17,8 +17,9 @@
  *
  * Signatures are those of the public ts_k_* functions of the same name.
  * Adding a device backend means filling one more table and listing it in
- * kernels.c's backend array; adding an op means one more entry here, its
- * checks in kernels.c, and a body in every backend that has one.
+ * kernels_front.h's backend array; adding an op means one more entry here,
+ * its checks in the front (kernels.c, or kernels_encoder.c for the
+ * BERT-class encoder ops), and a body in every backend that has one.
  */
 #ifndef TS_KERNELS_BACKEND_H
 #define TS_KERNELS_BACKEND_H
@@ -58,6 +59,8 @@ typedef struct ts_k_backend {
   size_t (*rmsnorm_workspace_bytes)(size_t N, size_t C, ts_dtype dt);
   size_t (*attention_workspace_bytes)(size_t B, size_t T, size_t NH, size_t NKV, size_t HS,
                                       ts_dtype dt);
+  size_t (*layernorm_workspace_bytes)(size_t N, size_t C, ts_dtype dt);
+  size_t (*bias_workspace_bytes)(size_t N, size_t C, ts_dtype dt);
   /* NULL: the probabilities, B * NH * T * T elements of dt */
   size_t (*attention_state_bytes)(size_t B, size_t T, size_t NH, size_t NKV, size_t HS,
                                   ts_dtype dt);
@@ -119,6 +122,37 @@ typedef struct ts_k_backend {
   ts_status (*cross_entropy_fused)(const ts_kctx *ctx, float *loss_rows, void *dlogits,
                                    const void *logits, const int32_t *targets, size_t N, size_t V,
                                    float dloss, ts_dtype dt);
+
+  /* BERT-class encoder ops. attention_bidir_forward receives ids == NULL
+   * when pad_id < 0 (nothing masked) and checks that every batch row has a
+   * key that is not padding itself (the ids are on its device). */
+  ts_status (*layernorm_forward)(const ts_kctx *ctx, void *out, float *mean, float *rstd,
+                                 const void *inp, const void *weight, const void *bias, size_t N,
+                                 size_t C, float eps, ts_dtype dt);
+  /* dinp, dweight, dbias: NULL skips (not all three NULL) */
+  ts_status (*layernorm_backward)(const ts_kctx *ctx, void *dinp, void *dweight, void *dbias,
+                                  const void *dout, const void *inp, const void *weight,
+                                  const float *mean, const float *rstd, size_t N, size_t C,
+                                  ts_dtype dt);
+  ts_status (*gelu_forward)(const ts_kctx *ctx, void *out, const void *inp, size_t n,
+                            ts_gelu_kind kind, ts_dtype dt);
+  ts_status (*gelu_backward)(const ts_kctx *ctx, void *dinp, const void *dout, const void *inp,
+                             size_t n, ts_gelu_kind kind, ts_dtype dt);
+  ts_status (*bias_add)(const ts_kctx *ctx, void *out, const void *bias, size_t N, size_t C,
+                        ts_dtype dt);
+  ts_status (*bias_backward)(const ts_kctx *ctx, void *dbias, const void *dout, size_t N,
+                             size_t C, ts_dtype dt);
+  ts_status (*token_types)(const ts_kctx *ctx, int32_t *types, const int32_t *tokens, size_t B,
+                           size_t T, int32_t sep_id, size_t n_types);
+  ts_status (*attention_bidir_forward)(const ts_kctx *ctx, void *out, void *state, const void *q,
+                                       const void *k, const void *v, const int32_t *ids,
+                                       int32_t pad_id, size_t B, size_t T, size_t NH, size_t HS,
+                                       ts_dtype dt);
+  ts_status (*attention_bidir_backward)(const ts_kctx *ctx, void *dq, void *dk, void *dv,
+                                        const void *dout, const void *out, const void *q,
+                                        const void *k, const void *v, const void *state,
+                                        size_t B, size_t T, size_t NH, size_t HS, ts_dtype dt);
+
   ts_status (*adamw)(const ts_kctx *ctx, float *master, void *param_out, ts_dtype param_dt,
                      float *m, float *v, const void *grad, ts_dtype grad_dt, size_t n,
                      const ts_adamw_hparams *hp);

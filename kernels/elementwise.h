@@ -1,6 +1,7 @@
 /*
  * elementwise.h — per-element math shared by the CPU loops (kernels/cpu/)
- * and the CUDA kernels (kernels/cuda/): SiLU and the AdamW element update,
+ * and the CUDA kernels (kernels/cuda/): SiLU, GELU (erf and tanh forms) and
+ * the AdamW element update,
  * on top of base/floats.h (storage conversions and IEEE-rounded fp32
  * arithmetic, which this header re-exports).
  *
@@ -35,6 +36,60 @@ TS_HD void ts_silu_and_grad(float x, float *silu, float *grad) {
   float s = 1.0f / d;
   *silu = x / d;
   *grad = s * (1.0f + x * (1.0f - s));
+}
+
+/* GELU (Hendrycks & Gimpel 2016) in PyTorch's fp32 operation order
+ * (aten/src/ATen/native/cuda/ActivationGeluKernel.cu, GeluCUDAKernelImpl and
+ * GeluBackwardCUDAKernelImpl; the CPU kernel computes the same expressions).
+ * erff, expf and tanhf are libm's on the host and CUDA's on the device, so
+ * the backends agree within a few ulps, not bit for bit. */
+#define TS_GELU_SQRT1_2 0.70710678118654752440f     /* 1/sqrt(2): torch's kAlpha (M_SQRT1_2) */
+#define TS_GELU_INV_SQRT_2PI 0.39894228040143267794f /* 1/sqrt(2 pi): erf backward's kBeta */
+#define TS_GELU_SQRT_2_PI 0.79788456080286535588f    /* sqrt(2/pi): tanh form's kBeta */
+#define TS_GELU_KAPPA 0.044715f                      /* tanh form's cubic coefficient */
+
+/* Erf form, torch GELU(): x * 0.5 * (1 + erf(x / sqrt 2)). */
+TS_HD float ts_gelu_erf(float x) { return x * 0.5f * (1.0f + erff(x * TS_GELU_SQRT1_2)); }
+
+/* d gelu_erf / dx = cdf + x pdf: 0.5 (1 + erf(x / sqrt 2)) + x e^(-x^2/2) / sqrt(2 pi). */
+TS_HD float ts_gelu_erf_grad(float x) {
+  float cdf = 0.5f * (1.0f + erff(x * TS_GELU_SQRT1_2));
+  float pdf = expf(-0.5f * x * x) * TS_GELU_INV_SQRT_2PI;
+  return cdf + x * pdf;
+}
+
+/* Tanh form, torch GELU(approximate="tanh") (Hugging Face "gelu_new"):
+ * 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
+TS_HD float ts_gelu_tanh(float x) {
+  float x_cube = x * x * x;
+  float inner = TS_GELU_SQRT_2_PI * (x + TS_GELU_KAPPA * x_cube);
+  return 0.5f * x * (1.0f + tanhf(inner));
+}
+
+/* d gelu_tanh / dx, as torch's GeluBackward (approximate="tanh"), t =
+ * tanh(inner): 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2). */
+TS_HD float ts_gelu_tanh_grad(float x) {
+  float x_sq = x * x;
+  float x_cube = x_sq * x;
+  float inner = TS_GELU_SQRT_2_PI * (x + TS_GELU_KAPPA * x_cube);
+  float t = tanhf(inner);
+  float left = 0.5f * x;
+  float right = 1.0f + t;
+  float left_derivative = 0.5f * right;
+  float tanh_derivative = 1.0f - t * t;
+  float inner_derivative = TS_GELU_SQRT_2_PI * (1.0f + 3.0f * TS_GELU_KAPPA * x_sq);
+  float right_derivative = left * tanh_derivative * inner_derivative;
+  return left_derivative + right_derivative;
+}
+
+/* gelu(x) of the given form (kind: kernels.h's ts_gelu_kind, 0 erf, 1 tanh). */
+TS_HD float ts_gelu(float x, int tanh_form) {
+  return tanh_form ? ts_gelu_tanh(x) : ts_gelu_erf(x);
+}
+
+/* gelu'(x) of the given form. */
+TS_HD float ts_gelu_grad(float x, int tanh_form) {
+  return tanh_form ? ts_gelu_tanh_grad(x) : ts_gelu_erf_grad(x);
 }
 
 /* ---- AdamW (Loshchilov & Hutter 2019, Algorithm 2; torch.optim.AdamW) ---- */

@@ -7,73 +7,12 @@
  * rejected call writes nothing on any device; the empty cases kernels.h
  * defines (nothing to do, or zeros to write) are handled here, so backends
  * only see work; messages name the public op ("ts_k_add: out is NULL").
+ * The checks themselves are kernels_front.h's, shared with
+ * kernels_encoder.c (the BERT-class encoder ops' front).
  */
 #include "kernels/kernels.h"
 
-#include "kernels/backend.h"
-
-/* The backends, indexed by ts_device. */
-static const ts_k_backend *const BACKENDS[TS_DEVICE_COUNT] = {
-    [TS_DEVICE_CPU] = &ts_k_cpu_backend,
-    [TS_DEVICE_CUDA] = &ts_k_cuda_backend,
-};
-
-/* ---- checks ---------------------------------------------------------------- */
-
-/* *be = the backend of device dev, or TS_ERR_INVALID_ARGUMENT. */
-static ts_status backend_for(ts_device dev, const char *op, const ts_k_backend **be) {
-  *be = &ts_k_cpu_backend; /* never used on error; keeps every path initialised */
-  if ((unsigned)dev >= TS_DEVICE_COUNT)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: ctx->device = %d is not a device", op,
-                        (int)dev);
-  *be = BACKENDS[dev];
-  return TS_OK;
-}
-
-/* *be = the backend of ctx's device; a NULL ctx is TS_ERR_INVALID_ARGUMENT. */
-static ts_status backend_of(const ts_kctx *ctx, const char *op, const ts_k_backend **be) {
-  *be = &ts_k_cpu_backend; /* never used on error; keeps every path initialised */
-  if (ctx == NULL) return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: ctx is NULL", op);
-  return backend_for(ctx->device, op, be);
-}
-
-/* TS_ERR_UNSUPPORTED: backend be has no body for op. */
-static ts_status unsupported(const ts_k_backend *be, const char *op) {
-  return ts_set_error(TS_ERR_UNSUPPORTED, "%s: op has no %s implementation yet", op,
-                      be->device == TS_DEVICE_CUDA ? "CUDA" : be->name);
-}
-
-/* Calls op `fn` of backend be with the remaining arguments, or reports that
- * be has none. Needs `op` (the public name) in scope. */
-#define CALL(be, fn, ...) ((be)->fn ? (be)->fn(__VA_ARGS__) : unsupported((be), op))
-
-/* TS_ERR_INVALID_ARGUMENT unless dt is fp32, bf16 or fp16. */
-static ts_status check_dtype(ts_dtype dt, const char *op) {
-  if (dt == TS_FP32 || dt == TS_BF16 || dt == TS_FP16) return TS_OK;
-  return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: dtype %d: expected TS_FP32, TS_BF16 or TS_FP16",
-                      op, (int)dt);
-}
-
-/* TS_ERR_INVALID_ARGUMENT naming pointer `what` if p is NULL. */
-static ts_status check_ptr(const void *p, const char *what, const char *op) {
-  if (p != NULL) return TS_OK;
-  return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: %s is NULL", op, what);
-}
-
-/* Checks the named pointer arguments of the op calling it. */
-#define CHECK_PTR(p) TS_CHECK(check_ptr((p), #p, op))
-
-/* TS_ERR_OUT_OF_MEMORY, naming both sizes, if ctx's workspace holds fewer
- * than `need` bytes (or is NULL while need > 0). */
-static ts_status check_workspace(const ts_kctx *ctx, size_t need, const char *op) {
-  if (need == 0) return TS_OK;
-  if (ctx->workspace == NULL || ctx->workspace_bytes < need)
-    return ts_set_error(TS_ERR_OUT_OF_MEMORY,
-                        "%s: workspace has %zu bytes, needs %zu (see the op's "
-                        "*_workspace_bytes query)",
-                        op, ctx->workspace == NULL ? (size_t)0 : ctx->workspace_bytes, need);
-  return TS_OK;
-}
+#include "kernels/kernels_front.h"
 
 /* ---- devices, contexts, memory ------------------------------------------------ */
 
@@ -206,12 +145,6 @@ ts_status ts_k_host_wait(const ts_kctx *ctx) {
 }
 
 /* ---- workspace queries ----------------------------------------------------------- */
-
-/* The backend of dev for a size query (a programmer error otherwise). */
-static const ts_k_backend *query_backend(ts_device dev) {
-  TS_ASSERT((unsigned)dev < TS_DEVICE_COUNT);
-  return BACKENDS[dev];
-}
 
 size_t ts_k_linear_workspace_bytes(ts_device dev, size_t M, size_t N, size_t K, ts_dtype dt) {
   const ts_k_backend *be = query_backend(dev);
@@ -370,11 +303,9 @@ ts_status ts_k_rmsnorm_forward(const ts_kctx *ctx, void *out, float *rstd, const
                                const void *weight, size_t N, size_t C, float eps, ts_dtype dt) {
   static const char op[] = "ts_k_rmsnorm_forward";
   const ts_k_backend *be;
-  TS_CHECK(backend_of(ctx, op, &be));
-  TS_CHECK(check_dtype(dt, op));
-  if (N == 0) return TS_OK;
-  if (C == 0)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: C = 0: expected at least 1 channel", op);
+  int work;
+  TS_CHECK(check_norm_forward(ctx, N, C, dt, op, &be, &work));
+  if (!work) return TS_OK;
   CHECK_PTR(out);
   CHECK_PTR(rstd);
   CHECK_PTR(inp);
@@ -445,23 +376,6 @@ ts_status ts_k_rope_backward(const ts_kctx *ctx, void *dx, const void *dout, siz
 
 /* ---- attention ---------------------------------------------------------------------------- */
 
-/* The shape checks both attention passes share; *work is 0 when the batch
- * is empty. */
-static ts_status check_attention(const ts_kctx *ctx, size_t B, size_t T, size_t NH, size_t NKV,
-                                 size_t HS, ts_dtype dt, const char *op, const ts_k_backend **be,
-                                 int *work) {
-  *work = 0;
-  TS_CHECK(backend_of(ctx, op, be));
-  TS_CHECK(check_dtype(dt, op));
-  if (NKV == 0 || NH % NKV != 0)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "%s: NH = %zu, NKV = %zu: expected NKV >= 1 dividing NH", op, NH, NKV);
-  if (B == 0 || T == 0 || NH == 0) return TS_OK;
-  if (HS == 0) return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: HS = 0: expected >= 1", op);
-  *work = 1;
-  return TS_OK;
-}
-
 size_t ts_k_attention_state_bytes(ts_device dev, size_t B, size_t T, size_t NH, size_t NKV,
                                   size_t HS, ts_dtype dt) {
   const ts_k_backend *be = query_backend(dev);
@@ -475,16 +389,10 @@ ts_status ts_k_attention_forward(const ts_kctx *ctx, void *out, void *state, con
   static const char op[] = "ts_k_attention_forward";
   const ts_k_backend *be;
   int work;
-  TS_CHECK(check_attention(ctx, B, T, NH, NKV, HS, dt, op, &be, &work));
-  if (!work) return TS_OK;
-  CHECK_PTR(out);
-  CHECK_PTR(state);
-  CHECK_PTR(q);
-  CHECK_PTR(k);
-  CHECK_PTR(v);
-  TS_CHECK(check_workspace(
-      ctx, ts_k_attention_workspace_bytes(ctx->device, B, T, NH, NKV, HS, dt), op));
-  return CALL(be, attention_forward, ctx, out, state, q, k, v, B, T, NH, NKV, HS, dt);
+  TS_CHECK(check_attention_forward(ctx, out, state, q, k, v, B, T, NH, NKV, HS, dt, op, &be,
+                                   &work));
+  return work ? CALL(be, attention_forward, ctx, out, state, q, k, v, B, T, NH, NKV, HS, dt)
+              : TS_OK;
 }
 
 ts_status ts_k_attention_backward(const ts_kctx *ctx, void *dq, void *dk, void *dv,
@@ -494,21 +402,11 @@ ts_status ts_k_attention_backward(const ts_kctx *ctx, void *dq, void *dk, void *
   static const char op[] = "ts_k_attention_backward";
   const ts_k_backend *be;
   int work;
-  TS_CHECK(check_attention(ctx, B, T, NH, NKV, HS, dt, op, &be, &work));
-  if (!work) return TS_OK;
-  CHECK_PTR(dq);
-  CHECK_PTR(dk);
-  CHECK_PTR(dv);
-  CHECK_PTR(dout);
-  CHECK_PTR(out);
-  CHECK_PTR(q);
-  CHECK_PTR(k);
-  CHECK_PTR(v);
-  CHECK_PTR(state);
-  TS_CHECK(check_workspace(
-      ctx, ts_k_attention_workspace_bytes(ctx->device, B, T, NH, NKV, HS, dt), op));
-  return CALL(be, attention_backward, ctx, dq, dk, dv, dout, out, q, k, v, state, B, T, NH, NKV,
-              HS, dt);
+  TS_CHECK(check_attention_backward(ctx, dq, dk, dv, dout, out, q, k, v, state, B, T, NH, NKV, HS,
+                                    dt, op, &be, &work));
+  return work ? CALL(be, attention_backward, ctx, dq, dk, dv, dout, out, q, k, v, state, B, T, NH,
+                     NKV, HS, dt)
+              : TS_OK;
 }
 
 /* ---- SwiGLU --------------------------------------------------------------------------------- */

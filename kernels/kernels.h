@@ -2,11 +2,11 @@
  * kernels.h — the device-neutral, dtype-aware math of one device.
  *
  * One front, several backends (DESIGN.md "Devices"; ggml's backend table):
- * every function here is implemented once in kernels/kernels.c, which
- * validates the arguments (context, device, dtypes, pointers, aliasing,
- * shapes, workspace size) and then calls the op of ctx->device's backend
- * table (kernels/backend.h): kernels/cpu/ (OpenBLAS + OpenMP) or
- * kernels/cuda/. A backend checks only what depends on the data (a token or
+ * every function here is implemented once in kernels/kernels.c (the
+ * BERT-class encoder ops: kernels/kernels_encoder.c), which validates the
+ * arguments (context, device, dtypes, pointers, aliasing, shapes,
+ * workspace size) and then calls the op of ctx->device's backend table
+ * (kernels/backend.h): kernels/cpu/ (OpenBLAS + OpenMP) or kernels/cuda/. A backend checks only what depends on the data (a token or
  * target out of range) or on its own limits (BLAS's int dimensions).
  *
  * Every op takes a ts_kctx (which device, which stream, which workspace),
@@ -39,7 +39,11 @@
  * never read or written out of bounds.
  *
  * Determinism: for a fixed input, every op's result is bitwise identical
- * whatever the number of OpenMP threads (reductions use fixed chunking).
+ * whatever the number of OpenMP threads (reductions use fixed chunking),
+ * except for what OpenBLAS's cblas_sgemm computes (the CPU linear layer and
+ * attention products): above about 2^18 multiply-adds per call it splits
+ * the product across threads, and on some CPUs (AMD EPYC, OpenBLAS 0.3)
+ * the split changes the bits. At a fixed thread count results repeat.
  *
  * Status values: TS_OK; TS_ERR_INVALID_ARGUMENT for a NULL ctx, an unknown
  * dtype or device, a NULL pointer the op needs, a bad shape (odd HS,
@@ -263,7 +267,10 @@ ts_status ts_k_rope_backward(const ts_kctx *ctx, void *dx, const void *dout, siz
  *   CPU (every dt) and CUDA fp32: the probabilities P (B, NH, T, T) in dt,
  *     entries above the diagonal 0;
  *   CUDA bf16/fp16: the log-sum-exp of each softmax row (B, NH, T) fp32
- *     (cuDNN's fused flash attention, Dao et al. 2022, keeps no P). */
+ *     (cuDNN's fused flash attention, Dao et al. 2022, keeps no P),
+ *     followed by (B, T) uint8 key flags that only the bidirectional op
+ *     below writes and reads (its key padding mask, which its backward
+ *     needs to recompute P). */
 ts_status ts_k_attention_forward(const ts_kctx *ctx, void *out, void *state, const void *q,
                                  const void *k, const void *v, size_t B, size_t T, size_t NH,
                                  size_t NKV, size_t HS, ts_dtype dt);
@@ -273,7 +280,8 @@ ts_status ts_k_attention_backward(const ts_kctx *ctx, void *dq, void *dk, void *
                                   const void *dout, const void *out, const void *q, const void *k,
                                   const void *v, const void *state, size_t B, size_t T, size_t NH,
                                   size_t NKV, size_t HS, ts_dtype dt);
-/* Exact bytes of the forward's saved state on device dev (see above). */
+/* Exact bytes of the forward's saved state on device dev (see above; also
+ * that of ts_k_attention_bidir_forward with NKV = NH). */
 size_t ts_k_attention_state_bytes(ts_device dev, size_t B, size_t T, size_t NH, size_t NKV,
                                   size_t HS, ts_dtype dt);
 /* Exact bytes of ctx->workspace the larger attention pass needs on device
@@ -325,6 +333,114 @@ ts_status ts_k_cross_entropy_backward(const ts_kctx *ctx, void *dlogits, const v
 ts_status ts_k_cross_entropy_fused(const ts_kctx *ctx, float *loss_rows, void *dlogits,
                                    const void *logits, const int32_t *targets, size_t N, size_t V,
                                    float dloss, ts_dtype dt);
+
+/* ---- BERT-class encoder ops (Devlin et al. 2019; Hugging Face modeling_bert) -- */
+
+/* LayerNorm (Ba et al. 2016, eq. 4; torch.nn.LayerNorm, biased variance):
+ *   mean (N) fp32 = mean_c inp;  rstd (N) fp32 = 1 / sqrt(mean_c (inp - mean)^2 + eps)
+ *   out (N, C) = (inp - mean) * rstd * weight (C) + bias (C)
+ * Statistics in fp32 from the widened input (two passes: mean, then the
+ * centred sum of squares). out, inp (N, C), weight, bias (C): dt; mean and
+ * rstd written (=). out may not alias inp. C == 0 with N > 0 is
+ * TS_ERR_INVALID_ARGUMENT (an empty row has no mean). CPU and CUDA. */
+ts_status ts_k_layernorm_forward(const ts_kctx *ctx, void *out, float *mean, float *rstd,
+                                 const void *inp, const void *weight, const void *bias, size_t N,
+                                 size_t C, float eps, ts_dtype dt);
+/* With xhat = (inp - mean) * rstd, g = dout * weight:
+ *   dinp (N, C)  += rstd * (g - mean_c(g) - xhat * mean_c(g * xhat))   (ACCUMULATED, as RMSNorm)
+ *   dweight (C)  += sum_n dout * xhat;  dbias (C) += sum_n dout          (accumulated)
+ * dout, inp, dinp (N, C), weight, dweight, dbias (C): dt; mean, rstd (N)
+ * fp32 from the forward. dinp, dweight, dbias: each NULL skips (weight is
+ * read only for dinp). dweight and dbias are summed over rows in fp32 in a
+ * fixed order (row blocks of a size independent of the thread count), then
+ * rounded once into dt. Needs ts_k_layernorm_workspace_bytes(ctx->device,
+ * N, C, dt) bytes of workspace (else TS_ERR_OUT_OF_MEMORY). dinp may not
+ * alias dout or inp, nor dweight dbias (TS_ERR_INVALID_ARGUMENT). */
+ts_status ts_k_layernorm_backward(const ts_kctx *ctx, void *dinp, void *dweight, void *dbias,
+                                  const void *dout, const void *inp, const void *weight,
+                                  const float *mean, const float *rstd, size_t N, size_t C,
+                                  ts_dtype dt);
+/* Exact bytes of ctx->workspace LayerNorm backward needs on device dev: the
+ * fp32 partial sums of dweight and dbias, one (2, C) row per fixed block of
+ * rows (kernels/cpu/layernorm.c, kernels/cuda/layers.cu); 0 when N or C
+ * is 0. */
+size_t ts_k_layernorm_workspace_bytes(ts_device dev, size_t N, size_t C, ts_dtype dt);
+
+/* Which GELU (Hendrycks & Gimpel 2016): Hugging Face hidden_act "gelu" or
+ * "gelu_new". */
+typedef enum ts_gelu_kind {
+  TS_GELU_ERF = 0,  /* x/2 (1 + erf(x / sqrt 2))                      torch GELU() */
+  TS_GELU_TANH = 1, /* x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))  GELU(approximate="tanh") */
+} ts_gelu_kind;
+
+/* out (n) = gelu(inp), both dt; out may alias inp. Per element in fp32 in
+ * PyTorch's operation order (kernels/elementwise.h, ts_gelu_erf and
+ * ts_gelu_tanh), one rounding to dt. An unknown kind is
+ * TS_ERR_INVALID_ARGUMENT. CPU and CUDA. */
+ts_status ts_k_gelu_forward(const ts_kctx *ctx, void *out, const void *inp, size_t n,
+                            ts_gelu_kind kind, ts_dtype dt);
+/* dinp (n) = dout * gelu'(inp) (torch's GeluBackward), written (=); all
+ * dt. dinp may alias dout or inp (each element is read before it is
+ * written). */
+ts_status ts_k_gelu_backward(const ts_kctx *ctx, void *dinp, const void *dout, const void *inp,
+                             size_t n, ts_gelu_kind kind, ts_dtype dt);
+
+/* out (N, C) += bias (C) on every row, in place (nn.Linear's bias; with
+ * N = B and C = T*C' it adds learned absolute position embeddings rows
+ * 0..T-1 to every sequence). One rounding per element. out may not alias
+ * bias. */
+ts_status ts_k_bias_add(const ts_kctx *ctx, void *out, const void *bias, size_t N, size_t C,
+                        ts_dtype dt);
+/* dbias (C) += sum_n dout (N, C): the gradient of the above (accumulated).
+ * Summed in fp32 over rows in a fixed order (row blocks of a size that
+ * does not depend on the thread count), then one rounding into dbias. Needs
+ * ts_k_bias_workspace_bytes(ctx->device, N, C, dt) bytes of workspace
+ * (else TS_ERR_OUT_OF_MEMORY). dbias may not alias dout. */
+ts_status ts_k_bias_backward(const ts_kctx *ctx, void *dbias, const void *dout, size_t N,
+                             size_t C, ts_dtype dt);
+/* Exact bytes of ctx->workspace bias backward needs on device dev: fp32
+ * partial sums, one (C) row per fixed block of rows; 0 when N or C is 0. */
+size_t ts_k_bias_workspace_bytes(ts_device dev, size_t N, size_t C, ts_dtype dt);
+
+/* types (B, T) int32 = the number of sep_id tokens strictly before each
+ * position of its row, capped at n_types - 1: the token type ids of
+ * Hugging Face's sentence-pair encoding ([CLS] A [SEP] -> 0, B [SEP] -> 1).
+ * sep_id < 0: all zeros. tokens (B, T) int32 on ctx->device; types may
+ * not alias tokens. n_types outside [1, INT32_MAX] is
+ * TS_ERR_INVALID_ARGUMENT. CPU and CUDA. */
+ts_status ts_k_token_types(const ts_kctx *ctx, int32_t *types, const int32_t *tokens, size_t B,
+                           size_t T, int32_t sep_id, size_t n_types);
+
+/* Bidirectional multi-head attention with a key padding mask (Vaswani et
+ * al. 2017 eq. 1; Hugging Face BertSelfAttention): for batch row b,
+ *   P = softmax(q k^T / sqrt(HS)) over the keys j with ids[b, j] != pad_id
+ *   (masked keys get probability exactly 0, as HF's additive finfo.min mask
+ *   gives in fp32); out (B, T, NH, HS) = P @ v. Query rows at padded
+ *   positions are computed like any other (HF does the same).
+ * q, k, v, out (B, T, NH, HS) dt; ids (B, T) int32 on ctx->device; pad_id
+ * < 0 masks nothing (ids is then not read and may be NULL). out may not
+ * alias q, k or v. A batch row whose keys are all masked returns
+ * TS_ERR_INVALID_ARGUMENT naming the row, before anything is written
+ * (synchronous on CUDA unless TS_K_INDICES_CHECKED; then such a row's
+ * output is undefined). state: ts_k_attention_state_bytes(ctx->device, B,
+ * T, NH, NH, HS, dt) bytes, written (=): the probabilities P (B, NH, T, T)
+ * in dt on the CPU (every dt) and CUDA fp32, masked entries 0; CUDA
+ * bf16/fp16: each row's log-sum-exp and the key flags (see the causal op).
+ * Workspace as the backward's. Masked keys' q, k, v values do not change
+ * out (as long as they are finite). */
+ts_status ts_k_attention_bidir_forward(const ts_kctx *ctx, void *out, void *state, const void *q,
+                                       const void *k, const void *v, const int32_t *ids,
+                                       int32_t pad_id, size_t B, size_t T, size_t NH, size_t HS,
+                                       ts_dtype dt);
+/* dq, dk, dv (B, T, NH, HS): written (=), from the forward's state (masked
+ * keys get dk = dv = 0 from every query). dout, out, q, k, v, state: the
+ * forward's (the CPU reads only q, k, v, dout and state). dq, dk, dv may
+ * not alias each other nor an input. Workspace: the causal op's
+ * ts_k_attention_workspace_bytes(ctx->device, B, T, NH, NH, HS, dt). */
+ts_status ts_k_attention_bidir_backward(const ts_kctx *ctx, void *dq, void *dk, void *dv,
+                                        const void *dout, const void *out, const void *q,
+                                        const void *k, const void *v, const void *state,
+                                        size_t B, size_t T, size_t NH, size_t HS, ts_dtype dt);
 
 /* ---- AdamW (Loshchilov & Hutter 2019, Algorithm 2; matches torch.optim.AdamW) */
 

@@ -175,6 +175,56 @@ TEST(Determinism, ReductionsAreBitwiseEqualAcrossThreadCounts) {
     });
   }
   {
+    const size_t N = 1000, C = 300;  // LayerNorm backward: 32 row blocks, split unevenly
+    auto x = rng.vec(N * C, -2, 2), w = rng.vec(C), bias = rng.vec(C), dy = rng.vec(N * C);
+    expect_thread_independent("layernorm backward", [&] {
+      CpuCtx c(ts_k_layernorm_workspace_bytes(TS_DEVICE_CPU, N, C, TS_FP32));
+      std::vector<float> y(N * C), mean(N), rstd(N), dx(N * C, 0.0f), dw(C, 0.0f), db(C, 0.0f);
+      EXPECT_EQ(ts_k_layernorm_forward(c.get(), y.data(), mean.data(), rstd.data(), x.data(),
+                                       w.data(), bias.data(), N, C, 1e-5f, TS_FP32),
+                TS_OK);
+      EXPECT_EQ(ts_k_layernorm_backward(c.get(), dx.data(), dw.data(), db.data(), dy.data(),
+                                        x.data(), w.data(), mean.data(), rstd.data(), N, C,
+                                        TS_FP32),
+                TS_OK);
+      for (auto *t : {&mean, &rstd, &dx, &dw, &db}) y.insert(y.end(), t->begin(), t->end());
+      return y;
+    });
+    expect_thread_independent("bias backward", [&] {
+      CpuCtx c(ts_k_bias_workspace_bytes(TS_DEVICE_CPU, N, C, TS_FP32));
+      std::vector<float> db(C, 0.5f);
+      EXPECT_EQ(ts_k_bias_backward(c.get(), db.data(), dy.data(), N, C, TS_FP32), TS_OK);
+      return db;
+    });
+  }
+  {
+    // Bidirectional attention, keys padded. Every product here stays at or
+    // below M N K = 2^18 multiply-adds, where OpenBLAS runs it on one
+    // thread: above that, its multi-threaded partitioning changes the bits
+    // on some CPUs (kernels.h, "Determinism"), which is OpenBLAS's, not this
+    // op's. (The causal case above: 128 x 128 x 16 = 2^18.)
+    const size_t B = 2, T = 100, NH = 4, HS = 16;
+    auto q = rng.vec(B * T * NH * HS), k = rng.vec(q.size()), v = rng.vec(q.size()),
+         dy = rng.vec(q.size());
+    std::vector<int32_t> ids(B * T);
+    for (auto &id : ids) id = rng.below(3);  // pad id 0: ~1/3 of the keys
+    ids[0] = ids[T] = 1;
+    expect_thread_independent("bidirectional attention", [&] {
+      CpuCtx c(ts_k_attention_workspace_bytes(TS_DEVICE_CPU, B, T, NH, NH, HS, TS_FP32));
+      std::vector<float> out(q.size()), p(B * NH * T * T), dq(q.size()), dk(q.size()),
+          dv(q.size());
+      EXPECT_EQ(ts_k_attention_bidir_forward(c.get(), out.data(), p.data(), q.data(), k.data(),
+                                             v.data(), ids.data(), 0, B, T, NH, HS, TS_FP32),
+                TS_OK);
+      EXPECT_EQ(ts_k_attention_bidir_backward(c.get(), dq.data(), dk.data(), dv.data(), dy.data(),
+                                              out.data(), q.data(), k.data(), v.data(), p.data(),
+                                              B, T, NH, HS, TS_FP32),
+                TS_OK);
+      for (auto *t : {&p, &dq, &dk, &dv}) out.insert(out.end(), t->begin(), t->end());
+      return out;
+    });
+  }
+  {
     const size_t N = 64, V = 1000;  // cross-entropy rows
     auto x = rng.vec(N * V, -4, 4);
     std::vector<int32_t> y(N);

@@ -1,5 +1,5 @@
 // Every backward of the CPU kernels against central finite differences of
-// its forward, in fp32.
+// its forward, in fp32 (the decoder's ops, then the BERT-class encoder's).
 //
 // Method: the scalar loss is L = sum_i out[i] * w[i] in double, with fixed
 // random weights w (so every output element matters, with a different
@@ -228,6 +228,149 @@ TEST(CrossEntropy, BackwardMatchesFiniteDifferences) {
                                         dloss, TS_FP32),
             TS_OK);
   EXPECT_EQ(inplace, dx);
+}
+
+// ---- BERT-class encoder ops ----------------------------------------------------
+
+TEST(Layernorm, BackwardMatchesFiniteDifferences) {
+  const size_t N = 4, C = 11;
+  const float eps = 1e-5f;
+  Rng rng(41);
+  auto x = rng.vec(N * C, -2, 2), w = rng.vec(C, 0.5f, 1.5f), bias = rng.vec(C),
+       wl = rng.vec(N * C);
+  CpuCtx c(ts_k_layernorm_workspace_bytes(TS_DEVICE_CPU, N, C, TS_FP32));
+  std::vector<float> out(N * C), mean(N), rstd(N);
+  auto loss = [&] {
+    EXPECT_EQ(ts_k_layernorm_forward(c.get(), out.data(), mean.data(), rstd.data(), x.data(),
+                                     w.data(), bias.data(), N, C, eps, TS_FP32),
+              TS_OK);
+    return dot(out, wl);
+  };
+  loss();  // fills mean and rstd for the backward
+  auto dx0 = rng.vec(N * C), dw0 = rng.vec(C), db0 = rng.vec(C);  // all accumulate (+=)
+  std::vector<float> dx = dx0, dw = dw0, db = db0;
+  ASSERT_EQ(ts_k_layernorm_backward(c.get(), dx.data(), dw.data(), db.data(), wl.data(), x.data(),
+                                    w.data(), mean.data(), rstd.data(), N, C, TS_FP32),
+            TS_OK);
+  check_grad("dinp", x, accumulated(dx, dx0), loss);
+  check_grad("dweight", w, accumulated(dw, dw0), loss);
+  check_grad("dbias", bias, accumulated(db, db0), loss);
+  // NULL skips each output alone, with the same bits for the others.
+  std::vector<float> dx2 = dx0, db2 = db0;
+  ASSERT_EQ(ts_k_layernorm_backward(c.get(), dx2.data(), nullptr, nullptr, wl.data(), x.data(),
+                                    w.data(), mean.data(), rstd.data(), N, C, TS_FP32),
+            TS_OK);
+  ASSERT_EQ(ts_k_layernorm_backward(c.get(), nullptr, nullptr, db2.data(), wl.data(), nullptr,
+                                    nullptr, nullptr, nullptr, N, C, TS_FP32),
+            TS_OK);  // dbias reads dout only
+  EXPECT_EQ(dx2, dx);
+  EXPECT_EQ(db2, db);
+}
+
+TEST(Gelu, BackwardMatchesFiniteDifferencesBothForms) {
+  const size_t n = 300;
+  for (ts_gelu_kind kind : {TS_GELU_ERF, TS_GELU_TANH}) {
+    Rng rng(42);
+    auto x = rng.vec(n, -5, 5), wl = rng.vec(n);
+    CpuCtx c;
+    std::vector<float> y(n);
+    auto loss = [&] {
+      EXPECT_EQ(ts_k_gelu_forward(c.get(), y.data(), x.data(), n, kind, TS_FP32), TS_OK);
+      return dot(y, wl);
+    };
+    std::vector<float> dx(n, 7.0f);  // written (=)
+    ASSERT_EQ(ts_k_gelu_backward(c.get(), dx.data(), wl.data(), x.data(), n, kind, TS_FP32), TS_OK);
+    check_grad(kind == TS_GELU_ERF ? "dinp (erf)" : "dinp (tanh)", x, dx, loss);
+    std::vector<float> inplace = wl;  // dinp == dout gives the same bits
+    ASSERT_EQ(ts_k_gelu_backward(c.get(), inplace.data(), inplace.data(), x.data(), n, kind,
+                                 TS_FP32),
+              TS_OK);
+    EXPECT_EQ(inplace, dx);
+  }
+}
+
+TEST(Bias, BackwardMatchesFiniteDifferences) {
+  const size_t N = 70, C = 9;  // 70 rows: three row blocks of the column sums
+  Rng rng(43);
+  auto y0 = rng.vec(N * C), bias = rng.vec(C), wl = rng.vec(N * C);
+  CpuCtx c(ts_k_bias_workspace_bytes(TS_DEVICE_CPU, N, C, TS_FP32));
+  std::vector<float> y;
+  auto loss = [&] {
+    y = y0;  // the op adds in place
+    EXPECT_EQ(ts_k_bias_add(c.get(), y.data(), bias.data(), N, C, TS_FP32), TS_OK);
+    return dot(y, wl);
+  };
+  auto db0 = rng.vec(C);
+  std::vector<float> db = db0;
+  ASSERT_EQ(ts_k_bias_backward(c.get(), db.data(), wl.data(), N, C, TS_FP32), TS_OK);
+  check_grad("dbias", bias, accumulated(db, db0), loss);
+}
+
+// Batch row 0 pads keys 2, 4 and 5 (id 0); row 1 pads nothing.
+void check_attention_bidir_backward(size_t T, size_t NH, size_t HS, uint64_t seed,
+                                    size_t stride) {
+  const size_t B = 2;
+  const int32_t pad = 0;
+  Rng rng(seed);
+  std::vector<int32_t> ids(B * T);
+  for (size_t i = 0; i < ids.size(); i++) ids[i] = 1 + rng.below(50);
+  for (size_t j : {2, 4, 5}) ids[j] = pad;
+  auto masked = [&](size_t b, size_t j) { return ids[b * T + j] == pad; };
+  auto q = rng.vec(B * T * NH * HS), k = rng.vec(q.size()), v = rng.vec(q.size()),
+       wl = rng.vec(q.size());
+  CpuCtx c(ts_k_attention_workspace_bytes(TS_DEVICE_CPU, B, T, NH, NH, HS, TS_FP32));
+  std::vector<float> out(q.size()), probs(B * NH * T * T);
+  auto loss = [&] {
+    EXPECT_EQ(ts_k_attention_bidir_forward(c.get(), out.data(), probs.data(), q.data(), k.data(),
+                                           v.data(), ids.data(), pad, B, T, NH, HS, TS_FP32),
+              TS_OK);
+    return dot(out, wl);
+  };
+  loss();
+  std::vector<float> dq(q.size(), 5.0f), dk(k.size(), 5.0f), dv(v.size(), 5.0f);  // written (=)
+  ASSERT_EQ(ts_k_attention_bidir_backward(c.get(), dq.data(), dk.data(), dv.data(), wl.data(),
+                                          out.data(), q.data(), k.data(), v.data(), probs.data(),
+                                          B, T, NH, HS, TS_FP32),
+            TS_OK);
+  check_grad("dq", q, dq, loss, stride);
+  check_grad("dk", k, dk, loss, stride);
+  check_grad("dv", v, dv, loss, stride);
+  // Masked keys: no gradient at all, from any query (exactly 0, not small).
+  for (size_t b = 0; b < B; b++)
+    for (size_t j = 0; j < T; j++)
+      for (size_t i = 0; i < NH * HS; i++) {
+        size_t o = (b * T + j) * NH * HS + i;
+        if (masked(b, j)) {
+          ASSERT_EQ(dk[o], 0.0f) << "masked key " << j << " of row " << b;
+          ASSERT_EQ(dv[o], 0.0f) << "masked key " << j << " of row " << b;
+        }
+      }
+  // ... and their k and v values change neither out nor any gradient
+  // (P is exactly 0 there, so their terms are exact zeros).
+  loss();  // out of the unperturbed inputs (check_grad left the last perturbed one)
+  auto out1 = out, dq1 = dq, dk1 = dk, dv1 = dv;
+  for (size_t b = 0; b < B; b++)
+    for (size_t j = 0; j < T; j++)
+      for (size_t i = 0; masked(b, j) && i < NH * HS; i++) {
+        k[(b * T + j) * NH * HS + i] = rng.uniform(-9, 9);
+        v[(b * T + j) * NH * HS + i] = rng.uniform(-9, 9);
+      }
+  loss();
+  ASSERT_EQ(ts_k_attention_bidir_backward(c.get(), dq.data(), dk.data(), dv.data(), wl.data(),
+                                          out.data(), q.data(), k.data(), v.data(), probs.data(),
+                                          B, T, NH, HS, TS_FP32),
+            TS_OK);
+  EXPECT_EQ(out, out1);
+  EXPECT_EQ(dq, dq1);
+  EXPECT_EQ(dk, dk1);
+  EXPECT_EQ(dv, dv1);
+}
+
+TEST(AttentionBidir, BackwardMatchesFiniteDifferencesWithPaddedKeys) {
+  check_attention_bidir_backward(7, 3, 4, 44, 1);
+}
+TEST(AttentionBidir, BackwardMatchesFiniteDifferencesAcrossRowBlocks) {
+  check_attention_bidir_backward(131, 2, 4, 45, 7);  // T > one 128-row block; every 7th element
 }
 
 }  // namespace

@@ -401,4 +401,120 @@ TEST(Half, AdamwGradientsAndParamCopy) {
   }
 }
 
+// ---- BERT-class encoder ops ------------------------------------------------------
+
+TEST(Half, LayernormForwardAndBackward) {
+  const size_t N = 70, C = 40;  // 70 rows: three row blocks of the column sums
+  for (ts_dtype dt : kHalf) {
+    Rng rng(71);
+    auto x = round_to(rng.vec(N * C, -2, 2), dt), w = round_to(rng.vec(C, 0.5f, 1.5f), dt),
+         b = round_to(rng.vec(C), dt), dy = round_to(rng.vec(N * C), dt),
+         dx0 = round_to(rng.vec(N * C), dt), dw0 = round_to(rng.vec(C), dt),
+         db0 = round_to(rng.vec(C), dt);
+    std::vector<std::vector<float>> res[2];
+    for (int pass = 0; pass < 2; pass++) {
+      ts_dtype d = pass == 0 ? TS_FP32 : dt;
+      CpuCtx c(ts_k_layernorm_workspace_bytes(TS_DEVICE_CPU, N, C, d));
+      Buf bx(x, d), bw(w, d), bb(b, d), bdy(dy, d), by(std::vector<float>(N * C), d), bdx(dx0, d),
+          bdw(dw0, d), bdb(db0, d);
+      std::vector<float> mean(N), rstd(N);
+      ASSERT_EQ(ts_k_layernorm_forward(c.get(), by.data(), mean.data(), rstd.data(), bx.data(),
+                                       bw.data(), bb.data(), N, C, 1e-5f, d),
+                TS_OK);
+      ASSERT_EQ(ts_k_layernorm_backward(c.get(), bdx.data(), bdw.data(), bdb.data(), bdy.data(),
+                                        bx.data(), bw.data(), mean.data(), rstd.data(), N, C, d),
+                TS_OK);
+      res[pass] = {by.get(), bdx.get(), bdw.get(), bdb.get(), mean, rstd};
+    }
+    expect_one_rounding("out", res[1][0], res[0][0], dt);
+    expect_one_rounding("dinp", res[1][1], res[0][1], dt);
+    // Column sums: the same fp32 partial sums in the same order from the
+    // same widened values, then one rounding: exactly fp32's result rounded.
+    EXPECT_EQ(res[1][2], round_to(res[0][2], dt)) << "dweight " << ts_dtype_name(dt);
+    EXPECT_EQ(res[1][3], round_to(res[0][3], dt)) << "dbias " << ts_dtype_name(dt);
+    // mean and rstd are fp32 in both paths, from identical values.
+    for (size_t n = 0; n < N; n++) {
+      EXPECT_NEAR(res[1][4][n], res[0][4][n], 1e-6);
+      EXPECT_NEAR(res[1][5][n], res[0][5][n], 1e-6 * res[0][5][n]);
+    }
+  }
+}
+
+TEST(Half, GeluAndBiasAreFp32RoundedOnce) {
+  const size_t n = 5000, N = 100, C = 50;  // GELU: more than one chunk
+  for (ts_dtype dt : kHalf) {
+    Rng rng(72);
+    auto x = round_to(rng.vec(n, -6, 6), dt), dy = round_to(rng.vec(n), dt);
+    for (ts_gelu_kind kind : {TS_GELU_ERF, TS_GELU_TANH}) {
+      // Per element, the same fp32 math on the same widened values, then
+      // one RNE rounding: the fp32 result rounded, bit for bit.
+      CpuCtx c;
+      std::vector<float> y32(n), dx32(n);
+      ASSERT_EQ(ts_k_gelu_forward(c.get(), y32.data(), x.data(), n, kind, TS_FP32), TS_OK);
+      ASSERT_EQ(ts_k_gelu_backward(c.get(), dx32.data(), dy.data(), x.data(), n, kind, TS_FP32),
+                TS_OK);
+      Buf bx(x, dt), bdy(dy, dt), by(x, dt);
+      ASSERT_EQ(ts_k_gelu_forward(c.get(), by.data(), bx.data(), n, kind, dt), TS_OK);
+      ASSERT_EQ(ts_k_gelu_backward(c.get(), bdy.data(), bdy.data(), bx.data(), n, kind, dt),
+                TS_OK);  // in place over dout
+      EXPECT_EQ(by.get(), round_to(y32, dt)) << ts_dtype_name(dt) << " kind " << kind;
+      EXPECT_EQ(bdy.get(), round_to(dx32, dt)) << ts_dtype_name(dt) << " kind " << kind;
+    }
+    auto y0 = round_to(rng.vec(N * C), dt), b = round_to(rng.vec(C), dt),
+         g = round_to(rng.vec(N * C), dt), db0 = round_to(rng.vec(C), dt);
+    CpuCtx c(ts_k_bias_workspace_bytes(TS_DEVICE_CPU, N, C, dt));
+    Buf by(y0, dt), bb(b, dt), bg(g, dt), bdb(db0, dt);
+    ASSERT_EQ(ts_k_bias_add(c.get(), by.data(), bb.data(), N, C, dt), TS_OK);
+    auto y = by.get();
+    for (size_t i = 0; i < y.size(); i++)
+      ASSERT_EQ(y[i], round_to({y0[i] + b[i % C]}, dt)[0]) << i;
+    std::vector<float> db32 = db0;
+    ASSERT_EQ(ts_k_bias_backward(c.get(), db32.data(), g.data(), N, C, TS_FP32), TS_OK);
+    ASSERT_EQ(ts_k_bias_backward(c.get(), bdb.data(), bg.data(), N, C, dt), TS_OK);
+    EXPECT_EQ(bdb.get(), round_to(db32, dt)) << ts_dtype_name(dt);
+  }
+}
+
+TEST(Half, AttentionBidirForwardAndBackward) {
+  const size_t B = 2, T = 7, NH = 3, HS = 8;
+  std::vector<int32_t> ids = {4, 0, 5, 0, 6, 6, 0, 1, 2, 3, 4, 5, 6, 7};  // row 0 pads 3 keys
+  for (ts_dtype dt : kHalf) {
+    Rng rng(73);
+    auto q = round_to(rng.vec(B * T * NH * HS), dt), k = round_to(rng.vec(q.size()), dt),
+         v = round_to(rng.vec(q.size()), dt), dy = round_to(rng.vec(q.size()), dt);
+    // Half forward first: its rounded probs feed both backwards.
+    CpuCtx c(ts_k_attention_workspace_bytes(TS_DEVICE_CPU, B, T, NH, NH, HS, dt));
+    Buf hq(q, dt), hk(k, dt), hv(v, dt), hout(std::vector<float>(q.size()), dt),
+        hp(std::vector<float>(B * NH * T * T), dt), hdy(dy, dt);
+    ASSERT_EQ(ts_k_attention_bidir_forward(c.get(), hout.data(), hp.data(), hq.data(), hk.data(),
+                                           hv.data(), ids.data(), 0, B, T, NH, HS, dt),
+              TS_OK);
+    CpuCtx c32(ts_k_attention_workspace_bytes(TS_DEVICE_CPU, B, T, NH, NH, HS, TS_FP32));
+    std::vector<float> out(q.size()), p(B * NH * T * T);
+    ASSERT_EQ(ts_k_attention_bidir_forward(c32.get(), out.data(), p.data(), q.data(), k.data(),
+                                           v.data(), ids.data(), 0, B, T, NH, HS, TS_FP32),
+              TS_OK);
+    expect_one_rounding("out", hout.get(), out, dt);
+    expect_one_rounding("probs", hp.get(), p, dt);
+    auto p_half = hp.get();
+    for (size_t i = 0; i < NH * T * T; i++)  // batch row 0's masked keys: exactly 0
+      if (ids[i % T] == 0) {
+        ASSERT_EQ(p_half[i], 0.0f) << i;
+      }
+    Buf hdq(q, dt), hdk(k, dt), hdv(v, dt);
+    ASSERT_EQ(ts_k_attention_bidir_backward(c.get(), hdq.data(), hdk.data(), hdv.data(),
+                                            hdy.data(), hout.data(), hq.data(), hk.data(),
+                                            hv.data(), hp.data(), B, T, NH, HS, dt),
+              TS_OK);
+    std::vector<float> dq(q.size()), dk(k.size()), dv(v.size());
+    ASSERT_EQ(ts_k_attention_bidir_backward(c32.get(), dq.data(), dk.data(), dv.data(), dy.data(),
+                                            out.data(), q.data(), k.data(), v.data(),
+                                            p_half.data(), B, T, NH, HS, TS_FP32),
+              TS_OK);
+    expect_one_rounding("dq", hdq.get(), dq, dt);
+    expect_one_rounding("dk", hdk.get(), dk, dt);
+    expect_one_rounding("dv", hdv.get(), dv, dt);
+  }
+}
+
 }  // namespace

@@ -206,13 +206,25 @@ ts_status RmsnormForward(Backend &b, ts_dtype dt, Rng &rng);
 ts_status RmsnormBackward(Backend &b, ts_dtype dt, Rng &rng);
 ts_status Rope(Backend &b, ts_dtype dt, Rng &rng, int backward);
 // flags: TS_K_* added to the context for the call (TS_K_PLAIN_ATTENTION).
-ts_status AttentionForward(Backend &b, ts_dtype dt, Rng &rng, size_t NKV, unsigned flags = 0);
-ts_status AttentionBackward(Backend &b, ts_dtype dt, Rng &rng, size_t NKV, unsigned flags = 0);
+// bidir: the bidirectional op (NKV = NH) with padded keys instead of the
+// causal one.
+ts_status AttentionForward(Backend &b, ts_dtype dt, Rng &rng, size_t NKV, unsigned flags = 0,
+                           bool bidir = false);
+ts_status AttentionBackward(Backend &b, ts_dtype dt, Rng &rng, size_t NKV, unsigned flags = 0,
+                            bool bidir = false);
 ts_status SwigluForward(Backend &b, ts_dtype dt, Rng &rng);
 ts_status SwigluBackward(Backend &b, ts_dtype dt, Rng &rng);
 ts_status CrossEntropyForward(Backend &b, ts_dtype dt, Rng &rng);
 ts_status CrossEntropyBackward(Backend &b, ts_dtype dt, Rng &rng);
 ts_status CrossEntropyFused(Backend &b, ts_dtype dt, Rng &rng);
+
+// The cases of the BERT-class encoder ops (kernels_parity_encoder.cc).
+ts_status LayernormForward(Backend &b, ts_dtype dt, Rng &rng);
+ts_status LayernormBackward(Backend &b, ts_dtype dt, Rng &rng);
+ts_status Gelu(Backend &b, ts_dtype dt, Rng &rng, ts_gelu_kind kind, int backward);
+ts_status BiasAdd(Backend &b, ts_dtype dt, Rng &rng);
+ts_status BiasBackward(Backend &b, ts_dtype dt, Rng &rng);
+ts_status TokenTypes(Backend &b, ts_dtype dt, Rng &rng);
 
 }  // namespace ts_parity
 

@@ -1,6 +1,6 @@
 // kernels_parity_layers.cc — the parity cases of the model's layers:
-// RMSNorm, RoPE, attention (GQA and MQA), SwiGLU, cross-entropy (method
-// and bounds: kernels_parity_test.cc).
+// RMSNorm, RoPE, attention (causal GQA and MQA; bidirectional with padded
+// keys), SwiGLU, cross-entropy (method and bounds: kernels_parity_test.cc).
 #include "kernels/kernels_parity.h"
 
 namespace ts_parity {
@@ -109,14 +109,32 @@ ts_status Rope(Backend &b, ts_dtype dt, Rng &rng, int backward) {
 
 // ---- attention ----------------------------------------------------------------------------
 
-// Causal GQA attention of kernels.h in double: probs (B, NH, T, T) and out
-// (B, T, NH, HS), with their bounds.
+// The ids of the bidirectional cases (pad id 0): batch row 0 pads every
+// fifth key and its last six; batch row 1 pads none.
+std::vector<int32_t> PadIds() {
+  std::vector<int32_t> ids(kB * kT);
+  for (size_t i = 0; i < ids.size(); i++) ids[i] = 1 + (int32_t)(i % 50);
+  for (size_t j = 0; j < kT; j++)
+    if (j % 5 == 3 || j + 6 >= kT) ids[j] = 0;
+  return ids;
+}
+
+// Does query i of batch row b see key j? Causal (ids empty): j <= i; else
+// every key whose id is not 0.
+static bool Sees(const std::vector<int32_t> &ids, size_t b, size_t i, size_t j) {
+  return ids.empty() ? j <= i : ids[b * kT + j] != 0;
+}
+
+// Attention of kernels.h in double, causal GQA (ids empty) or
+// bidirectional with key padding mask ids (NKV = NH): probs (B, NH, T, T)
+// and out (B, T, NH, HS), with their bounds.
 struct AttnRef {
   std::vector<double> p, tp, o, to;
 };
 
 AttnRef AttentionRef(const std::vector<float> &q, const std::vector<float> &k,
-                     const std::vector<float> &v, size_t NKV, ts_dtype dt) {
+                     const std::vector<float> &v, size_t NKV, ts_dtype dt,
+                     const std::vector<int32_t> &ids) {
   AttnRef r;
   size_t rep = kNH / NKV;
   double scale = 1.0 / std::sqrt((double)kHS);
@@ -129,9 +147,10 @@ AttnRef AttentionRef(const std::vector<float> &q, const std::vector<float> &k,
       size_t g = h / rep;
       for (size_t i = 0; i < kT; i++) {
         const float *qi = &q[((b * kT + i) * kNH + h) * kHS];
-        std::vector<double> s(i + 1);
+        std::vector<double> s(kT);
         double mx = -INFINITY, smag = 0;
-        for (size_t j = 0; j <= i; j++) {
+        for (size_t j = 0; j < kT; j++) {
+          if (!Sees(ids, b, i, j)) continue;
           const float *kj = &k[((b * kT + j) * NKV + g) * kHS];
           double d = 0, ad = 0;
           for (size_t e = 0; e < kHS; e++) d += (double)qi[e] * kj[e], ad += std::fabs((double)qi[e] * kj[e]);
@@ -140,18 +159,20 @@ AttnRef AttentionRef(const std::vector<float> &q, const std::vector<float> &k,
           smag = std::fmax(smag, scale * ad);
         }
         double z = 0;
-        for (size_t j = 0; j <= i; j++) z += std::exp(s[j] - mx);
+        for (size_t j = 0; j < kT; j++)
+          if (Sees(ids, b, i, j)) z += std::exp(s[j] - mx);
         // relative error of each p: the logits' (HS products each, twice:
         // s_j and the max) plus the exponentials and the sum of i + 1 terms
         double rel = 2 * (kHS + 2) * kU32 * smag + (kT + 8) * kU32;
         double *prow = &r.p[((b * kNH + h) * kT + i) * kT];
-        for (size_t j = 0; j <= i; j++) {
+        for (size_t j = 0; j < kT; j++) {
+          if (!Sees(ids, b, i, j)) continue;  // exactly 0
           prow[j] = std::exp(s[j] - mx) / z;
           r.tp[((b * kNH + h) * kT + i) * kT + j] = Eta(dt) + (U(dt) + rel) * prow[j];
         }
         for (size_t e = 0; e < kHS; e++) {
           double o = 0, mag = 0;
-          for (size_t j = 0; j <= i; j++) {
+          for (size_t j = 0; j < kT; j++) {
             double vj = v[((b * kT + j) * NKV + g) * kHS + e];
             o += prow[j] * vj;
             mag += prow[j] * std::fabs(vj);
@@ -170,25 +191,40 @@ AttnRef AttentionRef(const std::vector<float> &q, const std::vector<float> &k,
 // the rows' log-sum-exp instead.
 static size_t ProbsBytes(size_t B, ts_dtype dt) { return Bytes(B * kNH * kT * kT, dt); }
 
-ts_status AttentionForward(Backend &b, ts_dtype dt, Rng &rng, size_t NKV, unsigned flags) {
+// The forward of the op under test: causal (ids empty) or bidirectional.
+static ts_status Forward(Backend &b, const std::vector<int32_t> &ids, const DevPtr &dids,
+                         void *out, void *state, const void *q, const void *k, const void *v,
+                         size_t NKV, ts_dtype dt) {
+  if (ids.empty())
+    return ts_k_attention_forward(b.ctx(), out, state, q, k, v, kB, kT, kNH, NKV, kHS, dt);
+  return ts_k_attention_bidir_forward(b.ctx(), out, state, q, k, v, dids->as<int32_t>(), 0, kB,
+                                      kT, kNH, kHS, dt);
+}
+
+ts_status AttentionForward(Backend &b, ts_dtype dt, Rng &rng, size_t NKV, unsigned flags,
+                           bool bidir) {
   WithFlags with(b, flags);
+  std::vector<int32_t> ids = bidir ? PadIds() : std::vector<int32_t>();
+  DevPtr dids = b.UpInts(bidir ? ids : std::vector<int32_t>(1));
   std::vector<float> q = Input(rng, kN * kNH * kHS, dt), k = Input(rng, kN * NKV * kHS, dt),
                      v = Input(rng, kN * NKV * kHS, dt);
   b.Workspace(ts_k_attention_workspace_bytes(b.device(), kB, kT, kNH, NKV, kHS, dt));
   size_t state_bytes = ts_k_attention_state_bytes(b.device(), kB, kT, kNH, NKV, kHS, dt);
   DevPtr dq = b.Up(q, dt), dk = b.Up(k, dt), dv = b.Up(v, dt);
   DevPtr dout = b.Poisoned(q.size(), dt), dp = b.PoisonedBytes(state_bytes);
-  RUN_OR_RETURN(ts_k_attention_forward(b.ctx(), dout->p, dp->p, dq->p, dk->p, dv->p, kB, kT, kNH,
-                                       NKV, kHS, dt));
-  AttnRef r = AttentionRef(q, k, v, NKV, dt);
+  RUN_OR_RETURN(Forward(b, ids, dids, dout->p, dp->p, dq->p, dk->p, dv->p, NKV, dt));
+  AttnRef r = AttentionRef(q, k, v, NKV, dt, ids);
   Expect("out", b.Down(*dout, q.size(), dt), r.o, r.to);
   if (state_bytes == ProbsBytes(kB, dt))
-    Expect("probs (0 above the diagonal)", b.Down(*dp, r.p.size(), dt), r.p, r.tp);
+    Expect("probs (0 where not seen)", b.Down(*dp, r.p.size(), dt), r.p, r.tp);
   return TS_OK;
 }
 
-ts_status AttentionBackward(Backend &b, ts_dtype dt, Rng &rng, size_t NKV, unsigned flags) {
+ts_status AttentionBackward(Backend &b, ts_dtype dt, Rng &rng, size_t NKV, unsigned flags,
+                            bool bidir) {
   WithFlags with(b, flags);
+  std::vector<int32_t> ids = bidir ? PadIds() : std::vector<int32_t>();
+  DevPtr dids = b.UpInts(bidir ? ids : std::vector<int32_t>(1));
   std::vector<float> q = Input(rng, kN * kNH * kHS, dt), k = Input(rng, kN * NKV * kHS, dt),
                      v = Input(rng, kN * NKV * kHS, dt), dout = Input(rng, q.size(), dt);
   // The saved state as this backend's own forward stores it (the
@@ -197,12 +233,15 @@ ts_status AttentionBackward(Backend &b, ts_dtype dt, Rng &rng, size_t NKV, unsig
   size_t state_bytes = ts_k_attention_state_bytes(b.device(), kB, kT, kNH, NKV, kHS, dt);
   DevPtr dq_in = b.Up(q, dt), dk_in = b.Up(k, dt), dv_in = b.Up(v, dt), ddo = b.Up(dout, dt);
   DevPtr dp = b.PoisonedBytes(state_bytes), dfo = b.Poisoned(q.size(), dt);
-  RUN_OR_RETURN(ts_k_attention_forward(b.ctx(), dfo->p, dp->p, dq_in->p, dk_in->p, dv_in->p, kB,
-                                       kT, kNH, NKV, kHS, dt));
+  RUN_OR_RETURN(Forward(b, ids, dids, dfo->p, dp->p, dq_in->p, dk_in->p, dv_in->p, NKV, dt));
   DevPtr ddq = b.Poisoned(q.size(), dt), ddk = b.Poisoned(k.size(), dt),
          ddv = b.Poisoned(v.size(), dt);
-  RUN_OR_RETURN(ts_k_attention_backward(b.ctx(), ddq->p, ddk->p, ddv->p, ddo->p, dfo->p, dq_in->p,
-                                        dk_in->p, dv_in->p, dp->p, kB, kT, kNH, NKV, kHS, dt));
+  RUN_OR_RETURN(bidir ? ts_k_attention_bidir_backward(b.ctx(), ddq->p, ddk->p, ddv->p, ddo->p,
+                                                      dfo->p, dq_in->p, dk_in->p, dv_in->p, dp->p,
+                                                      kB, kT, kNH, kHS, dt)
+                      : ts_k_attention_backward(b.ctx(), ddq->p, ddk->p, ddv->p, ddo->p, dfo->p,
+                                                dq_in->p, dk_in->p, dv_in->p, dp->p, kB, kT, kNH,
+                                                NKV, kHS, dt));
   // The reference reads the exact probabilities rounded to dt. The backend
   // reads its own forward's state instead: probabilities it computed in
   // fp32 and rounded to dt (which may land one rounding away from the
@@ -210,7 +249,7 @@ ts_status AttentionBackward(Backend &b, ts_dtype dt, Rng &rng, size_t NKV, unsig
   // in a fused (flash) kernel, P and dS rounded to dt for its tensor-core
   // products. Either way each term carries up to two more roundings of
   // dt: 2 U(dt) of the magnitude sum.
-  AttnRef fwd = AttentionRef(q, k, v, NKV, TS_FP32);
+  AttnRef fwd = AttentionRef(q, k, v, NKV, TS_FP32, ids);
   std::vector<float> p = ts_test::round_to(std::vector<float>(fwd.p.begin(), fwd.p.end()), dt);
   const double fused = 2 * U(dt);
   size_t rep = kNH / NKV;
@@ -223,9 +262,10 @@ ts_status AttentionBackward(Backend &b, ts_dtype dt, Rng &rng, size_t NKV, unsig
       for (size_t i = 0; i < kT; i++) {
         const float *pr = &p[((b_ * kNH + h) * kT + i) * kT];
         const float *doi = &dout[((b_ * kT + i) * kNH + h) * kHS];
-        std::vector<double> dP(i + 1), aP(i + 1);
+        std::vector<double> dP(kT), aP(kT);
         double dot = 0, adot = 0;
-        for (size_t j = 0; j <= i; j++) {
+        for (size_t j = 0; j < kT; j++) {
+          if (!Sees(ids, b_, i, j)) continue;
           const float *vj = &v[((b_ * kT + j) * NKV + g) * kHS];
           double s = 0, as = 0;
           for (size_t e = 0; e < kHS; e++) s += (double)doi[e] * vj[e], as += std::fabs((double)doi[e] * vj[e]);
@@ -238,7 +278,8 @@ ts_status AttentionBackward(Backend &b, ts_dtype dt, Rng &rng, size_t NKV, unsig
             mv[((b_ * kT + j) * NKV + g) * kHS + e] += std::fabs(pr[j] * doi[e]);
           }
         }
-        for (size_t j = 0; j <= i; j++) {
+        for (size_t j = 0; j < kT; j++) {
+          if (!Sees(ids, b_, i, j)) continue;
           double ds = scale * pr[j] * (dP[j] - dot), ads = scale * pr[j] * (aP[j] + adot);
           const float *kj = &k[((b_ * kT + j) * NKV + g) * kHS];
           const float *qi = &q[((b_ * kT + i) * kNH + h) * kHS];

@@ -329,6 +329,24 @@ const std::vector<Case> &Cases() {
       {"cross_entropy_backward", CrossEntropyBackward},
       {"cross_entropy_fused", CrossEntropyFused},
       {"adamw", Adamw},
+      // The BERT-class encoder ops.
+      {"layernorm_forward", LayernormForward},
+      {"layernorm_backward", LayernormBackward},
+      {"gelu_erf_forward",
+       [](Backend &b, ts_dtype dt, Rng &r) { return Gelu(b, dt, r, TS_GELU_ERF, 0); }},
+      {"gelu_erf_backward",
+       [](Backend &b, ts_dtype dt, Rng &r) { return Gelu(b, dt, r, TS_GELU_ERF, 1); }},
+      {"gelu_tanh_forward",
+       [](Backend &b, ts_dtype dt, Rng &r) { return Gelu(b, dt, r, TS_GELU_TANH, 0); }},
+      {"gelu_tanh_backward",
+       [](Backend &b, ts_dtype dt, Rng &r) { return Gelu(b, dt, r, TS_GELU_TANH, 1); }},
+      {"bias_add", BiasAdd},
+      {"bias_backward", BiasBackward},
+      {"token_types", TokenTypes},
+      {"attention_bidir_forward",
+       [](Backend &b, ts_dtype dt, Rng &r) { return AttentionForward(b, dt, r, kNH, 0, true); }},
+      {"attention_bidir_backward",
+       [](Backend &b, ts_dtype dt, Rng &r) { return AttentionBackward(b, dt, r, kNH, 0, true); }},
   };
   return cases;
 }

@@ -179,6 +179,34 @@ ts_status ts_cpu_cross_entropy_fused(const ts_kctx *ctx, float *loss_rows, void 
 ts_status ts_cpu_cross_entropy_backward(const ts_kctx *ctx, void *dlogits, const void *logits,
                                         const int32_t *targets, size_t N, size_t V, float dloss,
                                         ts_dtype dt);
+size_t ts_cpu_layernorm_workspace_bytes(size_t N, size_t C, ts_dtype dt);
+size_t ts_cpu_bias_workspace_bytes(size_t N, size_t C, ts_dtype dt);
+ts_status ts_cpu_layernorm_forward(const ts_kctx *ctx, void *out, float *mean, float *rstd,
+                                   const void *inp, const void *weight, const void *bias,
+                                   size_t N, size_t C, float eps, ts_dtype dt);
+ts_status ts_cpu_layernorm_backward(const ts_kctx *ctx, void *dinp, void *dweight, void *dbias,
+                                    const void *dout, const void *inp, const void *weight,
+                                    const float *mean, const float *rstd, size_t N, size_t C,
+                                    ts_dtype dt);
+ts_status ts_cpu_bias_add(const ts_kctx *ctx, void *out, const void *bias, size_t N, size_t C,
+                          ts_dtype dt);
+ts_status ts_cpu_bias_backward(const ts_kctx *ctx, void *dbias, const void *dout, size_t N,
+                               size_t C, ts_dtype dt);
+ts_status ts_cpu_gelu_forward(const ts_kctx *ctx, void *out, const void *inp, size_t n,
+                              ts_gelu_kind kind, ts_dtype dt);
+ts_status ts_cpu_gelu_backward(const ts_kctx *ctx, void *dinp, const void *dout, const void *inp,
+                               size_t n, ts_gelu_kind kind, ts_dtype dt);
+ts_status ts_cpu_token_types(const ts_kctx *ctx, int32_t *types, const int32_t *tokens, size_t B,
+                             size_t T, int32_t sep_id, size_t n_types);
+ts_status ts_cpu_attention_bidir_forward(const ts_kctx *ctx, void *out, void *probs,
+                                         const void *q, const void *k, const void *v,
+                                         const int32_t *ids, int32_t pad_id, size_t B, size_t T,
+                                         size_t NH, size_t HS, ts_dtype dt);
+ts_status ts_cpu_attention_bidir_backward(const ts_kctx *ctx, void *dq, void *dk, void *dv,
+                                          const void *dout, const void *out, const void *q,
+                                          const void *k, const void *v, const void *probs,
+                                          size_t B, size_t T, size_t NH, size_t HS,
+                                          ts_dtype dt);
 ts_status ts_cpu_adamw(const ts_kctx *ctx, float *master, void *param_out, ts_dtype param_dt,
                        float *m, float *v, const void *grad, ts_dtype grad_dt, size_t n,
                        const ts_adamw_hparams *hp);

@@ -1,7 +1,9 @@
 /*
  * attention.cu — CUDA bodies of causal grouped-query attention
  * (ts_k_attention_forward and _backward, kernels/kernels.h; Vaswani et al.
- * 2017 eq. 1, GQA: Ainslie et al. 2023).
+ * 2017 eq. 1, GQA: Ainslie et al. 2023) and of bidirectional multi-head
+ * attention with a key padding mask (ts_k_attention_bidir_*; Hugging Face
+ * BertSelfAttention).
  *
  * bf16/fp16: cuDNN's fused flash attention (attention_cudnn.h; Dao et al.
  * 2022, cuDNN's deterministic backward). The saved state is each softmax
@@ -12,6 +14,15 @@
  *
  * fp32: the plain kernels with the probabilities (B, NH, T, T) as the
  * state, like the CPU (parity and debugging, not speed).
+ *
+ * Bidirectional attention always runs the plain kernels, with a mask
+ * (att_mask) in place of the causal one: query t sees every key whose id
+ * is not the pad id; a masked key's score is -inf, so its probability is
+ * exactly 0. Its bf16/fp16 state is the log-sum-exp followed by (B, T)
+ * uint8 key flags (1: a key to attend to), from which backward recomputes
+ * P with the mask; the fp32 state's P is 0 at masked keys already. With
+ * the causal mask the kernels perform exactly the operations they did
+ * before the bidirectional one joined them.
  *
  * The plain kernels compute every output element by one thread summing over
  * keys (or queries) in index order, and each row's statistics by a fixed
@@ -34,12 +45,41 @@ enum { ATT_THREADS = 128, ATT_MAX_T = 8192 /* the plain forward's row in shared 
 /* Does dt keep the log-sum-exp (else the probabilities)? */
 static bool lse_state(ts_dtype dt) { return dt != TS_FP32; }
 
+/* lse state: the log-sum-exp (B, NH, T) fp32, then the bidirectional op's
+ * key flags (B, T) uint8. */
 extern "C" size_t ts_cuda_attention_state_bytes(size_t B, size_t T, size_t NH, size_t NKV,
                                                 size_t HS, ts_dtype dt) {
   (void)NKV;
   (void)HS;
-  if (lse_state(dt)) return B * NH * T * sizeof(float);
+  if (lse_state(dt)) return B * NH * T * sizeof(float) + B * T;
   return B * NH * T * T * sizeof(float);
+}
+
+/* The key flags of an lse state (B, NH, T) of B batch rows. */
+static uint8_t *state_keep(void *state, size_t B, size_t T, size_t NH) {
+  return (uint8_t *)((float *)state + B * NH * T);
+}
+
+/* Which keys query t of batch row b sees: keys [0, key_end) (causal: 0..t;
+ * else all T), less those masked: ids[b, j] == pad when ids is given,
+ * keep[b, j] == 0 when keep is given. */
+struct att_mask {
+  int causal;           /* 1: causal (ids and keep NULL) */
+  const int32_t *ids;   /* (B, T) ids, or NULL */
+  int32_t pad;          /* the masked id */
+  const uint8_t *keep;  /* (B, T) key flags, or NULL */
+};
+
+static const att_mask CAUSAL = {1, nullptr, 0, nullptr};
+
+__device__ __forceinline__ size_t key_end(const att_mask &mk, size_t t, size_t T) {
+  return mk.causal ? t + 1 : T;
+}
+
+__device__ __forceinline__ bool sees(const att_mask &mk, size_t b, size_t T, size_t j) {
+  if (mk.ids) return mk.ids[b * T + j] != mk.pad;
+  if (mk.keep) return mk.keep[b * T + j] != 0;
+  return true;
 }
 
 /* The plain backward's scratch per kv group (its rep = NH / NKV heads):
@@ -63,23 +103,28 @@ extern "C" size_t ts_cuda_attention_workspace_bytes(size_t B, size_t T, size_t N
 
 /* ---- forward -------------------------------------------------------------- */
 
-/* One block per (b, h, t), the row's scores s_j = q_t . k_j * scale (j <= t)
- * in shared memory (T floats): its max m and sum z of e^(s_j - m); then
- *   probs state: P[b, h, t, j] = e^(s_j - m) / z for j <= t, 0 after;
+/* One block per (b, h, t), the row's scores s_j = q_t . k_j * scale (j <
+ * n = key_end; -inf at masked keys) in shared memory (T floats): its max m
+ * and sum z of e^(s_j - m); then
+ *   probs state: P[b, h, t, j] = e^(s_j - m) / z for j < n, 0 after;
  *   lse state:   lse[b, h, t] = m + log z, and out[b, t, h, d] =
- *                sum_{j <= t} e^(s_j - m) / z * v[b, j, g, d].
+ *                sum_{j < n} e^(s_j - m) / z * v[b, j, g, d].
  * (The probs state's out comes from att_out_kernel.) */
 template <ts_dtype DT>
 __global__ void att_row_kernel(void *out, float *probs, float *lse, const void *q, const void *k,
                                const void *v, size_t T, size_t NH, size_t NKV, size_t HS,
-                               float scale) {
+                               float scale, att_mask mk) {
   extern __shared__ float srow[];
   __shared__ float sh[32];
   size_t row = blockIdx.x, t = row % T, bh = row / T, h = bh % NH, b = bh / NH;
   size_t g = h / (NH / NKV);
-  size_t qo = ((b * T + t) * NH + h) * HS;
+  size_t qo = ((b * T + t) * NH + h) * HS, n = key_end(mk, t, T);
   float m = -INFINITY;
-  for (size_t j = threadIdx.x; j <= t; j += blockDim.x) {
+  for (size_t j = threadIdx.x; j < n; j += blockDim.x) {
+    if (!sees(mk, b, T, j)) { /* e^(-inf - m) = 0 below */
+      srow[j] = -INFINITY;
+      continue;
+    }
     size_t ko = ((b * T + j) * NKV + g) * HS;
     float s = 0.0f;
     for (size_t d = 0; d < HS; d++) s += ts_ld<DT>(q, qo + d) * ts_ld<DT>(k, ko + d);
@@ -89,7 +134,7 @@ __global__ void att_row_kernel(void *out, float *probs, float *lse, const void *
   }
   m = ts_block_max(m, sh);
   float z = 0.0f;
-  for (size_t j = threadIdx.x; j <= t; j += blockDim.x) {
+  for (size_t j = threadIdx.x; j < n; j += blockDim.x) {
     float e = expf(srow[j] - m);
     srow[j] = e;
     z += e;
@@ -98,20 +143,20 @@ __global__ void att_row_kernel(void *out, float *probs, float *lse, const void *
   float inv = 1.0f / z;
   if (probs) {
     float *p = probs + row * T;
-    for (size_t j = threadIdx.x; j < T; j += blockDim.x) p[j] = j <= t ? srow[j] * inv : 0.0f;
+    for (size_t j = threadIdx.x; j < T; j += blockDim.x) p[j] = j < n ? srow[j] * inv : 0.0f;
     return;
   }
   if (threadIdx.x == 0) lse[row] = m + logf(z);
   for (size_t d = threadIdx.x; d < HS; d += blockDim.x) {
     float acc = 0.0f;
-    for (size_t j = 0; j <= t; j++) acc += srow[j] * inv * ts_ld<DT>(v, ((b * T + j) * NKV + g) * HS + d);
+    for (size_t j = 0; j < n; j++) acc += srow[j] * inv * ts_ld<DT>(v, ((b * T + j) * NKV + g) * HS + d);
     ts_st<DT>(out, qo + d, acc);
   }
 }
 
-/* Probs state: out[b, t, h, d] = sum_{j <= t} probs[b, h, t, j] v[b, j, g, d]. */
+/* Probs state: out[b, t, h, d] = sum_{j < key_end} probs[b, h, t, j] v[b, j, g, d]. */
 __global__ void att_out_kernel(float *out, const float *probs, const float *v, size_t B, size_t T,
-                               size_t NH, size_t NKV, size_t HS) {
+                               size_t NH, size_t NKV, size_t HS, att_mask mk) {
   size_t total = B * T * NH * HS;
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
        i += (size_t)gridDim.x * blockDim.x) {
@@ -119,7 +164,7 @@ __global__ void att_out_kernel(float *out, const float *probs, const float *v, s
     size_t g = h / (NH / NKV);
     const float *p = probs + ((b * NH + h) * T + t) * T;
     float acc = 0.0f;
-    for (size_t j = 0; j <= t; j++) acc += p[j] * v[((b * T + j) * NKV + g) * HS + d];
+    for (size_t j = 0; j < key_end(mk, t, T); j++) acc += p[j] * v[((b * T + j) * NKV + g) * HS + d];
     out[i] = acc;
   }
 }
@@ -129,30 +174,33 @@ __global__ void att_out_kernel(float *out, const float *probs, const float *v, s
 /* The kv groups [g0, g0 + gc) of batch row b and their heads h =
  * g0 * rep + hl, hl < gc * rep; dS and P are (gc * rep, T, T) indexed by hl. */
 
-/* One block per (hl, t): dS[hl, t, j] for j <= t, from the row's
+/* One block per (hl, t): dS[hl, t, j] for j < key_end, from the row's
  * probabilities: the probs state's (p_state, row (b, h, t)), or, for the
- * lse state, recomputed as e^(q_t . k_j * scale - lse) and also written to
- * p_out[hl, t, j] for dv. D is rowsum(P * dP). */
+ * lse state, recomputed as e^(q_t . k_j * scale - lse) (0 at masked keys)
+ * and also written to p_out[hl, t, j] for dv. D is rowsum(P * dP). */
 template <ts_dtype DT>
 __global__ void att_ds_kernel(float *ds, float *p_out, const float *p_state, const float *lse,
                               const void *q, const void *k, const void *dout, const void *v,
                               size_t b, size_t g0, size_t T, size_t NH, size_t NKV, size_t HS,
-                              float scale) {
+                              float scale, att_mask mk) {
   __shared__ float sh[32];
   size_t rep = NH / NKV, row = blockIdx.x, t = row % T, hl = row / T, h = g0 * rep + hl;
   size_t g = h / rep;
-  size_t qo = ((b * T + t) * NH + h) * HS;
+  size_t qo = ((b * T + t) * NH + h) * HS, n = key_end(mk, t, T);
   float *r = ds + row * T;
   float *pr = p_out ? p_out + row * T : NULL;
   const float *ps = p_state ? p_state + ((b * NH + h) * T + t) * T : NULL;
   float l = lse ? lse[(b * NH + h) * T + t] : 0.0f;
   float dot = 0.0f;
-  for (size_t j = threadIdx.x; j <= t; j += blockDim.x) {
+  for (size_t j = threadIdx.x; j < n; j += blockDim.x) {
     size_t ko = ((b * T + j) * NKV + g) * HS;
     float dp = 0.0f, p;
     for (size_t d = 0; d < HS; d++) dp += ts_ld<DT>(dout, qo + d) * ts_ld<DT>(v, ko + d);
     if (ps) {
       p = ps[j];
+    } else if (!sees(mk, b, T, j)) {
+      p = 0.0f;
+      pr[j] = p;
     } else {
       float s = 0.0f;
       for (size_t d = 0; d < HS; d++) s += ts_ld<DT>(q, qo + d) * ts_ld<DT>(k, ko + d);
@@ -163,16 +211,17 @@ __global__ void att_ds_kernel(float *ds, float *p_out, const float *p_state, con
     dot += p * dp;
   }
   dot = ts_block_sum(dot, sh);
-  for (size_t j = threadIdx.x; j <= t; j += blockDim.x) {
+  for (size_t j = threadIdx.x; j < n; j += blockDim.x) {
     float p = ps ? ps[j] : pr[j]; /* this thread's own earlier write */
     r[j] = scale * (p * (r[j] - dot));
   }
 }
 
-/* dq[b, t, h, d] = sum_{j <= t} dS[hl, t, j] k[b, j, g, d] for the chunk's heads. */
+/* dq[b, t, h, d] = sum_{j < key_end} dS[hl, t, j] k[b, j, g, d] for the chunk's heads. */
 template <ts_dtype DT>
 __global__ void att_dq_kernel(void *dq, const float *ds, const void *k, size_t b, size_t g0,
-                              size_t gc, size_t T, size_t NH, size_t NKV, size_t HS) {
+                              size_t gc, size_t T, size_t NH, size_t NKV, size_t HS,
+                              att_mask mk) {
   size_t rep = NH / NKV, heads = gc * rep, total = T * heads * HS;
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
        i += (size_t)gridDim.x * blockDim.x) {
@@ -180,26 +229,28 @@ __global__ void att_dq_kernel(void *dq, const float *ds, const void *k, size_t b
     size_t h = g0 * rep + hl, g = h / rep;
     const float *r = ds + (hl * T + t) * T;
     float acc = 0.0f;
-    for (size_t j = 0; j <= t; j++) acc += r[j] * ts_ld<DT>(k, ((b * T + j) * NKV + g) * HS + d);
+    for (size_t j = 0; j < key_end(mk, t, T); j++)
+      acc += r[j] * ts_ld<DT>(k, ((b * T + j) * NKV + g) * HS + d);
     ts_st<DT>(dq, (b * T + t) * NH * HS + h * HS + d, acc);
   }
 }
 
-/* For key s of kv group g of the chunk, over its heads in order and
- * queries t >= s in order (P: the chunk's probabilities, as dS):
+/* For key s of kv group g of the chunk, over its heads in order and the
+ * queries that see it in order (causal: t >= s; else all; P: the chunk's
+ * probabilities, as dS, 0 where a query does not see the key):
  *   dk[b, s, g, d] = sum dS[hl, t, s] q[b, t, h, d]
  *   dv[b, s, g, d] = sum P[hl, t, s] dout[b, t, h, d]. */
 template <ts_dtype DT>
 __global__ void att_dkv_kernel(void *dk, void *dv, const float *ds, const float *P, const void *q,
                                const void *dout, size_t b, size_t g0, size_t gc, size_t T,
-                               size_t NH, size_t NKV, size_t HS) {
+                               size_t NH, size_t NKV, size_t HS, att_mask mk) {
   size_t rep = NH / NKV, total = T * gc * HS;
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
        i += (size_t)gridDim.x * blockDim.x) {
     size_t d = i % HS, gl = (i / HS) % gc, s = i / (HS * gc), g = g0 + gl;
     float ak = 0.0f, av = 0.0f;
     for (size_t hl = gl * rep; hl < (gl + 1) * rep; hl++)
-      for (size_t t = s; t < T; t++) {
+      for (size_t t = mk.causal ? s : 0; t < T; t++) {
         size_t qi = ((b * T + t) * NH + g0 * rep + hl) * HS + d;
         ak += ds[(hl * T + t) * T + s] * ts_ld<DT>(q, qi);
         av += P[(hl * T + t) * T + s] * ts_ld<DT>(dout, qi);
@@ -225,23 +276,24 @@ static ts_status check_plain(size_t B, size_t T, size_t NH, const char *op) {
 
 template <ts_dtype DT>
 static void plain_forward(const ts_kctx *ctx, void *out, void *state, const void *q, const void *k,
-                          const void *v, size_t B, size_t T, size_t NH, size_t NKV, size_t HS) {
+                          const void *v, size_t B, size_t T, size_t NH, size_t NKV, size_t HS,
+                          const att_mask &mk) {
   cudaStream_t s = (cudaStream_t)ctx->stream;
   float scale = 1.0f / sqrtf((float)HS);
   bool lse = lse_state(DT);
   att_row_kernel<DT><<<(unsigned)(B * NH * T), ATT_THREADS, T * sizeof(float), s>>>(
       out, lse ? nullptr : (float *)state, lse ? (float *)state : nullptr, q, k, v, T, NH, NKV,
-      HS, scale);
+      HS, scale, mk);
   if (!lse)
     att_out_kernel<<<ts_cuda_grid(B * T * NH * HS), TS_CUDA_BLOCK, 0, s>>>(
-        (float *)out, (const float *)state, (const float *)v, B, T, NH, NKV, HS);
+        (float *)out, (const float *)state, (const float *)v, B, T, NH, NKV, HS, mk);
 }
 
 template <ts_dtype DT>
 static ts_status plain_backward(const ts_kctx *ctx, void *dq, void *dk, void *dv,
                                 const void *dout, const void *q, const void *k, const void *v,
                                 const void *state, size_t B, size_t T, size_t NH, size_t NKV,
-                                size_t HS, const char *op) {
+                                size_t HS, const att_mask &mk, const char *op) {
   cudaStream_t s = (cudaStream_t)ctx->stream;
   float scale = 1.0f / sqrtf((float)HS);
   bool lse = lse_state(DT);
@@ -262,13 +314,25 @@ static ts_status plain_backward(const ts_kctx *ctx, void *dq, void *dk, void *dv
       const float *P = lse ? p_chunk : (const float *)state + (b * NH + g0 * rep) * T * T;
       att_ds_kernel<DT><<<(unsigned)(gc * rep * T), ATT_THREADS, 0, s>>>(
           ds, p_chunk, lse ? nullptr : (const float *)state,
-          lse ? (const float *)state : nullptr, q, k, dout, v, b, g0, T, NH, NKV, HS, scale);
+          lse ? (const float *)state : nullptr, q, k, dout, v, b, g0, T, NH, NKV, HS, scale, mk);
       att_dq_kernel<DT><<<ts_cuda_grid(T * gc * rep * HS), TS_CUDA_BLOCK, 0, s>>>(
-          dq, ds, k, b, g0, gc, T, NH, NKV, HS);
+          dq, ds, k, b, g0, gc, T, NH, NKV, HS, mk);
       att_dkv_kernel<DT><<<ts_cuda_grid(T * gc * HS), TS_CUDA_BLOCK, 0, s>>>(
-          dk, dv, ds, P, q, dout, b, g0, gc, T, NH, NKV, HS);
+          dk, dv, ds, P, q, dout, b, g0, gc, T, NH, NKV, HS, mk);
     }
   return TS_OK;
+}
+
+/* plain_backward for the runtime dtype dt. */
+static ts_status plain_backward_dt(const ts_kctx *ctx, void *dq, void *dk, void *dv,
+                                   const void *dout, const void *q, const void *k, const void *v,
+                                   const void *state, size_t B, size_t T, size_t NH, size_t NKV,
+                                   size_t HS, ts_dtype dt, const att_mask &mk, const char *op) {
+  if (dt == TS_FP32)
+    return plain_backward<TS_FP32>(ctx, dq, dk, dv, dout, q, k, v, state, B, T, NH, NKV, HS, mk, op);
+  if (dt == TS_BF16)
+    return plain_backward<TS_BF16>(ctx, dq, dk, dv, dout, q, k, v, state, B, T, NH, NKV, HS, mk, op);
+  return plain_backward<TS_FP16>(ctx, dq, dk, dv, dout, q, k, v, state, B, T, NH, NKV, HS, mk, op);
 }
 
 /* ---- entry points ------------------------------------------------------------ */
@@ -326,12 +390,7 @@ extern "C" ts_status ts_cuda_attention_forward(const ts_kctx *ctx, void *out, vo
     remember_refusal(&key);
   }
   TS_CHECK(check_plain(B, T, NH, op));
-  if (dt == TS_FP32)
-    plain_forward<TS_FP32>(ctx, out, state, q, k, v, B, T, NH, NKV, HS);
-  else if (dt == TS_BF16)
-    plain_forward<TS_BF16>(ctx, out, state, q, k, v, B, T, NH, NKV, HS);
-  else
-    plain_forward<TS_FP16>(ctx, out, state, q, k, v, B, T, NH, NKV, HS);
+  TS_CUDA_DT_CALL(dt, plain_forward, ctx, out, state, q, k, v, B, T, NH, NKV, HS, CAUSAL);
   return ts_cuda_launched(op);
 }
 
@@ -349,11 +408,86 @@ extern "C" ts_status ts_cuda_attention_backward(const ts_kctx *ctx, void *dq, vo
     remember_refusal(&key);
   }
   TS_CHECK(check_plain(B, T, NH, op));
-  if (dt == TS_FP32)
-    TS_CHECK(plain_backward<TS_FP32>(ctx, dq, dk, dv, dout, q, k, v, state, B, T, NH, NKV, HS, op));
-  else if (dt == TS_BF16)
-    TS_CHECK(plain_backward<TS_BF16>(ctx, dq, dk, dv, dout, q, k, v, state, B, T, NH, NKV, HS, op));
-  else
-    TS_CHECK(plain_backward<TS_FP16>(ctx, dq, dk, dv, dout, q, k, v, state, B, T, NH, NKV, HS, op));
+  TS_CHECK(plain_backward_dt(ctx, dq, dk, dv, dout, q, k, v, state, B, T, NH, NKV, HS, dt, CAUSAL,
+                             op));
+  return ts_cuda_launched(op);
+}
+
+/* ---- bidirectional attention ---------------------------------------------------- */
+
+/* check[0] = min over batch rows b whose keys are all padding (ids == pad). */
+__global__ void all_padding_kernel(int32_t *check, const int32_t *ids, int32_t pad, size_t B,
+                                   size_t T) {
+  for (size_t b = (size_t)blockIdx.x * blockDim.x + threadIdx.x; b < B;
+       b += (size_t)gridDim.x * blockDim.x) {
+    size_t j = 0;
+    while (j < T && ids[b * T + j] == pad) j++;
+    if (j == T) atomicMin(check, (int32_t)(b < 0x7fffffff ? b : 0x7ffffffe)); /* min: order-free */
+  }
+}
+
+/* all_padding_kernel's arguments, through ts_cuda_first_bad. */
+struct padding_check {
+  const int32_t *ids;
+  int32_t pad;
+  size_t B, T;
+};
+
+static void launch_padding_check(int32_t *check, const void *arg, cudaStream_t s) {
+  const padding_check *a = (const padding_check *)arg;
+  all_padding_kernel<<<ts_cuda_grid(a->B), TS_CUDA_BLOCK, 0, s>>>(check, a->ids, a->pad, a->B,
+                                                                  a->T);
+}
+
+/* TS_ERR_INVALID_ARGUMENT naming the first batch row whose keys are all
+ * padding (synchronous: a flag read back), unless ids is NULL (nothing
+ * masked) or the caller checked them (TS_K_INDICES_CHECKED). */
+static ts_status check_padding(const ts_kctx *ctx, const int32_t *ids, int32_t pad, size_t B,
+                               size_t T, const char *op) {
+  if (ids == nullptr || ctx->flags & TS_K_INDICES_CHECKED) return TS_OK;
+  padding_check a = {ids, pad, B, T};
+  int32_t row;
+  TS_CHECK(ts_cuda_first_bad(ctx, launch_padding_check, &a, &row, op, "ids"));
+  if (row == TS_CUDA_NONE_BAD) return TS_OK;
+  return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                      "%s: batch row %d: all %zu keys are padding (ids == pad_id = %d): no key "
+                      "to attend to",
+                      op, (int)row, T, (int)pad);
+}
+
+/* keep[b, j] = 1 if key j of batch row b is attended to (ids NULL: all). */
+__global__ void key_flags_kernel(uint8_t *keep, const int32_t *ids, int32_t pad, size_t n) {
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x)
+    keep[i] = ids == nullptr || ids[i] != pad;
+}
+
+extern "C" ts_status ts_cuda_attention_bidir_forward(const ts_kctx *ctx, void *out, void *state,
+                                                     const void *q, const void *k, const void *v,
+                                                     const int32_t *ids, int32_t pad_id, size_t B,
+                                                     size_t T, size_t NH, size_t HS,
+                                                     ts_dtype dt) {
+  static const char op[] = "ts_k_attention_bidir_forward";
+  TS_CHECK(check_plain(B, T, NH, op));
+  TS_CHECK(check_padding(ctx, ids, pad_id, B, T, op));
+  cudaStream_t s = (cudaStream_t)ctx->stream;
+  att_mask mk = {0, ids, pad_id, nullptr};
+  TS_CUDA_DT_CALL(dt, plain_forward, ctx, out, state, q, k, v, B, T, NH, NH, HS, mk);
+  if (lse_state(dt)) /* the flags backward recomputes P with */
+    key_flags_kernel<<<ts_cuda_grid(B * T), TS_CUDA_BLOCK, 0, s>>>(state_keep(state, B, T, NH),
+                                                                  ids, pad_id, B * T);
+  return ts_cuda_launched(op);
+}
+
+extern "C" ts_status ts_cuda_attention_bidir_backward(const ts_kctx *ctx, void *dq, void *dk,
+                                                      void *dv, const void *dout, const void *out,
+                                                      const void *q, const void *k, const void *v,
+                                                      const void *state, size_t B, size_t T,
+                                                      size_t NH, size_t HS, ts_dtype dt) {
+  static const char op[] = "ts_k_attention_bidir_backward";
+  TS_CHECK(check_plain(B, T, NH, op));
+  att_mask mk = {0, nullptr, 0, nullptr};
+  if (lse_state(dt)) mk.keep = state_keep((void *)state, B, T, NH);
+  TS_CHECK(plain_backward_dt(ctx, dq, dk, dv, dout, q, k, v, state, B, T, NH, NH, HS, dt, mk, op));
   return ts_cuda_launched(op);
 }

@@ -2,9 +2,10 @@
  * backend.c — the CUDA backend's table (kernels/backend.h): memory,
  * streams, copies and handles (memory.cu), casts and zeroing (cast.cu),
  * vector ops and reductions (vecops.cu), the linear layer through cuBLASLt
- * (linear.cu), embedding (embedding.cu), RMSNorm, RoPE and SwiGLU
- * (layers.cu), attention (attention.cu; cuDNN for bf16/fp16 through
- * attention_cudnn.cpp), cross-entropy (cross_entropy.cu) and AdamW
+ * (linear.cu), embedding (embedding.cu), RMSNorm, RoPE, SwiGLU and the
+ * encoder's LayerNorm, bias, GELU and token types (layers.cu), causal and
+ * bidirectional attention (attention.cu; cuDNN for causal bf16/fp16
+ * through attention_cudnn.cpp), cross-entropy (cross_entropy.cu) and AdamW
  * (adamw.cu). Compiled by the host compiler: the bodies are extern "C"
  * functions of the .cu files.
  */
@@ -33,6 +34,8 @@ const ts_k_backend ts_k_cuda_backend = {
     .rmsnorm_workspace_bytes = ts_cuda_rmsnorm_workspace_bytes,
     .attention_workspace_bytes = ts_cuda_attention_workspace_bytes,
     .attention_state_bytes = ts_cuda_attention_state_bytes,
+    .layernorm_workspace_bytes = ts_cuda_layernorm_workspace_bytes,
+    .bias_workspace_bytes = ts_cuda_bias_workspace_bytes,
     .cast = ts_cuda_cast,
     .zero = ts_cuda_zero,
     .add = ts_cuda_add,
@@ -54,5 +57,14 @@ const ts_k_backend ts_k_cuda_backend = {
     .loss_sum = ts_cuda_loss_sum,
     .cross_entropy_backward = ts_cuda_cross_entropy_backward,
     .cross_entropy_fused = ts_cuda_cross_entropy_fused,
+    .layernorm_forward = ts_cuda_layernorm_forward,
+    .layernorm_backward = ts_cuda_layernorm_backward,
+    .gelu_forward = ts_cuda_gelu_forward,
+    .gelu_backward = ts_cuda_gelu_backward,
+    .bias_add = ts_cuda_bias_add,
+    .bias_backward = ts_cuda_bias_backward,
+    .token_types = ts_cuda_token_types,
+    .attention_bidir_forward = ts_cuda_attention_bidir_forward,
+    .attention_bidir_backward = ts_cuda_attention_bidir_backward,
     .adamw = ts_cuda_adamw,
 };

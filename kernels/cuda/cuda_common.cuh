@@ -154,4 +154,15 @@ static inline ts_status ts_cuda_need_state(const ts_kctx *ctx, const char *op) {
                       op);
 }
 
+/* A data check on the device (vecops.cu): ts_cuda_first_bad sets the
+ * state's check[0] to TS_CUDA_NONE_BAD, calls launch(check, arg, stream) to
+ * queue kernels that atomicMin the first bad position into it (a minimum:
+ * the same answer in any order), and reads it back into *pos (a
+ * synchronisation). TS_ERR_INVALID_USAGE without the context's state,
+ * TS_ERR_CUDA naming op and `what` if a call fails. */
+enum { TS_CUDA_NONE_BAD = 0x7fffffff };
+typedef void (*ts_cuda_check_launch)(int32_t *check, const void *arg, cudaStream_t s);
+ts_status ts_cuda_first_bad(const ts_kctx *ctx, ts_cuda_check_launch launch, const void *arg,
+                            int32_t *pos, const char *op, const char *what);
+
 #endif /* TS_KERNELS_CUDA_CUDA_COMMON_CUH */

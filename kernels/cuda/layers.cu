@@ -1,14 +1,16 @@
 /*
  * layers.cu — CUDA bodies of RMSNorm (Zhang & Sennrich 2019, eq. 4;
  * Hugging Face LlamaRMSNorm), rotary position embedding (Su et al. 2021,
- * Hugging Face rotate-half layout) and SwiGLU (Shazeer 2020, eq. 6), with
- * the contracts of kernels/kernels.h.
+ * Hugging Face rotate-half layout) and SwiGLU (Shazeer 2020, eq. 6), and of
+ * the BERT-class encoder's LayerNorm (Ba et al. 2016), bias, GELU
+ * (Hendrycks & Gimpel 2016) and token types, with the contracts of
+ * kernels/kernels.h.
  *
  * Every element is read in its storage dtype, computed in fp32 and rounded
  * once (RNE) to storage, as on the CPU. Reductions (a row's sum of squares,
  * dweight's column sums) use fixed trees and fixed row partitions, so
  * results repeat bit for bit; their order is not the CPU's, so the backends
- * agree within the parity test's bounds. SiLU comes from
+ * agree within the parity test's bounds. SiLU and GELU come from
  * kernels/elementwise.h, the same code as the CPU's.
  */
 #include <cuda_runtime.h>
@@ -17,6 +19,13 @@
 #include "kernels/cuda/kernels_cuda.h"
 
 enum { ROW_THREADS = 256, DW_COLS = 32, DW_LANES = 16 };
+
+/* TS_ERR_INVALID_ARGUMENT if N rows do not fit one grid dimension. */
+static ts_status check_rows(size_t N, const char *op) {
+  if (N <= 0x7fffffffu) return TS_OK;
+  return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s (cuda): N = %zu rows: at most 2^31 - 1", op,
+                      N);
+}
 
 /* ---- RMSNorm ------------------------------------------------------------- */
 
@@ -47,8 +56,7 @@ static void launch_rmsnorm_fwd(void *out, float *rstd, const void *inp, const vo
 extern "C" ts_status ts_cuda_rmsnorm_forward(const ts_kctx *ctx, void *out, float *rstd,
                                              const void *inp, const void *weight, size_t N,
                                              size_t C, float eps, ts_dtype dt) {
-  if (N > 0x7fffffffu)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "ts_k_rmsnorm_forward (cuda): N = %zu rows: at most 2^31 - 1", N);
+  TS_CHECK(check_rows(N, "ts_k_rmsnorm_forward"));
   TS_CUDA_DT_CALL(dt, launch_rmsnorm_fwd, out, rstd, inp, weight, N, C, eps,
                   (cudaStream_t)ctx->stream);
   return ts_cuda_launched("ts_k_rmsnorm_forward");
@@ -72,12 +80,14 @@ __global__ void rmsnorm_bwd_kernel(void *dinp, const void *dout, const void *inp
   }
 }
 
-/* dweight's two passes. Rows are cut into R = dw_blocks(N) fixed blocks of
- * consecutive rows; pass 1, one thread block per (32 columns, row block):
- * lane l of DW_LANES sums rows l, l + DW_LANES, ... of the row block, the
- * lanes' sums are added in lane order into partial[r, c] (fp32, the
- * workspace); pass 2 adds partial[0..R) in order to dweight (one rounding
- * to dt). Every order is fixed by N and C alone: results repeat. */
+/* Column sums over rows (RMSNorm's and LayerNorm's dweight, LayerNorm's
+ * and the bias's dbias), in two passes. Rows are cut into R = dw_blocks(N)
+ * fixed blocks of consecutive rows; pass 1, one thread block per (32
+ * columns, row block): lane l of DW_LANES sums rows l, l + DW_LANES, ... of
+ * the row block, the lanes' sums are added in lane order into
+ * partial[r * stride + c] (fp32, the workspace); pass 2 adds partial[0..R)
+ * in order to the gradient (one rounding to dt). Every order is fixed by N
+ * and C alone: results repeat. */
 enum { DW_MAX_BLOCKS = 128, DW_MIN_ROWS = 64 };
 
 static size_t dw_blocks(size_t N) {
@@ -85,40 +95,69 @@ static size_t dw_blocks(size_t N) {
   return r < 1 ? 1 : r > DW_MAX_BLOCKS ? DW_MAX_BLOCKS : r;
 }
 
-extern "C" size_t ts_cuda_rmsnorm_workspace_bytes(size_t N, size_t C, ts_dtype dt) {
-  (void)dt;
-  return N == 0 || C == 0 ? 0 : (dw_blocks(N) * C * sizeof(float) + 63) & ~(size_t)63;
+/* Bytes of `rows` fp32 partial rows of C per row block, 64-byte multiple. */
+static size_t colsum_bytes(size_t N, size_t C, size_t rows) {
+  return N == 0 || C == 0 ? 0 : (dw_blocks(N) * rows * C * sizeof(float) + 63) & ~(size_t)63;
 }
 
+extern "C" size_t ts_cuda_rmsnorm_workspace_bytes(size_t N, size_t C, ts_dtype dt) {
+  (void)dt;
+  return colsum_bytes(N, C, 1);
+}
+
+/* Pass 1: partial[r * stride + c] = the sum over row block r of
+ *   dout[n, c] * ((inp[n, c] - mean[n]) * rstd[n])  (inp given; mean NULL:
+ *                                                    inp[n, c] * rstd[n])
+ *   dout[n, c]                                      (inp NULL). */
 template <ts_dtype DT>
-__global__ void rmsnorm_dweight_partial_kernel(float *partial, const void *dout, const void *inp,
-                                               const float *rstd, size_t N, size_t C, size_t R) {
+__global__ void colsum_partial_kernel(float *partial, const void *dout, const void *inp,
+                                      const float *mean, const float *rstd, size_t N, size_t C,
+                                      size_t R, size_t stride) {
   __shared__ float part[DW_LANES][DW_COLS];
   unsigned col = threadIdx.x % DW_COLS, lane = threadIdx.x / DW_COLS;
   size_t c = (size_t)blockIdx.x * DW_COLS + col, r = blockIdx.y;
   size_t n0 = r * N / R, n1 = (r + 1) * N / R;
   float acc = 0.0f;
   if (c < C)
-    for (size_t n = n0 + lane; n < n1; n += DW_LANES)
-      acc += ts_ld<DT>(dout, n * C + c) * (ts_ld<DT>(inp, n * C + c) * rstd[n]);
+    for (size_t n = n0 + lane; n < n1; n += DW_LANES) {
+      if (!inp) {
+        acc += ts_ld<DT>(dout, n * C + c);
+        continue;
+      }
+      float x = ts_ld<DT>(inp, n * C + c);
+      if (mean) x -= mean[n];
+      acc += ts_ld<DT>(dout, n * C + c) * (x * rstd[n]);
+    }
   part[lane][col] = acc;
   __syncthreads();
   if (lane == 0 && c < C) {
     float sum = 0.0f;
     for (unsigned l = 0; l < DW_LANES; l++) sum += part[l][col];
-    partial[r * C + c] = sum;
+    partial[r * stride + c] = sum;
   }
 }
 
+/* Pass 2: d[c] = round(d[c] + sum_r partial[r * stride + c]), r in order. */
 template <ts_dtype DT>
-__global__ void rmsnorm_dweight_sum_kernel(void *dweight, const float *partial, size_t C,
-                                           size_t R) {
+__global__ void colsum_sum_kernel(void *d, const float *partial, size_t C, size_t R,
+                                  size_t stride) {
   for (size_t c = (size_t)blockIdx.x * blockDim.x + threadIdx.x; c < C;
        c += (size_t)gridDim.x * blockDim.x) {
     float sum = 0.0f;
-    for (size_t r = 0; r < R; r++) sum += partial[r * C + c];
-    ts_st<DT>(dweight, c, ts_ld<DT>(dweight, c) + sum);
+    for (size_t r = 0; r < R; r++) sum += partial[r * stride + c];
+    ts_st<DT>(d, c, ts_ld<DT>(d, c) + sum);
   }
+}
+
+/* Both passes of one column sum into d, with partial rows `stride` apart. */
+template <ts_dtype DT>
+static void colsum(void *d, float *partial, size_t stride, const void *dout, const void *inp,
+                   const float *mean, const float *rstd, size_t N, size_t C, cudaStream_t s) {
+  size_t R = dw_blocks(N);
+  dim3 grid((unsigned)((C + DW_COLS - 1) / DW_COLS), (unsigned)R);
+  colsum_partial_kernel<DT><<<grid, DW_COLS * DW_LANES, 0, s>>>(partial, dout, inp, mean, rstd, N,
+                                                                C, R, stride);
+  colsum_sum_kernel<DT><<<ts_cuda_grid(C), TS_CUDA_BLOCK, 0, s>>>(d, partial, C, R, stride);
 }
 
 template <ts_dtype DT>
@@ -126,22 +165,14 @@ static void launch_rmsnorm_bwd(void *dinp, void *dweight, float *partial, const 
                                const void *inp, const void *weight, const float *rstd, size_t N,
                                size_t C, cudaStream_t s) {
   if (dinp) rmsnorm_bwd_kernel<DT><<<(unsigned)N, ROW_THREADS, 0, s>>>(dinp, dout, inp, weight, rstd, C);
-  if (dweight) {
-    size_t R = dw_blocks(N);
-    dim3 grid((unsigned)((C + DW_COLS - 1) / DW_COLS), (unsigned)R);
-    rmsnorm_dweight_partial_kernel<DT><<<grid, DW_COLS * DW_LANES, 0, s>>>(partial, dout, inp,
-                                                                           rstd, N, C, R);
-    rmsnorm_dweight_sum_kernel<DT><<<ts_cuda_grid(C), TS_CUDA_BLOCK, 0, s>>>(dweight, partial, C,
-                                                                            R);
-  }
+  if (dweight) colsum<DT>(dweight, partial, C, dout, inp, nullptr, rstd, N, C, s);
 }
 
 extern "C" ts_status ts_cuda_rmsnorm_backward(const ts_kctx *ctx, void *dinp, void *dweight,
                                               const void *dout, const void *inp,
                                               const void *weight, const float *rstd, size_t N,
                                               size_t C, ts_dtype dt) {
-  if (N > 0x7fffffffu)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "ts_k_rmsnorm_backward (cuda): N = %zu rows: at most 2^31 - 1", N);
+  TS_CHECK(check_rows(N, "ts_k_rmsnorm_backward"));
   TS_CUDA_DT_CALL(dt, launch_rmsnorm_bwd, dinp, dweight, (float *)ctx->workspace, dout, inp,
                   weight, rstd, N, C, (cudaStream_t)ctx->stream);
   return ts_cuda_launched("ts_k_rmsnorm_backward");
@@ -254,4 +285,193 @@ extern "C" ts_status ts_cuda_swiglu_backward(const ts_kctx *ctx, void *dgate, vo
                                              size_t n, ts_dtype dt) {
   TS_CUDA_DT_CALL(dt, launch_swiglu_bwd, dgate, dup, dh, gate, up, n, (cudaStream_t)ctx->stream);
   return ts_cuda_launched("ts_k_swiglu_backward");
+}
+
+/* ---- LayerNorm (Ba et al. 2016, eq. 4; torch.nn.LayerNorm) ---------------------- */
+
+/* One block per row: m = mean(x); r = 1 / sqrt(mean((x - m)^2) + eps);
+ * out = (x - m) * r * w + b. */
+template <ts_dtype DT>
+__global__ void layernorm_fwd_kernel(void *out, float *mean, float *rstd, const void *inp,
+                                     const void *weight, const void *bias, size_t C, float eps) {
+  __shared__ float sh[32];
+  size_t o = (size_t)blockIdx.x * C;
+  float s = 0.0f;
+  for (size_t c = threadIdx.x; c < C; c += blockDim.x) s += ts_ld<DT>(inp, o + c);
+  float m = ts_block_sum(s, sh) / (float)C;
+  float ss = 0.0f;
+  for (size_t c = threadIdx.x; c < C; c += blockDim.x) {
+    float d = ts_ld<DT>(inp, o + c) - m;
+    ss += d * d;
+  }
+  ss = ts_block_sum(ss, sh);
+  float r = 1.0f / sqrtf(ss / (float)C + eps);
+  for (size_t c = threadIdx.x; c < C; c += blockDim.x)
+    ts_st<DT>(out, o + c,
+              (ts_ld<DT>(inp, o + c) - m) * r * ts_ld<DT>(weight, c) + ts_ld<DT>(bias, c));
+  if (threadIdx.x == 0) {
+    mean[blockIdx.x] = m;
+    rstd[blockIdx.x] = r;
+  }
+}
+
+/* One block per row: dinp += r (g - mean(g) - xhat mean(g xhat)), g = dout w. */
+template <ts_dtype DT>
+__global__ void layernorm_bwd_kernel(void *dinp, const void *dout, const void *inp,
+                                     const void *weight, const float *mean, const float *rstd,
+                                     size_t C) {
+  __shared__ float sh[32];
+  size_t o = (size_t)blockIdx.x * C;
+  float m = mean[blockIdx.x], r = rstd[blockIdx.x];
+  float sg = 0.0f, sgx = 0.0f;
+  for (size_t c = threadIdx.x; c < C; c += blockDim.x) {
+    float g = ts_ld<DT>(dout, o + c) * ts_ld<DT>(weight, c);
+    sg += g;
+    sgx += g * ((ts_ld<DT>(inp, o + c) - m) * r);
+  }
+  float mg = ts_block_sum(sg, sh) / (float)C;
+  float mgx = ts_block_sum(sgx, sh) / (float)C;
+  for (size_t c = threadIdx.x; c < C; c += blockDim.x) {
+    float g = ts_ld<DT>(dout, o + c) * ts_ld<DT>(weight, c);
+    float xhat = (ts_ld<DT>(inp, o + c) - m) * r;
+    ts_st<DT>(dinp, o + c, ts_ld<DT>(dinp, o + c) + r * (g - mg - xhat * mgx));
+  }
+}
+
+extern "C" size_t ts_cuda_layernorm_workspace_bytes(size_t N, size_t C, ts_dtype dt) {
+  (void)dt;
+  return colsum_bytes(N, C, 2); /* (R, 2, C): dweight's partial rows, then dbias's */
+}
+
+template <ts_dtype DT>
+static void launch_layernorm_fwd(void *out, float *mean, float *rstd, const void *inp,
+                                 const void *weight, const void *bias, size_t N, size_t C,
+                                 float eps, cudaStream_t s) {
+  layernorm_fwd_kernel<DT><<<(unsigned)N, ROW_THREADS, 0, s>>>(out, mean, rstd, inp, weight, bias,
+                                                               C, eps);
+}
+
+template <ts_dtype DT>
+static void launch_layernorm_bwd(void *dinp, void *dweight, void *dbias, float *partial,
+                                 const void *dout, const void *inp, const void *weight,
+                                 const float *mean, const float *rstd, size_t N, size_t C,
+                                 cudaStream_t s) {
+  if (dinp)
+    layernorm_bwd_kernel<DT><<<(unsigned)N, ROW_THREADS, 0, s>>>(dinp, dout, inp, weight, mean,
+                                                                 rstd, C);
+  if (dweight) colsum<DT>(dweight, partial, 2 * C, dout, inp, mean, rstd, N, C, s);
+  if (dbias) colsum<DT>(dbias, partial + C, 2 * C, dout, nullptr, nullptr, nullptr, N, C, s);
+}
+
+extern "C" ts_status ts_cuda_layernorm_forward(const ts_kctx *ctx, void *out, float *mean,
+                                               float *rstd, const void *inp, const void *weight,
+                                               const void *bias, size_t N, size_t C, float eps,
+                                               ts_dtype dt) {
+  static const char op[] = "ts_k_layernorm_forward";
+  TS_CHECK(check_rows(N, op));
+  TS_CUDA_DT_CALL(dt, launch_layernorm_fwd, out, mean, rstd, inp, weight, bias, N, C, eps,
+                  (cudaStream_t)ctx->stream);
+  return ts_cuda_launched(op);
+}
+
+extern "C" ts_status ts_cuda_layernorm_backward(const ts_kctx *ctx, void *dinp, void *dweight,
+                                                void *dbias, const void *dout, const void *inp,
+                                                const void *weight, const float *mean,
+                                                const float *rstd, size_t N, size_t C,
+                                                ts_dtype dt) {
+  static const char op[] = "ts_k_layernorm_backward";
+  TS_CHECK(check_rows(N, op));
+  TS_CUDA_DT_CALL(dt, launch_layernorm_bwd, dinp, dweight, dbias, (float *)ctx->workspace, dout,
+                  inp, weight, mean, rstd, N, C, (cudaStream_t)ctx->stream);
+  return ts_cuda_launched(op);
+}
+
+/* ---- bias ------------------------------------------------------------------------- */
+
+template <ts_dtype DT>
+__global__ void bias_add_kernel(void *out, const void *bias, size_t n, size_t C) {
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x)
+    ts_st<DT>(out, i, ts_ld<DT>(out, i) + ts_ld<DT>(bias, i % C));
+}
+
+template <ts_dtype DT>
+static void launch_bias_add(void *out, const void *bias, size_t N, size_t C, cudaStream_t s) {
+  bias_add_kernel<DT><<<ts_cuda_grid(N * C), TS_CUDA_BLOCK, 0, s>>>(out, bias, N * C, C);
+}
+
+extern "C" size_t ts_cuda_bias_workspace_bytes(size_t N, size_t C, ts_dtype dt) {
+  (void)dt;
+  return colsum_bytes(N, C, 1);
+}
+
+extern "C" ts_status ts_cuda_bias_add(const ts_kctx *ctx, void *out, const void *bias, size_t N,
+                                      size_t C, ts_dtype dt) {
+  TS_CUDA_DT_CALL(dt, launch_bias_add, out, bias, N, C, (cudaStream_t)ctx->stream);
+  return ts_cuda_launched("ts_k_bias_add");
+}
+
+extern "C" ts_status ts_cuda_bias_backward(const ts_kctx *ctx, void *dbias, const void *dout,
+                                           size_t N, size_t C, ts_dtype dt) {
+  TS_CUDA_DT_CALL(dt, colsum, dbias, (float *)ctx->workspace, C, dout, nullptr, nullptr, nullptr,
+                  N, C, (cudaStream_t)ctx->stream);
+  return ts_cuda_launched("ts_k_bias_backward");
+}
+
+/* ---- GELU (kernels/elementwise.h: ts_gelu, ts_gelu_grad) ---------------------------- */
+
+/* y[i] = gelu(inp[i]), or with dout: dout[i] * gelu'(inp[i]). */
+template <ts_dtype DT>
+__global__ void gelu_kernel(void *y, const void *dout, const void *inp, size_t n, int tanh_form) {
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    float x = ts_ld<DT>(inp, i);
+    ts_st<DT>(y, i, dout ? ts_ld<DT>(dout, i) * ts_gelu_grad(x, tanh_form) : ts_gelu(x, tanh_form));
+  }
+}
+
+template <ts_dtype DT>
+static void launch_gelu(void *y, const void *dout, const void *inp, size_t n, int tanh_form,
+                        cudaStream_t s) {
+  gelu_kernel<DT><<<ts_cuda_grid(n), TS_CUDA_BLOCK, 0, s>>>(y, dout, inp, n, tanh_form);
+}
+
+extern "C" ts_status ts_cuda_gelu_forward(const ts_kctx *ctx, void *out, const void *inp,
+                                          size_t n, ts_gelu_kind kind, ts_dtype dt) {
+  TS_CUDA_DT_CALL(dt, launch_gelu, out, nullptr, inp, n, kind == TS_GELU_TANH,
+                  (cudaStream_t)ctx->stream);
+  return ts_cuda_launched("ts_k_gelu_forward");
+}
+
+extern "C" ts_status ts_cuda_gelu_backward(const ts_kctx *ctx, void *dinp, const void *dout,
+                                           const void *inp, size_t n, ts_gelu_kind kind,
+                                           ts_dtype dt) {
+  TS_CUDA_DT_CALL(dt, launch_gelu, dinp, dout, inp, n, kind == TS_GELU_TANH,
+                  (cudaStream_t)ctx->stream);
+  return ts_cuda_launched("ts_k_gelu_backward");
+}
+
+/* ---- token types ------------------------------------------------------------------------ */
+
+/* One thread per batch row, positions in order: the sep_id tokens before
+ * each, capped at cap. */
+__global__ void token_types_kernel(int32_t *types, const int32_t *tokens, size_t B, size_t T,
+                                   int32_t sep_id, int32_t cap) {
+  for (size_t b = (size_t)blockIdx.x * blockDim.x + threadIdx.x; b < B;
+       b += (size_t)gridDim.x * blockDim.x) {
+    int32_t seen = 0;
+    for (size_t t = 0; t < T; t++) {
+      size_t i = b * T + t;
+      types[i] = seen;
+      if (sep_id >= 0 && tokens[i] == sep_id && seen < cap) seen++;
+    }
+  }
+}
+
+extern "C" ts_status ts_cuda_token_types(const ts_kctx *ctx, int32_t *types,
+                                         const int32_t *tokens, size_t B, size_t T,
+                                         int32_t sep_id, size_t n_types) {
+  token_types_kernel<<<ts_cuda_grid(B), TS_CUDA_BLOCK, 0, (cudaStream_t)ctx->stream>>>(
+      types, tokens, B, T, sep_id, (int32_t)(n_types - 1));
+  return ts_cuda_launched("ts_k_token_types");
 }

@@ -167,30 +167,53 @@ __global__ void check_indices_kernel(int32_t *check, const int32_t *idx, size_t 
   }
 }
 
+ts_status ts_cuda_first_bad(const ts_kctx *ctx, ts_cuda_check_launch launch, const void *arg,
+                            int32_t *pos, const char *op, const char *what) {
+  *pos = TS_CUDA_NONE_BAD;
+  TS_CHECK(ts_cuda_need_state(ctx, op));
+  cudaStream_t s = (cudaStream_t)ctx->stream;
+  int32_t *check = ts_cuda_state_of(ctx)->check;
+  const int32_t none = TS_CUDA_NONE_BAD;
+  cudaError_t e = cudaMemcpyAsync(check, &none, sizeof none, cudaMemcpyHostToDevice, s);
+  if (e == cudaSuccess) {
+    launch(check, arg, s);
+    e = cudaGetLastError();
+  }
+  if (e == cudaSuccess) e = cudaMemcpyAsync(pos, check, sizeof *pos, cudaMemcpyDeviceToHost, s);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+  if (e != cudaSuccess)
+    return ts_set_error(TS_ERR_CUDA, "%s (cuda): checking %s: %s", op, what,
+                        cudaGetErrorString(e));
+  return TS_OK;
+}
+
+/* check_indices_kernel's arguments, through ts_cuda_first_bad. */
+struct index_check {
+  const int32_t *idx;
+  size_t N, V;
+  int allow_ignore;
+};
+
+static void launch_index_check(int32_t *check, const void *arg, cudaStream_t s) {
+  const index_check *a = (const index_check *)arg;
+  check_indices_kernel<<<ts_cuda_grid(a->N), TS_CUDA_BLOCK, 0, s>>>(check, a->idx, a->N, a->V,
+                                                                    a->allow_ignore);
+}
+
 extern "C" ts_status ts_cuda_check_indices(const ts_kctx *ctx, const int32_t *idx, size_t N,
                                            size_t V, int allow_ignore, const char *op,
                                            const char *what) {
   if (ctx->flags & TS_K_INDICES_CHECKED || N == 0) return TS_OK;
-  TS_CHECK(ts_cuda_need_state(ctx, op));
+  index_check a = {idx, N, V, allow_ignore};
+  int32_t pos, val = 0;
+  TS_CHECK(ts_cuda_first_bad(ctx, launch_index_check, &a, &pos, op, what));
+  if (pos == TS_CUDA_NONE_BAD) return TS_OK;
   cudaStream_t s = (cudaStream_t)ctx->stream;
-  int32_t *check = ts_cuda_state_of(ctx)->check;
-  const int32_t none = 0x7fffffff;
-  int32_t pos = none, val = 0;
-  cudaError_t e = cudaMemcpyAsync(check, &none, sizeof none, cudaMemcpyHostToDevice, s);
-  if (e == cudaSuccess) {
-    check_indices_kernel<<<ts_cuda_grid(N), TS_CUDA_BLOCK, 0, s>>>(check, idx, N, V, allow_ignore);
-    e = cudaGetLastError();
-  }
-  if (e == cudaSuccess) e = cudaMemcpyAsync(&pos, check, sizeof pos, cudaMemcpyDeviceToHost, s);
+  cudaError_t e = cudaMemcpyAsync(&val, idx + pos, sizeof val, cudaMemcpyDeviceToHost, s);
   if (e == cudaSuccess) e = cudaStreamSynchronize(s);
-  if (e == cudaSuccess && pos != none) {
-    e = cudaMemcpyAsync(&val, idx + pos, sizeof val, cudaMemcpyDeviceToHost, s);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(s);
-  }
   if (e != cudaSuccess)
     return ts_set_error(TS_ERR_CUDA, "%s (cuda): checking %s: %s", op, what,
                         cudaGetErrorString(e));
-  if (pos == none) return TS_OK;
   if (allow_ignore)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "%s: %s[%d] = %d: expected a class in [0, %zu) or %d (ignore)", op, what,

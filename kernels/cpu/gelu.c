@@ -1,0 +1,94 @@
+/*
+ * gelu.c — the CPU body of GELU (Hendrycks & Gimpel 2016; torch GELU(),
+ * erf or tanh form), forward and backward, and of the token type ids that
+ * feed a BERT-class encoder's token type embedding (ts_k_token_types).
+ *
+ * Invariants: GELU is purely per element (kernels/elementwise.h's ts_gelu
+ * and ts_gelu_grad, PyTorch's operation order), computed in fp32 and
+ * rounded to storage once per output, so results do not depend on the
+ * thread count. Half storage is widened and rounded in bulk, a piece at a
+ * time, around the fp32 loop (same bits as converting per element); each
+ * piece's inputs are read before its output is written, so out may alias
+ * inp and dinp may alias dout or inp.
+ */
+#include "kernels/cpu/cpu_common.h"
+
+enum { CHUNK = 4096 };
+
+/* out[i] = gelu(inp[i]) for i in [lo, hi). */
+TS_AI void gelu_fwd_range(void *out, const void *inp, int tanh_form, size_t lo, size_t hi,
+                          ts_dtype dt) {
+  for (size_t i = lo; i < hi; i++) st(out, i, dt, ts_gelu(ld(inp, i, dt), tanh_form));
+}
+
+/* dinp[i] = dout[i] * gelu'(inp[i]) for i in [lo, hi); dinp may alias either input. */
+TS_AI void gelu_bwd_range(void *dinp, const void *dout, const void *inp, int tanh_form, size_t lo,
+                          size_t hi, ts_dtype dt) {
+  for (size_t i = lo; i < hi; i++)
+    st(dinp, i, dt, ld(dout, i, dt) * ts_gelu_grad(ld(inp, i, dt), tanh_form));
+}
+
+/* One chunk [lo, hi) of either direction (dout NULL: forward), half
+ * storage through fp32 pieces. */
+static void gelu_half(void *y, const void *dout, const void *inp, int tanh_form, size_t lo,
+                      size_t hi, ts_dtype dt) {
+  float x[TS_CPU_PIECE], d[TS_CPU_PIECE];
+  for (size_t i = lo; i < hi; i += TS_CPU_PIECE) {
+    size_t k = hi - i < TS_CPU_PIECE ? hi - i : TS_CPU_PIECE;
+    ts_cpu_widen_at(x, inp, i, k, dt);
+    if (dout) {
+      ts_cpu_widen_at(d, dout, i, k, dt);
+      gelu_bwd_range(x, d, x, tanh_form, 0, k, TS_FP32); /* dinp overwrites x element by element */
+    } else {
+      gelu_fwd_range(x, x, tanh_form, 0, k, TS_FP32);
+    }
+    ts_cpu_narrow_at(y, i, x, k, dt);
+  }
+}
+
+/* Either direction over n elements, in fixed chunks. */
+static void gelu_run(void *y, const void *dout, const void *inp, size_t n, ts_gelu_kind kind,
+                     ts_dtype dt) {
+  int tanh_form = kind == TS_GELU_TANH;
+  ptrdiff_t nchunks = (ptrdiff_t)((n + CHUNK - 1) / CHUNK);
+#pragma omp parallel for schedule(static) if (nchunks > 1)
+  for (ptrdiff_t c = 0; c < nchunks; c++) {
+    size_t lo = (size_t)c * CHUNK;
+    size_t hi = lo + CHUNK < n ? lo + CHUNK : n;
+    if (dt != TS_FP32)
+      gelu_half(y, dout, inp, tanh_form, lo, hi, dt);
+    else if (dout)
+      gelu_bwd_range(y, dout, inp, tanh_form, lo, hi, TS_FP32);
+    else
+      gelu_fwd_range(y, inp, tanh_form, lo, hi, TS_FP32);
+  }
+}
+
+ts_status ts_cpu_gelu_forward(const ts_kctx *ctx, void *out, const void *inp, size_t n,
+                              ts_gelu_kind kind, ts_dtype dt) {
+  gelu_run(out, NULL, inp, n, kind, dt);
+  return TS_OK;
+}
+
+ts_status ts_cpu_gelu_backward(const ts_kctx *ctx, void *dinp, const void *dout, const void *inp,
+                               size_t n, ts_gelu_kind kind, ts_dtype dt) {
+  gelu_run(dinp, dout, inp, n, kind, dt);
+  return TS_OK;
+}
+
+/* ---- token types ---------------------------------------------------------------- */
+
+ts_status ts_cpu_token_types(const ts_kctx *ctx, int32_t *types, const int32_t *tokens, size_t B,
+                             size_t T, int32_t sep_id, size_t n_types) {
+  const int32_t cap = (int32_t)(n_types - 1); /* the front checked n_types <= INT32_MAX */
+#pragma omp parallel for schedule(static) if (B * T > 65536)
+  for (ptrdiff_t b = 0; b < (ptrdiff_t)B; b++) {
+    int32_t seen = 0; /* sep_id tokens before position t, capped */
+    for (size_t t = 0; t < T; t++) {
+      size_t i = (size_t)b * T + t;
+      types[i] = seen;
+      if (sep_id >= 0 && tokens[i] == sep_id && seen < cap) seen++;
+    }
+  }
+  return TS_OK;
+}
