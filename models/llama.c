@@ -7,6 +7,8 @@
  */
 #include "models/llama.h"
 
+#include "models/family.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,25 +34,8 @@ const ts_llama_config *ts_llama_config_of(const ts_model *m) {
 /* Appends a tensor to unit u's layout: matrices N(0, 0.02^2) with weight
  * decay, vectors (norm weights) ones without. */
 static void add_tensor(ts_unit *u, const char *name, size_t rows, size_t cols, int ndim) {
-  ts_tensor_spec *t = &u->tensors[u->n_tensors++];
-  snprintf(t->name, sizeof t->name, "%s", name);
-  t->ndim = ndim;
-  t->shape[0] = rows;
-  t->shape[1] = cols;
-  t->numel = rows * cols;
-  t->offset = u->numel;
-  t->decay = ndim >= 2;
-  t->init = ndim >= 2 ? TS_INIT_NORMAL : TS_INIT_ONES;
-  t->init_std = ndim >= 2 ? INIT_STD : 0.0;
-  u->numel += t->numel;
-}
-
-/* A unit of role r and kind ops, borrowing nothing. */
-static void start_unit(ts_unit *u, const ts_unit_ops *ops, ts_unit_role r, int layer) {
-  u->ops = ops;
-  u->role = r;
-  u->layer = layer;
-  u->tied_unit = u->tied_tensor = -1;
+  ts_family_add_tensor(u, name, rows, cols, ndim, ndim >= 2 ? TS_INIT_NORMAL : TS_INIT_ONES,
+                       INIT_STD);
 }
 
 ts_status ts_llama_model_init(ts_model *m, const ts_llama_config *cfg) {
@@ -75,15 +60,17 @@ ts_status ts_llama_model_init(ts_model *m, const ts_llama_config *cfg) {
   m->vocab_size = cfg->vocab_size;
   m->max_seq = cfg->max_position_embeddings;
   m->num_params = ts_llama_num_params(cfg);
+  m->objective = TS_OBJECTIVE_CAUSAL_LM;
+  m->pad_token_id = m->sep_token_id = -1;
   size_t HS = ts_llama_head_size(cfg);
   size_t QD = cfg->num_attention_heads * HS, KVD = cfg->num_key_value_heads * HS;
   ts_unit *e = &m->units[0];
-  start_unit(e, &embedding_ops, TS_UNIT_EMBEDDING, -1);
+  ts_family_start_unit(e, &embedding_ops, TS_UNIT_EMBEDDING, -1);
   add_tensor(e, "model.embed_tokens.weight", cfg->vocab_size, C, 2);
   char name[96];
   for (size_t l = 0; l < L; l++) {
     ts_unit *b = &m->units[1 + l];
-    start_unit(b, &block_ops, TS_UNIT_BLOCK, (int)l);
+    ts_family_start_unit(b, &block_ops, TS_UNIT_BLOCK, (int)l);
 #define BT(suffix, r, c, nd)                                              \
   snprintf(name, sizeof name, "model.layers.%zu." suffix, l);             \
   add_tensor(b, name, r, c, nd)
@@ -99,7 +86,7 @@ ts_status ts_llama_model_init(ts_model *m, const ts_llama_config *cfg) {
 #undef BT
   }
   ts_unit *h = &m->units[L + 1];
-  start_unit(h, &head_ops, TS_UNIT_HEAD, -1);
+  ts_family_start_unit(h, &head_ops, TS_UNIT_HEAD, -1);
   add_tensor(h, "model.norm.weight", C, 1, 1);
   if (cfg->tie_word_embeddings) {
     h->tied_unit = 0; /* lm_head is embed_tokens */
@@ -176,35 +163,24 @@ typedef struct block_saved {
   size_t bytes;
 } block_saved;
 
-/* Carves n elements of size es from *p, a cursor into a buffer starting at
- * base, and returns the region; regions start at 64-byte offsets from base
- * (the engine's buffers are 64-byte aligned, or 256 from cudaMalloc), as
- * vectorised GPU loads, cuBLASLt and cuDNN want. The layout does not
- * depend on base's address, so a NULL base gives the same sizes. */
-static void *carve(void *base, char **p, size_t n, size_t es) {
-  char *b = (char *)base, *r = b + (((size_t)(*p - b) + 63) & ~(size_t)63);
-  *p = r + n * es;
-  return r;
-}
-
 static block_saved block_layout(const dims *d, void *base, ts_dtype dt, ts_device dev) {
   block_saved s;
   size_t es = ts_dtype_size(dt);
   char *p = base;
-  s.rstd1 = carve(base, &p, d->N, 4);
-  s.rstd2 = carve(base, &p, d->N, 4);
-  s.xn1 = carve(base, &p, d->N * d->C, es);
-  s.xmid = carve(base, &p, d->N * d->C, es);
-  s.xn2 = carve(base, &p, d->N * d->C, es);
-  s.q = carve(base, &p, d->N * d->QD, es);
-  s.att = carve(base, &p, d->N * d->QD, es);
-  s.k = carve(base, &p, d->N * d->KVD, es);
-  s.v = carve(base, &p, d->N * d->KVD, es);
+  s.rstd1 = ts_family_carve(base, &p, d->N, 4);
+  s.rstd2 = ts_family_carve(base, &p, d->N, 4);
+  s.xn1 = ts_family_carve(base, &p, d->N * d->C, es);
+  s.xmid = ts_family_carve(base, &p, d->N * d->C, es);
+  s.xn2 = ts_family_carve(base, &p, d->N * d->C, es);
+  s.q = ts_family_carve(base, &p, d->N * d->QD, es);
+  s.att = ts_family_carve(base, &p, d->N * d->QD, es);
+  s.k = ts_family_carve(base, &p, d->N * d->KVD, es);
+  s.v = ts_family_carve(base, &p, d->N * d->KVD, es);
   s.att_state =
-      carve(base, &p, ts_k_attention_state_bytes(dev, d->B, d->T, d->NH, d->NKV, d->HS, dt), 1);
-  s.gate = carve(base, &p, d->N * d->I, es);
-  s.up = carve(base, &p, d->N * d->I, es);
-  s.h = carve(base, &p, d->N * d->I, es);
+      ts_family_carve(base, &p, ts_k_attention_state_bytes(dev, d->B, d->T, d->NH, d->NKV, d->HS, dt), 1);
+  s.gate = ts_family_carve(base, &p, d->N * d->I, es);
+  s.up = ts_family_carve(base, &p, d->N * d->I, es);
+  s.h = ts_family_carve(base, &p, d->N * d->I, es);
   s.bytes = (size_t)(p - (char *)base);
   return s;
 }
@@ -220,9 +196,9 @@ static head_saved head_layout(const dims *d, void *base, ts_dtype dt) {
   head_saved s;
   size_t es = ts_dtype_size(dt);
   char *p = base;
-  s.rstd = carve(base, &p, d->N, 4);
-  s.xn = carve(base, &p, d->N * d->C, es);
-  s.logits = carve(base, &p, d->N * d->V, es);
+  s.rstd = ts_family_carve(base, &p, d->N, 4);
+  s.xn = ts_family_carve(base, &p, d->N * d->C, es);
+  s.logits = ts_family_carve(base, &p, d->N * d->V, es);
   s.bytes = (size_t)(p - (char *)base);
   return s;
 }
@@ -240,16 +216,16 @@ static block_temps block_temps_layout(const dims *d, void *base, ts_dtype dt) {
   block_temps t;
   size_t es = ts_dtype_size(dt);
   char *p = base;
-  t.d_xmid = carve(base, &p, d->N * d->C, es);
-  t.d_xn = carve(base, &p, d->N * d->C, es);
-  t.d_tmp = carve(base, &p, d->N * d->C, es);
-  t.d_h = carve(base, &p, d->N * d->I, es);
-  t.d_gate = carve(base, &p, d->N * d->I, es);
-  t.d_up = carve(base, &p, d->N * d->I, es);
-  t.d_att = carve(base, &p, d->N * d->QD, es);
-  t.dq = carve(base, &p, d->N * d->QD, es);
-  t.dk = carve(base, &p, d->N * d->KVD, es);
-  t.dv = carve(base, &p, d->N * d->KVD, es);
+  t.d_xmid = ts_family_carve(base, &p, d->N * d->C, es);
+  t.d_xn = ts_family_carve(base, &p, d->N * d->C, es);
+  t.d_tmp = ts_family_carve(base, &p, d->N * d->C, es);
+  t.d_h = ts_family_carve(base, &p, d->N * d->I, es);
+  t.d_gate = ts_family_carve(base, &p, d->N * d->I, es);
+  t.d_up = ts_family_carve(base, &p, d->N * d->I, es);
+  t.d_att = ts_family_carve(base, &p, d->N * d->QD, es);
+  t.dq = ts_family_carve(base, &p, d->N * d->QD, es);
+  t.dk = ts_family_carve(base, &p, d->N * d->KVD, es);
+  t.dv = ts_family_carve(base, &p, d->N * d->KVD, es);
   t.bytes = (size_t)(p - (char *)base);
   return t;
 }
@@ -283,12 +259,9 @@ static size_t kernel_ws(const dims *d, ts_unit_role kind, ts_dtype dt, ts_device
   return w;
 }
 
-/* Temporaries are rounded to 64 bytes so the kernels' share stays aligned. */
-static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
-
 static size_t temps_bytes(const dims *d, ts_unit_role kind, ts_dtype dt) {
-  if (kind == TS_UNIT_BLOCK) return round64(block_temps_layout(d, NULL, dt).bytes);
-  if (kind == TS_UNIT_HEAD) return round64(head_temps_bytes(d, dt));
+  if (kind == TS_UNIT_BLOCK) return ts_family_round64(block_temps_layout(d, NULL, dt).bytes);
+  if (kind == TS_UNIT_HEAD) return ts_family_round64(head_temps_bytes(d, dt));
   return 0;
 }
 
@@ -320,22 +293,10 @@ static void *head_logits(const ts_model *m, const ts_unit *u, void *saved, size_
 
 /* ---- forward / backward ------------------------------------------------------ */
 
-/* Pointer to tensor i of a unit's flat buffer. */
-static void *tensor(const ts_unit *u, int i, const void *flat, ts_dtype dt) {
-  return (char *)flat + u->tensors[i].offset * ts_dtype_size(dt);
-}
-
-/* Splits ctx's workspace: the first `temps` bytes for the unit, the rest
- * for the kernels (in *kctx). */
+/* The unit's workspace split: ts_family_split_ws for this family. */
 static ts_status split_ws(const ts_kctx *ctx, size_t temps, size_t need, ts_kctx *kctx,
                           const char *what) {
-  if (ctx->workspace_bytes < need)
-    return ts_set_error(TS_ERR_OUT_OF_MEMORY, "llama %s: workspace has %zu bytes, needs %zu",
-                        what, ctx->workspace_bytes, need);
-  *kctx = *ctx;
-  kctx->workspace = (char *)ctx->workspace + temps;
-  kctx->workspace_bytes = ctx->workspace_bytes - temps;
-  return TS_OK;
+  return ts_family_split_ws(ctx, temps, need, kctx, "llama", what);
 }
 
 static ts_status block_forward(const ts_model *m, const ts_unit *un, const ts_kctx *ctx,
@@ -348,23 +309,23 @@ static ts_status block_forward(const ts_model *m, const ts_unit *un, const ts_kc
   block_saved s = block_layout(&d, a->saved, dt, ctx->device);
   const ts_llama_config *c = ts_llama_config_of(m);
   float eps = c->rms_norm_eps, theta = c->rope_theta;
-  TS_CHECK(ts_k_rmsnorm_forward(&k, s.xn1, s.rstd1, a->x, tensor(un, B_LN1, p, dt), d.N, d.C, eps,
+  TS_CHECK(ts_k_rmsnorm_forward(&k, s.xn1, s.rstd1, a->x, ts_family_tensor(un, B_LN1, p, dt), d.N, d.C, eps,
                                 dt));
-  TS_CHECK(ts_k_linear_forward(&k, s.q, s.xn1, tensor(un, B_WQ, p, dt), d.N, d.QD, d.C, dt));
-  TS_CHECK(ts_k_linear_forward(&k, s.k, s.xn1, tensor(un, B_WK, p, dt), d.N, d.KVD, d.C, dt));
-  TS_CHECK(ts_k_linear_forward(&k, s.v, s.xn1, tensor(un, B_WV, p, dt), d.N, d.KVD, d.C, dt));
+  TS_CHECK(ts_k_linear_forward(&k, s.q, s.xn1, ts_family_tensor(un, B_WQ, p, dt), d.N, d.QD, d.C, dt));
+  TS_CHECK(ts_k_linear_forward(&k, s.k, s.xn1, ts_family_tensor(un, B_WK, p, dt), d.N, d.KVD, d.C, dt));
+  TS_CHECK(ts_k_linear_forward(&k, s.v, s.xn1, ts_family_tensor(un, B_WV, p, dt), d.N, d.KVD, d.C, dt));
   TS_CHECK(ts_k_rope_forward(&k, s.q, s.q, d.B, d.T, d.NH, d.HS, theta, dt));
   TS_CHECK(ts_k_rope_forward(&k, s.k, s.k, d.B, d.T, d.NKV, d.HS, theta, dt));
   TS_CHECK(ts_k_attention_forward(&k, s.att, s.att_state, s.q, s.k, s.v, d.B, d.T, d.NH, d.NKV, d.HS,
                                   dt));
-  TS_CHECK(ts_k_linear_forward(&k, s.xmid, s.att, tensor(un, B_WO, p, dt), d.N, d.C, d.QD, dt));
+  TS_CHECK(ts_k_linear_forward(&k, s.xmid, s.att, ts_family_tensor(un, B_WO, p, dt), d.N, d.C, d.QD, dt));
   TS_CHECK(ts_k_add(&k, s.xmid, s.xmid, a->x, d.N * d.C, dt));
-  TS_CHECK(ts_k_rmsnorm_forward(&k, s.xn2, s.rstd2, s.xmid, tensor(un, B_LN2, p, dt), d.N, d.C,
+  TS_CHECK(ts_k_rmsnorm_forward(&k, s.xn2, s.rstd2, s.xmid, ts_family_tensor(un, B_LN2, p, dt), d.N, d.C,
                                 eps, dt));
-  TS_CHECK(ts_k_linear_forward(&k, s.gate, s.xn2, tensor(un, B_WGATE, p, dt), d.N, d.I, d.C, dt));
-  TS_CHECK(ts_k_linear_forward(&k, s.up, s.xn2, tensor(un, B_WUP, p, dt), d.N, d.I, d.C, dt));
+  TS_CHECK(ts_k_linear_forward(&k, s.gate, s.xn2, ts_family_tensor(un, B_WGATE, p, dt), d.N, d.I, d.C, dt));
+  TS_CHECK(ts_k_linear_forward(&k, s.up, s.xn2, ts_family_tensor(un, B_WUP, p, dt), d.N, d.I, d.C, dt));
   TS_CHECK(ts_k_swiglu_forward(&k, s.h, s.gate, s.up, d.N * d.I, dt));
-  TS_CHECK(ts_k_linear_forward(&k, a->y, s.h, tensor(un, B_WDOWN, p, dt), d.N, d.C, d.I, dt));
+  TS_CHECK(ts_k_linear_forward(&k, a->y, s.h, ts_family_tensor(un, B_WDOWN, p, dt), d.N, d.C, d.I, dt));
   return ts_k_add(&k, a->y, a->y, s.xmid, d.N * d.C, dt);
 }
 
@@ -382,34 +343,34 @@ static ts_status block_backward(const ts_model *m, const ts_unit *un, const ts_k
   size_t NC = d.N * d.C;
   /* MLP: y = xmid + down(silu(gate) * up) */
   TS_CHECK(ts_k_cast(&k, t.d_xmid, dt, a->dy, dt, NC));
-  TS_CHECK(ts_k_linear_backward(&k, t.d_h, tensor(un, B_WDOWN, g, dt), a->dy, s.h,
-                                tensor(un, B_WDOWN, p, dt), d.N, d.C, d.I, dt));
+  TS_CHECK(ts_k_linear_backward(&k, t.d_h, ts_family_tensor(un, B_WDOWN, g, dt), a->dy, s.h,
+                                ts_family_tensor(un, B_WDOWN, p, dt), d.N, d.C, d.I, dt));
   TS_CHECK(ts_k_swiglu_backward(&k, t.d_gate, t.d_up, t.d_h, s.gate, s.up, d.N * d.I, dt));
-  TS_CHECK(ts_k_linear_backward(&k, t.d_xn, tensor(un, B_WGATE, g, dt), t.d_gate, s.xn2,
-                                tensor(un, B_WGATE, p, dt), d.N, d.I, d.C, dt));
-  TS_CHECK(ts_k_linear_backward(&k, t.d_tmp, tensor(un, B_WUP, g, dt), t.d_up, s.xn2,
-                                tensor(un, B_WUP, p, dt), d.N, d.I, d.C, dt));
+  TS_CHECK(ts_k_linear_backward(&k, t.d_xn, ts_family_tensor(un, B_WGATE, g, dt), t.d_gate, s.xn2,
+                                ts_family_tensor(un, B_WGATE, p, dt), d.N, d.I, d.C, dt));
+  TS_CHECK(ts_k_linear_backward(&k, t.d_tmp, ts_family_tensor(un, B_WUP, g, dt), t.d_up, s.xn2,
+                                ts_family_tensor(un, B_WUP, p, dt), d.N, d.I, d.C, dt));
   TS_CHECK(ts_k_add(&k, t.d_xn, t.d_xn, t.d_tmp, NC, dt));
-  TS_CHECK(ts_k_rmsnorm_backward(&k, t.d_xmid, tensor(un, B_LN2, g, dt), t.d_xn, s.xmid,
-                                 tensor(un, B_LN2, p, dt), s.rstd2, d.N, d.C, dt));
+  TS_CHECK(ts_k_rmsnorm_backward(&k, t.d_xmid, ts_family_tensor(un, B_LN2, g, dt), t.d_xn, s.xmid,
+                                 ts_family_tensor(un, B_LN2, p, dt), s.rstd2, d.N, d.C, dt));
   /* attention: xmid = x + o(attn(rope(q(xn1)), rope(k(xn1)), v(xn1))) */
-  TS_CHECK(ts_k_linear_backward(&k, t.d_att, tensor(un, B_WO, g, dt), t.d_xmid, s.att,
-                                tensor(un, B_WO, p, dt), d.N, d.C, d.QD, dt));
+  TS_CHECK(ts_k_linear_backward(&k, t.d_att, ts_family_tensor(un, B_WO, g, dt), t.d_xmid, s.att,
+                                ts_family_tensor(un, B_WO, p, dt), d.N, d.C, d.QD, dt));
   TS_CHECK(ts_k_attention_backward(&k, t.dq, t.dk, t.dv, t.d_att, s.att, s.q, s.k, s.v,
                                    s.att_state, d.B, d.T, d.NH, d.NKV, d.HS, dt));
   TS_CHECK(ts_k_rope_backward(&k, t.dq, t.dq, d.B, d.T, d.NH, d.HS, theta, dt));
   TS_CHECK(ts_k_rope_backward(&k, t.dk, t.dk, d.B, d.T, d.NKV, d.HS, theta, dt));
-  TS_CHECK(ts_k_linear_backward(&k, t.d_xn, tensor(un, B_WQ, g, dt), t.dq, s.xn1,
-                                tensor(un, B_WQ, p, dt), d.N, d.QD, d.C, dt));
-  TS_CHECK(ts_k_linear_backward(&k, t.d_tmp, tensor(un, B_WK, g, dt), t.dk, s.xn1,
-                                tensor(un, B_WK, p, dt), d.N, d.KVD, d.C, dt));
+  TS_CHECK(ts_k_linear_backward(&k, t.d_xn, ts_family_tensor(un, B_WQ, g, dt), t.dq, s.xn1,
+                                ts_family_tensor(un, B_WQ, p, dt), d.N, d.QD, d.C, dt));
+  TS_CHECK(ts_k_linear_backward(&k, t.d_tmp, ts_family_tensor(un, B_WK, g, dt), t.dk, s.xn1,
+                                ts_family_tensor(un, B_WK, p, dt), d.N, d.KVD, d.C, dt));
   TS_CHECK(ts_k_add(&k, t.d_xn, t.d_xn, t.d_tmp, NC, dt));
-  TS_CHECK(ts_k_linear_backward(&k, t.d_tmp, tensor(un, B_WV, g, dt), t.dv, s.xn1,
-                                tensor(un, B_WV, p, dt), d.N, d.KVD, d.C, dt));
+  TS_CHECK(ts_k_linear_backward(&k, t.d_tmp, ts_family_tensor(un, B_WV, g, dt), t.dv, s.xn1,
+                                ts_family_tensor(un, B_WV, p, dt), d.N, d.KVD, d.C, dt));
   TS_CHECK(ts_k_add(&k, t.d_xn, t.d_xn, t.d_tmp, NC, dt));
   TS_CHECK(ts_k_cast(&k, a->dx, dt, t.d_xmid, dt, NC));
-  return ts_k_rmsnorm_backward(&k, a->dx, tensor(un, B_LN1, g, dt), t.d_xn, a->x,
-                               tensor(un, B_LN1, p, dt), s.rstd1, d.N, d.C, dt);
+  return ts_k_rmsnorm_backward(&k, a->dx, ts_family_tensor(un, B_LN1, g, dt), t.d_xn, a->x,
+                               ts_family_tensor(un, B_LN1, p, dt), s.rstd1, d.N, d.C, dt);
 }
 
 /* The LM head's weight and gradient: its own, or the tied embedding's. */
@@ -427,8 +388,8 @@ static ts_status head_weight(const ts_model *m, const ts_unit *un, const void *p
       *gw = a->tied_grad;
     }
   } else {
-    *w = tensor(un, H_LM_HEAD, p, a->dt);
-    if (gw) *gw = tensor(un, H_LM_HEAD, g, a->dt);
+    *w = ts_family_tensor(un, H_LM_HEAD, p, a->dt);
+    if (gw) *gw = ts_family_tensor(un, H_LM_HEAD, g, a->dt);
   }
   return TS_OK;
 }
@@ -444,7 +405,7 @@ static ts_status head_forward(const ts_model *m, const ts_unit *un, const ts_kct
   head_saved s = head_layout(&d, a->saved, dt);
   const void *w = NULL;
   TS_CHECK(head_weight(m, un, p, NULL, a, &w, NULL));
-  TS_CHECK(ts_k_rmsnorm_forward(&k, s.xn, s.rstd, a->x, tensor(un, H_NORM, p, dt), d.N, d.C,
+  TS_CHECK(ts_k_rmsnorm_forward(&k, s.xn, s.rstd, a->x, ts_family_tensor(un, H_NORM, p, dt), d.N, d.C,
                                 ts_llama_config_of(m)->rms_norm_eps, dt));
   TS_CHECK(ts_k_linear_forward(&k, s.logits, s.xn, w, d.N, d.V, d.C, dt));
   float *rows = ctx->workspace;
@@ -474,8 +435,8 @@ static ts_status head_backward(const ts_model *m, const ts_unit *un, const ts_kc
                                          dt));
   TS_CHECK(ts_k_linear_backward(&k, d_xn, gw, s.logits, s.xn, w, d.N, d.V, d.C, dt));
   TS_CHECK(ts_k_zero(&k, a->dx, d.N * d.C * ts_dtype_size(dt)));
-  return ts_k_rmsnorm_backward(&k, a->dx, tensor(un, H_NORM, g, dt), d_xn, a->x,
-                               tensor(un, H_NORM, p, dt), s.rstd, d.N, d.C, dt);
+  return ts_k_rmsnorm_backward(&k, a->dx, ts_family_tensor(un, H_NORM, g, dt), d_xn, a->x,
+                               ts_family_tensor(un, H_NORM, p, dt), s.rstd, d.N, d.C, dt);
 }
 
 static ts_status embedding_forward(const ts_model *m, const ts_unit *un, const ts_kctx *ctx,

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "models/llama_config.h"
+#include "models/unit_testing.h"
 
 namespace {
 
@@ -27,128 +28,15 @@ ts_llama_config Parse(const char *json) {
   return c;
 }
 
-// One unit under test: params, saved, workspace, with a scalar objective
-// J = sum(y * r) (embedding, block) or the head's mean loss.
-struct UnitHarness {
-  ts_model model{};
-  int u;
-  size_t B = 2, T = 5;
-  std::vector<float> params, grads, tied_w, tied_g;
-  std::vector<float> x, r;  // (B,T,C) input and objective weights
-  std::vector<int32_t> tokens, targets;
-  std::vector<unsigned char> saved, ws;
-  ts_kctx ctx{};
-  double loss[2] = {0, 0};  // the head's (loss sum, rows with a target)
-
-  UnitHarness(const ts_llama_config &cfg, int unit, unsigned seed) : u(unit) {
-    EXPECT_EQ(ts_llama_model_init(&model, &cfg), TS_OK);
-    std::mt19937 g(seed);
-    std::normal_distribution<float> n(0.f, 1.f);
-    const ts_unit &un = model.units[u];
-    params.resize(un.numel);
-    for (int i = 0; i < un.n_tensors; i++) {
-      const ts_tensor_spec &t = un.tensors[i];
-      for (size_t j = 0; j < t.numel; j++)
-        params[t.offset + j] = t.ndim == 1 ? 1.0f + 0.2f * n(g) : 0.3f * n(g);
-    }
-    grads.assign(un.numel, 0.f);
-    size_t C = cfg.hidden_size, V = cfg.vocab_size, N = B * T;
-    x.resize(N * C);
-    r.resize(N * C);
-    for (auto &v : x) v = n(g);
-    for (auto &v : r) v = n(g);
-    tokens.resize(N);
-    targets.resize(N);
-    for (size_t i = 0; i < N; i++) {
-      tokens[i] = (int32_t)(g() % V);
-      targets[i] = (int32_t)(g() % V);
-    }
-    targets[3] = TS_IGNORE_INDEX;  // ignored rows must not contribute
-    if (cfg.tie_word_embeddings) {
-      tied_w.resize(V * C);
-      for (auto &v : tied_w) v = 0.3f * n(g);
-      tied_g.assign(V * C, 0.f);
-    }
-    saved.resize(ts_unit_saved_bytes(&model, u, B, T, TS_FP32, TS_DEVICE_CPU) + 1);
-    ws.resize(ts_unit_workspace_bytes(&model, u, B, T, TS_FP32, TS_DEVICE_CPU) + 64);
-    ctx.device = TS_DEVICE_CPU;
-    // 64-byte aligned start inside ws
-    uintptr_t p = ((uintptr_t)ws.data() + 63) & ~(uintptr_t)63;
-    ctx.workspace = (void *)p;
-    ctx.workspace_bytes = ts_unit_workspace_bytes(&model, u, B, T, TS_FP32, TS_DEVICE_CPU);
-  }
-  ~UnitHarness() { ts_model_free(&model); }
-
-  ts_unit_args Args(std::vector<float> *y) {
-    ts_unit_args a{};
-    a.B = B;
-    a.T = T;
-    a.dt = TS_FP32;
-    a.tokens = tokens.data();
-    a.targets = targets.data();
-    a.x = x.data();
-    a.y = y ? y->data() : nullptr;
-    a.saved = saved.data();
-    a.loss = loss;
-    if (!tied_w.empty()) {
-      a.tied_weight = tied_w.data();
-      a.tied_grad = tied_g.data();
-    }
-    return a;
-  }
-
-  // Forward and the objective J, in double.
-  double Objective() {
-    std::vector<float> y(x.size());
-    ts_unit_args a = Args(&y);
-    EXPECT_EQ(ts_unit_forward(&model, u, &ctx, params.data(), &a), TS_OK) << ts_last_error();
-    if (model.units[u].role == TS_UNIT_HEAD) return loss[0] / loss[1];
-    double j = 0;
-    for (size_t i = 0; i < y.size(); i++) j += (double)y[i] * r[i];
-    return j;
-  }
-
-  // Forward + backward; returns dx (empty for the embedding).
-  std::vector<float> Backward() {
-    std::vector<float> y(x.size()), dx(x.size(), 0.f);
-    ts_unit_args a = Args(&y);
-    EXPECT_EQ(ts_unit_forward(&model, u, &ctx, params.data(), &a), TS_OK) << ts_last_error();
-    a.dy = r.data();
-    a.dx = model.units[u].role == TS_UNIT_EMBEDDING ? nullptr : dx.data();
-    a.dloss = (float)(1.0 / loss[1]);
-    EXPECT_EQ(ts_unit_backward(&model, u, &ctx, params.data(), grads.data(), &a), TS_OK)
-        << ts_last_error();
-    return dx;
-  }
-};
-
-// Central differences of J w.r.t. every element of v, compared with the
-// analytic gradient. fp32 forward with h = 1e-2 (inputs are O(1)): the
-// truncation error is O(h^2 |J'''|) ~ 1e-4 and the rounding error
-// ~ 1e-7 |J| / h ~ 1e-4 for |J| ~ 10, so 2e-3 absolute plus 1e-2 relative
-// leaves a margin of ~10x while still catching any wrong term (those are O(1)).
-void ExpectGradMatches(UnitHarness &h, std::vector<float> &v, const std::vector<float> &analytic,
-                       const std::string &what) {
-  ASSERT_EQ(v.size(), analytic.size());
-  const float step = 1e-2f;
-  int bad = 0;
-  for (size_t i = 0; i < v.size(); i++) {
-    float orig = v[i];
-    v[i] = orig + step;
-    double jp = h.Objective();
-    v[i] = orig - step;
-    double jm = h.Objective();
-    v[i] = orig;
-    double num = (jp - jm) / (2.0 * step);
-    double tol = 2e-3 + 1e-2 * std::fabs(num);
-    if (std::fabs(num - analytic[i]) > tol && bad++ < 5)
-      ADD_FAILURE() << what << "[" << i << "]: analytic " << analytic[i] << " numeric " << num;
-  }
-  EXPECT_EQ(bad, 0) << what;
+// A LLaMA model of cfg for UnitHarness.
+ts_model Build(const ts_llama_config &cfg) {
+  ts_model m{};
+  EXPECT_EQ(ts_llama_model_init(&m, &cfg), TS_OK) << ts_last_error();
+  return m;
 }
 
 void CheckUnit(const ts_llama_config &cfg, int u, unsigned seed) {
-  UnitHarness h(cfg, u, seed);
+  UnitHarness h(Build(cfg), u, seed);
   std::vector<float> dx = h.Backward();
   std::vector<float> dparams = h.grads, dtied = h.tied_g;
   ExpectGradMatches(h, h.params, dparams, std::string("params of unit ") + std::to_string(u));
@@ -183,7 +71,7 @@ TEST(LlamaUnits, TiedHeadBackwardMatchesFiniteDifferences) {
 // changed was written. Returns the offset one past the last written byte
 // (the high-water mark) and sets *guard_touched if the guard was written.
 size_t SavedHighWater(const ts_llama_config &cfg, int u, ts_dtype dt, bool *guard_touched) {
-  UnitHarness h(cfg, u, 11);
+  UnitHarness h(Build(cfg), u, 11);
   size_t es = ts_dtype_size(dt), declared = ts_unit_saved_bytes(&h.model, u, h.B, h.T, dt, TS_DEVICE_CPU);
   auto cast = [&](const std::vector<float> &v) {
     std::vector<unsigned char> out(v.size() * es + 1);
@@ -292,7 +180,7 @@ TEST(LlamaUnits, InitIsDeterministicFromSeedAndName) {
 }
 
 TEST(LlamaUnits, SequenceLongerThanMaxPositionsIsRejected) {
-  UnitHarness h(Parse(kSmallGqa), 1, 6);
+  UnitHarness h(Build(Parse(kSmallGqa)), 1, 6);
   std::vector<float> y(h.x.size());
   ts_unit_args a = h.Args(&y);
   a.T = 9;  // max_position_embeddings is 8
@@ -303,7 +191,7 @@ TEST(LlamaUnits, SequenceLongerThanMaxPositionsIsRejected) {
 
 TEST(LlamaUnits, SmallWorkspaceIsRejected) {
   // Both passes ask for ts_unit_workspace_bytes() (the larger of the two).
-  UnitHarness h(Parse(kSmallGqa), 1, 6);
+  UnitHarness h(Build(Parse(kSmallGqa)), 1, 6);
   std::vector<float> y(h.x.size()), dx(h.x.size());
   ts_unit_args a = h.Args(&y);
   ASSERT_EQ(ts_unit_forward(&h.model, 1, &h.ctx, h.params.data(), &a), TS_OK);

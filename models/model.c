@@ -19,11 +19,12 @@
 #include "base/atomic_file.h"
 #include "base/rng.h"
 #include "models/config_json.h"
+#include "models/bert.h"
 #include "models/llama.h"
 
 /* Every family tessera computes; the first is the default for a
  * config.json without "model_type". */
-static const ts_model_family *const FAMILIES[] = {&ts_llama_family};
+static const ts_model_family *const FAMILIES[] = {&ts_llama_family, &ts_bert_family};
 enum { N_FAMILIES = sizeof FAMILIES / sizeof FAMILIES[0] };
 
 /* ---- loading ------------------------------------------------------------------ */
@@ -49,7 +50,7 @@ ts_status ts_model_resolve(const char *model, char *out, size_t cap) {
   return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                       "--model %s: unknown preset: expected a config.json path or a preset in "
                       "%s%smodels/configs/ (llama-tiny, llama-small, llama-124m, llama-1.1b, "
-                      "llama-2-7b, llama-2-13b, llama-2-70b)%s",
+                      "llama-2-7b, llama-2-13b, llama-2-70b, bert-tiny, bert-base, bert-large)%s",
                       model, home ? home : "", home ? "/" : "",
                       home ? "" : "; TESSERA_HOME is unset, so that is relative to this directory");
 }

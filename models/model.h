@@ -1,7 +1,7 @@
 /*
  * model.h — the one interface the engine sees (DESIGN.md "The unit and the
  * model interface"): a model is an ordered list of units, each with an ops
- * table; a model family (LLaMA today, BERT next) is files behind it, and the
+ * table; a model family (LLaMA, BERT) is files behind it, and the
  * engine, the trainer, estimate and compare include only this header.
  *
  * A unit is the granule of sharding, gathering, recompute and pipeline
@@ -64,12 +64,21 @@ typedef struct ts_tensor_spec {
 typedef struct ts_model ts_model;
 typedef struct ts_unit ts_unit;
 
+/* What a model's targets are, so the trainer builds the right batches. */
+typedef enum ts_objective {
+  TS_OBJECTIVE_CAUSAL_LM = 0, /* targets are the inputs shifted by one (LLaMA) */
+  TS_OBJECTIVE_MASKED_LM = 1, /* targets are the original ids at masked positions, -100
+                                 elsewhere; inputs [CLS] ... [SEP] (BERT; Devlin et al.
+                                 2019 §3.1) */
+} ts_objective;
+
 /* Arguments of one unit call. Pointers a unit does not use are NULL; every
  * pointer is on the ctx's device. B, T: micro-batch and sequence length. */
 typedef struct ts_unit_args {
   size_t B, T;
   ts_dtype dt;             /* storage dtype of params, activations, grads */
-  const int32_t *tokens;   /* (B, T) first unit's input */
+  const int32_t *tokens;   /* (B, T) the micro-batch's input ids, given to every unit (the
+                              first embeds them; an encoder's blocks mask padded keys) */
   const int32_t *targets;  /* (B, T) last unit's targets, -100 = ignore */
   const void *x;           /* (B, T, C) input of every unit but the first (kept by the engine) */
   void *y;                 /* (B, T, C) output of every unit but the last */
@@ -140,6 +149,9 @@ struct ts_model {
   size_t vocab_size;  /* V */
   size_t max_seq;     /* largest T (max_position_embeddings) */
   size_t num_params;  /* Ψ, unpadded (tied tensors counted once) */
+  ts_objective objective; /* what its targets are */
+  int32_t pad_token_id;   /* masked LM: the id whose keys attention masks; -1 none */
+  int32_t sep_token_id;   /* masked LM: the id that ends a segment (token types); -1 none */
   int n_units;
   ts_unit *units;     /* owned; [0] the first unit ... [n_units - 1] the last */
   void *impl;         /* the family's own config (owned by the family) */

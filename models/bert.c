@@ -1,0 +1,533 @@
+/*
+ * bert.c — the BERT family (models/bert.h): config.json -> units, and the
+ * ops tables of its three unit kinds (embeddings, encoder block, MLM head):
+ * layout, saved and workspace bytes, forward, backward, logits. Matches
+ * transformers' BertForMaskedLM (modeling_bert.py) in fp32
+ * (tests/bert_parity_test).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "models/bert.h"
+#include "models/bert_internal.h"
+#include "models/family.h"
+
+/* Tensor indices in layout order (Hugging Face names below). */
+enum { E_WORD = 0, E_POS, E_TYPE, E_LN_W, E_LN_B };
+enum {
+  B_Q_W = 0, B_Q_B, B_K_W, B_K_B, B_V_W, B_V_B, B_O_W, B_O_B, B_LN1_W, B_LN1_B,
+  B_I_W, B_I_B, B_OUT_W, B_OUT_B, B_LN2_W, B_LN2_B,
+};
+enum { H_T_W = 0, H_T_B, H_LN_W, H_LN_B, H_BIAS, H_DEC_W /* untied only */ };
+
+static const ts_unit_ops embedding_ops, block_ops, head_ops;
+
+const ts_bert_config *ts_bert_config_of(const ts_model *m) {
+  TS_ASSERT(m->family == &ts_bert_family);
+  return (const ts_bert_config *)m->impl;
+}
+
+/* Matrices start N(0, initializer_range^2), LayerNorm weights at 1, biases
+ * at 0 (BertPreTrainedModel._init_weights; the [PAD] row of the word
+ * embeddings is not zeroed). */
+static void matrix(ts_unit *u, const char *name, size_t r, size_t c, double std) {
+  ts_family_add_tensor(u, name, r, c, 2, TS_INIT_NORMAL, std);
+}
+static void vector(ts_unit *u, const char *name, size_t n, ts_init_kind init) {
+  ts_family_add_tensor(u, name, n, 1, 1, init, 0.0);
+}
+/* A dense layer's weight (out, in) and bias (out), names prefix.weight/.bias. */
+static void dense(ts_unit *u, const char *prefix, size_t out, size_t in, double std) {
+  char name[96];
+  snprintf(name, sizeof name, "%s.weight", prefix);
+  matrix(u, name, out, in, std);
+  snprintf(name, sizeof name, "%s.bias", prefix);
+  vector(u, name, out, TS_INIT_ZEROS);
+}
+static void layernorm(ts_unit *u, const char *prefix, size_t C) {
+  char name[96];
+  snprintf(name, sizeof name, "%s.weight", prefix);
+  vector(u, name, C, TS_INIT_ONES);
+  snprintf(name, sizeof name, "%s.bias", prefix);
+  vector(u, name, C, TS_INIT_ZEROS);
+}
+
+/* ts_model_family.init: the config.json object -> the model. */
+static ts_status bert_init(ts_model *m, const void *root) {
+  ts_bert_config cfg;
+  TS_CHECK(ts_bert_config_from_json(root, m->source[0] ? m->source : m->name, &cfg));
+  ts_bert_config *own = malloc(sizeof *own);
+  size_t L = cfg.num_hidden_layers, C = cfg.hidden_size, I = cfg.intermediate_size;
+  m->n_units = (int)L + 2;
+  m->units = calloc((size_t)m->n_units, sizeof *m->units);
+  if (!own || !m->units) {
+    free(own);
+    return ts_set_error(TS_ERR_OUT_OF_MEMORY, "bert: cannot allocate %d units", m->n_units);
+  }
+  *own = cfg;
+  m->impl = own;
+  m->hidden_size = C;
+  m->vocab_size = cfg.vocab_size;
+  m->max_seq = cfg.max_position_embeddings;
+  m->num_params = ts_bert_num_params(&cfg);
+  m->objective = TS_OBJECTIVE_MASKED_LM;
+  m->pad_token_id = cfg.pad_token_id;
+  m->sep_token_id = cfg.sep_token_id;
+  double std = cfg.initializer_range;
+  ts_unit *e = &m->units[0];
+  ts_family_start_unit(e, &embedding_ops, TS_UNIT_EMBEDDING, -1);
+  matrix(e, "bert.embeddings.word_embeddings.weight", cfg.vocab_size, C, std);
+  matrix(e, "bert.embeddings.position_embeddings.weight", cfg.max_position_embeddings, C, std);
+  matrix(e, "bert.embeddings.token_type_embeddings.weight", cfg.type_vocab_size, C, std);
+  layernorm(e, "bert.embeddings.LayerNorm", C);
+  char p[96];
+  for (size_t l = 0; l < L; l++) {
+    ts_unit *b = &m->units[1 + l];
+    ts_family_start_unit(b, &block_ops, TS_UNIT_BLOCK, (int)l);
+#define LAYER(suffix) (snprintf(p, sizeof p, "bert.encoder.layer.%zu." suffix, l), p)
+    dense(b, LAYER("attention.self.query"), C, C, std);
+    dense(b, LAYER("attention.self.key"), C, C, std);
+    dense(b, LAYER("attention.self.value"), C, C, std);
+    dense(b, LAYER("attention.output.dense"), C, C, std);
+    layernorm(b, LAYER("attention.output.LayerNorm"), C);
+    dense(b, LAYER("intermediate.dense"), I, C, std);
+    dense(b, LAYER("output.dense"), C, I, std);
+    layernorm(b, LAYER("output.LayerNorm"), C);
+#undef LAYER
+  }
+  ts_unit *h = &m->units[L + 1];
+  ts_family_start_unit(h, &head_ops, TS_UNIT_HEAD, -1);
+  dense(h, "cls.predictions.transform.dense", C, C, std);
+  layernorm(h, "cls.predictions.transform.LayerNorm", C);
+  vector(h, "cls.predictions.bias", cfg.vocab_size, TS_INIT_ZEROS);
+  if (cfg.tie_word_embeddings) {
+    h->tied_unit = 0; /* the decoder is the word embeddings */
+    h->tied_tensor = E_WORD;
+  } else {
+    matrix(h, "cls.predictions.decoder.weight", cfg.vocab_size, C, std);
+  }
+  return TS_OK;
+}
+
+static void bert_free(ts_model *m) {
+  free(m->impl);
+  m->impl = NULL;
+}
+
+/* PaLM's count (Chowdhery et al. 2022, App. B): 6 x matmul parameters
+ * (the decoder included, embedding lookups excluded) + 12 L C T. */
+static double bert_flops(const ts_model *m, size_t T) {
+  const ts_bert_config *c = ts_bert_config_of(m);
+  double C = (double)c->hidden_size, I = (double)c->intermediate_size;
+  double matmul = (double)c->num_hidden_layers * (4 * C * C + 2 * I * C) + C * C +
+                  (double)c->vocab_size * C;
+  return 6.0 * matmul + 12.0 * (double)c->num_hidden_layers * C * (double)T;
+}
+
+const ts_model_family ts_bert_family = {
+    .model_type = "bert",
+    .init = bert_init,
+    .free = bert_free,
+    .flops_per_token = bert_flops,
+};
+
+/* ---- sizes ----------------------------------------------------------------- */
+
+typedef struct dims {
+  size_t B, T, N, C, I, V, NH, HS, NT;
+} dims;
+
+static dims get_dims(const ts_model *m, size_t B, size_t T) {
+  const ts_bert_config *c = ts_bert_config_of(m);
+  dims d = {B, T, B * T, c->hidden_size, c->intermediate_size, c->vocab_size,
+            c->num_attention_heads, c->hidden_size / c->num_attention_heads,
+            c->type_vocab_size};
+  return d;
+}
+
+#define carve ts_family_carve
+
+typedef struct emb_saved {
+  int32_t *types;    /* (N) token type ids */
+  float *mean, *rstd; /* (N) */
+  void *pre;         /* (N, C) the sum before LayerNorm */
+  size_t bytes;
+} emb_saved;
+
+static emb_saved emb_layout(const dims *d, void *base, ts_dtype dt) {
+  emb_saved s;
+  char *p = base;
+  s.types = carve(base, &p, d->N, 4);
+  s.mean = carve(base, &p, d->N, 4);
+  s.rstd = carve(base, &p, d->N, 4);
+  s.pre = carve(base, &p, d->N * d->C, ts_dtype_size(dt));
+  s.bytes = (size_t)(p - (char *)base);
+  return s;
+}
+
+typedef struct block_saved {
+  float *mean1, *rstd1, *mean2, *rstd2; /* (N) */
+  void *q, *k, *v, *att;                /* (N, C) */
+  void *att_state;                      /* ts_k_attention_state_bytes */
+  void *s1, *h1, *s2;                   /* (N, C): pre-LayerNorm sums, LayerNorm 1's output */
+  void *ipre, *g;                       /* (N, I): intermediate before and after GELU */
+  size_t bytes;
+} block_saved;
+
+static block_saved block_layout(const dims *d, void *base, ts_dtype dt, ts_device dev) {
+  block_saved s;
+  size_t es = ts_dtype_size(dt), NC = d->N * d->C;
+  char *p = base;
+  s.mean1 = carve(base, &p, d->N, 4);
+  s.rstd1 = carve(base, &p, d->N, 4);
+  s.mean2 = carve(base, &p, d->N, 4);
+  s.rstd2 = carve(base, &p, d->N, 4);
+  s.q = carve(base, &p, NC, es);
+  s.k = carve(base, &p, NC, es);
+  s.v = carve(base, &p, NC, es);
+  s.att = carve(base, &p, NC, es);
+  s.att_state =
+      carve(base, &p, ts_k_attention_state_bytes(dev, d->B, d->T, d->NH, d->NH, d->HS, dt), 1);
+  s.s1 = carve(base, &p, NC, es);
+  s.h1 = carve(base, &p, NC, es);
+  s.s2 = carve(base, &p, NC, es);
+  s.ipre = carve(base, &p, d->N * d->I, es);
+  s.g = carve(base, &p, d->N * d->I, es);
+  s.bytes = (size_t)(p - (char *)base);
+  return s;
+}
+
+typedef struct head_saved {
+  float *mean, *rstd; /* (N) */
+  void *t, *g, *h;    /* (N, C): dense output, after GELU, after LayerNorm */
+  void *logits;       /* (N, V) */
+  size_t bytes;
+} head_saved;
+
+static head_saved head_layout(const dims *d, void *base, ts_dtype dt) {
+  head_saved s;
+  size_t es = ts_dtype_size(dt), NC = d->N * d->C;
+  char *p = base;
+  s.mean = carve(base, &p, d->N, 4);
+  s.rstd = carve(base, &p, d->N, 4);
+  s.t = carve(base, &p, NC, es);
+  s.g = carve(base, &p, NC, es);
+  s.h = carve(base, &p, NC, es);
+  s.logits = carve(base, &p, d->N * d->V, es);
+  s.bytes = (size_t)(p - (char *)base);
+  return s;
+}
+
+/* The unit's own temporaries at the start of the workspace (the larger of
+ * forward's and backward's), before the kernels' share. */
+typedef struct temps {
+  void *a, *b, *c, *d, *e, *f, *g; /* (N, C) */
+  void *wide;                      /* (N, I) block; the [PAD] row (C) embeddings */
+  size_t bytes;
+} temps;
+
+static temps temps_layout(const dims *d, ts_unit_role role, void *base, ts_dtype dt) {
+  temps t;
+  memset(&t, 0, sizeof t);
+  size_t es = ts_dtype_size(dt), NC = d->N * d->C;
+  char *p = base;
+  if (role == TS_UNIT_EMBEDDING) { /* forward: the type gather; backward: d_pre, the pad row */
+    t.a = carve(base, &p, NC, es);
+    t.wide = carve(base, &p, d->C, es);
+  } else if (role == TS_UNIT_BLOCK) { /* backward only */
+    t.a = carve(base, &p, NC, es);
+    t.b = carve(base, &p, NC, es);
+    t.c = carve(base, &p, NC, es);
+    t.d = carve(base, &p, NC, es);
+    t.e = carve(base, &p, NC, es);
+    t.f = carve(base, &p, NC, es);
+    t.wide = carve(base, &p, d->N * d->I, es);
+  } else { /* head: backward's d_h and d_g; forward's fp32 row losses share their bytes */
+    t.a = carve(base, &p, NC, es);
+    t.b = carve(base, &p, NC, es);
+    if ((size_t)(p - (char *)base) < d->N * 4) p = (char *)base + d->N * 4;
+  }
+  t.bytes = ts_family_round64((size_t)(p - (char *)base));
+  return t;
+}
+
+static size_t max2(size_t a, size_t b) { return a > b ? a : b; }
+
+/* Largest kernel workspace any op of a unit asks for. */
+static size_t kernel_ws(const dims *d, ts_unit_role role, ts_dtype dt, ts_device dev) {
+  size_t w = ts_k_layernorm_workspace_bytes(dev, d->N, d->C, dt);
+  if (role == TS_UNIT_EMBEDDING) {
+    w = max2(w, ts_k_embedding_workspace_bytes(dev, d->N, dt));
+    w = max2(w, ts_k_bias_workspace_bytes(dev, d->B, d->T * d->C, dt));
+  } else if (role == TS_UNIT_BLOCK) {
+    w = max2(w, ts_k_linear_workspace_bytes(dev, d->N, d->C, d->C, dt));
+    w = max2(w, ts_k_linear_workspace_bytes(dev, d->N, d->I, d->C, dt));
+    w = max2(w, ts_k_linear_workspace_bytes(dev, d->N, d->C, d->I, dt));
+    w = max2(w, ts_k_attention_workspace_bytes(dev, d->B, d->T, d->NH, d->NH, d->HS, dt));
+    w = max2(w, ts_k_bias_workspace_bytes(dev, d->N, d->C, dt));
+    w = max2(w, ts_k_bias_workspace_bytes(dev, d->N, d->I, dt));
+  } else {
+    w = max2(w, ts_k_linear_workspace_bytes(dev, d->N, d->V, d->C, dt));
+    w = max2(w, ts_k_linear_workspace_bytes(dev, d->N, d->C, d->C, dt));
+    w = max2(w, ts_k_bias_workspace_bytes(dev, d->N, d->V, dt));
+    w = max2(w, ts_k_bias_workspace_bytes(dev, d->N, d->C, dt));
+  }
+  return w;
+}
+
+/* ts_unit_ops.saved_bytes and .workspace_bytes: what forward keeps besides
+ * the input (embeddings: token types, LayerNorm statistics and input;
+ * block: q, k, v, attention state and output, both residual sums, LayerNorm
+ * 1's output, the MLP's hidden before and after GELU, four fp32 statistics
+ * vectors; head: the transform before and after GELU and after LayerNorm,
+ * the logits (B, T, V)), and the unit's temporaries plus its kernels'. */
+static size_t unit_saved(const ts_model *m, const ts_unit *u, size_t B, size_t T, ts_dtype dt,
+                         ts_device dev) {
+  dims d = get_dims(m, B, T);
+  if (u->role == TS_UNIT_EMBEDDING) return emb_layout(&d, NULL, dt).bytes;
+  if (u->role == TS_UNIT_BLOCK) return block_layout(&d, NULL, dt, dev).bytes;
+  return head_layout(&d, NULL, dt).bytes;
+}
+
+static size_t unit_workspace(const ts_model *m, const ts_unit *u, size_t B, size_t T,
+                             ts_dtype dt, ts_device dev) {
+  dims d = get_dims(m, B, T);
+  return temps_layout(&d, u->role, NULL, dt).bytes + kernel_ws(&d, u->role, dt, dev);
+}
+
+static void *head_logits(const ts_model *m, const ts_unit *u, void *saved, size_t B, size_t T,
+                         ts_dtype dt) {
+  dims d = get_dims(m, B, T);
+  return head_layout(&d, saved, dt).logits;
+}
+
+/* ---- forward / backward ------------------------------------------------------ */
+
+#define W(i) ts_family_tensor(un, (i), p, dt) /* parameter i */
+#define G(i) ts_family_tensor(un, (i), g, dt) /* its gradient */
+
+/* The kernels' context after the unit's temporaries (*t). */
+static ts_status start(const ts_model *m, const ts_unit *un, const ts_kctx *ctx,
+                       const ts_unit_args *a, dims *d, temps *t, ts_kctx *k, const char *what) {
+  *d = get_dims(m, a->B, a->T);
+  *t = temps_layout(d, un->role, ctx->workspace, a->dt);
+  return ts_family_split_ws(ctx, t->bytes, unit_workspace(m, un, a->B, a->T, a->dt, ctx->device),
+                            k, "bert", what);
+}
+
+/* out (rows, cols) = inp @ weight^T + bias: nn.Linear. */
+static ts_status linear(const ts_kctx *k, void *out, const void *inp, const void *w,
+                        const void *b, size_t rows, size_t cols, size_t in, ts_dtype dt) {
+  TS_CHECK(ts_k_linear_forward(k, out, inp, w, rows, cols, in, dt));
+  return ts_k_bias_add(k, out, b, rows, cols, dt);
+}
+
+/* Its backward: dbias += sum of dout's rows, dweight += dout^T inp, dinp = dout weight. */
+static ts_status linear_back(const ts_kctx *k, void *dinp, void *dw, void *db, const void *dout,
+                             const void *inp, const void *w, size_t rows, size_t cols, size_t in,
+                             ts_dtype dt) {
+  TS_CHECK(ts_k_bias_backward(k, db, dout, rows, cols, dt));
+  return ts_k_linear_backward(k, dinp, dw, dout, inp, w, rows, cols, in, dt);
+}
+
+static ts_status emb_forward(const ts_model *m, const ts_unit *un, const ts_kctx *ctx,
+                             const void *p, ts_unit_args *a) {
+  dims d;
+  temps t;
+  ts_kctx k;
+  ts_dtype dt = a->dt;
+  TS_CHECK(start(m, un, ctx, a, &d, &t, &k, "embeddings forward"));
+  const ts_bert_config *c = ts_bert_config_of(m);
+  emb_saved s = emb_layout(&d, a->saved, dt);
+  /* HF BertEmbeddings: words + token types, then += positions, LayerNorm */
+  TS_CHECK(ts_k_token_types(&k, s.types, a->tokens, d.B, d.T, c->sep_token_id, d.NT));
+  TS_CHECK(ts_k_embedding_forward(&k, s.pre, a->tokens, W(E_WORD), d.N, d.C, d.V, dt));
+  TS_CHECK(ts_k_embedding_forward(&k, t.a, s.types, W(E_TYPE), d.N, d.C, d.NT, dt));
+  TS_CHECK(ts_k_add(&k, s.pre, s.pre, t.a, d.N * d.C, dt));
+  TS_CHECK(ts_k_bias_add(&k, s.pre, W(E_POS), d.B, d.T * d.C, dt));
+  return ts_k_layernorm_forward(&k, a->y, s.mean, s.rstd, s.pre, W(E_LN_W), W(E_LN_B), d.N, d.C,
+                                c->layer_norm_eps, dt);
+}
+
+static ts_status emb_backward(const ts_model *m, const ts_unit *un, const ts_kctx *ctx,
+                              const void *p, void *g, ts_unit_args *a) {
+  dims d;
+  temps t;
+  ts_kctx k;
+  ts_dtype dt = a->dt;
+  TS_CHECK(start(m, un, ctx, a, &d, &t, &k, "embeddings backward"));
+  emb_saved s = emb_layout(&d, a->saved, dt);
+  size_t es = ts_dtype_size(dt);
+  TS_CHECK(ts_k_zero(&k, t.a, d.N * d.C * es));
+  TS_CHECK(ts_k_layernorm_backward(&k, t.a, G(E_LN_W), G(E_LN_B), a->dy, s.pre, W(E_LN_W),
+                                   s.mean, s.rstd, d.N, d.C, dt));
+  TS_CHECK(ts_k_bias_backward(&k, G(E_POS), t.a, d.B, d.T * d.C, dt));
+  TS_CHECK(ts_k_embedding_backward(&k, G(E_TYPE), t.a, s.types, d.N, d.C, d.NT, dt));
+  /* nn.Embedding(padding_idx): the lookup leaves the [PAD] row's gradient alone */
+  int32_t pad = m->pad_token_id;
+  char *pad_row = pad >= 0 ? (char *)G(E_WORD) + (size_t)pad * d.C * es : NULL;
+  if (pad_row) TS_CHECK(ts_k_copy(&k, t.wide, pad_row, d.C * es));
+  TS_CHECK(ts_k_embedding_backward(&k, G(E_WORD), t.a, a->tokens, d.N, d.C, d.V, dt));
+  return pad_row ? ts_k_copy(&k, pad_row, t.wide, d.C * es) : TS_OK;
+}
+
+static ts_status block_forward(const ts_model *m, const ts_unit *un, const ts_kctx *ctx,
+                               const void *p, ts_unit_args *a) {
+  dims d;
+  temps t;
+  ts_kctx k;
+  ts_dtype dt = a->dt;
+  TS_CHECK(start(m, un, ctx, a, &d, &t, &k, "block forward"));
+  const ts_bert_config *c = ts_bert_config_of(m);
+  block_saved s = block_layout(&d, a->saved, dt, ctx->device);
+  size_t N = d.N, C = d.C, I = d.I;
+  float eps = c->layer_norm_eps;
+  TS_CHECK(linear(&k, s.q, a->x, W(B_Q_W), W(B_Q_B), N, C, C, dt));
+  TS_CHECK(linear(&k, s.k, a->x, W(B_K_W), W(B_K_B), N, C, C, dt));
+  TS_CHECK(linear(&k, s.v, a->x, W(B_V_W), W(B_V_B), N, C, C, dt));
+  TS_CHECK(ts_k_attention_bidir_forward(&k, s.att, s.att_state, s.q, s.k, s.v, a->tokens,
+                                        m->pad_token_id, d.B, d.T, d.NH, d.HS, dt));
+  /* BertSelfOutput: LayerNorm(dense(att) + x) */
+  TS_CHECK(linear(&k, s.s1, s.att, W(B_O_W), W(B_O_B), N, C, C, dt));
+  TS_CHECK(ts_k_add(&k, s.s1, s.s1, a->x, N * C, dt));
+  TS_CHECK(ts_k_layernorm_forward(&k, s.h1, s.mean1, s.rstd1, s.s1, W(B_LN1_W), W(B_LN1_B), N, C,
+                                  eps, dt));
+  /* BertIntermediate, BertOutput: LayerNorm(dense(gelu(dense(h1))) + h1) */
+  TS_CHECK(linear(&k, s.ipre, s.h1, W(B_I_W), W(B_I_B), N, I, C, dt));
+  TS_CHECK(ts_k_gelu_forward(&k, s.g, s.ipre, N * I, c->act, dt));
+  TS_CHECK(linear(&k, s.s2, s.g, W(B_OUT_W), W(B_OUT_B), N, C, I, dt));
+  TS_CHECK(ts_k_add(&k, s.s2, s.s2, s.h1, N * C, dt));
+  return ts_k_layernorm_forward(&k, a->y, s.mean2, s.rstd2, s.s2, W(B_LN2_W), W(B_LN2_B), N, C,
+                                eps, dt);
+}
+
+static ts_status block_backward(const ts_model *m, const ts_unit *un, const ts_kctx *ctx,
+                                const void *p, void *g, ts_unit_args *a) {
+  dims d;
+  temps t;
+  ts_kctx k;
+  ts_dtype dt = a->dt;
+  TS_CHECK(start(m, un, ctx, a, &d, &t, &k, "block backward"));
+  const ts_bert_config *c = ts_bert_config_of(m);
+  block_saved s = block_layout(&d, a->saved, dt, ctx->device);
+  size_t N = d.N, C = d.C, I = d.I, NC = N * C, es = ts_dtype_size(dt);
+  void *d_s2 = t.a, *d_h1 = t.b, *d_att = t.c, *dq = t.d, *dk = t.e, *dv = t.f, *d_g = t.wide;
+  /* y = LN2(s2), s2 = out(gelu(i(h1))) + h1 */
+  TS_CHECK(ts_k_zero(&k, d_s2, NC * es));
+  TS_CHECK(ts_k_layernorm_backward(&k, d_s2, G(B_LN2_W), G(B_LN2_B), a->dy, s.s2, W(B_LN2_W),
+                                   s.mean2, s.rstd2, N, C, dt));
+  TS_CHECK(linear_back(&k, d_g, G(B_OUT_W), G(B_OUT_B), d_s2, s.g, W(B_OUT_W), N, C, I, dt));
+  TS_CHECK(ts_k_gelu_backward(&k, d_g, d_g, s.ipre, N * I, c->act, dt));
+  TS_CHECK(linear_back(&k, d_h1, G(B_I_W), G(B_I_B), d_g, s.h1, W(B_I_W), N, I, C, dt));
+  TS_CHECK(ts_k_add(&k, d_h1, d_h1, d_s2, NC, dt));
+  /* h1 = LN1(s1), s1 = o(attn(q(x), k(x), v(x))) + x: dx starts as d_s1 */
+  TS_CHECK(ts_k_zero(&k, a->dx, NC * es));
+  TS_CHECK(ts_k_layernorm_backward(&k, a->dx, G(B_LN1_W), G(B_LN1_B), d_h1, s.s1, W(B_LN1_W),
+                                   s.mean1, s.rstd1, N, C, dt));
+  TS_CHECK(linear_back(&k, d_att, G(B_O_W), G(B_O_B), a->dx, s.att, W(B_O_W), N, C, C, dt));
+  TS_CHECK(ts_k_attention_bidir_backward(&k, dq, dk, dv, d_att, s.att, s.q, s.k, s.v,
+                                         s.att_state, d.B, d.T, d.NH, d.HS, dt));
+  void *tmp = d_s2; /* free again */
+  const struct { int w; void *dout; } qkv[3] = {{B_Q_W, dq}, {B_K_W, dk}, {B_V_W, dv}};
+  for (int i = 0; i < 3; i++) {
+    TS_CHECK(linear_back(&k, tmp, G(qkv[i].w), G(qkv[i].w + 1), qkv[i].dout, a->x, W(qkv[i].w),
+                         N, C, C, dt));
+    TS_CHECK(ts_k_add(&k, a->dx, a->dx, tmp, NC, dt));
+  }
+  return TS_OK;
+}
+
+/* The decoder's weight and gradient: its own, or the tied word embeddings'. */
+static ts_status decoder(const ts_unit *un, const void *p, void *g, const ts_unit_args *a,
+                         const void **w, void **gw) {
+  ts_dtype dt = a->dt;
+  if (un->tied_unit < 0) {
+    *w = W(H_DEC_W);
+    if (gw) *gw = G(H_DEC_W);
+    return TS_OK;
+  }
+  if (!a->tied_weight || (gw && !a->tied_grad))
+    return ts_set_error(TS_ERR_INVALID_USAGE,
+                        "bert head: tie_word_embeddings needs the word embeddings and their "
+                        "gradient");
+  *w = a->tied_weight;
+  if (gw) *gw = a->tied_grad;
+  return TS_OK;
+}
+
+static ts_status head_forward(const ts_model *m, const ts_unit *un, const ts_kctx *ctx,
+                              const void *p, ts_unit_args *a) {
+  dims d;
+  temps t;
+  ts_kctx k;
+  ts_dtype dt = a->dt;
+  TS_CHECK(start(m, un, ctx, a, &d, &t, &k, "head forward"));
+  const ts_bert_config *c = ts_bert_config_of(m);
+  head_saved s = head_layout(&d, a->saved, dt);
+  const void *w = NULL;
+  TS_CHECK(decoder(un, p, NULL, a, &w, NULL));
+  /* BertPredictionHeadTransform, then the decoder with its bias */
+  TS_CHECK(linear(&k, s.t, a->x, W(H_T_W), W(H_T_B), d.N, d.C, d.C, dt));
+  TS_CHECK(ts_k_gelu_forward(&k, s.g, s.t, d.N * d.C, c->act, dt));
+  TS_CHECK(ts_k_layernorm_forward(&k, s.h, s.mean, s.rstd, s.g, W(H_LN_W), W(H_LN_B), d.N, d.C,
+                                  c->layer_norm_eps, dt));
+  TS_CHECK(linear(&k, s.logits, s.h, w, W(H_BIAS), d.N, d.V, d.C, dt));
+  float *rows = t.a;
+  if (a->fused_loss_grad)
+    TS_CHECK(ts_k_cross_entropy_fused(&k, rows, s.logits, s.logits, a->targets, d.N, d.V,
+                                      a->dloss, dt));
+  else
+    TS_CHECK(ts_k_cross_entropy_forward(&k, rows, s.logits, a->targets, d.N, d.V, dt));
+  return ts_k_loss_sum(&k, a->loss, rows, a->targets, d.N);
+}
+
+static ts_status head_backward(const ts_model *m, const ts_unit *un, const ts_kctx *ctx,
+                               const void *p, void *g, ts_unit_args *a) {
+  dims d;
+  temps t;
+  ts_kctx k;
+  ts_dtype dt = a->dt;
+  TS_CHECK(start(m, un, ctx, a, &d, &t, &k, "head backward"));
+  const ts_bert_config *c = ts_bert_config_of(m);
+  head_saved s = head_layout(&d, a->saved, dt);
+  const void *w = NULL;
+  void *gw = NULL;
+  TS_CHECK(decoder(un, p, g, a, &w, &gw));
+  size_t NC = d.N * d.C;
+  void *d_h = t.a, *d_g = t.b;
+  if (!a->fused_loss_grad) /* else forward left the gradient in place of the logits */
+    TS_CHECK(ts_k_cross_entropy_backward(&k, s.logits, s.logits, a->targets, d.N, d.V, a->dloss,
+                                         dt));
+  TS_CHECK(linear_back(&k, d_h, gw, G(H_BIAS), s.logits, s.h, w, d.N, d.V, d.C, dt));
+  TS_CHECK(ts_k_zero(&k, d_g, NC * ts_dtype_size(dt)));
+  TS_CHECK(ts_k_layernorm_backward(&k, d_g, G(H_LN_W), G(H_LN_B), d_h, s.g, W(H_LN_W), s.mean,
+                                   s.rstd, d.N, d.C, dt));
+  TS_CHECK(ts_k_gelu_backward(&k, d_g, d_g, s.t, NC, c->act, dt));
+  return linear_back(&k, a->dx, G(H_T_W), G(H_T_B), d_g, a->x, W(H_T_W), d.N, d.C, d.C, dt);
+}
+
+static const ts_unit_ops embedding_ops = {
+    .kind = "embedding",
+    .saved_bytes = unit_saved,
+    .workspace_bytes = unit_workspace,
+    .forward = emb_forward,
+    .backward = emb_backward,
+};
+
+static const ts_unit_ops block_ops = {
+    .kind = "block",
+    .saved_bytes = unit_saved,
+    .workspace_bytes = unit_workspace,
+    .forward = block_forward,
+    .backward = block_backward,
+};
+
+static const ts_unit_ops head_ops = {
+    .kind = "head",
+    .saved_bytes = unit_saved,
+    .workspace_bytes = unit_workspace,
+    .forward = head_forward,
+    .backward = head_backward,
+    .logits = head_logits,
+};
