@@ -744,20 +744,27 @@ ts_status ts_engine_micro_step(ts_engine *e, const int32_t *inputs, const int32_
   return st;
 }
 
-ts_status ts_engine_eval(ts_engine *e, const int32_t *inputs, const int32_t *targets,
-                         double *loss_sum, size_t *count) {
+ts_status ts_engine_eval_accuracy(ts_engine *e, const int32_t *inputs, const int32_t *targets,
+                                  double *loss_sum, size_t *count, size_t *correct) {
   size_t rows;
   TS_CHECK(load_batch(e, inputs, targets, &rows));
-  double pair[2] = {0.0, 0.0};
+  double sums[3] = {0.0, 0.0, 0.0}; /* loss sum, rows, rows predicted right */
   if (e->stages > 1) {
-    TS_CHECK(ts_engine_eval_pipeline(e, pair));
+    TS_CHECK(ts_engine_eval_pipeline(e, sums, targets, correct != NULL));
   } else {
     TS_CHECK(ts_engine_forward_slot(e, &e->slots[0], e->eval_loss, 0));
-    TS_CHECK(ts_k_to_host(&e->ctx, pair, e->eval_loss, sizeof pair));
+    TS_CHECK(ts_k_to_host(&e->ctx, sums, e->eval_loss, 2 * sizeof(double)));
+    if (correct) TS_CHECK(ts_engine_count_correct(e, targets, &sums[2]));
   }
-  *loss_sum = pair[0];
-  *count = (size_t)pair[1];
+  *loss_sum = sums[0];
+  *count = (size_t)sums[1];
+  if (correct) *correct = (size_t)sums[2];
   return TS_OK;
+}
+
+ts_status ts_engine_eval(ts_engine *e, const int32_t *inputs, const int32_t *targets,
+                         double *loss_sum, size_t *count) {
+  return ts_engine_eval_accuracy(e, inputs, targets, loss_sum, count, NULL);
 }
 
 /* ---- accessors --------------------------------------------------------------------- */

@@ -368,6 +368,12 @@ ts_status ts_engine_optimizer_step(ts_engine *e, float lr, ts_step_stats *stats)
  * *count: summed row losses and rows with a target, of this dp rank only. */
 ts_status ts_engine_eval(ts_engine *e, const int32_t *inputs, const int32_t *targets,
                          double *loss_sum, size_t *count);
+/* ts_engine_eval, and *correct: this dp rank's rows with a target whose
+ * logits' first maximum is the target (the accuracy of a masked LM's
+ * predictions). The logits are read on the host, a row at a time (a copy
+ * each from a device). */
+ts_status ts_engine_eval_accuracy(ts_engine *e, const int32_t *inputs, const int32_t *targets,
+                                  double *loss_sum, size_t *count, size_t *correct);
 
 /* The engine's own (B, T) int32 input and target buffers, host memory
  * (ledger category activations: on the CPU they are the batch the units

@@ -205,8 +205,15 @@ float ts_engine_dloss(const ts_engine *e, size_t count);
  * engine is stopping or failing anyway) but for the first, returned. */
 ts_status ts_engine_wait_sends(ts_engine *e);
 /* The pipeline's evaluation forward of slot 0 (its batch loaded): the
- * loss pair (sum, rows) of the last stage on every stage. */
-ts_status ts_engine_eval_pipeline(ts_engine *e, double pair[2]);
+ * last stage's (loss sum, rows, and with want_correct the rows predicted
+ * right, ts_engine_count_correct of the host targets) on every stage. */
+ts_status ts_engine_eval_pipeline(ts_engine *e, double sums[3], const int32_t *targets,
+                                  int want_correct);
+/* After an evaluation forward of slot 0 on the last stage: *correct = the
+ * rows of the (B, T) host targets, -100 skipped, whose logits' first
+ * maximum is the target (the logits are read on the host: a copy from a
+ * device). */
+ts_status ts_engine_count_correct(ts_engine *e, const int32_t *targets, double *correct);
 /* Whether unit u is computed by this rank's stage. */
 static inline int ts_engine_owns(const ts_engine *e, int u) {
   return u >= e->u_begin && u < e->u_end;

@@ -80,10 +80,11 @@ ts_status ts_metrics_write_step(ts_metrics *m, const ts_metrics_step *s, const t
   return write_line(m, o);
 }
 
-ts_status ts_metrics_write_eval(ts_metrics *m, size_t step, double val_loss) {
+ts_status ts_metrics_write_eval(ts_metrics *m, size_t step, double val_loss, double accuracy) {
   cJSON *o = cJSON_CreateObject();
   cJSON_AddNumberToObject(o, "step", (double)step);
   cJSON_AddNumberToObject(o, "val_loss", val_loss);
+  if (accuracy >= 0) cJSON_AddNumberToObject(o, "val_accuracy", accuracy);
   return write_line(m, o);
 }
 

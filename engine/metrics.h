@@ -40,8 +40,8 @@ typedef struct ts_metrics_step {
  * loss_scale_before, loss_scale_after}]}. TS_ERR_IO. */
 ts_status ts_metrics_write_step(ts_metrics *m, const ts_metrics_step *s, const ts_step_stats *st);
 
-/* {step, val_loss}. TS_ERR_IO. */
-ts_status ts_metrics_write_eval(ts_metrics *m, size_t step, double val_loss);
+/* {step, val_loss}, and val_accuracy when accuracy >= 0. TS_ERR_IO. */
+ts_status ts_metrics_write_eval(ts_metrics *m, size_t step, double val_loss, double accuracy);
 
 /* A resumed run's first line: {"resume": {"step": N, "checkpoint": DIR}};
  * step lines after it continue from N + 1 (lines of the interrupted run

@@ -2,6 +2,8 @@
  * evaluation, and what to record when (engine/metrics.c writes it). */
 #include "engine/trainer.h"
 
+#include "engine/mlm.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,6 +94,9 @@ typedef struct run {
   ts_model model;            /* loaded from cfg->model */
   ts_token_file *train, *val; /* DATA/train.bin, DATA/val.bin */
   ts_loader *train_ld, *val_ld; /* shuffled, in file order */
+  int mlm;                   /* a masked-LM model: batches from engine/mlm.h */
+  ts_mlm_spec mlm_spec;      /* DATA/meta.json's special ids */
+  int32_t *mlm_scratch;      /* ts_mlm_scratch_elems(B, T) host ids */
   ts_engine *engine;         /* the step */
   int32_t *inputs, *targets; /* (B, T) host, the engine's own buffers */
   ts_metrics *metrics;       /* rank 0 only */
@@ -107,6 +112,7 @@ typedef struct run {
 
 static void run_free(run *r) {
   free(r->model_text);
+  free(r->mlm_scratch);
   ts_checkpoint_close(r->ck);
   ts_metrics_close(r->metrics);
   ts_engine_free(r->engine);
@@ -120,26 +126,46 @@ static void run_free(run *r) {
   ts_comm_free(r->own_comm);
 }
 
+/* The seed of the validation masks: fixed, so every evaluation of every
+ * run masks the same positions. */
+#define VAL_MASK_SEED 0x76616cull
+
+/* Sequences first ... first + B - 1 of loader ld into (B, T) host inputs
+ * and targets: next-token windows, or masked-LM sequences of mask seed
+ * `seed`. */
+static ts_status fill(run *r, ts_loader *ld, uint64_t seed, int32_t *inputs, int32_t *targets,
+                      uint64_t first) {
+  size_t B = r->eo.micro_batch;
+  if (!r->mlm) return ts_loader_fill(ld, inputs, targets, first, B);
+  return ts_mlm_fill(ld, &r->mlm_spec, seed, r->mlm_scratch, inputs, targets, first, B,
+                     r->eo.seq);
+}
+
 /* Mean validation loss over the first eval_batches global batches of
  * N * B sequences: rank r evaluates its B of each, and the loss sums and
- * counts are summed over ranks (the same sequences whatever N). */
-static ts_status evaluate(run *r, double *val_loss) {
+ * counts are summed over ranks (the same sequences whatever N). A masked
+ * LM also gets *accuracy, the fraction of masked tokens predicted (else
+ * -1). */
+static ts_status evaluate(run *r, double *val_loss, double *accuracy) {
   size_t B = r->eo.micro_batch, NB = B * (size_t)r->dp_size;
   size_t windows = ts_loader_num_windows(r->val_ld);
   size_t batches = r->cfg->eval_batches;
   if (batches * NB > windows) batches = windows / NB;
-  double sums[2] = {0, 0}; /* loss sum, target count */
+  double sums[3] = {0, 0, 0}; /* loss sum, target count, targets predicted */
   for (size_t i = 0; i < batches; i++) {
     double s;
-    size_t c;
+    size_t c, ok = 0;
     uint64_t first = (uint64_t)i * NB + (uint64_t)r->rank * B;
-    TS_CHECK(ts_loader_fill(r->val_ld, r->inputs, r->targets, first, B));
-    TS_CHECK(ts_engine_eval(r->engine, r->inputs, r->targets, &s, &c));
+    TS_CHECK(fill(r, r->val_ld, VAL_MASK_SEED, r->inputs, r->targets, first));
+    TS_CHECK(ts_engine_eval_accuracy(r->engine, r->inputs, r->targets, &s, &c,
+                                     r->mlm ? &ok : NULL));
     sums[0] += s;
     sums[1] += (double)c;
+    sums[2] += (double)ok;
   }
-  TS_CHECK(ts_comm_all_reduce_f64(r->dp, sums, 2, TS_COMM_SUM));
+  TS_CHECK(ts_comm_all_reduce_f64(r->dp, sums, 3, TS_COMM_SUM));
   *val_loss = sums[1] > 0 ? sums[0] / sums[1] : 0.0;
+  *accuracy = !r->mlm ? -1.0 : sums[1] > 0 ? sums[2] / sums[1] : 0.0;
   return TS_OK;
 }
 
@@ -226,6 +252,33 @@ static ts_status check_host_memory(run *r) {
   return TS_OK;
 }
 
+/* A masked-LM model's data: meta.json of `prepare --mlm` whose [PAD] and
+ * [SEP] are the model's, a vocabulary the model covers, room for [CLS] and
+ * [SEP] in --seq; the scratch of ts_mlm_fill. */
+static ts_status check_mlm_data(run *r) {
+  const char *dir = r->cfg->data_dir;
+  const ts_model *m = &r->model;
+  ts_mlm_spec *s = &r->mlm_spec;
+  TS_CHECK(ts_mlm_read_meta(dir, s));
+  if (s->pad_id != m->pad_token_id || s->sep_id != m->sep_token_id)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "%s: pad_token_id %d, sep_token_id %d: expected those of %s/meta.json "
+                        "([PAD] %d, [SEP] %d)",
+                        ts_model_origin(m), (int)m->pad_token_id, (int)m->sep_token_id, dir,
+                        (int)s->pad_id, (int)s->sep_id);
+  if (s->vocab_size > m->vocab_size)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "%s: vocab_size %zu: expected at least %s/meta.json's %zu",
+                        ts_model_origin(m), m->vocab_size, dir, s->vocab_size);
+  if (r->eo.seq < 3)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "--seq %zu: expected at least 3 for a masked LM ([CLS] text [SEP])",
+                        r->eo.seq);
+  r->mlm_scratch = malloc(ts_mlm_scratch_elems(r->eo.micro_batch, r->eo.seq) * sizeof(int32_t));
+  if (!r->mlm_scratch) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "masked-LM batch scratch");
+  return TS_OK;
+}
+
 static ts_status setup(run *r) {
   const ts_train_config *cfg = r->cfg;
   char path[4096];
@@ -250,8 +303,11 @@ static ts_status setup(run *r) {
   TS_CHECK(ts_token_file_open(&r->train, path, V));
   snprintf(path, sizeof path, "%s/val.bin", cfg->data_dir);
   TS_CHECK(ts_token_file_open(&r->val, path, V));
-  TS_CHECK(ts_loader_init(&r->train_ld, r->train, T, r->eo.seed, 1));
-  TS_CHECK(ts_loader_init(&r->val_ld, r->val, T, 0, 0));
+  r->mlm = r->model.objective == TS_OBJECTIVE_MASKED_LM;
+  if (r->mlm) TS_CHECK(check_mlm_data(r));
+  size_t W = r->mlm ? T - 2 : T; /* a masked-LM sequence is [CLS] window [SEP] */
+  TS_CHECK(ts_loader_init(&r->train_ld, r->train, W, r->eo.seed, 1));
+  TS_CHECK(ts_loader_init(&r->val_ld, r->val, W, 0, 0));
   if (ts_loader_num_windows(r->val_ld) < NB)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "%s/val.bin: %zu windows of --seq %zu: expected at least %d ranks x "
@@ -306,10 +362,10 @@ static ts_status setup_agreed(run *r, ts_train_result *res) {
 }
 
 static ts_status eval_and_log(run *r, size_t step, ts_train_callback cb, void *user,
-                              double *val) {
-  TS_CHECK(evaluate(r, val));
+                              double *val, double *accuracy) {
+  TS_CHECK(evaluate(r, val, accuracy));
   if (r->wrank != 0) return TS_OK;
-  TS_CHECK(ts_metrics_write_eval(r->metrics, step, *val));
+  TS_CHECK(ts_metrics_write_eval(r->metrics, step, *val, *accuracy));
   if (cb) {
     ts_train_event ev;
     memset(&ev, 0, sizeof ev);
@@ -317,6 +373,7 @@ static ts_status eval_and_log(run *r, size_t step, ts_train_callback cb, void *u
     ev.step = step;
     ev.steps = r->cfg->steps;
     ev.loss = *val;
+    ev.accuracy = *accuracy;
     cb(&ev, user);
   }
   return TS_OK;
@@ -382,7 +439,7 @@ static ts_status fill_micro_batch(void *user, int mb, int32_t *inputs, int32_t *
   const ts_engine_opts *eo = &f->r->eo;
   uint64_t k = ts_loader_sample_index(f->step - 1, (size_t)mb, eo->grad_accum,
                                       (size_t)f->r->rank, (size_t)f->r->dp_size, eo->micro_batch);
-  return ts_loader_fill(f->r->train_ld, inputs, targets, k, eo->micro_batch);
+  return fill(f->r, f->r->train_ld, eo->seed, inputs, targets, k);
 }
 
 /* The trainer's state after `step` steps, as trainer.json's text (rank 0;
@@ -556,16 +613,17 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
       res->memory = *ts_engine_memory(r->engine);
       return TS_OK;
     }
-    double val;
+    double val, acc;
     if (cfg->eval_every && step % cfg->eval_every == 0 && step != cfg->steps)
-      TS_CHECK(eval_and_log(r, step, cb, user, &val));
+      TS_CHECK(eval_and_log(r, step, cb, user, &val, &acc));
   }
   res->seconds = now_s() - t_loop;
   res->tokens_per_s = timed ? tok_s_sum / (double)timed : 0;
   res->gflops = res->tokens_per_s * flops_per_token / 1e9;
   res->comm_bytes_per_step = r->last.comm_bytes;
   ts_engine_set_trace(r->engine, NULL); /* the final evaluation is not traced */
-  TS_CHECK(eval_and_log(r, cfg->steps, cb, user, &res->final_val_loss));
+  TS_CHECK(eval_and_log(r, cfg->steps, cb, user, &res->final_val_loss,
+                        &res->final_val_accuracy));
   res->memory = *ts_engine_memory(r->engine);
   if (r->trace) TS_CHECK(ts_trace_write(r->trace, r->world, cfg->trace_path));
   return write_summary(r, res);

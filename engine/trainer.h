@@ -19,7 +19,8 @@
  * {step, loss, lr, grad_norm, tokens_per_s, gflops, step_seconds,
  * comm_bytes, loss_scale, skipped} (a skipped fp16 step adds overflow:
  * {unit, tensor, loss_scale_before, loss_scale_after}, its grad_norm is
- * null and its lr 0), one per evaluation {step, val_loss}, and at the end
+ * null and its lr 0), one per evaluation {step, val_loss} (a masked LM adds
+ * val_accuracy: the fraction of masked tokens predicted), and at the end
  * {"summary": {params: {unpadded, padded}, world_size, pipeline: {stages,
  * schedule, dp, split (first unit of each stage), bubble_theory ((P-1) /
  * (m+P-1))} (P > 1 only), device ("cpu",
@@ -100,6 +101,7 @@ typedef struct ts_train_event {
   size_t step;            /* 1-based optimizer step */
   size_t steps;           /* total steps of the run */
   double loss;            /* step: training loss; eval: validation loss */
+  double accuracy;        /* eval of a masked LM: masked tokens predicted (fraction); else -1 */
   double grad_norm;       /* step only */
   float lr;               /* step only */
   double tokens_per_s;    /* step only: tokens of this step / its wall time */
@@ -116,6 +118,7 @@ typedef struct ts_train_result {
   double first_loss;       /* training loss of step 1 */
   double final_loss;       /* training loss of the last step */
   double final_val_loss;   /* validation loss at the end */
+  double final_val_accuracy; /* a masked LM's: masked tokens predicted at the end; else -1 */
   double tokens_per_s;     /* mean over steps 2.. (step 1 warms caches) */
   double gflops;           /* mean achieved GFLOP/s over the same steps */
   size_t num_params;       /* Ψ, unpadded */

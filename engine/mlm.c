@@ -1,0 +1,111 @@
+/* mlm.c — masked-LM batches (engine/mlm.h). */
+#include "engine/mlm.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/rng.h"
+
+/* Uniform in [0, 1) with 53 random bits. */
+static double uniform01(uint64_t *s) {
+  return (double)(ts_splitmix64(s) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+void ts_mlm_mask(const ts_mlm_spec *s, uint64_t seed, uint64_t sample, int32_t *inputs,
+                 int32_t *targets, size_t T) {
+  uint64_t st = ts_mix64(seed ^ 0x6d6c6d2d6d61736bull) ^ ts_mix64(sample + 0x9e3779b97f4a7c15ull);
+  uint64_t range = (uint64_t)s->vocab_size - (uint64_t)s->n_special;
+  for (size_t t = 0; t < T; t++) {
+    targets[t] = -100;
+    double u1 = uniform01(&st), u2 = uniform01(&st); /* two draws per position, always */
+    uint64_t r = ts_splitmix64(&st);
+    if (inputs[t] < s->n_special || u1 >= s->mask_prob) continue;
+    targets[t] = inputs[t];
+    if (u2 < s->replace_prob)
+      inputs[t] = s->mask_id;
+    else if (u2 < s->replace_prob + s->random_prob)
+      inputs[t] = s->n_special + (int32_t)(((r >> 32) * range) >> 32);
+  }
+}
+
+ts_status ts_mlm_fill(ts_loader *ld, const ts_mlm_spec *s, uint64_t seed, int32_t *scratch,
+                      int32_t *inputs, int32_t *targets, uint64_t first_sample, size_t count,
+                      size_t T) {
+  TS_ASSERT(T >= 3);
+  size_t W = T - 2;
+  int32_t *text = scratch, *next = scratch + count * W;
+  TS_CHECK(ts_loader_fill(ld, text, next, first_sample, count));
+  for (size_t i = 0; i < count; i++) {
+    int32_t *in = inputs + i * T;
+    in[0] = s->cls_id;
+    memcpy(in + 1, text + i * W, W * sizeof *in);
+    in[T - 1] = s->sep_id;
+    ts_mlm_mask(s, seed, first_sample + i, in, targets + i * T, T);
+  }
+  return TS_OK;
+}
+
+/* meta.json's special id `name` into *out. */
+static ts_status special_id(const cJSON *ids, const char *path, const char *name, int32_t *out) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(ids, name);
+  if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 1e6)
+    return ts_set_error(TS_ERR_FORMAT,
+                        "%s: field \"special_ids.%s\": expected a token id (written by "
+                        "`tessera prepare --mlm`)",
+                        path, name);
+  *out = (int32_t)v->valuedouble;
+  return TS_OK;
+}
+
+ts_status ts_mlm_read_meta(const char *data_dir, ts_mlm_spec *out) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/meta.json", data_dir);
+  char *text;
+  TS_CHECK(ts_read_file(path, &text, NULL));
+  cJSON *root = cJSON_Parse(text);
+  free(text);
+  ts_status st = TS_OK;
+  memset(out, 0, sizeof *out);
+  const cJSON *mlm = cJSON_GetObjectItemCaseSensitive(root, "mlm");
+  const cJSON *ids = cJSON_GetObjectItemCaseSensitive(root, "special_ids");
+  const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(root, "vocab_size");
+  if (!cJSON_IsObject(root)) {
+    st = ts_set_error(TS_ERR_FORMAT, "%s: not a JSON object: expected tessera prepare's meta.json",
+                      path);
+  } else if (!cJSON_IsTrue(mlm)) {
+    st = ts_set_error(TS_ERR_FORMAT,
+                      "%s: field \"mlm\" %s: expected true (a masked-LM model needs data from "
+                      "`tessera prepare --mlm`)",
+                      path, mlm ? "is not true" : "missing");
+  } else if (!cJSON_IsNumber(vocab) || vocab->valuedouble < 1) {
+    st = ts_set_error(TS_ERR_FORMAT, "%s: field \"vocab_size\": expected a positive integer",
+                      path);
+  } else if ((st = special_id(ids, path, "pad", &out->pad_id)) == TS_OK &&
+             (st = special_id(ids, path, "unk", &out->unk_id)) == TS_OK &&
+             (st = special_id(ids, path, "cls", &out->cls_id)) == TS_OK &&
+             (st = special_id(ids, path, "sep", &out->sep_id)) == TS_OK &&
+             (st = special_id(ids, path, "mask", &out->mask_id)) == TS_OK) {
+    out->vocab_size = (size_t)vocab->valuedouble;
+    /* ids below n_special are the five specials ([UNK] included: byte
+     * fallback never emits it); the line break is text */
+    int32_t specials[] = {out->pad_id, out->unk_id, out->cls_id, out->sep_id, out->mask_id};
+    unsigned seen = 0;
+    for (int i = 0; i < 5; i++) seen |= specials[i] < 5 ? 1u << specials[i] : 32u;
+    out->n_special = 5;
+    if (seen != 31u)
+      st = ts_set_error(TS_ERR_FORMAT,
+                        "%s: field \"special_ids\": expected [PAD] [UNK] [CLS] [SEP] [MASK] to "
+                        "be ids 0-4 in some order",
+                        path);
+    else if ((size_t)out->n_special >= out->vocab_size)
+      st = ts_set_error(TS_ERR_FORMAT, "%s: field \"vocab_size\" = %zu: expected more than the "
+                        "%d special ids", path, out->vocab_size, out->n_special);
+  }
+  out->mask_prob = 0.15;
+  out->replace_prob = 0.8;
+  out->random_prob = 0.1;
+  cJSON_Delete(root);
+  return st;
+}
