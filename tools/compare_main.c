@@ -216,7 +216,7 @@ static int parse_flags(compare *c, int argc, char **argv) {
                      "a preset (llama-tiny, ...) or a Hugging Face config.json; required", NULL),
       TS_FLAG_SIZE("-n", NULL, &c->n, 1, "N", "ranks of every run; required", NULL),
       TS_FLAG_STRING("--data", NULL, &c->data, "DIR",
-                     "token shards (default $TESSERA_HOME/data/kjv)", NULL),
+                     "token shards (default $TESSERA_HOME/data/kjv, data/kjv-mlm for a masked LM)", NULL),
       TS_FLAG_CUSTOM("--zero", NULL, c, parse_stages, "0,1,2,3",
                      "ZeRO stages to run (default 0,1,2,3)", NULL),
       TS_FLAG_CUSTOM("--dtype", NULL, c, parse_dtypes, "fp32[,bf16,fp16]",
@@ -374,12 +374,13 @@ int ts_tool_compare(int argc, char **argv) {
   int r = parse_flags(&c, argc, argv);
   if (r != TS_FLAGS_OK) return r == TS_FLAGS_HELP ? 0 : 2;
   char data[4096], dir[4200];
-  if (!c.data) {
+  if (!plan_runs(&c)) return 2;
+  if (!c.data) { /* a masked LM reads the corpus of `prepare --mlm` */
     const char *home = getenv("TESSERA_HOME");
-    FMT(data, "%s/data/kjv", home ? home : ".");
+    FMT(data, "%s/data/kjv%s", home ? home : ".",
+        c.arch.objective == TS_OBJECTIVE_MASKED_LM ? "-mlm" : "");
     c.data = data;
   }
-  if (!plan_runs(&c)) return 2;
   FMT(dir, "%s/compare_runs", c.out);
   if (!c.reuse && mkdir(c.out, 0755) != 0 && errno != EEXIST)
     return fprintf(stderr, "tessera compare: --out %s: %s\n", c.out, strerror(errno)), 2;

@@ -190,9 +190,9 @@ class LineIterator : public sentencepiece::SentenceIterator {
   bool done_ = false;
 };
 
-// Encodes text line by line; each '\n' becomes TS_PREPARE_NEWLINE_ID.
+// Encodes text line by line; each '\n' becomes `newline`.
 ts_status EncodeText(const sentencepiece::SentencePieceProcessor &sp, const std::string &text,
-                     const char *what, std::vector<uint32_t> *out) {
+                     const char *what, uint32_t newline, std::vector<uint32_t> *out) {
   std::vector<int> ids;
   size_t pos = 0;
   while (pos < text.size()) {
@@ -206,7 +206,7 @@ ts_status EncodeText(const sentencepiece::SentencePieceProcessor &sp, const std:
       for (int id : ids) out->push_back((uint32_t)id);
     }
     if (nl == std::string::npos) break;
-    out->push_back(TS_PREPARE_NEWLINE_ID);
+    out->push_back(newline);
     pos = nl + 1;
   }
   return TS_OK;
@@ -241,10 +241,16 @@ ts_status BuildMeta(const ts_prepare_opts *o, const ts_prepare_report *r, size_t
   cJSON_AddStringToObject(m, "token_dtype",
                           r->vocab_size > TS_TOKEN_FILE_U16_MAX_VOCAB ? "uint32" : "uint16");
   cJSON *ids = cJSON_AddObjectToObject(m, "special_ids");
-  cJSON_AddNumberToObject(ids, "unk", 0);
-  cJSON_AddNumberToObject(ids, "bos", 1);
-  cJSON_AddNumberToObject(ids, "eos", 2);
-  cJSON_AddNumberToObject(ids, "newline", TS_PREPARE_NEWLINE_ID);
+  if (o->mlm) {
+    cJSON_AddBoolToObject(m, "mlm", 1);
+    const char *names[] = {"pad", "unk", "cls", "sep", "mask", "newline"};
+    for (int i = 0; i < TS_PREPARE_MLM_NUM_SPECIAL; i++) cJSON_AddNumberToObject(ids, names[i], i);
+  } else {
+    cJSON_AddNumberToObject(ids, "unk", 0);
+    cJSON_AddNumberToObject(ids, "bos", 1);
+    cJSON_AddNumberToObject(ids, "eos", 2);
+    cJSON_AddNumberToObject(ids, "newline", TS_PREPARE_NEWLINE_ID);
+  }
   cJSON_AddBoolToObject(m, "byte_fallback", 1);
   cJSON_AddStringToObject(m, "source", abs ? abs : o->text_path);
   free(abs);
@@ -260,6 +266,9 @@ ts_status BuildMeta(const ts_prepare_opts *o, const ts_prepare_report *r, size_t
   cJSON_AddStringToObject(m, "unigram_val_loss_note",
                           "nats/token of val.bin under train.bin token frequencies, add-one "
                           "smoothed over vocab_size");
+  cJSON_AddNumberToObject(m, "unigram_val_accuracy", r->unigram_val_accuracy);
+  cJSON_AddStringToObject(m, "unigram_val_accuracy_note",
+                          "share of val.bin tokens equal to train.bin's most frequent token");
   char *s = cJSON_Print(m);
   cJSON_Delete(m);
   if (s == nullptr) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "meta.json: out of memory");
@@ -279,12 +288,14 @@ extern "C" ts_status ts_prepare_corpus(const ts_prepare_opts *opts, ts_prepare_r
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--text: missing, expected a UTF-8 text file");
   if (opts->out_dir == nullptr || opts->out_dir[0] == '\0')
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--out: missing, expected an output directory");
-  const size_t min_vocab = TS_PREPARE_NUM_SPECIAL + 256 + 1;
+  const size_t n_special = opts->mlm ? TS_PREPARE_MLM_NUM_SPECIAL : TS_PREPARE_NUM_SPECIAL;
+  const uint32_t newline = opts->mlm ? TS_PREPARE_MLM_NEWLINE_ID : TS_PREPARE_NEWLINE_ID;
+  const size_t min_vocab = n_special + 256 + 1;
   if (opts->vocab_size < min_vocab || opts->vocab_size > (size_t)INT_MAX)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "--vocab-size %zu: expected %zu .. %d (4 special + 256 byte pieces + the "
+                        "--vocab-size %zu: expected %zu .. %d (%zu special + 256 byte pieces + the "
                         "text's characters and merges)",
-                        opts->vocab_size, min_vocab, INT_MAX);
+                        opts->vocab_size, min_vocab, INT_MAX, n_special);
   const size_t K = opts->val_every ? opts->val_every : TS_PREPARE_DEFAULT_VAL_EVERY;
   if (K < 2)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
@@ -315,17 +326,17 @@ extern "C" ts_status ts_prepare_corpus(const ts_prepare_opts *opts, ts_prepare_r
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--text %s: the training part is empty",
                         opts->text_path);
   const size_t chars = DistinctChars(train);
-  const size_t need = TS_PREPARE_NUM_SPECIAL + 256 + chars;
+  const size_t need = n_special + 256 + chars;
   if (opts->vocab_size < need)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "--vocab-size %zu: too small for byte fallback, expected at least %zu (4 "
+                        "--vocab-size %zu: too small for byte fallback, expected at least %zu (%zu "
                         "special + 256 byte pieces + %zu distinct characters in the training text "
                         "of %s)",
-                        opts->vocab_size, need, chars, opts->text_path);
+                        opts->vocab_size, need, n_special, chars, opts->text_path);
 
   // Train the tokenizer on the training part.
   sentencepiece::SetRandomGeneratorSeed((unsigned)(opts->seed % 0xFFFFFFFFull));
-  const std::unordered_map<std::string, std::string> args = {
+  std::unordered_map<std::string, std::string> args = {
       {"model_type", "bpe"},
       {"vocab_size", std::to_string(opts->vocab_size)},
       {"character_coverage", "1.0"},
@@ -346,6 +357,13 @@ extern "C" ts_status ts_prepare_corpus(const ts_prepare_opts *opts, ts_prepare_r
       {"shuffle_input_sentence", "true"},
       {"minloglevel", "2"},  // library code does not print
   };
+  if (opts->mlm) {  // BERT's pieces: 0 [PAD] 1 [UNK] 2 [CLS] 3 [SEP] 4 [MASK] 5 "\n"
+    const std::pair<const char *, const char *> mlm[] = {
+        {"pad_id", "0"},        {"pad_piece", "[PAD]"}, {"unk_id", "1"},
+        {"unk_piece", "[UNK]"}, {"bos_id", "2"},        {"bos_piece", "[CLS]"},
+        {"eos_id", "3"},        {"eos_piece", "[SEP]"}, {"control_symbols", "[MASK]"}};
+    for (const auto &kv : mlm) args[kv.first] = kv.second;
+  }
   LineIterator lines(train);
   std::string model;
   auto sst = sentencepiece::SentencePieceTrainer::Train(args, &lines, &model);
@@ -361,17 +379,18 @@ extern "C" ts_status ts_prepare_corpus(const ts_prepare_opts *opts, ts_prepare_r
   sst = sp.LoadFromSerializedProto(model);
   if (!sst.ok())
     return ts_set_error(TS_ERR_INTERNAL, "loading the trained tokenizer: %s", SpMessage(sst).c_str());
-  if ((size_t)sp.GetPieceSize() != opts->vocab_size || sp.IdToPiece(TS_PREPARE_NEWLINE_ID) != "\n")
+  if ((size_t)sp.GetPieceSize() != opts->vocab_size || sp.IdToPiece((int)newline) != "\n" ||
+      (opts->mlm && sp.IdToPiece(4) != "[MASK]"))
     return ts_set_error(TS_ERR_INTERNAL,
-                        "trained tokenizer has %d pieces and piece 3 '%s', expected %zu and a "
+                        "trained tokenizer has %d pieces and piece %u '%s', expected %zu and a "
                         "line break",
-                        sp.GetPieceSize(), sp.IdToPiece(TS_PREPARE_NEWLINE_ID).c_str(),
+                        sp.GetPieceSize(), newline, sp.IdToPiece((int)newline).c_str(),
                         opts->vocab_size);
 
   // Tokenize both parts and compute the unigram baseline.
   std::vector<uint32_t> train_ids, val_ids;
-  TS_CHECK(EncodeText(sp, train, "training", &train_ids));
-  TS_CHECK(EncodeText(sp, val, "validation", &val_ids));
+  TS_CHECK(EncodeText(sp, train, "training", newline, &train_ids));
+  TS_CHECK(EncodeText(sp, val, "validation", newline, &val_ids));
   if (train_ids.size() > (size_t)INT32_MAX || val_ids.size() > (size_t)INT32_MAX)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "--text %s: %zu tokens, expected at most %d per shard", opts->text_path,
@@ -382,6 +401,10 @@ extern "C" ts_status ts_prepare_corpus(const ts_prepare_opts *opts, ts_prepare_r
   double nll = 0.0;
   const double denom = (double)train_ids.size() + (double)V;
   for (uint32_t t : val_ids) nll -= log((counts[t] + 1.0) / denom);
+  size_t top = 0, hits = 0;  // the unigram predictor: always train's most frequent token
+  for (size_t v = 1; v < V; v++)
+    if (counts[v] > counts[top]) top = v;
+  for (uint32_t t : val_ids) hits += t == top;
 
   ts_prepare_report rep;
   memset(&rep, 0, sizeof rep);
@@ -393,6 +416,7 @@ extern "C" ts_status ts_prepare_corpus(const ts_prepare_opts *opts, ts_prepare_r
   rep.train_tokens = train_ids.size();
   rep.val_tokens = val_ids.size();
   rep.unigram_val_loss = val_ids.empty() ? 0.0 : nll / (double)val_ids.size();
+  rep.unigram_val_accuracy = val_ids.empty() ? 0.0 : (double)hits / (double)val_ids.size();
 
   // Write everything into a temporary directory beside DIR.
   std::string dir = opts->out_dir;
@@ -457,7 +481,7 @@ fail:
 namespace {
 
 const char kUsage[] =
-    "usage: tessera prepare --text FILE --vocab-size N --out DIR [flags]\n"
+    "usage: tessera prepare --text FILE --vocab-size N --out DIR [--mlm] [flags]\n"
     "  Trains a SentencePiece BPE tokenizer (byte fallback) on FILE less every K-th\n"
     "  section, and writes DIR/tokenizer.model, DIR/train.bin, DIR/val.bin and\n"
     "  DIR/meta.json.\n";
@@ -480,6 +504,8 @@ extern "C" int ts_tool_prepare(int argc, char **argv) {
                    "every K-th section is validation (default 30)", nullptr),
       TS_FLAG_SIZE("--seed", nullptr, &seed, 0, "S",
                    "SentencePiece sampling seed, used past 2 million lines (default 0)", nullptr),
+      TS_FLAG_SWITCH("--mlm", nullptr, &o.mlm,
+                     "a masked-LM (BERT) tokenizer: [PAD] [UNK] [CLS] [SEP] [MASK] are ids 0-4"),
   };
   int rc = ts_flags_parse("prepare", flags, sizeof flags / sizeof *flags, argc, argv, kUsage);
   if (rc != TS_FLAGS_OK) return rc == TS_FLAGS_HELP ? 0 : 2;
@@ -498,7 +524,8 @@ extern "C" int ts_tool_prepare(int argc, char **argv) {
   }
   const size_t K = o.val_every ? o.val_every : TS_PREPARE_DEFAULT_VAL_EVERY;
   printf("tessera prepare: %s -> %s\n", o.text_path, o.out_dir);
-  printf("  tokenizer   sentencepiece bpe, vocab %zu (byte fallback)\n", r.vocab_size);
+  printf("  tokenizer   sentencepiece bpe, vocab %zu (byte fallback%s)\n", r.vocab_size,
+         o.mlm ? "; masked LM: [PAD] [UNK] [CLS] [SEP] [MASK] = 0-4" : "");
   printf("  sections    %zu, %zu held out for validation (--val-every %zu)\n", r.sections,
          r.val_sections, K);
   printf("  train.bin   %zu tokens (%zu bytes of text, %.2f bytes/token)\n", r.train_tokens,

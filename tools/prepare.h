@@ -26,6 +26,13 @@
  * Training reads every line (up to 2 million lines; beyond that SentencePiece
  * samples lines with --seed); it is deterministic for a given text and seed.
  *
+ * Masked LM (--mlm, BERT's data: engine/mlm.h builds the batches): the
+ * tokenizer's special pieces are 0 [PAD], 1 [UNK], 2 [CLS], 3 [SEP],
+ * 4 [MASK] (control pieces: text never encodes to them), 5 "\n", then the
+ * byte pieces 6..261 and the merges; meta.json says "mlm": true and lists
+ * them in special_ids. The shards hold the text's tokens alone (no
+ * [CLS]/[SEP]); the loader frames each window at training time.
+ *
  * Output is all or nothing: the files are written into a temporary
  * directory beside DIR and renamed into place only after all four succeeded.
  */
@@ -48,6 +55,9 @@ extern "C" {
 #define TS_PREPARE_NUM_SPECIAL 4
 /* Token id of the line break. */
 #define TS_PREPARE_NEWLINE_ID 3
+/* With --mlm: [PAD] [UNK] [CLS] [SEP] [MASK] "\n" before the byte pieces. */
+#define TS_PREPARE_MLM_NUM_SPECIAL 6
+#define TS_PREPARE_MLM_NEWLINE_ID 5
 
 /* What to prepare (plain descriptor; strings are borrowed). */
 typedef struct ts_prepare_opts {
@@ -56,6 +66,7 @@ typedef struct ts_prepare_opts {
   size_t vocab_size;      /* SentencePiece pieces, incl. 4 special + 256 bytes */
   size_t val_every;       /* K: every K-th section is validation; 0 = default; >= 2 */
   uint64_t seed;          /* SentencePiece sampling seed (only used past 2M lines) */
+  int mlm;                /* 1: a masked-LM tokenizer (the special pieces above) */
 } ts_prepare_opts;
 
 /* What was written. */
@@ -68,6 +79,7 @@ typedef struct ts_prepare_report {
   size_t train_tokens;     /* tokens in train.bin */
   size_t val_tokens;       /* tokens in val.bin */
   double unigram_val_loss; /* nats/token, see ts_prepare_corpus */
+  double unigram_val_accuracy; /* share of val tokens equal to train's most frequent one */
   double seconds;          /* wall-clock seconds of the whole preparation */
 } ts_prepare_report;
 

@@ -38,8 +38,10 @@ typedef struct progress {
 static void on_event(const ts_train_event *ev, void *user) {
   const progress *p = user;
   if (ev->is_eval) {
-    printf("%sstep %5zu/%zu | val loss %.4f\n", p->tty ? "\r\033[K" : "", ev->step, ev->steps,
+    printf("%sstep %5zu/%zu | val loss %.4f", p->tty ? "\r\033[K" : "", ev->step, ev->steps,
            ev->loss);
+    if (ev->accuracy >= 0) printf(" | masked-token accuracy %.1f%%", 100 * ev->accuracy);
+    printf("\n");
     fflush(stdout);
     return;
   }
@@ -75,14 +77,15 @@ static int stdout_is_terminal(void) {
   return isatty(STDOUT_FILENO);
 }
 
-/* The unigram baseline `tessera prepare` wrote to DIR/meta.json, or < 0. */
-static double unigram_baseline(const char *dir) {
+/* A unigram baseline `tessera prepare` wrote to DIR/meta.json (field
+ * "unigram_val_loss" or "unigram_val_accuracy"), or < 0. */
+static double unigram_baseline(const char *dir, const char *field) {
   char path[4096], *buf;
   snprintf(path, sizeof path, "%s/meta.json", dir);
   if (ts_read_file(path, &buf, NULL) != TS_OK) return -1;
   cJSON *root = cJSON_Parse(buf);
   free(buf);
-  const cJSON *u = cJSON_GetObjectItemCaseSensitive(root, "unigram_val_loss");
+  const cJSON *u = cJSON_GetObjectItemCaseSensitive(root, field);
   double v = cJSON_IsNumber(u) ? u->valuedouble : -1;
   cJSON_Delete(root);
   return v;
@@ -95,11 +98,18 @@ static void print_summary(const ts_train_config *cfg, const ts_train_result *res
          "%.0f tok/s, %.2f GFLOP/s\n",
          cfg->model, (double)res->num_params / 1e6, cfg->steps - res->resumed_from, res->seconds, res->first_loss,
          res->final_loss, res->tokens_per_s, res->gflops);
-  double uni = unigram_baseline(cfg->data_dir);
+  double uni = unigram_baseline(cfg->data_dir, "unigram_val_loss");
+  const char *what = res->final_val_accuracy >= 0 ? "masked-token validation loss" : "validation loss";
   if (uni > 0)
-    printf("validation loss %.4f (unigram baseline %.4f)\n", res->final_val_loss, uni);
+    printf("%s %.4f (unigram baseline %.4f)\n", what, res->final_val_loss, uni);
   else
-    printf("validation loss %.4f\n", res->final_val_loss);
+    printf("%s %.4f\n", what, res->final_val_loss);
+  if (res->final_val_accuracy >= 0) {
+    double acc = unigram_baseline(cfg->data_dir, "unigram_val_accuracy");
+    printf("masked-token accuracy %.1f%%", 100 * res->final_val_accuracy);
+    if (acc >= 0) printf(" (unigram baseline %.1f%%: always the most frequent token)", 100 * acc);
+    printf("\n");
+  }
   const ts_mem_account *l = &res->memory;
   const double MiB = 1024.0 * 1024.0;
   if (cfg->engine.dtype == TS_FP16)
