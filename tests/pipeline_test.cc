@@ -38,6 +38,7 @@ using tiny::World;
 struct Feed {
   size_t step = 0;
   int dp_rank = 0;
+  bool bert = false;  // masked-LM batches (tiny::MaskedLmBatch)
 };
 
 ts_status Fill(void *user, int mb, int32_t *in, int32_t *tgt) {
@@ -47,6 +48,7 @@ ts_status Fill(void *user, int mb, int32_t *in, int32_t *tgt) {
     in[i] = (int32_t)(g() % kV);
     tgt[i] = i % 7 == 3 ? -100 : (int32_t)(g() % kV);  // some ignored targets
   }
+  if (f->bert) tiny::MaskedLmBatch(g, in, tgt, kB, kT);
   return TS_OK;
 }
 
@@ -59,12 +61,13 @@ struct Layout {
   size_t m = 3;  // micro-batches per step
   size_t layers = 3;
   size_t steps = 3;
+  bool bert = false;  // the tiny BERT instead of the tiny LLaMA
   ts_engine_inject inject{};  // armed on the last dp rank when inject.step > 0
   const char *split = nullptr;
 
   std::string Name(int P) const {
     char buf[160];
-    snprintf(buf, sizeof buf, "P=%d zero=%d %s %s %s recompute=%zu m=%zu", P, zero,
+    snprintf(buf, sizeof buf, "%sP=%d zero=%d %s %s %s recompute=%zu m=%zu", bert ? "bert " : "", P, zero,
              ts_schedule_kind_name(schedule), tied ? "tied" : "untied", ts_dtype_name(dtype),
              recompute_every, m);
     return buf;
@@ -99,7 +102,7 @@ Result Train(const Layout &s, ts_engine *e, const ts_model &model, int dp_rank, 
   Result r;
   if (s.inject.step > 0 && dp_rank == dp - 1) ts_engine_inject_nonfinite(e, &s.inject);
   for (size_t step = 1; step <= s.steps; step++) {
-    Feed f{step, dp_rank};
+    Feed f{step, dp_rank, s.bert};
     ts_step_stats st;
     ts_status rc = ts_engine_step(e, Fill, &f, 1e-2f, &st);
     EXPECT_EQ(rc, TS_OK) << ts_last_error();
@@ -121,7 +124,7 @@ Result Train(const Layout &s, ts_engine *e, const ts_model &model, int dp_rank, 
     }
   }
   std::vector<int32_t> in(kB * kT), tgt(kB * kT);
-  Feed f{1000, dp_rank};
+  Feed f{1000, dp_rank, s.bert};
   Fill(&f, 0, in.data(), tgt.data());
   double sum = 0;
   size_t count = 0;
@@ -139,9 +142,13 @@ bool Same(const std::vector<T> &a, const std::vector<T> &b) {
 // plan against its ledger.
 void ExpectSameAsDataParallel(const Layout &s, int P) {
   SCOPED_TRACE(s.Name(P));
-  ts_llama_config cfg = Config(s.tied, s.layers);
   ts_model model{};
-  ASSERT_EQ(ts_llama_model_init(&model, &cfg), TS_OK) << ts_last_error();
+  if (s.bert) {
+    model = tiny::BertModel(s.tied, s.layers);
+  } else {
+    ts_llama_config cfg = Config(s.tied, s.layers);
+    ASSERT_EQ(ts_llama_model_init(&model, &cfg), TS_OK) << ts_last_error();
+  }
   ts_grid grid;
   ASSERT_EQ(ts_grid_make(World(), P, &grid), TS_OK) << ts_last_error();
   int dp = grid.dp;
@@ -231,6 +238,22 @@ TEST(Pipeline, Bf16AndRecomputeAndMicroBatchCounts) {
         many.zero = 2;
         many.dtype = TS_FP32;
         ExpectSameAsDataParallel(many, P);
+      }
+}
+
+TEST(Pipeline, BertBitwiseEqualToDataParallel) {
+  // The encoder through the pipeline: padding and token types from the ids
+  // on every stage, the tied decoder's replica on the last stage.
+  for (int P : Stages())
+    for (int zero : {0, 1, 2, 3})
+      for (ts_dtype dt : {TS_FP32, TS_BF16}) {
+        Layout s;
+        s.bert = true;
+        s.zero = zero;
+        s.tied = zero % 2 == 0;
+        s.dtype = dt;
+        s.recompute_every = zero == 3 ? 1 : 0;
+        ExpectSameAsDataParallel(s, P);
       }
 }
 

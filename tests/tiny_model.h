@@ -1,12 +1,14 @@
 // tiny_model.h — what the multi-rank engine tests share: a tiny LLaMA
 // config (C 32, 4 heads of which 2 key-value, vocabulary 96, at most 16
-// positions) and the world communicator of mpirun.
+// positions), a tiny BERT of the same width with masked-LM batches, and
+// the world communicator of mpirun.
 #ifndef TS_TESTS_TINY_MODEL_H
 #define TS_TESTS_TINY_MODEL_H
 
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <random>
 
 #include "comm/comm.h"
 #include "models/llama.h"
@@ -30,6 +32,48 @@ inline ts_llama_config Config(const char *name, bool tied, size_t layers) {
   c.rope_theta = 10000.f;
   c.tie_word_embeddings = tied;
   return c;
+}
+
+// A tiny BERT (C 32, 4 heads, vocabulary 96, 16 positions, [PAD] 0,
+// [SEP] 3); the caller frees it (ts_model_free).
+inline ts_model BertModel(bool tied, size_t layers) {
+  char json[768];
+  snprintf(json, sizeof json,
+           R"({"model_type": "bert", "hidden_size": 32, "intermediate_size": 64,
+           "num_hidden_layers": %zu, "num_attention_heads": 4, "vocab_size": %zu,
+           "max_position_embeddings": 16, "type_vocab_size": 2, "layer_norm_eps": 1e-12,
+           "hidden_act": "gelu", "hidden_dropout_prob": 0.0,
+           "attention_probs_dropout_prob": 0.0, "pad_token_id": 0, "sep_token_id": 3,
+           "tie_word_embeddings": %s})",
+           layers, kV, tied ? "true" : "false");
+  ts_model m{};
+  EXPECT_EQ(ts_model_parse(json, "tiny-bert", &m), TS_OK) << ts_last_error();
+  return m;
+}
+
+// `rows` masked-LM sequences of T ids drawn from g into in and tgt:
+// [CLS] text [SEP] text [SEP], the last two positions of odd rows [PAD],
+// about a quarter of the text replaced by [MASK] (4) with the original as
+// target, -100 elsewhere.
+inline void MaskedLmBatch(std::mt19937 &g, int32_t *in, int32_t *tgt, size_t rows, size_t T) {
+  for (size_t q = 0; q < rows; q++)
+    for (size_t t = 0; t < T; t++) {
+      int32_t &id = in[q * T + t], &target = tgt[q * T + t];
+      target = -100;
+      if (t == 0) {
+        id = 2;  // [CLS]
+      } else if (t == T / 2 || t == T - 3) {
+        id = 3;  // [SEP]: two segments
+      } else if (q % 2 == 1 && t >= T - 2) {
+        id = 0;  // [PAD]
+      } else {
+        id = (int32_t)(5 + g() % (kV - 5));
+        if (g() % 4 == 0) {
+          target = id;
+          id = 4;  // [MASK]
+        }
+      }
+    }
 }
 
 // The world of mpirun, shared by every test of this process.

@@ -36,7 +36,10 @@ using tiny::World;
 
 // One global batch of `global` sequences for optimizer step `step`, the
 // same on every rank whatever the world size.
-void GlobalBatch(size_t step, size_t global, std::vector<int32_t> *in, std::vector<int32_t> *tgt) {
+// bert: masked-LM batches instead: [CLS] text [SEP] with a second segment
+// and padding in odd sequences, about a quarter of the text as targets.
+void GlobalBatch(size_t step, size_t global, std::vector<int32_t> *in, std::vector<int32_t> *tgt,
+                 bool bert = false) {
   std::mt19937 g(1000 + (unsigned)step);
   in->resize(global * kT);
   tgt->resize(global * kT);
@@ -44,6 +47,7 @@ void GlobalBatch(size_t step, size_t global, std::vector<int32_t> *in, std::vect
     (*in)[i] = (int32_t)(g() % kV);
     (*tgt)[i] = (int32_t)(g() % kV);
   }
+  if (bert) tiny::MaskedLmBatch(g, in->data(), tgt->data(), global, kT);
 }
 
 struct TrainRun {
@@ -100,12 +104,22 @@ struct TrainSetup {
   ts_dtype dtype = TS_FP32;
   size_t recompute_every = 0;
   size_t layers = 2;
+  bool bert = false;          // the tiny BERT and masked-LM batches
   ts_engine_inject inject{};  // armed on the last rank when inject.step > 0,
   ts_engine_inject inject2{}; // and this one too when inject2.step > 0
   float loss_scale_init = 65536.0f;
   size_t loss_scale_window = 2000;
   float min_loss_scale = 1.0f;
 };
+
+// The model of a setup: the tiny LLaMA or the tiny BERT.
+ts_model MakeModel(const TrainSetup &s) {
+  if (s.bert) return tiny::BertModel(s.tied, s.layers);
+  ts_llama_config cfg = Config(s.tied, s.layers);
+  ts_model model{};
+  EXPECT_EQ(ts_llama_model_init(&model, &cfg), TS_OK);
+  return model;
+}
 
 // Trains `s.steps` steps on group dp. Rank r's micro-batch a of a step is
 // samples [a*N*B + r*B, a*N*B + (r+1)*B) of the global batch, the layout of
@@ -115,9 +129,7 @@ TrainRun Train(ts_comm *dp, const TrainSetup &s) {
   size_t N = (size_t)ts_comm_size(dp), r = (size_t)ts_comm_rank(dp);
   size_t B = s.global / (N * s.accum);
   EXPECT_EQ(B * N * s.accum, s.global) << "test setup: global batch not divisible";
-  ts_llama_config cfg = Config(s.tied, s.layers);
-  ts_model model{};
-  EXPECT_EQ(ts_llama_model_init(&model, &cfg), TS_OK);
+  ts_model model = MakeModel(s);
   ts_engine_opts o = ts_engine_default_opts();
   o.micro_batch = B;
   o.seq = kT;
@@ -138,7 +150,7 @@ TrainRun Train(ts_comm *dp, const TrainSetup &s) {
   for (int u = 0; u < model.n_units; u++) run.padded.push_back(ts_engine_layout(e, u)->padded);
   std::vector<int32_t> in, tgt;
   for (size_t step = 0; step < s.steps; step++) {
-    GlobalBatch(step, s.global, &in, &tgt);
+    GlobalBatch(step, s.global, &in, &tgt, s.bert);
     for (size_t a = 0; a < s.accum; a++) {
       size_t first = (a * N + r) * B;
       double loss;
@@ -558,13 +570,39 @@ TEST(ActivationCheckpointing, PredictedActivationBytesMatchTheLedger) {
   ts_model_free(&model);
 }
 
+// Trains setup s on the world and checks ts_engine_plan against its ledger:
+// every category's peak, what stays allocated after create and at the end,
+// and the peak total, to the byte.
+void ExpectPlanMatchesRun(const TrainSetup &s) {
+  size_t N = (size_t)ts_comm_size(World());
+  TrainRun run = Train(World(), s);
+  ts_model model = MakeModel(s);
+  ts_engine_opts o = ts_engine_default_opts();
+  o.micro_batch = s.global / (N * s.accum);
+  o.seq = kT;
+  o.grad_accum = s.accum;
+  o.zero_stage = s.stage;
+  o.dtype = s.dtype;
+  o.recompute_every = s.recompute_every;
+  ts_mem_account plan;
+  ASSERT_EQ(ts_engine_plan(&model, &o, N, &plan), TS_OK) << ts_last_error();
+  ts_model_free(&model);
+  for (int c = 0; c < TS_MEM_NUM_CATEGORIES; c++) {
+    SCOPED_TRACE(ts_mem_category_name((ts_mem_category)c));
+    EXPECT_EQ(plan.peak[c], run.at_end.peak[c]);
+    EXPECT_EQ(plan.current[c], run.at_end.current[c]);
+    EXPECT_EQ(plan.current[c], run.after_create.current[c]);
+  }
+  EXPECT_EQ(plan.peak_total, run.at_end.peak_total);
+  EXPECT_GT(plan.peak[TS_MEM_PARAMS], 0u);
+}
+
 TEST(MemoryPlan, EqualsTheLedgerOfARealRunToTheByte) {
   // ts_engine_plan replays the engine's allocations on a plan ledger, so
   // every category's peak, the peak total and what stays allocated between
   // steps must equal a real run's ledger on this world size exactly: stages
   // 0-3 x fp32/bf16/fp16 x tied or not x checkpointing off or every block,
   // and gradient accumulation 2 (stages 2-3 reduce every micro-batch).
-  size_t N = (size_t)ts_comm_size(World());
   for (ts_dtype dt : {TS_FP32, TS_BF16, TS_FP16})
     for (int stage = 0; stage <= 3; stage++)
       for (bool tied : {false, true})
@@ -579,28 +617,7 @@ TEST(MemoryPlan, EqualsTheLedgerOfARealRunToTheByte) {
           SCOPED_TRACE(std::string(ts_dtype_name(dt)) + ", stage " + std::to_string(stage) +
                        ", tied " + std::to_string(tied) + ", every " + std::to_string(every) +
                        ", accum " + std::to_string(s.accum));
-          TrainRun run = Train(World(), s);
-          ts_llama_config cfg = Config(tied);
-          ts_model model{};
-          ASSERT_EQ(ts_llama_model_init(&model, &cfg), TS_OK);
-          ts_engine_opts o = ts_engine_default_opts();
-          o.micro_batch = s.global / (N * s.accum);
-          o.seq = kT;
-          o.grad_accum = s.accum;
-          o.zero_stage = stage;
-          o.dtype = dt;
-          o.recompute_every = every;
-          ts_mem_account plan;
-          ASSERT_EQ(ts_engine_plan(&model, &o, N, &plan), TS_OK) << ts_last_error();
-          ts_model_free(&model);
-          for (int c = 0; c < TS_MEM_NUM_CATEGORIES; c++) {
-            SCOPED_TRACE(ts_mem_category_name((ts_mem_category)c));
-            EXPECT_EQ(plan.peak[c], run.at_end.peak[c]);
-            EXPECT_EQ(plan.current[c], run.at_end.current[c]);
-            EXPECT_EQ(plan.current[c], run.after_create.current[c]);
-          }
-          EXPECT_EQ(plan.peak_total, run.at_end.peak_total);
-          EXPECT_GT(plan.peak[TS_MEM_PARAMS], 0u);
+          ExpectPlanMatchesRun(s);
         }
 }
 
@@ -716,6 +733,60 @@ TEST(LossScaling, OverflowAtTheMinimumScaleStopsWithTheTensorAndHistory) {
   EXPECT_EQ(ts_engine_loss_scale(e), 2.0f);
   ts_engine_free(e);
   ts_model_free(&model);
+}
+
+}  // namespace
+
+namespace {
+
+// ---- BERT: the same contracts for the encoder ---------------------------------
+
+TEST(ZeroStagesBert, BitwiseIdenticalAcrossStagesWithAndWithoutRecompute) {
+  // Masked-LM batches (padding, two segments, a quarter of the text as
+  // targets); every dtype, tied and untied decoder: stages 1-3 and
+  // recompute of every block give the bits of stage 0 without it.
+  for (ts_dtype dt : {TS_FP32, TS_BF16, TS_FP16})
+    for (bool tied : {true, false}) {
+      TrainSetup s;
+      s.bert = true;
+      s.tied = tied;
+      s.dtype = dt;
+      TrainRun base = Train(World(), s);
+      for (int stage = 0; stage <= 3; stage++)
+        for (size_t every : {0, 1}) {
+          if (stage == 0 && every == 0) continue;
+          SCOPED_TRACE(std::string(ts_dtype_name(dt)) + ", tied " + std::to_string(tied) +
+                       ", stage " + std::to_string(stage) + ", recompute " +
+                       std::to_string(every));
+          s.stage = stage;
+          s.recompute_every = every;
+          TrainRun r = Train(World(), s);
+          EXPECT_TRUE(BitwiseEqual(base, r)) << "max |diff| " << MaxAbsDiff(base, r);
+          EXPECT_EQ(base.losses, r.losses);
+          EXPECT_EQ(base.norms, r.norms);
+        }
+      // It trained: the parameters moved.
+      TrainSetup s0 = s;
+      s0.steps = 0;
+      EXPECT_GT(MaxAbsDiff(base, Train(World(), s0)), 1e-3) << ts_dtype_name(dt);
+    }
+}
+
+TEST(MemoryPlanBert, EqualsTheLedgerOfARealRunToTheByte) {
+  for (ts_dtype dt : {TS_FP32, TS_BF16, TS_FP16})
+    for (int stage = 0; stage <= 3; stage++)
+      for (size_t every : {0, 1}) {
+        TrainSetup s;
+        s.bert = true;
+        s.tied = true;
+        s.stage = stage;
+        s.dtype = dt;
+        s.recompute_every = every;
+        s.steps = 2;
+        SCOPED_TRACE(std::string(ts_dtype_name(dt)) + ", stage " + std::to_string(stage) +
+                     ", every " + std::to_string(every));
+        ExpectPlanMatchesRun(s);
+      }
 }
 
 }  // namespace

@@ -128,11 +128,12 @@ def make_optimizer(named):
     return torch.optim.AdamW(param_groups(named), lr=LR, betas=(BETA1, BETA2), eps=EPS)
 
 
-def run_fp32(model, input_ids, targets):
-    """One forward/backward, then 5 AdamW steps from the same initial weights."""
+def run_fp32(model, input_ids, targets, **model_kwargs):
+    """One forward/backward, then 5 AdamW steps from the same initial weights.
+    model_kwargs (attention_mask, token_type_ids, ...) go to every forward."""
     initial = {n: p.detach().clone() for n, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
-    logits = model(input_ids=input_ids).logits
+    logits = model(input_ids=input_ids, **model_kwargs).logits
     loss = loss_fn(logits, targets)
     loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
@@ -146,7 +147,7 @@ def run_fp32(model, input_ids, targets):
     losses = []
     for _ in range(STEPS):
         opt.zero_grad(set_to_none=True)
-        l = loss_fn(m2(input_ids=input_ids).logits, targets)
+        l = loss_fn(m2(input_ids=input_ids, **model_kwargs).logits, targets)
         losses.append(l.item())
         l.backward()
         opt.step()
@@ -154,8 +155,9 @@ def run_fp32(model, input_ids, targets):
     return initial, logits.detach(), loss.detach(), grads, losses, final
 
 
-def run_bf16(model, input_ids, targets):
-    """bf16 forward/backward on a bf16 copy; AdamW on fp32 master weights."""
+def run_bf16(model, input_ids, targets, **model_kwargs):
+    """bf16 forward/backward on a bf16 copy; AdamW on fp32 master weights.
+    model_kwargs (attention_mask, token_type_ids, ...) go to every forward."""
     initial = {n: p.detach().clone() for n, p in model.named_parameters()}
     mb = copy.deepcopy(model).to(torch.bfloat16)
     masters = {n: torch.nn.Parameter(v.clone()) for n, v in initial.items()}
@@ -168,7 +170,7 @@ def run_bf16(model, input_ids, targets):
     def fwd_bwd():
         load_compute_copy()
         mb.zero_grad(set_to_none=True)
-        logits = mb(input_ids=input_ids).logits
+        logits = mb(input_ids=input_ids, **model_kwargs).logits
         loss = loss_fn(logits, targets)
         loss.backward()
         grads = {n: p.grad.detach().float() for n, p in mb.named_parameters()}
