@@ -4,8 +4,10 @@ compute the logits of the fixture it came from?
 
     python3 tests/hf_parity/check_export.py EXPORTED_DIR FIXTURE.safetensors
 
-Loads EXPORTED_DIR with AutoModelForCausalLM.from_pretrained (fp32, eager
-attention, CPU), runs the fixture's input_ids and compares the logits with
+Loads EXPORTED_DIR with AutoModelForCausalLM.from_pretrained, or
+AutoModelForMaskedLM for a BERT folder (fp32, eager attention, CPU), runs
+the fixture's input_ids (and a BERT fixture's attention_mask and
+token_type_ids) and compares the logits with
 the fixture's "logits" (what transformers computed from the original
 weights). Prints the relative max error and exits 0 when it is below 1e-5
 (the parity tolerance of tests/hf_parity_test.cc), 1 otherwise. Needs torch
@@ -17,14 +19,15 @@ saved as a checkpoint, exported: tests/hf_roundtrip_test.cc) are kept by
 Bazel:
     bazel test //tests:hf_roundtrip_test
     unzip -o bazel-testlogs/tests/hf_roundtrip_test/test.outputs/outputs.zip -d /tmp/exports
-    python3 tests/hf_parity/check_export.py /tmp/exports/untied tests/hf_parity/fixtures/llama_untied.safetensors
-    python3 tests/hf_parity/check_export.py /tmp/exports/tied tests/hf_parity/fixtures/llama_tied.safetensors
+    for v in llama_untied llama_tied bert_gelu bert_gelu_new; do
+      python3 tests/hf_parity/check_export.py /tmp/exports/$v tests/hf_parity/fixtures/$v.safetensors
+    done
 """
 import sys
 
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
 
 
 def main():
@@ -35,11 +38,16 @@ def main():
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
     ref = load_file(fixture)
-    model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32,
-                                                 attn_implementation="eager")
+    bert = AutoConfig.from_pretrained(folder).model_type == "bert"
+    auto = AutoModelForMaskedLM if bert else AutoModelForCausalLM
+    model = auto.from_pretrained(folder, torch_dtype=torch.float32, attn_implementation="eager")
     model.eval()
+    inputs = {"input_ids": ref["input_ids"].long()}
+    if bert:
+        inputs["attention_mask"] = ref["attention_mask"].long()
+        inputs["token_type_ids"] = ref["token_type_ids"].long()
     with torch.no_grad():
-        logits = model(input_ids=ref["input_ids"].long()).logits
+        logits = model(**inputs).logits
     want = ref["logits"]
     err = (logits - want).abs().max().item() / want.abs().max().item()
     print(f"{folder}: logits {tuple(logits.shape)}, relative max error {err:.3e} "
