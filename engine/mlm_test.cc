@@ -160,7 +160,8 @@ void WriteMeta(const TempDir &d, const std::string &json) {
 
 TEST(Mlm, MetaWithoutMlmIsRefusedInOneLine) {
   TempDir d;
-  WriteMeta(d, R"({"vocab_size": 4096, "special_ids": {"unk": 0, "bos": 1, "eos": 2, "newline": 3}})");
+  WriteMeta(d, R"({"vocab_size": 4096,
+      "special_ids": {"unk": 0, "bos": 1, "eos": 2, "newline": 3}})");
   ts_mlm_spec s;
   EXPECT_EQ(ts_mlm_read_meta(d.dir().c_str(), &s), TS_ERR_FORMAT);
   std::string e = ts_last_error();

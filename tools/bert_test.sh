@@ -93,6 +93,7 @@ check_eq "--init-from the export: exit" 0 $?
 e="$("$bin" estimate --model bert-base -n 4 --micro-batch 8 --seq 128 2>&1)"
 check_eq "estimate bert-base: exit" 0 $?
 check "estimate bert-base: its parameters" "109.51" "$e"
+absent "estimate bert-base: one header, the model's" "Ψ given" "$e"
 
 # 5. bad input: one line each
 bad() { # bad NAME EXIT EXPECTED-SUBSTRING CMD...

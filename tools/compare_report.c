@@ -322,8 +322,8 @@ int ts_compare_write_chart(const compare *c, const char *dir, const char *png) {
   fprintf(f,
           "set terminal pngcairo size %d,560 font 'sans,10'\n"
           "set output '%s'\n"
-          "set title \"%s on %zu ranks: peak bytes per ledger category, rank 0 or each pipeline "
-          "stage's first rank (measured, stacked)\"\n"
+          "set title \"%s on %zu ranks: peak bytes per ledger category\\nrank 0 or each "
+          "pipeline stage's first rank (measured, stacked)\"\n"
           "set style data histograms\nset style histogram rowstacked\n"
           "set style fill solid 0.85 border -1\nset boxwidth 0.6\n"
           "set key outside right top autotitle columnhead\nset ylabel 'MiB per rank'\n"

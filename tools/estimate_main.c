@@ -280,7 +280,7 @@ int ts_tool_estimate(int argc, char **argv) {
     printf("pipeline: %d stages x %zu data-parallel rank%s, %s, %zu micro-batches per step; "
            "column sS is pipeline stage S (units first..last)\n",
            P, dp, dp == 1 ? "" : "s", ts_schedule_kind_name(opts.schedule), opts.grad_accum);
-  else
+  else if (!model)
     printf("tessera estimate: Ψ = %s parameters (%zu), N = %zu rank%s, %s, model states only "
            "(Ψ given, no model: no activations, buffers or transients)\n",
            count, psi, world, world == 1 ? "" : "s", ts_dtype_name(opts.dtype));

@@ -99,7 +99,8 @@ static void print_summary(const ts_train_config *cfg, const ts_train_result *res
          cfg->model, (double)res->num_params / 1e6, cfg->steps - res->resumed_from, res->seconds, res->first_loss,
          res->final_loss, res->tokens_per_s, res->gflops);
   double uni = unigram_baseline(cfg->data_dir, "unigram_val_loss");
-  const char *what = res->final_val_accuracy >= 0 ? "masked-token validation loss" : "validation loss";
+  const char *what =
+      res->final_val_accuracy >= 0 ? "masked-token validation loss" : "validation loss";
   if (uni > 0)
     printf("%s %.4f (unigram baseline %.4f)\n", what, res->final_val_loss, uni);
   else
