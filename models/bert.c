@@ -146,8 +146,6 @@ static dims get_dims(const ts_model *m, size_t B, size_t T) {
   return d;
 }
 
-#define carve ts_family_carve
-
 typedef struct emb_saved {
   int32_t *types;    /* (N) token type ids */
   float *mean, *rstd; /* (N) */
@@ -158,10 +156,10 @@ typedef struct emb_saved {
 static emb_saved emb_layout(const dims *d, void *base, ts_dtype dt) {
   emb_saved s;
   char *p = base;
-  s.types = carve(base, &p, d->N, 4);
-  s.mean = carve(base, &p, d->N, 4);
-  s.rstd = carve(base, &p, d->N, 4);
-  s.pre = carve(base, &p, d->N * d->C, ts_dtype_size(dt));
+  s.types = ts_family_carve(base, &p, d->N, 4);
+  s.mean = ts_family_carve(base, &p, d->N, 4);
+  s.rstd = ts_family_carve(base, &p, d->N, 4);
+  s.pre = ts_family_carve(base, &p, d->N * d->C, ts_dtype_size(dt));
   s.bytes = (size_t)(p - (char *)base);
   return s;
 }
@@ -179,21 +177,21 @@ static block_saved block_layout(const dims *d, void *base, ts_dtype dt, ts_devic
   block_saved s;
   size_t es = ts_dtype_size(dt), NC = d->N * d->C;
   char *p = base;
-  s.mean1 = carve(base, &p, d->N, 4);
-  s.rstd1 = carve(base, &p, d->N, 4);
-  s.mean2 = carve(base, &p, d->N, 4);
-  s.rstd2 = carve(base, &p, d->N, 4);
-  s.q = carve(base, &p, NC, es);
-  s.k = carve(base, &p, NC, es);
-  s.v = carve(base, &p, NC, es);
-  s.att = carve(base, &p, NC, es);
-  s.att_state =
-      carve(base, &p, ts_k_attention_state_bytes(dev, d->B, d->T, d->NH, d->NH, d->HS, dt), 1);
-  s.s1 = carve(base, &p, NC, es);
-  s.h1 = carve(base, &p, NC, es);
-  s.s2 = carve(base, &p, NC, es);
-  s.ipre = carve(base, &p, d->N * d->I, es);
-  s.g = carve(base, &p, d->N * d->I, es);
+  s.mean1 = ts_family_carve(base, &p, d->N, 4);
+  s.rstd1 = ts_family_carve(base, &p, d->N, 4);
+  s.mean2 = ts_family_carve(base, &p, d->N, 4);
+  s.rstd2 = ts_family_carve(base, &p, d->N, 4);
+  s.q = ts_family_carve(base, &p, NC, es);
+  s.k = ts_family_carve(base, &p, NC, es);
+  s.v = ts_family_carve(base, &p, NC, es);
+  s.att = ts_family_carve(base, &p, NC, es);
+  s.att_state = ts_family_carve(
+      base, &p, ts_k_attention_state_bytes(dev, d->B, d->T, d->NH, d->NH, d->HS, dt), 1);
+  s.s1 = ts_family_carve(base, &p, NC, es);
+  s.h1 = ts_family_carve(base, &p, NC, es);
+  s.s2 = ts_family_carve(base, &p, NC, es);
+  s.ipre = ts_family_carve(base, &p, d->N * d->I, es);
+  s.g = ts_family_carve(base, &p, d->N * d->I, es);
   s.bytes = (size_t)(p - (char *)base);
   return s;
 }
@@ -209,12 +207,12 @@ static head_saved head_layout(const dims *d, void *base, ts_dtype dt) {
   head_saved s;
   size_t es = ts_dtype_size(dt), NC = d->N * d->C;
   char *p = base;
-  s.mean = carve(base, &p, d->N, 4);
-  s.rstd = carve(base, &p, d->N, 4);
-  s.t = carve(base, &p, NC, es);
-  s.g = carve(base, &p, NC, es);
-  s.h = carve(base, &p, NC, es);
-  s.logits = carve(base, &p, d->N * d->V, es);
+  s.mean = ts_family_carve(base, &p, d->N, 4);
+  s.rstd = ts_family_carve(base, &p, d->N, 4);
+  s.t = ts_family_carve(base, &p, NC, es);
+  s.g = ts_family_carve(base, &p, NC, es);
+  s.h = ts_family_carve(base, &p, NC, es);
+  s.logits = ts_family_carve(base, &p, d->N * d->V, es);
   s.bytes = (size_t)(p - (char *)base);
   return s;
 }
@@ -233,19 +231,19 @@ static temps temps_layout(const dims *d, ts_unit_role role, void *base, ts_dtype
   size_t es = ts_dtype_size(dt), NC = d->N * d->C;
   char *p = base;
   if (role == TS_UNIT_EMBEDDING) { /* forward: the type gather; backward: d_pre, the pad row */
-    t.a = carve(base, &p, NC, es);
-    t.wide = carve(base, &p, d->C, es);
+    t.a = ts_family_carve(base, &p, NC, es);
+    t.wide = ts_family_carve(base, &p, d->C, es);
   } else if (role == TS_UNIT_BLOCK) { /* backward only */
-    t.a = carve(base, &p, NC, es);
-    t.b = carve(base, &p, NC, es);
-    t.c = carve(base, &p, NC, es);
-    t.d = carve(base, &p, NC, es);
-    t.e = carve(base, &p, NC, es);
-    t.f = carve(base, &p, NC, es);
-    t.wide = carve(base, &p, d->N * d->I, es);
+    t.a = ts_family_carve(base, &p, NC, es);
+    t.b = ts_family_carve(base, &p, NC, es);
+    t.c = ts_family_carve(base, &p, NC, es);
+    t.d = ts_family_carve(base, &p, NC, es);
+    t.e = ts_family_carve(base, &p, NC, es);
+    t.f = ts_family_carve(base, &p, NC, es);
+    t.wide = ts_family_carve(base, &p, d->N * d->I, es);
   } else { /* head: backward's d_h and d_g; forward's fp32 row losses share their bytes */
-    t.a = carve(base, &p, NC, es);
-    t.b = carve(base, &p, NC, es);
+    t.a = ts_family_carve(base, &p, NC, es);
+    t.b = ts_family_carve(base, &p, NC, es);
     if ((size_t)(p - (char *)base) < d->N * 4) p = (char *)base + d->N * 4;
   }
   t.bytes = ts_family_round64((size_t)(p - (char *)base));

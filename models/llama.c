@@ -176,8 +176,8 @@ static block_saved block_layout(const dims *d, void *base, ts_dtype dt, ts_devic
   s.att = ts_family_carve(base, &p, d->N * d->QD, es);
   s.k = ts_family_carve(base, &p, d->N * d->KVD, es);
   s.v = ts_family_carve(base, &p, d->N * d->KVD, es);
-  s.att_state =
-      ts_family_carve(base, &p, ts_k_attention_state_bytes(dev, d->B, d->T, d->NH, d->NKV, d->HS, dt), 1);
+  s.att_state = ts_family_carve(
+      base, &p, ts_k_attention_state_bytes(dev, d->B, d->T, d->NH, d->NKV, d->HS, dt), 1);
   s.gate = ts_family_carve(base, &p, d->N * d->I, es);
   s.up = ts_family_carve(base, &p, d->N * d->I, es);
   s.h = ts_family_carve(base, &p, d->N * d->I, es);
@@ -293,6 +293,11 @@ static void *head_logits(const ts_model *m, const ts_unit *u, void *saved, size_
 
 /* ---- forward / backward ------------------------------------------------------ */
 
+/* Pointer to tensor i of a unit's flat buffer (ts_family_tensor). */
+static void *tensor(const ts_unit *u, int i, const void *flat, ts_dtype dt) {
+  return ts_family_tensor(u, i, flat, dt);
+}
+
 /* The unit's workspace split: ts_family_split_ws for this family. */
 static ts_status split_ws(const ts_kctx *ctx, size_t temps, size_t need, ts_kctx *kctx,
                           const char *what) {
@@ -309,23 +314,23 @@ static ts_status block_forward(const ts_model *m, const ts_unit *un, const ts_kc
   block_saved s = block_layout(&d, a->saved, dt, ctx->device);
   const ts_llama_config *c = ts_llama_config_of(m);
   float eps = c->rms_norm_eps, theta = c->rope_theta;
-  TS_CHECK(ts_k_rmsnorm_forward(&k, s.xn1, s.rstd1, a->x, ts_family_tensor(un, B_LN1, p, dt), d.N, d.C, eps,
+  TS_CHECK(ts_k_rmsnorm_forward(&k, s.xn1, s.rstd1, a->x, tensor(un, B_LN1, p, dt), d.N, d.C, eps,
                                 dt));
-  TS_CHECK(ts_k_linear_forward(&k, s.q, s.xn1, ts_family_tensor(un, B_WQ, p, dt), d.N, d.QD, d.C, dt));
-  TS_CHECK(ts_k_linear_forward(&k, s.k, s.xn1, ts_family_tensor(un, B_WK, p, dt), d.N, d.KVD, d.C, dt));
-  TS_CHECK(ts_k_linear_forward(&k, s.v, s.xn1, ts_family_tensor(un, B_WV, p, dt), d.N, d.KVD, d.C, dt));
+  TS_CHECK(ts_k_linear_forward(&k, s.q, s.xn1, tensor(un, B_WQ, p, dt), d.N, d.QD, d.C, dt));
+  TS_CHECK(ts_k_linear_forward(&k, s.k, s.xn1, tensor(un, B_WK, p, dt), d.N, d.KVD, d.C, dt));
+  TS_CHECK(ts_k_linear_forward(&k, s.v, s.xn1, tensor(un, B_WV, p, dt), d.N, d.KVD, d.C, dt));
   TS_CHECK(ts_k_rope_forward(&k, s.q, s.q, d.B, d.T, d.NH, d.HS, theta, dt));
   TS_CHECK(ts_k_rope_forward(&k, s.k, s.k, d.B, d.T, d.NKV, d.HS, theta, dt));
   TS_CHECK(ts_k_attention_forward(&k, s.att, s.att_state, s.q, s.k, s.v, d.B, d.T, d.NH, d.NKV, d.HS,
                                   dt));
-  TS_CHECK(ts_k_linear_forward(&k, s.xmid, s.att, ts_family_tensor(un, B_WO, p, dt), d.N, d.C, d.QD, dt));
+  TS_CHECK(ts_k_linear_forward(&k, s.xmid, s.att, tensor(un, B_WO, p, dt), d.N, d.C, d.QD, dt));
   TS_CHECK(ts_k_add(&k, s.xmid, s.xmid, a->x, d.N * d.C, dt));
-  TS_CHECK(ts_k_rmsnorm_forward(&k, s.xn2, s.rstd2, s.xmid, ts_family_tensor(un, B_LN2, p, dt), d.N, d.C,
+  TS_CHECK(ts_k_rmsnorm_forward(&k, s.xn2, s.rstd2, s.xmid, tensor(un, B_LN2, p, dt), d.N, d.C,
                                 eps, dt));
-  TS_CHECK(ts_k_linear_forward(&k, s.gate, s.xn2, ts_family_tensor(un, B_WGATE, p, dt), d.N, d.I, d.C, dt));
-  TS_CHECK(ts_k_linear_forward(&k, s.up, s.xn2, ts_family_tensor(un, B_WUP, p, dt), d.N, d.I, d.C, dt));
+  TS_CHECK(ts_k_linear_forward(&k, s.gate, s.xn2, tensor(un, B_WGATE, p, dt), d.N, d.I, d.C, dt));
+  TS_CHECK(ts_k_linear_forward(&k, s.up, s.xn2, tensor(un, B_WUP, p, dt), d.N, d.I, d.C, dt));
   TS_CHECK(ts_k_swiglu_forward(&k, s.h, s.gate, s.up, d.N * d.I, dt));
-  TS_CHECK(ts_k_linear_forward(&k, a->y, s.h, ts_family_tensor(un, B_WDOWN, p, dt), d.N, d.C, d.I, dt));
+  TS_CHECK(ts_k_linear_forward(&k, a->y, s.h, tensor(un, B_WDOWN, p, dt), d.N, d.C, d.I, dt));
   return ts_k_add(&k, a->y, a->y, s.xmid, d.N * d.C, dt);
 }
 
@@ -343,34 +348,34 @@ static ts_status block_backward(const ts_model *m, const ts_unit *un, const ts_k
   size_t NC = d.N * d.C;
   /* MLP: y = xmid + down(silu(gate) * up) */
   TS_CHECK(ts_k_cast(&k, t.d_xmid, dt, a->dy, dt, NC));
-  TS_CHECK(ts_k_linear_backward(&k, t.d_h, ts_family_tensor(un, B_WDOWN, g, dt), a->dy, s.h,
-                                ts_family_tensor(un, B_WDOWN, p, dt), d.N, d.C, d.I, dt));
+  TS_CHECK(ts_k_linear_backward(&k, t.d_h, tensor(un, B_WDOWN, g, dt), a->dy, s.h,
+                                tensor(un, B_WDOWN, p, dt), d.N, d.C, d.I, dt));
   TS_CHECK(ts_k_swiglu_backward(&k, t.d_gate, t.d_up, t.d_h, s.gate, s.up, d.N * d.I, dt));
-  TS_CHECK(ts_k_linear_backward(&k, t.d_xn, ts_family_tensor(un, B_WGATE, g, dt), t.d_gate, s.xn2,
-                                ts_family_tensor(un, B_WGATE, p, dt), d.N, d.I, d.C, dt));
-  TS_CHECK(ts_k_linear_backward(&k, t.d_tmp, ts_family_tensor(un, B_WUP, g, dt), t.d_up, s.xn2,
-                                ts_family_tensor(un, B_WUP, p, dt), d.N, d.I, d.C, dt));
+  TS_CHECK(ts_k_linear_backward(&k, t.d_xn, tensor(un, B_WGATE, g, dt), t.d_gate, s.xn2,
+                                tensor(un, B_WGATE, p, dt), d.N, d.I, d.C, dt));
+  TS_CHECK(ts_k_linear_backward(&k, t.d_tmp, tensor(un, B_WUP, g, dt), t.d_up, s.xn2,
+                                tensor(un, B_WUP, p, dt), d.N, d.I, d.C, dt));
   TS_CHECK(ts_k_add(&k, t.d_xn, t.d_xn, t.d_tmp, NC, dt));
-  TS_CHECK(ts_k_rmsnorm_backward(&k, t.d_xmid, ts_family_tensor(un, B_LN2, g, dt), t.d_xn, s.xmid,
-                                 ts_family_tensor(un, B_LN2, p, dt), s.rstd2, d.N, d.C, dt));
+  TS_CHECK(ts_k_rmsnorm_backward(&k, t.d_xmid, tensor(un, B_LN2, g, dt), t.d_xn, s.xmid,
+                                 tensor(un, B_LN2, p, dt), s.rstd2, d.N, d.C, dt));
   /* attention: xmid = x + o(attn(rope(q(xn1)), rope(k(xn1)), v(xn1))) */
-  TS_CHECK(ts_k_linear_backward(&k, t.d_att, ts_family_tensor(un, B_WO, g, dt), t.d_xmid, s.att,
-                                ts_family_tensor(un, B_WO, p, dt), d.N, d.C, d.QD, dt));
+  TS_CHECK(ts_k_linear_backward(&k, t.d_att, tensor(un, B_WO, g, dt), t.d_xmid, s.att,
+                                tensor(un, B_WO, p, dt), d.N, d.C, d.QD, dt));
   TS_CHECK(ts_k_attention_backward(&k, t.dq, t.dk, t.dv, t.d_att, s.att, s.q, s.k, s.v,
                                    s.att_state, d.B, d.T, d.NH, d.NKV, d.HS, dt));
   TS_CHECK(ts_k_rope_backward(&k, t.dq, t.dq, d.B, d.T, d.NH, d.HS, theta, dt));
   TS_CHECK(ts_k_rope_backward(&k, t.dk, t.dk, d.B, d.T, d.NKV, d.HS, theta, dt));
-  TS_CHECK(ts_k_linear_backward(&k, t.d_xn, ts_family_tensor(un, B_WQ, g, dt), t.dq, s.xn1,
-                                ts_family_tensor(un, B_WQ, p, dt), d.N, d.QD, d.C, dt));
-  TS_CHECK(ts_k_linear_backward(&k, t.d_tmp, ts_family_tensor(un, B_WK, g, dt), t.dk, s.xn1,
-                                ts_family_tensor(un, B_WK, p, dt), d.N, d.KVD, d.C, dt));
+  TS_CHECK(ts_k_linear_backward(&k, t.d_xn, tensor(un, B_WQ, g, dt), t.dq, s.xn1,
+                                tensor(un, B_WQ, p, dt), d.N, d.QD, d.C, dt));
+  TS_CHECK(ts_k_linear_backward(&k, t.d_tmp, tensor(un, B_WK, g, dt), t.dk, s.xn1,
+                                tensor(un, B_WK, p, dt), d.N, d.KVD, d.C, dt));
   TS_CHECK(ts_k_add(&k, t.d_xn, t.d_xn, t.d_tmp, NC, dt));
-  TS_CHECK(ts_k_linear_backward(&k, t.d_tmp, ts_family_tensor(un, B_WV, g, dt), t.dv, s.xn1,
-                                ts_family_tensor(un, B_WV, p, dt), d.N, d.KVD, d.C, dt));
+  TS_CHECK(ts_k_linear_backward(&k, t.d_tmp, tensor(un, B_WV, g, dt), t.dv, s.xn1,
+                                tensor(un, B_WV, p, dt), d.N, d.KVD, d.C, dt));
   TS_CHECK(ts_k_add(&k, t.d_xn, t.d_xn, t.d_tmp, NC, dt));
   TS_CHECK(ts_k_cast(&k, a->dx, dt, t.d_xmid, dt, NC));
-  return ts_k_rmsnorm_backward(&k, a->dx, ts_family_tensor(un, B_LN1, g, dt), t.d_xn, a->x,
-                               ts_family_tensor(un, B_LN1, p, dt), s.rstd1, d.N, d.C, dt);
+  return ts_k_rmsnorm_backward(&k, a->dx, tensor(un, B_LN1, g, dt), t.d_xn, a->x,
+                               tensor(un, B_LN1, p, dt), s.rstd1, d.N, d.C, dt);
 }
 
 /* The LM head's weight and gradient: its own, or the tied embedding's. */
@@ -388,8 +393,8 @@ static ts_status head_weight(const ts_model *m, const ts_unit *un, const void *p
       *gw = a->tied_grad;
     }
   } else {
-    *w = ts_family_tensor(un, H_LM_HEAD, p, a->dt);
-    if (gw) *gw = ts_family_tensor(un, H_LM_HEAD, g, a->dt);
+    *w = tensor(un, H_LM_HEAD, p, a->dt);
+    if (gw) *gw = tensor(un, H_LM_HEAD, g, a->dt);
   }
   return TS_OK;
 }
@@ -405,7 +410,7 @@ static ts_status head_forward(const ts_model *m, const ts_unit *un, const ts_kct
   head_saved s = head_layout(&d, a->saved, dt);
   const void *w = NULL;
   TS_CHECK(head_weight(m, un, p, NULL, a, &w, NULL));
-  TS_CHECK(ts_k_rmsnorm_forward(&k, s.xn, s.rstd, a->x, ts_family_tensor(un, H_NORM, p, dt), d.N, d.C,
+  TS_CHECK(ts_k_rmsnorm_forward(&k, s.xn, s.rstd, a->x, tensor(un, H_NORM, p, dt), d.N, d.C,
                                 ts_llama_config_of(m)->rms_norm_eps, dt));
   TS_CHECK(ts_k_linear_forward(&k, s.logits, s.xn, w, d.N, d.V, d.C, dt));
   float *rows = ctx->workspace;
@@ -435,8 +440,8 @@ static ts_status head_backward(const ts_model *m, const ts_unit *un, const ts_kc
                                          dt));
   TS_CHECK(ts_k_linear_backward(&k, d_xn, gw, s.logits, s.xn, w, d.N, d.V, d.C, dt));
   TS_CHECK(ts_k_zero(&k, a->dx, d.N * d.C * ts_dtype_size(dt)));
-  return ts_k_rmsnorm_backward(&k, a->dx, ts_family_tensor(un, H_NORM, g, dt), d_xn, a->x,
-                               ts_family_tensor(un, H_NORM, p, dt), s.rstd, d.N, d.C, dt);
+  return ts_k_rmsnorm_backward(&k, a->dx, tensor(un, H_NORM, g, dt), d_xn, a->x,
+                               tensor(un, H_NORM, p, dt), s.rstd, d.N, d.C, dt);
 }
 
 static ts_status embedding_forward(const ts_model *m, const ts_unit *un, const ts_kctx *ctx,
