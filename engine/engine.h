@@ -370,8 +370,9 @@ ts_status ts_engine_eval(ts_engine *e, const int32_t *inputs, const int32_t *tar
                          double *loss_sum, size_t *count);
 /* ts_engine_eval, and *correct: this dp rank's rows with a target whose
  * logits' first maximum is the target (the accuracy of a masked LM's
- * predictions). The logits are read on the host, a row at a time (a copy
- * each from a device). */
+ * predictions; correct NULL: ts_engine_eval). The logits are read on the
+ * host, a row at a time (a copy each from a device). Errors: those of
+ * ts_engine_eval, TS_ERR_OUT_OF_MEMORY for the host copy of a row. */
 ts_status ts_engine_eval_accuracy(ts_engine *e, const int32_t *inputs, const int32_t *targets,
                                   double *loss_sum, size_t *count, size_t *correct);
 

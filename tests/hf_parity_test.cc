@@ -400,6 +400,54 @@ TEST(HfParityBert, TokenTypesAndMaskFollowFromTheIds) {
     EXPECT_GT(std::count(f.inputs.begin(), f.inputs.end(), f.model.pad_token_id), 0) << v;
   }
 }
+TEST(HfParityBert, AccuracyCountsTheTargetsTheLogitsPredict) {
+  // ts_engine_eval_accuracy against the argmax of transformers' logits,
+  // on rows whose top two logits are further apart than the parity
+  // tolerance (so both sides agree on the argmax).
+  for (const char *v : {"bert_gelu", "bert_gelu_new"}) {
+    Fixture f(v);
+    ASSERT_NE(f.engine, nullptr);
+    double sum;
+    size_t count, correct = 0, want = 0;
+    ASSERT_EQ(ts_engine_eval_accuracy(f.engine, f.inputs.data(), f.targets.data(), &sum, &count,
+                                      &correct),
+              TS_OK)
+        << ts_last_error();
+    const float *ref = (const float *)f.Get("logits").data;
+    size_t V = f.model.vocab_size;
+    for (size_t n = 0; n < f.inputs.size(); n++) {
+      if (f.targets[n] == -100) continue;
+      const float *row = ref + n * V;
+      size_t best = (size_t)(std::max_element(row, row + V) - row);
+      float second = -INFINITY;
+      for (size_t k = 0; k < V; k++)
+        if (k != best) second = std::fmax(second, row[k]);
+      ASSERT_GT(row[best] - second, 1e-3f) << v << " row " << n << ": a near tie";
+      want += best == (size_t)f.targets[n];
+    }
+    EXPECT_EQ(count, 9u) << v;
+    EXPECT_EQ(correct, want) << v;
+    // Targets set to each row's argmax: every one is predicted; one of them
+    // moved to another id: one fewer.
+    std::vector<int32_t> argmax = f.targets;
+    for (size_t n = 0; n < argmax.size(); n++)
+      if (argmax[n] != -100)
+        argmax[n] = (int32_t)(std::max_element(ref + n * V, ref + (n + 1) * V) - (ref + n * V));
+    ASSERT_EQ(ts_engine_eval_accuracy(f.engine, f.inputs.data(), argmax.data(), &sum, &count,
+                                      &correct),
+              TS_OK);
+    EXPECT_EQ(correct, count) << v;
+    size_t first = (size_t)(std::find_if(argmax.begin(), argmax.end(),
+                                         [](int32_t t) { return t != -100; }) -
+                            argmax.begin());
+    argmax[first] = (argmax[first] + 1) % (int32_t)V;
+    ASSERT_EQ(ts_engine_eval_accuracy(f.engine, f.inputs.data(), argmax.data(), &sum, &count,
+                                      &correct),
+              TS_OK);
+    EXPECT_EQ(correct, count - 1) << v;
+  }
+}
+
 TEST(HfParityBert, GeluForwardBackwardMatchTransformers) { CheckForwardBackward("bert_gelu"); }
 TEST(HfParityBert, GeluNewForwardBackwardMatchTransformers) {
   CheckForwardBackward("bert_gelu_new");
