@@ -125,11 +125,24 @@ static double bert_flops(const ts_model *m, size_t T) {
   return 6.0 * matmul + 12.0 * (double)c->num_hidden_layers * C * (double)T;
 }
 
+/* ts_model_family.ignorable: the position-id and token-type buffers, the
+ * tied decoder (weight: the word embeddings; bias: cls.predictions.bias),
+ * and BertForPreTraining's pooler and next-sentence head. */
+static int bert_ignorable(const ts_model *m, const char *name) {
+  if (!strcmp(name, "cls.predictions.decoder.weight"))
+    return m->units[m->n_units - 1].tied_unit >= 0;
+  return !strcmp(name, "bert.embeddings.position_ids") ||
+         !strcmp(name, "bert.embeddings.token_type_ids") ||
+         !strcmp(name, "cls.predictions.decoder.bias") || !strncmp(name, "bert.pooler.", 12) ||
+         !strncmp(name, "cls.seq_relationship.", 21);
+}
+
 const ts_model_family ts_bert_family = {
     .model_type = "bert",
     .init = bert_init,
     .free = bert_free,
     .flops_per_token = bert_flops,
+    .ignorable = bert_ignorable,
 };
 
 /* ---- sizes ----------------------------------------------------------------- */

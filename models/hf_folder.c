@@ -102,24 +102,6 @@ static ts_safetensors *lookup(const ts_hf_folder *f, const char *name, ts_safete
   return NULL;
 }
 
-/* Tensors a checkpoint may carry that the model does not hold (as
- * transformers' from_pretrained skips them): LLaMA's RoPE buffer and tied
- * lm_head; BERT's position-id buffer, its tied decoder (weight: the word
- * embeddings; bias: cls.predictions.bias), and BertForPreTraining's pooler
- * and next-sentence head. */
-static int ignorable(const ts_model *m, const char *name) {
-  size_t n = strlen(name), k = strlen("rotary_emb.inv_freq");
-  int tied = m->units[m->n_units - 1].tied_unit >= 0;
-  if (n >= k && !strcmp(name + n - k, "rotary_emb.inv_freq")) return 1;
-  if (m->objective == TS_OBJECTIVE_MASKED_LM)
-    return !strcmp(name, "bert.embeddings.position_ids") ||
-           !strcmp(name, "bert.embeddings.token_type_ids") ||
-           !strcmp(name, "cls.predictions.decoder.bias") || !strncmp(name, "bert.pooler.", 12) ||
-           !strncmp(name, "cls.seq_relationship.", 21) ||
-           (tied && !strcmp(name, "cls.predictions.decoder.weight"));
-  return tied && !strcmp(name, "lm_head.weight");
-}
-
 ts_status ts_hf_folder_check(const ts_hf_folder *f, const ts_model *m) {
   size_t count = 0;
   for (int u = 0; u < m->n_units; u++)
@@ -144,7 +126,7 @@ ts_status ts_hf_folder_check(const ts_hf_folder *f, const ts_model *m) {
     for (size_t j = 0; j < ts_safetensors_count(f->shards[k]); j++) {
       const char *name = ts_safetensors_name(f->shards[k], j);
       int u, i;
-      if (ts_model_find_tensor(m, name, &u, &i) != TS_OK && !ignorable(m, name))
+      if (ts_model_find_tensor(m, name, &u, &i) != TS_OK && !ts_model_ignorable(m, name))
         return ts_set_error(TS_ERR_FORMAT, "%s: tensor %s is not in the model %s: the folder is "
                             "of another model", ts_safetensors_path(f->shards[k]), name, m->name);
     }

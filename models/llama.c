@@ -122,11 +122,20 @@ static double llama_flops(const ts_model *m, size_t T) {
   return ts_llama_flops_per_token(ts_llama_config_of(m), T);
 }
 
+/* ts_model_family.ignorable: RoPE's inverse-frequency buffer, and the LM
+ * head of a tied model (it is the embedding). */
+static int llama_ignorable(const ts_model *m, const char *name) {
+  size_t n = strlen(name), k = strlen("rotary_emb.inv_freq");
+  if (n >= k && !strcmp(name + n - k, "rotary_emb.inv_freq")) return 1;
+  return m->units[m->n_units - 1].tied_unit >= 0 && !strcmp(name, "lm_head.weight");
+}
+
 const ts_model_family ts_llama_family = {
     .model_type = "llama",
     .init = llama_init,
     .free = llama_free,
     .flops_per_token = llama_flops,
+    .ignorable = llama_ignorable,
 };
 
 /* ---- sizes ----------------------------------------------------------------- */

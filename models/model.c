@@ -121,6 +121,10 @@ double ts_model_flops_per_token(const ts_model *m, size_t T) {
   return m->family->flops_per_token(m, T);
 }
 
+int ts_model_ignorable(const ts_model *m, const char *name) {
+  return m->family->ignorable && m->family->ignorable(m, name);
+}
+
 ts_status ts_model_find_tensor(const ts_model *m, const char *name, int *u, int *i) {
   for (int a = 0; a < m->n_units; a++)
     for (int b = 0; b < m->units[a].n_tensors; b++)

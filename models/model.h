@@ -139,6 +139,10 @@ typedef struct ts_model_family {
   /* Model FLOPs per token of one forward+backward at sequence length T
    * (PaLM, Chowdhery et al. 2022, App. B: 6 x matmul parameters + attention). */
   double (*flops_per_token)(const ts_model *m, size_t T);
+  /* 1 if a Hugging Face checkpoint of this family may carry tensor `name`
+   * that m does not hold (a buffer, a tied copy, another task's head), as
+   * transformers' from_pretrained skips it; NULL: none may. */
+  int (*ignorable)(const ts_model *m, const char *name);
 } ts_model_family;
 
 struct ts_model {
@@ -186,6 +190,10 @@ const char *ts_model_origin(const ts_model *m);
 
 /* Model FLOPs per token of one forward+backward at sequence length T. */
 double ts_model_flops_per_token(const ts_model *m, size_t T);
+
+/* 1 if `name`, not a tensor of m, may stand in a Hugging Face checkpoint
+ * of m's family and be skipped (ts_model_family.ignorable). */
+int ts_model_ignorable(const ts_model *m, const char *name);
 
 /* Unit u and tensor i of the tensor named `name`; TS_ERR_INVALID_ARGUMENT
  * ("tensor X: not a parameter of model M") when there is none. */
