@@ -24,7 +24,7 @@ static ts_status device_add(void *user, void *out, const void *a, const void *b,
 ts_status ts_engine_prepare_device(ts_engine *e) {
   e->comm_mem = (ts_comm_memory){.user = e, .copy = device_copy, .add = device_add};
   TS_CHECK(ts_comm_set_memory(e->dp, &e->comm_mem));
-  e->ctx.flags |= TS_K_INDICES_CHECKED; /* load_batch checks them on the host */
+  e->ctx.flags |= TS_K_INDICES_CHECKED; /* ts_engine_load_batch checks them on the host */
   if (e->opts.allow_tf32) e->ctx.flags |= TS_K_ALLOW_TF32;
   if (e->opts.plain_attention) e->ctx.flags |= TS_K_PLAIN_ATTENTION;
   ts_device_report *r = &e->report;

@@ -571,14 +571,9 @@ ts_status ts_engine_forward_slot(ts_engine *e, act_slot *sl, double *loss, int f
   return TS_OK;
 }
 
-/* Copies this micro-batch's (B, T) host inputs and targets to the device
- * and counts the targets that are not -100 (host arithmetic on the host
- * array). On the CPU nothing moves when the caller filled the engine's own
- * buffers. Beside a device the batch goes through the page-locked staging
- * by one asynchronous copy each: the only wait is for the previous
- * micro-batch's copies to have left the staging, long done by now. */
-static ts_status load_batch(ts_engine *e, const int32_t *inputs, const int32_t *targets,
-                            size_t *count) {
+/* ts_engine_load_batch (engine_internal.h). */
+ts_status ts_engine_load_batch(ts_engine *e, const int32_t *inputs, const int32_t *targets,
+                              size_t *count) {
   size_t BT = e->opts.micro_batch * e->opts.seq;
   if (e->staging) {
     TS_CHECK(ts_engine_check_batch(e, inputs, targets, BT));
@@ -705,7 +700,7 @@ void ts_engine_discard_step(ts_engine *e) {
 static ts_status run_micro_step(ts_engine *e, const int32_t *inputs, const int32_t *targets) {
   size_t count = 0;
   act_slot *sl = &e->slots[0];
-  if (!e->plan) TS_CHECK(load_batch(e, inputs, targets, &count));
+  if (!e->plan) TS_CHECK(ts_engine_load_batch(e, inputs, targets, &count));
   sl->dloss = ts_engine_dloss(e, count);
   e->cur_mb = e->micro_done;
   TS_CHECK(ts_engine_forward_slot(e, sl, e->plan ? NULL : e->loss + 2 * (size_t)e->cur_mb, 1));
@@ -742,29 +737,6 @@ ts_status ts_engine_micro_step(ts_engine *e, const int32_t *inputs, const int32_
   }
   if (st != TS_OK) ts_engine_discard_step(e);
   return st;
-}
-
-ts_status ts_engine_eval_accuracy(ts_engine *e, const int32_t *inputs, const int32_t *targets,
-                                  double *loss_sum, size_t *count, size_t *correct) {
-  size_t rows;
-  TS_CHECK(load_batch(e, inputs, targets, &rows));
-  double sums[3] = {0.0, 0.0, 0.0}; /* loss sum, rows, rows predicted right */
-  if (e->stages > 1) {
-    TS_CHECK(ts_engine_eval_pipeline(e, sums, targets, correct != NULL));
-  } else {
-    TS_CHECK(ts_engine_forward_slot(e, &e->slots[0], e->eval_loss, 0));
-    TS_CHECK(ts_k_to_host(&e->ctx, sums, e->eval_loss, 2 * sizeof(double)));
-    if (correct) TS_CHECK(ts_engine_count_correct(e, targets, &sums[2]));
-  }
-  *loss_sum = sums[0];
-  *count = (size_t)sums[1];
-  if (correct) *correct = (size_t)sums[2];
-  return TS_OK;
-}
-
-ts_status ts_engine_eval(ts_engine *e, const int32_t *inputs, const int32_t *targets,
-                         double *loss_sum, size_t *count) {
-  return ts_engine_eval_accuracy(e, inputs, targets, loss_sum, count, NULL);
 }
 
 /* ---- accessors --------------------------------------------------------------------- */

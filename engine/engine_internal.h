@@ -14,6 +14,7 @@
  *              the activation prediction and the units' costs
  *   checkpoint.c, checkpoint_load.c  checkpoints (checkpoint.h): each rank's
  *              slices out, any layout's parts back in
+ *   eval.c     evaluation: a batch's loss, a masked LM's accuracy
  *   pipeline.c pipeline stages: create on a grid, the schedule's executor,
  *              the sends and receives of activations, their gradients and
  *              the tied embedding, the per-stage plan
@@ -209,6 +210,15 @@ ts_status ts_engine_wait_sends(ts_engine *e);
  * right, ts_engine_count_correct of the host targets) on every stage. */
 ts_status ts_engine_eval_pipeline(ts_engine *e, double sums[3], const int32_t *targets,
                                   int want_correct);
+/* Copies this micro-batch's (B, T) host inputs and targets to the device
+ * and counts in *count the targets that are not -100 (host arithmetic on
+ * the host array). On the CPU nothing moves when the caller filled the
+ * engine's own buffers. Beside a device the batch goes through the
+ * page-locked staging by one asynchronous copy each: the only wait is for
+ * the previous micro-batch's copies to have left the staging, long done by
+ * now. Errors: the host check of a device's batch, the copies'. */
+ts_status ts_engine_load_batch(ts_engine *e, const int32_t *inputs, const int32_t *targets,
+                               size_t *count);
 /* After an evaluation forward of slot 0 on the last stage: *correct = the
  * rows of the (B, T) host targets, -100 skipped, whose logits' first
  * maximum is the target (the logits are read on the host: a copy from a

@@ -22,7 +22,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/floats.h"
 #include "engine/engine_internal.h"
 #include "shard/collect.h"
 
@@ -248,36 +247,3 @@ ts_status ts_engine_eval_pipeline(ts_engine *e, double sums[3], const int32_t *t
   return ts_comm_all_reduce_f64(e->pp, sums, 3, TS_COMM_SUM);
 }
 
-/* Element i of a row of dtype dt, widened. */
-static float load_f32(const void *row, size_t i, ts_dtype dt) {
-  if (dt == TS_FP32) return ((const float *)row)[i];
-  uint16_t h = ((const uint16_t *)row)[i];
-  return dt == TS_BF16 ? ts_bf16_to_f32(h) : ts_f16_to_f32(h);
-}
-
-ts_status ts_engine_count_correct(ts_engine *e, const int32_t *targets, double *correct) {
-  int u = e->model->n_units - 1;
-  size_t B = e->opts.micro_batch, T = e->opts.seq, N = B * T, V = e->model->vocab_size;
-  ts_dtype dt = e->opts.dtype;
-  const void *logits = ts_unit_logits(e->model, u, e->slots[0].saved[u], B, T, dt);
-  if (!logits) return ts_set_error(TS_ERR_INVALID_USAGE, "accuracy: the last unit has no logits");
-  size_t row_bytes = V * ts_dtype_size(dt);
-  void *host = e->device == TS_DEVICE_CPU ? NULL : malloc(row_bytes);
-  if (e->device != TS_DEVICE_CPU && !host)
-    return ts_set_error(TS_ERR_OUT_OF_MEMORY, "accuracy: %zu bytes for a row of logits",
-                        row_bytes);
-  ts_status st = TS_OK;
-  *correct = 0;
-  for (size_t n = 0; n < N && st == TS_OK; n++) {
-    if (targets[n] == TS_IGNORE_INDEX) continue;
-    const void *row = (const char *)logits + n * row_bytes;
-    if (host) st = ts_k_to_host(&e->ctx, host, row, row_bytes);
-    const void *r = host ? host : row;
-    size_t best = 0;
-    for (size_t v = 1; v < V; v++)
-      if (load_f32(r, v, dt) > load_f32(r, best, dt)) best = v;
-    *correct += best == (size_t)targets[n];
-  }
-  free(host);
-  return st;
-}

@@ -1,0 +1,63 @@
+/* eval.c — evaluation (engine.h): the loss of a batch without touching
+ * gradients, and a masked LM's accuracy from the last unit's logits. */
+#include <stdlib.h>
+
+#include "base/floats.h"
+#include "engine/engine_internal.h"
+
+/* Element i of a row of dtype dt, widened. */
+static float load_f32(const void *row, size_t i, ts_dtype dt) {
+  if (dt == TS_FP32) return ((const float *)row)[i];
+  uint16_t h = ((const uint16_t *)row)[i];
+  return dt == TS_BF16 ? ts_bf16_to_f32(h) : ts_f16_to_f32(h);
+}
+
+ts_status ts_engine_count_correct(ts_engine *e, const int32_t *targets, double *correct) {
+  int u = e->model->n_units - 1;
+  size_t B = e->opts.micro_batch, T = e->opts.seq, N = B * T, V = e->model->vocab_size;
+  ts_dtype dt = e->opts.dtype;
+  const void *logits = ts_unit_logits(e->model, u, e->slots[0].saved[u], B, T, dt);
+  if (!logits) return ts_set_error(TS_ERR_INVALID_USAGE, "accuracy: the last unit has no logits");
+  size_t row_bytes = V * ts_dtype_size(dt);
+  void *host = e->device == TS_DEVICE_CPU ? NULL : malloc(row_bytes);
+  if (e->device != TS_DEVICE_CPU && !host)
+    return ts_set_error(TS_ERR_OUT_OF_MEMORY, "accuracy: %zu bytes for a row of logits",
+                        row_bytes);
+  ts_status st = TS_OK;
+  *correct = 0;
+  for (size_t n = 0; n < N && st == TS_OK; n++) {
+    if (targets[n] == TS_IGNORE_INDEX) continue;
+    const void *row = (const char *)logits + n * row_bytes;
+    if (host) st = ts_k_to_host(&e->ctx, host, row, row_bytes);
+    const void *r = host ? host : row;
+    size_t best = 0;
+    for (size_t v = 1; v < V; v++)
+      if (load_f32(r, v, dt) > load_f32(r, best, dt)) best = v;
+    *correct += best == (size_t)targets[n];
+  }
+  free(host);
+  return st;
+}
+
+ts_status ts_engine_eval_accuracy(ts_engine *e, const int32_t *inputs, const int32_t *targets,
+                                  double *loss_sum, size_t *count, size_t *correct) {
+  size_t rows;
+  TS_CHECK(ts_engine_load_batch(e, inputs, targets, &rows));
+  double sums[3] = {0.0, 0.0, 0.0}; /* loss sum, rows, rows predicted right */
+  if (e->stages > 1) {
+    TS_CHECK(ts_engine_eval_pipeline(e, sums, targets, correct != NULL));
+  } else {
+    TS_CHECK(ts_engine_forward_slot(e, &e->slots[0], e->eval_loss, 0));
+    TS_CHECK(ts_k_to_host(&e->ctx, sums, e->eval_loss, 2 * sizeof(double)));
+    if (correct) TS_CHECK(ts_engine_count_correct(e, targets, &sums[2]));
+  }
+  *loss_sum = sums[0];
+  *count = (size_t)sums[1];
+  if (correct) *correct = (size_t)sums[2];
+  return TS_OK;
+}
+
+ts_status ts_engine_eval(ts_engine *e, const int32_t *inputs, const int32_t *targets,
+                         double *loss_sum, size_t *count) {
+  return ts_engine_eval_accuracy(e, inputs, targets, loss_sum, count, NULL);
+}
