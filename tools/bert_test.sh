@@ -20,8 +20,7 @@ launch="$2"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 fails=0
 source "$(dirname "${BASH_SOURCE[0]}")/testing.sh"
-export TESSERA_HOME="${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-tessera}"
-[[ -f "$TESSERA_HOME/models/configs/bert-base.json" ]] || export TESSERA_HOME="$(pwd)"
+presets_home
 mpi_scratch
 
 # A corpus of 120 paragraphs of seeded words (vocabulary ~40 words).
@@ -60,8 +59,6 @@ JSON
 cfg "$tmp/bert.json"
 common=(--model "$tmp/bert.json" --data "$tmp/mlm" --seq 32 --micro-batch 2 --steps 6
   --log-every 1 --eval-batches 2)
-steps() { grep '^step ' <<<"$1" | grep -v val | sed 's/ | [0-9]* tok\/s.*//'; }
-shas() { grep -A2 '"rank-' "$1/index.json" | grep sha256 | tr -d ' \t'; }
 
 # 2. 2 ranks, ZeRO-3; 2 pipeline stages
 a="$("$launch" -n 2 "$bin" train "${common[@]}" --zero 3 --save "$tmp/a" --save-every 3 \

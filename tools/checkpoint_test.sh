@@ -26,18 +26,12 @@ launch="$2"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 fails=0
 source "$(dirname "${BASH_SOURCE[0]}")/testing.sh"
-export TESSERA_HOME="${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-tessera}"
-[[ -f "$TESSERA_HOME/models/configs/llama-tiny.json" ]] || export TESSERA_HOME="$(pwd)"
+presets_home
 
 mpi_scratch
 make_token_shards "$tmp/data"
 base=(--data "$tmp/data" --seq 32 --log-every 1) # train refuses a flag given twice
 common=(--model llama-tiny "${base[@]}" --steps 6 --micro-batch 2)
-
-# The rank files' checksums of checkpoint folder $1, one per line.
-shas() { grep -A2 '"rank-' "$1/index.json" | grep sha256 | tr -d ' \t'; }
-# The step lines of a log, without their timing.
-steps() { grep '^step ' <<<"$1" | grep -v val | sed 's/ | [0-9]* tok\/s.*//'; }
 
 # 1. resume from the middle == uninterrupted, 1 and 2 ranks
 for n in 1 2; do

@@ -34,6 +34,19 @@ lines() { # lines TEXT — how many lines TEXT has ("" has none)
   if [[ -z "$1" ]]; then echo 0; else printf '%s\n' "$1" | wc -l; fi
 }
 
+presets_home() { # TESSERA_HOME where models/configs is: Bazel's runfiles tree, else here
+  export TESSERA_HOME="${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-tessera}"
+  [[ -d "$TESSERA_HOME/models/configs" ]] || export TESSERA_HOME="$(pwd)"
+}
+
+shas() { # shas CKPT — the rank files' SHA-256 in checkpoint folder CKPT's index.json, a line each
+  grep -A2 '"rank-' "$1/index.json" | grep sha256 | tr -d ' \t'
+}
+
+steps() { # steps LOG — a train log's step lines, without evaluations and timings
+  grep '^step ' <<<"$1" | grep -v val | sed 's/ | [0-9]* tok\/s.*//'
+}
+
 mpi_scratch() { # a private MPI scratch folder, removed at exit (see comm/mpirun_test.sh:
   # concurrent tests may share PIDs, hence Open MPI session names, in /tmp); one thread per rank
   scratch="$(mktemp -d /tmp/tstest.XXXXXX)"
