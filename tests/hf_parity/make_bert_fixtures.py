@@ -102,20 +102,16 @@ def make_config(variant):
 
 
 def config_dict(model):
-    """config.json contents: transformers' own dict (what to_json_file
-    writes), with the fields a reader needs made explicit."""
-    c = model.config
-    d = c.to_diff_dict()
-    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "vocab_size", "max_position_embeddings", "type_vocab_size", "layer_norm_eps",
-                "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob",
-                "pad_token_id", "sep_token_id", "cls_token_id", "position_embedding_type",
-                "tie_word_embeddings", "initializer_range"):
-        d[key] = getattr(c, key)
-    d["model_type"] = "bert"
-    d["architectures"] = ["BertForMaskedLM"]
-    for k in ("_attn_implementation", "attn_implementation", "_name_or_path"):
-        d.pop(k, None)
+    """config.json contents: make_fixtures.explicit_config with the fields
+    a reader needs."""
+    d = mf.explicit_config(model, ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                   "num_attention_heads", "vocab_size", "max_position_embeddings",
+                                   "type_vocab_size", "layer_norm_eps", "hidden_act",
+                                   "hidden_dropout_prob", "attention_probs_dropout_prob",
+                                   "pad_token_id", "sep_token_id", "cls_token_id",
+                                   "position_embedding_type", "tie_word_embeddings",
+                                   "initializer_range"),
+                           "bert", "BertForMaskedLM")
     return dict(sorted(d.items()))
 
 

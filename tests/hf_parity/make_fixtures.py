@@ -70,22 +70,33 @@ def make_config(tied):
     )
 
 
-def config_dict(model):
-    """config.json contents: transformers' own dict, plus the legacy top-level
-    rope_theta (transformers >= 5 nests it in rope_parameters) and
-    architectures, so readers of either layout find every field."""
+def explicit_config(model, keys, model_type, architecture):
+    """transformers' own config dict (what model.config.to_json_file
+    writes) with `keys` written explicitly (to_diff_dict leaves out
+    defaults), model_type and architectures set, and the loader-only
+    attention and path fields dropped."""
     c = model.config
-    d = c.to_diff_dict()  # what model.config.to_json_file writes
-    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "vocab_size", "max_position_embeddings", "rms_norm_eps",
-                "tie_word_embeddings", "hidden_act", "attention_bias", "mlp_bias"):
+    d = c.to_diff_dict()
+    for key in keys:
         d[key] = getattr(c, key)
-    d["model_type"] = "llama"
-    d["architectures"] = ["LlamaForCausalLM"]
-    rope = d.get("rope_parameters") or {}
-    d["rope_theta"] = float(rope.get("rope_theta", getattr(c, "rope_theta", 10000.0)))
+    d["model_type"] = model_type
+    d["architectures"] = [architecture]
     for k in ("_attn_implementation", "attn_implementation", "_name_or_path"):
         d.pop(k, None)
+    return d
+
+
+def config_dict(model):
+    """config.json contents: explicit_config, plus the legacy top-level
+    rope_theta (transformers >= 5 nests it in rope_parameters), so readers
+    of either layout find every field."""
+    d = explicit_config(model, ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                "num_attention_heads", "num_key_value_heads", "vocab_size",
+                                "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings",
+                                "hidden_act", "attention_bias", "mlp_bias"),
+                        "llama", "LlamaForCausalLM")
+    rope = d.get("rope_parameters") or {}
+    d["rope_theta"] = float(rope.get("rope_theta", getattr(model.config, "rope_theta", 10000.0)))
     return dict(sorted(d.items()))
 
 
