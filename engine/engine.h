@@ -207,7 +207,7 @@ size_t ts_engine_activation_bytes_stage(const ts_model *m, const ts_engine_opts 
  * ledger peaks equal these exactly (tests/zero_test). Milliseconds for
  * LLaMA-2 70B at N = 1024. Errors: those of ts_engine_create's checks, and
  * TS_ERR_INVALID_ARGUMENT for dp_size outside 1 .. INT32_MAX. The config's
- * sizes are bounded (TS_LLAMA_MAX_PARAMS); products of an absurd B or T
+ * sizes are bounded (TS_MODEL_MAX_PARAMS); products of an absurd B or T
  * (e.g. B NH T^2 attention bytes) are not checked for size_t overflow. */
 ts_status ts_engine_plan(const ts_model *model, const ts_engine_opts *opts, size_t dp_size,
                          ts_mem_account *out);

@@ -9,9 +9,6 @@
 #include "models/bert_internal.h"
 #include "models/config_json.h"
 
-/* Largest parameter count a config may describe (as LLaMA's, 2^48). */
-#define MAX_PARAMS 281474976710656.0
-
 /* A field that must be a number equal to 0 (tessera has no dropout). */
 static ts_status expect_zero(const cJSON *root, const char *src, const char *field) {
   const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, field);
@@ -110,13 +107,8 @@ ts_status ts_bert_config_from_json(const void *json_object, const char *src, ts_
   double C = (double)c->hidden_size, I = (double)c->intermediate_size;
   double psi = (double)(c->vocab_size + c->max_position_embeddings + c->type_vocab_size) * C +
                (double)c->num_hidden_layers * (4 * C * C + 2 * I * C);
-  if (psi > MAX_PARAMS)
-    return ts_set_error(TS_ERR_FORMAT,
-                        "%s: hidden_size %zu, intermediate_size %zu, num_hidden_layers %zu, "
-                        "vocab_size %zu give %.3g parameters: expected at most 2^48",
-                        src, c->hidden_size, c->intermediate_size, c->num_hidden_layers,
-                        c->vocab_size, psi);
-  return TS_OK;
+  return ts_cfg_check_param_count(src, psi, c->hidden_size, c->intermediate_size,
+                                  c->num_hidden_layers, c->vocab_size);
 }
 
 size_t ts_bert_num_params(const ts_bert_config *c) {

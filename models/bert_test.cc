@@ -199,6 +199,7 @@ TEST(BertConfig, UnsupportedValuesAreRefusedInOneLine) {
       {"pad_token_id", "13", "token id in [0, vocab_size = 13)"},
       {"sep_token_id", "-1", "token id"},
       {"layer_norm_eps", "0", "positive number"},
+      {"hidden_size", "1000000000", "parameters: expected at most 2^48"},
   };
   for (const auto &c : cases) {
     std::string e = ErrorOf(With(c.field, c.value));

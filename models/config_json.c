@@ -1,6 +1,8 @@
 /* config_json.c — the field readers of config_json.h. */
 #include "models/config_json.h"
 
+#include "models/model.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -58,6 +60,16 @@ ts_status ts_cfg_expect_value(const cJSON *root, const char *src, const char *fi
   char expected[64];
   snprintf(expected, sizeof expected, "%s (the only value tessera supports)", want);
   return ts_cfg_field_error(it, src, field, expected);
+}
+
+ts_status ts_cfg_check_param_count(const char *src, double psi, size_t hidden_size,
+                                   size_t intermediate_size, size_t num_hidden_layers,
+                                   size_t vocab_size) {
+  if (psi <= TS_MODEL_MAX_PARAMS) return TS_OK;
+  return ts_set_error(TS_ERR_FORMAT,
+                      "%s: hidden_size %zu, intermediate_size %zu, num_hidden_layers %zu, "
+                      "vocab_size %zu give %.3g parameters: expected at most 2^48",
+                      src, hidden_size, intermediate_size, num_hidden_layers, vocab_size, psi);
 }
 
 void ts_cfg_stem(const char *path, char *out, size_t cap) {

@@ -36,6 +36,14 @@ ts_status ts_cfg_get_float(const cJSON *obj, const char *src, const char *field,
 ts_status ts_cfg_expect_value(const cJSON *obj, const char *src, const char *field,
                               const char *want);
 
+/* TS_ERR_FORMAT ("SRC: hidden_size H, intermediate_size I,
+ * num_hidden_layers L, vocab_size V give P parameters: expected at most
+ * 2^48") when psi, a family's parameter count in double, exceeds
+ * TS_MODEL_MAX_PARAMS; TS_OK otherwise. */
+ts_status ts_cfg_check_param_count(const char *src, double psi, size_t hidden_size,
+                                   size_t intermediate_size, size_t num_hidden_layers,
+                                   size_t vocab_size);
+
 /* The file stem of path ("a/b/llama-tiny.json" -> "llama-tiny"): a
  * model's name in logs. */
 void ts_cfg_stem(const char *path, char *out, size_t cap);

@@ -51,13 +51,8 @@ ts_status ts_llama_config_validate(const ts_llama_config *c) {
   double C = (double)c->hidden_size, I = (double)c->intermediate_size,
          V = (double)c->vocab_size, kv = (double)c->num_key_value_heads * (double)ts_llama_head_size(c);
   double psi = 2 * V * C + (double)c->num_hidden_layers * (2 * C * C + 2 * kv * C + 3 * I * C);
-  if (psi > TS_LLAMA_MAX_PARAMS)
-    return ts_set_error(TS_ERR_FORMAT,
-                        "%s: hidden_size %zu, intermediate_size %zu, num_hidden_layers %zu, "
-                        "vocab_size %zu give %.3g parameters: expected at most 2^48",
-                        src, c->hidden_size, c->intermediate_size, c->num_hidden_layers,
-                        c->vocab_size, psi);
-  return TS_OK;
+  return ts_cfg_check_param_count(src, psi, c->hidden_size, c->intermediate_size,
+                                  c->num_hidden_layers, c->vocab_size);
 }
 
 /* A config of another family patched to say "llama" would train as a

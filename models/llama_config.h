@@ -45,13 +45,9 @@ static inline size_t ts_llama_head_size(const ts_llama_config *c) {
   return c->hidden_size / c->num_attention_heads;
 }
 
-/* Largest parameter count a config may describe (2^48 ≈ 2.8e14): far
- * above any model trained, far below where byte counts wrap size_t. */
-#define TS_LLAMA_MAX_PARAMS 281474976710656.0
-
 /* Checks the invariants above (sizes positive, eps and theta positive,
  * heads divide hidden_size, even head size, kv heads divide heads, at
- * most TS_LLAMA_MAX_PARAMS parameters counting an untied head);
+ * most TS_MODEL_MAX_PARAMS parameters counting an untied head);
  * TS_ERR_FORMAT naming c->source (or c->name) and the field otherwise. */
 ts_status ts_llama_config_validate(const ts_llama_config *c);
 

@@ -64,6 +64,11 @@ typedef struct ts_tensor_spec {
 typedef struct ts_model ts_model;
 typedef struct ts_unit ts_unit;
 
+/* Largest parameter count a config of any family may describe (2^48 ≈
+ * 2.8e14): far above any model trained, far below where byte counts wrap
+ * size_t in unit layouts and plans. */
+#define TS_MODEL_MAX_PARAMS 281474976710656.0
+
 /* What a model's targets are, so the trainer builds the right batches. */
 typedef enum ts_objective {
   TS_OBJECTIVE_CAUSAL_LM = 0, /* targets are the inputs shifted by one (LLaMA) */
