@@ -328,20 +328,9 @@ def build(variant, dtype, out_dir):
         print("  save_pretrained writes: %s" % ", ".join(
                 k for k in saved_keys(model) if k.startswith("cls.") or "word_embeddings" in k))
 
-    tensors = {}
-    for n in names:
-        tensors[n] = initial[n].float().contiguous()
-    tensors["input_ids"] = input_ids.to(torch.int32).contiguous()
-    tensors["targets"] = targets.to(torch.int32).contiguous()
-    tensors["token_type_ids"] = type_ids.to(torch.int32).contiguous()
-    tensors["attention_mask"] = attention_mask.to(torch.int32).contiguous()
-    tensors["logits"] = logits.float().contiguous()
-    tensors["loss"] = loss.float().reshape(1).contiguous()
-    for n in names:
-        tensors["grad." + n] = grads[n].float().contiguous()
-    tensors["adamw.losses"] = torch.tensor(losses, dtype=torch.float32)
-    for n in names:
-        tensors["adamw.final." + n] = final[n].float().contiguous()
+    ids = {"input_ids": input_ids, "targets": targets, "token_type_ids": type_ids,
+           "attention_mask": attention_mask}
+    tensors = mf.fixture_tensors(names, initial, ids, logits, loss, grads, losses, final)
     tensors.update(extra)
     # Exactly named_parameters() is stored (as weights, grad.* and adamw.final.*),
     # the tied decoder names and the pooler are not.

@@ -225,6 +225,23 @@ def write_canonical(path, blob):
     os.replace(tmp, path)
 
 
+def fixture_tensors(names, initial, ids, logits, loss, grads, losses, final):
+    """What every fixture stores, in this order: the initial parameters
+    `names` (F32), the I32 tensors of `ids` (name -> tensor, in its order),
+    logits, loss (1,), grad.<name>, adamw.losses, adamw.final.<name>."""
+    tensors = {n: initial[n].float().contiguous() for n in names}
+    for k, v in ids.items():
+        tensors[k] = v.to(torch.int32).contiguous()
+    tensors["logits"] = logits.float().contiguous()
+    tensors["loss"] = loss.float().reshape(1).contiguous()
+    for n in names:
+        tensors["grad." + n] = grads[n].float().contiguous()
+    tensors["adamw.losses"] = torch.tensor(losses, dtype=torch.float32)
+    for n in names:
+        tensors["adamw.final." + n] = final[n].float().contiguous()
+    return tensors
+
+
 def build(variant, dtype, out_dir):
     tied = variant == "tied"
     model = LlamaForCausalLM(make_config(tied)).float()
@@ -245,18 +262,8 @@ def build(variant, dtype, out_dir):
     names = list(initial.keys())
     assert ("lm_head.weight" in names) == (not tied)
 
-    tensors = {}
-    for n in names:
-        tensors[n] = initial[n].float().contiguous()
-    tensors["input_ids"] = input_ids.to(torch.int32).contiguous()
-    tensors["targets"] = targets.to(torch.int32).contiguous()
-    tensors["logits"] = logits.float().contiguous()
-    tensors["loss"] = loss.float().reshape(1).contiguous()
-    for n in names:
-        tensors["grad." + n] = grads[n].float().contiguous()
-    tensors["adamw.losses"] = torch.tensor(losses, dtype=torch.float32)
-    for n in names:
-        tensors["adamw.final." + n] = final[n].float().contiguous()
+    tensors = fixture_tensors(names, initial, {"input_ids": input_ids, "targets": targets},
+                              logits, loss, grads, losses, final)
 
     metadata = {
             "format": "tessera-hf-parity-1",
