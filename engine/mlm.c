@@ -59,6 +59,46 @@ static ts_status special_id(const cJSON *ids, const char *path, const char *name
   return TS_OK;
 }
 
+/* The spec from meta.json's parsed root (path names it in messages). */
+static ts_status read_spec(const cJSON *root, const char *path, ts_mlm_spec *out) {
+  const cJSON *mlm = cJSON_GetObjectItemCaseSensitive(root, "mlm");
+  const cJSON *ids = cJSON_GetObjectItemCaseSensitive(root, "special_ids");
+  const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(root, "vocab_size");
+  if (!cJSON_IsObject(root))
+    return ts_set_error(TS_ERR_FORMAT,
+                        "%s: not a JSON object: expected tessera prepare's meta.json", path);
+  if (!cJSON_IsTrue(mlm))
+    return ts_set_error(TS_ERR_FORMAT,
+                        "%s: field \"mlm\" %s: expected true (a masked-LM model needs data from "
+                        "`tessera prepare --mlm`)",
+                        path, mlm ? "is not true" : "missing");
+  if (!cJSON_IsNumber(vocab) || vocab->valuedouble < 1)
+    return ts_set_error(TS_ERR_FORMAT, "%s: field \"vocab_size\": expected a positive integer",
+                        path);
+  const char *names[] = {"pad", "unk", "cls", "sep", "mask"};
+  int32_t *dst[] = {&out->pad_id, &out->unk_id, &out->cls_id, &out->sep_id, &out->mask_id};
+  unsigned seen = 0; /* ids 0-4 in some order: the specials ([UNK] included: byte
+                        fallback never emits it); the line break is text */
+  for (int i = 0; i < 5; i++) {
+    TS_CHECK(special_id(ids, path, names[i], dst[i]));
+    seen |= *dst[i] < 5 ? 1u << *dst[i] : 32u;
+  }
+  if (seen != 31u)
+    return ts_set_error(TS_ERR_FORMAT,
+                        "%s: field \"special_ids\": expected [PAD] [UNK] [CLS] [SEP] [MASK] to "
+                        "be ids 0-4 in some order",
+                        path);
+  out->n_special = 5;
+  out->vocab_size = (size_t)vocab->valuedouble;
+  if (out->vocab_size <= (size_t)out->n_special)
+    return ts_set_error(TS_ERR_FORMAT, "%s: field \"vocab_size\" = %zu: expected more than the "
+                        "%d special ids", path, out->vocab_size, out->n_special);
+  out->mask_prob = 0.15;
+  out->replace_prob = 0.8;
+  out->random_prob = 0.1;
+  return TS_OK;
+}
+
 ts_status ts_mlm_read_meta(const char *data_dir, ts_mlm_spec *out) {
   char path[4096];
   snprintf(path, sizeof path, "%s/meta.json", data_dir);
@@ -66,46 +106,8 @@ ts_status ts_mlm_read_meta(const char *data_dir, ts_mlm_spec *out) {
   TS_CHECK(ts_read_file(path, &text, NULL));
   cJSON *root = cJSON_Parse(text);
   free(text);
-  ts_status st = TS_OK;
   memset(out, 0, sizeof *out);
-  const cJSON *mlm = cJSON_GetObjectItemCaseSensitive(root, "mlm");
-  const cJSON *ids = cJSON_GetObjectItemCaseSensitive(root, "special_ids");
-  const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(root, "vocab_size");
-  if (!cJSON_IsObject(root)) {
-    st = ts_set_error(TS_ERR_FORMAT, "%s: not a JSON object: expected tessera prepare's meta.json",
-                      path);
-  } else if (!cJSON_IsTrue(mlm)) {
-    st = ts_set_error(TS_ERR_FORMAT,
-                      "%s: field \"mlm\" %s: expected true (a masked-LM model needs data from "
-                      "`tessera prepare --mlm`)",
-                      path, mlm ? "is not true" : "missing");
-  } else if (!cJSON_IsNumber(vocab) || vocab->valuedouble < 1) {
-    st = ts_set_error(TS_ERR_FORMAT, "%s: field \"vocab_size\": expected a positive integer",
-                      path);
-  } else if ((st = special_id(ids, path, "pad", &out->pad_id)) == TS_OK &&
-             (st = special_id(ids, path, "unk", &out->unk_id)) == TS_OK &&
-             (st = special_id(ids, path, "cls", &out->cls_id)) == TS_OK &&
-             (st = special_id(ids, path, "sep", &out->sep_id)) == TS_OK &&
-             (st = special_id(ids, path, "mask", &out->mask_id)) == TS_OK) {
-    out->vocab_size = (size_t)vocab->valuedouble;
-    /* ids below n_special are the five specials ([UNK] included: byte
-     * fallback never emits it); the line break is text */
-    int32_t specials[] = {out->pad_id, out->unk_id, out->cls_id, out->sep_id, out->mask_id};
-    unsigned seen = 0;
-    for (int i = 0; i < 5; i++) seen |= specials[i] < 5 ? 1u << specials[i] : 32u;
-    out->n_special = 5;
-    if (seen != 31u)
-      st = ts_set_error(TS_ERR_FORMAT,
-                        "%s: field \"special_ids\": expected [PAD] [UNK] [CLS] [SEP] [MASK] to "
-                        "be ids 0-4 in some order",
-                        path);
-    else if ((size_t)out->n_special >= out->vocab_size)
-      st = ts_set_error(TS_ERR_FORMAT, "%s: field \"vocab_size\" = %zu: expected more than the "
-                        "%d special ids", path, out->vocab_size, out->n_special);
-  }
-  out->mask_prob = 0.15;
-  out->replace_prob = 0.8;
-  out->random_prob = 0.1;
+  ts_status st = read_spec(root, path, out);
   cJSON_Delete(root);
   return st;
 }

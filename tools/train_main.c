@@ -77,18 +77,21 @@ static int stdout_is_terminal(void) {
   return isatty(STDOUT_FILENO);
 }
 
-/* A unigram baseline `tessera prepare` wrote to DIR/meta.json (field
- * "unigram_val_loss" or "unigram_val_accuracy"), or < 0. */
-static double unigram_baseline(const char *dir, const char *field) {
+/* The unigram baselines `tessera prepare` wrote to DIR/meta.json: the
+ * loss and the accuracy of always predicting the most frequent token, each
+ * < 0 when absent. */
+static void unigram_baselines(const char *dir, double *loss, double *accuracy) {
   char path[4096], *buf;
+  *loss = *accuracy = -1;
   snprintf(path, sizeof path, "%s/meta.json", dir);
-  if (ts_read_file(path, &buf, NULL) != TS_OK) return -1;
+  if (ts_read_file(path, &buf, NULL) != TS_OK) return;
   cJSON *root = cJSON_Parse(buf);
   free(buf);
-  const cJSON *u = cJSON_GetObjectItemCaseSensitive(root, field);
-  double v = cJSON_IsNumber(u) ? u->valuedouble : -1;
+  const cJSON *l = cJSON_GetObjectItemCaseSensitive(root, "unigram_val_loss");
+  const cJSON *a = cJSON_GetObjectItemCaseSensitive(root, "unigram_val_accuracy");
+  if (cJSON_IsNumber(l)) *loss = l->valuedouble;
+  if (cJSON_IsNumber(a)) *accuracy = a->valuedouble;
   cJSON_Delete(root);
-  return v;
 }
 
 /* Rank 0's closing lines: loss, speed, validation, communication, memory. */
@@ -98,7 +101,8 @@ static void print_summary(const ts_train_config *cfg, const ts_train_result *res
          "%.0f tok/s, %.2f GFLOP/s\n",
          cfg->model, (double)res->num_params / 1e6, cfg->steps - res->resumed_from, res->seconds, res->first_loss,
          res->final_loss, res->tokens_per_s, res->gflops);
-  double uni = unigram_baseline(cfg->data_dir, "unigram_val_loss");
+  double uni, uni_acc;
+  unigram_baselines(cfg->data_dir, &uni, &uni_acc);
   const char *what =
       res->final_val_accuracy >= 0 ? "masked-token validation loss" : "validation loss";
   if (uni > 0)
@@ -106,9 +110,9 @@ static void print_summary(const ts_train_config *cfg, const ts_train_result *res
   else
     printf("%s %.4f\n", what, res->final_val_loss);
   if (res->final_val_accuracy >= 0) {
-    double acc = unigram_baseline(cfg->data_dir, "unigram_val_accuracy");
     printf("masked-token accuracy %.1f%%", 100 * res->final_val_accuracy);
-    if (acc >= 0) printf(" (unigram baseline %.1f%%: always the most frequent token)", 100 * acc);
+    if (uni_acc >= 0)
+      printf(" (unigram baseline %.1f%%: always the most frequent token)", 100 * uni_acc);
     printf("\n");
   }
   const ts_mem_account *l = &res->memory;
