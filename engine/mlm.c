@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/atomic_file.h"
 #include "base/rng.h"
 
 /* Uniform in [0, 1) with 53 random bits. */

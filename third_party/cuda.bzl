@@ -85,9 +85,14 @@ def _ts_nvcc_objects_impl(ctx):
         args.add_all(ctx.attr.copts)
         args.add("-c", src)
         args.add("-o", obj)
-        ctx.actions.run(
-            executable = ctx.attr.nvcc,
-            arguments = [args],
+        # nvcc names its temporary files tmpxft_<pid>_<counter> in $TMPDIR
+        # (/tmp). In linux-sandbox every action is pid 2 of its own pid
+        # namespace while /tmp is shared, so two nvcc running at once
+        # overwrite each other's files ("cannot open source file
+        # /tmp/tmpxft_00000002_..."). Each run gets a folder of its own.
+        ctx.actions.run_shell(
+            command = 'nvcc="$1"; shift; tmp="$(mktemp -d)" || exit 1; TMPDIR="$tmp" "$nvcc" "$@"; rc=$?; rm -rf "$tmp"; exit $rc',
+            arguments = [ctx.attr.nvcc, args],
             inputs = depset([src], transitive = [headers]),
             outputs = [obj],
             mnemonic = "Nvcc",

@@ -1,0 +1,304 @@
+// engine_device_test.cc — the engine on one device, built twice: as
+// engine_device_test on the CPU (every CI run) and, with -DTS_TEST_CUDA, as
+// engine_gpu_test on one GPU (tag gpu: built everywhere, run on a GPU
+// machine by `bazel test --test_tag_filters=gpu` or the bundle of
+// tools/gpu_bundle.sh; without a GPU every test of that build fails: it
+// exists to run where one is). The CPU build is the GPU test's twin: the
+// same expectations on the backend CI has, so the expectation itself is
+// tested before GPU time is spent on it.
+//
+// What it holds each device to: the determinism contract (DESIGN.md "One
+// step") — at one rank, ZeRO stages 0-3 give bitwise-identical losses and
+// parameters at gradient accumulation 1, and with accumulation stage 1
+// equals stage 0 and stage 3 equals stage 2 bitwise (0/1 accumulate the
+// full gradient and reduce once, 2/3 reduce each micro-batch into the
+// shard) — in fp32, bf16 and fp16 (loss scaling), with and without
+// recompute; the ledger equals the plan to the byte; two runs repeat bit
+// for bit (deterministic cuBLASLt algorithm choice, cuDNN's deterministic
+// attention backward, no atomics). On the GPU only: the card's used bytes
+// stay put across a step, cuDNN's attention agrees with the plain kernels,
+// a run larger than the card is refused up front, and 20 fp32 steps of
+// llama-tiny agree with the CPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "models/llama.h"
+#include "models/model.h"
+
+namespace {
+
+#ifdef TS_TEST_CUDA
+const ts_device kDevice = TS_DEVICE_CUDA;
+#else
+const ts_device kDevice = TS_DEVICE_CPU;
+#endif
+
+ts_llama_config SmallConfig() {
+  ts_llama_config c{};
+  snprintf(c.name, sizeof c.name, "device-test");
+  c.hidden_size = 128;  // HS 32: cuDNN's fused attention wants HS % 8 == 0
+  c.intermediate_size = 352;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.vocab_size = 777;  // odd: no kernel may assume a round vocabulary
+  c.max_position_embeddings = 64;
+  c.rms_norm_eps = 1e-5f;
+  c.rope_theta = 10000.f;
+  return c;
+}
+
+// Random (inputs, targets) for step s, a pure function of (seed, s).
+void Batch(size_t n, size_t V, unsigned s, std::vector<int32_t> *in, std::vector<int32_t> *tgt) {
+  std::mt19937 g(1000 + s);
+  in->resize(n);
+  tgt->resize(n);
+  for (size_t i = 0; i < n; i++) {
+    (*in)[i] = (int32_t)(g() % V);
+    (*tgt)[i] = i % 11 == 3 ? -100 : (int32_t)(g() % V);  // some ignored targets
+  }
+}
+
+struct Trained {
+  std::vector<double> losses;
+  std::vector<float> params;  // every tensor, fp32, model order
+};
+
+// Trains `steps` optimizer steps of o.grad_accum micro-batches and returns
+// the losses and the final parameters.
+Trained Train(const ts_model &model, ts_engine_opts o, int steps) {
+  Trained r;
+  ts_engine *e = nullptr;
+  EXPECT_EQ(ts_engine_create(&e, &model, &o, nullptr), TS_OK) << ts_last_error();
+  if (!e) return r;
+  std::vector<int32_t> in, tgt;
+  for (int s = 0; s < steps; s++) {
+    for (size_t k = 0; k < o.grad_accum; k++) {
+      Batch(o.micro_batch * o.seq, model.vocab_size, (unsigned)(s * 7 + k), &in, &tgt);
+      EXPECT_EQ(ts_engine_micro_step(e, in.data(), tgt.data(), nullptr), TS_OK) << ts_last_error();
+    }
+    ts_step_stats st;
+    EXPECT_EQ(ts_engine_optimizer_step(e, 1e-3f, &st), TS_OK) << ts_last_error();
+    r.losses.push_back(st.loss);
+  }
+  for (int u = 0; u < model.n_units; u++)
+    for (int i = 0; i < model.units[u].n_tensors; i++) {
+      const ts_tensor_spec &t = model.units[u].tensors[i];
+      std::vector<float> v(t.numel);
+      EXPECT_EQ(ts_engine_get_tensor(e, t.name, v.data(), v.size()), TS_OK) << ts_last_error();
+      r.params.insert(r.params.end(), v.begin(), v.end());
+    }
+  ts_engine_free(e);
+  return r;
+}
+
+// Two micro-batches of 2 x 37 tokens (odd) per step on the device under
+// test; grad_accum is set by each test.
+ts_engine_opts DeviceOpts(ts_dtype dt, size_t grad_accum) {
+  ts_engine_opts o = ts_engine_default_opts();
+  o.micro_batch = 2;
+  o.seq = 37;  // odd
+  o.grad_accum = grad_accum;
+  o.dtype = dt;
+  o.device = kDevice;
+  return o;
+}
+
+bool SameBits(const std::vector<float> &a, const std::vector<float> &b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+std::string Name(ts_dtype dt, size_t recompute, int stage) {
+  return std::string(ts_dtype_name(dt)) + " recompute " + std::to_string(recompute) + " ZeRO-" +
+         std::to_string(stage);
+}
+
+class EngineDevice : public testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_GT(ts_k_device_count(kDevice), 0) << "this test needs a " << ts_device_name(kDevice);
+    ts_llama_config c = SmallConfig();
+    ASSERT_EQ(ts_llama_model_init(&model_, &c), TS_OK) << ts_last_error();
+  }
+  void TearDown() override { ts_model_free(&model_); }
+  // Trains stages 0-3 at (dt, recompute, grad_accum) for 3 steps.
+  std::vector<Trained> EveryStage(ts_dtype dt, size_t recompute, size_t grad_accum) {
+    ts_engine_opts o = DeviceOpts(dt, grad_accum);
+    o.recompute_every = recompute;
+    std::vector<Trained> runs;
+    for (int stage = 0; stage <= 3; stage++) {
+      o.zero_stage = stage;
+      runs.push_back(Train(model_, o, 3));
+      SCOPED_TRACE(Name(dt, recompute, stage));
+      EXPECT_EQ(runs.back().losses.size(), 3u);
+      for (double l : runs.back().losses) EXPECT_TRUE(std::isfinite(l));
+    }
+    return runs;
+  }
+  ts_model model_{};
+};
+
+// Gradient accumulation 1: one reduction per step in every stage, so every
+// stage trains the same bits (DESIGN.md's contract).
+TEST_F(EngineDevice, EveryZeroStageTrainsBitwiseIdentically) {
+  for (ts_dtype dt : {TS_FP32, TS_BF16, TS_FP16})
+    for (size_t recompute : {0, 1}) {
+      std::vector<Trained> runs = EveryStage(dt, recompute, 1);
+      for (int stage = 1; stage <= 3; stage++) {
+        SCOPED_TRACE(Name(dt, recompute, stage));
+        EXPECT_EQ(runs[stage].losses, runs[0].losses);
+        EXPECT_TRUE(SameBits(runs[stage].params, runs[0].params));
+      }
+      EXPECT_FALSE(SameBits(runs[0].params, Train(model_, DeviceOpts(dt, 1), 0).params))
+          << "the runs trained nothing";
+    }
+}
+
+// Gradient accumulation 2: what the contract promises today — stage 1 =
+// stage 0 (both accumulate the full gradient, then reduce once) and stage
+// 3 = stage 2 (both reduce each micro-batch into the gradient shard), bit
+// for bit. Stage 2 against stage 0 is not promised: in bf16/fp16 the
+// per-micro-batch reduction rounds twice where 0/1 round once (the CPU's
+// bf16 losses at step 2: 6.66409 against 6.66422), DESIGN.md's first limit.
+TEST_F(EngineDevice, WithAccumulationStagesZeroOneAndTwoThreeAreBitwisePairs) {
+  for (ts_dtype dt : {TS_FP32, TS_BF16, TS_FP16})
+    for (size_t recompute : {0, 1}) {
+      std::vector<Trained> runs = EveryStage(dt, recompute, 2);
+      for (int stage : {1, 3}) {
+        SCOPED_TRACE(Name(dt, recompute, stage));
+        EXPECT_EQ(runs[stage].losses, runs[stage - 1].losses);
+        EXPECT_TRUE(SameBits(runs[stage].params, runs[stage - 1].params));
+      }
+    }
+}
+
+TEST_F(EngineDevice, TwoRunsRepeatBitForBit) {
+  for (ts_dtype dt : {TS_FP32, TS_BF16}) {
+    Trained a = Train(model_, DeviceOpts(dt, 2), 3), b = Train(model_, DeviceOpts(dt, 2), 3);
+    EXPECT_EQ(a.losses, b.losses) << ts_dtype_name(dt);
+    EXPECT_TRUE(SameBits(a.params, b.params)) << ts_dtype_name(dt);
+  }
+}
+
+TEST_F(EngineDevice, TheLedgerEqualsThePlan) {
+  for (ts_dtype dt : {TS_FP32, TS_BF16})
+    for (int stage = 0; stage <= 3; stage++) {
+      SCOPED_TRACE(std::string(ts_dtype_name(dt)) + " ZeRO-" + std::to_string(stage));
+      ts_engine_opts o = DeviceOpts(dt, 2);
+      o.zero_stage = stage;
+      o.recompute_every = stage % 2;
+      ts_mem_account plan;
+      ASSERT_EQ(ts_engine_plan(&model_, &o, 1, &plan), TS_OK) << ts_last_error();
+      ts_engine *e = nullptr;
+      ASSERT_EQ(ts_engine_create(&e, &model_, &o, nullptr), TS_OK) << ts_last_error();
+      std::vector<int32_t> in, tgt;
+      for (size_t k = 0; k < o.grad_accum; k++) {
+        Batch(o.micro_batch * o.seq, model_.vocab_size, (unsigned)k, &in, &tgt);
+        ASSERT_EQ(ts_engine_micro_step(e, in.data(), tgt.data(), nullptr), TS_OK);
+      }
+      ts_step_stats st;
+      ASSERT_EQ(ts_engine_optimizer_step(e, 1e-3f, &st), TS_OK);
+      // A second step allocates nothing: the card's used bytes stay put
+      // (the first may still see cuBLASLt's and cuDNN's lazy set-up).
+      ts_device_report before, after;
+      ASSERT_EQ(ts_engine_device_report(e, &before), TS_OK) << ts_last_error();
+      for (size_t k = 0; k < o.grad_accum; k++) {
+        Batch(o.micro_batch * o.seq, model_.vocab_size, (unsigned)(10 + k), &in, &tgt);
+        ASSERT_EQ(ts_engine_micro_step(e, in.data(), tgt.data(), nullptr), TS_OK);
+      }
+      ASSERT_EQ(ts_engine_optimizer_step(e, 1e-3f, &st), TS_OK);
+      ASSERT_EQ(ts_engine_device_report(e, &after), TS_OK) << ts_last_error();
+      const ts_mem_account *m = ts_engine_memory(e);
+      for (int c = 0; c < TS_MEM_NUM_CATEGORIES; c++)
+        EXPECT_EQ(m->peak[c], plan.peak[c]) << ts_mem_category_name((ts_mem_category)c);
+      EXPECT_EQ(m->peak_total, plan.peak_total);
+#ifdef TS_TEST_CUDA
+      EXPECT_EQ(after.used_now, before.used_now);
+      if (stage >= 2) {
+        EXPECT_GT(after.reserved, 0u);  // its transients, kept
+      }
+      // What the card reports beside the ledger: the ledger's bytes are in
+      // it, and the rest (context, cuBLASLt, cuDNN) is the overhead.
+      EXPECT_GE(after.used_now, m->current_total);
+      EXPECT_GT(after.total, after.used_now);
+#else
+      EXPECT_STREQ(after.name, "cpu");  // the CPU reports no card figures
+#endif
+      ts_engine_free(e);
+    }
+}
+
+#ifdef TS_TEST_CUDA
+// cuDNN's fused attention against tessera's plain kernels on the same bf16
+// run (--plain-attention): the same model and batches, 3 steps. Both keep
+// fp32 softmax statistics; cuDNN rounds P and dS to bf16 for its tensor-core
+// products where the plain kernels keep fp32, so the losses differ by bf16
+// roundings (~4e-3 relative per product, averaging out over a sum), not by
+// an O(1) error: 2e-2 relative separates the two.
+TEST_F(EngineDevice, CudnnAttentionAgreesWithThePlainKernels) {
+  for (ts_dtype dt : {TS_BF16, TS_FP16}) {
+    ts_engine_opts o = DeviceOpts(dt, 2);
+    Trained fused = Train(model_, o, 3);
+    o.plain_attention = 1;
+    Trained plain = Train(model_, o, 3);
+    ASSERT_EQ(fused.losses.size(), 3u);
+    ASSERT_EQ(plain.losses.size(), 3u);
+    for (size_t s = 0; s < 3; s++)
+      EXPECT_NEAR(fused.losses[s], plain.losses[s], 2e-2 * std::fabs(plain.losses[s]))
+          << ts_dtype_name(dt) << " step " << s;
+  }
+}
+
+// A run that cannot fit is refused before anything is allocated, naming
+// the categories.
+TEST_F(EngineDevice, APlanLargerThanTheCardIsRefusedUpFront) {
+  ts_engine_opts o = DeviceOpts(TS_FP32, 2);
+  o.micro_batch = 1u << 20;  // activations alone: far beyond any card
+  o.seq = 64;
+  ts_engine *e = nullptr;
+  EXPECT_EQ(ts_engine_create(&e, &model_, &o, nullptr), TS_ERR_OUT_OF_MEMORY);
+  EXPECT_NE(std::string(ts_last_error()).find("activations"), std::string::npos) << ts_last_error();
+  EXPECT_EQ(e, nullptr);
+}
+
+// 20 fp32 steps of llama-tiny (models/configs/llama-tiny.json) on the GPU
+// and on the CPU from the same initialisation and batches. Both compute in
+// fp32 with TF32 off; they differ only in the order of their sums (BLAS and
+// cuBLASLt blockings, reduction trees), ~1e-6 relative per operation. The
+// bound, 2e-3 relative on every step's loss and 1e-2 relative (L2) on the
+// final parameters, sits far below what a wrong kernel or a bf16 rounding
+// in the fp32 path gives (bf16's unit roundoff alone is 4e-3 per element,
+// and an O(1) bug moves the loss by tenths) and far above accumulated fp32
+// reordering through 20 AdamW steps.
+TEST_F(EngineDevice, AgreesWithTheCpuOver20Fp32Steps) {
+  ts_model tiny{};
+  ASSERT_EQ(ts_model_load("models/configs/llama-tiny.json", &tiny), TS_OK) << ts_last_error();
+  ts_engine_opts o = DeviceOpts(TS_FP32, 1);
+  o.micro_batch = 4;
+  o.seq = 64;
+  Trained gpu = Train(tiny, o, 20);
+  o.device = TS_DEVICE_CPU;
+  Trained cpu = Train(tiny, o, 20);
+  ASSERT_EQ(gpu.losses.size(), 20u);
+  ASSERT_EQ(cpu.losses.size(), 20u);
+  for (size_t s = 0; s < 20; s++)
+    EXPECT_NEAR(gpu.losses[s], cpu.losses[s], 2e-3 * std::fabs(cpu.losses[s])) << "step " << s;
+  EXPECT_LT(cpu.losses.back(), cpu.losses.front());  // it trained
+  double d2 = 0, n2 = 0;
+  for (size_t i = 0; i < cpu.params.size(); i++) {
+    double d = (double)gpu.params[i] - cpu.params[i];
+    d2 += d * d;
+    n2 += (double)cpu.params[i] * cpu.params[i];
+  }
+  EXPECT_LT(std::sqrt(d2 / n2), 1e-2);
+  ts_model_free(&tiny);
+}
+#endif  // TS_TEST_CUDA
+
+}  // namespace
