@@ -122,7 +122,7 @@ std::string Name(ts_dtype dt, size_t recompute, int stage) {
 class EngineDevice : public testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_GT(ts_k_device_count(kDevice), 0) << "this test needs a " << ts_device_name(kDevice);
+    ASSERT_GT(ts_k_device_count(kDevice), 0) << "this test needs a " << ts_device_name(kDevice) << " device";
     ts_llama_config c = SmallConfig();
     ASSERT_EQ(ts_llama_model_init(&model_, &c), TS_OK) << ts_last_error();
   }
