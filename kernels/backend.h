@@ -61,6 +61,8 @@ typedef struct ts_k_backend {
                                       ts_dtype dt);
   size_t (*layernorm_workspace_bytes)(size_t N, size_t C, ts_dtype dt);
   size_t (*bias_workspace_bytes)(size_t N, size_t C, ts_dtype dt);
+  /* NULL: P @ v takes P in fp32 on this device (ts_k_attention_probs_dtype) */
+  ts_dtype (*attention_probs_dtype)(const ts_kctx *ctx, ts_dtype dt, int bidirectional);
   /* NULL: the probabilities, B * NH * T * T elements of dt */
   size_t (*attention_state_bytes)(size_t B, size_t T, size_t NH, size_t NKV, size_t HS,
                                   ts_dtype dt);

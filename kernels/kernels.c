@@ -333,9 +333,6 @@ ts_status ts_k_rmsnorm_backward(const ts_kctx *ctx, void *dinp, void *dweight, c
 
 /* ---- RoPE --------------------------------------------------------------------------------- */
 
-/* Largest head size RoPE takes: the CPU keeps one row's angles on the stack. */
-enum { ROPE_MAX_HS = 2048 };
-
 /* The checks both RoPE directions share; *work is 0 when there is nothing
  * to rotate. */
 static ts_status check_rope(const ts_kctx *ctx, void *out, const void *x, size_t B, size_t T,
@@ -344,9 +341,9 @@ static ts_status check_rope(const ts_kctx *ctx, void *out, const void *x, size_t
   *work = 0;
   TS_CHECK(backend_of(ctx, op, be));
   TS_CHECK(check_dtype(dt, op));
-  if (HS % 2 != 0 || HS > ROPE_MAX_HS)
+  if (HS % 2 != 0 || HS > TS_K_ROPE_MAX_HS)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: HS = %zu: expected even and <= %d", op, HS,
-                        ROPE_MAX_HS);
+                        TS_K_ROPE_MAX_HS);
   if (!(theta > 0.0f))
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: theta = %g: expected > 0", op, (double)theta);
   if (B == 0 || T == 0 || H == 0 || HS == 0) return TS_OK;
@@ -381,6 +378,17 @@ size_t ts_k_attention_state_bytes(ts_device dev, size_t B, size_t T, size_t NH, 
   const ts_k_backend *be = query_backend(dev);
   if (be->attention_state_bytes) return be->attention_state_bytes(B, T, NH, NKV, HS, dt);
   return B * NH * T * T * ts_dtype_size(dt);
+}
+
+ts_status ts_k_attention_probs_dtype(const ts_kctx *ctx, ts_dtype dt, int bidirectional,
+                                     ts_dtype *out) {
+  static const char op[] = "ts_k_attention_probs_dtype";
+  const ts_k_backend *be;
+  TS_CHECK(backend_of(ctx, op, &be));
+  TS_CHECK(check_dtype(dt, op));
+  CHECK_PTR(out);
+  *out = be->attention_probs_dtype ? be->attention_probs_dtype(ctx, dt, bidirectional) : TS_FP32;
+  return TS_OK;
 }
 
 ts_status ts_k_attention_forward(const ts_kctx *ctx, void *out, void *state, const void *q,

@@ -73,7 +73,8 @@ typedef struct ts_kctx {
   int device_index;       /* CUDA device ordinal (cudaSetDevice); 0 on CPU */
   void *stream;           /* cudaStream_t on TS_DEVICE_CUDA, NULL on CPU */
   void *blas;             /* cublasLtHandle_t on CUDA once an op uses it, else NULL */
-  void *dnn;              /* cudnnHandle_t on CUDA once an op uses it, else NULL */
+  void *dnn;              /* cudnnHandle_t on CUDA: the GPU's one handle, shared by its
+                             contexts and kept for the process; NULL on CPU */
   void *workspace;        /* scratch, 64-byte aligned, on `device` */
   size_t workspace_bytes; /* bytes available at `workspace` */
   unsigned flags;         /* TS_K_* bits below; 0 by default */
@@ -245,6 +246,10 @@ size_t ts_k_rmsnorm_workspace_bytes(ts_device dev, size_t N, size_t C, ts_dtype 
 
 /* ---- rotary position embedding (Su et al. 2021; HF rotate-half layout) ---- */
 
+/* The largest head size RoPE takes, on every device (the CPU keeps one
+ * row's angles on the stack, CUDA passes HS/2 frequencies by value). */
+#define TS_K_ROPE_MAX_HS 2048
+
 /* For x (B, T, H, HS), position t, i < HS/2, f_i = theta^(-2i/HS) (computed
  * in fp32 as Hugging Face does), a = t * f_i:
  *   out[i]      = x[i] cos a - x[i + HS/2] sin a
@@ -284,6 +289,20 @@ ts_status ts_k_attention_backward(const ts_kctx *ctx, void *dq, void *dk, void *
  * that of ts_k_attention_bidir_forward with NKV = NH). */
 size_t ts_k_attention_state_bytes(ts_device dev, size_t B, size_t T, size_t NH, size_t NKV,
                                   size_t HS, ts_dtype dt);
+/* The dtype in which the attention forward on ctx (its device and flags)
+ * holds the probabilities P when it forms P @ v, for storage dtype dt;
+ * bidirectional != 0: ts_k_attention_bidir_forward. TS_FP32 where P stays
+ * fp32 (the CPU, which rounds P to dt only to save it; CUDA fp32; CUDA's
+ * plain kernels, TS_K_PLAIN_ATTENTION and the bidirectional op); dt where
+ * cuDNN's fused kernel feeds P to its tensor cores in dt (CUDA causal
+ * bf16/fp16; FlashAttention-2, Dao 2023, Algorithm 1: P~ is cast to the
+ * input type for P~ V). An upper bound: a shape cuDNN refuses runs the
+ * plain kernels, with P in fp32. A property of the algorithm, for error
+ * bounds: each term of out carries one more rounding of this dtype.
+ * *out on the host. TS_ERR_INVALID_ARGUMENT (NULL ctx or out, unknown device
+ * or dtype). */
+ts_status ts_k_attention_probs_dtype(const ts_kctx *ctx, ts_dtype dt, int bidirectional,
+                                     ts_dtype *out);
 /* Exact bytes of ctx->workspace the larger attention pass needs on device
  * dev (both passes check against it). CPU: one (T, T) fp32 dP for fp32
  * backward; for bf16/fp16 also one batch row's operands and probabilities

@@ -201,10 +201,23 @@ struct Case {
     }                                              \
   } while (0)
 
+// Attention of kernels.h in double, causal GQA (ids empty) or
+// bidirectional with key padding mask ids (NKV = NH): probs (B, NH, T, T)
+// and out (B, T, NH, HS), with their bounds for storage dtype dt when the
+// op holds P in pv_dt for the product P v (ts_k_attention_probs_dtype).
+// q (B, T, NH, HS), k and v (B, T, NKV, HS) on the host, kB x kT x kNH x kHS.
+struct AttnRef {
+  std::vector<double> p, tp, o, to;
+};
+AttnRef AttentionRef(const std::vector<float> &q, const std::vector<float> &k,
+                     const std::vector<float> &v, size_t NKV, ts_dtype dt,
+                     const std::vector<int32_t> &ids, ts_dtype pv_dt);
+
 // The cases of the model's layers (kernels_parity_layers.cc).
 ts_status RmsnormForward(Backend &b, ts_dtype dt, Rng &rng);
 ts_status RmsnormBackward(Backend &b, ts_dtype dt, Rng &rng);
-ts_status Rope(Backend &b, ts_dtype dt, Rng &rng, int backward);
+// HS: kHS on the parity shapes, or another head size on a short batch.
+ts_status Rope(Backend &b, ts_dtype dt, Rng &rng, int backward, size_t HS = kHS);
 // flags: TS_K_* added to the context for the call (TS_K_PLAIN_ATTENTION).
 // bidir: the bidirectional op (NKV = NH) with padded keys instead of the
 // causal one.

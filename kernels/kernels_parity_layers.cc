@@ -82,10 +82,10 @@ ts_status RmsnormBackward(Backend &b, ts_dtype dt, Rng &rng) {
 // The bounds of RoPE's outputs: cosf/sinf within 2 ulp and three roundings
 // of terms as large as |x1| + |x2|, then one rounding to dt.
 std::vector<double> RopeTol(const std::vector<float> &x, const std::vector<double> &ref,
-                            ts_dtype dt) {
+                            size_t HS, ts_dtype dt) {
   std::vector<double> tol(x.size());
-  size_t half = kHS / 2;
-  for (size_t o = 0; o < x.size(); o += kHS)
+  size_t half = HS / 2;
+  for (size_t o = 0; o < x.size(); o += HS)
     for (size_t i = 0; i < half; i++) {
       double mag = std::fabs(x[o + i]) + std::fabs(x[o + i + half]);
       for (size_t j : {o + i, o + i + half})
@@ -94,16 +94,17 @@ std::vector<double> RopeTol(const std::vector<float> &x, const std::vector<doubl
   return tol;
 }
 
-ts_status Rope(Backend &b, ts_dtype dt, Rng &rng, int backward) {
-  const size_t H = kNH;
+ts_status Rope(Backend &b, ts_dtype dt, Rng &rng, int backward, size_t HS) {
+  // The parity shapes; at another head size (the largest one) a short batch.
+  const size_t B = HS == kHS ? kB : 1, T = HS == kHS ? kT : 5, H = HS == kHS ? kNH : 2;
   const float theta = 10000.0f;
-  std::vector<float> x = Input(rng, kB * kT * H * kHS, dt);
+  std::vector<float> x = Input(rng, B * T * H * HS, dt);
   DevPtr dx = b.Up(x, dt), dout = b.Poisoned(x.size(), dt);
-  RUN_OR_RETURN(backward ? ts_k_rope_backward(b.ctx(), dout->p, dx->p, kB, kT, H, kHS, theta, dt)
-                         : ts_k_rope_forward(b.ctx(), dout->p, dx->p, kB, kT, H, kHS, theta, dt));
+  RUN_OR_RETURN(backward ? ts_k_rope_backward(b.ctx(), dout->p, dx->p, B, T, H, HS, theta, dt)
+                         : ts_k_rope_forward(b.ctx(), dout->p, dx->p, B, T, H, HS, theta, dt));
   std::vector<double> ref;
-  ts_test::rope_ref(ref, x, kB, kT, H, kHS, theta, backward ? -1 : 1);
-  Expect(backward ? "dx" : "out", b.Down(*dout, x.size(), dt), ref, RopeTol(x, ref, dt));
+  ts_test::rope_ref(ref, x, B, T, H, HS, theta, backward ? -1 : 1);
+  Expect(backward ? "dx" : "out", b.Down(*dout, x.size(), dt), ref, RopeTol(x, ref, HS, dt));
   return TS_OK;
 }
 
@@ -125,16 +126,9 @@ static bool Sees(const std::vector<int32_t> &ids, size_t b, size_t i, size_t j) 
   return ids.empty() ? j <= i : ids[b * kT + j] != 0;
 }
 
-// Attention of kernels.h in double, causal GQA (ids empty) or
-// bidirectional with key padding mask ids (NKV = NH): probs (B, NH, T, T)
-// and out (B, T, NH, HS), with their bounds.
-struct AttnRef {
-  std::vector<double> p, tp, o, to;
-};
-
 AttnRef AttentionRef(const std::vector<float> &q, const std::vector<float> &k,
                      const std::vector<float> &v, size_t NKV, ts_dtype dt,
-                     const std::vector<int32_t> &ids) {
+                     const std::vector<int32_t> &ids, ts_dtype pv_dt) {
   AttnRef r;
   size_t rep = kNH / NKV;
   double scale = 1.0 / std::sqrt((double)kHS);
@@ -170,16 +164,23 @@ AttnRef AttentionRef(const std::vector<float> &q, const std::vector<float> &k,
           prow[j] = std::exp(s[j] - mx) / z;
           r.tp[((b * kNH + h) * kT + i) * kT + j] = Eta(dt) + (U(dt) + rel) * prow[j];
         }
+        // P held in pv_dt for P v (a fused kernel's tensor-core product):
+        // one more rounding of each p_j, U(pv_dt) p_j |v_j| (Eta(pv_dt)
+        // |v_j| where p_j is subnormal in fp16).
+        const double pv_u = pv_dt == TS_FP32 ? 0 : U(pv_dt), pv_eta = pv_dt == TS_FP32 ? 0 : Eta(pv_dt);
         for (size_t e = 0; e < kHS; e++) {
-          double o = 0, mag = 0;
+          double o = 0, mag = 0, vmag = 0;
           for (size_t j = 0; j < kT; j++) {
+            if (!Sees(ids, b, i, j)) continue;
             double vj = v[((b * kT + j) * NKV + g) * kHS + e];
             o += prow[j] * vj;
             mag += prow[j] * std::fabs(vj);
+            vmag += std::fabs(vj);
           }
           size_t oi = ((b * kT + i) * kNH + h) * kHS + e;
           r.o[oi] = o;
-          r.to[oi] = Eta(dt) + U(dt) * std::fabs(o) + (rel + (kT + 4) * kU32) * mag;
+          r.to[oi] = Eta(dt) + U(dt) * std::fabs(o) + (rel + pv_u + (kT + 4) * kU32) * mag +
+                     pv_eta * vmag;
         }
       }
     }
@@ -213,7 +214,11 @@ ts_status AttentionForward(Backend &b, ts_dtype dt, Rng &rng, size_t NKV, unsign
   DevPtr dq = b.Up(q, dt), dk = b.Up(k, dt), dv = b.Up(v, dt);
   DevPtr dout = b.Poisoned(q.size(), dt), dp = b.PoisonedBytes(state_bytes);
   RUN_OR_RETURN(Forward(b, ids, dids, dout->p, dp->p, dq->p, dk->p, dv->p, NKV, dt));
-  AttnRef r = AttentionRef(q, k, v, NKV, dt, ids);
+  // The bound follows the backend's algorithm: one more rounding of each
+  // probability where it holds P in dt for P v (cuDNN's fused kernel).
+  ts_dtype pv_dt;
+  EXPECT_EQ(ts_k_attention_probs_dtype(b.ctx(), dt, bidir, &pv_dt), TS_OK) << ts_last_error();
+  AttnRef r = AttentionRef(q, k, v, NKV, dt, ids, pv_dt);
   Expect("out", b.Down(*dout, q.size(), dt), r.o, r.to);
   if (state_bytes == ProbsBytes(kB, dt))
     Expect("probs (0 where not seen)", b.Down(*dp, r.p.size(), dt), r.p, r.tp);
@@ -249,7 +254,7 @@ ts_status AttentionBackward(Backend &b, ts_dtype dt, Rng &rng, size_t NKV, unsig
   // in a fused (flash) kernel, P and dS rounded to dt for its tensor-core
   // products. Either way each term carries up to two more roundings of
   // dt: 2 U(dt) of the magnitude sum.
-  AttnRef fwd = AttentionRef(q, k, v, NKV, TS_FP32, ids);
+  AttnRef fwd = AttentionRef(q, k, v, NKV, TS_FP32, ids, TS_FP32);
   std::vector<float> p = ts_test::round_to(std::vector<float>(fwd.p.begin(), fwd.p.end()), dt);
   const double fused = 2 * U(dt);
   size_t rep = kNH / NKV;

@@ -372,9 +372,21 @@ static shape_key key_of(const ts_kctx *ctx, size_t B, size_t T, size_t NH, size_
   return k;
 }
 
+/* Does a causal call on ctx in dt go to cuDNN, shape permitting? */
+static bool cudnn_first(const ts_kctx *ctx, ts_dtype dt) {
+  return lse_state(dt) && !(ctx->flags & TS_K_PLAIN_ATTENTION);
+}
+
 /* Does this call go to cuDNN first? */
 static bool try_cudnn(const ts_kctx *ctx, ts_dtype dt, const shape_key *k) {
-  return lse_state(dt) && !(ctx->flags & TS_K_PLAIN_ATTENTION) && !was_refused(k);
+  return cudnn_first(ctx, dt) && !was_refused(k);
+}
+
+/* cuDNN's fused forward rounds P to dt for its P V product; the plain
+ * kernels keep P in fp32 (kernels.h, ts_k_attention_probs_dtype). */
+extern "C" ts_dtype ts_cuda_attention_probs_dtype(const ts_kctx *ctx, ts_dtype dt,
+                                                  int bidirectional) {
+  return !bidirectional && cudnn_first(ctx, dt) ? dt : TS_FP32;
 }
 
 extern "C" ts_status ts_cuda_attention_forward(const ts_kctx *ctx, void *out, void *state,

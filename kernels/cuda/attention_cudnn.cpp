@@ -9,14 +9,27 @@
  * cuDNN's heuristics (mode A) pick and compile a kernel for it, and runs it.
  *
  * Invariants:
- *   - graphs are cached per (handle, B, T, NH, NKV, HS, dt, direction) in
- *     one process-wide map guarded by one mutex; a build happens at most
- *     once per key (a failed build is not cached: the next call retries
- *     and reports again). ts_cudnn_destroy drops a handle's entries before
- *     destroying the handle, so a new handle at a reused address never
- *     meets a stale graph;
+ *   - one cuDNN handle per GPU and process (ts_cudnn_device_handle),
+ *     shared by every context on that GPU and kept until the process
+ *     ends, and with it one graph cache: graphs are cached per (handle,
+ *     B, T, NH, NKV, HS, dt, direction) in one process-wide map, so an
+ *     engine created after another on the same GPU builds nothing the
+ *     first one built. A build happens at most once per key (a failed
+ *     build is not cached: the next call retries and reports again);
+ *   - one mutex guards the handles, the cache and each execution (the
+ *     shared handle is bound to the calling context's stream, then the
+ *     graph enqueued: host work of microseconds), so contexts on several
+ *     threads may call at once;
  *   - tensor UIDs are fixed (enum below), so a call's variant pack is
  *     built from its pointers without looking anything up in the graph;
+ *   - building a graph and running it fail differently: any failure while
+ *     building (a frontend step's error — validate, lowering, "no valid
+ *     engine configs", check_support, GRAPH_EXECUTION_PLAN_CREATION_FAILED
+ *     when cuDNN's runtime compiler is missing — or an exception the
+ *     frontend throws meanwhile) is TS_ERR_UNSUPPORTED with cuDNN's reason
+ *     in the one-line message, and the caller runs the plain kernels
+ *     (attention.cu); a failure while executing a built graph is
+ *     TS_ERR_CUDA, an error;
  *   - no C++ exception leaves this file: every entry point catches and
  *     turns it into a ts_status (the frontend throws from a few places,
  *     e.g. sdpa() when no implementation fits the attributes);
@@ -79,8 +92,9 @@ struct Plan {
 typedef std::tuple<void *, int64_t, int64_t, int64_t, int64_t, int64_t, int, int> Key;
 typedef std::map<Key, std::shared_ptr<const Plan>> Cache;
 
-/* The cache and its mutex. Allocated once and never freed, so that a
- * ts_cudnn_destroy from another static destructor at exit still finds them. */
+/* The mutex, the graph cache and the handles by CUDA ordinal. Allocated
+ * once and never freed: they live as long as the process, so nothing
+ * depends on the order of static destructors at exit. */
 std::mutex &cache_mutex() {
   static std::mutex *m = new std::mutex;
   return *m;
@@ -88,6 +102,10 @@ std::mutex &cache_mutex() {
 Cache &cache() {
   static Cache *c = new Cache;
   return *c;
+}
+std::map<int, cudnnHandle_t> &handles() {
+  static std::map<int, cudnnHandle_t> *h = new std::map<int, cudnnHandle_t>;
+  return *h;
 }
 
 /* a * b and a + b saturating at SIZE_MAX, so a bound stays a bound. */
@@ -116,15 +134,16 @@ std::string where(const char *pass, const Dims &d) {
   return buf;
 }
 
-/* TS_OK, or the status for a failed frontend step: TS_ERR_UNSUPPORTED when
- * cuDNN says the graph is not supported (any failure of check_support, or
- * GRAPH_NOT_SUPPORTED from another step), TS_ERR_CUDA otherwise. */
-ts_status fe_status(const fe::error_t &e, const char *step, const char *pass, const Dims &d) {
+/* TS_OK, or `failed` for a failed frontend step, naming the step and
+ * cuDNN's message (its error code when the message is empty). Building
+ * passes TS_ERR_UNSUPPORTED, executing TS_ERR_CUDA (see the top). */
+ts_status fe_status(const fe::error_t &e, ts_status failed, const char *step, const char *pass,
+                    const Dims &d) {
   if (e.is_good()) return TS_OK;
-  bool unsupported = e.code == fe::error_code_t::GRAPH_NOT_SUPPORTED ||
-                     std::string(step) == "check_support";
-  return ts_set_error(unsupported ? TS_ERR_UNSUPPORTED : TS_ERR_CUDA, "%s: cudnn-frontend %s: %s",
-                      where(pass, d).c_str(), step, one_line(e.err_msg).c_str());
+  std::string why = one_line(e.err_msg);
+  if (why.empty()) why = "error code " + std::to_string((int)e.code);
+  return ts_set_error(failed, "%s: cudnn-frontend %s: %s", where(pass, d).c_str(), step,
+                      why.c_str());
 }
 
 /* TS_OK, or TS_ERR_CUDA naming the cuDNN call and cuDNN's message. */
@@ -148,7 +167,7 @@ ts_status check_call(const ts_kctx *ctx, size_t B, size_t T, size_t NH, size_t N
                         pass, ts_device_name(ctx->device));
   if (!ctx->dnn)
     return ts_set_error(TS_ERR_INVALID_USAGE,
-                        "cudnn attention %s: ctx->dnn is NULL (create it with ts_cudnn_create)",
+                        "cudnn attention %s: ctx->dnn is NULL (ts_cudnn_device_handle gives it)",
                         pass);
   if (!ctx->workspace && ctx->workspace_bytes != 0)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
@@ -242,14 +261,15 @@ float attn_scale(const Dims &d) { return 1.0f / std::sqrt((float)d.hs); }
  * gets the chosen plan's need. */
 ts_status build(Plan *plan, cudnnHandle_t h, const char *pass, const Dims &d) {
   fe::graph::Graph &g = *plan->graph;
-  TS_CHECK(fe_status(g.validate(), "validate", pass, d));
-  TS_CHECK(fe_status(g.build_operation_graph(h), "build_operation_graph", pass, d));
-  TS_CHECK(fe_status(g.create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans", pass,
-                     d));
-  TS_CHECK(fe_status(g.check_support(), "check_support", pass, d));
-  TS_CHECK(fe_status(g.build_plans(), "build_plans", pass, d));
+  const ts_status no = TS_ERR_UNSUPPORTED;
+  TS_CHECK(fe_status(g.validate(), no, "validate", pass, d));
+  TS_CHECK(fe_status(g.build_operation_graph(h), no, "build_operation_graph", pass, d));
+  TS_CHECK(fe_status(g.create_execution_plans({fe::HeurMode_t::A}), no, "create_execution_plans",
+                     pass, d));
+  TS_CHECK(fe_status(g.check_support(), no, "check_support", pass, d));
+  TS_CHECK(fe_status(g.build_plans(), no, "build_plans", pass, d));
   int64_t ws = 0;
-  TS_CHECK(fe_status(g.get_workspace_size(ws), "get_workspace_size", pass, d));
+  TS_CHECK(fe_status(g.get_workspace_size(ws), no, "get_workspace_size", pass, d));
   plan->workspace_bytes = ws;
   return TS_OK;
 }
@@ -310,10 +330,10 @@ ts_status build_backward(Plan *plan, cudnnHandle_t h, const Dims &d) {
   return build(plan, h, "backward", d);
 }
 
-/* The cached plan for (handle, d, dir), built on first use. */
+/* The cached plan for (handle, d, dir), built on first use. Called with
+ * cache_mutex() held. */
 ts_status get_plan(void *handle, const Dims &d, Direction dir, std::shared_ptr<const Plan> *out) {
   Key key(handle, d.b, d.t, d.nh, d.nkv, d.hs, (int)d.io, (int)dir);
-  std::lock_guard<std::mutex> lock(cache_mutex());
   auto it = cache().find(key);
   if (it != cache().end()) {
     *out = it->second;
@@ -321,13 +341,25 @@ ts_status get_plan(void *handle, const Dims &d, Direction dir, std::shared_ptr<c
   }
   auto plan = std::make_shared<Plan>();
   cudnnHandle_t h = (cudnnHandle_t)handle;
-  TS_CHECK(dir == FORWARD ? build_forward(plan.get(), h, d) : build_backward(plan.get(), h, d));
+  const char *pass = dir == FORWARD ? "forward" : "backward";
+  try {
+    TS_CHECK(dir == FORWARD ? build_forward(plan.get(), h, d) : build_backward(plan.get(), h, d));
+  } catch (const std::bad_alloc &) {
+    throw; /* out of host memory: the entry point's handler */
+  } catch (const std::exception &e) {
+    return ts_set_error(TS_ERR_UNSUPPORTED, "%s: cudnn-frontend threw while building: %s",
+                        where(pass, d).c_str(), one_line(e.what()).c_str());
+  } catch (...) {
+    return ts_set_error(TS_ERR_UNSUPPORTED, "%s: cudnn-frontend threw while building",
+                        where(pass, d).c_str());
+  }
   cache().emplace(key, plan);
   *out = plan;
   return TS_OK;
 }
 
-/* Binds the handle to ctx's stream, checks the workspace and runs plan. */
+/* Binds the handle to ctx's stream, checks the workspace and runs plan.
+ * Called with cache_mutex() held (the handle is shared). */
 ts_status execute(const ts_kctx *ctx, const Plan &plan, std::unordered_map<int64_t, void *> &pack,
                   const char *pass, const Dims &d) {
   if (plan.workspace_bytes < 0 || (uint64_t)plan.workspace_bytes > (uint64_t)ctx->workspace_bytes)
@@ -338,35 +370,27 @@ ts_status execute(const ts_kctx *ctx, const Plan &plan, std::unordered_map<int64
                         ctx->workspace_bytes);
   cudnnHandle_t h = (cudnnHandle_t)ctx->dnn;
   TS_CHECK(cudnn_status(cudnnSetStream(h, (cudaStream_t)ctx->stream), "cudnnSetStream"));
-  return fe_status(plan.graph->execute(h, pack, ctx->workspace), "execute", pass, d);
+  return fe_status(plan.graph->execute(h, pack, ctx->workspace), TS_ERR_CUDA, "execute", pass, d);
 }
 
 }  // namespace
 
-extern "C" ts_status ts_cudnn_create(void **handle, void *stream) {
-  if (!handle) return ts_set_error(TS_ERR_INVALID_ARGUMENT, "ts_cudnn_create: handle is NULL");
-  cudnnHandle_t h = nullptr;
-  TS_CHECK(cudnn_status(cudnnCreate(&h), "cudnnCreate"));
-  ts_status st = cudnn_status(cudnnSetStream(h, (cudaStream_t)stream), "cudnnSetStream");
-  if (st != TS_OK) {
-    cudnnDestroy(h);
-    return st;
-  }
-  *handle = h;
-  return TS_OK;
-}
-
-extern "C" void ts_cudnn_destroy(void *handle) {
-  if (!handle) return;
-  {
+extern "C" ts_status ts_cudnn_device_handle(int device, void **handle) {
+  if (!handle)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "ts_cudnn_device_handle: handle is NULL");
+  try {
     std::lock_guard<std::mutex> lock(cache_mutex());
-    Cache &c = cache();
-    /* Keys order by handle first: this handle's entries are one range. */
-    auto it = c.lower_bound(Key(handle, INT64_MIN, INT64_MIN, INT64_MIN, INT64_MIN, INT64_MIN,
-                                INT32_MIN, INT32_MIN));
-    while (it != c.end() && std::get<0>(it->first) == handle) it = c.erase(it);
+    auto it = handles().find(device);
+    if (it == handles().end()) {
+      cudnnHandle_t h = nullptr;
+      TS_CHECK(cudnn_status(cudnnCreate(&h), "cudnnCreate"));
+      it = handles().emplace(device, h).first;
+    }
+    *handle = it->second;
+    return TS_OK;
+  } catch (const std::bad_alloc &) {
+    return ts_set_error(TS_ERR_OUT_OF_MEMORY, "ts_cudnn_device_handle: out of host memory");
   }
-  cudnnDestroy((cudnnHandle_t)handle);
 }
 
 extern "C" ts_status ts_cudnn_attention_forward(const ts_kctx *ctx, void *out, float *stats,
@@ -379,6 +403,7 @@ extern "C" ts_status ts_cudnn_attention_forward(const ts_kctx *ctx, void *out, f
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: NULL pointer (out, stats, q, k or v)",
                         where("forward", d).c_str());
   try {
+    std::lock_guard<std::mutex> lock(cache_mutex());
     std::shared_ptr<const Plan> plan;
     TS_CHECK(get_plan(ctx->dnn, d, FORWARD, &plan));
     std::unordered_map<int64_t, void *> pack = {
@@ -409,6 +434,7 @@ extern "C" ts_status ts_cudnn_attention_backward(const ts_kctx *ctx, void *dq, v
                         "%s: NULL pointer (dq, dk, dv, dout, out, q, k, v or stats)",
                         where("backward", d).c_str());
   try {
+    std::lock_guard<std::mutex> lock(cache_mutex());
     std::shared_ptr<const Plan> plan;
     TS_CHECK(get_plan(ctx->dnn, d, BACKWARD, &plan));
     std::unordered_map<int64_t, void *> pack = {

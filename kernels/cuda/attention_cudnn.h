@@ -6,7 +6,7 @@
  * probabilities and recomputes them in backward from the row log-sum-exp).
  *
  * A small C interface over NVIDIA's cudnn-frontend graph API (C++, kept
- * inside attention_cudnn.cpp): a cuDNN handle, and the two passes with the
+ * inside attention_cudnn.cpp): the GPU's cuDNN handle, and the two passes with the
  * shapes and argument order of ts_k_attention_forward/backward
  * (kernels/kernels.h). Callers are C; nothing C++ crosses this header.
  *
@@ -16,12 +16,18 @@
  *     ctx->stream (the handle is re-bound to it on every call) and is
  *     asynchronous: errors during execution show at the next
  *     synchronisation;
- *   - a cuDNN graph is built once per (handle, B, T, NH, NKV, HS, dt,
- *     direction), on the first call with that key, and cached until
- *     ts_cudnn_destroy(handle): the first call is slow (heuristics and
- *     plan compilation), later ones only execute. The cache is guarded by
- *     a mutex, so calls from several threads are safe (each thread on its
- *     own handle and stream, as cuDNN requires);
+ *   - one handle per GPU and process, shared by every context on it;
+ *     a cuDNN graph is built once per (GPU, B, T, NH, NKV, HS, dt,
+ *     direction), on the first call with that key, and kept for the
+ *     process: the first call is slow (heuristics and plan compilation,
+ *     runtime compilation for some kernels), later ones, from any context
+ *     or engine on that GPU, only execute. One mutex guards the handles,
+ *     the cache and each call's bind-and-enqueue, so calls from several
+ *     threads are safe;
+ *   - a graph cuDNN cannot build (any cudnn-frontend failure while
+ *     building) is TS_ERR_UNSUPPORTED with cuDNN's reason; the caller then
+ *     runs another implementation. Only a failure while executing a built
+ *     graph is TS_ERR_CUDA;
  *   - scratch comes only from ctx->workspace; a graph needing more than
  *     ctx->workspace_bytes fails before anything is queued;
  *   - the backward pass uses cuDNN's deterministic algorithm: the same
@@ -31,11 +37,12 @@
  * a zero dimension, NH % NKV != 0, a dimension past cuDNN's int64 range or
  * an unknown dtype; TS_ERR_INVALID_USAGE for a context without a cuDNN
  * handle (ctx->dnn) or not on TS_DEVICE_CUDA; TS_ERR_UNSUPPORTED for fp32
- * or a shape cuDNN's SDPA does not support on this GPU (e.g. HS not a
- * multiple of 8, or above cuDNN's head-size limit), with cuDNN's message;
- * TS_ERR_OUT_OF_MEMORY for a workspace below the graph's need (both
- * numbers in the message) or a failed host allocation; TS_ERR_CUDA for
- * any other cuDNN or cudnn-frontend failure, with its message.
+ * or a graph cuDNN cannot build on this GPU (a shape its SDPA does not
+ * support, e.g. HS not a multiple of 8 or above its head-size limit; no
+ * engine config; a plan that fails to compile, e.g. without NVRTC), with
+ * cuDNN's message; TS_ERR_OUT_OF_MEMORY for a workspace below the graph's
+ * need (both numbers in the message) or a failed host allocation;
+ * TS_ERR_CUDA for a failure while executing, with its message.
  */
 #ifndef TS_KERNELS_CUDA_ATTENTION_CUDNN_H
 #define TS_KERNELS_CUDA_ATTENTION_CUDNN_H
@@ -49,18 +56,15 @@
 extern "C" {
 #endif
 
-/* Creates a cuDNN handle on the current CUDA device, bound to `stream` (a
- * cudaStream_t; NULL is the legacy default stream): *handle =
- * cudnnHandle_t, for ts_kctx.dnn. Release with ts_cudnn_destroy.
- * TS_ERR_INVALID_ARGUMENT for a NULL handle; TS_ERR_CUDA naming
- * cudnnCreate (or cudnnSetStream) and cudnnGetErrorString's text, e.g. on a
- * machine without a GPU or driver; *handle is untouched on failure. */
-ts_status ts_cudnn_create(void **handle, void *stream);
-
-/* Destroys a handle from ts_cudnn_create and drops the graphs cached for
- * it; NULL is a no-op. Call it only once no call on the handle is running;
- * work already queued on its stream is not waited for by this call. */
-void ts_cudnn_destroy(void *handle);
+/* *handle = the process's cuDNN handle (cudnnHandle_t) of CUDA device
+ * `device`, for ts_kctx.dnn: created on the first call for that device,
+ * which must then be the current device (cudaSetDevice), and shared by
+ * every later caller. Never destroyed: it and its graphs live until the
+ * process ends (a context drops its pointer, nothing more). Thread-safe.
+ * TS_ERR_INVALID_ARGUMENT for a NULL handle; TS_ERR_CUDA naming cudnnCreate
+ * and cudnnGetErrorString's text, e.g. on a machine without a GPU or
+ * driver; TS_ERR_OUT_OF_MEMORY; *handle is untouched on failure. */
+ts_status ts_cudnn_device_handle(int device, void **handle);
 
 /* Causal grouped-query attention, forward, cuDNN SDPA (flash attention):
  *   S = q k^T * scale (scale = 1/sqrt(HS)), causal mask aligned top-left

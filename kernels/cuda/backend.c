@@ -34,6 +34,7 @@ const ts_k_backend ts_k_cuda_backend = {
     .rmsnorm_workspace_bytes = ts_cuda_rmsnorm_workspace_bytes,
     .attention_workspace_bytes = ts_cuda_attention_workspace_bytes,
     .attention_state_bytes = ts_cuda_attention_state_bytes,
+    .attention_probs_dtype = ts_cuda_attention_probs_dtype,
     .layernorm_workspace_bytes = ts_cuda_layernorm_workspace_bytes,
     .bias_workspace_bytes = ts_cuda_bias_workspace_bytes,
     .cast = ts_cuda_cast,

@@ -57,6 +57,7 @@ size_t ts_cuda_attention_workspace_bytes(size_t B, size_t T, size_t NH, size_t N
                                          ts_dtype dt);
 size_t ts_cuda_attention_state_bytes(size_t B, size_t T, size_t NH, size_t NKV, size_t HS,
                                      ts_dtype dt);
+ts_dtype ts_cuda_attention_probs_dtype(const ts_kctx *ctx, ts_dtype dt, int bidirectional);
 size_t ts_cuda_layernorm_workspace_bytes(size_t N, size_t C, ts_dtype dt);
 size_t ts_cuda_bias_workspace_bytes(size_t N, size_t C, ts_dtype dt);
 

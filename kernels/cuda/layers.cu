@@ -183,11 +183,17 @@ extern "C" ts_status ts_cuda_rmsnorm_backward(const ts_kctx *ctx, void *dinp, vo
 /* The rotation frequencies f_i = theta^(-2i/HS), i < HS/2, computed on the
  * host with the CPU's expression (kernels/cpu/rope.c), so both backends
  * rotate by the same angles: the device's powf is not correctly rounded, and
- * an ulp in f_i is t ulps in the angle at position t. Passed by value. */
-enum { ROPE_MAX_HALF = 512 };
+ * an ulp in f_i is t ulps in the angle at position t. Passed by value:
+ * every head size the front accepts (TS_K_ROPE_MAX_HS), 4 KiB, which with
+ * the other arguments passes the classic 4 KiB kernel-parameter limit;
+ * CUDA 12.1+ allows 32764 bytes on Volta and newer (every architecture
+ * third_party/cuda.bzl builds for), and nvcc refuses a kernel over it. */
+enum { ROPE_MAX_HALF = TS_K_ROPE_MAX_HS / 2 };
 struct rope_freqs {
   float f[ROPE_MAX_HALF];
 };
+static_assert(sizeof(rope_freqs) + 6 * sizeof(size_t) + sizeof(float) + 2 * sizeof(void *) <= 32764,
+              "rope_kernel's parameters exceed CUDA's 32764-byte limit");
 
 /* One thread per (row, head, i < HS/2): rotates the pair (i, i + HS/2) of
  * position t = row % T by a = t * f_i (sign -1: the inverse). The pair is

@@ -45,7 +45,7 @@ extern "C" ts_status ts_cuda_context_init(ts_kctx *ctx, int index) {
   /* Everything made so far is reachable from ctx, so one destroy undoes a
    * failure at any point. */
   ts_status st = ts_cuda_blas_create(&ctx->blas);
-  if (st == TS_OK) st = ts_cudnn_create(&ctx->dnn, s);
+  if (st == TS_OK) st = ts_cudnn_device_handle(index, &ctx->dnn); /* shared: not ctx's own */
   ts_cuda_state *state = NULL;
   if (st == TS_OK) {
     state = (ts_cuda_state *)calloc(1, sizeof *state);
@@ -73,8 +73,7 @@ extern "C" void ts_cuda_context_destroy(ts_kctx *ctx) {
     free(state);
   }
   ctx->backend_state = nullptr;
-  ts_cudnn_destroy(ctx->dnn);
-  ctx->dnn = nullptr;
+  ctx->dnn = nullptr; /* the GPU's shared handle (ts_cudnn_device_handle) stays */
   ts_cuda_blas_destroy(ctx->blas);
   ctx->blas = nullptr;
   if (ctx->stream) cudaStreamDestroy((cudaStream_t)ctx->stream);
