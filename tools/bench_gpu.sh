@@ -5,12 +5,14 @@
 #   tools/bench_gpu.sh [STEPS]      (default 20 steps per run, the first 5 untimed)
 #   DIR/run_bench.sh [STEPS]        the same from tools/gpu_bundle.sh's folder
 #
-# For llama-small (micro-batch 32 x seq 1024), llama-124m (32 x 1024) and
-# llama-1.1b (8 x 2048), bf16, one rank: `tessera train --device cuda`, then
-# the PyTorch peer tools/peer/torch_llama.py (transformers' LlamaForCausalLM,
-# autocast bf16, fused AdamW) eager and under torch.compile; last the cuBLAS
-# bf16 GEMM ceiling at 8192^3. Prints one Markdown table (model, impl,
-# tokens/s, step ms, MFU, peak device memory) and writes its rows as JSON
+# For llama-124m (micro-batch 32 x seq 1024), llama-1.1b (8 x 2048) and
+# bert-base's masked LM (256 x 128), bf16, one rank: `tessera train --device
+# cuda`, then the PyTorch peer (tools/peer/torch_llama.py: transformers'
+# LlamaForCausalLM; tools/peer/torch_bert.py: BertForMaskedLM; autocast
+# bf16, fused AdamW) eager and under torch.compile; last the cuBLAS bf16
+# GEMM ceiling at 8192^3. A model whose config says "model_type": "bert"
+# trains on masked-LM data (DATA_MLM). Prints one Markdown table (model,
+# impl, tokens/s, sequences/s, step ms, MFU, peak device memory) and writes its rows as JSON
 # Lines ({"bench": "gpu", "model": ..., "impl": ..., "tokens_per_s": ...},
 # one per run, failed runs with "ok": false and the error) to
 # ${BENCH_JSON:-bench_gpu.json}. A run that fails (out of memory, say) is a
@@ -19,8 +21,9 @@
 # Method: tokens/s and step ms are medians over the steps after the first
 # WARMUP (tessera: its metrics' step lines; the peer: CUDA events between
 # steps). MFU = tokens/s x flops_per_token / 989e12 (H100 SXM dense bf16;
-# PEAK_FLOPS to change), flops_per_token being tessera's count
-# (ts_llama_flops_per_token, models/llama.c, mirrored by the peer). Peak
+# PEAK_FLOPS to change), flops_per_token being tessera's count (PaLM's:
+# 6N per token plus attention; models/llama.c and models/bert.c, mirrored
+# by the peers). Peak
 # memory: tessera's device ledger peak (summary device_bytes.ledger_peak;
 # what the device holds outside the ledger is printed below the table), the
 # peer's torch.cuda.max_memory_allocated(). tessera trains on the KJV token
@@ -31,8 +34,10 @@
 #   TESSERA_HOME    where models/configs/ is (default: this script's repository)
 #   DATA            token folder from `tessera prepare` (default ROOT/data/kjv,
 #                   made by tools/kjv.sh when absent and Bazel built the binary)
+#   DATA_MLM        the same from `tessera prepare --mlm`, for BERT models
+#                   (default ROOT/data/kjv-mlm, made by tools/kjv.sh --mlm)
 #   MODELS          runs as MODEL:BxT, space-separated
-#                   (default "llama-small:32x1024 llama-124m:32x1024 llama-1.1b:8x2048")
+#                   (default "llama-124m:32x1024 llama-1.1b:8x2048 bert-base:256x128")
 #   IMPLS           any of tessera, torch-eager, torch-compile, gemm
 #                   (default all four)
 #   WARMUP          untimed steps per run (default 5)
@@ -43,20 +48,22 @@
 #                   temporary folder, removed at exit; a failed run's last log
 #                   lines print on stderr as it fails)
 #
-# A 10-minute slot (a lent GPU machine's limit per command) may not hold all
-# ten runs, torch.compile compiling in the warm-up of each of its three:
-# split them with MODELS or IMPLS.
+# A 10-minute slot (a lent GPU machine's limit per command) does not hold
+# all of them, torch.compile compiling in the warm-up of each run: one
+# model per command (MODELS=llama-124m:32x1024, then llama-1.1b:8x2048,
+# then bert-base:256x128), or split with IMPLS.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STEPS="${1:-20}"
 WARMUP="${WARMUP:-5}"
-MODELS="${MODELS:-llama-small:32x1024 llama-124m:32x1024 llama-1.1b:8x2048}"
+MODELS="${MODELS:-llama-124m:32x1024 llama-1.1b:8x2048 bert-base:256x128}"
 IMPLS="${IMPLS:-tessera torch-eager torch-compile gemm}"
 PYTHON="${PYTHON:-python3}"
 PEAK_FLOPS="${PEAK_FLOPS:-989e12}"
 OUT_JSON="${BENCH_JSON:-bench_gpu.json}"
 PEER="$ROOT/tools/peer/torch_llama.py"
+PEER_BERT="$ROOT/tools/peer/torch_bert.py"
 [[ "$STEPS" =~ ^[0-9]+$ && "$WARMUP" =~ ^[0-9]+$ && "$STEPS" -gt "$WARMUP" ]] || {
   echo "bench_gpu: STEPS ($STEPS) must be an integer above WARMUP ($WARMUP)" >&2
   exit 2
@@ -88,13 +95,29 @@ else
   export TESSERA_HOME="${TESSERA_HOME:-$ROOT}"
 fi
 DATA="${DATA:-$ROOT/data/kjv}"
-if wants tessera && [[ ! -f "$DATA/train.bin" || ! -f "$DATA/val.bin" ]]; then
-  if [[ -z "${TESSERA_BIN:-}" && "$DATA" == "$ROOT/data/kjv" ]]; then
-    "$ROOT/tools/kjv.sh" "$BIN" >/dev/null
+DATA_MLM="${DATA_MLM:-$ROOT/data/kjv-mlm}"
+
+# The model's config.json: a preset name or a path.
+config_of() {
+  if [[ -f "$1" ]]; then echo "$1"; else echo "$TESSERA_HOME/models/configs/$1.json"; fi
+}
+is_bert() { grep -Eq '"model_type"[[:space:]]*:[[:space:]]*"bert"' "$(config_of "$1")" 2>/dev/null; }
+
+# The token folder a model trains on, prepared by tools/kjv.sh when it is
+# the default one and Bazel built the binary.
+need_data() { # need_data DIR [--mlm]
+  [[ -f "$1/train.bin" && -f "$1/val.bin" ]] && return 0
+  if [[ -z "${TESSERA_BIN:-}" && ("$1" == "$ROOT/data/kjv" || "$1" == "$ROOT/data/kjv-mlm") ]]; then
+    "$ROOT/tools/kjv.sh" "$BIN" ${2:+"$2"} >/dev/null
   else
-    echo "bench_gpu: $DATA: no train.bin/val.bin (tessera prepare, or tools/kjv.sh, writes them)" >&2
+    echo "bench_gpu: $1: no train.bin/val.bin (tessera prepare${2:+ $2}, or tools/kjv.sh${2:+ $2}, writes them)" >&2
     exit 1
   fi
+}
+if wants tessera; then
+  for spec in $MODELS; do
+    if is_bert "${spec%%:*}"; then need_data "$DATA_MLM" --mlm; else need_data "$DATA"; fi
+  done
 fi
 
 if [[ -n "${BENCH_LOGS:-}" ]]; then
@@ -131,21 +154,22 @@ for spec in $MODELS; do
   b="${shape%x*}"
   t="${shape#*x}"
   name="$(basename "$model" .json)"
-  config="$TESSERA_HOME/models/configs/$model.json"
-  if [[ -f "$model" ]]; then config="$model"; fi # a config.json path works too
+  config="$(config_of "$model")"
+  peer=("$PYTHON" "$PEER") data="$DATA"
+  if is_bert "$model"; then peer=("$PYTHON" "$PEER_BERT" --device cuda) data="$DATA_MLM"; fi
   if wants tessera; then
     m="$LOGS/tessera-$name.jsonl"
     # shellcheck disable=SC2086 # TESSERA_FLAGS is a list of flags
     run tessera "$model" "$b" "$t" "$m" "$LOGS/tessera-$name.log" -- \
       "$BIN" train --device cuda --model "$model" --dtype bf16 --micro-batch "$b" --seq "$t" \
-      --global-batch "$b" --steps "$STEPS" --data "$DATA" --metrics "$m" --log-every 1 \
+      --global-batch "$b" --steps "$STEPS" --data "$data" --metrics "$m" --log-every 1 \
       --lr 3e-4 --eval-batches 1 ${TESSERA_FLAGS:-}
   fi
   for mode in eager compile; do
     wants "torch-$mode" || continue
     r="$LOGS/torch-$mode-$name"
     run "torch-$mode" "$model" "$b" "$t" "$r.log.out" "$r.log" -- \
-      "$PYTHON" "$PEER" --mode "$mode" --config "$config" --name "$name" \
+      "${peer[@]}" --mode "$mode" --config "$config" --name "$name" \
       --batch "$b" --seq "$t" --steps "$STEPS" --warmup "$WARMUP" --peak-flops "$PEAK_FLOPS"
   done
 done
@@ -159,7 +183,7 @@ import json, os, statistics, sys
 runs, warmup, peak, out, peer, home = sys.argv[1:7]
 warmup, peak = int(warmup), float(peak)
 sys.path.insert(0, os.path.dirname(peer))
-from torch_llama import flops_per_token  # no torch needed: the mirror of models/llama.c
+import torch_bert, torch_llama  # no torch needed: the mirrors of models/bert.c and llama.c
 GiB = 2.0 ** 30
 
 def last_line(path):
@@ -182,11 +206,12 @@ def tessera_row(model, b, t, metrics, log):
     step_s = statistics.median(r["step_seconds"] for r in timed)
     fpt = timed[0]["gflops"] * 1e9 / timed[0]["tokens_per_s"]  # tessera's own count
     cfg = os.path.join(home, "models", "configs", model + ".json")
-    cfg = model if os.path.isfile(model) else cfg
-    mirror = flops_per_token(json.load(open(cfg)), t)
+    cfg = json.load(open(model if os.path.isfile(model) else cfg))
+    peer_mod = torch_bert if cfg.get("model_type") == "bert" else torch_llama
+    mirror = peer_mod.flops_per_token(cfg, t)
     if abs(mirror - fpt) > 1e-6 * fpt:
         print(f"bench_gpu: flops_per_token of {model}: tessera {fpt:.6g}, "
-              f"tools/peer/torch_llama.py {mirror:.6g}: the mirror is out of date",
+              f"tools/peer/{peer_mod.__name__}.py {mirror:.6g}: the mirror is out of date",
               file=sys.stderr)
     dev = summary.get("device_bytes")
     row = {"tokens_per_s": tok, "step_ms": step_s * 1e3, "flops_per_token": fpt,
@@ -233,21 +258,21 @@ gpus = sorted({r["gpu_name"] for r in rows if r.get("gpu_name")})
 print(f"GPU: {', '.join(gpus) or 'unknown'}; bf16, one rank; medians over steps after "
       f"the first {warmup}; MFU against {peak / 1e12:g} TFLOP/s")
 print()
-print("| model | impl | tokens/s | step ms | MFU | peak device memory GiB |")
-print("| --- | --- | ---: | ---: | ---: | ---: |")
+print("| model | impl | tokens/s | sequences/s | step ms | MFU | peak device memory GiB |")
+print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
 for r in rows:
     shape = f" ({r['batch']} x {r['seq']})" if "batch" in r else ""
     name = (r["model"] or "—") + shape
     gemm = r["impl"] in ("gemm", "cublas-gemm")
     impl = f"cuBLAS bf16 GEMM {r.get('m', 8192)}³" if gemm else r["impl"]
     if not r["ok"]:
-        print(f"| {name} | {impl} | failed: {r['error'][:120]} | | | |")
+        print(f"| {name} | {impl} | failed: {r['error'][:120]} | | | | |")
     elif "tflops" in r:
-        print(f"| {name} | {impl} | — | {r['ms_median']:.2f} | "
+        print(f"| {name} | {impl} | — | — | {r['ms_median']:.2f} | "
               f"{r['fraction_of_peak']:.1%} ({r['tflops']:.0f} TFLOP/s) | — |")
     else:
-        print(f"| {name} | {impl} | {r['tokens_per_s']:,.0f} | {r['step_ms']:.1f} | "
-              f"{r['mfu']:.1%} | {r['peak_bytes'] / GiB:.2f} |")
+        print(f"| {name} | {impl} | {r['tokens_per_s']:,.0f} | {r['tokens_per_s'] / r['seq']:,.1f} | "
+              f"{r['step_ms']:.1f} | {r['mfu']:.1%} | {r['peak_bytes'] / GiB:.2f} |")
 print()
 for r in rows:
     if r["ok"] and r["impl"] == "tessera" and "overhead_bytes" in r:

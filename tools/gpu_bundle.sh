@@ -5,13 +5,21 @@
 #
 #   tools/gpu_bundle.sh [DIR]      (default .gpu; keep DIR out of git), and
 #                                  DIR.tar.xz, the same folder packed to carry
-#   DIR/run.sh                     on the GPU machine: runs every test,
-#                                  exit status nonzero if any failed
+#   DIR/run.sh LOG_DIR [NAME...]   on the GPU machine: prints the GPU stack
+#                                  (DIR/gpu_info), runs every test binary
+#                                  under its time limit (DIR/tests.txt)
+#                                  with brief output, keeps the logs in
+#                                  LOG_DIR, ends with "N passed, N failed"
+#                                  (tools/gpu_suite.sh; exit 1 if any failed)
 #   DIR/run_bench.sh [STEPS]       on the GPU machine: tools/bench_gpu.sh,
 #                                  tessera against PyTorch (which must be
-#                                  there: python3 with torch and transformers)
+#                                  there: python3 with torch and transformers);
+#                                  one model per 10-minute command:
+#                                  MODELS=llama-124m:32x1024, llama-1.1b:8x2048
+#                                  or bert-base:256x128
 #
-# DIR holds each test binary, the project's shared libraries from
+# DIR holds each test binary (its symbol table stripped) and gpu_info,
+# the project's shared libraries from
 # bazel-bin/_solib_k8, and the libraries outside the C runtime and the CUDA
 # toolkit that the binaries load (OpenBLAS's OpenMP build, libgfortran,
 # libquadmath, libgomp), resolved by ldd here. The CUDA runtime is linked
@@ -23,15 +31,17 @@
 # C/C++ runtime and CUDA (Open MPI, hwloc, libevent, SentencePiece, cJSON,
 # ...), the Open MPI components an MPI_Init of one rank needs (lib/openmpi:
 # those whose own libraries are in the bundle), models/configs/,
-# tools/bench_gpu.sh, tools/peer/torch_llama.py and the KJV token folder
-# data/kjv (tokens and tokenizer; made by tools/kjv.sh when absent). The
+# tools/bench_gpu.sh, the PyTorch peers tools/peer/torch_llama.py and
+# torch_bert.py, and the KJV token folders data/kjv and data/kjv-mlm
+# (tokens and tokenizer; made by tools/kjv.sh when absent). The
 # wrapper runs MPI as an isolated singleton (no orted, no mpirun), so the GPU
 # machine needs no Open MPI of its own. CUDA's own libraries (cuBLAS, cuDNN)
 # are not carried: DIR/env.sh, sourced by run.sh and DIR/tessera, finds any
 # the loader would not (the binaries' rpath is /usr/local/cuda/lib64) in the
-# GPU machine's PyTorch wheels (site-packages/nvidia/*/lib). The whole
-# folder stays under 64 MiB (the size a lent machine's working tree may
-# carry); the size prints last.
+# GPU machine's PyTorch wheels (site-packages/nvidia/*/lib); NVRTC among
+# them, which cuDNN opens to compile some attention kernels at run time.
+# The packed archive DIR.tar.xz must stay under 20 MiB (a lent machine's
+# working tree carries 64 MiB in all); the sizes print last.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -41,9 +51,30 @@ tools/setup.sh
 targets="$(bazel query --noshow_progress 'attr(tags, "\bgpu\b", tests(//...))' 2>/dev/null)"
 [[ -n "$targets" ]] || { echo "gpu_bundle: no test carries the tag gpu" >&2; exit 1; }
 # shellcheck disable=SC2086
-bazel build --ui_event_filters=-info,-progress --noshow_progress $targets //tools:tessera
+bazel build --ui_event_filters=-info,-progress --noshow_progress $targets //tools:tessera \
+  //tools:gpu_info
 tools/kjv.sh bazel-bin/tools/tessera >/dev/null ||
   echo "gpu_bundle: tools/kjv.sh failed: the bundle carries no data/kjv (give run_bench.sh DATA=...)" >&2
+tools/kjv.sh bazel-bin/tools/tessera --mlm >/dev/null ||
+  echo "gpu_bundle: tools/kjv.sh --mlm failed: the bundle carries no data/kjv-mlm (give run_bench.sh DATA_MLM=...)" >&2
+
+# Each binary's time limit on the GPU machine (run.sh; BUDGET caps the
+# sum at 540 s). From the CPU twins' times here (2 cores: engine_device_test
+# 3 s, kernels_parity_test and hf_parity_test under 1 s) plus what only the
+# GPU pays: the CUDA context (about 1 s a process), cuDNN's graph builds
+# (one per shape, dtype and pass in a process: 8 in the parity test, 4 in
+# the engine test, a few in hf_parity; a few seconds each where cuDNN
+# compiles at run time) and cuBLASLt's heuristics (once per product shape).
+# Each limit is several times that estimate; unlisted binaries get 120 s.
+# run.sh runs them in this order (the lower layers first), others after.
+ORDER=(cuda_smoke_test kernels_cuda_test kernels_parity_gpu_test hf_parity_gpu_test engine_gpu_test)
+declare -A LIMIT=(
+  [cuda_smoke_test]=60
+  [kernels_cuda_test]=60
+  [kernels_parity_gpu_test]=120
+  [hf_parity_gpu_test]=120
+  [engine_gpu_test]=180
+)
 
 rm -rf "$DIR"
 mkdir -p "$DIR/lib"
@@ -52,6 +83,8 @@ for t in $targets; do
   path="bazel-bin/$(sed -e 's|^//||' -e 's|:|/|' <<<"$t")"
   name="$(basename "$path")"
   cp -L "$path" "$DIR/$name"
+  chmod u+w "$DIR/$name"
+  strip --strip-unneeded "$DIR/$name"
   tests+=("$name")
   # Libraries the binary loads that a bare CUDA machine may lack.
   ldd "$path" | awk '/=> \// {print $3}' |
@@ -59,6 +92,16 @@ for t in $targets; do
     while read -r lib; do cp -L "$lib" "$DIR/lib/"; done
 done
 cp -L bazel-bin/_solib_k8/*.so "$DIR/lib/"
+{
+  echo "# test binary, time limit in seconds (tools/gpu_bundle.sh; read by run.sh)"
+  for name in "${ORDER[@]}" "${tests[@]}"; do
+    [[ " ${tests[*]} " == *" $name "* ]] && echo "$name ${LIMIT[$name]:-120}"
+  done | awk '!seen[$1]++'
+} >"$DIR/tests.txt"
+cp -L bazel-bin/tools/gpu_info "$DIR/gpu_info"
+chmod u+w "$DIR/gpu_info"
+cp tools/gpu_suite.sh "$DIR/run.sh"
+chmod +x "$DIR/run.sh"
 
 # ---- tessera and what it loads, for run_bench.sh ---------------------------------
 
@@ -106,15 +149,18 @@ done
 echo "gpu_bundle: $kept Open MPI components from $components" >&2
 
 # The CUDA libraries the binaries link dynamically (cuDNN, ...; not the
-# driver's libcuda), and cuBLASLt, which they open with dlopen
-# (kernels/cuda/linear.cu), for env.sh to look for on the GPU machine.
+# driver's libcuda), and those opened with dlopen: cuBLASLt
+# (kernels/cuda/linear.cu), NVRTC and its builtins (cuDNN's runtime-compiled
+# attention kernels), NCCL (gpu_info), for env.sh to look for on the GPU
+# machine.
 cuda_libs="$( (for f in "$DIR/bin/tessera" "${tests[@]/#/$DIR/}"; do deps "$f"; done |
   awk '{print $1}' | { grep -E "$SYSTEM" | grep -E '^lib(cu|nv|nccl)' | grep -v '^libcuda\.so' || true; }
-  echo libcublasLt.so.13) | sort -u | tr '\n' ' ')"
+  echo libcublasLt.so.13 libnvrtc.so.13 libnvrtc-builtins.so.13.0 libnccl.so.2) |
+  sort -u | tr '\n' ' ')"
 cat >"$DIR/env.sh" <<EOF
 # Sourced by run.sh and ./tessera (made by tools/gpu_bundle.sh): the bundle's
 # libraries first on the loader's path; then, for each CUDA library the
-# binaries link (${cuda_libs:-none here}) that is neither in
+# binaries link or open (${cuda_libs:-none here}) that is neither in
 # /usr/local/cuda/lib64 (their rpath) nor in ld.so.cache, the folder of
 # PyTorch's nvidia-* wheels that holds it.
 _b="\$(cd "\$(dirname "\${BASH_SOURCE[0]}")" && pwd)"
@@ -161,35 +207,19 @@ chmod +x "$DIR/tessera"
 mkdir -p "$DIR/models" "$DIR/tools/peer"
 cp -r models/configs "$DIR/models/"
 cp tools/bench_gpu.sh "$DIR/tools/"
-cp tools/peer/torch_llama.py "$DIR/tools/peer/"
+cp tools/peer/torch_llama.py tools/peer/torch_bert.py "$DIR/tools/peer/"
 # The tests' data, at the paths they open relative to their working
 # directory (Bazel's runfiles root there; the bundle's root here).
 mkdir -p "$DIR/tests/hf_parity"
 cp -r tests/hf_parity/fixtures "$DIR/tests/hf_parity/"
-if [[ -f data/kjv/train.bin && -f data/kjv/val.bin ]]; then
-  mkdir -p "$DIR/data/kjv"
-  for f in train.bin val.bin meta.json tokenizer.model; do
-    if [[ -f "data/kjv/$f" ]]; then cp "data/kjv/$f" "$DIR/data/kjv/"; fi
-  done
-fi
-
-cat >"$DIR/run.sh" <<EOF
-#!/usr/bin/env bash
-# Runs tessera's GPU tests from this bundle (made by tools/gpu_bundle.sh).
-cd "\$(dirname "\${BASH_SOURCE[0]}")"
-# The bundle's libraries (the CUDA runtime is inside each binary), and
-# cuBLAS/cuDNN from PyTorch's wheels where the system has none (env.sh).
-source ./env.sh
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-fails=0
-for t in ${tests[*]}; do
-  echo "=== \$t"
-  ./"\$t" || fails=\$((fails + 1))
+for corpus in kjv kjv-mlm; do
+  if [[ -f data/$corpus/train.bin && -f data/$corpus/val.bin ]]; then
+    mkdir -p "$DIR/data/$corpus"
+    for f in train.bin val.bin meta.json tokenizer.model; do
+      if [[ -f "data/$corpus/$f" ]]; then cp "data/$corpus/$f" "$DIR/data/$corpus/"; fi
+    done
+  fi
 done
-echo "\$fails of ${#tests[@]} GPU test binaries failed"
-exit \$((fails > 0))
-EOF
-chmod +x "$DIR/run.sh"
 
 cat >"$DIR/run_bench.sh" <<'EOF'
 #!/usr/bin/env bash
@@ -201,6 +231,7 @@ cat >"$DIR/run_bench.sh" <<'EOF'
 B="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >&2 || true
 export TESSERA_BIN="$B/tessera" TESSERA_HOME="$B" DATA="${DATA:-$B/data/kjv}"
+export DATA_MLM="${DATA_MLM:-$B/data/kjv-mlm}"
 exec "$B/tools/bench_gpu.sh" "$@"
 EOF
 chmod +x "$DIR/run_bench.sh"
@@ -209,10 +240,11 @@ size="$(du -sb "$DIR" | cut -f1)"
 echo "gpu_bundle: $DIR: $((size / 1048576)) MiB"
 # The folder may pass the 64 MiB a lent machine's tree carries (OpenBLAS
 # alone is 36 MB); its xz archive beside it is a fraction of that. On the
-# GPU machine: tar xf DIR.tar.xz && DIR/run.sh.
+# GPU machine: tar xf DIR.tar.xz && DIR/run.sh LOG_DIR.
 tar -C "$(dirname "$DIR")" -cJf "$DIR.tar.xz" "$(basename "$DIR")"
 packed="$(du -sb "$DIR.tar.xz" | cut -f1)"
-echo "gpu_bundle: $DIR.tar.xz: $((packed / 1048576)) MiB (carry this one)"
-if ((packed >= 64 * 1048576)); then
-  echo "gpu_bundle: the archive is over 64 MiB: too large to carry to a lent GPU machine" >&2
+echo "gpu_bundle: $DIR.tar.xz: $((packed * 10 / 1048576 / 10)).$((packed * 10 / 1048576 % 10)) MiB (carry this one)"
+if ((packed >= 20 * 1048576)); then
+  echo "gpu_bundle: the archive is over 20 MiB" >&2
+  exit 1
 fi

@@ -172,6 +172,35 @@ def import_torch():
     return torch
 
 
+def timed_cuda_steps(torch, step, warmup, steps):
+    """Runs step(0), ..., step(steps - 1) on the GPU (step(i) queues one
+    training step and returns its loss as a device scalar): the first
+    `warmup` untimed, each printing its loss; then the rest with CUDA events
+    recorded between them and no host synchronisation inside the loop.
+    Returns (every loss as a float, each timed step's seconds, the timed
+    window's wall seconds). Shared by torch_llama.py and torch_bert.py."""
+    t_setup = time.perf_counter()
+    losses = []
+    for i in range(warmup):
+        losses.append(step(i).item())
+        log(f"  warm-up step {i + 1}/{warmup}: loss {losses[-1]:.4f} "
+            f"({time.perf_counter() - t_setup:.1f} s so far)")
+    n = steps - warmup
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
+    timed = []
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    events[0].record()
+    for j in range(n):
+        timed.append(step(warmup + j))
+        events[j + 1].record()
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    losses += [l.item() for l in timed]
+    per_step = [events[j].elapsed_time(events[j + 1]) / 1e3 for j in range(n)]  # s
+    return losses, per_step, wall
+
+
 def run_gemm(torch, a):
     n = a.gemm_size
     g = torch.Generator(device="cuda").manual_seed(a.seed)
@@ -252,28 +281,10 @@ def run_train(torch, a, path, cfg_json):
     gpu = torch.cuda.get_device_name()
     log(f"{name}: {n_params / 1e6:.2f}M parameters, torch-{a.mode}, B {B} x T {T}, bf16 autocast, "
         f"{gpu}, torch {torch.__version__}, transformers {transformers.__version__}")
-    t_setup = time.perf_counter()
-    losses = []
-    for i in range(a.warmup):
-        losses.append(step(i).item())
-        log(f"  warm-up step {i + 1}/{a.warmup}: loss {losses[-1]:.4f} "
-            f"({time.perf_counter() - t_setup:.1f} s so far)")
-
-    n = a.steps - a.warmup
-    events = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
-    timed_losses = []
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    events[0].record()
-    for j in range(n):
-        timed_losses.append(step(a.warmup + j))
-        events[j + 1].record()
-    torch.cuda.synchronize()
-    wall = time.perf_counter() - t0
-    losses += [l.item() for l in timed_losses]
-    per_step = [events[j].elapsed_time(events[j + 1]) / 1e3 for j in range(n)]  # s
+    losses, per_step, wall = timed_cuda_steps(torch, step, a.warmup, a.steps)
     if not all(math.isfinite(l) for l in losses):
         fail(f"{name}: loss is not finite: {losses}")
+    n = a.steps - a.warmup
 
     fpt = flops_per_token(cfg_json, T)
     med = statistics.median(per_step)
