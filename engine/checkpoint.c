@@ -27,20 +27,20 @@
 #include "base/checksum.h"
 #include "engine/engine_internal.h"
 
-#define FORMAT TS_CKPT_FORMAT
-#define VERSION TS_CKPT_VERSION
-#define INDEX TS_CKPT_INDEX
+#define FORMAT TS_CHECKPOINT_FORMAT
+#define VERSION TS_CHECKPOINT_VERSION
+#define INDEX TS_CHECKPOINT_INDEX
 
-const char *ts_ckpt_kind_name(ts_ckpt_kind k) {
-  static const char *const names[TS_CKPT_NUM_KINDS] = {"param", "master", "exp_avg",
-                                                       "exp_avg_sq"};
-  return (int)k >= 0 && k < TS_CKPT_NUM_KINDS ? names[k] : "?";
+const char *ts_checkpoint_kind_name(ts_checkpoint_kind k) {
+  static const char *const names[TS_CHECKPOINT_NUM_KINDS] = {"param", "master", "exp_avg",
+                                                             "exp_avg_sq"};
+  return (int)k >= 0 && k < TS_CHECKPOINT_NUM_KINDS ? names[k] : "?";
 }
 
-static ts_ckpt_fault_fn fault_hook; /* tests only (ts_ckpt_set_fault) */
+static ts_checkpoint_fault_fn fault_hook; /* tests only (ts_checkpoint_set_fault) */
 static int fault_points;            /* points passed on this rank */
 
-void ts_ckpt_set_fault(ts_ckpt_fault_fn fn) {
+void ts_checkpoint_set_fault(ts_checkpoint_fault_fn fn) {
   fault_hook = fn;
   fault_points = 0;
 }
@@ -79,9 +79,9 @@ static ts_status for_each_chunk(const saver_layout *L, int R,
                                 ts_status (*fn)(void *ctx, const chunk *c), void *ctx) {
   int s = R / L->dp, d = R % L->dp;
   size_t offset = 0;
-  for (int k = 0; k < TS_CKPT_NUM_KINDS; k++) {
-    if (k == TS_CKPT_MASTER && !L->has_master) continue;
-    size_t es = k == TS_CKPT_PARAM ? L->param_es : 4;
+  for (int k = 0; k < TS_CHECKPOINT_NUM_KINDS; k++) {
+    if (k == TS_CHECKPOINT_MASTER && !L->has_master) continue;
+    size_t es = k == TS_CHECKPOINT_PARAM ? L->param_es : 4;
     for (int u = L->first[s]; u < L->first[s + 1]; u++) {
       const ts_flat_layout *l = &L->layouts[u];
       size_t b = (size_t)d * l->shard, e = b + l->shard;
@@ -124,11 +124,11 @@ typedef struct writer {
 /* The held buffer of kind k of unit u and whether it is a shard. */
 static const void *held(const ts_engine *e, int u, int k, int *sharded) {
   const unit_state *s = &e->units[u];
-  *sharded = k == TS_CKPT_PARAM ? e->zero->shard_params : e->zero->shard_optim;
+  *sharded = k == TS_CHECKPOINT_PARAM ? e->zero->shard_params : e->zero->shard_optim;
   switch (k) {
-    case TS_CKPT_PARAM: return s->params;
-    case TS_CKPT_MASTER: return s->master;
-    case TS_CKPT_EXP_AVG: return s->m;
+    case TS_CHECKPOINT_PARAM: return s->params;
+    case TS_CHECKPOINT_MASTER: return s->master;
+    case TS_CHECKPOINT_EXP_AVG: return s->m;
     default: return s->v;
   }
 }
@@ -201,7 +201,8 @@ static ts_status index_chunk(void *ctx, const chunk *c) {
     if (lo >= hi) continue;
     double v[4] = {b->file, (double)(lo - tb), (double)(hi - tb),
                    (double)(c->offset + (lo - c->begin) * c->es)};
-    cJSON *arr = b->kinds[(size_t)(b->tensor0[c->unit] + (int)i) * TS_CKPT_NUM_KINDS + c->kind];
+    cJSON *arr =
+        b->kinds[(size_t)(b->tensor0[c->unit] + (int)i) * TS_CHECKPOINT_NUM_KINDS + c->kind];
     if (!cJSON_AddItemToArray(arr, cJSON_CreateDoubleArray(v, 4)))
       return ts_set_error(TS_ERR_OUT_OF_MEMORY, "checkpoint: index");
   }
@@ -211,7 +212,7 @@ static ts_status index_chunk(void *ctx, const chunk *c) {
 /* The index of the whole save (rank 0): files[] then tensors[]. */
 static ts_status build_index(const ts_engine *e, const saver_layout *L, int world,
                              const char (*hex)[TS_SHA256_HEX], const size_t *sizes,
-                             const ts_ckpt_extra *extra, const char (*xhex)[TS_SHA256_HEX],
+                             const ts_checkpoint_extra *extra, const char (*xhex)[TS_SHA256_HEX],
                              size_t n_extra, char **out) {
   const ts_model *m = e->model;
   cJSON *root = cJSON_CreateObject();
@@ -255,7 +256,7 @@ static ts_status build_index(const ts_engine *e, const saver_layout *L, int worl
     b.tensor0[u] = n_tensors;
     n_tensors += m->units[u].n_tensors;
   }
-  b.kinds = calloc((size_t)n_tensors * TS_CKPT_NUM_KINDS, sizeof *b.kinds);
+  b.kinds = calloc((size_t)n_tensors * TS_CHECKPOINT_NUM_KINDS, sizeof *b.kinds);
   ts_status st = b.kinds && b.tensor0 ? TS_OK : ts_set_error(TS_ERR_OUT_OF_MEMORY, "index");
   cJSON *tensors = cJSON_AddArrayToObject(root, "tensors");
   for (int u = 0; u < m->n_units && st == TS_OK; u++)
@@ -265,11 +266,12 @@ static ts_status build_index(const ts_engine *e, const saver_layout *L, int worl
       cJSON_AddStringToObject(jt, "name", t->name);
       int shape[2] = {(int)t->shape[0], (int)t->shape[1]};
       cJSON_AddItemToObject(jt, "shape", cJSON_CreateIntArray(shape, t->ndim));
-      for (int k = 0; k < TS_CKPT_NUM_KINDS; k++) {
-        if (k == TS_CKPT_MASTER && !L->has_master) continue;
-        cJSON *jk = cJSON_AddObjectToObject(jt, ts_ckpt_kind_name((ts_ckpt_kind)k));
-        cJSON_AddStringToObject(jk, "dtype", k == TS_CKPT_PARAM ? st_dtype(e->opts.dtype) : "F32");
-        b.kinds[(size_t)(b.tensor0[u] + i) * TS_CKPT_NUM_KINDS + k] =
+      for (int k = 0; k < TS_CHECKPOINT_NUM_KINDS; k++) {
+        if (k == TS_CHECKPOINT_MASTER && !L->has_master) continue;
+        cJSON *jk = cJSON_AddObjectToObject(jt, ts_checkpoint_kind_name((ts_checkpoint_kind)k));
+        cJSON_AddStringToObject(jk, "dtype",
+                                k == TS_CHECKPOINT_PARAM ? st_dtype(e->opts.dtype) : "F32");
+        b.kinds[(size_t)(b.tensor0[u] + i) * TS_CHECKPOINT_NUM_KINDS + k] =
             cJSON_AddArrayToObject(jk, "slices");
       }
       cJSON_AddItemToArray(tensors, jt);
@@ -289,7 +291,7 @@ static ts_status build_index(const ts_engine *e, const saver_layout *L, int worl
 /* Rank 0's part of a save: the extra files, then index.json (the commit). */
 static ts_status write_index(const ts_engine *e, const saver_layout *L, const char *dir, int n,
                              const float *packed, char (*hex)[TS_SHA256_HEX], size_t *sizes,
-                             const ts_ckpt_extra *extra, size_t n_extra, char **text) {
+                             const ts_checkpoint_extra *extra, size_t n_extra, char **text) {
   char path[4096];
   for (int r = 0; r < n; r++) {
     memcpy(hex[r], (const char *)packed + (size_t)r * 72, 64);
@@ -322,7 +324,7 @@ static ts_status make_dir(const char *dir) {
 }
 
 ts_status ts_checkpoint_save(ts_engine *e, ts_comm *world, const char *dir,
-                             const ts_ckpt_extra *extra, size_t n_extra) {
+                             const ts_checkpoint_extra *extra, size_t n_extra) {
   if (e->micro_done != 0)
     return ts_set_error(TS_ERR_INVALID_USAGE,
                         "checkpoint: save after %d micro-steps: expected a step boundary",

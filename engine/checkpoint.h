@@ -48,34 +48,34 @@ extern "C" {
 #endif
 
 /* What a slice of a tensor holds. */
-typedef enum ts_ckpt_kind {
-  TS_CKPT_PARAM = 0,      /* compute parameters, the saving run's dtype */
-  TS_CKPT_MASTER = 1,     /* fp32 master weights (bf16/fp16 runs only) */
-  TS_CKPT_EXP_AVG = 2,    /* fp32 Adam first moment m */
-  TS_CKPT_EXP_AVG_SQ = 3, /* fp32 Adam second moment v */
-  TS_CKPT_NUM_KINDS = 4,
-} ts_ckpt_kind;
+typedef enum ts_checkpoint_kind {
+  TS_CHECKPOINT_PARAM = 0,      /* compute parameters, the saving run's dtype */
+  TS_CHECKPOINT_MASTER = 1,     /* fp32 master weights (bf16/fp16 runs only) */
+  TS_CHECKPOINT_EXP_AVG = 2,    /* fp32 Adam first moment m */
+  TS_CHECKPOINT_EXP_AVG_SQ = 3, /* fp32 Adam second moment v */
+  TS_CHECKPOINT_NUM_KINDS = 4,
+} ts_checkpoint_kind;
 
 /* "param", "master", "exp_avg", "exp_avg_sq" (the index's keys). */
-const char *ts_ckpt_kind_name(ts_ckpt_kind k);
+const char *ts_checkpoint_kind_name(ts_checkpoint_kind k);
 
-#define TS_CKPT_FORMAT "tessera-checkpoint" /* index.json "format" */
-#define TS_CKPT_VERSION 1                   /* index.json "version" */
-#define TS_CKPT_INDEX "index.json"          /* the file that commits a folder */
+#define TS_CHECKPOINT_FORMAT "tessera-checkpoint" /* index.json "format" */
+#define TS_CHECKPOINT_VERSION 1                   /* index.json "version" */
+#define TS_CHECKPOINT_INDEX "index.json"          /* the file that commits a folder */
 
 /* A small file rank 0 writes into the folder beside the slices (its bytes
  * borrowed), listed in the index with its checksum. */
-typedef struct ts_ckpt_extra {
+typedef struct ts_checkpoint_extra {
   const char *name;  /* file name inside the folder, e.g. "trainer.json" */
   const void *data;  /* host bytes */
   size_t nbytes;     /* bytes */
-} ts_ckpt_extra;
+} ts_checkpoint_extra;
 
 /* Test seam (fault injection, tests only): called before each file of a
  * save is committed and before the index's rename, with the 1-based count
  * of such points so far on this rank; NULL in training. */
-typedef void (*ts_ckpt_fault_fn)(int point);
-void ts_ckpt_set_fault(ts_ckpt_fault_fn fn);
+typedef void (*ts_checkpoint_fault_fn)(int point);
+void ts_checkpoint_set_fault(ts_checkpoint_fault_fn fn);
 
 /* Saves e's model and optimizer state into folder dir (created if absent;
  * an index.json already there is removed first), with n_extra files from
@@ -88,7 +88,7 @@ void ts_ckpt_set_fault(ts_ckpt_fault_fn fn);
  * TS_ERR_IO naming the file, TS_ERR_OUT_OF_MEMORY, TS_ERR_MPI; on any
  * error no index.json is written (the folder is not a checkpoint). */
 ts_status ts_checkpoint_save(ts_engine *e, ts_comm *world, const char *dir,
-                             const ts_ckpt_extra *extra, size_t n_extra);
+                             const ts_checkpoint_extra *extra, size_t n_extra);
 
 typedef struct ts_checkpoint ts_checkpoint; /* an opened index; owns its file handles */
 
@@ -121,7 +121,7 @@ ts_status ts_checkpoint_load(ts_checkpoint *ck, ts_engine *e);
  * elements, the tensor's), consolidated from every rank's slices (param:
  * converted from the saving dtype). TS_ERR_INVALID_ARGUMENT (unknown name,
  * numel differs, a kind the checkpoint lacks), TS_ERR_IO. */
-ts_status ts_checkpoint_read_tensor(ts_checkpoint *ck, const char *name, ts_ckpt_kind k,
+ts_status ts_checkpoint_read_tensor(ts_checkpoint *ck, const char *name, ts_checkpoint_kind k,
                                     float *dst, size_t numel);
 
 /* An extra file's bytes (NUL-terminated, free() them), its checksum
@@ -130,7 +130,7 @@ ts_status ts_checkpoint_read_extra(const ts_checkpoint *ck, const char *name, ch
                                    size_t *len);
 
 /* What the checkpoint says about the run that saved it. */
-typedef struct ts_ckpt_info {
+typedef struct ts_checkpoint_info {
   const char *dtype;   /* "fp32", "bf16", "fp16" */
   int zero_stage;      /* 0-3 */
   int dp;              /* data-parallel ranks */
@@ -140,8 +140,8 @@ typedef struct ts_ckpt_info {
   size_t n_tensors;    /* logical tensors */
   size_t bytes;        /* every file the index lists, summed */
   size_t bytes_read;   /* what this process read of them so far (verify and load), bytes */
-} ts_ckpt_info;
-void ts_checkpoint_info(const ts_checkpoint *ck, ts_ckpt_info *out);
+} ts_checkpoint_info;
+void ts_checkpoint_get_info(const ts_checkpoint *ck, ts_checkpoint_info *out);
 
 /* The folder it was opened from (owned by ck). */
 const char *ts_checkpoint_dir(const ts_checkpoint *ck);

@@ -20,9 +20,9 @@
 #include "engine/engine_internal.h"
 #include "models/hf_folder.h"
 
-#define FORMAT TS_CKPT_FORMAT
-#define VERSION TS_CKPT_VERSION
-#define INDEX TS_CKPT_INDEX
+#define FORMAT TS_CHECKPOINT_FORMAT
+#define VERSION TS_CHECKPOINT_VERSION
+#define INDEX TS_CHECKPOINT_INDEX
 
 /* ---- open, verify, read ---------------------------------------------------------- */
 
@@ -35,10 +35,10 @@ typedef struct ck_tensor {
   char name[96];
   int ndim;
   size_t shape[2], numel;
-  int es[TS_CKPT_NUM_KINDS];          /* bytes per element; 0: the kind is absent */
-  char dtype[TS_CKPT_NUM_KINDS][8];   /* "F32", "BF16", "F16" */
-  ck_slice *slices[TS_CKPT_NUM_KINDS];
-  int n[TS_CKPT_NUM_KINDS];
+  int es[TS_CHECKPOINT_NUM_KINDS];        /* bytes per element; 0: the kind is absent */
+  char dtype[TS_CHECKPOINT_NUM_KINDS][8]; /* "F32", "BF16", "F16" */
+  ck_slice *slices[TS_CHECKPOINT_NUM_KINDS];
+  int n[TS_CHECKPOINT_NUM_KINDS];
 } ck_tensor;
 
 typedef struct ck_file {
@@ -51,7 +51,7 @@ typedef struct ck_file {
 struct ts_checkpoint {
   char dir[4096];
   char dtype[8];
-  ts_ckpt_info info;
+  ts_checkpoint_info info;
   ck_file *files;
   int n_files;
   ck_tensor *tensors;
@@ -69,14 +69,14 @@ void ts_checkpoint_close(ts_checkpoint *ck) {
   for (int f = 0; f < ck->n_files; f++)
     if (ck->files[f].fd >= 0) close(ck->files[f].fd);
   for (size_t t = 0; t < ck->n_tensors; t++)
-    for (int k = 0; k < TS_CKPT_NUM_KINDS; k++) free(ck->tensors[t].slices[k]);
+    for (int k = 0; k < TS_CHECKPOINT_NUM_KINDS; k++) free(ck->tensors[t].slices[k]);
   free(ck->files);
   free(ck->tensors);
   free(ck);
 }
 
 const char *ts_checkpoint_dir(const ts_checkpoint *ck) { return ck->dir; }
-void ts_checkpoint_info(const ts_checkpoint *ck, ts_ckpt_info *out) { *out = ck->info; }
+void ts_checkpoint_get_info(const ts_checkpoint *ck, ts_checkpoint_info *out) { *out = ck->info; }
 
 /* A required number field of obj (>= 0, integral), or an error naming it. */
 static ts_status get_size(const ts_checkpoint *ck, const cJSON *obj, const char *field,
@@ -106,10 +106,10 @@ static ts_status parse_kind(ts_checkpoint *ck, ck_tensor *t, int k, const cJSON 
   if (!es || !cJSON_IsArray(sl))
     return ts_set_error(TS_ERR_FORMAT,
                         "%s/" INDEX ": tensor %s, %s: expected a dtype F32, BF16 or F16 and slices",
-                        ck->dir, t->name, ts_ckpt_kind_name((ts_ckpt_kind)k));
-  if (k != TS_CKPT_PARAM && es != 4)
+                        ck->dir, t->name, ts_checkpoint_kind_name((ts_checkpoint_kind)k));
+  if (k != TS_CHECKPOINT_PARAM && es != 4)
     return ts_set_error(TS_ERR_FORMAT, "%s/" INDEX ": tensor %s, %s: expected dtype F32", ck->dir,
-                        t->name, ts_ckpt_kind_name((ts_ckpt_kind)k));
+                        t->name, ts_checkpoint_kind_name((ts_checkpoint_kind)k));
   t->es[k] = es;
   snprintf(t->dtype[k], sizeof t->dtype[k], "%s", dt->valuestring);
   int n = cJSON_GetArraySize(sl);
@@ -130,9 +130,11 @@ static ts_status parse_kind(ts_checkpoint *ck, ck_tensor *t, int k, const cJSON 
     if (!ok || c->file >= ck->info.world || c->begin >= c->end || c->end > t->numel ||
         c->offset + (c->end - c->begin) * (size_t)es > ck->files[c->file].bytes)
       return ts_set_error(TS_ERR_FORMAT,
-                          "%s/" INDEX ": tensor %s, %s slice %d: expected [rank file, begin, end, "
+                          "%s/" INDEX
+                          ": tensor %s, %s slice %d: expected [rank file, begin, end, "
                           "offset] inside the tensor (%zu elements) and the file",
-                          ck->dir, t->name, ts_ckpt_kind_name((ts_ckpt_kind)k), j, t->numel);
+                          ck->dir, t->name, ts_checkpoint_kind_name((ts_checkpoint_kind)k), j,
+                          t->numel);
   }
   qsort(t->slices[k], (size_t)n, sizeof(ck_slice), cmp_slice);
   size_t next = 0;
@@ -142,9 +144,10 @@ static ts_status parse_kind(ts_checkpoint *ck, ck_tensor *t, int k, const cJSON 
   }
   if (next != t->numel)
     return ts_set_error(TS_ERR_FORMAT,
-                        "%s/" INDEX ": tensor %s, %s: the slices do not cover its %zu elements "
+                        "%s/" INDEX
+                        ": tensor %s, %s: the slices do not cover its %zu elements "
                         "exactly once",
-                        ck->dir, t->name, ts_ckpt_kind_name((ts_ckpt_kind)k), t->numel);
+                        ck->dir, t->name, ts_checkpoint_kind_name((ts_checkpoint_kind)k), t->numel);
   return TS_OK;
 }
 
@@ -166,12 +169,13 @@ static ts_status parse_tensor(ts_checkpoint *ck, ck_tensor *t, const cJSON *jt) 
     t->shape[d] = (size_t)x->valuedouble;
   }
   t->numel = t->shape[0] * t->shape[1];
-  for (int k = 0; k < TS_CKPT_NUM_KINDS; k++) {
-    const cJSON *jk = cJSON_GetObjectItemCaseSensitive(jt, ts_ckpt_kind_name((ts_ckpt_kind)k));
+  for (int k = 0; k < TS_CHECKPOINT_NUM_KINDS; k++) {
+    const cJSON *jk =
+        cJSON_GetObjectItemCaseSensitive(jt, ts_checkpoint_kind_name((ts_checkpoint_kind)k));
     if (jk) TS_CHECK(parse_kind(ck, t, k, jk));
-    else if (k != TS_CKPT_MASTER || strcmp(ck->dtype, "fp32") != 0)
+    else if (k != TS_CHECKPOINT_MASTER || strcmp(ck->dtype, "fp32") != 0)
       return ts_set_error(TS_ERR_FORMAT, "%s/" INDEX ": tensor %s: no \"%s\"", ck->dir, t->name,
-                          ts_ckpt_kind_name((ts_ckpt_kind)k));
+                          ts_checkpoint_kind_name((ts_checkpoint_kind)k));
   }
   return TS_OK;
 }
@@ -342,7 +346,7 @@ static ts_status read_range(ts_checkpoint *ck, const ck_tensor *t, int k, size_t
                             float *dst) {
   if (!t->es[k])
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: tensor %s has no %s", ck->dir, t->name,
-                        ts_ckpt_kind_name((ts_ckpt_kind)k));
+                        ts_checkpoint_kind_name((ts_checkpoint_kind)k));
   for (int j = 0; j < t->n[k] && a < b; j++) {
     const ck_slice *s = &t->slices[k][j];
     size_t lo = a > s->begin ? a : s->begin, hi = b < s->end ? b : s->end;
@@ -374,7 +378,7 @@ static ts_status read_range(ts_checkpoint *ck, const ck_tensor *t, int k, size_t
   return TS_OK;
 }
 
-ts_status ts_checkpoint_read_tensor(ts_checkpoint *ck, const char *name, ts_ckpt_kind k,
+ts_status ts_checkpoint_read_tensor(ts_checkpoint *ck, const char *name, ts_checkpoint_kind k,
                                     float *dst, size_t numel) {
   const ck_tensor *t = find_tensor(ck, name);
   if (!t) return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: no tensor %s", ck->dir, name);
@@ -436,7 +440,7 @@ ts_status ts_checkpoint_load(ts_checkpoint *ck, ts_engine *e) {
     for (int i = 0; i < m->units[u].n_tensors && st == TS_OK; i++) {
       const ts_tensor_spec *s = &m->units[u].tensors[i];
       const ck_tensor *t = find_tensor(ck, s->name);
-      int src = t->es[TS_CKPT_MASTER] ? TS_CKPT_MASTER : TS_CKPT_PARAM;
+      int src = t->es[TS_CHECKPOINT_MASTER] ? TS_CHECKPOINT_MASTER : TS_CHECKPOINT_PARAM;
       if (t->es[src] != 4) {
         st = ts_set_error(TS_ERR_FORMAT, "%s: tensor %s has no fp32 master weights", ck->dir, s->name);
         break;
@@ -449,9 +453,10 @@ ts_status ts_checkpoint_load(ts_checkpoint *ck, ts_engine *e) {
       int master = !replica && e->units[u].master && (o.begin < p.begin || o.end > p.end);
       if (st == TS_OK && master) st = read_flat(ck, t, src, s->offset, o.begin, o.end, buf);
       if (st == TS_OK) st = ts_engine_set_tensor(e, s->name, buf, s->numel);
-      for (int k = TS_CKPT_EXP_AVG; k <= TS_CKPT_EXP_AVG_SQ && st == TS_OK && !replica; k++) {
+      for (int k = TS_CHECKPOINT_EXP_AVG; k <= TS_CHECKPOINT_EXP_AVG_SQ && st == TS_OK && !replica;
+           k++) {
         st = read_flat(ck, t, k, s->offset, o.begin, o.end, buf);
-        if (st == TS_OK) st = ts_engine_set_state(e, u, i, k - TS_CKPT_EXP_AVG, buf);
+        if (st == TS_OK) st = ts_engine_set_state(e, u, i, k - TS_CHECKPOINT_EXP_AVG, buf);
       }
     }
   }

@@ -237,7 +237,7 @@ ts_status ts_engine_alloc(ts_engine *e) {
   return alloc_scalars(e);
 }
 
-ts_status ts_engine_check_stage(int zero_stage) {
+ts_status ts_engine_check_zero_stage(int zero_stage) {
   if (!ts_zero_policy_of(zero_stage))
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--zero %d: expected a ZeRO stage 0, 1, 2 or 3",
                         zero_stage);
@@ -265,7 +265,7 @@ static ts_status check_opts(const ts_model *model, const ts_engine_opts *opts) {
   if ((unsigned)opts->device >= TS_DEVICE_COUNT)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "device %d: expected cpu or cuda",
                         (int)opts->device);
-  return ts_engine_check_stage(opts->zero_stage);
+  return ts_engine_check_zero_stage(opts->zero_stage);
 }
 
 /* The unit a tied head borrows from (its tied_unit), or -1 without one. */

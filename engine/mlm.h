@@ -26,7 +26,7 @@
 #include <stdint.h>
 
 #include "base/base.h"
-#include "engine/token_file.h"
+#include "engine/loader.h"
 
 #ifdef __cplusplus
 extern "C" {

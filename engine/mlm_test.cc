@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "base/testing.h"
+#include "engine/loader.h"
 
 namespace {
 

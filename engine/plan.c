@@ -93,7 +93,7 @@ ts_status ts_engine_plan_params(size_t psi, ts_dtype dtype, int zero_stage, size
                                 ts_mem_account *out) {
   memset(out, 0, sizeof *out);
   TS_CHECK(check_dp_size(dp_size));
-  TS_CHECK(ts_engine_check_stage(zero_stage));
+  TS_CHECK(ts_engine_check_zero_stage(zero_stage));
   ts_flat_layout l;
   TS_CHECK(ts_flat_layout_init(&l, &psi, 1, dp_size));
   ts_ledger plan;

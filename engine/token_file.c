@@ -1,19 +1,15 @@
 /*
- * token_file.c — token files (llm.c shard layout) and the deterministic data
- * loader.
+ * token_file.c — token files (llm.c shard layout); the loader over them is
+ * engine/loader.c.
  *
  * Invariants: an open token file has been validated completely (header,
  * exact size, every token < vocab_size), so readers never re-check; token
  * files are only ever replaced by rename (base/atomic_file.h), so a mapping
- * stays valid while open; the loader's output depends only on (file, T,
- * seed, shuffle, sample index).
+ * stays valid while open.
  */
 #define _POSIX_C_SOURCE 200809L
 
 #include "engine/token_file.h"
-
-#include "base/atomic_file.h"
-#include "base/rng.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -24,6 +20,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/atomic_file.h"
+
 struct ts_token_file {
   char *path;              /* as passed to ts_token_file_open (owned) */
   void *map;               /* whole file, read-only mapping */
@@ -31,17 +29,6 @@ struct ts_token_file {
   const uint16_t *tok16;   /* (n_tokens) when stored as uint16, else NULL */
   const uint32_t *tok32;   /* (n_tokens) when stored as uint32, else NULL */
   size_t n_tokens;         /* header[2] */
-};
-
-struct ts_loader {
-  const ts_token_file *shard; /* borrowed */
-  size_t T;                    /* sequence length in tokens */
-  size_t n_windows;            /* W = (n_tokens - 1) / T */
-  uint64_t seed;               /* shuffle seed */
-  int shuffle;                 /* 0: identity order */
-  uint64_t perm_epoch;         /* epoch whose permutation is cached */
-  int perm_valid;              /* perm holds perm_{perm_epoch} */
-  size_t *perm;                /* (W) window order of perm_epoch; NULL if !shuffle */
 };
 
 /* ------------------------------------------------------------------ writing */
@@ -212,6 +199,17 @@ uint32_t ts_token_file_token(const ts_token_file *shard, size_t i) {
   return shard->tok16 != NULL ? shard->tok16[i] : shard->tok32[i];
 }
 
+void ts_token_file_read(const ts_token_file *shard, size_t first, size_t n, int32_t *out) {
+  TS_ASSERT(first <= shard->n_tokens && n <= shard->n_tokens - first);
+  if (shard->tok16 != NULL) {
+    const uint16_t *src = shard->tok16 + first; /* (n) */
+    for (size_t t = 0; t < n; t++) out[t] = (int32_t)src[t];
+  } else {
+    const uint32_t *src = shard->tok32 + first; /* (n) */
+    for (size_t t = 0; t < n; t++) out[t] = (int32_t)src[t];
+  }
+}
+
 const char *ts_token_file_path(const ts_token_file *shard) { return shard->path; }
 
 void ts_token_file_close(ts_token_file *shard) {
@@ -219,123 +217,4 @@ void ts_token_file_close(ts_token_file *shard) {
   munmap(shard->map, shard->map_bytes);
   free(shard->path);
   free(shard);
-}
-
-/* ------------------------------------------------------------------- loader */
-
-/* Uniform integer in [0, n), n >= 1, without modulo bias (rejection). */
-static uint64_t uniform_below(uint64_t *state, uint64_t n) {
-  uint64_t threshold = (0 - n) % n; /* 2^64 mod n: outputs below it are rejected */
-  for (;;) {
-    uint64_t r = ts_splitmix64(state);
-    if (r >= threshold) return r % n;
-  }
-}
-
-/* perm = Fisher-Yates (Durstenfeld) permutation of [0, W) for one epoch; the
- * stream starts at ts_mix64(seed ^ ts_mix64(epoch + 1)), distinct per (seed, epoch). */
-static void build_permutation(size_t *perm, size_t W, uint64_t seed, uint64_t epoch) {
-  uint64_t state = ts_mix64(seed ^ ts_mix64(epoch + 1));
-  for (size_t i = 0; i < W; i++) perm[i] = i;
-  for (size_t i = W; i > 1; i--) {
-    size_t j = (size_t)uniform_below(&state, (uint64_t)i);
-    size_t t = perm[i - 1];
-    perm[i - 1] = perm[j];
-    perm[j] = t;
-  }
-}
-
-ts_status ts_loader_init(ts_loader **out, const ts_token_file *shard, size_t T, uint64_t seed,
-                         int shuffle) {
-  if (out == NULL || shard == NULL)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "ts_loader_init: out and shard must not be NULL");
-  *out = NULL;
-  if (T == 0)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: sequence length T is 0, expected >= 1",
-                        shard->path);
-  size_t W = shard->n_tokens > 0 ? (shard->n_tokens - 1) / T : 0;
-  if (W == 0)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "%s: shard has %zu tokens, fewer than seq T+1 = %zu", shard->path,
-                        shard->n_tokens, T + 1);
-  ts_loader *ld = (ts_loader *)calloc(1, sizeof *ld);
-  if (ld == NULL) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: loader: out of memory", shard->path);
-  ld->shard = shard;
-  ld->T = T;
-  ld->n_windows = W;
-  ld->seed = seed;
-  ld->shuffle = shuffle != 0;
-  if (ld->shuffle) {
-    ld->perm = (size_t *)malloc(W * sizeof(size_t));
-    if (ld->perm == NULL) {
-      free(ld);
-      return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: loader permutation of %zu windows: out of memory",
-                          shard->path, W);
-    }
-  }
-  *out = ld;
-  return TS_OK;
-}
-
-ts_status ts_loader_fill(ts_loader *ld, int32_t *inputs, int32_t *targets, uint64_t first_sample,
-                         size_t count) {
-  if (ld == NULL) return ts_set_error(TS_ERR_INVALID_ARGUMENT, "ts_loader_fill: loader is NULL");
-  if (count == 0) return TS_OK;
-  if (inputs == NULL || targets == NULL)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "%s: ts_loader_fill: inputs and targets must not be NULL", ld->shard->path);
-  if (first_sample + (uint64_t)count < first_sample)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "%s: ts_loader_fill: sample index %llu + count %zu overflows", ld->shard->path,
-                        (unsigned long long)first_sample, count);
-  const size_t T = ld->T;
-  const uint64_t W = ld->n_windows;
-  for (size_t i = 0; i < count; i++) {
-    uint64_t k = first_sample + i;
-    uint64_t epoch = k / W;
-    size_t pos = (size_t)(k % W);
-    size_t window = pos;
-    if (ld->shuffle) {
-      if (!ld->perm_valid || ld->perm_epoch != epoch) {
-        build_permutation(ld->perm, ld->n_windows, ld->seed, epoch);
-        ld->perm_epoch = epoch;
-        ld->perm_valid = 1;
-      }
-      window = ld->perm[pos];
-    }
-    size_t start = window * T;
-    int32_t *in = inputs + i * T;   /* (T) */
-    int32_t *tg = targets + i * T;  /* (T) */
-    const ts_token_file *sh = ld->shard;
-    if (sh->tok16 != NULL) {
-      const uint16_t *src = sh->tok16 + start; /* (T+1) */
-      for (size_t t = 0; t < T; t++) {
-        in[t] = (int32_t)src[t];
-        tg[t] = (int32_t)src[t + 1];
-      }
-    } else {
-      const uint32_t *src = sh->tok32 + start; /* (T+1) */
-      for (size_t t = 0; t < T; t++) {
-        in[t] = (int32_t)src[t];
-        tg[t] = (int32_t)src[t + 1];
-      }
-    }
-  }
-  return TS_OK;
-}
-
-size_t ts_loader_num_windows(const ts_loader *ld) { return ld->n_windows; }
-
-void ts_loader_free(ts_loader *ld) {
-  if (ld == NULL) return;
-  free(ld->perm);
-  free(ld);
-}
-
-uint64_t ts_loader_sample_index(uint64_t step, size_t accum_step, size_t accum, size_t dp_rank,
-                                size_t dp_size, size_t B) {
-  TS_ASSERT(accum_step < accum);
-  TS_ASSERT(dp_rank < dp_size);
-  uint64_t G = (uint64_t)dp_size * B * accum; /* samples per global batch */
-  return step * G + (uint64_t)accum_step * dp_size * B + (uint64_t)dp_rank * B;
 }

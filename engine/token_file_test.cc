@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "base/testing.h"
+#include "engine/loader.h"
 
 namespace {
 

@@ -2,24 +2,22 @@
  * evaluation, and what to record when (engine/metrics.c writes it). */
 #include "engine/trainer.h"
 
-#include "engine/mlm.h"
-
+#include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <errno.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
-#include <cjson/cJSON.h>
-
 #include "base/atomic_file.h"
 #include "engine/checkpoint.h"
+#include "engine/loader.h"
 #include "engine/metrics.h"
-#include "engine/token_file.h"
+#include "engine/mlm.h"
 #include "engine/trace.h"
 
 ts_train_config ts_train_default_config(void) {
@@ -193,8 +191,11 @@ static ts_status open_resume(run *r) {
   char dir[4096];
   if (!ts_checkpoint_latest(where, dir, sizeof dir, NULL)) {
     if (is_auto) return TS_OK; /* nothing saved yet: a fresh start */
-    return ts_set_error(TS_ERR_IO, "--resume %s: no complete checkpoint there (a folder with "
-                        TS_CKPT_INDEX ", or step-N folders holding one)", where);
+    return ts_set_error(
+        TS_ERR_IO,
+        "--resume %s: no complete checkpoint there (a folder with " TS_CHECKPOINT_INDEX
+        ", or step-N folders holding one)",
+        where);
   }
   TS_CHECK(ts_checkpoint_open(&r->ck, dir, &r->model));
   char *text;
@@ -500,8 +501,8 @@ static ts_status save(run *r, size_t step, ts_train_result *res) {
       st = ts_set_error(TS_ERR_OUT_OF_MEMORY, "trainer.json");
   }
   TS_CHECK(agree(r, st, NULL, "to save a checkpoint"));
-  ts_ckpt_extra ex[2] = {{"trainer.json", tj, tj ? strlen(tj) : 0},
-                         {"config.json", r->model_text, r->model_len}};
+  ts_checkpoint_extra ex[2] = {{"trainer.json", tj, tj ? strlen(tj) : 0},
+                               {"config.json", r->model_text, r->model_len}};
   double t0 = now_s();
   st = ts_checkpoint_save(r->engine, r->world, dir, ex, r->wrank == 0 ? 2 : 0);
   res->save_seconds += now_s() - t0;
@@ -536,8 +537,8 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
   size_t timed = 0;
   res->resumed_from = r->start;
   if (r->ck) { /* the load's time (the slowest rank) and bytes (all ranks) */
-    ts_ckpt_info info;
-    ts_checkpoint_info(r->ck, &info);
+    ts_checkpoint_info info;
+    ts_checkpoint_get_info(r->ck, &info);
     double t = r->load_seconds, b = (double)info.bytes_read;
     TS_CHECK(ts_comm_all_reduce_f64(r->world, &t, 1, TS_COMM_MAX));
     TS_CHECK(ts_comm_all_reduce_f64(r->world, &b, 1, TS_COMM_SUM));

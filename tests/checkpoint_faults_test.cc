@@ -85,7 +85,7 @@ ts_status OpenAndVerify(const std::string &dir, const ts_model *m, std::string *
 
 ts_status Save(ts_engine *e, const std::string &dir) {
   const char tj[] = "{\"step\": 1}";
-  ts_ckpt_extra ex[1] = {{"trainer.json", tj, sizeof tj - 1}};
+  ts_checkpoint_extra ex[1] = {{"trainer.json", tj, sizeof tj - 1}};
   return ts_checkpoint_save(e, nullptr, dir.c_str(), ex, 1);
 }
 
@@ -101,7 +101,7 @@ TEST(CheckpointFaults, AWriterKilledAnywhereLeavesTheNewestCompleteCheckpoint) {
     pid_t pid = fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {
-      ts_ckpt_set_fault(KillAt);
+      ts_checkpoint_set_fault(KillAt);
       _exit(Save(f.e, next) == TS_OK ? 0 : 1);
     }
     int status = 0;

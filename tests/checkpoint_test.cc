@@ -218,22 +218,25 @@ void ExpectSameConsolidated(const std::string &x, const std::string &y, const ts
   ts_checkpoint *a = nullptr, *b = nullptr;
   ASSERT_EQ(ts_checkpoint_open(&a, x.c_str(), &model), TS_OK) << ts_last_error();
   ASSERT_EQ(ts_checkpoint_open(&b, y.c_str(), &model), TS_OK) << ts_last_error();
-  ts_ckpt_info ia, ib;
-  ts_checkpoint_info(a, &ia);
-  ts_checkpoint_info(b, &ib);
+  ts_checkpoint_info ia, ib;
+  ts_checkpoint_get_info(a, &ia);
+  ts_checkpoint_get_info(b, &ib);
   for (int u = 0; u < model.n_units; u++)
     for (int i = 0; i < model.units[u].n_tensors; i++) {
       const ts_tensor_spec &t = model.units[u].tensors[i];
-      for (ts_ckpt_kind k : {TS_CKPT_MASTER, TS_CKPT_EXP_AVG, TS_CKPT_EXP_AVG_SQ}) {
+      for (ts_checkpoint_kind k :
+           {TS_CHECKPOINT_MASTER, TS_CHECKPOINT_EXP_AVG, TS_CHECKPOINT_EXP_AVG_SQ}) {
         std::vector<float> va(t.numel), vb(t.numel);
-        ts_ckpt_kind ka = k == TS_CKPT_MASTER && !strcmp(ia.dtype, "fp32") ? TS_CKPT_PARAM : k;
-        ts_ckpt_kind kb = k == TS_CKPT_MASTER && !strcmp(ib.dtype, "fp32") ? TS_CKPT_PARAM : k;
+        ts_checkpoint_kind ka =
+            k == TS_CHECKPOINT_MASTER && !strcmp(ia.dtype, "fp32") ? TS_CHECKPOINT_PARAM : k;
+        ts_checkpoint_kind kb =
+            k == TS_CHECKPOINT_MASTER && !strcmp(ib.dtype, "fp32") ? TS_CHECKPOINT_PARAM : k;
         ASSERT_EQ(ts_checkpoint_read_tensor(a, t.name, ka, va.data(), va.size()), TS_OK)
             << ts_last_error();
         ASSERT_EQ(ts_checkpoint_read_tensor(b, t.name, kb, vb.data(), vb.size()), TS_OK)
             << ts_last_error();
         EXPECT_EQ(memcmp(va.data(), vb.data(), va.size() * 4), 0)
-            << t.name << " " << ts_ckpt_kind_name(k);
+            << t.name << " " << ts_checkpoint_kind_name(k);
       }
     }
   ts_checkpoint_close(a);

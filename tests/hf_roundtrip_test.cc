@@ -94,8 +94,8 @@ std::vector<std::vector<float>> Weights(const std::string &dir, const ts_model &
 }
 
 ts_status FromCheckpoint(void *user, const char *name, float *dst, size_t numel) {
-  return ts_checkpoint_read_tensor(static_cast<ts_checkpoint *>(user), name, TS_CKPT_PARAM, dst,
-                                   numel);
+  return ts_checkpoint_read_tensor(static_cast<ts_checkpoint *>(user), name, TS_CHECKPOINT_PARAM,
+                                   dst, numel);
 }
 
 void RoundTrip(const std::string &variant) {

@@ -42,7 +42,7 @@ static const char *USAGE =
 
 #include "tools/compare.h"
 
-/* Splits the comma list v into at most MAX_LIST items, each parsed by
+/* Splits the comma list v into at most TS_COMPARE_MAX_LIST items, each parsed by
  * `item` into out[i]; *count gets their number. An item's error ends with
  * "(not ITEM)" when v holds more than that item. */
 static ts_status parse_list(const char *v, int *count,
@@ -51,8 +51,9 @@ static ts_status parse_list(const char *v, int *count,
   snprintf(buf, sizeof buf, "%s", v);
   *count = 0;
   for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-    if (*count >= MAX_LIST)
-      return ts_set_error(TS_ERR_INVALID_ARGUMENT, "expected at most %d values", MAX_LIST);
+    if (*count >= TS_COMPARE_MAX_LIST)
+      return ts_set_error(TS_ERR_INVALID_ARGUMENT, "expected at most %d values",
+                          TS_COMPARE_MAX_LIST);
     if (item(t, (*count)++, out) == TS_OK) continue;
     if (!strcmp(t, v)) return TS_ERR_INVALID_ARGUMENT;
     char why[512];
@@ -99,42 +100,45 @@ static ts_status recompute_item(const char *item, int i, void *out) {
 
 /* --zero, --dtype, --activation-checkpointing: lists into a compare. */
 static ts_status parse_stages(const char *v, void *c) {
-  return parse_list(v, &((compare *)c)->n_stages, stage_item, ((compare *)c)->stages);
+  return parse_list(v, &((ts_compare *)c)->n_stages, stage_item, ((ts_compare *)c)->stages);
 }
 /* (see parse_stages) */
 static ts_status parse_dtypes(const char *v, void *c) {
-  return parse_list(v, &((compare *)c)->n_dts, dtype_item, ((compare *)c)->dts);
+  return parse_list(v, &((ts_compare *)c)->n_dts, dtype_item, ((ts_compare *)c)->dts);
 }
 /* (see parse_stages) */
 static ts_status parse_pipelines(const char *v, void *c) {
-  return parse_list(v, &((compare *)c)->n_pipelines, pipeline_item, ((compare *)c)->pipelines);
+  return parse_list(v, &((ts_compare *)c)->n_pipelines, pipeline_item,
+                    ((ts_compare *)c)->pipelines);
 }
 /* (see parse_stages) */
 static ts_status parse_schedules(const char *v, void *c) {
-  return parse_list(v, &((compare *)c)->n_schedules, schedule_item, ((compare *)c)->schedules);
+  return parse_list(v, &((ts_compare *)c)->n_schedules, schedule_item,
+                    ((ts_compare *)c)->schedules);
 }
 /* (see parse_stages) */
 static ts_status parse_recomputes(const char *v, void *c) {
-  return parse_list(v, &((compare *)c)->n_recomputes, recompute_item, ((compare *)c)->recomputes);
+  return parse_list(v, &((ts_compare *)c)->n_recomputes, recompute_item,
+                    ((ts_compare *)c)->recomputes);
 }
 
 void ts_compare_print_tail(const char *log) {
   char cmd[4200];
-  FMT(cmd, "tail -n 5 '%s' >&2", log);
+  TS_COMPARE_FMT(cmd, "tail -n 5 '%s' >&2", log);
   if (system(cmd) != 0) fprintf(stderr, "  (see %s)\n", log);
 }
 
 /* Trains run r through tools/launch.sh into OUT/compare_runs/. */
-static int launch_run(const compare *c, const run *r, const char *dir) {
+static int launch_run(const ts_compare *c, const ts_compare_run *r, const char *dir) {
   const char *home = getenv("TESSERA_HOME");
   char launch[4096], self[4096], metrics[4200], log[4200], zero[8], steps[32], b[32], t[32],
       lr[32], ck[32], n[32], pp[16], accum[32], trace[4200];
-  FMT(launch, "%s/tools/launch.sh", home ? home : ".");
+  TS_COMPARE_FMT(launch, "%s/tools/launch.sh", home ? home : ".");
   ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
   if (len <= 0) return fprintf(stderr, "tessera compare: cannot find its own binary\n"), 0;
   self[len] = '\0';
-  FMT(metrics, "%s/%s.jsonl", dir, r->file);
-  FMT(log, "%s/%s.log", dir, r->file);
+  TS_COMPARE_FMT(metrics, "%s/%s.jsonl", dir, r->file);
+  TS_COMPARE_FMT(log, "%s/%s.log", dir, r->file);
   snprintf(zero, sizeof zero, "%d", r->stage);
   snprintf(steps, sizeof steps, "%zu", c->steps);
   snprintf(b, sizeof b, "%zu", c->micro_batch);
@@ -143,7 +147,7 @@ static int launch_run(const compare *c, const run *r, const char *dir) {
   snprintf(n, sizeof n, "%zu", c->n);
   snprintf(pp, sizeof pp, "%d", r->pipeline);
   snprintf(accum, sizeof accum, "%zu", c->grad_accum);
-  FMT(trace, "%s/%s.trace.json", dir, r->file);
+  TS_COMPARE_FMT(trace, "%s/%s.trace.json", dir, r->file);
   ts_train_recompute_name(r->recompute, ck, sizeof ck);
   char *argv[] = {launch, "-n", n, self, "train", "--model", (char *)c->model, "--data", (char *)c->data,
                   "--zero", zero, "--dtype", (char *)ts_dtype_name(r->dt),
@@ -168,9 +172,9 @@ static double num(const cJSON *o, const char *key) {
 }
 
 /* Reads run r's metrics: losses and speed per step, and the summary. */
-static int read_run(const compare *c, run *r, const char *dir) {
+static int read_run(const ts_compare *c, ts_compare_run *r, const char *dir) {
   char path[4200], line[1 << 16];
-  FMT(path, "%s/%s.jsonl", dir, r->file);
+  TS_COMPARE_FMT(path, "%s/%s.jsonl", dir, r->file);
   FILE *f = fopen(path, "r");
   if (!f) return fprintf(stderr, "tessera compare: %s: %s\n", path, strerror(errno)), 0;
   double tok_sum = 0, tok_first = NAN;
@@ -186,10 +190,10 @@ static int read_run(const compare *c, run *r, const char *dir) {
       for (size_t q = 0; have_summary && q < c->n; q++) {
         const cJSON *e = cJSON_GetArrayItem(ranks, (int)q);
         for (int k = 0; k < TS_MEM_NUM_CATEGORIES; k++)
-          r->mem[q * W + k] = num(e, ts_mem_category_name((ts_mem_category)k));
-        r->mem[q * W + M_TOTAL] = num(e, "total");
-        r->mem[q * W + M_RSS] = num(e, "peak_rss");
-        r->mem[q * W + M_STATES] = num(e, "model_states");
+          r->mem[q * TS_COMPARE_COLUMNS + k] = num(e, ts_mem_category_name((ts_mem_category)k));
+        r->mem[q * TS_COMPARE_COLUMNS + TS_COMPARE_TOTAL] = num(e, "total");
+        r->mem[q * TS_COMPARE_COLUMNS + TS_COMPARE_RSS] = num(e, "peak_rss");
+        r->mem[q * TS_COMPARE_COLUMNS + TS_COMPARE_STATES] = num(e, "model_states");
       }
     } else if (cJSON_GetObjectItemCaseSensitive(o, "tokens_per_s") &&
                r->n_loss < sizeof r->loss / sizeof r->loss[0]) {
@@ -210,7 +214,7 @@ static int read_run(const compare *c, run *r, const char *dir) {
 
 /* Parses the flags into c: TS_FLAGS_OK, TS_FLAGS_HELP (usage printed) or
  * TS_FLAGS_BAD_USAGE (the error printed). */
-static int parse_flags(compare *c, int argc, char **argv) {
+static int parse_flags(ts_compare *c, int argc, char **argv) {
   const ts_flag flags[] = {
       TS_FLAG_STRING("--model", NULL, &c->model, "CONFIG",
                      "a preset (llama-tiny, ...) or a Hugging Face config.json; required", NULL),
@@ -264,14 +268,14 @@ static int parse_flags(compare *c, int argc, char **argv) {
 
 /* Loads the model config and lists the runs: dtype, then checkpointing,
  * then stage; each with its plan. */
-static int plan_runs(compare *c) {
+static int plan_runs(ts_compare *c) {
   char path[4096];
   ts_status st = ts_model_resolve(c->model, path, sizeof path);
   if (st == TS_OK) st = ts_model_load(path, &c->arch);
   if (st != TS_OK) return fprintf(stderr, "tessera compare: %s\n", ts_last_error()), 0;
   /* the layouts: (P, schedule) pairs, one for P = 1 */
-  int lp[MAX_LIST * MAX_LIST], n_layouts = 0;
-  ts_schedule_kind ls[MAX_LIST * MAX_LIST];
+  int lp[TS_COMPARE_MAX_LIST * TS_COMPARE_MAX_LIST], n_layouts = 0;
+  ts_schedule_kind ls[TS_COMPARE_MAX_LIST * TS_COMPARE_MAX_LIST];
   for (int p = 0; p < c->n_pipelines; p++)
     for (int k = 0; k < (c->pipelines[p] > 1 ? c->n_schedules : 1); k++, n_layouts++) {
       lp[n_layouts] = c->pipelines[p];
@@ -285,7 +289,7 @@ static int plan_runs(compare *c) {
     for (int k = 0; k < c->n_recomputes; k++)
       for (int l = 0; l < n_layouts; l++)
         for (int s = 0; s < c->n_stages; s++, i++) {
-          run *r = &c->runs[i];
+          ts_compare_run *r = &c->runs[i];
           r->dt = c->dts[d];
           r->recompute = c->recomputes[k];
           r->stage = c->stages[s];
@@ -314,7 +318,7 @@ static int plan_runs(compare *c) {
                    layout, r->stage);
           snprintf(r->file, sizeof r->file, "%s-%s%s-zero%d", ts_dtype_name(r->dt), file_ck,
                    file_layout, r->stage);
-          r->mem = calloc(c->n * W, sizeof *r->mem);
+          r->mem = calloc(c->n * TS_COMPARE_COLUMNS, sizeof *r->mem);
           if (!r->mem) return fprintf(stderr, "tessera compare: out of memory\n"), 0;
           ts_engine_opts o = ts_engine_default_opts();
           o.micro_batch = c->micro_batch;
@@ -337,13 +341,13 @@ static int plan_runs(compare *c) {
 
 /* Each pipelined run's step `step` as a timeline picture in OUT, and its
  * measured bubble. */
-static int draw_timelines(compare *c, const char *dir) {
+static int draw_timelines(ts_compare *c, const char *dir) {
   for (int i = 0; i < c->n_runs; i++) {
-    run *r = &c->runs[i];
+    ts_compare_run *r = &c->runs[i];
     if (r->pipeline == 1) continue;
     char trace[4200], png[4200], title[256];
-    FMT(trace, "%s/%s.trace.json", dir, r->file);
-    FMT(png, "%s/timeline-%s.png", c->out, r->file);
+    TS_COMPARE_FMT(trace, "%s/%s.trace.json", dir, r->file);
+    TS_COMPARE_FMT(png, "%s/timeline-%s.png", c->out, r->file);
     ts_timeline t;
     if (ts_timeline_load(trace, (int)c->steps, &t) != TS_OK)
       return fprintf(stderr, "tessera compare: %s\n", ts_last_error()), 0;
@@ -358,7 +362,7 @@ static int draw_timelines(compare *c, const char *dir) {
 }
 
 int ts_tool_compare(int argc, char **argv) {
-  compare c;
+  ts_compare c;
   memset(&c, 0, sizeof c);
   c.out = ".";
   c.n = 0;
@@ -377,18 +381,18 @@ int ts_tool_compare(int argc, char **argv) {
   if (!plan_runs(&c)) return 2;
   if (!c.data) { /* a masked LM reads the corpus of `prepare --mlm` */
     const char *home = getenv("TESSERA_HOME");
-    FMT(data, "%s/data/kjv%s", home ? home : ".",
-        c.arch.objective == TS_OBJECTIVE_MASKED_LM ? "-mlm" : "");
+    TS_COMPARE_FMT(data, "%s/data/kjv%s", home ? home : ".",
+                   c.arch.objective == TS_OBJECTIVE_MASKED_LM ? "-mlm" : "");
     c.data = data;
   }
-  FMT(dir, "%s/compare_runs", c.out);
+  TS_COMPARE_FMT(dir, "%s/compare_runs", c.out);
   if (!c.reuse && mkdir(c.out, 0755) != 0 && errno != EEXIST)
     return fprintf(stderr, "tessera compare: --out %s: %s\n", c.out, strerror(errno)), 2;
   if (!c.reuse && mkdir(dir, 0755) != 0 && errno != EEXIST)
     return fprintf(stderr, "tessera compare: %s: %s\n", dir, strerror(errno)), 2;
   int rc = 0;
   for (int i = 0; i < c.n_runs && rc == 0; i++) {
-    run *r = &c.runs[i];
+    ts_compare_run *r = &c.runs[i];
     if (!c.reuse) {
       struct timespec t0, t1;
       clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -409,9 +413,9 @@ int ts_tool_compare(int argc, char **argv) {
     int passed = loss_ok ? ts_compare_checks(&c, &checks, loss_ok) : -1;
     if (passed < 0) return fprintf(stderr, "tessera compare: out of memory\n"), 1;
     char md[4200], csv[4200], png[4200];
-    FMT(md, "%s/compare.md", c.out);
-    FMT(csv, "%s/compare.csv", c.out);
-    FMT(png, "%s/compare.png", c.out);
+    TS_COMPARE_FMT(md, "%s/compare.md", c.out);
+    TS_COMPARE_FMT(csv, "%s/compare.csv", c.out);
+    TS_COMPARE_FMT(png, "%s/compare.png", c.out);
     if (!ts_compare_write_md(&c, md, checks) || !ts_compare_write_csv(&c, csv, loss_ok) ||
         !ts_compare_write_chart(&c, dir, png))
       rc = 1;

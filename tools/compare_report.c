@@ -17,7 +17,7 @@
 
 /* The ZeRO paper's model states per rank (§5.1; fp32 keeps no master
  * copy: engine.h's table) for padded Ψ on N ranks. */
-static double formula(const run *r, double psi, double n) {
+static double formula(const ts_compare_run *r, double psi, double n) {
   int half = r->dt != TS_FP32;
   switch (r->stage) {
     case 0: return 16 * psi;
@@ -29,21 +29,23 @@ static double formula(const run *r, double psi, double n) {
 
 /* Check 1: every rank's model-state peaks and between-step bytes equal the
  * plan, and the formula. */
-static int check_model_states(const compare *c, FILE *md, int *per_run) {
+static int check_model_states(const ts_compare *c, FILE *md, int *per_run) {
   (void)per_run;
   int ok = 1;
   for (int i = 0; i < c->n_runs; i++) {
-    const run *r = &c->runs[i];
+    const ts_compare_run *r = &c->runs[i];
     for (size_t q = 0; q < c->n; q++) {
-      const double *m = r->mem + q * W;
+      const double *m = r->mem + q * TS_COMPARE_COLUMNS;
       const ts_mem_account *e = est_of(r, q, c->n);
       /* the ZeRO formula covers the whole model on one pipeline stage */
-      double f = r->pipeline == 1 ? formula(r, r->psi, (double)c->n) : m[M_STATES];
-      int same = m[M_STATES] == (double)ts_mem_model_state_bytes(e) && m[M_STATES] == f;
+      double f = r->pipeline == 1 ? formula(r, r->psi, (double)c->n) : m[TS_COMPARE_STATES];
+      int same =
+          m[TS_COMPARE_STATES] == (double)ts_mem_model_state_bytes(e) && m[TS_COMPARE_STATES] == f;
       for (int k = TS_MEM_PARAMS; k <= TS_MEM_OPTIM; k++) same &= m[k] == (double)e->peak[k];
       if (!same) {
-        fprintf(md, "  - %s, rank %zu: measured model states %.0f B, estimate %.0f B, formula %.0f B\n",
-                r->name, q, m[M_STATES], (double)ts_mem_model_state_bytes(e), f);
+        fprintf(md,
+                "  - %s, rank %zu: measured model states %.0f B, estimate %.0f B, formula %.0f B\n",
+                r->name, q, m[TS_COMPARE_STATES], (double)ts_mem_model_state_bytes(e), f);
         ok = 0;
       }
     }
@@ -54,10 +56,10 @@ static int check_model_states(const compare *c, FILE *md, int *per_run) {
 /* Check 2: the losses of every run equal, step for step and to the bit,
  * those of its base run (the first run of its dtype and pipeline layout
  * and, with accumulation, reduction: loss_base). */
-static int check_losses(const compare *c, FILE *md, int *per_run) {
+static int check_losses(const ts_compare *c, FILE *md, int *per_run) {
   int ok = 1;
   for (int i = 0; i < c->n_runs; i++) {
-    const run *r = &c->runs[i], *b = &c->runs[r->loss_base];
+    const ts_compare_run *r = &c->runs[i], *b = &c->runs[r->loss_base];
     per_run[i] = 0;
     if (r->n_loss != b->n_loss) {
       fprintf(md, "  - %s: %zu steps, %s: %zu\n", r->name, r->n_loss, b->name, b->n_loss);
@@ -77,16 +79,16 @@ static int check_losses(const compare *c, FILE *md, int *per_run) {
 
 /* Check 3: within each dtype and checkpointing group, the model states
  * fall strictly as the stage rises (N > 1). */
-static int check_falling(const compare *c, FILE *md, int *per_run) {
+static int check_falling(const ts_compare *c, FILE *md, int *per_run) {
   int ok = 1;
   (void)per_run;
   for (int i = 1; i < c->n_runs; i++) {
-    const run *r = &c->runs[i], *p = &c->runs[i - 1];
+    const ts_compare_run *r = &c->runs[i], *p = &c->runs[i - 1];
     if (c->n / (size_t)r->pipeline > 1 && r->dt == p->dt && r->recompute == p->recompute &&
         r->pipeline == p->pipeline && r->schedule == p->schedule && r->stage > p->stage &&
-        !(r->mem[M_STATES] < p->mem[M_STATES])) {
-      fprintf(md, "  - %s holds %.0f B of model states, %s %.0f B\n", r->name, r->mem[M_STATES],
-              p->name, p->mem[M_STATES]);
+        !(r->mem[TS_COMPARE_STATES] < p->mem[TS_COMPARE_STATES])) {
+      fprintf(md, "  - %s holds %.0f B of model states, %s %.0f B\n", r->name,
+              r->mem[TS_COMPARE_STATES], p->name, p->mem[TS_COMPARE_STATES]);
       ok = 0;
     }
   }
@@ -95,7 +97,7 @@ static int check_falling(const compare *c, FILE *md, int *per_run) {
 
 /* Runs one check and writes "- PASS: what" or "- FAIL: what" to ck, then
  * the check's detail lines. Returns the check's result. */
-static int report(FILE *ck, const compare *c, int (*check)(const compare *, FILE *, int *),
+static int report(FILE *ck, const ts_compare *c, int (*check)(const ts_compare *, FILE *, int *),
                   int *per_run, const char *what) {
   char *detail = NULL;
   size_t len = 0;
@@ -107,7 +109,7 @@ static int report(FILE *ck, const compare *c, int (*check)(const compare *, FILE
   return ok;
 }
 
-int ts_compare_checks(const compare *c, char **text, int *loss_ok) {
+int ts_compare_checks(const ts_compare *c, char **text, int *loss_ok) {
   size_t len = 0;
   *text = NULL;
   FILE *ck = open_memstream(text, &len);
@@ -157,11 +159,11 @@ static void cell(FILE *md, double meas, double est) {
   else fprintf(md, " %.2f / %.2f (%+.3f) |", meas / MiB, est / MiB, d / MiB);
 }
 
-int ts_compare_write_md(const compare *c, const char *path, const char *checks) {
+int ts_compare_write_md(const ts_compare *c, const char *path, const char *checks) {
   ts_atomic_file *af;
   FILE *md = start(&af, path);
   if (!md) return 0;
-  const run *r0 = &c->runs[0];
+  const ts_compare_run *r0 = &c->runs[0];
   fprintf(md, "# tessera compare: %s on %zu ranks\n\n", c->arch.name, c->n);
   fprintf(md, "%zu steps, micro-batch %zu x seq %zu per rank, Ψ = %.0f parameters (%.0f padded), "
               "%ld cores. Memory is per rank in MiB (2^20 bytes): measured by each rank's "
@@ -178,14 +180,16 @@ int ts_compare_write_md(const compare *c, const char *path, const char *checks) 
               "| MB sent/step | vs base |\n"
               "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   for (int i = 0; i < c->n_runs; i++) {
-    const run *r = &c->runs[i], *b = &c->runs[r->base];
+    const ts_compare_run *r = &c->runs[i], *b = &c->runs[r->base];
     double rss = 0;
-    for (size_t q = 0; q < c->n; q++) rss = fmax(rss, r->mem[q * W + M_RSS]);
-    fprintf(md, "| %s | %.2f | %.2f |", r->name, r->mem[M_STATES] / MiB,
+    for (size_t q = 0; q < c->n; q++)
+      rss = fmax(rss, r->mem[q * TS_COMPARE_COLUMNS + TS_COMPARE_RSS]);
+    fprintf(md, "| %s | %.2f | %.2f |", r->name, r->mem[TS_COMPARE_STATES] / MiB,
             (double)ts_mem_model_state_bytes(&r->est[0]) / MiB);
     if (r->pipeline == 1) fprintf(md, " %.2f |", formula(r, r->psi, (double)c->n) / MiB);
     else fprintf(md, " - |");
-    fprintf(md, " %.2f | %.2f |", r->mem[M_TOTAL] / MiB, (double)r->est[0].peak_total / MiB);
+    fprintf(md, " %.2f | %.2f |", r->mem[TS_COMPARE_TOTAL] / MiB,
+            (double)r->est[0].peak_total / MiB);
     fprintf(md, " %.1f | %.0f | %.2f | %.3f |", rss / MiB, r->tok_s, r->tok_s / b->tok_s,
             r->comm / 1e6);
     if (b->comm > 0) fprintf(md, " %.2f |\n", r->comm / b->comm);
@@ -199,7 +203,7 @@ int ts_compare_write_md(const compare *c, const char *path, const char *checks) 
   for (int k = 0; k < TS_MEM_NUM_CATEGORIES; k++) fprintf(md, " --- |");
   fprintf(md, "\n");
   for (int i = 0; i < c->n_runs; i++) {
-    const run *r = &c->runs[i];
+    const ts_compare_run *r = &c->runs[i];
     fprintf(md, "| %s |", r->name);
     for (int k = 0; k < TS_MEM_NUM_CATEGORIES; k++) cell(md, r->mem[k], (double)r->est[0].peak[k]);
     fprintf(md, "\n");
@@ -213,13 +217,14 @@ int ts_compare_write_md(const compare *c, const char *path, const char *checks) 
   for (size_t q = 0; q < c->n; q++) fprintf(md, " --- |");
   fprintf(md, "\n");
   for (int i = 0; i < c->n_runs; i++) {
-    const run *r = &c->runs[i];
+    const ts_compare_run *r = &c->runs[i];
     fprintf(md, "| %s |", r->name);
     for (size_t q = 0; q < c->n; q++) {
       size_t st = q / (c->n / (size_t)r->pipeline);
       if (r->pipeline > 1)
         fprintf(md, " s%zu (%d..%d):", st, r->split[st], r->split[st + 1] - 1);
-      cell(md, r->mem[q * W + M_TOTAL], (double)est_of(r, q, c->n)->peak_total);
+      cell(md, r->mem[q * TS_COMPARE_COLUMNS + TS_COMPARE_TOTAL],
+           (double)est_of(r, q, c->n)->peak_total);
     }
     fprintf(md, "\n");
   }
@@ -245,7 +250,7 @@ int ts_compare_write_md(const compare *c, const char *path, const char *checks) 
   return finish(af);
 }
 
-int ts_compare_write_csv(const compare *c, const char *path, const int *loss_ok) {
+int ts_compare_write_csv(const ts_compare *c, const char *path, const int *loss_ok) {
   ts_atomic_file *af;
   FILE *f = start(&af, path);
   if (!f) return 0;
@@ -258,20 +263,21 @@ int ts_compare_write_csv(const compare *c, const char *path, const int *loss_ok)
              "model_states_formula,peak_rss,tokens_per_s,tokens_per_s_ratio,comm_bytes_per_step,"
              "comm_ratio,losses_identical,losses\n");
   for (int i = 0; i < c->n_runs; i++) {
-    const run *r = &c->runs[i], *b = &c->runs[r->base];
+    const ts_compare_run *r = &c->runs[i], *b = &c->runs[r->base];
     char ck[32];
     ts_train_recompute_name(r->recompute, ck, sizeof ck);
     for (size_t q = 0; q < c->n; q++) {
-      const double *m = r->mem + q * W;
+      const double *m = r->mem + q * TS_COMPARE_COLUMNS;
       const ts_mem_account *e = est_of(r, q, c->n);
       fprintf(f, "%s,%s,%s,%d,%d,%s,%zu,%zu,%zu", r->file, ts_dtype_name(r->dt), ck, r->stage,
               r->pipeline, r->pipeline > 1 ? ts_schedule_kind_name(r->schedule) : "", c->n, q,
               q / (c->n / (size_t)r->pipeline));
       for (int k = 0; k < TS_MEM_NUM_CATEGORIES; k++) fprintf(f, ",%.0f,%zu", m[k], e->peak[k]);
-      fprintf(f, ",%.0f,%zu,%.0f,%.0f,", m[M_TOTAL], e->peak_total, m[M_STATES],
+      fprintf(f, ",%.0f,%zu,%.0f,%.0f,", m[TS_COMPARE_TOTAL], e->peak_total, m[TS_COMPARE_STATES],
               (double)ts_mem_model_state_bytes(e));
       if (r->pipeline == 1) fprintf(f, "%.0f", formula(r, r->psi, (double)c->n));
-      fprintf(f, ",%.0f,%.1f,%.4f,%.0f,", m[M_RSS], r->tok_s, r->tok_s / b->tok_s, r->comm);
+      fprintf(f, ",%.0f,%.1f,%.4f,%.0f,", m[TS_COMPARE_RSS], r->tok_s, r->tok_s / b->tok_s,
+              r->comm);
       if (b->comm > 0) fprintf(f, "%.4f", r->comm / b->comm);
       fprintf(f, ",%s,", loss_ok[i] ? "yes" : "no");
       for (size_t s = 0; s < r->n_loss; s++) fprintf(f, "%s%.17g", s ? ";" : "", r->loss[s]);
@@ -286,12 +292,12 @@ int ts_compare_write_csv(const compare *c, const char *path, const int *loss_ok)
  * the estimate's sum of category peaks marked on each bar. The data
  * and the gnuplot script stay in dir; the png is drawn to a temporary name
  * and renamed. */
-int ts_compare_write_chart(const compare *c, const char *dir, const char *png) {
+int ts_compare_write_chart(const ts_compare *c, const char *dir, const char *png) {
   char dat[4200], gp[4200], tmp[4200], log[4200];
-  FMT(dat, "%s/chart.dat", dir);
-  FMT(gp, "%s/chart.gp", dir);
-  FMT(log, "%s/gnuplot.log", dir);
-  FMT(tmp, "%s.tmp", png);
+  TS_COMPARE_FMT(dat, "%s/chart.dat", dir);
+  TS_COMPARE_FMT(gp, "%s/chart.gp", dir);
+  TS_COMPARE_FMT(log, "%s/gnuplot.log", dir);
+  TS_COMPARE_FMT(tmp, "%s.tmp", png);
   FILE *f = fopen(dat, "w");
   if (!f) return fprintf(stderr, "tessera compare: %s: %s\n", dat, strerror(errno)), 0;
   fprintf(f, "run");
@@ -301,7 +307,7 @@ int ts_compare_write_chart(const compare *c, const char *dir, const char *png) {
   int bars = 0;
   for (int i = 0; i < c->n_runs; i++)
     for (int st = 0; st < c->runs[i].pipeline; st++, bars++) {
-      const run *r = &c->runs[i];
+      const ts_compare_run *r = &c->runs[i];
       size_t q = (size_t)st * (c->n / (size_t)r->pipeline); /* the stage's first rank */
       char ck[32];
       ts_train_recompute_name(r->recompute, ck, sizeof ck);
@@ -313,7 +319,8 @@ int ts_compare_write_chart(const compare *c, const char *dir, const char *png) {
       if (r->pipeline > 1)
         fprintf(f, " P%d %s s%d", r->pipeline, ts_schedule_kind_name(r->schedule), st);
       fprintf(f, "\"");
-      for (int k = 0; k < TS_MEM_NUM_CATEGORIES; k++) fprintf(f, " %.4f", r->mem[q * W + k] / MiB);
+      for (int k = 0; k < TS_MEM_NUM_CATEGORIES; k++)
+        fprintf(f, " %.4f", r->mem[q * TS_COMPARE_COLUMNS + k] / MiB);
       fprintf(f, " %.4f\n", est / MiB);
     }
   fclose(f);

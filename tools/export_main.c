@@ -22,7 +22,7 @@ static const char *USAGE =
 /* The exporter's source: the checkpoint's fp32 master weights. */
 typedef struct source {
   ts_checkpoint *ck;
-  ts_ckpt_kind kind; /* master, or param of an fp32 checkpoint */
+  ts_checkpoint_kind kind; /* master, or param of an fp32 checkpoint */
 } source;
 
 static ts_status read_weights(void *user, const char *name, float *dst, size_t numel) {
@@ -62,21 +62,24 @@ int ts_tool_export(int argc, char **argv) {
   if (!out) return ts_flags_error("export", "--out DIR is required " TS_FLAGS_HINT);
   char dir[4096];
   if (!ts_checkpoint_latest(where, dir, sizeof dir, NULL))
-    return fprintf(stderr, "tessera export: %s: no complete checkpoint there (a folder with "
-                   TS_CKPT_INDEX ", or step-N folders holding one)\n", where), 1;
+    return fprintf(stderr,
+                   "tessera export: %s: no complete checkpoint there (a folder "
+                   "with " TS_CHECKPOINT_INDEX ", or step-N folders holding one)\n",
+                   where),
+           1;
   char config[4200], *text = NULL;
   snprintf(config, sizeof config, "%s/config.json", dir);
   ts_model model;
   memset(&model, 0, sizeof model);
-  source src = {NULL, TS_CKPT_MASTER};
+  source src = {NULL, TS_CHECKPOINT_MASTER};
   ts_status st = ts_model_load(config, &model);
   if (st == TS_OK) st = ts_checkpoint_open(&src.ck, dir, &model);
   if (st == TS_OK) st = ts_checkpoint_verify(src.ck, 0, 1);
   if (st == TS_OK) st = ts_checkpoint_read_extra(src.ck, "config.json", &text, NULL);
   if (st == TS_OK) {
-    ts_ckpt_info info;
-    ts_checkpoint_info(src.ck, &info);
-    if (!strcmp(info.dtype, "fp32")) src.kind = TS_CKPT_PARAM;
+    ts_checkpoint_info info;
+    ts_checkpoint_get_info(src.ck, &info);
+    if (!strcmp(info.dtype, "fp32")) src.kind = TS_CHECKPOINT_PARAM;
     if (!dtype_set) ts_dtype_parse(info.dtype, &dtype);
     st = ts_hf_export(out, &model, text, dtype, max_shard, read_weights, &src);
   }

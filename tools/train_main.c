@@ -153,8 +153,8 @@ static void print_checkpoints(const ts_train_result *res) {
   ts_checkpoint *ck = NULL;
   double bytes = 0;
   if (ts_checkpoint_open(&ck, res->saved, NULL) == TS_OK) {
-    ts_ckpt_info info;
-    ts_checkpoint_info(ck, &info);
+    ts_checkpoint_info info;
+    ts_checkpoint_get_info(ck, &info);
     bytes = (double)info.bytes;
   }
   ts_checkpoint_close(ck);
