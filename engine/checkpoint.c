@@ -37,16 +37,9 @@ const char *ts_checkpoint_kind_name(ts_checkpoint_kind k) {
   return (int)k >= 0 && k < TS_CHECKPOINT_NUM_KINDS ? names[k] : "?";
 }
 
-static ts_checkpoint_fault_fn fault_hook; /* tests only (ts_checkpoint_set_fault) */
-static int fault_points;            /* points passed on this rank */
-
-void ts_checkpoint_set_fault(ts_checkpoint_fault_fn fn) {
-  fault_hook = fn;
-  fault_points = 0;
-}
-
 static void fault_point(void) {
-  if (fault_hook) fault_hook(++fault_points);
+  const ts_engine_hooks *h = ts_engine_get_hooks();
+  if (h && h->save_point) h->save_point(h->user);
 }
 
 /* The safetensors name of a compute dtype's elements. */

@@ -71,12 +71,6 @@ typedef struct ts_checkpoint_extra {
   size_t nbytes;     /* bytes */
 } ts_checkpoint_extra;
 
-/* Test seam (fault injection, tests only): called before each file of a
- * save is committed and before the index's rename, with the 1-based count
- * of such points so far on this rank; NULL in training. */
-typedef void (*ts_checkpoint_fault_fn)(int point);
-void ts_checkpoint_set_fault(ts_checkpoint_fault_fn fn);
-
 /* Saves e's model and optimizer state into folder dir (created if absent;
  * an index.json already there is removed first), with n_extra files from
  * rank 0. Collective over world (every rank of the run, in grid order

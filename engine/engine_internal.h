@@ -125,7 +125,6 @@ struct ts_engine {
                             a transient (grads) from the first head backward to the fold */
   ts_comm_request *tied_req; /* pending send of tied_grads to stage 0, or NULL */
   ts_schedule sched;     /* the step's schedule (P > 1), built once */
-  const ts_engine_hooks *hooks; /* test seam (engine_testing.h); NULL in training */
   ts_trace *trace;              /* train --trace: spans (borrowed); NULL: none */
   int in_micro_step;            /* 1 inside ts_engine_run_micro_step (spans name the mb) */
   ts_comm_counters step_start;  /* counters when the current step began */

@@ -1,10 +1,16 @@
 /*
- * engine_testing.h — the engine's one test seam; not for training code.
+ * engine_testing.h — the one test seam of engine/ (the step, checkpoint
+ * saves, the training loop); not for training code.
  *
- * Production code pays one pointer test per unit backward: the hooks an
- * engine carries are NULL unless a test sets them. What tests plant
- * (non-finite gradients, for loss scaling) is written on top of the seam
- * in engine_testing.c, a test-only library (//engine:testing).
+ * Every fault and planted value a test needs reaches the code through the
+ * process's hooks below, NULL unless a test sets them: production code pays
+ * one pointer test where a hook may run (after each unit's backward,
+ * before each commit of a checkpoint save, after each training step, when
+ * an engine is freed). What tests plant (non-finite gradients, for loss
+ * scaling) is written on top of the seam in engine_testing.c, a test-only
+ * library (//engine:testing); the kill-a-rank hook of the launcher's
+ * restart tests is set by the test binary //tools:tessera_testing. One set
+ * of hooks per process: setting them replaces the previous set.
  */
 #ifndef TS_ENGINE_ENGINE_TESTING_H
 #define TS_ENGINE_ENGINE_TESTING_H
@@ -20,22 +26,31 @@ extern "C" {
 
 struct ts_engine;
 
+/* The hooks; each may be NULL. */
 typedef struct ts_engine_hooks {
   /* Runs after unit `unit`'s backward in every micro-step of optimizer step
-   * `step` (1-based, skipped steps counted), with the unit's full,
-   * not yet reduced gradient `grads` (the unit's padded flat length, the
-   * compute dtype, on the engine's device). A status other than TS_OK
+   * `step` (1-based, skipped steps counted) of engine e, with the unit's
+   * full, not yet reduced gradient `grads` (the unit's padded flat length,
+   * the compute dtype, on the engine's device). A status other than TS_OK
    * fails the micro-step. */
   ts_status (*after_backward)(void *user, struct ts_engine *e, int step, int unit, void *grads);
-  /* Runs once when the engine carrying the hooks is freed (NULL: none). */
+  /* Runs in ts_checkpoint_save on each rank before every point a crash
+   * could hit: after each chunk written, before each file's commit, before
+   * each extra file and before the index's commit. */
+  void (*save_point)(void *user);
+  /* Runs in ts_train_run after training step `step` (1-based) and its
+   * save, on world rank `rank`. */
+  void (*after_step)(void *user, size_t step, int rank);
+  /* Runs when engine e is freed. */
   void (*release)(void *user, struct ts_engine *e);
   void *user; /* passed back as is */
 } ts_engine_hooks;
 
-/* Sets (or with NULL clears) the engine's hooks; borrowed, must outlive
- * their use. */
-void ts_engine_set_hooks(struct ts_engine *e, const ts_engine_hooks *hooks);
-const ts_engine_hooks *ts_engine_get_hooks(const struct ts_engine *e);
+/* Sets the process's hooks (NULL clears them: training); borrowed, they
+ * must outlive their use. */
+void ts_engine_set_hooks(const ts_engine_hooks *hooks);
+/* The process's hooks, NULL in training. */
+const ts_engine_hooks *ts_engine_get_hooks(void);
 
 /* The engine's kernel context (its device and workspace), for hooks that
  * write device memory. */
@@ -62,10 +77,11 @@ typedef struct ts_engine_inject {
   float value;
 } ts_engine_inject;
 
-/* Arms one more planted value on this rank only (up to 4; a fifth
- * replaces the fourth), or with NULL disarms them all; unit and tensor
- * must exist (asserted). Uses the engine's hooks; at most 8 engines armed
- * at once (asserted), each released when it is freed. */
+/* Arms one more planted value on engine e of this rank only (up to 4; a
+ * fifth replaces the fourth), or with NULL disarms e's; unit and tensor
+ * must exist (asserted). Sets the process's hooks while any engine is
+ * armed (replacing others); at most 8 engines armed at once (asserted),
+ * each disarmed when it is freed. */
 void ts_engine_inject_nonfinite(struct ts_engine *e, const ts_engine_inject *inject);
 
 #ifdef __cplusplus

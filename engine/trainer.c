@@ -15,6 +15,7 @@
 
 #include "base/atomic_file.h"
 #include "engine/checkpoint.h"
+#include "engine/engine_testing.h"
 #include "engine/loader.h"
 #include "engine/metrics.h"
 #include "engine/mlm.h"
@@ -514,10 +515,6 @@ static ts_status save(run *r, size_t step, ts_train_result *res) {
                "to prune the checkpoints");
 }
 
-static void (*fault_hook)(size_t step, int rank); /* tests only (ts_train_set_fault) */
-
-void ts_train_set_fault(void (*fn)(size_t step, int rank)) { fault_hook = fn; }
-
 /* Whether any rank was asked to stop (cfg->stop), agreed over the world. */
 static ts_status stop_requested(run *r, int *stop) {
   *stop = 0;
@@ -607,7 +604,8 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
     if (cfg->save_dir && !bad &&
         (stop || step == cfg->steps || (cfg->save_every && step % cfg->save_every == 0)))
       TS_CHECK(save(r, step, res));
-    if (fault_hook) fault_hook(step, r->wrank);
+    const ts_engine_hooks *h = ts_engine_get_hooks(); /* the test seam */
+    if (h && h->after_step) h->after_step(h->user, step, r->wrank);
     if (stop) {
       res->stopped_at = step;
       res->seconds = now_s() - t_loop;

@@ -160,11 +160,6 @@ void ts_train_recompute_name(size_t every, char *buf, size_t cap);
  * with min = lr * min_lr_ratio. */
 float ts_train_lr(size_t step, size_t steps, size_t warmup, float lr, float min_lr_ratio);
 
-/* Test seam (fault injection, tests only; NULL in training): fn is called
- * on every rank after each step and its save, with the step and the world
- * rank (tools/train_main.c's TESSERA_TEST_KILL). */
-void ts_train_set_fault(void (*fn)(size_t step, int rank));
-
 /* Runs the training described by cfg (collective over cfg->dp). Setup
  * errors (config, shards, batch sizes, engine) are agreed between ranks
  * before any training: every rank returns an error with

@@ -21,6 +21,7 @@
 #include "base/testing.h"
 #include "engine/checkpoint.h"
 #include "engine/engine.h"
+#include "engine/engine_testing.h"
 #include "models/llama.h"
 #include "tests/tiny_model.h"
 
@@ -60,10 +61,12 @@ struct Fixture {
   }
 };
 
-int kill_at = 0;
-void KillAt(int point) {
-  if (point == kill_at) _exit(7);
+int kill_at = 0, points_passed = 0;
+// The seam's save_point: exits at the kill_at-th point of this process.
+void KillAt(void *) {
+  if (++points_passed == kill_at) _exit(7);
 }
+const ts_engine_hooks kKillHooks = {nullptr, KillAt, nullptr, nullptr, nullptr};
 
 bool Exists(const std::string &p) { return access(p.c_str(), F_OK) == 0; }
 
@@ -101,7 +104,7 @@ TEST(CheckpointFaults, AWriterKilledAnywhereLeavesTheNewestCompleteCheckpoint) {
     pid_t pid = fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {
-      ts_checkpoint_set_fault(KillAt);
+      ts_engine_set_hooks(&kKillHooks);
       _exit(Save(f.e, next) == TS_OK ? 0 : 1);
     }
     int status = 0;

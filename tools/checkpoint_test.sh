@@ -7,7 +7,8 @@
 #     and the losses it prints are the same;
 #  2. a checkpoint of 2 ranks, ZeRO-3, 2 pipeline stages resumes on 1 rank;
 #  3. SIGTERM to `launch` saves at the next step boundary and exits 0;
-#  4. launch --max-restarts 1 with rank 1 killed (SIGKILL) after step 3:
+#  4. launch --max-restarts 1 with rank 1 killed (SIGKILL) after step 3
+#     (tessera_testing, whose test seam kills; tessera itself ignores it):
 #     one line names the rank and host, the job restarts from the newest
 #     checkpoint and ends byte-identical to the uninterrupted run;
 #  5. --keep 1 keeps the newest; --resume auto with nothing saved starts
@@ -19,10 +20,12 @@
 #     good step; nonsense (a negative lr, a flag twice, a micro-batch whose
 #     sizes overflow, a plan larger than this machine, a BERT or Mistral
 #     config patched to say llama) is refused at once in one line.
-#   checkpoint_test.sh TESSERA_BIN LAUNCH_SH
+#   checkpoint_test.sh TESSERA_BIN LAUNCH_SH TESSERA_TESTING_BIN
+# (the last: the same command line with the test seam's kill, section 4).
 set -uo pipefail
 bin="$1"
 launch="$2"
+testing_bin="$3"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 fails=0
 source "$(dirname "${BASH_SOURCE[0]}")/testing.sh"
@@ -75,7 +78,7 @@ check "SIGTERM: saved" "on SIGTERM: saved $tmp/sig/step-" "$(cat "$tmp/sig.log")
 check_eq "SIGTERM: the checkpoint is complete" 1 "$(ls "$tmp"/sig/step-*/index.json | wc -l)"
 
 # 4. a rank killed after step 3: one line, a restart, byte-identical end
-k="$(TESSERA_TEST_KILL="1:3:$tmp/killed" "$launch" -n 2 --max-restarts 1 "$bin" train \
+k="$(TESSERA_TEST_KILL="1:3:$tmp/killed" "$launch" -n 2 --max-restarts 1 "$testing_bin" train \
   "${common[@]}" --zero 2 --save "$tmp/k" --save-every 2 2>&1)"
 check_eq "killed rank: exit 0 after the restart" 0 $?
 check "killed rank: one line names it" "tessera launch: rank 1 on host" "$k"
@@ -87,11 +90,16 @@ check "killed rank: resumed" "resumed from step 2" "$k"
 check_eq "killed rank: ends byte-identical" "$(shas "$tmp/a2/step-00000006")" \
   "$(shas "$tmp/k/step-00000006")"
 start=$SECONDS
-k="$(TESSERA_TEST_KILL="0:2:$tmp/killed2" "$launch" -n 2 "$bin" train --model llama-tiny "${base[@]}" \
+k="$(TESSERA_TEST_KILL="0:2:$tmp/killed2" "$launch" -n 2 "$testing_bin" train --model llama-tiny "${base[@]}" \
   --micro-batch 2 --steps 100000 2>&1)"
 check_eq "no restarts: the death's status" 137 $?
 check_eq "no restarts: every rank stopped within 30 s" 1 "$(((SECONDS - start) < 30))"
 check_eq "no restarts: one line after the progress" 1 "$(grep -vc '^step' <<<"$k")"
+# The production binary has no such seam: the same variable changes nothing.
+TESSERA_TEST_KILL="0:1:$tmp/killed3" "$bin" train --model llama-tiny "${base[@]}" --micro-batch 2 \
+  --steps 2 >/dev/null 2>&1
+check_eq "tessera ignores TESSERA_TEST_KILL: exit" 0 $?
+check_eq "tessera ignores TESSERA_TEST_KILL: no marker" no "$([[ -e "$tmp/killed3" ]] && echo yes || echo no)"
 
 # 5. --keep, --resume auto
 mkdir -p "$tmp/keep/step-3" # a folder named by hand, not a checkpoint, older: removed

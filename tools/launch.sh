@@ -70,7 +70,7 @@ fi
 # progress lines redraw only on a real terminal.
 if [[ -t 1 ]]; then export TESSERA_TTY=1; else export TESSERA_TTY=0; fi
 # Forward the variables tessera reads to every rank (remote nodes included).
-for v in OMP_NUM_THREADS TESSERA_HOME TESSERA_TTY TESSERA_TEST_KILL; do
+for v in OMP_NUM_THREADS TESSERA_HOME TESSERA_TTY; do
   if [[ -n "${!v:-}" ]]; then
     args+=(-x "$v")
   fi

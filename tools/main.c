@@ -1,4 +1,5 @@
-/* main.c — the `tessera` binary: dispatches to a subcommand. */
+/* main.c — ts_tool_main (tools.h): the `tessera` command line, dispatched
+ * to a subcommand; tessera.c and tessera_testing.c are the binaries. */
 #include <stdio.h>
 #include <string.h>
 
@@ -16,7 +17,7 @@ static const char *USAGE =
     "  timeline  one step of a train --trace file: the pipeline's bubble and picture\n"
     "run `tessera <command> --help` for its flags\n";
 
-int main(int argc, char **argv) {
+int ts_tool_main(int argc, char **argv) {
   if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
     fputs(USAGE, argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;

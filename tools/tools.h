@@ -14,6 +14,11 @@
 extern "C" {
 #endif
 
+/* The `tessera` command line: argv[1] names the subcommand (train,
+ * prepare, estimate, compare, export, timeline); returns the exit status
+ * (no argument: the usage on stderr, 2). tools/main.c. */
+int ts_tool_main(int argc, char **argv);
+
 /* --device of train, estimate and compare (tools/device.c). */
 enum { TS_TOOL_DEVICE_CPU = 0, TS_TOOL_DEVICE_CUDA = 1, TS_TOOL_DEVICE_AUTO = 2 };
 /* Flag parser: "cpu", "cuda" or "auto" into *(int *)choice. */

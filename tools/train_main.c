@@ -195,22 +195,6 @@ static void on_stop_signal(int sig) {
   stop_flag = 1;
 }
 
-/* Test seam: TESSERA_TEST_KILL="RANK:STEP:MARKER" kills world rank RANK
- * with SIGKILL after step STEP, once: only while the file MARKER does not
- * exist (it is created first), so a restarted job runs through. For the
- * tests of launch --max-restarts; unset in training. */
-static void test_kill(size_t step, int rank) {
-  const char *spec = getenv("TESSERA_TEST_KILL");
-  int want_rank;
-  size_t want_step;
-  char marker[4096];
-  if (!spec || sscanf(spec, "%d:%zu:%4095s", &want_rank, &want_step, marker) != 3) return;
-  if (rank != want_rank || step != want_step || access(marker, F_OK) == 0) return;
-  FILE *f = fopen(marker, "w");
-  if (f) fclose(f);
-  raise(SIGKILL);
-}
-
 int ts_tool_train(int argc, char **argv) {
   ts_train_config cfg = ts_train_default_config();
   ts_engine_opts *e = &cfg.engine;
@@ -350,7 +334,6 @@ int ts_tool_train(int argc, char **argv) {
     sigaction(SIGTERM, &sa, NULL);
     cfg.stop = &stop_flag;
   }
-  if (getenv("TESSERA_TEST_KILL")) ts_train_set_fault(test_kill);
   progress p = {stdout_is_terminal(), log_every ? log_every : (cfg.steps + 19) / 20,
                 e->dtype == TS_FP16};
   ts_comm *world = NULL;
