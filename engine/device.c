@@ -49,12 +49,13 @@ ts_status ts_engine_prepare_device(ts_engine *e) {
       n += (size_t)snprintf(parts + n, sizeof parts - n, "%s%s %.2f GiB", c ? ", " : "",
                             ts_mem_category_name((ts_mem_category)c),
                             (double)plan.peak[c] / (1u << 30));
-    st = ts_set_error(TS_ERR_OUT_OF_MEMORY,
-                      "%s:%d (%s) has %.2f GiB free; this run needs %.2f GiB (plan peaks: %s; "
-                      "with the step's transients reserved): raise --zero, lower --micro-batch, "
-                      "add --activation-checkpointing or use more ranks",
-                      ts_device_name(e->device), r->index, r->name,
-                      (double)free_bytes / (1u << 30), (double)need / (1u << 30), parts);
+    st = ts_set_error(
+        TS_ERR_OUT_OF_MEMORY,
+        "%s:%d (%s) has %.2f GiB free; this run needs %.2f GiB (plan peaks: %s; "
+        "with the step's transients reserved): raise `zero_stage`, lower `micro_batch`, "
+        "set `recompute_every` or use more ranks",
+        ts_device_name(e->device), r->index, r->name, (double)free_bytes / (1u << 30),
+        (double)need / (1u << 30), parts);
   }
   /* The step's transients (ZeRO-2/3's full gradients, ZeRO-3's gathers),
    * allocated now as many at once as the plan's step holds them, so that

@@ -237,10 +237,17 @@ ts_status ts_engine_alloc(ts_engine *e) {
   return alloc_scalars(e);
 }
 
-ts_status ts_engine_check_zero_stage(int zero_stage) {
-  if (!ts_zero_policy_of(zero_stage))
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--zero %d: expected a ZeRO stage 0, 1, 2 or 3",
-                        zero_stage);
+ts_status ts_engine_check_zero_stage(long long zero_stage) {
+  if (zero_stage < 0 || zero_stage > 3 || !ts_zero_policy_of((int)zero_stage))
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "`zero_stage` %lld: expected a ZeRO stage 0, 1, 2 or 3", zero_stage);
+  return TS_OK;
+}
+
+ts_status ts_engine_check_pipeline_stages(long long stages) {
+  if (stages < 1 || stages > TS_ENGINE_MAX_STAGES)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "`pipeline_stages` %lld: expected 1 to %d stages",
+                        stages, TS_ENGINE_MAX_STAGES);
   return TS_OK;
 }
 
@@ -248,17 +255,17 @@ ts_status ts_engine_check_zero_stage(int zero_stage) {
 static ts_status check_opts(const ts_model *model, const ts_engine_opts *opts) {
   if (opts->micro_batch == 0 || opts->seq == 0 || opts->grad_accum == 0)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "--micro-batch %zu, --seq %zu, --grad-accum %zu: expected each >= 1",
+                        "`micro_batch` %zu, `seq` %zu, `grad_accum` %zu: expected each >= 1",
                         opts->micro_batch, opts->seq, opts->grad_accum);
   if (opts->seq > model->max_seq)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "--seq %zu: expected at most max_position_embeddings = %zu of %s",
+                        "`seq` %zu: expected at most max_position_embeddings = %zu of %s",
                         opts->seq, model->max_seq, ts_model_origin(model));
   /* int32 token positions and micro-batch indices; B T so bounded keeps
    * every byte count (B T times model sizes) far inside 64 bits */
   if (opts->micro_batch > INT32_MAX / opts->seq || opts->grad_accum > INT32_MAX)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "--micro-batch %zu x --seq %zu = %.3g tokens per micro-batch, --grad-accum "
+                        "`micro_batch` %zu x `seq` %zu = %.3g tokens per micro-batch, `grad_accum` "
                         "%zu: expected at most 2^31 - 1 each",
                         opts->micro_batch, opts->seq, (double)opts->micro_batch * (double)opts->seq,
                         opts->grad_accum);
@@ -334,7 +341,7 @@ ts_status ts_engine_create(ts_engine **out, const ts_model *model, const ts_engi
   if (opts->pipeline_stages > 1) {
     *out = NULL;
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "engine: --pipeline %d needs its grid (ts_engine_create_pipeline)",
+                        "engine: `pipeline_stages` %d needs its grid (ts_engine_create_pipeline)",
                         opts->pipeline_stages);
   }
   return ts_engine_create_stage(out, model, opts, dp, NULL, 0);

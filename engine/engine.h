@@ -170,6 +170,14 @@ typedef struct ts_engine_opts {
  * (P = 1; schedule 1F1B when P > 1, auto split). */
 ts_engine_opts ts_engine_default_opts(void);
 
+/* The checks of two options that callers may want before anything else
+ * (they are part of ts_engine_create's and ts_engine_plan's): the ZeRO
+ * stage 0-3, and 1 to TS_ENGINE_MAX_STAGES pipeline stages.
+ * TS_ERR_INVALID_ARGUMENT naming the option ("`zero_stage` 5: expected a
+ * ZeRO stage 0, 1, 2 or 3"). */
+ts_status ts_engine_check_zero_stage(long long zero_stage);
+ts_status ts_engine_check_pipeline_stages(long long stages);
+
 /* Whether unit u of m is recomputed (activation checkpointing) under
  * opts->recompute_every: blocks (ts_unit.layer >= 0) whose layer is a
  * multiple of it. */
@@ -237,8 +245,8 @@ double ts_engine_unit_cost(const ts_model *m, const ts_engine_opts *opts, int u)
  * entries; auto balances
  * ts_engine_unit_cost (ts_pipeline_split_balanced), an explicit split is
  * parsed (ts_pipeline_split_parse). TS_ERR_INVALID_ARGUMENT, naming the
- * flag: P < 1 or more stages than units ("--pipeline 9: expected at most
- * the 6 units of llama-tiny"), an explicit split that does not give every
+ * option: P < 1 or more stages than units ("`pipeline_stages` 9: expected 1
+ * to 6 stages ..."), an explicit split that does not give every
  * stage a unit and cover the units exactly. */
 ts_status ts_engine_pipeline_split(const ts_model *m, const ts_engine_opts *opts, int *first);
 

@@ -247,9 +247,6 @@ ts_status ts_engine_alloc_model_state(ts_ledger *ledger, ts_device dev, const ts
 /* Frees what ts_engine_alloc_model_state allocated (NULLs are fine). */
 void ts_engine_free_model_state(ts_ledger *ledger, unit_state *s);
 
-/* TS_ERR_INVALID_ARGUMENT unless zero_stage is 0-3 (the flag named). */
-ts_status ts_engine_check_zero_stage(int zero_stage);
-
 /* The recompute buffer's bytes: the largest saved bytes of a recomputed
  * unit among units [begin, end) (0 when none is). */
 size_t ts_engine_recompute_bytes(const ts_model *m, const ts_engine_opts *o, int begin, int end);

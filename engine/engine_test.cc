@@ -270,14 +270,14 @@ TEST(Engine, RejectsBadOptions) {
   ts_engine *e = nullptr;
   ts_engine_opts o = Opts(1, 33);  // max_position_embeddings is 32
   EXPECT_EQ(ts_engine_create(&e, &model, &o, nullptr), TS_ERR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(ts_last_error()).find("--seq 33"), std::string::npos);
+  EXPECT_NE(std::string(ts_last_error()).find("`seq` 33"), std::string::npos);
   EXPECT_EQ(e, nullptr);
   o = Opts(0, 8);
   EXPECT_EQ(ts_engine_create(&e, &model, &o, nullptr), TS_ERR_INVALID_ARGUMENT);
   o = Opts(1, 8);
   o.zero_stage = 4;
   EXPECT_EQ(ts_engine_create(&e, &model, &o, nullptr), TS_ERR_INVALID_ARGUMENT);
-  EXPECT_STREQ(ts_last_error(), "--zero 4: expected a ZeRO stage 0, 1, 2 or 3");
+  EXPECT_STREQ(ts_last_error(), "`zero_stage` 4: expected a ZeRO stage 0, 1, 2 or 3");
   o.zero_stage = 0;
   o.device = (ts_device)9;
   EXPECT_EQ(ts_engine_create(&e, &model, &o, nullptr), TS_ERR_INVALID_ARGUMENT);

@@ -10,7 +10,7 @@ ts_status ts_grid_make(ts_comm *world, int stages, ts_grid *out) {
   int N = ts_comm_size(world), rank = ts_comm_rank(world);
   if (stages < 1 || N % stages != 0)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "--pipeline %d: expected a number of stages dividing the %d rank%s",
+                        "`pipeline_stages` %d: expected a number of stages dividing the %d rank%s",
                         stages, N, N == 1 ? "" : "s");
   int dp = N / stages, stage = rank / dp, dp_rank = rank % dp;
   ts_grid g = {stages, dp, stage, dp_rank, NULL, NULL};

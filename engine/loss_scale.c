@@ -34,7 +34,7 @@ ts_status ts_loss_scaler_init(ts_loss_scaler *s, ts_dtype dtype, float fixed_sca
   if (dtype != TS_FP16) return TS_OK;
   if (!(fixed_scale >= 0 && isfinite(fixed_scale)))
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "--loss-scale %g: expected 'dynamic' or a finite scale > 0",
+                        "`loss_scale` %g: expected 0 (dynamic) or a finite scale > 0",
                         (double)fixed_scale);
   s->enabled = 1;
   s->dynamic = fixed_scale == 0;
@@ -44,8 +44,8 @@ ts_status ts_loss_scaler_init(ts_loss_scaler *s, ts_dtype dtype, float fixed_sca
   if (s->dynamic &&
       !(min_scale > 0 && isfinite(init_scale) && init_scale >= min_scale && window >= 1))
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "dynamic loss scale: initial %g, --min-loss-scale %g, "
-                        "--loss-scale-window %zu: expected 0 < minimum <= initial and window >= 1",
+                        "dynamic loss scale: initial %g, `min_loss_scale` %g, "
+                        "`loss_scale_window` %zu: expected 0 < minimum <= initial and window >= 1",
                         (double)init_scale, (double)min_scale, window);
   note_scale(s, 0);
   return TS_OK;
@@ -59,7 +59,7 @@ ts_status ts_loss_scaler_overflow(ts_loss_scaler *s, int step, const char *tenso
     format_history(s, hist, sizeof hist);
     return ts_set_error(TS_ERR_NUMERIC,
                         "fp16 overflow at step %d with the loss scale at its minimum %g "
-                        "(--min-loss-scale): it began in %s (unit %d); recent "
+                        "(`min_loss_scale`): it began in %s (unit %d); recent "
                         "loss scales: %s",
                         step, (double)s->scale, tensor, unit, hist);
   }

@@ -40,7 +40,7 @@ typedef struct ts_loss_scaler {
 /* Sets up s for dtype: disabled unless fp16; with fp16, fixed_scale > 0
  * fixes the scale, 0 makes it dynamic from init_scale with window and
  * min_scale. TS_ERR_INVALID_ARGUMENT naming the flag: a fixed scale that is
- * negative or not finite ("--loss-scale ..."), or dynamic settings with
+ * negative or not finite ("`loss_scale` ..."), or dynamic settings with
  * minimum > initial, a minimum <= 0 or a window of 0. */
 ts_status ts_loss_scaler_init(ts_loss_scaler *s, ts_dtype dtype, float fixed_scale,
                               float init_scale, size_t window, float min_scale);
@@ -49,7 +49,7 @@ ts_status ts_loss_scaler_init(ts_loss_scaler *s, ts_dtype dtype, float fixed_sca
  * clean-step count resets; a dynamic scale halves (not below the minimum)
  * and the change is recorded at `step`. At the minimum already:
  * TS_ERR_NUMERIC with the message "fp16 overflow at step N with the loss
- * scale at its minimum M (--min-loss-scale): it began in TENSOR (unit U);
+ * scale at its minimum M (`min_loss_scale`): it began in TENSOR (unit U);
  * recent loss scales: step 0: 65536, ...", the scale unchanged. */
 ts_status ts_loss_scaler_overflow(ts_loss_scaler *s, int step, const char *tensor, int unit);
 

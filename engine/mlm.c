@@ -54,7 +54,7 @@ static ts_status special_id(const cJSON *ids, const char *path, const char *name
   if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 1e6)
     return ts_set_error(TS_ERR_FORMAT,
                         "%s: field \"special_ids.%s\": expected a token id (written by "
-                        "`tessera prepare --mlm`)",
+                        "prepare with `mlm`)",
                         path, name);
   *out = (int32_t)v->valuedouble;
   return TS_OK;
@@ -71,7 +71,7 @@ static ts_status read_spec(const cJSON *root, const char *path, ts_mlm_spec *out
   if (!cJSON_IsTrue(mlm))
     return ts_set_error(TS_ERR_FORMAT,
                         "%s: field \"mlm\" %s: expected true (a masked-LM model needs data from "
-                        "`tessera prepare --mlm`)",
+                        "prepare with `mlm`)",
                         path, mlm ? "is not true" : "missing");
   if (!cJSON_IsNumber(vocab) || vocab->valuedouble < 1)
     return ts_set_error(TS_ERR_FORMAT, "%s: field \"vocab_size\": expected a positive integer",

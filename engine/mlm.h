@@ -47,7 +47,7 @@ typedef struct ts_mlm_spec {
  * n_special = 5; the line break is text), vocab_size; the rates are
  * BERT's. TS_ERR_FORMAT naming the file and
  * field ("data/kjv/meta.json: field \"mlm\" missing: expected true (a
- * masked-LM model needs data from `tessera prepare --mlm`)"), TS_ERR_IO. */
+ * masked-LM model needs data from prepare with `mlm`)"), TS_ERR_IO. */
 ts_status ts_mlm_read_meta(const char *data_dir, ts_mlm_spec *out);
 
 /* Masks one sequence in place: inputs (T) int32 host, holding the

@@ -167,7 +167,7 @@ TEST(Mlm, MetaWithoutMlmIsRefusedInOneLine) {
   EXPECT_EQ(ts_mlm_read_meta(d.dir().c_str(), &s), TS_ERR_FORMAT);
   std::string e = ts_last_error();
   EXPECT_NE(e.find("meta.json: field \"mlm\" missing: expected true"), std::string::npos) << e;
-  EXPECT_NE(e.find("tessera prepare --mlm"), std::string::npos) << e;
+  EXPECT_NE(e.find("prepare with `mlm`"), std::string::npos) << e;
   WriteMeta(d, R"({"mlm": true, "vocab_size": 4096, "special_ids": {"pad": 0, "unk": 1, "cls": 2,
       "sep": 3, "newline": 5}})");
   EXPECT_EQ(ts_mlm_read_meta(d.dir().c_str(), &s), TS_ERR_FORMAT);

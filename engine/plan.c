@@ -66,10 +66,11 @@ double ts_engine_unit_cost(const ts_model *m, const ts_engine_opts *o, int u) {
 ts_status ts_engine_pipeline_split(const ts_model *m, const ts_engine_opts *o, int *first) {
   int P = o->pipeline_stages, n = m->n_units;
   if (P < 1 || P > n)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "--pipeline %d: expected 1 to %d stages (the units of %s: embedding, %d "
-                        "blocks, head)",
-                        P, n, m->name, n - 2);
+    return ts_set_error(
+        TS_ERR_INVALID_ARGUMENT,
+        "`pipeline_stages` %d: expected 1 to %d stages (the units of %s: embedding, %d "
+        "blocks, head)",
+        P, n, m->name, n - 2);
   first[P] = n;
   if (o->pipeline_split && strcmp(o->pipeline_split, "auto") != 0)
     return ts_pipeline_split_parse(o->pipeline_split, n, P, first);

@@ -89,7 +89,7 @@ TEST(LossScaler, AFixedScaleNeverMovesAndBadSettingsAreRefused) {
   ts_loss_scaler_clean(&s, 2);
   EXPECT_EQ(s.scale, 128.0f);
   EXPECT_EQ(ts_loss_scaler_init(&s, TS_FP16, -1, 65536, 1, 1), TS_ERR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(ts_last_error()).find("--loss-scale -1"), std::string::npos);
+  EXPECT_NE(std::string(ts_last_error()).find("`loss_scale` -1"), std::string::npos);
   EXPECT_EQ(ts_loss_scaler_init(&s, TS_FP16, INFINITY, 65536, 1, 1), TS_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(ts_loss_scaler_init(&s, TS_FP16, 0, 1, 1, 2), TS_ERR_INVALID_ARGUMENT)
       << "minimum above the initial scale";

@@ -314,10 +314,11 @@ ts_status ts_schedule_simulate(const ts_schedule *sch, ts_schedule_report *repor
 
 ts_status ts_pipeline_split_balanced(const double *cost, int n, int stages, int *first) {
   if (stages < 1 || stages > n)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "--pipeline %d: expected 1 to %d stages (one unit each at least; the "
-                        "model has %d units)",
-                        stages, n, n);
+    return ts_set_error(
+        TS_ERR_INVALID_ARGUMENT,
+        "`pipeline_stages` %d: expected 1 to %d stages (one unit each at least; the "
+        "model has %d units)",
+        stages, n, n);
   int P = stages;
   double *prefix = calloc((size_t)n + 1, sizeof(double));
   double *best = malloc((size_t)(P + 1) * (size_t)(n + 1) * sizeof(double));
@@ -361,7 +362,7 @@ ts_status ts_pipeline_split_parse(const char *text, int n, int stages, int *firs
     long v = strtol(p, &end, 10);
     if (end == p || errno || v < 1 || v > n || *p < '0' || *p > '9')
       return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                          "--pipeline-split %s: stage %d: expected a count of units from 1 to %d",
+                          "`pipeline_split` %s: stage %d: expected a count of units from 1 to %d",
                           text, s, n);
     first[s] = sum;
     sum += (int)v;
@@ -369,7 +370,7 @@ ts_status ts_pipeline_split_parse(const char *text, int n, int stages, int *firs
     if (s + 1 < stages) {
       if (*p != ',')
         return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                            "--pipeline-split %s: expected %d comma-separated counts, one per "
+                            "`pipeline_split` %s: expected %d comma-separated counts, one per "
                             "stage",
                             text, stages);
       p++;
@@ -377,10 +378,10 @@ ts_status ts_pipeline_split_parse(const char *text, int n, int stages, int *firs
   }
   if (*p != '\0')
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "--pipeline-split %s: expected %d counts, one per stage", text, stages);
+                        "`pipeline_split` %s: expected %d counts, one per stage", text, stages);
   if (sum != n)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "--pipeline-split %s: covers %d units: expected the model's %d exactly",
+                        "`pipeline_split` %s: covers %d units: expected the model's %d exactly",
                         text, sum, n);
   return TS_OK;
 }

@@ -53,28 +53,28 @@ static double now_s(void) {
 ts_status ts_train_resolve_batch(size_t dp_size, size_t *global_batch, ts_engine_opts *eo) {
   size_t G = *global_batch, B = eo->micro_batch, K = eo->grad_accum, NB = dp_size * B;
   if (B == 0 || dp_size == 0)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--micro-batch %zu on %zu ranks: expected >= 1",
-                        B, dp_size);
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "`micro_batch` %zu on %zu ranks: expected >= 1", B,
+                        dp_size);
   if (G == 0) {
     if (K == 0)
       return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                          "--grad-accum 0: expected >= 1, or --global-batch to derive it");
+                          "`grad_accum` 0: expected >= 1, or `global_batch` to derive it");
     *global_batch = NB * K;
     return TS_OK;
   }
   if (K == 0) {
     if (G % NB != 0)
       return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                          "--global-batch %zu: not divisible by %zu ranks x --micro-batch %zu = "
-                          "%zu (it would need --grad-accum %.4g)",
+                          "`global_batch` %zu: not divisible by %zu ranks x `micro_batch` %zu = "
+                          "%zu (it would need `grad_accum` %.4g)",
                           G, dp_size, B, NB, (double)G / (double)NB);
     eo->grad_accum = G / NB;
     return TS_OK;
   }
   if (G != NB * K)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "--global-batch %zu: expected %zu ranks x --micro-batch %zu x "
-                        "--grad-accum %zu = %zu",
+                        "`global_batch` %zu: expected %zu ranks x `micro_batch` %zu x "
+                        "`grad_accum` %zu = %zu",
                         G, dp_size, B, K, NB * K);
   return TS_OK;
 }
@@ -187,14 +187,14 @@ static ts_status open_resume(run *r) {
   if (!cfg->resume) return TS_OK;
   int is_auto = strcmp(cfg->resume, "auto") == 0;
   if (is_auto && !cfg->save_dir)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--resume auto: needs --save DIR to look in");
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "`resume` auto: needs `save_dir` to look in");
   const char *where = is_auto ? cfg->save_dir : cfg->resume;
   char dir[4096];
   if (!ts_checkpoint_latest(where, dir, sizeof dir, NULL)) {
     if (is_auto) return TS_OK; /* nothing saved yet: a fresh start */
     return ts_set_error(
         TS_ERR_IO,
-        "--resume %s: no complete checkpoint there (a folder with " TS_CHECKPOINT_INDEX
+        "`resume` %s: no complete checkpoint there (a folder with " TS_CHECKPOINT_INDEX
         ", or step-N folders holding one)",
         where);
   }
@@ -218,13 +218,14 @@ static ts_status open_resume(run *r) {
   TS_CHECK(st);
   if ((size_t)gb != r->global_batch)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "--global-batch %zu: the checkpoint %s was trained with %zu sequences per "
+                        "`global_batch` %zu: the checkpoint %s was trained with %zu sequences per "
                         "step; resume with the same global batch",
                         r->global_batch, dir, (size_t)gb);
   if ((size_t)step >= cfg->steps)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "--steps %zu: the checkpoint %s is at step %zu already; expected more steps",
-                        cfg->steps, dir, (size_t)step);
+    return ts_set_error(
+        TS_ERR_INVALID_ARGUMENT,
+        "`steps` %zu: the checkpoint %s is at step %zu already; expected more steps", cfg->steps,
+        dir, (size_t)step);
   r->start = (size_t)step;
   r->eo.seed = (uint64_t)seed; /* the data order of the run that saved it */
   return TS_OK;
@@ -247,7 +248,7 @@ static ts_status check_host_memory(run *r) {
     return ts_set_error(TS_ERR_OUT_OF_MEMORY,
                         "%s: the plan needs %.1f GiB per rank (tessera estimate) x %.0f rank%s on "
                         "this node, more than its %.1f GiB of memory: expected a smaller "
-                        "--micro-batch or --seq, a higher --zero, --activation-checkpointing or "
+                        "`micro_batch` or `seq`, a higher `zero_stage`, `recompute_every` or "
                         "more nodes",
                         ts_model_origin(&r->model), (double)plan.peak_total / GiB, ranks,
                         ranks > 1 ? "s" : "", mem / GiB);
@@ -274,7 +275,7 @@ static ts_status check_mlm_data(run *r) {
                         ts_model_origin(m), m->vocab_size, dir, s->vocab_size);
   if (r->eo.seq < 3)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "--seq %zu: expected at least 3 for a masked LM ([CLS] text [SEP])",
+                        "`seq` %zu: expected at least 3 for a masked LM ([CLS] text [SEP])",
                         r->eo.seq);
   r->mlm_scratch = malloc(ts_mlm_scratch_elems(r->eo.micro_batch, r->eo.seq) * sizeof(int32_t));
   if (!r->mlm_scratch) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "masked-LM batch scratch");
@@ -285,9 +286,7 @@ static ts_status setup(run *r) {
   const ts_train_config *cfg = r->cfg;
   char path[4096];
   int P = r->eo.pipeline_stages;
-  if (P < 1 || P > TS_ENGINE_MAX_STAGES)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--pipeline %d: expected 1 to %d stages", P,
-                        TS_ENGINE_MAX_STAGES);
+  TS_CHECK(ts_engine_check_pipeline_stages(P));
   if (P > 1) { /* the grid: P stages of dp ranks (P must divide the world) */
     TS_CHECK(ts_grid_make(r->world, P, &r->grid));
     r->dp = r->grid.dp_group;
@@ -312,8 +311,8 @@ static ts_status setup(run *r) {
   TS_CHECK(ts_loader_init(&r->val_ld, r->val, W, 0, 0));
   if (ts_loader_num_windows(r->val_ld) < NB)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "%s/val.bin: %zu windows of --seq %zu: expected at least %d ranks x "
-                        "--micro-batch %zu = %zu",
+                        "%s/val.bin: %zu windows of `seq` %zu: expected at least %d ranks x "
+                        "`micro_batch` %zu = %zu",
                         cfg->data_dir, ts_loader_num_windows(r->val_ld), T, r->dp_size,
                         r->eo.micro_batch, NB);
   TS_CHECK(check_host_memory(r));
@@ -496,7 +495,7 @@ static ts_status save(run *r, size_t step, ts_train_result *res) {
   ts_status st = TS_OK;
   if (r->wrank == 0) {
     if (mkdir(cfg->save_dir, 0777) != 0 && errno != EEXIST)
-      st = ts_set_error(TS_ERR_IO, "--save %s: cannot create the folder: %s", cfg->save_dir,
+      st = ts_set_error(TS_ERR_IO, "`save_dir` %s: cannot create the folder: %s", cfg->save_dir,
                         strerror(errno));
     else if (!(tj = trainer_json(r, step)))
       st = ts_set_error(TS_ERR_OUT_OF_MEMORY, "trainer.json");
@@ -589,7 +588,7 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
     if (sst == TS_OK && cfg->max_bad_steps && bad_in_a_row >= cfg->max_bad_steps)
       sst = ts_set_error(TS_ERR_NUMERIC,
                          "step %zu: %zu steps in a row with a non-finite loss or gradient "
-                         "(--max-bad-steps %zu), the last in %s: training stopped, nothing saved "
+                         "(`max_bad_steps` %zu), the last in %s: training stopped, nothing saved "
                          "after step %zu",
                          step, bad_in_a_row, cfg->max_bad_steps, st.overflow_tensor,
                          step - bad_in_a_row);
@@ -631,10 +630,10 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
 /* Checks of cfg alone, before any rank does work. */
 static ts_status check_config(const ts_train_config *cfg) {
   if (!cfg->model || !cfg->data_dir)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "train: --model and --data are required");
-  if (cfg->steps == 0) return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--steps 0: expected >= 1");
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "train: `model` and `data_dir` are required");
+  if (cfg->steps == 0) return ts_set_error(TS_ERR_INVALID_ARGUMENT, "`steps` 0: expected >= 1");
   if (cfg->eval_batches == 0)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--eval-batches 0: expected >= 1");
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "`eval_batches` 0: expected >= 1");
   return TS_OK;
 }
 
@@ -647,7 +646,7 @@ ts_status ts_train_parse_recompute(const char *s, size_t *every) {
     ;
   else
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "--activation-checkpointing %s: expected none, all or every:K with K >= 1",
+                        "activation checkpointing %s: expected none, all or every:K with K >= 1",
                         s);
   return TS_OK;
 }

@@ -90,8 +90,10 @@ ts_train_config ts_train_default_config(void);
  * G == 0, K must be >= 1 and G becomes N * B * K; with G > 0 and K == 0, K
  * is derived as G / (N * B); with both, G must equal N * B * K. Updates
  * *global_batch and eo->grad_accum. TS_ERR_INVALID_ARGUMENT with a message
- * that prints the derived values, e.g. "--global-batch 30: not divisible by
- * 2 ranks x --micro-batch 4 = 8 (it would need --grad-accum 3.75)". */
+ * that prints the derived values, e.g. "`global_batch` 30: not divisible by
+ * 2 ranks x `micro_batch` 4 = 8 (it would need `grad_accum` 3.75)" (in the
+ * library's terms: options named as in its structs, in backquotes, which
+ * tools map to their flags, tools/flags.h). */
 ts_status ts_train_resolve_batch(size_t dp_size, size_t *global_batch, ts_engine_opts *eo);
 
 /* What a callback sees after every step and every evaluation. */

@@ -174,13 +174,13 @@ TEST(Trainer, GlobalBatchIsRanksTimesMicroBatchTimesAccumulation) {
   o.grad_accum = 0;
   EXPECT_EQ(ts_train_resolve_batch(2, &G, &o), TS_ERR_INVALID_ARGUMENT);
   EXPECT_STREQ(ts_last_error(),
-               "--global-batch 30: not divisible by 2 ranks x --micro-batch 4 = 8 (it would need "
-               "--grad-accum 3.75)");
+               "`global_batch` 30: not divisible by 2 ranks x `micro_batch` 4 = 8 (it would need "
+               "`grad_accum` 3.75)");
   G = 32;
   o.grad_accum = 3;
   EXPECT_EQ(ts_train_resolve_batch(2, &G, &o), TS_ERR_INVALID_ARGUMENT);
   EXPECT_STREQ(ts_last_error(),
-               "--global-batch 32: expected 2 ranks x --micro-batch 4 x --grad-accum 3 = 24");
+               "`global_batch` 32: expected 2 ranks x `micro_batch` 4 x `grad_accum` 3 = 24");
 }
 
 TEST(Trainer, BadInputFailsBeforeAnyWork) {

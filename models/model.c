@@ -48,7 +48,7 @@ ts_status ts_model_resolve(const char *model, char *out, size_t cap) {
   snprintf(out, cap, "%s%smodels/configs/%s.json", home ? home : "", home ? "/" : "", model);
   if (stat(out, &sb) == 0 && S_ISREG(sb.st_mode)) return TS_OK;
   return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                      "--model %s: unknown preset: expected a config.json path or a preset in "
+                      "`model` %s: unknown preset: expected a config.json path or a preset in "
                       "%s%smodels/configs/ (llama-tiny, llama-small, llama-124m, llama-1.1b, "
                       "llama-2-7b, llama-2-13b, llama-2-70b, bert-tiny, bert-base, bert-large)%s",
                       model, home ? home : "", home ? "/" : "",

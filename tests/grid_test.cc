@@ -60,7 +60,7 @@ TEST(Grid, StagesThatDoNotDivideTheWorldAreRefused) {
   int N = ts_comm_size(world);
   ts_grid g;
   EXPECT_EQ(ts_grid_make(world, N + 1, &g), TS_ERR_INVALID_ARGUMENT);
-  EXPECT_EQ(std::string(ts_last_error()), "--pipeline " + std::to_string(N + 1) +
+  EXPECT_EQ(std::string(ts_last_error()), "`pipeline_stages` " + std::to_string(N + 1) +
                                               ": expected a number of stages dividing the " +
                                               std::to_string(N) + (N == 1 ? " rank" : " ranks"));
   EXPECT_EQ(g.dp_group, nullptr);

@@ -292,7 +292,8 @@ TEST(Pipeline, BadSplitsAreRefusedWithOneLine) {
   std::vector<int> first(8);
   o.pipeline_stages = 5;  // 4 units
   EXPECT_EQ(ts_engine_pipeline_split(&model, &o, first.data()), TS_ERR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(ts_last_error()).find("--pipeline 5: expected 1 to 4"), std::string::npos)
+  EXPECT_NE(std::string(ts_last_error()).find("`pipeline_stages` 5: expected 1 to 4"),
+            std::string::npos)
       << ts_last_error();
   o.pipeline_stages = 2;
   o.pipeline_split = "1,2";  // covers 3 of 4

@@ -632,7 +632,8 @@ TEST(MemoryPlan, RejectsBadArgumentsWithTheFlag) {
   EXPECT_NE(std::string(ts_last_error()).find("-n 0"), std::string::npos) << ts_last_error();
   o.zero_stage = 4;
   EXPECT_EQ(ts_engine_plan(&model, &o, 2, &plan), TS_ERR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(ts_last_error()).find("--zero 4"), std::string::npos) << ts_last_error();
+  EXPECT_NE(std::string(ts_last_error()).find("`zero_stage` 4"), std::string::npos)
+      << ts_last_error();
   ts_model_free(&model);
 }
 

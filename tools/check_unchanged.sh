@@ -45,6 +45,11 @@ fi
 
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
+# Copies of the "after" binary and of the launcher, so that building or
+# editing the tree while the runs go on changes nothing they use.
+cp "$AFTER_BIN" "$TMP/after-tessera"
+AFTER_BIN="$TMP/after-tessera"
+cp tools/launch.sh "$TMP/launch.sh"
 MODEL="${CHECK_MODEL:-llama-tiny}"
 ACCUM="${CHECK_ACCUM:-2}"
 SUITES="${CHECK_SUITES:-llama bert pipeline}"
@@ -115,7 +120,7 @@ run() {
   local which="$1" bin="$2" home="$3" np="$5" name="$6"
   shift 6
   # shellcheck disable=SC2068 # the run's flags, split on purpose
-  TESSERA_HOME="$home" OMP_NUM_THREADS=1 "$ROOT/tools/launch.sh" -n "$np" "$bin" train \
+  TESSERA_HOME="$home" OMP_NUM_THREADS=1 "$TMP/launch.sh" -n "$np" "$bin" train \
     --steps 10 --micro-batch 4 --seq 64 --lr 3e-3 --warmup 2 --eval-every 5 --eval-batches 2 \
     --metrics "$TMP/$which-$name.jsonl" --log-every 10 $@ >"$TMP/$which-$name.log" 2>&1 ||
     { echo "$which $name failed:"; tail -5 "$TMP/$which-$name.log"; exit 1; }

@@ -272,7 +272,7 @@ static int plan_runs(ts_compare *c) {
   char path[4096];
   ts_status st = ts_model_resolve(c->model, path, sizeof path);
   if (st == TS_OK) st = ts_model_load(path, &c->arch);
-  if (st != TS_OK) return fprintf(stderr, "tessera compare: %s\n", ts_last_error()), 0;
+  if (st != TS_OK) return fprintf(stderr, "tessera compare: %s\n", ts_flags_last_error()), 0;
   /* the layouts: (P, schedule) pairs, one for P = 1 */
   int lp[TS_COMPARE_MAX_LIST * TS_COMPARE_MAX_LIST], n_layouts = 0;
   ts_schedule_kind ls[TS_COMPARE_MAX_LIST * TS_COMPARE_MAX_LIST];
@@ -334,7 +334,8 @@ static int plan_runs(ts_compare *c) {
           ts_status st = ts_engine_pipeline_split(&c->arch, &o, r->split);
           for (int q = 0; q < r->pipeline && st == TS_OK; q++)
             st = ts_engine_plan_stage(&c->arch, &o, dp, q, &r->est[q]);
-          if (st != TS_OK) return fprintf(stderr, "tessera compare: %s\n", ts_last_error()), 0;
+          if (st != TS_OK)
+            return fprintf(stderr, "tessera compare: %s\n", ts_flags_last_error()), 0;
         }
   return 1;
 }
@@ -350,13 +351,13 @@ static int draw_timelines(ts_compare *c, const char *dir) {
     TS_COMPARE_FMT(png, "%s/timeline-%s.png", c->out, r->file);
     ts_timeline t;
     if (ts_timeline_load(trace, (int)c->steps, &t) != TS_OK)
-      return fprintf(stderr, "tessera compare: %s\n", ts_last_error()), 0;
+      return fprintf(stderr, "tessera compare: %s\n", ts_flags_last_error()), 0;
     r->bubble = t.bubble_busiest;
     snprintf(title, sizeof title, "%s, step %zu: bubble %.1f%% on the busiest rank (measured)",
              r->name, c->steps, 100.0 * t.bubble_busiest);
     ts_status st = ts_timeline_draw(&t, title, dir, png);
     ts_timeline_free(&t);
-    if (st != TS_OK) return fprintf(stderr, "tessera compare: %s\n", ts_last_error()), 0;
+    if (st != TS_OK) return fprintf(stderr, "tessera compare: %s\n", ts_flags_last_error()), 0;
   }
   return 1;
 }

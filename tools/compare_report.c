@@ -13,6 +13,7 @@
 #include "base/atomic_file.h"
 #include "engine/trainer.h"
 #include "tools/compare.h"
+#include "tools/flags.h"
 #include "tools/tools.h"
 
 /* The ZeRO paper's model states per rank (§5.1; fp32 keeps no master
@@ -141,14 +142,14 @@ int ts_compare_checks(const ts_compare *c, char **text, int *loss_ok) {
  * finish); the stream to print to, or NULL after printing why. */
 static FILE *start(ts_atomic_file **af, const char *path) {
   if (ts_atomic_file_open(af, path) == TS_OK) return ts_atomic_file_stream(*af);
-  fprintf(stderr, "tessera compare: %s\n", ts_last_error());
+  fprintf(stderr, "tessera compare: %s\n", ts_flags_last_error());
   return NULL;
 }
 
 /* Commits a file from start; 0 after printing why it failed. */
 static int finish(ts_atomic_file *af) {
   if (ts_atomic_file_commit(af) == TS_OK) return 1;
-  fprintf(stderr, "tessera compare: %s\n", ts_last_error());
+  fprintf(stderr, "tessera compare: %s\n", ts_flags_last_error());
   return 0;
 }
 

@@ -122,7 +122,7 @@ static ts_status parse_schedule(const char *v, void *kind) {
 
 /* Prints ts_last_error() as the one-line usage error; returns 0. */
 static int report(void) {
-  fprintf(stderr, "tessera estimate: %s\n", ts_last_error());
+  fprintf(stderr, "tessera estimate: %s\n", ts_flags_last_error());
   return 0;
 }
 

@@ -87,7 +87,7 @@ int ts_tool_export(int argc, char **argv) {
   ts_checkpoint_close(src.ck);
   ts_model_free(&model);
   if (st != TS_OK) {
-    fprintf(stderr, "tessera export: %s\n", ts_last_error());
+    fprintf(stderr, "tessera export: %s\n", ts_flags_last_error());
     return 1;
   }
   printf("exported %s (%s) to %s\n", dir, ts_dtype_name(dtype), out);

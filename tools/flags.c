@@ -23,11 +23,69 @@ int ts_flags_is_lead(void) {
   return 1;
 }
 
-/* Records the message as the last error and prints it after "tessera SUB: "
- * on the lead rank; returns TS_FLAGS_BAD_USAGE. */
+/* The library's option names (the fields of ts_engine_opts and
+ * ts_train_config, and prepare's mlm), which library messages write in
+ * backquotes, and the flags that set them: the one table of the mapping. */
+static const struct {
+  const char *option, *flag;
+} TERMS[] = {
+    {"micro_batch", "--micro-batch"},
+    {"seq", "--seq"},
+    {"grad_accum", "--grad-accum"},
+    {"global_batch", "--global-batch"},
+    {"zero_stage", "--zero"},
+    {"pipeline_stages", "--pipeline"},
+    {"pipeline_split", "--pipeline-split"},
+    {"loss_scale", "--loss-scale"},
+    {"min_loss_scale", "--min-loss-scale"},
+    {"loss_scale_window", "--loss-scale-window"},
+    {"recompute_every", "--activation-checkpointing"},
+    {"device", "--device"},
+    {"model", "--model"},
+    {"data_dir", "--data"},
+    {"steps", "--steps"},
+    {"eval_batches", "--eval-batches"},
+    {"max_bad_steps", "--max-bad-steps"},
+    {"save_dir", "--save"},
+    {"resume", "--resume"},
+    {"mlm", "--mlm"},
+};
+
+void ts_flags_terms(const char *msg, char *out, size_t cap) {
+  size_t n = 0;
+  if (cap == 0) return;
+  for (const char *p = msg; *p && n + 1 < cap;) {
+    const char *close = *p == '`' ? strchr(p + 1, '`') : NULL;
+    size_t len = close ? (size_t)(close - p - 1) : 0;
+    if (len == 0 || strspn(p + 1, "abcdefghijklmnopqrstuvwxyz0123456789_") != len) {
+      out[n++] = *p++; /* not an option name: the character as it is */
+      continue;
+    }
+    const char *word = NULL;
+    for (size_t i = 0; i < sizeof TERMS / sizeof *TERMS && !word; i++)
+      if (strlen(TERMS[i].option) == len && !strncmp(p + 1, TERMS[i].option, len))
+        word = TERMS[i].flag;
+    int w = word ? snprintf(out + n, cap - n, "%s", word)
+                 : snprintf(out + n, cap - n, "%.*s", (int)len, p + 1);
+    n += (size_t)w < cap - n ? (size_t)w : cap - n - 1;
+    p = close + 1;
+  }
+  out[n] = '\0';
+}
+
+const char *ts_flags_last_error(void) {
+  static _Thread_local char buf[1024];
+  ts_flags_terms(ts_last_error(), buf, sizeof buf);
+  return buf;
+}
+
+/* Records the message (library option names mapped to flags) as the last
+ * error and prints it after "tessera SUB: " on the lead rank; returns
+ * TS_FLAGS_BAD_USAGE. */
 static int vreport(const char *sub, const char *fmt, va_list ap) {
-  char msg[1024];
-  vsnprintf(msg, sizeof msg, fmt, ap);
+  char raw[1024], msg[1024];
+  vsnprintf(raw, sizeof raw, fmt, ap);
+  ts_flags_terms(raw, msg, sizeof msg);
   ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s", msg);
   if (ts_flags_is_lead()) fprintf(stderr, "tessera %s: %s\n", sub, msg);
   return TS_FLAGS_BAD_USAGE;

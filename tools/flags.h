@@ -129,6 +129,18 @@ int ts_flags_error(const char *sub, const char *fmt, ...)
 #endif
     ;
 
+/* Library code names its options as they are named in its structs, in
+ * backquotes ("`zero_stage` 5: expected a ZeRO stage 0, 1, 2 or 3");
+ * tools name the flags. ts_flags_terms copies msg into out (cap bytes,
+ * NUL-terminated, cut to fit) with each backquoted option that a flag sets
+ * replaced by the flag (`zero_stage` -> --zero, `micro_batch` ->
+ * --micro-batch, ...; one table in flags.c), any other backquoted name
+ * ([a-z0-9_]+) left without its backquotes, and everything else as it is. ts_flags_last_error is
+ * ts_last_error() mapped so, in a buffer of this thread valid until its next call: what tools print
+ * of a library error. ts_flags_error maps its message too. */
+void ts_flags_terms(const char *msg, char *out, size_t cap);
+const char *ts_flags_last_error(void);
+
 /* Parses a decimal integer >= min (digits only: no sign, no spaces) into
  * *out. TS_OK; TS_ERR_INVALID_ARGUMENT "expected an integer >= MIN" for
  * anything else, *out untouched. For custom parsers built on it. */

@@ -242,6 +242,30 @@ TEST(Flags, ErrorFormatsOneLine) {
   EXPECT_STREQ(ts_last_error(), "--model and --data are required (--help lists the flags)");
 }
 
+// Library errors name options as the library names them, in backquotes;
+// tools print the flags that set them (one table, flags.c), and words no
+// flag sets just lose their backquotes.
+TEST(Flags, LibraryTermsBecomeFlags) {
+  char out[256];
+  ts_flags_terms("`zero_stage` 5: expected 0-3; lower `micro_batch` or set `recompute_every`", out,
+                 sizeof out);
+  EXPECT_STREQ(out,
+               "--zero 5: expected 0-3; lower --micro-batch or set --activation-checkpointing");
+  ts_flags_terms("`loss_scale_init` 0 and `loss_scale` 0 of `seq`", out, sizeof out);
+  EXPECT_STREQ(out, "loss_scale_init 0 and --loss-scale 0 of --seq");
+  ts_flags_terms("a lone ` stays, `model` maps", out, sizeof out);
+  EXPECT_STREQ(out, "a lone ` stays, --model maps");         // " stays, " is no name
+  ts_flags_terms("`data_dir` x and `grad_accum`", out, 12);  // cut to fit, NUL-terminated
+  EXPECT_STREQ(out, "--data x an");
+  // ts_flags_error maps its message; ts_flags_last_error maps the last error.
+  testing::internal::CaptureStderr();
+  ts_flags_error("demo", "%s", "`pipeline_stages` 9: expected 1 to 4 stages");
+  EXPECT_EQ(testing::internal::GetCapturedStderr(),
+            "tessera demo: --pipeline 9: expected 1 to 4 stages\n");
+  ts_set_error(TS_ERR_INVALID_ARGUMENT, "`resume` auto: needs `save_dir` to look in");
+  EXPECT_STREQ(ts_flags_last_error(), "--resume auto: needs --save to look in");
+}
+
 // Sets one launcher rank variable for the life of the object.
 class RankEnv {
  public:

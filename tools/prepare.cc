@@ -519,7 +519,7 @@ extern "C" int ts_tool_prepare(int argc, char **argv) {
   ts_prepare_report r;
   ts_status st = ts_prepare_corpus(&o, &r);
   if (st != TS_OK) {
-    fprintf(stderr, "tessera prepare: %s\n", ts_last_error());
+    fprintf(stderr, "tessera prepare: %s\n", ts_flags_last_error());
     return st == TS_ERR_INVALID_ARGUMENT ? 2 : 1;
   }
   const size_t K = o.val_every ? o.val_every : TS_PREPARE_DEFAULT_VAL_EVERY;

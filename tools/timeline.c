@@ -246,7 +246,7 @@ int ts_tool_timeline(int argc, char **argv) {
   ts_timeline t;
   ts_status st = ts_timeline_load(path, (int)step, &t);
   if (st != TS_OK) {
-    fprintf(stderr, "tessera timeline: %s\n", ts_last_error());
+    fprintf(stderr, "tessera timeline: %s\n", ts_flags_last_error());
     return st == TS_ERR_INVALID_ARGUMENT || st == TS_ERR_FORMAT ? 2 : 1;
   }
   double window = (t.end - t.begin) * 1e-3;
@@ -276,7 +276,7 @@ int ts_tool_timeline(int argc, char **argv) {
              "step %zu: %d ranks, bubble %.1f%% on the busiest rank, %.1f%% mean (measured)",
              step, t.ranks, 100.0 * t.bubble_busiest, 100.0 * t.bubble);
     st = ts_timeline_draw(&t, title, dir, png);
-    if (st != TS_OK) fprintf(stderr, "tessera timeline: %s\n", ts_last_error());
+    if (st != TS_OK) fprintf(stderr, "tessera timeline: %s\n", ts_flags_last_error());
   }
   ts_timeline_free(&t);
   return st == TS_OK ? 0 : 1;

@@ -296,15 +296,15 @@ int ts_tool_train(int argc, char **argv) {
   if (!cfg.model) cfg.model = cfg.init_from; /* the folder's own config.json */
   if (!cfg.model || !cfg.data_dir)
     return ts_flags_error("train", "--model and --data are required " TS_FLAGS_HINT);
-  if (zero > 3)
-    return ts_flags_error("train", "--zero %zu: expected a ZeRO stage 0, 1, 2 or 3", zero);
+  /* The library's checks, before MPI starts: bad usage (exit 2), in the
+   * library's words with the flags named (ts_flags_error maps them). */
+  if (ts_engine_check_zero_stage((long long)zero) != TS_OK ||
+      ts_engine_check_pipeline_stages((long long)pipeline) != TS_OK)
+    return ts_flags_error("train", "%s", ts_last_error());
   if (cfg.lr < 0) return ts_flags_error("train", "--lr %g: expected a learning rate >= 0", (double)cfg.lr);
   if (e->weight_decay < 0)
     return ts_flags_error("train", "--weight-decay %g: expected >= 0", (double)e->weight_decay);
   e->zero_stage = (int)zero;
-  if (pipeline > TS_ENGINE_MAX_STAGES)
-    return ts_flags_error("train", "--pipeline %zu: expected 1 to %d stages", pipeline,
-                          TS_ENGINE_MAX_STAGES);
   e->pipeline_stages = (int)pipeline;
   e->seed = seed;
   if (scale_flag && e->dtype != TS_FP16)
@@ -340,7 +340,7 @@ int ts_tool_train(int argc, char **argv) {
   ts_status st = ts_comm_init(&argc, &argv);
   if (st == TS_OK) st = ts_comm_world(&world);
   if (st != TS_OK) {
-    fprintf(stderr, "tessera train: %s\n", ts_last_error());
+    fprintf(stderr, "tessera train: %s\n", ts_flags_last_error());
     return 1;
   }
   int rank = ts_comm_rank(world), n = ts_comm_size(world);
@@ -350,8 +350,10 @@ int ts_tool_train(int argc, char **argv) {
   ts_comm_free(world);
   if (st != TS_OK) {
     if (!res.failed_elsewhere) {
-      if (n > 1) fprintf(stderr, "tessera train: rank %d of %d: %s\n", rank, n, ts_last_error());
-      else fprintf(stderr, "tessera train: %s\n", ts_last_error());
+      if (n > 1)
+        fprintf(stderr, "tessera train: rank %d of %d: %s\n", rank, n, ts_flags_last_error());
+      else
+        fprintf(stderr, "tessera train: %s\n", ts_flags_last_error());
     }
     /* Setup errors are agreed by every rank; a failure during training is
      * one rank's, and its peers would wait for it in the next collective. */
