@@ -13,8 +13,6 @@
 
 #include "kernels/cpu/cpu_common.h"
 
-enum { CHUNK = 4096 };
-
 /* Elements [lo, hi): update master/m/v; store param_out (PDT) if non-NULL. */
 TS_AI void adamw_range(float *master, void *param_out, float *m, float *v, const void *grad,
                        size_t lo, size_t hi, ts_adamw_coeffs c, ts_dtype gdt, ts_dtype pdt) {
@@ -31,17 +29,33 @@ TS_AI void adamw_range_g(float *master, void *param_out, float *m, float *v, con
   TS_DT_CALL(pdt, adamw_range, master, param_out, m, v, grad, lo, hi, c, gdt);
 }
 
+/* ts_k_adamw's arguments, and one chunk of it. */
+typedef struct adamw_args {
+  float *master, *m, *v;
+  void *param_out;
+  const void *grad;
+  ts_dtype param_dt, grad_dt;
+  ts_adamw_coeffs c;
+} adamw_args;
+
+static void adamw_chunk(void *arg, size_t lo, size_t hi) {
+  const adamw_args *x = arg;
+  TS_DT_CALL(x->grad_dt, adamw_range_g, x->master, x->param_out, x->m, x->v, x->grad, lo, hi, x->c,
+             x->param_dt);
+}
+
 ts_status ts_cpu_adamw(const ts_kctx *ctx, float *master, void *param_out, ts_dtype param_dt,
                        float *m, float *v, const void *grad, ts_dtype grad_dt, size_t n,
                        const ts_adamw_hparams *hp) {
-  ts_adamw_coeffs c = ts_adamw_make_coeffs(hp->lr, hp->beta1, hp->beta2, hp->eps, hp->weight_decay,
-                                           hp->step, hp->grad_scale);
-  ptrdiff_t nchunks = (ptrdiff_t)((n + CHUNK - 1) / CHUNK);
-#pragma omp parallel for schedule(static) if (nchunks > 1)
-  for (ptrdiff_t k = 0; k < nchunks; k++) {
-    size_t lo = (size_t)k * CHUNK;
-    size_t hi = lo + CHUNK < n ? lo + CHUNK : n;
-    TS_DT_CALL(grad_dt, adamw_range_g, master, param_out, m, v, grad, lo, hi, c, param_dt);
-  }
+  adamw_args x = {master,
+                  m,
+                  v,
+                  param_out,
+                  grad,
+                  param_dt,
+                  grad_dt,
+                  ts_adamw_make_coeffs(hp->lr, hp->beta1, hp->beta2, hp->eps, hp->weight_decay,
+                                       hp->step, hp->grad_scale)};
+  ts_cpu_for_chunks(n, adamw_chunk, &x);
   return TS_OK;
 }

@@ -31,8 +31,6 @@
 #include <immintrin.h>
 #endif
 
-enum { CHUNK = 4096 };
-
 int ts_cpu_f16c = 0;
 
 #if TS_CPU_X86
@@ -143,15 +141,22 @@ static void convert(void *out, ts_dtype odt, const void *in, ts_dtype idt, size_
     TS_DT_CALL(odt, cast_range, out, in, 0, n, TS_FP16);
 }
 
+/* A cast's arguments, and one chunk of it. */
+typedef struct cast_args {
+  void *out;
+  const void *in;
+  ts_dtype odt, idt;
+} cast_args;
+
+static void cast_chunk(void *arg, size_t lo, size_t hi) {
+  const cast_args *x = arg;
+  convert((char *)x->out + lo * ts_dtype_size(x->odt), x->odt,
+          (const char *)x->in + lo * ts_dtype_size(x->idt), x->idt, hi - lo);
+}
+
 static void cast_cpu(void *out, ts_dtype odt, const void *in, ts_dtype idt, size_t n) {
-  size_t os = ts_dtype_size(odt), is = ts_dtype_size(idt);
-  ptrdiff_t nchunks = (ptrdiff_t)((n + CHUNK - 1) / CHUNK);
-#pragma omp parallel for schedule(static) if (nchunks > 1)
-  for (ptrdiff_t c = 0; c < nchunks; c++) {
-    size_t lo = (size_t)c * CHUNK;
-    size_t hi = lo + CHUNK < n ? lo + CHUNK : n;
-    convert((char *)out + lo * os, odt, (const char *)in + lo * is, idt, hi - lo);
-  }
+  cast_args x = {out, in, odt, idt};
+  ts_cpu_for_chunks(n, cast_chunk, &x);
 }
 
 void ts_cpu_widen(float *dst, const void *src, size_t n, ts_dtype dt) {

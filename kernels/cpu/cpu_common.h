@@ -121,6 +121,21 @@ void ts_cpu_widen_at(float *dst, const void *src, size_t i0, size_t n, ts_dtype 
  * bits as st(). */
 void ts_cpu_narrow_at(void *dst, size_t i0, const float *src, size_t n, ts_dtype dt);
 
+/* Elements per chunk of the CPU's elementwise loops and reductions: fixed,
+ * so the partition of a loop does not depend on the thread count. */
+enum { TS_CPU_CHUNK = 4096 };
+
+/* One chunk of an elementwise loop: elements [lo, hi) of the op whose
+ * arguments arg points to. */
+typedef void (*ts_cpu_chunk_fn)(void *arg, size_t lo, size_t hi);
+
+/* Runs fn(arg, lo, hi) over the chunks [c C, min((c + 1) C, n)) of [0, n),
+ * C = TS_CPU_CHUNK, spread over the OpenMP threads (static schedule; the
+ * calling thread alone when there is one chunk). The one chunked loop of
+ * the CPU's elementwise ops (vecops.c): each element's result depends on
+ * its chunk's call alone, so the bits do not depend on the thread count. */
+void ts_cpu_for_chunks(size_t n, ts_cpu_chunk_fn fn, void *arg);
+
 /* Elements per fp32 scratch piece of the ops that run half storage through
  * ts_cpu_widen_at / ts_cpu_narrow_at (4 KiB of stack per buffer). */
 enum { TS_CPU_PIECE = 1024 };

@@ -13,8 +13,6 @@
  */
 #include "kernels/cpu/cpu_common.h"
 
-enum { CHUNK = 4096 };
-
 /* out[i] = gelu(inp[i]) for i in [lo, hi). */
 TS_AI void gelu_fwd_range(void *out, const void *inp, int tanh_form, size_t lo, size_t hi,
                           ts_dtype dt) {
@@ -46,22 +44,29 @@ static void gelu_half(void *y, const void *dout, const void *inp, int tanh_form,
   }
 }
 
+/* Either direction's arguments (dout NULL: forward), and one chunk. */
+typedef struct gelu_args {
+  void *y;
+  const void *dout, *inp;
+  int tanh_form;
+  ts_dtype dt;
+} gelu_args;
+
+static void gelu_chunk(void *arg, size_t lo, size_t hi) {
+  const gelu_args *x = arg;
+  if (x->dt != TS_FP32)
+    gelu_half(x->y, x->dout, x->inp, x->tanh_form, lo, hi, x->dt);
+  else if (x->dout)
+    gelu_bwd_range(x->y, x->dout, x->inp, x->tanh_form, lo, hi, TS_FP32);
+  else
+    gelu_fwd_range(x->y, x->inp, x->tanh_form, lo, hi, TS_FP32);
+}
+
 /* Either direction over n elements, in fixed chunks. */
 static void gelu_run(void *y, const void *dout, const void *inp, size_t n, ts_gelu_kind kind,
                      ts_dtype dt) {
-  int tanh_form = kind == TS_GELU_TANH;
-  ptrdiff_t nchunks = (ptrdiff_t)((n + CHUNK - 1) / CHUNK);
-#pragma omp parallel for schedule(static) if (nchunks > 1)
-  for (ptrdiff_t c = 0; c < nchunks; c++) {
-    size_t lo = (size_t)c * CHUNK;
-    size_t hi = lo + CHUNK < n ? lo + CHUNK : n;
-    if (dt != TS_FP32)
-      gelu_half(y, dout, inp, tanh_form, lo, hi, dt);
-    else if (dout)
-      gelu_bwd_range(y, dout, inp, tanh_form, lo, hi, TS_FP32);
-    else
-      gelu_fwd_range(y, inp, tanh_form, lo, hi, TS_FP32);
-  }
+  gelu_args x = {y, dout, inp, kind == TS_GELU_TANH, dt};
+  ts_cpu_for_chunks(n, gelu_chunk, &x);
 }
 
 ts_status ts_cpu_gelu_forward(const ts_kctx *ctx, void *out, const void *inp, size_t n,

@@ -10,8 +10,6 @@
  */
 #include "kernels/cpu/cpu_common.h"
 
-enum { CHUNK = 4096 };
-
 TS_AI void swiglu_fwd_range(void *h, const void *gate, const void *up, size_t lo, size_t hi,
                             ts_dtype dt) {
   for (size_t i = lo; i < hi; i++) st(h, i, dt, ts_silu(ld(gate, i, dt)) * ld(up, i, dt));
@@ -60,32 +58,39 @@ static void swiglu_bwd_half(void *dgate, void *dup, const void *dh, const void *
   }
 }
 
+/* Either pass's arguments (forward: h, gate, up), and one chunk of each. */
+typedef struct swiglu_args {
+  void *h_or_dgate, *dup;
+  const void *dh, *gate, *up;
+  ts_dtype dt;
+} swiglu_args;
+
+static void swiglu_fwd_chunk(void *arg, size_t lo, size_t hi) {
+  const swiglu_args *x = arg;
+  if (x->dt == TS_FP32)
+    swiglu_fwd_range(x->h_or_dgate, x->gate, x->up, lo, hi, TS_FP32);
+  else
+    swiglu_fwd_half(x->h_or_dgate, x->gate, x->up, lo, hi, x->dt);
+}
+
+static void swiglu_bwd_chunk(void *arg, size_t lo, size_t hi) {
+  const swiglu_args *x = arg;
+  if (x->dt == TS_FP32)
+    swiglu_bwd_range(x->h_or_dgate, x->dup, x->dh, x->gate, x->up, lo, hi, TS_FP32);
+  else
+    swiglu_bwd_half(x->h_or_dgate, x->dup, x->dh, x->gate, x->up, lo, hi, x->dt);
+}
+
 ts_status ts_cpu_swiglu_forward(const ts_kctx *ctx, void *h, const void *gate, const void *up,
                                 size_t n, ts_dtype dt) {
-  ptrdiff_t nchunks = (ptrdiff_t)((n + CHUNK - 1) / CHUNK);
-#pragma omp parallel for schedule(static) if (nchunks > 1)
-  for (ptrdiff_t c = 0; c < nchunks; c++) {
-    size_t lo = (size_t)c * CHUNK;
-    size_t hi = lo + CHUNK < n ? lo + CHUNK : n;
-    if (dt == TS_FP32)
-      swiglu_fwd_range(h, gate, up, lo, hi, TS_FP32);
-    else
-      swiglu_fwd_half(h, gate, up, lo, hi, dt);
-  }
+  swiglu_args x = {h, NULL, NULL, gate, up, dt};
+  ts_cpu_for_chunks(n, swiglu_fwd_chunk, &x);
   return TS_OK;
 }
 
 ts_status ts_cpu_swiglu_backward(const ts_kctx *ctx, void *dgate, void *dup, const void *dh,
                                  const void *gate, const void *up, size_t n, ts_dtype dt) {
-  ptrdiff_t nchunks = (ptrdiff_t)((n + CHUNK - 1) / CHUNK);
-#pragma omp parallel for schedule(static) if (nchunks > 1)
-  for (ptrdiff_t c = 0; c < nchunks; c++) {
-    size_t lo = (size_t)c * CHUNK;
-    size_t hi = lo + CHUNK < n ? lo + CHUNK : n;
-    if (dt == TS_FP32)
-      swiglu_bwd_range(dgate, dup, dh, gate, up, lo, hi, TS_FP32);
-    else
-      swiglu_bwd_half(dgate, dup, dh, gate, up, lo, hi, dt);
-  }
+  swiglu_args x = {dgate, dup, dh, gate, up, dt};
+  ts_cpu_for_chunks(n, swiglu_bwd_chunk, &x);
   return TS_OK;
 }

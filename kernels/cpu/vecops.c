@@ -12,7 +12,16 @@
  */
 #include "kernels/cpu/cpu_common.h"
 
-enum { CHUNK = 4096, MAX_GROUPS = 256 };
+enum { CHUNK = TS_CPU_CHUNK, MAX_GROUPS = 256 };
+
+void ts_cpu_for_chunks(size_t n, ts_cpu_chunk_fn fn, void *arg) {
+  ptrdiff_t nchunks = (ptrdiff_t)((n + CHUNK - 1) / CHUNK);
+#pragma omp parallel for schedule(static) if (nchunks > 1)
+  for (ptrdiff_t c = 0; c < nchunks; c++) {
+    size_t lo = (size_t)c * CHUNK;
+    fn(arg, lo, lo + CHUNK < n ? lo + CHUNK : n);
+  }
+}
 
 /* out[i] = a[i] + b[i] for i in [lo, hi). */
 TS_AI void add_range(void *out, const void *a, const void *b, size_t lo, size_t hi, ts_dtype dt) {
@@ -33,18 +42,25 @@ static void add_range_half(void *out, const void *a, const void *b, size_t lo, s
   }
 }
 
+/* ts_k_add's arguments, and one chunk of it. */
+typedef struct add_args {
+  void *out;
+  const void *a, *b;
+  ts_dtype dt;
+} add_args;
+
+static void add_chunk(void *arg, size_t lo, size_t hi) {
+  const add_args *x = arg;
+  if (x->dt == TS_FP32)
+    add_range(x->out, x->a, x->b, lo, hi, TS_FP32);
+  else
+    add_range_half(x->out, x->a, x->b, lo, hi, x->dt);
+}
+
 ts_status ts_cpu_add(const ts_kctx *ctx, void *out, const void *a, const void *b, size_t n,
                      ts_dtype dt) {
-  ptrdiff_t nchunks = (ptrdiff_t)((n + CHUNK - 1) / CHUNK);
-#pragma omp parallel for schedule(static) if (nchunks > 1)
-  for (ptrdiff_t c = 0; c < nchunks; c++) {
-    size_t lo = (size_t)c * CHUNK;
-    size_t hi = lo + CHUNK < n ? lo + CHUNK : n;
-    if (dt == TS_FP32)
-      add_range(out, a, b, lo, hi, TS_FP32);
-    else
-      add_range_half(out, a, b, lo, hi, dt);
-  }
+  add_args x = {out, a, b, dt};
+  ts_cpu_for_chunks(n, add_chunk, &x);
   return TS_OK;
 }
 

@@ -134,21 +134,26 @@ extern "C" ts_status ts_cuda_copy(const ts_kctx *ctx, void *dst, const void *src
       "cudaMemcpyAsync device to device", nbytes);
 }
 
+/* A copy between the host and the device on ctx's stream, then a wait for
+ * it: the host may read what came (to_host) or reuse what left (from_host,
+ * kernels.h) at once. */
+static ts_status copy_and_wait(const ts_kctx *ctx, void *dst, const void *src, size_t nbytes,
+                               cudaMemcpyKind kind, const char *what) {
+  cudaStream_t s = (cudaStream_t)ctx->stream;
+  TS_CHECK(cuda_status(cudaMemcpyAsync(dst, src, nbytes, kind, s), what, nbytes));
+  return cuda_status(cudaStreamSynchronize(s), "cudaStreamSynchronize", nbytes);
+}
+
 extern "C" ts_status ts_cuda_to_host(const ts_kctx *ctx, void *h_dst, const void *src,
                                      size_t nbytes) {
-  cudaStream_t s = (cudaStream_t)ctx->stream;
-  TS_CHECK(cuda_status(cudaMemcpyAsync(h_dst, src, nbytes, cudaMemcpyDeviceToHost, s),
-                       "cudaMemcpyAsync device to host", nbytes));
-  return cuda_status(cudaStreamSynchronize(s), "cudaStreamSynchronize", nbytes);
+  return copy_and_wait(ctx, h_dst, src, nbytes, cudaMemcpyDeviceToHost,
+                       "cudaMemcpyAsync device to host");
 }
 
 extern "C" ts_status ts_cuda_from_host(const ts_kctx *ctx, void *dst, const void *h_src,
                                        size_t nbytes) {
-  cudaStream_t s = (cudaStream_t)ctx->stream;
-  TS_CHECK(cuda_status(cudaMemcpyAsync(dst, h_src, nbytes, cudaMemcpyHostToDevice, s),
-                       "cudaMemcpyAsync host to device", nbytes));
-  /* the caller may reuse h_src at once (kernels.h): wait for the copy */
-  return cuda_status(cudaStreamSynchronize(s), "cudaStreamSynchronize", nbytes);
+  return copy_and_wait(ctx, dst, h_src, nbytes, cudaMemcpyHostToDevice,
+                       "cudaMemcpyAsync host to device");
 }
 
 extern "C" ts_status ts_cuda_host_register(void *h, size_t nbytes) {
