@@ -12,6 +12,8 @@
  */
 #include "kernels/kernels.h"
 
+#include <string.h>
+
 #include "kernels/kernels_front.h"
 
 /* ---- devices, contexts, memory ------------------------------------------------ */
@@ -62,7 +64,7 @@ ts_status ts_k_synchronize(const ts_kctx *ctx) {
   static const char op[] = "ts_k_synchronize";
   const ts_k_backend *be;
   TS_CHECK(backend_of(ctx, op, &be));
-  return be->synchronize(ctx);
+  return ctx->flags & TS_K_PLAN ? TS_OK : be->synchronize(ctx);
 }
 
 ts_status ts_k_alloc(ts_device dev, size_t nbytes, void **out) {
@@ -79,38 +81,41 @@ void ts_k_free(ts_device dev, void *p) {
   if (p && backend_for(dev, "ts_k_free", &be) == TS_OK) be->free(p);
 }
 
-/* The checks of a copy of nbytes between dst and src. */
-static ts_status check_copy(const ts_kctx *ctx, void *dst, const void *src, size_t nbytes,
-                            const char *op, const ts_k_backend **be) {
-  TS_CHECK(backend_of(ctx, op, be));
-  if (nbytes == 0) return TS_OK;
-  CHECK_PTR(dst);
-  CHECK_PTR(src);
-  return TS_OK;
-}
+/* ---- copies ------------------------------------------------------------------------ */
+
+static const k_op OP_COPY = {"ts_k_copy", 0, 2, {"dst", "src"}};
+static const k_op OP_TO_HOST = {"ts_k_to_host", 0, 2, {"h_dst", "src"}};
+static const k_op OP_FROM_HOST = {"ts_k_from_host", 0, 2, {"dst", "h_src"}};
+static const k_op OP_FROM_HOST_ASYNC = {"ts_k_from_host_async", 0, 2, {"dst", "h_src"}};
+static const k_op OP_HOST_COPY = {"ts_k_host_copy", 0, 2, {"h_dst", "h_src"}};
 
 ts_status ts_k_copy(const ts_kctx *ctx, void *dst, const void *src, size_t nbytes) {
-  static const char op[] = "ts_k_copy";
-  const ts_k_backend *be;
-  TS_CHECK(check_copy(ctx, dst, src, nbytes, op, &be));
-  if (nbytes == 0 || dst == src) return TS_OK;
-  if ((const char *)dst < (const char *)src + nbytes && (const char *)src < (char *)dst + nbytes)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: dst and src overlap", op);
-  return be->copy(ctx, dst, src, nbytes);
+  int overlap = (const char *)dst < (const char *)src + nbytes &&
+                (const char *)src < (char *)dst + nbytes && dst != src;
+  k_call c = {ctx, .empty = nbytes == 0 || (dst == src && dst), .ptrs = {dst, src},
+              .conflict = overlap ? ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: dst and src overlap",
+                                                 OP_COPY.name)
+                                  : TS_OK};
+  K_RUN(OP_COPY, c, copy, ctx, dst, src, nbytes);
 }
 
 ts_status ts_k_to_host(const ts_kctx *ctx, void *h_dst, const void *src, size_t nbytes) {
-  static const char op[] = "ts_k_to_host";
-  const ts_k_backend *be;
-  TS_CHECK(check_copy(ctx, h_dst, src, nbytes, op, &be));
-  return nbytes == 0 ? TS_OK : be->to_host(ctx, h_dst, src, nbytes);
+  k_call c = {ctx, .empty = nbytes == 0, .ptrs = {h_dst, src}};
+  K_RUN(OP_TO_HOST, c, to_host, ctx, h_dst, src, nbytes);
 }
 
 ts_status ts_k_from_host(const ts_kctx *ctx, void *dst, const void *h_src, size_t nbytes) {
-  static const char op[] = "ts_k_from_host";
+  k_call c = {ctx, .empty = nbytes == 0, .ptrs = {dst, h_src}};
+  K_RUN(OP_FROM_HOST, c, from_host, ctx, dst, h_src, nbytes);
+}
+
+ts_status ts_k_host_copy(const ts_kctx *ctx, void *h_dst, const void *h_src, size_t nbytes) {
+  k_call c = {ctx, .empty = nbytes == 0, .ptrs = {h_dst, h_src}};
   const ts_k_backend *be;
-  TS_CHECK(check_copy(ctx, dst, h_src, nbytes, op, &be));
-  return nbytes == 0 ? TS_OK : be->from_host(ctx, dst, h_src, nbytes);
+  int run;
+  TS_CHECK(k_check(&OP_HOST_COPY, &c, &be, &run));
+  if (run) memmove(h_dst, h_src, nbytes);
+  return TS_OK;
 }
 
 ts_status ts_k_host_register(ts_device dev, void *h, size_t nbytes) {
@@ -129,10 +134,11 @@ void ts_k_host_unregister(ts_device dev, void *h) {
 }
 
 ts_status ts_k_from_host_async(const ts_kctx *ctx, void *dst, const void *h_src, size_t nbytes) {
-  static const char op[] = "ts_k_from_host_async";
+  k_call c = {ctx, .empty = nbytes == 0, .ptrs = {dst, h_src}};
   const ts_k_backend *be;
-  TS_CHECK(check_copy(ctx, dst, h_src, nbytes, op, &be));
-  if (nbytes == 0) return TS_OK;
+  int run;
+  TS_CHECK(k_check(&OP_FROM_HOST_ASYNC, &c, &be, &run));
+  if (!run) return TS_OK;
   return be->from_host_async ? be->from_host_async(ctx, dst, h_src, nbytes)
                              : be->from_host(ctx, dst, h_src, nbytes);
 }
@@ -141,7 +147,43 @@ ts_status ts_k_host_wait(const ts_kctx *ctx) {
   static const char op[] = "ts_k_host_wait";
   const ts_k_backend *be;
   TS_CHECK(backend_of(ctx, op, &be));
+  if (ctx->flags & TS_K_PLAN) return TS_OK;
   return be->host_wait ? be->host_wait(ctx) : TS_OK;
+}
+
+/* ---- the host's side of a batch --------------------------------------------------- */
+
+static const k_op OP_COUNT_TARGETS = {"ts_k_count_targets", 0, 2, {"count", "h_targets"}};
+static const k_op OP_CHECK_INDICES = {"ts_k_check_indices", 0, 2, {"h_tokens", "h_targets"}};
+
+ts_status ts_k_count_targets(const ts_kctx *ctx, size_t *count, const int32_t *h_targets,
+                             size_t n) {
+  k_call c = {ctx, .ptrs = {count, n ? (const void *)h_targets : K_UNUSED}};
+  const ts_k_backend *be;
+  int run;
+  TS_CHECK(k_check(&OP_COUNT_TARGETS, &c, &be, &run));
+  *count = 0;
+  for (size_t i = 0; run && i < n; i++) *count += h_targets[i] != TS_IGNORE_INDEX;
+  return TS_OK;
+}
+
+ts_status ts_k_check_indices(const ts_kctx *ctx, const int32_t *h_tokens, const int32_t *h_targets,
+                             size_t n, size_t V) {
+  k_call c = {ctx, .empty = n == 0, .ptrs = {h_tokens, h_targets}};
+  const ts_k_backend *be;
+  int run;
+  TS_CHECK(k_check(&OP_CHECK_INDICES, &c, &be, &run));
+  for (size_t i = 0; run && i < n; i++) {
+    if (h_tokens[i] < 0 || (size_t)h_tokens[i] >= V)
+      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                          "%s: tokens[%zu] = %d is outside the vocabulary [0, %zu)",
+                          OP_CHECK_INDICES.name, i, (int)h_tokens[i], V);
+    if (h_targets[i] != TS_IGNORE_INDEX && (h_targets[i] < 0 || (size_t)h_targets[i] >= V))
+      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                          "%s: targets[%zu] = %d: expected a class in [0, %zu) or %d (ignore)",
+                          OP_CHECK_INDICES.name, i, (int)h_targets[i], V, TS_IGNORE_INDEX);
+  }
+  return TS_OK;
 }
 
 /* ---- workspace queries ----------------------------------------------------------- */
@@ -169,206 +211,180 @@ size_t ts_k_attention_workspace_bytes(ts_device dev, size_t B, size_t T, size_t 
 
 /* ---- casts and vector ops ---------------------------------------------------------- */
 
+static const k_op OP_CAST = {"ts_k_cast", 2, 2, {"out", "in"}};
+static const k_op OP_ZERO = {"ts_k_zero", 0, 1, {"x"}};
+static const k_op OP_ADD = {"ts_k_add", 1, 3, {"out", "a", "b"}};
+static const k_op OP_SUMSQ = {"ts_k_sumsq", 1, 2, {"out", "x"}};
+static const k_op OP_NONFINITE = {"ts_k_nonfinite", 1, 2, {"flag", "x"}};
+
 ts_status ts_k_cast(const ts_kctx *ctx, void *out, ts_dtype out_dt, const void *in, ts_dtype in_dt,
                     size_t n) {
-  static const char op[] = "ts_k_cast";
-  const ts_k_backend *be;
-  TS_CHECK(backend_of(ctx, op, &be));
-  TS_CHECK(check_dtype(out_dt, op));
-  TS_CHECK(check_dtype(in_dt, op));
-  if (n == 0) return TS_OK;
-  CHECK_PTR(out);
-  CHECK_PTR(in);
-  if (out == in && ts_dtype_size(out_dt) != ts_dtype_size(in_dt))
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "%s: in == out needs dtypes of equal size, got %s -> %s", op,
-                        ts_dtype_name(in_dt), ts_dtype_name(out_dt));
-  return CALL(be, cast, ctx, out, out_dt, in, in_dt, n);
+  int resize = out == in && n > 0 && out && ts_dtype_size(out_dt) != ts_dtype_size(in_dt);
+  k_call c = {
+      ctx,
+      {out_dt, in_dt},
+      .empty = n == 0,
+      .ptrs = {out, in},
+      .conflict = resize ? ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                                        "%s: in == out needs dtypes of equal size, got %s "
+                                        "-> %s",
+                                        OP_CAST.name, ts_dtype_name(in_dt), ts_dtype_name(out_dt))
+                         : TS_OK};
+  K_RUN(OP_CAST, c, cast, ctx, out, out_dt, in, in_dt, n);
 }
 
 ts_status ts_k_zero(const ts_kctx *ctx, void *x, size_t nbytes) {
-  static const char op[] = "ts_k_zero";
-  const ts_k_backend *be;
-  TS_CHECK(backend_of(ctx, op, &be));
-  if (nbytes == 0) return TS_OK;
-  CHECK_PTR(x);
-  return CALL(be, zero, ctx, x, nbytes);
+  k_call c = {ctx, .empty = nbytes == 0, .ptrs = {x}};
+  K_RUN(OP_ZERO, c, zero, ctx, x, nbytes);
 }
 
 ts_status ts_k_add(const ts_kctx *ctx, void *out, const void *a, const void *b, size_t n,
                    ts_dtype dt) {
-  static const char op[] = "ts_k_add";
-  const ts_k_backend *be;
-  TS_CHECK(backend_of(ctx, op, &be));
-  TS_CHECK(check_dtype(dt, op));
-  if (n == 0) return TS_OK;
-  CHECK_PTR(out);
-  CHECK_PTR(a);
-  CHECK_PTR(b);
-  return CALL(be, add, ctx, out, a, b, n, dt);
+  k_call c = {ctx, {dt}, .empty = n == 0, .ptrs = {out, a, b}};
+  K_RUN(OP_ADD, c, add, ctx, out, a, b, n, dt);
 }
 
+/* sumsq and nonfinite receive n == 0 (they write 0). */
 ts_status ts_k_sumsq(const ts_kctx *ctx, double *out, const void *x, size_t n, ts_dtype dt) {
-  static const char op[] = "ts_k_sumsq";
-  const ts_k_backend *be;
-  TS_CHECK(backend_of(ctx, op, &be));
-  TS_CHECK(check_dtype(dt, op));
-  CHECK_PTR(out);
-  if (n > 0) CHECK_PTR(x);
-  return CALL(be, sumsq, ctx, out, x, n, dt);
+  k_call c = {ctx, {dt}, .ptrs = {out, n ? x : K_UNUSED}};
+  K_RUN(OP_SUMSQ, c, sumsq, ctx, out, x, n, dt);
 }
 
 ts_status ts_k_nonfinite(const ts_kctx *ctx, int32_t *flag, const void *x, size_t n, ts_dtype dt) {
-  static const char op[] = "ts_k_nonfinite";
-  const ts_k_backend *be;
-  TS_CHECK(backend_of(ctx, op, &be));
-  TS_CHECK(check_dtype(dt, op));
-  CHECK_PTR(flag);
-  if (n > 0) CHECK_PTR(x);
-  return CALL(be, nonfinite, ctx, flag, x, n, dt);
+  k_call c = {ctx, {dt}, .ptrs = {flag, n ? x : K_UNUSED}};
+  K_RUN(OP_NONFINITE, c, nonfinite, ctx, flag, x, n, dt);
 }
 
 /* ---- linear ------------------------------------------------------------------------ */
 
+static const k_op OP_LINEAR_FORWARD = {"ts_k_linear_forward", 1, 3, {"out", "inp", "weight"}};
+static const k_op OP_LINEAR_BACKWARD = {"ts_k_linear_backward", 1, 3, {"dout", "weight", "inp"}};
+
 ts_status ts_k_linear_forward(const ts_kctx *ctx, void *out, const void *inp, const void *weight,
                               size_t M, size_t N, size_t K, ts_dtype dt) {
-  static const char op[] = "ts_k_linear_forward";
-  const ts_k_backend *be;
-  TS_CHECK(backend_of(ctx, op, &be));
-  TS_CHECK(check_dtype(dt, op));
-  if (M == 0 || N == 0) return TS_OK;
-  CHECK_PTR(out);
-  if (K == 0) return ts_k_zero(ctx, out, M * N * ts_dtype_size(dt)); /* empty sums */
-  CHECK_PTR(inp);
-  CHECK_PTR(weight);
-  TS_CHECK(check_workspace(ctx, ts_k_linear_workspace_bytes(ctx->device, M, N, K, dt), op));
-  return CALL(be, linear_forward, ctx, out, inp, weight, M, N, K, dt);
+  /* K == 0: empty sums, out = 0 (inp and weight are not read) */
+  k_call c = {
+      ctx,
+      {dt},
+      .empty = M == 0 || N == 0,
+      .ptrs = {out, K ? inp : K_UNUSED, K ? weight : K_UNUSED},
+      .workspace = K ? K_WORKSPACE(ctx, ts_k_linear_workspace_bytes(ctx->device, M, N, K, dt)) : 0};
+  if (K == 0 && c.ctx && !c.empty && out) {
+    const ts_k_backend *be;
+    int run;
+    TS_CHECK(k_check(&OP_LINEAR_FORWARD, &c, &be, &run));
+    return ts_k_zero(ctx, out, M * N * ts_dtype_size(dt));
+  }
+  K_RUN(OP_LINEAR_FORWARD, c, linear_forward, ctx, out, inp, weight, M, N, K, dt);
 }
 
 ts_status ts_k_linear_backward(const ts_kctx *ctx, void *dinp, void *dweight, const void *dout,
                                const void *inp, const void *weight, size_t M, size_t N, size_t K,
                                ts_dtype dt) {
-  static const char op[] = "ts_k_linear_backward";
-  const ts_k_backend *be;
-  TS_CHECK(backend_of(ctx, op, &be));
-  TS_CHECK(check_dtype(dt, op));
-  if (M == 0 || K == 0) return TS_OK; /* dinp and dweight are empty */
-  if (N == 0)                         /* dinp = 0; dweight is empty */
-    return dinp ? ts_k_zero(ctx, dinp, M * K * ts_dtype_size(dt)) : TS_OK;
-  if (dinp == NULL && dweight == NULL) return TS_OK;
-  CHECK_PTR(dout);
-  if (dinp) CHECK_PTR(weight);
-  if (dweight) CHECK_PTR(inp);
-  TS_CHECK(check_workspace(ctx, ts_k_linear_workspace_bytes(ctx->device, M, N, K, dt), op));
-  return CALL(be, linear_backward, ctx, dinp, dweight, dout, inp, weight, M, N, K, dt);
+  /* M or K zero: dinp and dweight are empty; N zero: dinp = 0 (dweight
+   * empty); neither output asked for: nothing to do */
+  int zero_dinp = M > 0 && K > 0 && N == 0 && dinp;
+  k_call c = {ctx,
+              {dt},
+              .empty = M == 0 || K == 0 || N == 0 || (!dinp && !dweight),
+              .ptrs = {dout, dinp ? weight : K_UNUSED, dweight ? inp : K_UNUSED},
+              .workspace = K_WORKSPACE(ctx, ts_k_linear_workspace_bytes(ctx->device, M, N, K, dt))};
+  if (zero_dinp) {
+    const ts_k_backend *be;
+    int run;
+    TS_CHECK(k_check(&OP_LINEAR_BACKWARD, &c, &be, &run));
+    return ts_k_zero(ctx, dinp, M * K * ts_dtype_size(dt));
+  }
+  K_RUN(OP_LINEAR_BACKWARD, c, linear_backward, ctx, dinp, dweight, dout, inp, weight, M, N, K, dt);
 }
 
 /* ---- embedding ------------------------------------------------------------------------ */
 
+static const k_op OP_EMBEDDING_FORWARD = {"ts_k_embedding_forward", 1, 3, {"tokens", "out", "wte"}};
+static const k_op OP_EMBEDDING_BACKWARD = {
+    "ts_k_embedding_backward", 1, 3, {"tokens", "dwte", "dout"}};
+
+/* Both receive C == 0 (the tokens are still checked). */
 ts_status ts_k_embedding_forward(const ts_kctx *ctx, void *out, const int32_t *tokens,
                                  const void *wte, size_t N, size_t C, size_t V, ts_dtype dt) {
-  static const char op[] = "ts_k_embedding_forward";
-  const ts_k_backend *be;
-  TS_CHECK(backend_of(ctx, op, &be));
-  TS_CHECK(check_dtype(dt, op));
-  if (N == 0) return TS_OK;
-  CHECK_PTR(tokens);
-  if (C > 0) {
-    CHECK_PTR(out);
-    CHECK_PTR(wte);
-  }
-  return CALL(be, embedding_forward, ctx, out, tokens, wte, N, C, V, dt);
+  k_call c = {ctx, {dt}, .empty = N == 0, .ptrs = {tokens, C ? out : K_UNUSED, C ? wte : K_UNUSED}};
+  K_RUN(OP_EMBEDDING_FORWARD, c, embedding_forward, ctx, out, tokens, wte, N, C, V, dt);
 }
 
 ts_status ts_k_embedding_backward(const ts_kctx *ctx, void *dwte, const void *dout,
                                   const int32_t *tokens, size_t N, size_t C, size_t V,
                                   ts_dtype dt) {
-  static const char op[] = "ts_k_embedding_backward";
-  const ts_k_backend *be;
-  TS_CHECK(backend_of(ctx, op, &be));
-  TS_CHECK(check_dtype(dt, op));
-  if (N == 0) return TS_OK;
-  CHECK_PTR(tokens);
-  TS_CHECK(check_workspace(ctx, ts_k_embedding_workspace_bytes(ctx->device, N, dt), op));
-  if (C > 0) {
-    CHECK_PTR(dwte);
-    CHECK_PTR(dout);
-  }
-  return CALL(be, embedding_backward, ctx, dwte, dout, tokens, N, C, V, dt);
+  k_call c = {ctx,
+              {dt},
+              .empty = N == 0,
+              .ptrs = {tokens, C ? dwte : K_UNUSED, C ? dout : K_UNUSED},
+              .workspace = K_WORKSPACE(ctx, ts_k_embedding_workspace_bytes(ctx->device, N, dt))};
+  K_RUN(OP_EMBEDDING_BACKWARD, c, embedding_backward, ctx, dwte, dout, tokens, N, C, V, dt);
 }
 
 /* ---- RMSNorm ------------------------------------------------------------------------------ */
 
+static const k_op OP_RMSNORM_FORWARD = {
+    "ts_k_rmsnorm_forward", 1, 4, {"out", "rstd", "inp", "weight"}};
+static const k_op OP_RMSNORM_BACKWARD = {
+    "ts_k_rmsnorm_backward", 1, 4, {"dout", "inp", "rstd", "weight"}};
+
 ts_status ts_k_rmsnorm_forward(const ts_kctx *ctx, void *out, float *rstd, const void *inp,
                                const void *weight, size_t N, size_t C, float eps, ts_dtype dt) {
-  static const char op[] = "ts_k_rmsnorm_forward";
-  const ts_k_backend *be;
-  int work;
-  TS_CHECK(check_norm_forward(ctx, N, C, dt, op, &be, &work));
-  if (!work) return TS_OK;
-  CHECK_PTR(out);
-  CHECK_PTR(rstd);
-  CHECK_PTR(inp);
-  CHECK_PTR(weight);
-  if (out == inp)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: out aliases inp (not allowed)", op);
-  return CALL(be, rmsnorm_forward, ctx, out, rstd, inp, weight, N, C, eps, dt);
+  k_call c = {ctx,
+              {dt},
+              .empty = N == 0,
+              .invalid = N ? k_norm_channels(C, OP_RMSNORM_FORWARD.name) : TS_OK,
+              .ptrs = {out, rstd, inp, weight},
+              .conflict = k_no_alias(out, inp, "out", "inp", OP_RMSNORM_FORWARD.name)};
+  K_RUN(OP_RMSNORM_FORWARD, c, rmsnorm_forward, ctx, out, rstd, inp, weight, N, C, eps, dt);
 }
 
 ts_status ts_k_rmsnorm_backward(const ts_kctx *ctx, void *dinp, void *dweight, const void *dout,
                                 const void *inp, const void *weight, const float *rstd, size_t N,
                                 size_t C, ts_dtype dt) {
-  static const char op[] = "ts_k_rmsnorm_backward";
-  const ts_k_backend *be;
-  TS_CHECK(backend_of(ctx, op, &be));
-  TS_CHECK(check_dtype(dt, op));
-  if (N == 0 || C == 0) return TS_OK;
-  CHECK_PTR(dout);
-  CHECK_PTR(inp);
-  CHECK_PTR(rstd);
-  if (dinp) CHECK_PTR(weight);
-  TS_CHECK(check_workspace(ctx, ts_k_rmsnorm_workspace_bytes(ctx->device, N, C, dt), op));
-  return CALL(be, rmsnorm_backward, ctx, dinp, dweight, dout, inp, weight, rstd, N, C, dt);
+  k_call c = {ctx,
+              {dt},
+              .empty = N == 0 || C == 0,
+              .ptrs = {dout, inp, rstd, dinp ? weight : K_UNUSED},
+              .workspace = K_WORKSPACE(ctx, ts_k_rmsnorm_workspace_bytes(ctx->device, N, C, dt))};
+  K_RUN(OP_RMSNORM_BACKWARD, c, rmsnorm_backward, ctx, dinp, dweight, dout, inp, weight, rstd, N, C,
+        dt);
 }
 
 /* ---- RoPE --------------------------------------------------------------------------------- */
 
-/* The checks both RoPE directions share; *work is 0 when there is nothing
- * to rotate. */
-static ts_status check_rope(const ts_kctx *ctx, void *out, const void *x, size_t B, size_t T,
-                            size_t H, size_t HS, float theta, ts_dtype dt, const char *op,
-                            const ts_k_backend **be, int *work) {
-  *work = 0;
-  TS_CHECK(backend_of(ctx, op, be));
-  TS_CHECK(check_dtype(dt, op));
+static const k_op OP_ROPE_FORWARD = {"ts_k_rope_forward", 1, 2, {"out", "x"}};
+static const k_op OP_ROPE_BACKWARD = {"ts_k_rope_backward", 1, 2, {"dx", "dout"}};
+
+/* The scalar rule both RoPE directions share. */
+static ts_status rope_rule(size_t HS, float theta, const char *op) {
   if (HS % 2 != 0 || HS > TS_K_ROPE_MAX_HS)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: HS = %zu: expected even and <= %d", op, HS,
                         TS_K_ROPE_MAX_HS);
   if (!(theta > 0.0f))
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: theta = %g: expected > 0", op, (double)theta);
-  if (B == 0 || T == 0 || H == 0 || HS == 0) return TS_OK;
-  TS_CHECK(check_ptr(out, "out", op));
-  TS_CHECK(check_ptr(x, "x", op));
-  *work = 1;
   return TS_OK;
 }
 
 ts_status ts_k_rope_forward(const ts_kctx *ctx, void *out, const void *x, size_t B, size_t T,
                             size_t H, size_t HS, float theta, ts_dtype dt) {
-  static const char op[] = "ts_k_rope_forward";
-  const ts_k_backend *be;
-  int work;
-  TS_CHECK(check_rope(ctx, out, x, B, T, H, HS, theta, dt, op, &be, &work));
-  return work ? CALL(be, rope_forward, ctx, out, x, B, T, H, HS, theta, dt) : TS_OK;
+  k_call c = {ctx,
+              {dt},
+              .invalid = rope_rule(HS, theta, OP_ROPE_FORWARD.name),
+              .empty = B == 0 || T == 0 || H == 0 || HS == 0,
+              .ptrs = {out, x}};
+  K_RUN(OP_ROPE_FORWARD, c, rope_forward, ctx, out, x, B, T, H, HS, theta, dt);
 }
 
 ts_status ts_k_rope_backward(const ts_kctx *ctx, void *dx, const void *dout, size_t B, size_t T,
                              size_t H, size_t HS, float theta, ts_dtype dt) {
-  static const char op[] = "ts_k_rope_backward";
-  const ts_k_backend *be;
-  int work;
-  TS_CHECK(check_rope(ctx, dx, dout, B, T, H, HS, theta, dt, op, &be, &work));
-  return work ? CALL(be, rope_backward, ctx, dx, dout, B, T, H, HS, theta, dt) : TS_OK;
+  k_call c = {ctx,
+              {dt},
+              .invalid = rope_rule(HS, theta, OP_ROPE_BACKWARD.name),
+              .empty = B == 0 || T == 0 || H == 0 || HS == 0,
+              .ptrs = {dx, dout}};
+  K_RUN(OP_ROPE_BACKWARD, c, rope_backward, ctx, dx, dout, B, T, H, HS, theta, dt);
 }
 
 /* ---- attention ---------------------------------------------------------------------------- */
@@ -391,132 +407,115 @@ ts_status ts_k_attention_probs_dtype(const ts_kctx *ctx, ts_dtype dt, int bidire
   return TS_OK;
 }
 
+static const k_op OP_ATTENTION_FORWARD = {"ts_k_attention_forward", 1, K_ATTENTION_FORWARD_PTRS};
+static const k_op OP_ATTENTION_BACKWARD = {"ts_k_attention_backward", 1, K_ATTENTION_BACKWARD_PTRS};
+
 ts_status ts_k_attention_forward(const ts_kctx *ctx, void *out, void *state, const void *q,
                                  const void *k, const void *v, size_t B, size_t T, size_t NH,
                                  size_t NKV, size_t HS, ts_dtype dt) {
-  static const char op[] = "ts_k_attention_forward";
-  const ts_k_backend *be;
-  int work;
-  TS_CHECK(check_attention_forward(ctx, out, state, q, k, v, B, T, NH, NKV, HS, dt, op, &be,
-                                   &work));
-  return work ? CALL(be, attention_forward, ctx, out, state, q, k, v, B, T, NH, NKV, HS, dt)
-              : TS_OK;
+  const char *op = OP_ATTENTION_FORWARD.name;
+  int empty = B == 0 || T == 0 || NH == 0;
+  k_call c = {ctx,
+              {dt},
+              .invalid = k_attention_heads(NH, NKV, op),
+              .empty = empty,
+              .ptrs = {out, state, q, k, v},
+              .conflict = empty ? TS_OK : k_attention_hs(HS, op),
+              .workspace = K_WORKSPACE(
+                  ctx, ts_k_attention_workspace_bytes(ctx->device, B, T, NH, NKV, HS, dt))};
+  K_RUN(OP_ATTENTION_FORWARD, c, attention_forward, ctx, out, state, q, k, v, B, T, NH, NKV, HS,
+        dt);
 }
 
 ts_status ts_k_attention_backward(const ts_kctx *ctx, void *dq, void *dk, void *dv,
                                   const void *dout, const void *out, const void *q, const void *k,
                                   const void *v, const void *state, size_t B, size_t T, size_t NH,
                                   size_t NKV, size_t HS, ts_dtype dt) {
-  static const char op[] = "ts_k_attention_backward";
-  const ts_k_backend *be;
-  int work;
-  TS_CHECK(check_attention_backward(ctx, dq, dk, dv, dout, out, q, k, v, state, B, T, NH, NKV, HS,
-                                    dt, op, &be, &work));
-  return work ? CALL(be, attention_backward, ctx, dq, dk, dv, dout, out, q, k, v, state, B, T, NH,
-                     NKV, HS, dt)
-              : TS_OK;
+  const char *op = OP_ATTENTION_BACKWARD.name;
+  int empty = B == 0 || T == 0 || NH == 0;
+  k_call c = {ctx,
+              {dt},
+              .invalid = k_attention_heads(NH, NKV, op),
+              .empty = empty,
+              .ptrs = {dq, dk, dv, dout, out, q, k, v, state},
+              .conflict = empty ? TS_OK : k_attention_hs(HS, op),
+              .workspace = K_WORKSPACE(
+                  ctx, ts_k_attention_workspace_bytes(ctx->device, B, T, NH, NKV, HS, dt))};
+  K_RUN(OP_ATTENTION_BACKWARD, c, attention_backward, ctx, dq, dk, dv, dout, out, q, k, v, state, B,
+        T, NH, NKV, HS, dt);
 }
 
 /* ---- SwiGLU --------------------------------------------------------------------------------- */
 
+static const k_op OP_SWIGLU_FORWARD = {"ts_k_swiglu_forward", 1, 3, {"h", "gate", "up"}};
+static const k_op OP_SWIGLU_BACKWARD = {
+    "ts_k_swiglu_backward", 1, 5, {"dgate", "dup", "dh", "gate", "up"}};
+
 ts_status ts_k_swiglu_forward(const ts_kctx *ctx, void *h, const void *gate, const void *up,
                               size_t n, ts_dtype dt) {
-  static const char op[] = "ts_k_swiglu_forward";
-  const ts_k_backend *be;
-  TS_CHECK(backend_of(ctx, op, &be));
-  TS_CHECK(check_dtype(dt, op));
-  if (n == 0) return TS_OK;
-  CHECK_PTR(h);
-  CHECK_PTR(gate);
-  CHECK_PTR(up);
-  if (h == gate || h == up)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: h aliases gate or up (not allowed)", op);
-  return CALL(be, swiglu_forward, ctx, h, gate, up, n, dt);
+  int alias = h && (h == gate || h == up);
+  k_call c = {ctx,
+              {dt},
+              .empty = n == 0,
+              .ptrs = {h, gate, up},
+              .conflict = alias ? ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                                               "%s: h aliases gate or up (not allowed)",
+                                               OP_SWIGLU_FORWARD.name)
+                                : TS_OK};
+  K_RUN(OP_SWIGLU_FORWARD, c, swiglu_forward, ctx, h, gate, up, n, dt);
 }
 
 ts_status ts_k_swiglu_backward(const ts_kctx *ctx, void *dgate, void *dup, const void *dh,
                                const void *gate, const void *up, size_t n, ts_dtype dt) {
-  static const char op[] = "ts_k_swiglu_backward";
-  const ts_k_backend *be;
-  TS_CHECK(backend_of(ctx, op, &be));
-  TS_CHECK(check_dtype(dt, op));
-  if (n == 0) return TS_OK;
-  CHECK_PTR(dgate);
-  CHECK_PTR(dup);
-  CHECK_PTR(dh);
-  CHECK_PTR(gate);
-  CHECK_PTR(up);
-  return CALL(be, swiglu_backward, ctx, dgate, dup, dh, gate, up, n, dt);
+  k_call c = {ctx, {dt}, .empty = n == 0, .ptrs = {dgate, dup, dh, gate, up}};
+  K_RUN(OP_SWIGLU_BACKWARD, c, swiglu_backward, ctx, dgate, dup, dh, gate, up, n, dt);
 }
 
 /* ---- cross-entropy ------------------------------------------------------------------------ */
 
+static const k_op OP_CE_FORWARD = {
+    "ts_k_cross_entropy_forward", 1, 3, {"targets", "loss_rows", "logits"}};
+static const k_op OP_LOSS_SUM = {"ts_k_loss_sum", 0, 3, {"out", "loss_rows", "targets"}};
+static const k_op OP_CE_BACKWARD = {
+    "ts_k_cross_entropy_backward", 1, 3, {"targets", "dlogits", "logits"}};
+static const k_op OP_CE_FUSED = {
+    "ts_k_cross_entropy_fused", 1, 4, {"targets", "loss_rows", "dlogits", "logits"}};
+
 ts_status ts_k_cross_entropy_forward(const ts_kctx *ctx, float *loss_rows, const void *logits,
                                      const int32_t *targets, size_t N, size_t V, ts_dtype dt) {
-  static const char op[] = "ts_k_cross_entropy_forward";
-  const ts_k_backend *be;
-  TS_CHECK(backend_of(ctx, op, &be));
-  TS_CHECK(check_dtype(dt, op));
-  if (N == 0) return TS_OK;
-  CHECK_PTR(targets);
-  CHECK_PTR(loss_rows);
-  CHECK_PTR(logits);
-  return CALL(be, cross_entropy_forward, ctx, loss_rows, logits, targets, N, V, dt);
+  k_call c = {ctx, {dt}, .empty = N == 0, .ptrs = {targets, loss_rows, logits}};
+  K_RUN(OP_CE_FORWARD, c, cross_entropy_forward, ctx, loss_rows, logits, targets, N, V, dt);
 }
 
+/* Receives N == 0 (it writes 0, 0). */
 ts_status ts_k_loss_sum(const ts_kctx *ctx, double *out, const float *loss_rows,
                         const int32_t *targets, size_t N) {
-  static const char op[] = "ts_k_loss_sum";
-  const ts_k_backend *be;
-  TS_CHECK(backend_of(ctx, op, &be));
-  CHECK_PTR(out);
-  if (N > 0) {
-    CHECK_PTR(loss_rows);
-    CHECK_PTR(targets);
-  }
-  return CALL(be, loss_sum, ctx, out, loss_rows, targets, N);
+  k_call c = {ctx, .ptrs = {out, N ? (const void *)loss_rows : K_UNUSED,
+                            N ? (const void *)targets : K_UNUSED}};
+  K_RUN(OP_LOSS_SUM, c, loss_sum, ctx, out, loss_rows, targets, N);
 }
 
 ts_status ts_k_cross_entropy_backward(const ts_kctx *ctx, void *dlogits, const void *logits,
                                       const int32_t *targets, size_t N, size_t V, float dloss,
                                       ts_dtype dt) {
-  static const char op[] = "ts_k_cross_entropy_backward";
-  const ts_k_backend *be;
-  TS_CHECK(backend_of(ctx, op, &be));
-  TS_CHECK(check_dtype(dt, op));
-  if (N == 0 || V == 0) return TS_OK;
-  CHECK_PTR(targets);
-  CHECK_PTR(dlogits);
-  CHECK_PTR(logits);
-  return CALL(be, cross_entropy_backward, ctx, dlogits, logits, targets, N, V, dloss, dt);
+  k_call c = {ctx, {dt}, .empty = N == 0 || V == 0, .ptrs = {targets, dlogits, logits}};
+  K_RUN(OP_CE_BACKWARD, c, cross_entropy_backward, ctx, dlogits, logits, targets, N, V, dloss, dt);
 }
 
 ts_status ts_k_cross_entropy_fused(const ts_kctx *ctx, float *loss_rows, void *dlogits,
                                    const void *logits, const int32_t *targets, size_t N, size_t V,
                                    float dloss, ts_dtype dt) {
-  static const char op[] = "ts_k_cross_entropy_fused";
-  const ts_k_backend *be;
-  TS_CHECK(backend_of(ctx, op, &be));
-  TS_CHECK(check_dtype(dt, op));
-  if (N == 0) return TS_OK;
-  CHECK_PTR(targets);
-  CHECK_PTR(loss_rows);
-  CHECK_PTR(dlogits);
-  CHECK_PTR(logits);
-  return CALL(be, cross_entropy_fused, ctx, loss_rows, dlogits, logits, targets, N, V, dloss, dt);
+  k_call c = {ctx, {dt}, .empty = N == 0, .ptrs = {targets, loss_rows, dlogits, logits}};
+  K_RUN(OP_CE_FUSED, c, cross_entropy_fused, ctx, loss_rows, dlogits, logits, targets, N, V, dloss,
+        dt);
 }
 
 /* ---- AdamW ---------------------------------------------------------------------------------- */
 
-ts_status ts_k_adamw(const ts_kctx *ctx, float *master, void *param_out, ts_dtype param_dt,
-                     float *m, float *v, const void *grad, ts_dtype grad_dt, size_t n,
-                     const ts_adamw_hparams *hp) {
-  static const char op[] = "ts_k_adamw";
-  const ts_k_backend *be;
-  TS_CHECK(backend_of(ctx, op, &be));
-  CHECK_PTR(hp);
-  TS_CHECK(check_dtype(param_dt, op));
-  TS_CHECK(check_dtype(grad_dt, op));
+static const k_op OP_ADAMW = {"ts_k_adamw", 2, 4, {"master", "m", "v", "grad"}};
+
+/* AdamW's scalar rule (hp not NULL, checked first). */
+static ts_status adamw_rule(const ts_adamw_hparams *hp, const char *op) {
   if (hp->step < 1)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: hp->step = %d: expected >= 1 (1-based)", op,
                         hp->step);
@@ -524,14 +523,24 @@ ts_status ts_k_adamw(const ts_kctx *ctx, float *master, void *param_out, ts_dtyp
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "%s: hp->beta1 = %g, hp->beta2 = %g: expected each in [0, 1)", op,
                         (double)hp->beta1, (double)hp->beta2);
-  if (n == 0) return TS_OK;
-  CHECK_PTR(master);
-  CHECK_PTR(m);
-  CHECK_PTR(v);
-  CHECK_PTR(grad);
-  if (param_out == (void *)master && param_dt != TS_FP32)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "%s: param_out aliases master but param_dt is %s (needs fp32)", op,
-                        ts_dtype_name(param_dt));
-  return CALL(be, adamw, ctx, master, param_out, param_dt, m, v, grad, grad_dt, n, hp);
+  return TS_OK;
+}
+
+ts_status ts_k_adamw(const ts_kctx *ctx, float *master, void *param_out, ts_dtype param_dt,
+                     float *m, float *v, const void *grad, ts_dtype grad_dt, size_t n,
+                     const ts_adamw_hparams *hp) {
+  const char *op = OP_ADAMW.name;
+  if (!hp) return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: hp is NULL", op);
+  int resize = param_out == (void *)master && param_dt != TS_FP32;
+  k_call c = {ctx,
+              {param_dt, grad_dt},
+              .invalid = adamw_rule(hp, op),
+              .empty = n == 0,
+              .ptrs = {master, m, v, grad},
+              .conflict = resize && master ? ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                                                          "%s: param_out aliases master but "
+                                                          "param_dt is %s (needs fp32)",
+                                                          op, ts_dtype_name(param_dt))
+                                           : TS_OK};
+  K_RUN(OP_ADAMW, c, adamw, ctx, master, param_out, param_dt, m, v, grad, grad_dt, n, hp);
 }

@@ -91,6 +91,16 @@ typedef struct ts_kctx {
 /* ctx->flags: every token and target passed to this context's ops was
  * checked by the caller (host side); CUDA skips its synchronous check. */
 #define TS_K_INDICES_CHECKED 2u
+/* ctx->flags: a plan context (the memory plan's device, PyTorch's meta
+ * device): every op is checked exactly as on ctx->device (shapes, dtypes,
+ * pointers, workspace) and then does nothing: no memory is read or written,
+ * host memory included (copies to and from the host and ts_k_host_copy move
+ * nothing, ts_k_check_indices reads nothing, ts_k_count_targets counts 0),
+ * ts_k_synchronize and ts_k_host_wait return at once, and no backend is
+ * called, so
+ * its buffers may be addresses without memory (shard/ledger.h's plan
+ * ledger). Queries (workspace and state bytes) answer as for ctx->device. */
+#define TS_K_PLAN 8u
 
 /* ---- devices, contexts and memory --------------------------------------- */
 
@@ -148,6 +158,23 @@ void ts_k_host_unregister(ts_device dev, void *h);
  * for nothing queued after them. */
 ts_status ts_k_from_host_async(const ts_kctx *ctx, void *dst, const void *h_src, size_t nbytes);
 ts_status ts_k_host_wait(const ts_kctx *ctx);
+/* h_dst = h_src, nbytes bytes of host memory beside ctx's device (a
+ * batch's staging); the two may overlap. Host work, on the calling thread. */
+ts_status ts_k_host_copy(const ts_kctx *ctx, void *h_dst, const void *h_src, size_t nbytes);
+
+/* ---- the host's side of a batch (host work; a plan context reads nothing) */
+
+/* *count = the entries of h_targets (n, host int32) that are not
+ * TS_IGNORE_INDEX: the rows a loss averages over (a plan context: 0).
+ * TS_ERR_INVALID_ARGUMENT (NULL ctx or count, NULL h_targets with n > 0). */
+ts_status ts_k_count_targets(const ts_kctx *ctx, size_t *count, const int32_t *h_targets, size_t n);
+/* Checks n host tokens (each in [0, V)) and targets (each in [0, V) or
+ * TS_IGNORE_INDEX) before a device reads them, which then need not check
+ * (TS_K_INDICES_CHECKED). TS_ERR_INVALID_ARGUMENT naming the first bad
+ * entry ("ts_k_check_indices: tokens[7] = 5000 is outside the vocabulary
+ * [0, 4096)"). */
+ts_status ts_k_check_indices(const ts_kctx *ctx, const int32_t *h_tokens, const int32_t *h_targets,
+                             size_t n, size_t V);
 
 /* Index that cross-entropy skips (Hugging Face / PyTorch convention). */
 #define TS_IGNORE_INDEX (-100)

@@ -43,10 +43,6 @@ static inline ts_status unsupported(const ts_k_backend *be, const char *op) {
                       be->device == TS_DEVICE_CUDA ? "CUDA" : be->name);
 }
 
-/* Calls op `fn` of backend be with the remaining arguments, or reports that
- * be has none. Needs `op` (the public name) in scope. */
-#define CALL(be, fn, ...) ((be)->fn ? (be)->fn(__VA_ARGS__) : unsupported((be), op))
-
 /* TS_ERR_INVALID_ARGUMENT unless dt is fp32, bf16 or fp16. */
 static inline ts_status check_dtype(ts_dtype dt, const char *op) {
   if (dt == TS_FP32 || dt == TS_BF16 || dt == TS_FP16) return TS_OK;
@@ -81,81 +77,109 @@ static inline const ts_k_backend *query_backend(ts_device dev) {
   return BACKENDS[dev];
 }
 
-/* The checks both normalisation forwards share (RMSNorm: kernels.c;
- * LayerNorm: kernels_encoder.c), pointers aside: a row needs a channel;
- * *work is 0 when there are no rows. */
-static inline ts_status check_norm_forward(const ts_kctx *ctx, size_t N, size_t C, ts_dtype dt,
-                                           const char *op, const ts_k_backend **be, int *work) {
-  *work = 0;
-  TS_CHECK(backend_of(ctx, op, be));
-  TS_CHECK(check_dtype(dt, op));
-  if (N == 0) return TS_OK;
-  if (C == 0)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: C = 0: expected at least 1 channel", op);
-  *work = 1;
+/* ---- the op table and the one check-and-dispatch path --------------------- */
+
+/* A pointer argument this call does not need (an optional output left
+ * NULL, an input that an empty dimension never reads): it passes the
+ * pointer check. */
+static const char k_unused_;
+#define K_UNUSED ((const void *)&k_unused_)
+
+enum { K_MAX_DTYPES = 2, K_MAX_PTRS = 10 };
+
+/* A row of the front's table: what is checked of every call of one op. */
+typedef struct k_op {
+  const char *name;             /* the public name, in every message ("ts_k_add") */
+  int n_dtypes;                 /* its dtype arguments, each fp32, bf16 or fp16 */
+  int n_ptrs;                   /* its pointer arguments checked for NULL, */
+  const char *ptrs[K_MAX_PTRS]; /*   by name, in check order */
+} k_op;
+
+/* One call of an op, in its row's order. */
+typedef struct k_call {
+  const ts_kctx *ctx;
+  ts_dtype dtypes[K_MAX_DTYPES]; /* the dtype arguments */
+  ts_status invalid;             /* the op's own check of its scalar arguments (a shape rule),
+                                    made by the caller: TS_OK, or the status it set with its
+                                    message; reported after the dtypes */
+  int empty;                     /* 1: the sizes leave nothing to do (TS_OK, nothing runs) */
+  const void *ptrs[K_MAX_PTRS];  /* the pointer arguments; K_UNUSED where not needed */
+  ts_status conflict;            /* the op's own check of its pointers (aliasing), made by the
+                                    caller like invalid; reported after the pointers */
+  size_t workspace;              /* bytes of ctx->workspace the call needs (K_WORKSPACE) */
+} k_call;
+
+/* The workspace a call needs, from the op's query on ctx's device; 0 when
+ * ctx is not a valid context (k_check reports that first). */
+#define K_WORKSPACE(ctx, query) ((ctx) && (unsigned)(ctx)->device < TS_DEVICE_COUNT ? (query) : 0)
+
+/* The one check of every op, in this order: the context and its backend,
+ * the dtypes, the op's scalar rule (c->invalid), emptiness, the pointers,
+ * the op's pointer rule (c->conflict), the workspace. On TS_OK, *run is 1
+ * when the backend must run: the call is not empty and ctx is not a plan
+ * (TS_K_PLAN: checked, then nothing runs). A rejected call has written
+ * nothing anywhere. */
+static inline ts_status k_check(const k_op *op, const k_call *c, const ts_k_backend **be,
+                                int *run) {
+  *run = 0;
+  TS_CHECK(backend_of(c->ctx, op->name, be));
+  for (int i = 0; i < op->n_dtypes; i++) TS_CHECK(check_dtype(c->dtypes[i], op->name));
+  if (c->invalid != TS_OK) return c->invalid; /* its message is the last error */
+  if (c->empty) return TS_OK;
+  for (int i = 0; i < op->n_ptrs; i++) TS_CHECK(check_ptr(c->ptrs[i], op->ptrs[i], op->name));
+  if (c->conflict != TS_OK) return c->conflict;
+  TS_CHECK(check_workspace(c->ctx, c->workspace, op->name));
+  *run = !(c->ctx->flags & TS_K_PLAN);
   return TS_OK;
 }
 
-/* The shape checks every attention pass shares (causal: kernels.c;
- * bidirectional, NKV = NH: kernels_encoder.c); *work is 0 when the batch
- * is empty. */
-static inline ts_status check_attention(const ts_kctx *ctx, size_t B, size_t T, size_t NH,
-                                        size_t NKV, size_t HS, ts_dtype dt, const char *op,
-                                        const ts_k_backend **be, int *work) {
-  *work = 0;
-  TS_CHECK(backend_of(ctx, op, be));
-  TS_CHECK(check_dtype(dt, op));
+/* Checks call c of op and, when it must run, calls backend entry fn with
+ * the remaining arguments (TS_ERR_UNSUPPORTED when the backend has none);
+ * returns from the calling function. */
+#define K_RUN(op, c, fn, ...)                                            \
+  do {                                                                   \
+    const ts_k_backend *be_;                                             \
+    int run_;                                                            \
+    TS_CHECK(k_check(&(op), &(c), &be_, &run_));                         \
+    if (!run_) return TS_OK;                                             \
+    return be_->fn ? be_->fn(__VA_ARGS__) : unsupported(be_, (op).name); \
+  } while (0)
+
+/* TS_ERR_INVALID_ARGUMENT naming both if output `out` (not NULL) is input
+ * `in`, else TS_OK: an op's conflict rule. */
+static inline ts_status k_no_alias(const void *out, const void *in, const char *out_name,
+                                   const char *in_name, const char *op) {
+  if (out == NULL || out != in) return TS_OK;
+  return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: %s aliases %s (not allowed)", op, out_name,
+                      in_name);
+}
+
+/* The scalar rule of a normalisation forward with rows (RMSNorm:
+ * kernels.c; LayerNorm: kernels_encoder.c): a row needs a channel. */
+static inline ts_status k_norm_channels(size_t C, const char *op) {
+  return C == 0
+             ? ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: C = 0: expected at least 1 channel", op)
+             : TS_OK;
+}
+
+/* The scalar rule every attention pass shares (causal: kernels.c;
+ * bidirectional, NKV = NH: kernels_encoder.c): NKV >= 1 dividing NH. */
+static inline ts_status k_attention_heads(size_t NH, size_t NKV, const char *op) {
   if (NKV == 0 || NH % NKV != 0)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "%s: NH = %zu, NKV = %zu: expected NKV >= 1 dividing NH", op, NH, NKV);
-  if (B == 0 || T == 0 || NH == 0) return TS_OK;
-  if (HS == 0) return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: HS = 0: expected >= 1", op);
-  *work = 1;
   return TS_OK;
 }
 
-/* check_attention, then the pointers and the workspace of an attention
- * forward (causal, or bidirectional with NKV = NH). */
-static inline ts_status check_attention_forward(const ts_kctx *ctx, const void *out,
-                                                const void *state, const void *q, const void *k,
-                                                const void *v, size_t B, size_t T, size_t NH,
-                                                size_t NKV, size_t HS, ts_dtype dt,
-                                                const char *op, const ts_k_backend **be,
-                                                int *work) {
-  TS_CHECK(check_attention(ctx, B, T, NH, NKV, HS, dt, op, be, work));
-  if (!*work) return TS_OK;
-  CHECK_PTR(out);
-  CHECK_PTR(state);
-  CHECK_PTR(q);
-  CHECK_PTR(k);
-  CHECK_PTR(v);
-  return check_workspace(ctx, ts_k_attention_workspace_bytes(ctx->device, B, T, NH, NKV, HS, dt),
-                         op);
+/* The rule on HS of a non-empty attention pass. */
+static inline ts_status k_attention_hs(size_t HS, const char *op) {
+  return HS == 0 ? ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: HS = 0: expected >= 1", op) : TS_OK;
 }
 
-/* check_attention, then the pointers and the workspace of an attention
- * backward (causal, or bidirectional with NKV = NH). */
-static inline ts_status check_attention_backward(const ts_kctx *ctx, const void *dq,
-                                                 const void *dk, const void *dv,
-                                                 const void *dout, const void *out,
-                                                 const void *q, const void *k, const void *v,
-                                                 const void *state, size_t B, size_t T,
-                                                 size_t NH, size_t NKV, size_t HS, ts_dtype dt,
-                                                 const char *op, const ts_k_backend **be,
-                                                 int *work) {
-  TS_CHECK(check_attention(ctx, B, T, NH, NKV, HS, dt, op, be, work));
-  if (!*work) return TS_OK;
-  CHECK_PTR(dq);
-  CHECK_PTR(dk);
-  CHECK_PTR(dv);
-  CHECK_PTR(dout);
-  CHECK_PTR(out);
-  CHECK_PTR(q);
-  CHECK_PTR(k);
-  CHECK_PTR(v);
-  CHECK_PTR(state);
-  return check_workspace(ctx, ts_k_attention_workspace_bytes(ctx->device, B, T, NH, NKV, HS, dt),
-                         op);
-}
+/* The rows of the attention passes (causal and bidirectional alike). */
+#define K_ATTENTION_FORWARD_PTRS \
+  5, { "out", "state", "q", "k", "v" }
+#define K_ATTENTION_BACKWARD_PTRS \
+  9, { "dq", "dk", "dv", "dout", "out", "q", "k", "v", "state" }
 
 #endif /* TS_KERNELS_KERNELS_FRONT_H */

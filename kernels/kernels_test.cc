@@ -450,4 +450,72 @@ TEST(Memory, AllocCopyAndTransfersOnTheCpu) {
   EXPECT_EQ(p, nullptr);
 }
 
+// A plan context (TS_K_PLAN) checks every call as its device would and
+// then touches nothing: its buffers here are addresses without memory
+// (reading or writing one would crash the test), yet every op returns
+// TS_OK; a bad shape, a NULL pointer or a small workspace still fails with
+// the device's message; queries answer as for the device.
+TEST(Plan, ChecksEveryCallAndTouchesNothing) {
+  ts_kctx ctx;
+  std::memset(&ctx, 0, sizeof ctx);
+  ctx.device = TS_DEVICE_CPU;
+  ctx.flags = TS_K_PLAN;
+  void *fake = reinterpret_cast<void *>(uintptr_t{64});  // no memory behind it
+  void *fake2 = reinterpret_cast<void *>(uintptr_t{1 << 20});
+  int32_t *ids = static_cast<int32_t *>(fake2);
+  const size_t B = 2, T = 5, NH = 4, NKV = 2, HS = 8, V = 11;
+  size_t ws = ts_k_attention_workspace_bytes(TS_DEVICE_CPU, B, T, NH, NKV, HS, TS_BF16);
+  ctx.workspace = fake;
+  ctx.workspace_bytes = ws;
+  EXPECT_EQ(ts_k_add(&ctx, fake, fake2, fake, 1000, TS_FP32), TS_OK);
+  EXPECT_EQ(ts_k_cast(&ctx, fake, TS_BF16, fake2, TS_FP32, 1000), TS_OK);
+  EXPECT_EQ(ts_k_zero(&ctx, fake, 1000), TS_OK);
+  EXPECT_EQ(
+      ts_k_attention_forward(&ctx, fake, fake, fake2, fake2, fake2, B, T, NH, NKV, HS, TS_BF16),
+      TS_OK);
+  EXPECT_EQ(ts_k_embedding_forward(&ctx, fake, ids, fake2, B * T, 16, V, TS_FP32), TS_OK);
+  EXPECT_EQ(ts_k_from_host(&ctx, fake, fake2, 100), TS_OK);
+  EXPECT_EQ(ts_k_to_host(&ctx, fake, fake2, 100), TS_OK);
+  EXPECT_EQ(ts_k_host_copy(&ctx, fake, fake2, 100), TS_OK);
+  EXPECT_EQ(ts_k_check_indices(&ctx, ids, ids, B * T, V), TS_OK);
+  size_t count = 99;
+  EXPECT_EQ(ts_k_count_targets(&ctx, &count, ids, B * T), TS_OK);
+  EXPECT_EQ(count, 0u);
+  EXPECT_EQ(ts_k_synchronize(&ctx), TS_OK);
+  // Still checked: shapes, pointers, workspace.
+  EXPECT_EQ(ts_k_attention_forward(&ctx, fake, fake, fake2, fake2, fake2, B, T, NH, 3, HS, TS_BF16),
+            TS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ts_last_error()).find("expected NKV >= 1 dividing NH"), std::string::npos)
+      << ts_last_error();
+  EXPECT_EQ(ts_k_add(&ctx, nullptr, fake, fake, 10, TS_FP32), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_STREQ(ts_last_error(), "ts_k_add: out is NULL");
+  ctx.workspace_bytes = ws - 1;
+  EXPECT_EQ(
+      ts_k_attention_forward(&ctx, fake, fake, fake2, fake2, fake2, B, T, NH, NKV, HS, TS_BF16),
+      TS_ERR_OUT_OF_MEMORY);
+  // The same calls on the CPU itself would have read and written.
+  CpuCtx real;
+  std::vector<float> a(4, 1.0f), b(4, 2.0f), out(4, 0.0f);
+  ASSERT_EQ(ts_k_add(real.get(), out.data(), a.data(), b.data(), 4, TS_FP32), TS_OK);
+  EXPECT_EQ(out[3], 3.0f);
+}
+
+// The host's side of a batch: the targets a loss averages over, and
+// tokens and targets checked before a device reads them.
+TEST(Batch, CountsTargetsAndChecksIndicesOnTheHost) {
+  CpuCtx c;
+  const int32_t tokens[5] = {0, 3, 10, 2, 7}, targets[5] = {3, -100, 10, -100, 0};
+  size_t count = 0;
+  ASSERT_EQ(ts_k_count_targets(c.get(), &count, targets, 5), TS_OK);
+  EXPECT_EQ(count, 3u);
+  EXPECT_EQ(ts_k_check_indices(c.get(), tokens, targets, 5, 11), TS_OK);
+  EXPECT_EQ(ts_k_check_indices(c.get(), tokens, targets, 5, 10), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_STREQ(ts_last_error(),
+               "ts_k_check_indices: tokens[2] = 10 is outside the vocabulary [0, 10)");
+  const int32_t bad_targets[5] = {3, -100, -1, 0, 0};
+  EXPECT_EQ(ts_k_check_indices(c.get(), tokens, bad_targets, 5, 11), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_STREQ(ts_last_error(),
+               "ts_k_check_indices: targets[2] = -1: expected a class in [0, 11) or -100 (ignore)");
+}
+
 }  // namespace
