@@ -115,6 +115,15 @@ ts_status ts_comm_world(ts_comm **out);
  * TS_ERR_OUT_OF_MEMORY. */
 ts_status ts_comm_self(ts_comm **out);
 
+/* A plan group (the memory plan's communicator): rank `rank` of `size`
+ * ranks whose calls are checked and counted exactly as on a real group of
+ * that size (ts_comm_get_counters says what they would send) and then move
+ * nothing: no buffer is read or written, so they may be addresses without
+ * memory (the kernels' plan context, TS_K_PLAN); all_reduce_f64 leaves its
+ * doubles as they are. No MPI. TS_ERR_INVALID_ARGUMENT (rank outside
+ * [0, size)), TS_ERR_OUT_OF_MEMORY. */
+ts_status ts_comm_plan(int rank, int size, const char *name, ts_comm **out);
+
 /* Collective over `parent`: ranks with the same color form one new group,
  * ordered by key (then parent rank), named `name` (copied, up to 31 chars;
  * e.g. "dp"). color must be >= 0. A one-rank parent (ts_comm_self) gives

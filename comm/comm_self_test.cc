@@ -170,3 +170,39 @@ TEST_F(Self, LentMemoryMovesDataThroughTheLendersOperations) {
   ts_comm_memory half = {&l, Lender::Copy, nullptr};
   EXPECT_EQ(ts_comm_set_memory(c_, &half), TS_ERR_INVALID_ARGUMENT);
 }
+
+// A plan group: rank 1 of 4 without MPI; calls are checked and counted as
+// on a real group of 4 (reduce-scatter sends (N-1)/N of the buffer), and
+// nothing moves: its buffers here are addresses without memory.
+TEST(Plan, CountsLikeARealGroupAndMovesNothing) {
+  ts_comm *p = nullptr;
+  ASSERT_EQ(ts_comm_plan(1, 4, "dp", &p), TS_OK) << ts_last_error();
+  EXPECT_EQ(ts_comm_rank(p), 1);
+  EXPECT_EQ(ts_comm_size(p), 4);
+  void *whole = reinterpret_cast<void *>(uintptr_t{1} << 20);         // (4, 100) fp32: 1600 bytes
+  void *part = reinterpret_cast<void *>((uintptr_t{1} << 20) + 400);  // rank 1's chunk
+  void *scratch = reinterpret_cast<void *>(uintptr_t{1} << 24);
+  size_t sb = ts_comm_reduce_scatter_scratch_bytes(p, 100, TS_FP32);
+  ASSERT_EQ(ts_comm_reduce_scatter(p, whole, part, 100, TS_FP32, 0, scratch, sb), TS_OK)
+      << ts_last_error();
+  ASSERT_EQ(ts_comm_all_gather(p, part, whole, 100, TS_FP32), TS_OK) << ts_last_error();
+  ts_comm_request *r = nullptr;
+  ASSERT_EQ(ts_comm_isend(p, part, 10, TS_FP32, 2, 0, &r), TS_OK) << ts_last_error();
+  EXPECT_EQ(ts_comm_wait(r), TS_OK);
+  double sums[2] = {1.5, 2.5};
+  ASSERT_EQ(ts_comm_all_reduce_f64(p, sums, 2, TS_COMM_SUM), TS_OK);
+  EXPECT_EQ(sums[0], 1.5);  // left as it is
+  const ts_comm_counters *k = ts_comm_get_counters(p);
+  EXPECT_EQ(k->bytes[TS_COMM_REDUCE_SCATTER], 1200u);  // 3 of 4 chunks of 400 bytes
+  EXPECT_EQ(k->bytes[TS_COMM_ALL_GATHER], 1200u);
+  EXPECT_EQ(k->bytes[TS_COMM_SEND], 40u);
+  // Still checked: a peer outside the group, a small scratch.
+  EXPECT_EQ(ts_comm_send(p, part, 10, TS_FP32, 4, 0), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(ts_comm_reduce_scatter(p, whole, part, 100, TS_FP32, 0, scratch, sb - 1),
+            TS_ERR_INVALID_ARGUMENT);
+  ts_comm_free(p);
+  EXPECT_EQ(ts_comm_plan(4, 4, "dp", &p), TS_ERR_INVALID_ARGUMENT);
+  int init = 1;
+  MPI_Initialized(&init);
+  EXPECT_EQ(init, 0);
+}

@@ -65,22 +65,6 @@ ts_status ts_engine_prepare_device(ts_engine *e) {
   return st;
 }
 
-ts_status ts_engine_check_batch(const ts_engine *e, const int32_t *inputs,
-                                const int32_t *targets, size_t BT) {
-  size_t V = e->model->vocab_size;
-  for (size_t i = 0; i < BT; i++) {
-    if (inputs[i] < 0 || (size_t)inputs[i] >= V)
-      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                          "engine: tokens[%zu] = %d is outside the vocabulary [0, %zu)", i,
-                          (int)inputs[i], V);
-    if (targets[i] != TS_IGNORE_INDEX && (targets[i] < 0 || (size_t)targets[i] >= V))
-      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                          "engine: targets[%zu] = %d: expected a class in [0, %zu) or %d (ignore)",
-                          i, (int)targets[i], V, TS_IGNORE_INDEX);
-  }
-  return TS_OK;
-}
-
 ts_status ts_engine_device_report(const ts_engine *e, ts_device_report *out) {
   *out = e->report;
   if (e->device == TS_DEVICE_CPU) {

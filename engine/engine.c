@@ -44,16 +44,16 @@ static ts_status init_unit(ts_engine *e, int u) {
   size_t P = s->layout.padded, S = s->layout.shard, r0 = ts_engine_shard_begin(e, u);
   ts_dtype dt = e->opts.dtype;
   if (dt == TS_FP32 && !e->zero->shard_params)
-    return e->plan ? TS_OK : ts_model_init_unit(e->model, u, &e->ctx, s->params, e->opts.seed);
+    return ts_model_init_unit(e->model, u, &e->ctx, s->params, e->opts.seed);
   /* A transient full fp32 copy of the unit, scratch of initialisation
    * (workspace), so that the model-state categories hold model state only. */
   float *full;
   TS_CHECK(ts_ledger_alloc(&e->ledger, e->device, TS_MEM_WORKSPACE, P * 4, (void **)&full));
-  ts_status st = e->plan ? TS_OK : ts_model_init_unit(e->model, u, &e->ctx, full, e->opts.seed);
+  ts_status st = ts_model_init_unit(e->model, u, &e->ctx, full, e->opts.seed);
   const float *own = e->zero->shard_optim ? full + r0 : full; /* what the optimizer state holds */
-  if (st == TS_OK && s->master && !e->plan)
+  if (st == TS_OK && s->master)
     st = ts_k_copy(&e->ctx, s->master, own, (e->zero->shard_optim ? S : P) * 4);
-  if (st == TS_OK && !e->plan)
+  if (st == TS_OK)
     st = e->zero->shard_params ? ts_k_cast(&e->ctx, s->params, dt, full + r0, TS_FP32, S)
                                : ts_k_cast(&e->ctx, s->params, dt, full, TS_FP32, P);
   ts_ledger_free(&e->ledger, full);
@@ -164,10 +164,6 @@ static ts_status alloc_scalars(ts_engine *e) {
   size_t K = e->opts.grad_accum, U = (size_t)e->model->n_units;
   size_t doubles = 2 * K + U + 2;
   e->scalar_bytes = doubles * sizeof(double) + U * TS_UNIT_MAX_TENSORS * sizeof(int32_t);
-  if (e->plan) /* what a real run charges: the block on a device, nothing on the CPU */
-    return e->device == TS_DEVICE_CPU ? TS_OK
-                                      : ts_ledger_alloc(&e->ledger, e->device, TS_MEM_WORKSPACE,
-                                                        e->scalar_bytes, (void **)&e->scalars);
   e->h_scalars = calloc(1, e->scalar_bytes); /* the host's copy of the block */
   e->h_part = calloc(U + 1, sizeof(double));
   if (!e->h_scalars || !e->h_part) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "engine: step scalars");
@@ -227,7 +223,7 @@ ts_status ts_engine_alloc(ts_engine *e) {
                              (void **)&e->h_targets));
     TS_CHECK(ts_ledger_alloc(&e->ledger, TS_DEVICE_CPU, TS_MEM_ACTIVATIONS, 2 * B * T * 4,
                              (void **)&e->staging));
-    if (!e->plan) TS_CHECK(ts_k_host_register(dev, e->staging, 2 * B * T * 4));
+    TS_CHECK(ts_k_host_register(&e->ctx, e->staging, 2 * B * T * 4));
   }
   for (int i = 0; i < 2; i++)
     TS_CHECK(ts_ledger_alloc(&e->ledger, dev, TS_MEM_ACTIVATIONS, B * T * C * es, &e->dbuf[i]));
@@ -282,8 +278,7 @@ static int tied_lender(const ts_model *m) {
   return -1;
 }
 
-ts_status ts_engine_new(const ts_model *model, const ts_engine_opts *opts, int plan,
-                        ts_engine **out) {
+ts_status ts_engine_new(const ts_model *model, const ts_engine_opts *opts, ts_engine **out) {
   *out = NULL;
   TS_CHECK(check_opts(model, opts));
   ts_engine *e = calloc(1, sizeof *e);
@@ -301,13 +296,11 @@ ts_status ts_engine_new(const ts_model *model, const ts_engine_opts *opts, int p
   e->device = opts->device;
   e->ctx.device = opts->device;
   e->es = ts_dtype_size(opts->dtype);
-  e->plan = plan;
   e->stages = 1; /* no pipelining until ts_engine_set_stage */
   e->lender = tied_lender(model);
   e->u_end = model->n_units;
   e->n_slots = 1;
-  if (plan) ts_ledger_init_plan(&e->ledger);
-  else ts_ledger_init(&e->ledger);
+  ts_ledger_init(&e->ledger);
   *out = e;
   return TS_OK;
 }
@@ -316,7 +309,7 @@ ts_status ts_engine_create_stage(ts_engine **out, const ts_model *model,
                                  const ts_engine_opts *opts, ts_comm *dp, ts_comm *pp, int stage) {
   *out = NULL;
   ts_engine *e;
-  TS_CHECK(ts_engine_new(model, opts, 0, &e));
+  TS_CHECK(ts_engine_new(model, opts, &e));
   ts_status st = ts_k_context_init(&e->ctx, e->device, opts->device_index);
   if (st == TS_OK && !dp) st = ts_comm_self(&e->own_comm);
   if (st == TS_OK) {
@@ -350,7 +343,7 @@ ts_status ts_engine_create(ts_engine **out, const ts_model *model, const ts_engi
 void ts_engine_free(ts_engine *e) {
   if (!e) return;
   /* Whatever is still queued on the device finishes before its buffers go. */
-  if (!e->plan && e->ctx.stream) ts_k_synchronize(&e->ctx);
+  if (e->ctx.stream) ts_k_synchronize(&e->ctx);
   const ts_engine_hooks *h = ts_engine_get_hooks();
   if (h && h->release) h->release(h->user, e);
   ts_engine_wait_sends(e); /* no send may still read a buffer */
@@ -367,10 +360,8 @@ void ts_engine_free(ts_engine *e) {
     for (int k = 0; k < e->n_slots; k++) free_slot(e, &e->slots[k]);
   if (e->h_tokens != e->tokens) ts_ledger_free(&e->ledger, e->h_tokens);
   if (e->staging) {
-    if (!e->plan) {
-      ts_k_host_wait(&e->ctx); /* no copy may still read it */
-      ts_k_host_unregister(e->device, e->staging);
-    }
+    ts_k_host_wait(&e->ctx); /* no copy may still read it */
+    ts_k_host_unregister(&e->ctx, e->staging);
     ts_ledger_free(&e->ledger, e->staging);
   }
   if (e->dp && e->comm_mem.copy) ts_comm_set_memory(e->dp, NULL);
@@ -387,6 +378,7 @@ void ts_engine_free(ts_engine *e) {
   ts_ledger_release(&e->ledger);
   ts_k_context_destroy(&e->ctx);
   ts_comm_free(e->own_comm);
+  ts_comm_free(e->own_pp);
   free(e->units);
   free(e->slots);
   ts_schedule_free(&e->sched);
@@ -396,14 +388,14 @@ void ts_engine_free(ts_engine *e) {
 /* ---- trace spans ---------------------------------------------------------------- */
 
 void ts_engine_span_begin(ts_engine *e, ts_span_kind kind, int unit) {
-  if (!e->trace || e->plan) return;
+  if (!e->trace) return;
   /* micro-batch: the one in progress during a step, none outside */
   int mb = e->in_micro_step ? e->cur_mb : -1;
   ts_trace_begin(e->trace, kind, unit, mb);
 }
 
 void ts_engine_span_end(ts_engine *e) {
-  if (!e->trace || e->plan) return;
+  if (!e->trace) return;
   if (e->device != TS_DEVICE_CPU) ts_k_synchronize(&e->ctx);
   ts_trace_end(e->trace);
 }
@@ -449,8 +441,7 @@ static ts_status full_grads(ts_engine *e, int u, void **out) {
     TS_CHECK(ts_ledger_alloc_transient(&e->ledger, e->device, TS_MEM_GRADS, bytes,
                                        &s->full_grads));
     /* a device's transients come back unzeroed (ledger.h); the CPU's are new */
-    if (!e->plan && e->device != TS_DEVICE_CPU)
-      TS_CHECK(ts_k_zero(&e->ctx, s->full_grads, bytes));
+    if (e->device != TS_DEVICE_CPU) TS_CHECK(ts_k_zero(&e->ctx, s->full_grads, bytes));
   }
   *out = s->full_grads;
   return TS_OK;
@@ -463,10 +454,8 @@ static ts_status reduce_unit_grads(ts_engine *e, int u) {
   unit_state *s = &e->units[u];
   if (!e->zero->shard_grads) return TS_OK;
   ts_engine_span_begin(e, TS_SPAN_REDUCE_SCATTER, u);
-  ts_status st = e->plan ? TS_OK
-                         : ts_shard_reduce_scatter(e->dp, &s->layout, s->full_grads, s->grads,
-                                                   e->opts.dtype, e->cur_mb > 0, e->scratch,
-                                                   e->scratch_bytes);
+  ts_status st = ts_shard_reduce_scatter(e->dp, &s->layout, s->full_grads, s->grads, e->opts.dtype,
+                                         e->cur_mb > 0, e->scratch, e->scratch_bytes);
   ts_engine_span_end(e);
   ts_shard_release(&e->ledger, &s->full_grads);
   return st;
@@ -499,9 +488,7 @@ static ts_status fold_tied(ts_engine *e, int lender) {
     return TS_OK;
   }
   ts_status st =
-      e->plan ? TS_OK
-              : ts_k_add(&e->ctx, s->grads, s->grads, e->tied_grads, s->layout.padded,
-                         e->opts.dtype);
+      ts_k_add(&e->ctx, s->grads, s->grads, e->tied_grads, s->layout.padded, e->opts.dtype);
   ts_shard_release(&e->ledger, &e->tied_grads);
   return st;
 }
@@ -519,7 +506,7 @@ static ts_status tied_grads(ts_engine *e, int head, void **out) {
     size_t bytes = e->units[lender].layout.padded * e->es;
     TS_CHECK(ts_ledger_alloc_transient(&e->ledger, e->device, TS_MEM_GRADS, bytes,
                                        &e->tied_grads));
-    if (!e->plan && e->device != TS_DEVICE_CPU) TS_CHECK(ts_k_zero(&e->ctx, e->tied_grads, bytes));
+    if (e->device != TS_DEVICE_CPU) TS_CHECK(ts_k_zero(&e->ctx, e->tied_grads, bytes));
   }
   *out = e->tied_grads;
   return TS_OK;
@@ -554,7 +541,7 @@ static ts_status forward_unit(ts_engine *e, int u, ts_unit_args *a) {
   const void *params, *lender = NULL;
   TS_CHECK(ts_engine_acquire_params(e, u, &params));
   ts_status st = un->tied_unit >= 0 ? ts_engine_acquire_params(e, un->tied_unit, &lender) : TS_OK;
-  if (st == TS_OK && !e->plan) {
+  if (st == TS_OK) {
     a->tied_weight = lender ? borrowed(e, u, lender) : NULL;
     ts_engine_span_begin(e, TS_SPAN_FORWARD, u);
     st = ts_unit_forward(e->model, u, &e->ctx, params, a);
@@ -584,19 +571,17 @@ ts_status ts_engine_load_batch(ts_engine *e, const int32_t *inputs, const int32_
                               size_t *count) {
   size_t BT = e->opts.micro_batch * e->opts.seq;
   if (e->staging) {
-    TS_CHECK(ts_engine_check_batch(e, inputs, targets, BT));
+    TS_CHECK(ts_k_check_indices(&e->ctx, inputs, targets, BT, e->model->vocab_size));
     TS_CHECK(ts_k_host_wait(&e->ctx));
-    memcpy(e->staging, inputs, BT * 4);
-    memcpy(e->staging + BT, targets, BT * 4);
+    TS_CHECK(ts_k_host_copy(&e->ctx, e->staging, inputs, BT * 4));
+    TS_CHECK(ts_k_host_copy(&e->ctx, e->staging + BT, targets, BT * 4));
     TS_CHECK(ts_k_from_host_async(&e->ctx, e->tokens, e->staging, BT * 4));
     TS_CHECK(ts_k_from_host_async(&e->ctx, e->targets, e->staging + BT, BT * 4));
   } else {
     if (inputs != e->tokens) TS_CHECK(ts_k_from_host(&e->ctx, e->tokens, inputs, BT * 4));
     if (targets != e->targets) TS_CHECK(ts_k_from_host(&e->ctx, e->targets, targets, BT * 4));
   }
-  *count = 0;
-  for (size_t i = 0; i < BT; i++) *count += targets[i] != TS_IGNORE_INDEX;
-  return TS_OK;
+  return ts_k_count_targets(&e->ctx, count, targets, BT);
 }
 
 /* d(scaled step loss)/d(row loss) of a micro-batch with `count` targets:
@@ -651,7 +636,7 @@ static ts_status backward_unit(ts_engine *e, int u, ts_unit_args *a) {
     if (st == TS_OK) st = tied_grads(e, u, &lender_grads);
     if (st == TS_OK) a->tied_grad = borrowed(e, u, lender_grads);
   }
-  if (st == TS_OK && !e->plan) st = backward_compute(e, u, a, params, grads, lender);
+  if (st == TS_OK) st = backward_compute(e, u, a, params, grads, lender);
   if (lender) ts_engine_release_params(e, un->tied_unit);
   ts_engine_release_params(e, u);
   if (st == TS_OK) st = reduce_unit_grads(e, u);
@@ -709,10 +694,10 @@ void ts_engine_discard_step(ts_engine *e) {
 static ts_status run_micro_step(ts_engine *e, const int32_t *inputs, const int32_t *targets) {
   size_t count = 0;
   act_slot *sl = &e->slots[0];
-  if (!e->plan) TS_CHECK(ts_engine_load_batch(e, inputs, targets, &count));
+  TS_CHECK(ts_engine_load_batch(e, inputs, targets, &count));
   sl->dloss = ts_engine_dloss(e, count);
   e->cur_mb = e->micro_done;
-  TS_CHECK(ts_engine_forward_slot(e, sl, e->plan ? NULL : e->loss + 2 * (size_t)e->cur_mb, 1));
+  TS_CHECK(ts_engine_forward_slot(e, sl, e->loss + 2 * (size_t)e->cur_mb, 1));
   TS_CHECK(ts_engine_backward_slot(e, sl, NULL));
   e->micro_done++;
   return TS_OK;

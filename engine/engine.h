@@ -204,10 +204,13 @@ enum { TS_ENGINE_MAX_STAGES = 64 };
 size_t ts_engine_activation_bytes_stage(const ts_model *m, const ts_engine_opts *opts, int stage);
 
 /* The memory plan of one rank of N = dp_size data-parallel ranks training
- * `model` with opts: the engine's own create and one micro-step (forward
- * and backward, with every transient gather and full gradient) replayed
- * on a plan ledger (ts_ledger_init_plan), which charges each allocation
- * and allocates nothing; no compute, no MPI. *out receives the counters of
+ * `model` with opts: the engine's own create and one whole step (every
+ * micro-batch's forward and backward, with every transient gather and full
+ * gradient, and the optimizer step) run on the plan device: a plan ledger
+ * (ts_ledger_init_plan) that charges each allocation and allocates nothing,
+ * a kernels context that checks every op and runs none (TS_K_PLAN), plan
+ * groups that count and move nothing (ts_comm_plan); no compute, no MPI,
+ * the same code path as training. *out receives the counters of
  * opts->device: peak[c] per category, peak_total, and current[c] = what
  * stays allocated between steps. Shards are equal, so every rank's plan is
  * the same. The optimizer step and evaluation allocate nothing

@@ -10,7 +10,7 @@
  *   loss_scale.c  the fp16 loss scaler (loss_scale.h)
  *   tensors.c  the slice iterator over (tensor, this rank's part), AdamW
  *              per unit, get/set tensor, the overflow search
- *   plan.c     the memory plan (create and one step on a plan ledger),
+ *   plan.c     the memory plan (create and one step on the plan device),
  *              the activation prediction and the units' costs
  *   checkpoint.c, checkpoint_load.c  checkpoints (checkpoint.h): each rank's
  *              slices out, any layout's parts back in
@@ -110,12 +110,12 @@ struct ts_engine {
   int step;              /* optimizer updates applied (AdamW's t) */
   int attempts;          /* optimizer steps finished, skipped ones included */
   ts_loss_scaler scaler; /* fp16 loss scaling (scale 1 otherwise) */
-  int plan;              /* 1: ts_engine_plan: allocations charged to a plan
-                            ledger, no compute, no communication */
   /* Pipeline stages (pipeline.c; without pipelining P = 1, stage 0, all units): */
   int stages, stage;     /* P and this rank's pipeline stage s */
   int u_begin, u_end;    /* the units this stage computes, [u_begin, u_end) */
-  ts_comm *pp;           /* the pipeline group of this dp rank (borrowed), NULL when P = 1 */
+  ts_comm *pp;           /* the pipeline group of this dp rank (borrowed or own_pp), NULL
+                            when P = 1 */
+  ts_comm *own_pp;       /* a plan's own pipeline group (ts_comm_plan), else NULL */
   int lender;            /* the unit a tied head borrows from (its tied_unit), or -1 */
   int replica;           /* 1: units[lender] holds only the tied head's copy of the
                             lender's parameters (the last stage, P > 1) */
@@ -139,12 +139,6 @@ struct ts_engine {
  * category, and reserves the step's transients. */
 ts_status ts_engine_prepare_device(ts_engine *e);
 
-/* TS_ERR_INVALID_ARGUMENT naming the first of the BT inputs outside [0, V)
- * or targets outside [0, V) and not -100: checked on the host so the
- * device's kernels need not read them back (TS_K_INDICES_CHECKED). */
-ts_status ts_engine_check_batch(const ts_engine *e, const int32_t *inputs,
-                                const int32_t *targets, size_t BT);
-
 /* ---- engine.c ------------------------------------------------------------ */
 
 /* Opens / closes a span of the run's trace (no-ops without one); closing
@@ -161,18 +155,18 @@ ts_status ts_engine_create_stage(ts_engine **out, const ts_model *model,
 void ts_engine_discard_step(ts_engine *e);
 
 /* A new engine for model and opts (every option checked, the loss scaler
- * set up) with an empty ledger, a plan ledger when plan != 0, and nothing
- * allocated yet; *out is NULL on any error. */
-ts_status ts_engine_new(const ts_model *model, const ts_engine_opts *opts, int plan,
-                        ts_engine **out);
+ * set up) with an empty ledger and nothing allocated yet; *out is NULL on
+ * any error. */
+ts_status ts_engine_new(const ts_model *model, const ts_engine_opts *opts, ts_engine **out);
 
 /* Allocates every buffer through the ledger and initialises the
- * parameters (a plan ledger: charges only). */
+ * parameters (on the plan device: charges only). */
 ts_status ts_engine_alloc(ts_engine *e);
 
-/* A plan engine (plan ledger, nothing allocated) after create and one
- * micro-step: ts_engine_plan's, kept for its ledger (the account and the
- * transients' profile). Free with ts_engine_free. */
+/* An engine on the plan device (plan ledger, TS_K_PLAN context, plan
+ * groups: nothing allocated, computed or sent) after create and one step:
+ * ts_engine_plan's, kept for its ledger (the account and the transients'
+ * profile). Free with ts_engine_free. */
 ts_status ts_engine_plan_engine(const ts_model *model, const ts_engine_opts *opts, size_t dp_size,
                                 int stage, ts_engine **out);
 

@@ -98,7 +98,6 @@ ts_status ts_engine_wait_sends(ts_engine *e) {
 
 /* A blocking receive on the pipeline group, traced. */
 static ts_status recv(ts_engine *e, void *buf, size_t count, int peer, int t) {
-  if (e->plan) return TS_OK;
   ts_engine_span_begin(e, TS_SPAN_RECV, -1);
   ts_status st = ts_comm_recv(e->pp, buf, count, e->opts.dtype, peer, t);
   ts_engine_span_end(e);
@@ -108,7 +107,6 @@ static ts_status recv(ts_engine *e, void *buf, size_t count, int peer, int t) {
 /* A non-blocking send on the pipeline group, traced (its posting). */
 static ts_status isend(ts_engine *e, const void *buf, size_t count, int peer, int t,
                        ts_comm_request **req) {
-  if (e->plan) return TS_OK;
   ts_engine_span_begin(e, TS_SPAN_SEND, -1);
   ts_status st = ts_comm_isend(e->pp, buf, count, e->opts.dtype, peer, t, req);
   ts_engine_span_end(e);
@@ -128,7 +126,7 @@ ts_status ts_engine_send_tied_grads(ts_engine *e) {
 }
 
 ts_status ts_engine_sync_replica(ts_engine *e) {
-  if (e->stages == 1 || e->lender < 0 || e->plan) return TS_OK;
+  if (e->stages == 1 || e->lender < 0) return TS_OK;
   unit_state *s = &e->units[e->lender];
   size_t n = e->zero->shard_params ? s->layout.shard : s->layout.padded;
   if (e->stage == 0)
@@ -142,12 +140,10 @@ ts_status ts_engine_sync_replica(ts_engine *e) {
 
 /* Micro-batch mb's inputs and targets into slot sl from the caller, and its
  * loss gradient's scale. */
-static ts_status fetch(ts_engine *e, act_slot *sl, int mb, ts_engine_batch_fn batch,
-                       void *user) {
-  if (e->plan) return TS_OK;
+static ts_status fetch(ts_engine *e, act_slot *sl, int mb, ts_engine_batch_fn batch, void *user) {
   TS_CHECK(batch(user, mb, sl->tokens, sl->targets));
   size_t BT = e->opts.micro_batch * e->opts.seq, count = 0;
-  for (size_t i = 0; i < BT; i++) count += sl->targets[i] != TS_IGNORE_INDEX;
+  TS_CHECK(ts_k_count_targets(&e->ctx, &count, sl->targets, BT));
   sl->dloss = ts_engine_dloss(e, count);
   return TS_OK;
 }
@@ -162,7 +158,7 @@ static ts_status run_action(ts_engine *e, const ts_action *a, ts_engine_batch_fn
     case TS_ACT_FORWARD:
       TS_CHECK(wait_req(&sl->act_req)); /* the slot's output is free */
       TS_CHECK(fetch(e, sl, a->mb, batch, user));
-      return ts_engine_forward_slot(e, sl, e->plan ? NULL : e->loss + 2 * (size_t)a->mb, 1);
+      return ts_engine_forward_slot(e, sl, e->loss + 2 * (size_t)a->mb, 1);
     case TS_ACT_SEND_ACT:
       return isend(e, sl->acts[e->u_end], btc(e), a->peer, tag(TAG_ACT, a->mb), &sl->act_req);
     case TS_ACT_RECV_ACT:
@@ -184,23 +180,18 @@ static ts_status run_action(ts_engine *e, const ts_action *a, ts_engine_batch_fn
   }
 }
 
-/* Without pipelining: grad_accum micro-steps (the plan's: no data). */
+/* Without pipelining: grad_accum micro-steps. */
 static ts_status micro_steps(ts_engine *e, ts_engine_batch_fn batch, void *user) {
   for (size_t k = 0; k < e->opts.grad_accum; k++) {
-    if (e->plan) {
-      TS_CHECK(ts_engine_run_micro_step(e, e->h_tokens, e->h_targets));
-    } else {
-      TS_CHECK(batch(user, (int)k, e->h_tokens, e->h_targets));
-      TS_CHECK(ts_engine_micro_step(e, e->h_tokens, e->h_targets, NULL));
-    }
+    TS_CHECK(batch(user, (int)k, e->h_tokens, e->h_targets));
+    TS_CHECK(ts_engine_micro_step(e, e->h_tokens, e->h_targets, NULL));
   }
   return TS_OK;
 }
 
 ts_status ts_engine_step(ts_engine *e, ts_engine_batch_fn batch, void *user, float lr,
                          ts_step_stats *stats) {
-  if (!e->plan && !batch)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "engine: step without a batch source");
+  if (!batch) return ts_set_error(TS_ERR_INVALID_ARGUMENT, "engine: step without a batch source");
   if (e->micro_done != 0)
     return ts_set_error(TS_ERR_INVALID_USAGE,
                         "engine: step after %d micro-steps of an unfinished step",
@@ -210,7 +201,7 @@ ts_status ts_engine_step(ts_engine *e, ts_engine_batch_fn batch, void *user, flo
     st = micro_steps(e, batch, user);
     if (st != TS_OK) ts_engine_discard_step(e); /* the batch source's error too */
   } else {
-    if (!e->plan) ts_engine_step_begin(e);
+    ts_engine_step_begin(e);
     const ts_stage_schedule *ss = &e->sched.stage[e->stage];
     e->in_micro_step = 1;
     st = TS_OK;
@@ -220,10 +211,6 @@ ts_status ts_engine_step(ts_engine *e, ts_engine_batch_fn batch, void *user, flo
     else e->micro_done = (int)e->opts.grad_accum;
   }
   TS_CHECK(st);
-  if (e->plan) { /* the optimizer step allocates nothing: a plan ends here */
-    e->micro_done = 0;
-    return TS_OK;
-  }
   return ts_engine_optimizer_step(e, lr, stats);
 }
 

@@ -109,18 +109,32 @@ ts_status ts_engine_plan_params(size_t psi, ts_dtype dtype, int zero_stage, size
   return st;
 }
 
+/* The plan's batch source: no data (its buffers have no memory). */
+static ts_status no_batch(void *user, int mb, int32_t *inputs, int32_t *targets) { return TS_OK; }
+
 ts_status ts_engine_plan_engine(const ts_model *model, const ts_engine_opts *opts, size_t dp_size,
                                 int stage, ts_engine **out) {
   *out = NULL;
   TS_CHECK(check_dp_size(dp_size));
   ts_engine *e;
-  TS_CHECK(ts_engine_new(model, opts, 1, &e));
+  TS_CHECK(ts_engine_new(model, opts, &e));
+  /* The plan device: an allocator that charges the ledger and hands out
+   * addresses without memory (shard/ledger.h), a kernels context that
+   * checks every op and runs none (TS_K_PLAN), groups that count and move
+   * nothing (ts_comm_plan). The rest is the engine's own create and step. */
+  ts_ledger_init_plan(&e->ledger);
+  e->ctx.flags |= TS_K_PLAN;
   e->rank = 0; /* shards are equal, so every rank's plan is rank 0's */
   e->dp_size = (int)dp_size;
   ts_status st = ts_engine_set_stage(e, stage);
+  if (st == TS_OK) st = ts_comm_plan(e->rank, e->dp_size, "dp", &e->own_comm);
+  if (st == TS_OK && e->stages > 1) st = ts_comm_plan(stage, e->stages, "pp", &e->own_pp);
+  e->dp = e->own_comm;
+  e->pp = e->own_pp;
   if (st == TS_OK) st = ts_engine_alloc(e);
   /* One whole step: the tied head's gradient lives across micro-batches. */
-  if (st == TS_OK) st = ts_engine_step(e, NULL, NULL, 0.0f, NULL);
+  ts_step_stats stats;
+  if (st == TS_OK) st = ts_engine_step(e, no_batch, NULL, 0.0f, &stats);
   if (st != TS_OK) {
     ts_engine_free(e);
     return st;

@@ -12,8 +12,10 @@
  */
 #include "kernels/kernels.h"
 
+#include <math.h>
 #include <string.h>
 
+#include "base/rng.h"
 #include "kernels/kernels_front.h"
 
 /* ---- devices, contexts, memory ------------------------------------------------ */
@@ -118,18 +120,20 @@ ts_status ts_k_host_copy(const ts_kctx *ctx, void *h_dst, const void *h_src, siz
   return TS_OK;
 }
 
-ts_status ts_k_host_register(ts_device dev, void *h, size_t nbytes) {
-  static const char op[] = "ts_k_host_register";
+static const k_op OP_HOST_REGISTER = {"ts_k_host_register", 0, 1, {"h"}};
+
+ts_status ts_k_host_register(const ts_kctx *ctx, void *h, size_t nbytes) {
+  k_call c = {ctx, .empty = nbytes == 0, .ptrs = {h}};
   const ts_k_backend *be;
-  TS_CHECK(backend_for(dev, op, &be));
-  if (nbytes == 0 || !be->host_register) return TS_OK;
-  CHECK_PTR(h);
-  return be->host_register(h, nbytes);
+  int run;
+  TS_CHECK(k_check(&OP_HOST_REGISTER, &c, &be, &run));
+  return run && be->host_register ? be->host_register(h, nbytes) : TS_OK;
 }
 
-void ts_k_host_unregister(ts_device dev, void *h) {
+void ts_k_host_unregister(const ts_kctx *ctx, void *h) {
   const ts_k_backend *be;
-  if (h && backend_for(dev, "ts_k_host_unregister", &be) == TS_OK && be->host_unregister)
+  if (h && ctx && !(ctx->flags & TS_K_PLAN) &&
+      backend_for(ctx->device, "ts_k_host_unregister", &be) == TS_OK && be->host_unregister)
     be->host_unregister(h);
 }
 
@@ -149,6 +153,46 @@ ts_status ts_k_host_wait(const ts_kctx *ctx) {
   TS_CHECK(backend_of(ctx, op, &be));
   if (ctx->flags & TS_K_PLAN) return TS_OK;
   return be->host_wait ? be->host_wait(ctx) : TS_OK;
+}
+
+/* ---- initialisation -------------------------------------------------------------- */
+
+static const k_op OP_INIT_FILL = {"ts_k_init_fill", 0, 1, {"out"}};
+static const k_op OP_INIT_NORMAL = {"ts_k_init_normal", 0, 2, {"out", "state"}};
+
+/* Values made on the host, a piece at a time (4 KiB of stack). */
+enum { INIT_PIECE = 1024 };
+
+ts_status ts_k_init_fill(const ts_kctx *ctx, float *out, size_t n, float value) {
+  k_call c = {ctx, .empty = n == 0, .ptrs = {out}};
+  const ts_k_backend *be;
+  int run;
+  TS_CHECK(k_check(&OP_INIT_FILL, &c, &be, &run));
+  float piece[INIT_PIECE];
+  for (size_t k = 0; k < INIT_PIECE; k++) piece[k] = value;
+  for (size_t j = 0; run && j < n; j += INIT_PIECE) {
+    size_t m = n - j < INIT_PIECE ? n - j : INIT_PIECE;
+    TS_CHECK(be->from_host(ctx, out + j, piece, m * sizeof(float)));
+  }
+  return TS_OK;
+}
+
+ts_status ts_k_init_normal(const ts_kctx *ctx, float *out, size_t n, double std, uint64_t *state) {
+  k_call c = {ctx, .empty = n == 0, .ptrs = {out, state}};
+  const ts_k_backend *be;
+  int run;
+  TS_CHECK(k_check(&OP_INIT_NORMAL, &c, &be, &run));
+  float piece[INIT_PIECE];
+  for (size_t j = 0; run && j < n; j += INIT_PIECE) {
+    size_t m = n - j < INIT_PIECE ? n - j : INIT_PIECE;
+    for (size_t k = 0; k < m; k++) {
+      double u1 = ((double)(ts_splitmix64(state) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+      double u2 = ((double)(ts_splitmix64(state) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+      piece[k] = (float)(std * sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
+    }
+    TS_CHECK(be->from_host(ctx, out + j, piece, m * sizeof(float)));
+  }
+  return TS_OK;
 }
 
 /* ---- the host's side of a batch --------------------------------------------------- */

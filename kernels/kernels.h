@@ -145,12 +145,13 @@ ts_status ts_k_to_host(const ts_kctx *ctx, void *h_dst, const void *src, size_t 
  * call returns (CUDA: it waits for the copy). */
 ts_status ts_k_from_host(const ts_kctx *ctx, void *dst, const void *h_src, size_t nbytes);
 
-/* Page-locks the host range [h, h + nbytes) for device dev's asynchronous
- * copies (cudaHostRegister; a no-op on the CPU). Undo with
- * ts_k_host_unregister before freeing it. TS_ERR_CUDA. */
-ts_status ts_k_host_register(ts_device dev, void *h, size_t nbytes);
-/* Undoes ts_k_host_register(dev, h, ...); NULL is a no-op. */
-void ts_k_host_unregister(ts_device dev, void *h);
+/* Page-locks the host range [h, h + nbytes) for the asynchronous copies of
+ * ctx's device (cudaHostRegister; a no-op on the CPU and on a plan). Undo
+ * with ts_k_host_unregister before freeing it. TS_ERR_INVALID_ARGUMENT,
+ * TS_ERR_CUDA. */
+ts_status ts_k_host_register(const ts_kctx *ctx, void *h, size_t nbytes);
+/* Undoes ts_k_host_register(ctx, h, ...); NULL is a no-op. */
+void ts_k_host_unregister(const ts_kctx *ctx, void *h);
 /* dst (ctx->device) = h_src (host), nbytes bytes, queued in ctx's stream
  * order; returns at once (CPU: copies before returning). h_src (best
  * page-locked, ts_k_host_register) must not change until ts_k_host_wait(ctx)
@@ -161,6 +162,19 @@ ts_status ts_k_host_wait(const ts_kctx *ctx);
 /* h_dst = h_src, nbytes bytes of host memory beside ctx's device (a
  * batch's staging); the two may overlap. Host work, on the calling thread. */
 ts_status ts_k_host_copy(const ts_kctx *ctx, void *h_dst, const void *h_src, size_t nbytes);
+
+/* ---- initialisation: values made on the host, the same bits on every
+ * device; a plan context makes and writes nothing --------------------- */
+
+/* out (n fp32, ctx->device) = value. TS_ERR_INVALID_ARGUMENT. */
+ts_status ts_k_init_fill(const ts_kctx *ctx, float *out, size_t n, float value);
+/* out (n fp32, ctx->device) = n normal(0, std^2) samples of the splitmix64
+ * stream at *state (base/rng.h), which advances by 2n draws: each by
+ * Box-Muller from two uniforms u = ((x >> 11) + 0.5) 2^-53 in (0, 1),
+ * std sqrt(-2 ln u1) cos(2 pi u2) in double, rounded to fp32 (Box & Muller
+ * 1958). Made on the host in pieces and moved to the device. A plan
+ * leaves *state as it is. TS_ERR_INVALID_ARGUMENT. */
+ts_status ts_k_init_normal(const ts_kctx *ctx, float *out, size_t n, double std, uint64_t *state);
 
 /* ---- the host's side of a batch (host work; a plan context reads nothing) */
 

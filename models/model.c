@@ -139,35 +139,19 @@ ts_status ts_model_find_tensor(const ts_model *m, const char *name, int *u, int 
 
 /* ---- initialisation --------------------------------------------------------------- */
 
-/* Uniform in (0, 1) with 53 random bits. */
-static double uniform01(uint64_t *s) {
-  return ((double)(ts_splitmix64(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-}
-
 ts_status ts_model_init_unit(const ts_model *m, int u, const ts_kctx *ctx, float *params,
                              uint64_t seed) {
   TS_ASSERT(u >= 0 && u < m->n_units);
   const ts_unit *unit = &m->units[u];
-  enum { CHUNK = 1024 };
-  float chunk[CHUNK];
   for (int i = 0; i < unit->n_tensors; i++) {
     const ts_tensor_spec *t = &unit->tensors[i];
-    uint64_t s = seed ^ ts_fnv1a64(t->name);
-    ts_splitmix64(&s);
-    for (size_t j = 0; j < t->numel; j += CHUNK) {
-      size_t n = t->numel - j < CHUNK ? t->numel - j : CHUNK;
-      for (size_t k = 0; k < n; k++) {
-        if (t->init == TS_INIT_ONES) {
-          chunk[k] = 1.0f;
-        } else if (t->init == TS_INIT_ZEROS) {
-          chunk[k] = 0.0f;
-        } else {
-          /* Box-Muller; one normal per pair of uniforms keeps it simple. */
-          double u1 = uniform01(&s), u2 = uniform01(&s);
-          chunk[k] = (float)(t->init_std * sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
-        }
-      }
-      TS_CHECK(ts_k_from_host(ctx, params + t->offset + j, chunk, n * sizeof(float)));
+    float *dst = params + t->offset;
+    if (t->init == TS_INIT_ONES || t->init == TS_INIT_ZEROS) {
+      TS_CHECK(ts_k_init_fill(ctx, dst, t->numel, t->init == TS_INIT_ONES ? 1.0f : 0.0f));
+    } else {
+      uint64_t s = seed ^ ts_fnv1a64(t->name); /* the tensor's own stream */
+      ts_splitmix64(&s);
+      TS_CHECK(ts_k_init_normal(ctx, dst, t->numel, t->init_std, &s));
     }
   }
   return TS_OK;

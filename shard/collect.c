@@ -18,7 +18,7 @@ ts_status ts_shard_gather_alloc(ts_ledger *ledger, ts_device dev, ts_mem_categor
   *full = NULL;
   void *buf;
   TS_CHECK(ts_ledger_alloc_transient(ledger, dev, c, l->padded * ts_dtype_size(dt), &buf));
-  ts_status st = ledger->plan_only ? TS_OK : ts_shard_all_gather(dp, l, shard, buf, dt);
+  ts_status st = ts_shard_all_gather(dp, l, shard, buf, dt);
   if (st != TS_OK) {
     ts_ledger_free_transient(ledger, buf);
     return st;

@@ -3,8 +3,8 @@
  * The side table is an open-addressing hash map from block address to
  * (bytes, category, device), linear probing, kept at most half full, with
  * backward-shift deletion (no tombstones). Blocks come from ts_k_alloc on
- * their device; a plan ledger makes up addresses instead (64 apart, from
- * 64 up: unique, never dereferenced). */
+ * their device; a plan ledger makes up addresses instead (each block its
+ * own 256-aligned range, a gap between blocks: never dereferenced). */
 #include "shard/ledger.h"
 
 #include <stdio.h>
@@ -119,14 +119,18 @@ ts_status ts_ledger_alloc(ts_ledger *ledger, ts_device dev, ts_mem_category c, s
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "ledger: device %d: expected 0..%d", (int)dev,
                         TS_DEVICE_COUNT - 1);
   if (nbytes == 0) return TS_OK;
-  if (nbytes > SIZE_MAX - 64)
+  if (nbytes > SIZE_MAX - 512) /* room for a plan block's rounding and gap */
     return ts_set_error(TS_ERR_OUT_OF_MEMORY, "ledger: %zu bytes of %s overflow size_t", nbytes,
                         ts_mem_category_name(c));
   TS_CHECK(reserve(ledger));
   void *p = NULL;
   if (ledger->plan_only) {
-    ledger->next_plan_address += 64;
+    /* the block's own range, 256-aligned, with a gap before the next: no
+     * two blocks (nor one's end and another's start) share an address, so
+     * the kernels' aliasing checks see what a real run's would */
+    ledger->next_plan_address += 256;
     p = (void *)ledger->next_plan_address;
+    ledger->next_plan_address += (nbytes + 255) & ~(size_t)255;
   } else {
     ts_status st = ts_k_alloc(dev, nbytes, &p);
     if (st != TS_OK) { /* the allocator's status, its message after the category */

@@ -8,8 +8,15 @@ check (tests/source_rules_test.sh runs it over the library's files):
           (--zero, --micro-batch, ...); options are named as the library
           names them, in backquotes (`zero_stage`), and tools/flags.c maps
           them to flags.
+  plan    engine/ does not branch on plan mode (DESIGN.md "The memory
+          ledger and the plan"): the plan is a device (a ledger that hands
+          out addresses without memory, a kernels context with TS_K_PLAN,
+          plan groups in comm), set up once (`flags |= TS_K_PLAN`) and never
+          tested; no field or flag of engine/ code says "plan" in a
+          condition (e->plan, ->plan_only, `& TS_K_PLAN`).
 
     source_rules.py terms FILE...     one line per violation, exit 1 if any
+    source_rules.py plan FILE...      the same for the plan rule (engine/ files)
     source_rules.py selftest          the rules catch planted violations
 
 C comments are skipped; adjacent literals of one call are read together.
@@ -81,6 +88,25 @@ def terms(path, text):
     return found
 
 
+PLAN = [
+    (re.compile(r"(?<!\|=)\s*\bTS_K_PLAN\b"), "tests the plan flag TS_K_PLAN"),
+    (re.compile(r"\bplan_only\b"), "reads the ledger's plan_only"),
+    (re.compile(r"(?:->|\.)plan\b"), "reads a plan field"),
+]
+
+
+def plan(path, text):
+    """Violations of the plan rule in one engine/ file: (line, message)."""
+    code = LITERAL.sub('""', strip_comments(text))
+    found = []
+    for rx, what in PLAN:
+        for m in rx.finditer(code):
+            if rx is PLAN[0][0] and re.search(r"\|=\s*$", code[:m.start() + len(m.group(0)) - len("TS_K_PLAN")]):
+                continue  # `flags |= TS_K_PLAN`: the plan device set up
+            found.append((code.count("\n", 0, m.start()) + 1, what))
+    return found
+
+
 def selftest():
     bad = 'ts_status f(int z) {\n  return ts_set_error(TS_ERR_INVALID_ARGUMENT,\n' \
           '                      "zero stage %d: use " "--zero 0-3", z);\n}\n'
@@ -88,23 +114,33 @@ def selftest():
            '  return ts_set_error(TS_ERR_INVALID_ARGUMENT, "`zero_stage` %d: 0-3", z);\n}\n'
     got_bad, got_good = terms("bad.c", bad), terms("good.c", good)
     ok = len(got_bad) == 1 and got_bad[0][0] == 2 and "--zero" in got_bad[0][1] and not got_good
-    print(f"selftest: planted flag caught at line {got_bad[0][0] if got_bad else '-'}, "
+    print(f"selftest terms: planted flag caught at line {got_bad[0][0] if got_bad else '-'}, "
           f"clean file {'clean' if not got_good else 'flagged'}: {'ok' if ok else 'FAILED'}")
-    return 0 if ok else 1
+    branches = ('void f(ts_engine *e) {\n  if (e->plan) return;\n'
+                '  int x = e->ctx.flags & TS_K_PLAN;\n  x = e->ledger.plan_only ? 1 : 0;\n}\n')
+    setup = ('void g(ts_engine *e) {\n  /* if (e->plan) in a comment */\n'
+             '  e->ctx.flags |= TS_K_PLAN;\n  ts_ledger_init_plan(&e->ledger);\n}\n')
+    got_b, got_s = plan("b.c", branches), plan("s.c", setup)
+    lines = sorted(l for l, _ in got_b)
+    ok_plan = lines == [2, 3, 4] and not got_s
+    print(f"selftest plan: branches caught at lines {lines}, the set-up "
+          f"{'clean' if not got_s else 'flagged'}: {'ok' if ok_plan else 'FAILED'}")
+    return 0 if ok and ok_plan else 1
 
 
 def main(argv):
     if len(argv) >= 2 and argv[1] == "selftest":
         return selftest()
-    if len(argv) < 3 or argv[1] != "terms":
-        print("usage: source_rules.py terms FILE... | selftest", file=sys.stderr)
+    rules = {"terms": terms, "plan": plan}
+    if len(argv) < 3 or argv[1] not in rules:
+        print("usage: source_rules.py terms|plan FILE... | selftest", file=sys.stderr)
         return 2
     bad = 0
     for path in argv[2:]:
-        for line, msg in terms(path, open(path, encoding="utf-8").read()):
+        for line, msg in rules[argv[1]](path, open(path, encoding="utf-8").read()):
             print(f"{path}:{line}: {msg}")
             bad += 1
-    print(f"terms: {len(argv) - 2} files, {bad} violation{'s' if bad != 1 else ''}")
+    print(f"{argv[1]}: {len(argv) - 2} files, {bad} violation{'s' if bad != 1 else ''}")
     return 1 if bad else 0
 
 

@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # The library's source rules (tests/source_rules.py) over every C and C++
 # file of base/, comm/, kernels/, shard/, models/ and engine/ (tests
-# excluded): first the rules' own self-test on planted violations, then the
-# files. Exit 1 when either fails.
+# excluded): first the rules' own self-test on planted violations, then
+# `terms` over all of them and `plan` over engine/'s. Exit 1 when any fails.
 set -uo pipefail
 rules="$1"
 shift
 python3 "$rules" selftest || exit 1
-files=()
-for f in "$@"; do [[ "$f" == *_test.cc ]] || files+=("$f"); done
-python3 "$rules" terms "${files[@]}"
+files=() engine=()
+for f in "$@"; do
+  [[ "$f" == *_test.cc ]] && continue
+  files+=("$f")
+  [[ "$f" == engine/* || "$f" == */engine/* ]] && engine+=("$f")
+done
+python3 "$rules" terms "${files[@]}" || exit 1
+((${#engine[@]} > 10)) || { echo "expected engine/'s files among the arguments"; exit 1; }
+python3 "$rules" plan "${engine[@]}"
