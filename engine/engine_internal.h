@@ -1,11 +1,15 @@
 /*
  * engine_internal.h — private to engine/: the engine's state, shared by the
  * files that implement engine.h by concept:
- *   engine.c   create, free, the micro-step (forward, backward), the tied
- *              head's gradient fold
- *   optimizer.c  the optimizer step
+ *   engine.c   create, free, trace spans, accessors
+ *   step.c     the step for every run (a run without pipelining is a
+ *              one-stage schedule): the executor of the step's actions,
+ *              the batch load, forward and backward over the units with
+ *              the ZeRO stage's gathers and reduce-scatters, the tied
+ *              head's gradient fold; the micro-step
+ *   optimizer.c  after the last micro-batch: the optimizer step
  *   device.c   the engine beside a GPU: its preparation at create, the
- *              batch's host check, the card's memory report
+ *              card's memory report
  *   zero.c     the ZeRO stage as a policy table (zero.h)
  *   loss_scale.c  the fp16 loss scaler (loss_scale.h)
  *   tensors.c  the slice iterator over (tensor, this rank's part), AdamW
@@ -15,9 +19,10 @@
  *   checkpoint.c, checkpoint_load.c  checkpoints (checkpoint.h): each rank's
  *              slices out, any layout's parts back in
  *   eval.c     evaluation: a batch's loss, a masked LM's accuracy
- *   pipeline.c pipeline stages: create on a grid, the schedule's executor,
- *              the sends and receives of activations, their gradients and
- *              the tied embedding, the per-stage plan
+ *   pipeline.c pipeline stages: the stage's geometry and schedule, create
+ *              on a grid, the sends and receives of activations, their
+ *              gradients, the tied embedding and its replica; evaluation
+ *              over stages
  *
  * Ownership: the engine owns every buffer below and allocates each through
  * its ledger on its device (e->device), except: the batch's host staging
@@ -130,29 +135,17 @@ struct ts_engine {
   ts_comm_counters step_start;  /* counters when the current step began */
 };
 
-/* ---- device.c ------------------------------------------------------------ */
+/* Whether unit u is computed by this rank's stage. */
+static inline int ts_engine_owns(const ts_engine *e, int u) {
+  return u >= e->u_begin && u < e->u_end;
+}
 
-/* Beside a GPU, before anything is allocated: lends comm the device's copy
- * and addition (one rank only, until a device transport exists), sets the
- * kernels' flags, refuses a run the card cannot hold (the plan's other
- * blocks at their peak plus every reserved transient), naming each
- * category, and reserves the step's transients. */
-ts_status ts_engine_prepare_device(ts_engine *e);
+/* The mean loss of a (sum, rows) pair: 0 when no row has a target. */
+static inline double ts_engine_mean_loss(const double *pair) {
+  return pair[1] > 0 ? pair[0] / pair[1] : 0.0;
+}
 
-/* ---- engine.c ------------------------------------------------------------ */
-
-/* Opens / closes a span of the run's trace (no-ops without one); closing
- * waits for the device first, so that a GPU span covers its kernels. */
-void ts_engine_span_begin(ts_engine *e, ts_span_kind kind, int unit);
-void ts_engine_span_end(ts_engine *e);
-
-/* ts_engine_create's body for pipeline stage `stage` (0 without
- * pipelining; pp NULL then), both groups borrowed. */
-ts_status ts_engine_create_stage(ts_engine **out, const ts_model *model,
-                                 const ts_engine_opts *opts, ts_comm *dp, ts_comm *pp, int stage);
-
-/* Drops the step's gradients and transients (a failed step). */
-void ts_engine_discard_step(ts_engine *e);
+/* ---- engine.c: create, free, trace spans ------------------------------------- */
 
 /* A new engine for model and opts (every option checked, the loss scaler
  * set up) with an empty ledger and nothing allocated yet; *out is NULL on
@@ -163,76 +156,10 @@ ts_status ts_engine_new(const ts_model *model, const ts_engine_opts *opts, ts_en
  * parameters (on the plan device: charges only). */
 ts_status ts_engine_alloc(ts_engine *e);
 
-/* An engine on the plan device (plan ledger, TS_K_PLAN context, plan
- * groups: nothing allocated, computed or sent) after create and one step:
- * ts_engine_plan's, kept for its ledger (the account and the transients'
- * profile). Free with ts_engine_free. */
-ts_status ts_engine_plan_engine(const ts_model *model, const ts_engine_opts *opts, size_t dp_size,
-                                int stage, ts_engine **out);
-
-/* Sets the engine's stage geometry for stage s of opts->pipeline_stages
- * (units from the split, slots from the schedule). Errors: the split's. */
-ts_status ts_engine_set_stage(ts_engine *e, int s);
-
-/* Forward and backward of one micro-batch (ts_engine_micro_step's body). */
-ts_status ts_engine_run_micro_step(ts_engine *e, const int32_t *inputs, const int32_t *targets);
-
-/* Forward of micro-batch slot sl over this stage's units (its inputs and
- * dloss already in place); a last stage writes the loss pair (2) to loss. */
-ts_status ts_engine_forward_slot(ts_engine *e, act_slot *sl, double *loss, int fused);
-/* Backward of micro-batch e->cur_mb in slot sl over this stage's units in
- * reverse: dy (B, T, C) the gradient of the stage's output (NULL on the
- * last stage); the gradient of its input goes to sl->gsend (stage s > 0). */
-ts_status ts_engine_backward_slot(ts_engine *e, act_slot *sl, const void *dy);
-/* Zeroes every gradient buffer this rank holds (the shard when sharded). */
-ts_status ts_engine_zero_grads(ts_engine *e);
-/* The mean loss of a (sum, rows) pair: 0 when no row has a target. */
-static inline double ts_engine_mean_loss(const double *pair) {
-  return pair[1] > 0 ? pair[0] / pair[1] : 0.0;
-}
-/* Counters at the step's start (dp and pipeline groups; optimizer.c). */
-void ts_engine_step_begin(ts_engine *e);
-/* d(scaled step loss)/d(row loss) of a micro-batch with count targets. */
-float ts_engine_dloss(const ts_engine *e, size_t count);
-/* Waits for every pending send (activations, gradients, the tied
- * gradient): nothing left reading a buffer. Errors are ignored (the
- * engine is stopping or failing anyway) but for the first, returned. */
-ts_status ts_engine_wait_sends(ts_engine *e);
-/* The pipeline's evaluation forward of slot 0 (its batch loaded): the
- * last stage's (loss sum, rows, and with want_correct the rows predicted
- * right, ts_engine_count_correct of the host targets) on every stage. */
-ts_status ts_engine_eval_pipeline(ts_engine *e, double sums[3], const int32_t *targets,
-                                  int want_correct);
-/* Copies this micro-batch's (B, T) host inputs and targets to the device
- * and counts in *count the targets that are not -100 (host arithmetic on
- * the host array). On the CPU nothing moves when the caller filled the
- * engine's own buffers. Beside a device the batch goes through the
- * page-locked staging by one asynchronous copy each: the only wait is for
- * the previous micro-batch's copies to have left the staging, long done by
- * now. Errors: the host check of a device's batch, the copies'. */
-ts_status ts_engine_load_batch(ts_engine *e, const int32_t *inputs, const int32_t *targets,
-                               size_t *count);
-/* After an evaluation forward of slot 0 on the last stage: *correct = the
- * rows of the (B, T) host targets, -100 skipped, whose logits' first
- * maximum is the target (the logits are read on the host: a copy from a
- * device). */
-ts_status ts_engine_count_correct(ts_engine *e, const int32_t *targets, double *correct);
-/* Whether unit u is computed by this rank's stage. */
-static inline int ts_engine_owns(const ts_engine *e, int u) {
-  return u >= e->u_begin && u < e->u_end;
-}
-
-/* ---- pipeline.c ------------------------------------------------------------ */
-
-/* Stage 0 of a pipeline, before the lender's backward of the step's last
- * micro-batch: receives the tied head's gradient from the last stage into
- * a new transient (P) (a plan only charges it), e->tied_grads. */
-ts_status ts_engine_recv_tied_grads(ts_engine *e);
-/* The last stage, after the step's last backward: sends e->tied_grads. */
-ts_status ts_engine_send_tied_grads(ts_engine *e);
-/* After an applied optimizer step: stage 0 sends the lender's updated
- * parameters (as its policy holds them) to the last stage's replica. */
-ts_status ts_engine_sync_replica(ts_engine *e);
+/* ts_engine_create's body for pipeline stage `stage` (0 without
+ * pipelining; pp NULL then), both groups borrowed. */
+ts_status ts_engine_create_stage(ts_engine **out, const ts_model *model, const ts_engine_opts *opts,
+                                 ts_comm *dp, ts_comm *pp, int stage);
 
 /* The model state of one flat buffer of layout l under policy z in dt
  * (zero.h's table): s->params, grads, master (NULL in fp32), m, v, on dev. */
@@ -241,11 +168,114 @@ ts_status ts_engine_alloc_model_state(ts_ledger *ledger, ts_device dev, const ts
 /* Frees what ts_engine_alloc_model_state allocated (NULLs are fine). */
 void ts_engine_free_model_state(ts_ledger *ledger, unit_state *s);
 
+/* Opens / closes a span of the run's trace (no-ops without one); closing
+ * waits for the device first, so that a GPU span covers its kernels. */
+void ts_engine_span_begin(ts_engine *e, ts_span_kind kind, int unit);
+void ts_engine_span_end(ts_engine *e);
+
+/* ---- step.c: the step ------------------------------------------------------------ */
+
+/* The one batch load: a micro-batch's (B, T) host inputs and targets
+ * checked on the host (ts_k_check_indices), then into slot sl on the
+ * device, and in *count the targets that are not -100. On the CPU nothing
+ * moves when the caller filled the slot's own buffers. Beside a device the
+ * batch goes through the page-locked staging by one asynchronous copy
+ * each: the only wait is for the previous micro-batch's copies to have
+ * left the staging, long done by now. Errors: the host check's, the
+ * copies'. */
+ts_status ts_engine_load_batch(ts_engine *e, act_slot *sl, const int32_t *inputs,
+                               const int32_t *targets, size_t *count);
+/* Forward of micro-batch slot sl over this stage's units (its inputs and
+ * dloss already in place); a last stage writes the loss pair (2) to loss
+ * (fused: with the loss gradient, for a backward). */
+ts_status ts_engine_forward_slot(ts_engine *e, act_slot *sl, double *loss, int fused);
+/* Zeroes every gradient buffer this rank holds (the shard when sharded). */
+ts_status ts_engine_zero_grads(ts_engine *e);
+/* The full parameters (P) of unit u for a forward or backward: gathered on
+ * first use when sharded. Pair with ts_engine_release_params. */
+ts_status ts_engine_acquire_params(ts_engine *e, int u, const void **full);
+void ts_engine_release_params(ts_engine *e, int u);
+
+/* ---- optimizer.c: after the last micro-batch ------------------------------------- */
+
+/* Counters at the step's start (dp and pipeline groups). */
+void ts_engine_step_begin(ts_engine *e);
+
+/* ---- pipeline.c: stages and their traffic ---------------------------------------- */
+
+/* Sets the engine's stage geometry for stage s of opts->pipeline_stages
+ * (units from the split; the step's schedule, a one-stage 1F1B without
+ * pipelining; slots from the schedule). Errors: the split's. */
+ts_status ts_engine_set_stage(ts_engine *e, int s);
+
+/* Message tags on the pipeline group: kind + TS_TAG_KINDS * micro-batch. */
+enum { TS_TAG_ACT = 0, TS_TAG_GRAD, TS_TAG_TIED, TS_TAG_PARAMS, TS_TAG_EVAL, TS_TAG_KINDS };
+static inline int ts_engine_tag(int kind, int mb) { return kind + TS_TAG_KINDS * mb; }
+
+/* Elements of one (B, T, C) activation. */
+static inline size_t ts_engine_btc(const ts_engine *e) {
+  return e->opts.micro_batch * e->opts.seq * e->model->hidden_size;
+}
+
+/* A blocking receive, a non-blocking send (its posting traced) on the
+ * pipeline group, count elements of the compute dtype; and the wait for a
+ * pending send (*req NULL afterwards; NULL: nothing to wait for). */
+ts_status ts_engine_recv(ts_engine *e, void *buf, size_t count, int peer, int tag);
+ts_status ts_engine_isend(ts_engine *e, const void *buf, size_t count, int peer, int tag,
+                          ts_comm_request **req);
+ts_status ts_engine_wait_req(ts_comm_request **req);
+/* Waits for every pending send (activations, gradients, the tied
+ * gradient): nothing left reading a buffer. Errors are ignored (the
+ * engine is stopping or failing anyway) but for the first, returned. */
+ts_status ts_engine_wait_sends(ts_engine *e);
+
+/* Stage 0 of a pipeline, before the lender's backward of the step's last
+ * micro-batch: receives the tied head's gradient from the last stage into
+ * a new transient (P), e->tied_grads. */
+ts_status ts_engine_recv_tied_grads(ts_engine *e);
+/* The last stage, after the step's last backward: sends e->tied_grads. */
+ts_status ts_engine_send_tied_grads(ts_engine *e);
+/* After an applied optimizer step: stage 0 sends the lender's updated
+ * parameters (as its policy holds them) to the last stage's replica. */
+ts_status ts_engine_sync_replica(ts_engine *e);
+
+/* The pipeline's evaluation forward of slot 0 (its batch loaded): the
+ * last stage's (loss sum, rows, and with want_correct the rows predicted
+ * right, ts_engine_count_correct of the host targets) on every stage. */
+ts_status ts_engine_eval_pipeline(ts_engine *e, double sums[3], const int32_t *targets,
+                                  int want_correct);
+
+/* ---- eval.c ------------------------------------------------------------------------ */
+
+/* After an evaluation forward of slot 0 on the last stage: *correct = the
+ * rows of the (B, T) host targets, -100 skipped, whose logits' first
+ * maximum is the target (the logits are read on the host: a copy from a
+ * device). */
+ts_status ts_engine_count_correct(ts_engine *e, const int32_t *targets, double *correct);
+
+/* ---- device.c ---------------------------------------------------------------------- */
+
+/* Beside a GPU, before anything is allocated: lends comm the device's copy
+ * and addition (one rank only, until a device transport exists), sets the
+ * kernels' flags, refuses a run the card cannot hold (the plan's other
+ * blocks at their peak plus every reserved transient), naming each
+ * category, and reserves the step's transients. */
+ts_status ts_engine_prepare_device(ts_engine *e);
+
+/* ---- plan.c ------------------------------------------------------------------------ */
+
+/* An engine on the plan device (plan ledger, TS_K_PLAN context, plan
+ * groups: nothing allocated, computed or sent) after create and one step:
+ * ts_engine_plan's, kept for its ledger (the account and the transients'
+ * profile). Free with ts_engine_free. */
+ts_status ts_engine_plan_engine(const ts_model *model, const ts_engine_opts *opts, size_t dp_size,
+                                int stage, ts_engine **out);
+
 /* The recompute buffer's bytes: the largest saved bytes of a recomputed
  * unit among units [begin, end) (0 when none is). */
 size_t ts_engine_recompute_bytes(const ts_model *m, const ts_engine_opts *o, int begin, int end);
 
-/* ---- tensors.c ------------------------------------------------------------- */
+/* ---- tensors.c: (tensor, this rank's part) ------------------------------------------ */
 
 /* First flat element of this rank's shard of unit u. */
 size_t ts_engine_shard_begin(const ts_engine *e, int u);
@@ -262,27 +292,14 @@ typedef struct ts_slice {
   size_t offset; /* element offset of `begin` in the held buffer */
 } ts_slice;
 
-/* Walks the non-empty parts of unit u's tensors (layout order) in a
- * buffer that holds the whole unit (sharded == 0) or this rank's shard. */
-typedef struct ts_slice_iter {
-  const ts_engine *e; /* the engine (borrowed) */
-  int unit;           /* the unit walked */
-  int sharded;        /* 1: the buffer holds this rank's shard, 0: the whole unit */
-  int next;           /* the next tensor to look at */
-} ts_slice_iter;
-
-/* An iterator over unit u's parts in a buffer sharded or whole. */
-ts_slice_iter ts_slices(const ts_engine *e, int u, int sharded);
-/* Fills *s with the next part; 0 when there is none left. */
-int ts_slice_next(ts_slice_iter *it, ts_slice *s);
 /* The part of tensor i alone (possibly empty: begin == end). */
 ts_slice ts_slice_of(const ts_engine *e, int u, int i, int sharded);
 /* Element offset of flat element `flat` of unit u in a held buffer. */
 size_t ts_engine_held_offset(const ts_engine *e, int u, int sharded, size_t flat);
 
-/* AdamW on this rank's part of unit u (for the optimizer step in engine.c):
- * each tensor's part with its own weight decay; scale multiplies the
- * gradient first. */
+/* AdamW on this rank's part of unit u (for the optimizer step): each
+ * tensor's part with its own weight decay; scale multiplies the gradient
+ * first. */
 ts_status ts_engine_adamw_unit(ts_engine *e, int u, float lr, float scale);
 
 /* Writes this rank's part of Adam's moment `which` (0: m, 1: v) of tensor
@@ -290,17 +307,10 @@ ts_status ts_engine_adamw_unit(ts_engine *e, int u, float lr, float scale);
  * values (only the part held is read). A checkpoint's load. */
 ts_status ts_engine_set_state(ts_engine *e, int u, int i, int which, const float *src);
 
-/* Skipped step: where the overflow began (tensors.c): the highest unit
- * holding a non-finite reduced gradient on any rank and its first such
- * tensor (layout order), agreed by one all-reduce. */
+/* Skipped step: where the overflow began: the highest unit holding a
+ * non-finite reduced gradient on any rank and its first such tensor
+ * (layout order), agreed by one all-reduce. */
 ts_status ts_engine_find_overflow(ts_engine *e, int *unit, int *tensor);
-
-/* ---- the stage's gathers (engine.c) ------------------------------------------ */
-
-/* The full parameters (P) of unit u for a forward or backward: gathered on
- * first use when sharded. Pair with ts_engine_release_params. */
-ts_status ts_engine_acquire_params(ts_engine *e, int u, const void **full);
-void ts_engine_release_params(ts_engine *e, int u);
 
 #ifdef __cplusplus
 }

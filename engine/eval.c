@@ -42,7 +42,7 @@ ts_status ts_engine_count_correct(ts_engine *e, const int32_t *targets, double *
 ts_status ts_engine_eval_accuracy(ts_engine *e, const int32_t *inputs, const int32_t *targets,
                                   double *loss_sum, size_t *count, size_t *correct) {
   size_t rows;
-  TS_CHECK(ts_engine_load_batch(e, inputs, targets, &rows));
+  TS_CHECK(ts_engine_load_batch(e, &e->slots[0], inputs, targets, &rows));
   double sums[3] = {0.0, 0.0, 0.0}; /* loss sum, rows, rows predicted right */
   if (e->stages > 1) {
     TS_CHECK(ts_engine_eval_pipeline(e, sums, targets, correct != NULL));

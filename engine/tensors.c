@@ -38,12 +38,25 @@ ts_slice ts_slice_of(const ts_engine *e, int u, int i, int sharded) {
   return s;
 }
 
-ts_slice_iter ts_slices(const ts_engine *e, int u, int sharded) {
+/* Walks the non-empty parts of unit u's tensors (layout order) in a
+ * buffer that holds the whole unit (sharded == 0) or this rank's shard:
+ * the one slice iterator of AdamW, tensor get/set and the overflow search
+ * (checkpoints take ts_slice_of per tensor). */
+typedef struct ts_slice_iter {
+  const ts_engine *e; /* the engine (borrowed) */
+  int unit;           /* the unit walked */
+  int sharded;        /* 1: the buffer holds this rank's shard, 0: the whole unit */
+  int next;           /* the next tensor to look at */
+} ts_slice_iter;
+
+/* An iterator over unit u's parts in a buffer sharded or whole. */
+static ts_slice_iter ts_slices(const ts_engine *e, int u, int sharded) {
   ts_slice_iter it = {e, u, sharded, 0};
   return it;
 }
 
-int ts_slice_next(ts_slice_iter *it, ts_slice *s) {
+/* Fills *s with the next part; 0 when there is none left. */
+static int ts_slice_next(ts_slice_iter *it, ts_slice *s) {
   while (it->next < it->e->model->units[it->unit].n_tensors) {
     *s = ts_slice_of(it->e, it->unit, it->next++, it->sharded);
     if (s->begin < s->end) return 1;
