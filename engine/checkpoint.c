@@ -25,6 +25,7 @@
 
 #include "base/atomic_file.h"
 #include "base/checksum.h"
+#include "engine/checkpoint_index.h"
 #include "engine/engine_internal.h"
 
 #define FORMAT TS_CHECKPOINT_FORMAT
@@ -273,6 +274,11 @@ static ts_status build_index(const ts_engine *e, const saver_layout *L, int worl
     b.file = r;
     st = for_each_chunk(L, r, index_chunk, &b);
   }
+  /* sealed last: the digest of everything above (checkpoint_index.h) */
+  char digest[TS_SHA256_HEX];
+  if (st == TS_OK) st = ts_checkpoint_index_digest(root, digest);
+  if (st == TS_OK && !cJSON_AddStringToObject(root, "digest", digest))
+    st = ts_set_error(TS_ERR_OUT_OF_MEMORY, "checkpoint: index");
   *out = st == TS_OK ? cJSON_Print(root) : NULL;
   if (st == TS_OK && !*out) st = ts_set_error(TS_ERR_OUT_OF_MEMORY, "checkpoint: index text");
   cJSON_Delete(root);

@@ -60,7 +60,7 @@ typedef enum ts_checkpoint_kind {
 const char *ts_checkpoint_kind_name(ts_checkpoint_kind k);
 
 #define TS_CHECKPOINT_FORMAT "tessera-checkpoint" /* index.json "format" */
-#define TS_CHECKPOINT_VERSION 1                   /* index.json "version" */
+#define TS_CHECKPOINT_VERSION 2 /* index.json "version" (2: sealed by its "digest"; 1 read too) */
 #define TS_CHECKPOINT_INDEX "index.json"          /* the file that commits a folder */
 
 /* A small file rank 0 writes into the folder beside the slices (its bytes

@@ -5,8 +5,16 @@
 //    rename) leaves the newest complete checkpoint loadable and passing its
 //    checksums, and the folder it was writing is not a checkpoint;
 //  - a flipped byte, a truncated file, a missing file, a garbled index,
-//    another model's index each fail with one line naming the file.
+//    another model's index each fail with one line naming the file;
+//  - every field of index.json mutated (another type, +1, -1, removed, an
+//    extra member) is refused by the index's digest in one line; resealed
+//    (a writer that lies), none of them crashes the loader, each is refused
+//    in one line or loads, and the mutations the issue found (world, dp,
+//    pipeline, the loss scaler's history, a slice's file or offset, the
+//    ZeRO stage, the dtype, num_params, a loss scale of 0) are refused
+//    naming the field.
 // One process (no mpirun); the writer runs in a forked child.
+#include <cjson/cJSON.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -18,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "base/checksum.h"
 #include "base/testing.h"
 #include "engine/checkpoint.h"
 #include "engine/engine.h"
@@ -166,10 +175,13 @@ TEST(CheckpointFaults, DamagedFilesAndForeignIndexesFailWithOneLine) {
       {"rm index.json", TS_ERR_IO, "not a complete checkpoint"},
       {"echo '{\"format\": \"tessera-checkpoint\", \"version\": [' > index.json", TS_ERR_FORMAT,
        "index.json: not valid JSON"},
-      {"sed -i 's/\"version\":\\t1/\"version\":\\t2/' index.json", TS_ERR_FORMAT,
-       "index.json: version 2: expected 1"},
+      {"sed -i 's/\"version\":\\t2/\"version\":\\t3/' index.json", TS_ERR_FORMAT,
+       "index.json: field \"version\": expected an integer 1..2"},
+      // any other edit breaks the index's seal before a field is read
       {"sed -i 's/\"shape\":\\t\\[32\\]/\"shape\":\\t[33]/' index.json", TS_ERR_FORMAT,
-       "the slices do not cover its 33 elements exactly once"},
+       "does not match its contents"},
+      {"sed -i 's/\"world\":\\t1/\"world\":\\t3/' index.json", TS_ERR_FORMAT,
+       "does not match its contents"},
   };
   for (const Case &c : cases) {
     SCOPED_TRACE(c.damage);
@@ -187,6 +199,233 @@ TEST(CheckpointFaults, DamagedFilesAndForeignIndexesFailWithOneLine) {
   EXPECT_NE(msg.find("mlp.gate_proj.weight has shape [64, 32], the model ckpt-faults [96, 32]"),
             std::string::npos)
       << msg;
+}
+
+// ---- index.json mutated field by field --------------------------------------
+
+std::string ReadAll(const std::string &path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+void WriteAll(const std::string &path, const std::string &text) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f << text;
+}
+
+// The index's seal, as the format defines it (engine/checkpoint_index.h):
+// SHA-256 of the compact JSON without the "digest" member.
+void Reseal(cJSON *root) {
+  cJSON_DeleteItemFromObjectCaseSensitive(root, "digest");
+  char *text = cJSON_PrintUnformatted(root);
+  char hex[TS_SHA256_HEX];
+  ASSERT_EQ(ts_sha256_bytes(text, strlen(text), hex), TS_OK);
+  cJSON_free(text);
+  cJSON_AddStringToObject(root, "digest", hex);
+}
+
+// Every node of the tree (the root excluded) as a path of member names and
+// array indices, e.g. {"tensors", "3", "exp_avg", "slices", "0", "2"}.
+void Paths(const cJSON *node, std::vector<std::string> prefix,
+           std::vector<std::vector<std::string>> *out) {
+  int i = 0;
+  for (const cJSON *c = node->child; c; c = c->next, i++) {
+    std::vector<std::string> p = prefix;
+    p.push_back(cJSON_IsArray(node) ? std::to_string(i) : std::string(c->string));
+    out->push_back(p);
+    Paths(c, p, out);
+  }
+}
+
+cJSON *At(cJSON *root, const std::vector<std::string> &path, cJSON **parent) {
+  cJSON *n = root;
+  *parent = nullptr;
+  for (const std::string &k : path) {
+    *parent = n;
+    n = cJSON_IsArray(n) ? cJSON_GetArrayItem(n, std::stoi(k))
+                         : cJSON_GetObjectItemCaseSensitive(n, k.c_str());
+  }
+  return n;
+}
+
+std::string Join(const std::vector<std::string> &p) {
+  std::string s;
+  for (const std::string &k : p) s += (s.empty() ? "" : ".") + k;
+  return s;
+}
+
+// Applies mutation m (0 another type, 1 +1, 2 -1, 3 removed, 4 an extra
+// member beside it) at path; false when it does not apply to that node.
+bool Mutate(cJSON *root, const std::vector<std::string> &path, int m) {
+  cJSON *parent, *n = At(root, path, &parent);
+  if (!n) return false;
+  switch (m) {
+    case 0: {
+      cJSON *r = cJSON_IsNumber(n) ? cJSON_CreateString("7") : cJSON_CreateNumber(7);
+      if (cJSON_IsArray(parent))
+        cJSON_ReplaceItemInArray(parent, std::stoi(path.back()), r);
+      else
+        cJSON_ReplaceItemInObjectCaseSensitive(parent, path.back().c_str(), r);
+      return true;
+    }
+    case 1:
+    case 2:
+      if (!cJSON_IsNumber(n)) return false;
+      cJSON_SetNumberValue(n, n->valuedouble + (m == 1 ? 1 : -1));
+      return true;
+    case 3:
+      if (cJSON_IsArray(parent))
+        cJSON_DeleteItemFromArray(parent, std::stoi(path.back()));
+      else
+        cJSON_DeleteItemFromObjectCaseSensitive(parent, path.back().c_str());
+      return true;
+    default:
+      if (!cJSON_IsObject(parent)) return false;
+      cJSON_AddNumberToObject(parent, "unexpected_member", 1);
+      return true;
+  }
+}
+
+// Opens, verifies and loads dir into e: TS_OK or the status, message in *msg.
+ts_status OpenVerifyLoad(const std::string &dir, Fixture *f, std::string *msg) {
+  ts_checkpoint *ck = nullptr;
+  ts_status st = ts_checkpoint_open(&ck, dir.c_str(), &f->model);
+  if (st == TS_OK) st = ts_checkpoint_verify(ck, 0, 1);
+  if (st == TS_OK) st = ts_checkpoint_load(ck, f->e);
+  *msg = st == TS_OK ? "" : ts_last_error();
+  ts_checkpoint_close(ck);
+  return st;
+}
+
+TEST(CheckpointFaults, EveryIndexFieldMutatedIsRefusedOrHarmlessNeverACrash) {
+  TempDir d;
+  Fixture f;
+  f.Step();
+  std::string good = d.path("good");
+  ASSERT_EQ(Save(f.e, good), TS_OK) << ts_last_error();
+  const std::string text = ReadAll(good + "/index.json");
+  cJSON *orig = cJSON_Parse(text.c_str());
+  ASSERT_NE(orig, nullptr);
+  std::vector<std::vector<std::string>> paths;
+  Paths(orig, {}, &paths);
+  ASSERT_GT(paths.size(), 100u);
+  std::string dir = d.path("mutated"), msg;
+  ASSERT_EQ(system(("cp -r " + good + " " + dir).c_str()), 0);
+  size_t tried = 0, sealed_refused = 0, resealed_refused = 0, resealed_loaded = 0;
+  for (const auto &path : paths)
+    for (int m = 0; m < 5; m++) {
+      cJSON *root = cJSON_Duplicate(orig, 1);
+      if (!Mutate(root, path, m)) {
+        cJSON_Delete(root);
+        continue;
+      }
+      // format and version are read before the seal (they say how to read it)
+      bool own_line =
+          path.size() == 1 && (path[0] == "digest" || path[0] == "format" || path[0] == "version");
+      SCOPED_TRACE(Join(path) + " mutation " + std::to_string(m));
+      std::fprintf(stderr, "");  // (a crash's last trace line is the mutation)
+      tried++;
+      // As it is: the digest no longer matches (unless it is the digest
+      // itself that went), refused in one line.
+      char *out = cJSON_Print(root);
+      WriteAll(dir + "/index.json", out);
+      cJSON_free(out);
+      ts_status st = OpenVerifyLoad(dir, &f, &msg);
+      EXPECT_EQ(st, TS_ERR_FORMAT) << msg;
+      EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+      if (!own_line) EXPECT_NE(msg.find("does not match its contents"), std::string::npos) << msg;
+      sealed_refused += st == TS_ERR_FORMAT;
+      // Resealed, as a lying writer would: never a crash; refused in one
+      // line, or loaded.
+      Reseal(root);
+      out = cJSON_Print(root);
+      WriteAll(dir + "/index.json", out);
+      cJSON_free(out);
+      st = OpenVerifyLoad(dir, &f, &msg);
+      EXPECT_TRUE(st == TS_OK || st == TS_ERR_FORMAT) << ts_status_str(st) << ": " << msg;
+      EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+      (st == TS_OK ? resealed_loaded : resealed_refused)++;
+      cJSON_Delete(root);
+    }
+  std::printf("%zu mutations: %zu refused as they were; resealed, %zu refused, %zu loaded\n", tried,
+              sealed_refused, resealed_refused, resealed_loaded);
+  EXPECT_EQ(sealed_refused, tried);
+  EXPECT_GT(resealed_refused, tried / 2);
+  cJSON_Delete(orig);
+}
+
+// The mutations that crashed or were accepted before, resealed so that the
+// fields themselves must refuse them, each naming its field.
+TEST(CheckpointFaults, IndexFieldsAreCheckedBeforeTheyAreTrusted) {
+  TempDir d;
+  Fixture f;
+  f.Step();
+  std::string good = d.path("good"), dir = d.path("bad"), msg;
+  ASSERT_EQ(Save(f.e, good), TS_OK) << ts_last_error();
+  ASSERT_EQ(system(("cp -r " + good + " " + dir).c_str()), 0);
+  cJSON *orig = cJSON_Parse(ReadAll(good + "/index.json").c_str());
+  ASSERT_NE(orig, nullptr);
+  struct Case {
+    const char *path;  // dotted path of a number or array to replace
+    const char *json;  // its new value
+    const char *says;  // in the one-line message
+  } cases[] = {
+      {"world", "3", "field \"world\" = 3: expected dp 1 x pipeline 1 = 1"},
+      {"world", "0", "field \"world\": expected an integer 1.."},
+      {"world", "1000000", "field \"world\" = 1000000: expected dp 1"},
+      {"dp", "3", "field \"world\" = 1: expected dp 3 x pipeline 1 = 3"},
+      {"pipeline", "2", "field \"world\" = 1: expected dp 1 x pipeline 2 = 2"},
+      {"loss_scaler.history", "[5]", "field \"loss_scaler.history\"[0]"},
+      {"loss_scaler.history", "[[]]", "field \"loss_scaler.history\"[0]"},
+      {"loss_scaler.scale", "0", "field \"loss_scaler.scale\": expected a finite number > 0"},
+      {"zero_stage", "5", "field \"zero_stage\": expected an integer 0..3"},
+      {"dtype", "\"fp8\"", "field \"dtype\": expected fp32, bf16 or fp16"},
+      {"num_params", "12", "field \"num_params\" = 12: expected the tensors'"},
+      {"optimizer.attempts", "0", "field \"optimizer.attempts\": expected an integer 1.."},
+      {"split", "[0]", "field \"split\": expected 2 rising unit counts"},
+      {"tensors.0.param.slices.0.0", "1", "slice 0: expected [rank file, begin, end, offset]"},
+      {"tensors.0.param.slices.0.3", "1", "the offset a multiple of 2"},
+      {"tensors.1.param.slices.0.3", "0", "files[0]: two slices share bytes"},
+      {"files.0.name", "\"rank-00001.bin\"", "field \"files\"[0].name: expected rank-00000.bin"},
+      {"files.1.name", "\"rank-00000.bin\"",
+       "field \"files\"[1].name: rank-00000.bin is listed twice"},
+      {"files.0.sha256", "\"x\"", "field \"files\"[0].sha256: expected 64 hexadecimal digits"},
+  };
+  for (const Case &c : cases) {
+    SCOPED_TRACE(std::string(c.path) + " = " + c.json);
+    cJSON *root = cJSON_Duplicate(orig, 1);
+    std::vector<std::string> path;
+    std::string p = c.path;
+    for (size_t at = 0; at != std::string::npos;) {
+      size_t dot = p.find('.', at);
+      path.push_back(p.substr(at, dot == std::string::npos ? dot : dot - at));
+      at = dot == std::string::npos ? dot : dot + 1;
+    }
+    cJSON *parent, *n = At(root, path, &parent);
+    ASSERT_NE(n, nullptr);
+    cJSON *v = cJSON_Parse(c.json);
+    if (cJSON_IsArray(parent))
+      cJSON_ReplaceItemInArray(parent, std::stoi(path.back()), v);
+    else
+      cJSON_ReplaceItemInObjectCaseSensitive(parent, path.back().c_str(), v);
+    Reseal(root);
+    char *out = cJSON_Print(root);
+    WriteAll(dir + "/index.json", out);
+    cJSON_free(out);
+    cJSON_Delete(root);
+    EXPECT_EQ(OpenVerifyLoad(dir, &f, &msg), TS_ERR_FORMAT);
+    EXPECT_NE(msg.find(c.says), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+  // Resealed unchanged, it loads: the seal is all that changed.
+  cJSON *root = cJSON_Duplicate(orig, 1);
+  Reseal(root);
+  char *out = cJSON_Print(root);
+  WriteAll(dir + "/index.json", out);
+  cJSON_free(out);
+  cJSON_Delete(root);
+  EXPECT_EQ(OpenVerifyLoad(dir, &f, &msg), TS_OK) << msg;
+  cJSON_Delete(orig);
 }
 
 }  // namespace
