@@ -131,6 +131,8 @@ typedef struct ts_checkpoint_info {
   int pipeline;        /* pipeline stages */
   int world;           /* ranks: pipeline * dp, one rank-RRRRR.bin each */
   int optimizer_step;  /* AdamW updates applied (t) */
+  int attempts;        /* optimizer steps finished, skipped (overflowed fp16) ones included:
+                          the training step it was saved after */
   size_t n_tensors;    /* logical tensors */
   size_t bytes;        /* every file the index lists, summed */
   size_t bytes_read;   /* what this process read of them so far (verify and load), bytes */

@@ -127,6 +127,7 @@ static ts_status parse_header(ck_index *ix, const cJSON *root, int version) {
   ix->info.optimizer_step = (int)v;
   TS_CHECK(get_int(ix, opt, "attempts", "optimizer.attempts", v, INT32_MAX, &v));
   ix->attempts = (int)v;
+  ix->info.attempts = ix->attempts;
   const cJSON *ls = cJSON_GetObjectItemCaseSensitive(root, "loss_scaler");
   const cJSON *scale = cJSON_GetObjectItemCaseSensitive(ls, "scale");
   if (!cJSON_IsNumber(scale) || !(scale->valuedouble > 0) || !(scale->valuedouble <= 3.4e38))

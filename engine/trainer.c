@@ -20,6 +20,7 @@
 #include "engine/metrics.h"
 #include "engine/mlm.h"
 #include "engine/trace.h"
+#include "engine/trainer_state.h"
 
 ts_train_config ts_train_default_config(void) {
   ts_train_config c;
@@ -107,6 +108,7 @@ typedef struct run {
   ts_checkpoint *ck;         /* the checkpoint resumed from (setup), else NULL */
   size_t start;              /* steps done before this run (resumed), else 0 */
   double load_seconds;       /* this rank's verify and load of ck */
+  char resume_note[512];     /* a resumed run's other schedule, said (note_schedule), else "" */
 } run;
 
 static void run_free(run *r) {
@@ -168,20 +170,54 @@ static ts_status evaluate(run *r, double *val_loss, double *accuracy) {
   return TS_OK;
 }
 
-/* A field of the resumed checkpoint's trainer.json: a number >= 0. */
-static ts_status trainer_field(const run *r, const cJSON *root, const char *field, double *out) {
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, field);
-  if (!cJSON_IsNumber(v) || v->valuedouble < 0)
-    return ts_set_error(TS_ERR_FORMAT, "%s/trainer.json: field \"%s\": expected a number >= 0",
-                        ts_checkpoint_dir(r->ck), field);
-  *out = v->valuedouble;
-  return TS_OK;
+/* The checkpoint's config.json must describe the model this run trains:
+ * the same family and every hyper-parameter equal (ts_model_config_diff),
+ * or the load is refused naming the first field that differs. */
+static ts_status check_saved_config(run *r, const char *dir) {
+  char *text;
+  TS_CHECK(ts_checkpoint_read_extra(r->ck, "config.json", &text, NULL));
+  char source[4200];
+  snprintf(source, sizeof source, "%s/config.json", dir);
+  ts_model saved;
+  ts_status st = ts_model_parse(text, source, &saved);
+  free(text);
+  TS_CHECK(st);
+  const char *field;
+  char here[32], there[32];
+  if (ts_model_config_diff(&r->model, &saved, &field, here, there))
+    st = ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                      "`model` %s: field \"%s\" = %s, the checkpoint's %s has %s: expected the "
+                      "model the checkpoint was trained as",
+                      ts_model_origin(&r->model), field, here, source, there);
+  ts_model_free(&saved);
+  return st;
 }
 
-/* cfg->resume: finds and opens the checkpoint (checked against the model),
- * reads its trainer state: the step to go on from and the data seed (a
- * batch is a pure function of (seed, step, sample index)). The global
- * batch must be the saved one, or the steps would mean other samples. */
+/* Resuming with another learning-rate schedule (`steps`, `lr`,
+ * `min_lr_ratio`, `warmup`) than the saving run's is allowed (a run is
+ * often extended), but said: one line into r->resume_note with the rate of
+ * the next step, before and after. */
+static void note_schedule(run *r, const ts_trainer_state *s) {
+  const ts_train_config *c = r->cfg;
+  if (!s->has_schedule) return;
+  float was = ts_train_lr(s->step + 1, s->steps, s->warmup, (float)s->lr, (float)s->min_lr_ratio);
+  float now = ts_train_lr(s->step + 1, c->steps, c->warmup, c->lr, c->min_lr_ratio);
+  if (s->steps == c->steps && (float)s->lr == c->lr && (float)s->min_lr_ratio == c->min_lr_ratio &&
+      s->warmup == c->warmup)
+    return;
+  snprintf(r->resume_note, sizeof r->resume_note,
+           "note: resuming with another learning-rate schedule than the checkpoint's (`steps` "
+           "%zu, `lr` %g, `warmup` %zu, `min_lr_ratio` %g here; %zu, %g, %zu, %g there): step "
+           "%zu's rate is %.6g where the saved run's schedule had %.6g",
+           c->steps, (double)c->lr, c->warmup, (double)c->min_lr_ratio, s->steps, s->lr, s->warmup,
+           s->min_lr_ratio, s->step + 1, (double)now, (double)was);
+}
+
+/* cfg->resume: finds and opens the checkpoint (checked against the model:
+ * its tensors and its config.json), reads and checks its trainer state
+ * (trainer_state.h): the step to go on from and the data seed (a batch is
+ * a pure function of (seed, step, sample index)). The global batch must be
+ * the saved one, or the steps would mean other samples. */
 static ts_status open_resume(run *r) {
   const ts_train_config *cfg = r->cfg;
   if (!cfg->resume) return TS_OK;
@@ -199,35 +235,29 @@ static ts_status open_resume(run *r) {
         where);
   }
   TS_CHECK(ts_checkpoint_open(&r->ck, dir, &r->model));
+  TS_CHECK(check_saved_config(r, dir));
+  ts_checkpoint_info info;
+  ts_checkpoint_get_info(r->ck, &info);
   char *text;
-  TS_CHECK(ts_checkpoint_read_extra(r->ck, "trainer.json", &text, NULL));
-  cJSON *root = cJSON_Parse(text);
+  size_t len;
+  TS_CHECK(ts_checkpoint_read_extra(r->ck, "trainer.json", &text, &len));
+  ts_trainer_state s;
+  ts_status st = ts_trainer_state_parse(text, len, dir, &info, &s);
   free(text);
-  double step = 0, gb = 0;
-  ts_status st = root ? TS_OK
-                      : ts_set_error(TS_ERR_FORMAT, "%s/trainer.json: not valid JSON", dir);
-  if (st == TS_OK) st = trainer_field(r, root, "step", &step);
-  if (st == TS_OK) st = trainer_field(r, root, "global_batch", &gb);
-  const cJSON *js = cJSON_GetObjectItemCaseSensitive(root, "data_seed");
-  char *end = NULL;
-  unsigned long long seed = cJSON_IsString(js) ? strtoull(js->valuestring, &end, 10) : 0;
-  if (st == TS_OK && (!end || end == js->valuestring || *end))
-    st = ts_set_error(TS_ERR_FORMAT, "%s/trainer.json: field \"data_seed\": expected a decimal "
-                      "string", dir);
-  cJSON_Delete(root);
   TS_CHECK(st);
-  if ((size_t)gb != r->global_batch)
+  if (s.global_batch != r->global_batch)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "`global_batch` %zu: the checkpoint %s was trained with %zu sequences per "
                         "step; resume with the same global batch",
-                        r->global_batch, dir, (size_t)gb);
-  if ((size_t)step >= cfg->steps)
+                        r->global_batch, dir, s.global_batch);
+  if (s.step >= cfg->steps)
     return ts_set_error(
         TS_ERR_INVALID_ARGUMENT,
         "`steps` %zu: the checkpoint %s is at step %zu already; expected more steps", cfg->steps,
-        dir, (size_t)step);
-  r->start = (size_t)step;
-  r->eo.seed = (uint64_t)seed; /* the data order of the run that saved it */
+        dir, s.step);
+  note_schedule(r, &s);
+  r->start = s.step;
+  r->eo.seed = s.data_seed; /* the data order of the run that saved it */
   return TS_OK;
 }
 
@@ -532,6 +562,7 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
   double t_loop = now_s(), tok_s_sum = 0;
   size_t timed = 0;
   res->resumed_from = r->start;
+  snprintf(res->resume_note, sizeof res->resume_note, "%s", r->resume_note);
   if (r->ck) { /* the load's time (the slowest rank) and bytes (all ranks) */
     ts_checkpoint_info info;
     ts_checkpoint_get_info(r->ck, &info);

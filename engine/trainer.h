@@ -139,6 +139,9 @@ typedef struct ts_train_result {
                               minimum loss scale): no rank waits, no abort */
   size_t skipped_steps;    /* steps skipped for fp16 overflow or a non-finite value */
   size_t resumed_from;     /* the step of the checkpoint the run resumed from, else 0 */
+  char resume_note[512];   /* resumed with another learning-rate schedule than the saving
+                              run's: one line saying so, in library terms (tools map them to
+                              flags, tools/flags.h); else "" */
   size_t stopped_at;       /* the step after which a stop request ended the run, else 0 */
   char saved[4096];        /* the last checkpoint saved, else "" */
   size_t saves;            /* checkpoints saved */

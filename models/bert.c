@@ -5,11 +5,13 @@
  * transformers' BertForMaskedLM (modeling_bert.py) in fp32
  * (tests/bert_parity_test).
  */
+#include "models/bert.h"
+
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "models/bert.h"
 #include "models/bert_internal.h"
 #include "models/family.h"
 
@@ -137,12 +139,33 @@ static int bert_ignorable(const ts_model *m, const char *name) {
          !strncmp(name, "cls.seq_relationship.", 21);
 }
 
+#define FIELD(name, type) \
+  { #name, offsetof(ts_bert_config, name), type }
+static const ts_config_field FIELDS[] = {
+    FIELD(hidden_size, TS_CONFIG_SIZE),
+    FIELD(intermediate_size, TS_CONFIG_SIZE),
+    FIELD(num_hidden_layers, TS_CONFIG_SIZE),
+    FIELD(num_attention_heads, TS_CONFIG_SIZE),
+    FIELD(vocab_size, TS_CONFIG_SIZE),
+    FIELD(max_position_embeddings, TS_CONFIG_SIZE),
+    FIELD(type_vocab_size, TS_CONFIG_SIZE),
+    FIELD(layer_norm_eps, TS_CONFIG_FLOAT),
+    FIELD(initializer_range, TS_CONFIG_DOUBLE),
+    {"hidden_act", offsetof(ts_bert_config, act), TS_CONFIG_INT},
+    FIELD(tie_word_embeddings, TS_CONFIG_INT),
+    FIELD(pad_token_id, TS_CONFIG_INT32),
+    FIELD(sep_token_id, TS_CONFIG_INT32),
+};
+#undef FIELD
+
 const ts_model_family ts_bert_family = {
     .model_type = "bert",
     .init = bert_init,
     .free = bert_free,
     .flops_per_token = bert_flops,
     .ignorable = bert_ignorable,
+    .fields = FIELDS,
+    .n_fields = sizeof FIELDS / sizeof FIELDS[0],
 };
 
 /* ---- sizes ----------------------------------------------------------------- */

@@ -7,12 +7,13 @@
  */
 #include "models/llama.h"
 
-#include "models/family.h"
-
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "models/family.h"
 
 /* Indices of a block's tensors in layout order (Hugging Face order). */
 enum {
@@ -130,12 +131,30 @@ static int llama_ignorable(const ts_model *m, const char *name) {
   return m->units[m->n_units - 1].tied_unit >= 0 && !strcmp(name, "lm_head.weight");
 }
 
+#define FIELD(name, type) \
+  { #name, offsetof(ts_llama_config, name), type }
+static const ts_config_field FIELDS[] = {
+    FIELD(hidden_size, TS_CONFIG_SIZE),
+    FIELD(intermediate_size, TS_CONFIG_SIZE),
+    FIELD(num_hidden_layers, TS_CONFIG_SIZE),
+    FIELD(num_attention_heads, TS_CONFIG_SIZE),
+    FIELD(num_key_value_heads, TS_CONFIG_SIZE),
+    FIELD(vocab_size, TS_CONFIG_SIZE),
+    FIELD(max_position_embeddings, TS_CONFIG_SIZE),
+    FIELD(rms_norm_eps, TS_CONFIG_FLOAT),
+    FIELD(rope_theta, TS_CONFIG_FLOAT),
+    FIELD(tie_word_embeddings, TS_CONFIG_INT),
+};
+#undef FIELD
+
 const ts_model_family ts_llama_family = {
     .model_type = "llama",
     .init = llama_init,
     .free = llama_free,
     .flops_per_token = llama_flops,
     .ignorable = llama_ignorable,
+    .fields = FIELDS,
+    .n_fields = sizeof FIELDS / sizeof FIELDS[0],
 };
 
 /* ---- sizes ----------------------------------------------------------------- */

@@ -121,6 +121,41 @@ double ts_model_flops_per_token(const ts_model *m, size_t T) {
   return m->family->flops_per_token(m, T);
 }
 
+/* Field f of config cfg printed into out (32 bytes); its value as a double
+ * into *x (exact for the sizes and ids a config holds). */
+static void config_value(const void *cfg, const ts_config_field *f, char out[32], double *x) {
+  const char *p = (const char *)cfg + f->offset;
+  switch (f->type) {
+    case TS_CONFIG_SIZE: *x = (double)*(const size_t *)p; break;
+    case TS_CONFIG_INT: *x = *(const int *)p; break;
+    case TS_CONFIG_INT32: *x = *(const int32_t *)p; break;
+    case TS_CONFIG_FLOAT: *x = *(const float *)p; break;
+    case TS_CONFIG_DOUBLE: *x = *(const double *)p; break;
+  }
+  snprintf(out, 32, "%.9g", *x);
+}
+
+int ts_model_config_diff(const ts_model *a, const ts_model *b, const char **field, char va[32],
+                         char vb[32]) {
+  if (a->family != b->family) {
+    *field = "model_type";
+    snprintf(va, 32, "\"%s\"", a->family->model_type);
+    snprintf(vb, 32, "\"%s\"", b->family->model_type);
+    return 1;
+  }
+  for (int i = 0; i < a->family->n_fields; i++) {
+    const ts_config_field *f = &a->family->fields[i];
+    double x, y;
+    config_value(a->impl, f, va, &x);
+    config_value(b->impl, f, vb, &y);
+    if (memcmp(&x, &y, sizeof x) != 0) {
+      *field = f->name;
+      return 1;
+    }
+  }
+  return 0;
+}
+
 int ts_model_ignorable(const ts_model *m, const char *name) {
   return m->family->ignorable && m->family->ignorable(m, name);
 }

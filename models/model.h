@@ -132,6 +132,21 @@ struct ts_unit {
   size_t numel;           /* sum of tensor numels (unpadded) */
 };
 
+/* One hyper-parameter of a family's own config (m->impl): its config.json
+ * name, where it lies in the family's struct, and its C type. */
+typedef enum ts_config_type {
+  TS_CONFIG_SIZE,   /* size_t */
+  TS_CONFIG_INT,    /* int (enums and booleans too) */
+  TS_CONFIG_INT32,  /* int32_t */
+  TS_CONFIG_FLOAT,  /* float */
+  TS_CONFIG_DOUBLE, /* double */
+} ts_config_type;
+typedef struct ts_config_field {
+  const char *name;
+  size_t offset; /* bytes from the start of m->impl */
+  ts_config_type type;
+} ts_config_field;
+
 /* A family: how a config.json of its model_type becomes units. */
 typedef struct ts_model_family {
   const char *model_type; /* config.json "model_type", e.g. "llama" */
@@ -148,6 +163,10 @@ typedef struct ts_model_family {
    * that m does not hold (a buffer, a tied copy, another task's head), as
    * transformers' from_pretrained skips it; NULL: none may. */
   int (*ignorable)(const ts_model *m, const char *name);
+  /* Every hyper-parameter of m->impl that its config.json sets (n_fields),
+   * for ts_model_config_diff. */
+  const ts_config_field *fields;
+  int n_fields;
 } ts_model_family;
 
 struct ts_model {
@@ -189,6 +208,16 @@ ts_status ts_model_load(const char *path, ts_model *out);
 
 /* Frees what the model owns; m may be loaded again. A zeroed m is fine. */
 void ts_model_free(ts_model *m);
+
+/* The first hyper-parameter where a and b differ: the family's
+ * "model_type", else a field of its config (ts_model_family.fields, in
+ * their order), its name into field and the two values, printed with %g or
+ * as integers, into va and vb (32 bytes each). Returns 1 if they differ, 0
+ * if every hyper-parameter is equal (the same math; names, sources and
+ * fields tessera does not read, such as "architectures" or "torch_dtype",
+ * are not compared). Host; no allocation. */
+int ts_model_config_diff(const ts_model *a, const ts_model *b, const char **field, char va[32],
+                         char vb[32]);
 
 /* What messages call the model: its file, or its name if built by hand. */
 const char *ts_model_origin(const ts_model *m);

@@ -12,7 +12,12 @@
 //    in one line or loads, and the mutations the issue found (world, dp,
 //    pipeline, the loss scaler's history, a slice's file or offset, the
 //    ZeRO stage, the dtype, num_params, a loss scale of 0) are refused
-//    naming the field.
+//    naming the field;
+//  - every field of trainer.json mutated the same ways (and swapped) is
+//    refused by its checksum in the index; with the checksum and the seal
+//    rewritten, the resumed run is refused in one line or ends with the same
+//    bits as the unmutated resume; its step against the index's, and a
+//    config.json of other hyper-parameters, are refused naming the field.
 // One process (no mpirun); the writer runs in a forked child.
 #include <cjson/cJSON.h>
 #include <gtest/gtest.h>
@@ -31,6 +36,8 @@
 #include "engine/checkpoint.h"
 #include "engine/engine.h"
 #include "engine/engine_testing.h"
+#include "engine/train_fixture.h"
+#include "engine/trainer.h"
 #include "models/llama.h"
 #include "tests/tiny_model.h"
 
@@ -255,7 +262,9 @@ std::string Join(const std::vector<std::string> &p) {
 }
 
 // Applies mutation m (0 another type, 1 +1, 2 -1, 3 removed, 4 an extra
-// member beside it) at path; false when it does not apply to that node.
+// member beside it, 5 swapped with the next sibling: two files, two
+// slices, two tensors trading places) at path; false when it does not
+// apply to that node.
 bool Mutate(cJSON *root, const std::vector<std::string> &path, int m) {
   cJSON *parent, *n = At(root, path, &parent);
   if (!n) return false;
@@ -279,10 +288,28 @@ bool Mutate(cJSON *root, const std::vector<std::string> &path, int m) {
       else
         cJSON_DeleteItemFromObjectCaseSensitive(parent, path.back().c_str());
       return true;
-    default:
+    case 4:
       if (!cJSON_IsObject(parent)) return false;
       cJSON_AddNumberToObject(parent, "unexpected_member", 1);
       return true;
+    default: {
+      // (equal neighbours swap to nothing; the seal's own member is the
+      // digest's case)
+      if (!n->next || cJSON_Compare(n, n->next, 1) ||
+          (n->next->string && std::string(n->next->string) == "digest"))
+        return false;
+      cJSON *a = cJSON_Duplicate(n, 1), *b = cJSON_Duplicate(n->next, 1);
+      if (cJSON_IsArray(parent)) {
+        int i = std::stoi(path.back());
+        cJSON_ReplaceItemInArray(parent, i, b);
+        cJSON_ReplaceItemInArray(parent, i + 1, a);
+      } else {
+        std::string next = n->next->string;
+        cJSON_ReplaceItemInObjectCaseSensitive(parent, path.back().c_str(), b);
+        cJSON_ReplaceItemInObjectCaseSensitive(parent, next.c_str(), a);
+      }
+      return true;
+    }
   }
 }
 
@@ -313,7 +340,7 @@ TEST(CheckpointFaults, EveryIndexFieldMutatedIsRefusedOrHarmlessNeverACrash) {
   ASSERT_EQ(system(("cp -r " + good + " " + dir).c_str()), 0);
   size_t tried = 0, sealed_refused = 0, resealed_refused = 0, resealed_loaded = 0;
   for (const auto &path : paths)
-    for (int m = 0; m < 5; m++) {
+    for (int m = 0; m < 6; m++) {
       cJSON *root = cJSON_Duplicate(orig, 1);
       if (!Mutate(root, path, m)) {
         cJSON_Delete(root);
@@ -426,6 +453,187 @@ TEST(CheckpointFaults, IndexFieldsAreCheckedBeforeTheyAreTrusted) {
   cJSON_Delete(root);
   EXPECT_EQ(OpenVerifyLoad(dir, &f, &msg), TS_OK) << msg;
   cJSON_Delete(orig);
+}
+
+// ---- trainer.json mutated field by field, through whole resumed runs -------
+
+// A 4-step run of the trainer's tiny model saving at steps 2 and 4.
+ts_train_config TrainConfig(const std::string &data, const std::string &model) {
+  ts_train_config c = ts_train_default_config();
+  c.model = model.c_str();
+  c.data_dir = data.c_str();
+  c.steps = 4;
+  c.warmup = 1;
+  c.lr = 1e-2f;
+  c.engine.micro_batch = 2;
+  c.engine.seq = 16;
+  c.eval_batches = 1;
+  c.save_every = 2;
+  return c;
+}
+
+// Runs c saving into `saved` (c's save_dir is unset again afterwards).
+void Train(ts_train_config *c, const std::string &saved) {
+  c->save_dir = saved.c_str();
+  ts_train_result r;
+  ts_status st = ts_train_run(c, nullptr, nullptr, &r);
+  c->save_dir = nullptr;
+  ASSERT_EQ(st, TS_OK) << ts_last_error();
+}
+
+// The SHA-256 of rank-00000.bin the index of checkpoint dir lists: every
+// parameter, master weight and moment of the one rank.
+std::string RankSha(const std::string &dir) {
+  cJSON *ix = cJSON_Parse(ReadAll(dir + "/index.json").c_str());
+  const cJSON *f = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(ix, "files"), 0);
+  const cJSON *sha = cJSON_GetObjectItemCaseSensitive(f, "sha256");
+  std::string out = cJSON_IsString(sha) ? sha->valuestring : "";
+  cJSON_Delete(ix);
+  return out;
+}
+
+// Writes text as extra file `name` of checkpoint dir; with reseal, its
+// bytes and checksum in the index and the index's digest follow (a writer
+// that lies), else the index is left as it was.
+void WriteExtra(const std::string &dir, const char *name, const std::string &text, bool reseal) {
+  WriteAll(dir + "/" + name, text);
+  if (!reseal) return;
+  cJSON *ix = cJSON_Parse(ReadAll(dir + "/index.json").c_str());
+  const cJSON *files = cJSON_GetObjectItemCaseSensitive(ix, "files");
+  for (cJSON *f = files ? files->child : nullptr; f; f = f->next)
+    if (std::string(cJSON_GetObjectItemCaseSensitive(f, "name")->valuestring) == name) {
+      char hex[TS_SHA256_HEX];
+      ASSERT_EQ(ts_sha256_bytes(text.data(), text.size(), hex), TS_OK);
+      cJSON_ReplaceItemInObjectCaseSensitive(f, "sha256", cJSON_CreateString(hex));
+      cJSON_ReplaceItemInObjectCaseSensitive(f, "bytes", cJSON_CreateNumber((double)text.size()));
+    }
+  Reseal(ix);
+  char *out = cJSON_Print(ix);
+  WriteAll(dir + "/index.json", out);
+  cJSON_free(out);
+  cJSON_Delete(ix);
+}
+
+// Resumes c from checkpoint `from` to step 4, saving into `out` (emptied
+// first): TS_OK and the step-4 rank file's SHA-256 in *sha, or the status
+// and its message in *msg.
+ts_status Resume(ts_train_config c, const std::string &from, const std::string &out,
+                 std::string *sha, std::string *msg) {
+  EXPECT_EQ(system(("rm -rf '" + out + "'").c_str()), 0);
+  c.resume = from.c_str();
+  c.save_dir = out.c_str();
+  ts_train_result r;
+  ts_status st = ts_train_run(&c, nullptr, nullptr, &r);
+  *msg = st == TS_OK ? "" : ts_last_error();
+  *sha = st == TS_OK ? RankSha(out + "/step-00000004") : "";
+  return st;
+}
+
+TEST(CheckpointFaults, EveryTrainerFieldMutatedIsRefusedOrResumesBitwise) {
+  TempDir d;
+  std::string data = ts_test::MakeData(64), model = ts_test::MakeConfig(64, 64);
+  std::string saved = d.path("saved"), dir = d.path("mutated"), out = d.path("out");
+  ts_train_config c = TrainConfig(data, model);
+  ASSERT_NO_FATAL_FAILURE(Train(&c, saved));
+  const std::string from = saved + "/step-00000002", want = RankSha(saved + "/step-00000004");
+  ASSERT_EQ(want.size(), 64u);
+  std::string sha, msg;
+  ASSERT_EQ(Resume(c, from, out, &sha, &msg), TS_OK) << msg;
+  ASSERT_EQ(sha, want) << "the unmutated resume ends where the uninterrupted run did";
+  const std::string text = ReadAll(from + "/trainer.json");
+  cJSON *orig = cJSON_Parse(text.c_str());
+  ASSERT_NE(orig, nullptr);
+  std::vector<std::vector<std::string>> paths;
+  Paths(orig, {}, &paths);
+  ASSERT_GE(paths.size(), 20u);
+  size_t tried = 0, refused = 0, same = 0;
+  for (const auto &path : paths)
+    for (int m = 0; m < 6; m++) {
+      cJSON *root = cJSON_Duplicate(orig, 1);
+      if (!Mutate(root, path, m)) {
+        cJSON_Delete(root);
+        continue;
+      }
+      SCOPED_TRACE(Join(path) + " mutation " + std::to_string(m));
+      tried++;
+      char *p = cJSON_Print(root);
+      std::string mutated = p;
+      cJSON_free(p);
+      cJSON_Delete(root);
+      ASSERT_EQ(system(("rm -rf '" + dir + "' && cp -r '" + from + "' '" + dir + "'").c_str()), 0);
+      // As it is: its checksum in the index no longer matches.
+      WriteExtra(dir, "trainer.json", mutated, false);
+      EXPECT_EQ(Resume(c, dir, out, &sha, &msg), TS_ERR_FORMAT);
+      EXPECT_NE(msg.find("trainer.json"), std::string::npos) << msg;
+      EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+      // Checksum and seal rewritten: refused in one line, or the same bits.
+      WriteExtra(dir, "trainer.json", mutated, true);
+      ts_status st = Resume(c, dir, out, &sha, &msg);
+      if (st == TS_OK) {
+        EXPECT_EQ(sha, want) << "a mutated trainer.json resumed to other numbers with exit 0";
+        same++;
+      } else {
+        EXPECT_TRUE(st == TS_ERR_FORMAT || st == TS_ERR_INVALID_ARGUMENT) << ts_status_str(st);
+        EXPECT_FALSE(msg.empty());
+        EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+        refused++;
+      }
+    }
+  std::printf("%zu trainer.json mutations: resealed, %zu refused, %zu resumed bitwise\n", tried,
+              refused, same);
+  EXPECT_GT(tried, 100u);
+  EXPECT_GT(refused, 0u);
+  cJSON_Delete(orig);
+}
+
+// The step against the index's, the other fields the resume reads, and a
+// config.json of another model, each refused naming the field.
+TEST(CheckpointFaults, TrainerStateAndConfigAreCheckedAgainstTheCheckpoint) {
+  TempDir d;
+  std::string data = ts_test::MakeData(64), model = ts_test::MakeConfig(64, 64);
+  std::string saved = d.path("saved"), dir = d.path("bad"), out = d.path("out");
+  ts_train_config c = TrainConfig(data, model);
+  ASSERT_NO_FATAL_FAILURE(Train(&c, saved));
+  const std::string from = saved + "/step-00000002";
+  const std::string trainer = ReadAll(from + "/trainer.json"),
+                    config = ReadAll(from + "/config.json");
+  struct Case {
+    const char *file, *find, *replace;  // the edit
+    const char *says;                   // in the one-line message
+  } cases[] = {
+      {"trainer.json", "\"step\":\t2", "\"step\":\t3",
+       "trainer.json: field \"step\" = 3: expected the index's optimizer.attempts 2"},
+      {"trainer.json", "\"step\":\t2", "\"step\":\t\"2\"",
+       "trainer.json: field \"step\": expected an integer 0.."},
+      {"trainer.json", "\"next_sample\":\t4", "\"next_sample\":\t5",
+       "field \"next_sample\" = 5: expected step x global_batch = 4"},
+      {"trainer.json", "\"data_seed\":\t\"", "\"data_seed\":\t\"-",
+       "field \"data_seed\": expected a decimal string of a 64-bit seed"},
+      {"trainer.json", "\"zero_stage\":\t0", "\"zero_stage\":\t2",
+       "field \"zero_stage\" = 2: expected the index's 0"},
+      {"trainer.json", "\"loss_scale\":\t1", "\"loss_scale\":\t0",
+       "field \"loss_scale\": expected a finite number > 0"},
+      {"trainer.json", "{", "[", "trainer.json: not a JSON object"},
+      {"config.json", "\"rms_norm_eps\": 1e-5", "\"rms_norm_eps\": 1e-6",
+       "field \"rms_norm_eps\" = 9.99999975e-06, the checkpoint's"},
+      {"config.json", "\"rms_norm_eps\": 1e-5", "\"rms_norm_eps\": 1e-5, \"rope_theta\": 500000",
+       "field \"rope_theta\" = 10000, the checkpoint's"},
+      {"config.json", "{", "{\"model_type\": \"bert\", ",
+       "bad/config.json: missing field \"type_vocab_size\""},
+  };
+  std::string sha, msg;
+  for (const Case &k : cases) {
+    SCOPED_TRACE(std::string(k.file) + ": " + k.replace);
+    std::string text = std::string(k.file) == "trainer.json" ? trainer : config;
+    size_t at = text.find(k.find);
+    ASSERT_NE(at, std::string::npos) << k.find << " in " << text;
+    text.replace(at, strlen(k.find), k.replace);
+    ASSERT_EQ(system(("rm -rf '" + dir + "' && cp -r '" + from + "' '" + dir + "'").c_str()), 0);
+    WriteExtra(dir, k.file, text, true);
+    EXPECT_NE(Resume(c, dir, out, &sha, &msg), TS_OK);
+    EXPECT_NE(msg.find(k.says), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
 }
 
 }  // namespace

@@ -14,7 +14,9 @@
 #  5. --keep 1 keeps the newest; --resume auto with nothing saved starts
 #     afresh;
 #  6. export: a Hugging Face folder that --init-from and --model DIR read;
-#  7. bad input: one line each and the exact exit code;
+#  7. bad input: one line each and the exact exit code (the ranks' files
+#     swapped on disk too); a resume with another --steps says so in one
+#     line and goes on;
 #  8. training health: a diverging fp32 run skips non-finite steps, stops
 #     with exit 3 after --max-bad-steps and saves nothing after its last
 #     good step; nonsense (a negative lr, a flag twice, a micro-batch whose
@@ -45,6 +47,7 @@ for n in 1 2; do
     --save "$tmp/b$n" --metrics "$tmp/b$n.jsonl" 2>&1)"
   check_eq "resumed b$n exit" 0 $?
   check "b$n says so" "resumed from step 2" "$b"
+  absent "b$n: the same schedule, no note" "note:" "$b"
   check_eq "b$n keeps its metrics file's lines" '{"earlier": "run"}' "$(head -n 1 "$tmp/b$n.jsonl")"
   check "b$n appends to it from the resume" '{"resume":{"step":2,"checkpoint":' \
     "$(sed -n 2p "$tmp/b$n.jsonl")"
@@ -157,6 +160,17 @@ cp -r "$tmp/a1/step-00000006" "$tmp/flip"
 printf '\x55' | dd of="$tmp/flip/rank-00000.bin" bs=1 seek=4096 conv=notrunc status=none
 bad "--resume a corrupt file" 1 "rank-00000.bin: sha256" \
   "$bin" train --model llama-tiny "${base[@]}" --micro-batch 2 --steps 7 --resume "$tmp/flip"
+o="$("$bin" train --model llama-tiny "${base[@]}" --micro-batch 2 --steps 8 \
+  --resume "$tmp/a1/step-00000002" 2>&1)"
+check_eq "--resume with another --steps: exit 0" 0 $?
+check "--resume with another --steps: said" "note: resuming with another learning-rate schedule \
+than the checkpoint's (--steps 8, --lr 0.003, --warmup 0, min_lr_ratio 0.1 here; 6, 0.003, 0, 0.1 \
+there): step 3's rate is " "$o"
+cp -r "$tmp/a2/step-00000002" "$tmp/swap"
+mv "$tmp/swap/rank-00000.bin" "$tmp/swap/x" && mv "$tmp/swap/rank-00001.bin" "$tmp/swap/rank-00000.bin"
+mv "$tmp/swap/x" "$tmp/swap/rank-00001.bin"
+bad "--resume with the ranks' files swapped" 1 "rank-00000.bin: sha256 " \
+  "$launch" -n 2 "$bin" train "${common[@]}" --zero 2 --resume "$tmp/swap"
 bad "export without --out" 2 "--out DIR is required" "$bin" export "$tmp/a1"
 bad "export of nothing" 1 "$tmp/none: no complete checkpoint there" \
   "$bin" export "$tmp/none" --out "$tmp/x"

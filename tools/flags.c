@@ -44,6 +44,8 @@ static const struct {
     {"model", "--model"},
     {"data_dir", "--data"},
     {"steps", "--steps"},
+    {"lr", "--lr"},
+    {"warmup", "--warmup"},
     {"eval_batches", "--eval-batches"},
     {"max_bad_steps", "--max-bad-steps"},
     {"save_dir", "--save"},

@@ -97,6 +97,11 @@ static void unigram_baselines(const char *dir, double *loss, double *accuracy) {
 /* Rank 0's closing lines: loss, speed, validation, communication, memory. */
 static void print_summary(const ts_train_config *cfg, const ts_train_result *res) {
   if (res->resumed_from) printf("resumed from step %zu\n", res->resumed_from);
+  if (res->resume_note[0]) {
+    char note[768];
+    ts_flags_terms(res->resume_note, note, sizeof note);
+    printf("%s\n", note);
+  }
   printf("trained %s (%.2fM parameters) for %zu steps in %.1f s: loss %.4f -> %.4f, "
          "%.0f tok/s, %.2f GFLOP/s\n",
          cfg->model, (double)res->num_params / 1e6, cfg->steps - res->resumed_from, res->seconds, res->first_loss,

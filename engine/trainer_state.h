@@ -1,0 +1,51 @@
+/*
+ * trainer_state.h — private to engine/'s trainer: a checkpoint's
+ * trainer.json read as untrusted input. The trainer writes it beside every
+ * checkpoint (trainer.c): where to go on from (the step, the data seed, the
+ * next sample), the learning-rate schedule and the settings of the run that
+ * saved it.
+ *
+ * Every field is checked for type and range before anything trusts it:
+ * step, steps, data_seed, next_sample and global_batch are required; the
+ * others (the schedule and the run's settings, for people and tools) are
+ * optional and, when present, typed and in range. Consistency with the
+ * checkpoint's index: step = the optimizer's attempts (the steps finished,
+ * skipped ones included), next_sample = step x global_batch, and
+ * zero_stage, dtype, pipeline and world_size, when present, the index's.
+ */
+#ifndef TS_ENGINE_TRAINER_STATE_H
+#define TS_ENGINE_TRAINER_STATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/checkpoint.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ts_trainer_state {
+  size_t step;         /* optimizer steps done (the checkpoint's step) */
+  size_t steps;        /* the saving run's total steps (its schedule's length) */
+  uint64_t data_seed;  /* the data order's seed */
+  size_t global_batch; /* sequences per step over all ranks */
+  int has_schedule;    /* 1: lr, min_lr_ratio and warmup below were present */
+  double lr;           /* the saving run's peak learning rate */
+  double min_lr_ratio; /* its cosine floor, a fraction of lr */
+  size_t warmup;       /* its warm-up steps */
+} ts_trainer_state;
+
+/* Parses trainer.json's text (len bytes, host) of the checkpoint in folder
+ * dir, whose index says *info, into *out. TS_ERR_FORMAT with one line
+ * naming DIR/trainer.json, the field and the expected value ("field
+ * \"step\" = 21: expected the index's optimizer.attempts 20"). No
+ * allocation outlives the call. */
+ts_status ts_trainer_state_parse(const char *text, size_t len, const char *dir,
+                                 const ts_checkpoint_info *info, ts_trainer_state *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TS_ENGINE_TRAINER_STATE_H */
