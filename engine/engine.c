@@ -2,6 +2,7 @@
  * the parameters initialised alike on every rank), its trace spans and
  * accessors (engine.h). The step is step.c's, the optimizer step
  * optimizer.c's, a pipeline stage's geometry and traffic pipeline.c's. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -267,6 +268,14 @@ static ts_status check_opts(const ts_model *model, const ts_engine_opts *opts) {
   if ((unsigned)opts->device >= TS_DEVICE_COUNT)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "device %d: expected cpu or cuda",
                         (int)opts->device);
+  /* a negative bound would silently turn clipping off (0 is "no clipping") */
+  if (!(opts->grad_clip >= 0) || !isfinite(opts->grad_clip))
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "`grad_clip` %g: expected a gradient-norm bound >= 0 (0: no clipping)",
+                        (double)opts->grad_clip);
+  if (!(opts->weight_decay >= 0) || !isfinite(opts->weight_decay))
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "`weight_decay` %g: expected a finite number >= 0",
+                        (double)opts->weight_decay);
   return ts_engine_check_zero_stage(opts->zero_stage);
 }
 

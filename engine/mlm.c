@@ -2,9 +2,12 @@
 #include "engine/mlm.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/atomic_file.h"
 #include "base/rng.h"
@@ -98,6 +101,47 @@ static ts_status read_spec(const cJSON *root, const char *path, ts_mlm_spec *out
   out->replace_prob = 0.8;
   out->random_prob = 0.1;
   return TS_OK;
+}
+
+ts_status ts_data_meta_parse(const char *text, size_t len, const char *path, ts_data_meta *out) {
+  memset(out, 0, sizeof *out);
+  cJSON *root = cJSON_ParseWithLength(text, len);
+  ts_status st = TS_OK;
+  const cJSON *mlm = cJSON_GetObjectItemCaseSensitive(root, "mlm");
+  const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(root, "vocab_size");
+  double v = cJSON_IsNumber(vocab) ? vocab->valuedouble : 0;
+  if (!cJSON_IsObject(root))
+    st = ts_set_error(TS_ERR_FORMAT, "%s: not a JSON object: expected tessera prepare's meta.json",
+                      path);
+  else if (mlm && !cJSON_IsBool(mlm))
+    st = ts_set_error(TS_ERR_FORMAT, "%s: field \"mlm\": expected true or false", path);
+  else if (!(v >= 1 && v <= INT32_MAX && v == floor(v)))
+    st =
+        ts_set_error(TS_ERR_FORMAT, "%s: field \"vocab_size\"%s: expected an integer 1 .. 2^31 - 1",
+                     path, vocab ? "" : " missing");
+  else if (cJSON_IsTrue(mlm))
+    st = read_spec(root, path, &out->spec);
+  if (st == TS_OK) {
+    out->present = 1;
+    out->mlm = cJSON_IsTrue(mlm);
+    out->mlm_given = mlm != NULL;
+    out->vocab_size = (size_t)v;
+  }
+  cJSON_Delete(root);
+  return st;
+}
+
+ts_status ts_data_meta_read(const char *data_dir, ts_data_meta *out) {
+  memset(out, 0, sizeof *out);
+  char path[4096];
+  snprintf(path, sizeof path, "%s/meta.json", data_dir);
+  if (access(path, F_OK) != 0 && errno == ENOENT) return TS_OK;
+  char *text;
+  size_t len;
+  TS_CHECK(ts_read_file(path, &text, &len));
+  ts_status st = ts_data_meta_parse(text, len, path, out);
+  free(text);
+  return st;
 }
 
 ts_status ts_mlm_read_meta(const char *data_dir, ts_mlm_spec *out) {

@@ -50,6 +50,26 @@ typedef struct ts_mlm_spec {
  * masked-LM model needs data from prepare with `mlm`)"), TS_ERR_IO. */
 ts_status ts_mlm_read_meta(const char *data_dir, ts_mlm_spec *out);
 
+/* What DIR/meta.json, written by `tessera prepare`, says about the data. */
+typedef struct ts_data_meta {
+  int present;       /* 0: the folder has no meta.json (llm.c's shards, for one) */
+  int mlm;           /* 1: masked-LM data (prepare with `mlm`) */
+  int mlm_given;     /* 1: the field "mlm" is there (true or false) */
+  size_t vocab_size; /* the tokenizer's pieces */
+  ts_mlm_spec spec;  /* mlm only: as ts_mlm_read_meta reads it */
+} ts_data_meta;
+
+/* Parses meta.json's text (len bytes, host; `path` names it in messages)
+ * into *out (present = 1): a JSON object whose "vocab_size" is an integer
+ * 1 .. 2^31 - 1, whose "mlm", when present, is true or false, and, with
+ * "mlm" true, whose special ids are as ts_mlm_read_meta requires.
+ * TS_ERR_FORMAT naming the file and field in one line. */
+ts_status ts_data_meta_parse(const char *text, size_t len, const char *path, ts_data_meta *out);
+
+/* Reads DIR/meta.json into *out; a folder without one gives TS_OK and
+ * present = 0. TS_ERR_IO (unreadable), TS_ERR_FORMAT (ts_data_meta_parse). */
+ts_status ts_data_meta_read(const char *data_dir, ts_data_meta *out);
+
 /* Masks one sequence in place: inputs (T) int32 host, holding the
  * original ids, are masked as described above from the stream of (seed,
  * sample); targets (T) int32 host are written (=). */

@@ -5,6 +5,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,7 +109,7 @@ typedef struct run {
   ts_checkpoint *ck;         /* the checkpoint resumed from (setup), else NULL */
   size_t start;              /* steps done before this run (resumed), else 0 */
   double load_seconds;       /* this rank's verify and load of ck */
-  char resume_note[512];     /* a resumed run's other schedule, said (note_schedule), else "" */
+  char notes[1024];          /* what the run says beside its work (note()), lines, else "" */
 } run;
 
 static void run_free(run *r) {
@@ -170,6 +171,19 @@ static ts_status evaluate(run *r, double *val_loss, double *accuracy) {
   return TS_OK;
 }
 
+/* Appends one line (printf-style, library terms) to r->notes, what the
+ * run says beside its work (ts_train_result.notes). */
+static void note(run *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void note(run *r, const char *fmt, ...) {
+  size_t n = strlen(r->notes);
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(r->notes + n, sizeof r->notes - n, fmt, ap);
+  va_end(ap);
+  n = strlen(r->notes);
+  if (n + 1 < sizeof r->notes) snprintf(r->notes + n, sizeof r->notes - n, "\n");
+}
+
 /* The checkpoint's config.json must describe the model this run trains:
  * the same family and every hyper-parameter equal (ts_model_config_diff),
  * or the load is refused naming the first field that differs. */
@@ -195,7 +209,7 @@ static ts_status check_saved_config(run *r, const char *dir) {
 
 /* Resuming with another learning-rate schedule (`steps`, `lr`,
  * `min_lr_ratio`, `warmup`) than the saving run's is allowed (a run is
- * often extended), but said: one line into r->resume_note with the rate of
+ * often extended), but said: one line into r->notes with the rate of
  * the next step, before and after. */
 static void note_schedule(run *r, const ts_trainer_state *s) {
   const ts_train_config *c = r->cfg;
@@ -205,12 +219,12 @@ static void note_schedule(run *r, const ts_trainer_state *s) {
   if (s->steps == c->steps && (float)s->lr == c->lr && (float)s->min_lr_ratio == c->min_lr_ratio &&
       s->warmup == c->warmup)
     return;
-  snprintf(r->resume_note, sizeof r->resume_note,
-           "note: resuming with another learning-rate schedule than the checkpoint's (`steps` "
-           "%zu, `lr` %g, `warmup` %zu, `min_lr_ratio` %g here; %zu, %g, %zu, %g there): step "
-           "%zu's rate is %.6g where the saved run's schedule had %.6g",
-           c->steps, (double)c->lr, c->warmup, (double)c->min_lr_ratio, s->steps, s->lr, s->warmup,
-           s->min_lr_ratio, s->step + 1, (double)now, (double)was);
+  note(r,
+       "note: resuming with another learning-rate schedule than the checkpoint's (`steps` "
+       "%zu, `lr` %g, `warmup` %zu, `min_lr_ratio` %g here; %zu, %g, %zu, %g there): step "
+       "%zu's rate is %.6g where the saved run's schedule had %.6g",
+       c->steps, (double)c->lr, c->warmup, (double)c->min_lr_ratio, s->steps, s->lr, s->warmup,
+       s->min_lr_ratio, s->step + 1, (double)now, (double)was);
 }
 
 /* cfg->resume: finds and opens the checkpoint (checked against the model:
@@ -285,24 +299,53 @@ static ts_status check_host_memory(run *r) {
   return TS_OK;
 }
 
-/* A masked-LM model's data: meta.json of `prepare --mlm` whose [PAD] and
- * [SEP] are the model's, a vocabulary the model covers, room for [CLS] and
- * [SEP] in --seq; the scratch of ts_mlm_fill. */
-static ts_status check_mlm_data(run *r) {
+/* The data's meta.json (ts_data_meta_read) against the model: a masked-LM
+ * model needs meta.json of `prepare --mlm` whose [PAD] and [SEP] are the
+ * model's, and room for [CLS] and [SEP] in `seq` (then the scratch of
+ * ts_mlm_fill); a causal LM refuses masked-LM data. Either way the model
+ * must cover the tokenizer's vocabulary. A causal LM's data without
+ * meta.json (llm.c's shards) is said in r->notes: its token ids are still
+ * checked against the model's vocabulary as the files open. */
+static ts_status check_data(run *r) {
   const char *dir = r->cfg->data_dir;
   const ts_model *m = &r->model;
+  ts_data_meta meta;
+  TS_CHECK(ts_data_meta_read(dir, &meta));
+  if (!meta.present && r->mlm)
+    return ts_set_error(TS_ERR_IO,
+                        "%s/meta.json: missing: expected the meta.json of prepare with `mlm` (a "
+                        "masked-LM model needs its special ids)",
+                        dir);
+  if (!meta.present) {
+    note(r,
+         "note: %s has no meta.json (not from tessera prepare): the tokenizer is not "
+         "checked, only that every token id is below the model's vocab_size %zu",
+         dir, m->vocab_size);
+    return TS_OK;
+  }
+  if (r->mlm && !meta.mlm)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "%s/meta.json: field \"mlm\" %s: expected true (a masked-LM model needs "
+                        "data from prepare with `mlm`)",
+                        dir, meta.mlm_given ? "is false" : "missing");
+  if (!r->mlm && meta.mlm)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "%s: a causal LM: expected data prepared without `mlm`, but %s/meta.json "
+                        "says \"mlm\": true",
+                        ts_model_origin(m), dir);
+  if (meta.vocab_size > m->vocab_size)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "%s: vocab_size %zu: expected at least %s/meta.json's %zu",
+                        ts_model_origin(m), m->vocab_size, dir, meta.vocab_size);
+  if (!r->mlm) return TS_OK;
   ts_mlm_spec *s = &r->mlm_spec;
-  TS_CHECK(ts_mlm_read_meta(dir, s));
+  *s = meta.spec;
   if (s->pad_id != m->pad_token_id || s->sep_id != m->sep_token_id)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "%s: pad_token_id %d, sep_token_id %d: expected those of %s/meta.json "
                         "([PAD] %d, [SEP] %d)",
                         ts_model_origin(m), (int)m->pad_token_id, (int)m->sep_token_id, dir,
                         (int)s->pad_id, (int)s->sep_id);
-  if (s->vocab_size > m->vocab_size)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "%s: vocab_size %zu: expected at least %s/meta.json's %zu",
-                        ts_model_origin(m), m->vocab_size, dir, s->vocab_size);
   if (r->eo.seq < 3)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "`seq` %zu: expected at least 3 for a masked LM ([CLS] text [SEP])",
@@ -312,9 +355,51 @@ static ts_status check_mlm_data(run *r) {
   return TS_OK;
 }
 
+/* Where the run will write (`save_dir`, a folder created if absent;
+ * `trace_path`, a file written at the end) must be writable now, not
+ * after the work: the path, if it exists, of the right kind, else its
+ * parent an existing folder we may write into. TS_ERR_INVALID_ARGUMENT. */
+static ts_status check_output(const char *path, const char *option, int folder) {
+  struct stat sb;
+  if (stat(path, &sb) == 0) {
+    if (folder && !S_ISDIR(sb.st_mode))
+      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                          "`%s` %s: exists and is not a folder: expected a folder (created if "
+                          "absent)",
+                          option, path);
+    if (!folder && S_ISDIR(sb.st_mode))
+      return ts_set_error(TS_ERR_INVALID_ARGUMENT, "`%s` %s: is a folder: expected a file path",
+                          option, path);
+    if (access(path, W_OK) != 0)
+      return ts_set_error(TS_ERR_INVALID_ARGUMENT, "`%s` %s: not writable: %s", option, path,
+                          strerror(errno));
+    return TS_OK;
+  }
+  char parent[4096];
+  snprintf(parent, sizeof parent, "%s", path);
+  char *slash = strrchr(parent, '/');
+  if (!slash)
+    snprintf(parent, sizeof parent, ".");
+  else if (slash == parent)
+    parent[1] = '\0';
+  else
+    *slash = '\0';
+  if (stat(parent, &sb) != 0 || !S_ISDIR(sb.st_mode))
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "`%s` %s: the folder %s does not exist: expected a path in an existing "
+                        "folder",
+                        option, path, parent);
+  if (access(parent, W_OK | X_OK) != 0)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "`%s` %s: cannot write into %s: %s", option, path,
+                        parent, strerror(errno));
+  return TS_OK;
+}
+
 static ts_status setup(run *r) {
   const ts_train_config *cfg = r->cfg;
   char path[4096];
+  if (r->wrank == 0 && cfg->save_dir) TS_CHECK(check_output(cfg->save_dir, "save_dir", 1));
+  if (r->wrank == 0 && cfg->trace_path) TS_CHECK(check_output(cfg->trace_path, "trace_path", 0));
   int P = r->eo.pipeline_stages;
   TS_CHECK(ts_engine_check_pipeline_stages(P));
   if (P > 1) { /* the grid: P stages of dp ranks (P must divide the world) */
@@ -335,7 +420,7 @@ static ts_status setup(run *r) {
   snprintf(path, sizeof path, "%s/val.bin", cfg->data_dir);
   TS_CHECK(ts_token_file_open(&r->val, path, V));
   r->mlm = r->model.objective == TS_OBJECTIVE_MASKED_LM;
-  if (r->mlm) TS_CHECK(check_mlm_data(r));
+  TS_CHECK(check_data(r));
   size_t W = r->mlm ? T - 2 : T; /* a masked-LM sequence is [CLS] window [SEP] */
   TS_CHECK(ts_loader_init(&r->train_ld, r->train, W, r->eo.seed, 1));
   TS_CHECK(ts_loader_init(&r->val_ld, r->val, W, 0, 0));
@@ -562,7 +647,7 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
   double t_loop = now_s(), tok_s_sum = 0;
   size_t timed = 0;
   res->resumed_from = r->start;
-  snprintf(res->resume_note, sizeof res->resume_note, "%s", r->resume_note);
+  snprintf(res->notes, sizeof res->notes, "%s", r->notes);
   if (r->ck) { /* the load's time (the slowest rank) and bytes (all ranks) */
     ts_checkpoint_info info;
     ts_checkpoint_get_info(r->ck, &info);
@@ -665,6 +750,11 @@ static ts_status check_config(const ts_train_config *cfg) {
   if (cfg->steps == 0) return ts_set_error(TS_ERR_INVALID_ARGUMENT, "`steps` 0: expected >= 1");
   if (cfg->eval_batches == 0)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "`eval_batches` 0: expected >= 1");
+  const char *paths[] = {cfg->save_dir, cfg->trace_path, cfg->metrics_path};
+  const char *names[] = {"save_dir", "trace_path", "metrics_path"};
+  for (int i = 0; i < 3; i++)
+    if (paths[i] && !paths[i][0])
+      return ts_set_error(TS_ERR_INVALID_ARGUMENT, "`%s` \"\": expected a path", names[i]);
   return TS_OK;
 }
 

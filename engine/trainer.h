@@ -139,9 +139,10 @@ typedef struct ts_train_result {
                               minimum loss scale): no rank waits, no abort */
   size_t skipped_steps;    /* steps skipped for fp16 overflow or a non-finite value */
   size_t resumed_from;     /* the step of the checkpoint the run resumed from, else 0 */
-  char resume_note[512];   /* resumed with another learning-rate schedule than the saving
-                              run's: one line saying so, in library terms (tools map them to
-                              flags, tools/flags.h); else "" */
+  char notes[1024];        /* (rank 0) what the run says beside its work, lines ending in
+                              '\n', in library terms (tools map them to flags,
+                              tools/flags.h): resumed with another learning-rate schedule
+                              than the saving run's; data without meta.json; else "" */
   size_t stopped_at;       /* the step after which a stop request ended the run, else 0 */
   char saved[4096];        /* the last checkpoint saved, else "" */
   size_t saves;            /* checkpoints saved */

@@ -131,8 +131,7 @@ static double bert_flops(const ts_model *m, size_t T) {
  * tied decoder (weight: the word embeddings; bias: cls.predictions.bias),
  * and BertForPreTraining's pooler and next-sentence head. */
 static int bert_ignorable(const ts_model *m, const char *name) {
-  if (!strcmp(name, "cls.predictions.decoder.weight"))
-    return m->units[m->n_units - 1].tied_unit >= 0;
+  if (!strcmp(name, ts_bert_family.tied_copy)) return m->units[m->n_units - 1].tied_unit >= 0;
   return !strcmp(name, "bert.embeddings.position_ids") ||
          !strcmp(name, "bert.embeddings.token_type_ids") ||
          !strcmp(name, "cls.predictions.decoder.bias") || !strncmp(name, "bert.pooler.", 12) ||
@@ -160,10 +159,12 @@ static const ts_config_field FIELDS[] = {
 
 const ts_model_family ts_bert_family = {
     .model_type = "bert",
+    .architecture = "BertForMaskedLM",
     .init = bert_init,
     .free = bert_free,
     .flops_per_token = bert_flops,
     .ignorable = bert_ignorable,
+    .tied_copy = "cls.predictions.decoder.weight",
     .fields = FIELDS,
     .n_fields = sizeof FIELDS / sizeof FIELDS[0],
 };

@@ -102,6 +102,43 @@ static ts_safetensors *lookup(const ts_hf_folder *f, const char *name, ts_safete
   return NULL;
 }
 
+/* Element k of a floating-point tensor (F32, BF16, F16) as fp32. */
+static float element(const ts_safetensors_tensor *t, size_t k) {
+  const uint8_t *p = t->data;
+  if (!strcmp(t->dtype, "F32")) {
+    float v;
+    memcpy(&v, p + 4 * k, 4);
+    return v;
+  }
+  uint16_t h = (uint16_t)(p[2 * k] | (p[2 * k + 1] << 8));
+  return !strcmp(t->dtype, "BF16") ? ts_bf16_to_f32(h) : ts_f16_to_f32(h);
+}
+
+/* A tied model's folder may hold the head's weight as well (the family's
+ * tied_copy): transformers ties it to the borrowed tensor only if they
+ * are equal, else loads the folder untied and warns. Tessera computes the
+ * tied model, so a copy that differs is refused (TS_ERR_FORMAT). */
+static ts_status check_tied_copy(const ts_hf_folder *f, const ts_model *m) {
+  const ts_unit *head = &m->units[m->n_units - 1];
+  const char *copy = m->family->tied_copy;
+  ts_safetensors_tensor c, t;
+  ts_safetensors *sh;
+  if (head->tied_unit < 0 || !copy || !(sh = lookup(f, copy, &c))) return TS_OK;
+  const ts_tensor_spec *s = &m->units[head->tied_unit].tensors[head->tied_tensor];
+  if (!lookup(f, s->name, &t)) return TS_OK; /* reported by the caller */
+  int same = c.numel == t.numel;
+  for (size_t k = 0; k < c.numel && same; k++) {
+    float a = element(&c, k), b = element(&t, k);
+    same = memcmp(&a, &b, sizeof a) == 0;
+  }
+  if (same) return TS_OK;
+  return ts_set_error(TS_ERR_FORMAT,
+                      "%s: tensor %s differs from %s, but the model %s ties them "
+                      "(tie_word_embeddings): expected tie_word_embeddings false in config.json, "
+                      "or the same values (transformers would load this folder untied)",
+                      ts_safetensors_path(sh), copy, s->name, m->name);
+}
+
 ts_status ts_hf_folder_check(const ts_hf_folder *f, const ts_model *m) {
   size_t count = 0;
   for (int u = 0; u < m->n_units; u++)
@@ -131,7 +168,7 @@ ts_status ts_hf_folder_check(const ts_hf_folder *f, const ts_model *m) {
                             "of another model", ts_safetensors_path(f->shards[k]), name, m->name);
     }
   (void)count;
-  return TS_OK;
+  return check_tied_copy(f, m);
 }
 
 ts_status ts_hf_folder_read(const ts_hf_folder *f, const char *name, float *dst, size_t numel) {
@@ -216,6 +253,14 @@ ts_status ts_hf_export(const char *out, const ts_model *m, const char *config_te
   }
   cJSON_DeleteItemFromObjectCaseSensitive(config, "torch_dtype");
   cJSON_AddStringToObject(config, "torch_dtype", torch_name(dtype));
+  /* transformers' AutoConfig needs model_type, and its Auto classes and
+   * pipelines read architectures: a config that omits them (tessera reads
+   * those as its default family) gets the family's */
+  if (!cJSON_GetObjectItemCaseSensitive(config, "model_type"))
+    cJSON_AddStringToObject(config, "model_type", m->family->model_type);
+  if (!cJSON_GetObjectItemCaseSensitive(config, "architectures"))
+    cJSON_AddItemToObject(config, "architectures",
+                          cJSON_CreateStringArray(&m->family->architecture, 1));
   if (mkdir(out, 0777) != 0 && errno != EEXIST) {
     cJSON_Delete(config);
     return ts_set_error(TS_ERR_IO, "%s: cannot create the folder: %s", out, strerror(errno));

@@ -41,7 +41,9 @@ int ts_hf_is_folder(const char *dir);
 ts_status ts_hf_folder_open(ts_hf_folder **out, const char *dir);
 
 /* Checks the weights against m: every tensor of m with its shape and a
- * dtype F32, BF16 or F16, and no tensor m lacks (but the two above).
+ * dtype F32, BF16 or F16, and no tensor m lacks (but the two above); a
+ * tied model's copy of its head (ts_model_family.tied_copy, e.g.
+ * lm_head.weight) equal, value for value, to the tensor the head borrows.
  * TS_ERR_FORMAT naming the file, the tensor and what differs. */
 ts_status ts_hf_folder_check(const ts_hf_folder *f, const ts_model *m);
 
@@ -62,7 +64,9 @@ typedef ts_status (*ts_hf_tensor_fn)(void *user, const char *name, float *dst, s
  * from get, in layout order, one file while their bytes fit
  * max_shard_bytes (0: TS_HF_MAX_SHARD_BYTES), else shards and the index;
  * config.json is config_text with "torch_dtype" set to dtype's name in
- * transformers' spelling ("float32", "bfloat16", "float16"). Errors:
+ * transformers' spelling ("float32", "bfloat16", "float16"), and
+ * "model_type" and "architectures" set to the family's where config_text
+ * lacks them (transformers' AutoConfig needs the first). Errors:
  * TS_ERR_IO naming the file, TS_ERR_FORMAT (config_text not a JSON
  * object), get's. */
 ts_status ts_hf_export(const char *out, const ts_model *m, const char *config_text,

@@ -128,7 +128,7 @@ static double llama_flops(const ts_model *m, size_t T) {
 static int llama_ignorable(const ts_model *m, const char *name) {
   size_t n = strlen(name), k = strlen("rotary_emb.inv_freq");
   if (n >= k && !strcmp(name + n - k, "rotary_emb.inv_freq")) return 1;
-  return m->units[m->n_units - 1].tied_unit >= 0 && !strcmp(name, "lm_head.weight");
+  return m->units[m->n_units - 1].tied_unit >= 0 && !strcmp(name, ts_llama_family.tied_copy);
 }
 
 #define FIELD(name, type) \
@@ -149,10 +149,12 @@ static const ts_config_field FIELDS[] = {
 
 const ts_model_family ts_llama_family = {
     .model_type = "llama",
+    .architecture = "LlamaForCausalLM",
     .init = llama_init,
     .free = llama_free,
     .flops_per_token = llama_flops,
     .ignorable = llama_ignorable,
+    .tied_copy = "lm_head.weight",
     .fields = FIELDS,
     .n_fields = sizeof FIELDS / sizeof FIELDS[0],
 };

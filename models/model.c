@@ -55,12 +55,18 @@ ts_status ts_model_resolve(const char *model, char *out, size_t cap) {
                       home ? "" : "; TESSERA_HOME is unset, so that is relative to this directory");
 }
 
-/* The family of root's "model_type" (absent: the first family). */
+/* The family of root's "model_type"; absent, the family whose
+ * architecture "architectures" names first (transformers' AutoConfig
+ * needs model_type; tessera's own configs may omit it), else the first. */
 static ts_status find_family(const cJSON *root, const char *source,
                              const ts_model_family **out) {
   const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
   if (!mt) {
+    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(root, "architectures");
+    const cJSON *a0 = cJSON_IsArray(arch) ? cJSON_GetArrayItem(arch, 0) : NULL;
     *out = FAMILIES[0];
+    for (int f = 0; f < N_FAMILIES && cJSON_IsString(a0); f++)
+      if (!strcmp(a0->valuestring, FAMILIES[f]->architecture)) *out = FAMILIES[f];
     return TS_OK;
   }
   for (int f = 0; f < N_FAMILIES && cJSON_IsString(mt); f++)

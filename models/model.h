@@ -149,7 +149,8 @@ typedef struct ts_config_field {
 
 /* A family: how a config.json of its model_type becomes units. */
 typedef struct ts_model_family {
-  const char *model_type; /* config.json "model_type", e.g. "llama" */
+  const char *model_type;   /* config.json "model_type", e.g. "llama" */
+  const char *architecture; /* the transformers class it computes, "LlamaForCausalLM" */
   /* Fills m (zeroed, name and source set) from the parsed config.json
    * object `root` (a cJSON *): checks every field (TS_ERR_FORMAT naming the
    * file, the field and the expected value), sets the ts_model fields and
@@ -163,6 +164,10 @@ typedef struct ts_model_family {
    * that m does not hold (a buffer, a tied copy, another task's head), as
    * transformers' from_pretrained skips it; NULL: none may. */
   int (*ignorable)(const ts_model *m, const char *name);
+  /* The name under which a Hugging Face folder of a tied model may also
+   * hold the head's weight, a copy of the tensor the head borrows
+   * ("lm_head.weight"); NULL: none. */
+  const char *tied_copy;
   /* Every hyper-parameter of m->impl that its config.json sets (n_fields),
    * for ts_model_config_diff. */
   const ts_config_field *fields;
@@ -196,7 +201,8 @@ struct ts_model {
 ts_status ts_model_resolve(const char *model, char *out, size_t cap);
 
 /* Builds the model of a Hugging Face config.json's text: its "model_type"
- * picks the family (absent: "llama", the first family), which checks every
+ * picks the family (absent: the family whose architecture "architectures"
+ * names, else "llama", the first family), which checks every
  * field it reads. `source` names the file in messages. TS_ERR_FORMAT (not
  * a JSON object, a model_type no family computes — the message lists those
  * that exist — or the family's own checks), TS_ERR_OUT_OF_MEMORY. On

@@ -7,6 +7,7 @@
 // round-to-nearest-even of the fp32 one), and import again bitwise. A
 // folder of another model, or with a tensor of a wrong shape, is refused
 // in one line. Untied and tied (no lm_head.weight written).
+#include <cjson/cJSON.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -156,6 +157,36 @@ void RoundTrip(const std::string &variant) {
     EXPECT_NE(cfg.find("\"torch_dtype\":\t\"float32\""), std::string::npos) << cfg;
     EXPECT_EQ(cfg.find("lm_head") == std::string::npos, true);
   }
+  // A config without model_type and architectures (tessera reads its
+  // default family; transformers' AutoConfig could not): the export writes
+  // the family's; and one that names only the architecture is read as it.
+  cJSON *bare = cJSON_Parse(config.c_str());
+  ASSERT_NE(bare, nullptr);
+  cJSON_DeleteItemFromObjectCaseSensitive(bare, "model_type");
+  cJSON_DeleteItemFromObjectCaseSensitive(bare, "architectures");
+  char *bare_text = cJSON_Print(bare);
+  std::string bare_out = d.path("export-bare");
+  ASSERT_EQ(ts_hf_export(bare_out.c_str(), &fx.model, bare_text, TS_FP32, 0, FromCheckpoint, c),
+            TS_OK)
+      << ts_last_error();
+  cJSON_free(bare_text);
+  cJSON *written = cJSON_Parse(Slurp(bare_out + "/config.json").c_str());
+  const cJSON *mt = cJSON_GetObjectItemCaseSensitive(written, "model_type");
+  const cJSON *arch = cJSON_GetObjectItemCaseSensitive(written, "architectures");
+  ASSERT_TRUE(cJSON_IsString(mt));
+  EXPECT_STREQ(mt->valuestring, fx.model.family->model_type);
+  ASSERT_EQ(cJSON_GetArraySize(arch), 1);
+  EXPECT_STREQ(cJSON_GetArrayItem(arch, 0)->valuestring, fx.model.family->architecture);
+  cJSON_Delete(written);
+  cJSON_AddItemToObject(bare, "architectures",
+                        cJSON_CreateStringArray(&fx.model.family->architecture, 1));
+  bare_text = cJSON_Print(bare);
+  ts_model named{};
+  ASSERT_EQ(ts_model_parse(bare_text, "named", &named), TS_OK) << ts_last_error();
+  EXPECT_EQ(named.family, fx.model.family);
+  ts_model_free(&named);
+  cJSON_free(bare_text);
+  cJSON_Delete(bare);
   // Bazel keeps what a test writes here (test.outputs/outputs.zip): the
   // folders tests/hf_parity/check_export.py loads with transformers.
   if (const char *keep = getenv("TEST_UNDECLARED_OUTPUTS_DIR")) {
@@ -240,12 +271,23 @@ TEST(HfRoundTrip, AnotherModelsFolderOrAWrongTensorIsRefusedInOneLine) {
   Fixture untied("llama_untied", d), tied("llama_tied", d);
   std::string msg;
   ts_hf_folder *f = nullptr;
-  // the tied model reading the untied folder: lm_head.weight is ignorable;
-  // the untied model reading the tied one lacks it
+  // the untied model reading the tied folder lacks lm_head.weight; the tied
+  // model reading the untied one finds an lm_head.weight that differs from
+  // the embedding it would tie it to (transformers loads such a folder
+  // untied): refused, not dropped
   ASSERT_EQ(ts_hf_folder_open(&f, tied.folder.c_str()), TS_OK);
   EXPECT_EQ(ts_hf_folder_check(f, &untied.model), TS_ERR_FORMAT);
   msg = ts_last_error();
   EXPECT_NE(msg.find("no tensor lm_head.weight, which the model"), std::string::npos) << msg;
+  ts_hf_folder_close(f);
+  ASSERT_EQ(ts_hf_folder_open(&f, untied.folder.c_str()), TS_OK);
+  EXPECT_EQ(ts_hf_folder_check(f, &tied.model), TS_ERR_FORMAT);
+  msg = ts_last_error();
+  EXPECT_NE(msg.find("model.safetensors: tensor lm_head.weight differs from "
+                     "model.embed_tokens.weight, but the model"),
+            std::string::npos)
+      << msg;
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
   ts_hf_folder_close(f);
   // a stranger tensor
   std::string odd = d.path("odd");

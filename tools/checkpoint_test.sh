@@ -47,7 +47,7 @@ for n in 1 2; do
     --save "$tmp/b$n" --metrics "$tmp/b$n.jsonl" 2>&1)"
   check_eq "resumed b$n exit" 0 $?
   check "b$n says so" "resumed from step 2" "$b"
-  absent "b$n: the same schedule, no note" "note:" "$b"
+  absent "b$n: the same schedule, no note" "note: resuming" "$b"
   check_eq "b$n keeps its metrics file's lines" '{"earlier": "run"}' "$(head -n 1 "$tmp/b$n.jsonl")"
   check "b$n appends to it from the resume" '{"resume":{"step":2,"checkpoint":' \
     "$(sed -n 2p "$tmp/b$n.jsonl")"

@@ -252,6 +252,12 @@ static int parse_flags(ts_compare *c, int argc, char **argv) {
   if (c->n_stages > 4)
     return ts_flags_error("compare", "--zero: at most the four stages 0, 1, 2, 3");
   if (c->n == 0) return ts_flags_error("compare", "-n N (ranks) is required " TS_FLAGS_HINT);
+  int cores = ts_tool_cores(); /* launch's bound: the runs are on this node */
+  size_t most_ranks = 16 * (size_t)cores;
+  if (c->n > most_ranks)
+    return ts_flags_error("compare",
+                          "-n %zu: expected at most 16 ranks per core of this node (16 x %d = %zu)",
+                          c->n, cores, most_ranks);
   int most = 1;
   for (int i = 0; i < c->n_pipelines; i++) {
     if (c->n % (size_t)c->pipelines[i])
@@ -385,6 +391,16 @@ int ts_tool_compare(int argc, char **argv) {
     TS_COMPARE_FMT(data, "%s/data/kjv%s", home ? home : ".",
                    c.arch.objective == TS_OBJECTIVE_MASKED_LM ? "-mlm" : "");
     c.data = data;
+  }
+  for (int k = 0; k < 2 && !c.reuse; k++) { /* the data before any run starts */
+    char shard[4200];
+    TS_COMPARE_FMT(shard, "%s/%s", c.data, k ? "val.bin" : "train.bin");
+    if (access(shard, R_OK) != 0)
+      return fprintf(stderr,
+                     "tessera compare: --data %s: cannot read %s: expected a folder of token "
+                     "shards (tessera prepare)\n",
+                     c.data, shard),
+             1;
   }
   TS_COMPARE_FMT(dir, "%s/compare_runs", c.out);
   if (!c.reuse && mkdir(c.out, 0755) != 0 && errno != EEXIST)

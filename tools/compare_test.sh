@@ -127,7 +127,7 @@ bad() { # bad NAME EXPECTED-SUBSTRING ARGS...
   check_eq "$name: one line" 1 "$(lines "$err")"
 }
 bad "unknown preset" "no-such-model" --model no-such-model -n 2 --out "$tmp/bad"
-bad "ranks" "-n 0: expected an integer >= 1" --model llama-tiny -n 0
+bad "ranks" "-n 0: expected an integer >= 1 (digits, or such as 1e9 or 7.5e9)" --model llama-tiny -n 0
 bad "stage" "--zero 1,4: expected ZeRO stages 0, 1, 2 or 3 (not 4)" \
   --model llama-tiny -n 2 --zero 1,4
 bad "dtype" "fp8" --model llama-tiny -n 2 --dtype fp32,fp8

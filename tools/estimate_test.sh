@@ -90,7 +90,7 @@ bad() { # bad NAME EXPECTED-SUBSTRING ARGS...
 }
 bad "unknown preset" "--model no-such-model: unknown preset" --model no-such-model
 bad "missing field" "$tmp/hf/no_hidden.json: missing field \"hidden_size\"" --model "$tmp/hf/no_hidden.json"
-bad "-n 0" "-n 0: expected an integer >= 1" --params 1e9 -n 0
+bad "-n 0" "-n 0: expected an integer >= 1 (digits, or such as 1e9 or 7.5e9)" --params 1e9 -n 0
 bad "--zero 4" "--zero 4: expected a ZeRO stage 0, 1, 2, 3 or all" --params 1e9 --zero 4
 bad "--zero x" "--zero x: expected a ZeRO stage 0, 1, 2, 3 or all" --params 1e9 --zero x
 bad "neither --model nor --params" "expected exactly one of --model CONFIG and --params PSI"

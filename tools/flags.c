@@ -45,10 +45,14 @@ static const struct {
     {"data_dir", "--data"},
     {"steps", "--steps"},
     {"lr", "--lr"},
+    {"grad_clip", "--grad-clip"},
+    {"weight_decay", "--weight-decay"},
     {"warmup", "--warmup"},
     {"eval_batches", "--eval-batches"},
     {"max_bad_steps", "--max-bad-steps"},
     {"save_dir", "--save"},
+    {"trace_path", "--trace"},
+    {"metrics_path", "--metrics"},
     {"resume", "--resume"},
     {"mlm", "--mlm"},
 };
@@ -101,14 +105,41 @@ int ts_flags_error(const char *sub, const char *fmt, ...) {
   return r;
 }
 
+/* 1 if value is D[.D][eD] (D: one or more decimal digits): no sign,
+ * spaces, hexadecimal, infinity or NaN, which strtod would take. */
+static int is_plain_decimal(const char *value) {
+  const char *p = value;
+  size_t n = strspn(p, "0123456789");
+  if (n == 0) return 0;
+  p += n;
+  if (*p == '.') {
+    n = strspn(++p, "0123456789");
+    if (n == 0) return 0;
+    p += n;
+  }
+  if (*p == 'e' || *p == 'E') {
+    n = strspn(++p, "0123456789");
+    if (n == 0) return 0;
+    p += n;
+  }
+  return *p == '\0';
+}
+
 ts_status ts_flags_size(const char *value, size_t min, size_t *out) {
-  int digits = value[0] >= '0' && value[0] <= '9'; /* strtoull takes signs and spaces */
-  char *end = NULL;
+  int ok = is_plain_decimal(value);
   unsigned long long v = 0;
-  errno = 0;
-  if (digits) v = strtoull(value, &end, 10);
-  if (!digits || errno || *end || (size_t)v != v || v < min)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "expected an integer >= %zu", min);
+  if (ok && strspn(value, "0123456789") == strlen(value)) { /* all digits: exact at any size */
+    errno = 0;
+    v = strtoull(value, NULL, 10);
+    ok = errno == 0 && (size_t)v == v;
+  } else if (ok) { /* 1e9, 7.5e9: an integer up to 2^53, where doubles are exact */
+    double d = strtod(value, NULL);
+    ok = d == floor(d) && d <= 9007199254740992.0;
+    v = ok ? (unsigned long long)d : 0;
+  }
+  if (!ok || v < min)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "expected an integer >= %zu (digits, or such as 1e9 or 7.5e9)", min);
   *out = (size_t)v;
   return TS_OK;
 }

@@ -141,9 +141,12 @@ int ts_flags_error(const char *sub, const char *fmt, ...)
 void ts_flags_terms(const char *msg, char *out, size_t cap);
 const char *ts_flags_last_error(void);
 
-/* Parses a decimal integer >= min (digits only: no sign, no spaces) into
- * *out. TS_OK; TS_ERR_INVALID_ARGUMENT "expected an integer >= MIN" for
- * anything else, *out untouched. For custom parsers built on it. */
+/* Parses an integer >= min into *out: decimal digits (no sign, no
+ * spaces), or a decimal with a fraction or exponent whose value is an
+ * integer up to 2^53 ("1e9", "7.5e9", "2.5e3"; as --params takes). TS_OK;
+ * TS_ERR_INVALID_ARGUMENT "expected an integer >= MIN (digits, or such as
+ * 1e9 or 7.5e9)" for anything else, *out untouched. For custom parsers
+ * built on it. */
 ts_status ts_flags_size(const char *value, size_t min, size_t *out);
 
 /* Parses a finite float (strtof syntax, all of value) into *out. TS_OK;

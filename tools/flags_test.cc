@@ -125,7 +125,8 @@ TEST(Flags, SizeKeepsItsMinimum) {
   Values v;
   ASSERT_EQ(Parse({"--steps", "1"}, &v), TS_FLAGS_OK);
   EXPECT_EQ(v.steps, 1u);
-  ExpectBad({"--steps", "0"}, "tessera demo: --steps 0: expected an integer >= 1");
+  ExpectBad({"--steps", "0"},
+            "tessera demo: --steps 0: expected an integer >= 1 (digits, or such as 1e9 or 7.5e9)");
   size_t n = 5;
   EXPECT_EQ(ts_flags_size("0", 0, &n), TS_OK);
   EXPECT_EQ(n, 0u);
@@ -137,13 +138,38 @@ TEST(Flags, SizeKeepsItsMinimum) {
 
 TEST(Flags, SizeRefusesSignsSpacesAndJunk) {
   // strtoull alone would take "-1" as 2^64 - 1, and "+2" and " 2" as 2.
-  for (const char *bad : {"-1", "-0", "+2", " 2", "2 ", "", "x", "2x", "0x10", "1e3", "1.0"}) {
+  for (const char *bad :
+       {"-1", "-0",   "+2",   " 2",   "2 ",   "",      "x",     "2x",   "0x10", "1.5", "1e",
+        "e3", "1.e3", ".5e3", "1e-3", "1e+3", "1e400", "2.5e0", "1e16", "inf",  "nan"}) {
     ExpectBad({"--steps", bad}, std::string("tessera demo: --steps ") + bad +
-                                    ": expected an integer >= 1");
+                                    ": expected an integer >= 1 (digits, or such as 1e9 or 7.5e9)");
     size_t n = 5;
     EXPECT_EQ(ts_flags_size(bad, 0, &n), TS_ERR_INVALID_ARGUMENT) << bad;
     EXPECT_EQ(n, 5u) << bad;
   }
+}
+
+// Sizes as --params takes them: 1e9 and 7.5e9 are integers (exact up to
+// 2^53, where every integer is a double).
+TEST(Flags, SizeTakesIntegerValuedScientificNotation) {
+  const struct {
+    const char *text;
+    size_t value;
+  } good[] = {{"1e9", 1000000000},
+              {"7.5e9", 7500000000},
+              {"2.5e3", 2500},
+              {"1.0", 1},
+              {"10E2", 1000},
+              {"9007199254740992.0", 9007199254740992ull},
+              {"1e15", 1000000000000000}};
+  for (const auto &g : good) {
+    size_t n = 0;
+    EXPECT_EQ(ts_flags_size(g.text, 1, &n), TS_OK) << g.text;
+    EXPECT_EQ(n, g.value) << g.text;
+  }
+  Values v;
+  ASSERT_EQ(Parse({"--steps", "2e3"}, &v), TS_FLAGS_OK);
+  EXPECT_EQ(v.steps, 2000u);
 }
 
 TEST(Flags, FloatRefusesNonFiniteValues) {
@@ -286,7 +312,10 @@ TEST(Flags, OnlyTheLeadRankPrints) {
       std::string out, err;
       EXPECT_EQ(Parse({"--steps", "0"}, &v, &out, &err), TS_FLAGS_BAD_USAGE) << var;
       EXPECT_EQ(err, "") << var;
-      EXPECT_STREQ(ts_last_error(), "--steps 0: expected an integer >= 1");  // still recorded
+      EXPECT_STREQ(
+          ts_last_error(),
+          "--steps 0: expected an integer >= 1 (digits, or such as 1e9 or 7.5e9)");  // still
+                                                                                     // recorded
       EXPECT_EQ(Parse({"--help"}, &v, &out, &err), TS_FLAGS_HELP) << var;
       EXPECT_EQ(out, "") << var;
     }
@@ -295,7 +324,10 @@ TEST(Flags, OnlyTheLeadRankPrints) {
     Values v;
     std::string err;
     EXPECT_EQ(Parse({"--steps", "0"}, &v, nullptr, &err), TS_FLAGS_BAD_USAGE) << var;
-    EXPECT_EQ(err, "tessera demo: --steps 0: expected an integer >= 1\n") << var;
+    EXPECT_EQ(
+        err,
+        "tessera demo: --steps 0: expected an integer >= 1 (digits, or such as 1e9 or 7.5e9)\n")
+        << var;
   }
 }
 

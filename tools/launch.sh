@@ -12,9 +12,12 @@
 #
 # Faults (torchrun's elastic agent, for MPI jobs): when a rank dies, mpirun
 # stops every other rank at once; its boilerplate becomes one line naming
-# the rank and the host. --max-restarts R relaunches a failed job up to R
-# times, adding `--resume auto` to a train command that saves (--save DIR)
-# and names no --resume, so it goes on from the newest complete checkpoint.
+# the rank and the host. --max-restarts R relaunches a job up to R times
+# when a rank died or was signalled (or mpirun lost a node's daemon), never
+# when the ranks exited with an error of their own (a usage, configuration
+# or data error would only repeat), adding `--resume auto` to a train
+# command that saves (--save DIR) and names no --resume, so it goes on from
+# the newest complete checkpoint.
 # SIGINT/SIGTERM to this script are sent as SIGTERM to the ranks of this
 # node (a train with --save saves at the next step boundary and exits 0)
 # and end the restarts.
@@ -55,6 +58,16 @@ fi
 mpirun_bin="$(command -v mpirun || true)"
 [[ -n "$mpirun_bin" ]] ||
   die "mpirun: not found on PATH; install Open MPI (Debian: apt-get install openmpi-bin, which tools/setup.sh does)"
+# Bounds before mpirun starts anything: on this node alone (no hostfile)
+# at most 16 ranks per core, oversubscribed; with a hostfile at most 2^20.
+if [[ -z "$hostfile" ]]; then
+  node_cores="$(unset OMP_NUM_THREADS OMP_THREAD_LIMIT; nproc)" # (nproc counts those)
+  max_n=$((16 * node_cores))
+  ((${#n} <= 9 && n <= max_n)) ||
+    die "-n $n: expected at most 16 ranks per core of this node (16 x $node_cores = $max_n); give --hostfile for more nodes"
+else
+  ((${#n} <= 9 && n <= 1048576)) || die "-n $n: expected at most 1048576 ranks"
+fi
 
 args=(-n "$n" --oversubscribe --bind-to none)
 if [[ "$(id -u)" == 0 ]]; then
@@ -63,7 +76,7 @@ fi
 if [[ -n "$hostfile" ]]; then
   args+=(--hostfile "$hostfile")
 elif [[ -z "${OMP_NUM_THREADS:-}" ]]; then
-  cores="$(nproc)"
+  cores="$node_cores"
   export OMP_NUM_THREADS=$((cores / n > 1 ? cores / n : 1))
 fi
 # Ranks see a pseudo-terminal whatever our stdout is; tell them the truth so
@@ -80,9 +93,10 @@ done
 # exited non-zero (it has printed its own one-line error), are dropped, and
 # "mpirun noticed that process rank R with PID P on node H exited on signal
 # S (NAME)." becomes "tessera launch: rank R on host H died: signal S
-# (NAME); every rank was stopped". Everything else passes as it is.
+# (NAME); every rank was stopped". Everything else passes as it is. A
+# death (that line, or a lost daemon) is also written to the file $1.
 filter_mpirun() {
-  awk '
+  awk -v died_file="$1" '
     function flush(   i, keep) {
       keep = 1
       for (i = 1; i <= nb; i++) {
@@ -92,12 +106,14 @@ filter_mpirun() {
           split(substr(buf[i], RSTART, RLENGTH), w, " ")
           sig = substr(buf[i], RSTART, RLENGTH); sub(/.*exited on signal /, "", sig)
           printf "tessera launch: rank %s on host %s died: signal %s; every rank was stopped\n", w[3], w[9], sig
+          print "died" > died_file
           fflush(); keep = 0
         }
       }
       if (keep) for (i = 1; i <= nb; i++) print buf[i]
       nb = 0; fflush()
     }
+    /lost communication with a remote daemon|lost connection to|exited on signal/ { print "died" > died_file }
     /^----------+$/ { if (inblock) { flush(); inblock = 0 } else { inblock = 1; nb = 0 } ; next }
     { if (inblock) buf[++nb] = $0; else { print; fflush() } }
     END { flush() }
@@ -118,11 +134,14 @@ trap on_stop INT TERM
 
 fifo="$(mktemp -u "${TMPDIR:-/tmp}/tessera-launch.XXXXXX")"
 mkfifo "$fifo"
-trap 'rm -f "$fifo"' EXIT
+died="$fifo.died"
+trap 'rm -f "$fifo" "$died"' EXIT
 
-# One run of the job; returns mpirun's status.
+# One run of the job; returns mpirun's status ($died exists after it if a
+# rank died).
 run_job() {
-  filter_mpirun <"$fifo" >&2 &
+  rm -f "$died"
+  filter_mpirun "$died" <"$fifo" >&2 &
   local filter_pid=$! rc
   # Plain `mpirun`, found on PATH again: given an absolute path, Open MPI takes
   # its directory as an installation --prefix, and /bin/mpirun (merged /usr,
@@ -149,7 +168,7 @@ fi
 attempt=0
 run_job "$@"
 rc=$?
-while ((rc != 0 && stop == 0 && attempt < max_restarts)); do
+while ((rc != 0 && stop == 0 && attempt < max_restarts)) && [[ -e "$died" ]]; do
   attempt=$((attempt + 1))
   echo "tessera launch: the job failed (exit $rc); restart $attempt of $max_restarts" \
     "from the newest complete checkpoint" >&2

@@ -79,7 +79,7 @@ check "--activation-checkpointing some" "--activation-checkpointing some: expect
 # Pipeline flags: bad values name the flag and what fits.
 out="$("$bin" train --model m --data d --pipeline 0 2>&1)"
 check_eq "--pipeline 0 exit code" 2 "$?"
-check "--pipeline 0" "--pipeline 0: expected an integer >= 1" "$out"
+check "--pipeline 0" "--pipeline 0: expected an integer >= 1 (digits, or such as 1e9 or 7.5e9)" "$out"
 out="$("$bin" train --model m --data d --pipeline 65 2>&1)"
 check_eq "--pipeline 65 exit code" 2 "$?"
 check "--pipeline 65" "--pipeline 65: expected 1 to 64 stages" "$out"
@@ -114,7 +114,7 @@ out="$(OMP_NUM_THREADS=1 timeout 120 mpirun -n 2 --oversubscribe --bind-to none 
   "$bin" train --model m --data d --steps 0 2>&1)"
 rc=$?
 check_eq "2 ranks flag error exit code" 2 "$rc"
-n="$(printf '%s\n' "$out" | grep -c "^tessera train: --steps 0: expected an integer >= 1$")"
+n="$(printf '%s\n' "$out" | grep -c "^tessera train: --steps 0: expected an integer >= 1 (digits, or such as 1e9 or 7\.5e9)$")"
 check_eq "2 ranks flag error prints once" 1 "$n"
 
 if ((fails)); then

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "tools/flags.h"
 #include "tools/prepare.h"
 #include "tools/tools.h"
 
@@ -18,8 +19,10 @@ static const char *USAGE =
     "run `tessera <command> --help` for its flags\n";
 
 int ts_tool_main(int argc, char **argv) {
+  /* under a launcher, only the lead rank prints the usage (every rank
+   * parses alike, so every rank exits the same) */
   if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
-    fputs(USAGE, argc < 2 ? stderr : stdout);
+    if (ts_flags_is_lead()) fputs(USAGE, argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
   }
   const char *cmd = argv[1];
@@ -29,6 +32,6 @@ int ts_tool_main(int argc, char **argv) {
   if (!strcmp(cmd, "compare")) return ts_tool_compare(argc - 1, argv + 1);
   if (!strcmp(cmd, "export")) return ts_tool_export(argc - 1, argv + 1);
   if (!strcmp(cmd, "timeline")) return ts_tool_timeline(argc - 1, argv + 1);
-  fprintf(stderr, "tessera: unknown command '%s'\n%s", cmd, USAGE);
+  if (ts_flags_is_lead()) fprintf(stderr, "tessera: unknown command '%s'\n%s", cmd, USAGE);
   return 2;
 }

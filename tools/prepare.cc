@@ -333,6 +333,16 @@ extern "C" ts_status ts_prepare_corpus(const ts_prepare_opts *opts, ts_prepare_r
                         "special + 256 byte pieces + %zu distinct characters in the training text "
                         "of %s)",
                         opts->vocab_size, need, n_special, chars, opts->text_path);
+  // BPE adds one piece per merge and each merge joins at least one pair of
+  // the training text's symbols, so it cannot make more pieces than this;
+  // SentencePiece would refuse a larger vocabulary only after training.
+  const size_t most = need + train.size();
+  if (opts->vocab_size > most)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "--vocab-size %zu: expected at most %zu (%zu special + 256 byte pieces + "
+                        "%zu distinct characters + one merge per byte of the %zu-byte training "
+                        "text of %s)",
+                        opts->vocab_size, most, n_special, chars, train.size(), opts->text_path);
 
   // Train the tokenizer on the training part.
   sentencepiece::SetRandomGeneratorSeed((unsigned)(opts->seed % 0xFFFFFFFFull));

@@ -1,7 +1,10 @@
 /* spawn.c — running another program with its output to a log (tools.h
- * ts_tool_spawn): compare's training runs and gnuplot. */
+ * ts_tool_spawn): compare's training runs and gnuplot; and the cores they
+ * may use (ts_tool_cores). */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -28,3 +31,9 @@ int ts_tool_spawn(char *const argv[], const char *log) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+int ts_tool_cores(void) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)n : 1;
+}

@@ -36,6 +36,10 @@ ts_status ts_tool_resolve_device(int choice, int need_gpu, ts_device *dev, int *
  * could not start (tools/spawn.c). */
 int ts_tool_spawn(char *const argv[], const char *log);
 
+/* The cores this process may run on (its CPU affinity: what `nproc`
+ * counts without OMP_NUM_THREADS), at least 1 (tools/spawn.c). */
+int ts_tool_cores(void);
+
 /* `tessera timeline TRACE`: one step of a train --trace file, its measured
  * bubble and picture (tools/timeline.h). */
 int ts_tool_timeline(int argc, char **argv);

@@ -97,10 +97,10 @@ static void unigram_baselines(const char *dir, double *loss, double *accuracy) {
 /* Rank 0's closing lines: loss, speed, validation, communication, memory. */
 static void print_summary(const ts_train_config *cfg, const ts_train_result *res) {
   if (res->resumed_from) printf("resumed from step %zu\n", res->resumed_from);
-  if (res->resume_note[0]) {
-    char note[768];
-    ts_flags_terms(res->resume_note, note, sizeof note);
-    printf("%s\n", note);
+  if (res->notes[0]) {
+    char notes[1536];
+    ts_flags_terms(res->notes, notes, sizeof notes);
+    printf("%s", notes);
   }
   printf("trained %s (%.2fM parameters) for %zu steps in %.1f s: loss %.4f -> %.4f, "
          "%.0f tok/s, %.2f GFLOP/s\n",
@@ -237,7 +237,7 @@ int ts_tool_train(int argc, char **argv) {
       TS_FLAG_FLOAT("--weight-decay", NULL, &e->weight_decay, "WD",
                     "AdamW weight decay (default 0.1)", NULL),
       TS_FLAG_FLOAT("--grad-clip", NULL, &e->grad_clip, "C",
-                    "clip the global gradient norm to C (default 1)", NULL),
+                    "clip the global gradient norm to C (default 1; 0: no clipping)", NULL),
       TS_FLAG_SIZE("--max-bad-steps", NULL, &cfg.max_bad_steps, 1, "N",
                    "fp32/bf16: stop (exit 3) after N steps in a row skipped for a non-finite "
                    "loss or gradient (default 3)",
@@ -248,8 +248,7 @@ int ts_tool_train(int argc, char **argv) {
       TS_FLAG_SIZE("--global-batch", NULL, &cfg.global_batch, 1, "G",
                    "sequences per optimizer step over all ranks", NULL),
       TS_FLAG_CUSTOM("--dtype", NULL, &e->dtype, parse_dtype, "fp32|bf16|fp16",
-                     "compute dtype; master weights and Adam state stay fp32 (default fp32)",
-                     NULL),
+                     "compute dtype; master weights and Adam state stay fp32 (default fp32)", NULL),
       TS_FLAG_CUSTOM("--loss-scale", NULL, &e->loss_scale, parse_loss_scale, "dynamic|S",
                      "fp16: dynamic loss scaling or the fixed scale S (default dynamic)",
                      &scale_flag),
@@ -309,6 +308,11 @@ int ts_tool_train(int argc, char **argv) {
   if (cfg.lr < 0) return ts_flags_error("train", "--lr %g: expected a learning rate >= 0", (double)cfg.lr);
   if (e->weight_decay < 0)
     return ts_flags_error("train", "--weight-decay %g: expected >= 0", (double)e->weight_decay);
+  if (e->grad_clip < 0)
+    return ts_flags_error("train",
+                          "--grad-clip %g: expected a gradient-norm bound >= 0 (0: no "
+                          "clipping)",
+                          (double)e->grad_clip);
   e->zero_stage = (int)zero;
   e->pipeline_stages = (int)pipeline;
   e->seed = seed;
