@@ -17,6 +17,8 @@
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,6 +93,12 @@ static ts_status for_each_chunk(const saver_layout *L, int R,
 
 static void saver_layout_free(saver_layout *L) { free(L->layouts); }
 
+/* Adds chunk c's bytes to *(size_t *)ctx. */
+static ts_status count_chunk(void *ctx, const chunk *c) {
+  *(size_t *)ctx += (c->end - c->begin) * c->es;
+  return TS_OK;
+}
+
 static ts_status saver_layout_init(saver_layout *L, const ts_engine *e) {
   memset(L, 0, sizeof *L);
   L->model = e->model;
@@ -112,7 +120,8 @@ typedef struct writer {
   ts_atomic_file *f;
   ts_sha256 *h;
   size_t nbytes;
-  void *host; /* staging beside a device, the largest chunk */
+  void *host;         /* staging beside a device, the largest chunk */
+  const char *staged; /* an asynchronous save: the rank's file bytes, else NULL */
 } writer;
 
 /* The held buffer of kind k of unit u and whether it is a shard. */
@@ -127,15 +136,20 @@ static const void *held(const ts_engine *e, int u, int k, int *sharded) {
   }
 }
 
+/* Where chunk c's bytes are held now (the engine's buffer of its kind). */
+static const char *held_chunk(const ts_engine *e, const chunk *c) {
+  int sharded;
+  const char *buf = held(e, c->unit, c->kind, &sharded);
+  return buf + ts_engine_held_offset(e, c->unit, sharded, c->begin) * c->es;
+}
+
 static ts_status write_chunk(void *ctx, const chunk *c) {
   writer *w = ctx;
   ts_engine *e = w->e;
   size_t n = (c->end - c->begin) * c->es;
   if (n == 0) return TS_OK;
-  int sharded;
-  const char *buf = held(e, c->unit, c->kind, &sharded);
-  const char *src = buf + ts_engine_held_offset(e, c->unit, sharded, c->begin) * c->es;
-  if (e->device != TS_DEVICE_CPU) {
+  const char *src = w->staged ? w->staged + c->offset : held_chunk(e, c);
+  if (!w->staged && e->device != TS_DEVICE_CPU) {
     TS_CHECK(ts_k_to_host(&e->ctx, w->host, src, n));
     src = w->host;
   }
@@ -152,11 +166,13 @@ static ts_status write_chunk(void *ctx, const chunk *c) {
   return TS_OK;
 }
 
+/* Writes world rank R's file at path from the engine's buffers, or from
+ * `staged` (an asynchronous save's copy; any thread), hashing as it goes. */
 static ts_status write_rank_file(ts_engine *e, const saver_layout *L, const char *path, int R,
-                                 char hex[TS_SHA256_HEX], size_t *nbytes) {
-  writer w = {e, NULL, NULL, 0, NULL};
+                                 const void *staged, char hex[TS_SHA256_HEX], size_t *nbytes) {
+  writer w = {e, NULL, NULL, 0, NULL, staged};
   ts_status st = TS_OK;
-  if (e->device != TS_DEVICE_CPU) {
+  if (!staged && e->device != TS_DEVICE_CPU) {
     size_t most = 0;
     for (int u = e->u_begin; u < e->u_end; u++)
       if (L->layouts[u].shard * 4 > most) most = L->layouts[u].shard * 4;
@@ -203,9 +219,21 @@ static ts_status index_chunk(void *ctx, const chunk *c) {
   return TS_OK;
 }
 
+/* The engine's counters a save records, as they were at its step boundary
+ * (an asynchronous save commits its index steps later). */
+typedef struct saved_counters {
+  int step, attempts;
+  ts_loss_scaler scaler;
+} saved_counters;
+
+static saved_counters counters_of(const ts_engine *e) {
+  saved_counters c = {e->step, e->attempts, e->scaler};
+  return c;
+}
+
 /* The index of the whole save (rank 0): files[] then tensors[]. */
-static ts_status build_index(const ts_engine *e, const saver_layout *L, int world,
-                             const char (*hex)[TS_SHA256_HEX], const size_t *sizes,
+static ts_status build_index(const ts_engine *e, const saved_counters *sc, const saver_layout *L,
+                             int world, const char (*hex)[TS_SHA256_HEX], const size_t *sizes,
                              const ts_checkpoint_extra *extra, const char (*xhex)[TS_SHA256_HEX],
                              size_t n_extra, char **out) {
   const ts_model *m = e->model;
@@ -221,16 +249,17 @@ static ts_status build_index(const ts_engine *e, const saver_layout *L, int worl
   cJSON_AddItemToObject(root, "split", cJSON_CreateIntArray(L->first, e->stages + 1));
   cJSON_AddNumberToObject(root, "world", world);
   cJSON *opt = cJSON_AddObjectToObject(root, "optimizer");
-  cJSON_AddNumberToObject(opt, "step", e->step);
-  cJSON_AddNumberToObject(opt, "attempts", e->attempts);
+  cJSON_AddNumberToObject(opt, "step", sc->step);
+  cJSON_AddNumberToObject(opt, "attempts", sc->attempts);
+  const ts_loss_scaler *scaler = &sc->scaler;
   cJSON *ls = cJSON_AddObjectToObject(root, "loss_scaler");
-  cJSON_AddNumberToObject(ls, "scale", e->scaler.scale);
-  cJSON_AddNumberToObject(ls, "clean_steps", (double)e->scaler.clean_steps);
+  cJSON_AddNumberToObject(ls, "scale", scaler->scale);
+  cJSON_AddNumberToObject(ls, "clean_steps", (double)scaler->clean_steps);
   cJSON *hist = cJSON_AddArrayToObject(ls, "history");
-  int nh = e->scaler.n_history < 8 ? e->scaler.n_history : 8;
+  int nh = scaler->n_history < 8 ? scaler->n_history : 8;
   for (int k = 0; k < nh; k++) {
-    int j = (e->scaler.n_history - nh + k) % 8;
-    double v[2] = {e->scaler.history[j].step, e->scaler.history[j].scale};
+    int j = (scaler->n_history - nh + k) % 8;
+    double v[2] = {scaler->history[j].step, scaler->history[j].scale};
     cJSON_AddItemToArray(hist, cJSON_CreateDoubleArray(v, 2));
   }
   cJSON *files = cJSON_AddArrayToObject(root, "files");
@@ -288,8 +317,9 @@ static ts_status build_index(const ts_engine *e, const saver_layout *L, int worl
 }
 
 /* Rank 0's part of a save: the extra files, then index.json (the commit). */
-static ts_status write_index(const ts_engine *e, const saver_layout *L, const char *dir, int n,
-                             const float *packed, char (*hex)[TS_SHA256_HEX], size_t *sizes,
+static ts_status write_index(const ts_engine *e, const saved_counters *sc, const saver_layout *L,
+                             const char *dir, int n, const float *packed,
+                             char (*hex)[TS_SHA256_HEX], size_t *sizes,
                              const ts_checkpoint_extra *extra, size_t n_extra, char **text) {
   char path[4096];
   for (int r = 0; r < n; r++) {
@@ -303,7 +333,7 @@ static ts_status write_index(const ts_engine *e, const saver_layout *L, const ch
     fault_point();
     TS_CHECK(ts_atomic_write(path, extra[k].data, extra[k].nbytes));
   }
-  TS_CHECK(build_index(e, L, n, (const char(*)[TS_SHA256_HEX])hex, sizes, extra,
+  TS_CHECK(build_index(e, sc, L, n, (const char(*)[TS_SHA256_HEX])hex, sizes, extra,
                        (const char(*)[TS_SHA256_HEX])(hex + n), n_extra, text));
   ts_atomic_file *f;
   snprintf(path, sizeof path, "%s/" INDEX, dir);
@@ -322,64 +352,239 @@ static ts_status make_dir(const char *dir) {
   return ts_set_error(TS_ERR_IO, "%s: cannot create the folder: %s", dir, strerror(errno));
 }
 
-ts_status ts_checkpoint_save(ts_engine *e, ts_comm *world, const char *dir,
-                             const ts_checkpoint_extra *extra, size_t n_extra) {
+/* A save from its start to its commit: what the world agreed on, the
+ * layout, the counters at the save's step and, on rank 0, the extra files. */
+typedef struct save_job {
+  ts_engine *e;
+  ts_comm *w, *own; /* the world (borrowed, or own: a one-rank group) */
+  int R, n;         /* this world rank and the world's size */
+  char dir[4096], what[4200];
+  saver_layout L;
+  saved_counters counters;
+  const ts_checkpoint_extra *extra; /* rank 0's (borrowed; an asynchronous save's own copy) */
+  size_t n_extra;
+} save_job;
+
+static void save_job_free(save_job *j) {
+  saver_layout_free(&j->L);
+  ts_comm_free(j->own);
+}
+
+/* The start of every save, collective: a step boundary; rank 0 makes the
+ * folder and removes an old index before anyone writes (from here until
+ * the new index the folder is not a checkpoint); the layout. Agreed. */
+static ts_status save_start(save_job *j, ts_engine *e, ts_comm *world, const char *dir,
+                            const ts_checkpoint_extra *extra, size_t n_extra) {
+  memset(j, 0, sizeof *j);
   if (e->micro_done != 0)
     return ts_set_error(TS_ERR_INVALID_USAGE,
                         "checkpoint: save after %d micro-steps: expected a step boundary",
                         e->micro_done);
-  ts_comm *own = NULL;
-  if (!world) TS_CHECK(ts_comm_self(&own));
-  ts_comm *w = world ? world : own;
-  int R = ts_comm_rank(w), n = ts_comm_size(w);
-  char path[4096], what[4200];
-  snprintf(what, sizeof what, "to save %s", dir);
+  if (!world) TS_CHECK(ts_comm_self(&j->own));
+  j->e = e;
+  j->w = world ? world : j->own;
+  j->R = ts_comm_rank(j->w);
+  j->n = ts_comm_size(j->w);
+  j->counters = counters_of(e);
+  j->extra = extra;
+  j->n_extra = n_extra;
+  snprintf(j->dir, sizeof j->dir, "%s", dir);
+  snprintf(j->what, sizeof j->what, "to save %s", dir);
+  char path[4200];
   snprintf(path, sizeof path, "%s/" INDEX, dir);
-  /* Rank 0 makes the folder and removes an old index before anyone writes:
-   * from here until the new index the folder is not a checkpoint. */
-  ts_status st = R == 0 ? make_dir(dir) : TS_OK;
-  if (st == TS_OK && R == 0 && unlink(path) != 0 && errno != ENOENT)
+  ts_status st = j->R == 0 ? make_dir(dir) : TS_OK;
+  if (st == TS_OK && j->R == 0 && unlink(path) != 0 && errno != ENOENT)
     st = ts_set_error(TS_ERR_IO, "%s: cannot remove the old index: %s", path, strerror(errno));
-  st = ts_comm_agree(w, st, what, NULL);
-  saver_layout L;
-  memset(&L, 0, sizeof L);
-  char (*hex)[TS_SHA256_HEX] = calloc((size_t)n + n_extra, TS_SHA256_HEX);
+  if (st == TS_OK) st = saver_layout_init(&j->L, e);
+  if (st == TS_OK && j->L.dp * e->stages != j->n)
+    st = ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                      "checkpoint: the world has %d ranks, the engine's grid %d x %d", j->n,
+                      e->stages, j->L.dp);
+  return ts_comm_agree(j->w, st, j->what, NULL);
+}
+
+/* The end of every save, collective: this rank's file written (`local`,
+ * its checksum and size), agreed; the checksums gathered; rank 0 writes
+ * the extra files, then index.json (the commit); agreed. */
+static ts_status save_commit(save_job *j, ts_status local, const char *hx, size_t nb) {
+  int n = j->n;
+  char(*hex)[TS_SHA256_HEX] = calloc((size_t)n + j->n_extra, TS_SHA256_HEX);
   float *packed = calloc((size_t)n * 18, sizeof(float)); /* per rank: 64 hex + 8-byte size */
   size_t *sizes = calloc((size_t)n, sizeof *sizes);
   char *text = NULL;
-  if (st == TS_OK) { /* every rank writes its file; agreed */
-    ts_status local = hex && packed && sizes
-                          ? TS_OK
-                          : ts_set_error(TS_ERR_OUT_OF_MEMORY, "checkpoint: %d ranks", n);
-    if (local == TS_OK) local = saver_layout_init(&L, e);
-    if (local == TS_OK && L.dp * e->stages != n)
-      local = ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                           "checkpoint: the world has %d ranks, the engine's grid %d x %d", n,
-                           e->stages, L.dp);
-    char hx[TS_SHA256_HEX] = "";
-    size_t nb = 0;
-    snprintf(path, sizeof path, "%s/rank-%05d.bin", dir, R);
-    if (local == TS_OK) local = write_rank_file(e, &L, path, R, hx, &nb);
-    st = ts_comm_agree(w, local, what, NULL);
-    if (st == TS_OK) {
-      char mine[72];
-      memcpy(mine, hx, 64);
-      memcpy(mine + 64, &nb, 8);
-      st = ts_comm_all_gather(w, mine, packed, 18, TS_FP32); /* bytes carried as they are */
-    }
+  if (local == TS_OK && !(hex && packed && sizes))
+    local = ts_set_error(TS_ERR_OUT_OF_MEMORY, "checkpoint: %d ranks", n);
+  ts_status st = ts_comm_agree(j->w, local, j->what, NULL);
+  if (st == TS_OK) {
+    char mine[72];
+    memcpy(mine, hx, 64);
+    memcpy(mine + 64, &nb, 8);
+    st = ts_comm_all_gather(j->w, mine, packed, 18, TS_FP32); /* bytes carried as they are */
   }
-  if (st == TS_OK) { /* rank 0: the extra files, then the index; agreed */
-    ts_status local = TS_OK;
-    if (R == 0) local = write_index(e, &L, dir, n, packed, hex, sizes, extra, n_extra, &text);
-    st = ts_comm_agree(w, local, what, NULL);
+  if (st == TS_OK) {
+    ts_status mine = TS_OK;
+    if (j->R == 0)
+      mine = write_index(j->e, &j->counters, &j->L, j->dir, n, packed, hex, sizes, j->extra,
+                         j->n_extra, &text);
+    st = ts_comm_agree(j->w, mine, j->what, NULL);
   }
   free(text);
   free(hex);
   free(packed);
   free(sizes);
-  saver_layout_free(&L);
-  ts_comm_free(own);
   return st;
+}
+
+ts_status ts_checkpoint_save(ts_engine *e, ts_comm *world, const char *dir,
+                             const ts_checkpoint_extra *extra, size_t n_extra) {
+  save_job j;
+  ts_status st = save_start(&j, e, world, dir, extra, n_extra);
+  if (st == TS_OK) { /* every rank writes its file from the engine's buffers */
+    char hx[TS_SHA256_HEX] = "", path[4200];
+    size_t nb = 0;
+    snprintf(path, sizeof path, "%s/rank-%05d.bin", dir, j.R);
+    ts_status local = write_rank_file(e, &j.L, path, j.R, NULL, hx, &nb);
+    st = save_commit(&j, local, hx, nb);
+  }
+  save_job_free(&j);
+  return st;
+}
+
+/* ---- asynchronous save ------------------------------------------------------------ */
+
+ts_status ts_checkpoint_staging_bytes(const ts_engine *e, size_t *bytes) {
+  saver_layout L;
+  *bytes = 0;
+  ts_status st = saver_layout_init(&L, e);
+  if (st == TS_OK) {
+    /* dp rank 0's file: the largest of the stage (the others' last shards
+     * may be shorter by the padding), so every rank charges what the plan
+     * charges */
+    st = for_each_chunk(&L, e->stage * L.dp, count_chunk, bytes);
+  }
+  saver_layout_free(&L);
+  return st;
+}
+
+struct ts_checkpoint_pending {
+  save_job job;
+  ts_checkpoint_extra *extra; /* rank 0: the extra files' names and bytes, copied */
+  pthread_t thread;
+  atomic_int written;      /* 1 once the thread is done (either way) */
+  ts_status status;        /* the thread's result */
+  char error[1024];        /* its message (ts_last_error is per thread) */
+  char hex[TS_SHA256_HEX]; /* the file's SHA-256 */
+  size_t nbytes;           /* its size */
+};
+
+/* The background thread: hashes and writes the staged bytes, fsyncs and
+ * renames the file into place (base/atomic_file.h). No MPI here. */
+static void *write_staged(void *arg) {
+  ts_checkpoint_pending *p = arg;
+  char path[4200];
+  snprintf(path, sizeof path, "%s/rank-%05d.bin", p->job.dir, p->job.R);
+  p->status = write_rank_file(p->job.e, &p->job.L, path, p->job.R, p->job.e->ckpt_staging, p->hex,
+                              &p->nbytes);
+  if (p->status != TS_OK) snprintf(p->error, sizeof p->error, "%s", ts_last_error());
+  atomic_store(&p->written, 1);
+  return NULL;
+}
+
+/* Copies chunk c from the engine's buffers into the staging at its file
+ * offset (threads share the big ones). */
+static ts_status stage_chunk(void *ctx, const chunk *c) {
+  ts_engine *e = ctx;
+  size_t n = (c->end - c->begin) * c->es;
+  if (n == 0) return TS_OK;
+  char *dst = (char *)e->ckpt_staging + c->offset;
+  const char *src = held_chunk(e, c);
+  if (e->device != TS_DEVICE_CPU) return ts_k_to_host(&e->ctx, dst, src, n);
+  enum { PIECE = 1 << 20 };
+  long pieces = (long)((n + PIECE - 1) / PIECE);
+#pragma omp parallel for schedule(static) if (pieces > 1)
+  for (long k = 0; k < pieces; k++) {
+    size_t at = (size_t)k * PIECE, m = n - at < PIECE ? n - at : PIECE;
+    memcpy(dst + at, src + at, m);
+  }
+  return TS_OK;
+}
+
+/* Frees p after its thread ended. */
+static void pending_free(ts_checkpoint_pending *p) {
+  for (size_t k = 0; p->extra && k < p->job.n_extra; k++) {
+    free((char *)p->extra[k].name);
+    free((void *)p->extra[k].data);
+  }
+  free(p->extra);
+  save_job_free(&p->job);
+  free(p);
+}
+
+/* Copies the extra files (rank 0 keeps them until the commit). */
+static ts_status copy_extras(ts_checkpoint_pending *p, const ts_checkpoint_extra *extra,
+                             size_t n_extra) {
+  if (n_extra == 0) return TS_OK;
+  p->extra = calloc(n_extra, sizeof *p->extra);
+  if (!p->extra) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "checkpoint: extra files");
+  p->job.extra = p->extra;
+  for (size_t k = 0; k < n_extra; k++) {
+    char *name = strdup(extra[k].name), *data = malloc(extra[k].nbytes ? extra[k].nbytes : 1);
+    p->extra[k].name = name;
+    p->extra[k].data = data;
+    p->extra[k].nbytes = extra[k].nbytes;
+    if (!name || !data) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "checkpoint: extra files");
+    memcpy(data, extra[k].data, extra[k].nbytes);
+  }
+  return TS_OK;
+}
+
+ts_status ts_checkpoint_save_async(ts_engine *e, ts_comm *world, const char *dir,
+                                   const ts_checkpoint_extra *extra, size_t n_extra,
+                                   ts_checkpoint_pending **out) {
+  *out = NULL;
+  if (!e->ckpt_staging)
+    return ts_set_error(TS_ERR_INVALID_USAGE,
+                        "checkpoint: an asynchronous save needs the engine's staging "
+                        "(`async_save`)");
+  ts_checkpoint_pending *p = calloc(1, sizeof *p);
+  if (!p) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "checkpoint: an asynchronous save");
+  ts_status st = save_start(&p->job, e, world, dir, NULL, 0);
+  if (st == TS_OK) { /* the stall: this rank's state into the staging, then its thread */
+    ts_status local = p->job.R == 0 ? copy_extras(p, extra, n_extra) : TS_OK;
+    p->job.n_extra = p->job.R == 0 ? n_extra : 0;
+    if (local == TS_OK) local = for_each_chunk(&p->job.L, p->job.R, stage_chunk, e);
+    if (local == TS_OK && e->device != TS_DEVICE_CPU) local = ts_k_synchronize(&e->ctx);
+    if (local == TS_OK && pthread_create(&p->thread, NULL, write_staged, p) != 0)
+      local = ts_set_error(TS_ERR_INTERNAL, "checkpoint: cannot start the writer thread");
+    st = ts_comm_agree(p->job.w, local, p->job.what, NULL);
+    if (local == TS_OK && st != TS_OK) { /* another rank failed: this one's write is moot */
+      pthread_join(p->thread, NULL);
+    } else if (local == TS_OK) {
+      *out = p;
+      return TS_OK;
+    }
+  }
+  pending_free(p);
+  return st;
+}
+
+int ts_checkpoint_written(const ts_checkpoint_pending *p) {
+  return atomic_load(&((ts_checkpoint_pending *)p)->written);
+}
+
+ts_status ts_checkpoint_finish(ts_checkpoint_pending *p) {
+  pthread_join(p->thread, NULL);
+  ts_status local = p->status;
+  if (local != TS_OK) ts_set_error(local, "%s", p->error);
+  ts_status st = save_commit(&p->job, local, p->hex, p->nbytes);
+  pending_free(p);
+  return st;
+}
+
+void ts_checkpoint_abandon(ts_checkpoint_pending *p) {
+  if (!p) return;
+  pthread_join(p->thread, NULL);
+  pending_free(p);
 }
 
 /* ---- the folder of checkpoints ------------------------------------------------------ */

@@ -84,6 +84,42 @@ typedef struct ts_checkpoint_extra {
 ts_status ts_checkpoint_save(ts_engine *e, ts_comm *world, const char *dir,
                              const ts_checkpoint_extra *extra, size_t n_extra);
 
+/* An asynchronous save (PyTorch's dcp.async_save, DeepSpeed's decoupled
+ * checkpointing): at the step boundary each rank copies its state once into
+ * the engine's host staging (opts.async_save; the only stall), a thread of
+ * its own hashes and writes the rank's file while training goes on, and a
+ * later collective call commits the index. Until then the folder is not a
+ * checkpoint: a crash during the write leaves the previous checkpoint the
+ * newest complete one. The saved bytes are the state at the save's step,
+ * whatever training does meanwhile; the counters (optimizer step, loss
+ * scaler) too. One save at a time per engine (its one staging buffer). */
+typedef struct ts_checkpoint_pending ts_checkpoint_pending;
+
+/* Starts an asynchronous save of e into folder dir, collective as
+ * ts_checkpoint_save (the same files in the end); extra files are copied.
+ * Returns once every rank's copy is staged and its writer runs (agreed),
+ * *out the save in flight. TS_ERR_INVALID_USAGE (mid-step, or the engine
+ * made without async_save), TS_ERR_IO, TS_ERR_OUT_OF_MEMORY, TS_ERR_MPI;
+ * on error *out is NULL and nothing runs. */
+ts_status ts_checkpoint_save_async(ts_engine *e, ts_comm *world, const char *dir,
+                                   const ts_checkpoint_extra *extra, size_t n_extra,
+                                   ts_checkpoint_pending **out);
+
+/* 1 once this rank's writer is done (its file committed, or failed);
+ * never blocks. Ranks agree on all of them (a MIN all-reduce) before
+ * ts_checkpoint_finish, so no rank waits on another's disk. */
+int ts_checkpoint_written(const ts_checkpoint_pending *p);
+
+/* Collective: waits for this rank's writer, then as ts_checkpoint_save's
+ * end: the checksums gathered, rank 0 writes the extra files and the index
+ * (the commit), agreed. Frees p. The writer's error (TS_ERR_IO naming the
+ * file) or the commit's. */
+ts_status ts_checkpoint_finish(ts_checkpoint_pending *p);
+
+/* Local, for error paths: waits for this rank's writer and frees p without
+ * committing (the folder stays no checkpoint). NULL is a no-op. */
+void ts_checkpoint_abandon(ts_checkpoint_pending *p);
+
 typedef struct ts_checkpoint ts_checkpoint; /* an opened index; owns its file handles */
 
 /* Opens the checkpoint in folder dir: parses index.json and checks it

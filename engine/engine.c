@@ -230,6 +230,13 @@ ts_status ts_engine_alloc(ts_engine *e) {
   size_t rb = ts_engine_recompute_bytes(m, &e->opts, e->u_begin, e->u_end);
   TS_CHECK(ts_ledger_alloc(&e->ledger, dev, TS_MEM_ACTIVATIONS, rb, &e->recompute_saved));
   for (int k = 1; k < e->n_slots; k++) TS_CHECK(alloc_slot(e, k)); /* a pipeline's others */
+  if (e->opts.async_save) { /* host memory, whatever the device: the ledger's CPU account */
+    TS_CHECK(ts_checkpoint_staging_bytes(e, &e->ckpt_staging_bytes));
+    TS_CHECK(ts_ledger_alloc(&e->ledger, TS_DEVICE_CPU, TS_MEM_STAGING, e->ckpt_staging_bytes,
+                             &e->ckpt_staging));
+    if (dev != TS_DEVICE_CPU)
+      TS_CHECK(ts_k_host_register(&e->ctx, e->ckpt_staging, e->ckpt_staging_bytes));
+  }
   return alloc_scalars(e);
 }
 
@@ -371,6 +378,10 @@ void ts_engine_free(ts_engine *e) {
     ts_k_host_wait(&e->ctx); /* no copy may still read it */
     ts_k_host_unregister(&e->ctx, e->staging);
     ts_ledger_free(&e->ledger, e->staging);
+  }
+  if (e->ckpt_staging) {
+    if (e->device != TS_DEVICE_CPU) ts_k_host_unregister(&e->ctx, e->ckpt_staging);
+    ts_ledger_free(&e->ledger, e->ckpt_staging);
   }
   if (e->dp && e->comm_mem.copy) ts_comm_set_memory(e->dp, NULL);
   if (e->h_targets != e->targets) ts_ledger_free(&e->ledger, e->h_targets);

@@ -154,6 +154,9 @@ typedef struct ts_engine_opts {
   int allow_tf32; /* CUDA fp32 products on TF32 tensor cores (kernels.h TS_K_ALLOW_TF32) */
   int plain_attention; /* CUDA bf16/fp16 attention on the plain kernels, not cuDNN's
                           (kernels.h TS_K_PLAIN_ATTENTION) */
+  int async_save;      /* 1: a host copy of this rank's checkpoint bytes (room for its stage's
+                          largest rank file; ledger category staging, host account) for
+                          ts_checkpoint_save_async */
   /* Pipeline stages (DESIGN.md "Pipeline stages"; ts_engine_create_pipeline):
    * the units split into P contiguous stages, each stage's grad_accum
    * micro-batches run by the schedule. P = 1: no pipelining. */

@@ -133,6 +133,9 @@ struct ts_engine {
   ts_trace *trace;              /* train --trace: spans (borrowed); NULL: none */
   int in_micro_step;            /* 1 inside ts_engine_run_micro_step (spans name the mb) */
   ts_comm_counters step_start;  /* counters when the current step began */
+  void *ckpt_staging;           /* opts.async_save: this rank's checkpoint file bytes (host,
+                                   staging), the copy an asynchronous save writes; else NULL */
+  size_t ckpt_staging_bytes;    /* its size, bytes */
 };
 
 /* Whether unit u is computed by this rank's stage. */
@@ -144,6 +147,14 @@ static inline int ts_engine_owns(const ts_engine *e, int u) {
 static inline double ts_engine_mean_loss(const double *pair) {
   return pair[1] > 0 ? pair[0] / pair[1] : 0.0;
 }
+
+/* ---- checkpoint.c ----------------------------------------------------------------- */
+
+/* The bytes of an asynchronous save's staging: the largest checkpoint
+ * file of this rank's pipeline stage (dp rank 0's: every kind of every unit
+ * of the stage, its part; another dp rank's is at most that), so that
+ * every rank and the plan charge the same. TS_ERR_OUT_OF_MEMORY. */
+ts_status ts_checkpoint_staging_bytes(const ts_engine *e, size_t *bytes);
 
 /* ---- engine.c: create, free, trace spans ------------------------------------- */
 

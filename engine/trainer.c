@@ -34,6 +34,7 @@ ts_train_config ts_train_default_config(void) {
   c.eval_every = 0;
   c.eval_batches = 16;
   c.max_bad_steps = 3;
+  c.save_async = 1;
   return c;
 }
 
@@ -110,9 +111,12 @@ typedef struct run {
   size_t start;              /* steps done before this run (resumed), else 0 */
   double load_seconds;       /* this rank's verify and load of ck */
   char notes[1024];          /* what the run says beside its work (note()), lines, else "" */
+  ts_checkpoint_pending *pending; /* the asynchronous save in flight, else NULL */
+  char pending_dir[4200];         /* its folder */
 } run;
 
 static void run_free(run *r) {
+  ts_checkpoint_abandon(r->pending); /* an error path: its writer ends, nothing commits */
   free(r->model_text);
   free(r->mlm_scratch);
   ts_checkpoint_close(r->ck);
@@ -600,8 +604,35 @@ static char *trainer_json(const run *r, size_t step) {
   return text;
 }
 
+/* Commits the asynchronous save in flight, waiting for its writers
+ * (collective), then keeps the newest cfg->keep. None in flight: TS_OK. */
+static ts_status finish_pending(run *r, ts_train_result *res) {
+  if (!r->pending) return TS_OK;
+  ts_checkpoint_pending *p = r->pending;
+  r->pending = NULL;
+  TS_CHECK(ts_checkpoint_finish(p));
+  snprintf(res->saved, sizeof res->saved, "%s", r->pending_dir);
+  return agree(r, r->wrank == 0 ? ts_checkpoint_prune(r->cfg->save_dir, r->cfg->keep) : TS_OK, NULL,
+               "to prune the checkpoints");
+}
+
+/* At a step boundary: commits the save in flight once every rank's writer
+ * is done (a MIN all-reduce of one flag, only while a save is in flight),
+ * so no rank waits on another's disk. */
+static ts_status poll_pending(run *r, ts_train_result *res) {
+  if (!r->pending) return TS_OK;
+  double done = ts_checkpoint_written(r->pending);
+  TS_CHECK(ts_comm_all_reduce_f64(r->world, &done, 1, TS_COMM_MIN));
+  return done > 0 ? finish_pending(r, res) : TS_OK;
+}
+
 /* Saves the state after `step` into save_dir/step-NNNNNNNN, then keeps the
- * newest cfg->keep. Collective over the world. */
+ * newest cfg->keep. Collective over the world. Asynchronous (eo.async_save):
+ * the previous save is committed first (waiting for its writers if they
+ * are not done), then this rank's state is staged and written in the
+ * background; poll_pending or finish_pending commits it. Training waits
+ * (res->save_seconds) for the whole save when synchronous, for the staging
+ * copy (and any unfinished previous write) when asynchronous. */
 static ts_status save(run *r, size_t step, ts_train_result *res) {
   const ts_train_config *cfg = r->cfg;
   char dir[4200];
@@ -618,12 +649,21 @@ static ts_status save(run *r, size_t step, ts_train_result *res) {
   TS_CHECK(agree(r, st, NULL, "to save a checkpoint"));
   ts_checkpoint_extra ex[2] = {{"trainer.json", tj, tj ? strlen(tj) : 0},
                                {"config.json", r->model_text, r->model_len}};
+  size_t n_extra = r->wrank == 0 ? 2 : 0;
   double t0 = now_s();
-  st = ts_checkpoint_save(r->engine, r->world, dir, ex, r->wrank == 0 ? 2 : 0);
+  if (r->eo.async_save) {
+    st = finish_pending(r, res);
+    if (st == TS_OK)
+      st = ts_checkpoint_save_async(r->engine, r->world, dir, ex, n_extra, &r->pending);
+    if (st == TS_OK) snprintf(r->pending_dir, sizeof r->pending_dir, "%s", dir);
+  } else {
+    st = ts_checkpoint_save(r->engine, r->world, dir, ex, n_extra);
+  }
   res->save_seconds += now_s() - t0;
   res->saves++;
   free(tj);
   TS_CHECK(st);
+  if (r->eo.async_save) return TS_OK;
   snprintf(res->saved, sizeof res->saved, "%s", dir);
   return agree(r, r->wrank == 0 ? ts_checkpoint_prune(cfg->save_dir, cfg->keep) : TS_OK, NULL,
                "to prune the checkpoints");
@@ -715,6 +755,7 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
     }
     int stop;
     TS_CHECK(stop_requested(r, &stop));
+    TS_CHECK(poll_pending(r, res));
     /* a skipped bad step changed nothing: no checkpoint of it */
     if (cfg->save_dir && !bad &&
         (stop || step == cfg->steps || (cfg->save_every && step % cfg->save_every == 0)))
@@ -722,6 +763,7 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
     const ts_engine_hooks *h = ts_engine_get_hooks(); /* the test seam */
     if (h && h->after_step) h->after_step(h->user, step, r->wrank);
     if (stop) {
+      TS_CHECK(finish_pending(r, res));
       res->stopped_at = step;
       res->seconds = now_s() - t_loop;
       res->memory = *ts_engine_memory(r->engine);
@@ -738,6 +780,9 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
   ts_engine_set_trace(r->engine, NULL); /* the final evaluation is not traced */
   TS_CHECK(eval_and_log(r, cfg->steps, cb, user, &res->final_val_loss,
                         &res->final_val_accuracy));
+  double t0 = now_s(); /* the last save's write, overlapped with the evaluation */
+  TS_CHECK(finish_pending(r, res));
+  res->save_seconds += now_s() - t0;
   res->memory = *ts_engine_memory(r->engine);
   if (r->trace) TS_CHECK(ts_trace_write(r->trace, r->world, cfg->trace_path));
   return write_summary(r, res);
@@ -791,6 +836,7 @@ ts_status ts_train_run(const ts_train_config *cfg, ts_train_callback cb, void *u
   memset(&r, 0, sizeof r);
   r.cfg = cfg;
   r.eo = cfg->engine;
+  r.eo.async_save = cfg->save_dir && cfg->save_async; /* the staging only where saves happen */
   r.global_batch = cfg->global_batch;
   ts_status st = cfg->dp ? TS_OK : ts_comm_self(&r.own_comm);
   if (st == TS_OK) {

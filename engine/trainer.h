@@ -68,6 +68,9 @@ typedef struct ts_train_config {
   const char *save_dir;     /* save into SAVE_DIR/step-NNNNNNNN, or NULL: never */
   size_t save_every;        /* steps between saves (0: only at the end and on a stop) */
   size_t keep;              /* complete checkpoints kept in save_dir, newest first; 0: all */
+  int save_async;           /* 1 (default): asynchronous saves (checkpoint.h
+                               ts_checkpoint_save_async: training waits for the copy to host
+                               staging, a ledger category, not the disk); 0: synchronous */
   const char *resume;       /* a checkpoint folder, a folder of them (its newest), "auto"
                                (save_dir's newest, none: start afresh), or NULL */
   const char *init_from;    /* a Hugging Face folder whose weights start the run (fine-tuning;
@@ -81,7 +84,7 @@ typedef struct ts_train_config {
 } ts_train_config;
 
 /* Defaults: 200 steps, lr 3e-3, floor 0.1, warm-up 20, eval at the end on 16
- * batches, engine defaults, one rank. model and data_dir must be set by the
+ * batches, engine defaults, one rank, asynchronous saves. model and data_dir must be set by the
  * caller. */
 ts_train_config ts_train_default_config(void);
 

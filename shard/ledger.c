@@ -29,7 +29,7 @@ struct ts_ledger_table {
 
 const char *ts_mem_category_name(ts_mem_category c) {
   static const char *names[TS_MEM_NUM_CATEGORIES] = {
-      "params", "grads", "master", "optim", "activations", "comm", "workspace"};
+      "params", "grads", "master", "optim", "activations", "comm", "workspace", "staging"};
   return (unsigned)c < TS_MEM_NUM_CATEGORIES ? names[c] : "?";
 }
 

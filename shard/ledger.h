@@ -40,7 +40,8 @@ typedef enum ts_mem_category {
   TS_MEM_ACTIVATIONS = 4, /* unit inputs and saved activations */
   TS_MEM_COMM = 5,        /* communication buffers */
   TS_MEM_WORKSPACE = 6,   /* kernel and unit scratch */
-  TS_MEM_NUM_CATEGORIES = 7,
+  TS_MEM_STAGING = 7,     /* host copy of a rank's checkpoint for an asynchronous save */
+  TS_MEM_NUM_CATEGORIES = 8,
 } ts_mem_category;
 
 /* The counters of one device: plain values, copyable (a plan's result, a
@@ -83,7 +84,7 @@ typedef struct ts_ledger {
 } ts_ledger;
 
 /* Short stable name of a category for tables and JSON: "params", "grads",
- * "master", "optim", "activations", "comm", "workspace". */
+ * "master", "optim", "activations", "comm", "workspace", "staging". */
 const char *ts_mem_category_name(ts_mem_category c);
 
 /* An empty ledger that allocates (through ts_k_alloc). */

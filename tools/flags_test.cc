@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <list>
 #include <string>
 #include <vector>
 
@@ -40,9 +41,13 @@ ts_status ParseStage(const char *v, void *dest) {
 }
 
 // Runs ts_flags_parse("demo", ...) on args (argv[0] = "demo" added) into
-// *v; *out and *err get what it printed.
-int Parse(std::vector<std::string> args, Values *v, std::string *out = nullptr,
+// *v; *out and *err get what it printed. The arguments are kept for the
+// test's life: string flags point into them, as into a real argv.
+int Parse(std::vector<std::string> given, Values *v, std::string *out = nullptr,
           std::string *err = nullptr) {
+  static std::list<std::vector<std::string>> kept;
+  kept.push_back(std::move(given));
+  std::vector<std::string> &args = kept.back();
   const ts_flag flags[] = {
       TS_FLAG_SIZE("--steps", "-s", &v->steps, 1, "N", "steps (default 7)", &v->steps_given),
       TS_FLAG_FLOAT("--lr", nullptr, &v->lr, "LR", "learning rate", nullptr),

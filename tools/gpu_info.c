@@ -30,15 +30,20 @@
 #include <cuda_runtime.h>
 #include <cudnn_version.h>
 #include <dlfcn.h>
+#include <limits.h>
 #include <link.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
-/* The file the loader resolved for handle h (dlinfo's link map). */
+/* The file the loader resolved for handle h (dlinfo's link map), its
+ * symbolic links followed (the name the loader used depends on how it
+ * searched: RUNPATH, LD_LIBRARY_PATH or its cache). */
 static const char *path_of(void *h) {
+  static char real[PATH_MAX];
   struct link_map *lm = NULL;
   if (dlinfo(h, RTLD_DI_LINKMAP, &lm) != 0 || !lm || !lm->l_name || !*lm->l_name) return "?";
-  return lm->l_name;
+  return realpath(lm->l_name, real) ? real : lm->l_name;
 }
 
 /* dlopen(soname), or NULL after printing "NAME: not found (why)". */

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu_info on the machine the tests run on, which has the CUDA toolkit at
 # /usr/local/cuda: each library line names the file under
-# /usr/local/cuda/lib64 and the version its header there declares; without
+# /usr/local/cuda/lib64 (symbolic links followed) and the version its header
+# there declares; without
 # a GPU (CI) the gpu and driver lines say none and the exit status is 1; with
 # one, 0 and the device's line.
 set -uo pipefail
@@ -15,14 +16,15 @@ inc=/usr/local/cuda/include lib=/usr/local/cuda/lib64
 def() { awk -v n="$2" '$1 == "#define" && $2 == n {print $3}' "$inc/$1"; }
 
 cudnn="$(def cudnn_version.h CUDNN_MAJOR).$(def cudnn_version.h CUDNN_MINOR).$(def cudnn_version.h CUDNN_PATCHLEVEL)"
-check_eq cudnn "cudnn: $cudnn ($lib/libcudnn.so.9; built against $cudnn)" "$(grep '^cudnn: ' <<<"$out")"
+file() { readlink -f "$lib/$1"; }
+check_eq cudnn "cudnn: $cudnn ($(file libcudnn.so.9); built against $cudnn)" "$(grep '^cudnn: ' <<<"$out")"
 lt="$(def cublas_api.h CUBLAS_VER_MAJOR).$(def cublas_api.h CUBLAS_VER_MINOR).$(def cublas_api.h CUBLAS_VER_PATCH)"
-check_eq cublasLt "cublasLt: $lt ($lib/libcublasLt.so.13)" "$(grep '^cublasLt: ' <<<"$out")"
+check_eq cublasLt "cublasLt: $lt ($(file libcublasLt.so.13))" "$(grep '^cublasLt: ' <<<"$out")"
 nccl="$(def nccl.h NCCL_MAJOR).$(def nccl.h NCCL_MINOR).$(def nccl.h NCCL_PATCH)"
-check_eq nccl "nccl: $nccl ($lib/libnccl.so.2)" "$(grep '^nccl: ' <<<"$out")"
+check_eq nccl "nccl: $nccl ($(file libnccl.so.2))" "$(grep '^nccl: ' <<<"$out")"
 cuda="$(def cuda.h CUDA_VERSION)"
 cuda="$((cuda / 1000)).$((cuda % 1000 / 10))"
-check_eq nvrtc "nvrtc: $cuda ($lib/libnvrtc.so.13)" "$(grep '^nvrtc: ' <<<"$out")"
+check_eq nvrtc "nvrtc: $cuda ($(file libnvrtc.so.13))" "$(grep '^nvrtc: ' <<<"$out")"
 check_eq runtime "cuda runtime: $cuda (linked statically)" "$(grep '^cuda runtime: ' <<<"$out")"
 if [[ -e /dev/nvidia0 ]]; then
   check_eq status 0 "$rc"

@@ -170,7 +170,7 @@ run_job "$@"
 rc=$?
 while ((rc != 0 && stop == 0 && attempt < max_restarts)) && [[ -e "$died" ]]; do
   attempt=$((attempt + 1))
-  echo "tessera launch: the job failed (exit $rc); restart $attempt of $max_restarts" \
+  echo "tessera launch: a rank died (exit $rc); restart $attempt of $max_restarts" \
     "from the newest complete checkpoint" >&2
   run_job "${restart_args[@]}"
   rc=$?

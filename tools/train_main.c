@@ -147,8 +147,9 @@ static void print_summary(const ts_train_config *cfg, const ts_train_result *res
 }
 
 /* Rank 0's checkpoint line: the resumed one's load, the saves (their size
- * from the last one's index) and the time training waited for them. */
-static void print_checkpoints(const ts_train_result *res) {
+ * from the last one's index) and the time training waited for them (all of
+ * a synchronous save; the staging copy of an asynchronous one). */
+static void print_checkpoints(const ts_train_config *cfg, const ts_train_result *res) {
   const double GB = 1e9;
   if (res->load_seconds > 0)
     printf("checkpoint load: %.3f GB read by all ranks (checksums and slices) in %.3f s, "
@@ -164,10 +165,17 @@ static void print_checkpoints(const ts_train_result *res) {
   }
   ts_checkpoint_close(ck);
   double each = res->save_seconds / (double)res->saves;
-  printf("checkpoint save: %zu saved, %.3f GB each in %.3f s (%.3f GB/s), training blocked "
-         "%.3f s in all; the last: %s\n",
-         res->saves, bytes / GB, each, each > 0 ? bytes / GB / each : 0.0, res->save_seconds,
-         res->saved);
+  if (cfg->save_async)
+    printf(
+        "checkpoint save: %zu saved asynchronously, %.3f GB each; training blocked %.3f s "
+        "per save (the copy to host staging), %.3f s in all; the last: %s\n",
+        res->saves, bytes / GB, each, res->save_seconds, res->saved);
+  else
+    printf(
+        "checkpoint save: %zu saved, %.3f GB each in %.3f s (%.3f GB/s), training blocked "
+        "%.3f s in all; the last: %s\n",
+        res->saves, bytes / GB, each, each > 0 ? bytes / GB / each : 0.0, res->save_seconds,
+        res->saved);
 }
 
 /* --schedule: gpipe or 1f1b into a ts_schedule_kind. */
@@ -206,7 +214,7 @@ int ts_tool_train(int argc, char **argv) {
   size_t log_every = 0, zero = 0, seed = (size_t)e->seed, pipeline = 1;
   const char *warmup_set = NULL, *accum_set = NULL;
   const char *scale_flag = NULL; /* the loss-scaling flag given last (fp16 only) */
-  int device = TS_TOOL_DEVICE_CPU, tf32 = 0, plain_attention = 0;
+  int device = TS_TOOL_DEVICE_CPU, tf32 = 0, plain_attention = 0, save_async = 0, save_sync = 0;
   const ts_flag flags[] = {
       TS_FLAG_STRING("--model", NULL, &cfg.model, "CONFIG",
                      "a preset (llama-tiny, ...) or a Hugging Face config.json; required", NULL),
@@ -279,6 +287,11 @@ int ts_tool_train(int argc, char **argv) {
                    "steps between checkpoints (default: only at the end)", NULL),
       TS_FLAG_SIZE("--keep", NULL, &cfg.keep, 1, "K",
                    "keep the K newest checkpoints in --save DIR (default: all)", NULL),
+      TS_FLAG_SWITCH("--save-async", NULL, &save_async,
+                     "the default: each save stalls training only to copy the rank's state to "
+                     "host staging; a background thread writes it (checkpoint.h)"),
+      TS_FLAG_SWITCH("--save-sync", NULL, &save_sync,
+                     "saves write to disk while training waits (no staging memory)"),
       TS_FLAG_STRING("--resume", NULL, &cfg.resume, "DIR|auto",
                      "go on from a checkpoint (a step folder, or the newest in a folder of them; "
                      "auto: the newest in --save DIR, if any), at any ranks, ZeRO stage, "
@@ -332,6 +345,12 @@ int ts_tool_train(int argc, char **argv) {
   if (!warmup_set) cfg.warmup = cfg.steps / 10;
   if ((cfg.save_every || cfg.keep) && !cfg.save_dir)
     return ts_flags_error("train", "%s needs --save DIR", cfg.save_every ? "--save-every" : "--keep");
+  if ((save_async || save_sync) && !cfg.save_dir)
+    return ts_flags_error("train", "%s needs --save DIR",
+                          save_sync ? "--save-sync" : "--save-async");
+  if (save_async && save_sync)
+    return ts_flags_error("train", "--save-async and --save-sync: expected one of them");
+  cfg.save_async = !save_sync;
   if (cfg.resume && !strcmp(cfg.resume, "auto") && !cfg.save_dir)
     return ts_flags_error("train", "--resume auto needs --save DIR to look in");
   if (cfg.save_dir) { /* a stop request saves first */
@@ -375,7 +394,7 @@ int ts_tool_train(int argc, char **argv) {
            stop_signal == SIGINT ? "SIGINT" : "SIGTERM", res.saved);
   } else if (rank == 0) {
     print_summary(&cfg, &res);
-    print_checkpoints(&res);
+    print_checkpoints(&cfg, &res);
   }
   ts_comm_finalize();
   return 0;

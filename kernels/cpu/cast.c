@@ -28,6 +28,7 @@
 #include "kernels/cpu/cpu_common.h"
 
 #if TS_CPU_X86
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -35,10 +36,13 @@ int ts_cpu_f16c = 0;
 
 #if TS_CPU_X86
 /* Sets ts_cpu_f16c before main. __builtin_cpu_supports("avx2") also checks
- * that the OS saves the YMM registers (XCR0). */
+ * that the OS saves the YMM registers (XCR0); F16C is CPUID leaf 1's ECX
+ * bit 29 (read directly: clang 14's __builtin_cpu_supports has no "f16c"). */
 __attribute__((constructor)) static void detect_f16c(void) {
   __builtin_cpu_init();
-  ts_cpu_f16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx2");
+  unsigned a, b, c, d;
+  int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+  ts_cpu_f16c = f16c && __builtin_cpu_supports("avx2");
 }
 
 #define TS_TARGET_F16C __attribute__((target("avx2,f16c")))

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# fuzz.sh — runs every libFuzzer target of //fuzz (the parsers of untrusted
+# input: safetensors, config.json, index.json, trainer.json, meta.json,
+# token files) for SECONDS each, with AddressSanitizer and
+# UndefinedBehaviorSanitizer, from its seeds (fuzz/seeds/NAME) and the
+# corpus it grew before.
+#   tools/fuzz.sh SECONDS [NAME...]
+# Builds with clang (Debian's clang and libclang-rt-dev, tools/setup.sh)
+# under --config=fuzz in an output base of its own
+# ($TESSERA_FUZZ_BASE, default ~/.cache/tessera-fuzz), so the gcc build's
+# cache and bazel-* links are left alone. The corpus and any crashing input
+# go to $TESSERA_FUZZ_DIR (default $TMPDIR/tessera-fuzz): NAME/ and
+# NAME-crash-*. Prints one line per target ("NAME: R runs in S s, C
+# crashes, corpus N") and exits 1 if any target crashed, 2 on bad usage.
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+all=(safetensors config checkpoint_index trainer_state meta token_file)
+die() {
+  echo "tools/fuzz.sh: $*" >&2
+  exit 2
+}
+(($# >= 1)) || die "usage: tools/fuzz.sh SECONDS [NAME...] (NAME: ${all[*]})"
+secs="$1"
+shift
+[[ "$secs" =~ ^[1-9][0-9]*$ ]] || die "SECONDS $secs: expected a whole number of seconds >= 1"
+names=("$@")
+((${#names[@]})) || names=("${all[@]}")
+for n in "${names[@]}"; do
+  [[ " ${all[*]} " == *" $n "* ]] || die "$n: expected one of ${all[*]}"
+done
+command -v clang >/dev/null || die "clang: not found; run tools/setup.sh"
+
+base="${TESSERA_FUZZ_BASE:-$HOME/.cache/tessera-fuzz}"
+work="${TESSERA_FUZZ_DIR:-${TMPDIR:-/tmp}/tessera-fuzz}"
+bazel_fuzz() { (cd "$root" && CC=clang bazel --output_base="$base" "$@"); }
+targets=()
+for n in "${names[@]}"; do targets+=("//fuzz:${n}_fuzzer"); done
+bazel_fuzz build --config=fuzz --symlink_prefix=/ --ui_event_filters=-info,-progress \
+  --noshow_progress "${targets[@]}" || die "the clang build of the fuzz targets failed"
+bin="$(bazel_fuzz info --config=fuzz bazel-bin 2>/dev/null)"
+
+crashed=0
+for n in "${names[@]}"; do
+  mkdir -p "$work/$n"
+  log="$work/$n.log"
+  start=$SECONDS
+  # -rss_limit_mb: a parser that allocates 2 GiB for a small input is a finding too
+  "$bin/fuzz/${n}_fuzzer" -max_total_time="$secs" -rss_limit_mb=2048 -print_final_stats=1 \
+    -artifact_prefix="$work/$n-crash-" "$work/$n" "$root/fuzz/seeds/$n" >"$log" 2>&1
+  rc=$?
+  runs="$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo 0)"
+  crashes=$((rc == 0 ? 0 : 1)) # libFuzzer stops at its first crash
+  printf '%s: %s runs in %d s, %d crashes, corpus %d\n' "$n" "${runs:-0}" $((SECONDS - start)) \
+    "$crashes" "$(ls "$work/$n" | wc -l)"
+  if ((crashes)); then
+    crashed=1
+    grep -m 3 -E 'ERROR|SUMMARY|runtime error' "$log" | sed 's/^/  /'
+    echo "  log: $log; input: $(ls "$work/$n"-crash-* 2>/dev/null | head -n 1)"
+  fi
+done
+exit "$crashed"
