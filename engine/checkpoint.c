@@ -527,6 +527,7 @@ static ts_status copy_extras(ts_checkpoint_pending *p, const ts_checkpoint_extra
   p->extra = calloc(n_extra, sizeof *p->extra);
   if (!p->extra) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "checkpoint: extra files");
   p->job.extra = p->extra;
+  p->job.n_extra = n_extra; /* (pending_free frees what was copied) */
   for (size_t k = 0; k < n_extra; k++) {
     char *name = strdup(extra[k].name), *data = malloc(extra[k].nbytes ? extra[k].nbytes : 1);
     p->extra[k].name = name;
@@ -551,7 +552,6 @@ ts_status ts_checkpoint_save_async(ts_engine *e, ts_comm *world, const char *dir
   ts_status st = save_start(&p->job, e, world, dir, NULL, 0);
   if (st == TS_OK) { /* the stall: this rank's state into the staging, then its thread */
     ts_status local = p->job.R == 0 ? copy_extras(p, extra, n_extra) : TS_OK;
-    p->job.n_extra = p->job.R == 0 ? n_extra : 0;
     if (local == TS_OK) local = for_each_chunk(&p->job.L, p->job.R, stage_chunk, e);
     if (local == TS_OK && e->device != TS_DEVICE_CPU) local = ts_k_synchronize(&e->ctx);
     if (local == TS_OK && pthread_create(&p->thread, NULL, write_staged, p) != 0)

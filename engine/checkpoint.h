@@ -92,7 +92,9 @@ ts_status ts_checkpoint_save(ts_engine *e, ts_comm *world, const char *dir,
  * checkpoint: a crash during the write leaves the previous checkpoint the
  * newest complete one. The saved bytes are the state at the save's step,
  * whatever training does meanwhile; the counters (optimizer step, loss
- * scaler) too. One save at a time per engine (its one staging buffer). */
+ * scaler) too. One save at a time per engine (its one staging buffer); the
+ * engine must outlive the save (finish or abandon it before
+ * ts_engine_free). */
 typedef struct ts_checkpoint_pending ts_checkpoint_pending;
 
 /* Starts an asynchronous save of e into folder dir, collective as

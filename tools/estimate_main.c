@@ -135,13 +135,14 @@ static int exit_for(ts_status st) {
 int ts_tool_estimate(int argc, char **argv) {
   const char *model = NULL, *psi_arg = NULL, *act_flag = NULL;
   size_t world = 1, psi = 0, pipeline = 1;
-  int stage = -1, unit_index = 0, json = 0, device = TS_TOOL_DEVICE_CPU;
+  int stage = -1, unit_index = 0, json = 0, device = TS_TOOL_DEVICE_CPU, save_async = 0;
   ts_engine_opts opts = ts_engine_default_opts();
   const ts_flag flags[] = {
-      TS_FLAG_STRING("--model", NULL, &model, "CONFIG",
-                     "a preset (llama-tiny, llama-small, llama-124m, llama-1.1b, llama-2-7b/13b/70b) "
-                     "or a Hugging Face config.json",
-                     NULL),
+      TS_FLAG_STRING(
+          "--model", NULL, &model, "CONFIG",
+          "a preset (llama-tiny, llama-small, llama-124m, llama-1.1b, llama-2-7b/13b/70b) "
+          "or a Hugging Face config.json",
+          NULL),
       TS_FLAG_CUSTOM("--params", NULL, &psi, parse_psi, "PSI",
                      "a parameter count (e.g. 7.5e9) instead of a model: model states only",
                      &psi_arg),
@@ -156,8 +157,7 @@ int ts_tool_estimate(int argc, char **argv) {
       TS_FLAG_SIZE("--seq", NULL, &opts.seq, 1, "T", "tokens per sequence (default 128)",
                    &act_flag),
       TS_FLAG_CUSTOM("--activation-checkpointing", NULL, &opts.recompute_every, parse_recompute,
-                     "none|all|every:K", "blocks recomputed in backward (default none)",
-                     &act_flag),
+                     "none|all|every:K", "blocks recomputed in backward (default none)", &act_flag),
       TS_FLAG_SIZE("--grad-accum", NULL, &opts.grad_accum, 1, "M",
                    "micro-batches per step: a pipeline's micro-batches in flight (default 1)",
                    &act_flag),
@@ -171,8 +171,11 @@ int ts_tool_estimate(int argc, char **argv) {
                      "device whose bytes to plan: the GPU's kernels keep other state and "
                      "workspace (default cpu; cuda needs no GPU here)",
                      NULL),
-      TS_FLAG_CHOICE("--units", NULL, &unit_index, UNIT_NAMES,
-                     "unit of the table (default GiB)", NULL),
+      TS_FLAG_SWITCH("--save-async", NULL, &save_async,
+                     "plan the host staging of asynchronous checkpoint saves (train --save's "
+                     "default): the category staging, one rank file"),
+      TS_FLAG_CHOICE("--units", NULL, &unit_index, UNIT_NAMES, "unit of the table (default GiB)",
+                     NULL),
       TS_FLAG_SWITCH("--json", NULL, &json,
                      "one JSON object with exact integer bytes instead of the table"),
   };
@@ -184,6 +187,11 @@ int ts_tool_estimate(int argc, char **argv) {
   if (psi_arg && act_flag)
     return ts_flags_error("estimate", "%s applies to --model only: --params plans model states, "
                                       "no activations", act_flag);
+  if (psi_arg && save_async)
+    return ts_flags_error("estimate",
+                          "--save-async applies to --model only: --params plans "
+                          "model states, no checkpoint layout");
+  opts.async_save = save_async;
   if (ts_tool_resolve_device(device, 0, &opts.device, &opts.device_index) != TS_OK)
     return ts_flags_error("estimate", "%s", ts_last_error());
   if (pipeline > TS_ENGINE_MAX_STAGES || world % pipeline)

@@ -162,6 +162,20 @@ bad "--pipeline-split 1,2" "--pipeline-split 1,2: covers 3 units: expected the m
   --model llama-tiny -n 2 --pipeline 2 --pipeline-split 1,2
 bad "--schedule zigzag" "--schedule zigzag: expected gpipe or 1f1b" --model llama-tiny --schedule zigzag
 
+# --save-async: the staging of an asynchronous save is one rank file: at
+# fp32 on one rank the parameters and both Adam moments, 3 x the params
+# category (no padding on one rank); without it, nothing
+verdict="$(python3 -c '
+import json, sys
+a = json.loads(sys.argv[1])["stages"][0]["peak"]
+b = json.loads(sys.argv[2])["stages"][0]["peak"]
+print("as expected" if a["staging"] == 3 * a["params"] > 0 and b["staging"] == 0
+      and a["params"] == b["params"] else (a, b))' \
+  "$("$bin" estimate --model llama-tiny --zero 0 --save-async --json)" \
+  "$("$bin" estimate --model llama-tiny --zero 0 --json)" 2>&1)"
+check_eq "--save-async: staging = one rank file" "as expected" "$verdict"
+bad "--save-async with --params" "--save-async applies to --model only" --params 7e9 --save-async
+
 out="$("$bin" estimate --help)"
 check_eq "--help exit code" 0 "$?"
 check "--help usage" "usage: tessera estimate" "$out"

@@ -25,6 +25,9 @@ PACKAGES=(
   gnuplot-nox           # plots of loss and memory curves
   python3               # helper scripts
   python3-pip           # `pip download` of the cudnn-frontend wheel (below)
+  clang                 # the libFuzzer builds of //fuzz (tools/fuzz.sh)
+  libclang-rt-dev       # clang's libFuzzer and sanitizer runtimes
+  libomp-dev            # clang's OpenMP runtime (tessera's -fopenmp code in the fuzz build)
 )
 
 missing=()
