@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/atomic_file.h"
@@ -475,12 +476,64 @@ struct ts_checkpoint_pending {
   char error[1024];        /* its message (ts_last_error is per thread) */
   char hex[TS_SHA256_HEX]; /* the file's SHA-256 */
   size_t nbytes;           /* its size */
+  pthread_mutex_t lock;    /* guards staged */
+  pthread_cond_t cond;     /* signalled when staged turns 1 */
+  int staged;              /* 1 once the staging holds the rank's state */
 };
 
-/* The background thread: hashes and writes the staged bytes, fsyncs and
+/* Copies chunk c from the engine's buffers into the staging at its file
+ * offset: on the CPU in the writer thread (one memcpy per chunk), from a
+ * device in the caller's thread through the engine's stream. */
+static ts_status stage_chunk(void *ctx, const chunk *c) {
+  ts_engine *e = ctx;
+  const ts_engine_hooks *h = ts_engine_get_hooks();
+  if (h && h->stage_point) h->stage_point(h->user);
+  size_t n = (c->end - c->begin) * c->es;
+  if (n == 0) return TS_OK;
+  char *dst = (char *)e->ckpt_staging + c->offset;
+  const char *src = held_chunk(e, c);
+  if (e->device != TS_DEVICE_CPU) return ts_k_to_host(&e->ctx, dst, src, n);
+  memcpy(dst, src, n);
+  return TS_OK;
+}
+
+static void mark_staged(ts_checkpoint_pending *p) {
+  pthread_mutex_lock(&p->lock);
+  p->staged = 1;
+  pthread_cond_broadcast(&p->cond);
+  pthread_mutex_unlock(&p->lock);
+}
+
+static double monotonic_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void ts_engine_wait_staging(ts_engine *e) {
+  ts_checkpoint_pending *p = e->ckpt_pending;
+  if (!p) return;
+  pthread_mutex_lock(&p->lock);
+  if (!p->staged) {
+    double t0 = monotonic_s();
+    while (!p->staged) pthread_cond_wait(&p->cond, &p->lock);
+    e->ckpt_staging_wait += monotonic_s() - t0;
+  }
+  pthread_mutex_unlock(&p->lock);
+}
+
+double ts_checkpoint_staging_wait_seconds(const ts_engine *e) { return e->ckpt_staging_wait; }
+
+/* The background thread: on the CPU first copies the rank's state to the
+ * staging (the state does not change until ts_engine_wait_staging lets the
+ * optimizer step run); then hashes and writes the staged bytes, fsyncs and
  * renames the file into place (base/atomic_file.h). No MPI here. */
 static void *write_staged(void *arg) {
   ts_checkpoint_pending *p = arg;
+  if (!p->staged) { /* a CPU's copy cannot fail: memcpy */
+    (void)for_each_chunk(&p->job.L, p->job.R, stage_chunk, p->job.e);
+    mark_staged(p);
+  }
   char path[4200];
   snprintf(path, sizeof path, "%s/rank-%05d.bin", p->job.dir, p->job.R);
   p->status = write_rank_file(p->job.e, &p->job.L, path, p->job.R, p->job.e->ckpt_staging, p->hex,
@@ -490,32 +543,16 @@ static void *write_staged(void *arg) {
   return NULL;
 }
 
-/* Copies chunk c from the engine's buffers into the staging at its file
- * offset (threads share the big ones). */
-static ts_status stage_chunk(void *ctx, const chunk *c) {
-  ts_engine *e = ctx;
-  size_t n = (c->end - c->begin) * c->es;
-  if (n == 0) return TS_OK;
-  char *dst = (char *)e->ckpt_staging + c->offset;
-  const char *src = held_chunk(e, c);
-  if (e->device != TS_DEVICE_CPU) return ts_k_to_host(&e->ctx, dst, src, n);
-  enum { PIECE = 1 << 20 };
-  long pieces = (long)((n + PIECE - 1) / PIECE);
-#pragma omp parallel for schedule(static) if (pieces > 1)
-  for (long k = 0; k < pieces; k++) {
-    size_t at = (size_t)k * PIECE, m = n - at < PIECE ? n - at : PIECE;
-    memcpy(dst + at, src + at, m);
-  }
-  return TS_OK;
-}
-
-/* Frees p after its thread ended. */
+/* Frees p after its thread ended (or none started). */
 static void pending_free(ts_checkpoint_pending *p) {
   for (size_t k = 0; p->extra && k < p->job.n_extra; k++) {
     free((char *)p->extra[k].name);
     free((void *)p->extra[k].data);
   }
   free(p->extra);
+  if (p->job.e && p->job.e->ckpt_pending == p) p->job.e->ckpt_pending = NULL;
+  pthread_cond_destroy(&p->cond);
+  pthread_mutex_destroy(&p->lock);
   save_job_free(&p->job);
   free(p);
 }
@@ -547,24 +584,42 @@ ts_status ts_checkpoint_save_async(ts_engine *e, ts_comm *world, const char *dir
     return ts_set_error(TS_ERR_INVALID_USAGE,
                         "checkpoint: an asynchronous save needs the engine's staging "
                         "(`async_save`)");
+  if (e->ckpt_pending)
+    return ts_set_error(TS_ERR_INVALID_USAGE,
+                        "checkpoint: an asynchronous save is in flight (%s): expected it "
+                        "finished first (one staging per engine)",
+                        e->ckpt_pending->job.dir);
   ts_checkpoint_pending *p = calloc(1, sizeof *p);
   if (!p) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "checkpoint: an asynchronous save");
+  pthread_mutex_init(&p->lock, NULL);
+  pthread_cond_init(&p->cond, NULL);
   ts_status st = save_start(&p->job, e, world, dir, NULL, 0);
-  if (st == TS_OK) { /* the stall: this rank's state into the staging, then its thread */
+  if (st == TS_OK) {
+    /* The stall: from a device the copy to the staging is made here; on
+     * the CPU the writer thread makes it while the next step's forward and
+     * backward run, and the optimizer step waits for it. */
     ts_status local = p->job.R == 0 ? copy_extras(p, extra, n_extra) : TS_OK;
-    if (local == TS_OK) local = for_each_chunk(&p->job.L, p->job.R, stage_chunk, e);
-    if (local == TS_OK && e->device != TS_DEVICE_CPU) local = ts_k_synchronize(&e->ctx);
-    if (local == TS_OK && pthread_create(&p->thread, NULL, write_staged, p) != 0)
-      local = ts_set_error(TS_ERR_INTERNAL, "checkpoint: cannot start the writer thread");
+    if (local == TS_OK && e->device != TS_DEVICE_CPU) {
+      local = for_each_chunk(&p->job.L, p->job.R, stage_chunk, e);
+      if (local == TS_OK) local = ts_k_synchronize(&e->ctx);
+      p->staged = 1;
+    }
+    int started = 0;
+    if (local == TS_OK) {
+      e->ckpt_pending = p;
+      started = pthread_create(&p->thread, NULL, write_staged, p) == 0;
+      if (!started)
+        local = ts_set_error(TS_ERR_INTERNAL, "checkpoint: cannot start the writer thread");
+    }
     st = ts_comm_agree(p->job.w, local, p->job.what, NULL);
-    if (local == TS_OK && st != TS_OK) { /* another rank failed: this one's write is moot */
+    if (started && st != TS_OK) { /* another rank failed: this one's write is moot */
       pthread_join(p->thread, NULL);
-    } else if (local == TS_OK) {
+    } else if (started) {
       *out = p;
       return TS_OK;
     }
   }
-  pending_free(p);
+  pending_free(p); /* (clears e->ckpt_pending) */
   return st;
 }
 

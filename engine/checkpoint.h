@@ -85,23 +85,27 @@ ts_status ts_checkpoint_save(ts_engine *e, ts_comm *world, const char *dir,
                              const ts_checkpoint_extra *extra, size_t n_extra);
 
 /* An asynchronous save (PyTorch's dcp.async_save, DeepSpeed's decoupled
- * checkpointing): at the step boundary each rank copies its state once into
- * the engine's host staging (opts.async_save; the only stall), a thread of
- * its own hashes and writes the rank's file while training goes on, and a
- * later collective call commits the index. Until then the folder is not a
+ * checkpointing): each rank's state as it is at the step boundary is copied
+ * once into the engine's host staging (opts.async_save; the only stall),
+ * a thread of its own hashes and writes the rank's file while training
+ * goes on, and a later collective call commits the index. From a device
+ * the copy is made in the call; on the CPU the thread makes it while the
+ * next step's forward and backward run (they only read the state) and the
+ * optimizer step, or anything else that changes the state (a tensor set, a
+ * load), waits until it is done. Until the commit the folder is not a
  * checkpoint: a crash during the write leaves the previous checkpoint the
  * newest complete one. The saved bytes are the state at the save's step,
  * whatever training does meanwhile; the counters (optimizer step, loss
- * scaler) too. One save at a time per engine (its one staging buffer); the
- * engine must outlive the save (finish or abandon it before
- * ts_engine_free). */
+ * scaler) too. One save at a time per engine (its one staging buffer: a
+ * second is refused); ts_engine_free abandons one still in flight. */
 typedef struct ts_checkpoint_pending ts_checkpoint_pending;
 
 /* Starts an asynchronous save of e into folder dir, collective as
  * ts_checkpoint_save (the same files in the end); extra files are copied.
- * Returns once every rank's copy is staged and its writer runs (agreed),
- * *out the save in flight. TS_ERR_INVALID_USAGE (mid-step, or the engine
- * made without async_save), TS_ERR_IO, TS_ERR_OUT_OF_MEMORY, TS_ERR_MPI;
+ * Returns once every rank's writer runs (agreed; from a device its copy is
+ * staged by then), *out the save in flight. TS_ERR_INVALID_USAGE
+ * (mid-step, another asynchronous save of e in flight, or the engine made
+ * without async_save), TS_ERR_IO, TS_ERR_OUT_OF_MEMORY, TS_ERR_MPI;
  * on error *out is NULL and nothing runs. */
 ts_status ts_checkpoint_save_async(ts_engine *e, ts_comm *world, const char *dir,
                                    const ts_checkpoint_extra *extra, size_t n_extra,
@@ -121,6 +125,13 @@ ts_status ts_checkpoint_finish(ts_checkpoint_pending *p);
 /* Local, for error paths: waits for this rank's writer and frees p without
  * committing (the folder stays no checkpoint). NULL is a no-op. */
 void ts_checkpoint_abandon(ts_checkpoint_pending *p);
+
+/* Seconds engine e's state changes (its optimizer steps) waited for
+ * asynchronous saves' copies to the staging, summed over its life: on the
+ * CPU the copy runs in the writer thread beside the next forward and
+ * backward, and only what it has not finished by the optimizer step
+ * stalls training. 0 from a device (the copy is in the save's call). */
+double ts_checkpoint_staging_wait_seconds(const ts_engine *e);
 
 typedef struct ts_checkpoint ts_checkpoint; /* an opened index; owns its file handles */
 

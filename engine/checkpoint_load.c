@@ -214,6 +214,7 @@ static ts_status read_flat(ts_checkpoint *ck, const ck_tensor *t, int k, size_t 
 ts_status ts_checkpoint_load(ts_checkpoint *ck, ts_engine *e) {
   const ts_model *m = e->model;
   TS_CHECK(check_model(ck, m));
+  ts_engine_wait_staging(e);
   size_t most = 1;
   for (int u = 0; u < m->n_units; u++)
     for (int i = 0; i < m->units[u].n_tensors; i++)

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/checkpoint.h"
 #include "engine/engine_internal.h"
 #include "shard/collect.h"
 
@@ -359,6 +360,7 @@ void ts_engine_free(ts_engine *e) {
   if (!e) return;
   /* Whatever is still queued on the device finishes before its buffers go. */
   if (e->ctx.stream) ts_k_synchronize(&e->ctx);
+  ts_checkpoint_abandon(e->ckpt_pending); /* a save still in flight: joined, not committed */
   const ts_engine_hooks *h = ts_engine_get_hooks();
   if (h && h->release) h->release(h->user, e);
   ts_engine_wait_sends(e); /* no send may still read a buffer */

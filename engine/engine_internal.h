@@ -136,6 +136,8 @@ struct ts_engine {
   void *ckpt_staging;           /* opts.async_save: this rank's checkpoint file bytes (host,
                                    staging), the copy an asynchronous save writes; else NULL */
   size_t ckpt_staging_bytes;    /* its size, bytes */
+  struct ts_checkpoint_pending *ckpt_pending; /* the asynchronous save in flight, else NULL */
+  double ckpt_staging_wait; /* seconds state changes waited for its copies, summed */
 };
 
 /* Whether unit u is computed by this rank's stage. */
@@ -155,6 +157,13 @@ static inline double ts_engine_mean_loss(const double *pair) {
  * of the stage, its part; another dp rank's is at most that), so that
  * every rank and the plan charge the same. TS_ERR_OUT_OF_MEMORY. */
 ts_status ts_checkpoint_staging_bytes(const ts_engine *e, size_t *bytes);
+
+/* Called before anything changes the state a checkpoint holds (the
+ * optimizer step, a tensor or moment set, a load): waits until the
+ * asynchronous save in flight has copied it to the staging (on the CPU its
+ * writer thread copies while the next step's forward and backward run),
+ * adding the wait to e->ckpt_staging_wait. None in flight: returns at once. */
+void ts_engine_wait_staging(ts_engine *e);
 
 /* ---- engine.c: create, free, trace spans ------------------------------------- */
 

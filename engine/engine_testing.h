@@ -43,6 +43,9 @@ typedef struct ts_engine_hooks {
   void (*after_step)(void *user, size_t step, int rank);
   /* Runs when engine e is freed. */
   void (*release)(void *user, struct ts_engine *e);
+  /* Runs before each chunk an asynchronous save copies to its staging (on
+   * the CPU in the save's writer thread, while training goes on). */
+  void (*stage_point)(void *user);
   void *user; /* passed back as is */
 } ts_engine_hooks;
 

@@ -176,6 +176,7 @@ static ts_status find(const ts_engine *e, const char *name, size_t numel, int pa
 ts_status ts_engine_set_tensor(ts_engine *e, const char *name, const float *src, size_t numel) {
   int u, i;
   TS_CHECK(find(e, name, numel, 1, &u, &i));
+  ts_engine_wait_staging(e);
   unit_state *s = &e->units[u];
   const ts_tensor_spec *t = &e->model->units[u].tensors[i];
   ts_slice p = ts_slice_of(e, u, i, e->zero->shard_params);
@@ -190,6 +191,7 @@ ts_status ts_engine_set_tensor(ts_engine *e, const char *name, const float *src,
 
 ts_status ts_engine_set_state(ts_engine *e, int u, int i, int which, const float *src) {
   TS_ASSERT(ts_engine_owns(e, u) && which >= 0 && which <= 1);
+  ts_engine_wait_staging(e);
   unit_state *s = &e->units[u];
   const ts_tensor_spec *t = &e->model->units[u].tensors[i];
   ts_slice o = ts_slice_of(e, u, i, e->zero->shard_optim);

@@ -632,7 +632,9 @@ static ts_status poll_pending(run *r, ts_train_result *res) {
  * are not done), then this rank's state is staged and written in the
  * background; poll_pending or finish_pending commits it. Training waits
  * (res->save_seconds) for the whole save when synchronous, for the staging
- * copy (and any unfinished previous write) when asynchronous. */
+ * copy (on the CPU only if the next optimizer step comes before it is
+ * done, see checkpoint.h) and any unfinished previous write when
+ * asynchronous. */
 static ts_status save(run *r, size_t step, ts_train_result *res) {
   const ts_train_config *cfg = r->cfg;
   char dir[4200];
@@ -653,6 +655,7 @@ static ts_status save(run *r, size_t step, ts_train_result *res) {
   double t0 = now_s();
   if (r->eo.async_save) {
     st = finish_pending(r, res);
+    res->save_wait_seconds += now_s() - t0;
     if (st == TS_OK)
       st = ts_checkpoint_save_async(r->engine, r->world, dir, ex, n_extra, &r->pending);
     if (st == TS_OK) snprintf(r->pending_dir, sizeof r->pending_dir, "%s", dir);
@@ -763,7 +766,10 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
     const ts_engine_hooks *h = ts_engine_get_hooks(); /* the test seam */
     if (h && h->after_step) h->after_step(h->user, step, r->wrank);
     if (stop) {
+      double t0 = now_s();
       TS_CHECK(finish_pending(r, res));
+      res->save_tail_seconds += now_s() - t0;
+      res->save_seconds += ts_checkpoint_staging_wait_seconds(r->engine);
       res->stopped_at = step;
       res->seconds = now_s() - t_loop;
       res->memory = *ts_engine_memory(r->engine);
@@ -782,7 +788,9 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
                         &res->final_val_accuracy));
   double t0 = now_s(); /* the last save's write, overlapped with the evaluation */
   TS_CHECK(finish_pending(r, res));
-  res->save_seconds += now_s() - t0;
+  res->save_tail_seconds += now_s() - t0;
+  /* the optimizer steps' waits for the copies (CPU: made beside forward and backward) */
+  res->save_seconds += ts_checkpoint_staging_wait_seconds(r->engine);
   res->memory = *ts_engine_memory(r->engine);
   if (r->trace) TS_CHECK(ts_trace_write(r->trace, r->world, cfg->trace_path));
   return write_summary(r, res);

@@ -149,7 +149,14 @@ typedef struct ts_train_result {
   size_t stopped_at;       /* the step after which a stop request ended the run, else 0 */
   char saved[4096];        /* the last checkpoint saved, else "" */
   size_t saves;            /* checkpoints saved */
-  double save_seconds;     /* their wall time, summed: training waits for a save */
+  double save_seconds;     /* the wall time training waited for its saves, summed: the
+                              whole save when synchronous; when asynchronous the
+                              staging copy (on the CPU: the optimizer steps' waits for
+                              it) and, at a save, an unfinished previous write */
+  double save_wait_seconds; /* asynchronous: of save_seconds, the waits at a save for the
+                               previous save's writers */
+  double save_tail_seconds; /* asynchronous: the wait for the last save's writers after
+                               training ended (not in save_seconds) */
   double load_seconds;     /* the resumed checkpoint's verify and load, wall time */
   double load_bytes;       /* what every rank read of it (checksums, slices), summed */
   int pipeline_split[TS_ENGINE_MAX_STAGES + 1]; /* first unit of each pipeline stage, then

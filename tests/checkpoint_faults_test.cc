@@ -84,7 +84,7 @@ int kill_at = 0, points_passed = 0;
 void KillAt(void *) {
   if (++points_passed == kill_at) _exit(7);
 }
-const ts_engine_hooks kKillHooks = {nullptr, KillAt, nullptr, nullptr, nullptr};
+const ts_engine_hooks kKillHooks = {nullptr, KillAt, nullptr, nullptr, nullptr, nullptr};
 
 bool Exists(const std::string &p) { return access(p.c_str(), F_OK) == 0; }
 
@@ -681,7 +681,7 @@ void HoldWriter(void *) {
   if (writer_held.exchange(1) == 0)
     while (!writer_release.load()) usleep(1000);
 }
-const ts_engine_hooks kHoldHooks = {nullptr, HoldWriter, nullptr, nullptr, nullptr};
+const ts_engine_hooks kHoldHooks = {nullptr, HoldWriter, nullptr, nullptr, nullptr, nullptr};
 
 TEST(AsyncSave, WritesTheStateOfItsStepAlthoughTrainingChangesItDuringTheWrite) {
   TempDir d;
@@ -719,6 +719,57 @@ TEST(AsyncSave, WritesTheStateOfItsStepAlthoughTrainingChangesItDuringTheWrite) 
   struct stat sb;
   ASSERT_EQ(stat((async_dir + "/rank-00000.bin").c_str(), &sb), 0);
   EXPECT_EQ(ts_engine_memory(f.e)->current[TS_MEM_STAGING], (size_t)sb.st_size);
+}
+
+// Each chunk's copy to the staging held back 20 ms: the copy of a save
+// then takes far longer than a whole step of this small model.
+std::atomic<int> chunks_staged{0};
+void SlowStage(void *) {
+  usleep(20000);
+  chunks_staged++;
+}
+const ts_engine_hooks kSlowStageHooks = {nullptr, nullptr, nullptr, nullptr, SlowStage, nullptr};
+
+TEST(AsyncSave, TheOptimizerStepWaitsForTheCopyToTheStaging) {
+  // On the CPU the writer thread copies the state to the staging while the
+  // next step's forward and backward run (they only read it). With the copy
+  // slowed, the next step's optimizer step would change parameters, master
+  // weights and moments before they were copied unless it waits: the file
+  // would then hold some of step 2's values.
+  TempDir d;
+  Fixture f(2, 64, true);
+  f.Step();
+  std::string sync_dir = d.path("sync"), async_dir = d.path("async");
+  ASSERT_EQ(Save(f.e, sync_dir), TS_OK) << ts_last_error();  // the state at step 1
+  chunks_staged = 0;
+  ts_engine_set_hooks(&kSlowStageHooks);
+  ts_checkpoint_pending *p = nullptr, *q = nullptr;
+  const char tj[] = "{\"step\": 1}";
+  ts_checkpoint_extra ex[1] = {{"trainer.json", tj, sizeof tj - 1}};
+  ASSERT_EQ(ts_checkpoint_save_async(f.e, nullptr, async_dir.c_str(), ex, 1, &p), TS_OK)
+      << ts_last_error();
+  int staged_at_return = chunks_staged.load();
+  // one staging per engine: a second save while this one is in flight is refused
+  EXPECT_EQ(ts_checkpoint_save_async(f.e, nullptr, d.path("second").c_str(), nullptr, 0, &q),
+            TS_ERR_INVALID_USAGE);
+  EXPECT_NE(std::string(ts_last_error()).find("an asynchronous save is in flight"),
+            std::string::npos)
+      << ts_last_error();
+  EXPECT_EQ(q, nullptr);
+  f.Step();  // its optimizer step waits for the copy
+  int staged_after_step = chunks_staged.load();
+  ASSERT_EQ(ts_checkpoint_finish(p), TS_OK) << ts_last_error();
+  ts_engine_set_hooks(nullptr);
+  int chunks = chunks_staged.load();
+  EXPECT_GT(chunks, 4) << "every kind of every unit is a chunk";
+  EXPECT_LT(staged_at_return, chunks) << "the call returns before the copy is made";
+  EXPECT_EQ(staged_after_step, chunks) << "the step ended only after the whole copy";
+  EXPECT_GT(ts_checkpoint_staging_wait_seconds(f.e), 0.0);
+  EXPECT_TRUE(ReadAll(async_dir + "/rank-00000.bin") == ReadAll(sync_dir + "/rank-00000.bin"))
+      << "the file holds the state at the save's step";
+  EXPECT_EQ(Saved(async_dir).second, 1);
+  std::string msg;
+  EXPECT_EQ(OpenAndVerify(async_dir, &f.model, &msg), TS_OK) << msg;
 }
 
 TEST(AsyncSave, RefusedWithoutStagingAndMidStep) {

@@ -168,8 +168,11 @@ static void print_checkpoints(const ts_train_config *cfg, const ts_train_result 
   if (cfg->save_async)
     printf(
         "checkpoint save: %zu saved asynchronously, %.3f GB each; training blocked %.3f s "
-        "per save (the copy to host staging), %.3f s in all; the last: %s\n",
-        res->saves, bytes / GB, each, res->save_seconds, res->saved);
+        "per save (the copy to host staging %.3f s, waiting for the previous write %.3f s); "
+        "the last write ended %.3f s after training; the last: %s\n",
+        res->saves, bytes / GB, each,
+        (res->save_seconds - res->save_wait_seconds) / (double)res->saves,
+        res->save_wait_seconds / (double)res->saves, res->save_tail_seconds, res->saved);
   else
     printf(
         "checkpoint save: %zu saved, %.3f GB each in %.3f s (%.3f GB/s), training blocked "
