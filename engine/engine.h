@@ -144,6 +144,15 @@ typedef struct ts_engine_opts {
    * nothing and the head's backward follows its forward directly, so
    * neither is ever checkpointed. */
   size_t recompute_every;
+  /* ZeRO stage 3 only (stages 0-2 hold whole parameters): 1 keeps each
+   * unit's gathered parameters from its first forward of a step to its
+   * backward in the step's last micro-batch (PyTorch FSDP2's
+   * reshard_after_forward=False, across micro-batches too): one all-gather
+   * per unit per step instead of one per forward and per backward, for the
+   * memory of the gathered units held at once (the plan charges it). 0
+   * (the default): gathered for each forward and each backward and freed
+   * after. The bits are the same either way (a gather copies). */
+  int keep_gathered;
   /* Where every training buffer lives and every op runs: the CPU, or a
    * CUDA GPU (ordinal device_index; the caller picks it, e.g. local rank %
    * device count). On a GPU, create needs a data-parallel group of one

@@ -178,6 +178,32 @@ TEST_F(EngineDevice, WithAccumulationStagesZeroOneAndTwoThreeAreBitwisePairs) {
     }
 }
 
+// Gather once per step (keep_gathered, FSDP2's reshard_after_forward=False):
+// ZeRO-3 keeps each unit's gathered parameters from its first forward to
+// its last backward of the step. A gather copies the shards, so the bits
+// are those of gathering for every forward and backward; stages 0-2 hold
+// whole parameters and are unchanged by it. (tests/zero_test counts the
+// all-gathers and the memory on 1, 2 and 4 ranks.)
+TEST_F(EngineDevice, GatherOncePerStepTrainsTheSameBits) {
+  for (ts_dtype dt : {TS_FP32, TS_BF16, TS_FP16})
+    for (size_t recompute : {0, 1})
+      for (size_t accum : {1, 2}) {
+        SCOPED_TRACE(Name(dt, recompute, 3) + " accumulation " + std::to_string(accum));
+        ts_engine_opts o = DeviceOpts(dt, accum);
+        o.recompute_every = recompute;
+        o.zero_stage = 3;
+        Trained each = Train(model_, o, 3);
+        o.keep_gathered = 1;
+        Trained once = Train(model_, o, 3);
+        EXPECT_EQ(once.losses, each.losses);
+        EXPECT_TRUE(SameBits(once.params, each.params));
+        o.zero_stage = 0;
+        Trained whole = Train(model_, o, 3);
+        o.keep_gathered = 0;
+        EXPECT_TRUE(SameBits(whole.params, Train(model_, o, 3).params));
+      }
+}
+
 TEST_F(EngineDevice, TwoRunsRepeatBitForBit) {
   for (ts_dtype dt : {TS_FP32, TS_BF16}) {
     Trained a = Train(model_, DeviceOpts(dt, 2), 3), b = Train(model_, DeviceOpts(dt, 2), 3);
@@ -193,6 +219,7 @@ TEST_F(EngineDevice, TheLedgerEqualsThePlan) {
       ts_engine_opts o = DeviceOpts(dt, 2);
       o.zero_stage = stage;
       o.recompute_every = stage % 2;
+      o.keep_gathered = dt == TS_BF16 && stage == 3;  // gather-once's holds, planned
       ts_mem_account plan;
       ASSERT_EQ(ts_engine_plan(&model_, &o, 1, &plan), TS_OK) << ts_last_error();
       ts_engine *e = nullptr;

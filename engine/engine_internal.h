@@ -51,6 +51,8 @@ typedef struct unit_state {
   int recompute;         /* activation checkpointing: forward again before backward */
   void *full_params;     /* sharded params: (P) gathered while uses > 0, else NULL */
   int uses;              /* sharded params: holders of full_params */
+  int kept;              /* opts.keep_gathered: 1 while the step holds full_params (one
+                            of uses) from the unit's first forward to its last backward */
   void *full_grads;      /* sharded grads: (P) from the unit's (or a borrower's)
                             backward to its reduce-scatter, else NULL */
 } unit_state;
@@ -215,6 +217,10 @@ ts_status ts_engine_zero_grads(ts_engine *e);
  * first use when sharded. Pair with ts_engine_release_params. */
 ts_status ts_engine_acquire_params(ts_engine *e, int u, const void **full);
 void ts_engine_release_params(ts_engine *e, int u);
+/* Releases every hold opts.keep_gathered still has on gathered parameters
+ * (each is dropped at its unit's last backward; the optimizer step makes
+ * sure before the shards change). */
+void ts_engine_drop_gathered(ts_engine *e);
 
 /* ---- optimizer.c: after the last micro-batch ------------------------------------- */
 

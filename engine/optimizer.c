@@ -121,6 +121,7 @@ ts_status ts_engine_optimizer_step(ts_engine *e, float lr, ts_step_stats *stats)
                         e->micro_done, e->opts.grad_accum);
   const ts_model *m = e->model;
   ts_engine_wait_staging(e); /* an asynchronous save's copy of the state first */
+  ts_engine_drop_gathered(e); /* no gathered copy outlives the shards it came from */
   memset(stats, 0, sizeof *stats);
   stats->overflow_unit = -1;
   stats->loss_scale = stats->next_loss_scale = e->scaler.scale;

@@ -49,6 +49,29 @@ void ts_engine_release_params(ts_engine *e, int u) {
     ts_shard_release(&e->ledger, &s->full_params);
 }
 
+/* opts.keep_gathered (sharded parameters, a training micro-batch): the
+ * step's first forward of unit u holds its gathered parameters once more,
+ * until the unit's backward in the last micro-batch (drop_kept). */
+static void keep_gathered(ts_engine *e, int u) {
+  unit_state *s = &e->units[u];
+  if (e->opts.keep_gathered && e->zero->shard_params && e->in_micro_step && !s->kept) {
+    s->kept = 1;
+    s->uses++;
+  }
+}
+
+/* Releases the step's hold of unit u's gathered parameters, if any. */
+static void drop_kept(ts_engine *e, int u) {
+  unit_state *s = &e->units[u];
+  if (!s->kept) return;
+  s->kept = 0;
+  ts_engine_release_params(e, u);
+}
+
+void ts_engine_drop_gathered(ts_engine *e) {
+  for (int u = 0; u < e->model->n_units; u++) drop_kept(e, u);
+}
+
 /* The full gradient (P) that unit u's backward accumulates into: the
  * unit's own buffer, or a zeroed transient one when gradients are sharded. */
 static ts_status full_grads(ts_engine *e, int u, void **out) {
@@ -161,7 +184,9 @@ static ts_status forward_unit(ts_engine *e, int u, ts_unit_args *a) {
   const ts_unit *un = &e->model->units[u];
   const void *params, *lender = NULL;
   TS_CHECK(ts_engine_acquire_params(e, u, &params));
+  keep_gathered(e, u);
   ts_status st = un->tied_unit >= 0 ? ts_engine_acquire_params(e, un->tied_unit, &lender) : TS_OK;
+  if (st == TS_OK && lender) keep_gathered(e, un->tied_unit);
   if (st == TS_OK) {
     a->tied_weight = lender ? borrowed(e, u, lender) : NULL;
     ts_engine_span_begin(e, TS_SPAN_FORWARD, u);
@@ -242,6 +267,10 @@ static ts_status backward_unit(ts_engine *e, int u, ts_unit_args *a) {
   if (st == TS_OK) st = backward_compute(e, u, a, params, grads, lender);
   if (lender) ts_engine_release_params(e, un->tied_unit);
   ts_engine_release_params(e, u);
+  if ((size_t)e->cur_mb + 1 == e->opts.grad_accum) { /* the unit's last backward of the step */
+    drop_kept(e, u);
+    if (lender && !ts_engine_owns(e, un->tied_unit)) drop_kept(e, un->tied_unit); /* a replica */
+  }
   if (st == TS_OK) st = reduce_unit_grads(e, u);
   return st;
 }
@@ -288,6 +317,7 @@ static void discard_step(ts_engine *e) {
     ts_shard_release(&e->ledger, &s->full_grads);
     ts_shard_release(&e->ledger, &s->full_params);
     s->uses = 0;
+    s->kept = 0;
   }
   ts_shard_release(&e->ledger, &e->tied_grads);
   e->micro_done = 0;

@@ -58,6 +58,7 @@ struct Layout {
   bool tied = false;
   ts_dtype dtype = TS_FP32;
   size_t recompute_every = 0;
+  bool keep_gathered = false;  // ZeRO-3: gather each unit once per step
   size_t m = 3;  // micro-batches per step
   size_t layers = 3;
   size_t steps = 3;
@@ -67,9 +68,9 @@ struct Layout {
 
   std::string Name(int P) const {
     char buf[160];
-    snprintf(buf, sizeof buf, "%sP=%d zero=%d %s %s %s recompute=%zu m=%zu", bert ? "bert " : "", P, zero,
-             ts_schedule_kind_name(schedule), tied ? "tied" : "untied", ts_dtype_name(dtype),
-             recompute_every, m);
+    snprintf(buf, sizeof buf, "%sP=%d zero=%d %s %s %s recompute=%zu m=%zu%s", bert ? "bert " : "",
+             P, zero, ts_schedule_kind_name(schedule), tied ? "tied" : "untied",
+             ts_dtype_name(dtype), recompute_every, m, keep_gathered ? " gather-once" : "");
     return buf;
   }
 };
@@ -82,6 +83,7 @@ ts_engine_opts Opts(const Layout &s, int P) {
   o.dtype = s.dtype;
   o.zero_stage = s.zero;
   o.recompute_every = s.recompute_every;
+  o.keep_gathered = s.keep_gathered;
   o.pipeline_stages = P;
   o.schedule = s.schedule;
   o.pipeline_split = P > 1 ? s.split : nullptr;
@@ -238,6 +240,27 @@ TEST(Pipeline, Bf16AndRecomputeAndMicroBatchCounts) {
         many.zero = 2;
         many.dtype = TS_FP32;
         ExpectSameAsDataParallel(many, P);
+      }
+}
+
+TEST(Pipeline, GatherOncePerStepThroughTheSchedules) {
+  // ZeRO-3 with keep_gathered: a unit's gathered parameters held from its
+  // first forward to its backward in the last micro-batch, which the
+  // schedules interleave with other micro-batches' forwards (1F1B) or run
+  // after all of them (GPipe); a tied head's replica on the last stage is
+  // held likewise. Bitwise the data-parallel run (itself bitwise without
+  // gather-once: zero_test), and the stage's plan equals its ledger.
+  for (int P : Stages())
+    for (ts_schedule_kind k : {TS_SCHEDULE_GPIPE, TS_SCHEDULE_1F1B})
+      for (bool tied : {false, true}) {
+        Layout s;
+        s.zero = 3;
+        s.schedule = k;
+        s.tied = tied;
+        s.keep_gathered = true;
+        s.dtype = tied ? TS_BF16 : TS_FP32;
+        s.recompute_every = tied ? 1 : 0;
+        ExpectSameAsDataParallel(s, P);
       }
 }
 

@@ -111,6 +111,7 @@ struct TrainSetup {
   size_t loss_scale_window = 2000;
   float min_loss_scale = 1.0f;
   bool async_save = false;  // the engine's checkpoint staging (ledger category staging)
+  bool keep_gathered = false;  // ZeRO-3 gathers each unit once per step
 };
 
 // The model of a setup: the tiny LLaMA or the tiny BERT.
@@ -140,6 +141,7 @@ TrainRun Train(ts_comm *dp, const TrainSetup &s) {
   o.zero_stage = s.stage;
   o.dtype = s.dtype;
   o.async_save = s.async_save;
+  o.keep_gathered = s.keep_gathered;
   o.recompute_every = s.recompute_every;
   o.loss_scale_init = s.loss_scale_init;
   o.loss_scale_window = s.loss_scale_window;
@@ -386,6 +388,48 @@ TEST(ZeroStages, BytesSentPerStepMatchTheory) {
   }
 }
 
+TEST(ZeroStages, GatherOncePerStepIsBitwiseAndGathersEachUnitOnce) {
+  // keep_gathered (FSDP2's reshard_after_forward=False): ZeRO-3 keeps each
+  // unit's gathered parameters from its first forward to its backward in the
+  // step's last micro-batch. A gather copies the shards, so parameters and
+  // optimizer state are bitwise those of gathering for every forward and
+  // backward; the step's all-gathers fall from 2K Ψ(N-1)/N (and the tied
+  // head's 2K embeddings) to one Ψ(N-1)/N; the gathered units held at once
+  // raise the peak of the params category.
+  size_t N = (size_t)ts_comm_size(World());
+  for (bool tied : {false, true})
+    for (size_t accum : {1, 2})
+      for (ts_dtype dt : {TS_FP32, TS_BF16}) {
+        size_t every = dt == TS_BF16;  // recompute (a backward's forward again) in bf16
+        SCOPED_TRACE("tied " + std::to_string(tied) + ", accum " + std::to_string(accum) + ", " +
+                     ts_dtype_name(dt) + ", every " + std::to_string(every));
+        TrainSetup s;
+        s.stage = 3;
+        s.tied = tied;
+        s.accum = accum;
+        s.dtype = dt;
+        s.recompute_every = every;
+        s.steps = 2;
+        TrainRun each = Train(World(), s);
+        s.keep_gathered = true;
+        TrainRun once = Train(World(), s);
+        EXPECT_EQ(once.losses, each.losses);
+        EXPECT_TRUE(BitwiseEqual(once, each));
+        std::vector<size_t> P = FormulaPadded(tied, N);
+        size_t moved = 0, es = ts_dtype_size(dt);
+        for (size_t p : P) moved += p - p / N;
+        size_t embedding = P[0] - P[0] / N;
+        for (size_t k = 0; k < once.stats.size(); k++) {
+          EXPECT_EQ(once.stats[k].comm.bytes[TS_COMM_ALL_GATHER], es * moved);
+          EXPECT_EQ(each.stats[k].comm.bytes[TS_COMM_ALL_GATHER],
+                    es * 2 * accum * (moved + (tied ? embedding : 0)));
+          EXPECT_EQ(once.stats[k].comm.bytes[TS_COMM_REDUCE_SCATTER],
+                    each.stats[k].comm.bytes[TS_COMM_REDUCE_SCATTER]);
+        }
+        EXPECT_GT(once.at_end.peak[TS_MEM_PARAMS], each.at_end.peak[TS_MEM_PARAMS]);
+      }
+}
+
 TEST(ZeroStages, ClippingUsesTheGlobalNormInEveryStage) {
   // Step 1's norm on N ranks is the one-rank norm (to summation order,
   // 1e-5 relative). A threshold above the norm changes nothing (bitwise
@@ -590,6 +634,7 @@ void ExpectPlanMatchesRun(const TrainSetup &s) {
   o.dtype = s.dtype;
   o.recompute_every = s.recompute_every;
   o.async_save = s.async_save;
+  o.keep_gathered = s.keep_gathered;
   ts_mem_account plan;
   ASSERT_EQ(ts_engine_plan(&model, &o, N, &plan), TS_OK) << ts_last_error();
   ts_model_free(&model);
@@ -628,6 +673,11 @@ TEST(MemoryPlan, EqualsTheLedgerOfARealRunToTheByte) {
                        ", accum " + std::to_string(s.accum) + ", async_save " +
                        std::to_string(s.async_save));
           ExpectPlanMatchesRun(s);
+          if (stage == 3 && dt != TS_FP16) {  // gather-once's holds, planned too
+            s.keep_gathered = true;
+            SCOPED_TRACE("keep_gathered");
+            ExpectPlanMatchesRun(s);
+          }
         }
 }
 

@@ -34,6 +34,8 @@ typedef struct unit_choice {
 } unit_choice;
 
 static const char *const UNIT_NAMES[] = {"GiB", "GB", "MiB", "MB", "bytes", NULL};
+/* --reshard-after-forward: the index is ts_engine_opts.keep_gathered. */
+static const char *const RESHARD[] = {"true", "false", NULL};
 static const unit_choice UNITS[] = {
     {1073741824.0, "GiB (2^30 bytes), 3 significant figures"},
     {1e9, "GB (10^9 bytes), 3 significant figures"},
@@ -158,6 +160,10 @@ int ts_tool_estimate(int argc, char **argv) {
                    &act_flag),
       TS_FLAG_CUSTOM("--activation-checkpointing", NULL, &opts.recompute_every, parse_recompute,
                      "none|all|every:K", "blocks recomputed in backward (default none)", &act_flag),
+      TS_FLAG_CHOICE("--reshard-after-forward", NULL, &opts.keep_gathered, RESHARD,
+                     "ZeRO-3: false plans each unit's gathered parameters kept through the step "
+                     "(default true)",
+                     &act_flag),
       TS_FLAG_SIZE("--grad-accum", NULL, &opts.grad_accum, 1, "M",
                    "micro-batches per step: a pipeline's micro-batches in flight (default 1)",
                    &act_flag),

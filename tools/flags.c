@@ -40,6 +40,7 @@ static const struct {
     {"min_loss_scale", "--min-loss-scale"},
     {"loss_scale_window", "--loss-scale-window"},
     {"recompute_every", "--activation-checkpointing"},
+    {"keep_gathered", "--reshard-after-forward"},
     {"device", "--device"},
     {"model", "--model"},
     {"data_dir", "--data"},

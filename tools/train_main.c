@@ -189,6 +189,9 @@ static ts_status parse_schedule(const char *v, void *kind) {
 /* --dtype: ts_dtype_parse into a ts_dtype. */
 static ts_status parse_dtype(const char *v, void *dtype) { return ts_dtype_parse(v, dtype); }
 
+/* --reshard-after-forward: the index is ts_engine_opts.keep_gathered. */
+static const char *const RESHARD[] = {"true", "false", NULL};
+
 /* --activation-checkpointing: ts_train_parse_recompute into recompute_every. */
 static ts_status parse_recompute(const char *v, void *every) { return ts_train_parse_recompute(v, every); }
 
@@ -270,6 +273,10 @@ int ts_tool_train(int argc, char **argv) {
                     "fp16, dynamic: the smallest scale (default 1)", &scale_flag),
       TS_FLAG_CUSTOM("--activation-checkpointing", NULL, &e->recompute_every, parse_recompute,
                      "none|all|every:K", "blocks recomputed in backward (default none)", NULL),
+      TS_FLAG_CHOICE("--reshard-after-forward", NULL, &e->keep_gathered, RESHARD,
+                     "ZeRO-3: false keeps each unit's gathered parameters from its forward to its "
+                     "last backward of the step, one all-gather per unit per step (default true)",
+                     NULL),
       TS_FLAG_CUSTOM("--device", NULL, &device, ts_tool_parse_device, "cpu|cuda|auto",
                      "where to train; cuda: GPU local_rank % GPUs, auto: cuda if a GPU is seen "
                      "(default cpu)",
