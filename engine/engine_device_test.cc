@@ -185,23 +185,26 @@ TEST_F(EngineDevice, WithAccumulationStagesZeroOneAndTwoThreeAreBitwisePairs) {
 // whole parameters and are unchanged by it. (tests/zero_test counts the
 // all-gathers and the memory on 1, 2 and 4 ranks.)
 TEST_F(EngineDevice, GatherOncePerStepTrainsTheSameBits) {
-  for (ts_dtype dt : {TS_FP32, TS_BF16, TS_FP16})
-    for (size_t recompute : {0, 1})
-      for (size_t accum : {1, 2}) {
-        SCOPED_TRACE(Name(dt, recompute, 3) + " accumulation " + std::to_string(accum));
-        ts_engine_opts o = DeviceOpts(dt, accum);
-        o.recompute_every = recompute;
-        o.zero_stage = 3;
-        Trained each = Train(model_, o, 3);
-        o.keep_gathered = 1;
-        Trained once = Train(model_, o, 3);
-        EXPECT_EQ(once.losses, each.losses);
-        EXPECT_TRUE(SameBits(once.params, each.params));
-        o.zero_stage = 0;
-        Trained whole = Train(model_, o, 3);
-        o.keep_gathered = 0;
-        EXPECT_TRUE(SameBits(whole.params, Train(model_, o, 3).params));
-      }
+  // Accumulation 2 (a unit held across micro-batches), each dtype, bf16
+  // with recompute (a backward's forward again on the held parameters).
+  for (ts_dtype dt : {TS_FP32, TS_BF16, TS_FP16}) {
+    size_t recompute = dt == TS_BF16;
+    SCOPED_TRACE(Name(dt, recompute, 3) + " accumulation 2");
+    ts_engine_opts o = DeviceOpts(dt, 2);
+    o.recompute_every = recompute;
+    o.zero_stage = 3;
+    Trained each = Train(model_, o, 3);
+    o.keep_gathered = 1;
+    Trained once = Train(model_, o, 3);
+    EXPECT_EQ(once.losses, each.losses);
+    EXPECT_TRUE(SameBits(once.params, each.params));
+    if (dt == TS_FP32) {  // stages 0-2 hold whole parameters: no effect
+      o.zero_stage = 0;
+      Trained whole = Train(model_, o, 3);
+      o.keep_gathered = 0;
+      EXPECT_TRUE(SameBits(whole.params, Train(model_, o, 3).params));
+    }
+  }
 }
 
 TEST_F(EngineDevice, TwoRunsRepeatBitForBit) {
