@@ -17,14 +17,15 @@
 # writer thread takes from the steps it overlaps) and `train --resume`
 # (every rank checks its share of the checksums, then reads its slices).
 # The stall column is training's wait per asynchronous save (the copy, and
-# any wait for the previous write) against the synchronous save's; the load's time includes the checksum pass (GB/s
-# are the checkpoint's bytes over the wall time: the disk delivers them
-# once, the slices then come from the page cache). The page
-# cache is dropped before each load and each dd read when the script may
-# (root); otherwise reads may come from memory and say so. Figures are the
-# best of REPEATS (the tokens/s ratio: their median). Prints a table, and the per-rank cost of a LLaMA-2 70B
-# save (16 bytes per parameter in bf16: 2 params + 4 master + 8 Adam, over
-# its ranks) at the measured rate. TESSERA_BIN as in tools/bench_env.sh.
+# any wait for the previous write) against the synchronous save's; the
+# load's time includes the checksum pass (GB/s are the checkpoint's bytes
+# over the wall time: the disk delivers them once, the slices then come
+# from the page cache). The page cache is dropped before each load and each
+# dd read when the script may (root); otherwise reads may come from memory
+# and say so. Figures are the best of REPEATS (the tokens/s ratio: their
+# median). Prints a table, and the per-rank cost of a LLaMA-2 70B save (16
+# bytes per parameter in bf16: 2 params + 4 master + 8 Adam, over its
+# ranks) at the measured rate. TESSERA_BIN as in tools/bench_env.sh.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
