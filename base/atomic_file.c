@@ -4,8 +4,10 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 struct ts_atomic_file {
@@ -150,5 +152,41 @@ ts_status ts_read_file(const char *path, char **out, size_t *len) {
   buf[n] = '\0';
   *out = buf;
   if (len) *len = n;
+  return TS_OK;
+}
+
+ts_status ts_check_writable(const char *path, const char *what, int folder) {
+  struct stat sb;
+  if (stat(path, &sb) == 0) {
+    if (folder && !S_ISDIR(sb.st_mode))
+      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                          "%s %s: exists and is not a folder: expected a folder (created if "
+                          "absent)",
+                          what, path);
+    if (!folder && S_ISDIR(sb.st_mode))
+      return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s %s: is a folder: expected a file path", what,
+                          path);
+    if (access(path, W_OK) != 0)
+      return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s %s: not writable: %s", what, path,
+                          strerror(errno));
+    return TS_OK;
+  }
+  char parent[4096];
+  snprintf(parent, sizeof parent, "%s", path);
+  char *slash = strrchr(parent, '/');
+  if (!slash)
+    snprintf(parent, sizeof parent, ".");
+  else if (slash == parent)
+    parent[1] = '\0';
+  else
+    *slash = '\0';
+  if (stat(parent, &sb) != 0 || !S_ISDIR(sb.st_mode))
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "%s %s: the folder %s does not exist: expected a path in an existing "
+                        "folder",
+                        what, path, parent);
+  if (access(parent, W_OK | X_OK) != 0)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s %s: cannot write into %s: %s", what, path,
+                        parent, strerror(errno));
   return TS_OK;
 }

@@ -58,6 +58,15 @@ ts_status ts_atomic_write(const char *path, const void *data, size_t nbytes);
  * path. On failure tmp is left for the caller to remove. TS_ERR_IO. */
 ts_status ts_atomic_rename(const char *tmp, const char *path);
 
+/* Checks now, before the work, that a file (folder 0) or a folder created
+ * if absent (folder 1) can be written at path later: the path, if it
+ * exists, of that kind and writable, else its parent an existing folder we
+ * may write into. TS_ERR_INVALID_ARGUMENT, one line starting with `what`
+ * (the option's name, e.g. "`save_dir`") and path: "exists and is not a
+ * folder", "is a folder", "not writable", "the folder P does not exist",
+ * "cannot write into P". */
+ts_status ts_check_writable(const char *path, const char *what, int folder);
+
 /* The reader's side: the whole file at path into a new NUL-terminated
  * buffer *out (free with free()), its length in bytes in *len (NULL: not
  * wanted). TS_ERR_IO ("PATH: cannot open: ..." or "PATH: read failed"),

@@ -359,51 +359,12 @@ static ts_status check_data(run *r) {
   return TS_OK;
 }
 
-/* Where the run will write (`save_dir`, a folder created if absent;
- * `trace_path`, a file written at the end) must be writable now, not
- * after the work: the path, if it exists, of the right kind, else its
- * parent an existing folder we may write into. TS_ERR_INVALID_ARGUMENT. */
-static ts_status check_output(const char *path, const char *option, int folder) {
-  struct stat sb;
-  if (stat(path, &sb) == 0) {
-    if (folder && !S_ISDIR(sb.st_mode))
-      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                          "`%s` %s: exists and is not a folder: expected a folder (created if "
-                          "absent)",
-                          option, path);
-    if (!folder && S_ISDIR(sb.st_mode))
-      return ts_set_error(TS_ERR_INVALID_ARGUMENT, "`%s` %s: is a folder: expected a file path",
-                          option, path);
-    if (access(path, W_OK) != 0)
-      return ts_set_error(TS_ERR_INVALID_ARGUMENT, "`%s` %s: not writable: %s", option, path,
-                          strerror(errno));
-    return TS_OK;
-  }
-  char parent[4096];
-  snprintf(parent, sizeof parent, "%s", path);
-  char *slash = strrchr(parent, '/');
-  if (!slash)
-    snprintf(parent, sizeof parent, ".");
-  else if (slash == parent)
-    parent[1] = '\0';
-  else
-    *slash = '\0';
-  if (stat(parent, &sb) != 0 || !S_ISDIR(sb.st_mode))
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "`%s` %s: the folder %s does not exist: expected a path in an existing "
-                        "folder",
-                        option, path, parent);
-  if (access(parent, W_OK | X_OK) != 0)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "`%s` %s: cannot write into %s: %s", option, path,
-                        parent, strerror(errno));
-  return TS_OK;
-}
-
 static ts_status setup(run *r) {
   const ts_train_config *cfg = r->cfg;
   char path[4096];
-  if (r->wrank == 0 && cfg->save_dir) TS_CHECK(check_output(cfg->save_dir, "save_dir", 1));
-  if (r->wrank == 0 && cfg->trace_path) TS_CHECK(check_output(cfg->trace_path, "trace_path", 0));
+  if (r->wrank == 0 && cfg->save_dir) TS_CHECK(ts_check_writable(cfg->save_dir, "`save_dir`", 1));
+  if (r->wrank == 0 && cfg->trace_path)
+    TS_CHECK(ts_check_writable(cfg->trace_path, "`trace_path`", 0));
   int P = r->eo.pipeline_stages;
   TS_CHECK(ts_engine_check_pipeline_stages(P));
   if (P > 1) { /* the grid: P stages of dp ranks (P must divide the world) */
@@ -562,48 +523,6 @@ static ts_status fill_micro_batch(void *user, int mb, int32_t *inputs, int32_t *
   return fill(f->r, f->r->train_ld, eo->seed, inputs, targets, k);
 }
 
-/* The trainer's state after `step` steps, as trainer.json's text (rank 0;
- * NULL when out of memory): where to go on from (the step, the data seed:
- * a batch is a pure function of (seed, step, sample index)), the schedule
- * and the run's settings. */
-static char *trainer_json(const run *r, size_t step) {
-  const ts_train_config *cfg = r->cfg;
-  const ts_engine_opts *eo = &r->eo;
-  char recompute[32];
-  ts_train_recompute_name(eo->recompute_every, recompute, sizeof recompute);
-  cJSON *o = cJSON_CreateObject();
-  cJSON_AddNumberToObject(o, "step", (double)step);
-  cJSON_AddNumberToObject(o, "steps", (double)cfg->steps);
-  char seed[32]; /* a string: a 64-bit seed does not fit a JSON number's double */
-  snprintf(seed, sizeof seed, "%llu", (unsigned long long)eo->seed);
-  cJSON_AddStringToObject(o, "data_seed", seed);
-  cJSON_AddNumberToObject(o, "next_sample", (double)(step * r->global_batch));
-  cJSON_AddNumberToObject(o, "global_batch", (double)r->global_batch);
-  cJSON_AddNumberToObject(o, "micro_batch", (double)eo->micro_batch);
-  cJSON_AddNumberToObject(o, "grad_accum", (double)eo->grad_accum);
-  cJSON_AddNumberToObject(o, "seq", (double)eo->seq);
-  cJSON_AddNumberToObject(o, "lr", cfg->lr);
-  cJSON_AddNumberToObject(o, "min_lr_ratio", cfg->min_lr_ratio);
-  cJSON_AddNumberToObject(o, "warmup", (double)cfg->warmup);
-  cJSON_AddNumberToObject(o, "lr_at_step",
-                          ts_train_lr(step, cfg->steps, cfg->warmup, cfg->lr, cfg->min_lr_ratio));
-  cJSON_AddNumberToObject(o, "last_loss", r->last.loss);
-  cJSON_AddNumberToObject(o, "loss_scale", ts_engine_loss_scale(r->engine));
-  cJSON_AddStringToObject(o, "model", cfg->model);
-  cJSON_AddStringToObject(o, "data", cfg->data_dir);
-  cJSON_AddNumberToObject(o, "zero_stage", eo->zero_stage);
-  cJSON_AddStringToObject(o, "dtype", ts_dtype_name(eo->dtype));
-  cJSON_AddStringToObject(o, "activation_checkpointing", recompute);
-  cJSON_AddNumberToObject(o, "pipeline", eo->pipeline_stages);
-  cJSON_AddStringToObject(o, "schedule", ts_schedule_kind_name(eo->schedule));
-  cJSON_AddNumberToObject(o, "world_size", r->world_size);
-  cJSON_AddNumberToObject(o, "weight_decay", eo->weight_decay);
-  cJSON_AddNumberToObject(o, "grad_clip", eo->grad_clip);
-  char *text = cJSON_Print(o);
-  cJSON_Delete(o);
-  return text;
-}
-
 /* Commits the asynchronous save in flight, waiting for its writers
  * (collective), then keeps the newest cfg->keep. None in flight: TS_OK. */
 static ts_status finish_pending(run *r, ts_train_result *res) {
@@ -645,7 +564,8 @@ static ts_status save(run *r, size_t step, ts_train_result *res) {
     if (mkdir(cfg->save_dir, 0777) != 0 && errno != EEXIST)
       st = ts_set_error(TS_ERR_IO, "`save_dir` %s: cannot create the folder: %s", cfg->save_dir,
                         strerror(errno));
-    else if (!(tj = trainer_json(r, step)))
+    else if (!(tj = ts_trainer_state_json(r->cfg, &r->eo, step, r->global_batch, r->world_size,
+                                          r->last.loss, ts_engine_loss_scale(r->engine))))
       st = ts_set_error(TS_ERR_OUT_OF_MEMORY, "trainer.json");
   }
   TS_CHECK(agree(r, st, NULL, "to save a checkpoint"));

@@ -1,8 +1,8 @@
 /*
- * trainer_state.c — trainer.json read as untrusted input (trainer_state.h):
- * a table of its fields with their types and ranges, then the consistency
- * with the index. Messages name DIR/trainer.json, the field and what was
- * expected, in one line.
+ * trainer_state.c — trainer.json (trainer_state.h): written for a save,
+ * read as untrusted input at a resume through a table of its fields with
+ * their types and ranges, then the consistency with the index. Messages
+ * name DIR/trainer.json, the field and what was expected, in one line.
  */
 #include "engine/trainer_state.h"
 
@@ -168,4 +168,42 @@ ts_status ts_trainer_state_parse(const char *text, size_t len, const char *dir,
   out->min_lr_ratio = floor_ratio;
   out->warmup = out->has_schedule ? (size_t)warmup : 0;
   return TS_OK;
+}
+
+char *ts_trainer_state_json(const ts_train_config *cfg, const ts_engine_opts *eo, size_t step,
+                            size_t global_batch, int world_size, double last_loss,
+                            float loss_scale) {
+  char recompute[32];
+  ts_train_recompute_name(eo->recompute_every, recompute, sizeof recompute);
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddNumberToObject(o, "step", (double)step);
+  cJSON_AddNumberToObject(o, "steps", (double)cfg->steps);
+  char seed[32]; /* a string: a 64-bit seed does not fit a JSON number's double */
+  snprintf(seed, sizeof seed, "%llu", (unsigned long long)eo->seed);
+  cJSON_AddStringToObject(o, "data_seed", seed);
+  cJSON_AddNumberToObject(o, "next_sample", (double)(step * global_batch));
+  cJSON_AddNumberToObject(o, "global_batch", (double)global_batch);
+  cJSON_AddNumberToObject(o, "micro_batch", (double)eo->micro_batch);
+  cJSON_AddNumberToObject(o, "grad_accum", (double)eo->grad_accum);
+  cJSON_AddNumberToObject(o, "seq", (double)eo->seq);
+  cJSON_AddNumberToObject(o, "lr", cfg->lr);
+  cJSON_AddNumberToObject(o, "min_lr_ratio", cfg->min_lr_ratio);
+  cJSON_AddNumberToObject(o, "warmup", (double)cfg->warmup);
+  cJSON_AddNumberToObject(o, "lr_at_step",
+                          ts_train_lr(step, cfg->steps, cfg->warmup, cfg->lr, cfg->min_lr_ratio));
+  cJSON_AddNumberToObject(o, "last_loss", last_loss);
+  cJSON_AddNumberToObject(o, "loss_scale", loss_scale);
+  cJSON_AddStringToObject(o, "model", cfg->model);
+  cJSON_AddStringToObject(o, "data", cfg->data_dir);
+  cJSON_AddNumberToObject(o, "zero_stage", eo->zero_stage);
+  cJSON_AddStringToObject(o, "dtype", ts_dtype_name(eo->dtype));
+  cJSON_AddStringToObject(o, "activation_checkpointing", recompute);
+  cJSON_AddNumberToObject(o, "pipeline", eo->pipeline_stages);
+  cJSON_AddStringToObject(o, "schedule", ts_schedule_kind_name(eo->schedule));
+  cJSON_AddNumberToObject(o, "world_size", world_size);
+  cJSON_AddNumberToObject(o, "weight_decay", eo->weight_decay);
+  cJSON_AddNumberToObject(o, "grad_clip", eo->grad_clip);
+  char *text = cJSON_Print(o);
+  cJSON_Delete(o);
+  return text;
 }

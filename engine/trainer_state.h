@@ -1,7 +1,7 @@
 /*
  * trainer_state.h — private to engine/'s trainer: a checkpoint's
- * trainer.json read as untrusted input. The trainer writes it beside every
- * checkpoint (trainer.c): where to go on from (the step, the data seed, the
+ * trainer.json, written beside every checkpoint and read back as untrusted
+ * input: where to go on from (the step, the data seed, the
  * next sample), the learning-rate schedule and the settings of the run that
  * saved it.
  *
@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "engine/checkpoint.h"
+#include "engine/trainer.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -43,6 +44,17 @@ typedef struct ts_trainer_state {
  * allocation outlives the call. */
 ts_status ts_trainer_state_parse(const char *text, size_t len, const char *dir,
                                  const ts_checkpoint_info *info, ts_trainer_state *out);
+
+/* trainer.json's text for a checkpoint of the run (cfg, eo) after `step`
+ * optimizer steps (malloc'd; NULL when out of memory): the fields the
+ * parser above reads back. Where to go on from: the step, the data seed (a
+ * string: a 64-bit seed does not fit a JSON number's double; a batch is a
+ * pure function of (seed, step, sample index)) and next_sample = step x
+ * global_batch; the learning-rate schedule (its rate at `step`); the run's
+ * settings, its last loss and fp16 loss scale, for people and tools. */
+char *ts_trainer_state_json(const ts_train_config *cfg, const ts_engine_opts *eo, size_t step,
+                            size_t global_batch, int world_size, double last_loss,
+                            float loss_scale);
 
 #ifdef __cplusplus
 }
