@@ -65,6 +65,9 @@ ts_status ts_cfg_expect_value(const cJSON *root, const char *src, const char *fi
 ts_status ts_cfg_check_param_count(const char *src, double psi, size_t hidden_size,
                                    size_t intermediate_size, size_t num_hidden_layers,
                                    size_t vocab_size) {
+  if (num_hidden_layers > TS_MODEL_MAX_LAYERS)
+    return ts_set_error(TS_ERR_FORMAT, "%s: num_hidden_layers %zu: expected at most %d", src,
+                        num_hidden_layers, TS_MODEL_MAX_LAYERS);
   if (psi <= TS_MODEL_MAX_PARAMS) return TS_OK;
   return ts_set_error(TS_ERR_FORMAT,
                       "%s: hidden_size %zu, intermediate_size %zu, num_hidden_layers %zu, "

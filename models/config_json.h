@@ -36,8 +36,9 @@ ts_status ts_cfg_get_float(const cJSON *obj, const char *src, const char *field,
 ts_status ts_cfg_expect_value(const cJSON *obj, const char *src, const char *field,
                               const char *want);
 
-/* TS_ERR_FORMAT ("SRC: hidden_size H, intermediate_size I,
- * num_hidden_layers L, vocab_size V give P parameters: expected at most
+/* TS_ERR_FORMAT ("SRC: num_hidden_layers L: expected at most 65536") when
+ * L exceeds TS_MODEL_MAX_LAYERS, or ("SRC: hidden_size H, intermediate_size
+ * I, num_hidden_layers L, vocab_size V give P parameters: expected at most
  * 2^48") when psi, a family's parameter count in double, exceeds
  * TS_MODEL_MAX_PARAMS; TS_OK otherwise. */
 ts_status ts_cfg_check_param_count(const char *src, double psi, size_t hidden_size,

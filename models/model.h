@@ -68,6 +68,11 @@ typedef struct ts_unit ts_unit;
  * 2.8e14): far above any model trained, far below where byte counts wrap
  * size_t in unit layouts and plans. */
 #define TS_MODEL_MAX_PARAMS 281474976710656.0
+/* The most transformer blocks a config may declare (2^16; the largest
+ * published models have ~120): the model's unit table is sized by them
+ * before any parameter is, so the parameter bound alone does not hold
+ * them (a config of 10^8 one-wide layers asked for 436 GB of units). */
+#define TS_MODEL_MAX_LAYERS 65536
 
 /* What a model's targets are, so the trainer builds the right batches. */
 typedef enum ts_objective {
