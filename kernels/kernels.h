@@ -251,8 +251,12 @@ ts_status ts_k_embedding_forward(const ts_kctx *ctx, void *out, const int32_t *t
  * Needs ts_k_embedding_workspace_bytes(ctx->device, N, dt) bytes of
  * ctx->workspace.
  * Results do not depend on the thread count (no atomics).
- * CUDA: the same sums in the same order, without atomics (positions sorted
- * by token in the workspace, one warp per token: kernels/cuda/embedding.cu).
+ * CUDA: without atomics (positions sorted by token in the workspace:
+ * kernels/cuda/embedding.cu); a token at fewer than 64 positions gets the
+ * same sums in the same order; one at 64 or more sums 32 fixed slices of
+ * its positions in fp32, then the slice sums in order, then adds to dwte
+ * once: the same bits run after run, within (L + 1) fp32 roundings of the
+ * CPU's for a token at L positions, not equal to them.
  * Returns TS_ERR_INVALID_ARGUMENT for a token outside [0, V) (naming the
  * position and the token), a NULL pointer, or N > INT32_MAX with bf16/fp16
  * (CUDA: any dtype); TS_ERR_OUT_OF_MEMORY, naming the bytes needed, for a

@@ -219,17 +219,18 @@ ts_status EmbeddingForward(Backend &b, ts_dtype dt, Rng &rng) {
   return TS_OK;
 }
 
-ts_status EmbeddingBackward(Backend &b, ts_dtype dt, Rng &rng) {
-  std::vector<float> dw0 = Input(rng, kV * kC, dt), dout = Input(rng, kN * kC, dt);
-  std::vector<int32_t> tok = Tokens(rng);
-  b.Workspace(ts_k_embedding_workspace_bytes(b.device(), kN, dt));
+// dwte += the scatter of dout by tok (N = tok.size() positions).
+ts_status EmbeddingBackwardOf(Backend &b, ts_dtype dt, Rng &rng, const std::vector<int32_t> &tok) {
+  const size_t N = tok.size();
+  std::vector<float> dw0 = Input(rng, kV * kC, dt), dout = Input(rng, N * kC, dt);
+  b.Workspace(ts_k_embedding_workspace_bytes(b.device(), N, dt));
   DevPtr ddw = b.Up(dw0, dt), ddo = b.Up(dout, dt), dtok = b.UpInts(tok);
   RUN_OR_RETURN(
-      ts_k_embedding_backward(b.ctx(), ddw->p, ddo->p, dtok->as<int32_t>(), kN, kC, kV, dt));
+      ts_k_embedding_backward(b.ctx(), ddw->p, ddo->p, dtok->as<int32_t>(), N, kC, kV, dt));
   std::vector<double> ref(dw0.begin(), dw0.end()), mag(kV * kC), tol(kV * kC);
   std::vector<size_t> count(kV, 0);
   for (size_t i = 0; i < kV * kC; i++) mag[i] = std::fabs(ref[i]);
-  for (size_t n = 0; n < kN; n++) {
+  for (size_t n = 0; n < N; n++) {
     count[tok[n]]++;
     for (size_t c = 0; c < kC; c++) {
       ref[(size_t)tok[n] * kC + c] += dout[n * kC + c];
@@ -243,6 +244,21 @@ ts_status EmbeddingBackward(Backend &b, ts_dtype dt, Rng &rng) {
                    : 0.0;
   Expect("dwte", b.Down(*ddw, kV * kC, dt), ref, tol);
   return TS_OK;
+}
+
+ts_status EmbeddingBackward(Backend &b, ts_dtype dt, Rng &rng) {
+  return EmbeddingBackwardOf(b, dt, rng, Tokens(rng));
+}
+
+// Frequent tokens, as BERT's token type 0 (every position) and its [MASK]:
+// 601 positions, token 11 at 301 of them and token 40 at 100, the rest
+// (short runs) random; the CUDA backend sums runs of 64 or more positions
+// in 32 slices (kernels.h), which the same (L + 1)-rounding bound covers.
+ts_status EmbeddingBackwardLongRuns(Backend &b, ts_dtype dt, Rng &rng) {
+  std::vector<int32_t> tok(601);
+  for (size_t i = 0; i < tok.size(); i++)
+    tok[i] = i % 2 == 0 ? 11 : i % 6 == 1 ? 40 : (int32_t)(100 + rng.next() % (kV - 100));
+  return EmbeddingBackwardOf(b, dt, rng, tok);
 }
 
 // ---- AdamW -------------------------------------------------------------------------------
@@ -301,6 +317,7 @@ const std::vector<Case> &Cases() {
       {"linear_backward", LinearBackward},
       {"embedding_forward", EmbeddingForward},
       {"embedding_backward", EmbeddingBackward},
+      {"embedding_backward_long_runs", EmbeddingBackwardLongRuns},
       {"rmsnorm_forward", RmsnormForward},
       {"rmsnorm_backward", RmsnormBackward},
       {"rope_forward", [](Backend &b, ts_dtype dt, Rng &r) { return Rope(b, dt, r, 0); }},
