@@ -338,9 +338,9 @@ size_t ts_k_attention_state_bytes(ts_device dev, size_t B, size_t T, size_t NH, 
  * holds the probabilities P when it forms P @ v, for storage dtype dt;
  * bidirectional != 0: ts_k_attention_bidir_forward. TS_FP32 where P stays
  * fp32 (the CPU, which rounds P to dt only to save it; CUDA fp32; CUDA's
- * plain kernels, TS_K_PLAIN_ATTENTION and the bidirectional op); dt where
- * cuDNN's fused kernel feeds P to its tensor cores in dt (CUDA causal
- * bf16/fp16; FlashAttention-2, Dao 2023, Algorithm 1: P~ is cast to the
+ * plain kernels and TS_K_PLAIN_ATTENTION); dt where cuDNN's fused kernel
+ * feeds P to its tensor cores in dt (CUDA bf16/fp16, causal and
+ * bidirectional; FlashAttention-2, Dao 2023, Algorithm 1: P~ is cast to the
  * input type for P~ V). An upper bound: a shape cuDNN refuses runs the
  * plain kernels, with P in fp32. A property of the algorithm, for error
  * bounds: each term of out carries one more rounding of this dtype.

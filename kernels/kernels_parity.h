@@ -209,6 +209,8 @@ struct Case {
 struct AttnRef {
   std::vector<double> p, tp, o, to;
 };
+// The ids of the bidirectional cases (pad id 0), kB x kT.
+std::vector<int32_t> PadIds();
 AttnRef AttentionRef(const std::vector<float> &q, const std::vector<float> &k,
                      const std::vector<float> &v, size_t NKV, ts_dtype dt,
                      const std::vector<int32_t> &ids, ts_dtype pv_dt);

@@ -403,39 +403,47 @@ TEST(BackendParity, EveryOpOnEveryBackendMatchesTheReference) {
 // fused kernel (P rounded to dt before P v, the sum exact, out rounded to
 // dt) lies inside the bound for P held in dt (what
 // ts_k_attention_probs_dtype reports there), on the parity cases' shapes
-// and inputs, GQA and MQA; and outside the bound for P held in fp32 (what
+// and inputs, GQA and MQA causal and the bidirectional op with its padded
+// keys (cuDNN runs both); and outside the bound for P held in fp32 (what
 // the CPU reports), so the extra term is needed, not slack.
 TEST(BackendParity, TheAttentionBoundCoversProbabilitiesRoundedBeforePV) {
   for (ts_dtype dt : {TS_BF16, TS_FP16})
-    for (size_t NKV : {(size_t)2, (size_t)1}) {
-      SCOPED_TRACE(std::string(ts_dtype_name(dt)) + " NKV " + std::to_string(NKV));
-      Rng rng(std::hash<std::string>{}(NKV == 2 ? "attention_forward_gqa" : "attention_forward_mqa") ^
-              (uint64_t)dt);
-      std::vector<float> q = Input(rng, kN * kNH * kHS, dt), k = Input(rng, kN * NKV * kHS, dt),
-                         v = Input(rng, kN * NKV * kHS, dt);
-      AttnRef held = AttentionRef(q, k, v, NKV, dt, {}, dt), f32 = AttentionRef(q, k, v, NKV, dt, {}, TS_FP32);
-      std::vector<float> p = ts_test::round_to(std::vector<float>(held.p.begin(), held.p.end()), dt);
-      std::vector<float> model(held.o.size());
-      const size_t rep = kNH / NKV;
-      for (size_t b = 0; b < kB; b++)
-        for (size_t i = 0; i < kT; i++)
-          for (size_t h = 0; h < kNH; h++)
-            for (size_t e = 0; e < kHS; e++) {
-              double o = 0;
-              for (size_t j = 0; j <= i; j++)
-                o += (double)p[((b * kNH + h) * kT + i) * kT + j] *
-                     v[((b * kT + j) * NKV + h / rep) * kHS + e];
-              model[((b * kT + i) * kNH + h) * kHS + e] = (float)o;
-            }
-      model = ts_test::round_to(model, dt);
-      Expect("model of the fused kernel", model, held.o, held.to);
-      size_t over = 0;
-      for (size_t i = 0; i < model.size(); i++)
-        over += std::fabs((double)model[i] - f32.o[i]) > f32.to[i];
-      EXPECT_GT(over, 0u) << "the fp32-P bound already covers P rounded to " << ts_dtype_name(dt);
-      std::printf("[ bound    ] %s NKV %zu: %zu of %zu outputs need the rounded-P term\n",
-                  ts_dtype_name(dt), NKV, over, model.size());
-    }
+    for (int bidir : {0, 1})
+      for (size_t NKV : bidir ? std::vector<size_t>{kNH} : std::vector<size_t>{2, 1}) {
+        SCOPED_TRACE(std::string(ts_dtype_name(dt)) + " NKV " + std::to_string(NKV) +
+                     (bidir ? " bidirectional" : " causal"));
+        Rng rng(std::hash<std::string>{}(bidir      ? "attention_bidir_forward"
+                                         : NKV == 2 ? "attention_forward_gqa"
+                                                    : "attention_forward_mqa") ^
+                (uint64_t)dt);
+        std::vector<float> q = Input(rng, kN * kNH * kHS, dt), k = Input(rng, kN * NKV * kHS, dt),
+                           v = Input(rng, kN * NKV * kHS, dt);
+        const std::vector<int32_t> ids = bidir ? PadIds() : std::vector<int32_t>();
+        AttnRef held = AttentionRef(q, k, v, NKV, dt, ids, dt),
+                f32 = AttentionRef(q, k, v, NKV, dt, ids, TS_FP32);
+        std::vector<float> p =
+            ts_test::round_to(std::vector<float>(held.p.begin(), held.p.end()), dt);
+        std::vector<float> model(held.o.size());
+        const size_t rep = kNH / NKV;
+        for (size_t b = 0; b < kB; b++)
+          for (size_t i = 0; i < kT; i++)
+            for (size_t h = 0; h < kNH; h++)
+              for (size_t e = 0; e < kHS; e++) {
+                double o = 0;
+                for (size_t j = 0; j < kT; j++)  // P is 0 where the key is not seen
+                  o += (double)p[((b * kNH + h) * kT + i) * kT + j] *
+                       v[((b * kT + j) * NKV + h / rep) * kHS + e];
+                model[((b * kT + i) * kNH + h) * kHS + e] = (float)o;
+              }
+        model = ts_test::round_to(model, dt);
+        Expect("model of the fused kernel", model, held.o, held.to);
+        size_t over = 0;
+        for (size_t i = 0; i < model.size(); i++)
+          over += std::fabs((double)model[i] - f32.o[i]) > f32.to[i];
+        EXPECT_GT(over, 0u) << "the fp32-P bound already covers P rounded to " << ts_dtype_name(dt);
+        std::printf("[ bound    ] %s NKV %zu %s: %zu of %zu outputs need the rounded-P term\n",
+                    ts_dtype_name(dt), NKV, bidir ? "bidirectional" : "causal", over, model.size());
+      }
 }
 
 // The poison works: a buffer nobody wrote reads as NaN in every format and

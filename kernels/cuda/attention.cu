@@ -15,13 +15,21 @@
  * fp32: the plain kernels with the probabilities (B, NH, T, T) as the
  * state, like the CPU (parity and debugging, not speed).
  *
- * Bidirectional attention always runs the plain kernels, with a mask
- * (att_mask) in place of the causal one: query t sees every key whose id
- * is not the pad id; a masked key's score is -inf, so its probability is
- * exactly 0. Its bf16/fp16 state is the log-sum-exp followed by (B, T)
- * uint8 key flags (1: a key to attend to), from which backward recomputes
- * P with the mask; the fp32 state's P is 0 at masked keys already. With
- * the causal mask the kernels perform exactly the operations they did
+ * Bidirectional attention: query t sees every key whose id is not the pad
+ * id. Its bf16/fp16 state is the log-sum-exp followed by (B, T) uint8 key
+ * flags (1: a key to attend to). In bf16/fp16 it runs on cuDNN's fused
+ * kernels too, with an additive (B, 1, T, T) bias in place of the causal
+ * mask: 0 at a key to attend to, MASKED_BIAS (-65504 in fp16, -65536 in
+ * bf16) at a padding key, whose score is then so far below the row's
+ * largest that e^(s - m) underflows to exactly 0 in fp32, as a -inf score
+ * gives (finite, so that a tile of masked keys never makes the online
+ * softmax compute -inf - -inf; HF's BERT adds the dtype's minimum the same
+ * way). The bias is built from the key flags at the start of
+ * ctx->workspace, before each pass; cuDNN gets the rest. The plain
+ * kernels, the fallback and the fp32 path, take the mask (att_mask)
+ * instead: a masked key's score is -inf; backward recomputes P with the
+ * key flags, and the fp32 state's P is 0 at masked keys already. With the
+ * causal mask the plain kernels perform exactly the operations they did
  * before the bidirectional one joined them.
  *
  * The plain kernels compute every output element by one thread summing over
@@ -90,13 +98,27 @@ static size_t plain_group_bytes(size_t T, size_t NH, size_t NKV, ts_dtype dt) {
   return (dt == TS_FP32 ? 1 : 2) * (NH / NKV) * T * T * sizeof(float);
 }
 
+/* Bytes of the bidirectional op's cuDNN bias, (B, 1, T, T) 2-byte, at
+ * the start of the workspace, rounded up to 256 (cuDNN's workspace
+ * alignment); SIZE_MAX on overflow. */
+static size_t bias_bytes(size_t B, size_t T) {
+  size_t n;
+  if (__builtin_mul_overflow(B, T, &n) || __builtin_mul_overflow(n, T, &n) ||
+      __builtin_mul_overflow(n, (size_t)2, &n) || n > SIZE_MAX - 255)
+    return SIZE_MAX;
+  return (n + 255) / 256 * 256;
+}
+
 /* fp32: one batch row's dS (every kv group at once). bf16/fp16: cuDNN's
- * bound, or one kv group's plain scratch if that is larger (so the
+ * bound plus the bidirectional op's bias (one bound serves both ops: the
+ * causal one leaves those B*T*T*2 bytes unused, 1/NH of cuDNN's own dP
+ * term), or one kv group's plain scratch if that is larger (so the
  * fallback always runs; T beyond the plain kernels' limit: cuDNN's). */
 extern "C" size_t ts_cuda_attention_workspace_bytes(size_t B, size_t T, size_t NH, size_t NKV,
                                                     size_t HS, ts_dtype dt) {
   if (!lse_state(dt)) return NKV * plain_group_bytes(T, NH, NKV, dt);
-  size_t cudnn = ts_cudnn_attention_workspace_bytes(B, T, NH, NKV, HS, dt);
+  size_t cudnn = ts_cudnn_attention_workspace_bytes(B, T, NH, NKV, HS, dt), bias = bias_bytes(B, T);
+  cudnn = cudnn > SIZE_MAX - bias ? SIZE_MAX : cudnn + bias;
   size_t group = T > ATT_MAX_T ? 0 : plain_group_bytes(T, NH, NKV, dt);
   return cudnn > group ? cudnn : group;
 }
@@ -342,7 +364,7 @@ static ts_status plain_backward_dt(const ts_kctx *ctx, void *dq, void *dk, void 
  * heuristics query each time). A full table only costs the asking. */
 typedef struct {
   size_t B, T, NH, NKV, HS;
-  int dt, backward, device;
+  int dt, backward, device, bidirectional;
 } shape_key;
 enum { REFUSED_MAX = 64 };
 static shape_key refused[REFUSED_MAX];
@@ -364,15 +386,16 @@ static void remember_refusal(const shape_key *k) {
 }
 
 static shape_key key_of(const ts_kctx *ctx, size_t B, size_t T, size_t NH, size_t NKV, size_t HS,
-                        ts_dtype dt, int backward) {
+                        ts_dtype dt, int backward, int bidirectional) {
   shape_key k;
   memset(&k, 0, sizeof k); /* padding too: keys compare with memcmp */
   k.B = B, k.T = T, k.NH = NH, k.NKV = NKV, k.HS = HS;
   k.dt = (int)dt, k.backward = backward, k.device = ctx->device_index;
+  k.bidirectional = bidirectional;
   return k;
 }
 
-/* Does a causal call on ctx in dt go to cuDNN, shape permitting? */
+/* Does a call on ctx in dt go to cuDNN, shape permitting? */
 static bool cudnn_first(const ts_kctx *ctx, ts_dtype dt) {
   return lse_state(dt) && !(ctx->flags & TS_K_PLAIN_ATTENTION);
 }
@@ -382,11 +405,13 @@ static bool try_cudnn(const ts_kctx *ctx, ts_dtype dt, const shape_key *k) {
   return cudnn_first(ctx, dt) && !was_refused(k);
 }
 
-/* cuDNN's fused forward rounds P to dt for its P V product; the plain
- * kernels keep P in fp32 (kernels.h, ts_k_attention_probs_dtype). */
+/* cuDNN's fused forward rounds P to dt for its P V product, causal or
+ * bidirectional; the plain kernels keep P in fp32 (kernels.h,
+ * ts_k_attention_probs_dtype). */
 extern "C" ts_dtype ts_cuda_attention_probs_dtype(const ts_kctx *ctx, ts_dtype dt,
                                                   int bidirectional) {
-  return !bidirectional && cudnn_first(ctx, dt) ? dt : TS_FP32;
+  (void)bidirectional;
+  return cudnn_first(ctx, dt) ? dt : TS_FP32;
 }
 
 extern "C" ts_status ts_cuda_attention_forward(const ts_kctx *ctx, void *out, void *state,
@@ -394,10 +419,10 @@ extern "C" ts_status ts_cuda_attention_forward(const ts_kctx *ctx, void *out, vo
                                                size_t B, size_t T, size_t NH, size_t NKV,
                                                size_t HS, ts_dtype dt) {
   static const char op[] = "ts_k_attention_forward";
-  shape_key key = key_of(ctx, B, T, NH, NKV, HS, dt, 0);
+  shape_key key = key_of(ctx, B, T, NH, NKV, HS, dt, 0, 0);
   if (try_cudnn(ctx, dt, &key)) {
-    ts_status st =
-        ts_cudnn_attention_forward(ctx, out, (float *)state, q, k, v, B, T, NH, NKV, HS, dt);
+    ts_status st = ts_cudnn_attention_forward(ctx, out, (float *)state, q, k, v, nullptr, B, T, NH,
+                                              NKV, HS, dt);
     if (st != TS_ERR_UNSUPPORTED) return st; /* else: the plain kernels, same state */
     remember_refusal(&key);
   }
@@ -412,10 +437,10 @@ extern "C" ts_status ts_cuda_attention_backward(const ts_kctx *ctx, void *dq, vo
                                                 const void *state, size_t B, size_t T, size_t NH,
                                                 size_t NKV, size_t HS, ts_dtype dt) {
   static const char op[] = "ts_k_attention_backward";
-  shape_key key = key_of(ctx, B, T, NH, NKV, HS, dt, 1);
+  shape_key key = key_of(ctx, B, T, NH, NKV, HS, dt, 1, 0);
   if (try_cudnn(ctx, dt, &key)) {
-    ts_status st = ts_cudnn_attention_backward(ctx, dq, dk, dv, dout, out, q, k, v,
-                                               (const float *)state, B, T, NH, NKV, HS, dt);
+    ts_status st = ts_cudnn_attention_backward(
+        ctx, dq, dk, dv, dout, out, q, k, v, (const float *)state, nullptr, B, T, NH, NKV, HS, dt);
     if (st != TS_ERR_UNSUPPORTED) return st;
     remember_refusal(&key);
   }
@@ -474,20 +499,66 @@ __global__ void key_flags_kernel(uint8_t *keep, const int32_t *ids, int32_t pad,
     keep[i] = ids == nullptr || ids[i] != pad;
 }
 
+/* bias[b, i, j] = 0 where keep[b, j], else the masked value (2-byte
+ * patterns: MASKED_BIAS_BF16 or _FP16), for i < T. */
+enum : uint16_t { MASKED_BIAS_BF16 = 0xC780 /* -65536 */, MASKED_BIAS_FP16 = 0xFBFF /* -65504 */ };
+
+__global__ void key_bias_kernel(uint16_t *bias, const uint8_t *keep, uint16_t masked, size_t B,
+                                size_t T) {
+  size_t n = B * T * T;
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    size_t j = i % T, b = i / (T * T);
+    bias[i] = keep[b * T + j] ? (uint16_t)0 : masked;
+  }
+}
+
+/* The bidirectional op on cuDNN: writes the bias for the key flags `keep`
+ * (B, T) at the start of ctx->workspace and runs the pass with the rest of
+ * the workspace. TS_ERR_UNSUPPORTED (nothing queued but the bias) where
+ * cuDNN cannot build the graph or the workspace cannot hold the bias. */
+static ts_status cudnn_bidir(const ts_kctx *ctx, const uint8_t *keep, size_t B, size_t T,
+                             ts_dtype dt, int backward, void *out_or_dq, void *dk, void *dv,
+                             const void *dout, const void *out, const void *q, const void *k,
+                             const void *v, float *stats, size_t NH, size_t HS) {
+  size_t nb = bias_bytes(B, T);
+  if (nb == SIZE_MAX || nb > ctx->workspace_bytes)
+    return ts_set_error(TS_ERR_UNSUPPORTED,
+                        "cudnn attention: the bias (%zu bytes) does not fit the workspace (%zu)",
+                        nb, ctx->workspace_bytes);
+  ts_kctx rest = *ctx;
+  rest.workspace = (char *)ctx->workspace + nb;
+  rest.workspace_bytes = ctx->workspace_bytes - nb;
+  uint16_t *bias = (uint16_t *)ctx->workspace;
+  key_bias_kernel<<<ts_cuda_grid(B * T * T), TS_CUDA_BLOCK, 0, (cudaStream_t)ctx->stream>>>(
+      bias, keep, dt == TS_BF16 ? MASKED_BIAS_BF16 : MASKED_BIAS_FP16, B, T);
+  if (backward)
+    return ts_cudnn_attention_backward(&rest, out_or_dq, dk, dv, dout, out, q, k, v, stats, bias, B,
+                                       T, NH, NH, HS, dt);
+  return ts_cudnn_attention_forward(&rest, out_or_dq, stats, q, k, v, bias, B, T, NH, NH, HS, dt);
+}
+
 extern "C" ts_status ts_cuda_attention_bidir_forward(const ts_kctx *ctx, void *out, void *state,
                                                      const void *q, const void *k, const void *v,
                                                      const int32_t *ids, int32_t pad_id, size_t B,
                                                      size_t T, size_t NH, size_t HS,
                                                      ts_dtype dt) {
   static const char op[] = "ts_k_attention_bidir_forward";
-  TS_CHECK(check_plain(B, T, NH, op));
   TS_CHECK(check_padding(ctx, ids, pad_id, B, T, op));
   cudaStream_t s = (cudaStream_t)ctx->stream;
-  att_mask mk = {0, ids, pad_id, nullptr};
-  TS_CUDA_DT_CALL(dt, plain_forward, ctx, out, state, q, k, v, B, T, NH, NH, HS, mk);
-  if (lse_state(dt)) /* the flags backward recomputes P with */
+  if (lse_state(dt)) /* the flags backward recomputes P with, and cuDNN's bias */
     key_flags_kernel<<<ts_cuda_grid(B * T), TS_CUDA_BLOCK, 0, s>>>(state_keep(state, B, T, NH),
                                                                   ids, pad_id, B * T);
+  shape_key key = key_of(ctx, B, T, NH, NH, HS, dt, 0, 1);
+  if (try_cudnn(ctx, dt, &key)) {
+    ts_status st = cudnn_bidir(ctx, state_keep(state, B, T, NH), B, T, dt, 0, out, nullptr, nullptr,
+                               nullptr, nullptr, q, k, v, (float *)state, NH, HS);
+    if (st != TS_ERR_UNSUPPORTED) return st; /* else: the plain kernels, same state */
+    remember_refusal(&key);
+  }
+  TS_CHECK(check_plain(B, T, NH, op));
+  att_mask mk = {0, ids, pad_id, nullptr};
+  TS_CUDA_DT_CALL(dt, plain_forward, ctx, out, state, q, k, v, B, T, NH, NH, HS, mk);
   return ts_cuda_launched(op);
 }
 
@@ -497,6 +568,13 @@ extern "C" ts_status ts_cuda_attention_bidir_backward(const ts_kctx *ctx, void *
                                                       const void *state, size_t B, size_t T,
                                                       size_t NH, size_t HS, ts_dtype dt) {
   static const char op[] = "ts_k_attention_bidir_backward";
+  shape_key key = key_of(ctx, B, T, NH, NH, HS, dt, 1, 1);
+  if (try_cudnn(ctx, dt, &key)) {
+    ts_status st = cudnn_bidir(ctx, state_keep((void *)state, B, T, NH), B, T, dt, 1, dq, dk, dv,
+                               dout, out, q, k, v, (float *)state, NH, HS);
+    if (st != TS_ERR_UNSUPPORTED) return st;
+    remember_refusal(&key);
+  }
   TS_CHECK(check_plain(B, T, NH, op));
   att_mask mk = {0, nullptr, 0, nullptr};
   if (lse_state(dt)) mk.keep = state_keep((void *)state, B, T, NH);

@@ -1,5 +1,6 @@
 /*
- * attention_cudnn.cpp — causal grouped-query attention in bf16/fp16 through
+ * attention_cudnn.cpp — causal grouped-query attention, and bidirectional
+ * attention with an additive key-padding bias, in bf16/fp16 through
  * cuDNN's fused flash attention (SDPA forward and backward), built with
  * NVIDIA's cudnn-frontend graph API (@cudnn_frontend, header-only C++) and
  * offered to C through kernels/cuda/attention_cudnn.h.
@@ -12,7 +13,7 @@
  *   - one cuDNN handle per GPU and process (ts_cudnn_device_handle),
  *     shared by every context on that GPU and kept until the process
  *     ends, and with it one graph cache: graphs are cached per (handle,
- *     B, T, NH, NKV, HS, dt, direction) in one process-wide map, so an
+ *     B, T, NH, NKV, HS, dt, direction, mask) in one process-wide map, so an
  *     engine created after another on the same GPU builds nothing the
  *     first one built. A build happens at most once per key (a failed
  *     build is not cached: the next call retries and reports again);
@@ -73,6 +74,7 @@ enum : int64_t {
   UID_DQ,
   UID_DK,
   UID_DV,
+  UID_BIAS,
 };
 
 /* The shape of one call, as cuDNN's int64 dimensions. */
@@ -80,6 +82,7 @@ struct Dims {
   int64_t b, t, nh, nkv, hs; /* B, T, NH, NKV, HS */
   fe::DataType_t io;         /* BFLOAT16 or HALF */
   const char *dt_name;       /* "bf16" or "fp16", for messages */
+  bool bias;                 /* an additive (B, 1, T, T) bias instead of the causal mask */
 };
 
 /* A built graph and the workspace bytes its chosen plan needs. */
@@ -88,8 +91,8 @@ struct Plan {
   int64_t workspace_bytes = 0;
 };
 
-/* Cache key: (handle, B, T, NH, NKV, HS, dt, direction). */
-typedef std::tuple<void *, int64_t, int64_t, int64_t, int64_t, int64_t, int, int> Key;
+/* Cache key: (handle, B, T, NH, NKV, HS, dt, direction, bias). */
+typedef std::tuple<void *, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, bool> Key;
 typedef std::map<Key, std::shared_ptr<const Plan>> Cache;
 
 /* The mutex, the graph cache and the handles by CUDA ordinal. Allocated
@@ -127,10 +130,10 @@ std::string one_line(std::string s) {
 
 /* The "what, where" prefix of every message of one call. */
 std::string where(const char *pass, const Dims &d) {
-  char buf[160];
-  snprintf(buf, sizeof buf, "cudnn attention %s (B=%lld T=%lld NH=%lld NKV=%lld HS=%lld %s)",
-           pass, (long long)d.b, (long long)d.t, (long long)d.nh, (long long)d.nkv,
-           (long long)d.hs, d.dt_name);
+  char buf[192];
+  snprintf(buf, sizeof buf, "cudnn attention %s (B=%lld T=%lld NH=%lld NKV=%lld HS=%lld %s, %s)",
+           pass, (long long)d.b, (long long)d.t, (long long)d.nh, (long long)d.nkv, (long long)d.hs,
+           d.dt_name, d.bias ? "key bias" : "causal");
   return buf;
 }
 
@@ -158,9 +161,11 @@ ts_status exception_status(const char *pass, const Dims &d, const char *what) {
                       one_line(what).c_str());
 }
 
-/* Checks what both passes share and fills *d. */
+/* Checks what both passes share and fills *d (d->bias: whether a bias
+ * is given). */
 ts_status check_call(const ts_kctx *ctx, size_t B, size_t T, size_t NH, size_t NKV, size_t HS,
-                     ts_dtype dt, const char *pass, Dims *d) {
+                     ts_dtype dt, const void *bias, const char *pass, Dims *d) {
+  d->bias = bias != nullptr;
   if (!ctx) return ts_set_error(TS_ERR_INVALID_ARGUMENT, "cudnn attention %s: ctx is NULL", pass);
   if (ctx->device != TS_DEVICE_CUDA)
     return ts_set_error(TS_ERR_INVALID_USAGE, "cudnn attention %s: ctx is on device %s, not cuda",
@@ -236,6 +241,18 @@ void set_bthd(const std::shared_ptr<fe::graph::Tensor_attributes> &t, int64_t ui
       .set_stride({d.t * h * d.hs, d.hs, h * d.hs, 1});
 }
 
+/* The (B, 1, T, T) additive bias in dt, contiguous (one (T, T) matrix
+ * per batch row, shared by its heads). */
+fe::graph::Tensor_attributes bias_tensor(const Dims &d) {
+  fe::graph::Tensor_attributes t;
+  t.set_name("Bias")
+      .set_uid(UID_BIAS)
+      .set_data_type(d.io)
+      .set_dim({d.b, 1, d.t, d.t})
+      .set_stride({d.t * d.t, d.t * d.t, d.t, 1});
+  return t;
+}
+
 /* The (B, NH, T, 1) fp32 row statistics, contiguous as (B, NH, T). */
 void set_stats(fe::graph::Tensor_attributes &t, const Dims &d) {
   t.set_uid(UID_STATS)
@@ -274,22 +291,25 @@ ts_status build(Plan *plan, cudnnHandle_t h, const char *pass, const Dims &d) {
   return TS_OK;
 }
 
-/* The forward graph: (O, Stats) = SDPA(Q, K, V), causal, training mode. */
+/* The forward graph: (O, Stats) = SDPA(Q, K, V), causal or with the
+ * bias added to the scaled scores, training mode. */
 ts_status build_forward(Plan *plan, cudnnHandle_t h, const Dims &d) {
   plan->graph = new_graph("ts_attention_forward", d);
   fe::graph::Graph &g = *plan->graph;
   auto Q = g.tensor(bthd("Q", UID_Q, d, d.nh));
   auto K = g.tensor(bthd("K", UID_K, d, d.nkv));
   auto V = g.tensor(bthd("V", UID_V, d, d.nkv));
-  /* Causal, top-left aligned: key j is kept for query i iff j <= i + 0.
-   * (set_causal_mask does the same but is marked for deprecation; Stats
-   * come with set_generate_stats, set_is_inference(false) is deprecated.) */
-  auto opts = fe::graph::SDPA_attributes()
-                  .set_name("sdpa")
-                  .set_generate_stats(true)
-                  .set_attn_scale(attn_scale(d))
-                  .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
-                  .set_diagonal_band_right_bound(0);
+  /* Stats come with set_generate_stats (set_is_inference(false) is
+   * deprecated). */
+  auto opts = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true).set_attn_scale(
+      attn_scale(d));
+  if (d.bias) {
+    opts.set_bias(g.tensor(bias_tensor(d))); /* S = scale * Q K^T + Bias */
+  } else {
+    /* Causal, top-left aligned: key j is kept for query i iff j <= i + 0
+     * (set_causal_mask does the same but is marked for deprecation). */
+    opts.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
+  }
   std::array<std::shared_ptr<fe::graph::Tensor_attributes>, 2> outs;
   try {
     outs = g.sdpa(Q, K, V, std::move(opts));
@@ -304,7 +324,8 @@ ts_status build_forward(Plan *plan, cudnnHandle_t h, const Dims &d) {
   return build(plan, h, "forward", d);
 }
 
-/* The backward graph: (dQ, dK, dV) = SDPA backward, causal, deterministic. */
+/* The backward graph: (dQ, dK, dV) = SDPA backward, causal or with the
+ * forward's bias (no dBias), deterministic. */
 ts_status build_backward(Plan *plan, cudnnHandle_t h, const Dims &d) {
   plan->graph = new_graph("ts_attention_backward", d);
   fe::graph::Graph &g = *plan->graph;
@@ -320,9 +341,11 @@ ts_status build_backward(Plan *plan, cudnnHandle_t h, const Dims &d) {
   auto opts = fe::graph::SDPA_backward_attributes()
                   .set_name("sdpa_backward")
                   .set_attn_scale(attn_scale(d))
-                  .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
-                  .set_diagonal_band_right_bound(0)
                   .set_deterministic_algorithm(true);
+  if (d.bias)
+    opts.set_bias(g.tensor(bias_tensor(d)));
+  else
+    opts.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
   auto grads = g.sdpa_backward(Q, K, V, O, dO, Stats, std::move(opts));
   set_bthd(grads[0], UID_DQ, d, d.nh);
   set_bthd(grads[1], UID_DK, d, d.nkv);
@@ -333,7 +356,7 @@ ts_status build_backward(Plan *plan, cudnnHandle_t h, const Dims &d) {
 /* The cached plan for (handle, d, dir), built on first use. Called with
  * cache_mutex() held. */
 ts_status get_plan(void *handle, const Dims &d, Direction dir, std::shared_ptr<const Plan> *out) {
-  Key key(handle, d.b, d.t, d.nh, d.nkv, d.hs, (int)d.io, (int)dir);
+  Key key(handle, d.b, d.t, d.nh, d.nkv, d.hs, (int)d.io, (int)dir, d.bias);
   auto it = cache().find(key);
   if (it != cache().end()) {
     *out = it->second;
@@ -395,10 +418,10 @@ extern "C" ts_status ts_cudnn_device_handle(int device, void **handle) {
 
 extern "C" ts_status ts_cudnn_attention_forward(const ts_kctx *ctx, void *out, float *stats,
                                                 const void *q, const void *k, const void *v,
-                                                size_t B, size_t T, size_t NH, size_t NKV,
-                                                size_t HS, ts_dtype dt) {
+                                                const void *bias, size_t B, size_t T, size_t NH,
+                                                size_t NKV, size_t HS, ts_dtype dt) {
   Dims d;
-  TS_CHECK(check_call(ctx, B, T, NH, NKV, HS, dt, "forward", &d));
+  TS_CHECK(check_call(ctx, B, T, NH, NKV, HS, dt, bias, "forward", &d));
   if (!out || !stats || !q || !k || !v)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: NULL pointer (out, stats, q, k or v)",
                         where("forward", d).c_str());
@@ -411,6 +434,7 @@ extern "C" ts_status ts_cudnn_attention_forward(const ts_kctx *ctx, void *out, f
         {UID_V, const_cast<void *>(v)}, {UID_O, out},
         {UID_STATS, stats},
     };
+    if (bias) pack[UID_BIAS] = const_cast<void *>(bias);
     return execute(ctx, *plan, pack, "forward", d);
   } catch (const std::bad_alloc &) {
     return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: out of host memory",
@@ -425,10 +449,10 @@ extern "C" ts_status ts_cudnn_attention_forward(const ts_kctx *ctx, void *out, f
 extern "C" ts_status ts_cudnn_attention_backward(const ts_kctx *ctx, void *dq, void *dk, void *dv,
                                                  const void *dout, const void *out, const void *q,
                                                  const void *k, const void *v, const float *stats,
-                                                 size_t B, size_t T, size_t NH, size_t NKV,
-                                                 size_t HS, ts_dtype dt) {
+                                                 const void *bias, size_t B, size_t T, size_t NH,
+                                                 size_t NKV, size_t HS, ts_dtype dt) {
   Dims d;
-  TS_CHECK(check_call(ctx, B, T, NH, NKV, HS, dt, "backward", &d));
+  TS_CHECK(check_call(ctx, B, T, NH, NKV, HS, dt, bias, "backward", &d));
   if (!dq || !dk || !dv || !dout || !out || !q || !k || !v || !stats)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "%s: NULL pointer (dq, dk, dv, dout, out, q, k, v or stats)",
@@ -448,6 +472,7 @@ extern "C" ts_status ts_cudnn_attention_backward(const ts_kctx *ctx, void *dq, v
         {UID_DK, dk},
         {UID_DV, dv},
     };
+    if (bias) pack[UID_BIAS] = const_cast<void *>(bias);
     return execute(ctx, *plan, pack, "backward", d);
   } catch (const std::bad_alloc &) {
     return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: out of host memory",

@@ -1,6 +1,7 @@
 /*
  * attention_cudnn.h — private to the CUDA backend: causal grouped-query
- * attention in bf16/fp16 through cuDNN's fused flash attention (cuDNN's
+ * attention, and attention under an additive bias (the bidirectional op's
+ * key padding mask), in bf16/fp16 through cuDNN's fused flash attention (cuDNN's
  * "scaled dot product attention", SDPA, forward and backward; the algorithm
  * of Dao et al. 2022, FlashAttention, which never stores the (T, T)
  * probabilities and recomputes them in backward from the row log-sum-exp).
@@ -69,6 +70,11 @@ ts_status ts_cudnn_device_handle(int device, void **handle);
 /* Causal grouped-query attention, forward, cuDNN SDPA (flash attention):
  *   S = q k^T * scale (scale = 1/sqrt(HS)), causal mask aligned top-left
  *   (query t sees keys 0..t), P = softmax(S) over keys, out = P v;
+ *   with a bias instead: S = q k^T * scale + bias, no causal mask
+ *   (bias: (B, 1, T, T) dt, device, contiguous, shared by a row's heads;
+ *   the bidirectional op passes 0 for a key to attend to and a large
+ *   negative finite value for a padding key, whose probability then
+ *   underflows to exactly 0; NULL: causal);
  *   query head h reads key/value head h / (NH / NKV) (GQA, Ainslie et al.
  *   2023; MQA when NKV == 1).
  * q, out: (B, T, NH, HS); k, v: (B, T, NKV, HS); all dt (TS_BF16 or
@@ -83,8 +89,8 @@ ts_status ts_cudnn_device_handle(int device, void **handle);
  * ts_cudnn_attention_workspace_bytes(...) bytes of ctx->workspace.
  * Statuses: see the top of this file. */
 ts_status ts_cudnn_attention_forward(const ts_kctx *ctx, void *out, float *stats, const void *q,
-                                     const void *k, const void *v, size_t B, size_t T, size_t NH,
-                                     size_t NKV, size_t HS, ts_dtype dt);
+                                     const void *k, const void *v, const void *bias, size_t B,
+                                     size_t T, size_t NH, size_t NKV, size_t HS, ts_dtype dt);
 
 /* Backward of ts_cudnn_attention_forward (cuDNN SDPA backward, Dao et al.
  * 2022 Algorithm 4 without dropout): with dS = P * (dP - rowsum(dout * out)),
@@ -95,6 +101,8 @@ ts_status ts_cudnn_attention_forward(const ts_kctx *ctx, void *out, float *stats
  *   row-major as in forward; no output may alias an input or another output.
  * dout, out, q: (B, T, NH, HS); k, v: (B, T, NKV, HS); dt, device.
  * stats: (B, NH, T) fp32, device: the forward's, for these q, k, v.
+ * bias: the forward's (B, 1, T, T), or NULL for causal as in the forward;
+ *   no gradient of it is formed.
  * Deterministic: cuDNN's deterministic algorithm
  * (SDPA_backward_attributes::set_deterministic_algorithm), so two runs on
  * the same GPU give the same bits; cuDNN supports it on Ampere and Hopper,
@@ -103,8 +111,9 @@ ts_status ts_cudnn_attention_forward(const ts_kctx *ctx, void *out, float *stats
  * Statuses: see the top of this file. */
 ts_status ts_cudnn_attention_backward(const ts_kctx *ctx, void *dq, void *dk, void *dv,
                                       const void *dout, const void *out, const void *q,
-                                      const void *k, const void *v, const float *stats, size_t B,
-                                      size_t T, size_t NH, size_t NKV, size_t HS, ts_dtype dt);
+                                      const void *k, const void *v, const float *stats,
+                                      const void *bias, size_t B, size_t T, size_t NH, size_t NKV,
+                                      size_t HS, ts_dtype dt);
 
 /* Bytes of ctx->workspace either pass above may need: an upper bound, not
  * the exact need (that is known only once cuDNN has built the graph on a

@@ -4,7 +4,7 @@
  * vector ops and reductions (vecops.cu), the linear layer through cuBLASLt
  * (linear.cu), embedding (embedding.cu), RMSNorm, RoPE, SwiGLU and the
  * encoder's LayerNorm, bias, GELU and token types (layers.cu), causal and
- * bidirectional attention (attention.cu; cuDNN for causal bf16/fp16
+ * bidirectional attention (attention.cu; cuDNN for both in bf16/fp16
  * through attention_cudnn.cpp), cross-entropy (cross_entropy.cu) and AdamW
  * (adamw.cu). Compiled by the host compiler: the bodies are extern "C"
  * functions of the .cu files.
