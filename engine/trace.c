@@ -28,6 +28,30 @@ static const char *const NAMES[TS_SPAN_NUM_KINDS] = {
 static const char *const CATEGORIES[TS_SPAN_NUM_KINDS] = {
     "compute", "compute", "compute", "comm", "comm", "optimizer", "p2p", "p2p"};
 
+/* A rank's tracks (trace.h): compute and the optimizer step, then
+ * communication (collectives, sends and receives). */
+enum { TRACK_COMPUTE = 0, TRACK_COMM = 1 };
+static const char *const TRACKS[2] = {"compute", "communication"};
+
+static int track_of(int kind) {
+  return kind == TS_SPAN_ALL_GATHER || kind == TS_SPAN_REDUCE_SCATTER || kind == TS_SPAN_SEND ||
+                 kind == TS_SPAN_RECV
+             ? TRACK_COMM
+             : TRACK_COMPUTE;
+}
+
+/* A metadata event ("M") naming process pid (tid < 0) or its thread tid. */
+static void add_name(cJSON *events, int pid, int tid, const char *name) {
+  cJSON *meta = cJSON_CreateObject(), *args = cJSON_CreateObject();
+  cJSON_AddStringToObject(meta, "name", tid < 0 ? "process_name" : "thread_name");
+  cJSON_AddStringToObject(meta, "ph", "M");
+  cJSON_AddNumberToObject(meta, "pid", pid);
+  cJSON_AddNumberToObject(meta, "tid", tid < 0 ? 0 : tid);
+  cJSON_AddStringToObject(args, "name", name);
+  cJSON_AddItemToObject(meta, "args", args);
+  cJSON_AddItemToArray(events, meta);
+}
+
 static double now_us(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
@@ -96,16 +120,10 @@ static ts_status write_json(const double *all, const double *counts, int N, size
     }
   cJSON *root = cJSON_CreateObject(), *events = cJSON_AddArrayToObject(root, "traceEvents");
   for (int r = 0; r < N; r++) {
-    cJSON *meta = cJSON_CreateObject(), *args = cJSON_CreateObject();
     char name[32];
     snprintf(name, sizeof name, "rank %d", r);
-    cJSON_AddStringToObject(meta, "name", "thread_name");
-    cJSON_AddStringToObject(meta, "ph", "M");
-    cJSON_AddNumberToObject(meta, "pid", 0);
-    cJSON_AddNumberToObject(meta, "tid", r);
-    cJSON_AddStringToObject(args, "name", name);
-    cJSON_AddItemToObject(meta, "args", args);
-    cJSON_AddItemToArray(events, meta);
+    add_name(events, r, -1, name);
+    for (int k = 0; k < 2; k++) add_name(events, r, k, TRACKS[k]);
     for (size_t i = 0; i < (size_t)counts[r]; i++) {
       const double *s = all + ((size_t)r * most + i) * FIELDS;
       int kind = (int)s[2];
@@ -116,8 +134,8 @@ static ts_status write_json(const double *all, const double *counts, int N, size
       cJSON_AddStringToObject(e, "ph", "X");
       cJSON_AddNumberToObject(e, "ts", s[0] - t0);
       cJSON_AddNumberToObject(e, "dur", s[1]);
-      cJSON_AddNumberToObject(e, "pid", 0);
-      cJSON_AddNumberToObject(e, "tid", r);
+      cJSON_AddNumberToObject(e, "pid", r);
+      cJSON_AddNumberToObject(e, "tid", track_of(kind));
       if (s[3] >= 0) cJSON_AddNumberToObject(a, "unit", s[3]);
       if (s[4] >= 0) cJSON_AddNumberToObject(a, "mb", s[4]);
       cJSON_AddItemToObject(e, "args", a);
@@ -127,6 +145,10 @@ static ts_status write_json(const double *all, const double *counts, int N, size
   cJSON_AddStringToObject(root, "displayTimeUnit", "ms");
   cJSON *other = cJSON_AddObjectToObject(root, "otherData");
   cJSON_AddStringToObject(other, "producer", "tessera train --trace");
+  cJSON_AddNumberToObject(other, "trace_format", TS_TRACE_FORMAT);
+  cJSON_AddStringToObject(other, "tracks",
+                          "pid: rank; tid 0: compute and the optimizer step; tid 1: "
+                          "communication; every span ran on the step's thread");
   cJSON_AddNumberToObject(other, "dropped_spans", dropped);
   char *text = cJSON_PrintUnformatted(root);
   cJSON_Delete(root);

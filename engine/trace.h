@@ -1,10 +1,15 @@
 /*
  * trace.h — a run's timeline as Chrome trace events (train --trace FILE;
  * the JSON Object Format of the Trace Event Format, which chrome://tracing
- * and Perfetto open): one track per rank, a complete ("X") event per span —
- * forward, backward and recompute of a unit for a micro-batch, the
- * all-gathers and reduce-scatters of its parameters and gradients, the
- * optimizer step.
+ * and Perfetto open): one process per rank ("pid": the rank, named
+ * "rank R") with two tracks, tid 0 "compute" (forward, backward and
+ * recompute of a unit for a micro-batch; the optimizer step) and tid 1
+ * "communication" (the all-gathers and reduce-scatters of its parameters
+ * and gradients, a pipeline's sends and receives); a complete ("X") event
+ * per span. Today every span runs on the step's own thread, so a
+ * communication span is time the step waited for it (exposed); the
+ * file's otherData says so ("tracks") beside "trace_format": 2 (format
+ * 1, before 2026-11-26, had pid 0 and one track per rank, tid = rank).
  *
  * Times are host wall-clock microseconds (CLOCK_REALTIME, so the ranks of a
  * job share one axis), shifted so the earliest span of the run starts at 0.
@@ -40,7 +45,7 @@ typedef enum ts_span_kind {
   TS_SPAN_NUM_KINDS,
 } ts_span_kind;
 
-enum { TS_TRACE_MAX_SPANS = 1 << 20, TS_TRACE_MAX_DEPTH = 8 };
+enum { TS_TRACE_MAX_SPANS = 1 << 20, TS_TRACE_MAX_DEPTH = 8, TS_TRACE_FORMAT = 2 };
 
 typedef struct ts_trace ts_trace;
 
@@ -61,7 +66,7 @@ size_t ts_trace_dropped(const ts_trace *t);
 
 /* Collective over c: gathers every rank's spans and rank 0 writes them to
  * path ({"traceEvents": [...], "displayTimeUnit": "ms", "otherData":
- * {...}}) through base/'s atomic write, a track per rank named "rank R".
+ * {...}}) through base/'s atomic write, laid out as at the top.
  * TS_ERR_IO (the path), TS_ERR_OUT_OF_MEMORY, TS_ERR_MPI; every rank
  * returns the same status. */
 ts_status ts_trace_write(ts_trace *t, ts_comm *c, const char *path);

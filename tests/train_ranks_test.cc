@@ -102,23 +102,30 @@ TEST(TrainRanks, EveryStageTrainsTheSameLossesWithLessMemory) {
     EXPECT_EQ(r.global_batch, 8u);
     if (rank == 0) runs.push_back(Read(metrics));
     if (rank == 0 && stage == 3) {
-      // one track per rank, each with every step's optimizer span
+      // one process per rank (pid) with two tracks, compute (tid 0: every
+      // step's optimizer span) and communication (tid 1: the collectives)
       std::ifstream in(trace);
       std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
       cJSON *root = cJSON_Parse(text.c_str());
       ASSERT_NE(root, nullptr) << trace;
-      std::vector<int> optimizer(N, 0), tracks(N, 0);
+      std::vector<int> optimizer(N, 0), processes(N, 0), tracks(N, 0), collectives(N, 0);
       const cJSON *e;
       cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(root, "traceEvents")) {
+        int pid = (int)cJSON_GetObjectItemCaseSensitive(e, "pid")->valuedouble;
         int tid = (int)cJSON_GetObjectItemCaseSensitive(e, "tid")->valuedouble;
-        ASSERT_TRUE(tid >= 0 && tid < N) << tid;
+        ASSERT_TRUE(pid >= 0 && pid < N) << pid;
+        ASSERT_TRUE(tid == 0 || tid == 1) << tid;
         std::string name = cJSON_GetObjectItemCaseSensitive(e, "name")->valuestring;
-        if (name == "thread_name") tracks[tid]++;
-        if (name == "optimizer_step") optimizer[tid]++;
+        if (name == "process_name") processes[pid]++;
+        if (name == "thread_name") tracks[pid]++;
+        if (name == "optimizer_step") optimizer[pid] += tid == 0;
+        if (name == "all_gather" || name == "reduce_scatter") collectives[pid] += tid == 1;
       }
       for (int q = 0; q < N; q++) {
-        EXPECT_EQ(tracks[q], 1) << "rank " << q;
+        EXPECT_EQ(processes[q], 1) << "rank " << q;
+        EXPECT_EQ(tracks[q], 2) << "rank " << q;
         EXPECT_EQ(optimizer[q], 6) << "rank " << q;
+        EXPECT_GT(collectives[q], 0) << "rank " << q;
       }
       cJSON_Delete(root);
     }
@@ -268,10 +275,11 @@ TEST(TrainRanks, PipelineTrainsTheLossesOfItsDataParallelSize) {
   std::vector<int> sends(N, 0), recvs(N, 0);
   const cJSON *e;
   cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(root, "traceEvents")) {
+    int pid = (int)cJSON_GetObjectItemCaseSensitive(e, "pid")->valuedouble;
     int tid = (int)cJSON_GetObjectItemCaseSensitive(e, "tid")->valuedouble;
     std::string name = cJSON_GetObjectItemCaseSensitive(e, "name")->valuestring;
-    if (name == "send") sends[tid]++;
-    if (name == "recv") recvs[tid]++;
+    if (name == "send") sends[pid] += tid == 1;  // on the communication track
+    if (name == "recv") recvs[pid] += tid == 1;
   }
   for (int q = 0; q < N; q++) {
     // 4 steps x 4 micro-batches: one activation or gradient each way

@@ -1,9 +1,14 @@
 /* timeline.c — `tessera timeline TRACE`: one optimizer step of a
- * `train --trace` file (engine/trace.h: Chrome trace events, one track per
- * rank) as the pipeline's timeline: per rank, the time its units compute
+ * `train --trace` file (engine/trace.h: Chrome trace events, a process per
+ * rank; format 1's one track per rank is read too) as the pipeline's
+ * timeline: per rank, the time its units compute
  * (forward, backward, recompute spans) inside the step's window (from the
  * first compute span of the step on any rank to the last one's end), the
- * idle rest as the measured bubble, and a picture (gnuplot) with one row
+ * idle rest as the measured bubble, the time in collectives (all-gather,
+ * reduce-scatter) and the part of it the step waited for (exposed: every
+ * collective span that ran on the step's thread; a span marked
+ * "async": 1 in its args ran beside the step and is not counted), and a
+ * picture (gnuplot) with one row
  * per rank, a box per micro-batch's forward or backward on that rank, the
  * receives (time spent waiting for a neighbour stage) and collectives
  * between them. compare and tools/bench_pipeline.sh use it. */
@@ -44,6 +49,8 @@ static int by_start(const void *a, const void *b) {
 void ts_timeline_free(ts_timeline *t) {
   free(t->spans);
   free(t->busy);
+  free(t->comm);
+  free(t->exposed);
   memset(t, 0, sizeof *t);
 }
 
@@ -65,24 +72,31 @@ static ts_status read_spans(const char *path, ts_timeline *t) {
     cJSON_Delete(root);
     return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: %zu events", path, cap);
   }
+  /* Format 2 (engine/trace.h): the rank is the pid; format 1: the tid. */
+  const cJSON *format = cJSON_GetObjectItemCaseSensitive(
+      cJSON_GetObjectItemCaseSensitive(root, "otherData"), "trace_format");
+  int rank_is_pid = cJSON_IsNumber(format) && format->valuedouble >= 2;
   const cJSON *e;
   cJSON_ArrayForEach(e, events) {
     const cJSON *ph = cJSON_GetObjectItemCaseSensitive(e, "ph");
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(e, "name");
     const cJSON *ts = cJSON_GetObjectItemCaseSensitive(e, "ts");
     const cJSON *dur = cJSON_GetObjectItemCaseSensitive(e, "dur");
-    const cJSON *tid = cJSON_GetObjectItemCaseSensitive(e, "tid");
+    const cJSON *track = cJSON_GetObjectItemCaseSensitive(e, rank_is_pid ? "pid" : "tid");
     if (!cJSON_IsString(ph) || strcmp(ph->valuestring, "X") || !cJSON_IsString(name) ||
-        !cJSON_IsNumber(ts) || !cJSON_IsNumber(dur) || !cJSON_IsNumber(tid))
+        !cJSON_IsNumber(ts) || !cJSON_IsNumber(dur) || !cJSON_IsNumber(track) ||
+        track->valuedouble < 0 || track->valuedouble >= 1 << 20)
       continue;
     ts_timeline_span *s = &t->spans[t->n++];
     s->kind = kind_of(name->valuestring, &s->letter);
-    s->rank = (int)tid->valuedouble;
+    s->rank = (int)track->valuedouble;
     s->t0 = ts->valuedouble;
     s->t1 = ts->valuedouble + dur->valuedouble;
     const cJSON *args = cJSON_GetObjectItemCaseSensitive(e, "args");
     const cJSON *mb = cJSON_GetObjectItemCaseSensitive(args, "mb");
     s->mb = cJSON_IsNumber(mb) ? (int)mb->valuedouble : -1;
+    const cJSON *async = cJSON_GetObjectItemCaseSensitive(args, "async");
+    s->async = cJSON_IsNumber(async) && async->valuedouble != 0;
     if (s->rank + 1 > t->ranks) t->ranks = s->rank + 1;
   }
   cJSON_Delete(root);
@@ -95,7 +109,9 @@ ts_status ts_timeline_load(const char *path, int step, ts_timeline *t) {
   ts_status st = read_spans(path, t);
   if (st == TS_OK && t->ranks == 0)
     st = ts_set_error(TS_ERR_FORMAT, "%s: no spans", path);
-  if (st == TS_OK && !(t->busy = calloc((size_t)t->ranks, sizeof *t->busy)))
+  if (st == TS_OK && (!(t->busy = calloc((size_t)t->ranks, sizeof *t->busy)) ||
+                      !(t->comm = calloc((size_t)t->ranks, sizeof *t->comm)) ||
+                      !(t->exposed = calloc((size_t)t->ranks, sizeof *t->exposed))))
     st = ts_set_error(TS_ERR_OUT_OF_MEMORY, "timeline: %d ranks", t->ranks);
   if (st != TS_OK) {
     ts_timeline_free(t);
@@ -129,8 +145,14 @@ ts_status ts_timeline_load(const char *path, int step, ts_timeline *t) {
     if (first || s->t1 > t->end) t->end = s->t1;
     first = 0;
   }
-  for (size_t i = 0; i < t->n; i++)
-    if (t->spans[i].kind == K_COMPUTE) t->busy[t->spans[i].rank] += t->spans[i].t1 - t->spans[i].t0;
+  for (size_t i = 0; i < t->n; i++) {
+    const ts_timeline_span *s = &t->spans[i];
+    if (s->kind == K_COMPUTE) t->busy[s->rank] += s->t1 - s->t0;
+    if (s->kind == K_COMM) {
+      t->comm[s->rank] += s->t1 - s->t0;
+      if (!s->async) t->exposed[s->rank] += s->t1 - s->t0;
+    }
+  }
   double idle = 0, window = t->end - t->begin, most = 0;
   for (int r = 0; r < t->ranks; r++) {
     idle += window - t->busy[r];
@@ -220,7 +242,8 @@ static const char *USAGE =
     "usage: tessera timeline TRACE [--step K] [--png FILE] [--json]\n"
     "  One optimizer step of a `tessera train --trace` file: per rank the time its\n"
     "  units compute in the step's window and the idle rest (the measured bubble),\n"
-    "  and with --png a picture of the pipeline's timeline.\n";
+    "  the time in all-gathers and reduce-scatters and how much of it the step\n"
+    "  waited for (exposed), and with --png a picture of the pipeline's timeline.\n";
 
 int ts_tool_timeline(int argc, char **argv) {
   size_t step = 2;
@@ -255,13 +278,20 @@ int ts_tool_timeline(int argc, char **argv) {
            "\"bubble_busiest\": %.6f, \"busy_ms\": [",
            step, t.ranks, window, t.bubble, t.bubble_busiest);
     for (int q = 0; q < t.ranks; q++) printf("%s%.4f", q ? ", " : "", t.busy[q] * 1e-3);
+    printf("], \"comm_ms\": [");
+    for (int q = 0; q < t.ranks; q++) printf("%s%.4f", q ? ", " : "", t.comm[q] * 1e-3);
+    printf("], \"exposed_comm_ms\": [");
+    for (int q = 0; q < t.ranks; q++) printf("%s%.4f", q ? ", " : "", t.exposed[q] * 1e-3);
     printf("]}\n");
   } else {
     printf("step %zu of %s: %d ranks, window %.2f ms (first compute to last)\n", step, path,
            t.ranks, window);
     for (int q = 0; q < t.ranks; q++)
-      printf("rank %d: computes %.2f ms, idle %.2f ms (%.1f%%)\n", q, t.busy[q] * 1e-3,
-             window - t.busy[q] * 1e-3, 100.0 * (1 - t.busy[q] * 1e-3 / window));
+      printf(
+          "rank %d: computes %.2f ms, idle %.2f ms (%.1f%%); collectives %.2f ms, %.2f ms "
+          "of them exposed\n",
+          q, t.busy[q] * 1e-3, window - t.busy[q] * 1e-3, 100.0 * (1 - t.busy[q] * 1e-3 / window),
+          t.comm[q] * 1e-3, t.exposed[q] * 1e-3);
     printf("bubble: %.1f%% on the busiest rank (fill and drain), %.1f%% mean over ranks "
            "(with the stages' imbalance)\n",
            100.0 * t.bubble_busiest, 100.0 * t.bubble);

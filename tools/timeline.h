@@ -20,6 +20,7 @@ typedef struct ts_timeline_span {
   int kind;    /* compute, recv, send, comm, optimizer, other (timeline.c) */
   char letter; /* compute: 'F' forward, 'B' backward, 'R' recompute; else 0 */
   int mb;      /* micro-batch, or -1 */
+  int async;   /* 1: ran beside the step (args "async"), not waited for by it */
   double t0, t1; /* start and end, microseconds from the trace's origin */
 } ts_timeline_span;
 
@@ -29,6 +30,10 @@ typedef struct ts_timeline {
   size_t n;
   double begin, end;      /* the window: the step's first compute start, last compute end (us) */
   double *busy;           /* (ranks) compute time in the window, microseconds (owned) */
+  double *comm;           /* (ranks) time in the step's collectives (all-gather,
+                             reduce-scatter), microseconds (owned) */
+  double *exposed;        /* (ranks) the part of comm the step waited for: the collective
+                             spans without "async" (today all), microseconds (owned) */
   double bubble;          /* mean over ranks of the idle fraction of the window (stages of
                              unequal cost add their imbalance to it) */
   double bubble_busiest;  /* the idle fraction of the busiest rank (the slowest stage): the

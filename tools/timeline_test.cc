@@ -56,11 +56,47 @@ TEST(Timeline, MeasuredBubbleOfAStep) {
   EXPECT_DOUBLE_EQ(t.busy[1], 60);
   EXPECT_DOUBLE_EQ(t.bubble, 0.3);
   EXPECT_DOUBLE_EQ(t.bubble_busiest, 0.2);
+  EXPECT_DOUBLE_EQ(t.comm[0], 0);
+  EXPECT_DOUBLE_EQ(t.comm[1], 5);     // the all-gather at 185
+  EXPECT_DOUBLE_EQ(t.exposed[1], 5);  // on the step's thread: waited for
   ts_timeline_free(&t);
   // step 1: rank 0 computes 0..10, rank 1 10..30: window 0..30
   ASSERT_EQ(ts_timeline_load(path.c_str(), 1, &t), TS_OK) << ts_last_error();
   EXPECT_DOUBLE_EQ(t.end - t.begin, 30);
   EXPECT_DOUBLE_EQ(t.bubble, (20.0 + 10.0) / 60.0);
+  ts_timeline_free(&t);
+}
+
+// Format 2 (engine/trace.h): the rank is the pid, tid 0 computes and tid 1
+// communicates. Rank 0 waits 4 us in an all-gather; rank 1 has a 6 us
+// reduce-scatter marked async (beside the step) and waits 3 us in an
+// all-gather: collectives 4 and 9 us, exposed 4 and 3.
+TEST(Timeline, CollectivesAndTheirExposedPartPerRank) {
+  auto span = [](const char *name, int pid, int tid, double ts, double dur, bool async = false) {
+    char buf[200];
+    snprintf(buf, sizeof buf,
+             "{\"name\":\"%s\",\"ph\":\"X\",\"ts\":%g,\"dur\":%g,\"pid\":%d,\"tid\":%d,"
+             "\"args\":{%s}},",
+             name, ts, dur, pid, tid, async ? "\"async\":1" : "");
+    return std::string(buf);
+  };
+  std::string s = "{\"traceEvents\":[";
+  s += span("forward", 0, 0, 0, 10) + span("all_gather", 0, 1, 10, 4) +
+       span("optimizer_step", 0, 0, 20, 5);
+  s += span("forward", 1, 0, 0, 10) + span("reduce_scatter", 1, 1, 2, 6, true) +
+       span("all_gather", 1, 1, 10, 3) + span("optimizer_step", 1, 0, 20, 5);
+  s.back() = ']';
+  s += ",\"otherData\":{\"trace_format\":2}}";
+  std::string path = Write("format2.json", s);
+  ts_timeline t;
+  ASSERT_EQ(ts_timeline_load(path.c_str(), 1, &t), TS_OK) << ts_last_error();
+  EXPECT_EQ(t.ranks, 2);  // pids 0 and 1, not the tids
+  EXPECT_DOUBLE_EQ(t.busy[0], 10);
+  EXPECT_DOUBLE_EQ(t.busy[1], 10);
+  EXPECT_DOUBLE_EQ(t.comm[0], 4);
+  EXPECT_DOUBLE_EQ(t.exposed[0], 4);
+  EXPECT_DOUBLE_EQ(t.comm[1], 9);
+  EXPECT_DOUBLE_EQ(t.exposed[1], 3);
   ts_timeline_free(&t);
 }
 
