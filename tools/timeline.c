@@ -26,6 +26,7 @@
 #include "tools/tools.h"
 
 enum { K_COMPUTE, K_RECV, K_SEND, K_COMM, K_OPTIMIZER, K_OTHER };
+enum { TIMELINE_MAX_RANKS = 1 << 20 }; /* a span's rank (pid or tid) is below this */
 
 /* The kind of a span named `name` and, for compute, its letter. */
 static int kind_of(const char *name, char *letter) {
@@ -84,9 +85,15 @@ static ts_status read_spans(const char *path, ts_timeline *t) {
     const cJSON *dur = cJSON_GetObjectItemCaseSensitive(e, "dur");
     const cJSON *track = cJSON_GetObjectItemCaseSensitive(e, rank_is_pid ? "pid" : "tid");
     if (!cJSON_IsString(ph) || strcmp(ph->valuestring, "X") || !cJSON_IsString(name) ||
-        !cJSON_IsNumber(ts) || !cJSON_IsNumber(dur) || !cJSON_IsNumber(track) ||
-        track->valuedouble < 0 || track->valuedouble >= 1 << 20)
+        !cJSON_IsNumber(ts) || !cJSON_IsNumber(dur) || !cJSON_IsNumber(track))
       continue;
+    if (!(track->valuedouble >= 0 && track->valuedouble < TIMELINE_MAX_RANKS)) {
+      ts_status bad = ts_set_error(
+          TS_ERR_FORMAT, "%s: span \"%s\": %s %g: expected a rank in [0, %d)", path,
+          name->valuestring, rank_is_pid ? "pid" : "tid", track->valuedouble, TIMELINE_MAX_RANKS);
+      cJSON_Delete(root);
+      return bad;
+    }
     ts_timeline_span *s = &t->spans[t->n++];
     s->kind = kind_of(name->valuestring, &s->letter);
     s->rank = (int)track->valuedouble;

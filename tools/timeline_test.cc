@@ -111,6 +111,18 @@ TEST(Timeline, BadTracesAndStepsAreRefused) {
   EXPECT_NE(std::string(ts_last_error()).find("--step 3: expected 1 to 2"), std::string::npos)
       << ts_last_error();
   EXPECT_EQ(ts_timeline_load(path.c_str(), 0, &t), TS_ERR_INVALID_ARGUMENT);
+  // a span's rank outside [0, 2^20): refused, not indexed
+  for (const char *tid : {"-1", "1e9"}) {
+    std::string bad = TwoSteps();
+    bad.insert(bad.find('[') + 1, std::string("{\"name\":\"forward\",\"ph\":\"X\",\"ts\":0,"
+                                              "\"dur\":1,\"pid\":0,\"tid\":") +
+                                      tid + "},");
+    path = Write("bad_rank.json", bad);
+    EXPECT_EQ(ts_timeline_load(path.c_str(), 1, &t), TS_ERR_FORMAT) << tid;
+    EXPECT_NE(std::string(ts_last_error()).find("expected a rank in [0, 1048576)"),
+              std::string::npos)
+        << ts_last_error();
+  }
 }
 
 }  // namespace
