@@ -71,7 +71,7 @@ typedef struct ts_comm_call {
   int in_place;           /* set by the front: the own chunk is already in place */
 } ts_comm_call;
 
-/* A transport. Every entry is required. */
+/* A transport. Every entry but test is required. */
 typedef struct ts_comm_backend {
   const char *name; /* "mpi", "self" */
   /* Runs call d on group c to completion when d->blocking (req is NULL
@@ -81,6 +81,11 @@ typedef struct ts_comm_backend {
   /* Completes req (started by run on a group of this backend) and frees it,
    * even on error. */
   ts_status (*wait)(ts_comm_request *req);
+  /* Whether req has finished: *done = 1 after completing and freeing it
+   * exactly as wait does (its status returned), else *done = 0, TS_OK and
+   * req untouched; it also lets the transport progress. NULL: the backend
+   * has no test (a communication thread then waits). */
+  ts_status (*test)(ts_comm_request *req, int *done);
   /* Collective over parent: the ranks with the same color (>= 0, checked by
    * the front) form a new group ordered by key, named name. */
   ts_status (*split)(ts_comm *parent, int color, int key, const char *name, ts_comm **out);
@@ -103,6 +108,9 @@ struct ts_comm {
 struct ts_comm_request {
   ts_comm *c;     /* the group (borrowed); c->be->wait completes and frees the request */
   const char *op; /* the public call that started it, for messages */
+  double *times;  /* ts_comm_wait_timed: where wait stores when the transport began and
+                     finished the call (us); NULL otherwise. Backends without a thread
+                     leave it. */
 };
 
 /* Chunk j of count elements over n ranks, as comm.h's all-reduce divides
@@ -130,6 +138,10 @@ ts_status ts_comm_new(const char *op, const ts_comm_backend *be, const char *nam
 /* A zeroed request of `bytes` (>= sizeof(ts_comm_request)) for group c and
  * public call op. TS_ERR_OUT_OF_MEMORY. */
 ts_status ts_comm_request_new(ts_comm *c, const char *op, size_t bytes, ts_comm_request **out);
+
+/* 1 when MPI runs with MPI_THREAD_MULTIPLE (mpi.c): a communication
+ * thread may call MPI beside the caller's thread (thread.c). */
+int ts_comm_mpi_thread_multiple(void);
 
 /* A one-rank group on the local backend (self.c): no MPI call, ever. */
 ts_status ts_comm_self_new(const char *op, const char *name, ts_comm **out);

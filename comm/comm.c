@@ -308,6 +308,13 @@ ts_status ts_comm_wait(ts_comm_request *req) {
   return req->c->be->wait(req);
 }
 
+ts_status ts_comm_wait_timed(ts_comm_request *req, double times[2]) {
+  times[0] = times[1] = -1.0;
+  if (!req) return TS_OK;
+  req->times = times;
+  return req->c->be->wait(req);
+}
+
 /* ---- groups --------------------------------------------------------------------- */
 
 ts_status ts_comm_world(ts_comm **out) { return ts_comm_mpi_world(out); }

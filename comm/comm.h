@@ -37,9 +37,13 @@
  * tools call ts_comm_abort after printing their error so no rank hangs in a
  * collective its peer will never enter.
  *
- * Threading: MPI is initialised with MPI_THREAD_FUNNELED; call collectives
- * from the thread that called ts_comm_init (kernels may use OpenMP inside).
- * A ts_comm is not thread-safe.
+ * Threading: MPI is initialised with MPI_THREAD_MULTIPLE (asked for; a
+ * library that gives less still works, without communication threads).
+ * Call a group's functions from one thread at a time (kernels may use
+ * OpenMP inside); a ts_comm is not thread-safe. ts_comm_set_thread gives
+ * a group a communication thread that runs its calls in submission order
+ * beside the caller (thread.c), so non-blocking collectives progress while
+ * the caller computes.
  *
  * Ownership: a ts_comm is opaque, created by ts_comm_world / ts_comm_self /
  * ts_comm_split and released by ts_comm_free (before ts_comm_finalize).
@@ -85,7 +89,8 @@ typedef enum ts_comm_op {
 
 /* --- the MPI library ---------------------------------------------------- */
 
-/* Initialises MPI (MPI_Init_thread, MPI_THREAD_FUNNELED) unless it already
+/* Initialises MPI (MPI_Init_thread asking MPI_THREAD_MULTIPLE, needing at
+ * least MPI_THREAD_FUNNELED) unless it already
  * is; argc/argv may be NULL. Works without mpirun (a singleton world of one
  * rank). Returns TS_OK or TS_ERR_MPI (message from MPI). */
 ts_status ts_comm_init(int *argc, char ***argv);
@@ -269,6 +274,32 @@ ts_status ts_comm_irecv(ts_comm *c, void *buf, size_t count, ts_dtype dt, int pe
  * chunks are summed into recv) and frees it; NULL is a no-op returning TS_OK.
  * TS_ERR_MPI. The request is freed even on error. */
 ts_status ts_comm_wait(ts_comm_request *req);
+
+/* ts_comm_wait, and times[0], times[1] receive when the group's
+ * communication thread began and finished the call (microseconds,
+ * CLOCK_REALTIME, the axis of engine/trace.h), or -1 and -1 when the group
+ * has no thread (the call then ran inside its start and its wait). */
+ts_status ts_comm_wait_timed(ts_comm_request *req, double times[2]);
+
+/* --- the communication thread ---------------------------------------------
+ * DESIGN.md "Communication overlap". With on = 1, group c's calls from now
+ * on run on a thread of their own, one at a time in submission order
+ * (blocking calls too: they are queued and waited), so a non-blocking
+ * collective moves and sums its data while the caller computes, and its
+ * ts_comm_wait only waits for what is not done yet. The bits of every
+ * result are those without the thread (the same transport and rank-order
+ * sums). Calls nest: each on = 1 needs an on = 0; the last one drains the
+ * queue, stops the thread and returns the group to its transport (every
+ * request must have been waited: else TS_ERR_INVALID_USAGE). ts_comm_free
+ * stops it too. Only groups of two or more ranks on MPI, with MPI
+ * initialised at MPI_THREAD_MULTIPLE, can have one: other groups give
+ * TS_ERR_UNSUPPORTED with the reason (there is nothing to overlap on one
+ * rank; a plan group moves nothing), as does a failed pthread_create.
+ * TS_ERR_INVALID_ARGUMENT (c NULL). */
+ts_status ts_comm_set_thread(ts_comm *c, int on);
+
+/* 1 while c has a communication thread. */
+int ts_comm_thread_active(const ts_comm *c);
 
 #ifdef __cplusplus
 }

@@ -7,6 +7,11 @@
 // random mantissas over 17 binades, so a different summation order gives
 // different bits (checked in AllReduce on 3+ ranks): the bitwise comparisons
 // can fail. Counters are checked against the byte formulas of comm.h.
+//
+// Built twice: comm_thread_test defines TS_COMM_TEST_THREAD, and then every
+// test's world group runs on a communication thread (ts_comm_set_thread)
+// that sleeps a random 0-200 us before each call, so the same references
+// check the thread's results, counters and errors.
 #include "comm/comm.h"
 
 #include <math.h>
@@ -143,6 +148,17 @@ class Comm : public testing::Test {
     ASSERT_EQ(ts_comm_world(&c_), TS_OK) << ts_last_error();
     n_ = ts_comm_size(c_);
     r_ = ts_comm_rank(c_);
+#ifdef TS_COMM_TEST_THREAD
+    ts_comm_testing_set_thread_delay(200, 7);
+    if (n_ == 1) {
+      ASSERT_EQ(ts_comm_set_thread(c_, 1), TS_ERR_UNSUPPORTED);
+      EXPECT_NE(strstr(ts_last_error(), "1 rank(s) on the self transport"), nullptr)
+          << ts_last_error();
+    } else {
+      ASSERT_EQ(ts_comm_set_thread(c_, 1), TS_OK) << ts_last_error();
+      ASSERT_TRUE(ts_comm_thread_active(c_));
+    }
+#endif
   }
   void TearDown() override { ts_comm_free(c_); }
 
@@ -775,5 +791,61 @@ TEST_P(CommDtype, SplitMessagesAsForLargeCounts) {
     ExpectSameBits(in2, want, "split send + irecv");
   }
 }
+
+// ---- the communication thread ----------------------------------------------------
+
+#ifdef TS_COMM_TEST_THREAD
+// The thread reports when it ran a call; the last set_thread(0) refuses
+// while a request is unwaited, and then returns the group to MPI, whose
+// results are the same.
+TEST_F(Comm, ThreadTimesAndStop) {
+  if (n_ == 1) GTEST_SKIP() << "one rank has no thread";
+  size_t count = 4000;
+  Buf s(TS_FP32, n_ * count), r(TS_FP32, count);
+  s.Fill(111, r_);
+  std::vector<uint8_t> k(ts_comm_reduce_scatter_scratch_bytes(c_, count, TS_FP32) + 1);
+  ts_comm_request *q = nullptr;
+  ASSERT_EQ(ts_comm_set_thread(c_, 1), TS_OK);  // nested: one more off needed
+  ASSERT_EQ(
+      ts_comm_ireduce_scatter(c_, s.data(), r.data(), count, TS_FP32, 0, k.data(), k.size(), &q),
+      TS_OK);
+  EXPECT_EQ(ts_comm_set_thread(c_, 0), TS_OK);  // undoes the nested on only
+  EXPECT_TRUE(ts_comm_thread_active(c_));
+  EXPECT_EQ(ts_comm_set_thread(c_, 0), TS_ERR_INVALID_USAGE);
+  EXPECT_TRUE(Contains(ts_last_error(), "1 requests not yet waited")) << ts_last_error();
+  double times[2] = {0, 0};
+  ASSERT_EQ(ts_comm_wait_timed(q, times), TS_OK) << ts_last_error();
+  EXPECT_GT(times[0], 1e15);  // microseconds since 1970: after 2001
+  EXPECT_LE(times[0], times[1]);
+  Buf want = RankOrderSum(TS_FP32, count, 111, Range(n_), r_ * count);
+  ExpectSameBits(r, want, "ireduce_scatter on the thread");
+  ASSERT_EQ(ts_comm_set_thread(c_, 0), TS_OK) << ts_last_error();
+  EXPECT_FALSE(ts_comm_thread_active(c_));
+  Buf r2(TS_FP32, count);
+  ASSERT_EQ(
+      ts_comm_ireduce_scatter(c_, s.data(), r2.data(), count, TS_FP32, 0, k.data(), k.size(), &q),
+      TS_OK);
+  ASSERT_EQ(ts_comm_wait_timed(q, times), TS_OK) << ts_last_error();
+  EXPECT_EQ(times[0], -1.0);  // no thread: no times
+  ExpectSameBits(r2, want, "ireduce_scatter on MPI after the thread stopped");
+}
+
+// A receive started first does not hold up the send after it (each rank
+// receives from its left before sending right): the thread starts calls in
+// order and completes them in any order.
+TEST_F(Comm, ThreadReceiveBeforeSendDoesNotDeadlock) {
+  if (n_ == 1) GTEST_SKIP() << "needs a peer";
+  int next = (r_ + 1) % n_, prev = (r_ + n_ - 1) % n_;
+  Buf out(TS_FP32, 300), in(TS_FP32, 300), want(TS_FP32, 300);
+  out.Fill(112, r_);
+  want.Fill(112, prev);
+  ts_comm_request *qr = nullptr, *qs = nullptr;
+  ASSERT_EQ(ts_comm_irecv(c_, in.data(), 300, TS_FP32, prev, 9, &qr), TS_OK);
+  ASSERT_EQ(ts_comm_isend(c_, out.data(), 300, TS_FP32, next, 9, &qs), TS_OK);
+  EXPECT_EQ(ts_comm_wait(qr), TS_OK) << ts_last_error();
+  EXPECT_EQ(ts_comm_wait(qs), TS_OK) << ts_last_error();
+  ExpectSameBits(in, want, "ring through the thread");
+}
+#endif
 
 }  // namespace

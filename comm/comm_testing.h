@@ -11,6 +11,7 @@
 #define TS_COMM_COMM_TESTING_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -20,6 +21,14 @@ extern "C" {
  * 1 .. 1 GiB, and returns the previous value. Every rank must set the same
  * value, between collectives (no request in flight). Not thread-safe. */
 size_t ts_comm_testing_set_max_message_bytes(size_t nbytes);
+
+/* Before each call it runs, every communication thread (ts_comm_set_thread)
+ * sleeps a random time, uniform in [0, max_us] microseconds, drawn from a
+ * generator seeded by seed and the group's rank (0: no delay, the
+ * default). Moves every completion in time, and so tests that overlap
+ * moves no bit. Threads started after the call draw from the new seed;
+ * set it before any thread runs. */
+void ts_comm_testing_set_thread_delay(unsigned max_us, uint64_t seed);
 
 #ifdef __cplusplus
 }

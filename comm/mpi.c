@@ -80,6 +80,8 @@ enum { TAG_REDUCE_SCATTER = 1, TAG_ALL_GATHER = 2 };
 static size_t g_max_message = (size_t)1 << 30;
 /* 1 between ts_comm_init and ts_comm_finalize. */
 static int g_initialized;
+/* 1 if MPI runs with MPI_THREAD_MULTIPLE (a communication thread may use it). */
+static int g_thread_multiple;
 /* 1 if ts_comm_init called MPI_Init_thread (then finalize finalises). */
 static int g_owns_mpi;
 
@@ -268,6 +270,21 @@ static ts_status req_complete(mpi_request *q) {
   }
   req_free(q);
   return st;
+}
+
+/* Whether every MPI request of q has finished (MPI_Request_get_status,
+ * which progresses MPI and frees nothing); if so, completes q. */
+static ts_status req_test(mpi_request *q, int *done) {
+  *done = 0;
+  for (size_t i = 0; i < q->n; i++) {
+    if (q->reqs[i] == MPI_REQUEST_NULL) continue;
+    int flag = 0;
+    MPI_Status s;
+    int rc = MPI_Request_get_status(q->reqs[i], &flag, &s);
+    if (rc == MPI_SUCCESS && !flag) return TS_OK; /* still running */
+  }
+  *done = 1;
+  return req_complete(q); /* its waits return at once, with the statuses */
 }
 
 /* Ends a start: after a failure while posting (st) abandons q; else gives q
@@ -538,6 +555,10 @@ static ts_status mpi_run(ts_comm *c, const ts_comm_call *d, ts_comm_request **re
 /* Completes a request of this backend. */
 static ts_status mpi_wait(ts_comm_request *req) { return req_complete((mpi_request *)req); }
 
+static ts_status mpi_test(ts_comm_request *req, int *done) {
+  return req_test((mpi_request *)req, done);
+}
+
 /* 1 if MPI is usable now (initialised, not finalised). */
 static int mpi_live(void) {
   int init = 0, fin = 0;
@@ -603,6 +624,7 @@ const ts_comm_backend ts_comm_mpi_backend = {
     .name = "mpi",
     .run = mpi_run,
     .wait = mpi_wait,
+    .test = mpi_test,
     .split = mpi_split,
     .free_group = mpi_free_group,
 };
@@ -627,19 +649,24 @@ ts_status ts_comm_init(int *argc, char ***argv) {
   if (fin) return ts_set_error(TS_ERR_MPI, "%s: MPI was finalised already; it cannot restart", op);
   if (!init) {
     int provided = MPI_THREAD_SINGLE;
-    TS_CHECK(MPI_ST(NULL, op, -1, MPI_Init_thread, (argc, argv, MPI_THREAD_FUNNELED, &provided)));
+    TS_CHECK(MPI_ST(NULL, op, -1, MPI_Init_thread, (argc, argv, MPI_THREAD_MULTIPLE, &provided)));
     g_owns_mpi = 1;
     if (provided < MPI_THREAD_FUNNELED) {
       return ts_set_error(TS_ERR_MPI, "%s: MPI provides thread level %d, below MPI_THREAD_FUNNELED",
                           op, provided);
     }
   }
+  int level = MPI_THREAD_SINGLE;
+  TS_CHECK(MPI_ST(NULL, op, -1, MPI_Query_thread, (&level)));
+  g_thread_multiple = level >= MPI_THREAD_MULTIPLE;
   TS_CHECK(MPI_ST(NULL, op, -1, MPI_Comm_set_errhandler, (MPI_COMM_WORLD, MPI_ERRORS_RETURN)));
   g_initialized = 1;
   return TS_OK;
 }
 
 int ts_comm_initialized(void) { return g_initialized; }
+
+int ts_comm_mpi_thread_multiple(void) { return g_initialized && g_thread_multiple; }
 
 ts_status ts_comm_finalize(void) {
   g_initialized = 0;

@@ -46,7 +46,8 @@ def ts_mpi_test(
         size = "small",
         data = [],
         tags = [],
-        args = []):
+        args = [],
+        local_defines = []):
     """A GoogleTest binary and one sh_test per rank count in np (see above).
 
     Args:
@@ -59,6 +60,7 @@ def ts_mpi_test(
       data: runtime files, for the binary and the tests.
       tags: tags of each sh_test (plus "mpi") and of the binary.
       args: extra arguments for the binary (e.g. "--gtest_filter=...").
+      local_defines: preprocessor definitions for srcs (one source, two binaries).
     """
     have = [_canonical(d) for d in deps]
     cc_binary(
@@ -66,6 +68,7 @@ def ts_mpi_test(
         testonly = True,
         srcs = srcs,
         copts = TS_CXXOPTS,
+        local_defines = local_defines,
         linkopts = TS_LINKOPTS,
         data = data,
         tags = tags,

@@ -33,6 +33,7 @@ ts_engine_opts ts_engine_default_opts(void) {
   o.device = TS_DEVICE_CPU;
   o.pipeline_stages = 1;
   o.schedule = TS_SCHEDULE_1F1B;
+  o.overlap = 1;
   return o;
 }
 
@@ -314,6 +315,7 @@ ts_status ts_engine_new(const ts_model *model, const ts_engine_opts *opts, ts_en
   e->es = ts_dtype_size(opts->dtype);
   e->stages = 1; /* no pipelining until ts_engine_set_stage */
   e->lender = tied_lender(model);
+  e->rs_pending = -1;
   e->u_end = model->n_units;
   e->n_slots = 1;
   ts_ledger_init(&e->ledger);
@@ -337,6 +339,11 @@ ts_status ts_engine_create_stage(ts_engine **out, const ts_model *model,
   }
   if (st == TS_OK && e->device != TS_DEVICE_CPU) st = ts_engine_prepare_device(e);
   if (st == TS_OK) st = ts_engine_alloc(e);
+  if (st == TS_OK && opts->overlap && e->device == TS_DEVICE_CPU && e->dp_size > 1) {
+    /* A group that cannot have a thread (MPI without MPI_THREAD_MULTIPLE)
+     * runs the same order without one: the bits and the plan are the same. */
+    e->comm_thread = ts_comm_set_thread(e->dp, 1) == TS_OK;
+  }
   if (st != TS_OK) {
     ts_engine_free(e);
     return st;
@@ -364,6 +371,8 @@ void ts_engine_free(ts_engine *e) {
   const ts_engine_hooks *h = ts_engine_get_hooks();
   if (h && h->release) h->release(h->user, e);
   ts_engine_wait_sends(e); /* no send may still read a buffer */
+  ts_engine_wait_all(e);   /* nor a collective write one */
+  if (e->comm_thread) ts_comm_set_thread(e->dp, 0);
   if (e->units) {
     for (int u = 0; u < e->model->n_units; u++) {
       unit_state *s = &e->units[u];
@@ -422,6 +431,36 @@ void ts_engine_span_end(ts_engine *e) {
 }
 
 void ts_engine_set_trace(ts_engine *e, ts_trace *t) { e->trace = t; }
+
+ts_status ts_engine_comm_wait(ts_engine *e, ts_comm_request **req, ts_span_kind kind, int unit) {
+  ts_comm_request *q = *req;
+  if (!q) return TS_OK;
+  *req = NULL;
+  if (!e->trace) return ts_comm_wait(q);
+  int mb = e->in_micro_step ? e->cur_mb : -1;
+  double times[2], t0 = ts_trace_now_us();
+  ts_status st = ts_comm_wait_timed(q, times);
+  double t1 = ts_trace_now_us();
+  if (times[0] >= 0) { /* ran on the communication thread: its span, and the step's wait */
+    ts_trace_add(e->trace, kind, unit, mb, times[0], times[1], TS_TRACE_ASYNC);
+    ts_trace_add(e->trace, kind, unit, mb, t0, t1, TS_TRACE_WAIT);
+  } else { /* ran inside its wait, on the step's thread */
+    ts_trace_add(e->trace, kind, unit, mb, t0, t1, 0);
+  }
+  return st;
+}
+
+void ts_engine_wait_all(ts_engine *e) {
+  if (!e->units) return;
+  for (int u = 0; u < e->model->n_units; u++) {
+    unit_state *s = &e->units[u];
+    ts_comm_wait(s->gather_req);
+    ts_comm_wait(s->reduce_req);
+    ts_comm_wait(s->reduce_ag_req);
+    s->gather_req = s->reduce_req = s->reduce_ag_req = NULL;
+  }
+  e->rs_pending = -1;
+}
 
 /* ---- accessors --------------------------------------------------------------------- */
 

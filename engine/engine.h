@@ -153,6 +153,22 @@ typedef struct ts_engine_opts {
    * (the default): gathered for each forward and each backward and freed
    * after. The bits are the same either way (a gather copies). */
   int keep_gathered;
+  /* Communication overlap (DESIGN.md "Communication overlap"; 1, the
+   * default of ts_engine_default_opts): collectives are started ahead and
+   * waited for where their result is needed. ZeRO-3 starts unit i+1's
+   * all-gather before computing unit i (prefetch depth 1: the plan charges
+   * the second gathered unit) and keeps the last unit gathered from its
+   * forward into its backward; stages 2/3 start unit i's reduce-scatter
+   * as its backward ends and wait for it after unit i-1's backward; stages
+   * 0/1 reduce-scatter (and stage 0 all-gathers) each unit's gradient as
+   * the step's last backward produces it (DDP's buckets, one per unit); the
+   * optimizer's all-gathers of updated parameters run beside AdamW of the
+   * next unit. On the CPU the data-parallel group gets a communication
+   * thread (comm.h ts_comm_set_thread) when it has two or more ranks and
+   * MPI allows it, so the data moves while the step computes; otherwise
+   * the same order runs without one. The bits are those of 0 (every sum in
+   * the same order: the transport's rank order). */
+  int overlap;
   /* Where every training buffer lives and every op runs: the CPU, or a
    * CUDA GPU (ordinal device_index; the caller picks it, e.g. local rank %
    * device count). On a GPU, create needs a data-parallel group of one
@@ -179,7 +195,7 @@ typedef struct ts_engine_opts {
  * 1e-8), weight decay 0.1, clipping at 1.0 (nanoGPT / LLaMA settings),
  * ZeRO stage 0, dynamic loss scaling from 2^16 with window 2000 and
  * minimum 1 (fp16 only), no activation checkpointing, no pipelining
- * (P = 1; schedule 1F1B when P > 1, auto split). */
+ * (P = 1; schedule 1F1B when P > 1, auto split), communication overlap on. */
 ts_engine_opts ts_engine_default_opts(void);
 
 /* The checks of two options that callers may want before anything else

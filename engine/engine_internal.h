@@ -55,6 +55,14 @@ typedef struct unit_state {
                             of uses) from the unit's first forward to its last backward */
   void *full_grads;      /* sharded grads: (P) from the unit's (or a borrower's)
                             backward to its reduce-scatter, else NULL */
+  /* opts.overlap: */
+  int holds;                      /* uses taken ahead (a prefetch, the last unit kept for its
+                                     backward), each handed to a later acquire */
+  ts_comm_request *gather_req;    /* all-gather in flight into full_params (stage 3) or of
+                                     updated params (the optimizer, stages 1/2), else NULL */
+  ts_comm_request *reduce_req;    /* reduce-scatter of the gradient in flight, else NULL */
+  ts_comm_request *reduce_ag_req; /* stage 0: the all-gather of the reduced gradient after
+                                     it, else NULL */
 } unit_state;
 
 /* The activations of one micro-batch in flight (pipeline schedules hold
@@ -133,6 +141,11 @@ struct ts_engine {
   ts_comm_request *tied_req; /* pending send of tied_grads to stage 0, or NULL */
   ts_schedule sched;     /* the step's schedule (P > 1), built once */
   ts_trace *trace;              /* train --trace: spans (borrowed); NULL: none */
+  int comm_thread;              /* 1: dp has a communication thread this engine started */
+  int rs_pending;               /* opts.overlap, stages 2/3: the unit whose reduce-scatter is
+                                   in flight (its full_grads kept until it ends), else -1 */
+  int hold_last;                /* opts.overlap: the action after this forward is the same
+                                   micro-batch's backward (keep the last unit gathered) */
   int in_micro_step;            /* 1 inside ts_engine_run_micro_step (spans name the mb) */
   ts_comm_counters step_start;  /* counters when the current step began */
   void *ckpt_staging;           /* opts.async_save: this rank's checkpoint file bytes (host,
@@ -194,6 +207,20 @@ void ts_engine_free_model_state(ts_ledger *ledger, unit_state *s);
  * waits for the device first, so that a GPU span covers its kernels. */
 void ts_engine_span_begin(ts_engine *e, ts_span_kind kind, int unit);
 void ts_engine_span_end(ts_engine *e);
+
+/* Waits for *req (NULL: nothing) and sets it NULL. While tracing, records
+ * the collective's span: on the communication thread its own (async) and
+ * the step's wait for it, else the wait on the step's thread. */
+ts_status ts_engine_comm_wait(ts_engine *e, ts_comm_request **req, ts_span_kind kind, int unit);
+
+/* opts.overlap: waits for the gradient reductions still in flight (the
+ * last reduce-scatter; stage 0's all-gathers of reduced gradients), so
+ * that every gradient shard is final. The optimizer step's first act. */
+ts_status ts_engine_finish_reductions(ts_engine *e);
+
+/* Waits for every collective in flight (errors dropped: for discarding a
+ * step and for free), so that no buffer is released under one. */
+void ts_engine_wait_all(ts_engine *e);
 
 /* ---- step.c: the step ------------------------------------------------------------ */
 

@@ -132,6 +132,7 @@ ts_status ts_metrics_write_summary(ts_metrics *m, const ts_metrics_summary *s) {
   ts_train_recompute_name(eo->recompute_every, recompute, sizeof recompute);
   cJSON_AddStringToObject(sm, "activation_checkpointing", recompute);
   cJSON_AddBoolToObject(sm, "reshard_after_forward", !eo->keep_gathered);
+  cJSON_AddBoolToObject(sm, "overlap", eo->overlap);
   cJSON_AddNumberToObject(sm, "activation_bytes_predicted", (double)s->activation_bytes_predicted);
   cJSON_AddNumberToObject(sm, "skipped_steps", (double)s->skipped_steps);
   cJSON_AddNumberToObject(sm, "loss_scale", s->loss_scale);

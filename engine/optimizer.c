@@ -14,6 +14,7 @@
  * gradient in place into this rank's slice, then (DDP) all-gather the
  * reduced slices back (all-reduce). */
 static ts_status reduce_full_grads(ts_engine *e) {
+  if (e->opts.overlap) return ts_engine_finish_reductions(e); /* started by the backward */
   if (!e->zero->reduce_after_step) return TS_OK;
   for (int u = e->u_begin; u < e->u_end; u++) {
     unit_state *s = &e->units[u];
@@ -93,13 +94,22 @@ static ts_status apply_step(ts_engine *e, float lr, double sumsq, ts_step_stats 
   for (int u = e->u_begin; u < e->u_end && st == TS_OK; u++) {
     unit_state *s = &e->units[u];
     st = ts_engine_adamw_unit(e, u, lr, scale);
-    if (st == TS_OK && e->zero->gather_after_update) {
+    if (st == TS_OK && e->zero->gather_after_update && e->opts.overlap) {
+      /* beside the next unit's AdamW; waited for below */
+      st = ts_shard_iall_gather(e->dp, &s->layout,
+                                (char *)s->params + ts_engine_shard_begin(e, u) * e->es, s->params,
+                                e->opts.dtype, &s->gather_req);
+    } else if (st == TS_OK && e->zero->gather_after_update) {
       ts_engine_span_begin(e, TS_SPAN_ALL_GATHER, u);
       st = ts_shard_all_gather(e->dp, &s->layout,
                                (char *)s->params + ts_engine_shard_begin(e, u) * e->es, s->params,
                                e->opts.dtype);
       ts_engine_span_end(e);
     }
+  }
+  for (int u = e->u_begin; u < e->u_end; u++) {
+    ts_status w = ts_engine_comm_wait(e, &e->units[u].gather_req, TS_SPAN_ALL_GATHER, u);
+    if (st == TS_OK) st = w;
   }
   ts_engine_span_end(e);
   TS_CHECK(st);

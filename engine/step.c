@@ -25,10 +25,30 @@
 
 /* ---- gathers and reductions -------------------------------------------------- */
 
+/* opts.overlap: starts the all-gather of unit u's parameter shards into a
+ * new full buffer (full_params, gather_req). */
+static ts_status start_gather(ts_engine *e, int u) {
+  unit_state *s = &e->units[u];
+  TS_CHECK(ts_ledger_alloc_transient(&e->ledger, e->device, TS_MEM_PARAMS, s->layout.padded * e->es,
+                                     &s->full_params));
+  ts_status st = ts_shard_iall_gather(e->dp, &s->layout, s->params, s->full_params, e->opts.dtype,
+                                      &s->gather_req);
+  if (st != TS_OK) ts_shard_release(&e->ledger, &s->full_params);
+  return st;
+}
+
 ts_status ts_engine_acquire_params(ts_engine *e, int u, const void **full) {
   unit_state *s = &e->units[u];
-  if (e->zero->shard_params) {
-    if (s->uses == 0) {
+  if (!e->zero->shard_params) {
+    *full = s->params;
+    return TS_OK;
+  }
+  if (s->holds > 0) {
+    s->holds--; /* a use taken ahead (prefetch): this is it */
+  } else {
+    if (s->uses == 0 && e->opts.overlap) {
+      TS_CHECK(start_gather(e, u));
+    } else if (s->uses == 0) {
       ts_engine_span_begin(e, TS_SPAN_ALL_GATHER, u);
       ts_status st = ts_shard_gather_alloc(&e->ledger, e->device, TS_MEM_PARAMS, e->dp,
                                            &s->layout, s->params, e->opts.dtype, &s->full_params);
@@ -36,11 +56,27 @@ ts_status ts_engine_acquire_params(ts_engine *e, int u, const void **full) {
       TS_CHECK(st);
     }
     s->uses++;
-    *full = s->full_params;
-  } else {
-    *full = s->params;
   }
+  TS_CHECK(ts_engine_comm_wait(e, &s->gather_req, TS_SPAN_ALL_GATHER, u));
+  *full = s->full_params;
   return TS_OK;
+}
+
+/* opts.overlap, sharded parameters: takes a use of unit u (and of the unit
+ * it borrows from, tied embeddings) ahead of its next acquire, starting
+ * the all-gather unless the unit is gathered already; no-op when a use is
+ * taken already or u is not this stage's. Prefetch depth 1: the step takes
+ * unit u+1's (backward: u-1's) before computing u. */
+static ts_status prefetch(ts_engine *e, int u) {
+  if (!e->opts.overlap || !e->zero->shard_params || !ts_engine_owns(e, u)) return TS_OK;
+  unit_state *s = &e->units[u];
+  if (s->holds == 0) {
+    if (s->uses == 0) TS_CHECK(start_gather(e, u));
+    s->uses++;
+    s->holds++;
+  }
+  int lender = e->model->units[u].tied_unit;
+  return lender >= 0 && lender != u ? prefetch(e, lender) : TS_OK;
 }
 
 void ts_engine_release_params(ts_engine *e, int u) {
@@ -91,18 +127,63 @@ static ts_status full_grads(ts_engine *e, int u, void **out) {
   return TS_OK;
 }
 
-/* Sharded gradients, after unit u's backward: reduce-scatter its full
- * gradient into the shard (adding to it after the first micro-batch) and
- * free it. */
+/* opts.overlap: waits for unit u's reduce-scatter in flight (stages 2/3:
+ * then frees its full gradient; stage 0: then starts the all-gather of the
+ * reduced part, reduce_ag_req). */
+static ts_status finish_reduce(ts_engine *e, int u) {
+  unit_state *s = &e->units[u];
+  if (e->rs_pending == u) e->rs_pending = -1;
+  ts_status st = ts_engine_comm_wait(e, &s->reduce_req, TS_SPAN_REDUCE_SCATTER, u);
+  if (e->zero->shard_grads) {
+    ts_shard_release(&e->ledger, &s->full_grads);
+  } else if (st == TS_OK && e->zero->gather_grads) {
+    st = ts_shard_iall_gather(e->dp, &s->layout, ts_engine_grad_shard(e, u), s->grads,
+                              e->opts.dtype, &s->reduce_ag_req);
+  }
+  return st;
+}
+
+/* After unit u's backward: sharded gradients (stages 2/3) reduce-scatter
+ * its full gradient into the shard (adding to it after the first
+ * micro-batch) and free it; with overlap, the reduce-scatter starts here
+ * and ends after the next unit's backward (one in flight: the transport
+ * shares one scratch). Stages 0/1 with overlap reduce-scatter (stage 0
+ * then all-gathers) the unit's whole gradient in place once its last
+ * backward of the step is done (DDP's bucket, a unit); without overlap
+ * they do it in the optimizer step. */
 static ts_status reduce_unit_grads(ts_engine *e, int u) {
   unit_state *s = &e->units[u];
-  if (!e->zero->shard_grads) return TS_OK;
-  ts_engine_span_begin(e, TS_SPAN_REDUCE_SCATTER, u);
-  ts_status st = ts_shard_reduce_scatter(e->dp, &s->layout, s->full_grads, s->grads, e->opts.dtype,
-                                         e->cur_mb > 0, e->scratch, e->scratch_bytes);
-  ts_engine_span_end(e);
-  ts_shard_release(&e->ledger, &s->full_grads);
-  return st;
+  int bucket = !e->zero->shard_grads && e->zero->reduce_after_step && e->opts.overlap &&
+               (size_t)e->cur_mb + 1 == e->opts.grad_accum;
+  if (!e->zero->shard_grads && !bucket) return TS_OK;
+  if (!e->opts.overlap) {
+    ts_engine_span_begin(e, TS_SPAN_REDUCE_SCATTER, u);
+    ts_status st =
+        ts_shard_reduce_scatter(e->dp, &s->layout, s->full_grads, s->grads, e->opts.dtype,
+                                e->cur_mb > 0, e->scratch, e->scratch_bytes);
+    ts_engine_span_end(e);
+    ts_shard_release(&e->ledger, &s->full_grads);
+    return st;
+  }
+  if (e->rs_pending >= 0) TS_CHECK(finish_reduce(e, e->rs_pending));
+  ts_status st;
+  if (bucket) {
+    st = ts_shard_ireduce_scatter(e->dp, &s->layout, s->grads, ts_engine_grad_shard(e, u),
+                                  e->opts.dtype, 0, e->scratch, e->scratch_bytes, &s->reduce_req);
+  } else {
+    st = ts_shard_ireduce_scatter(e->dp, &s->layout, s->full_grads, s->grads, e->opts.dtype,
+                                  e->cur_mb > 0, e->scratch, e->scratch_bytes, &s->reduce_req);
+  }
+  if (st != TS_OK) return st;
+  e->rs_pending = u;
+  return TS_OK;
+}
+
+ts_status ts_engine_finish_reductions(ts_engine *e) {
+  if (e->rs_pending >= 0) TS_CHECK(finish_reduce(e, e->rs_pending));
+  for (int u = e->u_begin; u < e->u_end; u++)
+    TS_CHECK(ts_engine_comm_wait(e, &e->units[u].reduce_ag_req, TS_SPAN_ALL_GATHER, u));
+  return TS_OK;
 }
 
 /* ---- tied embeddings ------------------------------------------------------------ */
@@ -201,6 +282,13 @@ static ts_status forward_unit(ts_engine *e, int u, ts_unit_args *a) {
 ts_status ts_engine_forward_slot(ts_engine *e, act_slot *sl, double *loss, int fused) {
   int n = e->model->n_units;
   for (int u = e->u_begin; u < e->u_end; u++) {
+    TS_CHECK(prefetch(e, u));
+    if (u + 1 == e->u_end && e->hold_last && e->in_micro_step && e->units[u].holds > 0) {
+      /* its backward comes next: one more use, for that acquire */
+      e->units[u].uses++;
+      e->units[u].holds++;
+    }
+    if (u + 1 < e->u_end) TS_CHECK(prefetch(e, u + 1));
     ts_unit_args a = base_args(e, sl);
     a.fused_loss_grad = fused && u == n - 1;
     a.x = u > 0 ? sl->acts[u] : NULL;
@@ -254,6 +342,7 @@ static ts_status backward_unit(ts_engine *e, int u, ts_unit_args *a) {
   const ts_unit *un = &e->model->units[u];
   const void *params, *lender = NULL;
   void *grads, *lender_grads = NULL;
+  if (e->rs_pending == u) TS_CHECK(finish_reduce(e, u)); /* its full gradient is free again */
   if (u == e->lender && (size_t)e->cur_mb + 1 == e->opts.grad_accum &&
       !tied_direct(e, e->model->n_units - 1))
     TS_CHECK(fold_tied(e, u));
@@ -288,6 +377,8 @@ static ts_status backward_slot(ts_engine *e, act_slot *sl, const void *dy) {
     /* ping-pong through dbuf; a pipeline stage's input gradient goes to its
      * send buffer (dy arrives in dbuf[1], so dbuf[0] is free first) */
     a.dx = u == 0 ? NULL : u == e->u_begin && sl->gsend ? sl->gsend : e->dbuf[cur];
+    TS_CHECK(prefetch(e, u));
+    if (u > e->u_begin) TS_CHECK(prefetch(e, u - 1));
     TS_CHECK(backward_unit(e, u, &a));
     din = a.dx;
     cur ^= 1;
@@ -310,6 +401,7 @@ ts_status ts_engine_zero_grads(ts_engine *e) {
  * buffer, so that a failed micro-step leaves the engine as it was after
  * the last optimizer step. */
 static void discard_step(ts_engine *e) {
+  ts_engine_wait_all(e); /* no collective still writes a buffer */
   ts_engine_zero_grads(e);
   ts_engine_wait_sends(e);
   for (int u = 0; u < e->model->n_units; u++) {
@@ -318,7 +410,9 @@ static void discard_step(ts_engine *e) {
     ts_shard_release(&e->ledger, &s->full_params);
     s->uses = 0;
     s->kept = 0;
+    s->holds = 0;
   }
+  e->hold_last = 0;
   ts_shard_release(&e->ledger, &e->tied_grads);
   e->micro_done = 0;
 }
@@ -381,8 +475,8 @@ static ts_status backward_mb(ts_engine *e, int mb) {
 
 /* Runs action a of this stage's list; batch fills a micro-batch's host
  * arrays. */
-static ts_status run_action(ts_engine *e, const ts_action *a, ts_engine_batch_fn batch,
-                            void *user) {
+static ts_status run_action(ts_engine *e, const ts_action *a, const ts_action *next,
+                            ts_engine_batch_fn batch, void *user) {
   act_slot *sl = a->mb >= 0 ? slot_of(e, a->mb) : NULL;
   size_t n = ts_engine_btc(e);
   if (a->mb >= 0) e->cur_mb = a->mb; /* spans name it */
@@ -392,6 +486,7 @@ static ts_status run_action(ts_engine *e, const ts_action *a, ts_engine_batch_fn
       host_batch(e, sl, &inputs, &targets);
       TS_CHECK(ts_engine_wait_req(&sl->act_req)); /* the slot's inputs are free */
       TS_CHECK(batch(user, a->mb, inputs, targets));
+      e->hold_last = next && next->kind == TS_ACT_BACKWARD && next->mb == a->mb;
       return forward_mb(e, a->mb, inputs, targets);
     case TS_ACT_SEND_ACT:
       return ts_engine_isend(e, sl->acts[e->u_end], n, a->peer, ts_engine_tag(TS_TAG_ACT, a->mb),
@@ -425,7 +520,8 @@ ts_status ts_engine_step(ts_engine *e, ts_engine_batch_fn batch, void *user, flo
   const ts_stage_schedule *ss = &e->sched.stage[e->stage];
   ts_status st = TS_OK;
   e->in_micro_step = 1;
-  for (size_t i = 0; i < ss->n && st == TS_OK; i++) st = run_action(e, &ss->actions[i], batch, user);
+  for (size_t i = 0; i < ss->n && st == TS_OK; i++)
+    st = run_action(e, &ss->actions[i], i + 1 < ss->n ? &ss->actions[i + 1] : NULL, batch, user);
   e->in_micro_step = 0;
   if (st != TS_OK) {
     discard_step(e); /* the batch source's error too */
@@ -450,6 +546,7 @@ ts_status ts_engine_micro_step(ts_engine *e, const int32_t *inputs, const int32_
   if (e->micro_done == 0) ts_engine_step_begin(e);
   int mb = e->micro_done;
   e->in_micro_step = 1;
+  e->hold_last = 1; /* the backward follows */
   ts_status st = forward_mb(e, mb, inputs, targets);
   if (st == TS_OK) st = backward_mb(e, mb);
   e->in_micro_step = 0;

@@ -11,9 +11,10 @@
 
 #include "base/atomic_file.h"
 
-/* A span: start and duration (us), kind, unit, micro-batch — as doubles,
- * so that ranks' spans travel in one all-reduce (exact: integers < 2^53). */
-enum { FIELDS = 5 };
+/* A span: start and duration (us), kind, unit, micro-batch, flags
+ * (TS_TRACE_ASYNC, TS_TRACE_WAIT) — as doubles, so that ranks' spans travel
+ * in one all-reduce (exact: integers < 2^53). */
+enum { FIELDS = 6 };
 
 struct ts_trace {
   double *spans; /* (cap, FIELDS) */
@@ -33,7 +34,8 @@ static const char *const CATEGORIES[TS_SPAN_NUM_KINDS] = {
 enum { TRACK_COMPUTE = 0, TRACK_COMM = 1 };
 static const char *const TRACKS[2] = {"compute", "communication"};
 
-static int track_of(int kind) {
+static int track_of(int kind, int flags) {
+  if (flags & TS_TRACE_WAIT) return TRACK_COMPUTE; /* the step's thread waited */
   return kind == TS_SPAN_ALL_GATHER || kind == TS_SPAN_REDUCE_SCATTER || kind == TS_SPAN_SEND ||
                  kind == TS_SPAN_RECV
              ? TRACK_COMM
@@ -52,7 +54,7 @@ static void add_name(cJSON *events, int pid, int tid, const char *name) {
   cJSON_AddItemToArray(events, meta);
 }
 
-static double now_us(void) {
+double ts_trace_now_us(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   return (double)ts.tv_sec * 1e6 + (double)(ts.tv_nsec / 1000);
@@ -86,11 +88,12 @@ void ts_trace_begin(ts_trace *t, ts_span_kind kind, int unit, int mb) {
   if (t->n < t->cap) {
     at = t->n++;
     double *s = t->spans + at * FIELDS;
-    s[0] = now_us();
+    s[0] = ts_trace_now_us();
     s[1] = 0;
     s[2] = kind;
     s[3] = unit;
     s[4] = mb;
+    s[5] = 0;
   } else {
     t->dropped++;
   }
@@ -102,7 +105,23 @@ void ts_trace_end(ts_trace *t) {
   size_t at = t->open[--t->depth];
   if (at == SIZE_MAX) return;
   double *s = t->spans + at * FIELDS;
-  s[1] = now_us() - s[0];
+  s[1] = ts_trace_now_us() - s[0];
+}
+
+void ts_trace_add(ts_trace *t, ts_span_kind kind, int unit, int mb, double t0, double t1,
+                  int flags) {
+  if (!t) return;
+  if (t->depth == TS_TRACE_MAX_DEPTH) { /* keeps begin's slot accounting simple */
+    t->dropped++;
+    return;
+  }
+  ts_trace_begin(t, kind, unit, mb);
+  size_t at = t->open[--t->depth];
+  if (at == SIZE_MAX) return;
+  double *s = t->spans + at * FIELDS;
+  s[0] = t0;
+  s[1] = t1 > t0 ? t1 - t0 : 0;
+  s[5] = flags;
 }
 
 size_t ts_trace_spans(const ts_trace *t) { return t ? t->n : 0; }
@@ -135,9 +154,12 @@ static ts_status write_json(const double *all, const double *counts, int N, size
       cJSON_AddNumberToObject(e, "ts", s[0] - t0);
       cJSON_AddNumberToObject(e, "dur", s[1]);
       cJSON_AddNumberToObject(e, "pid", r);
-      cJSON_AddNumberToObject(e, "tid", track_of(kind));
+      int flags = (int)s[5];
+      cJSON_AddNumberToObject(e, "tid", track_of(kind, flags));
       if (s[3] >= 0) cJSON_AddNumberToObject(a, "unit", s[3]);
       if (s[4] >= 0) cJSON_AddNumberToObject(a, "mb", s[4]);
+      if (flags & TS_TRACE_ASYNC) cJSON_AddNumberToObject(a, "async", 1);
+      if (flags & TS_TRACE_WAIT) cJSON_AddNumberToObject(a, "wait", 1);
       cJSON_AddItemToObject(e, "args", a);
       cJSON_AddItemToArray(events, e);
     }
@@ -147,8 +169,9 @@ static ts_status write_json(const double *all, const double *counts, int N, size
   cJSON_AddStringToObject(other, "producer", "tessera train --trace");
   cJSON_AddNumberToObject(other, "trace_format", TS_TRACE_FORMAT);
   cJSON_AddStringToObject(other, "tracks",
-                          "pid: rank; tid 0: compute and the optimizer step; tid 1: "
-                          "communication; every span ran on the step's thread");
+                          "pid: rank; tid 0: compute, the optimizer step and the step's waits "
+                          "for communication (args wait: 1); tid 1: communication, on the "
+                          "step's thread or (args async: 1) on the communication thread");
   cJSON_AddNumberToObject(other, "dropped_spans", dropped);
   char *text = cJSON_PrintUnformatted(root);
   cJSON_Delete(root);

@@ -6,10 +6,14 @@
  * recompute of a unit for a micro-batch; the optimizer step) and tid 1
  * "communication" (the all-gathers and reduce-scatters of its parameters
  * and gradients, a pipeline's sends and receives); a complete ("X") event
- * per span. Today every span runs on the step's own thread, so a
- * communication span is time the step waited for it (exposed); the
- * file's otherData says so ("tracks") beside "trace_format": 2 (format
- * 1, before 2026-11-26, had pid 0 and one track per rank, tid = rank).
+ * per span. A collective that ran on the step's own thread is exposed: the
+ * step waited for all of it. One that ran on the communication thread
+ * (overlap, comm.h ts_comm_set_thread) is a span with args "async": 1 on
+ * tid 1, from when the thread began it to when it finished, and the time
+ * the step then still waited for it is a span with args "wait": 1 on tid 0
+ * (the exposed part). The file's otherData says so ("tracks") beside
+ * "trace_format": 2 (format 1, before 2026-11-26, had pid 0 and one track
+ * per rank, tid = rank).
  *
  * Times are host wall-clock microseconds (CLOCK_REALTIME, so the ranks of a
  * job share one axis), shifted so the earliest span of the run starts at 0.
@@ -17,7 +21,7 @@
  * tracing, so a span covers its kernels, not just their launch: tracing
  * slows a GPU run down.
  *
- * Memory: 5 doubles per span, kept until the end of the run; spans past
+ * Memory: 6 doubles per span, kept until the end of the run; spans past
  * TS_TRACE_MAX_SPANS per rank are counted and dropped (the file says how
  * many).
  */
@@ -59,6 +63,19 @@ void ts_trace_free(ts_trace *t); /* NULL: no-op */
 void ts_trace_begin(ts_trace *t, ts_span_kind kind, int unit, int mb);
 /* Closes the innermost open span. */
 void ts_trace_end(ts_trace *t);
+
+/* Flags of ts_trace_add. */
+enum { TS_TRACE_ASYNC = 1, TS_TRACE_WAIT = 2 };
+
+/* Records a finished span of `kind` from t0 to t1 (us, the axis of
+ * ts_trace_now_us) with flags: TS_TRACE_ASYNC (it ran on the communication
+ * thread), TS_TRACE_WAIT (the step waited for such a span). Needs no open
+ * span; counts against the same limits. NULL t: no-op. */
+void ts_trace_add(ts_trace *t, ts_span_kind kind, int unit, int mb, double t0, double t1,
+                  int flags);
+
+/* Now on the trace's axis: CLOCK_REALTIME in microseconds. */
+double ts_trace_now_us(void);
 
 /* Spans recorded (kept) and dropped so far. */
 size_t ts_trace_spans(const ts_trace *t);

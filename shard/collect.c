@@ -43,3 +43,17 @@ ts_status ts_shard_reduce_scatter(ts_comm *dp, const ts_flat_layout *l, const vo
   return ts_comm_reduce_scatter(dp, full, shard, l->shard, dt, accumulate, scratch,
                                 scratch_bytes);
 }
+
+ts_status ts_shard_iall_gather(ts_comm *dp, const ts_flat_layout *l, const void *shard, void *full,
+                               ts_dtype dt, ts_comm_request **req) {
+  check_group(dp, l);
+  return ts_comm_iall_gather(dp, shard, full, l->shard, dt, req);
+}
+
+ts_status ts_shard_ireduce_scatter(ts_comm *dp, const ts_flat_layout *l, const void *full,
+                                   void *shard, ts_dtype dt, int accumulate, void *scratch,
+                                   size_t scratch_bytes, ts_comm_request **req) {
+  check_group(dp, l);
+  return ts_comm_ireduce_scatter(dp, full, shard, l->shard, dt, accumulate, scratch, scratch_bytes,
+                                 req);
+}

@@ -57,6 +57,17 @@ ts_status ts_shard_reduce_scatter(ts_comm *dp, const ts_flat_layout *l, const vo
                                   void *shard, ts_dtype dt, int accumulate, void *scratch,
                                   size_t scratch_bytes);
 
+/* Non-blocking forms of ts_shard_all_gather and ts_shard_reduce_scatter
+ * (same arguments, shapes and bits): *req receives the request to pass to
+ * ts_comm_wait; until it returns, the buffers (and scratch) belong to the
+ * call. On a group with a communication thread (ts_comm_set_thread) the
+ * data moves while the caller goes on. comm/'s errors. */
+ts_status ts_shard_iall_gather(ts_comm *dp, const ts_flat_layout *l, const void *shard, void *full,
+                               ts_dtype dt, ts_comm_request **req);
+ts_status ts_shard_ireduce_scatter(ts_comm *dp, const ts_flat_layout *l, const void *full,
+                                   void *shard, ts_dtype dt, int accumulate, void *scratch,
+                                   size_t scratch_bytes, ts_comm_request **req);
+
 #ifdef __cplusplus
 }
 #endif

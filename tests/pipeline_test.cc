@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "comm/comm.h"
+#include "comm/comm_testing.h"
 #include "engine/engine.h"
 #include "engine/engine_testing.h"
 #include "engine/grid.h"
@@ -59,6 +60,8 @@ struct Layout {
   ts_dtype dtype = TS_FP32;
   size_t recompute_every = 0;
   bool keep_gathered = false;  // ZeRO-3: gather each unit once per step
+  bool overlap = true;         // the pipeline's engine: collectives started ahead
+  bool ref_overlap = true;     // the data-parallel reference's
   size_t m = 3;  // micro-batches per step
   size_t layers = 3;
   size_t steps = 3;
@@ -68,9 +71,10 @@ struct Layout {
 
   std::string Name(int P) const {
     char buf[160];
-    snprintf(buf, sizeof buf, "%sP=%d zero=%d %s %s %s recompute=%zu m=%zu%s", bert ? "bert " : "",
-             P, zero, ts_schedule_kind_name(schedule), tied ? "tied" : "untied",
-             ts_dtype_name(dtype), recompute_every, m, keep_gathered ? " gather-once" : "");
+    snprintf(buf, sizeof buf, "%sP=%d zero=%d %s %s %s recompute=%zu m=%zu%s overlap=%d/%d",
+             bert ? "bert " : "", P, zero, ts_schedule_kind_name(schedule),
+             tied ? "tied" : "untied", ts_dtype_name(dtype), recompute_every, m,
+             keep_gathered ? " gather-once" : "", (int)overlap, (int)ref_overlap);
     return buf;
   }
 };
@@ -84,6 +88,7 @@ ts_engine_opts Opts(const Layout &s, int P) {
   o.zero_stage = s.zero;
   o.recompute_every = s.recompute_every;
   o.keep_gathered = s.keep_gathered;
+  o.overlap = P > 1 ? s.overlap : s.ref_overlap;
   o.pipeline_stages = P;
   o.schedule = s.schedule;
   o.pipeline_split = P > 1 ? s.split : nullptr;
@@ -262,6 +267,31 @@ TEST(Pipeline, GatherOncePerStepThroughTheSchedules) {
         s.recompute_every = tied ? 1 : 0;
         ExpectSameAsDataParallel(s, P);
       }
+}
+
+TEST(Pipeline, OverlapOnAndOffAreBitwiseEqualUnderRandomDelays) {
+  // The pipeline with overlap against data parallel without, and the other
+  // way round, with the communication threads sleeping a random 0-300 us
+  // before each call (test hook): every ZeRO stage and both schedules, fp32
+  // and bf16 with recompute, tied (the head's replica) or not.
+  ts_comm_testing_set_thread_delay(300, 5);
+  for (int P : Stages())
+    for (int zero = 0; zero <= 3; zero++)
+      for (ts_schedule_kind k : {TS_SCHEDULE_GPIPE, TS_SCHEDULE_1F1B}) {
+        Layout s;
+        s.zero = zero;
+        s.schedule = k;
+        s.tied = zero % 2 == 1;
+        s.dtype = k == TS_SCHEDULE_GPIPE ? TS_BF16 : TS_FP32;
+        s.recompute_every = k == TS_SCHEDULE_GPIPE;
+        s.steps = 2;
+        s.ref_overlap = false;
+        ExpectSameAsDataParallel(s, P);
+        s.overlap = false;
+        s.ref_overlap = true;
+        ExpectSameAsDataParallel(s, P);
+      }
+  ts_comm_testing_set_thread_delay(0, 1);
 }
 
 TEST(Pipeline, BertBitwiseEqualToDataParallel) {

@@ -78,8 +78,12 @@ TEST(TrainRanks, EveryStageTrainsTheSameLossesWithLessMemory) {
   std::string data, model;
   SharedFixture(world, &data, &model);
   std::vector<Metrics> runs;
-  for (int stage = 0; stage <= 3; stage++) {
-    std::string metrics = ts_test::TestTmpDir() + "/ranks_" + std::to_string(stage) + ".jsonl";
+  // Runs 0-3: stages 0-3 without overlap (each stage's memory alone: with
+  // overlap a model this small holds two units' transients, more than
+  // the sharding saves); run 4: stage 3 with overlap (the default), traced.
+  for (int run = 0; run <= 4; run++) {
+    int stage = run < 4 ? run : 3;
+    std::string metrics = ts_test::TestTmpDir() + "/ranks_" + std::to_string(run) + ".jsonl";
     ts_train_config c = ts_train_default_config();
     c.model = model.c_str();
     c.data_dir = data.c_str();
@@ -87,21 +91,22 @@ TEST(TrainRanks, EveryStageTrainsTheSameLossesWithLessMemory) {
     c.warmup = 2;
     c.lr = 1e-2f;
     c.engine.micro_batch = 8 / (size_t)N;
-    c.engine.seq = 16;
+    c.engine.seq = 64; /* units that compute long enough for a collective to run beside */
     c.engine.zero_stage = stage;
+    c.engine.overlap = run == 4;
     c.global_batch = 8;
     c.engine.grad_accum = 0;  // derived: 1
     c.eval_batches = 2;
     c.metrics_path = metrics.c_str();
     c.dp = world;
-    std::string trace = ts_test::TestTmpDir() + "/ranks_" + std::to_string(stage) + ".trace.json";
-    if (stage == 3) c.trace_path = trace.c_str();  // collective: every rank's spans, one file
+    std::string trace = ts_test::TestTmpDir() + "/ranks_" + std::to_string(run) + ".trace.json";
+    if (run >= 3) c.trace_path = trace.c_str();  // collective: every rank's spans, one file
     ts_train_result r;
     EXPECT_EQ(ts_train_run(&c, nullptr, nullptr, &r), TS_OK) << ts_last_error();
     EXPECT_EQ(r.world_size, N);
     EXPECT_EQ(r.global_batch, 8u);
     if (rank == 0) runs.push_back(Read(metrics));
-    if (rank == 0 && stage == 3) {
+    if (rank == 0 && run >= 3) {
       // one process per rank (pid) with two tracks, compute (tid 0: every
       // step's optimizer span) and communication (tid 1: the collectives)
       std::ifstream in(trace);
@@ -109,6 +114,8 @@ TEST(TrainRanks, EveryStageTrainsTheSameLossesWithLessMemory) {
       cJSON *root = cJSON_Parse(text.c_str());
       ASSERT_NE(root, nullptr) << trace;
       std::vector<int> optimizer(N, 0), processes(N, 0), tracks(N, 0), collectives(N, 0);
+      std::vector<int> async(N, 0), inside(N, 0);
+      std::vector<std::vector<std::pair<double, double>>> compute(N), comm(N);
       const cJSON *e;
       cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(root, "traceEvents")) {
         int pid = (int)cJSON_GetObjectItemCaseSensitive(e, "pid")->valuedouble;
@@ -116,23 +123,43 @@ TEST(TrainRanks, EveryStageTrainsTheSameLossesWithLessMemory) {
         ASSERT_TRUE(pid >= 0 && pid < N) << pid;
         ASSERT_TRUE(tid == 0 || tid == 1) << tid;
         std::string name = cJSON_GetObjectItemCaseSensitive(e, "name")->valuestring;
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(e, "args");
+        bool is_async = cJSON_GetObjectItemCaseSensitive(args, "async") != nullptr;
         if (name == "process_name") processes[pid]++;
         if (name == "thread_name") tracks[pid]++;
         if (name == "optimizer_step") optimizer[pid] += tid == 0;
         if (name == "all_gather" || name == "reduce_scatter") collectives[pid] += tid == 1;
+        if (name == "all_gather" || name == "reduce_scatter") async[pid] += is_async;
+        if (name != "process_name" && name != "thread_name") {
+          double t0 = Num(e, "ts"), t1 = t0 + Num(e, "dur");
+          if (name == "forward" || name == "backward" || name == "recompute")
+            compute[pid].emplace_back(t0, t1);
+          if (is_async) comm[pid].emplace_back(t0, t1);
+        }
       }
       for (int q = 0; q < N; q++) {
         EXPECT_EQ(processes[q], 1) << "rank " << q;
         EXPECT_EQ(tracks[q], 2) << "rank " << q;
         EXPECT_EQ(optimizer[q], 6) << "rank " << q;
         EXPECT_GT(collectives[q], 0) << "rank " << q;
+        // Overlapped on two or more ranks: the collectives ran on the
+        // communication thread (async spans), and some of them while a
+        // unit computed (a span of each intersecting in time).
+        EXPECT_EQ(async[q] > 0, run == 4 && N > 1) << "rank " << q << ", run " << run;
+        for (const auto &a : comm[q])
+          for (const auto &b : compute[q]) inside[q] += a.first < b.second && b.first < a.second;
+        if (run == 4 && N > 1) {
+          EXPECT_GT(inside[q], 0) << "rank " << q << ": no collective ran during a computation";
+        }
       }
       cJSON_Delete(root);
     }
   }
   ts_comm_free(world);
   if (rank != 0) return;
-  ASSERT_EQ(runs.size(), 4u);
+  ASSERT_EQ(runs.size(), 5u);
+  EXPECT_EQ(runs[4].losses, runs[3].losses) << "overlap changes no bit";
+  EXPECT_EQ(runs[4].val_losses, runs[3].val_losses);
   for (int stage = 0; stage <= 3; stage++) {
     const Metrics &m = runs[stage];
     SCOPED_TRACE("stage " + std::to_string(stage));

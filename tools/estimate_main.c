@@ -36,6 +36,8 @@ typedef struct unit_choice {
 static const char *const UNIT_NAMES[] = {"GiB", "GB", "MiB", "MB", "bytes", NULL};
 /* --reshard-after-forward: the index is ts_engine_opts.keep_gathered. */
 static const char *const RESHARD[] = {"true", "false", NULL};
+/* --overlap: the index is ts_engine_opts.overlap. */
+static const char *const OVERLAP[] = {"off", "on", NULL};
 static const unit_choice UNITS[] = {
     {1073741824.0, "GiB (2^30 bytes), 3 significant figures"},
     {1e9, "GB (10^9 bytes), 3 significant figures"},
@@ -163,6 +165,10 @@ int ts_tool_estimate(int argc, char **argv) {
       TS_FLAG_CHOICE("--reshard-after-forward", NULL, &opts.keep_gathered, RESHARD,
                      "ZeRO-3: false plans each unit's gathered parameters kept through the step "
                      "(default true)",
+                     &act_flag),
+      TS_FLAG_CHOICE("--overlap", NULL, &opts.overlap, OVERLAP,
+                     "plan communication overlap: ZeRO-3's prefetched unit, stages 2/3's second "
+                     "full gradient in flight (default on)",
                      &act_flag),
       TS_FLAG_SIZE("--grad-accum", NULL, &opts.grad_accum, 1, "M",
                    "micro-batches per step: a pipeline's micro-batches in flight (default 1)",

@@ -41,6 +41,7 @@ static const struct {
     {"loss_scale_window", "--loss-scale-window"},
     {"recompute_every", "--activation-checkpointing"},
     {"keep_gathered", "--reshard-after-forward"},
+    {"overlap", "--overlap"},
     {"device", "--device"},
     {"model", "--model"},
     {"data_dir", "--data"},

@@ -6,8 +6,10 @@
  * first compute span of the step on any rank to the last one's end), the
  * idle rest as the measured bubble, the time in collectives (all-gather,
  * reduce-scatter) and the part of it the step waited for (exposed: every
- * collective span that ran on the step's thread; a span marked
- * "async": 1 in its args ran beside the step and is not counted), and a
+ * collective span that ran on the step's thread, and the spans marked
+ * "wait": 1, the step's waits for collectives that ran on the
+ * communication thread, which are marked "async": 1 and count as time in
+ * collectives only), and a
  * picture (gnuplot) with one row
  * per rank, a box per micro-batch's forward or backward on that rank, the
  * receives (time spent waiting for a neighbour stage) and collectives
@@ -104,6 +106,8 @@ static ts_status read_spans(const char *path, ts_timeline *t) {
     s->mb = cJSON_IsNumber(mb) ? (int)mb->valuedouble : -1;
     const cJSON *async = cJSON_GetObjectItemCaseSensitive(args, "async");
     s->async = cJSON_IsNumber(async) && async->valuedouble != 0;
+    const cJSON *wait = cJSON_GetObjectItemCaseSensitive(args, "wait");
+    s->wait = cJSON_IsNumber(wait) && wait->valuedouble != 0;
     if (s->rank + 1 > t->ranks) t->ranks = s->rank + 1;
   }
   cJSON_Delete(root);
@@ -156,7 +160,7 @@ ts_status ts_timeline_load(const char *path, int step, ts_timeline *t) {
     const ts_timeline_span *s = &t->spans[i];
     if (s->kind == K_COMPUTE) t->busy[s->rank] += s->t1 - s->t0;
     if (s->kind == K_COMM) {
-      t->comm[s->rank] += s->t1 - s->t0;
+      if (!s->wait) t->comm[s->rank] += s->t1 - s->t0;
       if (!s->async) t->exposed[s->rank] += s->t1 - s->t0;
     }
   }

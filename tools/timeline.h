@@ -20,7 +20,9 @@ typedef struct ts_timeline_span {
   int kind;    /* compute, recv, send, comm, optimizer, other (timeline.c) */
   char letter; /* compute: 'F' forward, 'B' backward, 'R' recompute; else 0 */
   int mb;      /* micro-batch, or -1 */
-  int async;   /* 1: ran beside the step (args "async"), not waited for by it */
+  int async;   /* 1: ran on the communication thread beside the step (args "async") */
+  int wait;    /* 1: the step's wait for such a collective (args "wait"): exposed time,
+                  not more time in the collective */
   double t0, t1; /* start and end, microseconds from the trace's origin */
 } ts_timeline_span;
 
@@ -31,9 +33,11 @@ typedef struct ts_timeline {
   double begin, end;      /* the window: the step's first compute start, last compute end (us) */
   double *busy;           /* (ranks) compute time in the window, microseconds (owned) */
   double *comm;           /* (ranks) time in the step's collectives (all-gather,
-                             reduce-scatter), microseconds (owned) */
+                             reduce-scatter): their spans but the waits, microseconds
+                             (owned) */
   double *exposed;        /* (ranks) the part of comm the step waited for: the collective
-                             spans without "async" (today all), microseconds (owned) */
+                             spans that ran on the step's thread and the waits for those
+                             on the communication thread, microseconds (owned) */
   double bubble;          /* mean over ranks of the idle fraction of the window (stages of
                              unequal cost add their imbalance to it) */
   double bubble_busiest;  /* the idle fraction of the busiest rank (the slowest stage): the

@@ -191,6 +191,8 @@ static ts_status parse_dtype(const char *v, void *dtype) { return ts_dtype_parse
 
 /* --reshard-after-forward: the index is ts_engine_opts.keep_gathered. */
 static const char *const RESHARD[] = {"true", "false", NULL};
+/* --overlap: the index is ts_engine_opts.overlap. */
+static const char *const OVERLAP[] = {"off", "on", NULL};
 
 /* --activation-checkpointing: ts_train_parse_recompute into recompute_every. */
 static ts_status parse_recompute(const char *v, void *every) { return ts_train_parse_recompute(v, every); }
@@ -276,6 +278,11 @@ int ts_tool_train(int argc, char **argv) {
       TS_FLAG_CHOICE("--reshard-after-forward", NULL, &e->keep_gathered, RESHARD,
                      "ZeRO-3: false keeps each unit's gathered parameters from its forward to its "
                      "last backward of the step, one all-gather per unit per step (default true)",
+                     NULL),
+      TS_FLAG_CHOICE("--overlap", NULL, &e->overlap, OVERLAP,
+                     "start collectives ahead (ZeRO-3 prefetch, reduce-scatter beside the next "
+                     "backward, DDP buckets) on a communication thread; the same bits either way "
+                     "(default on)",
                      NULL),
       TS_FLAG_CUSTOM("--device", NULL, &device, ts_tool_parse_device, "cpu|cuda|auto",
                      "where to train; cuda: GPU local_rank % GPUs, auto: cuda if a GPU is seen "
