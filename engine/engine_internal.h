@@ -213,10 +213,12 @@ void ts_engine_span_end(ts_engine *e);
  * the step's wait for it, else the wait on the step's thread. */
 ts_status ts_engine_comm_wait(ts_engine *e, ts_comm_request **req, ts_span_kind kind, int unit);
 
-/* opts.overlap: waits for the gradient reductions still in flight (the
- * last reduce-scatter; stage 0's all-gathers of reduced gradients), so
- * that every gradient shard is final. The optimizer step's first act. */
-ts_status ts_engine_finish_reductions(ts_engine *e);
+/* opts.overlap: waits for the gradient reductions still in flight: the
+ * last reduce-scatter, so that every gradient shard (this rank's part) is
+ * final, and with gathers != 0 stage 0's all-gathers of the reduced
+ * gradients too (else the optimizer step waits for unit u's just before
+ * its AdamW; the norm needs the shards alone). */
+ts_status ts_engine_finish_reductions(ts_engine *e, int gathers);
 
 /* Waits for every collective in flight (errors dropped: for discarding a
  * step and for free), so that no buffer is released under one. */

@@ -14,7 +14,7 @@
  * gradient in place into this rank's slice, then (DDP) all-gather the
  * reduced slices back (all-reduce). */
 static ts_status reduce_full_grads(ts_engine *e) {
-  if (e->opts.overlap) return ts_engine_finish_reductions(e); /* started by the backward */
+  if (e->opts.overlap) return ts_engine_finish_reductions(e, 0); /* started by the backward */
   if (!e->zero->reduce_after_step) return TS_OK;
   for (int u = e->u_begin; u < e->u_end; u++) {
     unit_state *s = &e->units[u];
@@ -67,6 +67,7 @@ static ts_comm_counters counters_since(const ts_engine *e, const ts_comm_counter
  * the tensor); else the loss alone does ("loss"). */
 static ts_status skip_step(ts_engine *e, ts_step_stats *stats, int bad_norm) {
   int u = -1, i = 0;
+  if (e->opts.overlap) TS_CHECK(ts_engine_finish_reductions(e, 1)); /* whole gradients again */
   if (bad_norm) TS_CHECK(ts_engine_find_overflow(e, &u, &i));
   TS_CHECK(ts_engine_zero_grads(e));
   const char *name = u >= 0 ? e->model->units[u].tensors[i].name : "loss";
@@ -93,7 +94,9 @@ static ts_status apply_step(ts_engine *e, float lr, double sumsq, ts_step_stats 
   ts_status st = TS_OK;
   for (int u = e->u_begin; u < e->u_end && st == TS_OK; u++) {
     unit_state *s = &e->units[u];
-    st = ts_engine_adamw_unit(e, u, lr, scale);
+    /* stage 0 with overlap: the unit's reduced gradient gathered (the norm needed its part) */
+    st = ts_engine_comm_wait(e, &s->reduce_ag_req, TS_SPAN_ALL_GATHER, u);
+    if (st == TS_OK) st = ts_engine_adamw_unit(e, u, lr, scale);
     if (st == TS_OK && e->zero->gather_after_update && e->opts.overlap) {
       /* beside the next unit's AdamW; waited for below */
       st = ts_shard_iall_gather(e->dp, &s->layout,

@@ -179,9 +179,9 @@ static ts_status reduce_unit_grads(ts_engine *e, int u) {
   return TS_OK;
 }
 
-ts_status ts_engine_finish_reductions(ts_engine *e) {
+ts_status ts_engine_finish_reductions(ts_engine *e, int gathers) {
   if (e->rs_pending >= 0) TS_CHECK(finish_reduce(e, e->rs_pending));
-  for (int u = e->u_begin; u < e->u_end; u++)
+  for (int u = e->u_begin; u < e->u_end && gathers; u++)
     TS_CHECK(ts_engine_comm_wait(e, &e->units[u].reduce_ag_req, TS_SPAN_ALL_GATHER, u));
   return TS_OK;
 }
