@@ -182,7 +182,6 @@ static void *worker(void *arg) {
       finish(t, it, st);
       progress = 1;
     }
-    if (!running) tail = &running;
     if (progress || !running) {
       nap = 0;
       continue;

@@ -213,7 +213,12 @@ void ts_engine_span_end(ts_engine *e);
  * the step's wait for it, else the wait on the step's thread. */
 ts_status ts_engine_comm_wait(ts_engine *e, ts_comm_request **req, ts_span_kind kind, int unit);
 
-/* opts.overlap: waits for the gradient reductions still in flight: the
+/* Stages 0/1 without overlap: reduce-scatters every unit's whole gradient
+ * in place into this rank's slice (stage 0 then all-gathers it); with
+ * overlap the step's last backward started it. The optimizer step's. */
+ts_status ts_engine_reduce_buckets(ts_engine *e);
+
+/* Waits for the gradient reductions still in flight: the
  * last reduce-scatter, so that every gradient shard (this rank's part) is
  * final, and with gathers != 0 stage 0's all-gathers of the reduced
  * gradients too (else the optimizer step waits for unit u's just before

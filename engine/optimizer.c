@@ -10,30 +10,6 @@
 #include "engine/engine_internal.h"
 #include "shard/collect.h"
 
-/* Gradients not reduced per unit: reduce-scatter every unit's full
- * gradient in place into this rank's slice, then (DDP) all-gather the
- * reduced slices back (all-reduce). */
-static ts_status reduce_full_grads(ts_engine *e) {
-  if (e->opts.overlap) return ts_engine_finish_reductions(e, 0); /* started by the backward */
-  if (!e->zero->reduce_after_step) return TS_OK;
-  for (int u = e->u_begin; u < e->u_end; u++) {
-    unit_state *s = &e->units[u];
-    void *own = ts_engine_grad_shard(e, u);
-    ts_engine_span_begin(e, TS_SPAN_REDUCE_SCATTER, u);
-    ts_status st = ts_shard_reduce_scatter(e->dp, &s->layout, s->grads, own, e->opts.dtype, 0,
-                                           e->scratch, e->scratch_bytes);
-    ts_engine_span_end(e);
-    TS_CHECK(st);
-    if (e->zero->gather_grads) {
-      ts_engine_span_begin(e, TS_SPAN_ALL_GATHER, u);
-      st = ts_shard_all_gather(e->dp, &s->layout, own, s->grads, e->opts.dtype);
-      ts_engine_span_end(e);
-      TS_CHECK(st);
-    }
-  }
-  return TS_OK;
-}
-
 /* The counters of the dp group plus (pipeline) the pipeline group. */
 static ts_comm_counters counters_now(const ts_engine *e) {
   ts_comm_counters d = *ts_comm_get_counters(e->dp);
@@ -67,7 +43,7 @@ static ts_comm_counters counters_since(const ts_engine *e, const ts_comm_counter
  * the tensor); else the loss alone does ("loss"). */
 static ts_status skip_step(ts_engine *e, ts_step_stats *stats, int bad_norm) {
   int u = -1, i = 0;
-  if (e->opts.overlap) TS_CHECK(ts_engine_finish_reductions(e, 1)); /* whole gradients again */
+  TS_CHECK(ts_engine_finish_reductions(e, 1)); /* stage 0's whole gradients again */
   if (bad_norm) TS_CHECK(ts_engine_find_overflow(e, &u, &i));
   TS_CHECK(ts_engine_zero_grads(e));
   const char *name = u >= 0 ? e->model->units[u].tensors[i].name : "loss";
@@ -94,20 +70,16 @@ static ts_status apply_step(ts_engine *e, float lr, double sumsq, ts_step_stats 
   ts_status st = TS_OK;
   for (int u = e->u_begin; u < e->u_end && st == TS_OK; u++) {
     unit_state *s = &e->units[u];
-    /* stage 0 with overlap: the unit's reduced gradient gathered (the norm needed its part) */
+    /* stage 0: the unit's reduced gradient gathered (the norm needed its part) */
     st = ts_engine_comm_wait(e, &s->reduce_ag_req, TS_SPAN_ALL_GATHER, u);
     if (st == TS_OK) st = ts_engine_adamw_unit(e, u, lr, scale);
-    if (st == TS_OK && e->zero->gather_after_update && e->opts.overlap) {
-      /* beside the next unit's AdamW; waited for below */
+    if (st == TS_OK && e->zero->gather_after_update) {
+      /* with overlap beside the next unit's AdamW, waited for below */
       st = ts_shard_iall_gather(e->dp, &s->layout,
                                 (char *)s->params + ts_engine_shard_begin(e, u) * e->es, s->params,
                                 e->opts.dtype, &s->gather_req);
-    } else if (st == TS_OK && e->zero->gather_after_update) {
-      ts_engine_span_begin(e, TS_SPAN_ALL_GATHER, u);
-      st = ts_shard_all_gather(e->dp, &s->layout,
-                               (char *)s->params + ts_engine_shard_begin(e, u) * e->es, s->params,
-                               e->opts.dtype);
-      ts_engine_span_end(e);
+      if (st == TS_OK && !e->opts.overlap)
+        st = ts_engine_comm_wait(e, &s->gather_req, TS_SPAN_ALL_GATHER, u);
     }
   }
   for (int u = e->u_begin; u < e->u_end; u++) {
@@ -138,7 +110,8 @@ ts_status ts_engine_optimizer_step(ts_engine *e, float lr, ts_step_stats *stats)
   memset(stats, 0, sizeof *stats);
   stats->overflow_unit = -1;
   stats->loss_scale = stats->next_loss_scale = e->scaler.scale;
-  TS_CHECK(reduce_full_grads(e));
+  TS_CHECK(ts_engine_reduce_buckets(e));       /* stages 0/1 without overlap */
+  TS_CHECK(ts_engine_finish_reductions(e, 0)); /* every gradient shard final */
   for (int u = e->u_begin; u < e->u_end; u++)
     TS_CHECK(ts_k_sumsq(&e->ctx, e->sumsq + u, ts_engine_grad_shard(e, u),
                         e->units[u].layout.shard, e->opts.dtype));

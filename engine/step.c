@@ -25,8 +25,13 @@
 
 /* ---- gathers and reductions -------------------------------------------------- */
 
-/* opts.overlap: starts the all-gather of unit u's parameter shards into a
- * new full buffer (full_params, gather_req). */
+/* Every collective of the step is started, then waited for where its
+ * result is needed (ts_engine_comm_wait): with opts.overlap that is as
+ * late as the step allows, without it at once. */
+
+/* Starts the all-gather of unit u's parameter shards into a new full
+ * buffer (full_params, a transient; gather_req). On a plan ledger it is
+ * charged and the plan group moves nothing. */
 static ts_status start_gather(ts_engine *e, int u) {
   unit_state *s = &e->units[u];
   TS_CHECK(ts_ledger_alloc_transient(&e->ledger, e->device, TS_MEM_PARAMS, s->layout.padded * e->es,
@@ -46,15 +51,7 @@ ts_status ts_engine_acquire_params(ts_engine *e, int u, const void **full) {
   if (s->holds > 0) {
     s->holds--; /* a use taken ahead (prefetch): this is it */
   } else {
-    if (s->uses == 0 && e->opts.overlap) {
-      TS_CHECK(start_gather(e, u));
-    } else if (s->uses == 0) {
-      ts_engine_span_begin(e, TS_SPAN_ALL_GATHER, u);
-      ts_status st = ts_shard_gather_alloc(&e->ledger, e->device, TS_MEM_PARAMS, e->dp,
-                                           &s->layout, s->params, e->opts.dtype, &s->full_params);
-      ts_engine_span_end(e);
-      TS_CHECK(st);
-    }
+    if (s->uses == 0) TS_CHECK(start_gather(e, u));
     s->uses++;
   }
   TS_CHECK(ts_engine_comm_wait(e, &s->gather_req, TS_SPAN_ALL_GATHER, u));
@@ -127,9 +124,9 @@ static ts_status full_grads(ts_engine *e, int u, void **out) {
   return TS_OK;
 }
 
-/* opts.overlap: waits for unit u's reduce-scatter in flight (stages 2/3:
- * then frees its full gradient; stage 0: then starts the all-gather of the
- * reduced part, reduce_ag_req). */
+/* Waits for unit u's reduce-scatter in flight (stages 2/3: then frees its
+ * full gradient; stage 0: then starts the all-gather of the reduced part,
+ * reduce_ag_req, waited for before the unit's AdamW). */
 static ts_status finish_reduce(ts_engine *e, int u) {
   unit_state *s = &e->units[u];
   if (e->rs_pending == u) e->rs_pending = -1;
@@ -143,39 +140,46 @@ static ts_status finish_reduce(ts_engine *e, int u) {
   return st;
 }
 
-/* After unit u's backward: sharded gradients (stages 2/3) reduce-scatter
- * its full gradient into the shard (adding to it after the first
- * micro-batch) and free it; with overlap, the reduce-scatter starts here
- * and ends after the next unit's backward (one in flight: the transport
- * shares one scratch). Stages 0/1 with overlap reduce-scatter (stage 0
- * then all-gathers) the unit's whole gradient in place once its last
- * backward of the step is done (DDP's bucket, a unit); without overlap
- * they do it in the optimizer step. */
-static ts_status reduce_unit_grads(ts_engine *e, int u) {
+/* Starts unit u's reduce-scatter (rs_pending), after the one in flight
+ * (one at a time: the transport shares one scratch): stages 2/3 its full
+ * gradient into the shard, adding to it after the first micro-batch;
+ * stages 0/1 its whole gradient in place into this rank's slice (DDP's
+ * bucket, a unit). */
+static ts_status start_reduce(ts_engine *e, int u) {
   unit_state *s = &e->units[u];
+  if (e->rs_pending >= 0) TS_CHECK(finish_reduce(e, e->rs_pending));
+  if (e->zero->shard_grads) {
+    TS_CHECK(ts_shard_ireduce_scatter(e->dp, &s->layout, s->full_grads, s->grads, e->opts.dtype,
+                                      e->cur_mb > 0, e->scratch, e->scratch_bytes, &s->reduce_req));
+  } else {
+    TS_CHECK(ts_shard_ireduce_scatter(e->dp, &s->layout, s->grads, ts_engine_grad_shard(e, u),
+                                      e->opts.dtype, 0, e->scratch, e->scratch_bytes,
+                                      &s->reduce_req));
+  }
+  e->rs_pending = u;
+  return TS_OK;
+}
+
+/* After unit u's backward: stages 2/3 reduce-scatter its full gradient;
+ * stages 0/1 with overlap their bucket once the unit's last backward of
+ * the step is done (without overlap, ts_engine_reduce_buckets in the
+ * optimizer step). With overlap the reduce-scatter runs beside the next
+ * unit's backward; without, it ends here. */
+static ts_status reduce_unit_grads(ts_engine *e, int u) {
   int bucket = !e->zero->shard_grads && e->zero->reduce_after_step && e->opts.overlap &&
                (size_t)e->cur_mb + 1 == e->opts.grad_accum;
   if (!e->zero->shard_grads && !bucket) return TS_OK;
-  if (!e->opts.overlap) {
-    ts_engine_span_begin(e, TS_SPAN_REDUCE_SCATTER, u);
-    ts_status st =
-        ts_shard_reduce_scatter(e->dp, &s->layout, s->full_grads, s->grads, e->opts.dtype,
-                                e->cur_mb > 0, e->scratch, e->scratch_bytes);
-    ts_engine_span_end(e);
-    ts_shard_release(&e->ledger, &s->full_grads);
-    return st;
+  TS_CHECK(start_reduce(e, u));
+  return e->opts.overlap ? TS_OK : finish_reduce(e, u);
+}
+
+ts_status ts_engine_reduce_buckets(ts_engine *e) {
+  if (!e->zero->reduce_after_step || e->opts.overlap) return TS_OK; /* overlap: the backward did */
+  for (int u = e->u_begin; u < e->u_end; u++) {
+    TS_CHECK(start_reduce(e, u));
+    TS_CHECK(finish_reduce(e, u));
+    TS_CHECK(ts_engine_comm_wait(e, &e->units[u].reduce_ag_req, TS_SPAN_ALL_GATHER, u));
   }
-  if (e->rs_pending >= 0) TS_CHECK(finish_reduce(e, e->rs_pending));
-  ts_status st;
-  if (bucket) {
-    st = ts_shard_ireduce_scatter(e->dp, &s->layout, s->grads, ts_engine_grad_shard(e, u),
-                                  e->opts.dtype, 0, e->scratch, e->scratch_bytes, &s->reduce_req);
-  } else {
-    st = ts_shard_ireduce_scatter(e->dp, &s->layout, s->full_grads, s->grads, e->opts.dtype,
-                                  e->cur_mb > 0, e->scratch, e->scratch_bytes, &s->reduce_req);
-  }
-  if (st != TS_OK) return st;
-  e->rs_pending = u;
   return TS_OK;
 }
 

@@ -72,31 +72,41 @@ void ts_trace_free(ts_trace *t) {
   free(t);
 }
 
-void ts_trace_begin(ts_trace *t, ts_span_kind kind, int unit, int mb) {
-  if (!t) return;
-  if (t->depth == TS_TRACE_MAX_DEPTH) {
-    t->dropped++;
-    return;
-  }
-  size_t at = SIZE_MAX;
+/* A new span's fields (start t0, duration 0, kind, unit, mb, flags), or
+ * NULL when TS_TRACE_MAX_SPANS are kept or memory runs out (counted as
+ * dropped). *at receives its index (SIZE_MAX when dropped). */
+static double *push_span(ts_trace *t, ts_span_kind kind, int unit, int mb, double t0, int flags,
+                         size_t *at) {
+  *at = SIZE_MAX;
   if (t->n == t->cap && t->cap < TS_TRACE_MAX_SPANS) {
     size_t cap = t->cap ? 2 * t->cap : 1024;
     if (cap > TS_TRACE_MAX_SPANS) cap = TS_TRACE_MAX_SPANS;
     double *s = realloc(t->spans, cap * FIELDS * sizeof *s);
     if (s) t->spans = s, t->cap = cap;
   }
-  if (t->n < t->cap) {
-    at = t->n++;
-    double *s = t->spans + at * FIELDS;
-    s[0] = ts_trace_now_us();
-    s[1] = 0;
-    s[2] = kind;
-    s[3] = unit;
-    s[4] = mb;
-    s[5] = 0;
-  } else {
+  if (t->n == t->cap) {
     t->dropped++;
+    return NULL;
   }
+  *at = t->n++;
+  double *s = t->spans + *at * FIELDS;
+  s[0] = t0;
+  s[1] = 0;
+  s[2] = kind;
+  s[3] = unit;
+  s[4] = mb;
+  s[5] = flags;
+  return s;
+}
+
+void ts_trace_begin(ts_trace *t, ts_span_kind kind, int unit, int mb) {
+  if (!t) return;
+  if (t->depth == TS_TRACE_MAX_DEPTH) {
+    t->dropped++;
+    return;
+  }
+  size_t at;
+  push_span(t, kind, unit, mb, ts_trace_now_us(), 0, &at);
   t->open[t->depth++] = at;
 }
 
@@ -111,17 +121,9 @@ void ts_trace_end(ts_trace *t) {
 void ts_trace_add(ts_trace *t, ts_span_kind kind, int unit, int mb, double t0, double t1,
                   int flags) {
   if (!t) return;
-  if (t->depth == TS_TRACE_MAX_DEPTH) { /* keeps begin's slot accounting simple */
-    t->dropped++;
-    return;
-  }
-  ts_trace_begin(t, kind, unit, mb);
-  size_t at = t->open[--t->depth];
-  if (at == SIZE_MAX) return;
-  double *s = t->spans + at * FIELDS;
-  s[0] = t0;
-  s[1] = t1 > t0 ? t1 - t0 : 0;
-  s[5] = flags;
+  size_t at;
+  double *s = push_span(t, kind, unit, mb, t0, flags, &at);
+  if (s) s[1] = t1 > t0 ? t1 - t0 : 0;
 }
 
 size_t ts_trace_spans(const ts_trace *t) { return t ? t->n : 0; }

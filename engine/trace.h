@@ -70,7 +70,7 @@ enum { TS_TRACE_ASYNC = 1, TS_TRACE_WAIT = 2 };
 /* Records a finished span of `kind` from t0 to t1 (us, the axis of
  * ts_trace_now_us) with flags: TS_TRACE_ASYNC (it ran on the communication
  * thread), TS_TRACE_WAIT (the step waited for such a span). Needs no open
- * span; counts against the same limits. NULL t: no-op. */
+ * span and opens none; counts against TS_TRACE_MAX_SPANS. NULL t: no-op. */
 void ts_trace_add(ts_trace *t, ts_span_kind kind, int unit, int mb, double t0, double t1,
                   int flags);
 

@@ -25,45 +25,29 @@
 extern "C" {
 #endif
 
-/* All-gathers every rank's shard (S,) into full (P,), both host, dtype dt.
- * In place when shard == full + r*S. TS_ERR_MPI and comm/'s errors. */
-ts_status ts_shard_all_gather(ts_comm *dp, const ts_flat_layout *l, const void *shard,
-                              void *full, ts_dtype dt);
+/* All-gathers every rank's shard (S,) into full (P,), both host memory (or
+ * the group's lent memory, comm.h), dtype dt; in place when shard == full +
+ * r*S. Started here, finished by ts_comm_wait(*req): until then the
+ * buffers belong to the call, and on a group with a communication thread
+ * (ts_comm_set_thread) the data moves while the caller goes on. Byte counts
+ * (N-1) * S * sizeof(dt). comm/'s errors. */
+ts_status ts_shard_iall_gather(ts_comm *dp, const ts_flat_layout *l, const void *shard, void *full,
+                               ts_dtype dt, ts_comm_request **req);
 
-/* Allocates a full buffer on device dev (P * sizeof(dt) bytes, charged to
- * category c of the ledger; a transient, ts_ledger_alloc_transient: reused
- * from step to step on a device) and all-gathers the shard into it; *full
- * receives it (NULL on error, nothing left allocated). Release with
- * ts_shard_release. A plan ledger (ts_ledger_init_plan) is charged and
- * nothing is gathered (dp and shard are not used). */
-ts_status ts_shard_gather_alloc(ts_ledger *ledger, ts_device dev, ts_mem_category c, ts_comm *dp,
-                                const ts_flat_layout *l, const void *shard, ts_dtype dt,
-                                void **full);
-
-/* Ends the use of a transient buffer (ts_shard_gather_alloc, or any
- * ts_ledger_alloc_transient block) and sets *full to NULL; NULL *full is a
- * no-op. */
+/* Ends the use of a transient buffer (any ts_ledger_alloc_transient block,
+ * e.g. a gathered unit) and sets *full to NULL; NULL *full is a no-op. */
 void ts_shard_release(ts_ledger *ledger, void **full);
 
-/* Scratch bytes ts_shard_reduce_scatter needs for layout l: (N-1) * S
+/* Scratch bytes ts_shard_ireduce_scatter needs for layout l: (N-1) * S
  * elements of dt, N = l->dp_size (no group needed: estimates use it). */
 size_t ts_shard_scratch_bytes(const ts_flat_layout *l, ts_dtype dt);
 
 /* Reduce-scatters full (P,) gradients of every rank into this rank's shard
  * (S,): shard = [shard +] sum over ranks, in rank order (accumulate != 0
- * adds the previous shard last). In place when shard == full + r*S.
- * scratch: ts_shard_scratch_bytes bytes. Errors as ts_comm_reduce_scatter. */
-ts_status ts_shard_reduce_scatter(ts_comm *dp, const ts_flat_layout *l, const void *full,
-                                  void *shard, ts_dtype dt, int accumulate, void *scratch,
-                                  size_t scratch_bytes);
-
-/* Non-blocking forms of ts_shard_all_gather and ts_shard_reduce_scatter
- * (same arguments, shapes and bits): *req receives the request to pass to
- * ts_comm_wait; until it returns, the buffers (and scratch) belong to the
- * call. On a group with a communication thread (ts_comm_set_thread) the
- * data moves while the caller goes on. comm/'s errors. */
-ts_status ts_shard_iall_gather(ts_comm *dp, const ts_flat_layout *l, const void *shard, void *full,
-                               ts_dtype dt, ts_comm_request **req);
+ * adds the previous shard last); in place when shard == full + r*S.
+ * scratch: ts_shard_scratch_bytes bytes. Started here, finished (and
+ * summed) by ts_comm_wait(*req), as for the all-gather. Errors as
+ * ts_comm_ireduce_scatter. */
 ts_status ts_shard_ireduce_scatter(ts_comm *dp, const ts_flat_layout *l, const void *full,
                                    void *shard, ts_dtype dt, int accumulate, void *scratch,
                                    size_t scratch_bytes, ts_comm_request **req);
