@@ -128,6 +128,13 @@ static inline size_t ts_comm_chunk_max(size_t count, int n) {
 /* The transports. */
 extern const ts_comm_backend ts_comm_mpi_backend;  /* mpi.c */
 extern const ts_comm_backend ts_comm_self_backend; /* self.c */
+extern const ts_comm_backend ts_comm_staged_backend; /* staged.c */
+
+/* Puts group c (two or more ranks, on MPI) on the staged transport over
+ * mem (staged.c); checks mem's staging operations and size. */
+ts_status ts_comm_staged_wrap(ts_comm *c, const ts_comm_memory *mem);
+/* Returns a staged group to its MPI transport. */
+void ts_comm_staged_unwrap(ts_comm *c);
 
 /* A new group of backend be, rank 0 of size 1 (a larger group sets both),
  * the given name (copied, truncated to 31 chars) and impl, zero counters.

@@ -52,17 +52,30 @@ ts_status ts_comm_new(const char *op, const ts_comm_backend *be, const char *nam
 }
 
 ts_status ts_comm_set_memory(ts_comm *c, const ts_comm_memory *mem) {
-  if (!c) return ts_set_error(TS_ERR_INVALID_ARGUMENT, "ts_comm_set_memory: c is NULL");
-  if (mem && c->size > 1)
-    return ts_set_error(TS_ERR_UNSUPPORTED,
-                        "ts_comm_set_memory: group %s has %d ranks: collectives over device "
-                        "memory need a device transport (NCCL or host-staged MPI), not built yet",
-                        c->name, c->size);
+  static const char *op = "ts_comm_set_memory";
+  if (!c) return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: c is NULL", op);
+  if (ts_comm_thread_active(c))
+    return ts_set_error(TS_ERR_INVALID_USAGE,
+                        "%s: group %s runs on a communication thread; lend its memory before "
+                        "ts_comm_set_thread",
+                        op, c->name);
   if (mem && (!mem->copy || !mem->add))
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "ts_comm_set_memory: copy and add are required");
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: copy and add are required", op);
+  if (c->be == &ts_comm_staged_backend) ts_comm_staged_unwrap(c);
+  /* a plan group moves nothing: it keeps mem as a one-rank group does */
+  if (mem && c->size > 1 && strcmp(c->be->name, "plan") != 0) {
+    if (c->be != &ts_comm_mpi_backend)
+      return ts_set_error(TS_ERR_UNSUPPORTED,
+                          "%s: group %s of %d ranks is on the %s transport; only MPI groups stage "
+                          "through the host",
+                          op, c->name, c->size, c->be->name);
+    TS_CHECK(ts_comm_staged_wrap(c, mem));
+  }
   c->mem = mem;
   return TS_OK;
 }
+
+const char *ts_comm_transport(const ts_comm *c) { return c->be->name; }
 
 ts_status ts_comm_request_new(ts_comm *c, const char *op, size_t bytes, ts_comm_request **out) {
   ts_comm_request *q = (ts_comm_request *)calloc(1, bytes);

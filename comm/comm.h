@@ -141,26 +141,60 @@ ts_status ts_comm_split(ts_comm *parent, int color, int key, const char *name, t
 void ts_comm_free(ts_comm *c);
 
 /* Memory that is not the host's (a GPU's, DESIGN.md "GPU"): comm knows
- * nothing of devices, so the owner of the buffers lends the two operations
- * a one-rank group needs on them. Both are ordered after every earlier
- * operation on that memory (a CUDA stream) and may return before they
- * finish. */
+ * nothing of devices, so the owner of the buffers lends the operations
+ * comm needs on them. Each is ordered after every earlier operation on
+ * that memory (a CUDA stream) and may return before it finishes.
+ *
+ * A one-rank group needs copy and add. A group of two or more ranks runs
+ * on the host-staged transport (staged.c): it also needs to_host,
+ * to_device and sync, and host memory to stage through, `staging`, of at
+ * least ts_comm_staging_bytes(N, TS_COMM_STAGING_MIN_PIECE) bytes, the
+ * same size on every rank (it fixes the chunks every rank's MPI calls
+ * move). A collective then moves in chunks of staging_bytes / 4N bytes per
+ * rank (reduce-scatter; all-gather twice that, broadcast 2N times): chunk
+ * k+1 is copied to the host while MPI moves chunk k. Sends and receives
+ * stage through host memory of their own (malloc), held until their wait.
+ * Every sum is MPI's on the host (fp32, rank order): the bits are those of
+ * the same calls on host memory. */
 typedef struct ts_comm_memory {
-  void *user; /* passed back to both */
+  void *user; /* passed back to every operation */
   /* dst = src, nbytes bytes, not overlapping */
   ts_status (*copy)(void *user, void *dst, const void *src, size_t nbytes);
   /* out[i] = a[i] + b[i] for i < count, summed in fp32 and rounded once to
    * dt (the one-rank case of comm/sum.h's rank-order sum with accumulate);
    * out may alias b */
   ts_status (*add)(void *user, void *out, const void *a, const void *b, size_t count, ts_dtype dt);
+  /* h_dst (host) = src (lent), nbytes bytes; may return before it finishes */
+  ts_status (*to_host)(void *user, void *h_dst, const void *src, size_t nbytes);
+  /* dst (lent) = h_src (host), nbytes bytes; may return before it finishes */
+  ts_status (*to_device)(void *user, void *dst, const void *h_src, size_t nbytes);
+  /* returns once every to_host and to_device called so far has finished */
+  ts_status (*sync)(void *user);
+  void *staging;        /* host memory for the staged transport (page-locked is best) */
+  size_t staging_bytes; /* its size in bytes */
 } ts_comm_memory;
 
-/* From now on the data buffers of c's collectives live in mem's memory
- * (NULL: host memory again); all_reduce_f64's buffer stays on the host. mem
- * is borrowed and must outlive c's calls. Only one-rank groups can do this
- * so far: a larger group gives TS_ERR_UNSUPPORTED (a device transport,
- * NCCL or host-staged MPI, is planned). */
+/* The smallest per-rank piece of a chunk a staging may give, in bytes. */
+#define TS_COMM_STAGING_MIN_PIECE 64
+
+/* Bytes of staging (ts_comm_memory.staging) that move a collective of
+ * `ranks` ranks in chunks of piece_bytes per rank: two slots of 2N pieces
+ * (a reduce-scatter's N sent, one received and N-1 of scratch). */
+size_t ts_comm_staging_bytes(int ranks, size_t piece_bytes);
+
+/* From now on the data buffers of c's collectives and sends live in mem's
+ * memory (NULL: host memory again); all_reduce_f64's buffer stays on the
+ * host. mem is borrowed and must outlive c's calls. On two or more ranks
+ * the group's calls go through the host-staged transport. Call it with no
+ * request outstanding and before ts_comm_set_thread (a group on a thread
+ * is refused, TS_ERR_INVALID_USAGE). TS_ERR_INVALID_ARGUMENT (a required
+ * operation missing, staging too small, naming both), TS_ERR_OUT_OF_MEMORY. */
 ts_status ts_comm_set_memory(ts_comm *c, const ts_comm_memory *mem);
+
+/* The transport group c's calls run on: "self" (one rank), "mpi", "staged"
+ * (lent memory over two or more ranks), "thread" (a communication thread
+ * over one of those), "plan". */
+const char *ts_comm_transport(const ts_comm *c);
 
 int ts_comm_rank(const ts_comm *c);      /* 0 .. size-1 */
 int ts_comm_size(const ts_comm *c);      /* N >= 1 */

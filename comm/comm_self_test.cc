@@ -150,7 +150,7 @@ struct Lender {
 
 TEST_F(Self, LentMemoryMovesDataThroughTheLendersOperations) {
   Lender l;
-  ts_comm_memory mem = {&l, Lender::Copy, Lender::Add};
+  ts_comm_memory mem = {&l, Lender::Copy, Lender::Add, nullptr, nullptr, nullptr, nullptr, 0};
   ASSERT_EQ(ts_comm_set_memory(c_, &mem), TS_OK) << ts_last_error();
   std::vector<float> send = {1, 2, 3}, recv(3, 0.0f);
   ASSERT_EQ(ts_comm_reduce_scatter(c_, send.data(), recv.data(), 3, TS_FP32, 0, nullptr, 0), TS_OK);
@@ -167,7 +167,7 @@ TEST_F(Self, LentMemoryMovesDataThroughTheLendersOperations) {
   ASSERT_EQ(ts_comm_all_gather(c_, send.data(), full.data(), 3, TS_FP32), TS_OK);
   EXPECT_EQ(l.copies, 2);
   EXPECT_EQ(full, send);
-  ts_comm_memory half = {&l, Lender::Copy, nullptr};
+  ts_comm_memory half = {&l, Lender::Copy, nullptr, nullptr, nullptr, nullptr, nullptr, 0};
   EXPECT_EQ(ts_comm_set_memory(c_, &half), TS_ERR_INVALID_ARGUMENT);
 }
 

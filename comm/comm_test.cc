@@ -8,10 +8,14 @@
 // different bits (checked in AllReduce on 3+ ranks): the bitwise comparisons
 // can fail. Counters are checked against the byte formulas of comm.h.
 //
-// Built twice: comm_thread_test defines TS_COMM_TEST_THREAD, and then every
-// test's world group runs on a communication thread (ts_comm_set_thread)
-// that sleeps a random 0-200 us before each call, so the same references
-// check the thread's results, counters and errors.
+// Built three times: comm_thread_test defines TS_COMM_TEST_THREAD, and then
+// every test's world group runs on a communication thread
+// (ts_comm_set_thread) that sleeps a random 0-200 us before each call, so
+// the same references check the thread's results, counters and errors;
+// comm_staged_test defines TS_COMM_TEST_STAGED as well, and the world's
+// buffers are then "device" memory lent to comm (host memory behind
+// counting copies), moved by the host-staged transport in chunks of 1 KiB
+// per rank under the thread.
 #include "comm/comm.h"
 
 #include <math.h>
@@ -140,6 +144,48 @@ struct MaxMessageGuard {
   size_t old;
 };
 
+// ---- the staged transport's lender ---------------------------------------------
+
+#ifdef TS_COMM_TEST_STAGED
+// "Device" memory that is host memory behind the lender's operations, with
+// a staging of 1 KiB per rank's piece (chunks of 256 fp32 elements in a
+// reduce-scatter), and counts of the bytes each operation moved.
+struct HostLender {
+  static ts_status Copy(void *u, void *d, const void *s, size_t n) {
+    memcpy(d, s, n);
+    return TS_OK;
+  }
+  static ts_status Add(void *u, void *out, const void *a, const void *b, size_t count,
+                       ts_dtype dt) {
+    for (size_t i = 0; i < count; i++) {
+      Buf x(dt, 1), y(dt, 1);
+      memcpy(x.data(), (const uint8_t *)a + i * Size(dt), Size(dt));
+      memcpy(y.data(), (const uint8_t *)b + i * Size(dt), Size(dt));
+      x.Set(0, x.Get(0) + y.Get(0));
+      memcpy((uint8_t *)out + i * Size(dt), x.data(), Size(dt));
+    }
+    return TS_OK;
+  }
+  static ts_status ToHost(void *u, void *h, const void *d, size_t n) {
+    ((HostLender *)u)->to_host += n;
+    memcpy(h, d, n);
+    return TS_OK;
+  }
+  static ts_status ToDevice(void *u, void *d, const void *h, size_t n) {
+    ((HostLender *)u)->to_device += n;
+    memcpy(d, h, n);
+    return TS_OK;
+  }
+  static ts_status Sync(void *u) { return TS_OK; }
+  explicit HostLender(int n) : staging(ts_comm_staging_bytes(n, 1024)) {
+    mem = {this, Copy, Add, ToHost, ToDevice, Sync, staging.data(), staging.size()};
+  }
+  std::vector<uint8_t> staging;
+  ts_comm_memory mem;
+  uint64_t to_host = 0, to_device = 0;
+};
+#endif
+
 // ---- fixtures ------------------------------------------------------------------
 
 class Comm : public testing::Test {
@@ -148,6 +194,11 @@ class Comm : public testing::Test {
     ASSERT_EQ(ts_comm_world(&c_), TS_OK) << ts_last_error();
     n_ = ts_comm_size(c_);
     r_ = ts_comm_rank(c_);
+#ifdef TS_COMM_TEST_STAGED
+    lender_ = new HostLender(n_);
+    ASSERT_EQ(ts_comm_set_memory(c_, &lender_->mem), TS_OK) << ts_last_error();
+    ASSERT_STREQ(ts_comm_transport(c_), n_ == 1 ? "self" : "staged");
+#endif
 #ifdef TS_COMM_TEST_THREAD
     ts_comm_testing_set_thread_delay(200, 7);
     if (n_ == 1) {
@@ -160,8 +211,16 @@ class Comm : public testing::Test {
     }
 #endif
   }
-  void TearDown() override { ts_comm_free(c_); }
+  void TearDown() override {
+    ts_comm_free(c_);
+#ifdef TS_COMM_TEST_STAGED
+    delete lender_;
+#endif
+  }
 
+#ifdef TS_COMM_TEST_STAGED
+  HostLender *lender_ = nullptr;
+#endif
   ts_comm *c_ = nullptr;
   int n_ = 0, r_ = 0;
 };
@@ -603,24 +662,77 @@ TEST_F(Comm, ScratchTooSmallNamesBothSizes) {
   ExpectCounters(c_, TS_COMM_SEND, 0, 0);  // rejected calls count nothing
 }
 
-// Device memory needs a device transport for more than one rank (not built
-// yet): lending memory to a larger group is refused in one line; one rank
-// takes it.
-TEST_F(Comm, LentMemoryNeedsOneRank) {
-  ts_comm_memory mem = {nullptr,
-                        [](void *, void *, const void *, size_t) { return TS_OK; },
-                        [](void *, void *, const void *, const void *, size_t, ts_dtype) {
-                          return TS_OK;
-                        }};
+// Lent memory: one rank needs copy and add; more ranks also the staging
+// operations and a staging of at least ts_comm_staging_bytes(N, 64), each
+// refused in one line naming what is missing.
+#ifndef TS_COMM_TEST_STAGED
+TEST_F(Comm, LentMemoryStagesOnMoreRanks) {
+  ts_comm_memory mem = {
+      nullptr,
+      [](void *, void *, const void *, size_t) { return TS_OK; },
+      [](void *, void *, const void *, const void *, size_t, ts_dtype) { return TS_OK; },
+      nullptr,
+      nullptr,
+      nullptr,
+      nullptr,
+      0};
+#ifdef TS_COMM_TEST_THREAD
+  if (n_ > 1) {
+    EXPECT_EQ(ts_comm_set_memory(c_, &mem), TS_ERR_INVALID_USAGE);
+    EXPECT_TRUE(Contains(ts_last_error(), "before ts_comm_set_thread")) << ts_last_error();
+    return;
+  }
+#endif
   if (n_ == 1) {
     EXPECT_EQ(ts_comm_set_memory(c_, &mem), TS_OK) << ts_last_error();
+    EXPECT_STREQ(ts_comm_transport(c_), "self");
   } else {
-    EXPECT_EQ(ts_comm_set_memory(c_, &mem), TS_ERR_UNSUPPORTED);
-    EXPECT_NE(std::string(ts_last_error()).find("need a device transport"), std::string::npos)
+    EXPECT_EQ(ts_comm_set_memory(c_, &mem), TS_ERR_INVALID_ARGUMENT);
+    EXPECT_TRUE(Contains(ts_last_error(), "lent memory needs to_host, to_device and sync"))
         << ts_last_error();
+    mem.to_host = [](void *, void *, const void *, size_t) { return TS_OK; };
+    mem.to_device = [](void *, void *, const void *, size_t) { return TS_OK; };
+    mem.sync = [](void *) { return TS_OK; };
+    std::vector<uint8_t> staging(ts_comm_staging_bytes(n_, TS_COMM_STAGING_MIN_PIECE));
+    mem.staging = staging.data();
+    mem.staging_bytes = staging.size() - 1;
+    EXPECT_EQ(ts_comm_set_memory(c_, &mem), TS_ERR_INVALID_ARGUMENT);
+    EXPECT_TRUE(Contains(ts_last_error(), "expected at least " + std::to_string(staging.size())))
+        << ts_last_error();
+    EXPECT_STREQ(ts_comm_transport(c_), "mpi");
+    mem.staging_bytes = staging.size();
+    EXPECT_EQ(ts_comm_set_memory(c_, &mem), TS_OK) << ts_last_error();
+    EXPECT_STREQ(ts_comm_transport(c_), "staged");
   }
   EXPECT_EQ(ts_comm_set_memory(c_, nullptr), TS_OK);
+  EXPECT_STREQ(ts_comm_transport(c_), n_ == 1 ? "self" : "mpi");
 }
+#else
+// Every byte of a staged reduce-scatter and all-gather crosses the lender's
+// copies: the N parts sent (and the previous recv when accumulating) to
+// the host, the result back; on one rank nothing is staged.
+TEST_F(Comm, StagedCopiesEveryByte) {
+  size_t count = 1000;  // 4 chunks of 256 fp32 elements in a reduce-scatter
+  Buf s(TS_FP32, n_ * count), r(TS_FP32, count), g(TS_FP32, n_ * count);
+  s.Fill(5, r_);
+  r.Fill(6, r_);
+  Buf prev = r;
+  std::vector<uint8_t> k(ts_comm_reduce_scatter_scratch_bytes(c_, count, TS_FP32) + 1);
+  lender_->to_host = lender_->to_device = 0;
+  ASSERT_EQ(ts_comm_reduce_scatter(c_, s.data(), r.data(), count, TS_FP32, 1, k.data(), k.size()),
+            TS_OK)
+      << ts_last_error();
+  Buf want = RankOrderSum(TS_FP32, count, 5, Range(n_), r_ * count, &prev);
+  ExpectSameBits(r, want, "staged reduce_scatter with accumulate");
+  uint64_t nb = count * 4;
+  EXPECT_EQ(lender_->to_host, n_ == 1 ? 0 : (uint64_t)(n_ + 1) * nb);
+  EXPECT_EQ(lender_->to_device, n_ == 1 ? 0 : nb);
+  lender_->to_host = lender_->to_device = 0;
+  ASSERT_EQ(ts_comm_all_gather(c_, r.data(), g.data(), count, TS_FP32), TS_OK) << ts_last_error();
+  EXPECT_EQ(lender_->to_host, n_ == 1 ? 0 : nb);
+  EXPECT_EQ(lender_->to_device, n_ == 1 ? 0 : (uint64_t)n_ * nb);
+}
+#endif
 
 TEST_F(Comm, BadArguments) {
   Buf a(TS_FP32, 4 * n_), b(TS_FP32, 4 * n_);

@@ -343,13 +343,11 @@ ts_status ts_comm_set_thread(ts_comm *c, int on) {
     return TS_OK;
   }
   if (!on) return TS_OK;
-  if (c->be != &ts_comm_mpi_backend)
+  if (c->be != &ts_comm_mpi_backend && c->be != &ts_comm_staged_backend)
     return ts_set_error(TS_ERR_UNSUPPORTED,
-                        "%s: group %s has %d rank(s) on the %s transport: only MPI groups run "
-                        "beside the caller",
+                        "%s: group %s has %d rank(s) on the %s transport: only MPI groups "
+                        "(staged or not) run beside the caller",
                         op, c->name, c->size, c->be->name);
-  if (c->mem)
-    return ts_set_error(TS_ERR_UNSUPPORTED, "%s: group %s moves device memory", op, c->name);
   if (!ts_comm_mpi_thread_multiple())
     return ts_set_error(TS_ERR_UNSUPPORTED,
                         "%s: MPI was initialised without MPI_THREAD_MULTIPLE (ts_comm_init asks "
