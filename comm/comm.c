@@ -61,6 +61,11 @@ ts_status ts_comm_set_memory(ts_comm *c, const ts_comm_memory *mem) {
                         op, c->name);
   if (mem && (!mem->copy || !mem->add))
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: copy and add are required", op);
+  if (mem && c->mem && c->mem != mem)
+    return ts_set_error(TS_ERR_INVALID_USAGE,
+                        "%s: group %s already moves memory lent by another owner; lend it NULL "
+                        "first",
+                        op, c->name);
   if (c->be == &ts_comm_staged_backend) ts_comm_staged_unwrap(c);
   /* a plan group moves nothing: it keeps mem as a one-rank group does */
   if (mem && c->size > 1 && strcmp(c->be->name, "plan") != 0) {

@@ -187,7 +187,8 @@ size_t ts_comm_staging_bytes(int ranks, size_t piece_bytes);
  * host. mem is borrowed and must outlive c's calls. On two or more ranks
  * the group's calls go through the host-staged transport. Call it with no
  * request outstanding and before ts_comm_set_thread (a group on a thread
- * is refused, TS_ERR_INVALID_USAGE). TS_ERR_INVALID_ARGUMENT (a required
+ * is refused, TS_ERR_INVALID_USAGE, as is lending a group other memory
+ * while it has some). TS_ERR_INVALID_ARGUMENT (a required
  * operation missing, staging too small, naming both), TS_ERR_OUT_OF_MEMORY. */
 ts_status ts_comm_set_memory(ts_comm *c, const ts_comm_memory *mem);
 

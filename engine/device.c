@@ -1,6 +1,7 @@
 /*
  * device.c — the engine beside a GPU: what create does before allocating
- * (the device's copy and addition lent to comm's one-rank group, the
+ * (the device's copies and addition lent to comm's groups, the staged
+ * transport's host staging, the
  * kernels' flags, the plan checked against the card's free memory, the
  * step's transients reserved), the host-side check of a batch that lets the
  * kernels skip reading it back, and the card's own memory figures beside
@@ -21,9 +22,74 @@ static ts_status device_add(void *user, void *out, const void *a, const void *b,
   return ts_k_add(&((ts_engine *)user)->ctx, out, a, b, count, dt);
 }
 
+/* The staged transport's copies (comm.h): on the engine's stream, each
+ * returning once done (ts_k_to_host, ts_k_from_host), so sync has nothing
+ * left to wait for. */
+static ts_status device_to_host(void *user, void *h_dst, const void *src, size_t nbytes) {
+  return ts_k_to_host(&((ts_engine *)user)->ctx, h_dst, src, nbytes);
+}
+
+static ts_status device_to_device(void *user, void *dst, const void *h_src, size_t nbytes) {
+  return ts_k_from_host(&((ts_engine *)user)->ctx, dst, h_src, nbytes);
+}
+
+static ts_status device_sync(void *user) { return TS_OK; }
+
+/* Allocates and page-locks host staging for a group of n ranks. */
+static ts_status alloc_staging(ts_engine *e, int n, size_t piece, void **out, size_t *bytes) {
+  *bytes = ts_comm_staging_bytes(n, piece);
+  TS_CHECK(ts_ledger_alloc(&e->ledger, TS_DEVICE_CPU, TS_MEM_COMM, *bytes, out));
+  return ts_k_host_register(&e->ctx, *out, *bytes);
+}
+
+ts_status ts_engine_lend_memory(ts_engine *e) {
+  int staged = ts_engine_comm_resolve(&e->opts) == TS_ENGINE_COMM_STAGED;
+  int lend_dp = e->device != TS_DEVICE_CPU || (staged && e->dp_size > 1);
+  int lend_pp = staged && e->pp;
+  if (!lend_dp && !lend_pp) return TS_OK;
+  size_t piece = e->opts.comm_chunk_bytes ? e->opts.comm_chunk_bytes : (size_t)1 << 20;
+  e->comm_mem = (ts_comm_memory){.user = e,
+                                 .copy = device_copy,
+                                 .add = device_add,
+                                 .to_host = device_to_host,
+                                 .to_device = device_to_device,
+                                 .sync = device_sync};
+  if (lend_pp) {
+    /* pipeline groups send and receive (through host copies of their own)
+     * and run no chunked collective: the smallest staging */
+    e->pp_mem = e->comm_mem;
+    TS_CHECK(alloc_staging(e, ts_comm_size(e->pp), TS_COMM_STAGING_MIN_PIECE, &e->comm_staging[1],
+                           &e->comm_staging_bytes[1]));
+    e->pp_mem.staging = e->comm_staging[1];
+    e->pp_mem.staging_bytes = e->comm_staging_bytes[1];
+    TS_CHECK(ts_comm_set_memory(e->pp, &e->pp_mem));
+    e->lent_pp = 1;
+  }
+  if (lend_dp) {
+    if (staged && e->dp_size > 1) {
+      TS_CHECK(alloc_staging(e, e->dp_size, piece, &e->comm_staging[0], &e->comm_staging_bytes[0]));
+      e->comm_mem.staging = e->comm_staging[0];
+      e->comm_mem.staging_bytes = e->comm_staging_bytes[0];
+    }
+    TS_CHECK(ts_comm_set_memory(e->dp, &e->comm_mem));
+    e->lent_dp = 1;
+  }
+  return TS_OK;
+}
+
+void ts_engine_unlend_memory(ts_engine *e) {
+  if (e->lent_dp) ts_comm_set_memory(e->dp, NULL);
+  if (e->lent_pp) ts_comm_set_memory(e->pp, NULL);
+  e->lent_dp = e->lent_pp = 0;
+  for (int g = 0; g < 2; g++) {
+    if (!e->comm_staging[g]) continue;
+    ts_k_host_unregister(&e->ctx, e->comm_staging[g]);
+    ts_ledger_free(&e->ledger, e->comm_staging[g]);
+    e->comm_staging[g] = NULL;
+  }
+}
+
 ts_status ts_engine_prepare_device(ts_engine *e) {
-  e->comm_mem = (ts_comm_memory){.user = e, .copy = device_copy, .add = device_add};
-  TS_CHECK(ts_comm_set_memory(e->dp, &e->comm_mem));
   e->ctx.flags |= TS_K_INDICES_CHECKED; /* ts_engine_load_batch checks them on the host */
   if (e->opts.allow_tf32) e->ctx.flags |= TS_K_ALLOW_TF32;
   if (e->opts.plain_attention) e->ctx.flags |= TS_K_PLAIN_ATTENTION;

@@ -285,7 +285,36 @@ static ts_status check_opts(const ts_model *model, const ts_engine_opts *opts) {
   if (!(opts->weight_decay >= 0) || !isfinite(opts->weight_decay))
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "`weight_decay` %g: expected a finite number >= 0",
                         (double)opts->weight_decay);
+  if (opts->comm < TS_ENGINE_COMM_AUTO || opts->comm > TS_ENGINE_COMM_NCCL)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "`comm` %d: expected auto, mpi, staged or nccl",
+                        opts->comm);
+  if (opts->comm == TS_ENGINE_COMM_NCCL)
+    return ts_set_error(TS_ERR_UNSUPPORTED,
+                        "`comm` nccl: the NCCL transport is not built yet; use staged (or auto)");
+  if (opts->comm == TS_ENGINE_COMM_MPI && opts->device != TS_DEVICE_CPU)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "`comm` mpi moves host memory only; on %s use staged (or auto)",
+                        ts_device_name(opts->device));
+  if (opts->comm_chunk_bytes != 0 && opts->comm_chunk_bytes < TS_COMM_STAGING_MIN_PIECE)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "`comm_chunk_bytes` %zu: expected 0 (1 MiB) or at least %d bytes",
+                        opts->comm_chunk_bytes, TS_COMM_STAGING_MIN_PIECE);
   return ts_engine_check_zero_stage(opts->zero_stage);
+}
+
+const char *ts_engine_comm_name(int comm) {
+  switch (comm) {
+    case TS_ENGINE_COMM_AUTO: return "auto";
+    case TS_ENGINE_COMM_MPI: return "mpi";
+    case TS_ENGINE_COMM_STAGED: return "staged";
+    case TS_ENGINE_COMM_NCCL: return "nccl";
+    default: return "?";
+  }
+}
+
+ts_engine_comm_kind ts_engine_comm_resolve(const ts_engine_opts *opts) {
+  if (opts->comm != TS_ENGINE_COMM_AUTO) return (ts_engine_comm_kind)opts->comm;
+  return opts->device == TS_DEVICE_CPU ? TS_ENGINE_COMM_MPI : TS_ENGINE_COMM_STAGED;
 }
 
 /* The unit a tied head borrows from (its tied_unit), or -1 without one. */
@@ -337,6 +366,7 @@ ts_status ts_engine_create_stage(ts_engine **out, const ts_model *model,
     e->dp_size = ts_comm_size(e->dp);
     st = ts_engine_set_stage(e, stage);
   }
+  if (st == TS_OK) st = ts_engine_lend_memory(e);
   if (st == TS_OK && e->device != TS_DEVICE_CPU) st = ts_engine_prepare_device(e);
   if (st == TS_OK) st = ts_engine_alloc(e);
   if (st == TS_OK && opts->overlap && e->device == TS_DEVICE_CPU && e->dp_size > 1) {
@@ -394,7 +424,7 @@ void ts_engine_free(ts_engine *e) {
     if (e->device != TS_DEVICE_CPU) ts_k_host_unregister(&e->ctx, e->ckpt_staging);
     ts_ledger_free(&e->ledger, e->ckpt_staging);
   }
-  if (e->dp && e->comm_mem.copy) ts_comm_set_memory(e->dp, NULL);
+  ts_engine_unlend_memory(e);
   if (e->h_targets != e->targets) ts_ledger_free(&e->ledger, e->h_targets);
   ts_ledger_free(&e->ledger, e->dbuf[0]);
   ts_ledger_free(&e->ledger, e->dbuf[1]);

@@ -116,6 +116,14 @@
 extern "C" {
 #endif
 
+/* ts_engine_opts.comm: the transport of the engine's groups. */
+typedef enum ts_engine_comm_kind {
+  TS_ENGINE_COMM_AUTO = 0,   /* mpi on the CPU, staged on a GPU */
+  TS_ENGINE_COMM_MPI = 1,    /* MPI on the buffers (host memory) */
+  TS_ENGINE_COMM_STAGED = 2, /* through page-locked host staging (comm/staged.c) */
+  TS_ENGINE_COMM_NCCL = 3,   /* NCCL: not built yet, refused */
+} ts_engine_comm_kind;
+
 typedef struct ts_engine_opts {
   size_t micro_batch; /* B, sequences per micro-batch */
   size_t seq;         /* T, tokens per sequence */
@@ -169,11 +177,23 @@ typedef struct ts_engine_opts {
    * the same order runs without one. The bits are those of 0 (every sum in
    * the same order: the transport's rank order). */
   int overlap;
+  /* The transport of the data-parallel and pipeline groups
+   * (ts_engine_comm_kind; DESIGN.md "GPU"). auto (0): mpi on the CPU, staged on
+   * a GPU. mpi: MPI on the buffers themselves (CPU only). staged: every
+   * collective and send moves device -> page-locked host -> MPI -> device
+   * in chunks of comm_chunk_bytes per rank (comm.h ts_comm_set_memory); on
+   * the CPU it stages host memory the same way (the GPU path's twin). nccl:
+   * refused (not built yet). The bits are the same on every transport: the
+   * sums are MPI's on the host, fp32 in rank order. */
+  int comm;
+  /* staged: bytes of each rank's part of a chunk (0: 1 MiB; at least
+   * TS_COMM_STAGING_MIN_PIECE). The plan charges the staging, 4 N times
+   * this, to the host (category comm). */
+  size_t comm_chunk_bytes;
   /* Where every training buffer lives and every op runs: the CPU, or a
    * CUDA GPU (ordinal device_index; the caller picks it, e.g. local rank %
-   * device count). On a GPU, create needs a data-parallel group of one
-   * rank until comm/ has a device transport (NCCL or host-staged MPI):
-   * more ranks give TS_ERR_UNSUPPORTED. The plan takes any device. */
+   * device count). Several ranks on GPUs talk through the staged
+   * transport (`comm`). The plan takes any device. */
   ts_device device;
   int device_index;
   int allow_tf32; /* CUDA fp32 products on TF32 tensor cores (kernels.h TS_K_ALLOW_TF32) */
@@ -190,6 +210,11 @@ typedef struct ts_engine_opts {
   const char *pipeline_split;  /* NULL or "auto": balanced by cost (ts_engine_unit_cost);
                                   else "a,b,..." units per stage (borrowed) */
 } ts_engine_opts;
+
+/* "auto", "mpi", "staged", "nccl"; "?" for others. */
+const char *ts_engine_comm_name(int comm);
+/* The transport opts picks: auto resolved for opts->device. */
+ts_engine_comm_kind ts_engine_comm_resolve(const ts_engine_opts *opts);
 
 /* Defaults: B 8, T 128, accumulation 1, fp32, seed 1337, AdamW (0.9, 0.95,
  * 1e-8), weight decay 0.1, clipping at 1.0 (nanoGPT / LLaMA settings),
@@ -289,6 +314,15 @@ ts_status ts_engine_pipeline_split(const ts_model *m, const ts_engine_opts *opts
  * send buffers, and one whole step of that stage's schedule replayed. */
 ts_status ts_engine_plan_stage(const ts_model *model, const ts_engine_opts *opts, size_t dp_size,
                                int stage, ts_mem_account *out);
+
+/* ts_engine_plan_stage's plan, and beside a device (opts->device not CPU)
+ * the host memory the same engine holds, in *host: the batch's staging
+ * (activations), the staged transport's host staging (comm), an
+ * asynchronous save's copy (staging). On the CPU *host is all zero (the
+ * device account is the host's). Errors as ts_engine_plan_stage. */
+ts_status ts_engine_plan_stage_host(const ts_model *model, const ts_engine_opts *opts,
+                                    size_t dp_size, int stage, ts_mem_account *out,
+                                    ts_mem_account *host);
 
 typedef struct ts_engine ts_engine; /* opaque; owns its buffers */
 

@@ -107,7 +107,12 @@ struct ts_engine {
   int32_t *h_targets;    /* (B, T) likewise */
   int32_t *staging;      /* beside a device: (2, B, T) page-locked host copy of a micro-batch's
                             tokens then targets, read by an asynchronous copy; else NULL */
-  ts_comm_memory comm_mem; /* beside a device: device copy and add lent to the one-rank dp */
+  ts_comm_memory comm_mem; /* the engine's memory lent to dp (beside a device, or staged) and
+                              to pp (staged): ts_engine_lend_memory */
+  int lent_dp, lent_pp;    /* 1 while comm_mem is lent to that group */
+  void *comm_staging[2];   /* staged: host staging of dp, pp (ledger: CPU account, comm) */
+  size_t comm_staging_bytes[2];
+  ts_comm_memory pp_mem;   /* comm_mem with pp's staging */
   ts_device_report report; /* beside a device: its name, total and used_at_create */
   void *dbuf[2];         /* (B, T, C) activation gradients, ping-pong */
   void *recompute_saved; /* saved activations of the recomputed unit in use */
@@ -321,6 +326,17 @@ ts_status ts_engine_count_correct(ts_engine *e, const int32_t *targets, double *
  * blocks at their peak plus every reserved transient), naming each
  * category, and reserves the step's transients. */
 ts_status ts_engine_prepare_device(ts_engine *e);
+
+/* Lends the engine's memory to its groups (comm.h ts_comm_set_memory):
+ * beside a device, dp always (its collectives run on device buffers); on
+ * the staged transport, dp with two or more ranks and pp, each with host
+ * staging of ts_comm_staging_bytes(N, comm_chunk_bytes) charged to the
+ * ledger's CPU account (category comm) and page-locked. Before
+ * ts_engine_alloc, in create and in the plan alike. */
+ts_status ts_engine_lend_memory(ts_engine *e);
+/* Undoes ts_engine_lend_memory (groups back to host memory, staging
+ * freed); a no-op for what was not lent. */
+void ts_engine_unlend_memory(ts_engine *e);
 
 /* ---- plan.c ------------------------------------------------------------------------ */
 

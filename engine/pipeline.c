@@ -58,11 +58,6 @@ ts_status ts_engine_create_pipeline(ts_engine **out, const ts_model *model,
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "engine: a grid of %d pipeline stages for `pipeline_stages` %d",
                         grid ? grid->stages : 0, opts->pipeline_stages);
-  if (grid->stages > 1 && opts->device != TS_DEVICE_CPU)
-    return ts_set_error(TS_ERR_UNSUPPORTED,
-                        "`pipeline_stages` %d on %s: pipeline stages exchange activations through "
-                        "host MPI only (no device transport yet); use `device` cpu",
-                        grid->stages, ts_device_name(opts->device));
   return ts_engine_create_stage(out, model, opts, grid->dp_group,
                                 grid->stages > 1 ? grid->pp_group : NULL, grid->stage);
 }

@@ -131,6 +131,7 @@ ts_status ts_engine_plan_engine(const ts_model *model, const ts_engine_opts *opt
   if (st == TS_OK && e->stages > 1) st = ts_comm_plan(stage, e->stages, "pp", &e->own_pp);
   e->dp = e->own_comm;
   e->pp = e->own_pp;
+  if (st == TS_OK) st = ts_engine_lend_memory(e);
   if (st == TS_OK) st = ts_engine_alloc(e);
   /* One whole step: the tied head's gradient lives across micro-batches. */
   ts_step_stats stats;
@@ -150,10 +151,19 @@ ts_status ts_engine_plan(const ts_model *model, const ts_engine_opts *opts, size
 
 ts_status ts_engine_plan_stage(const ts_model *model, const ts_engine_opts *opts, size_t dp_size,
                                int stage, ts_mem_account *out) {
+  ts_mem_account host;
+  return ts_engine_plan_stage_host(model, opts, dp_size, stage, out, &host);
+}
+
+ts_status ts_engine_plan_stage_host(const ts_model *model, const ts_engine_opts *opts,
+                                    size_t dp_size, int stage, ts_mem_account *out,
+                                    ts_mem_account *host) {
   memset(out, 0, sizeof *out);
+  memset(host, 0, sizeof *host);
   ts_engine *e;
   TS_CHECK(ts_engine_plan_engine(model, opts, dp_size, stage, &e));
   *out = *ts_ledger_account(&e->ledger, e->device);
+  if (e->device != TS_DEVICE_CPU) *host = *ts_ledger_account(&e->ledger, TS_DEVICE_CPU);
   ts_engine_free(e);
   return TS_OK;
 }

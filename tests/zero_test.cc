@@ -114,6 +114,8 @@ struct TrainSetup {
   bool async_save = false;  // the engine's checkpoint staging (ledger category staging)
   bool keep_gathered = false;  // ZeRO-3 gathers each unit once per step
   bool overlap = true;         // the engine's default: collectives started ahead
+  int comm = TS_ENGINE_COMM_AUTO;  // staged: the GPU path's host staging, on the CPU
+  size_t comm_chunk = 0;           // staged: bytes per rank's part of a chunk (0: 1 MiB)
 };
 
 // The model of a setup: the tiny LLaMA or the tiny BERT.
@@ -145,6 +147,8 @@ TrainRun Train(ts_comm *dp, const TrainSetup &s) {
   o.async_save = s.async_save;
   o.keep_gathered = s.keep_gathered;
   o.overlap = s.overlap;
+  o.comm = s.comm;
+  o.comm_chunk_bytes = s.comm_chunk;
   o.recompute_every = s.recompute_every;
   o.loss_scale_init = s.loss_scale_init;
   o.loss_scale_window = s.loss_scale_window;
@@ -153,6 +157,10 @@ TrainRun Train(ts_comm *dp, const TrainSetup &s) {
   EXPECT_EQ(ts_engine_create(&e, &model, &o, dp), TS_OK) << ts_last_error();
   // overlap on two or more ranks: the group's communication thread runs
   EXPECT_EQ(ts_comm_thread_active(dp), s.overlap && N > 1);
+  if (!s.overlap)
+    EXPECT_STREQ(ts_comm_transport(dp), N == 1                            ? "self"
+                                        : s.comm == TS_ENGINE_COMM_STAGED ? "staged"
+                                                                          : "mpi");
   if (s.inject.step > 0 && r == N - 1) ts_engine_inject_nonfinite(e, &s.inject);
   if (s.inject2.step > 0 && r == N - 1) ts_engine_inject_nonfinite(e, &s.inject2);
   run.after_create = *ts_engine_memory(e);
@@ -467,7 +475,10 @@ TEST(ZeroStages, OverlapIsBitwiseEqualToNoneUnderRandomDelays) {
   // parameters, optimizer state, losses and norms are bitwise those without
   // overlap: stages 0-3 x fp32/bf16/fp16 x recompute x accumulation 1 and
   // 2 x gather-once (stage 3). The reduce-scatters move the same bytes;
-  // stage 3's all-gathers one last unit less per micro-batch (kept).
+  // stage 3's all-gathers one last unit less per micro-batch (kept). The
+  // host-staged transport (the GPU path's, here staging host memory in
+  // chunks of 256 bytes per rank, under the thread with overlap and on the
+  // step's thread without) gives the same bits and bytes again.
   ts_comm_testing_set_thread_delay(300, 11);
   for (ts_dtype dt : {TS_FP32, TS_BF16, TS_FP16})
     for (int stage = 0; stage <= 3; stage++)
@@ -490,12 +501,18 @@ TEST(ZeroStages, OverlapIsBitwiseEqualToNoneUnderRandomDelays) {
           TrainRun off = Train(World(), s);
           s.overlap = true;
           TrainRun on = Train(World(), s);
-          EXPECT_TRUE(BitwiseEqual(off, on)) << "max |diff| " << MaxAbsDiff(off, on);
-          EXPECT_EQ(off.losses, on.losses);
-          EXPECT_EQ(off.norms, on.norms);
-          for (size_t k = 0; k < off.stats.size(); k++)
-            EXPECT_EQ(off.stats[k].comm.bytes[TS_COMM_REDUCE_SCATTER],
-                      on.stats[k].comm.bytes[TS_COMM_REDUCE_SCATTER]);
+          s.comm = TS_ENGINE_COMM_STAGED;
+          s.comm_chunk = 256;
+          s.overlap = (stage + every) % 2 == 0;
+          TrainRun staged = Train(World(), s);
+          for (const TrainRun *other : {&on, &staged}) {
+            EXPECT_TRUE(BitwiseEqual(off, *other)) << "max |diff| " << MaxAbsDiff(off, *other);
+            EXPECT_EQ(off.losses, other->losses);
+            EXPECT_EQ(off.norms, other->norms);
+            for (size_t k = 0; k < off.stats.size(); k++)
+              EXPECT_EQ(off.stats[k].comm.bytes[TS_COMM_REDUCE_SCATTER],
+                        other->stats[k].comm.bytes[TS_COMM_REDUCE_SCATTER]);
+          }
         }
       }
   ts_comm_testing_set_thread_delay(0, 1);
@@ -710,6 +727,8 @@ void ExpectPlanMatchesRun(const TrainSetup &s) {
   o.async_save = s.async_save;
   o.keep_gathered = s.keep_gathered;
   o.overlap = s.overlap;
+  o.comm = s.comm;
+  o.comm_chunk_bytes = s.comm_chunk;
   ts_mem_account plan;
   ASSERT_EQ(ts_engine_plan(&model, &o, N, &plan), TS_OK) << ts_last_error();
   ts_model_free(&model);
@@ -722,6 +741,8 @@ void ExpectPlanMatchesRun(const TrainSetup &s) {
   EXPECT_EQ(plan.peak_total, run.at_end.peak_total);
   EXPECT_GT(plan.peak[TS_MEM_PARAMS], 0u);
   EXPECT_EQ(plan.peak[TS_MEM_STAGING] > 0, s.async_save);
+  if (s.comm == TS_ENGINE_COMM_STAGED && N > 1)  // the staging: two slots of 2N pieces
+    EXPECT_GE(plan.current[TS_MEM_COMM], ts_comm_staging_bytes((int)N, s.comm_chunk));
 }
 
 TEST(MemoryPlan, EqualsTheLedgerOfARealRunToTheByte) {
@@ -753,6 +774,14 @@ TEST(MemoryPlan, EqualsTheLedgerOfARealRunToTheByte) {
             SCOPED_TRACE("overlap off");
             ExpectPlanMatchesRun(s);
             s.overlap = true;
+          }
+          if (every == 1 && !tied) {  // the staged transport's host staging (CPU: device)
+            s.comm = TS_ENGINE_COMM_STAGED;
+            s.comm_chunk = 100 + (size_t)stage;
+            SCOPED_TRACE("staged");
+            ExpectPlanMatchesRun(s);
+            s.comm = TS_ENGINE_COMM_AUTO;
+            s.comm_chunk = 0;
           }
           if (stage == 3 && dt != TS_FP16) {  // gather-once's holds, planned too
             s.keep_gathered = true;

@@ -36,6 +36,8 @@ typedef struct unit_choice {
 static const char *const UNIT_NAMES[] = {"GiB", "GB", "MiB", "MB", "bytes", NULL};
 /* --reshard-after-forward: the index is ts_engine_opts.keep_gathered. */
 static const char *const RESHARD[] = {"true", "false", NULL};
+/* --comm: the index is ts_engine_opts.comm (ts_engine_comm_kind). */
+static const char *const COMM[] = {"auto", "mpi", "staged", "nccl", NULL};
 /* --overlap: the index is ts_engine_opts.overlap. */
 static const char *const OVERLAP[] = {"off", "on", NULL};
 static const unit_choice UNITS[] = {
@@ -170,6 +172,16 @@ int ts_tool_estimate(int argc, char **argv) {
                      "plan communication overlap: ZeRO-3's prefetched unit, stages 2/3's second "
                      "full gradient in flight (default on)",
                      &act_flag),
+      TS_FLAG_CHOICE("--comm", NULL, &opts.comm, COMM,
+                     "transport of the data-parallel and pipeline groups: mpi (host memory), "
+                     "staged (device -> page-locked host -> MPI -> device, in chunks; on the CPU "
+                     "the same staging of host memory), nccl (not built yet); auto: mpi on the "
+                     "CPU, staged on a GPU (default auto)",
+                     &act_flag),
+      TS_FLAG_SIZE("--comm-chunk", NULL, &opts.comm_chunk_bytes, 64, "BYTES",
+                   "staged: bytes of each rank's part of a chunk (default 1048576); the host "
+                   "staging is 4 x ranks x this",
+                   &act_flag),
       TS_FLAG_SIZE("--grad-accum", NULL, &opts.grad_accum, 1, "M",
                    "micro-batches per step: a pipeline's micro-batches in flight (default 1)",
                    &act_flag),
@@ -218,6 +230,7 @@ int ts_tool_estimate(int argc, char **argv) {
    * stage stage_lo + i / P on pipeline stage i % P. */
   int P = (int)pipeline, nstages = (stage_hi - stage_lo + 1) * P;
   ts_mem_account ledgers[4 * TS_ENGINE_MAX_STAGES];
+  ts_mem_account hosts[4 * TS_ENGINE_MAX_STAGES]; /* beside a GPU: the host's part */
   int split[TS_ENGINE_MAX_STAGES + 1];
   ts_model m;
   memset(&m, 0, sizeof m);
@@ -231,7 +244,8 @@ int ts_tool_estimate(int argc, char **argv) {
   if (st == TS_OK && model) st = ts_engine_pipeline_split(&m, &opts, split);
   for (int i = 0; i < nstages && st == TS_OK; i++) {
     opts.zero_stage = stage_lo + i / P;
-    st = model ? ts_engine_plan_stage(&m, &opts, dp, i % P, &ledgers[i])
+    memset(&hosts[i], 0, sizeof hosts[i]);
+    st = model ? ts_engine_plan_stage_host(&m, &opts, dp, i % P, &ledgers[i], &hosts[i])
                : ts_engine_plan_params(psi, opts.dtype, opts.zero_stage, dp, &ledgers[i]);
   }
   ts_model_free(&m);
@@ -275,6 +289,10 @@ int ts_tool_estimate(int argc, char **argv) {
       cJSON_AddItemToObject(s, "between_steps", category_object(l->current, ncat));
       add_int(s, "model_states", ts_mem_model_state_bytes(l));
       add_int(s, "peak_total", l->peak_total);
+      if (model && opts.device != TS_DEVICE_CPU) { /* the host memory beside the GPU */
+        cJSON_AddItemToObject(s, "host_peak", category_object(hosts[i].peak, ncat));
+        add_int(s, "host_peak_total", hosts[i].peak_total);
+      }
       cJSON_AddItemToArray(stages, s);
     }
     cJSON_AddItemToObject(root, "stages", stages);
@@ -332,5 +350,14 @@ int ts_tool_estimate(int argc, char **argv) {
   }
   for (int i = 0; i < nstages; i++) row[i] = ledgers[i].peak_total;
   print_row("peak total", row, nstages, unit);
+  if (opts.device != TS_DEVICE_CPU) { /* the host memory beside the GPU */
+    static const ts_mem_category host_cats[] = {TS_MEM_ACTIVATIONS, TS_MEM_COMM, TS_MEM_STAGING};
+    static const char *const host_names[] = {"host: batch staging", "host: comm staging",
+                                             "host: checkpoint staging"};
+    for (int k = 0; k < 3; k++) {
+      for (int i = 0; i < nstages; i++) row[i] = hosts[i].peak[host_cats[k]];
+      print_row(host_names[k], row, nstages, unit);
+    }
+  }
   return 0;
 }

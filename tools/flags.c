@@ -42,6 +42,8 @@ static const struct {
     {"recompute_every", "--activation-checkpointing"},
     {"keep_gathered", "--reshard-after-forward"},
     {"overlap", "--overlap"},
+    {"comm_chunk_bytes", "--comm-chunk"},
+    {"comm", "--comm"},
     {"device", "--device"},
     {"model", "--model"},
     {"data_dir", "--data"},

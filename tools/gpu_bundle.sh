@@ -67,14 +67,19 @@ tools/kjv.sh bazel-bin/tools/tessera --mlm >/dev/null ||
 # compiles at run time) and cuBLASLt's heuristics (once per product shape).
 # Each limit is several times that estimate; unlisted binaries get 120 s.
 # run.sh runs them in this order (the lower layers first), others after.
-ORDER=(cuda_smoke_test kernels_cuda_test kernels_parity_gpu_test hf_parity_gpu_test engine_gpu_test)
+ORDER=(cuda_smoke_test kernels_cuda_test kernels_parity_gpu_test hf_parity_gpu_test engine_gpu_test
+  staged_gpu_test)
 declare -A LIMIT=(
   [cuda_smoke_test]=60
   [kernels_cuda_test]=60
   [kernels_parity_gpu_test]=120
   [hf_parity_gpu_test]=120
   [engine_gpu_test]=180
+  [staged_gpu_test]=180
 )
+# Ranks per binary: a multi-rank test (comm/mpi_test.bzl's NAME_npN, whose
+# binary is NAME_bin) runs as NAME under the bundle's mpirun with N ranks.
+declare -A NP=()
 
 rm -rf "$DIR"
 mkdir -p "$DIR/lib"
@@ -82,6 +87,11 @@ tests=()
 for t in $targets; do
   path="bazel-bin/$(sed -e 's|^//||' -e 's|:|/|' <<<"$t")"
   name="$(basename "$path")"
+  if [[ "$name" =~ ^(.*)_np([0-9]+)$ ]]; then # an mpirun test: its binary, N ranks
+    name="${BASH_REMATCH[1]}"
+    NP[$name]="${BASH_REMATCH[2]}"
+    path="$(dirname "$path")/${name}_bin"
+  fi
   cp -L "$path" "$DIR/$name"
   chmod u+w "$DIR/$name"
   strip --strip-unneeded "$DIR/$name"
@@ -93,9 +103,9 @@ for t in $targets; do
 done
 cp -L bazel-bin/_solib_k8/*.so "$DIR/lib/"
 {
-  echo "# test binary, time limit in seconds (tools/gpu_bundle.sh; read by run.sh)"
+  echo "# test binary, time limit in seconds, ranks (tools/gpu_bundle.sh; read by run.sh)"
   for name in "${ORDER[@]}" "${tests[@]}"; do
-    [[ " ${tests[*]} " == *" $name "* ]] && echo "$name ${LIMIT[$name]:-120}"
+    [[ " ${tests[*]} " == *" $name "* ]] && echo "$name ${LIMIT[$name]:-120} ${NP[$name]:-1}"
   done | awk '!seen[$1]++'
 } >"$DIR/tests.txt"
 cp -L bazel-bin/tools/gpu_info "$DIR/gpu_info"
@@ -113,6 +123,10 @@ SYSTEM+='|^lib(cuda|cudart|cublas|cublasLt|cudnn[a-z_]*|nvrtc[a-z-]*|nvJitLink|c
 deps() { ldd "$1" | awk '/=> \// {print $1, $3} /=> not found/ {print $1, "-"}'; }
 
 mkdir -p "$DIR/bin" "$DIR/lib/openmpi"
+# Open MPI's launcher (orterun as mpirun, and orted) for the multi-rank
+# tests and benchmarks: ranks on this one machine, behind DIR/mpirun.
+cp -L "$(command -v orterun)" "$DIR/bin/mpirun"
+cp -L "$(command -v orted)" "$DIR/bin/orted"
 cp -L bazel-bin/tools/tessera "$DIR/bin/tessera"
 chmod u+w "$DIR/bin/tessera"
 strip --strip-unneeded "$DIR/bin/tessera" # its symbol table: 0.6 MiB of the 64
@@ -202,6 +216,27 @@ export HWLOC_PLUGINS_PATH="$B/lib/hwloc" # none: no plugins of another hwloc
 exec "$B/bin/tessera" "$@"
 EOF
 chmod +x "$DIR/tessera"
+
+cat >"$DIR/mpirun" <<'EOF'
+#!/usr/bin/env bash
+# Open MPI's mpirun from this bundle (made by tools/gpu_bundle.sh), for
+# ranks on this one machine: the bundle's libraries and components, shared
+# memory and loopback between ranks, root allowed (a lent machine runs as
+# root), ranks not bound to cores. Use as mpirun: ./mpirun -n 2 ./NAME ...
+B="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=/dev/null
+source "$B/env.sh"
+export PATH="$B/bin:$PATH" # orted beside mpirun
+export OMPI_MCA_mca_base_component_path="$B/lib/openmpi"
+export OMPI_MCA_mca_base_component_show_load_errors=0
+export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_tcp_if_include=lo
+export OMPI_MCA_btl_vader_single_copy_mechanism=none # containers often forbid CMA
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export HWLOC_PLUGINS_PATH="$B/lib/hwloc"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+exec "$B/bin/mpirun" --oversubscribe --bind-to none "$@"
+EOF
+chmod +x "$DIR/mpirun"
 
 # Presets, the benchmark, the PyTorch peer and the KJV token folder.
 mkdir -p "$DIR/models" "$DIR/tools/peer"

@@ -17,7 +17,10 @@
 # whole output, brief), NAME.xml (gtest's report: every test, its time and
 # its failure messages) and summary.txt (the lines printed after the runs).
 #
-# Time: tests.txt gives each binary's limit in seconds ("NAME SECONDS"); a
+# Ranks: a third column N > 1 in tests.txt runs the binary under the
+# bundle's ./mpirun with N ranks (ranks on this one machine and its GPU).
+#
+# Time: tests.txt gives each binary's limit in seconds ("NAME SECONDS [N]"); a
 # binary past it is killed (TERM, then KILL 10 s later) and counts as failed
 # ("timed out"). BUDGET (default 540 s) caps the whole run: a binary is
 # given no more than what is left of it, less 15 s for the summary, and one
@@ -42,12 +45,14 @@ mkdir -p "$LOG_DIR" || { echo "run.sh: cannot create $LOG_DIR" >&2; exit 2; }
 LOG_DIR="$(cd "$LOG_DIR" && pwd)"
 [[ -f "$HERE/tests.txt" ]] || { echo "run.sh: no $HERE/tests.txt" >&2; exit 2; }
 
-declare -A LIMIT=()
+declare -A LIMIT=() NP=()
 ORDER=()
-while read -r name secs; do
+while read -r name secs np; do
   [[ -z "$name" || "$name" == \#* ]] && continue
   [[ "$secs" =~ ^[0-9]+$ ]] || { echo "run.sh: tests.txt: $name: limit '$secs' is not whole seconds" >&2; exit 2; }
+  [[ "${np:-1}" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: tests.txt: $name: ranks '$np' is not a positive number" >&2; exit 2; }
   LIMIT[$name]="$secs"
+  NP[$name]="${np:-1}"
   ORDER+=("$name")
 done <"$HERE/tests.txt"
 if (($# > 0)); then
@@ -86,8 +91,10 @@ for name in "${ORDER[@]}"; do
   fi
   echo "== $name (limit ${limit} s)"
   t0=$SECONDS
-  timeout --kill-after=10 "$limit" "./$name" --gtest_brief=1 --gtest_color=no \
-    "--gtest_output=xml:$LOG_DIR/$name.xml" >"$LOG_DIR/$name.log" 2>&1
+  launch=()
+  ((NP[$name] == 1)) || launch=(./mpirun -n "${NP[$name]}") # ranks: the bundle's mpirun
+  timeout --kill-after=10 "$limit" ${launch[@]+"${launch[@]}"} "./$name" --gtest_brief=1 \
+    --gtest_color=no "--gtest_output=xml:$LOG_DIR/$name.xml" >"$LOG_DIR/$name.log" 2>&1
   rc=$?
   secs=$((SECONDS - t0))
   # The brief output: failures with their messages, and gtest's last lines.

@@ -191,6 +191,8 @@ static ts_status parse_dtype(const char *v, void *dtype) { return ts_dtype_parse
 
 /* --reshard-after-forward: the index is ts_engine_opts.keep_gathered. */
 static const char *const RESHARD[] = {"true", "false", NULL};
+/* --comm: the index is ts_engine_opts.comm (ts_engine_comm_kind). */
+static const char *const COMM[] = {"auto", "mpi", "staged", "nccl", NULL};
 /* --overlap: the index is ts_engine_opts.overlap. */
 static const char *const OVERLAP[] = {"off", "on", NULL};
 
@@ -284,6 +286,16 @@ int ts_tool_train(int argc, char **argv) {
                      "backward, DDP buckets) on a communication thread; the same bits either way "
                      "(default on)",
                      NULL),
+      TS_FLAG_CHOICE("--comm", NULL, &e->comm, COMM,
+                     "transport of the data-parallel and pipeline groups: mpi (host memory), "
+                     "staged (device -> page-locked host -> MPI -> device, in chunks; on the CPU "
+                     "the same staging of host memory), nccl (not built yet); auto: mpi on the "
+                     "CPU, staged on a GPU (default auto)",
+                     NULL),
+      TS_FLAG_SIZE("--comm-chunk", NULL, &e->comm_chunk_bytes, 64, "BYTES",
+                   "staged: bytes of each rank's part of a chunk (default 1048576); the host "
+                   "staging is 4 x ranks x this",
+                   NULL),
       TS_FLAG_CUSTOM("--device", NULL, &device, ts_tool_parse_device, "cpu|cuda|auto",
                      "where to train; cuda: GPU local_rank % GPUs, auto: cuda if a GPU is seen "
                      "(default cpu)",
