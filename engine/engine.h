@@ -356,8 +356,9 @@ typedef struct ts_step_stats {
  * max_position_embeddings, zero_stage outside 0-3: the message names the
  * flag and the expected value; in fp16 also a loss scale that is negative
  * or not finite, an initial scale below the minimum, a window of 0; an
- * unknown device), TS_ERR_UNSUPPORTED (a GPU with a data-parallel group of
- * more than one rank, until comm/ has a device transport),
+ * unknown device; `comm` mpi on a GPU), TS_ERR_UNSUPPORTED (`comm` nccl,
+ * not built), TS_ERR_INVALID_USAGE (a group already on a communication
+ * thread, or lent another engine's memory: one owner per group),
  * TS_ERR_OUT_OF_MEMORY (on a GPU also before anything is allocated, when
  * the plan exceeds the card's free memory: the message names the
  * categories), TS_ERR_CUDA, TS_ERR_MPI. */

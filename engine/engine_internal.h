@@ -320,11 +320,10 @@ ts_status ts_engine_count_correct(ts_engine *e, const int32_t *targets, double *
 
 /* ---- device.c ---------------------------------------------------------------------- */
 
-/* Beside a GPU, before anything is allocated: lends comm the device's copy
- * and addition (one rank only, until a device transport exists), sets the
- * kernels' flags, refuses a run the card cannot hold (the plan's other
- * blocks at their peak plus every reserved transient), naming each
- * category, and reserves the step's transients. */
+/* Beside a GPU, before anything is allocated (ts_engine_lend_memory has
+ * lent comm the device's memory): sets the kernels' flags, refuses a run the card cannot hold (the
+ * plan's other blocks at their peak plus every reserved transient), naming each category, and
+ * reserves the step's transients. */
 ts_status ts_engine_prepare_device(ts_engine *e);
 
 /* Lends the engine's memory to its groups (comm.h ts_comm_set_memory):

@@ -282,9 +282,7 @@ TEST(Engine, RejectsBadOptions) {
   o.device = (ts_device)9;
   EXPECT_EQ(ts_engine_create(&e, &model, &o, nullptr), TS_ERR_INVALID_ARGUMENT);
   EXPECT_STREQ(ts_last_error(), "device 9: expected cpu or cuda");
-  // A GPU engine over more than one data-parallel rank waits for a device
-  // transport in comm/ (NCCL or host-staged MPI): refused in one line. On a
-  // machine without a GPU, any GPU engine is refused at its context.
+  // On a machine without a GPU, any GPU engine is refused at its context.
   o.device = TS_DEVICE_CUDA;
   if (ts_k_device_count(TS_DEVICE_CUDA) == 0) {
     EXPECT_EQ(ts_engine_create(&e, &model, &o, nullptr), TS_ERR_INVALID_ARGUMENT);

@@ -143,6 +143,18 @@ done < <(deps bazel-bin/tools/tessera)
 # one rank of tessera never opens.
 components="$(ompi_info --parsable --path pkglibdir | sed -n 's/^path:pkglibdir://p')"
 [[ -d "$components" ]] || { echo "gpu_bundle: no Open MPI component folder ($components)" >&2; exit 1; }
+# mpirun (the multi-rank tests) needs a PMIx component: Debian's Open MPI
+# uses the external PMIx (mca_pmix_ext3x), so carry libpmix and what it
+# loads, which keeps that component below, and PMIx's own plugins.
+while read -r so path; do
+  if grep -Eq "$SYSTEM" <<<"$so" || [[ -f "$DIR/lib/$so" ]]; then continue; fi
+  [[ "$path" != - ]] || { echo "gpu_bundle: mca_pmix_ext3x needs $so, which ldd cannot find" >&2; exit 1; }
+  cp -L "$path" "$DIR/lib/$so"
+done < <(deps "$components/mca_pmix_ext3x.so")
+pmix_plugins="$(dirname "$(ldd "$components/mca_pmix_ext3x.so" | awk '/libpmix\.so/ {print $3}')")"
+pmix_plugins="$(find "$pmix_plugins" /usr/lib/x86_64-linux-gnu/pmix2 -maxdepth 3 -type d -path '*lib/pmix' 2>/dev/null | head -1)"
+mkdir -p "$DIR/lib/pmix"
+if [[ -n "$pmix_plugins" ]]; then cp -L "$pmix_plugins"/*.so "$DIR/lib/pmix/" 2>/dev/null || true; fi
 kept=0
 for comp in "$components"/mca_*.so; do
   ok=1 common=()
@@ -233,6 +245,7 @@ export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_tcp_if_include=
 export OMPI_MCA_btl_vader_single_copy_mechanism=none # containers often forbid CMA
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export HWLOC_PLUGINS_PATH="$B/lib/hwloc"
+export PMIX_MCA_mca_base_component_path="$B/lib/pmix" PMIX_MCA_mca_base_component_show_load_errors=0
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 exec "$B/bin/mpirun" --oversubscribe --bind-to none "$@"
 EOF

@@ -33,6 +33,30 @@ took=$((SECONDS - t0))
 echo "$out"
 check_eq "exit status" 1 "$rc"
 check_eq "last line" "1 passed, 4 failed" "$(tail -n 1 <<<"$out")"
+
+# A third column N > 1 runs the binary under the bundle's ./mpirun with N
+# ranks (here a fake mpirun that says how it was called, then runs it).
+B2="$T/ranks"
+mkdir -p "$B2"
+cp "$SUITE" "$B2/run.sh"
+printf '#!/usr/bin/env bash
+echo "mpirun $1 $2"
+shift 2
+exec "$@"
+' >"$B2/mpirun"
+printf '#!/usr/bin/env bash
+echo "[  PASSED  ] 1 test."
+' >"$B2/ranks_test"
+chmod +x "$B2/run.sh" "$B2/mpirun" "$B2/ranks_test"
+printf 'ranks_test 30 2
+' >"$B2/tests.txt"
+out2="$("$B2/run.sh" "$T/logs2" 2>&1)"
+check_eq "ranks: exit status" 0 "$?"
+check_eq "ranks: run under mpirun -n 2" "mpirun -n 2" "$(head -n 1 "$T/logs2/ranks_test.log")"
+check_eq "ranks: last line" "1 passed, 0 failed" "$(tail -n 1 <<<"$out2")"
+printf 'ranks_test 30 0
+' >"$B2/tests.txt"
+check "ranks: 0 refused" "ranks '0' is not a positive number" "$("$B2/run.sh" "$T/logs3" 2>&1)"
 check_eq "the hang killed at its limit (under 15 s in all)" 1 "$((took < 15))"
 check_eq "pass verdict" 1 "$(grep -c '^-- pass_test: passed' <<<"$out")"
 check_eq "fail summary" 1 "$(grep -c '^FAILED fail_test (exit 1, [0-9]* s): Suite.Broken $' <<<"$out")"
