@@ -369,9 +369,13 @@ ts_status ts_engine_create_stage(ts_engine **out, const ts_model *model,
   if (st == TS_OK) st = ts_engine_lend_memory(e);
   if (st == TS_OK && e->device != TS_DEVICE_CPU) st = ts_engine_prepare_device(e);
   if (st == TS_OK) st = ts_engine_alloc(e);
-  if (st == TS_OK && opts->overlap && e->device == TS_DEVICE_CPU && e->dp_size > 1) {
+  if (st == TS_OK && opts->overlap && e->dp_size > 1 &&
+      (e->device == TS_DEVICE_CPU || ts_engine_comm_resolve(opts) == TS_ENGINE_COMM_STAGED)) {
     /* A group that cannot have a thread (MPI without MPI_THREAD_MULTIPLE)
-     * runs the same order without one: the bits and the plan are the same. */
+     * runs the same order without one: the bits and the plan are the same.
+     * Beside a GPU the thread's staging copies run on the step's stream,
+     * each after the work queued before it (CUDA streams take work from
+     * any host thread; a copy needs no current device). */
     e->comm_thread = ts_comm_set_thread(e->dp, 1) == TS_OK;
   }
   if (st != TS_OK) {

@@ -171,11 +171,11 @@ typedef struct ts_engine_opts {
    * 0/1 reduce-scatter (and stage 0 all-gathers) each unit's gradient as
    * the step's last backward produces it (DDP's buckets, one per unit); the
    * optimizer's all-gathers of updated parameters run beside AdamW of the
-   * next unit. On the CPU the data-parallel group gets a communication
-   * thread (comm.h ts_comm_set_thread) when it has two or more ranks and
-   * MPI allows it, so the data moves while the step computes; otherwise
-   * the same order runs without one. The bits are those of 0 (every sum in
-   * the same order: the transport's rank order). */
+   * next unit. The data-parallel group gets a communication thread (comm.h
+   * ts_comm_set_thread) when it has two or more ranks and MPI allows it, on
+   * the CPU and on the staged transport beside a GPU, so the data moves
+   * while the step computes; otherwise the same order runs without one. The bits are those of 0
+   * (every sum in the same order: the transport's rank order). */
   int overlap;
   /* The transport of the data-parallel and pipeline groups
    * (ts_engine_comm_kind; DESIGN.md "GPU"). auto (0): mpi on the CPU, staged on

@@ -12,7 +12,9 @@
 //   equals stage 0 and stage 3 equals stage 2 bit for bit (the determinism
 //   contract with accumulation: 0/1 reduce the accumulated gradient once,
 //   2/3 reduce each micro-batch into the shard; every sum is MPI's on the
-//   host, fp32 in rank order), in fp32 and bf16, and overlap on equals off.
+//   host, fp32 in rank order), in fp32 and bf16, and overlap on (the
+//   communication thread running the staged copies beside the step, on
+//   the GPU through the step's stream from another host thread) equals off.
 // - Losses agree with the CPU's (plain MPI) over 8 fp32 steps within the
 //   CPU-vs-GPU bound of engine_device_test (2e-3 relative: cuBLASLt's and
 //   OpenBLAS's fp32 products sum in other orders, measured on an H200 at
@@ -130,9 +132,10 @@ class StagedDevice : public testing::Test {
     ts_engine *e = nullptr;
     EXPECT_EQ(ts_engine_create(&e, &model_, &o, World()), TS_OK) << ts_last_error();
     if (!e) return Trained{};
-    EXPECT_STREQ(ts_comm_transport(World()), o.overlap && o.device == TS_DEVICE_CPU
-                                                 ? "thread"
-                                                 : ts_engine_comm_name(ts_engine_comm_resolve(&o)));
+    // overlap: the communication thread (over the staged transport on a
+    // GPU too); without: the transport itself
+    EXPECT_STREQ(ts_comm_transport(World()),
+                 o.overlap ? "thread" : ts_engine_comm_name(ts_engine_comm_resolve(&o)));
     Trained r = Train(e, model_, ts_comm_rank(World()), steps);
     ts_engine_free(e);
     EXPECT_STREQ(ts_comm_transport(World()), "mpi");  // memory given back

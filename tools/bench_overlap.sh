@@ -19,6 +19,13 @@
 # per rank (comm/'s counters), rank 0's params peak and peak total (the
 # ledger), and whether the losses equal default ZeRO-3's without overlap at
 # every step. TESSERA_BIN as in tools/bench_env.sh.
+#
+# On a GPU (the bundle's run_overlap.sh sets these): DEVICE=cuda trains
+# there (every rank on the GPU its local rank picks; 2 ranks on one card go
+# through the host-staged transport), LAUNCH is the launcher (a command
+# taking -n N PROGRAM ARGS; default tools/launch.sh), and with TESSERA_BIN
+# and DATA both given the script builds and prepares nothing (TESSERA_TOOL:
+# the binary for `timeline`, default TESSERA_BIN).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -26,12 +33,21 @@ MODEL="${1:-llama-tiny}"
 RANKS="${2:-2 4}"
 STEPS="${3:-20}"
 ACCUM="${4:-4}"
+DEVICE="${DEVICE:-cpu}"
+LAUNCH="${LAUNCH:-$ROOT/tools/launch.sh}"
 cd "$ROOT"
-# shellcheck source=tools/bench_env.sh
-source tools/bench_env.sh # BIN, DATA, TMP
+if [[ -n "${TESSERA_BIN:-}" && -n "${DATA:-}" ]]; then # a bundle: nothing to build
+  BIN="$TESSERA_BIN"
+  TMP="$(mktemp -d)"
+  trap 'rm -rf "$TMP"' EXIT
+else
+  # shellcheck source=tools/bench_env.sh
+  source tools/bench_env.sh # BIN, DATA, TMP
+fi
+TOOL="${TESSERA_TOOL:-$BIN}"
 
-printf '%s, %s steps, accumulation %s, global batch 16 x 128 (%s cores)\n' "$MODEL" "$STEPS" \
-  "$ACCUM" "$(nproc)"
+printf '%s, %s steps, accumulation %s, global batch 16 x 128 (%s cores, device %s)\n' "$MODEL" \
+  "$STEPS" "$ACCUM" "$(nproc)" "$DEVICE"
 printf '| ranks | run | overlap | tokens/s | on / off | comm ms/step | exposed ms/step | exposed / off comm | MB sent per step | params peak MiB | peak total MiB | losses = ZeRO-3 |\n'
 printf '| ---: | :--- | :---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :---: |\n'
 for n in $RANKS; do
@@ -44,13 +60,13 @@ for n in $RANKS; do
     read -r zero reshard <<<"$run"
     for overlap in off on; do
       name="$n-$zero-$reshard-$overlap"
-      tools/launch.sh -n "$n" "$BIN" train --model "$MODEL" --data "$DATA" --zero "$zero" \
+      "$LAUNCH" -n "$n" "$BIN" train --device "$DEVICE" --model "$MODEL" --data "$DATA" --zero "$zero" \
         --reshard-after-forward "$reshard" --overlap "$overlap" --steps "$STEPS" \
         --micro-batch "$mb" --grad-accum "$ACCUM" --seq 128 --lr 1e-3 --warmup 5 \
         --eval-batches 1 --log-every "$STEPS" --metrics "$TMP/$name.jsonl" \
         --trace "$TMP/$name.trace.json" >"$TMP/run.log"
       for ((k = 4; k <= STEPS; k++)); do
-        "$BIN" timeline "$TMP/$name.trace.json" --step "$k" --json
+        "$TOOL" timeline "$TMP/$name.trace.json" --step "$k" --json
         echo
       done >"$TMP/$name.timeline.jsonl"
     done

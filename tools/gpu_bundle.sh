@@ -11,6 +11,9 @@
 #                                  with brief output, keeps the logs in
 #                                  LOG_DIR, ends with "N passed, N failed"
 #                                  (tools/gpu_suite.sh; exit 1 if any failed)
+#   DIR/run_overlap.sh [MODEL] [RANKS] on the GPU machine: tools/bench_overlap.sh
+#                                  (overlap off/on, ZeRO-3, gather-once) on
+#                                  RANKS ranks under DIR/mpirun (default 2)
 #   DIR/run_bench.sh [STEPS]       on the GPU machine: tools/bench_gpu.sh,
 #                                  tessera against PyTorch (which must be
 #                                  there: python3 with torch and transformers);
@@ -254,7 +257,7 @@ chmod +x "$DIR/mpirun"
 # Presets, the benchmark, the PyTorch peer and the KJV token folder.
 mkdir -p "$DIR/models" "$DIR/tools/peer"
 cp -r models/configs "$DIR/models/"
-cp tools/bench_gpu.sh "$DIR/tools/"
+cp tools/bench_gpu.sh tools/bench_overlap.sh "$DIR/tools/"
 cp tools/peer/torch_llama.py tools/peer/torch_bert.py "$DIR/tools/peer/"
 # The tests' data, at the paths they open relative to their working
 # directory (Bazel's runfiles root there; the bundle's root here).
@@ -283,6 +286,20 @@ export DATA_MLM="${DATA_MLM:-$B/data/kjv-mlm}"
 exec "$B/tools/bench_gpu.sh" "$@"
 EOF
 chmod +x "$DIR/run_bench.sh"
+
+cat >"$DIR/run_overlap.sh" <<'EOF'
+#!/usr/bin/env bash
+# tools/bench_overlap.sh from this bundle (made by tools/gpu_bundle.sh):
+# stage 0, ZeRO-3 and gather-once with --overlap off and on, RANKS ranks on
+# this machine's GPU(s) under the bundle's mpirun (2 ranks on one card:
+# the host-staged transport). Arguments as bench_overlap.sh's:
+#   run_overlap.sh [MODEL] [RANKS] [STEPS] [ACCUM]   (default llama-tiny "2" 20 4)
+B="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+export TESSERA_BIN="$B/bin/tessera" TESSERA_TOOL="$B/tessera" TESSERA_HOME="$B"
+export DATA="${DATA:-$B/data/kjv}" LAUNCH="$B/mpirun" DEVICE="${DEVICE:-cuda}"
+exec "$B/tools/bench_overlap.sh" "${1:-llama-tiny}" "${2:-2}" "${3:-20}" "${4:-4}"
+EOF
+chmod +x "$DIR/run_overlap.sh"
 
 size="$(du -sb "$DIR" | cut -f1)"
 echo "gpu_bundle: $DIR: $((size / 1048576)) MiB"
