@@ -417,10 +417,23 @@ static ts_status save_commit(save_job *j, ts_status local, const char *hx, size_
     local = ts_set_error(TS_ERR_OUT_OF_MEMORY, "checkpoint: %d ranks", n);
   ts_status st = ts_comm_agree(j->w, local, j->what, NULL);
   if (st == TS_OK) {
+    /* Gathered as doubles by a sum (each 32-bit word once, zeros from the
+     * other ranks: exact), since the group's data collectives may move a
+     * device's memory (ts_comm_set_memory) and these bytes are the host's. */
     char mine[72];
+    uint32_t w[18];
     memcpy(mine, hx, 64);
     memcpy(mine + 64, &nb, 8);
-    st = ts_comm_all_gather(j->w, mine, packed, 18, TS_FP32); /* bytes carried as they are */
+    memcpy(w, mine, sizeof w);
+    double *all = calloc((size_t)n * 18, sizeof(double));
+    if (!all) st = ts_set_error(TS_ERR_OUT_OF_MEMORY, "checkpoint: %d ranks", n);
+    for (int k = 0; all && k < 18; k++) all[(size_t)j->R * 18 + (size_t)k] = (double)w[k];
+    if (st == TS_OK) st = ts_comm_all_reduce_f64(j->w, all, (size_t)n * 18, TS_COMM_SUM);
+    for (size_t i = 0; st == TS_OK && i < (size_t)n * 18; i++) {
+      uint32_t v = (uint32_t)all[i];
+      memcpy((char *)packed + 4 * i, &v, 4);
+    }
+    free(all);
   }
   if (st == TS_OK) {
     ts_status mine = TS_OK;
