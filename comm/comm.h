@@ -10,9 +10,12 @@
  * groups later), or a one-rank group that needs no MPI at all
  * (ts_comm_self), so that one-rank code and tests run the same calls.
  *
- * Buffers are host memory. Counts are in elements of a ts_dtype (fp32, bf16,
- * fp16). Reductions sum: half-precision elements are widened to fp32, summed
- * in fp32 and rounded once to the storage dtype (round to nearest even).
+ * Buffers are host memory, or a device's that its owner lends comm
+ * (ts_comm_set_memory: on two or more ranks the host-staged transport,
+ * staged.c, moves it through host staging). Counts are in elements of a
+ * ts_dtype (fp32, bf16, fp16). Reductions sum: half-precision elements
+ * are widened to fp32, summed in fp32 and rounded once to the storage
+ * dtype (round to nearest even).
  *
  * Determinism: every reduction adds the ranks' contributions in rank order,
  * acc = x_0; acc += x_1; ...; acc += x_{N-1}, element by element, whatever
