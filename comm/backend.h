@@ -129,6 +129,7 @@ static inline size_t ts_comm_chunk_max(size_t count, int n) {
 extern const ts_comm_backend ts_comm_mpi_backend;  /* mpi.c */
 extern const ts_comm_backend ts_comm_self_backend; /* self.c */
 extern const ts_comm_backend ts_comm_staged_backend; /* staged.c */
+extern const ts_comm_backend ts_comm_plan_backend;   /* plan.c */
 
 /* Puts group c (two or more ranks, on MPI) on the staged transport over
  * mem (staged.c); checks mem's staging operations and size. */

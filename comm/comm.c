@@ -68,7 +68,7 @@ ts_status ts_comm_set_memory(ts_comm *c, const ts_comm_memory *mem) {
                         op, c->name);
   if (c->be == &ts_comm_staged_backend) ts_comm_staged_unwrap(c);
   /* a plan group moves nothing: it keeps mem as a one-rank group does */
-  if (mem && c->size > 1 && strcmp(c->be->name, "plan") != 0) {
+  if (mem && c->size > 1 && c->be != &ts_comm_plan_backend) {
     if (c->be != &ts_comm_mpi_backend)
       return ts_set_error(TS_ERR_UNSUPPORTED,
                           "%s: group %s of %d ranks is on the %s transport; only MPI groups stage "

@@ -33,7 +33,7 @@ static ts_status plan_split(ts_comm *parent, int color, int key, const char *nam
 
 static void plan_free_group(ts_comm *c) {}
 
-static const ts_comm_backend plan_backend = {
+const ts_comm_backend ts_comm_plan_backend = {
     .name = "plan",
     .run = plan_run,
     .wait = plan_wait,
@@ -48,7 +48,7 @@ ts_status ts_comm_plan(int rank, int size, const char *name, ts_comm **out) {
   if (size < 1 || rank < 0 || rank >= size)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: rank %d of %d: expected 0 <= rank < size",
                         op, rank, size);
-  TS_CHECK(ts_comm_new(op, &plan_backend, name, NULL, out));
+  TS_CHECK(ts_comm_new(op, &ts_comm_plan_backend, name, NULL, out));
   (*out)->rank = rank;
   (*out)->size = size;
   return TS_OK;

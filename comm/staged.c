@@ -272,39 +272,35 @@ static ts_status staged_run(ts_comm *c, const ts_comm_call *d, ts_comm_request *
   return ts_comm_request_new(c, d->name, sizeof(staged_request), req);
 }
 
+/* Ends request q whose MPI part (if any) has completed with status st: a
+ * receive's data goes to lent memory (p2p_finish; nothing for a finished
+ * collective), then q is freed. */
+static ts_status staged_end(staged_request *q, ts_status st) {
+  q->inner = NULL;
+  ts_status sf = p2p_finish(q->base.c, q);
+  free(q);
+  return st != TS_OK ? st : sf;
+}
+
 static ts_status staged_wait(ts_comm_request *req) {
   staged_request *q = (staged_request *)req;
   staged_state *s = (staged_state *)req->c->impl;
-  ts_status st = TS_OK;
-  if (q->inner) {
-    st = s->inner.be->wait(q->inner);
-    q->inner = NULL;
-    ts_status sf = p2p_finish(req->c, q);
-    if (st == TS_OK) st = sf;
-  }
-  free(q->host);
-  free(q);
-  return st;
+  return staged_end(q, q->inner ? s->inner.be->wait(q->inner) : TS_OK);
 }
 
 static ts_status staged_test(ts_comm_request *req, int *done) {
   staged_request *q = (staged_request *)req;
   staged_state *s = (staged_state *)req->c->impl;
+  ts_status st = TS_OK;
   *done = 0;
   if (q->inner) {
     if (!s->inner.be->test) return TS_OK; /* wait completes it */
     int inner_done = 0;
-    ts_status st = s->inner.be->test(q->inner, &inner_done);
+    st = s->inner.be->test(q->inner, &inner_done); /* frees it when done, even on error */
     if (!inner_done && st == TS_OK) return TS_OK;
-    q->inner = NULL; /* completed and freed by test, even on error */
-    ts_status sf = p2p_finish(req->c, q);
-    if (st == TS_OK) st = sf;
-    free(q);
-    *done = 1;
-    return st;
   }
   *done = 1;
-  return staged_wait(req);
+  return staged_end(q, st);
 }
 
 static ts_status staged_split(ts_comm *parent, int color, int key, const char *name,
