@@ -91,6 +91,9 @@ typedef struct ts_comm_backend {
   ts_status (*split)(ts_comm *parent, int color, int key, const char *name, ts_comm **out);
   /* Releases c->impl (the front frees c itself). */
   void (*free_group)(ts_comm *c);
+  /* A transport wrapped around the group's own (staged, nccl): returns c to
+   * that one, releasing what the wrap made. NULL for the others. */
+  void (*unwrap)(ts_comm *c);
 } ts_comm_backend;
 
 /* A group: the front's part. */

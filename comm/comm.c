@@ -66,7 +66,7 @@ ts_status ts_comm_set_memory(ts_comm *c, const ts_comm_memory *mem) {
                         "%s: group %s already moves memory lent by another owner; lend it NULL "
                         "first",
                         op, c->name);
-  if (c->be == &ts_comm_staged_backend) ts_comm_staged_unwrap(c);
+  if (c->be->unwrap) c->be->unwrap(c); /* staged or nccl: back to the group's own */
   /* a plan group moves nothing: it keeps mem as a one-rank group does */
   if (mem && c->size > 1 && c->be != &ts_comm_plan_backend) {
     if (c->be != &ts_comm_mpi_backend)

@@ -188,7 +188,8 @@ size_t ts_comm_staging_bytes(int ranks, size_t piece_bytes);
 /* From now on the data buffers of c's collectives and sends live in mem's
  * memory (NULL: host memory again); all_reduce_f64's buffer stays on the
  * host. mem is borrowed and must outlive c's calls. On two or more ranks
- * the group's calls go through the host-staged transport. Call it with no
+ * the group's calls go through the host-staged transport (a group on the
+ * NCCL transport, comm/nccl.h, leaves it first). Call it with no
  * request outstanding and before ts_comm_set_thread (a group on a thread
  * is refused, TS_ERR_INVALID_USAGE, as is lending a group other memory
  * while it has some). TS_ERR_INVALID_ARGUMENT (a required
@@ -196,8 +197,8 @@ size_t ts_comm_staging_bytes(int ranks, size_t piece_bytes);
 ts_status ts_comm_set_memory(ts_comm *c, const ts_comm_memory *mem);
 
 /* The transport group c's calls run on: "self" (one rank), "mpi", "staged"
- * (lent memory over two or more ranks), "thread" (a communication thread
- * over one of those), "plan". */
+ * (lent memory over two or more ranks), "nccl" (comm/nccl.h), "thread" (a
+ * communication thread over one of those), "plan". */
 const char *ts_comm_transport(const ts_comm *c);
 
 int ts_comm_rank(const ts_comm *c);      /* 0 .. size-1 */

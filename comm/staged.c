@@ -322,6 +322,7 @@ const ts_comm_backend ts_comm_staged_backend = {
     .test = staged_test,
     .split = staged_split,
     .free_group = staged_free_group,
+    .unwrap = ts_comm_staged_unwrap,
 };
 
 size_t ts_comm_staging_bytes(int ranks, size_t piece_bytes) {

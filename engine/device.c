@@ -1,13 +1,14 @@
 /*
  * device.c — the engine beside a GPU: what create does before allocating
  * (the device's copies and addition lent to comm's groups, the staged
- * transport's host staging, the
+ * transport's host staging, NCCL's streams and sum, the
  * kernels' flags, the plan checked against the card's free memory, the
  * step's transients reserved), the host-side check of a batch that lets the
  * kernels skip reading it back, and the card's own memory figures beside
  * the ledger (engine.h ts_device_report).
  */
 #include <stdio.h>
+#include <string.h>
 
 #include "engine/engine_internal.h"
 
@@ -35,6 +36,30 @@ static ts_status device_to_device(void *user, void *dst, const void *h_src, size
 
 static ts_status device_sync(void *user) { return TS_OK; }
 
+/* The NCCL transport's sum (comm/nccl.h), on the communication stream. */
+static ts_status device_sum_ranks(void *user, void *out, const void *const *parts, int n,
+                                  size_t count, ts_dtype dt, int accumulate) {
+  return ts_k_sum_ranks(&((ts_engine *)user)->comm_ctx, out, parts, n, count, dt, accumulate);
+}
+
+/* Puts dp on NCCL: the communication stream's context, then the
+ * communicator (collective over dp). A plan group keeps the memory only
+ * (comm/nccl.h), and a plan context forks without a stream. */
+static ts_status lend_nccl(ts_engine *e) {
+  if (e->dp_size > TS_K_SUM_RANKS_MAX)
+    return ts_set_error(TS_ERR_UNSUPPORTED,
+                        "`comm` nccl: %d data-parallel ranks; its reduce-scatter sums at most %d "
+                        "(ts_k_sum_ranks); use staged",
+                        e->dp_size, TS_K_SUM_RANKS_MAX);
+  TS_CHECK(ts_k_context_fork(&e->comm_ctx, &e->ctx)); /* a plan's has no stream */
+  e->nccl = (ts_comm_nccl_streams){.device = e->opts.device_index,
+                                   .step_stream = e->ctx.stream,
+                                   .comm_stream = e->comm_ctx.stream,
+                                   .user = e,
+                                   .sum_ranks = device_sum_ranks};
+  return ts_comm_set_nccl(e->dp, &e->comm_mem, &e->nccl);
+}
+
 /* Allocates and page-locks host staging for a group of n ranks. */
 static ts_status alloc_staging(ts_engine *e, int n, size_t piece, void **out, size_t *bytes) {
   *bytes = ts_comm_staging_bytes(n, piece);
@@ -43,9 +68,15 @@ static ts_status alloc_staging(ts_engine *e, int n, size_t piece, void **out, si
 }
 
 ts_status ts_engine_lend_memory(ts_engine *e) {
-  int staged = ts_engine_comm_resolve(&e->opts) == TS_ENGINE_COMM_STAGED;
+  ts_engine_comm_kind kind = ts_engine_comm_resolve(&e->opts);
+  int staged = kind == TS_ENGINE_COMM_STAGED;
+  /* nccl: dp on NCCL with two ranks or more, or one when asked by name
+   * (the one-rank NCCL path); pp's sends staged (nccl.h: a receive before
+   * a send on both sides of one stream would deadlock) */
+  int nccl = kind == TS_ENGINE_COMM_NCCL && e->device != TS_DEVICE_CPU &&
+             (e->dp_size > 1 || e->opts.comm == TS_ENGINE_COMM_NCCL);
   int lend_dp = e->device != TS_DEVICE_CPU || (staged && e->dp_size > 1);
-  int lend_pp = staged && e->pp;
+  int lend_pp = (staged || kind == TS_ENGINE_COMM_NCCL) && e->pp;
   if (!lend_dp && !lend_pp) return TS_OK;
   size_t piece = e->opts.comm_chunk_bytes ? e->opts.comm_chunk_bytes : (size_t)1 << 20;
   e->comm_mem = (ts_comm_memory){.user = e,
@@ -71,7 +102,10 @@ ts_status ts_engine_lend_memory(ts_engine *e) {
       e->comm_mem.staging = e->comm_staging[0];
       e->comm_mem.staging_bytes = e->comm_staging_bytes[0];
     }
-    TS_CHECK(ts_comm_set_memory(e->dp, &e->comm_mem));
+    if (nccl)
+      TS_CHECK(lend_nccl(e));
+    else
+      TS_CHECK(ts_comm_set_memory(e->dp, &e->comm_mem));
     e->lent_dp = 1;
   }
   return TS_OK;
@@ -81,6 +115,8 @@ void ts_engine_unlend_memory(ts_engine *e) {
   if (e->lent_dp) ts_comm_set_memory(e->dp, NULL);
   if (e->lent_pp) ts_comm_set_memory(e->pp, NULL);
   e->lent_dp = e->lent_pp = 0;
+  ts_k_context_destroy(&e->comm_ctx); /* after dp left NCCL; a zeroed one: no-op */
+  memset(&e->comm_ctx, 0, sizeof e->comm_ctx);
   for (int g = 0; g < 2; g++) {
     if (!e->comm_staging[g]) continue;
     ts_k_host_unregister(&e->ctx, e->comm_staging[g]);

@@ -288,9 +288,9 @@ static ts_status check_opts(const ts_model *model, const ts_engine_opts *opts) {
   if (opts->comm < TS_ENGINE_COMM_AUTO || opts->comm > TS_ENGINE_COMM_NCCL)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "`comm` %d: expected auto, mpi, staged or nccl",
                         opts->comm);
-  if (opts->comm == TS_ENGINE_COMM_NCCL)
-    return ts_set_error(TS_ERR_UNSUPPORTED,
-                        "`comm` nccl: the NCCL transport is not built yet; use staged (or auto)");
+  if (opts->comm == TS_ENGINE_COMM_NCCL && opts->device == TS_DEVICE_CPU)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "`comm` nccl moves GPU memory only; on cpu use mpi (or auto)");
   if (opts->comm == TS_ENGINE_COMM_MPI && opts->device != TS_DEVICE_CPU)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "`comm` mpi moves host memory only; on %s use staged (or auto)",
@@ -314,7 +314,8 @@ const char *ts_engine_comm_name(int comm) {
 
 ts_engine_comm_kind ts_engine_comm_resolve(const ts_engine_opts *opts) {
   if (opts->comm != TS_ENGINE_COMM_AUTO) return (ts_engine_comm_kind)opts->comm;
-  return opts->device == TS_DEVICE_CPU ? TS_ENGINE_COMM_MPI : TS_ENGINE_COMM_STAGED;
+  if (opts->device == TS_DEVICE_CPU) return TS_ENGINE_COMM_MPI;
+  return opts->gpu_shared ? TS_ENGINE_COMM_STAGED : TS_ENGINE_COMM_NCCL;
 }
 
 /* The unit a tied head borrows from (its tied_unit), or -1 without one. */
@@ -369,6 +370,7 @@ ts_status ts_engine_create_stage(ts_engine **out, const ts_model *model,
   if (st == TS_OK) st = ts_engine_lend_memory(e);
   if (st == TS_OK && e->device != TS_DEVICE_CPU) st = ts_engine_prepare_device(e);
   if (st == TS_OK) st = ts_engine_alloc(e);
+  /* On NCCL the communication stream is the overlap: no thread. */
   if (st == TS_OK && opts->overlap && e->dp_size > 1 &&
       (e->device == TS_DEVICE_CPU || ts_engine_comm_resolve(opts) == TS_ENGINE_COMM_STAGED)) {
     /* A group that cannot have a thread (MPI without MPI_THREAD_MULTIPLE)
@@ -401,6 +403,7 @@ void ts_engine_free(ts_engine *e) {
   if (!e) return;
   /* Whatever is still queued on the device finishes before its buffers go. */
   if (e->ctx.stream) ts_k_synchronize(&e->ctx);
+  if (e->comm_ctx.stream) ts_k_synchronize(&e->comm_ctx);
   ts_checkpoint_abandon(e->ckpt_pending); /* a save still in flight: joined, not committed */
   const ts_engine_hooks *h = ts_engine_get_hooks();
   if (h && h->release) h->release(h->user, e);

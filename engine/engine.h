@@ -118,10 +118,10 @@ extern "C" {
 
 /* ts_engine_opts.comm: the transport of the engine's groups. */
 typedef enum ts_engine_comm_kind {
-  TS_ENGINE_COMM_AUTO = 0,   /* mpi on the CPU, staged on a GPU */
+  TS_ENGINE_COMM_AUTO = 0,   /* mpi on the CPU; on GPUs nccl, or staged where ranks share one */
   TS_ENGINE_COMM_MPI = 1,    /* MPI on the buffers (host memory) */
   TS_ENGINE_COMM_STAGED = 2, /* through page-locked host staging (comm/staged.c) */
-  TS_ENGINE_COMM_NCCL = 3,   /* NCCL: not built yet, refused */
+  TS_ENGINE_COMM_NCCL = 3,   /* NCCL on a communication stream, one GPU per rank (comm/nccl.h) */
 } ts_engine_comm_kind;
 
 typedef struct ts_engine_opts {
@@ -178,21 +178,29 @@ typedef struct ts_engine_opts {
    * (every sum in the same order: the transport's rank order). */
   int overlap;
   /* The transport of the data-parallel and pipeline groups
-   * (ts_engine_comm_kind; DESIGN.md "GPU"). auto (0): mpi on the CPU, staged on
-   * a GPU. mpi: MPI on the buffers themselves (CPU only). staged: every
-   * collective and send moves device -> page-locked host -> MPI -> device
-   * in chunks of comm_chunk_bytes per rank (comm.h ts_comm_set_memory); on
-   * the CPU it stages host memory the same way (the GPU path's twin). nccl:
-   * refused (not built yet). The bits are the same on every transport: the
-   * sums are MPI's on the host, fp32 in rank order. */
+   * (ts_engine_comm_kind; DESIGN.md "GPU"). auto (0): mpi on the CPU; on a
+   * GPU nccl, or staged when gpu_shared. mpi: MPI on the buffers themselves
+   * (CPU only). staged: every collective and send moves device ->
+   * page-locked host -> MPI -> device in chunks of comm_chunk_bytes per rank
+   * (comm.h ts_comm_set_memory); on the CPU it stages host memory the same
+   * way (the GPU path's twin). nccl (GPU only): dp's collectives through
+   * NCCL on a communication stream ordered by events (comm/nccl.h; on one
+   * rank too when asked by name, auto keeps one rank local), pp's sends
+   * through the staged transport. The bits are the same on every
+   * transport: every sum is fp32 in rank order, rounded once. */
   int comm;
+  /* 1: another rank of this node uses this rank's GPU (more local ranks
+   * than GPUs), so auto picks staged (NCCL refuses two ranks on one GPU).
+   * Every rank of a job must pass the same value (train agrees on it over
+   * the world). */
+  int gpu_shared;
   /* staged: bytes of each rank's part of a chunk (0: 1 MiB; at least
    * TS_COMM_STAGING_MIN_PIECE). The plan charges the staging, 4 N times
    * this, to the host (category comm). */
   size_t comm_chunk_bytes;
   /* Where every training buffer lives and every op runs: the CPU, or a
    * CUDA GPU (ordinal device_index; the caller picks it, e.g. local rank %
-   * device count). Several ranks on GPUs talk through the staged
+   * device count). Several ranks on GPUs talk through NCCL or the staged
    * transport (`comm`). The plan takes any device. */
   ts_device device;
   int device_index;
@@ -213,7 +221,8 @@ typedef struct ts_engine_opts {
 
 /* "auto", "mpi", "staged", "nccl"; "?" for others. */
 const char *ts_engine_comm_name(int comm);
-/* The transport opts picks: auto resolved for opts->device. */
+/* The transport opts picks: auto resolved for opts->device and
+ * opts->gpu_shared. */
 ts_engine_comm_kind ts_engine_comm_resolve(const ts_engine_opts *opts);
 
 /* Defaults: B 8, T 128, accumulation 1, fp32, seed 1337, AdamW (0.9, 0.95,

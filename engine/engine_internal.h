@@ -32,10 +32,11 @@
 #ifndef TS_ENGINE_ENGINE_INTERNAL_H
 #define TS_ENGINE_ENGINE_INTERNAL_H
 
+#include "comm/nccl.h"
 #include "engine/engine.h"
-#include "engine/trace.h"
 #include "engine/engine_testing.h"
 #include "engine/loss_scale.h"
+#include "engine/trace.h"
 #include "engine/zero.h"
 
 #ifdef __cplusplus
@@ -113,6 +114,8 @@ struct ts_engine {
   void *comm_staging[2];   /* staged: host staging of dp, pp (ledger: CPU account, comm) */
   size_t comm_staging_bytes[2];
   ts_comm_memory pp_mem;   /* comm_mem with pp's staging */
+  ts_kctx comm_ctx;        /* nccl: the communication stream's context (its sums); else zero */
+  ts_comm_nccl_streams nccl; /* nccl: the streams lent to dp with comm_mem */
   ts_device_report report; /* beside a device: its name, total and used_at_create */
   void *dbuf[2];         /* (B, T, C) activation gradients, ping-pong */
   void *recompute_saved; /* saved activations of the recomputed unit in use */
@@ -330,8 +333,9 @@ ts_status ts_engine_prepare_device(ts_engine *e);
  * beside a device, dp always (its collectives run on device buffers); on
  * the staged transport, dp with two or more ranks and pp, each with host
  * staging of ts_comm_staging_bytes(N, comm_chunk_bytes) charged to the
- * ledger's CPU account (category comm) and page-locked. Before
- * ts_engine_alloc, in create and in the plan alike. */
+ * ledger's CPU account (category comm) and page-locked; on nccl, dp on
+ * NCCL (with the communication stream's context, comm_ctx) and pp staged.
+ * Before ts_engine_alloc, in create and in the plan alike. */
 ts_status ts_engine_lend_memory(ts_engine *e);
 /* Undoes ts_engine_lend_memory (groups back to host memory, staging
  * freed); a no-op for what was not lent. */

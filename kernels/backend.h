@@ -79,6 +79,10 @@ typedef struct ts_k_backend {
   ts_status (*nonfinite)(const ts_kctx *ctx, int32_t *flag, const void *x, size_t n,
                          ts_dtype dt);
 
+  /* 1 <= n <= TS_K_SUM_RANKS_MAX, count > 0, every part non-NULL */
+  ts_status (*sum_ranks)(const ts_kctx *ctx, void *out, const void *const *parts, int n,
+                         size_t count, ts_dtype dt, int accumulate);
+
   /* the model's ops */
   ts_status (*linear_forward)(const ts_kctx *ctx, void *out, const void *inp, const void *weight,
                               size_t M, size_t N, size_t K, ts_dtype dt); /* K > 0 */

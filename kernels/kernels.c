@@ -39,9 +39,25 @@ ts_status ts_k_context_init(ts_kctx *ctx, ts_device dev, int index) {
   return be->context_init(ctx, index);
 }
 
+ts_status ts_k_context_fork(ts_kctx *out, const ts_kctx *parent) {
+  static const char op[] = "ts_k_context_fork";
+  CHECK_PTR(out);
+  CHECK_PTR(parent);
+  unsigned flags = parent->flags;
+  if (flags & TS_K_PLAN) { /* a plan context has no stream to fork */
+    *out =
+        (ts_kctx){.device = parent->device, .device_index = parent->device_index, .flags = flags};
+    return TS_OK;
+  }
+  TS_CHECK(ts_k_context_init(out, parent->device, parent->device_index));
+  out->flags = flags;
+  return TS_OK;
+}
+
 void ts_k_context_destroy(ts_kctx *ctx) {
   const ts_k_backend *be;
-  if (ctx && backend_for(ctx->device, "ts_k_context_destroy", &be) == TS_OK)
+  if (ctx && !(ctx->flags & TS_K_PLAN) &&
+      backend_for(ctx->device, "ts_k_context_destroy", &be) == TS_OK)
     be->context_destroy(ctx);
 }
 
@@ -297,6 +313,27 @@ ts_status ts_k_sumsq(const ts_kctx *ctx, double *out, const void *x, size_t n, t
 ts_status ts_k_nonfinite(const ts_kctx *ctx, int32_t *flag, const void *x, size_t n, ts_dtype dt) {
   k_call c = {ctx, {dt}, .ptrs = {flag, n ? x : K_UNUSED}};
   K_RUN(OP_NONFINITE, c, nonfinite, ctx, flag, x, n, dt);
+}
+
+static const k_op OP_SUM_RANKS = {"ts_k_sum_ranks", 1, 2, {"out", "parts"}};
+
+ts_status ts_k_sum_ranks(const ts_kctx *ctx, void *out, const void *const *parts, int n,
+                         size_t count, ts_dtype dt, int accumulate) {
+  ts_status invalid = TS_OK, conflict = TS_OK;
+  if (n < 1 || n > TS_K_SUM_RANKS_MAX)
+    invalid = ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: n = %d parts: expected 1 .. %d",
+                           OP_SUM_RANKS.name, n, TS_K_SUM_RANKS_MAX);
+  for (int i = 0; invalid == TS_OK && count > 0 && parts && i < n && conflict == TS_OK; i++)
+    if (!parts[i])
+      conflict =
+          ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: parts[%d] is NULL", OP_SUM_RANKS.name, i);
+  k_call c = {ctx,
+              {dt},
+              .invalid = invalid,
+              .empty = count == 0,
+              .ptrs = {out, (const void *)parts},
+              .conflict = conflict};
+  K_RUN(OP_SUM_RANKS, c, sum_ranks, ctx, out, parts, n, count, dt, accumulate);
 }
 
 /* ---- linear ------------------------------------------------------------------------ */

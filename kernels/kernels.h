@@ -113,7 +113,14 @@ int ts_k_device_count(ts_device dev);
  * ts_k_context_destroy. TS_ERR_INVALID_ARGUMENT (unknown device, index out of
  * range), TS_ERR_CUDA. */
 ts_status ts_k_context_init(ts_kctx *ctx, ts_device dev, int index);
-/* Releases what ts_k_context_init created (not the workspace); NULL no-op. */
+/* A context on parent's device with its own stream (CUDA: a second
+ * non-blocking stream, e.g. a communication stream) and parent's flags,
+ * without workspace; a plan context's fork is a plan context (no stream,
+ * no backend call). Release with ts_k_context_destroy. Errors as
+ * ts_k_context_init. */
+ts_status ts_k_context_fork(ts_kctx *out, const ts_kctx *parent);
+/* Releases what ts_k_context_init or ts_k_context_fork created (not the
+ * workspace); NULL and plan contexts: no-op. */
 void ts_k_context_destroy(ts_kctx *ctx);
 
 /* Memory of GPU `index` of kind dev as the driver reports it
@@ -219,6 +226,25 @@ ts_status ts_k_sumsq(const ts_kctx *ctx, double *out, const void *x, size_t n, t
  * flag is one int32 on ctx->device, written (=). The overflow test of fp16
  * loss scaling, per tensor. */
 ts_status ts_k_nonfinite(const ts_kctx *ctx, int32_t *flag, const void *x, size_t n, ts_dtype dt);
+
+/* The most parts one ts_k_sum_ranks call adds (CUDA passes their
+ * addresses to the kernel by value: 256 x 8 bytes of its 32 KiB of
+ * parameters). */
+#define TS_K_SUM_RANKS_MAX 256
+
+/* out = ((parts[0] + parts[1]) + ... + parts[n-1]) [+ out if accumulate],
+ * element by element over (count) elements of dt: each element widened to
+ * fp32, one fp32 addition (round to nearest even, no contraction) per part
+ * in index order, the previous out added last, rounded once to dt — the
+ * rank-order sum of comm/sum.h (comm.h "Determinism"), so a device gives
+ * the host's bits and the bits do not depend on the thread count or on the
+ * grid. parts: a host array of n pointers on ctx->device, 1 <= n <=
+ * TS_K_SUM_RANKS_MAX; out may equal any part (every element is read before
+ * it is written), with accumulate its previous value is the one added.
+ * The device transports' reduce-scatter (comm/nccl.c). CPU and CUDA.
+ * TS_ERR_INVALID_ARGUMENT (n out of range, a NULL part). */
+ts_status ts_k_sum_ranks(const ts_kctx *ctx, void *out, const void *const *parts, int n,
+                         size_t count, ts_dtype dt, int accumulate);
 
 /* ---- linear layer: y = x W^T (no bias; Hugging Face nn.Linear layout) --- */
 

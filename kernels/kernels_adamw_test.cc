@@ -1,12 +1,14 @@
 // AdamW against a double-precision transcription of torch.optim.AdamW, and
 // the determinism contract: results bitwise independent of the OpenMP
-// thread count (sumsq and the ops that reduce across rows or positions).
+// thread count (sumsq and the ops that reduce across rows or positions);
+// the rank-order sum of the device transports (ts_k_sum_ranks).
 #include <gtest/gtest.h>
 #include <omp.h>
 
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "kernels/kernels.h"
@@ -241,6 +243,91 @@ TEST(Determinism, ReductionsAreBitwiseEqualAcrossThreadCounts) {
       return loss;
     });
   }
+}
+
+// out = ((p0 + p1) + ... + p_{n-1}) [+ out], one fp32 rounding per addition
+// in index order and one narrowing at the end (comm/sum.h's order), written
+// element by element here; volatile keeps each addition a separate IEEE
+// rounding.
+std::vector<float> sum_ranks_ref(const std::vector<std::vector<float>> &parts,
+                                 const std::vector<float> &prev, int accumulate, ts_dtype dt) {
+  std::vector<float> out(parts[0].size());
+  for (size_t i = 0; i < out.size(); i++) {
+    volatile float acc = parts[0][i];
+    for (size_t k = 1; k < parts.size(); k++) acc = acc + parts[k][i];
+    if (accumulate) acc = acc + prev[i];
+    out[i] = ts_test::round_to({acc}, dt)[0];
+  }
+  return out;
+}
+
+// The rank-order sum on the CPU: the reference's bits for 1, 2, 3 and 5
+// parts, with and without the previous out, out aliasing a part, every
+// dtype, at 1 and 3 threads. Values span 2^-10 .. 2^10 with both signs, so
+// another order or a rounding per addition in bf16 would change bits (the
+// chained ts_k_add of the last block shows one that does).
+TEST(SumRanks, RankOrderInFp32RoundedOnceAtAnyThreadCount) {
+  const size_t count = 3 * 4096 + 77;
+  Rng rng(7);
+  const ts_dtype all[] = {TS_FP32, TS_BF16, TS_FP16};
+  for (ts_dtype dt : all)
+    for (int n : {1, 2, 3, 5})
+      for (int accumulate : {0, 1})
+        for (int alias : {0, 1}) {
+          if (alias && n < 2) continue;
+          SCOPED_TRACE(std::string(ts_dtype_name(dt)) + " n=" + std::to_string(n) + " accumulate=" +
+                       std::to_string(accumulate) + " alias=" + std::to_string(alias));
+          std::vector<std::vector<float>> parts(n);
+          for (auto &p : parts) {
+            p = rng.vec(count, -1, 1);
+            for (auto &x : p) x = std::ldexp(x, (int)rng.below(21) - 10);
+            if (dt == TS_FP16)
+              for (auto &x : p) x = std::fmax(-60000.0f, std::fmin(60000.0f, x));
+            p = ts_test::round_to(p, dt);
+          }
+          std::vector<float> prev = ts_test::round_to(rng.vec(count, -4, 4), dt);
+          // the previous out is parts[1] when aliased
+          std::vector<float> want = sum_ranks_ref(parts, alias ? parts[1] : prev, accumulate, dt);
+          expect_thread_independent("sum_ranks", [&] {
+            std::vector<ts_test::Buf> bufs;
+            for (auto &p : parts) bufs.emplace_back(p, dt);
+            ts_test::Buf out(prev, dt);
+            std::vector<const void *> ptrs;
+            for (auto &b : bufs) ptrs.push_back(b.data());
+            void *dst = alias ? bufs[1].data() : out.data();
+            CpuCtx c;
+            EXPECT_EQ(ts_k_sum_ranks(c.get(), dst, ptrs.data(), n, count, dt, accumulate), TS_OK)
+                << ts_last_error();
+            std::vector<float> got = alias ? bufs[1].get() : out.get();
+            EXPECT_EQ(0, std::memcmp(got.data(), want.data(), count * sizeof(float)));
+            return got;
+          });
+        }
+  // bf16: three parts summed by chained pairwise adds (a rounding per
+  // addition, as a ring of bf16 additions does) differ from the one rounding
+  std::vector<std::vector<float>> parts = {{1.0f}, {0x1p-8f}, {0x1p-8f}};
+  for (auto &p : parts) p = ts_test::round_to(p, TS_BF16);
+  std::vector<ts_test::Buf> b;
+  for (auto &p : parts) b.emplace_back(p, TS_BF16);
+  const void *ptrs[] = {b[0].data(), b[1].data(), b[2].data()};
+  ts_test::Buf once({0.0f}, TS_BF16), chained({0.0f}, TS_BF16);
+  CpuCtx c;
+  ASSERT_EQ(ts_k_sum_ranks(c.get(), once.data(), ptrs, 3, 1, TS_BF16, 0), TS_OK);
+  ASSERT_EQ(ts_k_add(c.get(), chained.data(), ptrs[0], ptrs[1], 1, TS_BF16), TS_OK);
+  ASSERT_EQ(ts_k_add(c.get(), chained.data(), chained.data(), ptrs[2], 1, TS_BF16), TS_OK);
+  EXPECT_EQ(once.get()[0], 1.0f + 0x1p-7f);  // 1 + 2^-7 is a bf16 value
+  EXPECT_EQ(chained.get()[0], 1.0f);         // 1 + 2^-8 rounds to even (1) twice
+  // the refusals
+  float x = 0;
+  const void *one[] = {&x};
+  const void *with_null[] = {&x, nullptr};
+  EXPECT_EQ(ts_k_sum_ranks(c.get(), &x, one, 0, 1, TS_FP32, 0), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(ts_k_sum_ranks(c.get(), &x, one, TS_K_SUM_RANKS_MAX + 1, 1, TS_FP32, 0),
+            TS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(ts_k_sum_ranks(c.get(), &x, with_null, 2, 1, TS_FP32, 0), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ts_last_error()).find("parts[1] is NULL"), std::string::npos);
+  EXPECT_EQ(ts_k_sum_ranks(c.get(), &x, nullptr, 1, 1, TS_FP32, 0), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(ts_k_sum_ranks(c.get(), nullptr, nullptr, 1, 0, TS_FP32, 0), TS_OK);  // empty
 }
 
 }  // namespace

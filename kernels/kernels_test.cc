@@ -455,6 +455,44 @@ TEST(Memory, AllocCopyAndTransfersOnTheCpu) {
 // (reading or writing one would crash the test), yet every op returns
 // TS_OK; a bad shape, a NULL pointer or a small workspace still fails with
 // the device's message; queries answer as for the device.
+// A fork is a context on the parent's device with the parent's flags and
+// no workspace; a plan context forks into a plan context (no stream, no
+// backend: a CUDA plan forks on a machine without a GPU) whose ops check
+// and do nothing, and destroying it is a no-op.
+TEST(Context, ForkKeepsDeviceAndFlagsAndAPlanForksWithoutABackend) {
+  ts_kctx cpu;
+  ASSERT_EQ(ts_k_context_init(&cpu, TS_DEVICE_CPU, 0), TS_OK);
+  cpu.flags = TS_K_INDICES_CHECKED;
+  ts_kctx f;
+  std::memset(&f, 0xab, sizeof f);
+  ASSERT_EQ(ts_k_context_fork(&f, &cpu), TS_OK) << ts_last_error();
+  EXPECT_EQ(f.device, TS_DEVICE_CPU);
+  EXPECT_EQ(f.flags, TS_K_INDICES_CHECKED);
+  EXPECT_EQ(f.workspace, nullptr);
+  ts_k_context_destroy(&f);
+  ts_kctx plan;
+  std::memset(&plan, 0, sizeof plan);
+  plan.device = TS_DEVICE_CUDA;
+  plan.device_index = 3;  // beyond what this machine sees: a plan needs none
+  plan.flags = TS_K_PLAN;
+  ASSERT_EQ(ts_k_context_fork(&f, &plan), TS_OK) << ts_last_error();
+  EXPECT_EQ(f.device, TS_DEVICE_CUDA);
+  EXPECT_EQ(f.device_index, 3);
+  EXPECT_EQ(f.flags, TS_K_PLAN);
+  EXPECT_EQ(f.stream, nullptr);
+  void *fake = reinterpret_cast<void *>(uintptr_t{64});
+  const void *parts[] = {fake, fake};
+  EXPECT_EQ(ts_k_sum_ranks(&f, fake, parts, 2, 1000, TS_BF16, 1), TS_OK);  // checked, not run
+  EXPECT_EQ(ts_k_sum_ranks(&f, fake, parts, 0, 1000, TS_BF16, 1), TS_ERR_INVALID_ARGUMENT);
+  ts_k_context_destroy(&f);
+  // a CUDA fork where no GPU is seen fails as ts_k_context_init does
+  if (ts_k_device_count(TS_DEVICE_CUDA) == 0) {
+    plan.flags = 0;
+    EXPECT_EQ(ts_k_context_fork(&f, &plan), TS_ERR_INVALID_ARGUMENT);
+  }
+  EXPECT_EQ(ts_k_context_fork(nullptr, &plan), TS_ERR_INVALID_ARGUMENT);
+}
+
 TEST(Plan, ChecksEveryCallAndTouchesNothing) {
   ts_kctx ctx;
   std::memset(&ctx, 0, sizeof ctx);

@@ -54,22 +54,8 @@ ts_llama_config SmallConfig() {  // HS 8: cuDNN's fused attention wants HS % 8 =
 
 using tiny::World;
 
-// Micro-batch mb of step `step` for data-parallel rank r: a pure function
-// of the three.
-struct Feed {
-  size_t step;
-  int dp_rank;
-};
-
-ts_status Fill(void *user, int mb, int32_t *in, int32_t *tgt) {
-  const Feed *f = static_cast<const Feed *>(user);
-  std::mt19937 g(7919u * (unsigned)f->step + 131u * (unsigned)f->dp_rank + (unsigned)mb);
-  for (size_t i = 0; i < kB * kT; i++) {
-    in[i] = (int32_t)(g() % 64);  // ids below 64: a learnable distribution
-    tgt[i] = i % 7 == 3 ? -100 : (int32_t)(g() % 64);
-  }
-  return TS_OK;
-}
+using tiny::Feed;
+using tiny::Fill;
 
 struct Trained {
   std::vector<double> losses;
@@ -93,7 +79,7 @@ ts_engine_opts Opts(ts_dtype dt, int stage, bool overlap, ts_device dev) {
 Trained Train(ts_engine *e, const ts_model &m, int dp_rank, int steps) {
   Trained r;
   for (int s = 1; s <= steps; s++) {
-    Feed f{(size_t)s, dp_rank};
+    Feed f{(size_t)s, dp_rank, kB, kT};
     ts_step_stats st;
     EXPECT_EQ(ts_engine_step(e, Fill, &f, 1e-2f, &st), TS_OK) << ts_last_error();
     r.losses.push_back(st.loss);

@@ -76,6 +76,26 @@ inline void MaskedLmBatch(std::mt19937 &g, int32_t *in, int32_t *tgt, size_t row
     }
 }
 
+// Micro-batch mb of step `step` for data-parallel rank dp_rank, (B, T)
+// ids below 64 (a learnable distribution) with every seventh target
+// ignored (-100): a pure function of the three (ts_engine_fill_fn: pass
+// Fill with a Feed).
+struct Feed {
+  size_t step;
+  int dp_rank;
+  size_t B, T;
+};
+
+inline ts_status Fill(void *user, int mb, int32_t *in, int32_t *tgt) {
+  const Feed *f = static_cast<const Feed *>(user);
+  std::mt19937 g(7919u * (unsigned)f->step + 131u * (unsigned)f->dp_rank + (unsigned)mb);
+  for (size_t i = 0; i < f->B * f->T; i++) {
+    in[i] = (int32_t)(g() % 64);
+    tgt[i] = i % 7 == 3 ? -100 : (int32_t)(g() % 64);
+  }
+  return TS_OK;
+}
+
 // The world of mpirun, shared by every test of this process.
 inline ts_comm *World() {
   static ts_comm *world = [] {

@@ -6,6 +6,8 @@
  * read from the launcher's environment (Open MPI's
  * OMPI_COMM_WORLD_LOCAL_RANK, else MPICH's MPI_LOCALRANKID, else Slurm's
  * SLURM_LOCALID, else 0) — what torchrun's LOCAL_RANK gives a PyTorch job.
+ * The ranks of a node share GPUs when the node runs more of them
+ * (OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS) than it has GPUs.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -26,15 +28,26 @@ const char *ts_tool_device_choice_name(int choice) {
   return choice == TS_TOOL_DEVICE_CUDA ? "cuda" : choice == TS_TOOL_DEVICE_AUTO ? "auto" : "cpu";
 }
 
+/* The first of vars set in the environment, as an integer; dflt without. */
+static int env_int(const char *const *vars, size_t n, int dflt) {
+  for (size_t i = 0; i < n; i++) {
+    const char *v = getenv(vars[i]);
+    if (v && *v) return atoi(v);
+  }
+  return dflt;
+}
+
 /* This process's rank on its node, from the launcher's environment. */
 static int local_rank(void) {
   static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
                                      "SLURM_LOCALID"};
-  for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
-    const char *v = getenv(vars[i]);
-    if (v && *v) return atoi(v);
-  }
-  return 0;
+  return env_int(vars, sizeof vars / sizeof *vars, 0);
+}
+
+int ts_tool_gpu_shared(void) {
+  static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"};
+  int n = ts_k_device_count(TS_DEVICE_CUDA);
+  return n > 0 && env_int(vars, sizeof vars / sizeof *vars, 1) > n;
 }
 
 ts_status ts_tool_resolve_device(int choice, int need_gpu, ts_device *dev, int *index) {

@@ -175,8 +175,9 @@ int ts_tool_estimate(int argc, char **argv) {
       TS_FLAG_CHOICE("--comm", NULL, &opts.comm, COMM,
                      "transport of the data-parallel and pipeline groups: mpi (host memory), "
                      "staged (device -> page-locked host -> MPI -> device, in chunks; on the CPU "
-                     "the same staging of host memory), nccl (not built yet); auto: mpi on the "
-                     "CPU, staged on a GPU (default auto)",
+                     "the same staging of host memory), nccl (one GPU per rank: NCCL on a "
+                     "communication stream; pipeline sends staged); auto: mpi on the CPU, on GPUs "
+                     "nccl, or staged where ranks share a GPU (default auto)",
                      &act_flag),
       TS_FLAG_SIZE("--comm-chunk", NULL, &opts.comm_chunk_bytes, 64, "BYTES",
                    "staged: bytes of each rank's part of a chunk (default 1048576); the host "

@@ -122,19 +122,26 @@ print("as expected" if ok else "device %s, model states %d vs %d, activations %d
 check_eq "--device cuda: same model states, smaller activations" "as expected" "$verdict"
 bad "--device tpu" "--device tpu: expected cpu, cuda or auto" --params 1e9 --device tpu
 
-# 6b. Several ranks on a GPU stage through host memory (--comm staged, the
-# default there): the plan's host part holds the staging, 4 x N x the
-# chunk (here 4 x 4 x 64 KiB = 1 MiB), in category comm; NCCL and host
-# MPI on a GPU are refused in one line.
+# 6b. Several ranks on a GPU: --comm staged stages through host memory,
+# so the plan's host part holds the staging, 4 x N x the chunk (here 4 x 4
+# x 64 KiB = 1 MiB), in category comm; auto (one GPU per rank: nccl) and
+# nccl hold none on the host and the same device bytes as staged (the
+# reduce-scatter's scratch is on the device either way); NCCL on the CPU
+# and host MPI on a GPU are refused in one line.
 verdict="$(python3 -c 'import json, sys
-g = json.loads(sys.argv[1])["stages"][0]
-c = json.loads(sys.argv[2])["stages"][0]
-ok = g["host_peak"]["comm"] == 4 * 4 * 65536 and "host_peak" not in c
-print("as expected" if ok else (g.get("host_peak"), sorted(c)))' \
+g, c, a, n = (json.loads(x)["stages"][0] for x in sys.argv[1:5])
+ok = (g["host_peak"]["comm"] == 4 * 4 * 65536 and "host_peak" not in c
+      and a.get("host_peak", {}).get("comm", 0) == 0 and n.get("host_peak", {}).get("comm", 0) == 0
+      and a["peak_total"] == g["peak_total"] == n["peak_total"])
+print("as expected" if ok else (g.get("host_peak"), a.get("host_peak"), n.get("host_peak"),
+      g["peak_total"], a["peak_total"], n["peak_total"], sorted(c)))' \
+  "$("$bin" estimate --model llama-tiny -n 4 --zero 3 --device cuda --comm staged --comm-chunk 65536 --json)" \
+  "$("$bin" estimate --model llama-tiny -n 4 --zero 3 --json)" \
   "$("$bin" estimate --model llama-tiny -n 4 --zero 3 --device cuda --comm-chunk 65536 --json)" \
-  "$("$bin" estimate --model llama-tiny -n 4 --zero 3 --json)" 2>&1)"
-check_eq "--device cuda -n 4: host comm staging = 4 N chunk" "as expected" "$verdict"
-bad "--comm nccl" "--comm nccl: the NCCL transport is not built yet; use staged (or auto)" \
+  "$("$bin" estimate --model llama-tiny -n 4 --zero 3 --device cuda --comm nccl --json)" 2>&1)"
+check_eq "--device cuda -n 4: host comm staging = 4 N chunk (staged), none (auto, nccl)" \
+  "as expected" "$verdict"
+bad "--comm nccl on cpu" "--comm nccl moves GPU memory only; on cpu use mpi (or auto)" \
   --model llama-tiny -n 2 --comm nccl
 bad "--comm mpi on cuda" "--comm mpi moves host memory only; on cuda use staged (or auto)" \
   --model llama-tiny -n 2 --device cuda --comm mpi

@@ -71,7 +71,7 @@ tools/kjv.sh bazel-bin/tools/tessera --mlm >/dev/null ||
 # Each limit is several times that estimate; unlisted binaries get 120 s.
 # run.sh runs them in this order (the lower layers first), others after.
 ORDER=(cuda_smoke_test kernels_cuda_test kernels_parity_gpu_test hf_parity_gpu_test engine_gpu_test
-  staged_gpu_test)
+  staged_gpu_test nccl_gpu_test)
 declare -A LIMIT=(
   [cuda_smoke_test]=60
   [kernels_cuda_test]=60
@@ -79,9 +79,12 @@ declare -A LIMIT=(
   [hf_parity_gpu_test]=120
   [engine_gpu_test]=180
   [staged_gpu_test]=180
+  [nccl_gpu_test]=180
 )
 # Ranks per binary: a multi-rank test (comm/mpi_test.bzl's NAME_npN, whose
-# binary is NAME_bin) runs as NAME under the bundle's mpirun with N ranks.
+# binary is NAME_bin) runs as NAME under the bundle's mpirun with N ranks,
+# the largest N it is declared for (nccl_gpu_test: 2, which on a one-GPU
+# machine runs its one-rank NCCL path on each rank).
 declare -A NP=()
 
 rm -rf "$DIR"
@@ -92,8 +95,12 @@ for t in $targets; do
   name="$(basename "$path")"
   if [[ "$name" =~ ^(.*)_np([0-9]+)$ ]]; then # an mpirun test: its binary, N ranks
     name="${BASH_REMATCH[1]}"
-    NP[$name]="${BASH_REMATCH[2]}"
     path="$(dirname "$path")/${name}_bin"
+    if [[ -n "${NP[$name]:-}" ]]; then # seen: keep the most ranks
+      ((BASH_REMATCH[2] > NP[$name])) && NP[$name]="${BASH_REMATCH[2]}"
+      continue
+    fi
+    NP[$name]="${BASH_REMATCH[2]}"
   fi
   cp -L "$path" "$DIR/$name"
   chmod u+w "$DIR/$name"

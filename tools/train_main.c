@@ -289,8 +289,9 @@ int ts_tool_train(int argc, char **argv) {
       TS_FLAG_CHOICE("--comm", NULL, &e->comm, COMM,
                      "transport of the data-parallel and pipeline groups: mpi (host memory), "
                      "staged (device -> page-locked host -> MPI -> device, in chunks; on the CPU "
-                     "the same staging of host memory), nccl (not built yet); auto: mpi on the "
-                     "CPU, staged on a GPU (default auto)",
+                     "the same staging of host memory), nccl (one GPU per rank: NCCL on a "
+                     "communication stream; pipeline sends staged); auto: mpi on the CPU, on GPUs "
+                     "nccl, or staged where ranks share a GPU (default auto)",
                      NULL),
       TS_FLAG_SIZE("--comm-chunk", NULL, &e->comm_chunk_bytes, 64, "BYTES",
                    "staged: bytes of each rank's part of a chunk (default 1048576); the host "
@@ -401,6 +402,20 @@ int ts_tool_train(int argc, char **argv) {
     return 1;
   }
   int rank = ts_comm_rank(world), n = ts_comm_size(world);
+  if (e->device == TS_DEVICE_CUDA && n > 1) {
+    /* every rank picks the same transport: one rank sharing its GPU puts
+     * all on staged (auto; NCCL refuses two ranks on one GPU) */
+    double shared = ts_tool_gpu_shared();
+    st = ts_comm_all_reduce_f64(world, &shared, 1, TS_COMM_MAX);
+    if (st != TS_OK) {
+      fprintf(stderr, "tessera train: %s\n", ts_flags_last_error());
+      ts_comm_free(world);
+      ts_comm_finalize();
+      return 1;
+    }
+    e->gpu_shared = shared != 0;
+    ts_comm_reset_counters(world); /* the step's bytes only */
+  }
   cfg.dp = world;
   ts_train_result res;
   st = ts_train_run(&cfg, on_event, &p, &res);

@@ -63,6 +63,7 @@ const ts_k_backend ts_k_cpu_backend = {
     .add = ts_cpu_add,
     .sumsq = ts_cpu_sumsq,
     .nonfinite = ts_cpu_nonfinite,
+    .sum_ranks = ts_cpu_sum_ranks,
     .linear_forward = ts_cpu_linear_forward,
     .linear_backward = ts_cpu_linear_backward,
     .embedding_forward = ts_cpu_embedding_forward,

@@ -148,6 +148,8 @@ ts_status ts_cpu_zero(const ts_kctx *ctx, void *x, size_t nbytes);
 ts_status ts_cpu_add(const ts_kctx *ctx, void *out, const void *a, const void *b, size_t n,
                      ts_dtype dt);
 ts_status ts_cpu_sumsq(const ts_kctx *ctx, double *out, const void *x, size_t n, ts_dtype dt);
+ts_status ts_cpu_sum_ranks(const ts_kctx *ctx, void *out, const void *const *parts, int n,
+                           size_t count, ts_dtype dt, int accumulate);
 ts_status ts_cpu_nonfinite(const ts_kctx *ctx, int32_t *flag, const void *x, size_t n,
                            ts_dtype dt);
 size_t ts_cpu_linear_workspace_bytes(size_t M, size_t N, size_t K, ts_dtype dt);

@@ -1,6 +1,6 @@
 /*
- * vecops.c — the CPU bodies of the simple vector ops: ts_k_add, ts_k_sumsq
- * and ts_k_nonfinite.
+ * vecops.c — the CPU bodies of the simple vector ops: ts_k_add,
+ * ts_k_sum_ranks, ts_k_sumsq and ts_k_nonfinite.
  *
  * Invariant: results are bitwise independent of the OpenMP thread count.
  * add is per element (half storage: pieces widened in bulk, added in fp32,
@@ -61,6 +61,38 @@ ts_status ts_cpu_add(const ts_kctx *ctx, void *out, const void *a, const void *b
                      ts_dtype dt) {
   add_args x = {out, a, b, dt};
   ts_cpu_for_chunks(n, add_chunk, &x);
+  return TS_OK;
+}
+
+/* ts_k_sum_ranks's arguments, and one chunk of it: pieces of TS_CPU_PIECE
+ * elements widened to fp32, the parts added in index order with one fp32
+ * rounding each (ts_fadd), then the previous out, then one narrowing. */
+typedef struct sum_ranks_args {
+  void *out;
+  const void *const *parts;
+  int n, accumulate;
+  ts_dtype dt;
+} sum_ranks_args;
+
+static void sum_ranks_chunk(void *arg, size_t lo, size_t hi) {
+  const sum_ranks_args *x = arg;
+  float acc[TS_CPU_PIECE], y[TS_CPU_PIECE];
+  for (size_t i = lo; i < hi; i += TS_CPU_PIECE) {
+    size_t k = hi - i < TS_CPU_PIECE ? hi - i : TS_CPU_PIECE;
+    ts_cpu_widen_at(acc, x->parts[0], i, k, x->dt);
+    for (int p = 1; p <= x->n; p++) {
+      if (p == x->n && !x->accumulate) break;
+      ts_cpu_widen_at(y, p < x->n ? x->parts[p] : x->out, i, k, x->dt);
+      for (size_t j = 0; j < k; j++) acc[j] = ts_fadd(acc[j], y[j]);
+    }
+    ts_cpu_narrow_at(x->out, i, acc, k, x->dt);
+  }
+}
+
+ts_status ts_cpu_sum_ranks(const ts_kctx *ctx, void *out, const void *const *parts, int n,
+                           size_t count, ts_dtype dt, int accumulate) {
+  sum_ranks_args x = {out, parts, n, accumulate, dt};
+  ts_cpu_for_chunks(count, sum_ranks_chunk, &x);
   return TS_OK;
 }
 

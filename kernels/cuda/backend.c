@@ -42,6 +42,7 @@ const ts_k_backend ts_k_cuda_backend = {
     .add = ts_cuda_add,
     .sumsq = ts_cuda_sumsq,
     .nonfinite = ts_cuda_nonfinite,
+    .sum_ranks = ts_cuda_sum_ranks,
     .linear_forward = ts_cuda_linear_forward,
     .linear_backward = ts_cuda_linear_backward,
     .embedding_forward = ts_cuda_embedding_forward,

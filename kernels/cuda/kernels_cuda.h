@@ -79,6 +79,8 @@ ts_status ts_cuda_adamw(const ts_kctx *ctx, float *master, void *param_out, ts_d
 ts_status ts_cuda_add(const ts_kctx *ctx, void *out, const void *a, const void *b, size_t n,
                       ts_dtype dt);
 ts_status ts_cuda_sumsq(const ts_kctx *ctx, double *out, const void *x, size_t n, ts_dtype dt);
+ts_status ts_cuda_sum_ranks(const ts_kctx *ctx, void *out, const void *const *parts, int n,
+                            size_t count, ts_dtype dt, int accumulate);
 ts_status ts_cuda_nonfinite(const ts_kctx *ctx, int32_t *flag, const void *x, size_t n,
                             ts_dtype dt);
 ts_status ts_cuda_loss_sum(const ts_kctx *ctx, double *out, const float *loss_rows,

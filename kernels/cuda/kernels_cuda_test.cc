@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "kernels/kernels.h"
@@ -101,6 +102,48 @@ TEST(CudaParity, CastMatchesCpuBitwise) {
       EXPECT_TRUE(dout.get() == want);
     }
   }
+}
+
+// The rank-order sum of the device transports (comm/nccl.c's
+// reduce-scatter): the CPU's bits for 1, 2, 4 and 7 parts, with and without
+// the previous out, in every dtype (both sides add in fp32 with one IEEE
+// rounding per addition in index order and narrow once).
+TEST(CudaParity, SumRanksMatchesCpuBitwise) {
+  ASSERT_TRUE(have_gpu()) << "no CUDA device: tests tagged gpu need one";
+  const size_t count = (1 << 18) + 13;
+  Rng rng(43);
+  CpuCtx cpu;
+  CudaCtx gpu;
+  const ts_dtype all[] = {TS_FP32, TS_BF16, TS_FP16};
+  for (ts_dtype dt : all)
+    for (int n : {1, 2, 4, 7})
+      for (int accumulate : {0, 1}) {
+        SCOPED_TRACE(std::string(ts_dtype_name(dt)) + " n=" + std::to_string(n) +
+                     " accumulate=" + std::to_string(accumulate));
+        const size_t bytes = count * ts_dtype_size(dt);
+        std::vector<std::vector<unsigned char>> host(n + 1);
+        for (auto &h : host) {
+          ts_test::Buf b(rng.vec(count, -8, 8), dt);
+          h = bytes_of(b.data(), bytes);
+        }
+        std::vector<const void *> hp;
+        for (int k = 0; k < n; k++) hp.push_back(host[k].data());
+        std::vector<unsigned char> want = host[n];
+        ASSERT_EQ(ts_k_sum_ranks(cpu.get(), want.data(), hp.data(), n, count, dt, accumulate),
+                  TS_OK);
+        std::vector<DevBuf> dev;
+        dev.reserve(n + 1);
+        for (int k = 0; k <= n; k++) {
+          dev.emplace_back(bytes);
+          dev.back().put(host[k].data());
+        }
+        std::vector<const void *> dp;
+        for (int k = 0; k < n; k++) dp.push_back(dev[k].p);
+        ASSERT_EQ(ts_k_sum_ranks(&gpu.ctx, dev[n].p, dp.data(), n, count, dt, accumulate), TS_OK)
+            << ts_last_error();
+        gpu.sync();
+        EXPECT_TRUE(dev[n].get() == want);
+      }
 }
 
 TEST(CudaParity, AdamwMatchesCpuBitwise) {

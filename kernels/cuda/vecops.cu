@@ -1,5 +1,5 @@
 /*
- * vecops.cu — CUDA bodies of ts_k_add, ts_k_sumsq, ts_k_nonfinite and
+ * vecops.cu — CUDA bodies of ts_k_add, ts_k_sum_ranks, ts_k_sumsq, ts_k_nonfinite and
  * ts_k_loss_sum (kernels/kernels.h).
  *
  * Reductions are deterministic: a fixed number of blocks that depends on n
@@ -33,6 +33,41 @@ extern "C" ts_status ts_cuda_add(const ts_kctx *ctx, void *out, const void *a, c
                                  size_t n, ts_dtype dt) {
   TS_CUDA_DT_CALL(dt, launch_add, out, a, b, n, (cudaStream_t)ctx->stream);
   return ts_cuda_launched("ts_k_add");
+}
+
+/* ts_k_sum_ranks's part addresses, passed by value (kernel parameters). */
+struct sum_ranks_parts {
+  const void *p[TS_K_SUM_RANKS_MAX];
+};
+
+/* One thread per element (grid-strided): the parts in index order, one
+ * __fadd_rn each, the previous out last, one rounding to DT — the host's
+ * order (comm/sum.c), so the bits are the host's. */
+template <ts_dtype DT>
+__global__ void sum_ranks_kernel(void *out, sum_ranks_parts parts, int n, size_t count,
+                                 int accumulate) {
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < count;
+       i += (size_t)gridDim.x * blockDim.x) {
+    float acc = ts_ld<DT>(parts.p[0], i);
+    for (int k = 1; k < n; k++) acc = ts_fadd(acc, ts_ld<DT>(parts.p[k], i));
+    if (accumulate) acc = ts_fadd(acc, ts_ld<DT>(out, i));
+    ts_st<DT>(out, i, acc);
+  }
+}
+
+template <ts_dtype DT>
+static void launch_sum_ranks(void *out, const sum_ranks_parts &parts, int n, size_t count,
+                             int accumulate, cudaStream_t s) {
+  sum_ranks_kernel<DT>
+      <<<ts_cuda_grid(count), TS_CUDA_BLOCK, 0, s>>>(out, parts, n, count, accumulate);
+}
+
+extern "C" ts_status ts_cuda_sum_ranks(const ts_kctx *ctx, void *out, const void *const *parts,
+                                       int n, size_t count, ts_dtype dt, int accumulate) {
+  sum_ranks_parts p = {};
+  for (int k = 0; k < n; k++) p.p[k] = parts[k];
+  TS_CUDA_DT_CALL(dt, launch_sum_ranks, out, p, n, count, accumulate, (cudaStream_t)ctx->stream);
+  return ts_cuda_launched("ts_k_sum_ranks");
 }
 
 /* Blocks of the first pass for n elements: one per 8 * RED_THREADS

@@ -1,0 +1,403 @@
+/*
+ * nccl.c — the NCCL transport (nccl.h): a backend (backend.h) wrapped
+ * around a group's MPI (or one-rank) transport, as staged.c is. The front
+ * checks and counts every call; this file turns the call into byte
+ * transfers of NCCL on the communication stream and, for a reduce-scatter,
+ * one rank-order sum on the same stream.
+ *
+ * Invariants:
+ * - NCCL never adds: every transfer is ncclUint8 bytes, so the only
+ *   arithmetic is the lender's sum_ranks (comm/sum.h's order, fp32, one
+ *   rounding): the bits are those of the same call on host memory.
+ * - A data call is queued as: the step stream's `ready` event recorded and
+ *   waited for by the communication stream (so the call reads what the
+ *   compute wrote before it), the transfers, the sum, and a `done` event
+ *   of its own recorded after them. Waiting is cudaStreamWaitEvent on the
+ *   step stream; nothing here blocks the host on the GPU but unwrap and
+ *   free, which synchronise the communication stream before destroying.
+ * - Every rank derives the same transfers from the same call (sizes from
+ *   count and N; pieces of zero bytes are skipped on both sides), so the
+ *   ranks' NCCL calls match. Calls run in submission order on one stream.
+ * - barrier and all_reduce_f64 carry host memory and no lent data: they go
+ *   to the inner transport as they are.
+ */
+#include "comm/nccl.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/backend.h"
+
+/* An NCCL group's state (ts_comm.impl). */
+typedef struct nccl_state {
+  ts_comm inner;                /* the group on its MPI or one-rank transport */
+  ncclComm_t comm;              /* one communicator per group */
+  ts_comm_nccl_streams streams; /* copied at wrap */
+  cudaEvent_t ready;            /* recorded on the step stream at every data call */
+} nccl_state;
+
+/* A started call: its done event on the communication stream. */
+typedef struct nccl_request {
+  ts_comm_request base; /* first member (backend.h) */
+  cudaEvent_t done;
+} nccl_request;
+
+static cudaStream_t step_of(const nccl_state *s) { return (cudaStream_t)s->streams.step_stream; }
+static cudaStream_t comm_of(const nccl_state *s) { return (cudaStream_t)s->streams.comm_stream; }
+
+/* TS_ERR_CUDA naming op and the CUDA call, or TS_OK. */
+static ts_status cuda_st(cudaError_t e, const char *op, const char *what) {
+  if (e == cudaSuccess) return TS_OK;
+  cudaGetLastError(); /* clear it so the next check does not report it again */
+  return ts_set_error(TS_ERR_CUDA, "%s (nccl): %s: %s", op, what, cudaGetErrorString(e));
+}
+
+/* TS_ERR_NCCL naming op, the NCCL call and NCCL's messages (those of
+ * communicator comm, NULL for none yet), or TS_OK. */
+static ts_status nccl_st(ncclResult_t r, ncclComm_t comm, const ts_comm *c, const char *op,
+                         const char *what) {
+  if (r == ncclSuccess) return TS_OK;
+  const char *last = ncclGetLastError(comm);
+  return ts_set_error(TS_ERR_NCCL, "%s: %s on group %s (rank %d of %d): %s%s%s", op, what,
+                      c ? c->name : "?", c ? c->rank : -1, c ? c->size : 0, ncclGetErrorString(r),
+                      last && *last ? ": " : "", last && *last ? last : "");
+}
+
+#define CU(call, what) TS_CHECK(cuda_st((call), d->name, (what)))
+#define NC(call, what) TS_CHECK(nccl_st((call), s->comm, c, d->name, (what)))
+
+/* ---- transfers ------------------------------------------------------------------ */
+
+/* Rank j's element range of the call: [lo, lo + n) of count elements per
+ * rank (even) or of the whole buffer's chunk j (uneven). */
+static void piece_of(const ts_comm *c, const ts_comm_call *d, int j, size_t *lo, size_t *n) {
+  if (d->uneven) {
+    *lo = ts_comm_chunk_lo(d->count, c->size, j);
+    *n = ts_comm_chunk_lo(d->count, c->size, j + 1) - *lo;
+  } else {
+    *lo = (size_t)j * d->count;
+    *n = d->count;
+  }
+}
+
+/* Reduce-scatter: rank j's piece of send goes to rank j (a grouped
+ * all-to-all; the own piece stays), the N-1 pieces received land in
+ * scratch, slot k for the k-th other rank, each slot the longest piece;
+ * then recv = the pieces in rank order (the own one from send) [+ recv]. */
+static ts_status run_reduce_scatter(ts_comm *c, nccl_state *s, const ts_comm_call *d) {
+  size_t es = ts_dtype_size(d->dt), lo, n;
+  size_t slot = d->uneven ? ts_comm_chunk_max(d->count, c->size) : d->count;
+  piece_of(c, d, c->rank, &lo, &n);
+  if (n == 0) return TS_OK; /* my piece is empty: I only send (below) */
+  const void **parts = (const void **)calloc((size_t)c->size, sizeof *parts);
+  if (!parts) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot allocate the parts", d->name);
+  for (int j = 0, k = 0; j < c->size; j++)
+    parts[j] = j == c->rank ? (const char *)d->send + lo * es
+                            : (const char *)d->scratch + (size_t)(k++) * slot * es;
+  ts_status st =
+      s->streams.sum_ranks(s->streams.user, d->recv, parts, c->size, n, d->dt, d->accumulate);
+  free(parts);
+  return st;
+}
+
+/* The all-to-all of a reduce-scatter: sends of every other rank's piece of
+ * send, receives of my piece from every other rank into scratch. */
+static ts_status exchange_pieces(ts_comm *c, nccl_state *s, const ts_comm_call *d) {
+  size_t es = ts_dtype_size(d->dt), lo, n, mine_lo, mine;
+  size_t slot = d->uneven ? ts_comm_chunk_max(d->count, c->size) : d->count;
+  piece_of(c, d, c->rank, &mine_lo, &mine);
+  NC(ncclGroupStart(), "ncclGroupStart");
+  ncclResult_t r = ncclSuccess;
+  for (int j = 0, k = 0; j < c->size && r == ncclSuccess; j++) {
+    if (j == c->rank) continue;
+    piece_of(c, d, j, &lo, &n);
+    if (n) r = ncclSend((const char *)d->send + lo * es, n * es, ncclUint8, j, s->comm, comm_of(s));
+    if (r == ncclSuccess && mine)
+      r = ncclRecv((char *)d->scratch + (size_t)k * slot * es, mine * es, ncclUint8, j, s->comm,
+                   comm_of(s));
+    k++;
+  }
+  ncclResult_t end = ncclGroupEnd();
+  NC(r, "ncclSend/ncclRecv");
+  NC(end, "ncclGroupEnd");
+  return TS_OK;
+}
+
+/* All-gather: equal pieces through ncclAllGather (in place when send is the
+ * own piece of recv); uneven ones (all-reduce's second half, in place) as
+ * a grouped exchange of the own chunk with every other rank. */
+static ts_status run_all_gather(ts_comm *c, nccl_state *s, const ts_comm_call *d) {
+  size_t es = ts_dtype_size(d->dt);
+  if (!d->uneven) {
+    if (d->count == 0) return TS_OK;
+    NC(ncclAllGather(d->send, d->recv, d->count * es, ncclUint8, s->comm, comm_of(s)),
+       "ncclAllGather");
+    return TS_OK;
+  }
+  size_t mine_lo, mine, lo, n;
+  piece_of(c, d, c->rank, &mine_lo, &mine);
+  NC(ncclGroupStart(), "ncclGroupStart");
+  ncclResult_t r = ncclSuccess;
+  for (int j = 0; j < c->size && r == ncclSuccess; j++) {
+    if (j == c->rank) continue;
+    piece_of(c, d, j, &lo, &n);
+    if (mine) r = ncclSend(d->send, mine * es, ncclUint8, j, s->comm, comm_of(s));
+    if (r == ncclSuccess && n)
+      r = ncclRecv((char *)d->recv + lo * es, n * es, ncclUint8, j, s->comm, comm_of(s));
+  }
+  ncclResult_t end = ncclGroupEnd();
+  NC(r, "ncclSend/ncclRecv");
+  NC(end, "ncclGroupEnd");
+  return TS_OK;
+}
+
+/* Queues call d's transfers (and sum) on the communication stream. */
+static ts_status queue_call(ts_comm *c, nccl_state *s, const ts_comm_call *d) {
+  size_t nb = d->count * ts_dtype_size(d->dt);
+  switch (d->kind) {
+    case TS_COMM_CALL_REDUCE_SCATTER:
+      if (c->size > 1) TS_CHECK(exchange_pieces(c, s, d));
+      return run_reduce_scatter(c, s, d);
+    case TS_COMM_CALL_ALL_GATHER: return run_all_gather(c, s, d);
+    case TS_COMM_CALL_BROADCAST:
+      if (nb)
+        NC(ncclBroadcast(d->buf, d->buf, nb, ncclUint8, d->root, s->comm, comm_of(s)),
+           "ncclBroadcast");
+      return TS_OK;
+    case TS_COMM_CALL_SEND:
+      if (nb) NC(ncclSend(d->buf, nb, ncclUint8, d->peer, s->comm, comm_of(s)), "ncclSend");
+      return TS_OK;
+    case TS_COMM_CALL_RECV:
+      if (nb) NC(ncclRecv(d->buf, nb, ncclUint8, d->peer, s->comm, comm_of(s)), "ncclRecv");
+      return TS_OK;
+    default:
+      return ts_set_error(TS_ERR_INTERNAL, "%s: call kind %d reached the NCCL transport", d->name,
+                          (int)d->kind);
+  }
+}
+
+static ts_status nccl_run(ts_comm *c, const ts_comm_call *d, ts_comm_request **req) {
+  nccl_state *s = (nccl_state *)c->impl;
+  if (d->kind == TS_COMM_CALL_BARRIER || d->kind == TS_COMM_CALL_ALL_REDUCE_F64)
+    return s->inner.be->run(&s->inner, d, req); /* host memory: the inner transport */
+  CU(cudaEventRecord(s->ready, step_of(s)), "cudaEventRecord");
+  CU(cudaStreamWaitEvent(comm_of(s), s->ready, 0), "cudaStreamWaitEvent");
+  TS_CHECK(queue_call(c, s, d));
+  cudaEvent_t done = NULL;
+  CU(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  ts_status st = cuda_st(cudaEventRecord(done, comm_of(s)), d->name, "cudaEventRecord");
+  if (st == TS_OK && !req) {
+    /* blocking: later work on the step stream waits for the call */
+    st = cuda_st(cudaStreamWaitEvent(step_of(s), done, 0), d->name, "cudaStreamWaitEvent");
+  } else if (st == TS_OK) {
+    ts_comm_request *q = NULL;
+    st = ts_comm_request_new(c, d->name, sizeof(nccl_request), &q);
+    if (st == TS_OK) {
+      ((nccl_request *)q)->done = done;
+      *req = q;
+      return TS_OK;
+    }
+  }
+  cudaEventDestroy(done); /* destroying a recorded event is deferred until it completes */
+  return st;
+}
+
+/* Ends request q: NCCL's asynchronous error if any, then the event. */
+static ts_status nccl_end(nccl_request *q, ts_status st) {
+  ts_comm *c = q->base.c;
+  nccl_state *s = (nccl_state *)c->impl;
+  ncclResult_t async = ncclSuccess;
+  if (st == TS_OK && ncclCommGetAsyncError(s->comm, &async) == ncclSuccess &&
+      async != ncclSuccess && async != ncclInProgress)
+    st = nccl_st(async, s->comm, c, q->base.op, "asynchronous error");
+  cudaEventDestroy(q->done);
+  free(q);
+  return st;
+}
+
+static ts_status nccl_wait(ts_comm_request *req) {
+  nccl_request *q = (nccl_request *)req;
+  nccl_state *s = (nccl_state *)req->c->impl;
+  return nccl_end(
+      q, cuda_st(cudaStreamWaitEvent(step_of(s), q->done, 0), req->op, "cudaStreamWaitEvent"));
+}
+
+static ts_status nccl_test(ts_comm_request *req, int *done) {
+  nccl_request *q = (nccl_request *)req;
+  cudaError_t e = cudaEventQuery(q->done);
+  *done = 0;
+  if (e == cudaErrorNotReady) {
+    cudaGetLastError();
+    return TS_OK;
+  }
+  *done = 1;
+  if (e != cudaSuccess) return nccl_end(q, cuda_st(e, req->op, "cudaEventQuery"));
+  return nccl_wait(req); /* finished: the step stream's wait costs nothing */
+}
+
+static ts_status nccl_split(ts_comm *parent, int color, int key, const char *name, ts_comm **out) {
+  nccl_state *s = (nccl_state *)parent->impl;
+  return s->inner.be->split(&s->inner, color, key, name, out);
+}
+
+/* Waits for the communication stream, then destroys the communicator and
+ * the event. */
+static void release(nccl_state *s) {
+  cudaStreamSynchronize(comm_of(s));
+  if (s->comm) {
+    ncclCommFinalize(s->comm);
+    ncclCommDestroy(s->comm);
+  }
+  if (s->ready) cudaEventDestroy(s->ready);
+}
+
+static void nccl_unwrap(ts_comm *c) {
+  nccl_state *s = (nccl_state *)c->impl;
+  release(s);
+  c->be = s->inner.be;
+  c->impl = s->inner.impl;
+  free(s);
+}
+
+static void nccl_free_group(ts_comm *c) {
+  nccl_state *s = (nccl_state *)c->impl;
+  release(s);
+  s->inner.be->free_group(&s->inner);
+  free(s);
+}
+
+static const ts_comm_backend nccl_backend = {
+    .name = "nccl",
+    .run = nccl_run,
+    .wait = nccl_wait,
+    .test = nccl_test,
+    .split = nccl_split,
+    .free_group = nccl_free_group,
+    .unwrap = nccl_unwrap,
+};
+
+/* ---- making the communicator -------------------------------------------------------- */
+
+/* The inner transport's blocking call d, uncounted (the front counts only
+ * the caller's calls). */
+static ts_status inner_call(ts_comm *inner, ts_comm_call *d) {
+  d->blocking = 1;
+  return inner->be->run(inner, d, NULL);
+}
+
+/* What rank 0 broadcasts: whether it made the id, and the id. */
+typedef struct id_message {
+  double ok;
+  ncclUniqueId id;
+} id_message;
+
+/* Makes s->comm over the inner group: rank 0's unique id broadcast over
+ * the inner transport, then ncclCommInitRank on every rank, then the ranks
+ * agree on success (so no rank keeps a communicator the others lack). */
+static ts_status make_comm(nccl_state *s, const char *op) {
+  ts_comm *inner = &s->inner;
+  id_message m;
+  memset(&m, 0, sizeof m);
+  ts_status st = TS_OK;
+  if (inner->rank == 0) {
+    ncclResult_t r = ncclGetUniqueId(&m.id);
+    m.ok = r == ncclSuccess;
+    if (r != ncclSuccess) st = nccl_st(r, NULL, inner, op, "ncclGetUniqueId");
+  }
+  if (inner->size > 1) {
+    ts_comm_call b = {.kind = TS_COMM_CALL_BROADCAST,
+                      .name = op,
+                      .buf = &m,
+                      .count = sizeof m / 2,
+                      .dt = TS_BF16, /* bytes: a broadcast adds nothing */
+                      .root = 0};
+    TS_CHECK(inner_call(inner, &b));
+  }
+  if (st == TS_OK && !m.ok)
+    st = ts_set_error(TS_ERR_NCCL, "%s: rank 0 of group %s could not make NCCL's unique id", op,
+                      inner->name);
+  if (st == TS_OK) {
+    ncclResult_t r = ncclCommInitRank(&s->comm, inner->size, m.id, inner->rank);
+    if (r != ncclSuccess) {
+      s->comm = NULL;
+      st = nccl_st(r, NULL, inner, op, "ncclCommInitRank");
+    }
+  }
+  if (inner->size > 1) {
+    double bad = st != TS_OK;
+    ts_comm_call a = {.kind = TS_COMM_CALL_ALL_REDUCE_F64,
+                      .name = op,
+                      .buf = &bad,
+                      .count = 1,
+                      .reduce = TS_COMM_MAX};
+    ts_status ast = inner_call(inner, &a);
+    if (st == TS_OK && ast != TS_OK) st = ast;
+    if (st == TS_OK && bad != 0)
+      st = ts_set_error(TS_ERR_NCCL, "%s: another rank of group %s failed ncclCommInitRank", op,
+                        inner->name);
+  }
+  return st;
+}
+
+ts_status ts_comm_set_nccl(ts_comm *c, const ts_comm_memory *mem,
+                           const ts_comm_nccl_streams *streams) {
+  static const char *op = "ts_comm_set_nccl";
+  if (!c || !mem || !streams)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: c, mem and streams are required", op);
+  if (!mem->copy || !mem->add || !streams->sum_ranks)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "%s: group %s: mem needs copy and add, streams needs sum_ranks", op,
+                        c->name);
+  if (ts_comm_thread_active(c))
+    return ts_set_error(TS_ERR_INVALID_USAGE,
+                        "%s: group %s runs on a communication thread; the NCCL transport needs "
+                        "none (its stream is the overlap)",
+                        op, c->name);
+  if (c->mem && c->mem != mem)
+    return ts_set_error(TS_ERR_INVALID_USAGE,
+                        "%s: group %s already moves memory lent by another owner; lend it NULL "
+                        "first",
+                        op, c->name);
+  if (c->be->unwrap) c->be->unwrap(c);
+  c->mem = NULL;
+  if (c->be == &ts_comm_plan_backend) { /* a plan moves nothing */
+    c->mem = mem;
+    return TS_OK;
+  }
+  if (c->be != &ts_comm_mpi_backend && c->be != &ts_comm_self_backend)
+    return ts_set_error(TS_ERR_UNSUPPORTED, "%s: group %s is on the %s transport", op, c->name,
+                        c->be->name);
+  if (!streams->step_stream || !streams->comm_stream)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "%s: group %s: streams needs step_stream and comm_stream", op, c->name);
+  nccl_state *s = (nccl_state *)calloc(1, sizeof *s);
+  if (!s) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot allocate the NCCL state", op);
+  s->inner = *c;
+  s->streams = *streams;
+  ts_status st = cuda_st(cudaSetDevice(streams->device), op, "cudaSetDevice");
+  if (st == TS_OK)
+    st = cuda_st(cudaEventCreateWithFlags(&s->ready, cudaEventDisableTiming), op,
+                 "cudaEventCreateWithFlags");
+  if (st == TS_OK) st = make_comm(s, op);
+  if (st != TS_OK) {
+    release(s);
+    free(s);
+    return st;
+  }
+  c->be = &nccl_backend;
+  c->impl = s;
+  c->mem = mem;
+  return TS_OK;
+}
+
+const char *ts_comm_nccl_version(void) {
+  static char v[32];
+  int code = 0;
+  if (ncclGetVersion(&code) != ncclSuccess) return "?";
+  /* NCCL_VERSION(X, Y, Z) = X * 10000 + Y * 100 + Z from 2.9 on */
+  snprintf(v, sizeof v, "%d.%d.%d", code / 10000, code / 100 % 100, code % 100);
+  return v;
+}
