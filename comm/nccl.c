@@ -243,20 +243,27 @@ static ts_status nccl_split(ts_comm *parent, int color, int key, const char *nam
   return s->inner.be->split(&s->inner, color, key, name, out);
 }
 
-/* Waits for the communication stream, then destroys the communicator and
- * the event. */
-static void release(nccl_state *s) {
-  cudaStreamSynchronize(comm_of(s));
+/* Destroys the communicator and the event. In order (abort 0: every rank
+ * of the group does it, as ncclCommFinalize needs) the communication
+ * stream finishes first; on a failed set-up (abort 1: other ranks may not
+ * follow) the communicator is aborted, a local call. */
+static void release(nccl_state *s, int abort) {
   if (s->comm) {
-    ncclCommFinalize(s->comm);
-    ncclCommDestroy(s->comm);
+    if (abort) {
+      ncclCommAbort(s->comm);
+    } else {
+      cudaStreamSynchronize(comm_of(s));
+      ncclCommFinalize(s->comm);
+      ncclCommDestroy(s->comm);
+    }
   }
   if (s->ready) cudaEventDestroy(s->ready);
+  cudaGetLastError(); /* no error of teardown is left for the next launch check */
 }
 
 static void nccl_unwrap(ts_comm *c) {
   nccl_state *s = (nccl_state *)c->impl;
-  release(s);
+  release(s, 0);
   c->be = s->inner.be;
   c->impl = s->inner.impl;
   free(s);
@@ -264,7 +271,7 @@ static void nccl_unwrap(ts_comm *c) {
 
 static void nccl_free_group(ts_comm *c) {
   nccl_state *s = (nccl_state *)c->impl;
-  release(s);
+  release(s, 0);
   s->inner.be->free_group(&s->inner);
   free(s);
 }
@@ -294,14 +301,34 @@ typedef struct id_message {
   ncclUniqueId id;
 } id_message;
 
-/* Makes s->comm over the inner group: rank 0's unique id broadcast over
- * the inner transport, then ncclCommInitRank on every rank, then the ranks
- * agree on success (so no rank keeps a communicator the others lack). */
-static ts_status make_comm(nccl_state *s, const char *op) {
+/* st on every rank of inner: st itself where it failed here, else
+ * TS_ERR_NCCL naming `what` when another rank's failed (all_reduce_f64 of
+ * the failure flags, uncounted). */
+static ts_status agree(ts_comm *inner, const char *op, ts_status st, const char *what) {
+  if (inner->size == 1) return st;
+  double bad = st != TS_OK;
+  ts_comm_call a = {.kind = TS_COMM_CALL_ALL_REDUCE_F64,
+                    .name = op,
+                    .buf = &bad,
+                    .count = 1,
+                    .reduce = TS_COMM_MAX};
+  ts_status ast = inner_call(inner, &a);
+  if (st == TS_OK && ast != TS_OK) st = ast;
+  if (st == TS_OK && bad != 0)
+    st = ts_set_error(TS_ERR_NCCL, "%s: another rank of group %s failed %s", op, inner->name, what);
+  return st;
+}
+
+/* Makes s->comm over the inner group, every rank taking part whatever its
+ * local status st (its GPU set up or not): the ranks agree on st, rank 0's
+ * unique id is broadcast over the inner transport, ncclCommInitRank runs
+ * on every rank, and the ranks agree on its success. On failure no rank
+ * keeps a communicator (release aborts one that was made). */
+static ts_status make_comm(nccl_state *s, const char *op, ts_status st) {
   ts_comm *inner = &s->inner;
+  TS_CHECK(agree(inner, op, st, "to set up its GPU"));
   id_message m;
   memset(&m, 0, sizeof m);
-  ts_status st = TS_OK;
   if (inner->rank == 0) {
     ncclResult_t r = ncclGetUniqueId(&m.id);
     m.ok = r == ncclSuccess;
@@ -316,9 +343,11 @@ static ts_status make_comm(nccl_state *s, const char *op) {
                       .root = 0};
     TS_CHECK(inner_call(inner, &b));
   }
-  if (st == TS_OK && !m.ok)
-    st = ts_set_error(TS_ERR_NCCL, "%s: rank 0 of group %s could not make NCCL's unique id", op,
-                      inner->name);
+  if (!m.ok) /* every rank returns here: the broadcast told them */
+    return st != TS_OK
+               ? st
+               : ts_set_error(TS_ERR_NCCL, "%s: rank 0 of group %s could not make NCCL's unique id",
+                              op, inner->name);
   if (st == TS_OK) {
     ncclResult_t r = ncclCommInitRank(&s->comm, inner->size, m.id, inner->rank);
     if (r != ncclSuccess) {
@@ -326,20 +355,7 @@ static ts_status make_comm(nccl_state *s, const char *op) {
       st = nccl_st(r, NULL, inner, op, "ncclCommInitRank");
     }
   }
-  if (inner->size > 1) {
-    double bad = st != TS_OK;
-    ts_comm_call a = {.kind = TS_COMM_CALL_ALL_REDUCE_F64,
-                      .name = op,
-                      .buf = &bad,
-                      .count = 1,
-                      .reduce = TS_COMM_MAX};
-    ts_status ast = inner_call(inner, &a);
-    if (st == TS_OK && ast != TS_OK) st = ast;
-    if (st == TS_OK && bad != 0)
-      st = ts_set_error(TS_ERR_NCCL, "%s: another rank of group %s failed ncclCommInitRank", op,
-                        inner->name);
-  }
-  return st;
+  return agree(inner, op, st, "ncclCommInitRank");
 }
 
 ts_status ts_comm_set_nccl(ts_comm *c, const ts_comm_memory *mem,
@@ -381,9 +397,9 @@ ts_status ts_comm_set_nccl(ts_comm *c, const ts_comm_memory *mem,
   if (st == TS_OK)
     st = cuda_st(cudaEventCreateWithFlags(&s->ready, cudaEventDisableTiming), op,
                  "cudaEventCreateWithFlags");
-  if (st == TS_OK) st = make_comm(s, op);
+  st = make_comm(s, op, st); /* collective: every rank, whatever st */
   if (st != TS_OK) {
-    release(s);
+    release(s, 1);
     free(s);
     return st;
   }

@@ -69,14 +69,18 @@ typedef struct ts_comm_nccl_streams {
  * caller's buffers may be read or written by work queued on the step
  * stream after the wait, and by the host only after synchronising that
  * stream. Sends and receives between two ranks match in the order they
- * were started (NCCL has no tags), and a receive blocks the communication
- * stream until its send arrives: a rank that starts a receive before a
- * send to a peer doing the same deadlocks (pipelines use the staged
- * transport). barrier and all_reduce_f64 (host memory) go to the group's
- * MPI transport as they are.
+ * were started (NCCL has no tags, which are ignored), and a send or a
+ * receive blocks the communication stream until its peer's matching call
+ * runs: two ranks that each start a send (or each a receive) to the other
+ * before the opposite call deadlock (pipelines use the staged transport). barrier and
+ * all_reduce_f64 (host memory) go to the group's MPI transport as they are.
  *
- * Undo with ts_comm_set_memory(c, NULL), which waits for the communication
- * stream and destroys the NCCL communicator. Call with no request
+ * Set-up is collective even when it fails: every rank takes part whatever
+ * its own CUDA set-up gave, and on any rank's failure every rank returns
+ * an error and keeps no communicator. Undo with ts_comm_set_memory(c,
+ * NULL), which waits for the communication stream and destroys the NCCL
+ * communicator; that, and ts_comm_free of the group, are collective too
+ * (ncclCommFinalize): every rank of the group must call them. Call with no request
  * outstanding and before any ts_comm_set_thread (a group on a thread is
  * refused; this transport needs none). Errors: TS_ERR_INVALID_ARGUMENT
  * (NULL or missing operations), TS_ERR_INVALID_USAGE (a thread, memory of

@@ -51,7 +51,10 @@ static ts_status lend_nccl(ts_engine *e) {
                         "`comm` nccl: %d data-parallel ranks; its reduce-scatter sums at most %d "
                         "(ts_k_sum_ranks); use staged",
                         e->dp_size, TS_K_SUM_RANKS_MAX);
-  TS_CHECK(ts_k_context_fork(&e->comm_ctx, &e->ctx)); /* a plan's has no stream */
+  /* a plan's fork has no stream; a failed fork is agreed, since the set-up
+   * below is collective */
+  TS_CHECK(ts_comm_agree(e->dp, ts_k_context_fork(&e->comm_ctx, &e->ctx),
+                         "making the communication stream", NULL));
   e->nccl = (ts_comm_nccl_streams){.device = e->opts.device_index,
                                    .step_stream = e->ctx.stream,
                                    .comm_stream = e->comm_ctx.stream,
@@ -85,17 +88,8 @@ ts_status ts_engine_lend_memory(ts_engine *e) {
                                  .to_host = device_to_host,
                                  .to_device = device_to_device,
                                  .sync = device_sync};
-  if (lend_pp) {
-    /* pipeline groups send and receive (through host copies of their own)
-     * and run no chunked collective: the smallest staging */
-    e->pp_mem = e->comm_mem;
-    TS_CHECK(alloc_staging(e, ts_comm_size(e->pp), TS_COMM_STAGING_MIN_PIECE, &e->comm_staging[1],
-                           &e->comm_staging_bytes[1]));
-    e->pp_mem.staging = e->comm_staging[1];
-    e->pp_mem.staging_bytes = e->comm_staging_bytes[1];
-    TS_CHECK(ts_comm_set_memory(e->pp, &e->pp_mem));
-    e->lent_pp = 1;
-  }
+  /* dp first: its NCCL set-up is collective, so no rank may leave before
+   * it on a failure of its own (pp's staging) */
   if (lend_dp) {
     if (staged && e->dp_size > 1) {
       TS_CHECK(alloc_staging(e, e->dp_size, piece, &e->comm_staging[0], &e->comm_staging_bytes[0]));
@@ -107,6 +101,17 @@ ts_status ts_engine_lend_memory(ts_engine *e) {
     else
       TS_CHECK(ts_comm_set_memory(e->dp, &e->comm_mem));
     e->lent_dp = 1;
+  }
+  if (lend_pp) {
+    /* pipeline groups send and receive (through host copies of their own)
+     * and run no chunked collective: the smallest staging */
+    e->pp_mem = e->comm_mem;
+    TS_CHECK(alloc_staging(e, ts_comm_size(e->pp), TS_COMM_STAGING_MIN_PIECE, &e->comm_staging[1],
+                           &e->comm_staging_bytes[1]));
+    e->pp_mem.staging = e->comm_staging[1];
+    e->pp_mem.staging_bytes = e->comm_staging_bytes[1];
+    TS_CHECK(ts_comm_set_memory(e->pp, &e->pp_mem));
+    e->lent_pp = 1;
   }
   return TS_OK;
 }

@@ -358,6 +358,12 @@ ts_status ts_engine_create_stage(ts_engine **out, const ts_model *model,
   *out = NULL;
   ts_engine *e;
   TS_CHECK(ts_engine_new(model, opts, &e));
+  /* NCCL's set-up is collective over dp (comm/nccl.h), and so is its
+   * teardown: the ranks agree before it (a rank that failed earlier never
+   * reaches it) and after the allocations (a rank that fails alone would
+   * tear down alone). */
+  int collective = dp && ts_comm_size(dp) > 1 && opts->device != TS_DEVICE_CPU &&
+                   ts_engine_comm_resolve(opts) == TS_ENGINE_COMM_NCCL;
   ts_status st = ts_k_context_init(&e->ctx, e->device, opts->device_index);
   if (st == TS_OK && !dp) st = ts_comm_self(&e->own_comm);
   if (st == TS_OK) {
@@ -367,9 +373,11 @@ ts_status ts_engine_create_stage(ts_engine **out, const ts_model *model,
     e->dp_size = ts_comm_size(e->dp);
     st = ts_engine_set_stage(e, stage);
   }
+  if (collective) st = ts_comm_agree(dp, st, "setting up the engine", NULL);
   if (st == TS_OK) st = ts_engine_lend_memory(e);
   if (st == TS_OK && e->device != TS_DEVICE_CPU) st = ts_engine_prepare_device(e);
   if (st == TS_OK) st = ts_engine_alloc(e);
+  if (collective && e->lent_dp) st = ts_comm_agree(dp, st, "creating the engine", NULL);
   /* On NCCL the communication stream is the overlap: no thread. */
   if (st == TS_OK && opts->overlap && e->dp_size > 1 &&
       (e->device == TS_DEVICE_CPU || ts_engine_comm_resolve(opts) == TS_ENGINE_COMM_STAGED)) {
