@@ -134,6 +134,7 @@ ts_status ts_metrics_write_summary(ts_metrics *m, const ts_metrics_summary *s) {
   cJSON_AddBoolToObject(sm, "reshard_after_forward", !eo->keep_gathered);
   cJSON_AddBoolToObject(sm, "overlap", eo->overlap);
   cJSON_AddStringToObject(sm, "comm", ts_engine_comm_name(ts_engine_comm_resolve(eo)));
+  cJSON_AddStringToObject(sm, "matrix_products", ts_k_matmul_impl(eo->device, eo->dtype));
   cJSON_AddNumberToObject(sm, "activation_bytes_predicted", (double)s->activation_bytes_predicted);
   cJSON_AddNumberToObject(sm, "skipped_steps", (double)s->skipped_steps);
   cJSON_AddNumberToObject(sm, "loss_scale", s->loss_scale);

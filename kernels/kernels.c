@@ -13,9 +13,11 @@
 #include "kernels/kernels.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "base/rng.h"
+#include "kernels/cpu/dnnl_matmul.h"
 #include "kernels/kernels_front.h"
 
 /* ---- devices, contexts, memory ------------------------------------------------ */
@@ -37,6 +39,17 @@ ts_status ts_k_context_init(ts_kctx *ctx, ts_device dev, int index) {
                         be->name, index, n);
   *ctx = (ts_kctx){.device = dev, .device_index = index};
   return be->context_init(ctx, index);
+}
+
+const char *ts_k_matmul_impl(ts_device dev, ts_dtype dt) {
+  static char names[2][96];
+  if (dev == TS_DEVICE_CUDA) return "cublasLt";
+  if (dt == TS_FP32) return "openblas sgemm";
+  const char *impl = ts_cpu_dnnl_impl(dt);
+  if (!impl) return "openblas sgemm on fp32 copies";
+  char *n = names[dt == TS_BF16 ? 0 : 1];
+  snprintf(n, sizeof names[0], "onednn %s", impl); /* the same text every call */
+  return n;
 }
 
 ts_status ts_k_context_fork(ts_kctx *out, const ts_kctx *parent) {

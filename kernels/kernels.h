@@ -113,6 +113,15 @@ int ts_k_device_count(ts_device dev);
  * ts_k_context_destroy. TS_ERR_INVALID_ARGUMENT (unknown device, index out of
  * range), TS_ERR_CUDA. */
 ts_status ts_k_context_init(ts_kctx *ctx, ts_device dev, int index);
+/* What runs the matrix products (ts_k_linear_*) of dtype dt on device dev
+ * in this process, for the one line a run says about it: on the CPU
+ * "openblas sgemm" (fp32), "onednn <implementation>" for bf16/fp16 where
+ * oneDNN has a native kernel here (e.g. "onednn brg:avx512_core_bf16",
+ * "onednn brg:avx512_core_amx"), else "openblas sgemm on fp32 copies";
+ * "cublasLt" on CUDA. TESSERA_CPU_MATMUL=openblas in the environment keeps
+ * bf16/fp16 on the fp32 copies (for comparison). A static string. */
+const char *ts_k_matmul_impl(ts_device dev, ts_dtype dt);
+
 /* A context on parent's device with its own stream (CUDA: a second
  * non-blocking stream, e.g. a communication stream) and parent's flags,
  * without workspace; a plan context's fork is a plan context (no stream,
@@ -248,7 +257,9 @@ ts_status ts_k_sum_ranks(const ts_kctx *ctx, void *out, const void *const *parts
 
 /* ---- linear layer: y = x W^T (no bias; Hugging Face nn.Linear layout) --- */
 
-/* out (M, N) = inp (M, K) @ weight (N, K)^T. All dt. */
+/* out (M, N) = inp (M, K) @ weight (N, K)^T. All dt. Products summed in
+ * fp32 and rounded once to dt (bf16/fp16: CPU through oneDNN's native
+ * kernel or sgemm on fp32 copies, ts_k_matmul_impl; CUDA cuBLASLt). */
 ts_status ts_k_linear_forward(const ts_kctx *ctx, void *out, const void *inp, const void *weight,
                               size_t M, size_t N, size_t K, ts_dtype dt);
 /* dinp (M, K) = dout (M, N) @ weight (N, K)      (written, =; NULL skips)
@@ -257,7 +268,9 @@ ts_status ts_k_linear_backward(const ts_kctx *ctx, void *dinp, void *dweight, co
                                const void *inp, const void *weight, size_t M, size_t N, size_t K,
                                ts_dtype dt);
 /* Exact bytes of ctx->workspace either linear pass needs on device dev.
- * CPU: 0 for fp32; the widened fp32 operands for bf16/fp16. */
+ * CPU: 0 for fp32 and for bf16/fp16 on oneDNN; the widened fp32 operands
+ * for bf16/fp16 on the fp32 copies. oneDNN's and OpenBLAS's own buffers
+ * are the libraries' (outside the ledger). */
 size_t ts_k_linear_workspace_bytes(ts_device dev, size_t M, size_t N, size_t K, ts_dtype dt);
 
 /* ---- token embedding ------------------------------------------------------ */

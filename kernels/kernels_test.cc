@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -239,10 +241,35 @@ TEST(CrossEntropy, InvalidTargetIsRejectedByName) {
   for (float d : dx) EXPECT_EQ(d, 3.0f);
 }
 
+// The one line a run says about its products names the path taken: oneDNN
+// for bf16 wherever the CPU has AVX512-BF16 (or AMX), unless
+// TESSERA_CPU_MATMUL=openblas (the _openblas twin of this test) keeps the
+// fp32 copies; fp16 on oneDNN only with a native fp16 kernel.
+TEST(Matmul, ImplNamesThePathTaken) {
+  EXPECT_STREQ(ts_k_matmul_impl(TS_DEVICE_CPU, TS_FP32), "openblas sgemm");
+  EXPECT_STREQ(ts_k_matmul_impl(TS_DEVICE_CUDA, TS_BF16), "cublasLt");
+  const char *env = getenv("TESSERA_CPU_MATMUL");
+  std::string bf16 = ts_k_matmul_impl(TS_DEVICE_CPU, TS_BF16);
+  std::string fp16 = ts_k_matmul_impl(TS_DEVICE_CPU, TS_FP16);
+  printf("bf16: %s; fp16: %s\n", bf16.c_str(), fp16.c_str());
+  if (env && std::string(env) == "openblas") {
+    EXPECT_EQ(bf16, "openblas sgemm on fp32 copies");
+    EXPECT_EQ(fp16, "openblas sgemm on fp32 copies");
+  } else if (__builtin_cpu_supports("avx512bf16")) {
+    EXPECT_EQ(bf16.rfind("onednn ", 0), 0u) << bf16;
+  }
+  for (const std::string &s : {bf16, fp16})
+    EXPECT_TRUE(s == "openblas sgemm on fp32 copies" || s.rfind("onednn ", 0) == 0) << s;
+}
+
 TEST(Workspace, QueriesAreExact) {
   EXPECT_EQ(ts_k_linear_workspace_bytes(TS_DEVICE_CPU, 8, 16, 32, TS_FP32), 0u);
-  // three fp32 buffers (M K, N K, M N), each rounded up to 64 bytes
-  EXPECT_EQ(ts_k_linear_workspace_bytes(TS_DEVICE_CPU, 3, 5, 7, TS_BF16), 128u + 192u + 64u);
+  // on the fp32 copies: three fp32 buffers (M K, N K, M N), each rounded up
+  // to 64 bytes; oneDNN's products need none
+  const bool onednn = std::string(ts_k_matmul_impl(TS_DEVICE_CPU, TS_BF16)).rfind("onednn", 0) == 0;
+  EXPECT_EQ(ts_k_linear_workspace_bytes(TS_DEVICE_CPU, 3, 5, 7, TS_BF16),
+            onednn ? 0u : 128u + 192u + 64u)
+      << ts_k_matmul_impl(TS_DEVICE_CPU, TS_BF16);
   // fp32 backward needs one (T, T) fp32 dP, rounded up to 64 bytes
   EXPECT_EQ(ts_k_attention_workspace_bytes(TS_DEVICE_CPU, 2, 10, 4, 2, 8, TS_FP32), 448u);
 }
@@ -281,10 +308,17 @@ TEST(Workspace, TooSmallReturnsOutOfMemoryAndTouchesNothing) {
   const size_t M = 4, N = 3, K = 5;
   ts_test::Buf hx(rng.vec(M * K), TS_BF16), hw(rng.vec(N * K), TS_BF16);
   std::vector<uint16_t> hy(M * N, 0x1234);
-  CpuCtx small_lin(ts_k_linear_workspace_bytes(TS_DEVICE_CPU, M, N, K, TS_BF16) - 1);
-  EXPECT_EQ(ts_k_linear_forward(small_lin.get(), hy.data(), hx.data(), hw.data(), M, N, K, TS_BF16),
-            TS_ERR_OUT_OF_MEMORY);
-  for (uint16_t x : hy) EXPECT_EQ(x, 0x1234);
+  if (ts_k_linear_workspace_bytes(TS_DEVICE_CPU, M, N, K, TS_BF16) > 0) {  // fp32 copies
+    CpuCtx small_lin(ts_k_linear_workspace_bytes(TS_DEVICE_CPU, M, N, K, TS_BF16) - 1);
+    EXPECT_EQ(
+        ts_k_linear_forward(small_lin.get(), hy.data(), hx.data(), hw.data(), M, N, K, TS_BF16),
+        TS_ERR_OUT_OF_MEMORY);
+    for (uint16_t x : hy) EXPECT_EQ(x, 0x1234);
+  } else {  // oneDNN: no workspace at all
+    EXPECT_EQ(ts_k_linear_forward(none.get(), hy.data(), hx.data(), hw.data(), M, N, K, TS_BF16),
+              TS_OK)
+        << ts_last_error();
+  }
   // fp32 linear needs no workspace at all.
   std::vector<float> y(M * N);
   auto x32 = rng.vec(M * K), w32 = rng.vec(N * K);

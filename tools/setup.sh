@@ -18,6 +18,7 @@ PACKAGES=(
   libopenblas-dev       # OpenBLAS headers and the default (pthread) library
   libopenblas-openmp-dev # OpenBLAS built with OpenMP, the one tessera links (@openblas)
   libcjson-dev          # cJSON, config.json parsing (@cjson)
+  libdnnl-dev           # oneDNN 2.6: bf16/fp16 matrix products on the CPU (@dnnl)
   libssl-dev            # OpenSSL libcrypto: SHA-256 of checkpoint files (@openssl)
   libsentencepiece-dev  # SentencePiece C++ API (@sentencepiece)
   sentencepiece         # spm_train / spm_encode command-line tools

@@ -15,6 +15,7 @@
 #include "comm/comm.h"
 #include "engine/checkpoint.h"
 #include "engine/trainer.h"
+#include "kernels/kernels.h"
 #include "tools/flags.h"
 #include "tools/tools.h"
 
@@ -106,6 +107,7 @@ static void print_summary(const ts_train_config *cfg, const ts_train_result *res
          "%.0f tok/s, %.2f GFLOP/s\n",
          cfg->model, (double)res->num_params / 1e6, cfg->steps - res->resumed_from, res->seconds, res->first_loss,
          res->final_loss, res->tokens_per_s, res->gflops);
+  printf("matrix products: %s\n", ts_k_matmul_impl(cfg->engine.device, cfg->engine.dtype));
   double uni, uni_acc;
   unigram_baselines(cfg->data_dir, &uni, &uni_acc);
   const char *what =

@@ -1,13 +1,18 @@
 /*
  * linear.c — the CPU body of the bias-free linear layer y = x W^T (Hugging Face nn.Linear
- * weight layout (N, K)), forward and backward, through OpenBLAS sgemm.
+ * weight layout (N, K)), forward and backward, through OpenBLAS sgemm or oneDNN.
  *
  * Invariants:
  * - fp32 calls cblas_sgemm directly on the caller's buffers (no workspace).
- * - bf16/fp16 widen the operands into ctx->workspace, run the same fp32
- *   sgemm, and round the results back once (RNE). The workspace is three
- *   64-byte-aligned fp32 buffers of M*K, N*K and M*N elements; the query
- *   ts_cpu_linear_workspace_bytes returns exactly that (0 for fp32).
+ * - bf16/fp16 where oneDNN has a native kernel for the dtype on this CPU
+ *   (ts_cpu_dnnl_impl: AMX, AVX512-BF16/FP16): oneDNN's matmul on the
+ *   caller's buffers, products summed in fp32 and rounded once to the dtype
+ *   (dW's accumulation too); no workspace.
+ * - bf16/fp16 elsewhere widen the operands into ctx->workspace, run the
+ *   fp32 sgemm, and round the results back once (RNE). The workspace is
+ *   three 64-byte-aligned fp32 buffers of M*K, N*K and M*N elements; the
+ *   query ts_cpu_linear_workspace_bytes returns exactly what the path this
+ *   process takes needs.
  * - OpenBLAS (Debian's pthread build) is never called from inside an OpenMP
  *   parallel region. sgemm splits work over M and N only, so each output
  *   element's dot product has one fixed order: results are deterministic.
@@ -17,9 +22,10 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu_common.h"
+#include "kernels/cpu/dnnl_matmul.h"
 
 size_t ts_cpu_linear_workspace_bytes(size_t M, size_t N, size_t K, ts_dtype dt) {
-  if (dt == TS_FP32) return 0;
+  if (dt == TS_FP32 || ts_cpu_dnnl_impl(dt)) return 0;
   return ts_align64(M * K * sizeof(float)) + ts_align64(N * K * sizeof(float)) +
          ts_align64(M * N * sizeof(float));
 }
@@ -58,6 +64,8 @@ ts_status ts_cpu_linear_forward(const ts_kctx *ctx, void *out, const void *inp,
                 (int)N);
     return TS_OK;
   }
+  if (ts_cpu_dnnl_impl(dt)) /* out (M, N) = inp (M, K) @ W^T, W (N, K) */
+    return ts_cpu_dnnl_matmul(out, inp, weight, M, N, K, 0, 1, 0, dt);
   ws_bufs w = split_ws(ctx, M, N, K);
   ts_cpu_widen(w.mk, inp, M * K, dt);
   ts_cpu_widen(w.nk, weight, N * K, dt);
@@ -80,6 +88,13 @@ ts_status ts_cpu_linear_backward(const ts_kctx *ctx, void *dinp, void *dweight, 
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)N, (int)K, (int)M, 1.0f,
                   (const float *)dout, (int)N, (const float *)inp, (int)K, 1.0f, (float *)dweight,
                   (int)K);
+    return TS_OK;
+  }
+  if (ts_cpu_dnnl_impl(dt)) {
+    if (dinp) /* dinp (M, K) = dout (M, N) @ W (N, K) */
+      TS_CHECK(ts_cpu_dnnl_matmul(dinp, dout, weight, M, K, N, 0, 0, 0, dt));
+    if (dweight) /* dW (N, K) += dout^T (N, M) @ inp (M, K) */
+      TS_CHECK(ts_cpu_dnnl_matmul(dweight, dout, inp, N, K, M, 1, 0, 1, dt));
     return TS_OK;
   }
   ws_bufs w = split_ws(ctx, M, N, K);

@@ -1,0 +1,45 @@
+/*
+ * dnnl_matmul.h — bf16/fp16 matrix products of the CPU backend through
+ * oneDNN's matmul primitive (kernels/cpu/dnnl_matmul.cc, C++ behind a C
+ * interface), used by linear.c where oneDNN has a native kernel for the
+ * dtype on this CPU (AMX, AVX512-BF16/FP16); elsewhere linear.c widens to
+ * fp32 and calls OpenBLAS's sgemm. Private to the CPU backend.
+ */
+#ifndef TS_KERNELS_CPU_DNNL_MATMUL_H
+#define TS_KERNELS_CPU_DNNL_MATMUL_H
+
+#include <stddef.h>
+
+#include "base/base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The oneDNN implementation a dt product runs on here ("brg:avx512_core_bf16",
+ * "brg:avx512_core_amx"...), or NULL when tessera does not use oneDNN for
+ * dt: fp32 (OpenBLAS), no native kernel (oneDNN would fall back to its
+ * reference or fp32-emulating code), or TESSERA_CPU_MATMUL=openblas in the
+ * environment (the widened-sgemm path, for comparison). Decided once per
+ * process and dtype (a probe primitive of 64 x 64 x 64). */
+const char *ts_cpu_dnnl_impl(ts_dtype dt);
+
+/* C (M, N) = op(A) op(B) [+ C when accumulate], every matrix row-major in
+ * dt (bf16 or fp16), products summed in fp32 by oneDNN and rounded once to
+ * dt (the sum post-op adds the previous C in fp32 before that rounding).
+ * op(A) is (M, K): A itself (M, K) when !trans_a, else A is (K, M); op(B)
+ * is (K, N): B itself (K, N) when !trans_b, else B is (N, K). Host memory;
+ * C does not overlap A or B. The primitive for each (shape, layout, dtype,
+ * accumulate) is made once and kept for the process; oneDNN's own
+ * scratchpad is the library's (outside the ledger, as OpenBLAS's packing
+ * buffers are). Call only where ts_cpu_dnnl_impl(dt) is not NULL.
+ * TS_ERR_INTERNAL with oneDNN's message when it fails (it does not for
+ * valid shapes). */
+ts_status ts_cpu_dnnl_matmul(void *C, const void *A, const void *B, size_t M, size_t N, size_t K,
+                             int trans_a, int trans_b, int accumulate, ts_dtype dt);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TS_KERNELS_CPU_DNNL_MATMUL_H */
