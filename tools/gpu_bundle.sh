@@ -43,8 +43,10 @@
 # the loader would not (the binaries' rpath is /usr/local/cuda/lib64) in the
 # GPU machine's PyTorch wheels (site-packages/nvidia/*/lib); NVRTC among
 # them, which cuDNN opens to compile some attention kernels at run time.
-# The packed archive DIR.tar.xz must stay under 20 MiB (a lent machine's
-# working tree carries 64 MiB in all); the sizes print last.
+# The packed archive DIR.tar.xz must stay under 32 MiB (a lent machine's
+# working tree carries 64 MiB in all, the repository's tracked files about
+# 11 MiB of it; oneDNN's library alone packs to about 7 MiB); the sizes
+# print last.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -108,7 +110,7 @@ for t in $targets; do
   tests+=("$name")
   # Libraries the binary loads that a bare CUDA machine may lack.
   ldd "$path" | awk '/=> \// {print $3}' |
-    grep -E "openblas|libgfortran|libquadmath|libgomp" |
+    grep -E "openblas|libdnnl|libgfortran|libquadmath|libgomp" |
     while read -r lib; do cp -L "$lib" "$DIR/lib/"; done
 done
 cp -L bazel-bin/_solib_k8/*.so "$DIR/lib/"
@@ -316,7 +318,7 @@ echo "gpu_bundle: $DIR: $((size / 1048576)) MiB"
 tar -C "$(dirname "$DIR")" -cJf "$DIR.tar.xz" "$(basename "$DIR")"
 packed="$(du -sb "$DIR.tar.xz" | cut -f1)"
 echo "gpu_bundle: $DIR.tar.xz: $((packed * 10 / 1048576 / 10)).$((packed * 10 / 1048576 % 10)) MiB (carry this one)"
-if ((packed >= 20 * 1048576)); then
-  echo "gpu_bundle: the archive is over 20 MiB" >&2
+if ((packed >= 32 * 1048576)); then
+  echo "gpu_bundle: the archive is over 32 MiB" >&2
   exit 1
 fi
