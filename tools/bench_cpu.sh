@@ -8,9 +8,11 @@
 #   tools/bench_cpu.sh [MODEL] [STEPS] [ROUNDS]   (default llama-small, 8, 2)
 #
 # Micro-batch 16 x 128 tokens on one rank, OMP_NUM_THREADS = nproc. Prints
-# a Markdown table: tokens/s per round (median over the steps after the
-# first two) and the best round's ratio to fp32's best. TESSERA_BIN as in
-# tools/bench_env.sh.
+# first kernels/bench_matmul's table (every linear product of a llama-small
+# step through tessera beside oneDNN's own primitive, M = 2048), then a
+# Markdown table of the training runs: tokens/s per round (median over the
+# steps after the first two) and the best round's ratio to fp32's best.
+# TESSERA_BIN as in tools/bench_env.sh.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -21,6 +23,9 @@ cd "$ROOT"
 # shellcheck source=tools/bench_env.sh
 source tools/bench_env.sh # BIN, DATA, TMP
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc)}"
+bazel build --ui_event_filters=-info,-progress --noshow_progress //kernels:bench_matmul
+bazel-bin/kernels/bench_matmul 2048
+echo
 
 RUNS=("fp32 -" "bf16 openblas" "bf16 -")
 for ((r = 1; r <= ROUNDS; r++)); do
