@@ -288,45 +288,22 @@ static const ts_comm_backend nccl_backend = {
 
 /* ---- making the communicator -------------------------------------------------------- */
 
-/* The inner transport's blocking call d, uncounted (the front counts only
- * the caller's calls). */
-static ts_status inner_call(ts_comm *inner, ts_comm_call *d) {
-  d->blocking = 1;
-  return inner->be->run(inner, d, NULL);
-}
-
 /* What rank 0 broadcasts: whether it made the id, and the id. */
 typedef struct id_message {
   double ok;
   ncclUniqueId id;
 } id_message;
 
-/* st on every rank of inner: st itself where it failed here, else
- * TS_ERR_NCCL naming `what` when another rank's failed (all_reduce_f64 of
- * the failure flags, uncounted). */
-static ts_status agree(ts_comm *inner, const char *op, ts_status st, const char *what) {
-  if (inner->size == 1) return st;
-  double bad = st != TS_OK;
-  ts_comm_call a = {.kind = TS_COMM_CALL_ALL_REDUCE_F64,
-                    .name = op,
-                    .buf = &bad,
-                    .count = 1,
-                    .reduce = TS_COMM_MAX};
-  ts_status ast = inner_call(inner, &a);
-  if (st == TS_OK && ast != TS_OK) st = ast;
-  if (st == TS_OK && bad != 0)
-    st = ts_set_error(TS_ERR_NCCL, "%s: another rank of group %s failed %s", op, inner->name, what);
-  return st;
-}
-
 /* Makes s->comm over the inner group, every rank taking part whatever its
  * local status st (its GPU set up or not): the ranks agree on st, rank 0's
  * unique id is broadcast over the inner transport, ncclCommInitRank runs
  * on every rank, and the ranks agree on its success. On failure no rank
- * keeps a communicator (release aborts one that was made). */
+ * keeps a communicator (release aborts one that was made). The calls go
+ * through comm's front on s->inner, a copy of the group whose counters are
+ * dropped with it: set-up is not counted as the group's traffic. */
 static ts_status make_comm(nccl_state *s, const char *op, ts_status st) {
   ts_comm *inner = &s->inner;
-  TS_CHECK(agree(inner, op, st, "to set up its GPU"));
+  TS_CHECK(ts_comm_agree(inner, st, "to set up its GPU for NCCL", NULL));
   id_message m;
   memset(&m, 0, sizeof m);
   if (inner->rank == 0) {
@@ -334,15 +311,8 @@ static ts_status make_comm(nccl_state *s, const char *op, ts_status st) {
     m.ok = r == ncclSuccess;
     if (r != ncclSuccess) st = nccl_st(r, NULL, inner, op, "ncclGetUniqueId");
   }
-  if (inner->size > 1) {
-    ts_comm_call b = {.kind = TS_COMM_CALL_BROADCAST,
-                      .name = op,
-                      .buf = &m,
-                      .count = sizeof m / 2,
-                      .dt = TS_BF16, /* bytes: a broadcast adds nothing */
-                      .root = 0};
-    TS_CHECK(inner_call(inner, &b));
-  }
+  /* bytes as bf16 pairs: a broadcast adds nothing */
+  TS_CHECK(ts_comm_broadcast(inner, &m, sizeof m / 2, TS_BF16, 0));
   if (!m.ok) /* every rank returns here: the broadcast told them */
     return st != TS_OK
                ? st
@@ -355,7 +325,7 @@ static ts_status make_comm(nccl_state *s, const char *op, ts_status st) {
       st = nccl_st(r, NULL, inner, op, "ncclCommInitRank");
     }
   }
-  return agree(inner, op, st, "ncclCommInitRank");
+  return ts_comm_agree(inner, st, "ncclCommInitRank", NULL);
 }
 
 ts_status ts_comm_set_nccl(ts_comm *c, const ts_comm_memory *mem,

@@ -70,14 +70,17 @@ static ts_status alloc_staging(ts_engine *e, int n, size_t piece, void **out, si
   return ts_k_host_register(&e->ctx, *out, *bytes);
 }
 
+int ts_engine_dp_on_nccl(const ts_engine_opts *opts, int dp_size) {
+  return ts_engine_comm_resolve(opts) == TS_ENGINE_COMM_NCCL && opts->device != TS_DEVICE_CPU &&
+         (dp_size > 1 || opts->comm == TS_ENGINE_COMM_NCCL);
+}
+
 ts_status ts_engine_lend_memory(ts_engine *e) {
   ts_engine_comm_kind kind = ts_engine_comm_resolve(&e->opts);
   int staged = kind == TS_ENGINE_COMM_STAGED;
-  /* nccl: dp on NCCL with two ranks or more, or one when asked by name
-   * (the one-rank NCCL path); pp's sends staged (nccl.h: a receive before
-   * a send on both sides of one stream would deadlock) */
-  int nccl = kind == TS_ENGINE_COMM_NCCL && e->device != TS_DEVICE_CPU &&
-             (e->dp_size > 1 || e->opts.comm == TS_ENGINE_COMM_NCCL);
+  /* pp's sends are staged on nccl too (nccl.h: two sends, or two receives,
+   * started first on both sides of one stream would deadlock) */
+  int nccl = ts_engine_dp_on_nccl(&e->opts, e->dp_size);
   int lend_dp = e->device != TS_DEVICE_CPU || (staged && e->dp_size > 1);
   int lend_pp = (staged || kind == TS_ENGINE_COMM_NCCL) && e->pp;
   if (!lend_dp && !lend_pp) return TS_OK;

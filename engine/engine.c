@@ -362,8 +362,7 @@ ts_status ts_engine_create_stage(ts_engine **out, const ts_model *model,
    * teardown: the ranks agree before it (a rank that failed earlier never
    * reaches it) and after the allocations (a rank that fails alone would
    * tear down alone). */
-  int collective = dp && ts_comm_size(dp) > 1 && opts->device != TS_DEVICE_CPU &&
-                   ts_engine_comm_resolve(opts) == TS_ENGINE_COMM_NCCL;
+  int collective = dp && ts_comm_size(dp) > 1 && ts_engine_dp_on_nccl(opts, ts_comm_size(dp));
   ts_status st = ts_k_context_init(&e->ctx, e->device, opts->device_index);
   if (st == TS_OK && !dp) st = ts_comm_self(&e->own_comm);
   if (st == TS_OK) {

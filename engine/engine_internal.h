@@ -337,6 +337,10 @@ ts_status ts_engine_prepare_device(ts_engine *e);
  * NCCL (with the communication stream's context, comm_ctx) and pp staged.
  * Before ts_engine_alloc, in create and in the plan alike. */
 ts_status ts_engine_lend_memory(ts_engine *e);
+/* 1 when dp of dp_size ranks goes on NCCL under opts: nccl resolved on a
+ * GPU, with two ranks or more, or one when `comm` names nccl (the one-rank
+ * NCCL path; auto keeps one rank local). */
+int ts_engine_dp_on_nccl(const ts_engine_opts *opts, int dp_size);
 /* Undoes ts_engine_lend_memory (groups back to host memory, staging
  * freed); a no-op for what was not lent. */
 void ts_engine_unlend_memory(ts_engine *e);

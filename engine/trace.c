@@ -168,7 +168,7 @@ static ts_status write_json(const double *all, const double *counts, int N, size
   }
   cJSON_AddStringToObject(root, "displayTimeUnit", "ms");
   cJSON *other = cJSON_AddObjectToObject(root, "otherData");
-  cJSON_AddStringToObject(other, "producer", "tessera train --trace");
+  cJSON_AddStringToObject(other, "producer", "tessera");
   cJSON_AddNumberToObject(other, "trace_format", TS_TRACE_FORMAT);
   cJSON_AddStringToObject(other, "tracks",
                           "pid: rank; tid 0: compute, the optimizer step and the step's waits "
