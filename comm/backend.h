@@ -114,6 +114,10 @@ struct ts_comm_request {
   double *times;  /* ts_comm_wait_timed: where wait stores when the transport began and
                      finished the call (us); NULL otherwise. Backends without a thread
                      leave it. */
+  int done_in_start; /* set by a backend whose start ran the call to its end on the
+                        caller's thread (staged collectives): the front then times it */
+  double started[2]; /* the front: when that start began and ended (us, CLOCK_REALTIME);
+                        -1, -1 when the start only started the call */
 };
 
 /* Chunk j of count elements over n ranks, as comm.h's all-reduce divides
@@ -146,7 +150,11 @@ void ts_comm_staged_unwrap(ts_comm *c);
 ts_status ts_comm_new(const char *op, const ts_comm_backend *be, const char *name, void *impl,
                       ts_comm **out);
 
-/* A zeroed request of `bytes` (>= sizeof(ts_comm_request)) for group c and
+/* Microseconds since 1970 on CLOCK_REALTIME, the clock of the calls' times
+ * (ts_comm_wait_timed) and of engine/trace.h. */
+double ts_comm_now_us(void);
+
+/* A zeroed request of `bytes` (>= sizeof(ts_comm_request), `started` -1) for group c and
  * public call op. TS_ERR_OUT_OF_MEMORY. */
 ts_status ts_comm_request_new(ts_comm *c, const char *op, size_t bytes, ts_comm_request **out);
 

@@ -33,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "comm/backend.h"
 
@@ -87,6 +88,7 @@ ts_status ts_comm_request_new(ts_comm *c, const char *op, size_t bytes, ts_comm_
   if (!q) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot allocate a request", op);
   q->c = c;
   q->op = op;
+  q->started[0] = q->started[1] = -1.0;
   *out = q;
   return TS_OK;
 }
@@ -311,14 +313,28 @@ static ts_status all_reduce_halves(ts_comm *c, const ts_comm_call *d) {
   return c->be->run(c, &half, NULL);
 }
 
+double ts_comm_now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (double)ts.tv_sec * 1e6 + (double)(ts.tv_nsec / 1000);
+}
+
 /* Every call's way in: validates d, charges it, and runs it on c's backend
- * (blocking when req is NULL, else its request goes to *req). */
+ * (blocking when req is NULL, else its request goes to *req, with the time
+ * its start took when the backend ran the call to its end there). */
 static ts_status submit(ts_comm *c, ts_comm_call *d, ts_comm_request **req) {
   d->blocking = req == NULL;
   TS_CHECK(check_call(c, d));
   charge(c, d);
   if (d->kind == TS_COMM_CALL_ALL_REDUCE) return all_reduce_halves(c, d);
-  return c->be->run(c, d, req);
+  if (!req) return c->be->run(c, d, req);
+  double t0 = ts_comm_now_us();
+  TS_CHECK(c->be->run(c, d, req));
+  if (*req && (*req)->done_in_start) {
+    (*req)->started[0] = t0;
+    (*req)->started[1] = ts_comm_now_us();
+  }
+  return TS_OK;
 }
 
 ts_status ts_comm_wait(ts_comm_request *req) {
@@ -326,10 +342,12 @@ ts_status ts_comm_wait(ts_comm_request *req) {
   return req->c->be->wait(req);
 }
 
-ts_status ts_comm_wait_timed(ts_comm_request *req, double times[2]) {
-  times[0] = times[1] = -1.0;
+ts_status ts_comm_wait_timed(ts_comm_request *req, double times[4]) {
+  times[0] = times[1] = times[2] = times[3] = -1.0;
   if (!req) return TS_OK;
   req->times = times;
+  times[2] = req->started[0]; /* wait frees req */
+  times[3] = req->started[1];
   return req->c->be->wait(req);
 }
 

@@ -317,8 +317,11 @@ ts_status ts_comm_wait(ts_comm_request *req);
 /* ts_comm_wait, and times[0], times[1] receive when the group's
  * communication thread began and finished the call (microseconds,
  * CLOCK_REALTIME, the axis of engine/trace.h), or -1 and -1 when the group
- * has no thread (the call then ran inside its start and its wait). */
-ts_status ts_comm_wait_timed(ts_comm_request *req, double times[2]);
+ * has no thread (the call then ran inside its start and its wait);
+ * times[2], times[3] when its start began and ended where the start ran the
+ * call to its end on the caller's thread (the staged transport's
+ * collectives without a thread), else -1 and -1. */
+ts_status ts_comm_wait_timed(ts_comm_request *req, double times[4]);
 
 /* --- the communication thread ---------------------------------------------
  * DESIGN.md "Communication overlap". With on = 1, group c's calls from now

@@ -268,8 +268,10 @@ static ts_status staged_run(ts_comm *c, const ts_comm_call *d, ts_comm_request *
   }
   TS_CHECK(d->uneven ? run_uneven(c, s, d) : run_chunked(c, s, d));
   if (!req) return TS_OK;
-  /* finished: the request only has to be freed */
-  return ts_comm_request_new(c, d->name, sizeof(staged_request), req);
+  /* finished: the request only has to be freed, and the front times the start */
+  TS_CHECK(ts_comm_request_new(c, d->name, sizeof(staged_request), req));
+  (*req)->done_in_start = 1;
+  return TS_OK;
 }
 
 /* Ends request q whose MPI part (if any) has completed with status st: a

@@ -106,17 +106,11 @@ static void sleep_us(unsigned us) {
   }
 }
 
-static double now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (double)ts.tv_sec * 1e6 + (double)(ts.tv_nsec / 1000);
-}
-
 /* ---- the thread -------------------------------------------------------------------- */
 
 /* Marks it finished with status st (its message kept), under the lock. */
 static void finish(thread_state *t, thread_item *it, ts_status st) {
-  it->t_end = now_us();
+  it->t_end = ts_comm_now_us();
   if (st != TS_OK) snprintf(it->err, sizeof it->err, "%s", ts_last_error());
   pthread_mutex_lock(&t->mu);
   it->st = st;
@@ -132,7 +126,7 @@ static void finish(thread_state *t, thread_item *it, ts_status st) {
 static void start(thread_state *t, thread_item *it, thread_item ***started) {
   unsigned delay = next_delay(t);
   if (delay) sleep_us(delay);
-  it->t_start = now_us();
+  it->t_start = ts_comm_now_us();
   it->d.blocking = it->blocking;
   ts_status st = t->inner.be->run(&t->inner, &it->d, it->blocking ? NULL : &it->inner);
   if (st != TS_OK || it->blocking) {

@@ -482,9 +482,12 @@ ts_status ts_engine_comm_wait(ts_engine *e, ts_comm_request **req, ts_span_kind 
   *req = NULL;
   if (!e->trace) return ts_comm_wait(q);
   int mb = e->in_micro_step ? e->cur_mb : -1;
-  double times[2], t0 = ts_trace_now_us();
+  double times[4], t0 = ts_trace_now_us();
   ts_status st = ts_comm_wait_timed(q, times);
   double t1 = ts_trace_now_us();
+  if (times[2] >= 0) { /* ran to its end inside its start, on the step's thread (staged) */
+    ts_trace_add(e->trace, kind, unit, mb, times[2], times[3], 0);
+  }
   if (times[0] >= 0) { /* ran on the communication thread: its span, and the step's wait */
     ts_trace_add(e->trace, kind, unit, mb, times[0], times[1], TS_TRACE_ASYNC);
     ts_trace_add(e->trace, kind, unit, mb, t0, t1, TS_TRACE_WAIT);
