@@ -270,8 +270,10 @@ TEST(Workspace, QueriesAreExact) {
   EXPECT_EQ(ts_k_linear_workspace_bytes(TS_DEVICE_CPU, 3, 5, 7, TS_BF16),
             onednn ? 0u : 128u + 192u + 64u)
       << ts_k_matmul_impl(TS_DEVICE_CPU, TS_BF16);
-  // fp32 backward needs one (T, T) fp32 dP, rounded up to 64 bytes
-  EXPECT_EQ(ts_k_attention_workspace_bytes(TS_DEVICE_CPU, 2, 10, 4, 2, 8, TS_FP32), 448u);
+  // fp32 backward needs one (T, T) fp32 dP per slot, min(8, B NKV) slots
+  // (kernels/cpu/attention.c), rounded up to 64 bytes: 4 and 8 slots of 400
+  EXPECT_EQ(ts_k_attention_workspace_bytes(TS_DEVICE_CPU, 2, 10, 4, 2, 8, TS_FP32), 1600u);
+  EXPECT_EQ(ts_k_attention_workspace_bytes(TS_DEVICE_CPU, 4, 10, 4, 4, 8, TS_FP32), 3200u);
 }
 
 TEST(Workspace, TooSmallReturnsOutOfMemoryAndTouchesNothing) {

@@ -24,18 +24,7 @@ presets_home
 mpi_scratch
 
 # A corpus of 120 paragraphs of seeded words (vocabulary ~40 words).
-python3 - "$tmp/text.txt" <<'PY'
-import random, sys
-rng = random.Random(3)
-words = "the lord said unto moses and aaron go forth into land of egypt people house israel".split()
-words += "day night light darkness water earth heaven god man woman son daughter king".split()
-with open(sys.argv[1], "w") as f:
-    for p in range(120):
-        f.write(f"Chapter {p}\n")
-        for _ in range(4):
-            f.write(" ".join(rng.choice(words) for _ in range(rng.randrange(6, 16))) + ".\n")
-        f.write("\n")
-PY
+make_mlm_corpus "$tmp/text.txt"
 
 # 1. prepare --mlm (and without, for the refusal below)
 out="$("$bin" prepare --text "$tmp/text.txt" --vocab-size 400 --val-every 6 --out "$tmp/mlm" --mlm 2>&1)"

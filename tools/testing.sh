@@ -69,3 +69,19 @@ for name, n in (("train.bin", 40000), ("val.bin", 4000)):
         f.write(struct.pack(f"<{n}H", *(rng.randrange(4096) for _ in range(n))))
 PY
 }
+
+make_mlm_corpus() { # make_mlm_corpus FILE — 120 paragraphs of seeded words (vocabulary ~40
+  # words) under "Chapter N" headings, for prepare --mlm
+  python3 - "$1" <<'PY'
+import random, sys
+rng = random.Random(3)
+words = "the lord said unto moses and aaron go forth into land of egypt people house israel".split()
+words += "day night light darkness water earth heaven god man woman son daughter king".split()
+with open(sys.argv[1], "w") as f:
+    for p in range(120):
+        f.write(f"Chapter {p}\n")
+        for _ in range(4):
+            f.write(" ".join(rng.choice(words) for _ in range(rng.randrange(6, 16))) + ".\n")
+        f.write("\n")
+PY
+}

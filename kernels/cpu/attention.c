@@ -17,18 +17,26 @@
  *   dQ = dS K;  dK_g += dS^T Q
  *
  * Invariants:
- * - Matrix products are sequential cblas_sgemm calls (never from inside an
- *   OpenMP region). The forward softmax runs as one OpenMP loop over all
- *   rows between the two product phases; the backward softmax runs
- *   sequentially per head (see attn_bwd_f32). Rows are blocked by RB so
- *   products skip key blocks above the diagonal.
+ * - Work is split into items of a fixed size, whatever the thread count:
+ *   the forward's items are (batch row, head) pairs, the backward's (batch
+ *   row, kv head) pairs, whose query heads run in head order inside the
+ *   item. One OpenMP loop hands the items to threads; inside it every
+ *   cblas_sgemm runs on its calling thread alone (the OpenMP build of
+ *   OpenBLAS in an active region; with one thread, OpenBLAS's own count is
+ *   one). So each item is the same single-threaded sequence of operations
+ *   at any thread count. Rows are blocked by RB so products skip key blocks
+ *   above the diagonal.
+ * - The backward's dP scratch is one (T, T) buffer per slot, SLOTS of them
+ *   at most (fewer when there are fewer items): slot s takes items s,
+ *   s + SLOTS, ... in order, so at most SLOTS threads work on a backward.
  * - The causal path performs exactly the operations it did before the
  *   bidirectional mask joined it (a mask that keeps every key adds no
  *   operation), so its results are bitwise those of earlier builds.
  * - Each output element is produced by one fixed sequence of operations
  *   (heads of a GQA group accumulate into dK/dV in head order), so results
  *   do not depend on the OpenMP thread count.
- * - Scratch comes only from ctx->workspace: fp32 backward needs dP (T, T);
+ * - Scratch comes only from ctx->workspace: fp32 backward needs dP (T, T)
+ *   per slot;
  *   bf16/fp16 widen one batch row at a time into fp32 buffers, run the fp32
  *   path and round the outputs once. ts_cpu_attention_workspace_bytes is the
  *   larger of the forward and backward needs, exactly.
@@ -40,7 +48,11 @@
 
 #include "kernels/cpu/cpu_common.h"
 
-enum { RB = 128 }; /* query rows per block of the blocked-causal products */
+enum { RB = 128 };  /* query rows per block of the blocked-causal products */
+enum { SLOTS = 8 }; /* the backward's dP scratch buffers, at most */
+
+/* The backward's slots for `items` (batch row, kv head) pairs. */
+static size_t slots_for(size_t items) { return items < SLOTS ? items : SLOTS; }
 
 /* ---- workspace layout ------------------------------------------------------ */
 
@@ -60,11 +72,14 @@ static size_t carve(size_t *end, size_t bytes) {
   return o;
 }
 
-static ws_layout layout(size_t T, size_t NH, size_t NKV, size_t HS, ts_dtype dt, int backward) {
+/* The layout of a call over B batch rows (fp32 runs them in one pass; half
+ * dtypes one row at a time). */
+static ws_layout layout(size_t B, size_t T, size_t NH, size_t NKV, size_t HS, ts_dtype dt,
+                        int backward) {
   ws_layout w;
   memset(&w, 0, sizeof w);
   size_t end = 0, f = sizeof(float);
-  if (backward) w.dp = carve(&end, T * T * f);
+  if (backward) w.dp = carve(&end, slots_for((dt == TS_FP32 ? B : 1) * NKV) * T * T * f);
   if (dt != TS_FP32) {
     w.q = carve(&end, T * NH * HS * f);
     w.k = carve(&end, T * NKV * HS * f);
@@ -84,8 +99,8 @@ static ws_layout layout(size_t T, size_t NH, size_t NKV, size_t HS, ts_dtype dt,
 }
 
 size_t ts_cpu_attention_workspace_bytes(size_t B, size_t T, size_t NH, size_t NKV, size_t HS,
-                                      ts_dtype dt) {
-  size_t f = layout(T, NH, NKV, HS, dt, 0).total, b = layout(T, NH, NKV, HS, dt, 1).total;
+                                        ts_dtype dt) {
+  size_t f = layout(B, T, NH, NKV, HS, dt, 0).total, b = layout(B, T, NH, NKV, HS, dt, 1).total;
   return f > b ? f : b;
 }
 
@@ -133,89 +148,87 @@ static void softmax_row_bwd(float *dp, const float *p, size_t n, float scale) {
 
 /* fp32 forward over B batch rows (layouts as in kernels.h), mask mk. */
 static void attn_fwd_f32(float *out, float *probs, const float *q, const float *k, const float *v,
-                         size_t B, size_t T, size_t NH, size_t NKV, size_t HS,
-                         const att_mask *mk) {
+                         size_t B, size_t T, size_t NH, size_t NKV, size_t HS, const att_mask *mk) {
   const float scale = 1.0f / sqrtf((float)HS);
   const size_t rep = NH / NKV;
   const int ldq = (int)(NH * HS), ldk = (int)(NKV * HS), ldp = (int)T;
-  for (size_t b = 0; b < B; b++) {
-    for (size_t h = 0; h < NH; h++) {
-      const float *qb = q + b * T * NH * HS + h * HS;
-      const float *kb = k + b * T * NKV * HS + (h / rep) * HS;
-      float *pb = probs + (b * NH + h) * T * T;
-      for (size_t r0 = 0; r0 < T; r0 += RB) { /* S[r0:r1, 0:n] = s Q[r0:r1] K[0:n]^T */
-        size_t r1 = r0 + RB < T ? r0 + RB : T, n = key_end(mk, r1 - 1, T);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(r1 - r0), (int)n, (int)HS,
-                    scale, qb + r0 * ldq, ldq, kb, ldk, 0.0f, pb + r0 * T, ldp);
-      }
+  ptrdiff_t items = (ptrdiff_t)(B * NH);
+#pragma omp parallel for schedule(static)
+  for (ptrdiff_t it = 0; it < items; it++) { /* one (batch row, head) */
+    size_t b = (size_t)it / NH, h = (size_t)it % NH;
+    const float *qb = q + b * T * NH * HS + h * HS;
+    const float *kb = k + b * T * NKV * HS + (h / rep) * HS;
+    const float *vb = v + b * T * NKV * HS + (h / rep) * HS;
+    float *pb = probs + (b * NH + h) * T * T;
+    float *ob = out + b * T * NH * HS + h * HS;
+    for (size_t r0 = 0; r0 < T; r0 += RB) { /* S[r0:r1, 0:n] = s Q[r0:r1] K[0:n]^T */
+      size_t r1 = r0 + RB < T ? r0 + RB : T, n = key_end(mk, r1 - 1, T);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(r1 - r0), (int)n, (int)HS, scale,
+                  qb + r0 * ldq, ldq, kb, ldk, 0.0f, pb + r0 * T, ldp);
     }
-  }
-  ptrdiff_t rows = (ptrdiff_t)(B * NH * T);
-#pragma omp parallel for schedule(static) if (rows * (ptrdiff_t)T > 16384)
-  for (ptrdiff_t r = 0; r < rows; r++) {
-    size_t t = (size_t)r % T, b = (size_t)r / (NH * T);
-    softmax_row(probs + (size_t)r * T, key_end(mk, t, T), T, mk->ids ? mk->ids + b * T : NULL,
-                mk->pad_id);
-  }
-  for (size_t b = 0; b < B; b++) {
-    for (size_t h = 0; h < NH; h++) {
-      const float *pb = probs + (b * NH + h) * T * T;
-      const float *vb = v + b * T * NKV * HS + (h / rep) * HS;
-      float *ob = out + b * T * NH * HS + h * HS;
-      for (size_t r0 = 0; r0 < T; r0 += RB) { /* O[r0:r1] = P[r0:r1, 0:n] V[0:n] */
-        size_t r1 = r0 + RB < T ? r0 + RB : T, n = key_end(mk, r1 - 1, T);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(r1 - r0), (int)HS, (int)n,
-                    1.0f, pb + r0 * T, ldp, vb, ldk, 0.0f, ob + r0 * ldq, ldq);
-      }
+    for (size_t t = 0; t < T; t++)
+      softmax_row(pb + t * T, key_end(mk, t, T), T, mk->ids ? mk->ids + b * T : NULL, mk->pad_id);
+    for (size_t r0 = 0; r0 < T; r0 += RB) { /* O[r0:r1] = P[r0:r1, 0:n] V[0:n] */
+      size_t r1 = r0 + RB < T ? r0 + RB : T, n = key_end(mk, r1 - 1, T);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(r1 - r0), (int)HS, (int)n, 1.0f,
+                  pb + r0 * T, ldp, vb, ldk, 0.0f, ob + r0 * ldq, ldq);
     }
   }
 }
 
-/* fp32 backward over B batch rows; dp is (T, T) scratch. Only mk->causal
- * matters: the probabilities are already 0 at the keys a row does not see,
- * which makes their dS 0 too. */
-static void attn_bwd_f32(float *dq, float *dk, float *dv, float *dp, const float *dout,
-                         const float *q, const float *k, const float *v, const float *probs,
-                         size_t B, size_t T, size_t NH, size_t NKV, size_t HS,
-                         const att_mask *mk) {
+/* The backward of batch row b, query head h (kv head h / (NH / NKV)):
+ * adds into dK and dV of its kv head, writes dQ of its head; dp is (T, T)
+ * scratch. */
+static void bwd_head(float *dq, float *dk, float *dv, float *dp, const float *dout, const float *q,
+                     const float *k, const float *v, const float *probs, size_t b, size_t h,
+                     size_t T, size_t NH, size_t NKV, size_t HS, const att_mask *mk) {
   const float scale = 1.0f / sqrtf((float)HS);
   const size_t rep = NH / NKV;
   const int ldq = (int)(NH * HS), ldk = (int)(NKV * HS), ldp = (int)T;
+  size_t qo = b * T * NH * HS + h * HS, ko = b * T * NKV * HS + (h / rep) * HS;
+  const float *pb = probs + (b * NH + h) * T * T;
+  for (size_t r0 = 0; r0 < T; r0 += RB) {
+    size_t r1 = r0 + RB < T ? r0 + RB : T, n = key_end(mk, r1 - 1, T);
+    int m = (int)(r1 - r0);
+    /* dV[0:n] += P[r0:r1, 0:n]^T dO[r0:r1] */
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)n, (int)HS, m, 1.0f, pb + r0 * T, ldp,
+                dout + qo + r0 * ldq, ldq, 1.0f, dv + ko, ldk);
+    /* dP[r0:r1, 0:n] = dO[r0:r1] V[0:n]^T */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, (int)n, (int)HS, 1.0f,
+                dout + qo + r0 * ldq, ldq, v + ko, ldk, 0.0f, dp + r0 * T, ldp);
+  }
+  for (size_t t = 0; t < T; t++) softmax_row_bwd(dp + t * T, pb + t * T, key_end(mk, t, T), scale);
+  for (size_t r0 = 0; r0 < T; r0 += RB) {
+    size_t r1 = r0 + RB < T ? r0 + RB : T, n = key_end(mk, r1 - 1, T);
+    int m = (int)(r1 - r0);
+    /* causal: dS is zero above the diagonal inside the block: clear what dP left there */
+    for (size_t t = r0; mk->causal && t + 1 < r1; t++)
+      memset(dp + t * T + t + 1, 0, (r1 - t - 1) * sizeof(float));
+    /* dQ[r0:r1] = dS[r0:r1, 0:n] K[0:n] */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, (int)HS, (int)n, 1.0f, dp + r0 * T,
+                ldp, k + ko, ldk, 0.0f, dq + qo + r0 * ldq, ldq);
+    /* dK[0:n] += dS[r0:r1, 0:n]^T Q[r0:r1] */
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)n, (int)HS, m, 1.0f, dp + r0 * T, ldp,
+                q + qo + r0 * ldq, ldq, 1.0f, dk + ko, ldk);
+  }
+}
+
+/* fp32 backward over B batch rows; dp is (T, T) scratch per slot
+ * (slots_for(B * NKV)). Only mk->causal matters: the probabilities are
+ * already 0 at the keys a row does not see, which makes their dS 0 too. */
+static void attn_bwd_f32(float *dq, float *dk, float *dv, float *dp, const float *dout,
+                         const float *q, const float *k, const float *v, const float *probs,
+                         size_t B, size_t T, size_t NH, size_t NKV, size_t HS, const att_mask *mk) {
+  const size_t rep = NH / NKV;
   memset(dk, 0, B * T * NKV * HS * sizeof(float));
   memset(dv, 0, B * T * NKV * HS * sizeof(float));
-  for (size_t b = 0; b < B; b++) {
-    for (size_t h = 0; h < NH; h++) {
-      size_t qo = b * T * NH * HS + h * HS, ko = b * T * NKV * HS + (h / rep) * HS;
-      const float *pb = probs + (b * NH + h) * T * T;
-      for (size_t r0 = 0; r0 < T; r0 += RB) {
-        size_t r1 = r0 + RB < T ? r0 + RB : T, n = key_end(mk, r1 - 1, T);
-        int m = (int)(r1 - r0);
-        /* dV[0:n] += P[r0:r1, 0:n]^T dO[r0:r1] */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)n, (int)HS, m, 1.0f, pb + r0 * T,
-                    ldp, dout + qo + r0 * ldq, ldq, 1.0f, dv + ko, ldk);
-        /* dP[r0:r1, 0:n] = dO[r0:r1] V[0:n]^T */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, (int)n, (int)HS, 1.0f,
-                    dout + qo + r0 * ldq, ldq, v + ko, ldk, 0.0f, dp + r0 * T, ldp);
-      }
-      /* Sequential on purpose: an OpenMP region between two OpenBLAS calls
-       * leaves OpenMP threads spinning while OpenBLAS's own threads work,
-       * which costs more than this O(T^2) loop saves on a few cores. */
-      for (size_t t = 0; t < T; t++)
-        softmax_row_bwd(dp + t * T, pb + t * T, key_end(mk, t, T), scale);
-      for (size_t r0 = 0; r0 < T; r0 += RB) {
-        size_t r1 = r0 + RB < T ? r0 + RB : T, n = key_end(mk, r1 - 1, T);
-        int m = (int)(r1 - r0);
-        /* causal: dS is zero above the diagonal inside the block: clear what dP left there */
-        for (size_t t = r0; mk->causal && t + 1 < r1; t++)
-          memset(dp + t * T + t + 1, 0, (r1 - t - 1) * sizeof(float));
-        /* dQ[r0:r1] = dS[r0:r1, 0:n] K[0:n] */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, (int)HS, (int)n, 1.0f,
-                    dp + r0 * T, ldp, k + ko, ldk, 0.0f, dq + qo + r0 * ldq, ldq);
-        /* dK[0:n] += dS[r0:r1, 0:n]^T Q[r0:r1] */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)n, (int)HS, m, 1.0f, dp + r0 * T,
-                    ldp, q + qo + r0 * ldq, ldq, 1.0f, dk + ko, ldk);
-      }
-    }
+  size_t items = B * NKV, slots = slots_for(items);
+#pragma omp parallel for schedule(static)
+  for (ptrdiff_t s = 0; s < (ptrdiff_t)slots; s++) {
+    float *dps = dp + (size_t)s * T * T;
+    for (size_t it = (size_t)s; it < items; it += slots) /* one (batch row, kv head) */
+      for (size_t h = it % NKV * rep; h < (it % NKV + 1) * rep; h++)
+        bwd_head(dq, dk, dv, dps, dout, q, k, v, probs, it / NKV, h, T, NH, NKV, HS, mk);
   }
 }
 
@@ -236,7 +249,7 @@ static ts_status attn_forward(const ts_kctx *ctx, void *out, void *probs, const 
                               size_t NKV, size_t HS, ts_dtype dt, const att_mask *mk,
                               const char *op) {
   TS_CHECK(check_blas_dims(T, NH, HS, op));
-  ws_layout w = layout(T, NH, NKV, HS, dt, 0);
+  ws_layout w = layout(B, T, NH, NKV, HS, dt, 0);
   if (dt == TS_FP32) {
     attn_fwd_f32(out, probs, q, k, v, B, T, NH, NKV, HS, mk);
     return TS_OK;
@@ -259,12 +272,12 @@ static ts_status attn_forward(const ts_kctx *ctx, void *out, void *probs, const 
 }
 
 /* Backward of either mask (only mk->causal is read). */
-static ts_status attn_backward(const ts_kctx *ctx, void *dq, void *dk, void *dv,
-                               const void *dout, const void *q, const void *k, const void *v,
-                               const void *probs, size_t B, size_t T, size_t NH, size_t NKV,
-                               size_t HS, ts_dtype dt, const att_mask *mk, const char *op) {
+static ts_status attn_backward(const ts_kctx *ctx, void *dq, void *dk, void *dv, const void *dout,
+                               const void *q, const void *k, const void *v, const void *probs,
+                               size_t B, size_t T, size_t NH, size_t NKV, size_t HS, ts_dtype dt,
+                               const att_mask *mk, const char *op) {
   TS_CHECK(check_blas_dims(T, NH, HS, op));
-  ws_layout w = layout(T, NH, NKV, HS, dt, 1);
+  ws_layout w = layout(B, T, NH, NKV, HS, dt, 1);
   char *ws = (char *)ctx->workspace;
   float *dp = (float *)(ws + w.dp);
   if (dt == TS_FP32) {
@@ -299,19 +312,19 @@ ts_status ts_cpu_attention_forward(const ts_kctx *ctx, void *out, void *probs, c
 }
 
 ts_status ts_cpu_attention_backward(const ts_kctx *ctx, void *dq, void *dk, void *dv,
-                                    const void *dout, const void *out, const void *q,
-                                    const void *k, const void *v, const void *probs, size_t B,
-                                    size_t T, size_t NH, size_t NKV, size_t HS, ts_dtype dt) {
+                                    const void *dout, const void *out, const void *q, const void *k,
+                                    const void *v, const void *probs, size_t B, size_t T, size_t NH,
+                                    size_t NKV, size_t HS, ts_dtype dt) {
   return attn_backward(ctx, dq, dk, dv, dout, q, k, v, probs, B, T, NH, NKV, HS, dt, &CAUSAL,
                        "ts_k_attention_backward");
 }
 
-ts_status ts_cpu_attention_bidir_forward(const ts_kctx *ctx, void *out, void *probs,
-                                         const void *q, const void *k, const void *v,
-                                         const int32_t *ids, int32_t pad_id, size_t B, size_t T,
-                                         size_t NH, size_t HS, ts_dtype dt) {
+ts_status ts_cpu_attention_bidir_forward(const ts_kctx *ctx, void *out, void *probs, const void *q,
+                                         const void *k, const void *v, const int32_t *ids,
+                                         int32_t pad_id, size_t B, size_t T, size_t NH, size_t HS,
+                                         ts_dtype dt) {
   static const char op[] = "ts_k_attention_bidir_forward";
-  att_mask mk = {0, ids, pad_id}; /* the front passes ids NULL when pad_id < 0 */
+  att_mask mk = {0, ids, pad_id};         /* the front passes ids NULL when pad_id < 0 */
   for (size_t b = 0; ids && b < B; b++) { /* every batch row needs a key to attend to */
     size_t j = 0;
     while (j < T && ids[b * T + j] == pad_id) j++;
@@ -326,9 +339,8 @@ ts_status ts_cpu_attention_bidir_forward(const ts_kctx *ctx, void *out, void *pr
 
 ts_status ts_cpu_attention_bidir_backward(const ts_kctx *ctx, void *dq, void *dk, void *dv,
                                           const void *dout, const void *out, const void *q,
-                                          const void *k, const void *v, const void *probs,
-                                          size_t B, size_t T, size_t NH, size_t HS,
-                                          ts_dtype dt) {
+                                          const void *k, const void *v, const void *probs, size_t B,
+                                          size_t T, size_t NH, size_t HS, ts_dtype dt) {
   static const att_mask bidir = {0, NULL, 0};
   return attn_backward(ctx, dq, dk, dv, dout, q, k, v, probs, B, T, NH, NH, HS, dt, &bidir,
                        "ts_k_attention_bidir_backward");

@@ -3,7 +3,7 @@
  * weight layout (N, K)), forward and backward, through OpenBLAS sgemm or oneDNN.
  *
  * Invariants:
- * - fp32 calls cblas_sgemm directly on the caller's buffers (no workspace).
+ * - fp32 runs ts_cpu_sgemm on the caller's buffers (no workspace).
  * - bf16/fp16 where oneDNN has a native kernel for the dtype on this CPU
  *   (ts_cpu_dnnl_impl: AMX, AVX512-BF16/FP16): oneDNN's matmul on the
  *   caller's buffers, products summed in fp32 and rounded once to the dtype
@@ -13,11 +13,10 @@
  *   three 64-byte-aligned fp32 buffers of M*K, N*K and M*N elements; the
  *   query ts_cpu_linear_workspace_bytes returns exactly what the path this
  *   process takes needs.
- * - OpenBLAS (Debian's pthread build) is never called from inside an OpenMP
- *   parallel region. sgemm splits work over M and N only, so each output
- *   element's dot product has one fixed order: results are deterministic.
+ * - fp32 products go through ts_cpu_sgemm (sgemm.c): fixed output tiles,
+ *   one single-threaded sgemm each over the whole K, so results are the
+ *   same bits at any thread count.
  */
-#include <cblas.h>
 #include <limits.h>
 #include <string.h>
 
@@ -59,9 +58,8 @@ ts_status ts_cpu_linear_forward(const ts_kctx *ctx, void *out, const void *inp,
                                 const void *weight, size_t M, size_t N, size_t K, ts_dtype dt) {
   TS_CHECK(check_dims(M, N, K, "ts_k_linear_forward"));
   if (dt == TS_FP32) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1.0f,
-                (const float *)inp, (int)K, (const float *)weight, (int)K, 0.0f, (float *)out,
-                (int)N);
+    ts_cpu_sgemm(0, 1, M, N, K, (const float *)inp, K, (const float *)weight, K, 0.0f, (float *)out,
+                 N);
     return TS_OK;
   }
   if (ts_cpu_dnnl_impl(dt)) /* out (M, N) = inp (M, K) @ W^T, W (N, K) */
@@ -69,8 +67,7 @@ ts_status ts_cpu_linear_forward(const ts_kctx *ctx, void *out, const void *inp,
   ws_bufs w = split_ws(ctx, M, N, K);
   ts_cpu_widen(w.mk, inp, M * K, dt);
   ts_cpu_widen(w.nk, weight, N * K, dt);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1.0f, w.mk, (int)K,
-              w.nk, (int)K, 0.0f, w.mn, (int)N);
+  ts_cpu_sgemm(0, 1, M, N, K, w.mk, K, w.nk, K, 0.0f, w.mn, N);
   ts_cpu_narrow(out, w.mn, M * N, dt);
   return TS_OK;
 }
@@ -81,13 +78,11 @@ ts_status ts_cpu_linear_backward(const ts_kctx *ctx, void *dinp, void *dweight, 
   TS_CHECK(check_dims(M, N, K, "ts_k_linear_backward"));
   if (dt == TS_FP32) {
     if (dinp) /* dinp (M, K) = dout (M, N) @ W (N, K) */
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)K, (int)N, 1.0f,
-                  (const float *)dout, (int)N, (const float *)weight, (int)K, 0.0f, (float *)dinp,
-                  (int)K);
+      ts_cpu_sgemm(0, 0, M, K, N, (const float *)dout, N, (const float *)weight, K, 0.0f,
+                   (float *)dinp, K);
     if (dweight) /* dW (N, K) += dout^T (N, M) @ inp (M, K) */
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)N, (int)K, (int)M, 1.0f,
-                  (const float *)dout, (int)N, (const float *)inp, (int)K, 1.0f, (float *)dweight,
-                  (int)K);
+      ts_cpu_sgemm(1, 0, N, K, M, (const float *)dout, N, (const float *)inp, K, 1.0f,
+                   (float *)dweight, K);
     return TS_OK;
   }
   if (ts_cpu_dnnl_impl(dt)) {
@@ -101,15 +96,13 @@ ts_status ts_cpu_linear_backward(const ts_kctx *ctx, void *dinp, void *dweight, 
   ts_cpu_widen(w.mn, dout, M * N, dt);
   if (dinp) {
     ts_cpu_widen(w.nk, weight, N * K, dt);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)K, (int)N, 1.0f, w.mn,
-                (int)N, w.nk, (int)K, 0.0f, w.mk, (int)K);
+    ts_cpu_sgemm(0, 0, M, K, N, w.mn, N, w.nk, K, 0.0f, w.mk, K);
     ts_cpu_narrow(dinp, w.mk, M * K, dt);
   }
   if (dweight) {
     ts_cpu_widen(w.mk, inp, M * K, dt);
     ts_cpu_widen(w.nk, dweight, N * K, dt);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)N, (int)K, (int)M, 1.0f, w.mn, (int)N,
-                w.mk, (int)K, 1.0f, w.nk, (int)K);
+    ts_cpu_sgemm(1, 0, N, K, M, w.mn, N, w.mk, K, 1.0f, w.nk, K);
     ts_cpu_narrow(dweight, w.nk, N * K, dt);
   }
   return TS_OK;

@@ -1,0 +1,39 @@
+/*
+ * sgemm.c — fp32 matrix products whose bits do not depend on the thread
+ * count: the output is cut into tiles of a fixed size (TS_CPU_SGEMM_TM rows
+ * by TS_CPU_SGEMM_TN columns, edges smaller), and each tile is one
+ * single-threaded OpenBLAS sgemm over the whole reduction. OpenMP hands
+ * the tiles to threads; which thread computes a tile changes no bit, since
+ * the tile's shape and position (and so OpenBLAS's blocking, kernel and
+ * each dot product's order inside the tile) are fixed by M, N and K alone.
+ *
+ * Invariants:
+ * - Every sgemm call here runs inside an OpenMP parallel region (the OpenMP
+ *   build of OpenBLAS then computes it on the calling thread alone) or, with
+ *   one OpenMP thread, runs where OpenBLAS's own thread count is that one
+ *   thread: either way one thread per tile.
+ * - No K split: each output element's sum is computed whole, in one call.
+ */
+#include <cblas.h>
+
+#include "kernels/cpu/cpu_common.h"
+
+void ts_cpu_sgemm(int trans_a, int trans_b, size_t M, size_t N, size_t K, const float *A,
+                  size_t lda, const float *B, size_t ldb, float beta, float *C, size_t ldc) {
+  size_t mt = (M + TS_CPU_SGEMM_TM - 1) / TS_CPU_SGEMM_TM;
+  size_t nt = (N + TS_CPU_SGEMM_TN - 1) / TS_CPU_SGEMM_TN;
+  ptrdiff_t tiles = (ptrdiff_t)(mt * nt);
+  if (M == 0 || N == 0) return;
+#pragma omp parallel for schedule(static)
+  for (ptrdiff_t t = 0; t < tiles; t++) {
+    size_t i0 = (size_t)t / nt * TS_CPU_SGEMM_TM, j0 = (size_t)t % nt * TS_CPU_SGEMM_TN;
+    size_t m = M - i0 < TS_CPU_SGEMM_TM ? M - i0 : TS_CPU_SGEMM_TM;
+    size_t n = N - j0 < TS_CPU_SGEMM_TN ? N - j0 : TS_CPU_SGEMM_TN;
+    /* A is (M, K) row-major, or (K, M) when transposed; B (K, N), or (N, K) */
+    const float *a = trans_a ? A + i0 : A + i0 * lda;
+    const float *b = trans_b ? B + j0 * ldb : B + j0;
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)K, 1.0f, a, (int)lda, b,
+                (int)ldb, beta, C + i0 * ldc + j0, (int)ldc);
+  }
+}

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# threads_test.sh — the same training at 1, 2 and 4 OpenMP threads gives
+# the same bits (DESIGN.md's determinism contract "at any thread count"):
+# every step's loss (the metrics' full-precision JSON) and the final
+# checkpoint's rank files (SHA-256) must be equal, for
+#   - llama-tiny at T = 257 (three blocks of the causal attention's rows,
+#     the last of one row) in fp32, in bf16 (oneDNN's products where the
+#     CPU has a native kernel) and in bf16 on the fp32-copies path
+#     (TESSERA_CPU_MATMUL=openblas);
+#   - a small BERT (bidirectional attention, padding, GELU, LayerNorm) in
+#     fp32 and bf16.
+# Before products were cut into tiles of a fixed size (kernels/cpu/sgemm.c)
+# and attention into fixed (batch row, head) items, fp32 llama-tiny at
+# T = 257 gave another loss at step 2 on 1 thread than on 2.
+#   threads_test.sh TESSERA_BIN
+set -uo pipefail
+bin="$1"
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+fails=0
+source "$(dirname "${BASH_SOURCE[0]}")/testing.sh"
+presets_home
+mpi_scratch
+
+make_token_shards "$tmp/tokens"
+
+# A corpus of seeded words for the masked LM (as bert_test.sh's).
+make_mlm_corpus "$tmp/text.txt"
+"$bin" prepare --text "$tmp/text.txt" --vocab-size 400 --val-every 6 --out "$tmp/mlm" --mlm \
+  >/dev/null 2>&1
+check_eq "prepare --mlm exit" 0 $?
+cat >"$tmp/bert.json" <<JSON
+{"model_type": "bert", "architectures": ["BertForMaskedLM"], "hidden_size": 64,
+ "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 400,
+ "max_position_embeddings": 160, "type_vocab_size": 2, "layer_norm_eps": 1e-12,
+ "hidden_act": "gelu_new", "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
+ "pad_token_id": 0, "sep_token_id": 3}
+JSON
+
+# losses NAME — every step's training loss in NAME's metrics, as written
+losses() { grep -o '"loss":[^,}]*' "$tmp/$1.jsonl"; }
+
+# same_bits CASE ENV ARGS... — trains at 1, 2 and 4 threads; the losses and
+# the final checkpoint of 2 and 4 threads must be those of 1
+same_bits() {
+  local case="$1" env="$2" last=step-00000003
+  shift 2
+  for n in 1 2 4; do
+    env $env OMP_NUM_THREADS=$n "$bin" train "$@" --steps 3 --lr 1e-3 --warmup 1 \
+      --eval-batches 1 --log-every 1 --metrics "$tmp/$case-$n.jsonl" --save "$tmp/$case-$n" \
+      >"$tmp/$case-$n.log" 2>&1
+    check_eq "$case, $n threads: exit" 0 $?
+  done
+  check_eq "$case: 3 steps logged" 3 "$(losses "$case-1" | wc -l)"
+  check_eq "$case: one rank file in the checkpoint" 1 "$(lines "$(shas "$tmp/$case-1/$last")")"
+  for n in 2 4; do
+    check_eq "$case: losses at $n threads = at 1" "$(losses "$case-1")" "$(losses "$case-$n")"
+    check_eq "$case: checkpoint at $n threads = at 1" "$(shas "$tmp/$case-1/$last")" \
+      "$(shas "$tmp/$case-$n/$last")"
+  done
+}
+
+llama=(--model llama-tiny --data "$tmp/tokens" --seq 257 --micro-batch 2)
+same_bits llama-fp32 "" "${llama[@]}" --dtype fp32
+same_bits llama-bf16 "" "${llama[@]}" --dtype bf16
+same_bits llama-bf16-copies "TESSERA_CPU_MATMUL=openblas" "${llama[@]}" --dtype bf16
+check "bf16 copies path taken" "matrix products: openblas" "$(cat "$tmp/llama-bf16-copies-1.log")"
+bert=(--model "$tmp/bert.json" --data "$tmp/mlm" --seq 150 --micro-batch 2)
+same_bits bert-fp32 "" "${bert[@]}" --dtype fp32
+same_bits bert-bf16 "" "${bert[@]}" --dtype bf16
+
+[[ $fails -eq 0 ]] || {
+  echo "$fails check(s) failed"
+  exit 1
+}
+echo "all checks passed"
