@@ -42,12 +42,11 @@ ts_status ts_k_context_init(ts_kctx *ctx, ts_device dev, int index) {
 }
 
 const char *ts_k_matmul_impl(ts_device dev, ts_dtype dt) {
-  static char names[2][96];
+  static char names[3][96];
   if (dev == TS_DEVICE_CUDA) return "cublasLt";
-  if (dt == TS_FP32) return "openblas sgemm";
   const char *impl = ts_cpu_dnnl_impl(dt);
-  if (!impl) return "openblas sgemm on fp32 copies";
-  char *n = names[dt == TS_BF16 ? 0 : 1];
+  if (!impl) return dt == TS_FP32 ? "openblas sgemm" : "openblas sgemm on fp32 copies";
+  char *n = names[dt == TS_FP32 ? 0 : dt == TS_BF16 ? 1 : 2];
   snprintf(n, sizeof names[0], "onednn %s", impl); /* the same text every call */
   return n;
 }

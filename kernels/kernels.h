@@ -115,11 +115,12 @@ int ts_k_device_count(ts_device dev);
 ts_status ts_k_context_init(ts_kctx *ctx, ts_device dev, int index);
 /* What runs the matrix products (ts_k_linear_*) of dtype dt on device dev
  * in this process, for the one line a run says about it: on the CPU
- * "openblas sgemm" (fp32), "onednn <implementation>" for bf16/fp16 where
- * oneDNN has a native kernel here (e.g. "onednn brg:avx512_core_bf16",
- * "onednn brg:avx512_core_amx"), else "openblas sgemm on fp32 copies";
- * "cublasLt" on CUDA. TESSERA_CPU_MATMUL=openblas in the environment keeps
- * bf16/fp16 on the fp32 copies (for comparison). A static string. */
+ * "onednn <implementation>" where oneDNN has a native kernel for dt here
+ * (e.g. "onednn brg:avx512_core" for fp32, "onednn brg:avx512_core_bf16",
+ * "onednn brg:avx512_core_amx"), else "openblas sgemm" (fp32) or "openblas
+ * sgemm on fp32 copies" (bf16/fp16); "cublasLt" on CUDA.
+ * TESSERA_CPU_MATMUL=openblas in the environment keeps every dtype on
+ * OpenBLAS (for comparison). A static string. */
 const char *ts_k_matmul_impl(ts_device dev, ts_dtype dt);
 
 /* A context on parent's device with its own stream (CUDA: a second

@@ -4,12 +4,12 @@
 # every step's loss (the metrics' full-precision JSON) and the final
 # checkpoint's rank files (SHA-256) must be equal, for
 #   - llama-tiny at T = 257 (three blocks of the causal attention's rows,
-#     the last of one row) in fp32, in bf16 (oneDNN's products where the
-#     CPU has a native kernel) and in bf16 on the fp32-copies path
-#     (TESSERA_CPU_MATMUL=openblas);
+#     the last of one row) in fp32 and bf16 on oneDNN's products (where the
+#     CPU has native kernels), and on OpenBLAS's (TESSERA_CPU_MATMUL=
+#     openblas: fp32 sgemm, bf16 on fp32 copies);
 #   - a small BERT (bidirectional attention, padding, GELU, LayerNorm) in
 #     fp32 and bf16.
-# Before products were cut into tiles of a fixed size (kernels/cpu/sgemm.c)
+# Before products were cut into tiles of a fixed size (kernels/cpu/tiles.h)
 # and attention into fixed (batch row, head) items, fp32 llama-tiny at
 # T = 257 gave another loss at step 2 on 1 thread than on 2.
 #   threads_test.sh TESSERA_BIN
@@ -62,8 +62,12 @@ same_bits() {
 llama=(--model llama-tiny --data "$tmp/tokens" --seq 257 --micro-batch 2)
 same_bits llama-fp32 "" "${llama[@]}" --dtype fp32
 same_bits llama-bf16 "" "${llama[@]}" --dtype bf16
+same_bits llama-fp32-openblas "TESSERA_CPU_MATMUL=openblas" "${llama[@]}" --dtype fp32
 same_bits llama-bf16-copies "TESSERA_CPU_MATMUL=openblas" "${llama[@]}" --dtype bf16
-check "bf16 copies path taken" "matrix products: openblas" "$(cat "$tmp/llama-bf16-copies-1.log")"
+check "fp32 sgemm path taken" "matrix products: openblas sgemm" \
+  "$(cat "$tmp/llama-fp32-openblas-1.log")"
+check "bf16 copies path taken" "matrix products: openblas sgemm on fp32 copies" \
+  "$(cat "$tmp/llama-bf16-copies-1.log")"
 bert=(--model "$tmp/bert.json" --data "$tmp/mlm" --seq 150 --micro-batch 2)
 same_bits bert-fp32 "" "${bert[@]}" --dtype fp32
 same_bits bert-bf16 "" "${bert[@]}" --dtype bf16

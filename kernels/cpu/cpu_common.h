@@ -150,16 +150,11 @@ ts_status ts_cpu_add(const ts_kctx *ctx, void *out, const void *a, const void *b
 ts_status ts_cpu_sumsq(const ts_kctx *ctx, double *out, const void *x, size_t n, ts_dtype dt);
 ts_status ts_cpu_sum_ranks(const ts_kctx *ctx, void *out, const void *const *parts, int n,
                            size_t count, ts_dtype dt, int accumulate);
-ts_status ts_cpu_nonfinite(const ts_kctx *ctx, int32_t *flag, const void *x, size_t n,
-                           ts_dtype dt);
-/* The tile of ts_cpu_sgemm's output (rows, columns): fixed, so that results
- * do not depend on the thread count. */
-enum { TS_CPU_SGEMM_TM = 256, TS_CPU_SGEMM_TN = 256 };
-
+ts_status ts_cpu_nonfinite(const ts_kctx *ctx, int32_t *flag, const void *x, size_t n, ts_dtype dt);
 /* C (M, N) = op(A) op(B) + beta C, fp32, host, row-major, alpha 1: op(A)
  * is A (M, K) with leading dimension lda, or A^T for A (K, M) when trans_a;
  * op(B) is B (K, N), or B^T for B (N, K) when trans_b. Cut into fixed
- * TS_CPU_SGEMM_TM x TS_CPU_SGEMM_TN tiles, each one single-threaded
+ * TS_CPU_TILE_M x TS_CPU_TILE_N tiles (tiles.h), each one single-threaded
  * OpenBLAS sgemm over the whole K, tiles spread over OpenMP's threads:
  * the same bits at any thread count (kernels/cpu/sgemm.c). C must not
  * overlap A or B; every dimension and leading dimension at most INT_MAX

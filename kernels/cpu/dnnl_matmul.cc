@@ -1,16 +1,23 @@
-// dnnl_matmul.cc — the CPU backend's bf16/fp16 products through oneDNN's
-// matmul primitive (dnnl_matmul.h).
+// dnnl_matmul.cc — the CPU backend's products (fp32, bf16, fp16) through
+// oneDNN's matmul primitive (dnnl_matmul.h).
 //
 // Invariants:
-// - One CPU engine and one in-order stream for the process; a primitive per
-//   (M, N, K, layouts, dtype, accumulate), made on first use and kept, under
-//   a mutex (the communication thread never computes, but the cache must
-//   not care who calls).
-// - Operands are wrapped in memory objects over the caller's buffers: no
-//   copy, no widening, no tessera workspace.
-// - oneDNN runs on the OpenMP pool (DNNL_CPU_RUNTIME_OMP) and is never
-//   called from inside an OpenMP parallel region (linear.c's rule).
+// - The output is cut into tiles of a fixed size (tiles.h), each computed
+//   whole by one primitive made for one thread, tiles spread over OpenMP's
+//   threads: every tile is the same single-threaded computation at any
+//   thread count, so the bits do not depend on it.
+// - One CPU engine for the process, one in-order stream per thread; a
+//   primitive per tile shape (m, n, K, leading dimensions, layouts, dtype,
+//   accumulate), made on first use with OpenMP's thread count set to 1 and
+//   kept, under a mutex (the communication thread never computes, but the
+//   cache must not care who calls). At most four tile shapes per product.
+// - Operands are wrapped in memory objects over the caller's buffers (a
+//   tile is a strided view): no copy, no widening, no tessera workspace.
+//   Each thread's scratchpad is its own (user mode, grown as needed, kept).
+// - ts_cpu_dnnl_matmul is called outside OpenMP regions; it opens one.
 #include "kernels/cpu/dnnl_matmul.h"
+
+#include <omp.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -20,12 +27,16 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <string>
 #include <tuple>
+#include <vector>
+
+#include "kernels/cpu/tiles.h"
 
 namespace {
 
 using dnnl::memory;
 using tag = dnnl::memory::format_tag;
-using Key = std::tuple<size_t, size_t, size_t, int, int, int, int>;
+// m, n, K, lda, ldb, ldc, trans_a, trans_b, accumulate, dtype
+using Key = std::tuple<size_t, size_t, size_t, size_t, size_t, size_t, int, int, int, int>;
 
 struct Cached {
   dnnl::matmul::primitive_desc pd;
@@ -34,7 +45,6 @@ struct Cached {
 
 struct Dnnl {
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
-  dnnl::stream st{eng};
   std::mutex mu;
   std::map<Key, std::unique_ptr<Cached>> cache;
 };
@@ -44,56 +54,98 @@ Dnnl &State() {
   return *d;
 }
 
+int Slot(ts_dtype dt) { return dt == TS_FP32 ? 0 : dt == TS_BF16 ? 1 : 2; }
+
 memory::data_type Type(ts_dtype dt) {
-  return dt == TS_BF16 ? memory::data_type::bf16 : memory::data_type::f16;
+  return dt == TS_BF16   ? memory::data_type::bf16
+         : dt == TS_FP16 ? memory::data_type::f16
+                         : memory::data_type::f32;
 }
 
-// op(X) of dims (rows, cols): X row-major, or its transpose viewed in place.
-memory::desc Desc(size_t rows, size_t cols, bool trans, ts_dtype dt) {
-  return memory::desc({(memory::dim)rows, (memory::dim)cols}, Type(dt), trans ? tag::ba : tag::ab);
+// op(X) of dims (rows, cols) inside a row-major matrix of leading dimension
+// ld: X itself, or (trans) the transpose of a (cols, rows) block, in place.
+memory::desc Desc(size_t rows, size_t cols, size_t ld, bool trans, ts_dtype dt) {
+  memory::dims strides =
+      trans ? memory::dims{1, (memory::dim)ld} : memory::dims{(memory::dim)ld, 1};
+  return memory::desc({(memory::dim)rows, (memory::dim)cols}, Type(dt), strides);
 }
 
-std::unique_ptr<Cached> Make(size_t M, size_t N, size_t K, bool ta, bool tb, bool acc,
-                             ts_dtype dt) {
+// A primitive for one tile (m, n) of a product over K, made for one thread.
+std::unique_ptr<Cached> Make(size_t m, size_t n, size_t K, size_t lda, size_t ldb, size_t ldc,
+                             bool ta, bool tb, bool acc, ts_dtype dt) {
   Dnnl &d = State();
   dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (acc) {
     dnnl::post_ops po;
     po.append_sum(1.0f);
     attr.set_post_ops(po);
   }
-  dnnl::matmul::desc md(Desc(M, K, ta, dt), Desc(K, N, tb, dt), Desc(M, N, false, dt));
-  dnnl::matmul::primitive_desc pd(md, attr, d.eng);
-  dnnl::matmul prim(pd);
-  return std::unique_ptr<Cached>(new Cached{pd, prim});
+  dnnl::matmul::desc md(Desc(m, K, lda, ta, dt), Desc(K, n, ldb, tb, dt),
+                        Desc(m, n, ldc, false, dt));
+  int threads = omp_get_max_threads();
+  omp_set_num_threads(1);  // oneDNN plans its partition for the threads it sees
+  try {
+    dnnl::matmul::primitive_desc pd(md, attr, d.eng);
+    dnnl::matmul prim(pd);
+    omp_set_num_threads(threads);
+    return std::unique_ptr<Cached>(new Cached{pd, prim});
+  } catch (...) {
+    omp_set_num_threads(threads);
+    throw;
+  }
+}
+
+// The cached primitive of a tile shape, made on first use.
+Cached *Get(const Key &k) {
+  Dnnl &d = State();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.cache.find(k);
+  if (it == d.cache.end()) {
+    it = d.cache
+             .emplace(k, Make(std::get<0>(k), std::get<1>(k), std::get<2>(k), std::get<3>(k),
+                              std::get<4>(k), std::get<5>(k), std::get<6>(k), std::get<7>(k),
+                              std::get<8>(k), (ts_dtype)std::get<9>(k)))
+             .first;
+  }
+  return it->second.get();
 }
 
 const char *Probe(ts_dtype dt) {
   const char *env = getenv("TESSERA_CPU_MATMUL");
   if (env && strcmp(env, "openblas") == 0) return nullptr;
   try {
-    std::unique_ptr<Cached> c = Make(64, 64, 64, false, true, false, dt);
+    std::unique_ptr<Cached> c = Make(64, 64, 64, 64, 64, 64, false, true, false, dt);
     std::string impl = c->pd.impl_info_str();
-    // a native kernel only: not the reference loops, nor a kernel that
-    // converts to fp32 and runs the fp32 one
-    bool native = impl.find("f16") != std::string::npos ||  // bf16 and f16 kernels
+    // a native kernel only: not the reference loops, nor (bf16, fp16) a
+    // kernel that converts to fp32 and runs the fp32 one
+    bool native = dt == TS_FP32 || impl.find("f16") != std::string::npos ||  // bf16 and f16 kernels
                   impl.find("amx") != std::string::npos;
     if (impl.rfind("ref", 0) == 0 || !native) return nullptr;
-    static std::string kept[2];
-    kept[dt == TS_BF16 ? 0 : 1] = impl;
-    return kept[dt == TS_BF16 ? 0 : 1].c_str();
+    static std::string kept[3];
+    kept[Slot(dt)] = impl;
+    return kept[Slot(dt)].c_str();
   } catch (const dnnl::error &) {
     return nullptr;  // no implementation for dt here
   }
 }
 
+// The tile's columns for a product of M output rows: TS_CPU_TILE_N, or twice
+// that where M gives at least 8 rows of tiles (oneDNN's bf16 kernels run
+// wide tiles faster, measured with kernels/bench_matmul; a product with
+// fewer rows keeps narrow tiles, so that it still has several). A function
+// of the shape alone.
+size_t TileN(size_t M) {
+  return M >= 8 * (size_t)TS_CPU_TILE_M ? 2 * (size_t)TS_CPU_TILE_N : (size_t)TS_CPU_TILE_N;
+}
+
 }  // namespace
 
 extern "C" const char *ts_cpu_dnnl_impl(ts_dtype dt) {
-  if (dt != TS_BF16 && dt != TS_FP16) return nullptr;
-  static const char *impl[2];
-  static std::once_flag once[2];
-  int i = dt == TS_BF16 ? 0 : 1;
+  if (dt != TS_FP32 && dt != TS_BF16 && dt != TS_FP16) return nullptr;
+  static const char *impl[3];
+  static std::once_flag once[3];
+  int i = Slot(dt);
   std::call_once(once[i], [&] { impl[i] = Probe(dt); });
   return impl[i];
 }
@@ -101,25 +153,60 @@ extern "C" const char *ts_cpu_dnnl_impl(ts_dtype dt) {
 extern "C" ts_status ts_cpu_dnnl_matmul(void *C, const void *A, const void *B, size_t M, size_t N,
                                         size_t K, int trans_a, int trans_b, int accumulate,
                                         ts_dtype dt) {
-  Dnnl &d = State();
+  if (M == 0 || N == 0) return TS_OK;
+  const size_t TM = TS_CPU_TILE_M, TN = TileN(M);
+  size_t es = ts_dtype_size(dt), mt = (M + TM - 1) / TM;
+  size_t nt = (N + TN - 1) / TN;
+  size_t lda = trans_a ? M : K, ldb = trans_b ? K : N;
+  // the (at most four) tile shapes: [last row of tiles][last column of tiles]
+  Cached *prim[2][2] = {};
   try {
-    Cached *c;
-    {
-      std::lock_guard<std::mutex> lock(d.mu);
-      Key k{M, N, K, !!trans_a, !!trans_b, !!accumulate, (int)dt};
-      auto it = d.cache.find(k);
-      if (it == d.cache.end())
-        it = d.cache.emplace(k, Make(M, N, K, trans_a, trans_b, accumulate, dt)).first;
-      c = it->second.get();
-    }
-    memory a(c->pd.src_desc(), d.eng, const_cast<void *>(A));
-    memory b(c->pd.weights_desc(), d.eng, const_cast<void *>(B));
-    memory out(c->pd.dst_desc(), d.eng, C);
-    c->prim.execute(d.st, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, out}});
-    d.st.wait();
-    return TS_OK;
+    for (int lm = 0; lm < 2; lm++)
+      for (int ln = 0; ln < 2; ln++) {
+        size_t m = lm ? M - (mt - 1) * TM : (mt > 1 ? TM : 0);
+        size_t n = ln ? N - (nt - 1) * TN : (nt > 1 ? TN : 0);
+        if (m && n)
+          prim[lm][ln] =
+              Get(Key{m, n, K, lda, ldb, N, !!trans_a, !!trans_b, !!accumulate, (int)dt});
+      }
   } catch (const dnnl::error &e) {
     return ts_set_error(TS_ERR_INTERNAL, "oneDNN matmul %zu x %zu x %zu (%s): %s (status %d)", M, N,
                         K, ts_dtype_name(dt), e.what(), (int)e.status);
   }
+  ptrdiff_t tiles = (ptrdiff_t)(mt * nt);
+  int failed = 0;
+  std::string why;
+#pragma omp parallel for schedule(static)
+  for (ptrdiff_t t = 0; t < tiles; t++) {
+    size_t ti = (size_t)t / nt, tj = (size_t)t % nt;
+    size_t i0 = ti * TM, j0 = tj * TN;
+    Cached *c = prim[ti + 1 == mt][tj + 1 == nt];
+    const char *a = (const char *)A + (trans_a ? i0 : i0 * K) * es;
+    const char *b = (const char *)B + (trans_b ? j0 * K : j0) * es;
+    char *out = (char *)C + (i0 * N + j0) * es;
+    try {
+      static thread_local dnnl::stream st(State().eng);
+      static thread_local std::vector<char> pad;
+      size_t need = c->pd.scratchpad_desc().get_size();
+      if (pad.size() < need) pad.resize(need);
+      Dnnl &d = State();
+      memory ma(c->pd.src_desc(), d.eng, const_cast<char *>(a));
+      memory mb(c->pd.weights_desc(), d.eng, const_cast<char *>(b));
+      memory mc(c->pd.dst_desc(), d.eng, out);
+      memory ms(c->pd.scratchpad_desc(), d.eng, pad.data());
+      c->prim.execute(st, {{DNNL_ARG_SRC, ma},
+                           {DNNL_ARG_WEIGHTS, mb},
+                           {DNNL_ARG_DST, mc},
+                           {DNNL_ARG_SCRATCHPAD, ms}});
+      st.wait();
+    } catch (const dnnl::error &e) {
+#pragma omp critical(ts_dnnl_error)
+      if (!failed++)
+        why = std::string(e.what()) + " (status " + std::to_string((int)e.status) + ")";
+    }
+  }
+  if (failed)
+    return ts_set_error(TS_ERR_INTERNAL, "oneDNN matmul %zu x %zu x %zu (%s): %s", M, N, K,
+                        ts_dtype_name(dt), why.c_str());
+  return TS_OK;
 }

@@ -1,9 +1,10 @@
 /*
- * dnnl_matmul.h — bf16/fp16 matrix products of the CPU backend through
- * oneDNN's matmul primitive (kernels/cpu/dnnl_matmul.cc, C++ behind a C
- * interface), used by linear.c where oneDNN has a native kernel for the
- * dtype on this CPU (AMX, AVX512-BF16/FP16); elsewhere linear.c widens to
- * fp32 and calls OpenBLAS's sgemm. Private to the CPU backend.
+ * dnnl_matmul.h — matrix products of the CPU backend through oneDNN's
+ * matmul primitive (kernels/cpu/dnnl_matmul.cc, C++ behind a C interface),
+ * used by linear.c where oneDNN has a native kernel for the dtype on this
+ * CPU (fp32: any JIT kernel; bf16/fp16: AMX, AVX512-BF16/FP16); elsewhere
+ * linear.c calls OpenBLAS's sgemm (on fp32 copies for bf16/fp16). Both cut
+ * the output into the fixed tiles of tiles.h. Private to the CPU backend.
  */
 #ifndef TS_KERNELS_CPU_DNNL_MATMUL_H
 #define TS_KERNELS_CPU_DNNL_MATMUL_H
@@ -16,22 +17,27 @@
 extern "C" {
 #endif
 
-/* The oneDNN implementation a dt product runs on here ("brg:avx512_core_bf16",
- * "brg:avx512_core_amx"...), or NULL when tessera does not use oneDNN for
- * dt: fp32 (OpenBLAS), no native kernel (oneDNN would fall back to its
- * reference or fp32-emulating code), or TESSERA_CPU_MATMUL=openblas in the
- * environment (the widened-sgemm path, for comparison). Decided once per
- * process and dtype (a probe primitive of 64 x 64 x 64). */
+/* The oneDNN implementation a dt product runs on here ("brg:avx512_core",
+ * "brg:avx512_core_bf16", "brg:avx512_core_amx"...), or NULL when tessera
+ * does not use oneDNN for dt: no native kernel (oneDNN would fall back to
+ * its reference or, for bf16/fp16, fp32-emulating code), or
+ * TESSERA_CPU_MATMUL=openblas in the environment (OpenBLAS's sgemm, for
+ * comparison). Decided once per process and dtype (a probe primitive of
+ * 64 x 64 x 64). */
 const char *ts_cpu_dnnl_impl(ts_dtype dt);
 
 /* C (M, N) = op(A) op(B) [+ C when accumulate], every matrix row-major in
- * dt (bf16 or fp16), products summed in fp32 by oneDNN and rounded once to
- * dt (the sum post-op adds the previous C in fp32 before that rounding).
+ * dt (fp32, bf16 or fp16), products summed in fp32 by oneDNN and rounded
+ * once to dt (the sum post-op adds the previous C in fp32 before that
+ * rounding). The output is cut into tiles of TS_CPU_TILE_M rows by
+ * TS_CPU_TILE_N columns (twice that many columns when M >= 8 TS_CPU_TILE_M),
+ * each computed whole by a primitive made for one thread, tiles spread over
+ * OpenMP's threads: the same bits at any thread count.
  * op(A) is (M, K): A itself (M, K) when !trans_a, else A is (K, M); op(B)
  * is (K, N): B itself (K, N) when !trans_b, else B is (N, K). Host memory;
  * C does not overlap A or B. The primitive for each (shape, layout, dtype,
- * accumulate) is made once and kept for the process; oneDNN's own
- * scratchpad is the library's (outside the ledger, as OpenBLAS's packing
+ * accumulate) is made once and kept for the process; oneDNN's scratchpad is
+ * one growing buffer per thread (outside the ledger, as OpenBLAS's packing
  * buffers are). Call only where ts_cpu_dnnl_impl(dt) is not NULL.
  * TS_ERR_INTERNAL with oneDNN's message when it fails (it does not for
  * valid shapes). */

@@ -3,11 +3,14 @@
  * weight layout (N, K)), forward and backward, through OpenBLAS sgemm or oneDNN.
  *
  * Invariants:
- * - fp32 runs ts_cpu_sgemm on the caller's buffers (no workspace).
- * - bf16/fp16 where oneDNN has a native kernel for the dtype on this CPU
- *   (ts_cpu_dnnl_impl: AMX, AVX512-BF16/FP16): oneDNN's matmul on the
- *   caller's buffers, products summed in fp32 and rounded once to the dtype
- *   (dW's accumulation too); no workspace.
+ * - Every dtype where oneDNN has a native kernel for it on this CPU
+ *   (ts_cpu_dnnl_impl: fp32 any JIT kernel, bf16/fp16 AMX or
+ *   AVX512-BF16/FP16): oneDNN's matmul on the caller's buffers, products
+ *   summed in fp32 and rounded once to the dtype (dW's accumulation too);
+ *   no workspace. oneDNN's fp32 ran 1.15x OpenBLAS's sgemm on every
+ *   llama-small product here (kernels/bench_matmul, docs/BENCHMARKS.md).
+ * - fp32 elsewhere (or with TESSERA_CPU_MATMUL=openblas) runs ts_cpu_sgemm
+ *   on the caller's buffers (no workspace).
  * - bf16/fp16 elsewhere widen the operands into ctx->workspace, run the
  *   fp32 sgemm, and round the results back once (RNE). The workspace is
  *   three 64-byte-aligned fp32 buffers of M*K, N*K and M*N elements; the
@@ -24,7 +27,7 @@
 #include "kernels/cpu/dnnl_matmul.h"
 
 size_t ts_cpu_linear_workspace_bytes(size_t M, size_t N, size_t K, ts_dtype dt) {
-  if (dt == TS_FP32 || ts_cpu_dnnl_impl(dt)) return 0;
+  if (dt == TS_FP32 || ts_cpu_dnnl_impl(dt)) return 0; /* fp32: either path needs none */
   return ts_align64(M * K * sizeof(float)) + ts_align64(N * K * sizeof(float)) +
          ts_align64(M * N * sizeof(float));
 }
@@ -57,13 +60,13 @@ static ws_bufs split_ws(const ts_kctx *ctx, size_t M, size_t N, size_t K) {
 ts_status ts_cpu_linear_forward(const ts_kctx *ctx, void *out, const void *inp,
                                 const void *weight, size_t M, size_t N, size_t K, ts_dtype dt) {
   TS_CHECK(check_dims(M, N, K, "ts_k_linear_forward"));
+  if (ts_cpu_dnnl_impl(dt)) /* out (M, N) = inp (M, K) @ W^T, W (N, K) */
+    return ts_cpu_dnnl_matmul(out, inp, weight, M, N, K, 0, 1, 0, dt);
   if (dt == TS_FP32) {
     ts_cpu_sgemm(0, 1, M, N, K, (const float *)inp, K, (const float *)weight, K, 0.0f, (float *)out,
                  N);
     return TS_OK;
   }
-  if (ts_cpu_dnnl_impl(dt)) /* out (M, N) = inp (M, K) @ W^T, W (N, K) */
-    return ts_cpu_dnnl_matmul(out, inp, weight, M, N, K, 0, 1, 0, dt);
   ws_bufs w = split_ws(ctx, M, N, K);
   ts_cpu_widen(w.mk, inp, M * K, dt);
   ts_cpu_widen(w.nk, weight, N * K, dt);
@@ -76,6 +79,13 @@ ts_status ts_cpu_linear_backward(const ts_kctx *ctx, void *dinp, void *dweight, 
                                  const void *inp, const void *weight, size_t M, size_t N,
                                  size_t K, ts_dtype dt) {
   TS_CHECK(check_dims(M, N, K, "ts_k_linear_backward"));
+  if (ts_cpu_dnnl_impl(dt)) {
+    if (dinp) /* dinp (M, K) = dout (M, N) @ W (N, K) */
+      TS_CHECK(ts_cpu_dnnl_matmul(dinp, dout, weight, M, K, N, 0, 0, 0, dt));
+    if (dweight) /* dW (N, K) += dout^T (N, M) @ inp (M, K) */
+      TS_CHECK(ts_cpu_dnnl_matmul(dweight, dout, inp, N, K, M, 1, 0, 1, dt));
+    return TS_OK;
+  }
   if (dt == TS_FP32) {
     if (dinp) /* dinp (M, K) = dout (M, N) @ W (N, K) */
       ts_cpu_sgemm(0, 0, M, K, N, (const float *)dout, N, (const float *)weight, K, 0.0f,
@@ -83,13 +93,6 @@ ts_status ts_cpu_linear_backward(const ts_kctx *ctx, void *dinp, void *dweight, 
     if (dweight) /* dW (N, K) += dout^T (N, M) @ inp (M, K) */
       ts_cpu_sgemm(1, 0, N, K, M, (const float *)dout, N, (const float *)inp, K, 1.0f,
                    (float *)dweight, K);
-    return TS_OK;
-  }
-  if (ts_cpu_dnnl_impl(dt)) {
-    if (dinp) /* dinp (M, K) = dout (M, N) @ W (N, K) */
-      TS_CHECK(ts_cpu_dnnl_matmul(dinp, dout, weight, M, K, N, 0, 0, 0, dt));
-    if (dweight) /* dW (N, K) += dout^T (N, M) @ inp (M, K) */
-      TS_CHECK(ts_cpu_dnnl_matmul(dweight, dout, inp, N, K, M, 1, 0, 1, dt));
     return TS_OK;
   }
   ws_bufs w = split_ws(ctx, M, N, K);

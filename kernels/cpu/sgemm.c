@@ -1,7 +1,6 @@
 /*
  * sgemm.c — fp32 matrix products whose bits do not depend on the thread
- * count: the output is cut into tiles of a fixed size (TS_CPU_SGEMM_TM rows
- * by TS_CPU_SGEMM_TN columns, edges smaller), and each tile is one
+ * count: the output is cut into tiles of a fixed size (tiles.h), and each tile is one
  * single-threaded OpenBLAS sgemm over the whole reduction. OpenMP hands
  * the tiles to threads; which thread computes a tile changes no bit, since
  * the tile's shape and position (and so OpenBLAS's blocking, kernel and
@@ -17,18 +16,19 @@
 #include <cblas.h>
 
 #include "kernels/cpu/cpu_common.h"
+#include "kernels/cpu/tiles.h"
 
 void ts_cpu_sgemm(int trans_a, int trans_b, size_t M, size_t N, size_t K, const float *A,
                   size_t lda, const float *B, size_t ldb, float beta, float *C, size_t ldc) {
-  size_t mt = (M + TS_CPU_SGEMM_TM - 1) / TS_CPU_SGEMM_TM;
-  size_t nt = (N + TS_CPU_SGEMM_TN - 1) / TS_CPU_SGEMM_TN;
+  size_t mt = (M + TS_CPU_TILE_M - 1) / TS_CPU_TILE_M;
+  size_t nt = (N + TS_CPU_TILE_N - 1) / TS_CPU_TILE_N;
   ptrdiff_t tiles = (ptrdiff_t)(mt * nt);
   if (M == 0 || N == 0) return;
 #pragma omp parallel for schedule(static)
   for (ptrdiff_t t = 0; t < tiles; t++) {
-    size_t i0 = (size_t)t / nt * TS_CPU_SGEMM_TM, j0 = (size_t)t % nt * TS_CPU_SGEMM_TN;
-    size_t m = M - i0 < TS_CPU_SGEMM_TM ? M - i0 : TS_CPU_SGEMM_TM;
-    size_t n = N - j0 < TS_CPU_SGEMM_TN ? N - j0 : TS_CPU_SGEMM_TN;
+    size_t i0 = (size_t)t / nt * TS_CPU_TILE_M, j0 = (size_t)t % nt * TS_CPU_TILE_N;
+    size_t m = M - i0 < TS_CPU_TILE_M ? M - i0 : TS_CPU_TILE_M;
+    size_t n = N - j0 < TS_CPU_TILE_N ? N - j0 : TS_CPU_TILE_N;
     /* A is (M, K) row-major, or (K, M) when transposed; B (K, N), or (N, K) */
     const float *a = trans_a ? A + i0 : A + i0 * lda;
     const float *b = trans_b ? B + j0 * ldb : B + j0;
