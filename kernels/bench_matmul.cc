@@ -1,14 +1,18 @@
 // bench_matmul.cc — GFLOP/s of every linear product of a llama-small step
 // (M = 16 x 128 tokens; forward, dinp and dW of q, k/v, o, gate/up, down
 // and the head) through tessera's ts_k_linear_* on the CPU, in bf16 and
-// fp32, beside oneDNN's own matmul primitive for the same bf16 product made
-// and run directly (the baseline: what oneDNN gives without tessera around
-// it) and OpenBLAS's sgemm for fp32 (what tessera's fp32 calls).
+// fp32, beside the baselines made and run directly, each with its own
+// partition over the threads (what the library gives without tessera
+// around it): oneDNN's matmul primitive for the same bf16 and fp32
+// product, and OpenBLAS's cblas_sgemm for fp32.
 //
 // Output: a Markdown table, one row per (layer, pass): tessera bf16,
-// oneDNN bf16, their ratio, tessera fp32. Each figure is the best of the
+// oneDNN bf16, their ratio; tessera fp32, oneDNN fp32, OpenBLAS sgemm, and
+// tessera fp32 over the better of the two. Each figure is the best of the
 // repetitions after a warm-up, repeated until 0.2 s have passed (at least
 // 3). Threads: OMP_NUM_THREADS. Usage: bench_matmul [M]  (default 2048).
+#include <cblas.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -37,14 +41,15 @@ double Best(const std::function<void()> &fn) {
   return best;
 }
 
-// oneDNN's own bf16 product C (M, N) = op(A) (M, K) op(B) (K, N), made and
-// run directly; accumulate adds the previous C (sum post-op), as dW does.
-double OneDnn(size_t M, size_t N, size_t K, bool ta, bool tb, bool acc) {
+// oneDNN's own product C (M, N) = op(A) (M, K) op(B) (K, N) in bf16 or
+// fp32, made and run directly; accumulate adds the previous C (sum
+// post-op), as dW does.
+double OneDnn(size_t M, size_t N, size_t K, bool ta, bool tb, bool acc, bool fp32) {
   using dnnl::memory;
   using tag = memory::format_tag;
   static dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   static dnnl::stream st(eng);
-  auto bf = memory::data_type::bf16;
+  auto bf = fp32 ? memory::data_type::f32 : memory::data_type::bf16;
   memory::desc a({(long)M, (long)K}, bf, ta ? tag::ba : tag::ab);
   memory::desc b({(long)K, (long)N}, bf, tb ? tag::ba : tag::ab);
   memory::desc c({(long)M, (long)N}, bf, tag::ab);
@@ -57,10 +62,19 @@ double OneDnn(size_t M, size_t N, size_t K, bool ta, bool tb, bool acc) {
   dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, eng);
   dnnl::matmul p(pd);
   memory ma(a, eng), mb(b, eng), mc(c, eng);
-  std::vector<uint16_t> fill(M * K > N * K ? M * K : N * K, 0x3f80);  // 1.0
   return Best([&] {
     p.execute(st, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
     st.wait();
+  });
+}
+
+// OpenBLAS's own sgemm of the same product (its threads, its partition).
+double Sgemm(size_t M, size_t N, size_t K, bool ta, bool tb, bool acc) {
+  std::vector<float> a(M * K, 1.0f), b(K * N, 1.0f), c(M * N, 0.0f);
+  return Best([&] {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                (int)M, (int)N, (int)K, 1.0f, a.data(), ta ? (int)M : (int)K, b.data(),
+                tb ? (int)K : (int)N, acc ? 1.0f : 0.0f, c.data(), (int)N);
   });
 }
 
@@ -78,12 +92,13 @@ int main(int argc, char **argv) {
                           {"gate, up", 1280, 512},
                           {"down", 512, 1280},
                           {"head", 4096, 512}};
-  printf("M = %zu, %s threads; bf16 products: %s\n", M,
+  printf("M = %zu, %s threads; bf16 products: %s; fp32 products: %s\n", M,
          getenv("OMP_NUM_THREADS") ? getenv("OMP_NUM_THREADS") : "all",
-         ts_k_matmul_impl(TS_DEVICE_CPU, TS_BF16));
+         ts_k_matmul_impl(TS_DEVICE_CPU, TS_BF16), ts_k_matmul_impl(TS_DEVICE_CPU, TS_FP32));
   printf(
       "| layer (N x K) | pass | tessera bf16 GFLOP/s | oneDNN bf16 GFLOP/s | tessera / oneDNN "
-      "| tessera fp32 GFLOP/s |\n| :--- | :--- | ---: | ---: | ---: | ---: |\n");
+      "| tessera fp32 GFLOP/s | oneDNN fp32 GFLOP/s | OpenBLAS sgemm GFLOP/s | tessera / better "
+      "|\n| :--- | :--- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   for (const Layer &l : layers) {
     const size_t N = l.N, K = l.K;
     double flops = 2.0 * (double)M * (double)N * (double)K;
@@ -113,14 +128,21 @@ int main(int argc, char **argv) {
       }
       // the same product in oneDNN's terms: forward (M,N) = x (M,K) W^T;
       // dinp (M,K) = dy (M,N) W (N,K); dW (N,K) += dy^T (N,M) x (M,K)
-      double o = pass == 0   ? OneDnn(M, N, K, false, true, false)
-                 : pass == 1 ? OneDnn(M, K, N, false, false, false)
-                             : OneDnn(N, K, M, true, false, true);
-      printf("| %s (%zu x %zu) | %s | %.0f | %.0f | %.2f | %.0f |\n", l.name, N, K,
+      double o[2], s;
+      for (int f = 0; f < 2; f++)
+        o[f] = pass == 0   ? OneDnn(M, N, K, false, true, false, f)
+               : pass == 1 ? OneDnn(M, K, N, false, false, false, f)
+                           : OneDnn(N, K, M, true, false, true, f);
+      s = pass == 0   ? Sgemm(M, N, K, false, true, false)
+          : pass == 1 ? Sgemm(M, K, N, false, false, false)
+                      : Sgemm(N, K, M, true, false, true);
+      printf("| %s (%zu x %zu) | %s | %.0f | %.0f | %.2f | %.0f | %.0f | %.0f | %.2f |\n", l.name,
+             N, K,
              pass == 0   ? "forward"
              : pass == 1 ? "dinp"
                          : "dW",
-             flops / t[0] / 1e9, flops / o / 1e9, o / t[0], flops / t[1] / 1e9);
+             flops / t[0] / 1e9, flops / o[0] / 1e9, o[0] / t[0], flops / t[1] / 1e9,
+             flops / o[1] / 1e9, flops / s / 1e9, (o[1] < s ? o[1] : s) / t[1]);
     }
   }
   return 0;
