@@ -491,6 +491,47 @@ static ts_status decoder(const ts_unit *un, const void *p, void *g, const ts_uni
   return TS_OK;
 }
 
+/* ---- the head on the masked rows only ------------------------------------------
+ * In training on the CPU, the head runs on the R rows whose target is not
+ * TS_IGNORE_INDEX (a masked LM's ~15%), gathered in row order, as NVIDIA's
+ * BERT does: the transform, GELU, LayerNorm, decoder and loss of the other
+ * rows are never computed (their loss gradient is 0, so they add nothing
+ * but exact zeros to the parameters' gradients, and their input gradient is
+ * 0). The saved buffers and the temporaries keep their N-row sizes (the
+ * plan does not know R) and use their first R rows. The full path runs
+ * when nothing or everything is masked, in evaluation (the logits of every
+ * row are read), under a plan context and on GPUs. */
+
+/* R, and the masked rows' indices (rows != NULL) and targets (tgt != NULL),
+ * in row order. */
+static size_t masked_rows(const int32_t *targets, size_t N, int32_t *rows, int32_t *tgt) {
+  size_t R = 0;
+  for (size_t n = 0; n < N; n++) {
+    if (targets[n] == TS_IGNORE_INDEX) continue;
+    if (rows) rows[R] = (int32_t)n;
+    if (tgt) tgt[R] = targets[n];
+    R++;
+  }
+  return R;
+}
+
+/* Whether this call runs the head on the masked rows only; *R their number.
+ * Forward keeps the row losses, targets and indices (4 N + 8 R bytes) in
+ * temps a (N C elements): C elements of a row hold 12 bytes. */
+static int head_compact(const ts_kctx *ctx, const ts_unit_args *a, const dims *d, size_t *R) {
+  if (!a->fused_loss_grad || ctx->device != TS_DEVICE_CPU || (ctx->flags & TS_K_PLAN)) return 0;
+  if (d->C * ts_dtype_size(a->dt) < 3 * sizeof(int32_t)) return 0;
+  *R = masked_rows(a->targets, d->N, NULL, NULL);
+  return *R > 0 && *R < d->N;
+}
+
+/* dst's R rows (C elements of es bytes) = src's rows rows[0..R) (host). */
+static void gather_rows(void *dst, const void *src, const int32_t *rows, size_t R, size_t C,
+                        size_t es) {
+  for (size_t r = 0; r < R; r++)
+    memcpy((char *)dst + r * C * es, (const char *)src + (size_t)rows[r] * C * es, C * es);
+}
+
 static ts_status head_forward(const ts_model *m, const ts_unit *un, const ts_kctx *ctx,
                               const void *p, ts_unit_args *a) {
   dims d;
@@ -502,19 +543,29 @@ static ts_status head_forward(const ts_model *m, const ts_unit *un, const ts_kct
   head_saved s = head_layout(&d, a->saved, dt);
   const void *w = NULL;
   TS_CHECK(decoder(un, p, NULL, a, &w, NULL));
-  /* BertPredictionHeadTransform, then the decoder with its bias */
-  TS_CHECK(linear(&k, s.t, a->x, W(H_T_W), W(H_T_B), d.N, d.C, d.C, dt));
-  TS_CHECK(ts_k_gelu_forward(&k, s.g, s.t, d.N * d.C, c->act, dt));
-  TS_CHECK(ts_k_layernorm_forward(&k, s.h, s.mean, s.rstd, s.g, W(H_LN_W), W(H_LN_B), d.N, d.C,
-                                  c->layer_norm_eps, dt));
-  TS_CHECK(linear(&k, s.logits, s.h, w, W(H_BIAS), d.N, d.V, d.C, dt));
+  /* masked rows only: their inputs gathered into t.b; their targets and
+   * indices after the N row losses in t.a (head_compact checked the room) */
+  size_t N = d.N, R = 0;
+  const void *x = a->x;
+  const int32_t *targets = a->targets;
   float *rows = t.a;
+  if (head_compact(ctx, a, &d, &R)) {
+    int32_t *tgt = (int32_t *)(rows + d.N), *idx = tgt + R;
+    masked_rows(a->targets, d.N, idx, tgt);
+    gather_rows(t.b, a->x, idx, R, d.C, ts_dtype_size(dt));
+    N = R, x = t.b, targets = tgt;
+  }
+  /* BertPredictionHeadTransform, then the decoder with its bias */
+  TS_CHECK(linear(&k, s.t, x, W(H_T_W), W(H_T_B), N, d.C, d.C, dt));
+  TS_CHECK(ts_k_gelu_forward(&k, s.g, s.t, N * d.C, c->act, dt));
+  TS_CHECK(ts_k_layernorm_forward(&k, s.h, s.mean, s.rstd, s.g, W(H_LN_W), W(H_LN_B), N, d.C,
+                                  c->layer_norm_eps, dt));
+  TS_CHECK(linear(&k, s.logits, s.h, w, W(H_BIAS), N, d.V, d.C, dt));
   if (a->fused_loss_grad)
-    TS_CHECK(ts_k_cross_entropy_fused(&k, rows, s.logits, s.logits, a->targets, d.N, d.V,
-                                      a->dloss, dt));
+    TS_CHECK(ts_k_cross_entropy_fused(&k, rows, s.logits, s.logits, targets, N, d.V, a->dloss, dt));
   else
-    TS_CHECK(ts_k_cross_entropy_forward(&k, rows, s.logits, a->targets, d.N, d.V, dt));
-  return ts_k_loss_sum(&k, a->loss, rows, a->targets, d.N);
+    TS_CHECK(ts_k_cross_entropy_forward(&k, rows, s.logits, targets, N, d.V, dt));
+  return ts_k_loss_sum(&k, a->loss, rows, targets, N);
 }
 
 static ts_status head_backward(const ts_model *m, const ts_unit *un, const ts_kctx *ctx,
@@ -529,17 +580,33 @@ static ts_status head_backward(const ts_model *m, const ts_unit *un, const ts_kc
   const void *w = NULL;
   void *gw = NULL;
   TS_CHECK(decoder(un, p, g, a, &w, &gw));
-  size_t NC = d.N * d.C;
+  size_t N = d.N, R = 0, es = ts_dtype_size(dt);
+  int compact = head_compact(ctx, a, &d, &R);
+  if (compact) N = R; /* forward's first R rows of every buffer */
+  size_t NC = N * d.C;
   void *d_h = t.a, *d_g = t.b;
   if (!a->fused_loss_grad) /* else forward left the gradient in place of the logits */
     TS_CHECK(ts_k_cross_entropy_backward(&k, s.logits, s.logits, a->targets, d.N, d.V, a->dloss,
                                          dt));
-  TS_CHECK(linear_back(&k, d_h, gw, G(H_BIAS), s.logits, s.h, w, d.N, d.V, d.C, dt));
-  TS_CHECK(ts_k_zero(&k, d_g, NC * ts_dtype_size(dt)));
+  TS_CHECK(linear_back(&k, d_h, gw, G(H_BIAS), s.logits, s.h, w, N, d.V, d.C, dt));
+  TS_CHECK(ts_k_zero(&k, d_g, NC * es));
   TS_CHECK(ts_k_layernorm_backward(&k, d_g, G(H_LN_W), G(H_LN_B), d_h, s.g, W(H_LN_W), s.mean,
-                                   s.rstd, d.N, d.C, dt));
+                                   s.rstd, N, d.C, dt));
   TS_CHECK(ts_k_gelu_backward(&k, d_g, d_g, s.t, NC, c->act, dt));
-  return linear_back(&k, a->dx, G(H_T_W), G(H_T_B), d_g, a->x, W(H_T_W), d.N, d.C, d.C, dt);
+  if (!compact)
+    return linear_back(&k, a->dx, G(H_T_W), G(H_T_B), d_g, a->x, W(H_T_W), d.N, d.C, d.C, dt);
+  /* the masked rows' indices (into s.g, read by the LayerNorm backward
+   * above and done with), their inputs again (into d_h, done with), their
+   * input gradient (into s.t, done with), scattered into dx, whose other
+   * rows are 0 */
+  int32_t *idx = (int32_t *)s.g;
+  masked_rows(a->targets, d.N, idx, NULL);
+  gather_rows(d_h, a->x, idx, R, d.C, es);
+  TS_CHECK(linear_back(&k, s.t, G(H_T_W), G(H_T_B), d_g, d_h, W(H_T_W), R, d.C, d.C, dt));
+  TS_CHECK(ts_k_zero(&k, a->dx, d.N * d.C * es));
+  for (size_t r = 0; r < R; r++)
+    memcpy((char *)a->dx + (size_t)idx[r] * d.C * es, (const char *)s.t + r * d.C * es, d.C * es);
+  return TS_OK;
 }
 
 static const ts_unit_ops embedding_ops = {
