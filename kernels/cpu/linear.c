@@ -7,8 +7,8 @@
  *   (ts_cpu_dnnl_impl: fp32 any JIT kernel, bf16/fp16 AMX or
  *   AVX512-BF16/FP16): oneDNN's matmul on the caller's buffers, products
  *   summed in fp32 and rounded once to the dtype (dW's accumulation too);
- *   no workspace. oneDNN's fp32 ran 1.15x OpenBLAS's sgemm on every
- *   llama-small product here (kernels/bench_matmul, docs/BENCHMARKS.md).
+ *   no workspace. oneDNN's fp32 ran 1.01-1.12x OpenBLAS's own
+ *   sgemm on every llama-small product here (kernels/bench_matmul, docs/BENCHMARKS.md).
  * - fp32 elsewhere (or with TESSERA_CPU_MATMUL=openblas) runs ts_cpu_sgemm
  *   on the caller's buffers (no workspace).
  * - bf16/fp16 elsewhere widen the operands into ctx->workspace, run the
