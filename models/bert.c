@@ -497,7 +497,9 @@ static ts_status decoder(const ts_unit *un, const void *p, void *g, const ts_uni
  * BERT does: the transform, GELU, LayerNorm, decoder and loss of the other
  * rows are never computed (their loss gradient is 0, so they add nothing
  * but exact zeros to the parameters' gradients, and their input gradient is
- * 0). The saved buffers and the temporaries keep their N-row sizes (the
+ * 0). Rows are gathered by the embedding lookup (a row gather) and the
+ * input gradient scattered back on the host, so this runs on the CPU only.
+ * The saved buffers and the temporaries keep their N-row sizes (the
  * plan does not know R) and use their first R rows. The full path runs
  * when nothing or everything is masked, in evaluation (the logits of every
  * row are read), under a plan context and on GPUs. */
@@ -525,13 +527,6 @@ static int head_compact(const ts_kctx *ctx, const ts_unit_args *a, const dims *d
   return *R > 0 && *R < d->N;
 }
 
-/* dst's R rows (C elements of es bytes) = src's rows rows[0..R) (host). */
-static void gather_rows(void *dst, const void *src, const int32_t *rows, size_t R, size_t C,
-                        size_t es) {
-  for (size_t r = 0; r < R; r++)
-    memcpy((char *)dst + r * C * es, (const char *)src + (size_t)rows[r] * C * es, C * es);
-}
-
 static ts_status head_forward(const ts_model *m, const ts_unit *un, const ts_kctx *ctx,
                               const void *p, ts_unit_args *a) {
   dims d;
@@ -552,7 +547,7 @@ static ts_status head_forward(const ts_model *m, const ts_unit *un, const ts_kct
   if (head_compact(ctx, a, &d, &R)) {
     int32_t *tgt = (int32_t *)(rows + d.N), *idx = tgt + R;
     masked_rows(a->targets, d.N, idx, tgt);
-    gather_rows(t.b, a->x, idx, R, d.C, ts_dtype_size(dt));
+    TS_CHECK(ts_k_embedding_forward(&k, t.b, idx, a->x, R, d.C, d.N, dt)); /* a row gather */
     N = R, x = t.b, targets = tgt;
   }
   /* BertPredictionHeadTransform, then the decoder with its bias */
@@ -601,7 +596,7 @@ static ts_status head_backward(const ts_model *m, const ts_unit *un, const ts_kc
    * rows are 0 */
   int32_t *idx = (int32_t *)s.g;
   masked_rows(a->targets, d.N, idx, NULL);
-  gather_rows(d_h, a->x, idx, R, d.C, es);
+  TS_CHECK(ts_k_embedding_forward(&k, d_h, idx, a->x, R, d.C, d.N, dt)); /* a row gather */
   TS_CHECK(linear_back(&k, s.t, G(H_T_W), G(H_T_B), d_g, d_h, W(H_T_W), R, d.C, d.C, dt));
   TS_CHECK(ts_k_zero(&k, a->dx, d.N * d.C * es));
   for (size_t r = 0; r < R; r++)

@@ -154,36 +154,32 @@ extern "C" ts_status ts_cpu_dnnl_matmul(void *C, const void *A, const void *B, s
                                         size_t K, int trans_a, int trans_b, int accumulate,
                                         ts_dtype dt) {
   if (M == 0 || N == 0) return TS_OK;
-  const size_t TM = TS_CPU_TILE_M, TN = TileN(M);
-  size_t es = ts_dtype_size(dt), mt = (M + TM - 1) / TM;
-  size_t nt = (N + TN - 1) / TN;
-  size_t lda = trans_a ? M : K, ldb = trans_b ? K : N;
+  ts_cpu_tiling g = ts_cpu_tiling_of(M, N, TS_CPU_TILE_M, TileN(M));
+  size_t es = ts_dtype_size(dt), lda = trans_a ? M : K, ldb = trans_b ? K : N;
   // the (at most four) tile shapes: [last row of tiles][last column of tiles]
   Cached *prim[2][2] = {};
+  size_t last_m = M - (g.rows - 1) * g.tm, last_n = N - (g.cols - 1) * g.tn;
   try {
     for (int lm = 0; lm < 2; lm++)
       for (int ln = 0; ln < 2; ln++) {
-        size_t m = lm ? M - (mt - 1) * TM : (mt > 1 ? TM : 0);
-        size_t n = ln ? N - (nt - 1) * TN : (nt > 1 ? TN : 0);
-        if (m && n)
-          prim[lm][ln] =
-              Get(Key{m, n, K, lda, ldb, N, !!trans_a, !!trans_b, !!accumulate, (int)dt});
+        if ((!lm && g.rows == 1) || (!ln && g.cols == 1)) continue; /* no such tile */
+        prim[lm][ln] = Get(Key{lm ? last_m : g.tm, ln ? last_n : g.tn, K, lda, ldb, N, !!trans_a,
+                               !!trans_b, !!accumulate, (int)dt});
       }
   } catch (const dnnl::error &e) {
     return ts_set_error(TS_ERR_INTERNAL, "oneDNN matmul %zu x %zu x %zu (%s): %s (status %d)", M, N,
                         K, ts_dtype_name(dt), e.what(), (int)e.status);
   }
-  ptrdiff_t tiles = (ptrdiff_t)(mt * nt);
+  ptrdiff_t tiles = (ptrdiff_t)(g.rows * g.cols);
   int failed = 0;
   std::string why;
 #pragma omp parallel for schedule(static)
   for (ptrdiff_t t = 0; t < tiles; t++) {
-    size_t ti = (size_t)t / nt, tj = (size_t)t % nt;
-    size_t i0 = ti * TM, j0 = tj * TN;
-    Cached *c = prim[ti + 1 == mt][tj + 1 == nt];
-    const char *a = (const char *)A + (trans_a ? i0 : i0 * K) * es;
-    const char *b = (const char *)B + (trans_b ? j0 * K : j0) * es;
-    char *out = (char *)C + (i0 * N + j0) * es;
+    ts_cpu_tile x = ts_cpu_tile_at(&g, (size_t)t, trans_a, trans_b, lda, ldb, N);
+    Cached *c = prim[x.i0 + x.m == M][x.j0 + x.n == N];
+    const char *a = (const char *)A + x.a * es;
+    const char *b = (const char *)B + x.b * es;
+    char *out = (char *)C + x.c * es;
     try {
       static thread_local dnnl::stream st(State().eng);
       static thread_local std::vector<char> pad;

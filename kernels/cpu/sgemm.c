@@ -20,20 +20,13 @@
 
 void ts_cpu_sgemm(int trans_a, int trans_b, size_t M, size_t N, size_t K, const float *A,
                   size_t lda, const float *B, size_t ldb, float beta, float *C, size_t ldc) {
-  size_t mt = (M + TS_CPU_TILE_M - 1) / TS_CPU_TILE_M;
-  size_t nt = (N + TS_CPU_TILE_N - 1) / TS_CPU_TILE_N;
-  ptrdiff_t tiles = (ptrdiff_t)(mt * nt);
-  if (M == 0 || N == 0) return;
+  ts_cpu_tiling g = ts_cpu_tiling_of(M, N, TS_CPU_TILE_M, TS_CPU_TILE_N);
+  ptrdiff_t tiles = (ptrdiff_t)(g.rows * g.cols);
 #pragma omp parallel for schedule(static)
   for (ptrdiff_t t = 0; t < tiles; t++) {
-    size_t i0 = (size_t)t / nt * TS_CPU_TILE_M, j0 = (size_t)t % nt * TS_CPU_TILE_N;
-    size_t m = M - i0 < TS_CPU_TILE_M ? M - i0 : TS_CPU_TILE_M;
-    size_t n = N - j0 < TS_CPU_TILE_N ? N - j0 : TS_CPU_TILE_N;
-    /* A is (M, K) row-major, or (K, M) when transposed; B (K, N), or (N, K) */
-    const float *a = trans_a ? A + i0 : A + i0 * lda;
-    const float *b = trans_b ? B + j0 * ldb : B + j0;
+    ts_cpu_tile x = ts_cpu_tile_at(&g, (size_t)t, trans_a, trans_b, lda, ldb, ldc);
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)K, 1.0f, a, (int)lda, b,
-                (int)ldb, beta, C + i0 * ldc + j0, (int)ldc);
+                trans_b ? CblasTrans : CblasNoTrans, (int)x.m, (int)x.n, (int)K, 1.0f, A + x.a,
+                (int)lda, B + x.b, (int)ldb, beta, C + x.c, (int)ldc);
   }
 }

@@ -108,11 +108,12 @@ def main(argv):
     g = torch.Generator().manual_seed(1)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.dtype == "bf16")
 
+    from torch_bert import masked_batch
+
     def batch():
         if kind == "llama":
             ids = torch.randint(0, V, (B, T + 1), generator=g)
             return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
-        from torch_bert import masked_batch
         return masked_batch(torch, g, B, T, V)
 
     def loss_of(x, y):
