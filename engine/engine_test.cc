@@ -313,15 +313,19 @@ TEST(Engine, ThePlanOfADeviceChargesItsStepScalars) {
     EXPECT_EQ(cuda.peak[k], cpu.peak[k]) << ts_mem_category_name((ts_mem_category)k);
     EXPECT_EQ(cuda.current[k], cpu.current[k]) << ts_mem_category_name((ts_mem_category)k);
   }
-  // Activations differ by the units' saved state alone: in bf16 a GPU
-  // block keeps the attention rows' log-sum-exp (B, NH, T) fp32 where the
-  // CPU keeps the probabilities (B, NH, T, T).
+  // Activations differ by the units' saved state alone: in bf16 both
+  // devices' blocks keep the attention rows' log-sum-exp (B, NH, T) fp32
+  // (fused attention); in fp32 a GPU block keeps the probabilities (B, NH,
+  // T, T) where the CPU keeps the log-sum-exp.
   size_t saved_cpu = 0, saved_cuda = 0;
   for (int u = 0; u < model.n_units; u++) {
     size_t a = ts_unit_saved_bytes(&model, u, 2, 8, TS_BF16, TS_DEVICE_CPU),
            b = ts_unit_saved_bytes(&model, u, 2, 8, TS_BF16, TS_DEVICE_CUDA);
+    EXPECT_EQ(b, a) << "unit " << u;
     if (model.units[u].role == TS_UNIT_BLOCK) {
-      EXPECT_LT(b, a) << "unit " << u;
+      EXPECT_GT(ts_unit_saved_bytes(&model, u, 2, 8, TS_FP32, TS_DEVICE_CUDA),
+                ts_unit_saved_bytes(&model, u, 2, 8, TS_FP32, TS_DEVICE_CPU))
+          << "unit " << u;
     }
     saved_cpu += a;
     saved_cuda += b;

@@ -354,18 +354,21 @@ ts_status ts_k_rope_backward(const ts_kctx *ctx, void *dx, const void *dout, siz
  * q (B, T, NH, HS), k and v (B, T, NKV, HS). NH % NKV == 0.
  * state: what backward needs besides the inputs, written (=), of
  * ts_k_attention_state_bytes(ctx->device, ...) bytes on ctx->device:
- *   CPU (every dt) and CUDA fp32: the probabilities P (B, NH, T, T) in dt,
- *     entries above the diagonal 0;
- *   CUDA bf16/fp16: the log-sum-exp of each softmax row (B, NH, T) fp32
- *     (cuDNN's fused flash attention, Dao et al. 2022, keeps no P),
- *     followed by (B, T) uint8 key flags that only the bidirectional op
- *     below writes and reads (its key padding mask, which its backward
- *     needs to recompute P). */
+ *   CPU (every dt) and CUDA bf16/fp16: the log-sum-exp of each softmax row
+ *     (B, NH, T) fp32 (fused flash attention, Dao et al. 2022, keeps no P:
+ *     cuDNN's on CUDA, kernels/cpu/attention.c's on the CPU), followed by
+ *     (B, T) uint8 key flags that only the bidirectional op below writes
+ *     and reads (its key padding mask, which its backward needs to
+ *     recompute P);
+ *   CUDA fp32: the probabilities P (B, NH, T, T), entries above the
+ *     diagonal 0. */
 ts_status ts_k_attention_forward(const ts_kctx *ctx, void *out, void *state, const void *q,
                                  const void *k, const void *v, size_t B, size_t T, size_t NH,
                                  size_t NKV, size_t HS, ts_dtype dt);
 /* dq (B, T, NH, HS), dk, dv (B, T, NKV, HS): all written (=). out and state
- * are the forward's outputs for these q, k, v (the CPU reads only state). */
+ * are the forward's outputs for these q, k, v (the fused backwards read out
+ * for D = rowsum(dout * out), FlashAttention-2's Algorithm 2; CUDA fp32
+ * reads only state). */
 ts_status ts_k_attention_backward(const ts_kctx *ctx, void *dq, void *dk, void *dv,
                                   const void *dout, const void *out, const void *q, const void *k,
                                   const void *v, const void *state, size_t B, size_t T, size_t NH,
@@ -377,8 +380,8 @@ size_t ts_k_attention_state_bytes(ts_device dev, size_t B, size_t T, size_t NH, 
 /* The dtype in which the attention forward on ctx (its device and flags)
  * holds the probabilities P when it forms P @ v, for storage dtype dt;
  * bidirectional != 0: ts_k_attention_bidir_forward. TS_FP32 where P stays
- * fp32 (the CPU, which rounds P to dt only to save it; CUDA fp32; CUDA's
- * plain kernels and TS_K_PLAIN_ATTENTION); dt where cuDNN's fused kernel
+ * fp32 (the CPU, whose fused kernel keeps P and dS in fp32; CUDA fp32;
+ * CUDA's plain kernels and TS_K_PLAIN_ATTENTION); dt where cuDNN's fused kernel
  * feeds P to its tensor cores in dt (CUDA bf16/fp16, causal and
  * bidirectional; FlashAttention-2, Dao 2023, Algorithm 1: P~ is cast to the
  * input type for P~ V). An upper bound: a shape cuDNN refuses runs the
@@ -389,9 +392,10 @@ size_t ts_k_attention_state_bytes(ts_device dev, size_t B, size_t T, size_t NH, 
 ts_status ts_k_attention_probs_dtype(const ts_kctx *ctx, ts_dtype dt, int bidirectional,
                                      ts_dtype *out);
 /* Exact bytes of ctx->workspace the larger attention pass needs on device
- * dev (both passes check against it). CPU: one (T, T) fp32 dP for fp32
- * backward; for bf16/fp16 also one batch row's operands and probabilities
- * widened to fp32. CUDA fp32: one batch row's (NH, T, T) fp32 dS; CUDA
+ * dev (both passes check against it). CPU: none for fp32 (its blocks live
+ * on the stack); bf16/fp16 one batch row's operands (and backward its
+ * out, dout and gradients) widened to fp32. CUDA fp32: one batch row's
+ * (NH, T, T) fp32 dS; CUDA
  * bf16/fp16: cuDNN's bound (kernels/cuda/attention_cudnn.h). */
 size_t ts_k_attention_workspace_bytes(ts_device dev, size_t B, size_t T, size_t NH, size_t NKV,
                                       size_t HS, ts_dtype dt);
@@ -527,9 +531,9 @@ ts_status ts_k_token_types(const ts_kctx *ctx, int32_t *types, const int32_t *to
  * TS_ERR_INVALID_ARGUMENT naming the row, before anything is written
  * (synchronous on CUDA unless TS_K_INDICES_CHECKED; then such a row's
  * output is undefined). state: ts_k_attention_state_bytes(ctx->device, B,
- * T, NH, NH, HS, dt) bytes, written (=): the probabilities P (B, NH, T, T)
- * in dt on the CPU (every dt) and CUDA fp32, masked entries 0; CUDA
- * bf16/fp16: each row's log-sum-exp and the key flags (see the causal op).
+ * T, NH, NH, HS, dt) bytes, written (=): on the CPU (every dt) and CUDA
+ * bf16/fp16 each row's log-sum-exp and the key flags (see the causal op);
+ * CUDA fp32: the probabilities P (B, NH, T, T), masked entries 0.
  * Workspace as the backward's. Masked keys' q, k, v values do not change
  * out (as long as they are finite). */
 ts_status ts_k_attention_bidir_forward(const ts_kctx *ctx, void *out, void *state, const void *q,
@@ -538,7 +542,7 @@ ts_status ts_k_attention_bidir_forward(const ts_kctx *ctx, void *out, void *stat
                                        ts_dtype dt);
 /* dq, dk, dv (B, T, NH, HS): written (=), from the forward's state (masked
  * keys get dk = dv = 0 from every query). dout, out, q, k, v, state: the
- * forward's (the CPU reads only q, k, v, dout and state). dq, dk, dv may
+ * forward's (CUDA fp32 reads only q, k, v, dout and state). dq, dk, dv may
  * not alias each other nor an input. Workspace: the causal op's
  * ts_k_attention_workspace_bytes(ctx->device, B, T, NH, NH, HS, dt). */
 ts_status ts_k_attention_bidir_backward(const ts_kctx *ctx, void *dq, void *dk, void *dv,

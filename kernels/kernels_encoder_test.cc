@@ -188,13 +188,14 @@ TEST(TokenTypes, CountSeparatorsBeforeEachPositionCapped) {
 // ---- bidirectional attention -------------------------------------------------------------
 
 // softmax(q k^T / sqrt(HS)) over the keys j with ids[b, j] != pad (all if
-// pad < 0), in double; probs (B, NH, T, T) 0 at masked keys.
-void attention_bidir_ref(std::vector<double> &out, std::vector<double> &probs,
+// pad < 0), in double: out, and each softmax row's log-sum-exp lse
+// (B, NH, T) of the scaled scores of the keys it sees.
+void attention_bidir_ref(std::vector<double> &out, std::vector<double> &lse,
                          const std::vector<float> &q, const std::vector<float> &k,
-                         const std::vector<float> &v, const std::vector<int32_t> &ids,
-                         int32_t pad, size_t B, size_t T, size_t NH, size_t HS) {
+                         const std::vector<float> &v, const std::vector<int32_t> &ids, int32_t pad,
+                         size_t B, size_t T, size_t NH, size_t HS) {
   out.assign(B * T * NH * HS, 0);
-  probs.assign(B * NH * T * T, 0);
+  lse.assign(B * NH * T, 0);
   for (size_t b = 0; b < B; b++)
     for (size_t h = 0; h < NH; h++)
       for (size_t t = 0; t < T; t++) {
@@ -210,10 +211,10 @@ void attention_bidir_ref(std::vector<double> &out, std::vector<double> &probs,
         }
         for (size_t j = 0; j < T; j++)
           if (!(pad >= 0 && ids[b * T + j] == pad)) sum += (s[j] = std::exp(s[j] - mx));
+        lse[(b * NH + h) * T + t] = mx + std::log(sum);
         for (size_t j = 0; j < T; j++) {
           if (pad >= 0 && ids[b * T + j] == pad) continue;
           double p = s[j] / sum;
-          probs[((b * NH + h) * T + t) * T + j] = p;
           for (size_t i = 0; i < HS; i++)
             out[((b * T + t) * NH + h) * HS + i] += p * v[((b * T + j) * NH + h) * HS + i];
         }
@@ -227,23 +228,26 @@ void check_attention_bidir_forward(size_t B, size_t T, size_t NH, size_t HS, int
   std::vector<int32_t> ids(B * T);
   for (auto &id : ids) id = rng.below(4);  // ~1/4 of the keys are id 0 (the pad id below)
   for (size_t b = 0; b < B; b++) ids[b * T + b % T] = 7;  // every row keeps a key
-  std::vector<float> out(q.size()), probs(B * NH * T * T, -1.0f);
+  std::vector<float> out(q.size());
+  std::vector<uint8_t> state(ts_k_attention_state_bytes(TS_DEVICE_CPU, B, T, NH, NH, HS, TS_FP32),
+                             0xA5);
+  ASSERT_EQ(state.size(), B * NH * T * sizeof(float) + B * T);
   CpuCtx c(ts_k_attention_workspace_bytes(TS_DEVICE_CPU, B, T, NH, NH, HS, TS_FP32));
-  ASSERT_EQ(ts_k_attention_bidir_forward(c.get(), out.data(), probs.data(), q.data(), k.data(),
+  ASSERT_EQ(ts_k_attention_bidir_forward(c.get(), out.data(), state.data(), q.data(), k.data(),
                                          v.data(), ids.data(), pad, B, T, NH, HS, TS_FP32),
             TS_OK)
       << ts_last_error();
-  std::vector<double> rout, rprobs;
-  attention_bidir_ref(rout, rprobs, q, k, v, ids, pad, B, T, NH, HS);
+  std::vector<double> rout, rlse;
+  attention_bidir_ref(rout, rlse, q, k, v, ids, pad, B, T, NH, HS);
   // As the causal test (kernels_test): scores |s| <= 4 sqrt(HS), fp32 dot
-  // error ~HS u |s|, sums over <= T keys add T u: below 2e-6 here.
-  for (size_t i = 0; i < probs.size(); i++) {
-    size_t b = i / (NH * T * T), j = i % T;
-    if (pad >= 0 && ids[b * T + j] == pad)
-      ASSERT_EQ(probs[i], 0.0f) << "masked key, entry " << i;
-    else
-      ASSERT_NEAR(probs[i], rprobs[i], 2e-6) << i;
-  }
+  // error ~HS u |s|, the log of a sum over <= T keys adds T u.
+  std::vector<float> lse(B * NH * T);
+  std::memcpy(lse.data(), state.data(), lse.size() * sizeof(float));
+  const double u = 0x1p-24, lse_tol = (HS * 4 * std::sqrt((double)HS) + T + 4) * u;
+  for (size_t i = 0; i < lse.size(); i++) ASSERT_NEAR(lse[i], rlse[i], lse_tol) << i;
+  // the key flags after them: 1 where the key is seen
+  const uint8_t *keep = state.data() + lse.size() * sizeof(float);
+  for (size_t i = 0; i < B * T; i++) ASSERT_EQ(keep[i], pad < 0 || ids[i] != pad ? 1 : 0) << i;
   for (size_t i = 0; i < out.size(); i++) ASSERT_NEAR(out[i], rout[i], 4e-6) << i;
 }
 
@@ -262,15 +266,17 @@ TEST(AttentionBidir, AllPaddingRowIsRejectedByNameAndNothingIsWritten) {
   Rng rng(64);
   auto q = rng.vec(B * T * NH * HS);
   std::vector<int32_t> ids = {5, 0, 6, 0, 0, 0, 0, 0, 1, 1, 1, 1};  // row 1: all padding
-  std::vector<float> out(q.size(), 3.0f), probs(B * NH * T * T, 3.0f);
+  std::vector<float> out(q.size(), 3.0f);
+  std::vector<uint8_t> state(ts_k_attention_state_bytes(TS_DEVICE_CPU, B, T, NH, NH, HS, TS_FP32),
+                             0xA5);
   CpuCtx c(ts_k_attention_workspace_bytes(TS_DEVICE_CPU, B, T, NH, NH, HS, TS_FP32));
-  expect_error(ts_k_attention_bidir_forward(c.get(), out.data(), probs.data(), q.data(), q.data(),
+  expect_error(ts_k_attention_bidir_forward(c.get(), out.data(), state.data(), q.data(), q.data(),
                                             q.data(), ids.data(), 0, B, T, NH, HS, TS_FP32),
                TS_ERR_INVALID_ARGUMENT, "batch row 1");
   for (float x : out) ASSERT_EQ(x, 3.0f);
-  for (float x : probs) ASSERT_EQ(x, 3.0f);
+  for (uint8_t x : state) ASSERT_EQ(x, 0xA5);
   // pad_id < 0 masks nothing: the same ids are fine, and ids may be NULL.
-  EXPECT_EQ(ts_k_attention_bidir_forward(c.get(), out.data(), probs.data(), q.data(), q.data(),
+  EXPECT_EQ(ts_k_attention_bidir_forward(c.get(), out.data(), state.data(), q.data(), q.data(),
                                          q.data(), nullptr, -1, B, T, NH, HS, TS_FP32),
             TS_OK);
 }
@@ -381,13 +387,15 @@ TEST(EncoderArgs, SmallWorkspaceReturnsOutOfMemoryAndTouchesNothing) {
   const size_t B = 1, T = 6, NH = 2, HS = 4;
   auto q = rng.vec(B * T * NH * HS);
   std::vector<int32_t> ids(B * T, 3);
-  std::vector<float> out(q.size(), 4.0f), probs(B * NH * T * T);
-  CpuCtx att(ts_k_attention_workspace_bytes(TS_DEVICE_CPU, B, T, NH, NH, HS, TS_FP32) - 1);
-  expect_error(ts_k_attention_bidir_backward(att.get(), out.data(), dx.data(), dw.data(),
-                                             q.data(), q.data(), q.data(), q.data(), q.data(),
-                                             probs.data(), B, T, NH, HS, TS_FP32),
+  std::vector<uint8_t> state(ts_k_attention_state_bytes(TS_DEVICE_CPU, B, T, NH, NH, HS, TS_BF16));
+  ts_test::Buf hq(q, TS_BF16);
+  std::vector<uint16_t> hout(q.size(), 0x1234), hdk(q.size()), hdv(q.size());
+  CpuCtx att(ts_k_attention_workspace_bytes(TS_DEVICE_CPU, B, T, NH, NH, HS, TS_BF16) - 1);
+  expect_error(ts_k_attention_bidir_backward(att.get(), hout.data(), hdk.data(), hdv.data(),
+                                             hq.data(), hq.data(), hq.data(), hq.data(), hq.data(),
+                                             state.data(), B, T, NH, HS, TS_BF16),
                TS_ERR_OUT_OF_MEMORY, "workspace");
-  for (float v : out) ASSERT_EQ(v, 4.0f);
+  for (uint16_t v : hout) ASSERT_EQ(v, 0x1234);
 }
 
 // The CUDA table has bodies for the encoder ops: without a GPU they fail

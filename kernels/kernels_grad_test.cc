@@ -157,17 +157,19 @@ void check_attention_backward(size_t B, size_t T, size_t NH, size_t NKV, size_t 
   auto q = rng.vec(B * T * NH * HS), k = rng.vec(B * T * NKV * HS), v = rng.vec(B * T * NKV * HS);
   auto wl = rng.vec(q.size());
   CpuCtx c(ts_k_attention_workspace_bytes(TS_DEVICE_CPU, B, T, NH, NKV, HS, TS_FP32));
-  std::vector<float> out(q.size()), probs(B * NH * T * T);
+  std::vector<float> out(q.size());
+  std::vector<uint8_t> state(ts_k_attention_state_bytes(TS_DEVICE_CPU, B, T, NH, NKV, HS, TS_FP32));
   auto loss = [&] {
-    EXPECT_EQ(ts_k_attention_forward(c.get(), out.data(), probs.data(), q.data(), k.data(),
+    EXPECT_EQ(ts_k_attention_forward(c.get(), out.data(), state.data(), q.data(), k.data(),
                                      v.data(), B, T, NH, NKV, HS, TS_FP32),
               TS_OK);
     return dot(out, wl);
   };
   loss();
   std::vector<float> dq(q.size(), 5.0f), dk(k.size(), 5.0f), dv(v.size(), 5.0f);  // written (=)
-  ASSERT_EQ(ts_k_attention_backward(c.get(), dq.data(), dk.data(), dv.data(), wl.data(), out.data(), q.data(),
-                                    k.data(), v.data(), probs.data(), B, T, NH, NKV, HS, TS_FP32),
+  ASSERT_EQ(ts_k_attention_backward(c.get(), dq.data(), dk.data(), dv.data(), wl.data(), out.data(),
+                                    q.data(), k.data(), v.data(), state.data(), B, T, NH, NKV, HS,
+                                    TS_FP32),
             TS_OK);
   check_grad("dq", q, dq, loss, stride);
   check_grad("dk", k, dk, loss, stride);
@@ -319,9 +321,10 @@ void check_attention_bidir_backward(size_t T, size_t NH, size_t HS, uint64_t see
   auto q = rng.vec(B * T * NH * HS), k = rng.vec(q.size()), v = rng.vec(q.size()),
        wl = rng.vec(q.size());
   CpuCtx c(ts_k_attention_workspace_bytes(TS_DEVICE_CPU, B, T, NH, NH, HS, TS_FP32));
-  std::vector<float> out(q.size()), probs(B * NH * T * T);
+  std::vector<float> out(q.size());
+  std::vector<uint8_t> state(ts_k_attention_state_bytes(TS_DEVICE_CPU, B, T, NH, NH, HS, TS_FP32));
   auto loss = [&] {
-    EXPECT_EQ(ts_k_attention_bidir_forward(c.get(), out.data(), probs.data(), q.data(), k.data(),
+    EXPECT_EQ(ts_k_attention_bidir_forward(c.get(), out.data(), state.data(), q.data(), k.data(),
                                            v.data(), ids.data(), pad, B, T, NH, HS, TS_FP32),
               TS_OK);
     return dot(out, wl);
@@ -329,8 +332,8 @@ void check_attention_bidir_backward(size_t T, size_t NH, size_t HS, uint64_t see
   loss();
   std::vector<float> dq(q.size(), 5.0f), dk(k.size(), 5.0f), dv(v.size(), 5.0f);  // written (=)
   ASSERT_EQ(ts_k_attention_bidir_backward(c.get(), dq.data(), dk.data(), dv.data(), wl.data(),
-                                          out.data(), q.data(), k.data(), v.data(), probs.data(),
-                                          B, T, NH, HS, TS_FP32),
+                                          out.data(), q.data(), k.data(), v.data(), state.data(), B,
+                                          T, NH, HS, TS_FP32),
             TS_OK);
   check_grad("dq", q, dq, loss, stride);
   check_grad("dk", k, dk, loss, stride);
@@ -357,8 +360,8 @@ void check_attention_bidir_backward(size_t T, size_t NH, size_t HS, uint64_t see
       }
   loss();
   ASSERT_EQ(ts_k_attention_bidir_backward(c.get(), dq.data(), dk.data(), dv.data(), wl.data(),
-                                          out.data(), q.data(), k.data(), v.data(), probs.data(),
-                                          B, T, NH, HS, TS_FP32),
+                                          out.data(), q.data(), k.data(), v.data(), state.data(), B,
+                                          T, NH, HS, TS_FP32),
             TS_OK);
   EXPECT_EQ(out, out1);
   EXPECT_EQ(dq, dq1);

@@ -273,31 +273,35 @@ TEST(Half, AttentionForwardAndBackward) {
     Rng rng(25);
     auto q = round_to(rng.vec(B * T * NH * HS), dt), k = round_to(rng.vec(B * T * NKV * HS), dt),
          v = round_to(rng.vec(B * T * NKV * HS), dt), dy = round_to(rng.vec(q.size()), dt);
-    // Half forward first: its rounded probs feed both backwards.
+    // Half forward first: its rounded output and its state feed both
+    // backwards (the state is fp32 log-sum-exps in every dtype).
+    size_t state_bytes = ts_k_attention_state_bytes(TS_DEVICE_CPU, B, T, NH, NKV, HS, dt);
+    ASSERT_EQ(state_bytes, ts_k_attention_state_bytes(TS_DEVICE_CPU, B, T, NH, NKV, HS, TS_FP32));
     CpuCtx c(ts_k_attention_workspace_bytes(TS_DEVICE_CPU, B, T, NH, NKV, HS, dt));
-    Buf hq(q, dt), hk(k, dt), hv(v, dt), hout(std::vector<float>(q.size()), dt),
-        hp(std::vector<float>(B * NH * T * T), dt), hdy(dy, dt);
-    ASSERT_EQ(ts_k_attention_forward(c.get(), hout.data(), hp.data(), hq.data(), hk.data(),
+    Buf hq(q, dt), hk(k, dt), hv(v, dt), hout(std::vector<float>(q.size()), dt), hdy(dy, dt);
+    std::vector<uint8_t> hs(state_bytes), s32(state_bytes);
+    ASSERT_EQ(ts_k_attention_forward(c.get(), hout.data(), hs.data(), hq.data(), hk.data(),
                                      hv.data(), B, T, NH, NKV, HS, dt),
               TS_OK);
     CpuCtx c32(ts_k_attention_workspace_bytes(TS_DEVICE_CPU, B, T, NH, NKV, HS, TS_FP32));
-    std::vector<float> out(q.size()), p(B * NH * T * T);
-    ASSERT_EQ(ts_k_attention_forward(c32.get(), out.data(), p.data(), q.data(), k.data(), v.data(),
-                                     B, T, NH, NKV, HS, TS_FP32),
+    std::vector<float> out(q.size());
+    ASSERT_EQ(ts_k_attention_forward(c32.get(), out.data(), s32.data(), q.data(), k.data(),
+                                     v.data(), B, T, NH, NKV, HS, TS_FP32),
               TS_OK);
     expect_one_rounding("out", hout.get(), out, dt);
-    expect_one_rounding("probs", hp.get(), p, dt);
-    auto p_half = hp.get();
+    // the half path runs the fp32 path on the widened inputs: the same
+    // log-sum-exps, bit for bit
+    ASSERT_EQ(0, std::memcmp(hs.data(), s32.data(), B * NH * T * sizeof(float)));
     Buf hdq(q, dt), hdk(k, dt), hdv(v, dt);
-    ASSERT_EQ(
-        ts_k_attention_backward(c.get(), hdq.data(), hdk.data(), hdv.data(), hdy.data(), hout.data(), hq.data(),
-                                hk.data(), hv.data(), hp.data(), B, T, NH, NKV, HS, dt),
-        TS_OK);
-    std::vector<float> dq(q.size()), dk(k.size()), dv(v.size());
-    ASSERT_EQ(
-        ts_k_attention_backward(c32.get(), dq.data(), dk.data(), dv.data(), dy.data(), out.data(), q.data(),
-                                k.data(), v.data(), p_half.data(), B, T, NH, NKV, HS, TS_FP32),
-        TS_OK);
+    ASSERT_EQ(ts_k_attention_backward(c.get(), hdq.data(), hdk.data(), hdv.data(), hdy.data(),
+                                      hout.data(), hq.data(), hk.data(), hv.data(), hs.data(), B, T,
+                                      NH, NKV, HS, dt),
+              TS_OK);
+    std::vector<float> dq(q.size()), dk(k.size()), dv(v.size()), out_half = hout.get();
+    ASSERT_EQ(ts_k_attention_backward(c32.get(), dq.data(), dk.data(), dv.data(), dy.data(),
+                                      out_half.data(), q.data(), k.data(), v.data(), hs.data(), B,
+                                      T, NH, NKV, HS, TS_FP32),
+              TS_OK);
     expect_one_rounding("dq", hdq.get(), dq, dt);
     expect_one_rounding("dk", hdk.get(), dk, dt);
     expect_one_rounding("dv", hdv.get(), dv, dt);
@@ -482,38 +486,41 @@ TEST(Half, AttentionBidirForwardAndBackward) {
     Rng rng(73);
     auto q = round_to(rng.vec(B * T * NH * HS), dt), k = round_to(rng.vec(q.size()), dt),
          v = round_to(rng.vec(q.size()), dt), dy = round_to(rng.vec(q.size()), dt);
-    // Half forward first: its rounded probs feed both backwards.
+    // Half forward first: its rounded output and its state feed both backwards.
+    size_t state_bytes = ts_k_attention_state_bytes(TS_DEVICE_CPU, B, T, NH, NH, HS, dt);
     CpuCtx c(ts_k_attention_workspace_bytes(TS_DEVICE_CPU, B, T, NH, NH, HS, dt));
-    Buf hq(q, dt), hk(k, dt), hv(v, dt), hout(std::vector<float>(q.size()), dt),
-        hp(std::vector<float>(B * NH * T * T), dt), hdy(dy, dt);
-    ASSERT_EQ(ts_k_attention_bidir_forward(c.get(), hout.data(), hp.data(), hq.data(), hk.data(),
+    Buf hq(q, dt), hk(k, dt), hv(v, dt), hout(std::vector<float>(q.size()), dt), hdy(dy, dt);
+    std::vector<uint8_t> hs(state_bytes), s32(state_bytes);
+    ASSERT_EQ(ts_k_attention_bidir_forward(c.get(), hout.data(), hs.data(), hq.data(), hk.data(),
                                            hv.data(), ids.data(), 0, B, T, NH, HS, dt),
               TS_OK);
     CpuCtx c32(ts_k_attention_workspace_bytes(TS_DEVICE_CPU, B, T, NH, NH, HS, TS_FP32));
-    std::vector<float> out(q.size()), p(B * NH * T * T);
-    ASSERT_EQ(ts_k_attention_bidir_forward(c32.get(), out.data(), p.data(), q.data(), k.data(),
+    std::vector<float> out(q.size());
+    ASSERT_EQ(ts_k_attention_bidir_forward(c32.get(), out.data(), s32.data(), q.data(), k.data(),
                                            v.data(), ids.data(), 0, B, T, NH, HS, TS_FP32),
               TS_OK);
     expect_one_rounding("out", hout.get(), out, dt);
-    expect_one_rounding("probs", hp.get(), p, dt);
-    auto p_half = hp.get();
-    for (size_t i = 0; i < NH * T * T; i++)  // batch row 0's masked keys: exactly 0
-      if (ids[i % T] == 0) {
-        ASSERT_EQ(p_half[i], 0.0f) << i;
-      }
+    // the same log-sum-exps and key flags, bit for bit
+    ASSERT_EQ(hs, s32);
     Buf hdq(q, dt), hdk(k, dt), hdv(v, dt);
-    ASSERT_EQ(ts_k_attention_bidir_backward(c.get(), hdq.data(), hdk.data(), hdv.data(),
-                                            hdy.data(), hout.data(), hq.data(), hk.data(),
-                                            hv.data(), hp.data(), B, T, NH, HS, dt),
+    ASSERT_EQ(ts_k_attention_bidir_backward(c.get(), hdq.data(), hdk.data(), hdv.data(), hdy.data(),
+                                            hout.data(), hq.data(), hk.data(), hv.data(), hs.data(),
+                                            B, T, NH, HS, dt),
               TS_OK);
-    std::vector<float> dq(q.size()), dk(k.size()), dv(v.size());
+    std::vector<float> dq(q.size()), dk(k.size()), dv(v.size()), out_half = hout.get();
     ASSERT_EQ(ts_k_attention_bidir_backward(c32.get(), dq.data(), dk.data(), dv.data(), dy.data(),
-                                            out.data(), q.data(), k.data(), v.data(),
-                                            p_half.data(), B, T, NH, HS, TS_FP32),
+                                            out_half.data(), q.data(), k.data(), v.data(),
+                                            hs.data(), B, T, NH, HS, TS_FP32),
               TS_OK);
     expect_one_rounding("dq", hdq.get(), dq, dt);
     expect_one_rounding("dk", hdk.get(), dk, dt);
     expect_one_rounding("dv", hdv.get(), dv, dt);
+    auto dk_half = hdk.get(), dv_half = hdv.get();
+    for (size_t i = 0; i < T * NH * HS; i++)  // batch row 0's masked keys: exactly 0
+      if (ids[i / (NH * HS)] == 0) {
+        ASSERT_EQ(dk_half[i], 0.0f) << i;
+        ASSERT_EQ(dv_half[i], 0.0f) << i;
+      }
   }
 }
 

@@ -188,8 +188,8 @@ AttnRef AttentionRef(const std::vector<float> &q, const std::vector<float> &k,
 }
 
 // Bytes of the probabilities (B, NH, T, T) in dt: the attention state of
-// every backend but CUDA's fused bf16/fp16 path (kernels.h), which keeps
-// the rows' log-sum-exp instead.
+// CUDA fp32 (kernels.h); the fused kernels (the CPU's, cuDNN's for CUDA
+// bf16/fp16) keep the rows' log-sum-exp instead.
 static size_t ProbsBytes(size_t B, ts_dtype dt) { return Bytes(B * kNH * kT * kT, dt); }
 
 // The forward of the op under test: causal (ids empty) or bidirectional.

@@ -101,12 +101,13 @@ TEST(Rope, ForwardMatchesNaiveAndIsIdentityAtPositionZero) {
   for (size_t i = 0; i < x.size(); i++) EXPECT_NEAR(back[i], x[i], 1e-6) << i;
 }
 
-void attention_ref(std::vector<double> &out, std::vector<double> &probs,
-                   const std::vector<float> &q, const std::vector<float> &k,
-                   const std::vector<float> &v, size_t B, size_t T, size_t NH, size_t NKV,
-                   size_t HS) {
+// Causal GQA attention in double: out, and each softmax row's log-sum-exp
+// lse (B, NH, T) of the scaled scores.
+void attention_ref(std::vector<double> &out, std::vector<double> &lse, const std::vector<float> &q,
+                   const std::vector<float> &k, const std::vector<float> &v, size_t B, size_t T,
+                   size_t NH, size_t NKV, size_t HS) {
   out.assign(B * T * NH * HS, 0);
-  probs.assign(B * NH * T * T, 0);
+  lse.assign(B * NH * T, 0);
   for (size_t b = 0; b < B; b++)
     for (size_t h = 0; h < NH; h++) {
       size_t g = h / (NH / NKV);
@@ -121,9 +122,9 @@ void attention_ref(std::vector<double> &out, std::vector<double> &probs,
           mx = std::fmax(mx, s[j]);
         }
         for (size_t j = 0; j <= t; j++) sum += (s[j] = std::exp(s[j] - mx));
+        lse[(b * NH + h) * T + t] = mx + std::log(sum);
         for (size_t j = 0; j <= t; j++) {
           double p = s[j] / sum;
-          probs[((b * NH + h) * T + t) * T + j] = p;
           for (size_t i = 0; i < HS; i++)
             out[((b * T + t) * NH + h) * HS + i] += p * v[((b * T + j) * NKV + g) * HS + i];
         }
@@ -135,22 +136,28 @@ void check_attention_forward(size_t B, size_t T, size_t NH, size_t NKV, size_t H
   Rng rng(seed);
   auto q = rng.vec(B * T * NH * HS, -2, 2), k = rng.vec(B * T * NKV * HS, -2, 2),
        v = rng.vec(B * T * NKV * HS);
-  std::vector<float> out(q.size()), probs(B * NH * T * T, -1.0f);
+  size_t state_bytes = ts_k_attention_state_bytes(TS_DEVICE_CPU, B, T, NH, NKV, HS, TS_FP32);
+  // The state: each row's log-sum-exp (B, NH, T) fp32, then (B, T) key
+  // flags that only the bidirectional op writes.
+  ASSERT_EQ(state_bytes, B * NH * T * sizeof(float) + B * T);
+  std::vector<float> out(q.size());
+  std::vector<uint8_t> state(state_bytes, 0xA5);
   CpuCtx c(ts_k_attention_workspace_bytes(TS_DEVICE_CPU, B, T, NH, NKV, HS, TS_FP32));
-  ASSERT_EQ(ts_k_attention_forward(c.get(), out.data(), probs.data(), q.data(), k.data(), v.data(),
+  ASSERT_EQ(ts_k_attention_forward(c.get(), out.data(), state.data(), q.data(), k.data(), v.data(),
                                    B, T, NH, NKV, HS, TS_FP32),
             TS_OK);
-  std::vector<double> rout, rprobs;
-  attention_ref(rout, rprobs, q, k, v, B, T, NH, NKV, HS);
-  // Scores |s| <= 4 sqrt(HS): fp32 dot error ~HS u |s|, exp amplifies it by 1,
-  // the sums over <= T keys add T u: all below 2e-6 for these sizes.
-  for (size_t i = 0; i < probs.size(); i++) {
-    size_t t = (i / T) % T, j = i % T;
-    if (j > t)
-      ASSERT_EQ(probs[i], 0.0f) << "above the diagonal, entry " << i;
-    else
-      ASSERT_NEAR(probs[i], rprobs[i], 2e-6) << i;
-  }
+  std::vector<double> rout, rlse;
+  attention_ref(rout, rlse, q, k, v, B, T, NH, NKV, HS);
+  std::vector<float> lse(B * NH * T);
+  std::memcpy(lse.data(), state.data(), lse.size() * sizeof(float));
+  // Scores |s| <= 4 sqrt(HS): fp32 dot error ~HS u |s| (< 2e-6 typical at
+  // these sizes, 1.5e-5 at worst for HS = 16), the log of a sum over <= T
+  // keys adds T u: lse within (HS 4 sqrt(HS) + T + 4) u; out within 4e-6
+  // (the probabilities' errors, 2e-6, times |v| <= 1, plus the sum's).
+  const double u = 0x1p-24, lse_tol = (HS * 4 * std::sqrt((double)HS) + T + 4) * u;
+  for (size_t i = 0; i < lse.size(); i++) ASSERT_NEAR(lse[i], rlse[i], lse_tol) << i;
+  for (size_t i = lse.size() * sizeof(float); i < state.size(); i++)
+    ASSERT_EQ(state[i], 0xA5) << "causal attention wrote key flag byte " << i;
   for (size_t i = 0; i < out.size(); i++) ASSERT_NEAR(out[i], rout[i], 4e-6) << i;
 }
 
@@ -273,39 +280,44 @@ TEST(Workspace, QueriesAreExact) {
   EXPECT_EQ(ts_k_linear_workspace_bytes(TS_DEVICE_CPU, 3, 5, 7, TS_BF16),
             onednn ? 0u : 128u + 192u + 64u)
       << ts_k_matmul_impl(TS_DEVICE_CPU, TS_BF16);
-  // fp32 backward needs one (T, T) fp32 dP per slot, min(8, B NKV) slots
-  // (kernels/cpu/attention.c), rounded up to 64 bytes: 4 and 8 slots of 400
-  EXPECT_EQ(ts_k_attention_workspace_bytes(TS_DEVICE_CPU, 2, 10, 4, 2, 8, TS_FP32), 1600u);
-  EXPECT_EQ(ts_k_attention_workspace_bytes(TS_DEVICE_CPU, 4, 10, 4, 4, 8, TS_FP32), 3200u);
+  // fp32 attention keeps its blocks on the stack (kernels/cpu/attention.c);
+  // bf16/fp16 widen one batch row: the backward's q, out, dout, dq (T NH HS
+  // fp32 each: 1280 bytes) and k, v, dk, dv (T NKV HS: 640) is the larger
+  EXPECT_EQ(ts_k_attention_workspace_bytes(TS_DEVICE_CPU, 2, 10, 4, 2, 8, TS_FP32), 0u);
+  EXPECT_EQ(ts_k_attention_workspace_bytes(TS_DEVICE_CPU, 2, 10, 4, 2, 8, TS_BF16),
+            4 * 1280u + 4 * 640u);
+  // the state: B NH T fp32 log-sum-exps and B T key flags, in every dtype
+  EXPECT_EQ(ts_k_attention_state_bytes(TS_DEVICE_CPU, 2, 10, 4, 2, 8, TS_FP16), 340u);
 }
 
 TEST(Workspace, TooSmallReturnsOutOfMemoryAndTouchesNothing) {
   const size_t B = 1, T = 6, NH = 2, NKV = 1, HS = 4;
   Rng rng(10);
   auto q = rng.vec(B * T * NH * HS), k = rng.vec(B * T * NKV * HS), v = rng.vec(B * T * NKV * HS);
-  std::vector<float> probs(B * NH * T * T, 0.1f), dout = rng.vec(q.size());
-  std::vector<float> dq(q.size(), 9.0f), dk(k.size(), 9.0f), dv(v.size(), 9.0f);
-  size_t need = ts_k_attention_workspace_bytes(TS_DEVICE_CPU, B, T, NH, NKV, HS, TS_FP32);
+  std::vector<float> state(B * NH * T + B, 0.1f), dout = rng.vec(q.size());
+  // Half-precision backward widens one batch row of its operands.
+  ts_test::Buf hq(q, TS_BF16), hk(k, TS_BF16), hv(v, TS_BF16), hdo(dout, TS_BF16);
+  std::vector<uint16_t> hdq(q.size(), 0x1234), hdk(k.size(), 0x1234), hdv(v.size(), 0x1234);
+  size_t need = ts_k_attention_workspace_bytes(TS_DEVICE_CPU, B, T, NH, NKV, HS, TS_BF16);
   ASSERT_GT(need, 0u);
   CpuCtx small(need - 1);
-  EXPECT_EQ(
-      ts_k_attention_backward(small.get(), dq.data(), dk.data(), dv.data(), dout.data(), /*out=*/dout.data(), q.data(),
-                              k.data(), v.data(), probs.data(), B, T, NH, NKV, HS, TS_FP32),
-      TS_ERR_OUT_OF_MEMORY);
+  EXPECT_EQ(ts_k_attention_backward(small.get(), hdq.data(), hdk.data(), hdv.data(), hdo.data(),
+                                    /*out=*/hdo.data(), hq.data(), hk.data(), hv.data(),
+                                    state.data(), B, T, NH, NKV, HS, TS_BF16),
+            TS_ERR_OUT_OF_MEMORY);
   EXPECT_NE(std::string(ts_last_error()).find("workspace"), std::string::npos);
-  for (float x : dq) EXPECT_EQ(x, 9.0f);
-  for (float x : dk) EXPECT_EQ(x, 9.0f);
+  for (uint16_t x : hdq) EXPECT_EQ(x, 0x1234);
+  for (uint16_t x : hdk) EXPECT_EQ(x, 0x1234);
   CpuCtx none(0);
-  EXPECT_EQ(
-      ts_k_attention_backward(none.get(), dq.data(), dk.data(), dv.data(), dout.data(), dout.data(), q.data(),
-                              k.data(), v.data(), probs.data(), B, T, NH, NKV, HS, TS_FP32),
-      TS_ERR_OUT_OF_MEMORY);
+  EXPECT_EQ(ts_k_attention_backward(none.get(), hdq.data(), hdk.data(), hdv.data(), hdo.data(),
+                                    hdo.data(), hq.data(), hk.data(), hv.data(), state.data(), B, T,
+                                    NH, NKV, HS, TS_BF16),
+            TS_ERR_OUT_OF_MEMORY);
   // Half-precision forward needs its widened buffers too.
-  ts_test::Buf hq(q, TS_BF16), hk(k, TS_BF16), hv(v, TS_BF16);
-  std::vector<uint16_t> hout(q.size(), 0x1234), hprobs(probs.size(), 0x1234);
+  std::vector<uint16_t> hout(q.size(), 0x1234);
   // (The query covers backward, which needs more; 64 bytes fits neither.)
   CpuCtx small16(64);
-  EXPECT_EQ(ts_k_attention_forward(small16.get(), hout.data(), hprobs.data(), hq.data(), hk.data(),
+  EXPECT_EQ(ts_k_attention_forward(small16.get(), hout.data(), state.data(), hq.data(), hk.data(),
                                    hv.data(), B, T, NH, NKV, HS, TS_BF16),
             TS_ERR_OUT_OF_MEMORY);
   for (uint16_t x : hout) EXPECT_EQ(x, 0x1234);
@@ -324,6 +336,15 @@ TEST(Workspace, TooSmallReturnsOutOfMemoryAndTouchesNothing) {
               TS_OK)
         << ts_last_error();
   }
+  // fp32 attention needs no workspace at all.
+  std::vector<float> out32(q.size()), dq32(q.size()), dk32(k.size()), dv32(v.size());
+  EXPECT_EQ(ts_k_attention_forward(none.get(), out32.data(), state.data(), q.data(), k.data(),
+                                   v.data(), B, T, NH, NKV, HS, TS_FP32),
+            TS_OK);
+  EXPECT_EQ(ts_k_attention_backward(none.get(), dq32.data(), dk32.data(), dv32.data(), dout.data(),
+                                    out32.data(), q.data(), k.data(), v.data(), state.data(), B, T,
+                                    NH, NKV, HS, TS_FP32),
+            TS_OK);
   // fp32 linear needs no workspace at all.
   std::vector<float> y(M * N);
   auto x32 = rng.vec(M * K), w32 = rng.vec(N * K);

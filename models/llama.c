@@ -188,7 +188,7 @@ typedef struct block_saved {
   void *xn1, *xmid, *xn2; /* (N, C) */
   void *q, *att;         /* (N, QD) */
   void *k, *v;           /* (N, KVD) */
-  void *att_state;       /* ts_k_attention_state_bytes: (B, NH, T, T) probs or (B, NH, T) */
+  void *att_state;       /* ts_k_attention_state_bytes: (B, NH, T) lse + flags, or probs */
   void *gate, *up, *h;   /* (N, I) */
   size_t bytes;
 } block_saved;

@@ -10,6 +10,10 @@ BUILD files say which language a target is written in.
 -ffp-contract=off forbids fusing a*b+c into an FMA: the determinism contract
 (docs: bitwise-identical results across ZeRO stages) needs every rounding to
 happen where the source says, whatever the compiler or -march.
+-fno-trapping-math: tessera never reads floating-point exception flags nor
+enables traps, so GCC may if-convert selects on float comparisons and
+vectorise their loops (kernels/cpu: ts_cpu_exp's range checks). It permits
+no reassociation and no change of rounding: every value keeps its bits.
 No -march=native: binaries and test results must not depend on the build host.
 -D_DEFAULT_SOURCE: strict -std=c11 hides POSIX and BSD names (clock_gettime,
 fsync, strdup, posix_memalign, M_PI, MAP_ANONYMOUS); glibc's _DEFAULT_SOURCE
@@ -22,6 +26,7 @@ TS_COPTS = [
     "-O2",
     "-fopenmp",
     "-ffp-contract=off",
+    "-fno-trapping-math",
     "-Wall",
     "-Wextra",
     "-Wno-unused-parameter",

@@ -1,68 +1,81 @@
 /*
  * attention.c — the CPU body of scaled dot-product attention (Vaswani et
- * al. 2017 eq. 1), forward and backward, in two masks through one code
- * path: causal grouped-query attention (GQA: Ainslie et al. 2023;
- * ts_k_attention_*) and bidirectional multi-head attention with a key
- * padding mask (Hugging Face BertSelfAttention; ts_k_attention_bidir_*).
+ * al. 2017 eq. 1), forward and backward, fused: the probabilities are
+ * never stored. Two masks share one code path: causal grouped-query
+ * attention (GQA: Ainslie et al. 2023; ts_k_attention_*) and
+ * bidirectional multi-head attention with a key padding mask (Hugging Face
+ * BertSelfAttention; ts_k_attention_bidir_*).
  *
  * Per batch row b and query head h (kv head g = h / (NH / NKV)), with
- * s = 1/sqrt(HS):
- *   S = s Q K^T, P = softmax_rows(S + mask), O = P V
- * where the mask lets query t see keys 0..t (causal) or every key whose id
- * is not the pad id (bidirectional); a key it does not see gets P = 0
- * exactly. The bidirectional products span all T keys; the causal ones
- * stop at the diagonal block.
- * Backward (softmax Jacobian, row t):
- *   dV_g += P^T dO;  dP = dO V^T;  dS = s P * (dP - rowsum(P * dP))
- *   dQ = dS K;  dK_g += dS^T Q
+ * s = 1/sqrt(HS): S = s Q K^T, P = softmax_rows(S + mask), O = P V, where
+ * the mask lets query t see keys 0..t (causal) or every key whose id is
+ * not the pad id (bidirectional); a key it does not see gets P = 0 exactly.
+ *
+ * Forward (FlashAttention-2, Dao 2023, Algorithm 1, with BLAS products):
+ * per (batch row, head, block of QB query rows), over the blocks of KB
+ * keys the rows see (causal: up to the last row's diagonal), in order,
+ * with the running row max m and sum l (online softmax, Milakov &
+ * Gimelshein 2018):
+ *   S = s Q_r K_c^T;  m' = max(m, rowmax S);  P~ = exp(S - m');
+ *   l = e^(m - m') l + rowsum P~;  O_r = diag(e^(m - m')) O_r + P~ V_c
+ * then O_r = diag(1/l) O_r and the state keeps L = m + log l per row.
+ * Backward (Algorithm 2): D = rowsum(dO * O) per row; per (batch row, kv
+ * head), its query heads in head order, their query blocks and the key
+ * blocks in order:
+ *   S = s Q_r K_c^T;  P = exp(S - L) (0 where not seen);  dV_c += P^T dO_r
+ *   dP = dO_r V_c^T;  dS = s P * (dP - D);  dQ_r += dS K_c;  dK_c += dS^T Q_r
  *
  * Invariants:
+ * - State (ts_cpu_attention_state_bytes, every dtype; the layout of the
+ *   CUDA backend's log-sum-exp state): L (B, NH, T) fp32, then (B, T)
+ *   uint8 key flags, 1 where the key is seen, written and read by the
+ *   bidirectional op only (the causal op leaves them untouched).
  * - Work is split into items of a fixed size, whatever the thread count:
- *   the forward's items are (batch row, head) pairs, the backward's (batch
- *   row, kv head) pairs, whose query heads run in head order inside the
- *   item. One OpenMP loop hands the items to threads; inside it every
- *   cblas_sgemm runs on its calling thread alone (the OpenMP build of
+ *   the forward's items are (batch row, head, query block) triples, the
+ *   backward's (batch row, kv head) pairs, whose query heads run in head
+ *   order inside the item (heads of a GQA group accumulate into dK/dV in
+ *   that order). One OpenMP loop hands the items to threads; inside it
+ *   every cblas_sgemm runs on its calling thread alone (the OpenMP build of
  *   OpenBLAS in an active region; with one thread, OpenBLAS's own count is
- *   one). So each item is the same single-threaded sequence of operations
- *   at any thread count. Rows are blocked by RB so products skip key blocks
- *   above the diagonal.
- * - The backward's dP scratch is one (T, T) buffer per slot, SLOTS of them
- *   at most (fewer when there are fewer items): slot s takes items s,
- *   s + SLOTS, ... in order, so at most SLOTS threads work on a backward.
- * - The causal path performs exactly the operations it did before the
- *   bidirectional mask joined it (a mask that keeps every key adds no
- *   operation), so its results are bitwise those of earlier builds.
- * - Each output element is produced by one fixed sequence of operations
- *   (heads of a GQA group accumulate into dK/dV in head order), so results
- *   do not depend on the OpenMP thread count.
- * - Scratch comes only from ctx->workspace: fp32 backward needs dP (T, T)
- *   per slot;
- *   bf16/fp16 widen one batch row at a time into fp32 buffers, run the fp32
- *   path and round the outputs once. ts_cpu_attention_workspace_bytes is the
- *   larger of the forward and backward needs, exactly.
+ *   one). So each output element comes from one fixed sequence of
+ *   operations at any thread count, and results do not depend on it.
+ * - Scratch: one block's S/P and dP (QB x KB fp32 each) on the item's
+ *   stack. ctx->workspace holds only what bf16/fp16 need: one batch row's
+ *   operands widened to fp32 and its fp32 outputs (half dtypes run the
+ *   fp32 path a batch row at a time and round the outputs once).
+ *   ts_cpu_attention_workspace_bytes is the larger of the forward and
+ *   backward needs, exactly; fp32 needs none.
  */
 #include <cblas.h>
 #include <limits.h>
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "kernels/cpu/cpu_common.h"
 
-enum { RB = 128 };  /* query rows per block of the blocked-causal products */
-enum { SLOTS = 8 }; /* the backward's dP scratch buffers, at most */
+enum { QB = 128 }; /* query rows per block */
+enum { KB = 128 }; /* keys per block of the online softmax */
 
-/* The backward's slots for `items` (batch row, kv head) pairs. */
-static size_t slots_for(size_t items) { return items < SLOTS ? items : SLOTS; }
+/* ---- state and workspace layout ------------------------------------------- */
 
-/* ---- workspace layout ------------------------------------------------------ */
+/* Byte offset of the key flags (B, T) in a state of B batch rows. */
+static size_t keep_offset(size_t B, size_t T, size_t NH) { return B * NH * T * sizeof(float); }
 
-/* Byte offsets of the fp32 buffers one call carves from the workspace. */
+size_t ts_cpu_attention_state_bytes(size_t B, size_t T, size_t NH, size_t NKV, size_t HS,
+                                    ts_dtype dt) {
+  (void)NKV;
+  (void)HS;
+  (void)dt;
+  return keep_offset(B, T, NH) + B * T;
+}
+
+/* Byte offsets of the fp32 buffers a half-dtype call carves from the
+ * workspace: one batch row each. */
 typedef struct {
-  size_t dp;              /* (T, T) backward scratch */
-  size_t q, k, v, dout;   /* widened inputs of one batch row (half only) */
-  size_t probs;           /* (NH, T, T) widened/produced probs (half only) */
-  size_t out, dq, dk, dv; /* fp32 outputs of one batch row (half only) */
-  size_t total;           /* bytes */
+  size_t q, k, v, out, dout; /* widened operands (out, dout: backward) */
+  size_t o, dq, dk, dv;      /* fp32 results (o: forward) */
+  size_t total;              /* bytes */
 } ws_layout;
 
 /* Appends a buffer of `bytes` at *end (64-byte aligned); returns its offset. */
@@ -72,26 +85,22 @@ static size_t carve(size_t *end, size_t bytes) {
   return o;
 }
 
-/* The layout of a call over B batch rows (fp32 runs them in one pass; half
- * dtypes one row at a time). */
-static ws_layout layout(size_t B, size_t T, size_t NH, size_t NKV, size_t HS, ts_dtype dt,
-                        int backward) {
+static ws_layout layout(size_t T, size_t NH, size_t NKV, size_t HS, ts_dtype dt, int backward) {
   ws_layout w;
   memset(&w, 0, sizeof w);
-  size_t end = 0, f = sizeof(float);
-  if (backward) w.dp = carve(&end, slots_for((dt == TS_FP32 ? B : 1) * NKV) * T * T * f);
+  size_t end = 0, nq = T * NH * HS * sizeof(float), nk = T * NKV * HS * sizeof(float);
   if (dt != TS_FP32) {
-    w.q = carve(&end, T * NH * HS * f);
-    w.k = carve(&end, T * NKV * HS * f);
-    w.v = carve(&end, T * NKV * HS * f);
-    w.probs = carve(&end, NH * T * T * f);
+    w.q = carve(&end, nq);
+    w.k = carve(&end, nk);
+    w.v = carve(&end, nk);
     if (backward) {
-      w.dout = carve(&end, T * NH * HS * f);
-      w.dq = carve(&end, T * NH * HS * f);
-      w.dk = carve(&end, T * NKV * HS * f);
-      w.dv = carve(&end, T * NKV * HS * f);
+      w.out = carve(&end, nq);
+      w.dout = carve(&end, nq);
+      w.dq = carve(&end, nq);
+      w.dk = carve(&end, nk);
+      w.dv = carve(&end, nk);
     } else {
-      w.out = carve(&end, T * NH * HS * f);
+      w.o = carve(&end, nq);
     }
   }
   w.total = end;
@@ -100,135 +109,179 @@ static ws_layout layout(size_t B, size_t T, size_t NH, size_t NKV, size_t HS, ts
 
 size_t ts_cpu_attention_workspace_bytes(size_t B, size_t T, size_t NH, size_t NKV, size_t HS,
                                         ts_dtype dt) {
-  size_t f = layout(B, T, NH, NKV, HS, dt, 0).total, b = layout(B, T, NH, NKV, HS, dt, 1).total;
+  (void)B;
+  size_t f = layout(T, NH, NKV, HS, dt, 0).total, b = layout(T, NH, NKV, HS, dt, 1).total;
   return f > b ? f : b;
 }
 
 /* ---- fp32 core ------------------------------------------------------------- */
 
-/* Which keys each query row sees: 0..t (causal), or all T keys but those
- * whose id is pad_id (bidirectional; ids NULL: every key). */
+/* Which keys each query row of one batch row sees: 0..t (causal), or all T
+ * keys but those whose flag is 0 (bidirectional; keep NULL: every key). */
 typedef struct {
-  int causal;         /* 1: causal; 0: bidirectional */
-  const int32_t *ids; /* (B, T) ids of the call's batch rows, or NULL */
-  int32_t pad_id;     /* masked id when ids is not NULL */
+  int causal;          /* 1: causal; 0: bidirectional */
+  const uint8_t *keep; /* (T) flags of the batch row, or NULL */
 } att_mask;
 
-/* Keys [0, n) that query row t's products and softmax span. */
+/* Keys [0, n) that the products of a block ending at row t span. */
 static size_t key_end(const att_mask *mk, size_t t, size_t T) { return mk->causal ? t + 1 : T; }
 
-/* Row t of P: softmax over the keys j < n with keep == NULL or keep[j] !=
- * pad of the scores in p[0..n), zeros elsewhere in p[0..T). */
-static void softmax_row(float *p, size_t n, size_t T, const int32_t *keep, int32_t pad) {
-  float m = -INFINITY;
-  for (size_t j = 0; j < n; j++)
-    if (keep == NULL || keep[j] != pad) m = p[j] > m ? p[j] : m;
-  float sum = 0.0f;
-  for (size_t j = 0; j < n; j++) {
-    if (keep != NULL && keep[j] == pad) {
-      p[j] = 0.0f;
-      continue;
-    }
-    float e = expf(p[j] - m);
-    p[j] = e;
-    sum += e;
+/* Of the kn keys of the block starting at key k0, those before the
+ * returned count may be seen by query row t (causal: the keys up to t). */
+static size_t row_keys(const att_mask *mk, size_t t, size_t k0, size_t kn) {
+  if (!mk->causal) return kn;
+  if (t < k0) return 0;
+  return t + 1 - k0 < kn ? t + 1 - k0 : kn;
+}
+
+/* Row i of a block's probabilities over its kn keys, in place: p[j] =
+ * e^(p[j] - x0) for the first e keys when seen (keep NULL, or keep[j] !=
+ * 0), else 0. Vectorised; ts_cpu_exp gives the same bits at every width. */
+static void exp_row(float *p, size_t e, size_t kn, float x0, const uint8_t *keep) {
+  if (keep == NULL) {
+#pragma omp simd
+    for (size_t j = 0; j < e; j++) p[j] = ts_cpu_exp(p[j] - x0);
+  } else {
+#pragma omp simd
+    for (size_t j = 0; j < e; j++) p[j] = keep[j] ? ts_cpu_exp(p[j] - x0) : 0.0f;
   }
-  float inv = 1.0f / sum;
-  for (size_t j = 0; j < n; j++) p[j] *= inv;
-  for (size_t j = n; j < T; j++) p[j] = 0.0f;
+  for (size_t j = e; j < kn; j++) p[j] = 0.0f;
 }
 
-/* Row t of dS = scale * P * (dP - rowsum(P * dP)), in place over dp[0..n). */
-static void softmax_row_bwd(float *dp, const float *p, size_t n, float scale) {
-  float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-  for (size_t j = 0; j < n; j++) dot += p[j] * dp[j];
-  for (size_t j = 0; j < n; j++) dp[j] = scale * (p[j] * (dp[j] - dot));
+/* One forward block: rows [r0, r1) of one (batch row, head). q, o: the
+ * head's column (leading dimension ldq), k, v: its kv head's (ldk); lse:
+ * the head's T row log-sum-exps. */
+static void fwd_block(float *o, float *lse, const float *q, const float *k, const float *v, int ldq,
+                      int ldk, size_t r0, size_t r1, size_t T, size_t HS, float scale,
+                      const att_mask *mk) {
+  float s[QB * KB], m[QB], l[QB];
+  size_t rows = r1 - r0, n = key_end(mk, r1 - 1, T);
+  for (size_t i = 0; i < rows; i++) m[i] = -INFINITY, l[i] = 0.0f;
+  for (size_t k0 = 0; k0 < n; k0 += KB) {
+    size_t kn = n - k0 < KB ? n - k0 : KB;
+    /* S = s Q[r0:r1] K[k0:k0+kn]^T */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)kn, (int)HS, scale,
+                q + r0 * ldq, ldq, k + k0 * ldk, ldk, 0.0f, s, KB);
+    const uint8_t *keep = mk->keep ? mk->keep + k0 : NULL;
+    for (size_t i = 0; i < rows; i++) {
+      float *si = s + i * KB, mx = m[i], sum = 0.0f;
+      size_t e = row_keys(mk, r0 + i, k0, kn);
+      for (size_t j = 0; j < e; j++)
+        if ((keep == NULL || keep[j]) && si[j] > mx) mx = si[j];
+      if (mx == -INFINITY) { /* nothing seen yet: P~ = 0, O stays 0 */
+        memset(si, 0, kn * sizeof(float));
+        continue;
+      }
+      exp_row(si, e, kn, mx, keep);
+      for (size_t j = 0; j < e; j++) sum += si[j]; /* in key order */
+      if (k0 > 0 && mx != m[i]) {                  /* rescale what earlier blocks added */
+        float a = ts_cpu_exp(m[i] - mx), *oi = o + (r0 + i) * ldq;
+        l[i] *= a;
+        for (size_t c = 0; c < HS; c++) oi[c] *= a;
+      }
+      l[i] += sum;
+      m[i] = mx;
+    }
+    /* O[r0:r1] (+)= P~ V[k0:k0+kn] */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)HS, (int)kn, 1.0f, s, KB,
+                v + k0 * ldk, ldk, k0 == 0 ? 0.0f : 1.0f, o + r0 * ldq, ldq);
+  }
+  for (size_t i = 0; i < rows; i++) {
+    float inv = 1.0f / l[i], *oi = o + (r0 + i) * ldq;
+    for (size_t c = 0; c < HS; c++) oi[c] *= inv;
+    lse[r0 + i] = m[i] + logf(l[i]);
+  }
 }
 
-/* fp32 forward over B batch rows (layouts as in kernels.h), mask mk. */
-static void attn_fwd_f32(float *out, float *probs, const float *q, const float *k, const float *v,
-                         size_t B, size_t T, size_t NH, size_t NKV, size_t HS, const att_mask *mk) {
+/* fp32 forward over B batch rows (layouts as in kernels.h); lse (B, NH, T);
+ * keep: (B, T) flags or NULL. */
+static void attn_fwd_f32(float *out, float *lse, const float *q, const float *k, const float *v,
+                         size_t B, size_t T, size_t NH, size_t NKV, size_t HS, int causal,
+                         const uint8_t *keep) {
+  const float scale = 1.0f / sqrtf((float)HS);
+  const size_t rep = NH / NKV, nqb = (T + QB - 1) / QB;
+  const int ldq = (int)(NH * HS), ldk = (int)(NKV * HS);
+  ptrdiff_t items = (ptrdiff_t)(B * NH * nqb);
+#pragma omp parallel for schedule(dynamic)
+  for (ptrdiff_t it = 0; it < items; it++) { /* one (batch row, head, query block) */
+    size_t b = (size_t)it / (NH * nqb), h = (size_t)it / nqb % NH, r0 = (size_t)it % nqb * QB;
+    size_t r1 = r0 + QB < T ? r0 + QB : T;
+    att_mask mk = {causal, keep ? keep + b * T : NULL};
+    fwd_block(out + b * T * NH * HS + h * HS, lse + (b * NH + h) * T, q + b * T * NH * HS + h * HS,
+              k + b * T * NKV * HS + h / rep * HS, v + b * T * NKV * HS + h / rep * HS, ldq, ldk,
+              r0, r1, T, HS, scale, &mk);
+  }
+}
+
+/* One backward block: query rows [r0, r1) of one (batch row, head) against
+ * all the keys they see. Pointers as in fwd_block (dq, dout, out: the
+ * head's columns; dk, dv: its kv head's); writes dQ of the rows, adds into
+ * dK and dV. */
+static void bwd_block(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                      const float *q, const float *k, const float *v, const float *lse, int ldq,
+                      int ldk, size_t r0, size_t r1, size_t T, size_t HS, float scale,
+                      const att_mask *mk) {
+  float p[QB * KB], dp[QB * KB], d[QB];
+  size_t rows = r1 - r0, n = key_end(mk, r1 - 1, T);
+  for (size_t i = 0; i < rows; i++) { /* D = rowsum(dO * O) */
+    const float *doi = dout + (r0 + i) * ldq, *oi = out + (r0 + i) * ldq;
+    float acc = 0.0f;
+    for (size_t c = 0; c < HS; c++) acc += doi[c] * oi[c];
+    d[i] = acc;
+  }
+  for (size_t k0 = 0; k0 < n; k0 += KB) {
+    size_t kn = n - k0 < KB ? n - k0 : KB;
+    /* P = exp(s Q[r0:r1] K[k0:k0+kn]^T - L), 0 where not seen */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)kn, (int)HS, scale,
+                q + r0 * ldq, ldq, k + k0 * ldk, ldk, 0.0f, p, KB);
+    for (size_t i = 0; i < rows; i++)
+      exp_row(p + i * KB, row_keys(mk, r0 + i, k0, kn), kn, lse[r0 + i],
+              mk->keep ? mk->keep + k0 : NULL);
+    /* dV[k0:k0+kn] += P^T dO[r0:r1] */
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)kn, (int)HS, (int)rows, 1.0f, p, KB,
+                dout + r0 * ldq, ldq, 1.0f, dv + k0 * ldk, ldk);
+    /* dP = dO[r0:r1] V[k0:k0+kn]^T, then dS = s P * (dP - D) in place */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)kn, (int)HS, 1.0f,
+                dout + r0 * ldq, ldq, v + k0 * ldk, ldk, 0.0f, dp, KB);
+    for (size_t i = 0; i < rows; i++) {
+      float *dpi = dp + i * KB, di = d[i];
+      const float *pi = p + i * KB;
+#pragma omp simd
+      for (size_t j = 0; j < kn; j++) dpi[j] = scale * (pi[j] * (dpi[j] - di));
+    }
+    /* dQ[r0:r1] (+)= dS K[k0:k0+kn];  dK[k0:k0+kn] += dS^T Q[r0:r1] */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)HS, (int)kn, 1.0f, dp,
+                KB, k + k0 * ldk, ldk, k0 == 0 ? 0.0f : 1.0f, dq + r0 * ldq, ldq);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)kn, (int)HS, (int)rows, 1.0f, dp, KB,
+                q + r0 * ldq, ldq, 1.0f, dk + k0 * ldk, ldk);
+  }
+}
+
+/* fp32 backward over B batch rows; lse (B, NH, T); keep: (B, T) or NULL. */
+static void attn_bwd_f32(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                         const float *q, const float *k, const float *v, const float *lse, size_t B,
+                         size_t T, size_t NH, size_t NKV, size_t HS, int causal,
+                         const uint8_t *keep) {
   const float scale = 1.0f / sqrtf((float)HS);
   const size_t rep = NH / NKV;
-  const int ldq = (int)(NH * HS), ldk = (int)(NKV * HS), ldp = (int)T;
-  ptrdiff_t items = (ptrdiff_t)(B * NH);
-#pragma omp parallel for schedule(static)
-  for (ptrdiff_t it = 0; it < items; it++) { /* one (batch row, head) */
-    size_t b = (size_t)it / NH, h = (size_t)it % NH;
-    const float *qb = q + b * T * NH * HS + h * HS;
-    const float *kb = k + b * T * NKV * HS + (h / rep) * HS;
-    const float *vb = v + b * T * NKV * HS + (h / rep) * HS;
-    float *pb = probs + (b * NH + h) * T * T;
-    float *ob = out + b * T * NH * HS + h * HS;
-    for (size_t r0 = 0; r0 < T; r0 += RB) { /* S[r0:r1, 0:n] = s Q[r0:r1] K[0:n]^T */
-      size_t r1 = r0 + RB < T ? r0 + RB : T, n = key_end(mk, r1 - 1, T);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(r1 - r0), (int)n, (int)HS, scale,
-                  qb + r0 * ldq, ldq, kb, ldk, 0.0f, pb + r0 * T, ldp);
+  const int ldq = (int)(NH * HS), ldk = (int)(NKV * HS);
+  ptrdiff_t items = (ptrdiff_t)(B * NKV);
+#pragma omp parallel for schedule(dynamic)
+  for (ptrdiff_t it = 0; it < items; it++) { /* one (batch row, kv head) */
+    size_t b = (size_t)it / NKV, g = (size_t)it % NKV;
+    size_t ko = b * T * NKV * HS + g * HS;
+    att_mask mk = {causal, keep ? keep + b * T : NULL};
+    for (size_t t = 0; t < T; t++) {
+      memset(dk + ko + t * ldk, 0, HS * sizeof(float));
+      memset(dv + ko + t * ldk, 0, HS * sizeof(float));
     }
-    for (size_t t = 0; t < T; t++)
-      softmax_row(pb + t * T, key_end(mk, t, T), T, mk->ids ? mk->ids + b * T : NULL, mk->pad_id);
-    for (size_t r0 = 0; r0 < T; r0 += RB) { /* O[r0:r1] = P[r0:r1, 0:n] V[0:n] */
-      size_t r1 = r0 + RB < T ? r0 + RB : T, n = key_end(mk, r1 - 1, T);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(r1 - r0), (int)HS, (int)n, 1.0f,
-                  pb + r0 * T, ldp, vb, ldk, 0.0f, ob + r0 * ldq, ldq);
+    for (size_t h = g * rep; h < (g + 1) * rep; h++) {
+      size_t qo = b * T * NH * HS + h * HS;
+      for (size_t r0 = 0; r0 < T; r0 += QB)
+        bwd_block(dq + qo, dk + ko, dv + ko, dout + qo, out + qo, q + qo, k + ko, v + ko,
+                  lse + (b * NH + h) * T, ldq, ldk, r0, r0 + QB < T ? r0 + QB : T, T, HS, scale,
+                  &mk);
     }
-  }
-}
-
-/* The backward of batch row b, query head h (kv head h / (NH / NKV)):
- * adds into dK and dV of its kv head, writes dQ of its head; dp is (T, T)
- * scratch. */
-static void bwd_head(float *dq, float *dk, float *dv, float *dp, const float *dout, const float *q,
-                     const float *k, const float *v, const float *probs, size_t b, size_t h,
-                     size_t T, size_t NH, size_t NKV, size_t HS, const att_mask *mk) {
-  const float scale = 1.0f / sqrtf((float)HS);
-  const size_t rep = NH / NKV;
-  const int ldq = (int)(NH * HS), ldk = (int)(NKV * HS), ldp = (int)T;
-  size_t qo = b * T * NH * HS + h * HS, ko = b * T * NKV * HS + (h / rep) * HS;
-  const float *pb = probs + (b * NH + h) * T * T;
-  for (size_t r0 = 0; r0 < T; r0 += RB) {
-    size_t r1 = r0 + RB < T ? r0 + RB : T, n = key_end(mk, r1 - 1, T);
-    int m = (int)(r1 - r0);
-    /* dV[0:n] += P[r0:r1, 0:n]^T dO[r0:r1] */
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)n, (int)HS, m, 1.0f, pb + r0 * T, ldp,
-                dout + qo + r0 * ldq, ldq, 1.0f, dv + ko, ldk);
-    /* dP[r0:r1, 0:n] = dO[r0:r1] V[0:n]^T */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, (int)n, (int)HS, 1.0f,
-                dout + qo + r0 * ldq, ldq, v + ko, ldk, 0.0f, dp + r0 * T, ldp);
-  }
-  for (size_t t = 0; t < T; t++) softmax_row_bwd(dp + t * T, pb + t * T, key_end(mk, t, T), scale);
-  for (size_t r0 = 0; r0 < T; r0 += RB) {
-    size_t r1 = r0 + RB < T ? r0 + RB : T, n = key_end(mk, r1 - 1, T);
-    int m = (int)(r1 - r0);
-    /* causal: dS is zero above the diagonal inside the block: clear what dP left there */
-    for (size_t t = r0; mk->causal && t + 1 < r1; t++)
-      memset(dp + t * T + t + 1, 0, (r1 - t - 1) * sizeof(float));
-    /* dQ[r0:r1] = dS[r0:r1, 0:n] K[0:n] */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, (int)HS, (int)n, 1.0f, dp + r0 * T,
-                ldp, k + ko, ldk, 0.0f, dq + qo + r0 * ldq, ldq);
-    /* dK[0:n] += dS[r0:r1, 0:n]^T Q[r0:r1] */
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)n, (int)HS, m, 1.0f, dp + r0 * T, ldp,
-                q + qo + r0 * ldq, ldq, 1.0f, dk + ko, ldk);
-  }
-}
-
-/* fp32 backward over B batch rows; dp is (T, T) scratch per slot
- * (slots_for(B * NKV)). Only mk->causal matters: the probabilities are
- * already 0 at the keys a row does not see, which makes their dS 0 too. */
-static void attn_bwd_f32(float *dq, float *dk, float *dv, float *dp, const float *dout,
-                         const float *q, const float *k, const float *v, const float *probs,
-                         size_t B, size_t T, size_t NH, size_t NKV, size_t HS, const att_mask *mk) {
-  const size_t rep = NH / NKV;
-  memset(dk, 0, B * T * NKV * HS * sizeof(float));
-  memset(dv, 0, B * T * NKV * HS * sizeof(float));
-  size_t items = B * NKV, slots = slots_for(items);
-#pragma omp parallel for schedule(static)
-  for (ptrdiff_t s = 0; s < (ptrdiff_t)slots; s++) {
-    float *dps = dp + (size_t)s * T * T;
-    for (size_t it = (size_t)s; it < items; it += slots) /* one (batch row, kv head) */
-      for (size_t h = it % NKV * rep; h < (it % NKV + 1) * rep; h++)
-        bwd_head(dq, dk, dv, dps, dout, q, k, v, probs, it / NKV, h, T, NH, NKV, HS, mk);
   }
 }
 
@@ -243,58 +296,60 @@ static ts_status check_blas_dims(size_t T, size_t NH, size_t HS, const char *op)
   return TS_OK;
 }
 
-/* Forward of either mask (mk->ids: the call's batch row 0). */
-static ts_status attn_forward(const ts_kctx *ctx, void *out, void *probs, const void *q,
+/* Forward of either mask; keep: the state's (B, T) flags, already written,
+ * or NULL. */
+static ts_status attn_forward(const ts_kctx *ctx, void *out, void *state, const void *q,
                               const void *k, const void *v, size_t B, size_t T, size_t NH,
-                              size_t NKV, size_t HS, ts_dtype dt, const att_mask *mk,
+                              size_t NKV, size_t HS, ts_dtype dt, int causal, const uint8_t *keep,
                               const char *op) {
   TS_CHECK(check_blas_dims(T, NH, HS, op));
-  ws_layout w = layout(B, T, NH, NKV, HS, dt, 0);
+  float *lse = (float *)state;
   if (dt == TS_FP32) {
-    attn_fwd_f32(out, probs, q, k, v, B, T, NH, NKV, HS, mk);
+    attn_fwd_f32(out, lse, q, k, v, B, T, NH, NKV, HS, causal, keep);
     return TS_OK;
   }
+  ws_layout w = layout(T, NH, NKV, HS, dt, 0);
   char *ws = (char *)ctx->workspace;
   float *fq = (float *)(ws + w.q), *fk = (float *)(ws + w.k), *fv = (float *)(ws + w.v);
-  float *fp = (float *)(ws + w.probs), *fo = (float *)(ws + w.out);
-  size_t es = ts_dtype_size(dt), nq = T * NH * HS, nk = T * NKV * HS, np = NH * T * T;
+  float *fo = (float *)(ws + w.o);
+  size_t es = ts_dtype_size(dt), nq = T * NH * HS, nk = T * NKV * HS;
   for (size_t b = 0; b < B; b++) {
-    att_mask row = *mk; /* this batch row's ids */
-    if (row.ids) row.ids += b * T;
     ts_cpu_widen(fq, (const char *)q + b * nq * es, nq, dt);
     ts_cpu_widen(fk, (const char *)k + b * nk * es, nk, dt);
     ts_cpu_widen(fv, (const char *)v + b * nk * es, nk, dt);
-    attn_fwd_f32(fo, fp, fq, fk, fv, 1, T, NH, NKV, HS, &row);
+    attn_fwd_f32(fo, lse + b * NH * T, fq, fk, fv, 1, T, NH, NKV, HS, causal,
+                 keep ? keep + b * T : NULL);
     ts_cpu_narrow((char *)out + b * nq * es, fo, nq, dt);
-    ts_cpu_narrow((char *)probs + b * np * es, fp, np, dt);
   }
   return TS_OK;
 }
 
-/* Backward of either mask (only mk->causal is read). */
+/* Backward of either mask; keep as in attn_forward. */
 static ts_status attn_backward(const ts_kctx *ctx, void *dq, void *dk, void *dv, const void *dout,
-                               const void *q, const void *k, const void *v, const void *probs,
-                               size_t B, size_t T, size_t NH, size_t NKV, size_t HS, ts_dtype dt,
-                               const att_mask *mk, const char *op) {
+                               const void *out, const void *q, const void *k, const void *v,
+                               const void *state, size_t B, size_t T, size_t NH, size_t NKV,
+                               size_t HS, ts_dtype dt, int causal, const uint8_t *keep,
+                               const char *op) {
   TS_CHECK(check_blas_dims(T, NH, HS, op));
-  ws_layout w = layout(B, T, NH, NKV, HS, dt, 1);
-  char *ws = (char *)ctx->workspace;
-  float *dp = (float *)(ws + w.dp);
+  const float *lse = (const float *)state;
   if (dt == TS_FP32) {
-    attn_bwd_f32(dq, dk, dv, dp, dout, q, k, v, probs, B, T, NH, NKV, HS, mk);
+    attn_bwd_f32(dq, dk, dv, dout, out, q, k, v, lse, B, T, NH, NKV, HS, causal, keep);
     return TS_OK;
   }
+  ws_layout w = layout(T, NH, NKV, HS, dt, 1);
+  char *ws = (char *)ctx->workspace;
   float *fq = (float *)(ws + w.q), *fk = (float *)(ws + w.k), *fv = (float *)(ws + w.v);
-  float *fp = (float *)(ws + w.probs), *fdo = (float *)(ws + w.dout);
+  float *fout = (float *)(ws + w.out), *fdo = (float *)(ws + w.dout);
   float *fdq = (float *)(ws + w.dq), *fdk = (float *)(ws + w.dk), *fdv = (float *)(ws + w.dv);
-  size_t es = ts_dtype_size(dt), nq = T * NH * HS, nk = T * NKV * HS, np = NH * T * T;
+  size_t es = ts_dtype_size(dt), nq = T * NH * HS, nk = T * NKV * HS;
   for (size_t b = 0; b < B; b++) {
     ts_cpu_widen(fdo, (const char *)dout + b * nq * es, nq, dt);
+    ts_cpu_widen(fout, (const char *)out + b * nq * es, nq, dt);
     ts_cpu_widen(fq, (const char *)q + b * nq * es, nq, dt);
     ts_cpu_widen(fk, (const char *)k + b * nk * es, nk, dt);
     ts_cpu_widen(fv, (const char *)v + b * nk * es, nk, dt);
-    ts_cpu_widen(fp, (const char *)probs + b * np * es, np, dt);
-    attn_bwd_f32(fdq, fdk, fdv, dp, fdo, fq, fk, fv, fp, 1, T, NH, NKV, HS, mk);
+    attn_bwd_f32(fdq, fdk, fdv, fdo, fout, fq, fk, fv, lse + b * NH * T, 1, T, NH, NKV, HS, causal,
+                 keep ? keep + b * T : NULL);
     ts_cpu_narrow((char *)dq + b * nq * es, fdq, nq, dt);
     ts_cpu_narrow((char *)dk + b * nk * es, fdk, nk, dt);
     ts_cpu_narrow((char *)dv + b * nk * es, fdv, nk, dt);
@@ -302,29 +357,27 @@ static ts_status attn_backward(const ts_kctx *ctx, void *dq, void *dk, void *dv,
   return TS_OK;
 }
 
-static const att_mask CAUSAL = {1, NULL, 0};
-
-ts_status ts_cpu_attention_forward(const ts_kctx *ctx, void *out, void *probs, const void *q,
+ts_status ts_cpu_attention_forward(const ts_kctx *ctx, void *out, void *state, const void *q,
                                    const void *k, const void *v, size_t B, size_t T, size_t NH,
                                    size_t NKV, size_t HS, ts_dtype dt) {
-  return attn_forward(ctx, out, probs, q, k, v, B, T, NH, NKV, HS, dt, &CAUSAL,
+  return attn_forward(ctx, out, state, q, k, v, B, T, NH, NKV, HS, dt, 1, NULL,
                       "ts_k_attention_forward");
 }
 
 ts_status ts_cpu_attention_backward(const ts_kctx *ctx, void *dq, void *dk, void *dv,
                                     const void *dout, const void *out, const void *q, const void *k,
-                                    const void *v, const void *probs, size_t B, size_t T, size_t NH,
+                                    const void *v, const void *state, size_t B, size_t T, size_t NH,
                                     size_t NKV, size_t HS, ts_dtype dt) {
-  return attn_backward(ctx, dq, dk, dv, dout, q, k, v, probs, B, T, NH, NKV, HS, dt, &CAUSAL,
+  return attn_backward(ctx, dq, dk, dv, dout, out, q, k, v, state, B, T, NH, NKV, HS, dt, 1, NULL,
                        "ts_k_attention_backward");
 }
 
-ts_status ts_cpu_attention_bidir_forward(const ts_kctx *ctx, void *out, void *probs, const void *q,
+ts_status ts_cpu_attention_bidir_forward(const ts_kctx *ctx, void *out, void *state, const void *q,
                                          const void *k, const void *v, const int32_t *ids,
                                          int32_t pad_id, size_t B, size_t T, size_t NH, size_t HS,
                                          ts_dtype dt) {
   static const char op[] = "ts_k_attention_bidir_forward";
-  att_mask mk = {0, ids, pad_id};         /* the front passes ids NULL when pad_id < 0 */
+  /* the front passes ids NULL when pad_id < 0 */
   for (size_t b = 0; ids && b < B; b++) { /* every batch row needs a key to attend to */
     size_t j = 0;
     while (j < T && ids[b * T + j] == pad_id) j++;
@@ -334,14 +387,16 @@ ts_status ts_cpu_attention_bidir_forward(const ts_kctx *ctx, void *out, void *pr
                           "no key to attend to",
                           op, b, T, (int)pad_id);
   }
-  return attn_forward(ctx, out, probs, q, k, v, B, T, NH, NH, HS, dt, &mk, op);
+  uint8_t *keep = (uint8_t *)state + keep_offset(B, T, NH);
+  for (size_t i = 0; i < B * T; i++) keep[i] = ids == NULL || ids[i] != pad_id;
+  return attn_forward(ctx, out, state, q, k, v, B, T, NH, NH, HS, dt, 0, keep, op);
 }
 
 ts_status ts_cpu_attention_bidir_backward(const ts_kctx *ctx, void *dq, void *dk, void *dv,
                                           const void *dout, const void *out, const void *q,
-                                          const void *k, const void *v, const void *probs, size_t B,
+                                          const void *k, const void *v, const void *state, size_t B,
                                           size_t T, size_t NH, size_t HS, ts_dtype dt) {
-  static const att_mask bidir = {0, NULL, 0};
-  return attn_backward(ctx, dq, dk, dv, dout, q, k, v, probs, B, T, NH, NH, HS, dt, &bidir,
+  const uint8_t *keep = (const uint8_t *)state + keep_offset(B, T, NH);
+  return attn_backward(ctx, dq, dk, dv, dout, out, q, k, v, state, B, T, NH, NH, HS, dt, 0, keep,
                        "ts_k_attention_bidir_backward");
 }

@@ -56,6 +56,7 @@ const ts_k_backend ts_k_cpu_backend = {
     .linear_workspace_bytes = ts_cpu_linear_workspace_bytes,
     .embedding_workspace_bytes = ts_cpu_embedding_workspace_bytes,
     .attention_workspace_bytes = ts_cpu_attention_workspace_bytes,
+    .attention_state_bytes = ts_cpu_attention_state_bytes,
     .layernorm_workspace_bytes = ts_cpu_layernorm_workspace_bytes,
     .bias_workspace_bytes = ts_cpu_bias_workspace_bytes,
     .cast = ts_cpu_cast,

@@ -13,7 +13,8 @@
  * the log-sum-exp, backward recomputes each probability from q, k and it.
  *
  * fp32: the plain kernels with the probabilities (B, NH, T, T) as the
- * state, like the CPU (parity and debugging, not speed).
+ * state (parity and debugging, not speed; the CPU's fused kernel keeps the
+ * log-sum-exp in every dtype).
  *
  * Bidirectional attention: query t sees every key whose id is not the pad
  * id. Its bf16/fp16 state is the log-sum-exp followed by (B, T) uint8 key
