@@ -24,12 +24,13 @@
 #ifndef TS_KERNELS_CPU_CPU_COMMON_H
 #define TS_KERNELS_CPU_CPU_COMMON_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "base/base.h"
-#include "kernels/elementwise.h"
 #include "kernels/backend.h"
+#include "kernels/elementwise.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -127,14 +128,16 @@ void ts_cpu_narrow_at(void *dst, size_t i0, const float *src, size_t n, ts_dtype
  * (-ffp-contract=off keeps them unfused). Cephes' expf (Moshier 1992):
  * x = n ln 2 + r, n = round(x log2 e) (by the 1.5 * 2^23 addition),
  * r = x - n C1 - n C2 with ln 2 = C1 + C2 (C1 exact in 9 bits), e^r from
- * Cephes' degree-6 polynomial, then the product with 2^n built from its
- * exponent bits. Error below 1 ulp on [-87, 88] (0.96 ulp at worst over
- * 23 million inputs, kernels_convert_test; glibc's expf: 0.5); 0 below -87 (e^-87 < 2^-125) and at
- * -inf; x above 88 is taken as 88; NaN gives NaN. */
+ * Cephes' degree-6 polynomial, then the product with 2^n as two exact
+ * powers 2^a 2^(n-a), so results below 2^-126 round once into fp32's
+ * subnormals. Error below 1 ulp over [-104, 88.72283] (kernels_convert_test
+ * measures it; glibc's expf: 0.5); 0 below -104 and at -inf, inf above
+ * 88.72283 (expf's overflow threshold) and at inf, NaN for NaN. */
 TS_AI float ts_cpu_exp(float x) {
-  float xc = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+  const float hi = 0x1.62e42ep+6f; /* 88.72283: expf's overflow threshold */
+  float xc = x < -104.0f ? -104.0f : (x > hi ? hi : x);
   float fn = xc * 1.44269504088896341f + 12582912.0f;
-  fn = fn - 12582912.0f;
+  fn = fn - 12582912.0f; /* n in [-150, 128] */
   float r = xc - fn * 0.693359375f;
   r = r - fn * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -144,11 +147,23 @@ TS_AI float ts_cpu_exp(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * (r * r) + r + 1.0f;
+  int32_t n = (int32_t)fn, a = n / 2; /* a and n - a in [-75, 64] */
   union {
     uint32_t u;
     float f;
-  } two_n = {(uint32_t)((int32_t)fn + 127) << 23};
-  return x < -87.0f ? 0.0f : p * two_n.f;
+  } two_a = {(uint32_t)(a + 127) << 23}, two_b = {(uint32_t)(n - a + 127) << 23};
+  float y = p * two_a.f * two_b.f;
+  return x < -104.0f ? 0.0f : (x > hi ? INFINITY : y);
+}
+
+/* SiLU and its derivative (kernels/elementwise.h's ts_silu_and_grad, the
+ * same operations) on ts_cpu_exp, for the CPU's vectorised SwiGLU loops. */
+TS_AI float ts_cpu_silu(float x) { return x / (1.0f + ts_cpu_exp(-x)); }
+TS_AI void ts_cpu_silu_and_grad(float x, float *silu, float *grad) {
+  float d = 1.0f + ts_cpu_exp(-x);
+  float s = 1.0f / d;
+  *silu = x / d;
+  *grad = s * (1.0f + x * (1.0f - s));
 }
 
 /* Elements per chunk of the CPU's elementwise loops and reductions: fixed,

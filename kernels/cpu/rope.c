@@ -11,7 +11,9 @@
  *
  * Invariants: positions are t = 0 .. T-1 in every batch row; each (b, t)
  * row is independent, so results do not depend on the thread count; in
- * place is allowed because each pair is read before it is written.
+ * place is allowed because each pair is read before it is written. The
+ * work is split by position: one item computes position t's angles once
+ * and rotates the B rows (b, t) with them.
  */
 #include <math.h>
 
@@ -41,17 +43,16 @@ static ts_status rope_apply(void *out, const void *x, size_t B, size_t T, size_t
   size_t half = HS / 2;
   float inv_freq[MAX_HALF];
   for (size_t i = 0; i < half; i++) inv_freq[i] = 1.0f / powf(theta, (float)(2 * i) / (float)HS);
-  ptrdiff_t rows = (ptrdiff_t)(B * T);
 #pragma omp parallel for schedule(static) if (B * T * H * HS > 16384)
-  for (ptrdiff_t r = 0; r < rows; r++) {
+  for (ptrdiff_t t = 0; t < (ptrdiff_t)T; t++) {
     float cs[MAX_HALF], sn[MAX_HALF];
-    float t = (float)((size_t)r % T);
     for (size_t i = 0; i < half; i++) {
-      float a = t * inv_freq[i];
+      float a = (float)t * inv_freq[i];
       cs[i] = cosf(a);
       sn[i] = sinf(a);
     }
-    TS_DT_CALL(dt, rope_row, out, x, H, HS, (size_t)r, cs, sn, sign);
+    for (size_t b = 0; b < B; b++)
+      TS_DT_CALL(dt, rope_row, out, x, H, HS, b * T + (size_t)t, cs, sn, sign);
   }
   return TS_OK;
 }

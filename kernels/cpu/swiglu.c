@@ -2,9 +2,11 @@
  * swiglu.c — the CPU body of the SwiGLU gate of LLaMA's MLP (Shazeer 2020, eq. 6):
  * h = silu(gate) * up, and its backward.
  *
- * Invariants: purely per element (kernels/elementwise.h's ts_silu and
- * ts_silu_and_grad), computed in fp32 and rounded to storage once per output;
- * so results do not depend on the thread count. Half storage is widened and
+ * Invariants: purely per element (cpu_common.h's ts_cpu_silu and
+ * ts_cpu_silu_and_grad: kernels/elementwise.h's formulas on the vectorised
+ * ts_cpu_exp, so the loops run in SIMD lanes with the bits of one element
+ * at a time), computed in fp32 and rounded to storage once per output; so
+ * results do not depend on the thread count. Half storage is widened and
  * rounded in bulk, a piece at a time, around the fp32 loops (same bits as
  * converting per element).
  */
@@ -12,17 +14,19 @@
 
 TS_AI void swiglu_fwd_range(void *h, const void *gate, const void *up, size_t lo, size_t hi,
                             ts_dtype dt) {
-  for (size_t i = lo; i < hi; i++) st(h, i, dt, ts_silu(ld(gate, i, dt)) * ld(up, i, dt));
+#pragma omp simd
+  for (size_t i = lo; i < hi; i++) st(h, i, dt, ts_cpu_silu(ld(gate, i, dt)) * ld(up, i, dt));
 }
 
 /* dgate = dh * up * silu'(gate); dup = dh * silu(gate). All inputs are read
  * before either output is written, so dgate/dup may alias dh. */
 TS_AI void swiglu_bwd_range(void *dgate, void *dup, const void *dh, const void *gate,
                             const void *up, size_t lo, size_t hi, ts_dtype dt) {
+#pragma omp simd
   for (size_t i = lo; i < hi; i++) {
     float g = ld(gate, i, dt), u = ld(up, i, dt), d = ld(dh, i, dt);
     float sg, dsg;
-    ts_silu_and_grad(g, &sg, &dsg);
+    ts_cpu_silu_and_grad(g, &sg, &dsg);
     float dg = d * u * dsg, du = d * sg;
     st(dgate, i, dt, dg);
     st(dup, i, dt, du);
