@@ -19,11 +19,19 @@
  *   S = s Q_r K_c^T;  m' = max(m, rowmax S);  P~ = exp(S - m');
  *   l = e^(m - m') l + rowsum P~;  O_r = diag(e^(m - m')) O_r + P~ V_c
  * then O_r = diag(1/l) O_r and the state keeps L = m + log l per row.
- * Backward (Algorithm 2): D = rowsum(dO * O) per row; per (batch row, kv
- * head), its query heads in head order, their query blocks and the key
- * blocks in order:
+ * Backward (Algorithm 2): per (batch row, kv head), its query heads in
+ * head order, their query blocks and the key blocks in order:
  *   S = s Q_r K_c^T;  P = exp(S - L) (0 where not seen);  dV_c += P^T dO_r
  *   dP = dO_r V_c^T;  dS = s P * (dP - D);  dQ_r += dS K_c;  dK_c += dS^T Q_r
+ * with D = rowsum(P * dP) where the rows' keys fit one key block (T <= KB,
+ * or a causal first block: P and dP are at hand, and D is then the sum of
+ * the very terms dS subtracts it from, so each row of dS sums to 0 within
+ * one rounding, as the unfused backward had it), else D = rowsum(dO * O)
+ * (FlashAttention-2's, computed once per row before the key blocks). A
+ * row of dS that does not sum to 0 biases dQ along the mean key: with D
+ * from O for every block, BERT's hf_parity AdamW run ended its layer-0
+ * attention weights 9.2e-5 (relative RMS) from transformers', 4.9e-5 with
+ * D from P and dP, and 6.6e-5 before the fused kernel.
  *
  * Invariants:
  * - State (ts_cpu_attention_state_bytes, every dtype; the layout of the
@@ -223,7 +231,8 @@ static void bwd_block(float *dq, float *dk, float *dv, const float *dout, const 
                       const att_mask *mk) {
   float p[QB * KB], dp[QB * KB], d[QB];
   size_t rows = r1 - r0, n = key_end(mk, r1 - 1, T);
-  for (size_t i = 0; i < rows; i++) { /* D = rowsum(dO * O) */
+  const int one_block = n <= KB;                    /* D from this block's P and dP */
+  for (size_t i = 0; !one_block && i < rows; i++) { /* D = rowsum(dO * O) */
     const float *doi = dout + (r0 + i) * ldq, *oi = out + (r0 + i) * ldq;
     float acc = 0.0f;
     for (size_t c = 0; c < HS; c++) acc += doi[c] * oi[c];
@@ -244,8 +253,14 @@ static void bwd_block(float *dq, float *dk, float *dv, const float *dout, const 
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)kn, (int)HS, 1.0f,
                 dout + r0 * ldq, ldq, v + k0 * ldk, ldk, 0.0f, dp, KB);
     for (size_t i = 0; i < rows; i++) {
-      float *dpi = dp + i * KB, di = d[i];
+      float *dpi = dp + i * KB;
       const float *pi = p + i * KB;
+      if (one_block) { /* D = rowsum(P * dP), in key order */
+        float acc = 0.0f;
+        for (size_t j = 0; j < kn; j++) acc += pi[j] * dpi[j];
+        d[i] = acc;
+      }
+      float di = d[i];
 #pragma omp simd
       for (size_t j = 0; j < kn; j++) dpi[j] = scale * (pi[j] * (dpi[j] - di));
     }
