@@ -367,8 +367,9 @@ ts_status ts_k_attention_forward(const ts_kctx *ctx, void *out, void *state, con
                                  size_t NKV, size_t HS, ts_dtype dt);
 /* dq (B, T, NH, HS), dk, dv (B, T, NKV, HS): all written (=). out and state
  * are the forward's outputs for these q, k, v (the fused backwards read out
- * for D = rowsum(dout * out), FlashAttention-2's Algorithm 2; CUDA fp32
- * reads only state). */
+ * for D = rowsum(dout * out), FlashAttention-2's Algorithm 2: cuDNN's
+ * always, the CPU's for query blocks whose keys span more than one 128-key
+ * block, kernels/cpu/attention.c; CUDA fp32 reads only state). */
 ts_status ts_k_attention_backward(const ts_kctx *ctx, void *dq, void *dk, void *dv,
                                   const void *dout, const void *out, const void *q, const void *k,
                                   const void *v, const void *state, size_t B, size_t T, size_t NH,
