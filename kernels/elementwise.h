@@ -29,13 +29,20 @@ TS_HD float ts_silu_grad(float x) {
   return s * (1.0f + x * (1.0f - s));
 }
 
-/* Both of the above from one exponential: *silu gets ts_silu(x)'s bits,
- * *grad gets ts_silu_grad(x)'s bits. */
-TS_HD void ts_silu_and_grad(float x, float *silu, float *grad) {
-  float d = 1.0f + expf(-x);
+/* SiLU and its derivative from a given e^-x (exp_neg_x): the one body of
+ * ts_silu_and_grad and of the CPU's vectorised form (cpu_common.h), which
+ * passes its own exponential. */
+TS_HD void ts_silu_and_grad_of(float x, float exp_neg_x, float *silu, float *grad) {
+  float d = 1.0f + exp_neg_x;
   float s = 1.0f / d;
   *silu = x / d;
   *grad = s * (1.0f + x * (1.0f - s));
+}
+
+/* Both of the above from one exponential: *silu gets ts_silu(x)'s bits,
+ * *grad gets ts_silu_grad(x)'s bits. */
+TS_HD void ts_silu_and_grad(float x, float *silu, float *grad) {
+  ts_silu_and_grad_of(x, expf(-x), silu, grad);
 }
 
 /* GELU (Hendrycks & Gimpel 2016) in PyTorch's fp32 operation order

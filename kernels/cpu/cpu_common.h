@@ -156,14 +156,11 @@ TS_AI float ts_cpu_exp(float x) {
   return x < -104.0f ? 0.0f : (x > hi ? INFINITY : y);
 }
 
-/* SiLU and its derivative (kernels/elementwise.h's ts_silu_and_grad, the
- * same operations) on ts_cpu_exp, for the CPU's vectorised SwiGLU loops. */
+/* SiLU and its derivative (kernels/elementwise.h's formulas) on
+ * ts_cpu_exp, for the CPU's vectorised SwiGLU loops. */
 TS_AI float ts_cpu_silu(float x) { return x / (1.0f + ts_cpu_exp(-x)); }
 TS_AI void ts_cpu_silu_and_grad(float x, float *silu, float *grad) {
-  float d = 1.0f + ts_cpu_exp(-x);
-  float s = 1.0f / d;
-  *silu = x / d;
-  *grad = s * (1.0f + x * (1.0f - s));
+  ts_silu_and_grad_of(x, ts_cpu_exp(-x), silu, grad);
 }
 
 /* Elements per chunk of the CPU's elementwise loops and reductions: fixed,
