@@ -69,6 +69,7 @@ typedef struct ts_comm_call {
   int blocking;           /* 1: run to completion, no request */
   int uneven;             /* 1: chunks [j*count/N, (j+1)*count/N) of count */
   int in_place;           /* set by the front: the own chunk is already in place */
+  ts_comm_context ctx;    /* set by the front: the caller's context at the start (watchdog) */
 } ts_comm_call;
 
 /* A transport. Every entry but test is required. */

@@ -313,6 +313,33 @@ static ts_status all_reduce_halves(ts_comm *c, const ts_comm_call *d) {
   return c->be->run(c, &half, NULL);
 }
 
+/* ---- the watchdog's settings (comm.h; mpi.c keeps the deadlines) -------------------- */
+
+static double g_timeout_s;                           /* 0: no deadline */
+static ts_comm_context g_context = {-1, -1, -1, -1}; /* copied into every call */
+
+ts_status ts_comm_set_timeout(double seconds) {
+  if (!(seconds >= 0 && seconds <= 1e9)) /* NaN fails too */
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "ts_comm_set_timeout: %g s: expected 0 (none) to 1e9 seconds", seconds);
+  g_timeout_s = seconds;
+  return TS_OK;
+}
+
+double ts_comm_timeout(void) { return g_timeout_s; }
+
+void ts_comm_set_context(const ts_comm_context *ctx) {
+  static const ts_comm_context none = {-1, -1, -1, -1};
+  g_context = ctx ? *ctx : none;
+}
+
+ts_comm_context ts_comm_get_context(void) { return g_context; }
+
+/* Seconds callers spent in blocking calls and waits (ts_comm_wait_seconds). */
+static double g_wait_s;
+
+double ts_comm_wait_seconds(void) { return g_wait_s; }
+
 double ts_comm_now_us(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
@@ -324,10 +351,16 @@ double ts_comm_now_us(void) {
  * its start took when the backend ran the call to its end there). */
 static ts_status submit(ts_comm *c, ts_comm_call *d, ts_comm_request **req) {
   d->blocking = req == NULL;
+  d->ctx = g_context;
   TS_CHECK(check_call(c, d));
   charge(c, d);
-  if (d->kind == TS_COMM_CALL_ALL_REDUCE) return all_reduce_halves(c, d);
-  if (!req) return c->be->run(c, d, req);
+  if (!req) { /* a blocking call: all of it is the caller's wait */
+    double t0 = ts_comm_now_us();
+    ts_status st =
+        d->kind == TS_COMM_CALL_ALL_REDUCE ? all_reduce_halves(c, d) : c->be->run(c, d, req);
+    if (c->size > 1) g_wait_s += (ts_comm_now_us() - t0) * 1e-6;
+    return st;
+  }
   double t0 = ts_comm_now_us();
   TS_CHECK(c->be->run(c, d, req));
   if (*req && (*req)->done_in_start) {
@@ -339,7 +372,11 @@ static ts_status submit(ts_comm *c, ts_comm_call *d, ts_comm_request **req) {
 
 ts_status ts_comm_wait(ts_comm_request *req) {
   if (!req) return TS_OK;
-  return req->c->be->wait(req);
+  double t0 = ts_comm_now_us();
+  int many = req->c->size > 1; /* wait frees req */
+  ts_status st = req->c->be->wait(req);
+  if (many) g_wait_s += (ts_comm_now_us() - t0) * 1e-6;
+  return st;
 }
 
 ts_status ts_comm_wait_timed(ts_comm_request *req, double times[4]) {
@@ -348,7 +385,11 @@ ts_status ts_comm_wait_timed(ts_comm_request *req, double times[4]) {
   req->times = times;
   times[2] = req->started[0]; /* wait frees req */
   times[3] = req->started[1];
-  return req->c->be->wait(req);
+  double t0 = ts_comm_now_us();
+  int many = req->c->size > 1; /* wait frees req */
+  ts_status st = req->c->be->wait(req);
+  if (many) g_wait_s += (ts_comm_now_us() - t0) * 1e-6;
+  return st;
 }
 
 /* ---- groups --------------------------------------------------------------------- */

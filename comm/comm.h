@@ -110,6 +110,74 @@ ts_status ts_comm_finalize(void);
  * an error on one rank, so that peers do not wait forever. Does not return. */
 void ts_comm_abort(int code);
 
+/* --- the watchdog (DESIGN.md "Several nodes") ----------------------------
+ * A rank that stops answering (a stopped process, a cut link, a deadlock)
+ * would leave every peer waiting forever. With a timeout of T > 0 seconds,
+ * every transfer a group of two or more ranks waits for on MPI (the
+ * collectives, sends and receives, on the caller's thread or a
+ * communication thread, and through the staged transport) has a deadline:
+ * a wait that makes no progress for T seconds prints one line to stderr,
+ *
+ *   tessera: comm timeout on rank R of N (host H): OP on group "G" waited
+ *   T s (--comm-timeout T) at step S, unit U: ranks that did not arrive:
+ *   2 (host n2), 3 (host n2); stopping the job (exit code 4)
+ *
+ * naming the call (all-gather, reduce-scatter, all-reduce, broadcast,
+ * barrier, send, recv), the context the caller set when it started the
+ * call (ts_comm_set_context), and the ranks this rank still waits for
+ * (world ranks and their hosts: the senders of the messages that did not
+ * arrive, else the receivers that did not take this rank's; for a send or
+ * receive "peer rank P"), and ends the process with _exit(
+ * TS_COMM_EXIT_TIMEOUT): a transfer that hung cannot be taken back, and
+ * mpirun then stops every other rank. The clock of a call starts when
+ * someone first waits for it (or tests it, on a communication thread), so
+ * a non-blocking call started long before its wait is not charged for
+ * the caller's compute. NCCL's transfers (comm/nccl.h) run on the GPU and
+ * are not watched here.
+ *
+ * Every collective on MPI groups runs as direct point-to-point exchanges
+ * (no MPI collective), so a rank knows which peers' messages are missing. */
+
+/* The exit status of a process the watchdog stopped. */
+#define TS_COMM_EXIT_TIMEOUT 4
+
+/* Sets the deadline of every later wait, in seconds (0: none, the
+ * default); process-wide. TS_ERR_INVALID_ARGUMENT unless 0 <= seconds <=
+ * 1e9 (and finite). */
+ts_status ts_comm_set_timeout(double seconds);
+
+/* The deadline set, in seconds (0: none). */
+double ts_comm_timeout(void);
+
+/* What the caller is doing, for the watchdog's line: -1 where it does not
+ * apply. Each call keeps a copy of the context set when it starts. */
+typedef struct ts_comm_context {
+  long long step;  /* the training step, counted from 1; 0: setup; -1: none given */
+  int unit;        /* the model unit whose parameters or gradients move */
+  int stage;       /* this rank's pipeline stage, with two or more */
+  int micro_batch; /* the micro-batch, counted from 0 */
+} ts_comm_context;
+
+/* Sets the context of calls started from now on (process-wide; the last
+ * one set applies). ctx NULL: none (every field -1). */
+void ts_comm_set_context(const ts_comm_context *ctx);
+
+/* The context now set. */
+ts_comm_context ts_comm_get_context(void);
+
+/* Seconds this process's callers have spent inside blocking calls and
+ * ts_comm_wait / ts_comm_wait_timed on groups of two or more ranks since
+ * it started (CLOCK_REALTIME differences): the time a rank waited for its
+ * peers and its transfers, which a straggler's peers accumulate. Callers
+ * of comm on one thread (the communication thread's own work is not
+ * counted: only the caller's waits for it). */
+double ts_comm_wait_seconds(void);
+
+/* World rank w's host (MPI_Get_processor_name, at most 63 characters),
+ * gathered by ts_comm_init; "?" before it or for a rank outside the
+ * world. */
+const char *ts_comm_host(int world_rank);
+
 /* --- groups --------------------------------------------------------------- */
 
 /* The world: a duplicate of MPI_COMM_WORLD named "world", with fresh

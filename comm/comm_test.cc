@@ -15,7 +15,9 @@
 // comm_staged_test defines TS_COMM_TEST_STAGED as well, and the world's
 // buffers are then "device" memory lent to comm (host memory behind
 // counting copies), moved by the host-staged transport in chunks of 1 KiB
-// per rank under the thread.
+// per rank under the thread. Both of these also set the watchdog's
+// deadline (ts_comm_set_timeout, 120 s, never reached), so their waits poll
+// their requests (the watched path) where comm_test's wait in MPI_Wait.
 #include "comm/comm.h"
 
 #include <math.h>
@@ -217,6 +219,7 @@ class Comm : public testing::Test {
     ASSERT_STREQ(ts_comm_transport(c_), n_ == 1 ? "self" : "staged");
 #endif
 #ifdef TS_COMM_TEST_THREAD
+    ASSERT_EQ(ts_comm_set_timeout(120), TS_OK);
     ts_comm_testing_set_thread_delay(200, 7);
     if (n_ == 1) {
       ASSERT_EQ(ts_comm_set_thread(c_, 1), TS_ERR_UNSUPPORTED);

@@ -10,16 +10,17 @@
  * - Every MPI communicator runs with MPI_ERRORS_RETURN; every MPI call goes
  *   through MPI_ST, which turns a failure into TS_ERR_MPI naming the tessera
  *   call, the MPI call and MPI's own message.
- * - A group holds two communicators: `user` for MPI collectives (all-gather,
- *   broadcast, barrier) and the caller's send/recv, and a private duplicate
- *   `coll` for the collectives' own point-to-point messages (the
- *   reduce-scatter exchange, large all-gathers), so that no user tag can
- *   match them.
+ * - A group holds two communicators: `user` for the caller's send/recv,
+ *   and a private duplicate `coll` for the collectives, so that no user tag
+ *   can match them.
+ * - Every collective is a direct exchange of point-to-point messages
+ *   (reduce-scatter, all-gather, barrier: each rank to each other; broadcast:
+ *   the root to each other), never an MPI collective, and every wait polls
+ *   its requests: so a wait past the watchdog's deadline (ts_comm_set_timeout)
+ *   knows which peers' messages are missing and names them (comm.h).
  * - No MPI message exceeds g_max_message bytes (1 GiB): larger transfers are
  *   split into pieces sent in order with one tag (MPI's non-overtaking rule
- *   keeps them matched), and an all-gather too large for MPI's int counts and
- *   displacements becomes a direct point-to-point exchange. So element counts
- *   beyond INT_MAX work.
+ *   keeps them matched). So element counts beyond INT_MAX work.
  * - A start reserves every request slot it needs before it posts anything,
  *   so only an MPI error can interrupt it half-posted (req_abandon).
  * - Calls arrive checked and counted by the front (comm.c); the only
@@ -28,10 +29,13 @@
  */
 #include <limits.h>
 #include <mpi.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "comm/backend.h"
 #include "comm/comm_testing.h"
@@ -39,8 +43,9 @@
 
 /* A group's communicators (ts_comm.impl); both owned by the group. */
 typedef struct mpi_group {
-  MPI_Comm user; /* MPI collectives and the caller's send/recv */
+  MPI_Comm user; /* the caller's send/recv */
   MPI_Comm coll; /* private duplicate: the collectives' point-to-point traffic */
+  int *world;    /* (size,) each group rank's rank in MPI_COMM_WORLD, for the watchdog */
 } mpi_group;
 
 /* One MPI request of an mpi_request, for completion checks and messages. */
@@ -54,6 +59,9 @@ typedef struct msg_info {
  * reduce-scatter what to sum once they complete. */
 typedef struct mpi_request {
   ts_comm_request base; /* group and public call (first member, backend.h) */
+  ts_comm_call_kind kind; /* what the call does, and */
+  ts_comm_context ctx;    /* its caller's context, for the watchdog's line */
+  double t0;              /* when a wait or test first looked at it (s, monotonic); 0: not yet */
   size_t n, cap;        /* requests posted, allocated */
   MPI_Request *reqs;    /* (cap,) */
   msg_info *info;       /* (cap,) */
@@ -74,7 +82,7 @@ typedef struct chunks {
 } chunks;
 
 /* Tags on the private communicator (user tags never reach it). */
-enum { TAG_REDUCE_SCATTER = 1, TAG_ALL_GATHER = 2 };
+enum { TAG_REDUCE_SCATTER = 1, TAG_ALL_GATHER = 2, TAG_BARRIER = 3, TAG_BROADCAST = 4 };
 
 /* Largest message in bytes, <= INT_MAX (see comm_testing.h). */
 static size_t g_max_message = (size_t)1 << 30;
@@ -119,13 +127,127 @@ static ts_status mpi_status(int rc, const ts_comm *c, const char *op, const char
 /* The communicators of group c. */
 static mpi_group *group_of(const ts_comm *c) { return (mpi_group *)c->impl; }
 
+/* ---- the watchdog (comm.h) ----------------------------------------------------- */
+
+/* Characters kept of each host name. */
+enum { HOST_CHARS = 64 };
+
+/* Every world rank's host (MPI_Get_processor_name), gathered by
+ * ts_comm_init; NULL before (or if that failed: hosts print as "?"). */
+static char (*g_hosts)[HOST_CHARS];
+static int g_world_rank, g_world_size = 1;
+
+/* Seconds on the monotonic clock. */
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static const char *host_of(int world_rank) {
+  if (!g_hosts || world_rank < 0 || world_rank >= g_world_size) return "?";
+  return g_hosts[world_rank];
+}
+
+const char *ts_comm_host(int world_rank) { return host_of(world_rank); }
+
+/* Appends printf output to line[*len..cap), truncating. */
+static void append(char *line, size_t cap, size_t *len, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void append(char *line, size_t cap, size_t *len, const char *fmt, ...) {
+  if (*len >= cap - 1) return;
+  va_list ap;
+  va_start(ap, fmt);
+  int k = vsnprintf(line + *len, cap - *len, fmt, ap);
+  va_end(ap);
+  if (k > 0) *len = *len + (size_t)k < cap - 1 ? *len + (size_t)k : cap - 1;
+}
+
+/* The call's words for a line: "ts_comm_iall_gather" -> "all-gather". */
+static void op_words(const char *name, char *out, size_t cap) {
+  static const char *const started[] = {"ireduce_scatter", "iall_gather", "ibroadcast", "isend",
+                                        "irecv"};
+  const char *w = strncmp(name, "ts_comm_", 8) == 0 ? name + 8 : name;
+  for (size_t i = 0; i < sizeof started / sizeof *started; i++)
+    if (strcmp(w, started[i]) == 0) w++;
+  snprintf(out, cap, "%s", w);
+  for (char *p = out; *p; p++)
+    if (*p == '_') *p = '-';
+}
+
+/* The watchdog's end (comm.h): one line to stderr naming call op (kind)
+ * on c, the caller's context, and the group ranks missing[0..n) that this
+ * rank still waits for; then _exit(TS_COMM_EXIT_TIMEOUT). stdout is
+ * flushed first unless another thread holds it. */
+static void watchdog_fire(const ts_comm *c, const char *name, ts_comm_call_kind kind,
+                          const ts_comm_context *ctx, const int *missing, int n) {
+  char line[2048], op[48];
+  size_t len = 0, cap = sizeof line - 1; /* room for the newline */
+  double t = ts_comm_timeout();
+  op_words(name, op, sizeof op);
+  append(line, cap, &len, "tessera: comm timeout on rank %d of %d (host %s): %s on group \"%s\"",
+         g_world_rank, g_world_size, host_of(g_world_rank), op, c->name);
+  append(line, cap, &len, " waited %g s (--comm-timeout %g)", t, t);
+  if (ctx->step == 0) append(line, cap, &len, " during setup");
+  if (ctx->step > 0) append(line, cap, &len, " at step %lld", ctx->step);
+  if (ctx->unit >= 0) append(line, cap, &len, ", unit %d", ctx->unit);
+  if (ctx->stage >= 0) append(line, cap, &len, ", pipeline stage %d", ctx->stage);
+  if (ctx->micro_batch >= 0) append(line, cap, &len, ", micro-batch %d", ctx->micro_batch);
+  const int *world = group_of(c)->world;
+  if (kind == TS_COMM_CALL_SEND || kind == TS_COMM_CALL_RECV) {
+    int w = n > 0 ? world[missing[0]] : -1;
+    append(line, cap, &len, ": peer rank %d (host %s) did not answer", w, host_of(w));
+  } else {
+    append(line, cap, &len, ": ranks that did not arrive:");
+    for (int i = 0; i < n && i < 16; i++) {
+      int w = world[missing[i]];
+      append(line, cap, &len, "%s %d (host %s)", i ? "," : "", w, host_of(w));
+    }
+    if (n > 16) append(line, cap, &len, " and %d more", n - 16);
+  }
+  append(line, cap, &len, "; stopping the job (exit code %d)", TS_COMM_EXIT_TIMEOUT);
+  line[len++] = '\n';
+  if (ftrylockfile(stdout) == 0) {
+    fflush(stdout);
+    funlockfile(stdout);
+  }
+  ssize_t w = write(2, line, len);
+  (void)w;
+  _exit(TS_COMM_EXIT_TIMEOUT);
+}
+
+/* Fires the watchdog for q if its deadline passed: the missing ranks are
+ * the senders of q's receives that have not finished, else the receivers
+ * of its sends. done[i] says whether q->reqs[i] finished. */
+static void watchdog_check(mpi_request *q, const unsigned char *done) {
+  double t = ts_comm_timeout(), now = now_s();
+  if (t <= 0) return;
+  if (q->t0 == 0) q->t0 = now;
+  if (now - q->t0 <= t) return;
+  const ts_comm *c = q->base.c;
+  int *missing = (int *)calloc((size_t)c->size, sizeof *missing);
+  unsigned char *seen = (unsigned char *)calloc((size_t)c->size, 1);
+  int n = 0;
+  for (int pass = 0; pass < 2 && n == 0 && missing && seen; pass++) {
+    for (size_t i = 0; i < q->n; i++) {
+      int p = q->info[i].peer, is_recv = q->info[i].expect >= 0;
+      if (done[i] || p < 0 || seen[p] || is_recv != (pass == 0)) continue;
+      seen[p] = 1;
+      missing[n++] = p;
+    }
+  }
+  watchdog_fire(c, q->base.op, q->kind, &q->ctx, missing, n); /* does not return */
+}
+
 /* ---- requests ------------------------------------------------------------------- */
 
-/* A new, empty request of this backend for call op on c. */
-static ts_status req_new(ts_comm *c, const char *op, mpi_request **out) {
+/* A new, empty request of this backend for call d on c. */
+static ts_status req_new(ts_comm *c, const ts_comm_call *d, mpi_request **out) {
   ts_comm_request *q = NULL;
-  TS_CHECK(ts_comm_request_new(c, op, sizeof(mpi_request), &q));
+  TS_CHECK(ts_comm_request_new(c, d->name, sizeof(mpi_request), &q));
   *out = (mpi_request *)q;
+  (*out)->kind = d->kind;
+  (*out)->ctx = d->ctx;
   return TS_OK;
 }
 
@@ -231,15 +353,56 @@ static void req_abandon(mpi_request *q) {
   req_free(q);
 }
 
+/* Finishes every MPI request of q into sts[i] and rcs[i] (MPI's return
+ * codes): MPI_Wait each without a watchdog, else MPI_Test them in turn
+ * until all have finished, the watchdog checking the deadline between
+ * rounds. */
+static void req_finish_all(mpi_request *q, MPI_Status *sts, int *rcs) {
+  if (ts_comm_timeout() <= 0) {
+    for (size_t i = 0; i < q->n; i++) rcs[i] = MPI_Wait(&q->reqs[i], &sts[i]);
+    return;
+  }
+  unsigned char *done = (unsigned char *)calloc(q->n ? q->n : 1, 1);
+  if (!done) { /* no room to watch: wait */
+    for (size_t i = 0; i < q->n; i++) rcs[i] = MPI_Wait(&q->reqs[i], &sts[i]);
+    return;
+  }
+  for (size_t left = q->n;;) {
+    for (size_t i = 0; i < q->n; i++) {
+      if (done[i]) continue;
+      int flag = 0;
+      rcs[i] = MPI_Test(&q->reqs[i], &flag, &sts[i]);
+      if (flag || rcs[i] != MPI_SUCCESS) {
+        done[i] = 1;
+        left--;
+      }
+    }
+    if (left == 0) break;
+    watchdog_check(q, done);
+  }
+  free(done);
+}
+
 /* Completes every request of q (all of them, even after a failure, so no
  * buffer stays in MPI's hands), checks received sizes, sums a
  * reduce-scatter, and frees q. Returns the first failure. */
 static ts_status req_complete(mpi_request *q) {
   const ts_comm *c = q->base.c;
   ts_status st = TS_OK;
+  MPI_Status *sts = (MPI_Status *)calloc(q->n ? q->n : 1, sizeof *sts);
+  int *rcs = (int *)calloc(q->n ? q->n : 1, sizeof *rcs);
+  if (!sts || !rcs) {
+    free(sts);
+    free(rcs);
+    st = ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot allocate %zu MPI statuses", q->base.op,
+                      q->n);
+    req_abandon(q);
+    return st;
+  }
+  req_finish_all(q, sts, rcs);
   for (size_t i = 0; i < q->n; i++) {
-    MPI_Status s;
-    int rc = MPI_Wait(&q->reqs[i], &s);
+    MPI_Status s = sts[i];
+    int rc = rcs[i];
     const msg_info *m = &q->info[i];
     if (st != TS_OK) continue;
     if (rc != MPI_SUCCESS) {
@@ -268,6 +431,8 @@ static ts_status req_complete(mpi_request *q) {
   if (st == TS_OK && q->srcs) {
     ts_comm_sum_rank_order(q->dst, q->srcs, q->nsrc, q->count, q->dt, q->accumulate);
   }
+  free(sts);
+  free(rcs);
   req_free(q);
   return st;
 }
@@ -276,12 +441,27 @@ static ts_status req_complete(mpi_request *q) {
  * which progresses MPI and frees nothing); if so, completes q. */
 static ts_status req_test(mpi_request *q, int *done) {
   *done = 0;
+  unsigned char *fin = NULL; /* which requests finished, once the watchdog needs to know */
   for (size_t i = 0; i < q->n; i++) {
     if (q->reqs[i] == MPI_REQUEST_NULL) continue;
     int flag = 0;
     MPI_Status s;
     int rc = MPI_Request_get_status(q->reqs[i], &flag, &s);
-    if (rc == MPI_SUCCESS && !flag) return TS_OK; /* still running */
+    if (rc == MPI_SUCCESS && !flag) { /* still running */
+      double t = ts_comm_timeout(), now = t > 0 ? now_s() : 0;
+      if (t <= 0) return TS_OK;
+      if (q->t0 == 0) q->t0 = now;
+      if (now - q->t0 <= t) return TS_OK;
+      fin = (unsigned char *)calloc(q->n, 1); /* past the deadline: which are missing */
+      for (size_t j = 0; fin && j < q->n; j++) {
+        int f = 1;
+        if (q->reqs[j] != MPI_REQUEST_NULL) MPI_Request_get_status(q->reqs[j], &f, &s);
+        fin[j] = (unsigned char)(f != 0);
+      }
+      if (fin) watchdog_check(q, fin); /* does not return */
+      free(fin);
+      return TS_OK;
+    }
   }
   *done = 1;
   return req_complete(q); /* its waits return at once, with the statuses */
@@ -367,69 +547,44 @@ static ts_status rs_start(mpi_request *q, const ts_comm_call *d) {
   return TS_OK;
 }
 
-/* MPI_Allgatherv of the uneven chunks k, in place in recv (every offset
- * fits an int). Blocking. */
-static ts_status agv_now(mpi_request *q, const chunks *k, char *recv) {
-  ts_comm *c = q->base.c;
-  int n = c->size;
-  int *counts = (int *)malloc(2 * (size_t)n * sizeof *counts);
-  if (!counts) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot allocate counts", q->base.op);
-  int *displs = counts + n;
-  for (int j = 0; j < n; j++) {
-    displs[j] = (int)chunk_off(k, j);
-    counts[j] = (int)chunk_len(k, j);
-  }
-  ts_status st = MPI_ST(
-      c, q->base.op, -1, MPI_Allgatherv,
-      (MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, counts, displs, MPI_BYTE, group_of(c)->user));
-  free(counts);
-  return st;
-}
-
-/* All-gather over chunks k: this rank's chunk (at send, or already at its
- * place in recv when in_place) lands at its place in recv on every rank.
- * MPI_Allgather (MPI_Iallgather unless blocking) when an even chunk fits
- * MPI's int counts; MPI_Allgatherv (blocking, in place: all-reduce's half)
- * when uneven chunks' offsets do; else a direct exchange on the private
- * communicator. Non-blocking pieces go on q; blocking collectives complete
- * here. */
+/* All-gather over chunks k as a direct exchange on the private
+ * communicator: this rank's chunk (at send, or already at its place in
+ * recv when in_place) goes to every other rank, and theirs land at their
+ * places in recv. */
 static ts_status ag_post(mpi_request *q, const chunks *k, const void *send, char *recv,
-                         int in_place, int blocking) {
+                         int in_place) {
   ts_comm *c = q->base.c;
-  mpi_group *g = group_of(c);
+  MPI_Comm coll = group_of(c)->coll;
   int n = c->size, r = c->rank;
-  size_t own_off = chunk_off(k, r), own_len = chunk_len(k, r);
-  if (k->uneven) TS_ASSERT(in_place && blocking);
-  if (k->uneven && chunk_off(k, n) <= g_max_message) return agv_now(q, k, recv);
-  if (!k->uneven && own_len <= g_max_message) {
-    const void *sb = in_place ? MPI_IN_PLACE : send;
-    int len = (int)own_len;
-    if (blocking) {
-      return MPI_ST(c, q->base.op, -1, MPI_Allgather,
-                    (sb, len, MPI_BYTE, recv, len, MPI_BYTE, g->user));
-    }
-    TS_CHECK(req_reserve(q, 1));
-    TS_CHECK(MPI_ST(c, q->base.op, -1, MPI_Iallgather,
-                    (sb, len, MPI_BYTE, recv, len, MPI_BYTE, g->user, &q->reqs[q->n])));
-    req_push(q, "MPI_Iallgather", -1, -1);
-    return TS_OK;
-  }
-  char *own = recv + own_off;
-  if (!in_place) memcpy(own, send, own_len);
+  size_t own_len = chunk_len(k, r);
+  char *own = recv + chunk_off(k, r);
+  if (!in_place && own_len > 0) memcpy(own, send, own_len);
   TS_CHECK(req_reserve(q, exchange_slots(n, chunk_longest(k))));
   for (int j = 0; j < n; j++) {
     if (j != r)
-      TS_CHECK(
-          post_recv(q, g->coll, recv + chunk_off(k, j), chunk_len(k, j), j, TAG_ALL_GATHER, 0));
+      TS_CHECK(post_recv(q, coll, recv + chunk_off(k, j), chunk_len(k, j), j, TAG_ALL_GATHER, 0));
   }
   for (int s = 1; s < n; s++) {
-    TS_CHECK(post_send(q, g->coll, own, own_len, (r + s) % n, TAG_ALL_GATHER, 0));
+    TS_CHECK(post_send(q, coll, own, own_len, (r + s) % n, TAG_ALL_GATHER, 0));
   }
   return TS_OK;
 }
 
-/* all_reduce_f64: every rank's doubles gathered (blocking), then reduced
- * in rank order here. */
+/* A barrier: an empty message from every rank to every other. */
+static ts_status barrier_post(mpi_request *q) {
+  ts_comm *c = q->base.c;
+  MPI_Comm coll = group_of(c)->coll;
+  int n = c->size, r = c->rank;
+  TS_CHECK(req_reserve(q, 2 * (size_t)(n - 1)));
+  for (int j = 0; j < n; j++) {
+    if (j != r) TS_CHECK(post_recv(q, coll, NULL, 0, j, TAG_BARRIER, 1));
+  }
+  for (int s = 1; s < n; s++) TS_CHECK(post_send(q, coll, NULL, 0, (r + s) % n, TAG_BARRIER, 1));
+  return TS_OK;
+}
+
+/* all_reduce_f64: every rank's doubles gathered, then reduced in rank
+ * order here. */
 static ts_status f64_run(ts_comm *c, const ts_comm_call *d) {
   if (d->count == 0) return TS_OK;
   size_t n = (size_t)c->size, nb = d->count * sizeof(double);
@@ -439,43 +594,48 @@ static ts_status f64_run(ts_comm *c, const ts_comm_call *d) {
   }
   chunks k = {d->count, sizeof(double), 0, c->size};
   mpi_request *q = NULL;
-  ts_status st = req_new(c, d->name, &q);
-  if (st == TS_OK) st = req_finish(q, ag_post(q, &k, d->buf, (char *)all, 0, 1), NULL);
+  ts_status st = req_new(c, d, &q);
+  if (st == TS_OK) st = req_finish(q, ag_post(q, &k, d->buf, (char *)all, 0), NULL);
   if (st == TS_OK) ts_comm_reduce_f64_rank_order((double *)d->buf, all, n, d->count, d->reduce);
   free(all);
   return st;
 }
 
-/* Broadcast from d->root in pieces: MPI_Bcast, or MPI_Ibcast on q. */
+/* Broadcast from d->root: the root sends the buffer (in pieces) to every
+ * other rank on the private communicator. */
 static ts_status bcast_post(mpi_request *q, const ts_comm_call *d) {
   ts_comm *c = q->base.c;
+  MPI_Comm coll = group_of(c)->coll;
+  int n = c->size, r = c->rank;
   size_t nb = d->count * ts_dtype_size(d->dt), k = npieces(nb, 0);
-  if (!d->blocking) TS_CHECK(req_reserve(q, k));
-  for (size_t p = 0; p < k; p++) {
-    char *at = (char *)d->buf + p * g_max_message;
-    int len = piece_len(nb, p);
-    if (d->blocking) {
-      TS_CHECK(MPI_ST(c, d->name, -1, MPI_Bcast, (at, len, MPI_BYTE, d->root, group_of(c)->user)));
-      continue;
-    }
-    TS_CHECK(MPI_ST(c, d->name, -1, MPI_Ibcast,
-                    (at, len, MPI_BYTE, d->root, group_of(c)->user, &q->reqs[q->n])));
-    req_push(q, "MPI_Ibcast", -1, -1);
+  if (r != d->root) {
+    TS_CHECK(req_reserve(q, k));
+    return post_recv(q, coll, d->buf, nb, d->root, TAG_BROADCAST, 0);
   }
+  TS_CHECK(req_reserve(q, (size_t)(n - 1) * k));
+  for (int s = 1; s < n; s++)
+    TS_CHECK(post_send(q, coll, d->buf, nb, (r + s) % n, TAG_BROADCAST, 0));
   return TS_OK;
 }
 
 /* ---- point-to-point ------------------------------------------------------------------ */
 
-/* Blocking send of d->buf in pieces (at least one, so empty messages match). */
-static ts_status send_now(ts_comm *c, const ts_comm_call *d) {
-  size_t nb = d->count * ts_dtype_size(d->dt);
-  for (size_t p = 0, k = npieces(nb, 1); p < k; p++) {
-    const char *at = (const char *)d->buf + p * g_max_message;
-    TS_CHECK(MPI_ST(c, d->name, d->peer, MPI_Send,
-                    (at, piece_len(nb, p), MPI_BYTE, d->peer, d->tag, group_of(c)->user)));
+/* MPI_Probe for a message from d->peer with d->tag, under the watchdog's
+ * deadline when one is set. */
+static ts_status probe(ts_comm *c, const ts_comm_call *d, MPI_Status *s) {
+  MPI_Comm user = group_of(c)->user;
+  double t = ts_comm_timeout();
+  if (t <= 0) return MPI_ST(c, d->name, d->peer, MPI_Probe, (d->peer, d->tag, user, s));
+  double t0 = now_s();
+  for (;;) {
+    int flag = 0;
+    TS_CHECK(MPI_ST(c, d->name, d->peer, MPI_Iprobe, (d->peer, d->tag, user, &flag, s)));
+    if (flag) return TS_OK;
+    if (now_s() - t0 > t) {
+      int peer = d->peer;
+      watchdog_fire(c, d->name, d->kind, &d->ctx, &peer, 1);
+    }
   }
-  return TS_OK;
 }
 
 /* Blocking receive of exactly d->count elements in pieces; a message of
@@ -490,7 +650,7 @@ static ts_status recv_now(ts_comm *c, const ts_comm_call *d) {
     int len = piece_len(nb, p);
     MPI_Status s;
     int got = -1;
-    TS_CHECK(MPI_ST(c, op, peer, MPI_Probe, (peer, tag, user, &s)));
+    TS_CHECK(probe(c, d, &s));
     TS_CHECK(MPI_ST(c, op, peer, MPI_Get_count, (&s, MPI_BYTE, &got)));
     if (got != len) { /* consume the message so it cannot match a later recv */
       void *tmp = malloc(got > 0 ? (size_t)got : 1);
@@ -504,6 +664,7 @@ static ts_status recv_now(ts_comm *c, const ts_comm_call *d) {
                           op, d->count, ts_dtype_name(d->dt), len, piece, peer, tag, got,
                           got / (int)ts_dtype_size(d->dt), c->name, c->rank, c->size);
     }
+    /* the probed message is there: this receive completes at once */
     TS_CHECK(
         MPI_ST(c, op, peer, MPI_Recv, (at, len, MPI_BYTE, peer, tag, user, MPI_STATUS_IGNORE)));
   }
@@ -524,11 +685,7 @@ static ts_status p2p_post(mpi_request *q, const ts_comm_call *d) {
 /* Runs or starts call d on group c (backend.h). */
 static ts_status mpi_run(ts_comm *c, const ts_comm_call *d, ts_comm_request **req) {
   switch (d->kind) {
-    case TS_COMM_CALL_BARRIER: return MPI_ST(c, d->name, -1, MPI_Barrier, (group_of(c)->user));
     case TS_COMM_CALL_ALL_REDUCE_F64: return f64_run(c, d);
-    case TS_COMM_CALL_SEND:
-      if (d->blocking) return send_now(c, d);
-      break;
     case TS_COMM_CALL_RECV:
       if (d->blocking) return recv_now(c, d);
       break;
@@ -537,15 +694,17 @@ static ts_status mpi_run(ts_comm *c, const ts_comm_call *d, ts_comm_request **re
     default: break;
   }
   mpi_request *q = NULL;
-  TS_CHECK(req_new(c, d->name, &q));
+  TS_CHECK(req_new(c, d, &q));
   ts_status st = TS_OK;
   if (d->kind == TS_COMM_CALL_REDUCE_SCATTER) {
     st = rs_start(q, d);
   } else if (d->kind == TS_COMM_CALL_ALL_GATHER) {
     chunks k = chunks_of(c, d);
-    st = ag_post(q, &k, d->send, (char *)d->recv, d->in_place, d->blocking);
+    st = ag_post(q, &k, d->send, (char *)d->recv, d->in_place);
   } else if (d->kind == TS_COMM_CALL_BROADCAST) {
     st = bcast_post(q, d);
+  } else if (d->kind == TS_COMM_CALL_BARRIER) {
+    st = barrier_post(q);
   } else {
     st = p2p_post(q, d);
   }
@@ -575,8 +734,30 @@ static void mpi_free_group(ts_comm *c) {
     if (g->coll != MPI_COMM_NULL) MPI_Comm_free(&g->coll);
     if (g->user != MPI_COMM_NULL) MPI_Comm_free(&g->user);
   }
+  free(g->world);
   free(g);
   c->impl = NULL;
+}
+
+/* *out = (size,) the world rank of each rank of communicator comm (of
+ * group c), malloc'd. */
+static ts_status world_ranks(ts_comm *c, const char *op, MPI_Comm comm, int **out) {
+  int n = c->size, *ranks = (int *)malloc(2 * (size_t)n * sizeof *ranks);
+  if (!ranks) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot allocate %d ranks", op, n);
+  for (int i = 0; i < n; i++) ranks[n + i] = i;
+  MPI_Group mine = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+  ts_status st = MPI_ST(c, op, -1, MPI_Comm_group, (comm, &mine));
+  if (st == TS_OK) st = MPI_ST(c, op, -1, MPI_Comm_group, (MPI_COMM_WORLD, &world));
+  if (st == TS_OK)
+    st = MPI_ST(c, op, -1, MPI_Group_translate_ranks, (mine, n, ranks + n, world, ranks));
+  if (mine != MPI_GROUP_NULL) MPI_Group_free(&mine);
+  if (world != MPI_GROUP_NULL) MPI_Group_free(&world);
+  if (st != TS_OK) {
+    free(ranks);
+    return st;
+  }
+  *out = ranks; /* the first n; the rest was the input */
+  return TS_OK;
 }
 
 /* Wraps `user` (a new communicator we own; freed on failure) into a group:
@@ -603,6 +784,7 @@ static ts_status group_new(const char *op, MPI_Comm user, const char *name, ts_c
     ts_comm_free(c);
     return ts_comm_self_new(op, name, out);
   }
+  TS_CHECK_GOTO(world_ranks(c, op, user, &g->world), st, fail);
   TS_CHECK_GOTO(MPI_ST(c, op, -1, MPI_Comm_dup, (user, &g->coll)), st, fail);
   TS_CHECK_GOTO(MPI_ST(c, op, -1, MPI_Comm_set_errhandler, (g->coll, MPI_ERRORS_RETURN)), st, fail);
   *out = c;
@@ -641,6 +823,29 @@ ts_status ts_comm_mpi_world(ts_comm **out) {
 
 /* ---- the MPI library -------------------------------------------------------------- */
 
+/* Every world rank's host name into g_hosts (the watchdog names them). */
+static ts_status gather_hosts(const char *op) {
+  TS_CHECK(MPI_ST(NULL, op, -1, MPI_Comm_rank, (MPI_COMM_WORLD, &g_world_rank)));
+  TS_CHECK(MPI_ST(NULL, op, -1, MPI_Comm_size, (MPI_COMM_WORLD, &g_world_size)));
+  if (g_hosts) return TS_OK;
+  char name[MPI_MAX_PROCESSOR_NAME + 1] = "", mine[HOST_CHARS] = "";
+  int len = 0;
+  if (MPI_Get_processor_name(name, &len) != MPI_SUCCESS) snprintf(name, sizeof name, "?");
+  snprintf(mine, sizeof mine, "%s", name);
+  char(*hosts)[HOST_CHARS] = (char(*)[HOST_CHARS])calloc((size_t)g_world_size, HOST_CHARS);
+  if (!hosts)
+    return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot allocate %d host names", op,
+                        g_world_size);
+  ts_status st = MPI_ST(NULL, op, -1, MPI_Allgather,
+                        (mine, HOST_CHARS, MPI_CHAR, hosts, HOST_CHARS, MPI_CHAR, MPI_COMM_WORLD));
+  if (st != TS_OK) {
+    free(hosts);
+    return st;
+  }
+  g_hosts = hosts;
+  return TS_OK;
+}
+
 ts_status ts_comm_init(int *argc, char ***argv) {
   static const char *op = "ts_comm_init";
   int init = 0, fin = 0;
@@ -660,6 +865,7 @@ ts_status ts_comm_init(int *argc, char ***argv) {
   TS_CHECK(MPI_ST(NULL, op, -1, MPI_Query_thread, (&level)));
   g_thread_multiple = level >= MPI_THREAD_MULTIPLE;
   TS_CHECK(MPI_ST(NULL, op, -1, MPI_Comm_set_errhandler, (MPI_COMM_WORLD, MPI_ERRORS_RETURN)));
+  TS_CHECK(gather_hosts(op));
   g_initialized = 1;
   return TS_OK;
 }

@@ -476,6 +476,14 @@ void ts_engine_span_end(ts_engine *e) {
 
 void ts_engine_set_trace(ts_engine *e, ts_trace *t) { e->trace = t; }
 
+void ts_engine_comm_note(const ts_engine *e, int unit) {
+  ts_comm_context c = ts_comm_get_context();
+  c.unit = unit;
+  c.stage = e->stages > 1 ? e->stage : -1;
+  c.micro_batch = e->in_micro_step ? e->cur_mb : -1;
+  ts_comm_set_context(&c);
+}
+
 ts_status ts_engine_comm_wait(ts_engine *e, ts_comm_request **req, ts_span_kind kind, int unit) {
   ts_comm_request *q = *req;
   if (!q) return TS_OK;

@@ -216,6 +216,12 @@ void ts_engine_free_model_state(ts_ledger *ledger, unit_state *s);
 void ts_engine_span_begin(ts_engine *e, ts_span_kind kind, int unit);
 void ts_engine_span_end(ts_engine *e);
 
+/* Sets the watchdog's context (comm.h ts_comm_set_context) for the calls
+ * started next: the step the trainer set, unit `unit` (-1: none), this
+ * rank's pipeline stage when pipelined, and the micro-batch during a
+ * micro-step. */
+void ts_engine_comm_note(const ts_engine *e, int unit);
+
 /* Waits for *req (NULL: nothing) and sets it NULL. While tracing, records
  * the collective's span: on the communication thread its own (async) and
  * the step's wait for it, else the wait on the step's thread. */

@@ -67,6 +67,8 @@ ts_status ts_metrics_write_step(ts_metrics *m, const ts_metrics_step *s, const t
   cJSON_AddNumberToObject(o, "tokens_per_s", s->tokens_per_s);
   cJSON_AddNumberToObject(o, "gflops", s->gflops);
   cJSON_AddNumberToObject(o, "step_seconds", s->seconds);
+  cJSON_AddNumberToObject(o, "compute_seconds", s->compute_seconds);
+  cJSON_AddNumberToObject(o, "wait_seconds", s->wait_seconds);
   cJSON_AddNumberToObject(o, "comm_bytes", (double)st->comm_bytes);
   cJSON_AddNumberToObject(o, "loss_scale", st->loss_scale);
   cJSON_AddNumberToObject(o, "skipped", st->skipped);
@@ -159,6 +161,27 @@ ts_status ts_metrics_write_summary(ts_metrics *m, const ts_metrics_summary *s) {
     cJSON_AddNumberToObject(e, "peak_rss", row[TS_METRICS_PEAK_RSS]);
     cJSON_AddNumberToObject(e, "model_states", row[TS_METRICS_MODEL_STATES]);
     cJSON_AddItemToArray(ranks, e);
+  }
+  cJSON *times = cJSON_AddArrayToObject(sm, "time_by_rank");
+  for (int q = 0; q < s->world_size; q++) {
+    const double *row = s->mem + (size_t)q * TS_METRICS_RANK_FIELDS;
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddNumberToObject(e, "rank", q);
+    cJSON_AddStringToObject(e, "host", ts_comm_host(q));
+    cJSON_AddNumberToObject(e, "step_median_s", row[TS_METRICS_STEP_S]);
+    cJSON_AddNumberToObject(e, "compute_median_s", row[TS_METRICS_COMPUTE_S]);
+    cJSON_AddNumberToObject(e, "wait_median_s", row[TS_METRICS_WAIT_S]);
+    cJSON_AddItemToArray(times, e);
+  }
+  if (s->slowest_rank >= 0) {
+    cJSON *sl = cJSON_AddObjectToObject(sm, "straggler");
+    const double *row = s->mem + (size_t)s->slowest_rank * TS_METRICS_RANK_FIELDS;
+    cJSON_AddNumberToObject(sl, "rank", s->slowest_rank);
+    cJSON_AddStringToObject(sl, "host", ts_comm_host(s->slowest_rank));
+    cJSON_AddNumberToObject(sl, "compute_median_s", row[TS_METRICS_COMPUTE_S]);
+    cJSON_AddNumberToObject(sl, "threshold_ratio", s->straggler_ratio);
+  } else {
+    cJSON_AddNullToObject(sm, "straggler");
   }
   return write_line(m, o);
 }

@@ -33,10 +33,12 @@ typedef struct ts_metrics_step {
   double tokens_per_s; /* tokens of the step over its wall time */
   double gflops;       /* achieved model GFLOP/s (PaLM count) */
   double seconds;      /* the step's wall time */
+  double compute_seconds; /* of it, this rank's own work: seconds less wait_seconds */
+  double wait_seconds;    /* of it, the time in communication waits (ts_comm_wait_seconds) */
 } ts_metrics_step;
 
 /* {step, loss, lr, grad_norm, tokens_per_s, gflops, step_seconds,
- * comm_bytes, loss_scale, skipped[, overflow: {unit, tensor,
+ * compute_seconds, wait_seconds, comm_bytes, loss_scale, skipped[, overflow: {unit, tensor,
  * loss_scale_before, loss_scale_after}]}. TS_ERR_IO. */
 ts_status ts_metrics_write_step(ts_metrics *m, const ts_metrics_step *s, const ts_step_stats *st);
 
@@ -49,12 +51,17 @@ ts_status ts_metrics_write_eval(ts_metrics *m, size_t step, double val_loss, dou
 ts_status ts_metrics_write_resume(ts_metrics *m, size_t step, const char *checkpoint);
 
 /* Per rank in the summary: the ledger's peak per category, its peak total,
- * the process's peak RSS and the model states held at the end, bytes. */
+ * the process's peak RSS and the model states held at the end, bytes; then
+ * the medians over its steps of the step's wall time, its compute and its
+ * waits (ts_metrics_step), seconds. */
 enum {
   TS_METRICS_TOTAL = TS_MEM_NUM_CATEGORIES,
   TS_METRICS_PEAK_RSS = TS_MEM_NUM_CATEGORIES + 1,
   TS_METRICS_MODEL_STATES = TS_MEM_NUM_CATEGORIES + 2,
-  TS_METRICS_RANK_FIELDS = TS_MEM_NUM_CATEGORIES + 3,
+  TS_METRICS_STEP_S = TS_MEM_NUM_CATEGORIES + 3,
+  TS_METRICS_COMPUTE_S = TS_MEM_NUM_CATEGORIES + 4,
+  TS_METRICS_WAIT_S = TS_MEM_NUM_CATEGORIES + 5,
+  TS_METRICS_RANK_FIELDS = TS_MEM_NUM_CATEGORIES + 6,
 };
 
 typedef struct ts_metrics_summary {
@@ -70,6 +77,8 @@ typedef struct ts_metrics_summary {
   const ts_step_stats *last;             /* the last optimizer step (communication) */
   const double *mem;                     /* (world_size, TS_METRICS_RANK_FIELDS) */
   const ts_device_report *device;        /* rank 0's GPU as measured; NULL on the CPU */
+  int slowest_rank;                      /* the straggler (trainer.h), else -1 */
+  double straggler_ratio;                /* the threshold it was found with */
 } ts_metrics_summary;
 
 /* {"summary": {...}} as trainer.h lists. TS_ERR_IO, TS_ERR_OUT_OF_MEMORY. */

@@ -75,6 +75,7 @@ static ts_status apply_step(ts_engine *e, float lr, double sumsq, ts_step_stats 
     if (st == TS_OK) st = ts_engine_adamw_unit(e, u, lr, scale);
     if (st == TS_OK && e->zero->gather_after_update) {
       /* with overlap beside the next unit's AdamW, waited for below */
+      ts_engine_comm_note(e, u);
       st = ts_shard_iall_gather(e->dp, &s->layout,
                                 (char *)s->params + ts_engine_shard_begin(e, u) * e->es, s->params,
                                 e->opts.dtype, &s->gather_req);
@@ -130,6 +131,7 @@ ts_status ts_engine_optimizer_step(ts_engine *e, float lr, ts_step_stats *stats)
   if (ts_engine_owns(e, m->n_units - 1))
     for (size_t k = 0; k < K; k++) part[0] += ts_engine_mean_loss(h + 2 * k);
   for (size_t u = 0; u < U; u++) part[1 + u] = ts_engine_owns(e, (int)u) ? h[2 * K + u] : 0.0;
+  ts_engine_comm_note(e, -1); /* the step's sums: no unit */
   if (e->pp) TS_CHECK(ts_comm_all_reduce_f64(e->pp, part, U + 1, TS_COMM_SUM));
   /* [0]: the loss sum, [1]: the sum of squares of the gradient shards, per
    * unit in model order (not finite on any rank: overflow, agreed by this

@@ -84,6 +84,7 @@ ts_status ts_engine_wait_sends(ts_engine *e) {
 
 ts_status ts_engine_recv(ts_engine *e, void *buf, size_t count, int peer, int t) {
   ts_engine_span_begin(e, TS_SPAN_RECV, -1);
+  ts_engine_comm_note(e, -1);
   ts_status st = ts_comm_recv(e->pp, buf, count, e->opts.dtype, peer, t);
   ts_engine_span_end(e);
   return st;
@@ -92,6 +93,7 @@ ts_status ts_engine_recv(ts_engine *e, void *buf, size_t count, int peer, int t)
 ts_status ts_engine_isend(ts_engine *e, const void *buf, size_t count, int peer, int t,
                           ts_comm_request **req) {
   ts_engine_span_begin(e, TS_SPAN_SEND, -1);
+  ts_engine_comm_note(e, -1);
   ts_status st = ts_comm_isend(e->pp, buf, count, e->opts.dtype, peer, t, req);
   ts_engine_span_end(e);
   return st;
@@ -112,6 +114,7 @@ ts_status ts_engine_send_tied_grads(ts_engine *e) {
 ts_status ts_engine_sync_replica(ts_engine *e) {
   if (e->stages == 1 || e->lender < 0) return TS_OK;
   unit_state *s = &e->units[e->lender];
+  ts_engine_comm_note(e, e->lender);
   size_t n = e->zero->shard_params ? s->layout.shard : s->layout.padded;
   if (e->stage == 0)
     return ts_comm_send(e->pp, s->params, n, e->opts.dtype, e->stages - 1,
@@ -131,9 +134,11 @@ ts_status ts_engine_eval_pipeline(ts_engine *e, double sums[3], const int32_t *t
     TS_CHECK(ts_engine_recv(e, sl->acts[e->u_begin], ts_engine_btc(e), s - 1,
                             ts_engine_tag(TS_TAG_EVAL, 0)));
   TS_CHECK(ts_engine_forward_slot(e, sl, e->eval_loss, 0));
-  if (s < P - 1)
+  if (s < P - 1) {
+    ts_engine_comm_note(e, -1);
     TS_CHECK(ts_comm_send(e->pp, sl->acts[e->u_end], ts_engine_btc(e), e->opts.dtype, s + 1,
                           ts_engine_tag(TS_TAG_EVAL, 0)));
+  }
   sums[0] = sums[1] = sums[2] = 0.0;
   if (s == P - 1) {
     TS_CHECK(ts_k_to_host(&e->ctx, sums, e->eval_loss, 2 * sizeof(double)));

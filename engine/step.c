@@ -36,6 +36,7 @@ static ts_status start_gather(ts_engine *e, int u) {
   unit_state *s = &e->units[u];
   TS_CHECK(ts_ledger_alloc_transient(&e->ledger, e->device, TS_MEM_PARAMS, s->layout.padded * e->es,
                                      &s->full_params));
+  ts_engine_comm_note(e, u);
   ts_status st = ts_shard_iall_gather(e->dp, &s->layout, s->params, s->full_params, e->opts.dtype,
                                       &s->gather_req);
   if (st != TS_OK) ts_shard_release(&e->ledger, &s->full_params);
@@ -134,6 +135,7 @@ static ts_status finish_reduce(ts_engine *e, int u) {
   if (e->zero->shard_grads) {
     ts_shard_release(&e->ledger, &s->full_grads);
   } else if (st == TS_OK && e->zero->gather_grads) {
+    ts_engine_comm_note(e, u);
     st = ts_shard_iall_gather(e->dp, &s->layout, ts_engine_grad_shard(e, u), s->grads,
                               e->opts.dtype, &s->reduce_ag_req);
   }
@@ -148,6 +150,7 @@ static ts_status finish_reduce(ts_engine *e, int u) {
 static ts_status start_reduce(ts_engine *e, int u) {
   unit_state *s = &e->units[u];
   if (e->rs_pending >= 0) TS_CHECK(finish_reduce(e, e->rs_pending));
+  ts_engine_comm_note(e, u);
   if (e->zero->shard_grads) {
     TS_CHECK(ts_shard_ireduce_scatter(e->dp, &s->layout, s->full_grads, s->grads, e->opts.dtype,
                                       e->cur_mb > 0, e->scratch, e->scratch_bytes, &s->reduce_req));

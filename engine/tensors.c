@@ -118,6 +118,7 @@ ts_status ts_engine_find_overflow(ts_engine *e, int *unit, int *tensor) {
         key = (double)(u * MAX + (MAX - 1 - i));
         break;
       }
+  ts_engine_comm_note(e, -1);
   TS_CHECK(ts_comm_all_reduce_f64(e->dp, &key, 1, TS_COMM_MAX));
   if (e->pp) TS_CHECK(ts_comm_all_reduce_f64(e->pp, &key, 1, TS_COMM_MAX));
   if (key < 0) /* partial sums overflowed, no element did: impossible in fp16 */

@@ -113,10 +113,13 @@ typedef struct run {
   char notes[1024];          /* what the run says beside its work (note()), lines, else "" */
   ts_checkpoint_pending *pending; /* the asynchronous save in flight, else NULL */
   char pending_dir[4200];         /* its folder */
+  double *times;                  /* (steps run, 3) this rank's step, compute and wait seconds */
+  size_t timed;                   /* rows of times filled */
 } run;
 
 static void run_free(run *r) {
   ts_checkpoint_abandon(r->pending); /* an error path: its writer ends, nothing commits */
+  free(r->times);
   free(r->model_text);
   free(r->mlm_scratch);
   ts_checkpoint_close(r->ck);
@@ -468,8 +471,49 @@ static double peak_rss_bytes(void) {
   return getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss * 1024.0 : 0.0;
 }
 
-/* The summary line (rank 0 writes; every rank contributes its memory). */
-static ts_status write_summary(run *r, const ts_train_result *res) {
+/* The median of column col of rows (n, 3); 0 when n is 0. */
+static double median_of(const double *rows, size_t n, int col) {
+  if (n == 0) return 0;
+  double *v = malloc(n * sizeof *v);
+  if (!v) return rows[col]; /* out of memory: the first row's */
+  for (size_t i = 0; i < n; i++) v[i] = rows[3 * i + col];
+  for (size_t i = 1; i < n; i++) /* insertion sort: a run's steps */
+    for (size_t j = i; j > 0 && v[j - 1] > v[j]; j--) {
+      double t = v[j];
+      v[j] = v[j - 1];
+      v[j - 1] = t;
+    }
+  double m = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  free(v);
+  return m;
+}
+
+/* The straggler (trainer.h): the rank whose median compute time per step
+ * exceeds TS_TRAIN_STRAGGLER_RATIO times the median over ranks of theirs,
+ * from the gathered rows mem (world_size, TS_METRICS_RANK_FIELDS). */
+static void find_straggler(const run *r, const double *mem, ts_train_result *res) {
+  enum { W = TS_METRICS_RANK_FIELDS };
+  int n = r->world_size;
+  res->slowest_rank = -1;
+  if (n < 2) return;
+  double *rows = calloc((size_t)n * 3, sizeof *rows);
+  if (!rows) return;
+  int slowest = 0;
+  for (int q = 0; q < n; q++) {
+    rows[3 * q] = mem[(size_t)q * W + TS_METRICS_COMPUTE_S];
+    if (rows[3 * q] > rows[3 * slowest]) slowest = q;
+  }
+  double med = median_of(rows, (size_t)n, 0);
+  free(rows);
+  res->ranks_compute_median_s = med;
+  res->slowest_compute_s = mem[(size_t)slowest * W + TS_METRICS_COMPUTE_S];
+  if (med > 0 && res->slowest_compute_s > TS_TRAIN_STRAGGLER_RATIO * med)
+    res->slowest_rank = slowest;
+}
+
+/* The summary line (rank 0 writes; every rank contributes its memory and
+ * its step times). */
+static ts_status write_summary(run *r, ts_train_result *res) {
   enum { W = TS_METRICS_RANK_FIELDS };
   size_t n = (size_t)r->world_size * W;
   double *mem = calloc(n, sizeof *mem);
@@ -480,9 +524,13 @@ static ts_status write_summary(run *r, const ts_train_result *res) {
   row[TS_METRICS_TOTAL] = (double)l->peak_total;
   row[TS_METRICS_PEAK_RSS] = peak_rss_bytes();
   row[TS_METRICS_MODEL_STATES] = (double)ts_mem_model_state_bytes(l);
+  row[TS_METRICS_STEP_S] = median_of(r->times, r->timed, 0);
+  row[TS_METRICS_COMPUTE_S] = median_of(r->times, r->timed, 1);
+  row[TS_METRICS_WAIT_S] = median_of(r->times, r->timed, 2);
   /* Each rank fills its own row, the rest are zero: the sum is a gather
-   * (exact: byte counts are integers below 2^53). */
+   * (exact: x + 0 is x). */
   ts_status st = ts_comm_all_reduce_f64(r->world, mem, n, TS_COMM_SUM);
+  if (st == TS_OK) find_straggler(r, mem, res);
   ts_device_report dev;
   if (st == TS_OK && r->eo.device != TS_DEVICE_CPU) st = ts_engine_device_report(r->engine, &dev);
   if (st == TS_OK && r->wrank == 0) {
@@ -500,6 +548,8 @@ static ts_status write_summary(run *r, const ts_train_result *res) {
         .last = &r->last,
         .mem = mem,
         .device = r->eo.device != TS_DEVICE_CPU ? &dev : NULL,
+        .slowest_rank = res->slowest_rank,
+        .straggler_ratio = TS_TRAIN_STRAGGLER_RATIO,
     };
     st = ts_metrics_write_summary(r->metrics, &s);
   }
@@ -621,18 +671,26 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
     res->load_bytes = b;
   }
   size_t bad_in_a_row = 0; /* fp32/bf16 steps skipped for non-finite values */
+  r->times = calloc(3 * (cfg->steps - r->start) + 3, sizeof *r->times);
+  if (!r->times) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "step times: %zu steps", cfg->steps);
   for (size_t step = r->start + 1; step <= cfg->steps; step++) {
-    double t0 = now_s();
+    double t0 = now_s(), w0 = ts_comm_wait_seconds();
     float lr = ts_train_lr(step, cfg->steps, cfg->warmup, cfg->lr, cfg->min_lr_ratio);
     ts_step_stats st;
     feed f = {r, step};
+    ts_comm_context ctx = {(long long)step, -1, -1, -1}; /* the watchdog's line */
+    ts_comm_set_context(&ctx);
     ts_status sst = ts_engine_step(r->engine, fill_micro_batch, &f, lr, &st);
     /* TS_ERR_NUMERIC (fp16 overflow at the minimum loss scale) is agreed by
      * every rank: the step's line is still written, then training stops. */
     if (sst != TS_OK && sst != TS_ERR_NUMERIC) return sst;
     r->last = st;
     res->skipped_steps += (size_t)st.skipped;
-    double dt = now_s() - t0;
+    double dt = now_s() - t0, wait = ts_comm_wait_seconds() - w0;
+    double *row = r->times + 3 * r->timed++;
+    row[0] = dt;
+    row[1] = dt > wait ? dt - wait : 0; /* compute: the step less its waits */
+    row[2] = wait;
     double tok_s = (double)tokens_per_step / dt;
     if (step > r->start + 1 || cfg->steps == r->start + 1) {
       tok_s_sum += tok_s;
@@ -641,7 +699,7 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
     if (step == r->start + 1) res->first_loss = st.loss;
     res->final_loss = st.loss;
     if (r->wrank == 0) {
-      ts_metrics_step ms = {step, lr, tok_s, tok_s * flops_per_token / 1e9, dt};
+      ts_metrics_step ms = {step, lr, tok_s, tok_s * flops_per_token / 1e9, dt, row[1], row[2]};
       TS_CHECK(ts_metrics_write_step(r->metrics, &ms, &st));
       if (cb) {
         ts_train_event ev;
@@ -767,6 +825,9 @@ ts_status ts_train_run(const ts_train_config *cfg, ts_train_callback cb, void *u
   r.eo.async_save = cfg->save_dir && cfg->save_async; /* the staging only where saves happen */
   r.global_batch = cfg->global_batch;
   ts_status st = cfg->dp ? TS_OK : ts_comm_self(&r.own_comm);
+  ts_comm_context setup = {0, -1, -1, -1}; /* the watchdog's line: "during setup" */
+  ts_comm_set_context(&setup);
+  result->slowest_rank = -1;
   if (st == TS_OK) {
     r.world = r.dp = cfg->dp ? cfg->dp : r.own_comm;
     r.wrank = r.rank = ts_comm_rank(r.dp);

@@ -17,7 +17,8 @@
  * writes the metrics file and calls the callback. A resumed run appends to
  * it, starting with {"resume": {step, checkpoint}}. The metrics file holds one line per step
  * {step, loss, lr, grad_norm, tokens_per_s, gflops, step_seconds,
- * comm_bytes, loss_scale, skipped} (a skipped fp16 step adds overflow:
+ * compute_seconds, wait_seconds, comm_bytes, loss_scale, skipped} (rank 0's
+ * step split into its own work and its communication waits) (a skipped fp16 step adds overflow:
  * {unit, tensor, loss_scale_before, loss_scale_after}, its grad_norm is
  * null and its lr 0), one per evaluation {step, val_loss} (a masked LM adds
  * val_accuracy: the fraction of masked tokens predicted), and at the end
@@ -35,7 +36,12 @@
  * model_states}, ...]}} where each mem_by_rank entry is that rank's ledger
  * peak per category and its peak total, the process's peak resident set
  * size (getrusage), and the model states it holds between steps (params,
- * grads, master and optim bytes allocated at the end), in bytes.
+ * grads, master and optim bytes allocated at the end), in bytes;
+ * time_by_rank: [{rank, host, step_median_s, compute_median_s,
+ * wait_median_s}, ...], each rank's medians over its steps; straggler:
+ * {rank, host, compute_median_s, threshold_ratio} when a rank's median
+ * compute exceeds threshold_ratio x the median over ranks (slowest_rank
+ * below), else null.
  */
 #ifndef TS_ENGINE_TRAINER_H
 #define TS_ENGINE_TRAINER_H
@@ -161,7 +167,20 @@ typedef struct ts_train_result {
   double load_bytes;       /* what every rank read of it (checksums, slices), summed */
   int pipeline_split[TS_ENGINE_MAX_STAGES + 1]; /* first unit of each pipeline stage, then
                                                    the number of units */
+  int slowest_rank;              /* the straggler: the world rank whose median compute time
+                                    per step (its step less its communication waits) exceeds
+                                    TS_TRAIN_STRAGGLER_RATIO x the median over ranks of
+                                    theirs; else -1 (and on one rank) */
+  double slowest_compute_s;      /* the largest rank's median compute seconds per step */
+  double ranks_compute_median_s; /* the median over ranks of those medians */
 } ts_train_result;
+
+/* A rank is named a straggler above this ratio (trainer.h slowest_rank).
+ * Every rank's step takes the same wall time (each collective waits for
+ * the slowest), so ranks are compared by their compute, the step less
+ * its waits: NVIDIA's resiliency extension's straggler detection
+ * likewise compares the ranks' own compute sections. */
+#define TS_TRAIN_STRAGGLER_RATIO 1.2
 
 /* Parses --activation-checkpointing: "none" (0), "all" (1), "every:K"
  * (K >= 1) into ts_engine_opts.recompute_every; TS_ERR_INVALID_ARGUMENT names

@@ -13,8 +13,10 @@
 # Faults (torchrun's elastic agent, for MPI jobs): when a rank dies, mpirun
 # stops every other rank at once; its boilerplate becomes one line naming
 # the rank and the host. --max-restarts R relaunches a job up to R times
-# when a rank died or was signalled (or mpirun lost a node's daemon), never
-# when the ranks exited with an error of their own (a usage, configuration
+# when a rank died or was signalled (or mpirun lost a node's daemon), or
+# when a rank's watchdog stopped the job (exit 4: a peer silent past
+# --comm-timeout), never when the ranks exited with an error of their
+# own (a usage, configuration
 # or data error would only repeat), adding `--resume auto` to a train
 # command that saves (--save DIR) and names no --resume, so it goes on from
 # the newest complete checkpoint.
@@ -168,9 +170,13 @@ fi
 attempt=0
 run_job "$@"
 rc=$?
-while ((rc != 0 && stop == 0 && attempt < max_restarts)) && [[ -e "$died" ]]; do
+# Exit 4: a rank's watchdog found a peer silent past --comm-timeout (a
+# stopped process, a cut link): restartable like a death.
+while ((rc != 0 && stop == 0 && attempt < max_restarts)) && [[ -e "$died" || "$rc" == 4 ]]; do
   attempt=$((attempt + 1))
-  echo "tessera launch: a rank died (exit $rc); restart $attempt of $max_restarts" \
+  what="a rank died"
+  [[ "$rc" == 4 && ! -e "$died" ]] && what="a peer stopped answering"
+  echo "tessera launch: $what (exit $rc); restart $attempt of $max_restarts" \
     "from the newest complete checkpoint" >&2
   run_job "${restart_args[@]}"
   rc=$?

@@ -85,3 +85,12 @@ with open(sys.argv[1], "w") as f:
         f.write("\n")
 PY
 }
+
+own_cluster() { # own_cluster PREFIX — exports TS_CLUSTER (tools/cluster.sh): PREFIX and a
+  # number no namespace here has yet, since `cluster.sh up` replaces a cluster of the same
+  # name (another test's). Clusters are separate namespaces: their subnets may repeat.
+  for _ in $(seq 20); do
+    export TS_CLUSTER="$1$(((RANDOM + $$) % 10000))"
+    ip netns list 2>/dev/null | awk '{print $1}' | grep -q "^$TS_CLUSTER-" || return 0
+  done
+}

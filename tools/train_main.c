@@ -28,7 +28,8 @@ static const char *USAGE =
     "  Several ranks: tessera launch -n N train ...\n"
     "  Exit status: 0 trained (or stopped by SIGINT/SIGTERM after saving), 1 failed,\n"
     "  2 bad usage, 3 stopped: non-finite losses or gradients (--max-bad-steps, fp16 at\n"
-    "  its minimum loss scale).\n";
+    "  its minimum loss scale), 4 a peer did not answer within --comm-timeout (launch\n"
+    "  --max-restarts restarts it).\n";
 
 typedef struct progress {
   int tty;          /* stdout is a terminal */
@@ -146,6 +147,12 @@ static void print_summary(const ts_train_config *cfg, const ts_train_result *res
     printf("%s%s %.2f", c ? ", " : "", ts_mem_category_name((ts_mem_category)c),
            (double)l->peak[c] / MiB);
   printf(")\n");
+  if (res->slowest_rank >= 0)
+    printf(
+        "straggler: rank %d (host %s) computes %.3f s per step (median), %.2fx the median "
+        "rank's %.3f s; the other ranks wait for it\n",
+        res->slowest_rank, ts_comm_host(res->slowest_rank), res->slowest_compute_s,
+        res->slowest_compute_s / res->ranks_compute_median_s, res->ranks_compute_median_s);
 }
 
 /* Rank 0's checkpoint line: the resumed one's load, the saves (their size
@@ -224,6 +231,7 @@ int ts_tool_train(int argc, char **argv) {
   ts_train_config cfg = ts_train_default_config();
   ts_engine_opts *e = &cfg.engine;
   size_t log_every = 0, zero = 0, seed = (size_t)e->seed, pipeline = 1;
+  float comm_timeout = 600; /* seconds; 0: none (comm.h ts_comm_set_timeout) */
   const char *warmup_set = NULL, *accum_set = NULL;
   const char *scale_flag = NULL; /* the loss-scaling flag given last (fp16 only) */
   int device = TS_TOOL_DEVICE_CPU, tf32 = 0, plain_attention = 0, save_async = 0, save_sync = 0;
@@ -258,6 +266,10 @@ int ts_tool_train(int argc, char **argv) {
                     "AdamW weight decay (default 0.1)", NULL),
       TS_FLAG_FLOAT("--grad-clip", NULL, &e->grad_clip, "C",
                     "clip the global gradient norm to C (default 1; 0: no clipping)", NULL),
+      TS_FLAG_FLOAT("--comm-timeout", NULL, &comm_timeout, "S",
+                    "stop the job (exit 4) when a collective or pipeline send/receive waits "
+                    "S seconds for a peer, naming it (default 600; 0: wait forever)",
+                    NULL),
       TS_FLAG_SIZE("--max-bad-steps", NULL, &cfg.max_bad_steps, 1, "N",
                    "fp32/bf16: stop (exit 3) after N steps in a row skipped for a non-finite "
                    "loss or gradient (default 3)",
@@ -396,6 +408,10 @@ int ts_tool_train(int argc, char **argv) {
   }
   progress p = {stdout_is_terminal(), log_every ? log_every : (cfg.steps + 19) / 20,
                 e->dtype == TS_FP16};
+  if (ts_comm_set_timeout(comm_timeout) != TS_OK)
+    return ts_flags_error("train",
+                          "--comm-timeout %g: expected seconds from 0 (wait forever) to 1e9",
+                          (double)comm_timeout);
   ts_comm *world = NULL;
   ts_status st = ts_comm_init(&argc, &argv);
   if (st == TS_OK) st = ts_comm_world(&world);

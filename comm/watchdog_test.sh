@@ -1,0 +1,54 @@
+#!/bin/bash
+# watchdog_test.sh RUNNER MPI_HANG — the watchdog (comm.h,
+# ts_comm_set_timeout) on jobs whose last rank is stopped with SIGSTOP
+# (alive, never answering) while the others wait for it with a 2 s
+# deadline (mpi_hang.c):
+#  - an all-reduce on 3 ranks, on the caller's thread: ranks 0 and 1 each
+#    print one line naming the call, the step, unit and micro-batch, and
+#    rank 2 as the rank that did not arrive;
+#  - an all-gather through a communication thread (the polled path), 2 ranks;
+#  - a receive on rank 0 from the stopped rank 1: "peer rank 1".
+# Each job must end with exit status 4 within 2 s + 10 s (mpirun stops the
+# stopped rank), and name no other rank.
+set -u
+runner="$1"
+hang="$2"
+fails=0
+source "$(dirname "${BASH_SOURCE[0]}")/../tools/testing.sh"
+export TS_MPIRUN_TIMEOUT=30
+host="$(hostname)"
+
+# run NP MODE — sets out (stderr and stdout) and rc, and checks the time.
+run() {
+  local start=$SECONDS
+  out="$("$runner" "$1" "$hang" "$2" 2>&1)"
+  rc=$?
+  local took=$((SECONDS - start))
+  echo "--- mpi_hang $2 on $1 ranks: exit $rc after $took s"
+  echo "$out" | grep -v '^ *$' | head -20
+  check_eq "$2: exit status 4 (the watchdog's)" 4 "$rc"
+  ((took <= 12)) || {
+    echo "FAIL $2: took $took s, more than the 2 s timeout + 10 s"
+    fails=$((fails + 1))
+  }
+}
+
+run 3 all-reduce
+for r in 0 1; do
+  check "all-reduce: rank $r's line" "tessera: comm timeout on rank $r of 3 (host $host): all-reduce on group \"world\" waited 2 s (--comm-timeout 2) at step 7, unit 3, micro-batch 1: ranks that did not arrive: 2 (host $host); stopping the job (exit code 4)" "$out"
+done
+absent "all-reduce: no rank returned" "returned: " "$out"
+
+run 2 thread
+check "thread: rank 0's line" "tessera: comm timeout on rank 0 of 2 (host $host): all-gather on group \"world\" waited 2 s (--comm-timeout 2) at step 7, unit 3, micro-batch 1: ranks that did not arrive: 1 (host $host); stopping" "$out"
+absent "thread: no rank returned" "returned: " "$out"
+
+run 2 recv
+check "recv: rank 0's line" "tessera: comm timeout on rank 0 of 2 (host $host): recv on group \"world\" waited 2 s (--comm-timeout 2) at step 4, pipeline stage 0: peer rank 1 (host $host) did not answer; stopping the job (exit code 4)" "$out"
+absent "recv: rank 0 did not return" "returned: " "$out"
+
+if ((fails)); then
+  echo "$fails check(s) failed"
+  exit 1
+fi
+echo "PASS"
