@@ -178,6 +178,11 @@ double ts_comm_wait_seconds(void);
  * world. */
 const char *ts_comm_host(int world_rank);
 
+/* The world ranks on this rank's host (this one included): those whose
+ * ts_comm_host is this rank's, whatever launched them (mpirun, srun); 1
+ * before ts_comm_init. */
+int ts_comm_local_size(void);
+
 /* --- groups --------------------------------------------------------------- */
 
 /* The world: a duplicate of MPI_COMM_WORLD named "world", with fresh

@@ -151,6 +151,14 @@ static const char *host_of(int world_rank) {
 
 const char *ts_comm_host(int world_rank) { return host_of(world_rank); }
 
+int ts_comm_local_size(void) {
+  if (!g_hosts) return 1;
+  int n = 0;
+  for (int w = 0; w < g_world_size; w++)
+    n += strncmp(g_hosts[w], g_hosts[g_world_rank], HOST_CHARS) == 0;
+  return n;
+}
+
 /* Appends printf output to line[*len..cap), truncating. */
 static void append(char *line, size_t cap, size_t *len, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));

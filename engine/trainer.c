@@ -291,8 +291,7 @@ static ts_status check_host_memory(run *r) {
   ts_mem_account plan;
   int stage = r->eo.pipeline_stages > 1 ? r->grid.stage : 0;
   TS_CHECK(ts_engine_plan_stage(&r->model, &r->eo, (size_t)r->dp_size, stage, &plan));
-  const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-  double ranks = local && atoi(local) > 0 ? atoi(local) : 1;
+  double ranks = ts_comm_local_size(); /* the world's ranks on this host */
   double mem = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGE_SIZE);
   const double GiB = 1024.0 * 1024.0 * 1024.0;
   if (mem > 0 && (double)plan.peak_total * ranks > mem)

@@ -105,6 +105,26 @@ cmd_down() {
   rmdir /etc/netns 2>/dev/null || true
 }
 
+# Node $1's cable: a veth pair made here under names of this cluster's
+# own, its ends moved into node $1 (as eth0) and the switch (as n$2).
+# Naming both namespaces in one `ip link add` fails now and then ("Peer
+# netns reference is invalid") while other clusters are being made or
+# deleted; a failed try is undone and retried.
+cable() {
+  local a="${P}a$2" b="${P}b$2" try
+  for try in 1 2 3 4 5; do
+    ip link del "$a" 2>/dev/null || true
+    if ip link add "$a" type veth peer name "$b" && ip link set "$a" netns "$1" &&
+      ip link set "$b" netns "$sw" && ip -n "$1" link set "$a" name eth0 &&
+      ip -n "$sw" link set "$b" name "n$2"; then
+      return 0
+    fi
+    ip -n "$1" link del "$a" 2>/dev/null || ip link del "$a" 2>/dev/null || true
+    sleep 0.2
+  done
+  die "up: cannot cable node $1 to the switch (try $try)"
+}
+
 cmd_up() {
   local nodes="${1:-2}"
   [[ "$nodes" =~ ^[0-9]+$ ]] && ((nodes >= 1 && nodes <= 250)) || die "up $nodes: expected 1-250 nodes"
@@ -126,7 +146,7 @@ cmd_up() {
     mkdir -p "/etc/netns/$n"
     printf '%s' "$hosts" >"/etc/netns/$n/hosts"
     echo "$n" >"/etc/netns/$n/hostname"
-    ip link add eth0 netns "$n" type veth peer name "n$i" netns "$sw"
+    cable "$n" "$i"
     ip -n "$sw" link set "n$i" master br0 up
     ip -n "$n" link set lo up
     ip -n "$n" addr add "198.18.$K.$i/24" dev eth0

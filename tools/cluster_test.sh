@@ -33,32 +33,7 @@ unset SLURM_JOB_ID SLURM_JOBID # Open MPI's mpirun on one node too, never srun (
 fails=0
 source "$here/testing.sh"
 
-own_cluster ct
-export TS_CLUSTER_NET=100
-n1="$TS_CLUSTER-n1" n2="$TS_CLUSTER-n2"
-
-if ! why="$("$cluster" check 2>&1)"; then
-  echo "SKIP: cluster_test: $(tr '\n' ' ' <<<"$why" | sed 's/ *$//')"
-  exit 0
-fi
-
-own_tmp=""
-[[ -n "${TEST_TMPDIR:-}" ]] || own_tmp="$(mktemp -d)"
-tmp="${TEST_TMPDIR:-$own_tmp}"
-presets_home
-mpi_scratch # its trap is replaced by this one, which does its part too
-cleanup() {
-  "$cluster" down >/dev/null 2>&1
-  rm -rf "$scratch"
-  if [[ -n "$own_tmp" ]]; then
-    if ((fails == 0)); then rm -rf "$own_tmp"; else echo "(the runs' files: $own_tmp)"; fi
-  fi
-}
-trap cleanup EXIT
-trap 'exit 143' TERM
-trap 'exit 130' INT
-up="$("$cluster" up 2 2>&1)"
-check_eq "cluster up" "cluster $TS_CLUSTER: 2 nodes ($n1 $n2) on 198.18.$TS_CLUSTER_NET.0/24" "$up"
+cluster_fixture cluster_test ct 100
 ((fails == 0)) || {
   echo "$fails failure(s)"
   exit 1
@@ -70,13 +45,7 @@ printf '%s slots=2\n%s slots=2\n' "$n1" "$n2" >"$tmp/hostfile"
 
 # Every rank of a two-node run writes its rank, hostname and network
 # namespace to $tmp/hosts/rank-R before it becomes tessera.
-cat >"$tmp/where.sh" <<EOF
-#!/bin/sh
-echo "\$OMPI_COMM_WORLD_RANK \$(hostname) \$(ip netns identify \$\$)" >$(printf %q "$tmp")/hosts/rank-\$OMPI_COMM_WORLD_RANK
-exec $(printf %q "$bin") "\$@"
-EOF
-chmod +x "$tmp/where.sh"
-where_want="$(printf '0 %s %s\n1 %s %s\n2 %s %s\n3 %s %s' "$n1" "$n1" "$n1" "$n1" "$n2" "$n2" "$n2" "$n2")"
+where_wrapper "$bin" OMPI_COMM_WORLD_RANK
 
 rx() { ip -n "$n2" -s -j link show eth0 | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["stats64"]["rx"]["bytes"])'; }
 
@@ -110,12 +79,8 @@ same() {
   local c="$1" o="$2" t="$3"
   check_eq "$c: 4 step lines on one node" 4 "$(steps "$o" | wc -l)"
   check_eq "$c: the same step lines on two nodes" "$(steps "$o")" "$(steps "$t")"
-  [[ -n "$(shas "$tmp/$4/step-00000004")" ]] || {
-    echo "FAIL $c: no checksums"
-    fails=$((fails + 1))
-  }
-  check_eq "$c: final checkpoint byte-identical" "$(shas "$tmp/$4/step-00000004")" \
-    "$(shas "$tmp/$5/step-00000004")"
+  same_checkpoint "$c: final checkpoint byte-identical" "$tmp/$4/step-00000004" \
+    "$tmp/$5/step-00000004"
   check_eq "$c: ranks 0-1 on $n1, 2-3 on $n2" "$where_want" "$(cat "$tmp"/hosts/rank-* 2>/dev/null)"
   check_eq "$c: over $n2's eth0 (more than 1 MB)" 1 "$(($6 > 1000000))"
   check_eq "$c: no other lines on two nodes" "$(shape "$o")" "$(shape "$t")"

@@ -6,12 +6,14 @@
  * read from the launcher's environment (Open MPI's
  * OMPI_COMM_WORLD_LOCAL_RANK, else MPICH's MPI_LOCALRANKID, else Slurm's
  * SLURM_LOCALID, else 0) — what torchrun's LOCAL_RANK gives a PyTorch job.
- * The ranks of a node share GPUs when the node runs more of them
- * (OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS) than it has GPUs.
+ * The ranks of a node share GPUs when the node runs more of them (the
+ * world's ranks on this host, comm.h ts_comm_local_size: under mpirun or
+ * srun alike) than it has GPUs.
  */
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/comm.h"
 #include "kernels/kernels.h"
 #include "tools/tools.h"
 
@@ -45,9 +47,8 @@ static int local_rank(void) {
 }
 
 int ts_tool_gpu_shared(void) {
-  static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"};
   int n = ts_k_device_count(TS_DEVICE_CUDA);
-  return n > 0 && env_int(vars, sizeof vars / sizeof *vars, 1) > n;
+  return n > 0 && ts_comm_local_size() > n;
 }
 
 ts_status ts_tool_resolve_device(int choice, int need_gpu, ts_device *dev, int *index) {

@@ -9,6 +9,7 @@
 # override (with a hostfile it is left to you). TESSERA_TTY tells the ranks
 # whether this script's stdout is a terminal. `./tessera launch` builds the
 # binary first and calls this.
+# Inside a SLURM allocation srun starts the ranks instead ("SLURM" below).
 #
 # Faults (torchrun's elastic agent, for MPI jobs): when a rank dies, mpirun
 # stops every other rank at once; its boilerplate becomes one line naming
@@ -57,6 +58,118 @@ done
 if [[ -n "$hostfile" && ! -r "$hostfile" ]]; then
   die "--hostfile $hostfile: cannot read the file"
 fi
+# A train command that saves and names no --resume goes on from its newest
+# checkpoint on a restart.
+restart_args=("$@")
+if [[ " $* " == *" train "* && " $* " == *" --save "* && " $* " != *" --resume "* ]]; then
+  restart_args+=(--resume auto)
+fi
+# wait_child PID — waits until child PID has ended (a trapped signal wakes
+# `wait` early) and returns its status.
+wait_child() {
+  local rc
+  while :; do
+    wait "$1"
+    rc=$?
+    kill -0 "$1" 2>/dev/null || return "$rc"
+  done
+}
+# say_restart RC DIED — the line before restart $attempt: DIED 1 when a rank
+# died, else the watchdog's exit 4 (a peer silent past --comm-timeout).
+say_restart() {
+  local what="a rank died"
+  (($2)) || what="a peer stopped answering"
+  echo "tessera launch: $what (exit $1); restart $attempt of $max_restarts" \
+    "from the newest complete checkpoint" >&2
+}
+# SLURM: inside an allocation (sbatch, salloc: SLURM_JOB_ID is set) and with
+# no --hostfile, srun starts the N ranks on the allocation's nodes in place
+# of mpirun (Open MPI's direct launch; Debian's Open MPI 4.1 forms one world
+# only through --mpi=pmix, which TESSERA_SRUN_MPI overrides). N must fit the
+# allocation (srun says so when it does not); OMP_NUM_THREADS defaults to
+# the job's --cpus-per-task when it set one, else is left to you. Faults as
+# under mpirun (--kill-on-bad-exit): a rank's error stops every rank and
+# launch exits with that rank's code (it has printed its own error); a rank
+# killed by a signal, or a node lost, is one line "tessera launch: rank R on
+# host H died: signal S (NAME); every rank was stopped" (exit 128 + S) and
+# counts for --max-restarts, as does exit 4 (a rank's watchdog); srun's
+# boilerplate after either is dropped.
+# SIGINT/SIGTERM become SIGTERM to every rank of the step (scancel --signal:
+# srun itself would kill the step) and end the restarts.
+if [[ -z "$hostfile" && -n "${SLURM_JOB_ID:-${SLURM_JOBID:-}}" ]] && command -v srun >/dev/null; then
+  job="${SLURM_JOB_ID:-$SLURM_JOBID}" step_name="tessera-launch-$$"
+  if [[ -z "${OMP_NUM_THREADS:-}" && -n "${SLURM_CPUS_PER_TASK:-}" ]]; then
+    export OMP_NUM_THREADS="$SLURM_CPUS_PER_TASK"
+  fi
+  if [[ -t 1 ]]; then export TESSERA_TTY=1; else export TESSERA_TTY=0; fi
+  srun_args=(-n "$n" --mpi="${TESSERA_SRUN_MPI:-pmix}" --kill-on-bad-exit=1 --job-name="$step_name")
+  fifo="$(mktemp -u "${TMPDIR:-/tmp}/tessera-launch.XXXXXX")"
+  mkfifo "$fifo"
+  outcome="$fifo.outcome"
+  trap 'rm -f "$fifo" "$outcome"' EXIT
+  set +e # statuses are read and handled below
+  srun_pid="" stop=0
+  on_stop() {
+    stop=1
+    [[ -n "$srun_pid" ]] || return 0
+    local step
+    step="$(squeue --noheader --steps --jobs="$job" --format='%i %j' 2>/dev/null |
+      awk -v name="$step_name" '$2 == name { print $1; exit }')"
+    if [[ -n "$step" ]]; then scancel --quiet --signal=TERM "$step"; else kill -TERM "$srun_pid"; fi
+  }
+  trap on_stop INT TERM
+  # srun's stderr (the ranks' too) to ours; the first task that ended badly
+  # is written to $outcome as "exit CODE" or "died SIGNAL".
+  filter_srun() {
+    awk -v outcome="$outcome" '
+      BEGIN { split("Hangup,Interrupt,Quit,Illegal instruction,Trace/breakpoint trap,Aborted,Bus error," \
+                    "Floating point exception,Killed,User defined signal 1,Segmentation fault," \
+                    "User defined signal 2,Broken pipe,Alarm clock,Terminated", names, ",")
+              for (s in names) signo[names[s]] = s }
+      /^srun: error: [^:]+: tasks? [0-9,-]+: / {
+        if (!ended) {
+          ended = 1; host = $3; sub(/:$/, "", host); ranks = $5; sub(/:$/, "", ranks)
+          what = $0; sub(/^srun: error: [^:]+: tasks? [0-9,-]+: /, "", what)
+          if (match(what, /^Exited with exit code [0-9]+$/)) { print "exit " $NF > outcome }
+          else {
+            s = (what in signo) ? signo[what] : 0
+            printf "tessera launch: rank%s %s on host %s died: signal %d (%s); every rank was stopped\n",
+              (ranks ~ /[,-]/ ? "s" : ""), ranks, host, s, what
+            print "died " s > outcome
+          }
+          fflush()
+        }
+        next
+      }
+      /^srun: error: Node failure on / { if (!ended) { ended = 1; print "died 0" > outcome }; print; fflush(); next }
+      /^slurmstepd[^ ]*: error: \*\*\* STEP [0-9.]+ ON .* CANCELLED AT / { next }
+      ended && /^slurmstepd[^ ]*: error: +mpi\/pmix/ { next }
+      /^srun: (launch\/slurm: _step_signal: Terminating|Job step aborted|Force Terminated|forcing job termination)/ { next }
+      { print; fflush() }
+    '
+  }
+  attempt=0
+  while :; do
+    : >"$outcome"
+    filter_srun <"$fifo" >&2 &
+    filter_pid=$!
+    srun "${srun_args[@]}" "$@" 2>"$fifo" &
+    srun_pid=$!
+    wait_child "$srun_pid"
+    rc=$?
+    srun_pid=""
+    wait "$filter_pid"
+    how="" code=""
+    read -r how code <"$outcome"
+    if [[ "$how" == exit ]]; then rc="$code"; elif [[ "$how" == died ]] && ((code > 0)); then rc=$((128 + code)); fi
+    ((rc != 0 && stop == 0 && attempt < max_restarts)) && [[ "$how" == died || "$rc" == 4 ]] ||
+      exit "$rc"
+    attempt=$((attempt + 1))
+    say_restart "$rc" "$([[ "$how" == died ]] && echo 1 || echo 0)"
+    set -- "${restart_args[@]}"
+  done
+fi
+
 mpirun_bin="$(command -v mpirun || true)"
 [[ -n "$mpirun_bin" ]] ||
   die "mpirun: not found on PATH; install Open MPI (Debian: apt-get install openmpi-bin, which tools/setup.sh does)"
@@ -150,22 +263,12 @@ run_job() {
   # first on Bazel's PATH) gives the prefix "/", which it rejects.
   mpirun "${args[@]}" "$@" 2>"$fifo" &
   mpirun_pid=$!
-  while :; do
-    wait "$mpirun_pid"
-    rc=$?
-    kill -0 "$mpirun_pid" 2>/dev/null || break # else a trapped signal woke the wait
-  done
+  wait_child "$mpirun_pid"
+  rc=$?
   mpirun_pid=""
   wait "$filter_pid" || true
   return "$rc"
 }
-
-# A train command that saves and names no --resume goes on from its newest
-# checkpoint on a restart.
-restart_args=("$@")
-if [[ " $* " == *" train "* && " $* " == *" --save "* && " $* " != *" --resume "* ]]; then
-  restart_args+=(--resume auto)
-fi
 
 attempt=0
 run_job "$@"
@@ -174,10 +277,7 @@ rc=$?
 # stopped process, a cut link): restartable like a death.
 while ((rc != 0 && stop == 0 && attempt < max_restarts)) && [[ -e "$died" || "$rc" == 4 ]]; do
   attempt=$((attempt + 1))
-  what="a rank died"
-  [[ "$rc" == 4 && ! -e "$died" ]] && what="a peer stopped answering"
-  echo "tessera launch: $what (exit $rc); restart $attempt of $max_restarts" \
-    "from the newest complete checkpoint" >&2
+  say_restart "$rc" "$([[ -e "$died" ]] && echo 1 || echo 0)"
   run_job "${restart_args[@]}"
   rc=$?
 done

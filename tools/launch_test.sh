@@ -66,6 +66,11 @@ out="$("$bin" train --model m --data d --loss-scale 1024 2>&1)"
 rc=$?
 check_eq "--loss-scale without fp16 exit code" 2 "$rc"
 check "--loss-scale without fp16" "--loss-scale applies to --dtype fp16 only (got --dtype fp32)" "$out"
+out="$("$bin" train --model m --data d --comm-timeout -5 2>&1)"
+rc=$?
+check_eq "--comm-timeout -5 exit code" 2 "$rc"
+check_eq "--comm-timeout -5 message" \
+  "tessera train: --comm-timeout -5: expected seconds from 0 (wait forever) to 1e9" "$out"
 out="$("$bin" train --model m --data d --dtype fp16 --loss-scale -4 2>&1)"
 check "--loss-scale -4" "--loss-scale -4: expected dynamic or a scale > 0" "$out"
 out="$("$bin" train --model m --data d --activation-checkpointing every:0 2>&1)"

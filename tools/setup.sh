@@ -29,6 +29,10 @@ PACKAGES=(
   clang                 # the libFuzzer builds of //fuzz (tools/fuzz.sh)
   libclang-rt-dev       # clang's libFuzzer and sanitizer runtimes
   libomp-dev            # clang's OpenMP runtime (tessera's -fopenmp code in the fuzz build)
+  slurmctld             # SLURM 22.05's controller, for tools/slurm/testbed.sh (tools/slurm_test.sh)
+  slurmd                # its node daemon (with slurm-wlm-basic-plugins: mpi/pmix, proctrack/linuxproc)
+  slurm-client          # sbatch, salloc, srun, sinfo, squeue, scancel (tools/launch.sh in an allocation)
+  munge                 # SLURM's authentication (the testbed runs its own munged, key and socket)
 )
 
 missing=()

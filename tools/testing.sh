@@ -94,3 +94,59 @@ own_cluster() { # own_cluster PREFIX — exports TS_CLUSTER (tools/cluster.sh): 
     ip netns list 2>/dev/null | awk '{print $1}' | grep -q "^$TS_CLUSTER-" || return 0
   done
 }
+
+cluster_fixture() { # cluster_fixture TEST PREFIX NET — the cluster tests' setup: where network
+  # namespaces cannot be made, one line "SKIP: TEST: why" and exit 0; else a cluster of 2 nodes
+  # ($n1, $n2; tools/cluster.sh at $cluster) named PREFIX and a number, on 198.18.NET.0/24, the
+  # test's folder $tmp, presets_home and mpi_scratch; on exit $cluster_on_exit runs (if set),
+  # then the cluster goes down and the files go (kept, and named, after a failure)
+  own_cluster "$2"
+  export TS_CLUSTER_NET="$3"
+  n1="$TS_CLUSTER-n1" n2="$TS_CLUSTER-n2"
+  local why
+  if ! why="$("$cluster" check 2>&1)"; then
+    echo "SKIP: $1: $(tr '\n' ' ' <<<"$why" | sed 's/ *$//')"
+    exit 0
+  fi
+  own_tmp=""
+  [[ -n "${TEST_TMPDIR:-}" ]] || own_tmp="$(mktemp -d)"
+  tmp="${TEST_TMPDIR:-$own_tmp}"
+  presets_home
+  mpi_scratch # its trap is replaced by cluster_cleanup's, which does its part too
+  trap cluster_cleanup EXIT
+  trap 'exit 143' TERM
+  trap 'exit 130' INT
+  local up
+  up="$("$cluster" up 2 2>&1)"
+  check_eq "cluster up" "cluster $TS_CLUSTER: 2 nodes ($n1 $n2) on 198.18.$TS_CLUSTER_NET.0/24" "$up"
+}
+
+cluster_cleanup() { # cluster_fixture's exit trap
+  [[ -z "${cluster_on_exit:-}" ]] || "$cluster_on_exit" >/dev/null 2>&1
+  "$cluster" down >/dev/null 2>&1
+  rm -rf "$scratch"
+  if [[ -n "$own_tmp" ]]; then
+    if ((fails == 0)); then rm -rf "$own_tmp"; else echo "(the runs' files: $own_tmp)"; fi
+  fi
+}
+
+where_wrapper() { # where_wrapper BIN RANK_VAR — $tmp/where.sh: every rank writes "RANK hostname
+  # netns" to $tmp/hosts/rank-RANK (RANK from the variable RANK_VAR: OMPI_COMM_WORLD_RANK,
+  # SLURM_PROCID), then becomes BIN; where_want: ranks 0-1 on $n1, 2-3 on $n2
+  cat >"$tmp/where.sh" <<EOF
+#!/bin/sh
+echo "\$$2 \$(hostname) \$(ip netns identify \$\$)" >$(printf %q "$tmp")/hosts/rank-\$$2
+exec $(printf %q "$1") "\$@"
+EOF
+  chmod +x "$tmp/where.sh"
+  where_want="$(printf '0 %s %s\n1 %s %s\n2 %s %s\n3 %s %s' "$n1" "$n1" "$n1" "$n1" "$n2" "$n2" "$n2" "$n2")"
+}
+
+same_checkpoint() { # same_checkpoint NAME WANT GOT — checkpoint folder GOT's rank files are
+  # byte-identical to WANT's (their SHA-256 in index.json; WANT must have some)
+  [[ -n "$(shas "$2")" ]] || {
+    echo "FAIL $1: no checksums in $2"
+    fails=$((fails + 1))
+  }
+  check_eq "$1" "$(shas "$2")" "$(shas "$3")"
+}

@@ -31,8 +31,8 @@ const char *ts_tool_device_choice_name(int choice);
  * SLURM_LOCALID (0 without). */
 ts_status ts_tool_resolve_device(int choice, int need_gpu, ts_device *dev, int *index);
 
-/* 1 when this node runs more ranks (OMPI_COMM_WORLD_LOCAL_SIZE, else
- * MPI_LOCALNRANKS, else 1) than this process sees GPUs (at least one), so
+/* 1 when this node runs more ranks (comm.h ts_comm_local_size: call it
+ * after ts_comm_init) than this process sees GPUs (at least one), so
  * ranks share a GPU (ts_engine_opts.gpu_shared); else 0. */
 int ts_tool_gpu_shared(void);
 
