@@ -680,6 +680,7 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
     ts_comm_context ctx = {(long long)step, -1, -1, -1}; /* the watchdog's line */
     ts_comm_set_context(&ctx);
     ts_status sst = ts_engine_step(r->engine, fill_micro_batch, &f, lr, &st);
+    ts_comm_set_context(&ctx); /* the saves and evaluations after it: no unit */
     /* TS_ERR_NUMERIC (fp16 overflow at the minimum loss scale) is agreed by
      * every rank: the step's line is still written, then training stops. */
     if (sst != TS_OK && sst != TS_ERR_NUMERIC) return sst;
