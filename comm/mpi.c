@@ -27,8 +27,10 @@
  *   arithmetic here is ts_comm_sum_rank_order / ts_comm_reduce_f64_rank_order
  *   (sum.c) once the messages are in.
  */
+#include <errno.h>
 #include <limits.h>
 #include <mpi.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -245,6 +247,99 @@ static void watchdog_check(mpi_request *q, const unsigned char *done) {
     }
   }
   watchdog_fire(c, q->base.op, q->kind, &q->ctx, missing, n); /* does not return */
+}
+
+/* ---- the watchdog over MPI's own blocking calls ------------------------------- */
+
+/* MPI_Init_thread and the collectives that make communicators (the hosts'
+ * gather, MPI_Comm_dup, MPI_Comm_split) block inside MPI, where no poll
+ * can see the deadline: a thread watches them instead. guard_begin(call)
+ * arms it, guard_end() disarms it; past the deadline it prints the
+ * watchdog's line, naming the call (the ranks it waits for are MPI's to
+ * know), and ends the process with exit code 4. Started on the first
+ * guarded call with a deadline set; it never calls MPI. */
+static pthread_mutex_t g_guard_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_guard_cv = PTHREAD_COND_INITIALIZER;
+static const char *g_guard_call;  /* the MPI call in progress; NULL: none */
+static unsigned long g_guard_seq; /* counts guard_begin calls */
+static int g_guard_started;       /* 1 once the thread runs (or failed to start: 2) */
+
+static void guard_fire(const char *call) {
+  char line[512], host[HOST_CHARS] = "?";
+  size_t len = 0, cap = sizeof line - 1;
+  const char *rank = getenv("OMPI_COMM_WORLD_RANK");
+  if (!rank) rank = getenv("PMIX_RANK");
+  if (g_hosts)
+    snprintf(host, sizeof host, "%s", host_of(g_world_rank));
+  else if (gethostname(host, sizeof host) != 0)
+    snprintf(host, sizeof host, "?");
+  host[HOST_CHARS - 1] = '\0';
+  double t = ts_comm_timeout();
+  if (g_hosts)
+    append(line, cap, &len, "tessera: comm timeout on rank %d of %d (host %s)", g_world_rank,
+           g_world_size, host);
+  else
+    append(line, cap, &len, "tessera: comm timeout on rank %s (host %s)", rank ? rank : "?", host);
+  append(line, cap, &len,
+         ": %s waited %g s (--comm-timeout %g) during start-up: ranks that did not arrive: not "
+         "known inside MPI; stopping the job (exit code %d)",
+         call, t, t, TS_COMM_EXIT_TIMEOUT);
+  line[len++] = '\n';
+  ssize_t w = write(2, line, len);
+  (void)w;
+  _exit(TS_COMM_EXIT_TIMEOUT);
+}
+
+static void *guard_main(void *arg) {
+  (void)arg;
+  pthread_mutex_lock(&g_guard_mu);
+  for (;;) {
+    while (!g_guard_call) pthread_cond_wait(&g_guard_cv, &g_guard_mu);
+    unsigned long seq = g_guard_seq;
+    const char *call = g_guard_call;
+    double t = ts_comm_timeout();
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    double end = (double)until.tv_sec + (double)until.tv_nsec * 1e-9 + t;
+    until.tv_sec = (time_t)end;
+    until.tv_nsec = (long)((end - (double)until.tv_sec) * 1e9);
+    int rc = 0;
+    while (g_guard_call && g_guard_seq == seq && rc != ETIMEDOUT)
+      rc = pthread_cond_timedwait(&g_guard_cv, &g_guard_mu, &until);
+    if (g_guard_call && g_guard_seq == seq) guard_fire(call); /* does not return */
+  }
+  return NULL;
+}
+
+/* Arms the guard for MPI call `call` (a string literal) when a deadline is set. */
+static void guard_begin(const char *call) {
+  if (ts_comm_timeout() <= 0) return;
+  pthread_mutex_lock(&g_guard_mu);
+  if (!g_guard_started) {
+    pthread_t th;
+    g_guard_started = pthread_create(&th, NULL, guard_main, NULL) == 0 ? 1 : 2;
+    if (g_guard_started == 1) pthread_detach(th);
+  }
+  g_guard_call = call;
+  g_guard_seq++;
+  pthread_cond_broadcast(&g_guard_cv);
+  pthread_mutex_unlock(&g_guard_mu);
+}
+
+static void guard_end(void) {
+  pthread_mutex_lock(&g_guard_mu);
+  g_guard_call = NULL;
+  pthread_cond_broadcast(&g_guard_cv);
+  pthread_mutex_unlock(&g_guard_mu);
+}
+
+/* MPI_ST under the guard. */
+#define MPI_GUARDED(c, op, fn, args) (guard_begin(#fn), guarded_status(fn args, (c), (op), #fn))
+
+/* guard_end, then MPI_ST's mapping of rc. */
+static ts_status guarded_status(int rc, const ts_comm *c, const char *op, const char *call) {
+  guard_end();
+  return mpi_status(rc, c, op, call, -1);
 }
 
 /* ---- requests ------------------------------------------------------------------- */
@@ -793,7 +888,7 @@ static ts_status group_new(const char *op, MPI_Comm user, const char *name, ts_c
     return ts_comm_self_new(op, name, out);
   }
   TS_CHECK_GOTO(world_ranks(c, op, user, &g->world), st, fail);
-  TS_CHECK_GOTO(MPI_ST(c, op, -1, MPI_Comm_dup, (user, &g->coll)), st, fail);
+  TS_CHECK_GOTO(MPI_GUARDED(c, op, MPI_Comm_dup, (user, &g->coll)), st, fail);
   TS_CHECK_GOTO(MPI_ST(c, op, -1, MPI_Comm_set_errhandler, (g->coll, MPI_ERRORS_RETURN)), st, fail);
   *out = c;
   return TS_OK;
@@ -806,7 +901,7 @@ fail:
 static ts_status mpi_split(ts_comm *parent, int color, int key, const char *name, ts_comm **out) {
   static const char *op = "ts_comm_split";
   MPI_Comm user = MPI_COMM_NULL;
-  TS_CHECK(MPI_ST(parent, op, -1, MPI_Comm_split, (group_of(parent)->user, color, key, &user)));
+  TS_CHECK(MPI_GUARDED(parent, op, MPI_Comm_split, (group_of(parent)->user, color, key, &user)));
   return group_new(op, user, name, out);
 }
 
@@ -825,7 +920,7 @@ ts_status ts_comm_mpi_world(ts_comm **out) {
     return ts_set_error(TS_ERR_INVALID_USAGE, "%s: MPI is not initialised (call ts_comm_init)", op);
   }
   MPI_Comm user = MPI_COMM_NULL;
-  TS_CHECK(MPI_ST(NULL, op, -1, MPI_Comm_dup, (MPI_COMM_WORLD, &user)));
+  TS_CHECK(MPI_GUARDED(NULL, op, MPI_Comm_dup, (MPI_COMM_WORLD, &user)));
   return group_new(op, user, "world", out);
 }
 
@@ -844,8 +939,9 @@ static ts_status gather_hosts(const char *op) {
   if (!hosts)
     return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot allocate %d host names", op,
                         g_world_size);
-  ts_status st = MPI_ST(NULL, op, -1, MPI_Allgather,
-                        (mine, HOST_CHARS, MPI_CHAR, hosts, HOST_CHARS, MPI_CHAR, MPI_COMM_WORLD));
+  ts_status st =
+      MPI_GUARDED(NULL, op, MPI_Allgather,
+                  (mine, HOST_CHARS, MPI_CHAR, hosts, HOST_CHARS, MPI_CHAR, MPI_COMM_WORLD));
   if (st != TS_OK) {
     free(hosts);
     return st;
@@ -862,7 +958,7 @@ ts_status ts_comm_init(int *argc, char ***argv) {
   if (fin) return ts_set_error(TS_ERR_MPI, "%s: MPI was finalised already; it cannot restart", op);
   if (!init) {
     int provided = MPI_THREAD_SINGLE;
-    TS_CHECK(MPI_ST(NULL, op, -1, MPI_Init_thread, (argc, argv, MPI_THREAD_MULTIPLE, &provided)));
+    TS_CHECK(MPI_GUARDED(NULL, op, MPI_Init_thread, (argc, argv, MPI_THREAD_MULTIPLE, &provided)));
     g_owns_mpi = 1;
     if (provided < MPI_THREAD_FUNNELED) {
       return ts_set_error(TS_ERR_MPI, "%s: MPI provides thread level %d, below MPI_THREAD_FUNNELED",

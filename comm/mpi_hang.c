@@ -7,6 +7,8 @@
  *                         communication thread (its polled path)
  *   mpi_hang recv         rank 0 receives from the last rank, the others
  *                         exit 0 at once
+ *   mpi_hang init         the last rank stops before MPI_Init_thread, so the
+ *                         others wait inside it (the watchdog's guard thread)
  * Each waiting rank sets a context first (step 7, unit 3, micro-batch 1;
  * recv: step 4, pipeline stage 0) so the line it prints can be checked. The
  * job must end with status 4 (TS_COMM_EXIT_TIMEOUT) within the timeout plus
@@ -15,6 +17,7 @@
  */
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -22,6 +25,14 @@
 
 int main(int argc, char **argv) {
   ts_comm *world = NULL;
+  const char *env_rank = getenv("OMPI_COMM_WORLD_RANK"), *env_size = getenv("OMPI_COMM_WORLD_SIZE");
+  if (argc == 2 && !strcmp(argv[1], "init") && env_rank && env_size) {
+    ts_comm_set_timeout(2);
+    if (atoi(env_rank) == atoi(env_size) - 1) {
+      fprintf(stderr, "mpi_hang: rank %s stops before MPI_Init_thread\n", env_rank);
+      raise(SIGSTOP);
+    }
+  }
   if (ts_comm_init(&argc, &argv) != TS_OK || ts_comm_world(&world) != TS_OK) {
     fprintf(stderr, "mpi_hang: %s\n", ts_last_error());
     return 1;
@@ -31,7 +42,7 @@ int main(int argc, char **argv) {
   int all_reduce = !strcmp(mode, "all-reduce"), thread = !strcmp(mode, "thread"),
       recv = !strcmp(mode, "recv");
   if (!(all_reduce || thread || recv) || n < 2) {
-    fprintf(stderr, "usage: mpirun -n N (N >= 2) mpi_hang all-reduce|thread|recv\n");
+    fprintf(stderr, "usage: mpirun -n N (N >= 2) mpi_hang all-reduce|thread|recv|init\n");
     return 1;
   }
   if (ts_comm_set_timeout(2) != TS_OK || ts_comm_barrier(world) != TS_OK) {

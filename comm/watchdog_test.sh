@@ -7,7 +7,10 @@
 #    print one line naming the call, the step, unit and micro-batch, and
 #    rank 2 as the rank that did not arrive;
 #  - an all-gather through a communication thread (the polled path), 2 ranks;
-#  - a receive on rank 0 from the stopped rank 1: "peer rank 1".
+#  - a receive on rank 0 from the stopped rank 1: "peer rank 1";
+#  - the last of 3 ranks stopped before MPI_Init_thread: the others wait
+#    inside MPI, where the watchdog's guard thread ends them, naming the
+#    call.
 # Each job must end with exit status 4 within 2 s + 10 s (mpirun stops the
 # stopped rank), and name no other rank.
 set -u
@@ -46,6 +49,11 @@ absent "thread: no rank returned" "returned: " "$out"
 run 2 recv
 check "recv: rank 0's line" "tessera: comm timeout on rank 0 of 2 (host $host): recv on group \"world\" waited 2 s (--comm-timeout 2) at step 4, pipeline stage 0: peer rank 1 (host $host) did not answer; stopping the job (exit code 4)" "$out"
 absent "recv: rank 0 did not return" "returned: " "$out"
+
+run 3 init
+for r in 0 1; do
+  check "init: rank $r's line" "tessera: comm timeout on rank $r (host $host): MPI_Init_thread waited 2 s (--comm-timeout 2) during start-up: ranks that did not arrive: not known inside MPI; stopping the job (exit code 4)" "$out"
+done
 
 if ((fails)); then
   echo "$fails check(s) failed"

@@ -29,8 +29,8 @@
 # exist at once, e.g. one per test.
 set -euo pipefail
 
-P="${TS_CLUSTER:-tscl}"
-K="${TS_CLUSTER_NET:-0}"
+P="${TS_CLUSTER-tscl}" # set but empty is refused, never the default's cluster
+K="${TS_CLUSTER_NET-0}"
 
 die() {
   echo "tools/cluster.sh: $*" >&2
@@ -39,7 +39,8 @@ die() {
 
 [[ "$P" =~ ^[a-z][a-z0-9]{0,7}$ ]] ||
   die "TS_CLUSTER=$P: expected 1-8 lowercase letters and digits, starting with a letter"
-[[ "$K" =~ ^[0-9]{1,3}$ ]] && ((K <= 255)) || die "TS_CLUSTER_NET=$K: expected 0-255"
+[[ "$K" =~ ^(0|[1-9][0-9]{0,2})$ ]] && ((K <= 255)) ||
+  die "TS_CLUSTER_NET=$K: expected 0-255 (decimal, no leading zeros)"
 
 sw="$P-sw"
 
@@ -50,8 +51,10 @@ node_list() {
 
 # Dies unless $1 is a node of this cluster.
 need_node() {
-  [[ "$1" =~ ^$P-n[0-9]+$ ]] && ip netns list | awk '{print $1}' | grep -qx "$1" ||
-    die "$1: not a node of cluster $P (nodes: $(node_list | tr '\n' ' '))"
+  [[ "$1" =~ ^$P-n[0-9]+$ ]] && ip netns list | awk '{print $1}' | grep -qx "$1" && return 0
+  local nodes
+  nodes="$(node_list | tr '\n' ' ' | sed 's/ $//')"
+  die "$1: not a node of cluster $P (${nodes:+nodes: }${nodes:-it has none: tools/cluster.sh up first})"
 }
 
 # Why namespaces cannot be made here, or nothing.

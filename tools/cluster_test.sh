@@ -33,6 +33,15 @@ unset SLURM_JOB_ID SLURM_JOBID # Open MPI's mpirun on one node too, never srun (
 fails=0
 source "$here/testing.sh"
 
+# cluster.sh refuses nonsense in one line, exit 1, before it touches anything
+out="$(TS_CLUSTER= "$cluster" down 2>&1)"
+check_eq "cluster.sh: an empty TS_CLUSTER (never the default's cluster)" \
+  "1 tools/cluster.sh: TS_CLUSTER=: expected 1-8 lowercase letters and digits, starting with a letter" \
+  "$? $out"
+out="$(TS_CLUSTER_NET=08 "$cluster" nodes 2>&1)"
+check_eq "cluster.sh: TS_CLUSTER_NET=08" \
+  "1 tools/cluster.sh: TS_CLUSTER_NET=08: expected 0-255 (decimal, no leading zeros)" "$? $out"
+
 cluster_fixture cluster_test ct 100
 ((fails == 0)) || {
   echo "$fails failure(s)"

@@ -144,6 +144,7 @@ if [[ -z "$hostfile" && -n "${SLURM_JOB_ID:-${SLURM_JOBID:-}}" ]] && command -v 
       /^srun: error: Node failure on / { if (!ended) { ended = 1; print "died 0" > outcome }; print; fflush(); next }
       /^slurmstepd[^ ]*: error: \*\*\* STEP [0-9.]+ ON .* CANCELLED AT / { next }
       ended && /^slurmstepd[^ ]*: error: +mpi\/pmix/ { next }
+      /^\[[^]]*\] Read -1, expected [0-9]+, errno = [0-9]+$/ { next }
       /^srun: (launch\/slurm: _step_signal: Terminating|Job step aborted|Force Terminated|forcing job termination)/ { next }
       { print; fflush() }
     '
@@ -208,7 +209,9 @@ done
 # exited non-zero (it has printed its own one-line error), are dropped, and
 # "mpirun noticed that process rank R with PID P on node H exited on signal
 # S (NAME)." becomes "tessera launch: rank R on host H died: signal S
-# (NAME); every rank was stopped". Everything else passes as it is. A
+# (NAME); every rank was stopped". The ranks' shared-memory transport's
+# "[host:pid] Read -1, expected N, errno = E" lines (a peer's memory read
+# after it was stopped or killed) are dropped. Everything else passes as it is. A
 # death (that line, or a lost daemon) is also written to the file $1.
 filter_mpirun() {
   awk -v died_file="$1" '
@@ -229,6 +232,7 @@ filter_mpirun() {
       nb = 0; fflush()
     }
     /lost communication with a remote daemon|lost connection to|exited on signal/ { print "died" > died_file }
+    /^\[[^]]*\] Read -1, expected [0-9]+, errno = [0-9]+$/ { next }
     /^----------+$/ { if (inblock) { flush(); inblock = 0 } else { inblock = 1; nb = 0 } ; next }
     { if (inblock) buf[++nb] = $0; else { print; fflush() } }
     END { flush() }

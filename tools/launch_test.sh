@@ -70,7 +70,16 @@ out="$("$bin" train --model m --data d --comm-timeout -5 2>&1)"
 rc=$?
 check_eq "--comm-timeout -5 exit code" 2 "$rc"
 check_eq "--comm-timeout -5 message" \
-  "tessera train: --comm-timeout -5: expected seconds from 0 (wait forever) to 1e9" "$out"
+  "tessera train: --comm-timeout -5: expected 0 (wait forever) or seconds from 1 to 1e9, in decimal" \
+  "$out"
+for v in 0.5 1e10 0x10 " 5" nan abc ""; do # too short, too long, not decimal
+  out="$("$bin" train --model m --data d --comm-timeout "$v" 2>&1)"
+  rc=$?
+  check_eq "--comm-timeout [$v] exit code" 2 "$rc"
+  check_eq "--comm-timeout [$v] message" \
+    "tessera train: --comm-timeout $v: expected 0 (wait forever) or seconds from 1 to 1e9, in decimal" \
+    "$out"
+done
 out="$("$bin" train --model m --data d --dtype fp16 --loss-scale -4 2>&1)"
 check "--loss-scale -4" "--loss-scale -4: expected dynamic or a scale > 0" "$out"
 out="$("$bin" train --model m --data d --activation-checkpointing every:0 2>&1)"

@@ -217,6 +217,21 @@ static ts_status parse_loss_scale(const char *v, void *scale) {
   return TS_OK;
 }
 
+/* --comm-timeout: seconds written in decimal (no sign, hex or spaces), 0
+ * (wait forever) or 1 to 1e9: below a second the start-up alone would
+ * stop the job. */
+static ts_status parse_comm_timeout(const char *v, void *seconds) {
+  int ok = v[0] >= '0' && v[0] <= '9';
+  for (const char *p = v; ok && *p; p++) ok = strchr("0123456789.eE+-", *p) != NULL;
+  char *end = NULL;
+  double s = ok ? strtod(v, &end) : -1;
+  if (!ok || *end || !(s == 0 || (s >= 1 && s <= 1e9)))
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "expected 0 (wait forever) or seconds from 1 to 1e9, in decimal");
+  *(double *)seconds = s;
+  return TS_OK;
+}
+
 /* Set by SIGINT/SIGTERM when --save is given: the trainer saves at the next
  * step boundary and the run ends with status 0. */
 static volatile sig_atomic_t stop_signal;
@@ -231,7 +246,7 @@ int ts_tool_train(int argc, char **argv) {
   ts_train_config cfg = ts_train_default_config();
   ts_engine_opts *e = &cfg.engine;
   size_t log_every = 0, zero = 0, seed = (size_t)e->seed, pipeline = 1;
-  float comm_timeout = 600; /* seconds; 0: none (comm.h ts_comm_set_timeout) */
+  double comm_timeout = 600; /* seconds; 0: none (comm.h ts_comm_set_timeout) */
   const char *warmup_set = NULL, *accum_set = NULL;
   const char *scale_flag = NULL; /* the loss-scaling flag given last (fp16 only) */
   int device = TS_TOOL_DEVICE_CPU, tf32 = 0, plain_attention = 0, save_async = 0, save_sync = 0;
@@ -266,10 +281,10 @@ int ts_tool_train(int argc, char **argv) {
                     "AdamW weight decay (default 0.1)", NULL),
       TS_FLAG_FLOAT("--grad-clip", NULL, &e->grad_clip, "C",
                     "clip the global gradient norm to C (default 1; 0: no clipping)", NULL),
-      TS_FLAG_FLOAT("--comm-timeout", NULL, &comm_timeout, "S",
-                    "stop the job (exit 4) when a collective or pipeline send/receive waits "
-                    "S seconds for a peer, naming it (default 600; 0: wait forever)",
-                    NULL),
+      TS_FLAG_CUSTOM("--comm-timeout", NULL, &comm_timeout, parse_comm_timeout, "S",
+                     "stop the job (exit 4) when a collective or pipeline send/receive waits "
+                     "S seconds for a peer, naming it (default 600; 0: wait forever)",
+                     NULL),
       TS_FLAG_SIZE("--max-bad-steps", NULL, &cfg.max_bad_steps, 1, "N",
                    "fp32/bf16: stop (exit 3) after N steps in a row skipped for a non-finite "
                    "loss or gradient (default 3)",
@@ -408,10 +423,7 @@ int ts_tool_train(int argc, char **argv) {
   }
   progress p = {stdout_is_terminal(), log_every ? log_every : (cfg.steps + 19) / 20,
                 e->dtype == TS_FP16};
-  if (ts_comm_set_timeout(comm_timeout) != TS_OK)
-    return ts_flags_error("train",
-                          "--comm-timeout %g: expected seconds from 0 (wait forever) to 1e9",
-                          (double)comm_timeout);
+  ts_comm_set_timeout(comm_timeout); /* parse_comm_timeout checked the range */
   ts_comm *world = NULL;
   ts_status st = ts_comm_init(&argc, &argv);
   if (st == TS_OK) st = ts_comm_world(&world);

@@ -41,8 +41,8 @@
 # (tools/setup.sh installs them).
 set -euo pipefail
 
-P="${TS_CLUSTER:-tscl}"
-K="${TS_CLUSTER_NET:-0}"
+P="${TS_CLUSTER-tscl}" # set but empty is refused, as tools/cluster.sh does
+K="${TS_CLUSTER_NET-0}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cluster="$here/../cluster.sh"
 dir="${TS_SLURM_DIR:-/tmp/tessera-slurm-$P}"
@@ -54,7 +54,8 @@ die() {
 }
 
 [[ "$P" =~ ^[a-z][a-z0-9]{0,7}$ ]] || die "TS_CLUSTER=$P: expected what tools/cluster.sh accepts"
-[[ "$K" =~ ^[0-9]{1,3}$ ]] && ((K <= 255)) || die "TS_CLUSTER_NET=$K: expected 0-255"
+[[ "$K" =~ ^(0|[1-9][0-9]{0,2})$ ]] && ((K <= 255)) ||
+  die "TS_CLUSTER_NET=$K: expected 0-255 (decimal, no leading zeros)"
 
 nodes() { TS_CLUSTER="$P" TS_CLUSTER_NET="$K" "$cluster" nodes; }
 
