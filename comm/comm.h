@@ -132,7 +132,11 @@ void ts_comm_abort(int code);
  * mpirun then stops every other rank. The clock of a call starts when
  * someone first waits for it (or tests it, on a communication thread), so
  * a non-blocking call started long before its wait is not charged for
- * the caller's compute. NCCL's transfers (comm/nccl.h) run on the GPU and
+ * the caller's compute. MPI's own blocking calls (MPI_Init_thread in
+ * ts_comm_init: set the timeout first; the communicator-making
+ * collectives of ts_comm_world and ts_comm_split) are watched by a thread
+ * of comm's, whose line names the call and says the missing ranks are
+ * not known inside MPI. NCCL's transfers (comm/nccl.h) run on the GPU and
  * are not watched here.
  *
  * Every collective on MPI groups runs as direct point-to-point exchanges
