@@ -159,6 +159,34 @@ double ts_comm_now_us(void);
  * public call op. TS_ERR_OUT_OF_MEMORY. */
 ts_status ts_comm_request_new(ts_comm *c, const char *op, size_t bytes, ts_comm_request **out);
 
+/* ---- the watchdog (watchdog.c; comm.h "the watchdog") ---- */
+
+/* Characters kept of each host name (NUL included). */
+#define TS_COMM_HOST_CHARS 64
+
+/* Whether a wait that began at *t0 (seconds on the monotonic clock; 0:
+ * not yet, then set to now) has passed the deadline; 0 without one. */
+int ts_comm_watchdog_expired(double *t0);
+
+/* The watchdog's line for call `name` (kind) on group `group`, with the
+ * caller's context, naming the world ranks missing[0..n) (a send or
+ * receive: the peer, missing[0]); then _exit(TS_COMM_EXIT_TIMEOUT). */
+void ts_comm_watchdog_fire(const char *group, const char *name, ts_comm_call_kind kind,
+                           const ts_comm_context *ctx, const int *missing, int n)
+    __attribute__((noreturn));
+
+/* Arms the guard thread for MPI call `call` (a string literal), which
+ * blocks inside MPI, when a deadline is set; ts_comm_guard_end disarms it.
+ * Past the deadline the thread prints the line naming the call and ends
+ * the process (exit 4). */
+void ts_comm_guard_begin(const char *call);
+void ts_comm_guard_end(void);
+
+/* Takes ownership of hosts (size,) (MPI_Get_processor_name of each world
+ * rank, malloc'd) and this process's world rank, for the lines and
+ * ts_comm_host / ts_comm_local_size. */
+void ts_comm_watchdog_set_hosts(int rank, int size, char (*hosts)[TS_COMM_HOST_CHARS]);
+
 /* 1 when MPI runs with MPI_THREAD_MULTIPLE (mpi.c): a communication
  * thread may call MPI beside the caller's thread (thread.c). */
 int ts_comm_mpi_thread_multiple(void);

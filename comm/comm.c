@@ -313,28 +313,6 @@ static ts_status all_reduce_halves(ts_comm *c, const ts_comm_call *d) {
   return c->be->run(c, &half, NULL);
 }
 
-/* ---- the watchdog's settings (comm.h; mpi.c keeps the deadlines) -------------------- */
-
-static double g_timeout_s;                           /* 0: no deadline */
-static ts_comm_context g_context = {-1, -1, -1, -1}; /* copied into every call */
-
-ts_status ts_comm_set_timeout(double seconds) {
-  if (!(seconds >= 0 && seconds <= 1e9)) /* NaN fails too */
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "ts_comm_set_timeout: %g s: expected 0 (none) to 1e9 seconds", seconds);
-  g_timeout_s = seconds;
-  return TS_OK;
-}
-
-double ts_comm_timeout(void) { return g_timeout_s; }
-
-void ts_comm_set_context(const ts_comm_context *ctx) {
-  static const ts_comm_context none = {-1, -1, -1, -1};
-  g_context = ctx ? *ctx : none;
-}
-
-ts_comm_context ts_comm_get_context(void) { return g_context; }
-
 /* Seconds callers spent in blocking calls and waits (ts_comm_wait_seconds). */
 static double g_wait_s;
 
@@ -351,7 +329,7 @@ double ts_comm_now_us(void) {
  * its start took when the backend ran the call to its end there). */
 static ts_status submit(ts_comm *c, ts_comm_call *d, ts_comm_request **req) {
   d->blocking = req == NULL;
-  d->ctx = g_context;
+  d->ctx = ts_comm_get_context();
   TS_CHECK(check_call(c, d));
   charge(c, d);
   if (!req) { /* a blocking call: all of it is the caller's wait */

@@ -119,7 +119,7 @@ void ts_comm_abort(int code);
  * a wait that makes no progress for T seconds prints one line to stderr,
  *
  *   tessera: comm timeout on rank R of N (host H): OP on group "G" waited
- *   T s (--comm-timeout T) at step S, unit U: ranks that did not arrive:
+ *   T s (SETTING T) at step S, unit U: ranks that did not arrive:
  *   2 (host n2), 3 (host n2); stopping the job (exit code 4)
  *
  * naming the call (all-gather, reduce-scatter, all-reduce, broadcast,
@@ -146,9 +146,10 @@ void ts_comm_abort(int code);
 #define TS_COMM_EXIT_TIMEOUT 4
 
 /* Sets the deadline of every later wait, in seconds (0: none, the
- * default); process-wide. TS_ERR_INVALID_ARGUMENT unless 0 <= seconds <=
- * 1e9 (and finite). */
-ts_status ts_comm_set_timeout(double seconds);
+ * default); process-wide. `setting` says how the user sets it, for the
+ * line ("--comm-timeout": "(--comm-timeout 30)"); NULL: "timeout".
+ * TS_ERR_INVALID_ARGUMENT unless 0 <= seconds <= 1e9 (and finite). */
+ts_status ts_comm_set_timeout(double seconds, const char *setting);
 
 /* The deadline set, in seconds (0: none). */
 double ts_comm_timeout(void);

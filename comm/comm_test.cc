@@ -219,7 +219,7 @@ class Comm : public testing::Test {
     ASSERT_STREQ(ts_comm_transport(c_), n_ == 1 ? "self" : "staged");
 #endif
 #ifdef TS_COMM_TEST_THREAD
-    ASSERT_EQ(ts_comm_set_timeout(120), TS_OK);
+    ASSERT_EQ(ts_comm_set_timeout(120, NULL), TS_OK);
     ts_comm_testing_set_thread_delay(200, 7);
     if (n_ == 1) {
       ASSERT_EQ(ts_comm_set_thread(c_, 1), TS_ERR_UNSUPPORTED);

@@ -27,17 +27,12 @@
  *   arithmetic here is ts_comm_sum_rank_order / ts_comm_reduce_f64_rank_order
  *   (sum.c) once the messages are in.
  */
-#include <errno.h>
 #include <limits.h>
 #include <mpi.h>
-#include <pthread.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "comm/backend.h"
 #include "comm/comm_testing.h"
@@ -129,112 +124,16 @@ static ts_status mpi_status(int rc, const ts_comm *c, const char *op, const char
 /* The communicators of group c. */
 static mpi_group *group_of(const ts_comm *c) { return (mpi_group *)c->impl; }
 
-/* ---- the watchdog (comm.h) ----------------------------------------------------- */
+/* ---- the watchdog (comm.h; its line and guard are watchdog.c's) ----------------- */
 
-/* Characters kept of each host name. */
-enum { HOST_CHARS = 64 };
-
-/* Every world rank's host (MPI_Get_processor_name), gathered by
- * ts_comm_init; NULL before (or if that failed: hosts print as "?"). */
-static char (*g_hosts)[HOST_CHARS];
-static int g_world_rank, g_world_size = 1;
-
-/* Seconds on the monotonic clock. */
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static const char *host_of(int world_rank) {
-  if (!g_hosts || world_rank < 0 || world_rank >= g_world_size) return "?";
-  return g_hosts[world_rank];
-}
-
-const char *ts_comm_host(int world_rank) { return host_of(world_rank); }
-
-int ts_comm_local_size(void) {
-  if (!g_hosts) return 1;
-  int n = 0;
-  for (int w = 0; w < g_world_size; w++)
-    n += strncmp(g_hosts[w], g_hosts[g_world_rank], HOST_CHARS) == 0;
-  return n;
-}
-
-/* Appends printf output to line[*len..cap), truncating. */
-static void append(char *line, size_t cap, size_t *len, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static void append(char *line, size_t cap, size_t *len, const char *fmt, ...) {
-  if (*len >= cap - 1) return;
-  va_list ap;
-  va_start(ap, fmt);
-  int k = vsnprintf(line + *len, cap - *len, fmt, ap);
-  va_end(ap);
-  if (k > 0) *len = *len + (size_t)k < cap - 1 ? *len + (size_t)k : cap - 1;
-}
-
-/* The call's words for a line: "ts_comm_iall_gather" -> "all-gather". */
-static void op_words(const char *name, char *out, size_t cap) {
-  static const char *const started[] = {"ireduce_scatter", "iall_gather", "ibroadcast", "isend",
-                                        "irecv"};
-  const char *w = strncmp(name, "ts_comm_", 8) == 0 ? name + 8 : name;
-  for (size_t i = 0; i < sizeof started / sizeof *started; i++)
-    if (strcmp(w, started[i]) == 0) w++;
-  snprintf(out, cap, "%s", w);
-  for (char *p = out; *p; p++)
-    if (*p == '_') *p = '-';
-}
-
-/* The watchdog's end (comm.h): one line to stderr naming call op (kind)
- * on c, the caller's context, and the group ranks missing[0..n) that this
- * rank still waits for; then _exit(TS_COMM_EXIT_TIMEOUT). stdout is
- * flushed first unless another thread holds it. */
-static void watchdog_fire(const ts_comm *c, const char *name, ts_comm_call_kind kind,
-                          const ts_comm_context *ctx, const int *missing, int n) {
-  char line[2048], op[48];
-  size_t len = 0, cap = sizeof line - 1; /* room for the newline */
-  double t = ts_comm_timeout();
-  op_words(name, op, sizeof op);
-  append(line, cap, &len, "tessera: comm timeout on rank %d of %d (host %s): %s on group \"%s\"",
-         g_world_rank, g_world_size, host_of(g_world_rank), op, c->name);
-  append(line, cap, &len, " waited %g s (--comm-timeout %g)", t, t);
-  if (ctx->step == 0) append(line, cap, &len, " during setup");
-  if (ctx->step > 0) append(line, cap, &len, " at step %lld", ctx->step);
-  if (ctx->unit >= 0) append(line, cap, &len, ", unit %d", ctx->unit);
-  if (ctx->stage >= 0) append(line, cap, &len, ", pipeline stage %d", ctx->stage);
-  if (ctx->micro_batch >= 0) append(line, cap, &len, ", micro-batch %d", ctx->micro_batch);
-  const int *world = group_of(c)->world;
-  if (kind == TS_COMM_CALL_SEND || kind == TS_COMM_CALL_RECV) {
-    int w = n > 0 ? world[missing[0]] : -1;
-    append(line, cap, &len, ": peer rank %d (host %s) did not answer", w, host_of(w));
-  } else {
-    append(line, cap, &len, ": ranks that did not arrive:");
-    for (int i = 0; i < n && i < 16; i++) {
-      int w = world[missing[i]];
-      append(line, cap, &len, "%s %d (host %s)", i ? "," : "", w, host_of(w));
-    }
-    if (n > 16) append(line, cap, &len, " and %d more", n - 16);
-  }
-  append(line, cap, &len, "; stopping the job (exit code %d)", TS_COMM_EXIT_TIMEOUT);
-  line[len++] = '\n';
-  if (ftrylockfile(stdout) == 0) {
-    fflush(stdout);
-    funlockfile(stdout);
-  }
-  ssize_t w = write(2, line, len);
-  (void)w;
-  _exit(TS_COMM_EXIT_TIMEOUT);
-}
-
-/* Fires the watchdog for q if its deadline passed: the missing ranks are
- * the senders of q's receives that have not finished, else the receivers
- * of its sends. done[i] says whether q->reqs[i] finished. */
+/* Fires the watchdog for q if its deadline passed (ts_comm_watchdog_expired
+ * on q->t0): the missing ranks are the senders of q's receives that have
+ * not finished, else the receivers of its sends, as world ranks. done[i]
+ * says whether q->reqs[i] finished. */
 static void watchdog_check(mpi_request *q, const unsigned char *done) {
-  double t = ts_comm_timeout(), now = now_s();
-  if (t <= 0) return;
-  if (q->t0 == 0) q->t0 = now;
-  if (now - q->t0 <= t) return;
+  if (!ts_comm_watchdog_expired(&q->t0)) return;
   const ts_comm *c = q->base.c;
+  const int *world = group_of(c)->world;
   int *missing = (int *)calloc((size_t)c->size, sizeof *missing);
   unsigned char *seen = (unsigned char *)calloc((size_t)c->size, 1);
   int n = 0;
@@ -243,102 +142,19 @@ static void watchdog_check(mpi_request *q, const unsigned char *done) {
       int p = q->info[i].peer, is_recv = q->info[i].expect >= 0;
       if (done[i] || p < 0 || seen[p] || is_recv != (pass == 0)) continue;
       seen[p] = 1;
-      missing[n++] = p;
+      missing[n++] = world[p];
     }
   }
-  watchdog_fire(c, q->base.op, q->kind, &q->ctx, missing, n); /* does not return */
+  ts_comm_watchdog_fire(c->name, q->base.op, q->kind, &q->ctx, missing, n); /* no return */
 }
 
-/* ---- the watchdog over MPI's own blocking calls ------------------------------- */
+/* MPI_ST of a call that blocks inside MPI, under watchdog.c's guard. */
+#define MPI_GUARDED(c, op, fn, args) \
+  (ts_comm_guard_begin(#fn), guarded_status(fn args, (c), (op), #fn))
 
-/* MPI_Init_thread and the collectives that make communicators (the hosts'
- * gather, MPI_Comm_dup, MPI_Comm_split) block inside MPI, where no poll
- * can see the deadline: a thread watches them instead. guard_begin(call)
- * arms it, guard_end() disarms it; past the deadline it prints the
- * watchdog's line, naming the call (the ranks it waits for are MPI's to
- * know), and ends the process with exit code 4. Started on the first
- * guarded call with a deadline set; it never calls MPI. */
-static pthread_mutex_t g_guard_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t g_guard_cv = PTHREAD_COND_INITIALIZER;
-static const char *g_guard_call;  /* the MPI call in progress; NULL: none */
-static unsigned long g_guard_seq; /* counts guard_begin calls */
-static int g_guard_started;       /* 1 once the thread runs (or failed to start: 2) */
-
-static void guard_fire(const char *call) {
-  char line[512], host[HOST_CHARS] = "?";
-  size_t len = 0, cap = sizeof line - 1;
-  const char *rank = getenv("OMPI_COMM_WORLD_RANK");
-  if (!rank) rank = getenv("PMIX_RANK");
-  if (g_hosts)
-    snprintf(host, sizeof host, "%s", host_of(g_world_rank));
-  else if (gethostname(host, sizeof host) != 0)
-    snprintf(host, sizeof host, "?");
-  host[HOST_CHARS - 1] = '\0';
-  double t = ts_comm_timeout();
-  if (g_hosts)
-    append(line, cap, &len, "tessera: comm timeout on rank %d of %d (host %s)", g_world_rank,
-           g_world_size, host);
-  else
-    append(line, cap, &len, "tessera: comm timeout on rank %s (host %s)", rank ? rank : "?", host);
-  append(line, cap, &len,
-         ": %s waited %g s (--comm-timeout %g) during start-up: ranks that did not arrive: not "
-         "known inside MPI; stopping the job (exit code %d)",
-         call, t, t, TS_COMM_EXIT_TIMEOUT);
-  line[len++] = '\n';
-  ssize_t w = write(2, line, len);
-  (void)w;
-  _exit(TS_COMM_EXIT_TIMEOUT);
-}
-
-static void *guard_main(void *arg) {
-  (void)arg;
-  pthread_mutex_lock(&g_guard_mu);
-  for (;;) {
-    while (!g_guard_call) pthread_cond_wait(&g_guard_cv, &g_guard_mu);
-    unsigned long seq = g_guard_seq;
-    const char *call = g_guard_call;
-    double t = ts_comm_timeout();
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    double end = (double)until.tv_sec + (double)until.tv_nsec * 1e-9 + t;
-    until.tv_sec = (time_t)end;
-    until.tv_nsec = (long)((end - (double)until.tv_sec) * 1e9);
-    int rc = 0;
-    while (g_guard_call && g_guard_seq == seq && rc != ETIMEDOUT)
-      rc = pthread_cond_timedwait(&g_guard_cv, &g_guard_mu, &until);
-    if (g_guard_call && g_guard_seq == seq) guard_fire(call); /* does not return */
-  }
-  return NULL;
-}
-
-/* Arms the guard for MPI call `call` (a string literal) when a deadline is set. */
-static void guard_begin(const char *call) {
-  if (ts_comm_timeout() <= 0) return;
-  pthread_mutex_lock(&g_guard_mu);
-  if (!g_guard_started) {
-    pthread_t th;
-    g_guard_started = pthread_create(&th, NULL, guard_main, NULL) == 0 ? 1 : 2;
-    if (g_guard_started == 1) pthread_detach(th);
-  }
-  g_guard_call = call;
-  g_guard_seq++;
-  pthread_cond_broadcast(&g_guard_cv);
-  pthread_mutex_unlock(&g_guard_mu);
-}
-
-static void guard_end(void) {
-  pthread_mutex_lock(&g_guard_mu);
-  g_guard_call = NULL;
-  pthread_cond_broadcast(&g_guard_cv);
-  pthread_mutex_unlock(&g_guard_mu);
-}
-
-/* MPI_ST under the guard. */
-#define MPI_GUARDED(c, op, fn, args) (guard_begin(#fn), guarded_status(fn args, (c), (op), #fn))
-
-/* guard_end, then MPI_ST's mapping of rc. */
+/* ts_comm_guard_end, then MPI_ST's mapping of rc. */
 static ts_status guarded_status(int rc, const ts_comm *c, const char *op, const char *call) {
-  guard_end();
+  ts_comm_guard_end();
   return mpi_status(rc, c, op, call, -1);
 }
 
@@ -551,10 +367,7 @@ static ts_status req_test(mpi_request *q, int *done) {
     MPI_Status s;
     int rc = MPI_Request_get_status(q->reqs[i], &flag, &s);
     if (rc == MPI_SUCCESS && !flag) { /* still running */
-      double t = ts_comm_timeout(), now = t > 0 ? now_s() : 0;
-      if (t <= 0) return TS_OK;
-      if (q->t0 == 0) q->t0 = now;
-      if (now - q->t0 <= t) return TS_OK;
+      if (!ts_comm_watchdog_expired(&q->t0)) return TS_OK;
       fin = (unsigned char *)calloc(q->n, 1); /* past the deadline: which are missing */
       for (size_t j = 0; fin && j < q->n; j++) {
         int f = 1;
@@ -727,16 +540,15 @@ static ts_status bcast_post(mpi_request *q, const ts_comm_call *d) {
  * deadline when one is set. */
 static ts_status probe(ts_comm *c, const ts_comm_call *d, MPI_Status *s) {
   MPI_Comm user = group_of(c)->user;
-  double t = ts_comm_timeout();
-  if (t <= 0) return MPI_ST(c, d->name, d->peer, MPI_Probe, (d->peer, d->tag, user, s));
-  double t0 = now_s();
-  for (;;) {
+  if (ts_comm_timeout() <= 0)
+    return MPI_ST(c, d->name, d->peer, MPI_Probe, (d->peer, d->tag, user, s));
+  for (double t0 = 0;;) {
     int flag = 0;
     TS_CHECK(MPI_ST(c, d->name, d->peer, MPI_Iprobe, (d->peer, d->tag, user, &flag, s)));
     if (flag) return TS_OK;
-    if (now_s() - t0 > t) {
-      int peer = d->peer;
-      watchdog_fire(c, d->name, d->kind, &d->ctx, &peer, 1);
+    if (ts_comm_watchdog_expired(&t0)) {
+      int peer = group_of(c)->world[d->peer];
+      ts_comm_watchdog_fire(c->name, d->name, d->kind, &d->ctx, &peer, 1); /* no return */
     }
   }
 }
@@ -926,27 +738,27 @@ ts_status ts_comm_mpi_world(ts_comm **out) {
 
 /* ---- the MPI library -------------------------------------------------------------- */
 
-/* Every world rank's host name into g_hosts (the watchdog names them). */
+/* Every world rank's host name, for the watchdog (watchdog.c). */
 static ts_status gather_hosts(const char *op) {
-  TS_CHECK(MPI_ST(NULL, op, -1, MPI_Comm_rank, (MPI_COMM_WORLD, &g_world_rank)));
-  TS_CHECK(MPI_ST(NULL, op, -1, MPI_Comm_size, (MPI_COMM_WORLD, &g_world_size)));
-  if (g_hosts) return TS_OK;
-  char name[MPI_MAX_PROCESSOR_NAME + 1] = "", mine[HOST_CHARS] = "";
+  int rank = 0, size = 1;
+  TS_CHECK(MPI_ST(NULL, op, -1, MPI_Comm_rank, (MPI_COMM_WORLD, &rank)));
+  TS_CHECK(MPI_ST(NULL, op, -1, MPI_Comm_size, (MPI_COMM_WORLD, &size)));
+  char name[MPI_MAX_PROCESSOR_NAME + 1] = "", mine[TS_COMM_HOST_CHARS] = "";
   int len = 0;
   if (MPI_Get_processor_name(name, &len) != MPI_SUCCESS) snprintf(name, sizeof name, "?");
   snprintf(mine, sizeof mine, "%s", name);
-  char(*hosts)[HOST_CHARS] = (char(*)[HOST_CHARS])calloc((size_t)g_world_size, HOST_CHARS);
+  char(*hosts)[TS_COMM_HOST_CHARS] =
+      (char(*)[TS_COMM_HOST_CHARS])calloc((size_t)size, TS_COMM_HOST_CHARS);
   if (!hosts)
-    return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot allocate %d host names", op,
-                        g_world_size);
-  ts_status st =
-      MPI_GUARDED(NULL, op, MPI_Allgather,
-                  (mine, HOST_CHARS, MPI_CHAR, hosts, HOST_CHARS, MPI_CHAR, MPI_COMM_WORLD));
+    return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot allocate %d host names", op, size);
+  ts_status st = MPI_GUARDED(
+      NULL, op, MPI_Allgather,
+      (mine, TS_COMM_HOST_CHARS, MPI_CHAR, hosts, TS_COMM_HOST_CHARS, MPI_CHAR, MPI_COMM_WORLD));
   if (st != TS_OK) {
     free(hosts);
     return st;
   }
-  g_hosts = hosts;
+  ts_comm_watchdog_set_hosts(rank, size, hosts);
   return TS_OK;
 }
 

@@ -27,7 +27,7 @@ int main(int argc, char **argv) {
   ts_comm *world = NULL;
   const char *env_rank = getenv("OMPI_COMM_WORLD_RANK"), *env_size = getenv("OMPI_COMM_WORLD_SIZE");
   if (argc == 2 && !strcmp(argv[1], "init") && env_rank && env_size) {
-    ts_comm_set_timeout(2);
+    ts_comm_set_timeout(2, "--comm-timeout");
     if (atoi(env_rank) == atoi(env_size) - 1) {
       fprintf(stderr, "mpi_hang: rank %s stops before MPI_Init_thread\n", env_rank);
       raise(SIGSTOP);
@@ -45,7 +45,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: mpirun -n N (N >= 2) mpi_hang all-reduce|thread|recv|init\n");
     return 1;
   }
-  if (ts_comm_set_timeout(2) != TS_OK || ts_comm_barrier(world) != TS_OK) {
+  if (ts_comm_set_timeout(2, "--comm-timeout") != TS_OK || ts_comm_barrier(world) != TS_OK) {
     fprintf(stderr, "mpi_hang: %s\n", ts_last_error());
     return 1;
   }

@@ -97,6 +97,35 @@ ts_status ts_metrics_write_resume(ts_metrics *m, size_t step, const char *checkp
   return write_line(m, o);
 }
 
+double ts_metrics_median(const double *rows, size_t n, size_t stride, size_t col) {
+  if (n == 0) return 0;
+  double *v = malloc(n * sizeof *v);
+  if (!v) return rows[col]; /* out of memory: the first row's */
+  for (size_t i = 0; i < n; i++) v[i] = rows[stride * i + col];
+  for (size_t i = 1; i < n; i++) /* insertion sort: a run's steps, a job's ranks */
+    for (size_t j = i; j > 0 && v[j - 1] > v[j]; j--) {
+      double t = v[j];
+      v[j] = v[j - 1];
+      v[j - 1] = t;
+    }
+  double med = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  free(v);
+  return med;
+}
+
+int ts_metrics_straggler(const double *mem, int world_size, double ratio, int *slowest,
+                         double *slowest_s, double *median_s) {
+  if (world_size < 2) return 0;
+  const size_t W = TS_METRICS_RANK_FIELDS;
+  int q_max = 0;
+  for (int q = 1; q < world_size; q++)
+    if (mem[q * W + TS_METRICS_COMPUTE_S] > mem[q_max * W + TS_METRICS_COMPUTE_S]) q_max = q;
+  *slowest = q_max;
+  *slowest_s = mem[q_max * W + TS_METRICS_COMPUTE_S];
+  *median_s = ts_metrics_median(mem, (size_t)world_size, W, TS_METRICS_COMPUTE_S);
+  return *median_s > 0 && *slowest_s > ratio * *median_s;
+}
+
 ts_status ts_metrics_write_summary(ts_metrics *m, const ts_metrics_summary *s) {
   const ts_engine_opts *eo = s->opts;
   cJSON *o = cJSON_CreateObject(), *sm = cJSON_AddObjectToObject(o, "summary");

@@ -81,6 +81,19 @@ typedef struct ts_metrics_summary {
   double straggler_ratio;                /* the threshold it was found with */
 } ts_metrics_summary;
 
+/* The median of column col of rows (n, stride) of doubles, sorting a copy;
+ * 0 when n is 0. */
+double ts_metrics_median(const double *rows, size_t n, size_t stride, size_t col);
+
+/* The straggler test over the summary's rows mem (world_size,
+ * TS_METRICS_RANK_FIELDS): *slowest receives the rank with the largest
+ * median compute (TS_METRICS_COMPUTE_S), *slowest_s its seconds and
+ * *median_s the median over ranks of theirs; returns 1 when *slowest_s
+ * exceeds ratio x *median_s, else 0 (always 0 on one rank, outputs
+ * untouched then). */
+int ts_metrics_straggler(const double *mem, int world_size, double ratio, int *slowest,
+                         double *slowest_s, double *median_s);
+
 /* {"summary": {...}} as trainer.h lists. TS_ERR_IO, TS_ERR_OUT_OF_MEMORY. */
 ts_status ts_metrics_write_summary(ts_metrics *m, const ts_metrics_summary *s);
 

@@ -470,46 +470,6 @@ static double peak_rss_bytes(void) {
   return getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss * 1024.0 : 0.0;
 }
 
-/* The median of column col of rows (n, 3); 0 when n is 0. */
-static double median_of(const double *rows, size_t n, int col) {
-  if (n == 0) return 0;
-  double *v = malloc(n * sizeof *v);
-  if (!v) return rows[col]; /* out of memory: the first row's */
-  for (size_t i = 0; i < n; i++) v[i] = rows[3 * i + col];
-  for (size_t i = 1; i < n; i++) /* insertion sort: a run's steps */
-    for (size_t j = i; j > 0 && v[j - 1] > v[j]; j--) {
-      double t = v[j];
-      v[j] = v[j - 1];
-      v[j - 1] = t;
-    }
-  double m = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-  free(v);
-  return m;
-}
-
-/* The straggler (trainer.h): the rank whose median compute time per step
- * exceeds TS_TRAIN_STRAGGLER_RATIO times the median over ranks of theirs,
- * from the gathered rows mem (world_size, TS_METRICS_RANK_FIELDS). */
-static void find_straggler(const run *r, const double *mem, ts_train_result *res) {
-  enum { W = TS_METRICS_RANK_FIELDS };
-  int n = r->world_size;
-  res->slowest_rank = -1;
-  if (n < 2) return;
-  double *rows = calloc((size_t)n * 3, sizeof *rows);
-  if (!rows) return;
-  int slowest = 0;
-  for (int q = 0; q < n; q++) {
-    rows[3 * q] = mem[(size_t)q * W + TS_METRICS_COMPUTE_S];
-    if (rows[3 * q] > rows[3 * slowest]) slowest = q;
-  }
-  double med = median_of(rows, (size_t)n, 0);
-  free(rows);
-  res->ranks_compute_median_s = med;
-  res->slowest_compute_s = mem[(size_t)slowest * W + TS_METRICS_COMPUTE_S];
-  if (med > 0 && res->slowest_compute_s > TS_TRAIN_STRAGGLER_RATIO * med)
-    res->slowest_rank = slowest;
-}
-
 /* The summary line (rank 0 writes; every rank contributes its memory and
  * its step times). */
 static ts_status write_summary(run *r, ts_train_result *res) {
@@ -523,13 +483,16 @@ static ts_status write_summary(run *r, ts_train_result *res) {
   row[TS_METRICS_TOTAL] = (double)l->peak_total;
   row[TS_METRICS_PEAK_RSS] = peak_rss_bytes();
   row[TS_METRICS_MODEL_STATES] = (double)ts_mem_model_state_bytes(l);
-  row[TS_METRICS_STEP_S] = median_of(r->times, r->timed, 0);
-  row[TS_METRICS_COMPUTE_S] = median_of(r->times, r->timed, 1);
-  row[TS_METRICS_WAIT_S] = median_of(r->times, r->timed, 2);
+  row[TS_METRICS_STEP_S] = ts_metrics_median(r->times, r->timed, 3, 0);
+  row[TS_METRICS_COMPUTE_S] = ts_metrics_median(r->times, r->timed, 3, 1);
+  row[TS_METRICS_WAIT_S] = ts_metrics_median(r->times, r->timed, 3, 2);
   /* Each rank fills its own row, the rest are zero: the sum is a gather
    * (exact: x + 0 is x). */
   ts_status st = ts_comm_all_reduce_f64(r->world, mem, n, TS_COMM_SUM);
-  if (st == TS_OK) find_straggler(r, mem, res);
+  if (st == TS_OK &&
+      !ts_metrics_straggler(mem, r->world_size, TS_TRAIN_STRAGGLER_RATIO, &res->slowest_rank,
+                            &res->slowest_compute_s, &res->ranks_compute_median_s))
+    res->slowest_rank = -1;
   ts_device_report dev;
   if (st == TS_OK && r->eo.device != TS_DEVICE_CPU) st = ts_engine_device_report(r->engine, &dev);
   if (st == TS_OK && r->wrank == 0) {

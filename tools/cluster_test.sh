@@ -24,14 +24,13 @@
 #   cluster_test.sh TESSERA_BIN LAUNCH_SH
 set -uo pipefail
 here="$(dirname "${BASH_SOURCE[0]}")"
-abs() { echo "$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"; } # no symlinks resolved
+fails=0
+source "$here/testing.sh"
 bin="$(abs "$1")"
 launch="$(abs "$2")"
 cluster="$(abs "$here/cluster.sh")"
 export PATH="$PATH:/usr/sbin:/sbin" # ip (Bazel's PATH is /bin:/usr/bin:/usr/local/bin)
 unset SLURM_JOB_ID SLURM_JOBID # Open MPI's mpirun on one node too, never srun (launch.sh)
-fails=0
-source "$here/testing.sh"
 
 # cluster.sh refuses nonsense in one line, exit 1, before it touches anything
 out="$(TS_CLUSTER= "$cluster" down 2>&1)"

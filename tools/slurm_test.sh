@@ -29,7 +29,8 @@
 #   slurm_test.sh TESSERA_BIN LAUNCH_SH
 set -uo pipefail
 here="$(dirname "${BASH_SOURCE[0]}")"
-abs() { echo "$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"; } # no symlinks resolved
+fails=0
+source "$here/testing.sh"
 bin="$(abs "$1")"
 launch="$(abs "$2")"
 cluster="$(abs "$here/cluster.sh")"
@@ -37,8 +38,6 @@ testbed="$(abs "$here/slurm/testbed.sh")"
 sbatch_script="$(abs "$here/slurm/train.sbatch")"
 export PATH="$PATH:/usr/sbin:/sbin" # ip, slurmd, munged (Bazel's PATH is /bin:/usr/bin:/usr/local/bin)
 unset SLURM_JOB_ID SLURM_JOBID      # the one-node reference runs under mpirun
-fails=0
-source "$here/testing.sh"
 
 for b in munged mungekey slurmctld slurmd sbatch salloc srun sinfo; do
   command -v "$b" >/dev/null || {

@@ -86,6 +86,10 @@ with open(sys.argv[1], "w") as f:
 PY
 }
 
+abs() { # abs PATH — PATH made absolute (symlinks not resolved)
+  echo "$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
+}
+
 own_cluster() { # own_cluster PREFIX — exports TS_CLUSTER (tools/cluster.sh): PREFIX and a
   # number no namespace here has yet, since `cluster.sh up` replaces a cluster of the same
   # name (another test's). Clusters are separate namespaces: their subnets may repeat.

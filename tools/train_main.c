@@ -423,7 +423,7 @@ int ts_tool_train(int argc, char **argv) {
   }
   progress p = {stdout_is_terminal(), log_every ? log_every : (cfg.steps + 19) / 20,
                 e->dtype == TS_FP16};
-  ts_comm_set_timeout(comm_timeout); /* parse_comm_timeout checked the range */
+  ts_comm_set_timeout(comm_timeout, "--comm-timeout"); /* parse_comm_timeout checked it */
   ts_comm *world = NULL;
   ts_status st = ts_comm_init(&argc, &argv);
   if (st == TS_OK) st = ts_comm_world(&world);

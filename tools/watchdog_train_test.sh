@@ -21,14 +21,13 @@
 #   watchdog_train_test.sh TESSERA_TESTING_BIN LAUNCH_SH
 set -uo pipefail
 here="$(dirname "${BASH_SOURCE[0]}")"
-abs() { echo "$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"; }
+fails=0
+source "$here/testing.sh"
 bin="$(abs "$1")"
 launch="$(abs "$2")"
 cluster="$(abs "$here/cluster.sh")"
 export PATH="$PATH:/usr/sbin:/sbin" # ip (Bazel's PATH is /bin:/usr/bin:/usr/local/bin)
 unset SLURM_JOB_ID SLURM_JOBID      # mpirun, never srun (launch.sh)
-fails=0
-source "$here/testing.sh"
 own_tmp=""
 [[ -n "${TEST_TMPDIR:-}" ]] || own_tmp="$(mktemp -d)"
 tmp="${TEST_TMPDIR:-$own_tmp}"
