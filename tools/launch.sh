@@ -69,7 +69,7 @@ fi
 wait_child() {
   local rc
   while :; do
-    wait "$1"
+    wait "$1" 2>/dev/null # (bash's own "Killed" line when watch_step stops srun)
     rc=$?
     kill -0 "$1" 2>/dev/null || return "$rc"
   done
@@ -149,6 +149,28 @@ if [[ -z "$hostfile" && -n "${SLURM_JOB_ID:-${SLURM_JOBID:-}}" ]] && command -v 
       { print; fflush() }
     '
   }
+  # srun ends when every node has reported its tasks' ends. A node whose
+  # link is down when its tasks end loses that report (its slurmstepd logs
+  # "Failed to send MESSAGE_TASK_EXIT") and srun would wait forever for a
+  # step slurmctld has already ended: once the step was seen in squeue and
+  # has been gone from it for 10 s (squeue answering) while srun still runs,
+  # srun is stopped and the step counts as a death (restartable).
+  watch_step() {
+    local seen=0 gone=0 steps
+    while kill -0 "$1" 2>/dev/null; do
+      sleep 2
+      steps="$(squeue --noheader --steps --jobs="$job" --format='%j' 2>/dev/null)" || continue
+      if grep -qxF "$step_name" <<<"$steps"; then
+        seen=1 gone=0
+      elif ((seen)) && { gone=$((gone + 2)); ((gone >= 10)); }; then
+        echo "tessera launch: the job step ended but srun did not hear from every node" \
+          "within 10 s (a node's report was lost); every rank was stopped" >&2
+        [[ -s "$outcome" ]] || echo "died 0" >"$outcome"
+        kill -KILL "$1" 2>/dev/null
+        return 0
+      fi
+    done
+  }
   attempt=0
   while :; do
     : >"$outcome"
@@ -156,8 +178,12 @@ if [[ -z "$hostfile" && -n "${SLURM_JOB_ID:-${SLURM_JOBID:-}}" ]] && command -v 
     filter_pid=$!
     srun "${srun_args[@]}" "$@" 2>"$fifo" &
     srun_pid=$!
+    watch_step "$srun_pid" &
+    watch_pid=$!
     wait_child "$srun_pid"
     rc=$?
+    kill "$watch_pid" 2>/dev/null
+    wait "$watch_pid" 2>/dev/null
     srun_pid=""
     wait "$filter_pid"
     how="" code=""
