@@ -106,6 +106,8 @@ struct ts_comm {
   const ts_comm_backend *be; /* the transport that runs this group's calls */
   void *impl;                /* the backend's state (MPI: communicators); NULL for self */
   const ts_comm_memory *mem; /* ts_comm_set_memory: where data buffers live; NULL: host */
+  int *node;                 /* ts_comm_set_nodes: (size,) each member's node, or NULL */
+  int remote_peers;          /* members on another node than this rank's */
 };
 
 /* The head of every backend's request struct. */

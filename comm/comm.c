@@ -246,13 +246,30 @@ const char *ts_comm_kind_name(ts_comm_kind k) {
   return "?";
 }
 
+ts_status ts_comm_set_nodes(ts_comm *c, const int *node) {
+  free(c->node);
+  c->node = NULL;
+  c->remote_peers = 0;
+  if (!node) return TS_OK;
+  c->node = (int *)malloc((size_t)c->size * sizeof *c->node);
+  if (!c->node) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "ts_comm_set_nodes: %d members", c->size);
+  memcpy(c->node, node, (size_t)c->size * sizeof *node);
+  for (int j = 0; j < c->size; j++) c->remote_peers += node[j] != node[c->rank];
+  return TS_OK;
+}
+
+/* 1 when member j of c is on another node than this rank. */
+static int is_remote(const ts_comm *c, int j) { return c->node && c->node[j] != c->node[c->rank]; }
+
 /* Charges checked call d to c: one call of its kind and the bytes its
- * arguments ask this rank to send (comm.h). A one-rank group sends nothing
- * and counts nothing, calls included. */
+ * arguments ask this rank to send (comm.h), and of them those to members
+ * on other nodes. A one-rank group sends nothing and counts nothing, calls
+ * included. */
 static void charge(ts_comm *c, const ts_comm_call *d) {
   if (c->size == 1) return;
   uint64_t others = (uint64_t)(c->size - 1), nb = (uint64_t)d->count * call_es(d);
   uint64_t bytes = others * nb; /* this rank's count elements to each of the N-1 others */
+  uint64_t remote = (uint64_t)c->remote_peers * nb;
   ts_comm_kind k;
   switch (d->kind) {
     case TS_COMM_CALL_REDUCE_SCATTER: k = TS_COMM_REDUCE_SCATTER; break;
@@ -265,20 +282,28 @@ static void charge(ts_comm *c, const ts_comm_call *d) {
       uint64_t own = ts_comm_chunk_lo(d->count, c->size, c->rank + 1) - lo;
       k = TS_COMM_ALL_REDUCE;
       bytes = ((uint64_t)d->count - own + others * own) * call_es(d);
+      remote = (uint64_t)c->remote_peers * own;            /* the all-gather half */
+      for (int j = 0; j < c->size && c->remote_peers; j++) /* the reduce-scatter half */
+        if (is_remote(c, j))
+          remote +=
+              ts_comm_chunk_lo(d->count, c->size, j + 1) - ts_comm_chunk_lo(d->count, c->size, j);
+      remote *= call_es(d);
       break;
     }
     case TS_COMM_CALL_BROADCAST:
       k = TS_COMM_BROADCAST;
-      if (c->rank != d->root) bytes = 0; /* only the root sends */
+      if (c->rank != d->root) bytes = remote = 0; /* only the root sends */
       break;
     case TS_COMM_CALL_SEND:
       k = TS_COMM_SEND;
       bytes = nb;
+      remote = is_remote(c, d->peer) ? nb : 0;
       break;
     default: return; /* barrier, recv: nothing sent */
   }
   c->counters.bytes[k] += bytes;
   c->counters.calls[k] += 1;
+  c->counters.remote[k] += remote;
 }
 
 const ts_comm_counters *ts_comm_get_counters(const ts_comm *c) { return &c->counters; }
@@ -286,6 +311,12 @@ const ts_comm_counters *ts_comm_get_counters(const ts_comm *c) { return &c->coun
 uint64_t ts_comm_bytes_sent(const ts_comm *c) {
   uint64_t sum = 0;
   for (int k = 0; k < TS_COMM_NUM_KINDS; k++) sum += c->counters.bytes[k];
+  return sum;
+}
+
+uint64_t ts_comm_bytes_remote(const ts_comm *c) {
+  uint64_t sum = 0;
+  for (int k = 0; k < TS_COMM_NUM_KINDS; k++) sum += c->counters.remote[k];
   return sum;
 }
 
@@ -387,6 +418,7 @@ ts_status ts_comm_split(ts_comm *parent, int color, int key, const char *name, t
 void ts_comm_free(ts_comm *c) {
   if (!c) return;
   c->be->free_group(c);
+  free(c->node);
   free(c);
 }
 

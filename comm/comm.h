@@ -81,6 +81,9 @@ const char *ts_comm_kind_name(ts_comm_kind k);
 typedef struct ts_comm_counters {
   uint64_t bytes[TS_COMM_NUM_KINDS]; /* bytes the calls asked this rank to send, per kind */
   uint64_t calls[TS_COMM_NUM_KINDS]; /* calls made, per kind */
+  /* Of bytes: those to members on another node (ts_comm_set_nodes), the
+   * link class across nodes; bytes - remote went within this rank's node. */
+  uint64_t remote[TS_COMM_NUM_KINDS];
 } ts_comm_counters;
 
 /* Reduction of ts_comm_all_reduce_f64. */
@@ -288,6 +291,20 @@ const char *ts_comm_name(const ts_comm *c);
 const ts_comm_counters *ts_comm_get_counters(const ts_comm *c);
 /* Sum of bytes[] over all kinds (computed, not measured on the wire). */
 uint64_t ts_comm_bytes_sent(const ts_comm *c);
+/* Of ts_comm_bytes_sent: the bytes to members on another node. */
+uint64_t ts_comm_bytes_remote(const ts_comm *c);
+
+/* Link classes: which members of c share a node (host). node (size,) gives
+ * each member's node as a small integer, equal for members on the same
+ * node; it is copied. From then on every call's bytes also count under
+ * counters.remote when they go to a member on another node than this
+ * rank's: per member, the bytes comm.h's formula for the call sends it
+ * (a reduce-scatter member j's chunk, an all-gather the own chunk, an
+ * all-reduce both halves, a send its peer). NULL: every member on this
+ * rank's node (the default of a new group, and of ts_comm_self and
+ * ts_comm_plan). MPI groups are given it at creation from the world's host
+ * names (ts_comm_host). TS_ERR_OUT_OF_MEMORY. */
+ts_status ts_comm_set_nodes(ts_comm *c, const int *node);
 void ts_comm_reset_counters(ts_comm *c);
 
 /* --- collectives (blocking; every rank of the group must call) ------------ */

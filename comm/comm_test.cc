@@ -656,6 +656,54 @@ TEST_F(Comm, CountersSumKindsAndReset) {
   ExpectCounters(c_, TS_COMM_SEND, 0, 0);
 }
 
+TEST_F(Comm, RemoteCountersFollowTheNodes) {
+  // On one host every member shares this rank's node: nothing is remote.
+  Buf s(TS_FP32, 10), r(TS_FP32, 10 * n_);
+  ASSERT_EQ(ts_comm_all_gather(c_, s.data(), r.data(), 10, TS_FP32), TS_OK);
+  EXPECT_EQ(ts_comm_bytes_remote(c_), 0u);
+  // Pretend nodes of two ranks: rank j on node j / 2. Per kind the remote
+  // bytes are the formula's bytes to the members of the other nodes.
+  std::vector<int> node;
+  for (int j = 0; j < n_; j++) node.push_back(j / 2);
+  ASSERT_EQ(ts_comm_set_nodes(c_, node.data()), TS_OK);
+  ts_comm_reset_counters(c_);
+  uint64_t others = 0;  // members on another node
+  for (int j = 0; j < n_; j++) others += node[j] != node[r_];
+  ASSERT_EQ(ts_comm_all_gather(c_, s.data(), r.data(), 10, TS_FP32), TS_OK);
+  const size_t count = 1001;  // uneven chunks: each remote member's own size
+  Buf buf(TS_FP32, count);
+  buf.Fill(5, r_);
+  std::vector<uint8_t> scratch(ts_comm_all_reduce_scratch_bytes(c_, count, TS_FP32));
+  ASSERT_EQ(ts_comm_all_reduce(c_, buf.data(), count, TS_FP32, scratch.data(), scratch.size()),
+            TS_OK);
+  int peer = (r_ + 2) % n_;  // a member two ahead: another node when n >= 3
+  Buf one(TS_FP32, 7), got(TS_FP32, 7);
+  if (n_ >= 3) {
+    ts_comm_request *req = nullptr;
+    ASSERT_EQ(ts_comm_isend(c_, one.data(), 7, TS_FP32, peer, 3, &req), TS_OK);
+    ASSERT_EQ(ts_comm_recv(c_, got.data(), 7, TS_FP32, (r_ + n_ - 2) % n_, 3), TS_OK);
+    ASSERT_EQ(ts_comm_wait(req), TS_OK);
+  }
+  const ts_comm_counters *ct = ts_comm_get_counters(c_);
+  EXPECT_EQ(ct->remote[TS_COMM_ALL_GATHER], others * 40);
+  uint64_t own = ChunkLo(count, n_, r_ + 1) - ChunkLo(count, n_, r_), rs = 0;
+  for (int j = 0; j < n_; j++)
+    if (node[j] != node[r_]) rs += ChunkLo(count, n_, j + 1) - ChunkLo(count, n_, j);
+  EXPECT_EQ(ct->remote[TS_COMM_ALL_REDUCE], (rs + others * own) * 4);
+  bool send_remote = n_ >= 3 && node[peer] != node[r_];
+  EXPECT_EQ(ct->remote[TS_COMM_SEND], send_remote ? 28u : 0u);
+  EXPECT_EQ(
+      ts_comm_bytes_remote(c_),
+      ct->remote[TS_COMM_ALL_GATHER] + ct->remote[TS_COMM_ALL_REDUCE] + ct->remote[TS_COMM_SEND]);
+  // Never more than was sent; the bytes themselves unchanged by the nodes.
+  EXPECT_LE(ts_comm_bytes_remote(c_), ts_comm_bytes_sent(c_));
+  EXPECT_EQ(ct->bytes[TS_COMM_ALL_GATHER], n_ > 1 ? (uint64_t)(n_ - 1) * 40 : 0u);
+  ASSERT_EQ(ts_comm_set_nodes(c_, nullptr), TS_OK);  // back to one node
+  ts_comm_reset_counters(c_);
+  ASSERT_EQ(ts_comm_all_gather(c_, s.data(), r.data(), 10, TS_FP32), TS_OK);
+  EXPECT_EQ(ts_comm_bytes_remote(c_), 0u);
+}
+
 // ---- errors ------------------------------------------------------------------------------
 
 bool Contains(const char *s, const std::string &part) { return strstr(s, part.c_str()) != nullptr; }

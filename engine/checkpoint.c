@@ -359,6 +359,8 @@ typedef struct save_job {
   ts_engine *e;
   ts_comm *w, *own; /* the world (borrowed, or own: a one-rank group) */
   int R, n;         /* this world rank and the world's size */
+  int F, files;     /* this rank's file (stage * S + shard rank; -1 for a hybrid replica
+                       other than the first, which writes none) and the files, stages x S */
   char dir[4096], what[4200];
   saver_layout L;
   saved_counters counters;
@@ -397,10 +399,14 @@ static ts_status save_start(save_job *j, ts_engine *e, ts_comm *world, const cha
   if (st == TS_OK && j->R == 0 && unlink(path) != 0 && errno != ENOENT)
     st = ts_set_error(TS_ERR_IO, "%s: cannot remove the old index: %s", path, strerror(errno));
   if (st == TS_OK) st = saver_layout_init(&j->L, e);
-  if (st == TS_OK && j->L.dp * e->stages != j->n)
+  /* Hybrid sharding: the first shard group's ranks write the files, as
+   * plain ZeRO over S ranks would (the replicas hold the same bits). */
+  j->files = j->L.dp * e->stages;
+  j->F = e->rep_rank == 0 ? e->stage * j->L.dp + e->rank : -1;
+  if (st == TS_OK && j->files * e->replicas != j->n)
     st = ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                      "checkpoint: the world has %d ranks, the engine's grid %d x %d", j->n,
-                      e->stages, j->L.dp);
+                      "checkpoint: the world has %d ranks, the engine's grid %d x %d x %d", j->n,
+                      e->stages, e->replicas, j->L.dp);
   return ts_comm_agree(j->w, st, j->what, NULL);
 }
 
@@ -408,7 +414,7 @@ static ts_status save_start(save_job *j, ts_engine *e, ts_comm *world, const cha
  * its checksum and size), agreed; the checksums gathered; rank 0 writes
  * the extra files, then index.json (the commit); agreed. */
 static ts_status save_commit(save_job *j, ts_status local, const char *hx, size_t nb) {
-  int n = j->n;
+  int n = j->files;
   char(*hex)[TS_SHA256_HEX] = calloc((size_t)n + j->n_extra, TS_SHA256_HEX);
   float *packed = calloc((size_t)n * 18, sizeof(float)); /* per rank: 64 hex + 8-byte size */
   size_t *sizes = calloc((size_t)n, sizeof *sizes);
@@ -427,7 +433,8 @@ static ts_status save_commit(save_job *j, ts_status local, const char *hx, size_
     memcpy(w, mine, sizeof w);
     double *all = calloc((size_t)n * 18, sizeof(double));
     if (!all) st = ts_set_error(TS_ERR_OUT_OF_MEMORY, "checkpoint: %d ranks", n);
-    for (int k = 0; all && k < 18; k++) all[(size_t)j->R * 18 + (size_t)k] = (double)w[k];
+    for (int k = 0; all && j->F >= 0 && k < 18; k++)
+      all[(size_t)j->F * 18 + (size_t)k] = (double)w[k];
     if (st == TS_OK) st = ts_comm_all_reduce_f64(j->w, all, (size_t)n * 18, TS_COMM_SUM);
     for (size_t i = 0; st == TS_OK && i < (size_t)n * 18; i++) {
       uint32_t v = (uint32_t)all[i];
@@ -456,8 +463,8 @@ ts_status ts_checkpoint_save(ts_engine *e, ts_comm *world, const char *dir,
   if (st == TS_OK) { /* every rank writes its file from the engine's buffers */
     char hx[TS_SHA256_HEX] = "", path[4200];
     size_t nb = 0;
-    snprintf(path, sizeof path, "%s/rank-%05d.bin", dir, j.R);
-    ts_status local = write_rank_file(e, &j.L, path, j.R, NULL, hx, &nb);
+    snprintf(path, sizeof path, "%s/rank-%05d.bin", dir, j.F);
+    ts_status local = j.F >= 0 ? write_rank_file(e, &j.L, path, j.F, NULL, hx, &nb) : TS_OK;
     st = save_commit(&j, local, hx, nb);
   }
   save_job_free(&j);
@@ -543,14 +550,16 @@ double ts_checkpoint_staging_wait_seconds(const ts_engine *e) { return e->ckpt_s
  * renames the file into place (base/atomic_file.h). No MPI here. */
 static void *write_staged(void *arg) {
   ts_checkpoint_pending *p = arg;
+  int F = p->job.F; /* -1: a hybrid replica, which writes no file */
   if (!p->staged) { /* a CPU's copy cannot fail: memcpy */
-    (void)for_each_chunk(&p->job.L, p->job.R, stage_chunk, p->job.e);
+    if (F >= 0) (void)for_each_chunk(&p->job.L, F, stage_chunk, p->job.e);
     mark_staged(p);
   }
   char path[4200];
-  snprintf(path, sizeof path, "%s/rank-%05d.bin", p->job.dir, p->job.R);
-  p->status = write_rank_file(p->job.e, &p->job.L, path, p->job.R, p->job.e->ckpt_staging, p->hex,
-                              &p->nbytes);
+  snprintf(path, sizeof path, "%s/rank-%05d.bin", p->job.dir, F);
+  p->status = F >= 0 ? write_rank_file(p->job.e, &p->job.L, path, F, p->job.e->ckpt_staging, p->hex,
+                                       &p->nbytes)
+                     : TS_OK;
   if (p->status != TS_OK) snprintf(p->error, sizeof p->error, "%s", ts_last_error());
   atomic_store(&p->written, 1);
   return NULL;
@@ -613,7 +622,7 @@ ts_status ts_checkpoint_save_async(ts_engine *e, ts_comm *world, const char *dir
      * backward run, and the optimizer step waits for it. */
     ts_status local = p->job.R == 0 ? copy_extras(p, extra, n_extra) : TS_OK;
     if (local == TS_OK && e->device != TS_DEVICE_CPU) {
-      local = for_each_chunk(&p->job.L, p->job.R, stage_chunk, e);
+      local = for_each_chunk(&p->job.L, p->job.F, stage_chunk, e);
       if (local == TS_OK) local = ts_k_synchronize(&e->ctx);
       p->staged = 1;
     }

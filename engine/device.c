@@ -144,7 +144,8 @@ ts_status ts_engine_prepare_device(ts_engine *e) {
   r->total = total;
   r->used_at_create = total - free_bytes;
   ts_engine *pe;
-  TS_CHECK(ts_engine_plan_engine(e->model, &e->opts, (size_t)e->dp_size, e->stage, &pe));
+  TS_CHECK(ts_engine_plan_engine(e->model, &e->opts, (size_t)e->dp_size * (size_t)e->replicas,
+                                 e->stage, &pe));
   ts_mem_account plan = *ts_ledger_account(&pe->ledger, e->device);
   /* What the card will hold: the plan's other blocks at their peak plus
    * every transient reserved below (more than the plan's peak, which

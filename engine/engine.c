@@ -111,6 +111,9 @@ static ts_status alloc_unit(ts_engine *e, int u) {
   TS_CHECK(alloc_saved(e, &e->slots[0], u));
   size_t sb = ts_shard_scratch_bytes(&s->layout, e->opts.dtype);
   if (sb > e->scratch_bytes) e->scratch_bytes = sb;
+  /* hybrid: the shard's all-reduce over the replicas shares the scratch */
+  sb = e->rep ? ts_comm_all_reduce_scratch_bytes(e->rep, s->layout.shard, e->opts.dtype) : 0;
+  if (sb > e->scratch_bytes) e->scratch_bytes = sb;
   return init_unit(e, u);
 }
 
@@ -295,6 +298,16 @@ static ts_status check_opts(const ts_model *model, const ts_engine_opts *opts) {
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "`comm` mpi moves host memory only; on %s use staged (or auto)",
                         ts_device_name(opts->device));
+  if (opts->shard_group < 0)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "`shard_group` %d: expected 0 (shard over every data-parallel rank) or a "
+                        "group size >= 1",
+                        opts->shard_group);
+  if (opts->shard_group > 0 && opts->device != TS_DEVICE_CPU)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "`shard_group` %d: hybrid sharding runs on the cpu only in this build "
+                        "(got %s)",
+                        opts->shard_group, ts_device_name(opts->device));
   if (opts->comm_chunk_bytes != 0 && opts->comm_chunk_bytes < TS_COMM_STAGING_MIN_PIECE)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "`comm_chunk_bytes` %zu: expected 0 (1 MiB) or at least %d bytes",
@@ -348,8 +361,46 @@ ts_status ts_engine_new(const ts_model *model, const ts_engine_opts *opts, ts_en
   e->rs_pending = -1;
   e->u_end = model->n_units;
   e->n_slots = 1;
+  e->replicas = 1;
   ts_ledger_init(&e->ledger);
   *out = e;
+  return TS_OK;
+}
+
+int ts_engine_shard_size(const ts_engine_opts *opts, int dp_size) {
+  int S = opts->shard_group;
+  return S > 0 && S < dp_size ? S : dp_size;
+}
+
+ts_status ts_engine_check_shard_group(const ts_engine_opts *opts, int dp_size) {
+  int S = opts->shard_group;
+  if (S == 0 || (S <= dp_size && dp_size % S == 0)) return TS_OK;
+  return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                      "`shard_group` %d: expected a divisor of the %d data-parallel rank%s "
+                      "(groups of S consecutive ranks)",
+                      S, dp_size, dp_size == 1 ? "" : "s");
+}
+
+/* Hybrid sharding (opts.shard_group S < N, the size of dp): dp cut into
+ * its N/S groups of S consecutive ranks ("shard": the engine's dp from
+ * here) and, across them, the ranks of the same place in each group
+ * ("replica", ordered by group). Collective over dp: every rank makes both
+ * splits. A no-op for plain ZeRO. */
+static ts_status make_hybrid(ts_engine *e, ts_comm *dp) {
+  int N = ts_comm_size(dp), r = ts_comm_rank(dp);
+  TS_CHECK(ts_engine_check_shard_group(&e->opts, N));
+  int S = ts_engine_shard_size(&e->opts, N);
+  if (S == N) return TS_OK;
+  ts_status st = ts_comm_split(dp, r / S, r % S, "shard", &e->own_shard);
+  ts_status st2 = ts_comm_split(dp, r % S, r / S, "replica", &e->own_rep);
+  TS_CHECK(st);
+  TS_CHECK(st2);
+  e->dp = e->own_shard;
+  e->rep = e->own_rep;
+  e->rank = r % S;
+  e->dp_size = S;
+  e->replicas = N / S;
+  e->rep_rank = r / S;
   return TS_OK;
 }
 
@@ -370,7 +421,8 @@ ts_status ts_engine_create_stage(ts_engine **out, const ts_model *model,
     e->pp = pp;
     e->rank = ts_comm_rank(e->dp);
     e->dp_size = ts_comm_size(e->dp);
-    st = ts_engine_set_stage(e, stage);
+    st = make_hybrid(e, e->dp);
+    if (st == TS_OK) st = ts_engine_set_stage(e, stage);
   }
   if (collective) st = ts_comm_agree(dp, st, "setting up the engine", NULL);
   if (st == TS_OK) st = ts_engine_lend_memory(e);
@@ -451,6 +503,8 @@ void ts_engine_free(ts_engine *e) {
   free(e->h_part);
   ts_ledger_release(&e->ledger);
   ts_k_context_destroy(&e->ctx);
+  ts_comm_free(e->own_shard);
+  ts_comm_free(e->own_rep);
   ts_comm_free(e->own_comm);
   ts_comm_free(e->own_pp);
   free(e->units);

@@ -136,6 +136,16 @@ typedef struct ts_engine_opts {
   float weight_decay; /* decoupled decay of matrices (norms take none) */
   float grad_clip;    /* max global L2 norm; <= 0 disables clipping */
   int zero_stage;     /* ZeRO stage 0 (DDP), 1, 2 or 3 */
+  /* Hybrid sharding (PyTorch FSDP2's HSDP, ZeRO++'s hpZ; DESIGN.md "Several
+   * nodes"): 0 shards over the whole data-parallel group of N ranks (plain
+   * ZeRO). S >= 1 dividing N: the stage shards within groups of S
+   * consecutive data-parallel ranks (a node) and replicates across the N/S
+   * groups; gradients are reduce-scattered within the group, then each
+   * shard is all-reduced across the groups (once per step, before the
+   * norm); parameters are all-gathered within the group only. S = N is
+   * plain ZeRO. Per-rank model states follow the ZeRO formulas with N = S.
+   * CPU only in this build (TS_ERR_INVALID_ARGUMENT beside a device). */
+  int shard_group;
   /* Loss scaling, fp16 only (ignored in fp32 and bf16, whose range needs
    * none). loss_scale 0: dynamic (PyTorch GradScaler / DeepSpeed): start at
    * loss_scale_init, halve on a step whose gradients hold inf or NaN (the
@@ -239,6 +249,14 @@ ts_engine_opts ts_engine_default_opts(void);
  * ZeRO stage 0, 1, 2 or 3"). */
 ts_status ts_engine_check_zero_stage(long long zero_stage);
 ts_status ts_engine_check_pipeline_stages(long long stages);
+
+/* Hybrid sharding: opts->shard_group checked against a data-parallel
+ * group of dp_size ranks (0, or a divisor of dp_size).
+ * TS_ERR_INVALID_ARGUMENT naming `shard_group`, the size and dp_size. */
+ts_status ts_engine_check_shard_group(const ts_engine_opts *opts, int dp_size);
+/* The ranks each tensor is sharded over in a data-parallel group of
+ * dp_size: opts->shard_group when hybrid (0 < S < dp_size), else dp_size. */
+int ts_engine_shard_size(const ts_engine_opts *opts, int dp_size);
 
 /* Whether unit u of m is recomputed (activation checkpointing) under
  * opts->recompute_every: blocks (ts_unit.layer >= 0) whose layer is a
@@ -355,7 +373,21 @@ typedef struct ts_step_stats {
                                Hugging Face name, else "" */
   ts_comm_counters comm;    /* bytes this rank sent during the step, per kind */
   uint64_t comm_bytes;      /* their sum, bytes */
+  uint64_t comm_remote_bytes; /* of comm_bytes: those to ranks on other nodes (the link
+                                 class across nodes; ts_comm_set_nodes), bytes */
 } ts_step_stats;
+
+/* The bytes one rank sends in one training step of the plan, by kind and
+ * by link class (DESIGN.md "Several nodes"), in out->comm,
+ * out->comm_bytes and out->comm_remote_bytes (the rest of *out zeroed):
+ * world rank `stage` x dp_size (data-parallel rank 0 of pipeline stage
+ * `stage`; hybrid sharding: of the first shard group), with
+ * ranks_per_node consecutive world ranks per node (0: every rank on one
+ * node), as the engine's groups count them on a real run of that layout
+ * (ts_comm_set_nodes). Errors as ts_engine_plan_stage;
+ * TS_ERR_INVALID_ARGUMENT for ranks_per_node < 0. */
+ts_status ts_engine_plan_comm(const ts_model *model, const ts_engine_opts *opts, size_t dp_size,
+                              int stage, int ranks_per_node, ts_step_stats *out);
 
 /* Builds the engine for `model` (borrowed; must outlive the engine) on the
  * data-parallel group dp (borrowed; NULL: one rank, no MPI), allocates

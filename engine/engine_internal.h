@@ -93,7 +93,12 @@ struct ts_engine {
   ts_kctx ctx;           /* the device's context, with the workspace */
   ts_comm *dp;           /* data-parallel group (borrowed or own_comm) */
   ts_comm *own_comm;     /* the one-rank group made when none was given */
-  int rank, dp_size;     /* this rank r and N, of the data-parallel group */
+  int rank, dp_size;     /* this rank r and N, of the data-parallel group (hybrid sharding:
+                            of the shard group, S ranks) */
+  ts_comm *rep;          /* hybrid sharding: the replica group (this shard's N/S copies, one per
+                            shard group, in group order), else NULL */
+  ts_comm *own_shard, *own_rep; /* hybrid sharding: the two groups cut from the dp group given */
+  int replicas, rep_rank;       /* N/S and this rank's shard group (1 and 0 without hybrid) */
   size_t es;             /* bytes per compute element */
   void *scratch;         /* reduce-scatter scratch, (N-1) * max S elements */
   size_t scratch_bytes;  /* its size, bytes */
@@ -232,6 +237,12 @@ ts_status ts_engine_comm_wait(ts_engine *e, ts_comm_request **req, ts_span_kind 
  * overlap the step's last backward started it. The optimizer step's. */
 ts_status ts_engine_reduce_buckets(ts_engine *e);
 
+/* Hybrid sharding (e->rep): each unit's reduced gradient shard summed
+ * over the replica group (ts_comm_all_reduce, blocking: rank-order sums,
+ * the same bits on every replica), once per step after every reduction
+ * within the shard group ended; stage 0 then starts the all-gather of its
+ * part (reduce_ag_req). A no-op without hybrid sharding. */
+ts_status ts_engine_reduce_replicas(ts_engine *e);
 /* Waits for the gradient reductions still in flight: the
  * last reduce-scatter, so that every gradient shard (this rank's part) is
  * final, and with gathers != 0 stage 0's all-gathers of the reduced

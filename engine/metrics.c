@@ -70,6 +70,7 @@ ts_status ts_metrics_write_step(ts_metrics *m, const ts_metrics_step *s, const t
   cJSON_AddNumberToObject(o, "compute_seconds", s->compute_seconds);
   cJSON_AddNumberToObject(o, "wait_seconds", s->wait_seconds);
   cJSON_AddNumberToObject(o, "comm_bytes", (double)st->comm_bytes);
+  cJSON_AddNumberToObject(o, "comm_bytes_across_nodes", (double)st->comm_remote_bytes);
   cJSON_AddNumberToObject(o, "loss_scale", st->loss_scale);
   cJSON_AddNumberToObject(o, "skipped", st->skipped);
   if (st->skipped) {
@@ -174,6 +175,8 @@ ts_status ts_metrics_write_summary(ts_metrics *m, const ts_metrics_summary *s) {
   cJSON_AddNumberToObject(sm, "global_batch", (double)s->global_batch);
   cJSON_AddNumberToObject(sm, "seq", (double)eo->seq);
   cJSON_AddNumberToObject(sm, "comm_bytes_per_step", (double)s->last->comm_bytes);
+  cJSON_AddNumberToObject(sm, "comm_bytes_across_nodes_per_step",
+                          (double)s->last->comm_remote_bytes);
   cJSON *kinds = cJSON_AddObjectToObject(sm, "comm_bytes_by_kind");
   for (int k = 0; k < TS_COMM_NUM_KINDS; k++)
     cJSON_AddNumberToObject(kinds, ts_comm_kind_name((ts_comm_kind)k),

@@ -38,8 +38,8 @@ typedef struct ts_metrics_step {
 } ts_metrics_step;
 
 /* {step, loss, lr, grad_norm, tokens_per_s, gflops, step_seconds,
- * compute_seconds, wait_seconds, comm_bytes, loss_scale, skipped[, overflow: {unit, tensor,
- * loss_scale_before, loss_scale_after}]}. TS_ERR_IO. */
+ * compute_seconds, wait_seconds, comm_bytes, comm_bytes_across_nodes, loss_scale, skipped[,
+ * overflow: {unit, tensor, loss_scale_before, loss_scale_after}]}. TS_ERR_IO. */
 ts_status ts_metrics_write_step(ts_metrics *m, const ts_metrics_step *s, const ts_step_stats *st);
 
 /* {step, val_loss}, and val_accuracy when accuracy >= 0. TS_ERR_IO. */

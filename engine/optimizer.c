@@ -10,14 +10,18 @@
 #include "engine/engine_internal.h"
 #include "shard/collect.h"
 
-/* The counters of the dp group plus (pipeline) the pipeline group. */
+/* The counters of the dp group plus the pipeline group and (hybrid) the
+ * replica group. */
 static ts_comm_counters counters_now(const ts_engine *e) {
   ts_comm_counters d = *ts_comm_get_counters(e->dp);
-  if (e->pp) {
-    const ts_comm_counters *p = ts_comm_get_counters(e->pp);
+  ts_comm *more[2] = {e->pp, e->rep};
+  for (int g = 0; g < 2; g++) {
+    if (!more[g]) continue;
+    const ts_comm_counters *p = ts_comm_get_counters(more[g]);
     for (int k = 0; k < TS_COMM_NUM_KINDS; k++) {
       d.bytes[k] += p->bytes[k];
       d.calls[k] += p->calls[k];
+      d.remote[k] += p->remote[k];
     }
   }
   return d;
@@ -31,6 +35,7 @@ static ts_comm_counters counters_since(const ts_engine *e, const ts_comm_counter
   for (int k = 0; k < TS_COMM_NUM_KINDS; k++) {
     d.bytes[k] -= since->bytes[k];
     d.calls[k] -= since->calls[k];
+    d.remote[k] -= since->remote[k];
   }
   return d;
 }
@@ -113,6 +118,7 @@ ts_status ts_engine_optimizer_step(ts_engine *e, float lr, ts_step_stats *stats)
   stats->loss_scale = stats->next_loss_scale = e->scaler.scale;
   TS_CHECK(ts_engine_reduce_buckets(e));       /* stages 0/1 without overlap */
   TS_CHECK(ts_engine_finish_reductions(e, 0)); /* every gradient shard final */
+  TS_CHECK(ts_engine_reduce_replicas(e));      /* hybrid: summed over the shard's replicas */
   for (int u = e->u_begin; u < e->u_end; u++)
     TS_CHECK(ts_k_sumsq(&e->ctx, e->sumsq + u, ts_engine_grad_shard(e, u),
                         e->units[u].layout.shard, e->opts.dtype));
@@ -139,7 +145,10 @@ ts_status ts_engine_optimizer_step(ts_engine *e, float lr, ts_step_stats *stats)
   double sums[2] = {part[0], 0.0};
   for (size_t u = 0; u < U; u++) sums[1] += part[1 + u];
   TS_CHECK(ts_comm_all_reduce_f64(e->dp, sums, 2, TS_COMM_SUM));
-  stats->loss = sums[0] / ((double)e->opts.grad_accum * (double)e->dp_size);
+  /* hybrid: the loss over every shard group (the shards' squares are the
+   * same on every replica: the norm is the group's) */
+  if (e->rep) TS_CHECK(ts_comm_all_reduce_f64(e->rep, sums, 1, TS_COMM_SUM));
+  stats->loss = sums[0] / ((double)e->opts.grad_accum * (double)e->dp_size * (double)e->replicas);
   stats->step = e->step;
   ts_status st;
   int bad_norm = !isfinite(sums[1]), bad_loss = !isfinite(sums[0]) && !e->scaler.enabled;
@@ -150,8 +159,11 @@ ts_status ts_engine_optimizer_step(ts_engine *e, float lr, ts_step_stats *stats)
     st = apply_step(e, lr, sums[1], stats);
   }
   stats->comm = counters_since(e, &e->step_start);
-  stats->comm_bytes = 0;
-  for (int k = 0; k < TS_COMM_NUM_KINDS; k++) stats->comm_bytes += stats->comm.bytes[k];
+  stats->comm_bytes = stats->comm_remote_bytes = 0;
+  for (int k = 0; k < TS_COMM_NUM_KINDS; k++) {
+    stats->comm_bytes += stats->comm.bytes[k];
+    stats->comm_remote_bytes += stats->comm.remote[k];
+  }
   e->micro_done = 0;
   return st;
 }

@@ -112,8 +112,23 @@ ts_status ts_engine_plan_params(size_t psi, ts_dtype dtype, int zero_stage, size
 /* The plan's batch source: no data (its buffers have no memory). */
 static ts_status no_batch(void *user, int mb, int32_t *inputs, int32_t *targets) { return TS_OK; }
 
-ts_status ts_engine_plan_engine(const ts_model *model, const ts_engine_opts *opts, size_t dp_size,
-                                int stage, ts_engine **out) {
+/* The node of each member of a plan group whose member j is world rank
+ * first + j * stride, with L ranks per node (L = 0: one node). */
+static ts_status plan_nodes(ts_comm *c, size_t first, size_t stride, int L) {
+  if (!c || L <= 0) return TS_OK;
+  int n = ts_comm_size(c), *node = malloc((size_t)n * sizeof *node);
+  if (!node) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "plan: %d members' nodes", n);
+  for (int j = 0; j < n; j++) node[j] = (int)((first + (size_t)j * stride) / (size_t)L);
+  ts_status st = ts_comm_set_nodes(c, node);
+  free(node);
+  return st;
+}
+
+/* ts_engine_plan_engine with the groups' link classes for ranks_per_node
+ * (plan_nodes) and the step's statistics in *stats (NULL: not wanted). */
+static ts_status plan_engine(const ts_model *model, const ts_engine_opts *opts, size_t dp_size,
+                             int stage, int ranks_per_node, ts_engine **out,
+                             ts_step_stats *stats_out) {
   *out = NULL;
   TS_CHECK(check_dp_size(dp_size));
   ts_engine *e;
@@ -125,9 +140,20 @@ ts_status ts_engine_plan_engine(const ts_model *model, const ts_engine_opts *opt
   ts_ledger_init_plan(&e->ledger);
   e->ctx.flags |= TS_K_PLAN;
   e->rank = 0; /* shards are equal, so every rank's plan is rank 0's */
-  e->dp_size = (int)dp_size;
-  ts_status st = ts_engine_set_stage(e, stage);
+  e->dp_size = ts_engine_shard_size(opts, (int)dp_size); /* hybrid: the shard group's S */
+  ts_status st = ts_engine_check_shard_group(opts, (int)dp_size);
+  if (st == TS_OK) st = ts_engine_set_stage(e, stage);
   if (st == TS_OK) st = ts_comm_plan(e->rank, e->dp_size, "dp", &e->own_comm);
+  if (st == TS_OK && (size_t)e->dp_size < dp_size) {
+    e->replicas = (int)(dp_size / (size_t)e->dp_size);
+    st = ts_comm_plan(0, e->replicas, "replica", &e->own_rep);
+    e->rep = e->own_rep;
+  }
+  /* world rank w = pipeline stage x dp_size + data-parallel rank */
+  size_t base = (size_t)stage * dp_size;
+  if (st == TS_OK) st = plan_nodes(e->own_comm, base, 1, ranks_per_node);
+  if (st == TS_OK) st = plan_nodes(e->own_rep, base, (size_t)e->dp_size, ranks_per_node);
+  if (st == TS_OK) st = plan_nodes(e->own_pp, 0, dp_size, ranks_per_node);
   if (st == TS_OK && e->stages > 1) st = ts_comm_plan(stage, e->stages, "pp", &e->own_pp);
   e->dp = e->own_comm;
   e->pp = e->own_pp;
@@ -140,7 +166,30 @@ ts_status ts_engine_plan_engine(const ts_model *model, const ts_engine_opts *opt
     ts_engine_free(e);
     return st;
   }
+  if (stats_out) *stats_out = stats;
   *out = e;
+  return TS_OK;
+}
+
+ts_status ts_engine_plan_engine(const ts_model *model, const ts_engine_opts *opts, size_t dp_size,
+                                int stage, ts_engine **out) {
+  return plan_engine(model, opts, dp_size, stage, 0, out, NULL);
+}
+
+ts_status ts_engine_plan_comm(const ts_model *model, const ts_engine_opts *opts, size_t dp_size,
+                              int stage, int ranks_per_node, ts_step_stats *out) {
+  memset(out, 0, sizeof *out);
+  if (ranks_per_node < 0)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "`ranks_per_node` %d: expected 0 (one node) or ranks per node >= 1",
+                        ranks_per_node);
+  ts_engine *e;
+  ts_step_stats stats;
+  TS_CHECK(plan_engine(model, opts, dp_size, stage, ranks_per_node, &e, &stats));
+  ts_engine_free(e);
+  out->comm = stats.comm;
+  out->comm_bytes = stats.comm_bytes;
+  out->comm_remote_bytes = stats.comm_remote_bytes;
   return TS_OK;
 }
 

@@ -134,7 +134,7 @@ static ts_status finish_reduce(ts_engine *e, int u) {
   ts_status st = ts_engine_comm_wait(e, &s->reduce_req, TS_SPAN_REDUCE_SCATTER, u);
   if (e->zero->shard_grads) {
     ts_shard_release(&e->ledger, &s->full_grads);
-  } else if (st == TS_OK && e->zero->gather_grads) {
+  } else if (st == TS_OK && e->zero->gather_grads && !e->rep) { /* hybrid: after the replicas' */
     ts_engine_comm_note(e, u);
     st = ts_shard_iall_gather(e->dp, &s->layout, ts_engine_grad_shard(e, u), s->grads,
                               e->opts.dtype, &s->reduce_ag_req);
@@ -182,6 +182,21 @@ ts_status ts_engine_reduce_buckets(ts_engine *e) {
     TS_CHECK(start_reduce(e, u));
     TS_CHECK(finish_reduce(e, u));
     TS_CHECK(ts_engine_comm_wait(e, &e->units[u].reduce_ag_req, TS_SPAN_ALL_GATHER, u));
+  }
+  return TS_OK;
+}
+
+ts_status ts_engine_reduce_replicas(ts_engine *e) {
+  if (!e->rep) return TS_OK;
+  for (int u = e->u_begin; u < e->u_end; u++) {
+    unit_state *s = &e->units[u];
+    ts_engine_comm_note(e, u);
+    void *shard = ts_engine_grad_shard(e, u);
+    TS_CHECK(ts_comm_all_reduce(e->rep, shard, s->layout.shard, e->opts.dtype, e->scratch,
+                                e->scratch_bytes));
+    if (e->zero->gather_grads)
+      TS_CHECK(ts_shard_iall_gather(e->dp, &s->layout, shard, s->grads, e->opts.dtype,
+                                    &s->reduce_ag_req));
   }
   return TS_OK;
 }
@@ -308,9 +323,10 @@ ts_status ts_engine_forward_slot(ts_engine *e, act_slot *sl, double *loss, int f
 }
 
 /* d(scaled step loss)/d(row loss) of a micro-batch with `count` targets:
- * the loss scale (1 unless fp16; exact: 2^k) over count N K. */
+ * the loss scale (1 unless fp16; exact: 2^k) over count N K (hybrid
+ * sharding: N = S x replicas, every data-parallel rank). */
 static float dloss_of(const ts_engine *e, size_t count) {
-  double micro_batches = (double)e->opts.grad_accum * (double)e->dp_size;
+  double micro_batches = (double)e->opts.grad_accum * (double)e->dp_size * (double)e->replicas;
   return count ? (float)((double)e->scaler.scale / ((double)count * micro_batches)) : 0.0f;
 }
 

@@ -213,7 +213,7 @@ ts_status ts_engine_get_tensor(ts_engine *e, const char *name, float *dst, size_
 }
 
 ts_status ts_engine_get_grad(const ts_engine *e, const char *name, float *dst, size_t numel) {
-  if (e->dp_size != 1)
+  if (e->dp_size * e->replicas != 1)
     return ts_set_error(TS_ERR_INVALID_USAGE,
                         "engine: get_grad of %s on %d ranks: gradients are unreduced or sharded; "
                         "expected a one-rank group",

@@ -724,6 +724,7 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
   res->tokens_per_s = timed ? tok_s_sum / (double)timed : 0;
   res->gflops = res->tokens_per_s * flops_per_token / 1e9;
   res->comm_bytes_per_step = r->last.comm_bytes;
+  res->comm_remote_bytes_per_step = r->last.comm_remote_bytes;
   ts_engine_set_trace(r->engine, NULL); /* the final evaluation is not traced */
   TS_CHECK(eval_and_log(r, cfg->steps, cb, user, &res->final_val_loss,
                         &res->final_val_accuracy));

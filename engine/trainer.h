@@ -17,8 +17,8 @@
  * writes the metrics file and calls the callback. A resumed run appends to
  * it, starting with {"resume": {step, checkpoint}}. The metrics file holds one line per step
  * {step, loss, lr, grad_norm, tokens_per_s, gflops, step_seconds,
- * compute_seconds, wait_seconds, comm_bytes, loss_scale, skipped} (rank 0's
- * step split into its own work and its communication waits) (a skipped fp16 step adds overflow:
+ * compute_seconds, wait_seconds, comm_bytes, comm_bytes_across_nodes, loss_scale, skipped} (rank
+ * 0's step split into its own work and its communication waits) (a skipped fp16 step adds overflow:
  * {unit, tensor, loss_scale_before, loss_scale_after}, its grad_norm is
  * null and its lr 0), one per evaluation {step, val_loss} (a masked LM adds
  * val_accuracy: the fraction of masked tokens predicted), and at the end
@@ -31,6 +31,7 @@
  * activation_checkpointing ("none", "all", "every:K"),
  * activation_bytes_predicted, skipped_steps, loss_scale (final),
  * micro_batch, grad_accum, global_batch, seq, comm_bytes_per_step,
+ * comm_bytes_across_nodes_per_step,
  * comm_bytes_by_kind: {all_reduce, ...}, mem_by_rank: [{rank, stage, params,
  * grads, master, optim, activations, comm, workspace, total, peak_rss,
  * model_states}, ...]}} where each mem_by_rank entry is that rank's ledger
@@ -138,6 +139,7 @@ typedef struct ts_train_result {
   int world_size;          /* N data-parallel ranks */
   size_t global_batch;     /* sequences per optimizer step, all ranks */
   uint64_t comm_bytes_per_step; /* bytes this rank sent in the last step */
+  uint64_t comm_remote_bytes_per_step; /* of them, to ranks on other nodes (hosts) */
   ts_mem_account memory;   /* this rank's memory counters at the end (peaks) */
   int setup_failed;        /* on error: 1 when it happened during setup, where
                               every rank agrees and returns an error */

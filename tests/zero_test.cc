@@ -116,6 +116,7 @@ struct TrainSetup {
   bool overlap = true;         // the engine's default: collectives started ahead
   int comm = TS_ENGINE_COMM_AUTO;  // staged: the GPU path's host staging, on the CPU
   size_t comm_chunk = 0;           // staged: bytes per rank's part of a chunk (0: 1 MiB)
+  int shard_group = 0;             // hybrid sharding: ZeRO within groups of S ranks
 };
 
 // The model of a setup: the tiny LLaMA or the tiny BERT.
@@ -149,6 +150,7 @@ TrainRun Train(ts_comm *dp, const TrainSetup &s) {
   o.overlap = s.overlap;
   o.comm = s.comm;
   o.comm_chunk_bytes = s.comm_chunk;
+  o.shard_group = s.shard_group;
   o.recompute_every = s.recompute_every;
   o.loss_scale_init = s.loss_scale_init;
   o.loss_scale_window = s.loss_scale_window;
@@ -156,7 +158,10 @@ TrainRun Train(ts_comm *dp, const TrainSetup &s) {
   ts_engine *e = nullptr;
   EXPECT_EQ(ts_engine_create(&e, &model, &o, dp), TS_OK) << ts_last_error();
   // overlap on two or more ranks: the group's communication thread runs
-  EXPECT_EQ(ts_comm_thread_active(dp), s.overlap && N > 1);
+  // (hybrid sharding: the engine's shard group of S ranks, cut from dp)
+  size_t sharded = s.shard_group > 0 ? (size_t)s.shard_group : N;
+  EXPECT_EQ(ts_comm_thread_active(ts_engine_comm(e)), s.overlap && sharded > 1);
+  EXPECT_EQ(ts_comm_size(ts_engine_comm(e)), (int)sharded);
   if (!s.overlap)
     EXPECT_STREQ(ts_comm_transport(dp), N == 1                            ? "self"
                                         : s.comm == TS_ENGINE_COMM_STAGED ? "staged"
@@ -183,7 +188,8 @@ TrainRun Train(ts_comm *dp, const TrainSetup &s) {
     run.stats.push_back(st);
   }
   run.params = EveryTensor(model, e, ts_engine_get_tensor);
-  run.state = OptimizerState(e, r);
+  run.state =
+      OptimizerState(e, (size_t)ts_comm_rank(ts_engine_comm(e)));  // its place in the shards
   run.at_end = *ts_engine_memory(e);
   ts_engine_free(e);
   ts_model_free(&model);
@@ -223,30 +229,55 @@ double MaxAbsDiff(const TrainRun &a, const TrainRun &b) {
   return d;
 }
 
+// ZeRO stages 0-3 on the world in dtype dt (hybrid sharding over groups
+// of shard_group ranks when > 0), three steps each: parameters, optimizer
+// state, losses and norms bitwise equal to stage 0's. Returns the runs.
+std::vector<TrainRun> ExpectStagesBitwise(bool tied, int shard_group, ts_dtype dt = TS_FP32) {
+  std::vector<TrainRun> runs;
+  for (int stage = 0; stage <= 3; stage++) {
+    TrainSetup s;
+    s.tied = tied;
+    s.stage = stage;
+    s.dtype = dt;
+    s.shard_group = shard_group;
+    runs.push_back(Train(World(), s));
+  }
+  for (int stage = 1; stage <= 3; stage++) {
+    SCOPED_TRACE("tied " + std::to_string(tied) + ", stage " + std::to_string(stage));
+    EXPECT_TRUE(BitwiseEqual(runs[0], runs[stage]))
+        << "max |diff| " << MaxAbsDiff(runs[0], runs[stage]);
+    for (size_t k = 0; k < runs[0].losses.size(); k++) {
+      EXPECT_EQ(runs[0].losses[k], runs[stage].losses[k]) << "step " << k + 1;
+      EXPECT_EQ(runs[0].norms[k], runs[stage].norms[k]) << "step " << k + 1;
+    }
+  }
+  return runs;
+}
+
 TEST(ZeroStages, BitwiseIdenticalParametersAcrossStages) {
   for (bool tied : {false, true}) {
-    std::vector<TrainRun> runs;
-    for (int stage = 0; stage <= 3; stage++) {
-      TrainSetup s;
-      s.tied = tied;
-      s.stage = stage;
-      runs.push_back(Train(World(), s));
-    }
-    for (int stage = 1; stage <= 3; stage++) {
-      SCOPED_TRACE("tied " + std::to_string(tied) + ", stage " + std::to_string(stage));
-      EXPECT_TRUE(BitwiseEqual(runs[0], runs[stage]))
-          << "max |diff| " << MaxAbsDiff(runs[0], runs[stage]);
-      for (size_t k = 0; k < runs[0].losses.size(); k++) {
-        EXPECT_EQ(runs[0].losses[k], runs[stage].losses[k]) << "step " << k + 1;
-        EXPECT_EQ(runs[0].norms[k], runs[stage].norms[k]) << "step " << k + 1;
-      }
-    }
+    std::vector<TrainRun> runs = ExpectStagesBitwise(tied, 0);
     // The run really trained: parameters moved from their initial values.
     TrainSetup s0;
     s0.tied = tied;
     s0.steps = 0;
     EXPECT_GT(MaxAbsDiff(runs[0], Train(World(), s0)), 1e-3);
   }
+}
+
+// Stages 0-3, a global batch of 16 in `accum` micro-batches per step
+// (hybrid sharding over groups of shard_group ranks when > 0).
+std::vector<TrainRun> AccumulatedRuns(size_t accum, int shard_group) {
+  std::vector<TrainRun> runs;
+  for (int stage = 0; stage <= 3; stage++) {
+    TrainSetup s;
+    s.stage = stage;
+    s.global = 16;
+    s.accum = accum;
+    s.shard_group = shard_group;
+    runs.push_back(Train(World(), s));
+  }
+  return runs;
 }
 
 TEST(ZeroStages, GradientAccumulationAgreesAcrossStages) {
@@ -258,14 +289,7 @@ TEST(ZeroStages, GradientAccumulationAgreesAcrossStages) {
   // by up to lr per step on a rounding-level change: parameters are held to
   // 1e-4, 1% of one step's largest update (measured 1.3e-6 on 2 ranks,
   // 4.2e-7 on 4). Losses, which see no such amplification, to 1e-6 relative.
-  std::vector<TrainRun> runs;
-  for (int stage = 0; stage <= 3; stage++) {
-    TrainSetup s;
-    s.stage = stage;
-    s.global = 16;
-    s.accum = 4;
-    runs.push_back(Train(World(), s));
-  }
+  std::vector<TrainRun> runs = AccumulatedRuns(4, 0);
   EXPECT_TRUE(BitwiseEqual(runs[0], runs[1])) << "max |diff| " << MaxAbsDiff(runs[0], runs[1]);
   // Stage 3 reduces every micro-batch into the shard as stage 2 does: the
   // same sums in the same order, bitwise (the README's claim).
@@ -562,25 +586,10 @@ TEST(ZeroStages, HalfPrecisionIsBitwiseIdenticalAcrossStages) {
   // Compared: compute parameters, Adam m, v and the fp32 master shard.
   for (ts_dtype dt : {TS_BF16, TS_FP16})
     for (bool tied : {false, true}) {
-      std::vector<TrainRun> runs;
-      for (int stage = 0; stage <= 3; stage++) {
-        TrainSetup s;
-        s.tied = tied;
-        s.stage = stage;
-        s.dtype = dt;
-        runs.push_back(Train(World(), s));
-      }
-      for (int stage = 1; stage <= 3; stage++) {
-        SCOPED_TRACE(std::string(ts_dtype_name(dt)) + ", tied " + std::to_string(tied) +
-                     ", stage " + std::to_string(stage));
-        EXPECT_TRUE(BitwiseEqual(runs[0], runs[stage]))
-            << "max |diff| " << MaxAbsDiff(runs[0], runs[stage]);
-        for (size_t k = 0; k < runs[0].losses.size(); k++) {
-          EXPECT_EQ(runs[0].losses[k], runs[stage].losses[k]) << "step " << k + 1;
-          EXPECT_EQ(runs[0].norms[k], runs[stage].norms[k]) << "step " << k + 1;
-          EXPECT_EQ(runs[stage].stats[k].skipped, 0);
-        }
-      }
+      SCOPED_TRACE(ts_dtype_name(dt));
+      std::vector<TrainRun> runs = ExpectStagesBitwise(tied, 0, dt);
+      for (const TrainRun &run : runs)
+        for (const ts_step_stats &st : run.stats) EXPECT_EQ(st.skipped, 0);
       // Trained, and in its own precision: within 5e-2 of the fp32 run
       // (three steps of lr 1e-2 move weights by ~3e-2; half-precision
       // gradients change the Adam direction only where they round to a
@@ -729,6 +738,7 @@ void ExpectPlanMatchesRun(const TrainSetup &s) {
   o.overlap = s.overlap;
   o.comm = s.comm;
   o.comm_chunk_bytes = s.comm_chunk;
+  o.shard_group = s.shard_group;
   ts_mem_account plan;
   ASSERT_EQ(ts_engine_plan(&model, &o, N, &plan), TS_OK) << ts_last_error();
   ts_model_free(&model);
@@ -809,6 +819,111 @@ TEST(MemoryPlan, RejectsBadArgumentsWithTheFlag) {
 
 // Unit 1 (block 0), tensor 4 (its o_proj weight): where the planted inf goes.
 constexpr int kInjectUnit = 1, kInjectTensor = 4;
+
+// ---- hybrid sharding ----------------------------------------------------------------
+
+// Hybrid sharding on N ranks: ZeRO within groups of S = N / 2 (two
+// replicas; one rank per group on two ranks), none on one rank.
+int HybridS() { return ts_comm_size(World()) / 2; }
+
+// Chunk j of count elements over n ranks, as comm.h's all-reduce cuts them.
+size_t ChunkLoOf(size_t count, size_t n, size_t j) { return j * count / n; }
+
+TEST(HybridSharding, StagesAreBitwiseIdenticalAtAFixedShardGroup) {
+  // Every stage sums a gradient element in the same order: within the
+  // group (rank order), then across the replicas (group order) once per
+  // step, so parameters, optimizer state, losses and norms are bitwise the
+  // same in stages 0-3. Against plain ZeRO on the same N the sums run in
+  // another order (two rank-order sums instead of one), ~1e-7 relative:
+  // parameters to 1e-4 and losses to 1e-6 relative, as in
+  // WorldSizesAgreeWithOneRank.
+  if (HybridS() < 1) GTEST_SKIP() << "one rank: no replicas";
+  for (bool tied : {false, true}) {
+    std::vector<TrainRun> runs = ExpectStagesBitwise(tied, HybridS());
+    TrainSetup plain;
+    plain.tied = tied;
+    plain.stage = 3;
+    TrainRun z3 = Train(World(), plain);
+    EXPECT_LT(MaxAbsDiff(runs[3], z3), 1e-4);
+    for (size_t k = 0; k < z3.losses.size(); k++) {
+      EXPECT_NEAR(runs[3].losses[k], z3.losses[k], 1e-6 * z3.losses[k]) << "step " << k + 1;
+      EXPECT_NEAR(runs[3].norms[k], z3.norms[k], 1e-5 * z3.norms[k]) << "step " << k + 1;
+    }
+  }
+  // Accumulation: as in plain ZeRO, stage 1 reduces once as stage 0 does
+  // (bitwise) and stage 3 reduces every micro-batch as stage 2 does.
+  std::vector<TrainRun> acc = AccumulatedRuns(2, HybridS());
+  EXPECT_TRUE(BitwiseEqual(acc[0], acc[1])) << "max |diff| " << MaxAbsDiff(acc[0], acc[1]);
+  EXPECT_TRUE(BitwiseEqual(acc[2], acc[3])) << "max |diff| " << MaxAbsDiff(acc[2], acc[3]);
+}
+
+TEST(HybridSharding, LedgerIsTheZeroFormulasWithNEqualToSAndThePlan) {
+  // Model states follow the ZeRO formulas over the group's S ranks, not N;
+  // the scratch is the larger of the group's reduce-scatter ((S-1) shards
+  // of the largest unit) and the replicas' all-reduce of a shard ((G-1)
+  // chunks of ceil(shard / G)). The plan equals the run to the byte.
+  int S = HybridS();
+  if (S < 1) GTEST_SKIP() << "one rank: no replicas";
+  size_t N = (size_t)ts_comm_size(World()), G = N / (size_t)S, s_ = (size_t)S;
+  for (bool tied : {false, true}) {
+    std::vector<size_t> P = FormulaPadded(tied, s_);
+    Elements x = FormulaElements(tied, s_, true);
+    size_t scratch = 4 * (s_ - 1) * (x.max_unit / s_);
+    for (size_t p : P) scratch = std::max(scratch, 4 * (G - 1) * ((p / s_ + G - 1) / G));
+    for (int stage = 0; stage <= 3; stage++) {
+      SCOPED_TRACE("tied " + std::to_string(tied) + ", stage " + std::to_string(stage));
+      TrainSetup s;
+      s.tied = tied;
+      s.stage = stage;
+      s.steps = 2;
+      s.shard_group = S;
+      TrainRun run = Train(World(), s);
+      EXPECT_EQ(run.padded, P);
+      size_t params = stage == 3 ? 4 * x.psi / s_ : 4 * x.psi;
+      size_t grads = stage >= 2 ? 4 * x.psi / s_ : 4 * x.psi;
+      size_t optim = stage >= 1 ? 8 * x.psi / s_ : 8 * x.psi;
+      EXPECT_EQ(run.at_end.current[TS_MEM_PARAMS], params);
+      EXPECT_EQ(run.at_end.current[TS_MEM_GRADS], grads);
+      EXPECT_EQ(run.at_end.current[TS_MEM_OPTIM], optim);
+      EXPECT_EQ(run.at_end.current[TS_MEM_COMM], scratch);
+      ExpectPlanMatchesRun(s);
+    }
+  }
+}
+
+TEST(HybridSharding, BytesPerStepMatchTheFormulas) {
+  // Within the group: the ZeRO bytes over S ranks (reduce-scatter
+  // Ψ(S-1)/S, all-gathers as the stage gathers); across the replicas: one
+  // all-reduce per unit of its shard p/S (comm.h: every chunk but the own
+  // one, then the own chunk to G-1 ranks) and one of the loss sum (a
+  // double to G-1 ranks); the group's all-reduce of two doubles.
+  int S = HybridS();
+  if (S < 1) GTEST_SKIP() << "one rank: no replicas";
+  size_t N = (size_t)ts_comm_size(World()), G = N / (size_t)S, s_ = (size_t)S;
+  size_t g = (size_t)ts_comm_rank(World()) / s_;  // this rank's group: its place in the replicas
+  std::vector<size_t> P = FormulaPadded(false, s_);
+  size_t moved = 0, replicas = 0;
+  for (size_t p : P) {
+    moved += p - p / s_;
+    size_t shard = p / s_, own = ChunkLoOf(shard, G, g + 1) - ChunkLoOf(shard, G, g);
+    replicas += shard - own + (G - 1) * own;
+  }
+  size_t last = P.back() - P.back() / s_;
+  for (int stage = 0; stage <= 3; stage++) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    TrainSetup s;
+    s.stage = stage;
+    s.steps = 2;
+    s.shard_group = S;
+    TrainRun run = Train(World(), s);
+    for (const ts_step_stats &st : run.stats) {
+      EXPECT_EQ(st.comm.bytes[TS_COMM_REDUCE_SCATTER], 4 * moved);
+      EXPECT_EQ(st.comm.bytes[TS_COMM_ALL_GATHER], 4 * (stage == 3 ? 2 * moved - last : moved));
+      EXPECT_EQ(st.comm.bytes[TS_COMM_ALL_REDUCE], 4 * replicas + 8 * (G - 1) + 16 * (s_ - 1));
+      EXPECT_EQ(st.comm_remote_bytes, 0u);  // one host: every rank on this node
+    }
+  }
+}
 
 TEST(LossScaling, InjectedOverflowSkipsTheStepOnEveryRank) {
   // fp16, dynamic scale, window 2. The last rank plants inf in one gradient

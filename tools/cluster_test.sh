@@ -17,7 +17,14 @@
 #  3. a checkpoint the two nodes saved in the middle (--save-every) resumes
 #     on one node (4 ranks, no hostfile) at every stage above: the same step
 #     lines from there and a final checkpoint byte-identical to the
-#     uninterrupted one-node run's.
+#     uninterrupted one-node run's;
+#  4. hybrid sharding (--shard-group 2: ZeRO within each node, replicated
+#     across the two): ZeRO 0-3 on two nodes give the same step lines and
+#     byte-identical final checkpoints, equal to ZeRO-3 hybrid on one node;
+#     each run's bytes across nodes per step (rank 0, the metrics) equal
+#     `tessera estimate --ranks-per-node 2`'s exactly, plain ZeRO 0-3's
+#     too; and hybrid ZeRO-3 sends fewer bytes across nodes than plain
+#     ZeRO-3, by the counters and by n2's cable.
 # Needs root and network namespaces: without them (tools/cluster.sh check
 # fails, e.g. inside a sandbox) it prints one SKIP line and exits 0. Its
 # cluster has a name and subnet of its own and is taken down on exit.
@@ -58,8 +65,12 @@ where_wrapper "$bin" OMPI_COMM_WORLD_RANK
 rx() { ip -n "$n2" -s -j link show eth0 | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["stats64"]["rx"]["bytes"])'; }
 
 # The lines of a log with numbers and the run's folder taken out, and the
-# straggler line (timing: either run may have one).
-shape() { grep -v '^straggler: ' <<<"$1" | sed -E "s#$tmp/[a-z0-9]+#DIR#g; s/[0-9]+([.][0-9]+)?//g"; }
+# straggler line (timing: either run may have one) and the bytes by link
+# (only runs across nodes have it: section 4 checks it).
+shape() {
+  grep -v '^straggler: \|^bytes per step per rank by link: ' <<<"$1" |
+    sed -E "s#$tmp/[a-z0-9]+#DIR#g; s/[0-9]+([.][0-9]+)?//g"
+}
 
 make_token_shards "$tmp/data"
 common=(--model llama-tiny --data "$tmp/data" --seq 32 --log-every 1 --micro-batch 2 --steps 4)
@@ -78,7 +89,7 @@ two() {
   (
     eval "$mpienv"
     "$cluster" exec "$n1" "$launch" -n 4 --hostfile "$tmp/hostfile" "$tmp/where.sh" train \
-      "${common[@]}" "$@" --save "$tmp/$name" --save-every 2 2>&1
+      "${common[@]}" "$@" --save "$tmp/$name" --save-every 2 --metrics "$tmp/$name.jsonl" 2>&1
   )
 }
 
@@ -120,7 +131,9 @@ for c in "${cases[@]}"; do
   before="$(rx)"
   t="$(two "two-$c" "${f[@]}")"
   check_eq "$c: two nodes: exit" 0 $?
-  same "$c" "$o" "$t" "one-$c" "two-$c" $(($(rx) - before))
+  rx_now=$(($(rx) - before))
+  [[ "$c" == zero3 ]] && rx_z3=$rx_now
+  same "$c" "$o" "$t" "one-$c" "two-$c" $rx_now
 done
 
 # 3. the two nodes' step-2 checkpoints on one node
@@ -128,6 +141,38 @@ for c in "${cases[@]}"; do
   read -ra f <<<"${flags[$c]}"
   resumed "$c" "${f[@]}"
 done
+
+# 4. hybrid sharding across the two nodes
+# across RUN — rank 0's bytes to the other node in the last step (metrics)
+across() { python3 -c 'import json,sys; print(int(json.loads(open(sys.argv[1]).readlines()[-1])["summary"]["comm_bytes_across_nodes_per_step"]))' "$tmp/$1.jsonl" 2>/dev/null; }
+# planned FLAGS... — estimate's bytes across nodes per step, 2 ranks per node
+planned() {
+  "$bin" estimate --model llama-tiny -n 4 --seq 32 --micro-batch 2 --ranks-per-node 2 --json "$@" |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["stages"][0]["comm_bytes_across_nodes_per_step"])'
+}
+for z in 0 1 2 3; do
+  check_eq "zero$z: bytes across nodes = estimate's" "$(planned --zero $z)" "$(across "two-zero$z")"
+done
+o="$(one one-hy3 --zero 3 --shard-group 2)"
+check_eq "hybrid zero3: one node: exit" 0 $?
+rx_hy=0
+for z in 0 1 2 3; do
+  before="$(rx)"
+  t="$(two "two-hy$z" --zero $z --shard-group 2)"
+  check_eq "hybrid zero$z: two nodes: exit" 0 $?
+  ((z == 3)) && rx_hy=$(($(rx) - before))
+  check "hybrid zero$z: says so" "hybrid sharding: ZeRO within 2 groups of 2 consecutive ranks" "$t"
+  check_eq "hybrid zero$z: the step lines of hybrid zero3 on one node" "$(steps "$o")" "$(steps "$t")"
+  same_checkpoint "hybrid zero$z: final checkpoint byte-identical to one node's" \
+    "$tmp/one-hy3/step-00000004" "$tmp/two-hy$z/step-00000004"
+  check_eq "hybrid zero$z: bytes across nodes = estimate's" \
+    "$(planned --zero $z --shard-group 2)" "$(across "two-hy$z")"
+done
+a_hy="$(across two-hy3)" a_z3="$(across two-zero3)"
+check_eq "hybrid zero3 sends fewer bytes across nodes than zero3 ($a_hy < $a_z3)" 1 \
+  "$((${a_hy:-0} > 0 && ${a_hy:-0} < ${a_z3:-0}))"
+check_eq "hybrid zero3: fewer bytes on n2's cable than zero3 ($rx_hy < $rx_z3)" 1 \
+  "$((rx_hy > 0 && rx_hy < rx_z3))"
 
 echo "$fails failure(s)"
 ((fails == 0))

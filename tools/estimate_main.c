@@ -140,7 +140,7 @@ static int exit_for(ts_status st) {
 
 int ts_tool_estimate(int argc, char **argv) {
   const char *model = NULL, *psi_arg = NULL, *act_flag = NULL;
-  size_t world = 1, psi = 0, pipeline = 1;
+  size_t world = 1, psi = 0, pipeline = 1, shard_group = 0, per_node = 0;
   int stage = -1, unit_index = 0, json = 0, device = TS_TOOL_DEVICE_CPU, save_async = 0;
   ts_engine_opts opts = ts_engine_default_opts();
   const ts_flag flags[] = {
@@ -156,6 +156,14 @@ int ts_tool_estimate(int argc, char **argv) {
                    "ranks: data-parallel, or P pipeline stages x N/P (default 1)", NULL),
       TS_FLAG_CUSTOM("--zero", NULL, &stage, parse_stage, "0|1|2|3|all",
                      "one ZeRO stage, or all four side by side (default all)", NULL),
+      TS_FLAG_SIZE("--shard-group", NULL, &shard_group, 1, "S",
+                   "hybrid sharding: ZeRO within groups of S consecutive data-parallel ranks, "
+                   "replicated across them (default: all)",
+                   NULL),
+      TS_FLAG_SIZE("--ranks-per-node", NULL, &per_node, 1, "L",
+                   "ranks per node, for the bytes per link class (default S with "
+                   "--shard-group, else all N on one node)",
+                   NULL),
       TS_FLAG_CUSTOM("--dtype", NULL, &opts.dtype, parse_dtype, "fp32|bf16|fp16",
                      "compute dtype (default fp32)", NULL),
       TS_FLAG_SIZE("--micro-batch", NULL, &opts.micro_batch, 1, "B",
@@ -224,6 +232,17 @@ int ts_tool_estimate(int argc, char **argv) {
                           "dividing -n %zu", pipeline, TS_ENGINE_MAX_STAGES, world);
   opts.pipeline_stages = (int)pipeline;
   size_t dp = world / pipeline;
+  if (shard_group > INT32_MAX || (shard_group && dp % shard_group))
+    return ts_flags_error("estimate",
+                          "--shard-group %zu: expected a divisor of the %zu data-parallel rank%s",
+                          shard_group, dp, dp == 1 ? "" : "s");
+  if (shard_group && !model)
+    return ts_flags_error("estimate", "--shard-group applies to --model only");
+  opts.shard_group = (int)shard_group;
+  if (!per_node) per_node = shard_group;
+  if (per_node > INT32_MAX)
+    return ts_flags_error("estimate", "--ranks-per-node %zu: expected at most %d", per_node,
+                          INT32_MAX);
   int stage_lo = stage < 0 ? 0 : stage, stage_hi = stage < 0 ? 3 : stage;
   const unit_choice *unit = &UNITS[unit_index];
 
@@ -232,6 +251,7 @@ int ts_tool_estimate(int argc, char **argv) {
   int P = (int)pipeline, nstages = (stage_hi - stage_lo + 1) * P;
   ts_mem_account ledgers[4 * TS_ENGINE_MAX_STAGES];
   ts_mem_account hosts[4 * TS_ENGINE_MAX_STAGES]; /* beside a GPU: the host's part */
+  ts_step_stats comms[4 * TS_ENGINE_MAX_STAGES];  /* --model: a step's bytes by link class */
   int split[TS_ENGINE_MAX_STAGES + 1];
   ts_model m;
   memset(&m, 0, sizeof m);
@@ -248,6 +268,9 @@ int ts_tool_estimate(int argc, char **argv) {
     memset(&hosts[i], 0, sizeof hosts[i]);
     st = model ? ts_engine_plan_stage_host(&m, &opts, dp, i % P, &ledgers[i], &hosts[i])
                : ts_engine_plan_params(psi, opts.dtype, opts.zero_stage, dp, &ledgers[i]);
+    memset(&comms[i], 0, sizeof comms[i]);
+    if (st == TS_OK && model)
+      st = ts_engine_plan_comm(&m, &opts, dp, i % P, (int)per_node, &comms[i]);
   }
   ts_model_free(&m);
   if (st != TS_OK) {
@@ -264,6 +287,8 @@ int ts_tool_estimate(int argc, char **argv) {
     else cJSON_AddNullToObject(root, "model");
     add_int(root, "params", psi);
     add_int(root, "world_size", world);
+    if (shard_group) add_int(root, "shard_group", shard_group);
+    if (model) add_int(root, "ranks_per_node", per_node ? per_node : world);
     if (P > 1) {
       add_int(root, "pipeline", pipeline);
       cJSON_AddStringToObject(root, "schedule", ts_schedule_kind_name(opts.schedule));
@@ -290,6 +315,10 @@ int ts_tool_estimate(int argc, char **argv) {
       cJSON_AddItemToObject(s, "between_steps", category_object(l->current, ncat));
       add_int(s, "model_states", ts_mem_model_state_bytes(l));
       add_int(s, "peak_total", l->peak_total);
+      if (model) { /* rank 0 of the stage's first shard group, one training step */
+        add_int(s, "comm_bytes_per_step", comms[i].comm_bytes);
+        add_int(s, "comm_bytes_across_nodes_per_step", comms[i].comm_remote_bytes);
+      }
       if (model && opts.device != TS_DEVICE_CPU) { /* the host memory beside the GPU */
         cJSON_AddItemToObject(s, "host_peak", category_object(hosts[i].peak, ncat));
         add_int(s, "host_peak_total", hosts[i].peak_total);
@@ -315,6 +344,12 @@ int ts_tool_estimate(int argc, char **argv) {
            "activation checkpointing %s, on %s\n",
            model, count, world, world == 1 ? "" : "s", ts_dtype_name(opts.dtype),
            opts.micro_batch, opts.seq, recompute, ts_device_name(opts.device));
+  if (model && shard_group && shard_group < dp)
+    printf("hybrid sharding: ZeRO within groups of %zu consecutive ranks, %zu replicas\n",
+           shard_group, dp / shard_group);
+  if (model)
+    printf("link classes: %zu ranks per node; sent per step is rank 0's, one training step\n",
+           per_node ? per_node : world);
   if (model && P > 1)
     printf("pipeline: %d stages x %zu data-parallel rank%s, %s, %zu micro-batches per step; "
            "column sS is pipeline stage S (units first..last)\n",
@@ -351,6 +386,10 @@ int ts_tool_estimate(int argc, char **argv) {
   }
   for (int i = 0; i < nstages; i++) row[i] = ledgers[i].peak_total;
   print_row("peak total", row, nstages, unit);
+  for (int i = 0; i < nstages; i++) row[i] = comms[i].comm_bytes - comms[i].comm_remote_bytes;
+  print_row("sent per step: within a node", row, nstages, unit);
+  for (int i = 0; i < nstages; i++) row[i] = comms[i].comm_remote_bytes;
+  print_row("sent per step: across nodes", row, nstages, unit);
   if (opts.device != TS_DEVICE_CPU) { /* the host memory beside the GPU */
     static const ts_mem_category host_cats[] = {TS_MEM_ACTIVATIONS, TS_MEM_COMM, TS_MEM_STAGING};
     static const char *const host_names[] = {"host: batch staging", "host: comm staging",

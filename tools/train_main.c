@@ -147,6 +147,16 @@ static void print_summary(const ts_train_config *cfg, const ts_train_result *res
     printf("%s%s %.2f", c ? ", " : "", ts_mem_category_name((ts_mem_category)c),
            (double)l->peak[c] / MiB);
   printf(")\n");
+  int S = ts_engine_shard_size(&cfg->engine, res->world_size / P);
+  if (S < res->world_size / P)
+    printf(
+        "hybrid sharding: ZeRO within %d groups of %d consecutive ranks, replicated across "
+        "them\n",
+        res->world_size / P / S, S);
+  if (S < res->world_size / P || res->comm_remote_bytes_per_step > 0)
+    printf("bytes per step per rank by link: %.3f MB within a node, %.3f MB across nodes\n",
+           (double)(res->comm_bytes_per_step - res->comm_remote_bytes_per_step) / 1e6,
+           (double)res->comm_remote_bytes_per_step / 1e6);
   if (res->slowest_rank >= 0)
     printf(
         "straggler: rank %d (host %s) computes %.3f s per step (median), %.2fx the median "
@@ -245,7 +255,7 @@ static void on_stop_signal(int sig) {
 int ts_tool_train(int argc, char **argv) {
   ts_train_config cfg = ts_train_default_config();
   ts_engine_opts *e = &cfg.engine;
-  size_t log_every = 0, zero = 0, seed = (size_t)e->seed, pipeline = 1;
+  size_t log_every = 0, zero = 0, seed = (size_t)e->seed, pipeline = 1, shard_group = 0;
   double comm_timeout = 600; /* seconds; 0: none (comm.h ts_comm_set_timeout) */
   const char *warmup_set = NULL, *accum_set = NULL;
   const char *scale_flag = NULL; /* the loss-scaling flag given last (fp16 only) */
@@ -292,6 +302,10 @@ int ts_tool_train(int argc, char **argv) {
       TS_FLAG_SIZE("--log-every", NULL, &log_every, 1, "N",
                    "steps between kept progress lines (default steps / 20)", NULL),
       TS_FLAG_SIZE("--zero", NULL, &zero, 0, "0|1|2|3", "ZeRO stage (default 0: DDP)", NULL),
+      TS_FLAG_SIZE("--shard-group", NULL, &shard_group, 1, "S",
+                   "hybrid sharding: ZeRO within groups of S consecutive data-parallel ranks "
+                   "(a node), replicated across the groups; S must divide them (default: all)",
+                   NULL),
       TS_FLAG_SIZE("--global-batch", NULL, &cfg.global_batch, 1, "G",
                    "sequences per optimizer step over all ranks", NULL),
       TS_FLAG_CUSTOM("--dtype", NULL, &e->dtype, parse_dtype, "fp32|bf16|fp16",
@@ -387,6 +401,10 @@ int ts_tool_train(int argc, char **argv) {
                           (double)e->grad_clip);
   e->zero_stage = (int)zero;
   e->pipeline_stages = (int)pipeline;
+  if (shard_group > (size_t)INT32_MAX)
+    return ts_flags_error("train", "--shard-group %zu: expected at most %d ranks", shard_group,
+                          INT32_MAX);
+  e->shard_group = (int)shard_group;
   e->seed = seed;
   if (scale_flag && e->dtype != TS_FP16)
     return ts_flags_error("train", "%s applies to --dtype fp16 only (got --dtype %s)", scale_flag,
