@@ -265,7 +265,9 @@ static int is_remote(const ts_comm *c, int j) { return c->node && c->node[j] != 
  * arguments ask this rank to send (comm.h), and of them those to members
  * on other nodes. A one-rank group sends nothing and counts nothing, calls
  * included. */
-static void charge(ts_comm *c, const ts_comm_call *d) {
+static void charge(ts_comm *c, const ts_comm_call *d, ts_comm_sim_call *out) {
+  memset(out, 0, sizeof *out);
+  out->kind = -1;
   if (c->size == 1) return;
   uint64_t others = (uint64_t)(c->size - 1), nb = (uint64_t)d->count * call_es(d);
   uint64_t bytes = others * nb; /* this rank's count elements to each of the N-1 others */
@@ -304,7 +306,14 @@ static void charge(ts_comm *c, const ts_comm_call *d) {
   c->counters.bytes[k] += bytes;
   c->counters.calls[k] += 1;
   c->counters.remote[k] += remote;
+  out->kind = (int)k;
+  out->bytes = bytes;
+  out->remote = remote;
+  out->buffer = (uint64_t)d->count * call_es(d) * (k == TS_COMM_ALL_GATHER ? (uint64_t)c->size : 1);
+  if (k == TS_COMM_REDUCE_SCATTER) out->buffer *= (uint64_t)c->size;
 }
+
+void ts_comm_set_sim(ts_comm *c, const ts_comm_sim *sim) { c->sim = sim; }
 
 const ts_comm_counters *ts_comm_get_counters(const ts_comm *c) { return &c->counters; }
 
@@ -362,7 +371,9 @@ static ts_status submit(ts_comm *c, ts_comm_call *d, ts_comm_request **req) {
   d->blocking = req == NULL;
   d->ctx = ts_comm_get_context();
   TS_CHECK(check_call(c, d));
-  charge(c, d);
+  ts_comm_sim_call sc;
+  charge(c, d, &sc);
+  double sim_done = c->sim && sc.kind >= 0 ? c->sim->call(c->sim->user, c, &sc, req == NULL) : 0;
   if (!req) { /* a blocking call: all of it is the caller's wait */
     double t0 = ts_comm_now_us();
     ts_status st =
@@ -372,6 +383,7 @@ static ts_status submit(ts_comm *c, ts_comm_call *d, ts_comm_request **req) {
   }
   double t0 = ts_comm_now_us();
   TS_CHECK(c->be->run(c, d, req));
+  if (*req) (*req)->sim_done = sim_done;
   if (*req && (*req)->done_in_start) {
     (*req)->started[0] = t0;
     (*req)->started[1] = ts_comm_now_us();
@@ -381,6 +393,7 @@ static ts_status submit(ts_comm *c, ts_comm_call *d, ts_comm_request **req) {
 
 ts_status ts_comm_wait(ts_comm_request *req) {
   if (!req) return TS_OK;
+  if (req->c->sim) req->c->sim->wait(req->c->sim->user, req->sim_done);
   double t0 = ts_comm_now_us();
   int many = req->c->size > 1; /* wait frees req */
   ts_status st = req->c->be->wait(req);
@@ -391,6 +404,7 @@ ts_status ts_comm_wait(ts_comm_request *req) {
 ts_status ts_comm_wait_timed(ts_comm_request *req, double times[4]) {
   times[0] = times[1] = times[2] = times[3] = -1.0;
   if (!req) return TS_OK;
+  if (req->c->sim) req->c->sim->wait(req->c->sim->user, req->sim_done);
   req->times = times;
   times[2] = req->started[0]; /* wait frees req */
   times[3] = req->started[1];
@@ -425,6 +439,7 @@ void ts_comm_free(ts_comm *c) {
 int ts_comm_rank(const ts_comm *c) { return c->rank; }
 int ts_comm_size(const ts_comm *c) { return c->size; }
 const char *ts_comm_name(const ts_comm *c) { return c->name; }
+int ts_comm_remote_peers(const ts_comm *c) { return c->remote_peers; }
 
 /* ---- scratch sizes ----------------------------------------------------------------- */
 

@@ -285,6 +285,9 @@ const char *ts_comm_transport(const ts_comm *c);
 int ts_comm_rank(const ts_comm *c);      /* 0 .. size-1 */
 int ts_comm_size(const ts_comm *c);      /* N >= 1 */
 const char *ts_comm_name(const ts_comm *c);
+/* Members of c on another node than this rank's (ts_comm_set_nodes; 0
+ * without nodes). */
+int ts_comm_remote_peers(const ts_comm *c);
 
 /* This rank's counters since creation or the last reset: bytes the calls
  * asked this rank to send, from their arguments (see the header comment). */
@@ -305,6 +308,32 @@ uint64_t ts_comm_bytes_remote(const ts_comm *c);
  * ts_comm_plan). MPI groups are given it at creation from the world's host
  * names (ts_comm_host). TS_ERR_OUT_OF_MEMORY. */
 ts_status ts_comm_set_nodes(ts_comm *c, const int *node);
+
+/* ---- a simulator's clock (engine/simulate.h) ---- */
+
+/* One counted call as the simulator sees it: its kind (ts_comm_kind), the
+ * bytes this rank sends and of them those to other nodes (the counters'
+ * formula), and the buffer's bytes n of the collective's algorithm (an
+ * all-gather's or reduce-scatter's whole (N, count) buffer, an all-reduce's
+ * or broadcast's buffer, a send's message). */
+typedef struct ts_comm_sim_call {
+  int kind;
+  uint64_t bytes, remote, buffer;
+} ts_comm_sim_call;
+
+/* Hooks a simulator puts on a plan group: call() is told every counted
+ * call when it is made (blocking: the caller waits for it to end there)
+ * and returns when the call ends on its clock (seconds); wait() is told
+ * that the step waits for a started call that ends at `done`. */
+typedef struct ts_comm_sim {
+  void *user;
+  double (*call)(void *user, const ts_comm *c, const ts_comm_sim_call *call, int blocking);
+  void (*wait)(void *user, double done);
+} ts_comm_sim;
+
+/* Puts sim (borrowed; NULL: none) on c: meant for plan groups
+ * (ts_comm_plan), whose calls move nothing. */
+void ts_comm_set_sim(ts_comm *c, const ts_comm_sim *sim);
 void ts_comm_reset_counters(ts_comm *c);
 
 /* --- collectives (blocking; every rank of the group must call) ------------ */

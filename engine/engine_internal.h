@@ -154,6 +154,10 @@ struct ts_engine {
   ts_comm_request *tied_req; /* pending send of tied_grads to stage 0, or NULL */
   ts_schedule sched;     /* the step's schedule (P > 1), built once */
   ts_trace *trace;              /* train --trace: spans (borrowed); NULL: none */
+  /* ts_simulate: told after each unit's forward, recompute, backward and
+   * AdamW (kind TS_SPAN_OPTIMIZER) on the plan's engine; NULL: none */
+  void (*sim_op)(void *user, ts_span_kind kind, int unit);
+  void *sim_user;
   int comm_thread;              /* 1: dp has a communication thread this engine started */
   int rs_pending;               /* opts.overlap, stages 2/3: the unit whose reduce-scatter is
                                    in flight (its full_grads kept until it ends), else -1 */
@@ -243,6 +247,11 @@ ts_status ts_engine_reduce_buckets(ts_engine *e);
  * within the shard group ended; stage 0 then starts the all-gather of its
  * part (reduce_ag_req). A no-op without hybrid sharding. */
 ts_status ts_engine_reduce_replicas(ts_engine *e);
+
+/* Tells the simulator (e->sim_op) that unit u's op of `kind` ran. */
+static inline void ts_engine_sim_op(ts_engine *e, ts_span_kind kind, int u) {
+  if (e->sim_op) e->sim_op(e->sim_user, kind, u);
+}
 /* Waits for the gradient reductions still in flight: the
  * last reduce-scatter, so that every gradient shard (this rank's part) is
  * final, and with gathers != 0 stage 0's all-gathers of the reduced
@@ -368,6 +377,15 @@ void ts_engine_unlend_memory(ts_engine *e);
  * groups: nothing allocated, computed or sent) after create and one step:
  * ts_engine_plan's, kept for its ledger (the account and the transients'
  * profile). Free with ts_engine_free. */
+/* The plan's engine (ts_engine_plan_engine) before its step: world rank
+ * stage x dp_size's, its groups' link classes for ranks_per_node
+ * consecutive world ranks per node (0: one node). Errors as
+ * ts_engine_plan_stage. */
+ts_status ts_engine_plan_build(const ts_model *model, const ts_engine_opts *opts, size_t dp_size,
+                               int stage, int ranks_per_node, ts_engine **out);
+/* The plan's batch source (ts_engine_batch_fn): nothing to read. */
+ts_status ts_engine_plan_batch(void *user, int mb, int32_t *inputs, int32_t *targets);
+
 ts_status ts_engine_plan_engine(const ts_model *model, const ts_engine_opts *opts, size_t dp_size,
                                 int stage, ts_engine **out);
 

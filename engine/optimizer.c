@@ -78,6 +78,7 @@ static ts_status apply_step(ts_engine *e, float lr, double sumsq, ts_step_stats 
     /* stage 0: the unit's reduced gradient gathered (the norm needed its part) */
     st = ts_engine_comm_wait(e, &s->reduce_ag_req, TS_SPAN_ALL_GATHER, u);
     if (st == TS_OK) st = ts_engine_adamw_unit(e, u, lr, scale);
+    ts_engine_sim_op(e, TS_SPAN_OPTIMIZER, u);
     if (st == TS_OK && e->zero->gather_after_update) {
       /* with overlap beside the next unit's AdamW, waited for below */
       ts_engine_comm_note(e, u);

@@ -109,9 +109,6 @@ ts_status ts_engine_plan_params(size_t psi, ts_dtype dtype, int zero_stage, size
   return st;
 }
 
-/* The plan's batch source: no data (its buffers have no memory). */
-static ts_status no_batch(void *user, int mb, int32_t *inputs, int32_t *targets) { return TS_OK; }
-
 /* The node of each member of a plan group whose member j is world rank
  * first + j * stride, with L ranks per node (L = 0: one node). */
 static ts_status plan_nodes(ts_comm *c, size_t first, size_t stride, int L) {
@@ -124,11 +121,8 @@ static ts_status plan_nodes(ts_comm *c, size_t first, size_t stride, int L) {
   return st;
 }
 
-/* ts_engine_plan_engine with the groups' link classes for ranks_per_node
- * (plan_nodes) and the step's statistics in *stats (NULL: not wanted). */
-static ts_status plan_engine(const ts_model *model, const ts_engine_opts *opts, size_t dp_size,
-                             int stage, int ranks_per_node, ts_engine **out,
-                             ts_step_stats *stats_out) {
+ts_status ts_engine_plan_build(const ts_model *model, const ts_engine_opts *opts, size_t dp_size,
+                               int stage, int ranks_per_node, ts_engine **out) {
   *out = NULL;
   TS_CHECK(check_dp_size(dp_size));
   ts_engine *e;
@@ -151,17 +145,36 @@ static ts_status plan_engine(const ts_model *model, const ts_engine_opts *opts, 
   }
   /* world rank w = pipeline stage x dp_size + data-parallel rank */
   size_t base = (size_t)stage * dp_size;
+  if (st == TS_OK && e->stages > 1) st = ts_comm_plan(stage, e->stages, "pp", &e->own_pp);
   if (st == TS_OK) st = plan_nodes(e->own_comm, base, 1, ranks_per_node);
   if (st == TS_OK) st = plan_nodes(e->own_rep, base, (size_t)e->dp_size, ranks_per_node);
   if (st == TS_OK) st = plan_nodes(e->own_pp, 0, dp_size, ranks_per_node);
-  if (st == TS_OK && e->stages > 1) st = ts_comm_plan(stage, e->stages, "pp", &e->own_pp);
   e->dp = e->own_comm;
   e->pp = e->own_pp;
   if (st == TS_OK) st = ts_engine_lend_memory(e);
   if (st == TS_OK) st = ts_engine_alloc(e);
-  /* One whole step: the tied head's gradient lives across micro-batches. */
+  if (st != TS_OK) {
+    ts_engine_free(e);
+    return st;
+  }
+  *out = e;
+  return TS_OK;
+}
+
+ts_status ts_engine_plan_batch(void *user, int mb, int32_t *inputs, int32_t *targets) {
+  return TS_OK; /* the plan's buffers have no memory */
+}
+
+/* ts_engine_plan_build, then one whole step (the tied head's gradient
+ * lives across micro-batches) with its statistics in *stats_out (NULL:
+ * not wanted). */
+static ts_status plan_engine(const ts_model *model, const ts_engine_opts *opts, size_t dp_size,
+                             int stage, int ranks_per_node, ts_engine **out,
+                             ts_step_stats *stats_out) {
+  ts_engine *e;
+  TS_CHECK(ts_engine_plan_build(model, opts, dp_size, stage, ranks_per_node, &e));
   ts_step_stats stats;
-  if (st == TS_OK) st = ts_engine_step(e, no_batch, NULL, 0.0f, &stats);
+  ts_status st = ts_engine_step(e, ts_engine_plan_batch, NULL, 0.0f, &stats);
   if (st != TS_OK) {
     ts_engine_free(e);
     return st;

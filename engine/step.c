@@ -295,6 +295,7 @@ static ts_status forward_unit(ts_engine *e, int u, ts_unit_args *a) {
     ts_engine_span_begin(e, TS_SPAN_FORWARD, u);
     st = ts_unit_forward(e->model, u, &e->ctx, params, a);
     ts_engine_span_end(e);
+    ts_engine_sim_op(e, TS_SPAN_FORWARD, u);
   }
   if (lender) ts_engine_release_params(e, un->tied_unit);
   ts_engine_release_params(e, u);
@@ -345,12 +346,14 @@ static ts_status backward_compute(ts_engine *e, int u, ts_unit_args *a, const vo
     ts_engine_span_begin(e, TS_SPAN_RECOMPUTE, u);
     st = ts_unit_forward(e->model, u, &e->ctx, params, &f);
     ts_engine_span_end(e);
+    ts_engine_sim_op(e, TS_SPAN_RECOMPUTE, u);
   }
   if (st == TS_OK) {
     a->tied_weight = lender ? borrowed(e, u, lender) : NULL;
     ts_engine_span_begin(e, TS_SPAN_BACKWARD, u);
     st = ts_unit_backward(e->model, u, &e->ctx, params, grads, a);
     ts_engine_span_end(e);
+    ts_engine_sim_op(e, TS_SPAN_BACKWARD, u);
   }
   const ts_engine_hooks *h = ts_engine_get_hooks();
   if (st == TS_OK && h && h->after_backward)

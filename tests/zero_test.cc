@@ -20,6 +20,7 @@
 #include "comm/comm_testing.h"
 #include "engine/engine.h"
 #include "engine/engine_testing.h"
+#include "engine/simulate.h"
 #include "models/llama.h"
 #include "tests/tiny_model.h"
 
@@ -128,17 +129,11 @@ ts_model MakeModel(const TrainSetup &s) {
   return model;
 }
 
-// Trains `s.steps` steps on group dp. Rank r's micro-batch a of a step is
-// samples [a*N*B + r*B, a*N*B + (r+1)*B) of the global batch, the layout of
-// ts_loader_sample_index.
-TrainRun Train(ts_comm *dp, const TrainSetup &s) {
-  TrainRun run;
-  size_t N = (size_t)ts_comm_size(dp), r = (size_t)ts_comm_rank(dp);
-  size_t B = s.global / (N * s.accum);
-  EXPECT_EQ(B * N * s.accum, s.global) << "test setup: global batch not divisible";
-  ts_model model = MakeModel(s);
+// The engine options of setup s on N data-parallel ranks (B = global /
+// (N accum) sequences per micro-batch).
+ts_engine_opts OptsOf(const TrainSetup &s, size_t N) {
   ts_engine_opts o = ts_engine_default_opts();
-  o.micro_batch = B;
+  o.micro_batch = s.global / (N * s.accum);
   o.seq = kT;
   o.grad_accum = s.accum;
   o.seed = 7;
@@ -155,6 +150,19 @@ TrainRun Train(ts_comm *dp, const TrainSetup &s) {
   o.loss_scale_init = s.loss_scale_init;
   o.loss_scale_window = s.loss_scale_window;
   o.min_loss_scale = s.min_loss_scale;
+  return o;
+}
+
+// Trains `s.steps` steps on group dp. Rank r's micro-batch a of a step is
+// samples [a*N*B + r*B, a*N*B + (r+1)*B) of the global batch, the layout of
+// ts_loader_sample_index.
+TrainRun Train(ts_comm *dp, const TrainSetup &s) {
+  TrainRun run;
+  size_t N = (size_t)ts_comm_size(dp), r = (size_t)ts_comm_rank(dp);
+  size_t B = s.global / (N * s.accum);
+  EXPECT_EQ(B * N * s.accum, s.global) << "test setup: global batch not divisible";
+  ts_model model = MakeModel(s);
+  ts_engine_opts o = OptsOf(s, N);
   ts_engine *e = nullptr;
   EXPECT_EQ(ts_engine_create(&e, &model, &o, dp), TS_OK) << ts_last_error();
   // overlap on two or more ranks: the group's communication thread runs
@@ -726,19 +734,7 @@ void ExpectPlanMatchesRun(const TrainSetup &s) {
   size_t N = (size_t)ts_comm_size(World());
   TrainRun run = Train(World(), s);
   ts_model model = MakeModel(s);
-  ts_engine_opts o = ts_engine_default_opts();
-  o.micro_batch = s.global / (N * s.accum);
-  o.seq = kT;
-  o.grad_accum = s.accum;
-  o.zero_stage = s.stage;
-  o.dtype = s.dtype;
-  o.recompute_every = s.recompute_every;
-  o.async_save = s.async_save;
-  o.keep_gathered = s.keep_gathered;
-  o.overlap = s.overlap;
-  o.comm = s.comm;
-  o.comm_chunk_bytes = s.comm_chunk;
-  o.shard_group = s.shard_group;
+  ts_engine_opts o = OptsOf(s, N);
   ts_mem_account plan;
   ASSERT_EQ(ts_engine_plan(&model, &o, N, &plan), TS_OK) << ts_last_error();
   ts_model_free(&model);
@@ -923,6 +919,173 @@ TEST(HybridSharding, BytesPerStepMatchTheFormulas) {
       EXPECT_EQ(st.comm_remote_bytes, 0u);  // one host: every rank on this node
     }
   }
+}
+
+// ---- the simulator (engine/simulate.h) ---------------------------------------------
+
+// One node of every rank, links of `bandwidth` bytes/s and `latency` s,
+// tessera's direct exchanges; compute by the FLOP model at 1 TFLOP/s.
+ts_sim_cluster SimCluster(double bandwidth, double latency) {
+  ts_sim_cluster cl{};
+  cl.ranks_per_node = 64;
+  cl.intra = {bandwidth, latency};
+  cl.inter = {bandwidth, latency};
+  cl.algorithm = TS_SIM_DIRECT;
+  return cl;
+}
+
+ts_sim_compute SimCompute() {
+  ts_sim_compute cp{};
+  cp.peak_flops = 1e12;
+  cp.efficiency = 1.0;
+  cp.mem_bandwidth = 1e11;
+  cp.slowdown = 1.0;
+  cp.optimizer = -1.0;
+  return cp;
+}
+
+TEST(Simulator, BytesAndCallsAreTheEnginesAndItReplaysTheEnginesSchedule) {
+  // The simulator replays the engine's own step on the plan device: rank
+  // 0's bytes and calls in its timed (second) step equal a real run's
+  // second step, for stages 0-3 plain and hybrid; its unit ops are the
+  // schedule's (forward and backward of every unit per micro-batch, a
+  // recompute of each checkpointed one, AdamW per unit); and its clock is
+  // the compute plus the waits.
+  size_t N = (size_t)ts_comm_size(World());
+  ts_sim_cluster cl = SimCluster(1e9, 1e-5);
+  ts_sim_compute cp = SimCompute();
+  std::vector<int> groups = {0};
+  if (HybridS() >= 1) groups.push_back(HybridS());
+  for (int S : groups)
+    for (size_t recompute : {0, 1})
+      for (int stage = 0; stage <= 3; stage++) {
+        if (S != 0 && recompute) continue;
+        SCOPED_TRACE("S " + std::to_string(S) + ", recompute " + std::to_string(recompute) +
+                     ", stage " + std::to_string(stage));
+        TrainSetup s;
+        s.stage = stage;
+        s.steps = 2;
+        s.accum = 2;
+        s.global = 16;
+        s.shard_group = S;
+        s.recompute_every = recompute;
+        TrainRun run = Train(World(), s);
+        ts_model model = MakeModel(s);
+        ts_engine_opts o = OptsOf(s, N);
+        ts_sim_result r{};
+        ASSERT_EQ(ts_simulate(&model, &o, N, &cl, &cp, &r), TS_OK) << ts_last_error();
+        int blocks = model.n_units - 2;
+        ts_model_free(&model);
+        uint64_t calls = 0;
+        for (int k = 0; k < TS_COMM_NUM_KINDS; k++) calls += run.stats[1].comm.calls[k];
+        if (ts_comm_rank(World()) == 0) {
+          EXPECT_EQ(r.bytes, run.stats[1].comm_bytes);
+          EXPECT_EQ(r.remote_bytes, 0u);
+          EXPECT_EQ((uint64_t)r.calls, calls);
+        }
+        int units = blocks + 2;
+        EXPECT_EQ(r.ops, 2 * (2 * units + (recompute ? blocks : 0)) + units);
+        EXPECT_NEAR(r.step_s, r.compute_s + r.exposed_comm_s, 1e-12 * r.step_s);
+        EXPECT_GT(r.compute_s, 0);
+        EXPECT_GT(r.tokens_per_s, 0);
+      }
+}
+
+TEST(Simulator, FastLinksLeaveTheComputeAndOverlapHidesSlowOnes) {
+  size_t N = (size_t)ts_comm_size(World());
+  if (N < 2) GTEST_SKIP() << "one rank: no communication";
+  ts_model model = MakeModel(TrainSetup{});
+  ts_sim_compute cp = SimCompute();
+  ts_sim_cluster fast = SimCluster(1e30, 0.0), slow = SimCluster(1e8, 1e-4);
+  for (int stage = 0; stage <= 3; stage++) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    TrainSetup s;
+    s.stage = stage;
+    ts_engine_opts on = OptsOf(s, N), off = on;
+    off.overlap = 0;
+    ts_sim_result f{}, a{}, b{};
+    ASSERT_EQ(ts_simulate(&model, &on, N, &fast, &cp, &f), TS_OK) << ts_last_error();
+    // links without cost: the step is its compute (each call's 1e-30 s per byte aside)
+    EXPECT_NEAR(f.step_s, f.compute_s, 1e-9 * f.step_s);
+    ASSERT_EQ(ts_simulate(&model, &on, N, &slow, &cp, &a), TS_OK) << ts_last_error();
+    ASSERT_EQ(ts_simulate(&model, &off, N, &slow, &cp, &b), TS_OK) << ts_last_error();
+    EXPECT_EQ(a.compute_s, f.compute_s);  // the same ops at the same rate
+    // overlap moves the same bytes, but ZeRO-3 keeps the last unit gathered
+    // from its forward into its backward (BytesSentPerStepMatchTheory)
+    if (stage < 3)
+      EXPECT_EQ(a.bytes, b.bytes);
+    else
+      EXPECT_LT(a.bytes, b.bytes);
+    // without overlap every call is waited for whole: exposed = busy
+    EXPECT_NEAR(b.exposed_comm_s, b.comm_busy_s, 1e-9 * b.comm_busy_s);
+    EXPECT_LE(a.exposed_comm_s, b.exposed_comm_s);
+    EXPECT_GE(a.step_s, a.compute_s);
+  }
+  // ZeRO-3 has a next unit's gather to hide behind each unit's compute
+  TrainSetup z3;
+  z3.stage = 3;
+  ts_engine_opts on = OptsOf(z3, N), off = on;
+  off.overlap = 0;
+  ts_sim_cluster mid = SimCluster(1e9, 1e-5);
+  ts_sim_result a{}, b{};
+  ASSERT_EQ(ts_simulate(&model, &on, N, &mid, &cp, &a), TS_OK);
+  ASSERT_EQ(ts_simulate(&model, &off, N, &mid, &cp, &b), TS_OK);
+  EXPECT_LT(a.exposed_comm_s, b.exposed_comm_s);
+  ts_model_free(&model);
+}
+
+TEST(Simulator, AlphaBetaFormulasAsDocumented) {
+  // simulate.h's formulas, p = 8, n = 8 MB, alpha 1 us, 1 GB/s within a
+  // node, 2 GB/s per node across (all the arithmetic below is the header's)
+  ts_sim_cluster cl = SimCluster(1e9, 1e-6);
+  cl.inter = {2e9, 5e-6};
+  double n = 8e6, a = 1e-6, w = 1e9;
+  cl.algorithm = TS_SIM_RING;
+  EXPECT_DOUBLE_EQ(ts_sim_call_seconds(&cl, TS_COMM_ALL_GATHER, 7e6, 0, 8e6, 8, 8, 8),
+                   7 * (a + n / 8 / w));
+  EXPECT_DOUBLE_EQ(ts_sim_call_seconds(&cl, TS_COMM_ALL_REDUCE, 14e6, 0, 8e6, 8, 8, 8),
+                   2 * 7 * (a + n / 8 / w));
+  // spanning two nodes of 4: the latency across, the slower of the intra
+  // link and the group's share of the node's (all 4 ranks in it: 2 GB/s)
+  EXPECT_DOUBLE_EQ(ts_sim_call_seconds(&cl, TS_COMM_REDUCE_SCATTER, 7e6, 4e6, 8e6, 8, 4, 4),
+                   7 * (5e-6 + n / 8 / w));
+  // a replica group (one rank per node) of a node's 8: a share of 2/8 GB/s
+  EXPECT_DOUBLE_EQ(ts_sim_call_seconds(&cl, TS_COMM_ALL_GATHER, 7e6, 7e6, 8e6, 8, 1, 8),
+                   7 * (5e-6 + n / 8 / (2e9 / 8)));
+  cl.algorithm = TS_SIM_TREE;
+  EXPECT_DOUBLE_EQ(ts_sim_call_seconds(&cl, TS_COMM_ALL_REDUCE, 14e6, 0, 8e6, 8, 8, 8),
+                   2 * 3 * a + 2 * n / w);
+  cl.algorithm = TS_SIM_BEST;
+  EXPECT_DOUBLE_EQ(ts_sim_call_seconds(&cl, TS_COMM_ALL_REDUCE, 14e6, 0, 8e6, 8, 8, 8),
+                   std::min(2 * 7 * (a + n / 8 / w), 2 * 3 * a + 2 * n / w));
+  cl.algorithm =
+      TS_SIM_DIRECT;  // 3 MB within at 1 GB/s, the node's 4 ranks x 4 MB across at 2 GB/s
+  EXPECT_DOUBLE_EQ(ts_sim_call_seconds(&cl, TS_COMM_ALL_GATHER, 7e6, 4e6, 8e6, 8, 4, 4),
+                   5e-6 + std::max(3e6 / 1e9, 4 * 4e6 / 2e9));
+  // a replica group: 1 of its ranks here, but the node's 2 send at once
+  EXPECT_DOUBLE_EQ(ts_sim_call_seconds(&cl, TS_COMM_ALL_REDUCE, 4e6, 4e6, 4e6, 2, 1, 2),
+                   5e-6 + 2 * 4e6 / 2e9);
+  EXPECT_EQ(ts_sim_call_seconds(&cl, TS_COMM_ALL_GATHER, 0, 0, 0, 1, 1, 1), 0.0);  // one rank
+}
+
+TEST(Simulator, RefusesBadInputNamingIt) {
+  ts_model model = MakeModel(TrainSetup{});
+  ts_engine_opts o = OptsOf(TrainSetup{}, 1);
+  ts_sim_cluster cl = SimCluster(1e9, 1e-6);
+  ts_sim_compute cp = SimCompute();
+  ts_sim_result r{};
+  cl.inter.bandwidth = 0;
+  EXPECT_EQ(ts_simulate(&model, &o, 1, &cl, &cp, &r), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ts_last_error()).find("`inter` link 0 bytes/s"), std::string::npos)
+      << ts_last_error();
+  cl = SimCluster(1e9, 1e-6);
+  cp.efficiency = 1.5;
+  EXPECT_EQ(ts_simulate(&model, &o, 1, &cl, &cp, &r), TS_ERR_INVALID_ARGUMENT);
+  cp = SimCompute();
+  o.pipeline_stages = 2;
+  EXPECT_EQ(ts_simulate(&model, &o, 2, &cl, &cp, &r), TS_ERR_UNSUPPORTED);
+  EXPECT_NE(std::string(ts_last_error()).find("`pipeline_stages` 2"), std::string::npos);
+  ts_model_free(&model);
 }
 
 TEST(LossScaling, InjectedOverflowSkipsTheStepOnEveryRank) {

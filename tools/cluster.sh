@@ -11,6 +11,10 @@
 #   tools/cluster.sh rsh [-opts] NODE CMD  Open MPI's remote launcher (plm_rsh_agent):
 #                                          like ssh, CMD's words are joined and run by sh
 #   tools/cluster.sh link NODE up|down     bring NODE's only link up or down (a cut cable)
+#   tools/cluster.sh shape NODE RATE|off   NODE sends at most RATE (tc's units: 1gbit,
+#                                          200mbit) through its link (a token bucket, tc
+#                                          tbf, on its eth0); off removes it. Latency
+#                                          cannot be added where the kernel lacks netem
 #   tools/cluster.sh nodes                 the node names, one per line
 #   tools/cluster.sh mpirun-env            Open MPI settings that launch across the nodes
 #                                          (eval "$(tools/cluster.sh mpirun-env)")
@@ -198,6 +202,17 @@ cmd_link() {
   ip -n "$1" link set eth0 "$2"
 }
 
+cmd_shape() {
+  (($# == 2)) && [[ "$2" == off || "$2" =~ ^[0-9]+(\.[0-9]+)?([kmg]?bit|[kmg]?bps)$ ]] ||
+    die "usage: cluster.sh shape NODE RATE|off (RATE as tc writes it: 1gbit, 200mbit, 50mbps)"
+  need_node "$1"
+  ip netns exec "$1" tc qdisc del dev eth0 root 2>/dev/null || true
+  [[ "$2" == off ]] && return 0
+  # a bucket of 256 KB (a few TSO bursts), up to 400 ms of queue
+  ip netns exec "$1" tc qdisc add dev eth0 root tbf rate "$2" burst 256kb latency 400ms ||
+    die "tc could not shape $1's eth0 to $2"
+}
+
 case "${1:-}" in
   check)
     why="$(why_not)"
@@ -223,6 +238,10 @@ case "${1:-}" in
   link)
     shift
     cmd_link "$@"
+    ;;
+  shape)
+    shift
+    cmd_shape "$@"
     ;;
   nodes) node_list ;;
   mpirun-env)

@@ -107,19 +107,18 @@ static ts_status parse_psi(const char *v, void *psi) {
   return TS_OK;
 }
 
-/* --zero: a ZeRO stage 0-3, or all (-1), into an int. */
-static ts_status parse_stage(const char *v, void *stage) {
+ts_status ts_tool_parse_zero_stages(const char *v, void *stage) {
   if (!strcmp(v, "all")) *(int *)stage = -1;
   else if (strlen(v) == 1 && v[0] >= '0' && v[0] <= '3') *(int *)stage = v[0] - '0';
   else return ts_set_error(TS_ERR_INVALID_ARGUMENT, "expected a ZeRO stage 0, 1, 2, 3 or all");
   return TS_OK;
 }
 
-/* --dtype: ts_dtype_parse into a ts_dtype. */
-static ts_status parse_dtype(const char *v, void *dtype) { return ts_dtype_parse(v, dtype); }
+ts_status ts_tool_parse_dtype(const char *v, void *dtype) { return ts_dtype_parse(v, dtype); }
 
-/* --activation-checkpointing: ts_train_parse_recompute into recompute_every. */
-static ts_status parse_recompute(const char *v, void *every) { return ts_train_parse_recompute(v, every); }
+ts_status ts_tool_parse_recompute(const char *v, void *every) {
+  return ts_train_parse_recompute(v, every);
+}
 
 /* --schedule: gpipe or 1f1b. */
 static ts_status parse_schedule(const char *v, void *kind) {
@@ -154,7 +153,7 @@ int ts_tool_estimate(int argc, char **argv) {
                      &psi_arg),
       TS_FLAG_SIZE("--world-size", "-n", &world, 1, "N",
                    "ranks: data-parallel, or P pipeline stages x N/P (default 1)", NULL),
-      TS_FLAG_CUSTOM("--zero", NULL, &stage, parse_stage, "0|1|2|3|all",
+      TS_FLAG_CUSTOM("--zero", NULL, &stage, ts_tool_parse_zero_stages, "0|1|2|3|all",
                      "one ZeRO stage, or all four side by side (default all)", NULL),
       TS_FLAG_SIZE("--shard-group", NULL, &shard_group, 1, "S",
                    "hybrid sharding: ZeRO within groups of S consecutive data-parallel ranks, "
@@ -164,13 +163,13 @@ int ts_tool_estimate(int argc, char **argv) {
                    "ranks per node, for the bytes per link class (default S with "
                    "--shard-group, else all N on one node)",
                    NULL),
-      TS_FLAG_CUSTOM("--dtype", NULL, &opts.dtype, parse_dtype, "fp32|bf16|fp16",
+      TS_FLAG_CUSTOM("--dtype", NULL, &opts.dtype, ts_tool_parse_dtype, "fp32|bf16|fp16",
                      "compute dtype (default fp32)", NULL),
       TS_FLAG_SIZE("--micro-batch", NULL, &opts.micro_batch, 1, "B",
                    "sequences per micro-batch (default 8)", &act_flag),
       TS_FLAG_SIZE("--seq", NULL, &opts.seq, 1, "T", "tokens per sequence (default 128)",
                    &act_flag),
-      TS_FLAG_CUSTOM("--activation-checkpointing", NULL, &opts.recompute_every, parse_recompute,
+      TS_FLAG_CUSTOM("--activation-checkpointing", NULL, &opts.recompute_every, ts_tool_parse_recompute,
                      "none|all|every:K", "blocks recomputed in backward (default none)", &act_flag),
       TS_FLAG_CHOICE("--reshard-after-forward", NULL, &opts.keep_gathered, RESHARD,
                      "ZeRO-3: false plans each unit's gathered parameters kept through the step "

@@ -4,7 +4,8 @@
 # Hugging Face config.json equal to its preset, model states falling with
 # the stage, the GPU's plan (--device cuda, no GPU needed), and one-line
 # errors (exit 2) for bad input, train's --device cuda without a GPU too;
-# pipeline stages, one column each.
+# pipeline stages, one column each; `tessera simulate`'s bytes equal to
+# estimate's and its one-line refusals.
 #   estimate_test.sh TESSERA_BIN
 set -uo pipefail
 bin="$1"
@@ -206,6 +207,43 @@ print("as expected" if a["staging"] == 3 * a["params"] > 0 and b["staging"] == 0
   "$("$bin" estimate --model llama-tiny --zero 0 --json)" 2>&1)"
 check_eq "--save-async: staging = one rank file" "as expected" "$verdict"
 bad "--save-async with --params" "--save-async applies to --model only" --params 7e9 --save-async
+
+# 7. `tessera simulate` (engine/simulate.h): its bytes are the plan's (one
+# step, rank 0), so estimate's for every stage and hybrid; its schedule
+# replays the units (ops); one-line refusals.
+verdict="$(python3 -c 'import json, sys
+e, s = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+ok = [a["comm_bytes_per_step"] == b["comm_bytes_per_step"] and
+      a["comm_bytes_across_nodes_per_step"] == b["comm_bytes_across_nodes_per_step"] and
+      b["step_s"] > 0 and b["step_s"] >= b["compute_s"] and b["ops"] > 0
+      for a, b in zip(e["stages"], s["stages"])]
+print("same" if len(ok) == 4 and all(ok) else (e["stages"], s["stages"]))' \
+  "$("$bin" estimate --model llama-tiny -n 8 --shard-group 4 --ranks-per-node 4 --json)" \
+  "$("$bin" simulate --model llama-tiny -n 8 --shard-group 4 --ranks-per-node 4 --json \
+    --dtype fp32 --micro-batch 8 --seq 128)" 2>&1)"
+check_eq "simulate: the bytes of estimate, hybrid on 2 nodes, stages 0-3" "same" "$verdict"
+sbad() { # sbad NAME EXPECTED-LINE ARGS... — simulate refuses: exit 2, exactly that line
+  local name="$1" want="$2" err rc
+  shift 2
+  err="$("$bin" simulate "$@" 2>&1 >/dev/null)"
+  rc=$?
+  check_eq "simulate $name: exit code" 2 "$rc"
+  check_eq "simulate $name: the line" "$want" "$err"
+}
+sbad "--intra fast" "tessera simulate: --intra fast: expected nvlink4, ib-ndr, 100gbe or GB/s,us \
+(bandwidth > 0, latency >= 0; e.g. 25,2)" --model llama-tiny --intra fast
+sbad "--inter 0,1" "tessera simulate: --inter 0,1: expected nvlink4, ib-ndr, 100gbe or GB/s,us \
+(bandwidth > 0, latency >= 0; e.g. 25,2)" --model llama-tiny --inter 0,1
+sbad "--shard-group 3" "tessera simulate: --shard-group 3: expected a divisor of -n 4" \
+  --model llama-tiny -n 4 --shard-group 3
+sbad "--profile missing" "tessera simulate: $tmp/none.json: cannot open the trace" \
+  --model llama-tiny --profile "$tmp/none.json"
+echo '{"traceEvents": 3}' >"$tmp/bad-trace.json"
+sbad "--profile not a trace" "tessera simulate: $tmp/bad-trace.json: field traceEvents: expected \
+a train --trace file" --model llama-tiny --profile "$tmp/bad-trace.json"
+sbad "--efficiency 2" "tessera simulate: --peak-tflops 989, --efficiency 2, --mem-bandwidth \
+3350, --slowdown 1, --step-overhead 0: expected > 0, in (0, 1], > 0, >= 1, >= 0" \
+  --model llama-tiny --efficiency 2
 
 out="$("$bin" estimate --help)"
 check_eq "--help exit code" 0 "$?"

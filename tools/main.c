@@ -13,6 +13,7 @@ static const char *USAGE =
     "  prepare   train a SentencePiece tokenizer and write token shards\n"
     "  train     train a model (several ranks: tessera launch -n N train ...)\n"
     "  estimate  per-rank memory by ledger category at ZeRO stages 0-3 (no MPI)\n"
+    "  simulate  predicted step time, exposed communication and MFU on a cluster (no MPI)\n"
     "  compare   train at ZeRO stages 0-3 and compare measured memory, speed, losses\n"
     "  export    a checkpoint as a Hugging Face folder (config.json + safetensors)\n"
     "  timeline  one step of a train --trace file: the pipeline's bubble and picture\n"
@@ -29,6 +30,7 @@ int ts_tool_main(int argc, char **argv) {
   if (!strcmp(cmd, "train")) return ts_tool_train(argc - 1, argv + 1);
   if (!strcmp(cmd, "prepare")) return ts_tool_prepare(argc - 1, argv + 1);
   if (!strcmp(cmd, "estimate")) return ts_tool_estimate(argc - 1, argv + 1);
+  if (!strcmp(cmd, "simulate")) return ts_tool_simulate(argc - 1, argv + 1);
   if (!strcmp(cmd, "compare")) return ts_tool_compare(argc - 1, argv + 1);
   if (!strcmp(cmd, "export")) return ts_tool_export(argc - 1, argv + 1);
   if (!strcmp(cmd, "timeline")) return ts_tool_timeline(argc - 1, argv + 1);

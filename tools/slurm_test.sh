@@ -17,9 +17,11 @@
 #     the uninterrupted run's step lines; SIGTERM to launch saves at the
 #     next step boundary and exits 0;
 #  4b. a lost report: every task ends (exit 0) while node 2's link is down,
-#     so its slurmstepd cannot tell srun ("Failed to send MESSAGE_TASK_EXIT"):
-#     launch stops srun once slurmctld has ended the step (one line), and
-#     with --max-restarts 1 the job restarts and ends with exit 0;
+#     so its slurmstepd may fail to tell srun ("Failed to send
+#     MESSAGE_TASK_EXIT"; whether slurmctld tells it later depends on
+#     timing): launch ends with exit 0 within the test's 2 minutes either
+#     way — when srun was left waiting, by stopping it once slurmctld had
+#     ended the step (its one line) and restarting (--max-restarts 1);
 #  5. the issue's done-when, on llama-tiny: sbatch of train.sbatch with
 #     TESSERA_MAX_RESTARTS=2, --comm-timeout 5 and --save: node 2's link
 #     cut once the step-4 checkpoint is complete and brought back 8 s
@@ -181,10 +183,12 @@ sleep 3
 wait "$job"
 check_eq "lost report: launch ends (restarted)" 0 $?
 out="$(cat "$tmp/lost.log")"
-check "lost report: the line" "tessera launch: the job step ended but srun did not hear from every \
-node within 10 s (a node's report was lost); every rank was stopped" "$out"
-check "lost report: restarts" "restart 1 of 1 from the newest complete checkpoint" "$out"
-check_eq "lost report: no shell noise" "" "$(grep -E 'Killed +srun|launch.sh: line' <<<"$out")"
+if [[ -n "$out" ]]; then # srun was left waiting: launch stopped it
+  check_eq "lost report: the line, the restart" "tessera launch: the job step ended but srun did \
+not hear from every node within 10 s (a node's report was lost); every rank was stopped
+tessera launch: a rank died (exit 137); restart 1 of 1 from the newest complete checkpoint" \
+    "$(grep -v '^tessera launch: ranks\? [0-9,-]* on host .* died: ' <<<"$out")"
+fi
 
 # 5. a cut link under sbatch: the restart in the allocation
 "$launch" -n 4 "$bin" train "${common[@]}" --steps 12 --save "$tmp/whole" --save-every 2 \

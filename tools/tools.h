@@ -64,6 +64,19 @@ int ts_tool_train(int argc, char **argv);
  * (or Ψ alone) at ZeRO stages 0-3, from ts_engine_plan; no MPI. */
 int ts_tool_estimate(int argc, char **argv);
 
+/* Flag parsers shared by estimate and simulate (tools/flags.h
+ * ts_flag_parse_fn): --zero a ZeRO stage 0-3 or all (-1) into an int;
+ * --dtype into a ts_dtype; --activation-checkpointing
+ * (ts_train_parse_recompute) into a size_t. */
+ts_status ts_tool_parse_zero_stages(const char *v, void *stage);
+ts_status ts_tool_parse_dtype(const char *v, void *dtype);
+ts_status ts_tool_parse_recompute(const char *v, void *every);
+
+/* `tessera simulate`: a step's predicted time, exposed communication,
+ * bytes per link class, tokens/s per rank and MFU on a cluster
+ * (engine/simulate.h), ZeRO stages 0-3 side by side. */
+int ts_tool_simulate(int argc, char **argv);
+
 /* `tessera compare`: trains one configuration at several ZeRO stages (and
  * dtypes, checkpointing settings) through tools/launch.sh and writes
  * compare.md, compare.csv and compare.png: measured memory beside the

@@ -1,0 +1,355 @@
+/* simulate_main.c — `tessera simulate`: a step's predicted time on a
+ * cluster (engine/simulate.h): the engine's own step replayed on the plan
+ * device with a clock, for ZeRO stages 0-3 side by side (hybrid sharding
+ * with --shard-group), links from presets (NVLink 4, InfiniBand NDR, 100
+ * GbE) or given, compute from a FLOP-rate model or measured per unit from
+ * a `train --trace` file. No MPI, nothing large allocated. Output: a
+ * Markdown table or one JSON object (--json). Bad usage prints one line on
+ * stderr and exits 2. */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/simulate.h"
+#include "engine/trainer.h"
+#include "models/model.h"
+#include "tools/flags.h"
+#include "tools/tools.h"
+
+static const char *USAGE =
+    "usage: tessera simulate --model CONFIG -n N [flags]\n"
+    "  Predicted step time, exposed communication, bytes per link class, tokens/s per\n"
+    "  rank and MFU of N ranks (nodes of --ranks-per-node) at ZeRO stages 0-3: the\n"
+    "  engine's step replayed with an alpha-beta model of each collective. No MPI.\n";
+
+/* A link preset: its name, bandwidth (bytes/s) and latency (s). Bandwidths
+ * per direction: NVLink 4 on an H100 SXM is 900 GB/s both ways (NVIDIA's
+ * H100 datasheet); a DGX H100 node has 8 ConnectX-7 at 400 Gb/s (NDR) =
+ * 400 GB/s; 100 GbE is 12.5 GB/s per node. Latencies are the model's
+ * assumptions (NCCL's per-hop order of magnitude), settable. */
+typedef struct link_preset {
+  const char *name;
+  double bandwidth, latency;
+} link_preset;
+
+static const link_preset LINKS[] = {
+    {"nvlink4", 450e9, 3e-6},
+    {"ib-ndr", 400e9, 10e-6},
+    {"100gbe", 12.5e9, 30e-6},
+};
+
+/* --intra / --inter: a preset name or "GB/s,us". */
+static ts_status parse_link(const char *v, void *dest) {
+  ts_sim_link *l = dest;
+  for (size_t i = 0; i < sizeof LINKS / sizeof *LINKS; i++)
+    if (!strcmp(v, LINKS[i].name)) {
+      l->bandwidth = LINKS[i].bandwidth;
+      l->latency = LINKS[i].latency;
+      return TS_OK;
+    }
+  char *end;
+  double gb = strtod(v, &end), us;
+  if (end != v && *end == ',') {
+    const char *rest = end + 1;
+    us = strtod(rest, &end);
+    if (end != rest && !*end && isfinite(gb) && gb > 0 && isfinite(us) && us >= 0) {
+      l->bandwidth = gb * 1e9;
+      l->latency = us * 1e-6;
+      return TS_OK;
+    }
+  }
+  return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                      "expected nvlink4, ib-ndr, 100gbe or GB/s,us (bandwidth > 0, latency >= 0; "
+                      "e.g. 25,2)");
+}
+
+static const char *const ALGORITHMS[] = {"direct", "ring", "tree", "best", NULL};
+static const char *const OVERLAP[] = {"off", "on", NULL};
+static const char *const RESHARD[] = {"true", "false", NULL};
+
+
+/* Medians of a --trace file's compute spans on rank 0, per unit: forward,
+ * backward, recompute (seconds per micro-batch) and the optimizer step's
+ * spans less their all-gather waits. */
+typedef struct profile {
+  double *fwd, *bwd, *rec, opt;
+} profile;
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+  if (n == 0) return -1.0;
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void profile_free(profile *p) {
+  free(p->fwd);
+  free(p->bwd);
+  free(p->rec);
+}
+
+/* Reads the spans of pid 0 from path into p (n units). TS_ERR_IO,
+ * TS_ERR_FORMAT naming the file and what is missing. */
+static ts_status read_profile(const char *path, int n, profile *p) {
+  memset(p, 0, sizeof *p);
+  FILE *f = fopen(path, "rb");
+  if (!f) return ts_set_error(TS_ERR_IO, "%s: cannot open the trace", path);
+  fseek(f, 0, SEEK_END);
+  long size = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *text = size > 0 ? malloc((size_t)size + 1) : NULL;
+  size_t got = text ? fread(text, 1, (size_t)size, f) : 0;
+  fclose(f);
+  if (!text || got != (size_t)size) {
+    free(text);
+    return ts_set_error(TS_ERR_IO, "%s: cannot read the trace", path);
+  }
+  text[size] = 0;
+  cJSON *root = cJSON_Parse(text);
+  free(text);
+  cJSON *events = cJSON_GetObjectItemCaseSensitive(root, "traceEvents");
+  if (!cJSON_IsArray(events)) {
+    cJSON_Delete(root);
+    return ts_set_error(TS_ERR_FORMAT, "%s: field traceEvents: expected a train --trace file", path);
+  }
+  int cap = cJSON_GetArraySize(events);
+  double *vals[3] = {calloc((size_t)n * (size_t)cap + 1, sizeof(double)),
+                     calloc((size_t)n * (size_t)cap + 1, sizeof(double)),
+                     calloc((size_t)n * (size_t)cap + 1, sizeof(double))};
+  double *opt = calloc((size_t)cap + 1, sizeof(double));
+  int *count = calloc(3 * (size_t)n + 1, sizeof(int)), nopt = 0;
+  p->fwd = malloc((size_t)n * sizeof(double));
+  p->bwd = malloc((size_t)n * sizeof(double));
+  p->rec = malloc((size_t)n * sizeof(double));
+  ts_status st = TS_OK;
+  if (!vals[0] || !vals[1] || !vals[2] || !opt || !count || !p->fwd || !p->bwd || !p->rec)
+    st = ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: %d spans", path, cap);
+  static const char *const NAMES[3] = {"forward", "backward", "recompute"};
+  const cJSON *ev;
+  cJSON_ArrayForEach(ev, events) {
+    if (st != TS_OK) break;
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(ev, "name");
+    const cJSON *pid = cJSON_GetObjectItemCaseSensitive(ev, "pid");
+    const cJSON *dur = cJSON_GetObjectItemCaseSensitive(ev, "dur");
+    const cJSON *args = cJSON_GetObjectItemCaseSensitive(ev, "args");
+    const cJSON *unit = cJSON_GetObjectItemCaseSensitive(args, "unit");
+    if (!cJSON_IsString(name) || !cJSON_IsNumber(pid) || pid->valuedouble != 0 ||
+        !cJSON_IsNumber(dur))
+      continue;
+    if (!strcmp(name->valuestring, "optimizer_step")) {
+      opt[nopt++] = dur->valuedouble * 1e-6;
+      continue;
+    }
+    for (int k = 0; k < 3; k++) {
+      if (strcmp(name->valuestring, NAMES[k]) || !cJSON_IsNumber(unit)) continue;
+      int u = unit->valueint;
+      if (u < 0 || u >= n) {
+        st = ts_set_error(TS_ERR_FORMAT, "%s: a %s span of unit %d: expected units 0..%d", path,
+                          NAMES[k], u, n - 1);
+        break;
+      }
+      vals[k][(size_t)u * (size_t)cap + (size_t)count[k * n + u]++] = dur->valuedouble * 1e-6;
+    }
+  }
+  for (int u = 0; st == TS_OK && u < n; u++) {
+    p->fwd[u] = median(vals[0] + (size_t)u * (size_t)cap, count[u]);
+    p->bwd[u] = median(vals[1] + (size_t)u * (size_t)cap, count[n + u]);
+    p->rec[u] = median(vals[2] + (size_t)u * (size_t)cap, count[2 * n + u]);
+    if (p->fwd[u] < 0 || p->bwd[u] < 0)
+      st = ts_set_error(TS_ERR_FORMAT,
+                        "%s: no forward or backward span of unit %d on rank 0: expected a "
+                        "trace of this model",
+                        path, u);
+  }
+  p->opt = median(opt, nopt);
+  for (int k = 0; k < 3; k++) free(vals[k]);
+  free(opt);
+  free(count);
+  cJSON_Delete(root);
+  if (st != TS_OK) profile_free(p);
+  return st;
+}
+
+static int fail(ts_status st) {
+  fprintf(stderr, "tessera simulate: %s\n", ts_flags_last_error());
+  return st == TS_ERR_OUT_OF_MEMORY || st == TS_ERR_INTERNAL ? 1 : 2;
+}
+
+int ts_tool_simulate(int argc, char **argv) {
+  const char *model = NULL, *trace = NULL;
+  size_t world = 1, shard_group = 0, per_node = 8;
+  int stage = -1, json = 0, algorithm = TS_SIM_BEST;
+  float peak_tflops = 989.0f, efficiency = 0.48f, mem_gbps = 3350.0f, slowdown = 1.0f,
+        overhead = 0.0f, memory_gb = 80.0f;
+  ts_engine_opts opts = ts_engine_default_opts();
+  opts.dtype = TS_BF16;
+  opts.micro_batch = 1;
+  opts.seq = 4096;
+  ts_sim_cluster cl = {.intra = {450e9, 3e-6}, .inter = {400e9, 10e-6}};
+  const ts_flag flags[] = {
+      TS_FLAG_STRING("--model", NULL, &model, "CONFIG",
+                     "a preset (llama-tiny ... llama-2-7b/13b/70b) or a Hugging Face config.json",
+                     NULL),
+      TS_FLAG_SIZE("--world-size", "-n", &world, 1, "N", "ranks (devices) (default 1)", NULL),
+      TS_FLAG_CUSTOM("--zero", NULL, &stage, ts_tool_parse_zero_stages, "0|1|2|3|all",
+                     "one ZeRO stage, or all four side by side (default all)", NULL),
+      TS_FLAG_SIZE("--shard-group", NULL, &shard_group, 1, "S",
+                   "hybrid sharding: ZeRO within groups of S consecutive ranks (default: all)",
+                   NULL),
+      TS_FLAG_SIZE("--ranks-per-node", NULL, &per_node, 1, "L",
+                   "ranks (devices) per node (default 8)", NULL),
+      TS_FLAG_CUSTOM("--intra", NULL, &cl.intra, parse_link, "nvlink4|GB/s,us",
+                     "the link within a node, per rank (default nvlink4: 450 GB/s, 3 us)", NULL),
+      TS_FLAG_CUSTOM("--inter", NULL, &cl.inter, parse_link, "ib-ndr|100gbe|GB/s,us",
+                     "the link across nodes, per node (default ib-ndr: 400 GB/s, 10 us)", NULL),
+      TS_FLAG_CHOICE("--algorithm", NULL, &algorithm, ALGORITHMS,
+                     "collective algorithm (default best: ring or tree, NCCL's; direct: "
+                     "tessera's CPU transport)",
+                     NULL),
+      TS_FLAG_FLOAT("--peak-tflops", NULL, &peak_tflops, "F",
+                    "peak dense TFLOP/s per rank, the MFU's denominator (default 989: H100 SXM "
+                    "bf16)",
+                    NULL),
+      TS_FLAG_FLOAT("--efficiency", NULL, &efficiency, "E",
+                    "fraction of the peak the units' products reach (default 0.48: tessera's "
+                    "llama-1.1b on one H100-class GPU, docs/BENCHMARKS.md)",
+                    NULL),
+      TS_FLAG_FLOAT("--mem-bandwidth", NULL, &mem_gbps, "GB/s",
+                    "memory bandwidth for AdamW (default 3350: H100 SXM HBM3)", NULL),
+      TS_FLAG_FLOAT("--slowdown", NULL, &slowdown, "X",
+                    "compute times x X (ranks sharing cores; default 1)", NULL),
+      TS_FLAG_FLOAT("--device-memory", NULL, &memory_gb, "GB",
+                    "memory per rank; a plan's peak above it is marked (default 80: H100)", NULL),
+      TS_FLAG_FLOAT("--step-overhead", NULL, &overhead, "S",
+                    "seconds per step outside the units' ops (batch load, norm; default 0)",
+                    NULL),
+      TS_FLAG_STRING("--profile", NULL, &trace, "TRACE",
+                     "compute measured: rank 0's median forward, backward, recompute per unit "
+                     "and optimizer step of a `train --trace` file of this model",
+                     NULL),
+      TS_FLAG_CUSTOM("--dtype", NULL, &opts.dtype, ts_tool_parse_dtype, "fp32|bf16|fp16",
+                     "compute dtype (default bf16)", NULL),
+      TS_FLAG_SIZE("--micro-batch", NULL, &opts.micro_batch, 1, "B",
+                   "sequences per micro-batch (default 1)", NULL),
+      TS_FLAG_SIZE("--seq", NULL, &opts.seq, 1, "T", "tokens per sequence (default 4096)", NULL),
+      TS_FLAG_SIZE("--grad-accum", NULL, &opts.grad_accum, 1, "M",
+                   "micro-batches per step (default 1)", NULL),
+      TS_FLAG_CUSTOM("--activation-checkpointing", NULL, &opts.recompute_every, ts_tool_parse_recompute,
+                     "none|all|every-K", "as train's (default none)", NULL),
+      TS_FLAG_CHOICE("--reshard-after-forward", NULL, &opts.keep_gathered, RESHARD,
+                     "ZeRO-3: false keeps units gathered across the step (default true)", NULL),
+      TS_FLAG_CHOICE("--overlap", NULL, &opts.overlap, OVERLAP,
+                     "communication overlap as built (default on)", NULL),
+      TS_FLAG_SWITCH("--json", NULL, &json, "one JSON object instead of the table"),
+  };
+  int r = ts_flags_parse("simulate", flags, sizeof flags / sizeof *flags, argc, argv, USAGE);
+  if (r != TS_FLAGS_OK) return r == TS_FLAGS_HELP ? 0 : 2;
+  if (!model) return ts_flags_error("simulate", "--model is required " TS_FLAGS_HINT);
+  if (shard_group > INT32_MAX || (shard_group && world % shard_group))
+    return ts_flags_error("simulate", "--shard-group %zu: expected a divisor of -n %zu",
+                          shard_group, world);
+  if (per_node > INT32_MAX)
+    return ts_flags_error("simulate", "--ranks-per-node %zu: expected at most %d", per_node,
+                          INT32_MAX);
+  if (!(peak_tflops > 0) || !(efficiency > 0 && efficiency <= 1) || !(mem_gbps > 0) ||
+      !(slowdown >= 1) || !(overhead >= 0))
+    return ts_flags_error("simulate",
+                          "--peak-tflops %g, --efficiency %g, --mem-bandwidth %g, --slowdown %g, "
+                          "--step-overhead %g: expected > 0, in (0, 1], > 0, >= 1, >= 0",
+                          (double)peak_tflops, (double)efficiency, (double)mem_gbps,
+                          (double)slowdown, (double)overhead);
+  opts.shard_group = (int)shard_group;
+  cl.ranks_per_node = (int)per_node;
+  cl.algorithm = (ts_sim_algorithm)algorithm;
+  ts_sim_compute cp = {.peak_flops = peak_tflops * 1e12,
+                       .efficiency = efficiency,
+                       .mem_bandwidth = mem_gbps * 1e9,
+                       .slowdown = slowdown,
+                       .optimizer = -1.0,
+                       .other = overhead};
+  ts_model m;
+  memset(&m, 0, sizeof m);
+  char path[4096];
+  ts_status st = ts_model_resolve(model, path, sizeof path);
+  if (st == TS_OK) st = ts_model_load(path, &m);
+  profile prof = {0};
+  if (st == TS_OK && trace) {
+    st = read_profile(trace, m.n_units, &prof);
+    cp.forward = prof.fwd;
+    cp.backward = prof.bwd;
+    cp.recompute = prof.rec;
+    cp.optimizer = prof.opt;
+  }
+  int lo = stage < 0 ? 0 : stage, hi = stage < 0 ? 3 : stage;
+  ts_sim_result res[4];
+  for (int z = lo; z <= hi && st == TS_OK; z++) {
+    opts.zero_stage = z;
+    st = ts_simulate(&m, &opts, world, &cl, &cp, &res[z]);
+  }
+  size_t n_params = m.num_params;
+  ts_model_free(&m);
+  profile_free(&prof);
+  if (st != TS_OK) return fail(st);
+
+  if (json) {
+    cJSON *root = cJSON_CreateObject(), *rows = cJSON_AddArrayToObject(root, "stages");
+    cJSON_AddStringToObject(root, "model", model);
+    cJSON_AddNumberToObject(root, "world_size", (double)world);
+    cJSON_AddNumberToObject(root, "ranks_per_node", (double)per_node);
+    cJSON_AddNumberToObject(root, "shard_group", (double)shard_group);
+    cJSON_AddStringToObject(root, "algorithm", ALGORITHMS[algorithm]);
+    cJSON_AddStringToObject(root, "compute", trace ? "profile" : "flops");
+    for (int z = lo; z <= hi; z++) {
+      cJSON *o = cJSON_CreateObject();
+      cJSON_AddNumberToObject(o, "zero_stage", z);
+      cJSON_AddNumberToObject(o, "step_s", res[z].step_s);
+      cJSON_AddNumberToObject(o, "compute_s", res[z].compute_s);
+      cJSON_AddNumberToObject(o, "exposed_comm_s", res[z].exposed_comm_s);
+      cJSON_AddNumberToObject(o, "comm_busy_s", res[z].comm_busy_s);
+      cJSON_AddNumberToObject(o, "comm_bytes_per_step", (double)res[z].bytes);
+      cJSON_AddNumberToObject(o, "comm_bytes_across_nodes_per_step",
+                              (double)res[z].remote_bytes);
+      cJSON_AddNumberToObject(o, "tokens_per_s_per_rank", res[z].tokens_per_s);
+      cJSON_AddNumberToObject(o, "mfu", res[z].mfu);
+      cJSON_AddNumberToObject(o, "peak_bytes", (double)res[z].peak_bytes);
+      cJSON_AddBoolToObject(o, "fits", (double)res[z].peak_bytes <= memory_gb * 1e9);
+      cJSON_AddNumberToObject(o, "ops", res[z].ops);
+      cJSON_AddNumberToObject(o, "calls", res[z].calls);
+      cJSON_AddItemToArray(rows, o);
+    }
+    char *text = cJSON_Print(root);
+    cJSON_Delete(root);
+    if (!text) return fail(ts_set_error(TS_ERR_OUT_OF_MEMORY, "printing JSON"));
+    printf("%s\n", text);
+    cJSON_free(text);
+    return 0;
+  }
+  printf("tessera simulate: %s (%.2fB parameters), N = %zu in nodes of %zu, %s, micro-batch %zu "
+         "x seq %zu x %zu, %s%s\n",
+         model, (double)n_params / 1e9, world, per_node, ts_dtype_name(opts.dtype),
+         opts.micro_batch, opts.seq, opts.grad_accum, trace ? "compute measured: " : "FLOP model",
+         trace ? trace : "");
+  if (shard_group && shard_group < world)
+    printf("hybrid sharding: ZeRO within groups of %zu, %zu replicas\n", shard_group,
+           world / shard_group);
+  printf("links: within a node %.3g GB/s %.3g us per rank, across %.3g GB/s %.3g us per node; "
+         "%s collectives\n",
+         cl.intra.bandwidth / 1e9, cl.intra.latency * 1e6, cl.inter.bandwidth / 1e9,
+         cl.inter.latency * 1e6, ALGORITHMS[algorithm]);
+  printf("| ZeRO | step s | compute s | exposed comm s | GB within a node | GB across nodes | "
+         "tokens/s per rank | MFU | peak GB (plan) |\n"
+         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  for (int z = lo; z <= hi; z++)
+    printf("| %d | %.4g | %.4g | %.4g | %.3g | %.3g | %.4g | %.1f%% | %.3g%s |\n", z, res[z].step_s,
+           res[z].compute_s, res[z].exposed_comm_s,
+           (double)(res[z].bytes - res[z].remote_bytes) / 1e9, (double)res[z].remote_bytes / 1e9,
+           res[z].tokens_per_s, 100.0 * res[z].mfu, (double)res[z].peak_bytes / 1e9,
+           (double)res[z].peak_bytes > memory_gb * 1e9 ? " (does not fit)" : "");
+  return 0;
+}

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# simulate_table.sh — the table docs/BENCHMARKS.md gives for LLaMA-2 7B, 13B
+# and 70B on 8, 64, 256 and 1024 H100s (8 per node, NVLink 4 within, IB NDR
+# across): `tessera simulate`'s predicted tokens/s per GPU and MFU at ZeRO
+# 0-3 and ZeRO-3 with hybrid sharding over each node (--shard-group 8).
+# A global batch of 1024 sequences of 4096 tokens (4M tokens, LLaMA-2's),
+# micro-batch 1, bf16, the FLOP model (simulate's defaults); activation
+# checkpointing of every block for 13B and 70B. A cell whose plan does not
+# fit 80 GB says so with the plan's peak.
+#   tools/simulate_table.sh [TESSERA_BIN]
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BIN="${1:-$ROOT/bazel-bin/tools/tessera}"
+export TESSERA_HOME="${TESSERA_HOME:-$ROOT}"
+for model in llama-2-7b llama-2-13b llama-2-70b; do
+  ckpt=none
+  [[ "$model" == llama-2-7b ]] || ckpt=all
+  echo
+  echo "**$model** (activation checkpointing: $ckpt): tokens/s per GPU (MFU)"
+  echo
+  echo "| GPUs | grad-accum | ZeRO-0 | ZeRO-1 | ZeRO-2 | ZeRO-3 | ZeRO-3, S = 8 | exposed comm, ZeRO-3 / S = 8 |"
+  echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+  for n in 8 64 256 1024; do
+    k=$((1024 / n))
+    common=(--model "$model" -n "$n" --grad-accum "$k" --activation-checkpointing "$ckpt" --json)
+    plain="$("$BIN" simulate "${common[@]}")"
+    hybrid="$("$BIN" simulate "${common[@]}" --zero 3 --shard-group 8)"
+    python3 - "$n" "$k" "$plain" "$hybrid" <<'EOF'
+import json, sys
+n, k, plain, hybrid = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
+def cell(s):
+    if not s["fits"]:
+        return "does not fit (%.0f GB)" % (s["peak_bytes"] / 1e9)
+    return "%.0f (%.1f%%)" % (s["tokens_per_s_per_rank"], 100 * s["mfu"])
+cells = [cell(s) for s in plain["stages"]] + [cell(hybrid["stages"][0])]
+z3, hy = plain["stages"][3], hybrid["stages"][0]
+exposed = "%.3f / %.3f s" % (z3["exposed_comm_s"], hy["exposed_comm_s"])
+print("| %s | %s | %s | %s |" % (n, k, " | ".join(cells), exposed))
+EOF
+  done
+done
