@@ -126,8 +126,7 @@ static void sim_op(void *user, ts_span_kind kind, int u) {
       t = cp->forward && cp->forward[u] >= 0 ? cp->forward[u] : forward_flops(s->e, u) / rate;
       break;
     case TS_SPAN_RECOMPUTE:
-      t = cp->recompute && cp->recompute[u] >= 0 ? cp->recompute[u]
-                                                 : forward_flops(s->e, u) / rate;
+      t = cp->recompute && cp->recompute[u] >= 0 ? cp->recompute[u] : forward_flops(s->e, u) / rate;
       break;
     case TS_SPAN_BACKWARD:
       t = cp->backward && cp->backward[u] >= 0 ? cp->backward[u]
@@ -146,8 +145,7 @@ static void sim_op(void *user, ts_span_kind kind, int u) {
 }
 
 static ts_status check_link(const ts_sim_link *l, const char *name) {
-  if (!(l->bandwidth > 0) || !isfinite(l->bandwidth) || !(l->latency >= 0) ||
-      !isfinite(l->latency))
+  if (!(l->bandwidth > 0) || !isfinite(l->bandwidth) || !(l->latency >= 0) || !isfinite(l->latency))
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "simulate: `%s` link %g bytes/s, latency %g s: expected a bandwidth > 0 "
                         "and a latency >= 0",
@@ -174,8 +172,7 @@ static ts_status check_inputs(const ts_engine_opts *o, const ts_sim_cluster *cl,
                         "simulate: compute peak %g FLOP/s, efficiency %g, memory %g bytes/s, "
                         "slowdown %g, other %g s: expected a peak > 0, 0 < efficiency <= 1, "
                         "memory > 0, slowdown >= 1, other >= 0",
-                        cp->peak_flops, cp->efficiency, cp->mem_bandwidth, cp->slowdown,
-                        cp->other);
+                        cp->peak_flops, cp->efficiency, cp->mem_bandwidth, cp->slowdown, cp->other);
   return TS_OK;
 }
 
@@ -199,8 +196,8 @@ ts_status ts_simulate(const ts_model *model, const ts_engine_opts *opts, size_t 
   ts_step_stats st;
   ts_status rc = ts_engine_step(e, ts_engine_plan_batch, NULL, 0.0f, &st);
   if (rc == TS_OK) {
-    sim fresh = {.cl = cluster, .cp = compute, .e = e, .node_ranks = R,
-                 .adamw_total = s.adamw_total};
+    sim fresh = {
+        .cl = cluster, .cp = compute, .e = e, .node_ranks = R, .adamw_total = s.adamw_total};
     s = fresh;
     rc = ts_engine_step(e, ts_engine_plan_batch, NULL, 0.0f, &st);
   }

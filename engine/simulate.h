@@ -119,8 +119,8 @@ ts_status ts_simulate(const ts_model *model, const ts_engine_opts *opts, size_t 
  * this rank sends (of them remote across nodes), buffer n, on a group of p
  * ranks of which `local` share this rank's node, whose R ranks
  * (node_ranks >= local) all run it at once. Exposed for tests. */
-double ts_sim_call_seconds(const ts_sim_cluster *cluster, int kind, uint64_t bytes,
-                           uint64_t remote, uint64_t buffer, int p, int local, int node_ranks);
+double ts_sim_call_seconds(const ts_sim_cluster *cluster, int kind, uint64_t bytes, uint64_t remote,
+                           uint64_t buffer, int p, int local, int node_ranks);
 
 #ifdef __cplusplus
 }

@@ -169,8 +169,9 @@ int ts_tool_estimate(int argc, char **argv) {
                    "sequences per micro-batch (default 8)", &act_flag),
       TS_FLAG_SIZE("--seq", NULL, &opts.seq, 1, "T", "tokens per sequence (default 128)",
                    &act_flag),
-      TS_FLAG_CUSTOM("--activation-checkpointing", NULL, &opts.recompute_every, ts_tool_parse_recompute,
-                     "none|all|every:K", "blocks recomputed in backward (default none)", &act_flag),
+      TS_FLAG_CUSTOM("--activation-checkpointing", NULL, &opts.recompute_every,
+                     ts_tool_parse_recompute, "none|all|every:K",
+                     "blocks recomputed in backward (default none)", &act_flag),
       TS_FLAG_CHOICE("--reshard-after-forward", NULL, &opts.keep_gathered, RESHARD,
                      "ZeRO-3: false plans each unit's gathered parameters kept through the step "
                      "(default true)",

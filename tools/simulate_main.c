@@ -69,7 +69,6 @@ static const char *const ALGORITHMS[] = {"direct", "ring", "tree", "best", NULL}
 static const char *const OVERLAP[] = {"off", "on", NULL};
 static const char *const RESHARD[] = {"true", "false", NULL};
 
-
 /* Medians of a --trace file's compute spans on rank 0, per unit: forward,
  * backward, recompute (seconds per micro-batch) and the optimizer step's
  * spans less their all-gather waits. */
@@ -116,7 +115,8 @@ static ts_status read_profile(const char *path, int n, profile *p) {
   cJSON *events = cJSON_GetObjectItemCaseSensitive(root, "traceEvents");
   if (!cJSON_IsArray(events)) {
     cJSON_Delete(root);
-    return ts_set_error(TS_ERR_FORMAT, "%s: field traceEvents: expected a train --trace file", path);
+    return ts_set_error(TS_ERR_FORMAT, "%s: field traceEvents: expected a train --trace file",
+                        path);
   }
   int cap = cJSON_GetArraySize(events);
   double *vals[3] = {calloc((size_t)n * (size_t)cap + 1, sizeof(double)),
@@ -227,8 +227,7 @@ int ts_tool_simulate(int argc, char **argv) {
       TS_FLAG_FLOAT("--device-memory", NULL, &memory_gb, "GB",
                     "memory per rank; a plan's peak above it is marked (default 80: H100)", NULL),
       TS_FLAG_FLOAT("--step-overhead", NULL, &overhead, "S",
-                    "seconds per step outside the units' ops (batch load, norm; default 0)",
-                    NULL),
+                    "seconds per step outside the units' ops (batch load, norm; default 0)", NULL),
       TS_FLAG_STRING("--profile", NULL, &trace, "TRACE",
                      "compute measured: rank 0's median forward, backward, recompute per unit "
                      "and optimizer step of a `train --trace` file of this model",
@@ -240,8 +239,9 @@ int ts_tool_simulate(int argc, char **argv) {
       TS_FLAG_SIZE("--seq", NULL, &opts.seq, 1, "T", "tokens per sequence (default 4096)", NULL),
       TS_FLAG_SIZE("--grad-accum", NULL, &opts.grad_accum, 1, "M",
                    "micro-batches per step (default 1)", NULL),
-      TS_FLAG_CUSTOM("--activation-checkpointing", NULL, &opts.recompute_every, ts_tool_parse_recompute,
-                     "none|all|every-K", "as train's (default none)", NULL),
+      TS_FLAG_CUSTOM("--activation-checkpointing", NULL, &opts.recompute_every,
+                     ts_tool_parse_recompute, "none|all|every-K", "as train's (default none)",
+                     NULL),
       TS_FLAG_CHOICE("--reshard-after-forward", NULL, &opts.keep_gathered, RESHARD,
                      "ZeRO-3: false keeps units gathered across the step (default true)", NULL),
       TS_FLAG_CHOICE("--overlap", NULL, &opts.overlap, OVERLAP,
@@ -313,8 +313,7 @@ int ts_tool_simulate(int argc, char **argv) {
       cJSON_AddNumberToObject(o, "exposed_comm_s", res[z].exposed_comm_s);
       cJSON_AddNumberToObject(o, "comm_busy_s", res[z].comm_busy_s);
       cJSON_AddNumberToObject(o, "comm_bytes_per_step", (double)res[z].bytes);
-      cJSON_AddNumberToObject(o, "comm_bytes_across_nodes_per_step",
-                              (double)res[z].remote_bytes);
+      cJSON_AddNumberToObject(o, "comm_bytes_across_nodes_per_step", (double)res[z].remote_bytes);
       cJSON_AddNumberToObject(o, "tokens_per_s_per_rank", res[z].tokens_per_s);
       cJSON_AddNumberToObject(o, "mfu", res[z].mfu);
       cJSON_AddNumberToObject(o, "peak_bytes", (double)res[z].peak_bytes);
@@ -330,21 +329,23 @@ int ts_tool_simulate(int argc, char **argv) {
     cJSON_free(text);
     return 0;
   }
-  printf("tessera simulate: %s (%.2fB parameters), N = %zu in nodes of %zu, %s, micro-batch %zu "
-         "x seq %zu x %zu, %s%s\n",
-         model, (double)n_params / 1e9, world, per_node, ts_dtype_name(opts.dtype),
-         opts.micro_batch, opts.seq, opts.grad_accum, trace ? "compute measured: " : "FLOP model",
-         trace ? trace : "");
+  printf(
+      "tessera simulate: %s (%.2fB parameters), N = %zu in nodes of %zu, %s, micro-batch %zu "
+      "x seq %zu x %zu, %s%s\n",
+      model, (double)n_params / 1e9, world, per_node, ts_dtype_name(opts.dtype), opts.micro_batch,
+      opts.seq, opts.grad_accum, trace ? "compute measured: " : "FLOP model", trace ? trace : "");
   if (shard_group && shard_group < world)
     printf("hybrid sharding: ZeRO within groups of %zu, %zu replicas\n", shard_group,
            world / shard_group);
-  printf("links: within a node %.3g GB/s %.3g us per rank, across %.3g GB/s %.3g us per node; "
-         "%s collectives\n",
-         cl.intra.bandwidth / 1e9, cl.intra.latency * 1e6, cl.inter.bandwidth / 1e9,
-         cl.inter.latency * 1e6, ALGORITHMS[algorithm]);
-  printf("| ZeRO | step s | compute s | exposed comm s | GB within a node | GB across nodes | "
-         "tokens/s per rank | MFU | peak GB (plan) |\n"
-         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  printf(
+      "links: within a node %.3g GB/s %.3g us per rank, across %.3g GB/s %.3g us per node; "
+      "%s collectives\n",
+      cl.intra.bandwidth / 1e9, cl.intra.latency * 1e6, cl.inter.bandwidth / 1e9,
+      cl.inter.latency * 1e6, ALGORITHMS[algorithm]);
+  printf(
+      "| ZeRO | step s | compute s | exposed comm s | GB within a node | GB across nodes | "
+      "tokens/s per rank | MFU | peak GB (plan) |\n"
+      "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   for (int z = lo; z <= hi; z++)
     printf("| %d | %.4g | %.4g | %.4g | %.3g | %.3g | %.4g | %.1f%% | %.3g%s |\n", z, res[z].step_s,
            res[z].compute_s, res[z].exposed_comm_s,
