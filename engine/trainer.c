@@ -375,6 +375,7 @@ static ts_status setup(run *r) {
     r->rank = r->grid.dp_rank;
     r->dp_size = r->grid.dp;
   }
+  TS_CHECK(ts_engine_check_shard_group(&r->eo, r->dp_size)); /* hybrid: S divides dp */
   TS_CHECK(ts_train_resolve_batch((size_t)r->dp_size, &r->global_batch, &r->eo));
   TS_CHECK(ts_model_resolve(cfg->model, r->model_path, sizeof r->model_path));
   TS_CHECK(ts_model_load(r->model_path, &r->model));

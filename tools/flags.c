@@ -34,6 +34,7 @@ static const struct {
     {"grad_accum", "--grad-accum"},
     {"global_batch", "--global-batch"},
     {"zero_stage", "--zero"},
+    {"shard_group", "--shard-group"},
     {"pipeline_stages", "--pipeline"},
     {"pipeline_split", "--pipeline-split"},
     {"loss_scale", "--loss-scale"},

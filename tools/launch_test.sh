@@ -122,6 +122,13 @@ out="$(OMP_NUM_THREADS=1 timeout 120 mpirun -n 2 --oversubscribe --bind-to none 
 check_eq "2 ranks --pipeline 3 exit code" 1 "$?"
 n="$(printf '%s\n' "$out" | grep -c "tessera train: rank 0 of 2: --pipeline 3: expected a number of stages dividing the 2 ranks$")"
 check_eq "2 ranks --pipeline 3 prints once" 1 "$n"
+# Hybrid sharding whose group does not divide the ranks: refused in setup, once.
+out="$(OMP_NUM_THREADS=1 timeout 120 mpirun -n 2 --oversubscribe --bind-to none \
+  $([[ "$(id -u)" == 0 ]] && echo --allow-run-as-root) \
+  "$bin" train --model m --data d --shard-group 3 2>&1)"
+check_eq "2 ranks --shard-group 3 exit code" 1 "$?"
+n="$(printf '%s\n' "$out" | grep -c "tessera train: rank 0 of 2: --shard-group 3: expected a divisor of the 2 data-parallel ranks (groups of S consecutive ranks)$")"
+check_eq "2 ranks --shard-group 3 prints once" 1 "$n"
 # A flag error, found by every rank before MPI starts, prints on rank 0 only.
 out="$(OMP_NUM_THREADS=1 timeout 120 mpirun -n 2 --oversubscribe --bind-to none \
   $([[ "$(id -u)" == 0 ]] && echo --allow-run-as-root) \
