@@ -32,6 +32,7 @@ typedef struct ts_compare_run {
   double loss[4096];
   double tok_s;    /* mean over steps 2.. (all steps when only one) */
   double comm;     /* bytes sent per step, rank 0, last step */
+  double comm_remote; /* of them to ranks on other nodes (hosts) */
   double psi;      /* padded parameter count */
   double *mem;     /* [N][TS_COMPARE_COLUMNS] measured, from the summary */
   ts_mem_account est[TS_ENGINE_MAX_STAGES]; /* the plan of each pipeline stage */
@@ -60,6 +61,7 @@ typedef struct ts_compare {
   ts_schedule_kind schedules[TS_COMPARE_MAX_LIST]; /* --schedule list (pipelined runs) */
   int n_schedules;
   size_t grad_accum; /* micro-batches per step; 0: 1, or 2 x the largest P */
+  size_t shard_group; /* --shard-group S: hybrid sharding in every run (0: plain ZeRO) */
   int reuse;
   int device;      /* --device choice (tools.h), passed to every run */
   ts_device dev;   /* what it resolves to here, for the plans */

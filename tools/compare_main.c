@@ -131,8 +131,8 @@ void ts_compare_print_tail(const char *log) {
 /* Trains run r through tools/launch.sh into OUT/compare_runs/. */
 static int launch_run(const ts_compare *c, const ts_compare_run *r, const char *dir) {
   const char *home = getenv("TESSERA_HOME");
-  char launch[4096], self[4096], metrics[4200], log[4200], zero[8], steps[32], b[32], t[32],
-      lr[32], ck[32], n[32], pp[16], accum[32], trace[4200];
+  char launch[4096], self[4096], metrics[4200], log[4200], zero[8], steps[32], b[32], t[32], lr[32],
+      ck[32], n[32], pp[16], accum[32], trace[4200], sg[32];
   TS_COMPARE_FMT(launch, "%s/tools/launch.sh", home ? home : ".");
   ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
   if (len <= 0) return fprintf(stderr, "tessera compare: cannot find its own binary\n"), 0;
@@ -149,14 +149,55 @@ static int launch_run(const ts_compare *c, const ts_compare_run *r, const char *
   snprintf(accum, sizeof accum, "%zu", c->grad_accum);
   TS_COMPARE_FMT(trace, "%s/%s.trace.json", dir, r->file);
   ts_train_recompute_name(r->recompute, ck, sizeof ck);
-  char *argv[] = {launch, "-n", n, self, "train", "--model", (char *)c->model, "--data", (char *)c->data,
-                  "--zero", zero, "--dtype", (char *)ts_dtype_name(r->dt),
-                  "--activation-checkpointing", ck, "--steps", steps, "--micro-batch", b, "--seq",
-                  t, "--lr", lr, "--warmup", "1", "--eval-batches", "1", "--log-every", steps,
-                  "--metrics", metrics, "--device", (char *)ts_tool_device_choice_name(c->device),
-                  "--grad-accum", accum, "--pipeline", pp, "--schedule",
+  snprintf(sg, sizeof sg, "%zu", c->shard_group);
+  char *argv[] = {launch,
+                  "-n",
+                  n,
+                  self,
+                  "train",
+                  "--model",
+                  (char *)c->model,
+                  "--data",
+                  (char *)c->data,
+                  "--zero",
+                  zero,
+                  "--dtype",
+                  (char *)ts_dtype_name(r->dt),
+                  "--activation-checkpointing",
+                  ck,
+                  "--steps",
+                  steps,
+                  "--micro-batch",
+                  b,
+                  "--seq",
+                  t,
+                  "--lr",
+                  lr,
+                  "--warmup",
+                  "1",
+                  "--eval-batches",
+                  "1",
+                  "--log-every",
+                  steps,
+                  "--metrics",
+                  metrics,
+                  "--device",
+                  (char *)ts_tool_device_choice_name(c->device),
+                  "--grad-accum",
+                  accum,
+                  "--pipeline",
+                  pp,
+                  "--schedule",
                   (char *)ts_schedule_kind_name(r->schedule),
-                  r->pipeline > 1 ? "--trace" : NULL, trace, NULL};
+                  NULL,
+                  NULL,
+                  NULL,
+                  NULL,
+                  NULL};
+  /* the optional flags fill the NULLs at the end, leaving one */
+  size_t k = sizeof argv / sizeof *argv - 5;
+  if (c->shard_group) argv[k++] = "--shard-group", argv[k++] = sg;
+  if (r->pipeline > 1) argv[k++] = "--trace", argv[k++] = trace;
   int rc = ts_tool_spawn(argv, log);
   if (rc != 0) {
     fprintf(stderr, "tessera compare: run %s failed (exit %d); the end of %s:\n", r->name, rc, log);
@@ -185,6 +226,7 @@ static int read_run(const ts_compare *c, ts_compare_run *r, const char *dir) {
     if (sm) {
       const cJSON *ranks = cJSON_GetObjectItemCaseSensitive(sm, "mem_by_rank");
       r->comm = num(sm, "comm_bytes_per_step");
+      r->comm_remote = num(sm, "comm_bytes_across_nodes_per_step");
       r->psi = num(cJSON_GetObjectItemCaseSensitive(sm, "params"), "padded");
       have_summary = (size_t)cJSON_GetArraySize(ranks) == c->n;
       for (size_t q = 0; have_summary && q < c->n; q++) {
@@ -220,13 +262,13 @@ static int parse_flags(ts_compare *c, int argc, char **argv) {
                      "a preset (llama-tiny, ...) or a Hugging Face config.json; required", NULL),
       TS_FLAG_SIZE("-n", NULL, &c->n, 1, "N", "ranks of every run; required", NULL),
       TS_FLAG_STRING("--data", NULL, &c->data, "DIR",
-                     "token shards (default $TESSERA_HOME/data/kjv, data/kjv-mlm for a masked LM)", NULL),
+                     "token shards (default $TESSERA_HOME/data/kjv, data/kjv-mlm for a masked LM)",
+                     NULL),
       TS_FLAG_CUSTOM("--zero", NULL, c, parse_stages, "0,1,2,3",
                      "ZeRO stages to run (default 0,1,2,3)", NULL),
       TS_FLAG_CUSTOM("--dtype", NULL, c, parse_dtypes, "fp32[,bf16,fp16]",
                      "compute dtypes to run (default fp32)", NULL),
-      TS_FLAG_CUSTOM("--activation-checkpointing", NULL, c, parse_recomputes,
-                     "none[,all,every:K]",
+      TS_FLAG_CUSTOM("--activation-checkpointing", NULL, c, parse_recomputes, "none[,all,every:K]",
                      "checkpointing settings to run (default none)", NULL),
       TS_FLAG_CUSTOM("--pipeline", NULL, c, parse_pipelines, "1[,2,...]",
                      "pipeline stage counts to run, each dividing N (default 1)", NULL),
@@ -234,6 +276,10 @@ static int parse_flags(ts_compare *c, int argc, char **argv) {
                      "schedules of the pipelined runs (default 1f1b)", NULL),
       TS_FLAG_SIZE("--grad-accum", NULL, &c->grad_accum, 1, "M",
                    "micro-batches per step (default 1, or twice the largest --pipeline)", NULL),
+      TS_FLAG_SIZE("--shard-group", NULL, &c->shard_group, 1, "S",
+                   "hybrid sharding in every run: ZeRO within groups of S consecutive "
+                   "data-parallel ranks (default: all)",
+                   NULL),
       TS_FLAG_SIZE("--steps", NULL, &c->steps, 1, "K", "steps per run (default 5)", NULL),
       TS_FLAG_SIZE("--micro-batch", NULL, &c->micro_batch, 1, "B",
                    "sequences per micro-batch per rank (default 4)", NULL),
@@ -243,8 +289,7 @@ static int parse_flags(ts_compare *c, int argc, char **argv) {
       TS_FLAG_SWITCH("--reuse", NULL, &c->reuse,
                      "read the metrics of an earlier compare in OUT instead of training"),
       TS_FLAG_CUSTOM("--device", NULL, &c->device, ts_tool_parse_device, "cpu|cuda|auto",
-                     "where every run trains, and whose bytes the plans count (default cpu)",
-                     NULL),
+                     "where every run trains, and whose bytes the plans count (default cpu)", NULL),
   };
   int r = ts_flags_parse("compare", flags, sizeof flags / sizeof *flags, argc, argv, USAGE);
   if (r != TS_FLAGS_OK) return r;
@@ -266,6 +311,14 @@ static int parse_flags(ts_compare *c, int argc, char **argv) {
     if (c->pipelines[i] > most) most = c->pipelines[i];
   }
   if (!c->grad_accum) c->grad_accum = most > 1 ? 2 * (size_t)most : 1;
+  for (int i = 0; c->shard_group && i < (c->n_pipelines ? c->n_pipelines : 1); i++) {
+    size_t dp = c->n / (size_t)(c->n_pipelines ? c->pipelines[i] : 1);
+    if (c->shard_group > dp || dp % c->shard_group)
+      return ts_flags_error("compare",
+                            "--shard-group %zu: expected a divisor of the %zu data-parallel ranks "
+                            "of -n %zu",
+                            c->shard_group, dp, c->n);
+  }
   int index;
   if (ts_tool_resolve_device(c->device, !c->reuse, &c->dev, &index) != TS_OK)
     return ts_flags_error("compare", "%s", ts_last_error());
@@ -336,6 +389,7 @@ static int plan_runs(ts_compare *c) {
           o.device = c->dev;
           o.pipeline_stages = r->pipeline;
           o.schedule = r->schedule;
+          o.shard_group = (int)c->shard_group;
           size_t dp = c->n / (size_t)r->pipeline;
           ts_status st = ts_engine_pipeline_split(&c->arch, &o, r->split);
           for (int q = 0; q < r->pipeline && st == TS_OK; q++)

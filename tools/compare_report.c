@@ -18,6 +18,11 @@
 
 /* The ZeRO paper's model states per rank (§5.1; fp32 keeps no master
  * copy: engine.h's table) for padded Ψ on N ranks. */
+/* The ranks each tensor is sharded over: --shard-group S, or N. */
+static double sharded_over(const ts_compare *c) {
+  return c->shard_group ? (double)c->shard_group : (double)c->n;
+}
+
 static double formula(const ts_compare_run *r, double psi, double n) {
   int half = r->dt != TS_FP32;
   switch (r->stage) {
@@ -39,7 +44,7 @@ static int check_model_states(const ts_compare *c, FILE *md, int *per_run) {
       const double *m = r->mem + q * TS_COMPARE_COLUMNS;
       const ts_mem_account *e = est_of(r, q, c->n);
       /* the ZeRO formula covers the whole model on one pipeline stage */
-      double f = r->pipeline == 1 ? formula(r, r->psi, (double)c->n) : m[TS_COMPARE_STATES];
+      double f = r->pipeline == 1 ? formula(r, r->psi, sharded_over(c)) : m[TS_COMPARE_STATES];
       int same =
           m[TS_COMPARE_STATES] == (double)ts_mem_model_state_bytes(e) && m[TS_COMPARE_STATES] == f;
       for (int k = TS_MEM_PARAMS; k <= TS_MEM_OPTIM; k++) same &= m[k] == (double)e->peak[k];
@@ -166,6 +171,11 @@ int ts_compare_write_md(const ts_compare *c, const char *path, const char *check
   if (!md) return 0;
   const ts_compare_run *r0 = &c->runs[0];
   fprintf(md, "# tessera compare: %s on %zu ranks\n\n", c->arch.name, c->n);
+  if (c->shard_group)
+    fprintf(md,
+            "Hybrid sharding (--shard-group %zu): ZeRO within groups of %zu consecutive ranks, "
+            "replicated across them; the ZeRO formula's N is %zu.\n\n",
+            c->shard_group, c->shard_group, c->shard_group);
   fprintf(md, "%zu steps, micro-batch %zu x seq %zu per rank, Ψ = %.0f parameters (%.0f padded), "
               "%ld cores. Memory is per rank in MiB (2^20 bytes): measured by each rank's "
               "ledger, estimated by `tessera estimate` (the engine's allocation plan); speed and communication ratios (vs base) are against the first "
@@ -176,10 +186,11 @@ int ts_compare_write_md(const ts_compare *c, const char *path, const char *check
           c->steps, c->micro_batch, c->seq, (double)c->arch.num_params, r0->psi,
           sysconf(_SC_NPROCESSORS_ONLN));
   fputs(checks, md);
-  fprintf(md, "\n| run | model states between steps: measured | estimate | ZeRO formula "
-              "| peak total: measured | estimate | peak RSS (max over ranks) | tokens/s | vs base "
-              "| MB sent/step | vs base |\n"
-              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  fprintf(md,
+          "\n| run | model states between steps: measured | estimate | ZeRO formula "
+          "| peak total: measured | estimate | peak RSS (max over ranks) | tokens/s | vs base "
+          "| MB sent/step | vs base | of them across nodes |\n"
+          "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   for (int i = 0; i < c->n_runs; i++) {
     const ts_compare_run *r = &c->runs[i], *b = &c->runs[r->base];
     double rss = 0;
@@ -187,14 +198,18 @@ int ts_compare_write_md(const ts_compare *c, const char *path, const char *check
       rss = fmax(rss, r->mem[q * TS_COMPARE_COLUMNS + TS_COMPARE_RSS]);
     fprintf(md, "| %s | %.2f | %.2f |", r->name, r->mem[TS_COMPARE_STATES] / MiB,
             (double)ts_mem_model_state_bytes(&r->est[0]) / MiB);
-    if (r->pipeline == 1) fprintf(md, " %.2f |", formula(r, r->psi, (double)c->n) / MiB);
+    if (r->pipeline == 1)
+      fprintf(md, " %.2f |", formula(r, r->psi, sharded_over(c)) / MiB);
     else fprintf(md, " - |");
     fprintf(md, " %.2f | %.2f |", r->mem[TS_COMPARE_TOTAL] / MiB,
             (double)r->est[0].peak_total / MiB);
     fprintf(md, " %.1f | %.0f | %.2f | %.3f |", rss / MiB, r->tok_s, r->tok_s / b->tok_s,
             r->comm / 1e6);
-    if (b->comm > 0) fprintf(md, " %.2f |\n", r->comm / b->comm);
-    else fprintf(md, " - |\n");
+    if (b->comm > 0)
+      fprintf(md, " %.2f |", r->comm / b->comm);
+    else
+      fprintf(md, " - |");
+    fprintf(md, " %.3f |\n", r->comm_remote / 1e6);
   }
   fprintf(md, "\nPeak bytes per ledger category, rank 0: measured / estimate (difference), MiB\n\n"
               "| run |");
@@ -260,9 +275,10 @@ int ts_compare_write_csv(const ts_compare *c, const char *path, const int *loss_
   for (int k = 0; k < TS_MEM_NUM_CATEGORIES; k++)
     fprintf(f, ",%s_measured,%s_estimate", ts_mem_category_name((ts_mem_category)k),
             ts_mem_category_name((ts_mem_category)k));
-  fprintf(f, ",total_measured,total_estimate,model_states_measured,model_states_estimate,"
-             "model_states_formula,peak_rss,tokens_per_s,tokens_per_s_ratio,comm_bytes_per_step,"
-             "comm_ratio,losses_identical,losses\n");
+  fprintf(f,
+          ",total_measured,total_estimate,model_states_measured,model_states_estimate,"
+          "model_states_formula,peak_rss,tokens_per_s,tokens_per_s_ratio,comm_bytes_per_step,"
+          "comm_ratio,comm_bytes_across_nodes_per_step,losses_identical,losses\n");
   for (int i = 0; i < c->n_runs; i++) {
     const ts_compare_run *r = &c->runs[i], *b = &c->runs[r->base];
     char ck[32];
@@ -276,11 +292,11 @@ int ts_compare_write_csv(const ts_compare *c, const char *path, const int *loss_
       for (int k = 0; k < TS_MEM_NUM_CATEGORIES; k++) fprintf(f, ",%.0f,%zu", m[k], e->peak[k]);
       fprintf(f, ",%.0f,%zu,%.0f,%.0f,", m[TS_COMPARE_TOTAL], e->peak_total, m[TS_COMPARE_STATES],
               (double)ts_mem_model_state_bytes(e));
-      if (r->pipeline == 1) fprintf(f, "%.0f", formula(r, r->psi, (double)c->n));
+      if (r->pipeline == 1) fprintf(f, "%.0f", formula(r, r->psi, sharded_over(c)));
       fprintf(f, ",%.0f,%.1f,%.4f,%.0f,", m[TS_COMPARE_RSS], r->tok_s, r->tok_s / b->tok_s,
               r->comm);
       if (b->comm > 0) fprintf(f, "%.4f", r->comm / b->comm);
-      fprintf(f, ",%s,", loss_ok[i] ? "yes" : "no");
+      fprintf(f, ",%.0f,%s,", r->comm_remote, loss_ok[i] ? "yes" : "no");
       for (size_t s = 0; s < r->n_loss; s++) fprintf(f, "%s%.17g", s ? ";" : "", r->loss[s]);
       fprintf(f, "\n");
     }

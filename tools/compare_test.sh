@@ -46,6 +46,25 @@ check "terminal shows the table" "PASS: loss identical" "$log"
 check_eq "csv rows" 9 "$(wc -l <"$out/compare.csv")"
 check "csv header" "params_measured,params_estimate" "$(head -n 1 "$out/compare.csv")"
 
+# Hybrid sharding: 4 ranks in groups of 2, stages 0 and 3: the model states
+# equal the plan and the ZeRO formula over N = S = 2, the losses are
+# identical, and the bytes across nodes are a column (0 on one node).
+hy="$tmp/hybrid"
+log="$("$bin" compare --model llama-tiny -n 4 --data "$tmp/data" --zero 0,3 --shard-group 2 \
+  --steps 2 --micro-batch 2 --seq 64 --out "$hy" 2>&1)"
+check_eq "hybrid: compare exit code" 0 "$?"
+md="$(cat "$hy/compare.md" 2>/dev/null)"
+check "hybrid: says so" "Hybrid sharding (--shard-group 2): ZeRO within groups of 2" "$md"
+check "hybrid: model states check" "PASS: model states" "$md"
+check "hybrid: loss check" "PASS: loss identical" "$md"
+absent "hybrid: no failure" "FAIL" "$md"
+check "hybrid: csv column" "comm_ratio,comm_bytes_across_nodes_per_step,losses_identical" \
+  "$(head -n 1 "$hy/compare.csv")"
+out2="$("$bin" compare --model llama-tiny -n 4 --zero 0 --shard-group 3 --reuse --out "$hy" 2>&1)"
+check_eq "hybrid: --shard-group 3 exit code" 2 "$?"
+check_eq "hybrid: --shard-group 3 line" "tessera compare: --shard-group 3: expected a divisor of \
+the 4 data-parallel ranks of -n 4" "$out2"
+
 # The loss check itself: step 2 of stage 2 moved by one ulp.
 cp -r "$out" "$tmp/loss"
 python3 - "$tmp/loss/compare_runs/fp32-none-zero2.jsonl" <<'PY'
