@@ -238,6 +238,24 @@ sbad "--shard-group 3" "tessera simulate: --shard-group 3: expected a divisor of
   --model llama-tiny -n 4 --shard-group 3
 sbad "--profile missing" "tessera simulate: $tmp/none.json: cannot open the trace" \
   --model llama-tiny --profile "$tmp/none.json"
+# --profile: one rank's compute is the trace's medians, summed (forward and
+# backward of every unit, the optimizer step), as computed here from the file
+make_token_shards "$tmp/data"
+"$bin" train --model llama-tiny --data "$tmp/data" --seq 64 --micro-batch 2 --steps 4 \
+  --trace "$tmp/trace.json" >/dev/null 2>&1
+check_eq "--profile: train --trace exit code" 0 "$?"
+verdict="$(python3 -c 'import json, statistics, sys
+ev = json.load(open(sys.argv[1]))["traceEvents"]
+by = {}
+for e in ev:
+    if e.get("ph") == "X" and e.get("pid") == 0 and e["name"] in ("forward", "backward", "optimizer_step"):
+        by.setdefault((e["name"], e.get("args", {}).get("unit", -1)), []).append(e["dur"] * 1e-6)
+want = sum(statistics.median(v) for v in by.values())
+got = json.loads(sys.argv[2])["stages"][0]["compute_s"]
+print("equal" if abs(got - want) <= 1e-9 * want else "%r != %r" % (got, want))' "$tmp/trace.json" \
+  "$("$bin" simulate --model llama-tiny -n 1 --seq 64 --micro-batch 2 --dtype fp32 --zero 0 \
+    --profile "$tmp/trace.json" --json)" 2>&1)"
+check_eq "--profile: compute = the trace's medians" "equal" "$verdict"
 echo '{"traceEvents": 3}' >"$tmp/bad-trace.json"
 sbad "--profile not a trace" "tessera simulate: $tmp/bad-trace.json: field traceEvents: expected \
 a train --trace file" --model llama-tiny --profile "$tmp/bad-trace.json"

@@ -76,15 +76,16 @@ typedef struct profile {
   double *fwd, *bwd, *rec, opt;
 } profile;
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
+/* A compute span of the trace: its key (kind x units + unit) and seconds. */
+typedef struct span {
+  int key;
+  double seconds;
+} span;
 
-static double median(double *v, int n) {
-  if (n == 0) return -1.0;
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+static int cmp_span(const void *a, const void *b) {
+  const span *x = a, *y = b;
+  if (x->key != y->key) return x->key < y->key ? -1 : 1;
+  return x->seconds < y->seconds ? -1 : x->seconds > y->seconds;
 }
 
 static void profile_free(profile *p) {
@@ -118,19 +119,18 @@ static ts_status read_profile(const char *path, int n, profile *p) {
     return ts_set_error(TS_ERR_FORMAT, "%s: field traceEvents: expected a train --trace file",
                         path);
   }
-  int cap = cJSON_GetArraySize(events);
-  double *vals[3] = {calloc((size_t)n * (size_t)cap + 1, sizeof(double)),
-                     calloc((size_t)n * (size_t)cap + 1, sizeof(double)),
-                     calloc((size_t)n * (size_t)cap + 1, sizeof(double))};
-  double *opt = calloc((size_t)cap + 1, sizeof(double));
-  int *count = calloc(3 * (size_t)n + 1, sizeof(int)), nopt = 0;
+  /* every compute span as (key, seconds), key k * n + u (k: forward,
+   * backward, recompute) or 3 n (the optimizer step); sorted, each key's
+   * run gives its median */
+  int cap = cJSON_GetArraySize(events), m = 0;
+  span *sp = malloc(((size_t)cap + 1) * sizeof *sp);
   p->fwd = malloc((size_t)n * sizeof(double));
   p->bwd = malloc((size_t)n * sizeof(double));
   p->rec = malloc((size_t)n * sizeof(double));
   ts_status st = TS_OK;
-  if (!vals[0] || !vals[1] || !vals[2] || !opt || !count || !p->fwd || !p->bwd || !p->rec)
+  if (!sp || !p->fwd || !p->bwd || !p->rec)
     st = ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: %d spans", path, cap);
-  static const char *const NAMES[3] = {"forward", "backward", "recompute"};
+  static const char *const NAMES[4] = {"forward", "backward", "recompute", "optimizer_step"};
   const cJSON *ev;
   cJSON_ArrayForEach(ev, events) {
     if (st != TS_OK) break;
@@ -142,35 +142,37 @@ static ts_status read_profile(const char *path, int n, profile *p) {
     if (!cJSON_IsString(name) || !cJSON_IsNumber(pid) || pid->valuedouble != 0 ||
         !cJSON_IsNumber(dur))
       continue;
-    if (!strcmp(name->valuestring, "optimizer_step")) {
-      opt[nopt++] = dur->valuedouble * 1e-6;
-      continue;
-    }
-    for (int k = 0; k < 3; k++) {
-      if (strcmp(name->valuestring, NAMES[k]) || !cJSON_IsNumber(unit)) continue;
-      int u = unit->valueint;
+    for (int k = 0; k < 4; k++) {
+      if (strcmp(name->valuestring, NAMES[k])) continue;
+      int u = k == 3 ? 0 : cJSON_IsNumber(unit) ? unit->valueint : -1;
       if (u < 0 || u >= n) {
         st = ts_set_error(TS_ERR_FORMAT, "%s: a %s span of unit %d: expected units 0..%d", path,
                           NAMES[k], u, n - 1);
         break;
       }
-      vals[k][(size_t)u * (size_t)cap + (size_t)count[k * n + u]++] = dur->valuedouble * 1e-6;
+      sp[m].key = k * n + u;
+      sp[m++].seconds = dur->valuedouble * 1e-6;
     }
   }
-  for (int u = 0; st == TS_OK && u < n; u++) {
-    p->fwd[u] = median(vals[0] + (size_t)u * (size_t)cap, count[u]);
-    p->bwd[u] = median(vals[1] + (size_t)u * (size_t)cap, count[n + u]);
-    p->rec[u] = median(vals[2] + (size_t)u * (size_t)cap, count[2 * n + u]);
+  if (st == TS_OK) qsort(sp, (size_t)m, sizeof *sp, cmp_span);
+  double *at[4] = {p->fwd, p->bwd, p->rec, &p->opt};
+  for (int key = 0, i = 0; st == TS_OK && key <= 3 * n; key++) {
+    int first = i;
+    while (i < m && sp[i].key == key) i++;
+    double med = -1.0; /* the run's median, or -1: none */
+    if (i > first)
+      med = (i - first) % 2 ? sp[first + (i - first) / 2].seconds
+                            : 0.5 * (sp[first + (i - first) / 2 - 1].seconds +
+                                     sp[first + (i - first) / 2].seconds);
+    at[key / n][key < 3 * n ? key % n : 0] = med;
+  }
+  for (int u = 0; st == TS_OK && u < n; u++)
     if (p->fwd[u] < 0 || p->bwd[u] < 0)
       st = ts_set_error(TS_ERR_FORMAT,
                         "%s: no forward or backward span of unit %d on rank 0: expected a "
                         "trace of this model",
                         path, u);
-  }
-  p->opt = median(opt, nopt);
-  for (int k = 0; k < 3; k++) free(vals[k]);
-  free(opt);
-  free(count);
+  free(sp);
   cJSON_Delete(root);
   if (st != TS_OK) profile_free(p);
   return st;
