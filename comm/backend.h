@@ -191,6 +191,11 @@ void ts_comm_guard_end(void);
  * ts_comm_host / ts_comm_local_size. */
 void ts_comm_watchdog_set_hosts(int rank, int size, char (*hosts)[TS_COMM_HOST_CHARS]);
 
+/* ts_comm_set_nodes from the world's host names (ts_comm_host): member i
+ * of c is world rank world[i], on the node of the first member with its
+ * host name. TS_ERR_OUT_OF_MEMORY. */
+ts_status ts_comm_set_nodes_of_world(ts_comm *c, const int *world);
+
 /* 1 when MPI runs with MPI_THREAD_MULTIPLE (mpi.c): a communication
  * thread may call MPI beside the caller's thread (thread.c). */
 int ts_comm_mpi_thread_multiple(void);

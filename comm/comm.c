@@ -258,6 +258,22 @@ ts_status ts_comm_set_nodes(ts_comm *c, const int *node) {
   return TS_OK;
 }
 
+ts_status ts_comm_set_nodes_of_world(ts_comm *c, const int *world) {
+  int n = c->size, *node = (int *)malloc((size_t)n * sizeof *node);
+  if (!node) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "ts_comm_split: %d members' nodes", n);
+  for (int i = 0; i < n; i++) { /* member i's node: the first member with its host name */
+    node[i] = i;
+    for (int j = 0; j < i; j++)
+      if (strcmp(ts_comm_host(world[i]), ts_comm_host(world[j])) == 0) {
+        node[i] = node[j];
+        break;
+      }
+  }
+  ts_status st = ts_comm_set_nodes(c, node);
+  free(node);
+  return st;
+}
+
 /* 1 when member j of c is on another node than this rank. */
 static int is_remote(const ts_comm *c, int j) { return c->node && c->node[j] != c->node[c->rank]; }
 

@@ -675,24 +675,6 @@ static ts_status world_ranks(ts_comm *c, const char *op, MPI_Comm comm, int **ou
   return TS_OK;
 }
 
-/* The group's link classes (ts_comm_set_nodes): member i's node is the
- * first member with its host name (ts_comm_host of the world ranks). */
-static ts_status set_nodes(ts_comm *c, const int *world) {
-  int n = c->size, *node = (int *)malloc((size_t)n * sizeof *node);
-  if (!node) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "ts_comm_split: %d members' nodes", n);
-  for (int i = 0; i < n; i++) {
-    node[i] = i;
-    for (int j = 0; j < i; j++)
-      if (strcmp(ts_comm_host(world[i]), ts_comm_host(world[j])) == 0) {
-        node[i] = node[j];
-        break;
-      }
-  }
-  ts_status st = ts_comm_set_nodes(c, node);
-  free(node);
-  return st;
-}
-
 /* Wraps `user` (a new communicator we own; freed on failure) into a group:
  * error handler, rank and size, private duplicate. A communicator of one
  * rank is freed and the group goes to the local backend. */
@@ -718,7 +700,7 @@ static ts_status group_new(const char *op, MPI_Comm user, const char *name, ts_c
     return ts_comm_self_new(op, name, out);
   }
   TS_CHECK_GOTO(world_ranks(c, op, user, &g->world), st, fail);
-  TS_CHECK_GOTO(set_nodes(c, g->world), st, fail);
+  TS_CHECK_GOTO(ts_comm_set_nodes_of_world(c, g->world), st, fail);
   TS_CHECK_GOTO(MPI_GUARDED(c, op, MPI_Comm_dup, (user, &g->coll)), st, fail);
   TS_CHECK_GOTO(MPI_ST(c, op, -1, MPI_Comm_set_errhandler, (g->coll, MPI_ERRORS_RETURN)), st, fail);
   *out = c;

@@ -236,7 +236,7 @@ sbad "--inter 0,1" "tessera simulate: --inter 0,1: expected nvlink4, ib-ndr, 100
 (bandwidth > 0, latency >= 0; e.g. 25,2)" --model llama-tiny --inter 0,1
 sbad "--shard-group 3" "tessera simulate: --shard-group 3: expected a divisor of -n 4" \
   --model llama-tiny -n 4 --shard-group 3
-sbad "--profile missing" "tessera simulate: $tmp/none.json: cannot open the trace" \
+sbad "--profile missing" "tessera simulate: $tmp/none.json: cannot open: No such file or directory" \
   --model llama-tiny --profile "$tmp/none.json"
 # --profile: one rank's compute is the trace's medians, summed (forward and
 # backward of every unit, the optimizer step), as computed here from the file

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/atomic_file.h"
 #include "engine/simulate.h"
 #include "engine/trainer.h"
 #include "models/model.h"
@@ -98,19 +99,8 @@ static void profile_free(profile *p) {
  * TS_ERR_FORMAT naming the file and what is missing. */
 static ts_status read_profile(const char *path, int n, profile *p) {
   memset(p, 0, sizeof *p);
-  FILE *f = fopen(path, "rb");
-  if (!f) return ts_set_error(TS_ERR_IO, "%s: cannot open the trace", path);
-  fseek(f, 0, SEEK_END);
-  long size = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *text = size > 0 ? malloc((size_t)size + 1) : NULL;
-  size_t got = text ? fread(text, 1, (size_t)size, f) : 0;
-  fclose(f);
-  if (!text || got != (size_t)size) {
-    free(text);
-    return ts_set_error(TS_ERR_IO, "%s: cannot read the trace", path);
-  }
-  text[size] = 0;
+  char *text;
+  TS_CHECK(ts_read_file(path, &text, NULL));
   cJSON *root = cJSON_Parse(text);
   free(text);
   cJSON *events = cJSON_GetObjectItemCaseSensitive(root, "traceEvents");
