@@ -123,13 +123,17 @@ else
   check_eq "cut link: restarted within the timeout + 10 s of the cut" 1 \
     "$([[ -n "$restarted" ]] && ((restarted <= 15)) && echo 1)"
   # Each rank names the ranks whose messages it still lacks: the cut
-  # strands each node's ranks at different collectives (one may have gone
-  # on past its node peer), but every rank lacks some rank of the other node.
+  # strands each node's ranks at different collectives, so a rank may lack
+  # only its node peer, which went on and waits for the other node (CI saw
+  # 3 of 4 lines name the other node). Every line names missing ranks, and
+  # some line names a rank of the other node.
   lines="$(grep '^tessera: comm timeout' <<<"$log")"
   n="$(lines "$lines")"
   check_eq "cut link: lines from the ranks (1-4)" 1 "$((n >= 1 && n <= 4))"
+  check_eq "cut link: every line names the ranks that did not arrive" "$n" \
+    "$(grep -c ': ranks that did not arrive: ' <<<"$lines")"
   across="$(grep -c -E "\(host $n1\): .* did not arrive: .*\(host $n2\)|\(host $n2\): .* did not arrive: .*\(host $n1\)" <<<"$lines")"
-  check_eq "cut link: every line names a rank of the other node" "$n" "$across"
+  check_eq "cut link: a line names a rank of the other node" 1 "$((across >= 1))"
   check "cut link: resumed" "resumed from step" "$log"
   same_checkpoint "cut link: final checkpoint byte-identical to the uninterrupted run's" \
     "$tmp/whole/step-00000012" "$tmp/cut/step-00000012"
