@@ -83,7 +83,10 @@ ts_status ts_engine_lend_memory(ts_engine *e) {
   int nccl = ts_engine_dp_on_nccl(&e->opts, e->dp_size);
   int lend_dp = e->device != TS_DEVICE_CPU || (staged && e->dp_size > 1);
   int lend_pp = (staged || kind == TS_ENGINE_COMM_NCCL) && e->pp;
-  if (!lend_dp && !lend_pp) return TS_OK;
+  /* hybrid sharding's replicas: staged on nccl too (one blocking
+   * all-reduce of each shard per step, through host copies of its own) */
+  int lend_rep = e->rep && (e->device != TS_DEVICE_CPU || staged);
+  if (!lend_dp && !lend_pp && !lend_rep) return TS_OK;
   size_t piece = e->opts.comm_chunk_bytes ? e->opts.comm_chunk_bytes : (size_t)1 << 20;
   e->comm_mem = (ts_comm_memory){.user = e,
                                  .copy = device_copy,
@@ -116,16 +119,25 @@ ts_status ts_engine_lend_memory(ts_engine *e) {
     TS_CHECK(ts_comm_set_memory(e->pp, &e->pp_mem));
     e->lent_pp = 1;
   }
+  if (lend_rep) {
+    e->rep_mem = e->comm_mem;
+    TS_CHECK(alloc_staging(e, e->replicas, piece, &e->comm_staging[2], &e->comm_staging_bytes[2]));
+    e->rep_mem.staging = e->comm_staging[2];
+    e->rep_mem.staging_bytes = e->comm_staging_bytes[2];
+    TS_CHECK(ts_comm_set_memory(e->rep, &e->rep_mem));
+    e->lent_rep = 1;
+  }
   return TS_OK;
 }
 
 void ts_engine_unlend_memory(ts_engine *e) {
   if (e->lent_dp) ts_comm_set_memory(e->dp, NULL);
   if (e->lent_pp) ts_comm_set_memory(e->pp, NULL);
-  e->lent_dp = e->lent_pp = 0;
+  if (e->lent_rep) ts_comm_set_memory(e->rep, NULL);
+  e->lent_dp = e->lent_pp = e->lent_rep = 0;
   ts_k_context_destroy(&e->comm_ctx); /* after dp left NCCL; a zeroed one: no-op */
   memset(&e->comm_ctx, 0, sizeof e->comm_ctx);
-  for (int g = 0; g < 2; g++) {
+  for (int g = 0; g < 3; g++) {
     if (!e->comm_staging[g]) continue;
     ts_k_host_unregister(&e->ctx, e->comm_staging[g]);
     ts_ledger_free(&e->ledger, e->comm_staging[g]);

@@ -303,11 +303,6 @@ static ts_status check_opts(const ts_model *model, const ts_engine_opts *opts) {
                         "`shard_group` %d: expected 0 (shard over every data-parallel rank) or a "
                         "group size >= 1",
                         opts->shard_group);
-  if (opts->shard_group > 0 && opts->device != TS_DEVICE_CPU)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "`shard_group` %d: hybrid sharding runs on the cpu only in this build "
-                        "(got %s)",
-                        opts->shard_group, ts_device_name(opts->device));
   if (opts->comm_chunk_bytes != 0 && opts->comm_chunk_bytes < TS_COMM_STAGING_MIN_PIECE)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "`comm_chunk_bytes` %zu: expected 0 (1 MiB) or at least %d bytes",

@@ -144,7 +144,8 @@ typedef struct ts_engine_opts {
    * shard is all-reduced across the groups (once per step, before the
    * norm); parameters are all-gathered within the group only. S = N is
    * plain ZeRO. Per-rank model states follow the ZeRO formulas with N = S.
-   * CPU only in this build (TS_ERR_INVALID_ARGUMENT beside a device). */
+   * Beside a GPU the replicas' all-reduce is staged through host copies of
+   * its own on every `comm` (engine/device.c), NCCL's too. */
   int shard_group;
   /* Loss scaling, fp16 only (ignored in fp32 and bf16, whose range needs
    * none). loss_scale 0: dynamic (PyTorch GradScaler / DeepSpeed): start at

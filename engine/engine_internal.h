@@ -115,10 +115,11 @@ struct ts_engine {
                             tokens then targets, read by an asynchronous copy; else NULL */
   ts_comm_memory comm_mem; /* the engine's memory lent to dp (beside a device, or staged) and
                               to pp (staged): ts_engine_lend_memory */
-  int lent_dp, lent_pp;    /* 1 while comm_mem is lent to that group */
-  void *comm_staging[2];   /* staged: host staging of dp, pp (ledger: CPU account, comm) */
-  size_t comm_staging_bytes[2];
+  int lent_dp, lent_pp, lent_rep; /* 1 while comm_mem is lent to that group */
+  void *comm_staging[3]; /* staged: host staging of dp, pp, rep (ledger: CPU account, comm) */
+  size_t comm_staging_bytes[3];
   ts_comm_memory pp_mem;   /* comm_mem with pp's staging */
+  ts_comm_memory rep_mem;  /* comm_mem with rep's staging (hybrid sharding) */
   ts_kctx comm_ctx;        /* nccl: the communication stream's context (its sums); else zero */
   ts_comm_nccl_streams nccl; /* nccl: the streams lent to dp with comm_mem */
   ts_device_report report; /* beside a device: its name, total and used_at_create */
@@ -361,7 +362,9 @@ ts_status ts_engine_prepare_device(ts_engine *e);
  * staging of ts_comm_staging_bytes(N, comm_chunk_bytes) charged to the
  * ledger's CPU account (category comm) and page-locked; on nccl, dp on
  * NCCL (with the communication stream's context, comm_ctx) and pp staged.
- * Before ts_engine_alloc, in create and in the plan alike. */
+ * Hybrid sharding's replica group (rep) is lent as pp is, staged on every
+ * transport: beside a device, and on the CPU's staged transport. Before
+ * ts_engine_alloc, in create and in the plan alike. */
 ts_status ts_engine_lend_memory(ts_engine *e);
 /* 1 when dp of dp_size ranks goes on NCCL under opts: nccl resolved on a
  * GPU, with two ranks or more, or one when `comm` names nccl (the one-rank

@@ -373,4 +373,67 @@ TEST(NcclTraining, StagesBitwiseOverlapOnEqualsOffAndStagedGivesTheSameBits) {
   ts_comm_free(group);
 }
 
+// Hybrid sharding with a shard group of 1 on NCCL: each rank's group of one
+// on the one-rank NCCL path (its reduce-scatter and gathers on the
+// communication stream), the replicas' all-reduce staged through host
+// copies on the step stream after the engine waited for the group's
+// reductions. Its bits are the staged transport's at every stage, overlap
+// on or off: a read of the shard before NCCL's stream wrote it would not
+// be. Twin: staged_device_test's HybridShardGroupOfOneEqualsPlainZero.
+TEST(NcclTraining, HybridShardGroupOfOneGivesTheStagedBits) {
+  ASSERT_GT(ts_k_device_count(TS_DEVICE_CUDA), 0) << "this test needs a CUDA GPU";
+  if (ts_comm_size(World()) < 2) GTEST_SKIP() << "one rank: no replicas";
+  Place p = Where();
+  ts_llama_config c = tiny::Config("nccl-test", false, 2);
+  ts_model model{};
+  ASSERT_EQ(ts_llama_model_init(&model, &c), TS_OK) << ts_last_error();
+  auto train = [&](ts_dtype dt, int stage, bool overlap, int comm) {
+    ts_engine_opts o = ts_engine_default_opts();
+    o.micro_batch = kB;
+    o.seq = kT;
+    o.grad_accum = 2;
+    o.dtype = dt;
+    o.zero_stage = stage;
+    o.overlap = overlap;
+    o.device = TS_DEVICE_CUDA;
+    o.device_index = p.device;
+    o.comm = comm;
+    o.comm_chunk_bytes = 4096;
+    o.shard_group = 1;
+    Trained t;
+    ts_engine *e = nullptr;
+    EXPECT_EQ(ts_engine_create(&e, &model, &o, World()), TS_OK) << ts_last_error();
+    if (!e) return t;
+    for (int s = 1; s <= 3; s++) {
+      Feed f{(size_t)s, ts_comm_rank(World()), kB, kT};
+      ts_step_stats st;
+      EXPECT_EQ(ts_engine_step(e, Fill, &f, 1e-2f, &st), TS_OK) << ts_last_error();
+      t.losses.push_back(st.loss);
+    }
+    for (int u = 0; u < model.n_units; u++)
+      for (int i = 0; i < model.units[u].n_tensors; i++) {
+        const ts_tensor_spec &ts = model.units[u].tensors[i];
+        std::vector<float> v(ts.numel);
+        EXPECT_EQ(ts_engine_get_tensor(e, ts.name, v.data(), v.size()), TS_OK) << ts_last_error();
+        t.params.insert(t.params.end(), v.begin(), v.end());
+      }
+    ts_engine_free(e);
+    return t;
+  };
+  for (ts_dtype dt : {TS_FP32, TS_BF16})
+    for (int stage = 0; stage <= 3; stage++) {
+      SCOPED_TRACE(std::string(ts_dtype_name(dt)) + " ZeRO-" + std::to_string(stage));
+      Trained staged = train(dt, stage, false, TS_ENGINE_COMM_STAGED);
+      ASSERT_EQ(staged.losses.size(), 3u);
+      EXPECT_TRUE(std::isfinite(staged.losses[2]));
+      for (bool overlap : {true, false}) {
+        Trained t = train(dt, stage, overlap, TS_ENGINE_COMM_NCCL);
+        EXPECT_TRUE(Same(staged.losses, t.losses))
+            << "overlap " << overlap << ": " << staged.losses[2] << " vs " << t.losses[2];
+        EXPECT_TRUE(Same(staged.params, t.params)) << "overlap " << overlap;
+      }
+    }
+  ts_model_free(&model);
+}
+
 }  // namespace
