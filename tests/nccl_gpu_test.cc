@@ -302,6 +302,53 @@ bool Same(const std::vector<T> &a, const std::vector<T> &b) {
          (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
 }
 
+// Trains `model` 3 steps on `group` on device `device` (tiny batches, 2
+// micro-batches, chunks of 4096 bytes) and returns the losses and every
+// parameter; shard_group as ts_engine_opts'. Checks that the engine's
+// transport on group is NCCL when asked for and given back at the end,
+// when `plain` (no hybrid sharding: the engine's dp is group itself).
+Trained TrainOn(const ts_model &model, ts_comm *group, int device, ts_dtype dt, int stage,
+                bool overlap, int comm, int shard_group) {
+  ts_engine_opts o = ts_engine_default_opts();
+  o.micro_batch = kB;
+  o.seq = kT;
+  o.grad_accum = 2;
+  o.dtype = dt;
+  o.zero_stage = stage;
+  o.overlap = overlap;
+  o.device = TS_DEVICE_CUDA;
+  o.device_index = device;
+  o.comm = comm;
+  o.comm_chunk_bytes = 4096;
+  o.shard_group = shard_group;
+  bool plain = shard_group == 0;
+  Trained t;
+  ts_engine *e = nullptr;
+  EXPECT_EQ(ts_engine_create(&e, &model, &o, group), TS_OK) << ts_last_error();
+  if (!e) return t;
+  if (plain && comm == TS_ENGINE_COMM_NCCL) {
+    EXPECT_STREQ(ts_comm_transport(group), "nccl");
+  }
+  for (int s = 1; s <= 3; s++) {
+    Feed f{(size_t)s, ts_comm_rank(group), kB, kT};
+    ts_step_stats st;
+    EXPECT_EQ(ts_engine_step(e, Fill, &f, 1e-2f, &st), TS_OK) << ts_last_error();
+    t.losses.push_back(st.loss);
+  }
+  for (int u = 0; u < model.n_units; u++)
+    for (int i = 0; i < model.units[u].n_tensors; i++) {
+      const ts_tensor_spec &ts = model.units[u].tensors[i];
+      std::vector<float> v(ts.numel);
+      EXPECT_EQ(ts_engine_get_tensor(e, ts.name, v.data(), v.size()), TS_OK) << ts_last_error();
+      t.params.insert(t.params.end(), v.begin(), v.end());
+    }
+  ts_engine_free(e);
+  if (plain) {
+    EXPECT_STRNE(ts_comm_transport(group), "nccl");  // given back
+  }
+  return t;
+}
+
 TEST(NcclTraining, StagesBitwiseOverlapOnEqualsOffAndStagedGivesTheSameBits) {
   ASSERT_GT(ts_k_device_count(TS_DEVICE_CUDA), 0) << "this test needs a CUDA GPU";
   Place p = Where();
@@ -314,38 +361,7 @@ TEST(NcclTraining, StagesBitwiseOverlapOnEqualsOffAndStagedGivesTheSameBits) {
   ts_model model{};
   ASSERT_EQ(ts_llama_model_init(&model, &c), TS_OK) << ts_last_error();
   auto train = [&](ts_dtype dt, int stage, bool overlap, int comm) {
-    ts_engine_opts o = ts_engine_default_opts();
-    o.micro_batch = kB;
-    o.seq = kT;
-    o.grad_accum = 2;
-    o.dtype = dt;
-    o.zero_stage = stage;
-    o.overlap = overlap;
-    o.device = TS_DEVICE_CUDA;
-    o.device_index = p.device;
-    o.comm = comm;
-    o.comm_chunk_bytes = 4096;
-    Trained t;
-    ts_engine *e = nullptr;
-    EXPECT_EQ(ts_engine_create(&e, &model, &o, group), TS_OK) << ts_last_error();
-    if (!e) return t;
-    if (comm == TS_ENGINE_COMM_NCCL) EXPECT_STREQ(ts_comm_transport(group), "nccl");
-    for (int s = 1; s <= 3; s++) {
-      Feed f{(size_t)s, ts_comm_rank(group), kB, kT};
-      ts_step_stats st;
-      EXPECT_EQ(ts_engine_step(e, Fill, &f, 1e-2f, &st), TS_OK) << ts_last_error();
-      t.losses.push_back(st.loss);
-    }
-    for (int u = 0; u < model.n_units; u++)
-      for (int i = 0; i < model.units[u].n_tensors; i++) {
-        const ts_tensor_spec &ts = model.units[u].tensors[i];
-        std::vector<float> v(ts.numel);
-        EXPECT_EQ(ts_engine_get_tensor(e, ts.name, v.data(), v.size()), TS_OK) << ts_last_error();
-        t.params.insert(t.params.end(), v.begin(), v.end());
-      }
-    ts_engine_free(e);
-    EXPECT_STRNE(ts_comm_transport(group), "nccl");  // given back
-    return t;
+    return TrainOn(model, group, p.device, dt, stage, overlap, comm, 0);
   };
   for (ts_dtype dt : {TS_FP32, TS_BF16}) {
     Trained first[2];
@@ -388,37 +404,7 @@ TEST(NcclTraining, HybridShardGroupOfOneGivesTheStagedBits) {
   ts_model model{};
   ASSERT_EQ(ts_llama_model_init(&model, &c), TS_OK) << ts_last_error();
   auto train = [&](ts_dtype dt, int stage, bool overlap, int comm) {
-    ts_engine_opts o = ts_engine_default_opts();
-    o.micro_batch = kB;
-    o.seq = kT;
-    o.grad_accum = 2;
-    o.dtype = dt;
-    o.zero_stage = stage;
-    o.overlap = overlap;
-    o.device = TS_DEVICE_CUDA;
-    o.device_index = p.device;
-    o.comm = comm;
-    o.comm_chunk_bytes = 4096;
-    o.shard_group = 1;
-    Trained t;
-    ts_engine *e = nullptr;
-    EXPECT_EQ(ts_engine_create(&e, &model, &o, World()), TS_OK) << ts_last_error();
-    if (!e) return t;
-    for (int s = 1; s <= 3; s++) {
-      Feed f{(size_t)s, ts_comm_rank(World()), kB, kT};
-      ts_step_stats st;
-      EXPECT_EQ(ts_engine_step(e, Fill, &f, 1e-2f, &st), TS_OK) << ts_last_error();
-      t.losses.push_back(st.loss);
-    }
-    for (int u = 0; u < model.n_units; u++)
-      for (int i = 0; i < model.units[u].n_tensors; i++) {
-        const ts_tensor_spec &ts = model.units[u].tensors[i];
-        std::vector<float> v(ts.numel);
-        EXPECT_EQ(ts_engine_get_tensor(e, ts.name, v.data(), v.size()), TS_OK) << ts_last_error();
-        t.params.insert(t.params.end(), v.begin(), v.end());
-      }
-    ts_engine_free(e);
-    return t;
+    return TrainOn(model, World(), p.device, dt, stage, overlap, comm, 1);
   };
   for (ts_dtype dt : {TS_FP32, TS_BF16})
     for (int stage = 0; stage <= 3; stage++) {

@@ -48,14 +48,7 @@ export PATH="$PATH:/usr/sbin:/sbin"
 cores="$(nproc)"
 
 # median_step METRICS — the median step_seconds of steps 4..
-median_step() {
-  python3 - "$1" <<'EOF'
-import json, statistics, sys
-s = [json.loads(l) for l in open(sys.argv[1])]
-t = [x["step_seconds"] for x in s if "step" in x and "step_seconds" in x and x["step"] >= 4]
-print(statistics.median(t))
-EOF
-}
+median_step() { tools/step_overhead.sh --median-step "$1"; }
 # field JSON KEY — stages[0][KEY] of a simulate --json
 field() { python3 -c 'import json,sys; print(json.load(sys.stdin)["stages"][0][sys.argv[1]])' "$1"; }
 # train N NAME FLAGS... — N ranks on this machine, OMP_NUM_THREADS=1
@@ -71,17 +64,7 @@ train() {
 OMP_NUM_THREADS=1 "$BIN" train --model "$MODEL" --data "$DATA" --seq "$SEQ" --micro-batch 2 \
   --steps "$STEPS" --log-every "$STEPS" --eval-batches 1 --metrics "$TMP/prof.jsonl" \
   --trace "$TMP/prof.trace.json" >"$TMP/prof.log" 2>&1
-overhead="$(python3 - "$TMP/prof.trace.json" "$(median_step "$TMP/prof.jsonl")" <<'EOF'
-import json, statistics, sys
-ev = json.load(open(sys.argv[1]))["traceEvents"]
-by = {}
-for e in ev:
-    if e.get("ph") == "X" and e.get("pid") == 0 and e["name"] in ("forward", "backward", "optimizer_step"):
-        by.setdefault((e["name"], e.get("args", {}).get("unit", -1)), []).append(e["dur"] * 1e-6)
-spans = sum(statistics.median(v) for v in by.values())
-print(max(0.0, float(sys.argv[2]) - spans))
-EOF
-)"
+overhead="$(tools/step_overhead.sh "$TMP/prof.trace.json" "$TMP/prof.jsonl")"
 sim() { # sim N FLAGS... — simulate --json, this profile
   local n="$1"
   shift

@@ -256,6 +256,58 @@ print("equal" if abs(got - want) <= 1e-9 * want else "%r != %r" % (got, want))' 
   "$("$bin" simulate --model llama-tiny -n 1 --seq 64 --micro-batch 2 --dtype fp32 --zero 0 \
     --profile "$tmp/trace.json" --json)" 2>&1)"
 check_eq "--profile: compute = the trace's medians" "equal" "$verdict"
+# --profile of a twin (llama-tiny's config with 2 blocks for its 4): each of
+# the model's blocks costs the median of the twin's block spans, pooled;
+# embedding and head their own; AdamW by the memory model (made negligible
+# here with --mem-bandwidth 1e12 GB/s, so that the sum is the spans')
+python3 -c 'import json, sys
+c = json.load(open(sys.argv[1])); c["num_hidden_layers"] = 2
+json.dump(c, open(sys.argv[2], "w"))' models/configs/llama-tiny.json "$tmp/twin.json"
+"$bin" train --model "$tmp/twin.json" --data "$tmp/data" --seq 64 --micro-batch 2 --steps 4 \
+  --trace "$tmp/twin-trace.json" >/dev/null 2>&1
+check_eq "--profile twin: train --trace exit code" 0 "$?"
+twin_json="$("$bin" simulate --model llama-tiny -n 1 --seq 64 --micro-batch 2 --dtype fp32 \
+  --zero 0 --profile "$tmp/twin-trace.json" --mem-bandwidth 1e12 --json)"
+check_eq "--profile twin: simulate exit code" 0 "$?"
+verdict="$(python3 -c 'import json, statistics, sys
+ev = json.load(open(sys.argv[1]))["traceEvents"]
+by = {}
+for e in ev:
+    u = e.get("args", {}).get("unit", -1)
+    if e.get("ph") == "X" and e.get("pid") == 0 and e["name"] in ("forward", "backward"):
+        by.setdefault((e["name"], "block" if 0 < u < 3 else u), []).append(e["dur"] * 1e-6)
+want = sum(statistics.median(v) * (4 if k[1] == "block" else 1) for k, v in by.items())
+out = json.loads(sys.argv[2])
+got = out["stages"][0]["compute_s"]
+print("equal" if abs(got - want) <= 1e-6 * want and out["profile_units"] == 4
+      else "%r != %r (units %r)" % (got, want, out["profile_units"]))' "$tmp/twin-trace.json" \
+  "$twin_json" 2>&1)"
+check_eq "--profile twin: compute = embedding + 4 x the blocks' median + head" "equal" "$verdict"
+out="$("$bin" simulate --model llama-tiny -n 1 --seq 64 --micro-batch 2 --dtype fp32 --zero 0 \
+  --profile "$tmp/twin-trace.json")"
+check "--profile twin: said" "profile of a twin of 4 units: each of the 4 blocks costs the median \
+of its 2 blocks' spans; AdamW by the memory model" "$out"
+# a trace whose rank 0 ran part of the model (a pipeline stage's), and a
+# twin without a block: refused, naming the file
+python3 -c 'import json, sys
+ev = lambda pid, u, n: {"name": n, "ph": "X", "pid": pid, "dur": 10, "args": {"unit": u}}
+pipe = [ev(0, u, n) for u in (0, 1, 2) for n in ("forward", "backward")]
+pipe += [ev(1, u, n) for u in (3, 4, 5) for n in ("forward", "backward")]
+json.dump({"traceEvents": pipe}, open(sys.argv[1], "w"))
+json.dump({"traceEvents": [ev(0, u, n) for u in (0, 1) for n in ("forward", "backward")]},
+          open(sys.argv[2], "w"))
+gap = [ev(0, u, n) for u in range(6) for n in ("forward", "backward") if (u, n) != (2, "backward")]
+json.dump({"traceEvents": gap}, open(sys.argv[3], "w"))' "$tmp/pipe-trace.json" \
+  "$tmp/short-trace.json" "$tmp/gap-trace.json"
+sbad "--profile without a span" "tessera simulate: $tmp/gap-trace.json: no forward or backward \
+span of unit 2 on rank 0: expected a trace of this model" --model llama-tiny \
+  --profile "$tmp/gap-trace.json"
+sbad "--profile of a pipeline stage" "tessera simulate: $tmp/pipe-trace.json: rank 0 ran units \
+0..2 of the trace's 6 (a pipeline stage): expected a trace of one rank running every unit" \
+  --model llama-tiny --profile "$tmp/pipe-trace.json"
+sbad "--profile of 2 units" "tessera simulate: $tmp/short-trace.json: spans of 2 units for a \
+model of 6: expected this model's trace, or a twin's (embedding, one block or more, head) for a \
+model of embedding, blocks and head" --model llama-tiny --profile "$tmp/short-trace.json"
 echo '{"traceEvents": 3}' >"$tmp/bad-trace.json"
 sbad "--profile not a trace" "tessera simulate: $tmp/bad-trace.json: field traceEvents: expected \
 a train --trace file" --model llama-tiny --profile "$tmp/bad-trace.json"

@@ -72,14 +72,20 @@ static const char *const RESHARD[] = {"true", "false", NULL};
 
 /* Medians of a --trace file's compute spans on rank 0, per unit: forward,
  * backward, recompute (seconds per micro-batch) and the optimizer step's
- * spans less their all-gather waits. */
+ * spans less their all-gather waits (< 0: the FLOP model's). A trace of
+ * a shallower twin of the model (the same config with fewer blocks: units
+ * embedding, K < n - 2 blocks, head) stands for it: every block of the
+ * model costs the median of the twin's block spans, pooled; the optimizer
+ * step, measured on the twin's parameters, is left to the model. */
 typedef struct profile {
   double *fwd, *bwd, *rec, opt;
+  int trace_units; /* units in the trace: the model's, or the twin's */
 } profile;
 
-/* A compute span of the trace: its key (kind x units + unit) and seconds. */
+/* A compute span of the trace: kind (forward, backward, recompute,
+ * optimizer step), its unit in the trace, its key and seconds. */
 typedef struct span {
-  int key;
+  int kind, unit, key;
   double seconds;
 } span;
 
@@ -93,12 +99,25 @@ static void profile_free(profile *p) {
   free(p->fwd);
   free(p->bwd);
   free(p->rec);
+  p->fwd = p->bwd = p->rec = NULL; /* freed again by the caller after a failed read */
 }
 
-/* Reads the spans of pid 0 from path into p (n units). TS_ERR_IO,
- * TS_ERR_FORMAT naming the file and what is missing. */
-static ts_status read_profile(const char *path, int n, profile *p) {
+/* Whether model m is embedding, blocks, head: a twin's blocks can stand
+ * for its blocks. */
+static int chain_of_blocks(const ts_model *m) {
+  if (m->n_units < 3 || m->units[0].role != TS_UNIT_EMBEDDING ||
+      m->units[m->n_units - 1].role != TS_UNIT_HEAD)
+    return 0;
+  for (int u = 1; u < m->n_units - 1; u++)
+    if (m->units[u].role != TS_UNIT_BLOCK) return 0;
+  return 1;
+}
+
+/* Reads the spans of pid 0 from path into p for model m. TS_ERR_IO,
+ * TS_ERR_FORMAT naming the file and what is missing or does not fit. */
+static ts_status read_profile(const char *path, const ts_model *m, profile *p) {
   memset(p, 0, sizeof *p);
+  int n = m->n_units;
   char *text;
   TS_CHECK(ts_read_file(path, &text, NULL));
   cJSON *root = cJSON_Parse(text);
@@ -109,10 +128,7 @@ static ts_status read_profile(const char *path, int n, profile *p) {
     return ts_set_error(TS_ERR_FORMAT, "%s: field traceEvents: expected a train --trace file",
                         path);
   }
-  /* every compute span as (key, seconds), key k * n + u (k: forward,
-   * backward, recompute) or 3 n (the optimizer step); sorted, each key's
-   * run gives its median */
-  int cap = cJSON_GetArraySize(events), m = 0;
+  int cap = cJSON_GetArraySize(events), count = 0, top = -1, top_any = -1;
   span *sp = malloc(((size_t)cap + 1) * sizeof *sp);
   p->fwd = malloc((size_t)n * sizeof(double));
   p->bwd = malloc((size_t)n * sizeof(double));
@@ -129,6 +145,7 @@ static ts_status read_profile(const char *path, int n, profile *p) {
     const cJSON *dur = cJSON_GetObjectItemCaseSensitive(ev, "dur");
     const cJSON *args = cJSON_GetObjectItemCaseSensitive(ev, "args");
     const cJSON *unit = cJSON_GetObjectItemCaseSensitive(args, "unit");
+    if (cJSON_IsNumber(unit) && unit->valueint > top_any) top_any = unit->valueint;
     if (!cJSON_IsString(name) || !cJSON_IsNumber(pid) || pid->valuedouble != 0 ||
         !cJSON_IsNumber(dur))
       continue;
@@ -140,28 +157,56 @@ static ts_status read_profile(const char *path, int n, profile *p) {
                           NAMES[k], u, n - 1);
         break;
       }
-      sp[m].key = k * n + u;
-      sp[m++].seconds = dur->valuedouble * 1e-6;
+      if (k < 3 && u > top) top = u;
+      sp[count++] = (span){.kind = k, .unit = u, .seconds = dur->valuedouble * 1e-6};
     }
   }
-  if (st == TS_OK) qsort(sp, (size_t)m, sizeof *sp, cmp_span);
-  double *at[4] = {p->fwd, p->bwd, p->rec, &p->opt};
-  for (int key = 0, i = 0; st == TS_OK && key <= 3 * n; key++) {
-    int first = i;
-    while (i < m && sp[i].key == key) i++;
-    double med = -1.0; /* the run's median, or -1: none */
-    if (i > first)
-      med = (i - first) % 2 ? sp[first + (i - first) / 2].seconds
-                            : 0.5 * (sp[first + (i - first) / 2 - 1].seconds +
-                                     sp[first + (i - first) / 2].seconds);
-    at[key / n][key < 3 * n ? key % n : 0] = med;
+  /* The trace's units: the model's (slots = units), or a twin's (slots 0
+   * embedding, 1 every block, 2 head). */
+  p->trace_units = top + 1;
+  int twin = st == TS_OK && p->trace_units < n;
+  if (twin && top_any > top) /* rank 0 held a part: a pipeline stage's trace */
+    st = ts_set_error(TS_ERR_FORMAT,
+                      "%s: rank 0 ran units 0..%d of the trace's %d (a pipeline stage): "
+                      "expected a trace of one rank running every unit",
+                      path, top, top_any + 1);
+  if (twin && (p->trace_units < 3 || !chain_of_blocks(m)))
+    st = ts_set_error(TS_ERR_FORMAT,
+                      "%s: spans of %d unit%s for a model of %d: expected this model's trace, "
+                      "or a twin's (embedding, one block or more, head) for a model of "
+                      "embedding, blocks and head",
+                      path, p->trace_units, p->trace_units == 1 ? "" : "s", n);
+  twin = twin && st == TS_OK;
+  int slots = twin ? 3 : n;
+  for (int i = 0; i < count && st == TS_OK; i++) {
+    int u = sp[i].unit, slot = !twin ? u : u == 0 ? 0 : u == p->trace_units - 1 ? 2 : 1;
+    sp[i].key = sp[i].kind == 3 ? 3 * slots : sp[i].kind * slots + slot;
   }
-  for (int u = 0; st == TS_OK && u < n; u++)
+  if (st == TS_OK) qsort(sp, (size_t)count, sizeof *sp, cmp_span);
+  double *med = st == TS_OK ? malloc(((size_t)3 * (size_t)slots + 1) * sizeof *med) : NULL;
+  if (st == TS_OK && !med) st = ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: %d medians", path, slots);
+  for (int key = 0, i = 0; st == TS_OK && key <= 3 * slots; key++) {
+    int first = i;
+    while (i < count && sp[i].key == key) i++;
+    med[key] = -1.0; /* the run's median, or -1: none */
+    if (i > first)
+      med[key] = (i - first) % 2 ? sp[first + (i - first) / 2].seconds
+                                 : 0.5 * (sp[first + (i - first) / 2 - 1].seconds +
+                                          sp[first + (i - first) / 2].seconds);
+  }
+  for (int u = 0; st == TS_OK && u < n; u++) {
+    int slot = !twin ? u : u == 0 ? 0 : u == n - 1 ? 2 : 1;
+    p->fwd[u] = med[slot];
+    p->bwd[u] = med[slots + slot];
+    p->rec[u] = med[2 * slots + slot];
     if (p->fwd[u] < 0 || p->bwd[u] < 0)
       st = ts_set_error(TS_ERR_FORMAT,
                         "%s: no forward or backward span of unit %d on rank 0: expected a "
                         "trace of this model",
-                        path, u);
+                        path, twin ? slot : u);
+  }
+  if (st == TS_OK) p->opt = twin ? -1.0 : med[3 * slots];
+  free(med);
   free(sp);
   cJSON_Delete(root);
   if (st != TS_OK) profile_free(p);
@@ -222,7 +267,8 @@ int ts_tool_simulate(int argc, char **argv) {
                     "seconds per step outside the units' ops (batch load, norm; default 0)", NULL),
       TS_FLAG_STRING("--profile", NULL, &trace, "TRACE",
                      "compute measured: rank 0's median forward, backward, recompute per unit "
-                     "and optimizer step of a `train --trace` file of this model",
+                     "and optimizer step of a `train --trace` file of this model, or of a "
+                     "twin with fewer blocks (its blocks' median stands for every block)",
                      NULL),
       TS_FLAG_CUSTOM("--dtype", NULL, &opts.dtype, ts_tool_parse_dtype, "fp32|bf16|fp16",
                      "compute dtype (default bf16)", NULL),
@@ -272,7 +318,7 @@ int ts_tool_simulate(int argc, char **argv) {
   if (st == TS_OK) st = ts_model_load(path, &m);
   profile prof = {0};
   if (st == TS_OK && trace) {
-    st = read_profile(trace, m.n_units, &prof);
+    st = read_profile(trace, &m, &prof);
     cp.forward = prof.fwd;
     cp.backward = prof.bwd;
     cp.recompute = prof.rec;
@@ -285,6 +331,7 @@ int ts_tool_simulate(int argc, char **argv) {
     st = ts_simulate(&m, &opts, world, &cl, &cp, &res[z]);
   }
   size_t n_params = m.num_params;
+  int n_units = m.n_units, prof_units = prof.trace_units;
   ts_model_free(&m);
   profile_free(&prof);
   if (st != TS_OK) return fail(st);
@@ -297,6 +344,7 @@ int ts_tool_simulate(int argc, char **argv) {
     cJSON_AddNumberToObject(root, "shard_group", (double)shard_group);
     cJSON_AddStringToObject(root, "algorithm", ALGORITHMS[algorithm]);
     cJSON_AddStringToObject(root, "compute", trace ? "profile" : "flops");
+    if (trace) cJSON_AddNumberToObject(root, "profile_units", prof_units);
     for (int z = lo; z <= hi; z++) {
       cJSON *o = cJSON_CreateObject();
       cJSON_AddNumberToObject(o, "zero_stage", z);
@@ -329,6 +377,11 @@ int ts_tool_simulate(int argc, char **argv) {
   if (shard_group && shard_group < world)
     printf("hybrid sharding: ZeRO within groups of %zu, %zu replicas\n", shard_group,
            world / shard_group);
+  if (trace && prof_units < n_units)
+    printf(
+        "profile of a twin of %d units: each of the %d blocks costs the median of its %d "
+        "blocks' spans; AdamW by the memory model\n",
+        prof_units, n_units - 2, prof_units - 2);
   printf(
       "links: within a node %.3g GB/s %.3g us per rank, across %.3g GB/s %.3g us per node; "
       "%s collectives\n",

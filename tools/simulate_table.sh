@@ -7,7 +7,11 @@
 # micro-batch 1, bf16, the FLOP model (simulate's defaults); activation
 # checkpointing of every block for 13B and 70B. A cell whose plan does not
 # fit 80 GB says so with the plan's peak.
-#   tools/simulate_table.sh [TESSERA_BIN]
+# PROFILES=DIR: the compute measured instead of the FLOP model, from the
+# traces of 2-block twins on one device (DIR/MODEL-2l.trace.json with
+# DIR/MODEL-2l.metrics.jsonl for --step-overhead: tools/bench_twin.sh's;
+# docs/profiles/h100 holds one H100's).
+#   [PROFILES=DIR] tools/simulate_table.sh [TESSERA_BIN]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${1:-$ROOT/bazel-bin/tools/tessera}"
@@ -16,13 +20,22 @@ for model in llama-2-7b llama-2-13b llama-2-70b; do
   ckpt=none
   [[ "$model" == llama-2-7b ]] || ckpt=all
   echo
-  echo "**$model** (activation checkpointing: $ckpt): tokens/s per GPU (MFU)"
+  measured=()
+  how="the FLOP model"
+  if [[ -n "${PROFILES:-}" ]]; then
+    twin="$PROFILES/$model-2l"
+    measured=(--profile "$twin.trace.json" --step-overhead
+      "$("$ROOT/tools/step_overhead.sh" "$twin.trace.json" "$twin.metrics.jsonl")")
+    how="compute measured: $(basename "$twin").trace.json"
+  fi
+  echo "**$model** (activation checkpointing: $ckpt; $how): tokens/s per GPU (MFU)"
   echo
   echo "| GPUs | grad-accum | ZeRO-0 | ZeRO-1 | ZeRO-2 | ZeRO-3 | ZeRO-3, S = 8 | exposed comm, ZeRO-3 / S = 8 |"
   echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
   for n in 8 64 256 1024; do
     k=$((1024 / n))
-    common=(--model "$model" -n "$n" --grad-accum "$k" --activation-checkpointing "$ckpt" --json)
+    common=(--model "$model" -n "$n" --grad-accum "$k" --activation-checkpointing "$ckpt" --json
+      ${measured[@]+"${measured[@]}"})
     plain="$("$BIN" simulate "${common[@]}")"
     hybrid="$("$BIN" simulate "${common[@]}" --zero 3 --shard-group 8)"
     python3 - "$n" "$k" "$plain" "$hybrid" <<'EOF'
