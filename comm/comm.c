@@ -284,6 +284,7 @@ static int is_remote(const ts_comm *c, int j) { return c->node && c->node[j] != 
 static void charge(ts_comm *c, const ts_comm_call *d, ts_comm_sim_call *out) {
   memset(out, 0, sizeof *out);
   out->kind = -1;
+  out->peer = out->tag = -1;
   if (c->size == 1) return;
   uint64_t others = (uint64_t)(c->size - 1), nb = (uint64_t)d->count * call_es(d);
   uint64_t bytes = others * nb; /* this rank's count elements to each of the N-1 others */
@@ -316,8 +317,16 @@ static void charge(ts_comm *c, const ts_comm_call *d, ts_comm_sim_call *out) {
       k = TS_COMM_SEND;
       bytes = nb;
       remote = is_remote(c, d->peer) ? nb : 0;
+      out->peer = d->peer;
+      out->tag = d->tag;
       break;
-    default: return; /* barrier, recv: nothing sent */
+    case TS_COMM_CALL_RECV: /* nothing sent; told to a simulator */
+      out->recv = 1;
+      out->peer = d->peer;
+      out->tag = d->tag;
+      out->buffer = nb;
+      return;
+    default: return; /* barrier: nothing sent */
   }
   c->counters.bytes[k] += bytes;
   c->counters.calls[k] += 1;
@@ -389,7 +398,8 @@ static ts_status submit(ts_comm *c, ts_comm_call *d, ts_comm_request **req) {
   TS_CHECK(check_call(c, d));
   ts_comm_sim_call sc;
   charge(c, d, &sc);
-  double sim_done = c->sim && sc.kind >= 0 ? c->sim->call(c->sim->user, c, &sc, req == NULL) : 0;
+  double sim_done =
+      c->sim && (sc.kind >= 0 || sc.recv) ? c->sim->call(c->sim->user, c, &sc, req == NULL) : -1.0;
   if (!req) { /* a blocking call: all of it is the caller's wait */
     double t0 = ts_comm_now_us();
     ts_status st =

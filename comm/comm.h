@@ -315,16 +315,21 @@ ts_status ts_comm_set_nodes(ts_comm *c, const int *node);
  * bytes this rank sends and of them those to other nodes (the counters'
  * formula), and the buffer's bytes n of the collective's algorithm (an
  * all-gather's or reduce-scatter's whole (N, count) buffer, an all-reduce's
- * or broadcast's buffer, a send's message). */
+ * or broadcast's buffer, a send's message). A receive sends nothing and
+ * counts nothing: kind -1 with recv 1, so that a simulator can make it end
+ * when its send does. peer and tag: a send's or receive's (else -1). */
 typedef struct ts_comm_sim_call {
   int kind;
   uint64_t bytes, remote, buffer;
+  int recv;
+  int peer, tag;
 } ts_comm_sim_call;
 
 /* Hooks a simulator puts on a plan group: call() is told every counted
- * call when it is made (blocking: the caller waits for it to end there)
- * and returns when the call ends on its clock (seconds); wait() is told
- * that the step waits for a started call that ends at `done`. */
+ * call and every receive when it is made (blocking: the caller waits for
+ * it to end there) and returns a value of its own for the call (when it
+ * ends on its clock, say); wait() is told that the step waits for a started
+ * call, with that value (-1 for a call call() was not told of). */
 typedef struct ts_comm_sim {
   void *user;
   double (*call)(void *user, const ts_comm *c, const ts_comm_sim_call *call, int blocking);

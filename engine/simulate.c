@@ -1,7 +1,13 @@
 /*
- * simulate.c — the step on a clock (simulate.h): the plan's engine runs
- * its own step while hooks on its groups (comm.h ts_comm_set_sim) and its
- * unit ops (engine_internal.h ts_engine_sim_op) move a clock.
+ * simulate.c — the step on a clock (simulate.h), in two parts. Record:
+ * each pipeline stage's plan engine runs its own step while hooks on its
+ * groups (comm.h ts_comm_set_sim) and its unit ops (engine_internal.h
+ * ts_engine_sim_op) write the step's events in order: an op and its
+ * compute seconds, a call and its link seconds, a wait for a started
+ * call. Replay: the events on a clock per stage; the stages' clocks meet
+ * at their messages (a receive ends when its send does) and at the
+ * pipeline group's collectives (they start when the last stage starts
+ * them), replayed again and again until no time moves.
  *
  * Invariants:
  * - The schedule is the engine's: nothing here orders an op or a call.
@@ -9,90 +15,171 @@
  *   when the group's previous call ends, whichever is later (the
  *   communication thread or stream runs them in submission order).
  * - The clock is the compute stream's: an op adds its cost; a wait moves
- *   it to the call's end, and the difference is exposed communication.
+ *   it to the call's end; the difference is exposed communication, or
+ *   pipeline waiting when the call is the pipeline group's.
+ * - The k-th send from stage a to stage b with tag t is the k-th receive
+ *   of stage b from a with tag t (MPI's order between two ranks).
+ * - Replays only raise times (a replay is monotone in the others' times,
+ *   all starting at 0), so the first replay in which nothing moves is the
+ *   least fixed point: the times of the schedule the engine runs.
  */
 #include "engine/simulate.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "engine/engine_internal.h"
 
 enum { MAX_CHANNELS = 4 };
 
-typedef struct sim {
+/* A call's time in parts, alpha + max(cpu, wire): cpu the copies within a
+ * node that the ranks' own cores make (the direct algorithm's: tessera's
+ * CPU transport over shared memory; 0 for the others), wire the rest. */
+typedef struct call_time {
+  double alpha, cpu, wire;
+} call_time;
+
+/* What an event is. */
+enum { EV_OP = 0, EV_CALL = 1, EV_WAIT = 2 };
+/* A call's part between stages. */
+enum { P2P_NONE = 0, P2P_SEND = 1, P2P_RECV = 2 };
+
+typedef struct event {
+  int kind;     /* EV_OP, EV_CALL, EV_WAIT */
+  int channel;  /* EV_CALL: the group's channel */
+  int blocking; /* EV_CALL: the step waits for it where it is made */
+  int p2p;      /* EV_CALL: P2P_* */
+  int peer, tag;
+  int coll;       /* EV_CALL: the pipeline group's k-th collective, else -1 */
+  int id;         /* EV_WAIT: the call's event; EV_CALL recv: the matching send's event */
+  double t;       /* EV_OP: compute seconds on a core of its own */
+  call_time time; /* EV_CALL: its time in parts (cpu on a core of its own) */
+} event;
+
+/* One stage's recorded step and its replay's times. */
+typedef struct stage_log {
+  event *ev;
+  int n, cap;
+  double *done; /* [n] EV_CALL: when the call ends */
+  int pp_colls; /* the pipeline group's collectives recorded */
+  ts_sim_result r;
+} stage_log;
+
+/* The recorder: hooks of one stage's plan engine. */
+typedef struct recorder {
   const ts_sim_cluster *cl;
   const ts_sim_compute *cp;
   const ts_engine *e;
-  int node_ranks; /* the ranks of a node that run each call at once: min(L, world) */
-  double now, compute, exposed, busy, adamw_total;
+  int node_ranks;   /* the ranks of a node that run each call at once: min(L, dp) */
+  double adamw_all; /* the parameters a profile's optimizer step updated: all of them */
   const ts_comm *channel[MAX_CHANNELS];
-  double free_at[MAX_CHANNELS];
-  int channels, ops, calls;
-} sim;
+  int channels;
+  stage_log *log;
+  ts_status st;
+} recorder;
 
 static double ceil_log2(int p) { return p > 1 ? ceil(log2((double)p)) : 0.0; }
 
-double ts_sim_call_seconds(const ts_sim_cluster *cl, int kind, uint64_t bytes, uint64_t remote,
-                           uint64_t buffer, int p, int local, int node_ranks) {
-  if (p <= 1) return 0.0;
-  int spans = local < p;
+static call_time call_parts(const ts_sim_cluster *cl, int kind, uint64_t bytes, uint64_t remote,
+                            uint64_t buffer, int p, int local, int node_ranks) {
+  call_time c = {0.0, 0.0, 0.0};
+  if (p <= 1) return c;
+  int spans = local < p, direct = cl->algorithm == TS_SIM_DIRECT;
   double R = node_ranks > local ? (double)node_ranks : (double)local;
   double share = cl->inter.bandwidth * (double)local / R; /* this group's part of the node link */
   double alpha = spans ? cl->inter.latency : cl->intra.latency;
   double w = spans ? fmin(cl->intra.bandwidth, share) : cl->intra.bandwidth;
   double n = (double)buffer;
   if (kind == TS_COMM_SEND) { /* one message, to a peer on this node or another */
-    double ws = remote ? fmin(cl->intra.bandwidth, cl->inter.bandwidth) : cl->intra.bandwidth;
-    return (remote ? cl->inter.latency : cl->intra.latency) + n / ws;
+    c.alpha = remote ? cl->inter.latency : cl->intra.latency;
+    if (remote)
+      c.wire = n / fmin(cl->intra.bandwidth, cl->inter.bandwidth);
+    else if (direct)
+      c.cpu = n / cl->intra.bandwidth;
+    else
+      c.wire = n / cl->intra.bandwidth;
+    return c;
   }
-  if (cl->algorithm == TS_SIM_DIRECT) {
-    double within = (double)(bytes - remote) / cl->intra.bandwidth;
-    double across = R * (double)remote / cl->inter.bandwidth;
-    return alpha + fmax(within, across);
+  if (direct) {
+    c.alpha = alpha;
+    c.cpu = (double)(bytes - remote) / cl->intra.bandwidth;
+    c.wire = R * (double)remote / cl->inter.bandwidth;
+    return c;
   }
-  if (kind == TS_COMM_BROADCAST) return ceil_log2(p) * alpha + n / w;
+  if (kind == TS_COMM_BROADCAST) {
+    c.wire = ceil_log2(p) * alpha + n / w;
+    return c;
+  }
   double ring = (double)(p - 1) * (alpha + n / (double)p / w);
-  if (kind != TS_COMM_ALL_REDUCE) return ring;
+  if (kind != TS_COMM_ALL_REDUCE) {
+    c.wire = ring;
+    return c;
+  }
   ring *= 2.0;
   double tree = 2.0 * ceil_log2(p) * alpha + 2.0 * n / w;
   switch (cl->algorithm) {
-    case TS_SIM_RING: return ring;
-    case TS_SIM_TREE: return tree;
-    default: return fmin(ring, tree);
+    case TS_SIM_RING: c.wire = ring; break;
+    case TS_SIM_TREE: c.wire = tree; break;
+    default: c.wire = fmin(ring, tree);
   }
+  return c;
+}
+
+double ts_sim_call_seconds(const ts_sim_cluster *cl, int kind, uint64_t bytes, uint64_t remote,
+                           uint64_t buffer, int p, int local, int node_ranks) {
+  call_time c = call_parts(cl, kind, bytes, remote, buffer, p, local, node_ranks);
+  return c.alpha + fmax(c.cpu, c.wire);
 }
 
 /* The index of c's channel, added on first use. */
-static int channel_of(sim *s, const ts_comm *c) {
-  for (int i = 0; i < s->channels; i++)
-    if (s->channel[i] == c) return i;
-  int i = s->channels < MAX_CHANNELS ? s->channels++ : MAX_CHANNELS - 1;
-  s->channel[i] = c;
-  s->free_at[i] = 0.0;
+static int channel_of(recorder *r, const ts_comm *c) {
+  for (int i = 0; i < r->channels; i++)
+    if (r->channel[i] == c) return i;
+  int i = r->channels < MAX_CHANNELS ? r->channels++ : MAX_CHANNELS - 1;
+  r->channel[i] = c;
   return i;
 }
 
-static void sim_wait(void *user, double done) {
-  sim *s = user;
-  if (done > s->now) {
-    s->exposed += done - s->now;
-    s->now = done;
+/* Appends ev to the log; returns its index, or -1 (r->st set). */
+static int push(recorder *r, event ev) {
+  stage_log *g = r->log;
+  if (r->st != TS_OK) return -1;
+  if (g->n == g->cap) {
+    int cap = g->cap ? 2 * g->cap : 1024;
+    event *ne = realloc(g->ev, (size_t)cap * sizeof *ne);
+    if (!ne) {
+      r->st = ts_set_error(TS_ERR_OUT_OF_MEMORY, "simulate: %d events", cap);
+      return -1;
+    }
+    g->ev = ne;
+    g->cap = cap;
   }
+  g->ev[g->n] = ev;
+  return g->n++;
 }
 
-static double sim_call(void *user, const ts_comm *c, const ts_comm_sim_call *k, int blocking) {
-  sim *s = user;
+static void rec_wait(void *user, double id) {
+  if (id >= 0) push(user, (event){.kind = EV_WAIT, .id = (int)id, .coll = -1});
+}
+
+static double rec_call(void *user, const ts_comm *c, const ts_comm_sim_call *k, int blocking) {
+  recorder *r = user;
   int p = ts_comm_size(c), local = p - ts_comm_remote_peers(c);
-  double t =
-      ts_sim_call_seconds(s->cl, k->kind, k->bytes, k->remote, k->buffer, p, local, s->node_ranks);
-  int i = channel_of(s, c);
-  double start = fmax(s->now, s->free_at[i]), end = start + t;
-  s->free_at[i] = end;
-  s->busy += t;
-  s->calls++;
-  if (blocking) sim_wait(s, end);
-  return end;
+  event ev = {.kind = EV_CALL,
+              .channel = channel_of(r, c),
+              .blocking = blocking,
+              .p2p = k->recv                   ? P2P_RECV
+                     : k->kind == TS_COMM_SEND ? P2P_SEND
+                                               : P2P_NONE,
+              .peer = k->peer,
+              .tag = k->tag,
+              .coll = -1,
+              .id = -1};
+  if (ev.p2p != P2P_RECV) /* a receive's transfer is its send's */
+    ev.time = call_parts(r->cl, k->kind, k->bytes, k->remote, k->buffer, p, local, r->node_ranks);
+  if (ev.p2p == P2P_NONE && c == r->e->pp) ev.coll = r->log->pp_colls++;
+  return push(r, ev);
 }
 
 /* Forward FLOPs of unit u for one micro-batch (a third of the PaLM count
@@ -117,31 +204,44 @@ static double adamw_elements(const ts_engine *e, int u) {
   return (double)(e->zero->shard_optim ? l->shard : l->padded);
 }
 
-static void sim_op(void *user, ts_span_kind kind, int u) {
-  sim *s = user;
-  const ts_sim_compute *cp = s->cp;
+/* Unit u's parameters (its own tensors, unpadded). */
+static double unit_numel(const ts_model *m, int u) {
+  double n = 0.0;
+  for (int i = 0; i < m->units[u].n_tensors; i++) n += (double)m->units[u].tensors[i].numel;
+  return n;
+}
+
+/* The share of a measured optimizer step (one rank updating every
+ * parameter) that unit u's AdamW on this rank is: the unit's part of the
+ * parameters, times the part of its padded buffer this rank updates. */
+static double adamw_share(const recorder *r, int u) {
+  const ts_engine *e = r->e;
+  return unit_numel(e->model, u) / r->adamw_all * adamw_elements(e, u) /
+         (double)e->units[u].layout.padded;
+}
+
+static void rec_op(void *user, ts_span_kind kind, int u) {
+  recorder *r = user;
+  const ts_sim_compute *cp = r->cp;
   double rate = cp->peak_flops * cp->efficiency, t;
   switch (kind) {
     case TS_SPAN_FORWARD:
-      t = cp->forward && cp->forward[u] >= 0 ? cp->forward[u] : forward_flops(s->e, u) / rate;
+      t = cp->forward && cp->forward[u] >= 0 ? cp->forward[u] : forward_flops(r->e, u) / rate;
       break;
     case TS_SPAN_RECOMPUTE:
-      t = cp->recompute && cp->recompute[u] >= 0 ? cp->recompute[u] : forward_flops(s->e, u) / rate;
+      t = cp->recompute && cp->recompute[u] >= 0 ? cp->recompute[u] : forward_flops(r->e, u) / rate;
       break;
     case TS_SPAN_BACKWARD:
       t = cp->backward && cp->backward[u] >= 0 ? cp->backward[u]
-                                               : 2.0 * forward_flops(s->e, u) / rate;
+                                               : 2.0 * forward_flops(r->e, u) / rate;
       break;
     case TS_SPAN_OPTIMIZER:
-      t = cp->optimizer >= 0 ? cp->optimizer * adamw_elements(s->e, u) / s->adamw_total
-                             : 32.0 * adamw_elements(s->e, u) / cp->mem_bandwidth;
+      t = cp->optimizer >= 0 ? cp->optimizer * adamw_share(r, u)
+                             : 32.0 * adamw_elements(r->e, u) / cp->mem_bandwidth;
       break;
     default: t = 0.0;
   }
-  t *= cp->slowdown;
-  s->now += t;
-  s->compute += t;
-  s->ops++;
+  push(r, (event){.kind = EV_OP, .t = t, .coll = -1, .id = -1});
 }
 
 static ts_status check_link(const ts_sim_link *l, const char *name) {
@@ -155,11 +255,6 @@ static ts_status check_link(const ts_sim_link *l, const char *name) {
 
 static ts_status check_inputs(const ts_engine_opts *o, const ts_sim_cluster *cl,
                               const ts_sim_compute *cp) {
-  if (o->pipeline_stages > 1)
-    return ts_set_error(TS_ERR_UNSUPPORTED,
-                        "simulate: `pipeline_stages` %d: pipelines are not simulated in this "
-                        "build (1 stage only)",
-                        o->pipeline_stages);
   if (cl->ranks_per_node < 1)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "simulate: `ranks_per_node` %d: expected >= 1",
                         cl->ranks_per_node);
@@ -176,49 +271,233 @@ static ts_status check_inputs(const ts_engine_opts *o, const ts_sim_cluster *cl,
   return TS_OK;
 }
 
-ts_status ts_simulate(const ts_model *model, const ts_engine_opts *opts, size_t dp_size,
-                      const ts_sim_cluster *cluster, const ts_sim_compute *compute,
-                      ts_sim_result *out) {
-  memset(out, 0, sizeof *out);
-  TS_CHECK(check_inputs(opts, cluster, compute));
+/* Records stage `stage`'s second step into g (the first warms: a tied
+ * head's first gathers). */
+static ts_status record_stage(const ts_model *model, const ts_engine_opts *opts, size_t dp_size,
+                              int stage, const ts_sim_cluster *cl, const ts_sim_compute *cp,
+                              stage_log *g) {
   ts_engine *e;
-  TS_CHECK(ts_engine_plan_build(model, opts, dp_size, 0, cluster->ranks_per_node, &e));
-  int R = dp_size < (size_t)cluster->ranks_per_node ? (int)dp_size : cluster->ranks_per_node;
-  sim s = {.cl = cluster, .cp = compute, .e = e, .node_ranks = R};
-  for (int u = e->u_begin; u < e->u_end; u++) s.adamw_total += adamw_elements(e, u);
-  ts_comm_sim hooks = {&s, sim_call, sim_wait};
-  ts_comm *groups[3] = {e->dp, e->rep, e->pp};
-  for (int g = 0; g < 3; g++)
-    if (groups[g]) ts_comm_set_sim(groups[g], &hooks);
-  e->sim_op = sim_op;
-  e->sim_user = &s;
-  /* The first step warms (a tied head's first gathers); the second is timed. */
+  TS_CHECK(ts_engine_plan_build(model, opts, dp_size, stage, cl->ranks_per_node, &e));
+  int R = dp_size < (size_t)cl->ranks_per_node ? (int)dp_size : cl->ranks_per_node;
+  recorder r = {.cl = cl, .cp = cp, .e = e, .node_ranks = R, .log = g, .st = TS_OK};
+  for (int u = 0; u < model->n_units; u++) r.adamw_all += unit_numel(model, u);
   ts_step_stats st;
   ts_status rc = ts_engine_step(e, ts_engine_plan_batch, NULL, 0.0f, &st);
+  ts_comm_sim hooks = {&r, rec_call, rec_wait};
+  ts_comm *groups[3] = {e->dp, e->rep, e->pp};
   if (rc == TS_OK) {
-    sim fresh = {
-        .cl = cluster, .cp = compute, .e = e, .node_ranks = R, .adamw_total = s.adamw_total};
-    s = fresh;
+    for (int k = 0; k < 3; k++)
+      if (groups[k]) ts_comm_set_sim(groups[k], &hooks);
+    e->sim_op = rec_op;
+    e->sim_user = &r;
     rc = ts_engine_step(e, ts_engine_plan_batch, NULL, 0.0f, &st);
+    for (int k = 0; k < 3; k++)
+      if (groups[k]) ts_comm_set_sim(groups[k], NULL);
+    e->sim_op = NULL;
   }
-  for (int g = 0; g < 3; g++)
-    if (groups[g]) ts_comm_set_sim(groups[g], NULL);
+  if (rc == TS_OK) rc = r.st;
   if (rc == TS_OK) {
-    double tokens = (double)opts->micro_batch * (double)opts->seq * (double)opts->grad_accum;
-    s.now += compute->other; /* outside the ops: no call overlaps it in the model */
-    s.compute += compute->other;
-    out->step_s = s.now;
-    out->compute_s = s.compute;
-    out->exposed_comm_s = s.exposed;
-    out->comm_busy_s = s.busy;
-    out->bytes = st.comm_bytes;
-    out->remote_bytes = st.comm_remote_bytes;
-    out->tokens_per_s = s.now > 0 ? tokens / s.now : 0.0;
-    out->mfu = out->tokens_per_s * ts_model_flops_per_token(model, opts->seq) / compute->peak_flops;
-    out->peak_bytes = ts_ledger_account(&e->ledger, e->device)->peak_total;
-    out->ops = s.ops;
-    out->calls = s.calls;
+    g->r.bytes = st.comm_bytes;
+    g->r.remote_bytes = st.comm_remote_bytes;
+    g->r.peak_bytes = ts_ledger_account(&e->ledger, e->device)->peak_total;
   }
   ts_engine_free(e);
   return rc;
+}
+
+/* Each receive's matching send (event.id): the k-th receive of stage s from
+ * a with tag t is the k-th send of a to s with tag t. TS_ERR_INTERNAL when
+ * one has none, or the stages made unequal numbers of pipeline
+ * collectives (the engine's schedule would hang). */
+static ts_status match(stage_log *g, int P) {
+  for (int s = 0; s < P; s++) {
+    if (g[s].pp_colls != g[0].pp_colls)
+      return ts_set_error(TS_ERR_INTERNAL,
+                          "simulate: stage %d made %d pipeline collectives, stage 0 %d", s,
+                          g[s].pp_colls, g[0].pp_colls);
+    for (int i = 0; i < g[s].n; i++) {
+      event *rv = &g[s].ev[i];
+      if (rv->kind != EV_CALL || rv->p2p != P2P_RECV) continue;
+      int a = rv->peer, k = 0;
+      for (int j = 0; j < i; j++) /* earlier receives from a with this tag */
+        k += g[s].ev[j].kind == EV_CALL && g[s].ev[j].p2p == P2P_RECV && g[s].ev[j].peer == a &&
+             g[s].ev[j].tag == rv->tag;
+      if (a < 0 || a >= P)
+        return ts_set_error(TS_ERR_INTERNAL, "simulate: stage %d receives from %d of %d", s, a, P);
+      for (int j = 0; j < g[a].n && rv->id < 0; j++) {
+        const event *sd = &g[a].ev[j];
+        if (sd->kind == EV_CALL && sd->p2p == P2P_SEND && sd->peer == s && sd->tag == rv->tag &&
+            k-- == 0)
+          rv->id = j;
+      }
+      if (rv->id < 0)
+        return ts_set_error(TS_ERR_INTERNAL,
+                            "simulate: stage %d's receive from stage %d (tag %d) has no send", s, a,
+                            rv->tag);
+    }
+  }
+  return TS_OK;
+}
+
+/* Replays stage s against the others' latest times (coll_start: (K, P)
+ * each stage's start of each pipeline collective), its work on the cores
+ * (ops, copies) taking f times its time on a core of its own. Returns 1
+ * when a time of this stage moved. */
+static int replay(stage_log *g, int P, int s, double *coll_start, double other, double f) {
+  stage_log *me = &g[s];
+  double now = 0.0, free_at[MAX_CHANNELS] = {0};
+  ts_sim_result r = me->r; /* bytes and peak from the record */
+  r.step_s = r.compute_s = r.exposed_comm_s = r.pipeline_wait_s = r.comm_busy_s = 0.0;
+  r.ops = r.calls = 0;
+  int moved = 0;
+  for (int i = 0; i < me->n; i++) {
+    const event *ev = &me->ev[i];
+    double until = -1.0; /* a wait's end */
+    int pipe = 0;        /* the wait is for another stage */
+    if (ev->kind == EV_OP) {
+      now += f * ev->t;
+      r.compute_s += f * ev->t;
+      r.ops++;
+      continue;
+    }
+    if (ev->kind == EV_WAIT) {
+      const event *c = &me->ev[ev->id];
+      until = me->done[ev->id];
+      pipe = c->p2p != P2P_NONE || c->coll >= 0;
+    } else {
+      double end;
+      if (ev->p2p == P2P_RECV) {
+        end = g[ev->peer].done[ev->id]; /* when its send ends */
+      } else {
+        double start = fmax(now, free_at[ev->channel]);
+        if (ev->coll >= 0) {
+          double *row = coll_start + (size_t)ev->coll * (size_t)P;
+          if (row[s] != start) moved = 1;
+          row[s] = start;
+          for (int q = 0; q < P; q++) start = fmax(start, row[q]);
+        }
+        double t = ev->time.alpha + fmax(f * ev->time.cpu, ev->time.wire);
+        end = start + t;
+        free_at[ev->channel] = end;
+        r.comm_busy_s += t;
+        r.calls++;
+      }
+      if (me->done[i] != end) moved = 1;
+      me->done[i] = end;
+      if (ev->blocking) {
+        until = end, pipe = ev->p2p != P2P_NONE || ev->coll >= 0;
+      } else if (ev->time.cpu > 0) { /* its copies take the compute stream's core */
+        double c = f * ev->time.cpu;
+        now += c;
+        if (ev->p2p != P2P_NONE || ev->coll >= 0)
+          r.pipeline_wait_s += c;
+        else
+          r.exposed_comm_s += c;
+      }
+    }
+    if (until > now) {
+      if (pipe)
+        r.pipeline_wait_s += until - now;
+      else
+        r.exposed_comm_s += until - now;
+      now = until;
+    }
+  }
+  now += other; /* outside the ops: no call overlaps it in the model */
+  r.compute_s += other;
+  r.step_s = now;
+  me->r = r;
+  return moved;
+}
+
+ts_status ts_simulate_stages(const ts_model *model, const ts_engine_opts *opts, size_t dp_size,
+                             const ts_sim_cluster *cluster, const ts_sim_compute *compute,
+                             ts_sim_result *out, ts_sim_result *stages) {
+  memset(out, 0, sizeof *out);
+  TS_CHECK(check_inputs(opts, cluster, compute));
+  int P = opts->pipeline_stages > 1 ? opts->pipeline_stages : 1;
+  stage_log *g = calloc((size_t)P, sizeof *g);
+  if (!g) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "simulate: %d stages", P);
+  ts_status st = TS_OK;
+  for (int s = 0; s < P && st == TS_OK; s++)
+    st = record_stage(model, opts, dp_size, s, cluster, compute, &g[s]);
+  if (st == TS_OK) st = match(g, P);
+  for (int s = 0; s < P && st == TS_OK; s++) {
+    g[s].done = calloc((size_t)g[s].n + 1, sizeof *g[s].done);
+    if (!g[s].done) st = ts_set_error(TS_ERR_OUT_OF_MEMORY, "simulate: %d events", g[s].n);
+  }
+  double *coll = NULL;
+  if (st == TS_OK) {
+    coll = calloc((size_t)g[0].pp_colls * (size_t)P + 1, sizeof *coll);
+    if (!coll) st = ts_set_error(TS_ERR_OUT_OF_MEMORY, "simulate: %d collectives", g[0].pp_colls);
+  }
+  /* Sweeps down and up the stages (activations flow down, gradients up)
+   * until none moves; each sweep fixes at least one more event of the
+   * longest chain, so the events bound the sweeps. */
+  long events = 0;
+  for (int s = 0; s < P && st == TS_OK; s++) events += g[s].n;
+  int moved = 1;
+  for (long pass = 0; moved && st == TS_OK; pass++) {
+    if (pass > events + 1) {
+      st = ts_set_error(TS_ERR_INTERNAL, "simulate: the stages' times did not settle");
+      break;
+    }
+    moved = 0;
+    for (int k = 0; k < P; k++) {
+      int s = pass % 2 ? P - 1 - k : k;
+      moved |= replay(g, P, s, coll, compute->other, compute->slowdown);
+    }
+  }
+  if (st == TS_OK) {
+    /* the step ends with its slowest stage; the figures are the
+     * bottleneck's, the stage whose own work (compute and exposed
+     * communication) is the most: its waits are the bubble and the
+     * transfers, not the others' imbalance (the time it then waits for
+     * the step's end counts as pipeline wait); the bytes and memory of
+     * the stage that sends or holds the most, the ops and calls of all */
+    int worst = 0;
+    double last = 0.0;
+    for (int s = 0; s < P; s++) {
+      last = fmax(last, g[s].r.step_s);
+      if (g[s].r.compute_s + g[s].r.exposed_comm_s >
+          g[worst].r.compute_s + g[worst].r.exposed_comm_s)
+        worst = s;
+    }
+    *out = g[worst].r;
+    out->pipeline_wait_s += last - out->step_s;
+    out->step_s = last;
+    out->ops = out->calls = 0;
+    for (int s = 0; s < P; s++) {
+      const ts_sim_result *r = &g[s].r;
+      if (r->bytes > out->bytes) out->bytes = r->bytes;
+      if (r->remote_bytes > out->remote_bytes) out->remote_bytes = r->remote_bytes;
+      if (r->peak_bytes > out->peak_bytes) out->peak_bytes = r->peak_bytes;
+      out->ops += r->ops;
+      out->calls += r->calls;
+    }
+    /* the P stages' ranks share one replica's tokens */
+    double tokens = (double)opts->micro_batch * (double)opts->seq * (double)opts->grad_accum;
+    for (int s = 0; s < P; s++) {
+      ts_sim_result *r = &g[s].r;
+      r->tokens_per_s = r->step_s > 0 ? tokens / r->step_s / P : 0.0;
+      r->mfu = r->tokens_per_s * ts_model_flops_per_token(model, opts->seq) / compute->peak_flops;
+    }
+    out->tokens_per_s = out->step_s > 0 ? tokens / out->step_s / P : 0.0;
+    out->mfu = out->tokens_per_s * ts_model_flops_per_token(model, opts->seq) / compute->peak_flops;
+    if (stages)
+      for (int s = 0; s < P; s++) stages[s] = g[s].r;
+  }
+  free(coll);
+  for (int s = 0; s < P; s++) {
+    free(g[s].ev);
+    free(g[s].done);
+  }
+  free(g);
+  return st;
+}
+
+ts_status ts_simulate(const ts_model *model, const ts_engine_opts *opts, size_t dp_size,
+                      const ts_sim_cluster *cluster, const ts_sim_compute *compute,
+                      ts_sim_result *out) {
+  return ts_simulate_stages(model, opts, dp_size, cluster, compute, out, NULL);
 }

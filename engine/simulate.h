@@ -10,9 +10,15 @@
  * and the step waits for it where the engine waits. What the step waited
  * for beyond its compute is the exposed communication.
  *
- * One rank is simulated: data-parallel rank 0 of the first shard group,
- * whose peers run the same schedule at the same time. Pipelines (P > 1)
- * are not simulated in this build (TS_ERR_UNSUPPORTED).
+ * One rank per pipeline stage is simulated: data-parallel rank 0 of the
+ * stage's first shard group, whose peers run the same schedule at the
+ * same time. Pipeline stages (P > 1) each replay their own step (their
+ * units, the schedule's action list: GPipe or 1F1B) and meet where the
+ * engine's do: a receive ends when its send has crossed the link, and the
+ * pipeline group's collectives (the loss, the norm) start when the last
+ * stage starts them. The waits for other stages are the pipeline's
+ * (the bubble and the transfers between stages), kept apart from the
+ * exposed communication of the data-parallel groups.
  */
 #ifndef TS_ENGINE_SIMULATE_H
 #define TS_ENGINE_SIMULATE_H
@@ -40,7 +46,11 @@ typedef struct ts_sim_link {
  *    CPU transport, comm/mpi.c): α + max(bytes within the node / W_intra,
  *    R x bytes across / W_node), R the node's ranks, who all run the same
  *    call at once (on their own groups when the group has fewer of them)
- *    and share the node's link;
+ *    and share the node's link. Within the node the bytes move by copies
+ *    of the ranks' own cores (shared memory): W_intra is divided by the
+ *    compute's slowdown (ranks sharing cores), and a started call's copies
+ *    (bytes within / that W_intra) take the compute stream's time, since
+ *    the cores that copy are the ones that compute;
  *  - ring: all-gather and reduce-scatter (p - 1)(α + n/(p W)), all-reduce
  *    twice that (Thakur, Rabenseifner and Gropp, "Optimization of
  *    Collective Communication Operations in MPICH", IJHPCA 2005, §4.1 and
@@ -77,8 +87,10 @@ typedef struct ts_sim_cluster {
  * token (a third of the PaLM count of ts_engine_unit_cost), a backward
  * twice that, a recompute one forward, at efficiency x peak_flops; AdamW
  * of a shard of n elements moves 32 n bytes (parameter, gradient, master,
- * m, v read; parameter, master, m, v written) at mem_bandwidth. Every
- * time is multiplied by slowdown (>= 1: ranks sharing cores). */
+ * m, v read; parameter, master, m, v written) at mem_bandwidth, or, with a
+ * measured optimizer step (one rank updating every parameter), that step's
+ * seconds per parameter x n. Every time is multiplied by slowdown (>= 1:
+ * ranks sharing cores). */
 typedef struct ts_sim_compute {
   double peak_flops;    /* per rank, FLOP/s: the MFU's denominator */
   double efficiency;    /* fraction of peak_flops the products reach, (0, 1] */
@@ -86,34 +98,50 @@ typedef struct ts_sim_compute {
   double slowdown;      /* >= 1 */
   /* measured seconds per micro-batch, per unit ([n_units], or NULL): */
   const double *forward, *backward, *recompute;
-  double optimizer; /* measured seconds of the whole optimizer step's compute, < 0: model */
+  double optimizer; /* measured seconds of the whole optimizer step's compute on one rank
+                       holding every parameter, < 0: model */
   double other;     /* seconds per step outside the unit ops (the batch's load, the norm,
                        the host's bookkeeping), added once; 0: none */
 } ts_sim_compute;
 
 typedef struct ts_sim_result {
-  double step_s;         /* the step: the compute stream's end */
+  double step_s;         /* the step: the compute stream's end (a pipeline's: its slowest
+                            stage's; the other figures are the bottleneck stage's, whose
+                            compute and exposed communication are the most, with the
+                            time it waits for the step's end as pipeline wait) */
   double compute_s;      /* the compute in it */
-  double exposed_comm_s; /* the step's waits for communication */
+  double exposed_comm_s; /* the step's waits for its data-parallel communication */
+  double pipeline_wait_s; /* its waits for other pipeline stages: the bubble, the
+                             transfers between stages, the pipeline group's collectives */
   double comm_busy_s;    /* the channels' busy time (overlapped or not) */
-  uint64_t bytes;        /* sent by the rank in the step (the comm counters) */
-  uint64_t remote_bytes; /* of them across nodes */
-  double tokens_per_s;   /* per rank: B T K / step_s */
+  uint64_t bytes;        /* sent by the rank in the step (the comm counters; a pipeline's:
+                            the most any stage's rank sends) */
+  uint64_t remote_bytes; /* of them across nodes (likewise) */
+  double tokens_per_s;   /* per rank: B T K / step_s / P */
   double mfu;            /* tokens_per_s x flops_per_token / peak_flops */
-  size_t peak_bytes;     /* the plan's peak total on the device (ledger), bytes */
-  int ops;               /* unit ops (forward, recompute, backward, AdamW) replayed */
-  int calls;             /* collectives and sends replayed */
+  size_t peak_bytes;     /* the plan's peak total on the device (ledger), bytes (a
+                            pipeline's: its largest stage's) */
+  int ops;               /* unit ops (forward, recompute, backward, AdamW) replayed (a
+                            pipeline's: all stages') */
+  int calls;             /* collectives and sends replayed (likewise) */
 } ts_sim_result;
 
 /* Simulates the second of two steps of `model` under opts on dp_size
- * data-parallel ranks (hybrid sharding: opts->shard_group) laid on
- * `cluster`, computing by `compute`. TS_ERR_INVALID_ARGUMENT (a bandwidth,
- * rate or efficiency <= 0, a latency < 0, slowdown < 1, ranks_per_node
- * < 1: naming the field), TS_ERR_UNSUPPORTED (pipeline_stages > 1), the
- * plan's errors (ts_engine_plan_stage). */
+ * data-parallel ranks (hybrid sharding: opts->shard_group) per pipeline
+ * stage (opts->pipeline_stages P; world rank = stage x dp_size + dp rank)
+ * laid on `cluster`, computing by `compute`. TS_ERR_INVALID_ARGUMENT (a
+ * bandwidth, rate or efficiency <= 0, a latency < 0, slowdown < 1,
+ * ranks_per_node < 1: naming the field), the plan's errors
+ * (ts_engine_plan_stage), TS_ERR_INTERNAL (stages whose sends and
+ * receives do not pair). */
 ts_status ts_simulate(const ts_model *model, const ts_engine_opts *opts, size_t dp_size,
                       const ts_sim_cluster *cluster, const ts_sim_compute *compute,
                       ts_sim_result *out);
+/* ts_simulate, with each stage's own result in stages[P] (NULL: not
+ * wanted): its step, compute, waits, bytes, peak, ops and calls. */
+ts_status ts_simulate_stages(const ts_model *model, const ts_engine_opts *opts, size_t dp_size,
+                             const ts_sim_cluster *cluster, const ts_sim_compute *compute,
+                             ts_sim_result *out, ts_sim_result *stages);
 
 /* The seconds one call costs under cluster: kind (ts_comm_kind), bytes
  * this rank sends (of them remote across nodes), buffer n, on a group of p

@@ -21,6 +21,7 @@
 #include "engine/engine.h"
 #include "engine/engine_testing.h"
 #include "engine/grid.h"
+#include "engine/simulate.h"
 #include "models/llama.h"
 #include "tests/tiny_model.h"
 
@@ -366,6 +367,74 @@ TEST(Pipeline, ExplicitSplit) {
   ExpectSameAsDataParallel(s, 2);
   s.split = "4,1";  // the head alone on the last stage (a replica of the embedding)
   ExpectSameAsDataParallel(s, 2);
+}
+
+// The simulator (engine/simulate.h) replays each pipeline stage's own step:
+// its per-stage bytes and calls equal a real pipelined run's second step on
+// every stage's data-parallel rank 0, for ZeRO stages 0-3, GPipe and 1F1B,
+// tied and untied (the tied head's sends of the embedding and its
+// gradient); its ops are every unit's forward and backward per micro-batch
+// and one AdamW per unit over all stages; each stage's clock is its
+// compute plus its waits.
+TEST(Pipeline, SimulatorReplaysEveryStageWithTheEnginesBytes) {
+  ts_sim_cluster cl{};
+  cl.ranks_per_node = 64;
+  cl.intra = cl.inter = {1e9, 1e-5};
+  cl.algorithm = TS_SIM_DIRECT;
+  ts_sim_compute cp{};
+  cp.peak_flops = 1e12;
+  cp.efficiency = 1.0;
+  cp.mem_bandwidth = 1e11;
+  cp.slowdown = 1.0;
+  cp.optimizer = -1.0;
+  for (int P : Stages())
+    for (bool tied : {false, true})
+      for (int zero = 0; zero <= 3; zero++)
+        for (ts_schedule_kind k : {TS_SCHEDULE_GPIPE, TS_SCHEDULE_1F1B}) {
+          Layout s;
+          s.zero = zero;
+          s.schedule = k;
+          s.tied = tied;
+          s.m = 4;
+          s.steps = 2;
+          SCOPED_TRACE(s.Name(P));
+          ts_llama_config cfg = Config(s.tied, s.layers);
+          ts_model model{};
+          ASSERT_EQ(ts_llama_model_init(&model, &cfg), TS_OK) << ts_last_error();
+          ts_grid grid;
+          ASSERT_EQ(ts_grid_make(World(), P, &grid), TS_OK) << ts_last_error();
+          ts_engine_opts po = Opts(s, P);
+          ts_engine *pipe = nullptr;
+          ASSERT_EQ(ts_engine_create_pipeline(&pipe, &model, &po, &grid), TS_OK) << ts_last_error();
+          ts_step_stats st{};
+          for (size_t step = 1; step <= s.steps; step++) {
+            Feed f{step, grid.dp_rank, false};
+            ASSERT_EQ(ts_engine_step(pipe, Fill, &f, 1e-2f, &st), TS_OK) << ts_last_error();
+          }
+          ts_engine_free(pipe);
+          std::vector<ts_sim_result> stages(P);
+          ts_sim_result r{};
+          ASSERT_EQ(ts_simulate_stages(&model, &po, (size_t)grid.dp, &cl, &cp, &r, stages.data()),
+                    TS_OK)
+              << ts_last_error();
+          const ts_sim_result &mine = stages[grid.stage];
+          if (grid.dp_rank == 0) {
+            uint64_t calls = 0;
+            for (int c = 0; c < TS_COMM_NUM_KINDS; c++) calls += st.comm.calls[c];
+            EXPECT_EQ(mine.bytes, st.comm_bytes) << "stage " << grid.stage;
+            EXPECT_EQ((uint64_t)mine.calls, calls) << "stage " << grid.stage;
+          }
+          int units = model.n_units;
+          EXPECT_EQ(r.ops, 2 * units * (int)s.m + units);
+          for (int q = 0; q < P; q++)
+            EXPECT_NEAR(stages[q].step_s,
+                        stages[q].compute_s + stages[q].exposed_comm_s + stages[q].pipeline_wait_s,
+                        1e-12 * stages[q].step_s)
+                << "stage " << q;
+          EXPECT_GT(r.pipeline_wait_s, 0);  // the bubble
+          ts_grid_free(&grid);
+          ts_model_free(&model);
+        }
 }
 
 TEST(Pipeline, BadSplitsAreRefusedWithOneLine) {

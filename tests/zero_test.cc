@@ -1083,8 +1083,62 @@ TEST(Simulator, RefusesBadInputNamingIt) {
   EXPECT_EQ(ts_simulate(&model, &o, 1, &cl, &cp, &r), TS_ERR_INVALID_ARGUMENT);
   cp = SimCompute();
   o.pipeline_stages = 2;
-  EXPECT_EQ(ts_simulate(&model, &o, 2, &cl, &cp, &r), TS_ERR_UNSUPPORTED);
-  EXPECT_NE(std::string(ts_last_error()).find("`pipeline_stages` 2"), std::string::npos);
+  o.pipeline_split = "5,1";  // 4 units (2 blocks), not 6
+  EXPECT_EQ(ts_simulate(&model, &o, 1, &cl, &cp, &r), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ts_last_error()).find("pipeline_split"), std::string::npos)
+      << ts_last_error();
+  ts_model_free(&model);
+}
+
+TEST(Simulator, PipelineBubbleIsGPipesFormula) {
+  // P stages of equal units, each unit's forward tf and backward 2 tf
+  // (a profile), free links, no optimizer cost: GPipe and 1F1B both take
+  // (M + P - 1)(tf + tb) per step with M micro-batches (Huang et al.,
+  // "GPipe", NeurIPS 2019, §2.2: the bubble (P - 1) of M + P - 1 slots;
+  // Narayanan et al., "Efficient Large-Scale Language Model Training on
+  // GPU Clusters Using Megatron-LM", SC 2021, §2.2.1: 1F1B's is the same),
+  // and the first stage waits (P - 1)(tf + tb) of it. The stages meet
+  // only through their sends, receives and the pipeline group's
+  // collectives, so the formula holds only if the replay pairs them right.
+  TrainSetup s;
+  s.layers = 6;  // 8 units: 4 + 4 or 2 x 4
+  ts_model model = MakeModel(s);
+  ts_sim_cluster cl = SimCluster(1e30, 0.0);
+  const double tf = 1e-3;
+  std::vector<double> fwd(model.n_units, tf), bwd(model.n_units, 2 * tf);
+  ts_sim_compute cp = SimCompute();
+  cp.forward = fwd.data();
+  cp.backward = bwd.data();
+  cp.optimizer = 0.0;
+  for (int P : {2, 4})
+    for (ts_schedule_kind k : {TS_SCHEDULE_GPIPE, TS_SCHEDULE_1F1B})
+      for (size_t M : {1, 4, 8}) {
+        SCOPED_TRACE("P " + std::to_string(P) + " " + ts_schedule_kind_name(k) + " M " +
+                     std::to_string(M));
+        TrainSetup t = s;
+        t.accum = M;
+        t.global = M;
+        ts_engine_opts o = OptsOf(t, 1);
+        o.pipeline_stages = P;
+        o.schedule = k;
+        o.pipeline_split = P == 2 ? "4,4" : "2,2,2,2";
+        std::vector<ts_sim_result> st(P);
+        ts_sim_result r{};
+        ASSERT_EQ(ts_simulate_stages(&model, &o, 1, &cl, &cp, &r, st.data()), TS_OK)
+            << ts_last_error();
+        double unit = (8.0 / P) * (tf + 2 * tf);  // a micro-batch's forward and backward
+        EXPECT_NEAR(r.step_s, ((double)M + P - 1) * unit, 1e-9 * r.step_s);
+        EXPECT_NEAR(st[0].pipeline_wait_s, (P - 1) * unit, 1e-9 * r.step_s);
+        for (int q = 0; q < P; q++) {
+          EXPECT_NEAR(st[q].compute_s, (double)M * unit, 1e-9 * r.step_s) << "stage " << q;
+          EXPECT_NEAR(st[q].step_s, st[q].compute_s + st[q].exposed_comm_s + st[q].pipeline_wait_s,
+                      1e-12 * r.step_s)
+              << "stage " << q;
+        }
+        EXPECT_EQ(r.ops, 2 * 8 * (int)M + 8);  // forward, backward per unit and micro-batch; AdamW
+        EXPECT_NEAR(r.tokens_per_s, (double)(M * o.micro_batch * o.seq) / r.step_s / P,
+                    1e-9 * r.tokens_per_s);
+      }
   ts_model_free(&model);
 }
 

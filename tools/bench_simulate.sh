@@ -18,7 +18,7 @@
 #    and optimizer spans (--profile), and the step's time outside them
 #    (--step-overhead: median step less the spans' sum); with 4 ranks on
 #    this machine's cores, --slowdown ranks / cores (the test bed's nodes
-#    share them too);
+#    share them too; a rank waiting in MPI polls, so it holds its share);
 #  - the link within this machine (Open MPI's shared memory, tessera's
 #    direct exchanges): from one more run, 2 ranks ZeRO-0 --overlap off
 #    (every collective waited for whole): bandwidth = its bytes per step /
@@ -30,6 +30,8 @@
 #    equals that run's (bisection); latency 100 us assumed (netem, which
 #    would add one, is absent here). That row is the fit, the others are
 #    predictions.
+# Pipeline rows: 2 and 4 ranks here and one stage per node on the test bed,
+# 4 or 8 micro-batches per step (GLOBAL sequences), GPipe and 1F1B.
 # PARTS="A B" (default) runs both; with PARTS=B, INTRA=GB/s skips part A.
 #
 #   tools/bench_simulate.sh [MODEL] [STEPS] [SEQ] [RATE]
@@ -56,7 +58,8 @@ train() {
   local n="$1" name="$2"
   shift 2
   OMP_NUM_THREADS=1 tools/launch.sh -n "$n" "$BIN" train --model "$MODEL" --data "$DATA" \
-    --seq "$SEQ" --global-batch $((2 * n)) --micro-batch 2 --steps "$STEPS" --log-every "$STEPS" \
+    --seq "$SEQ" --global-batch "${GLOBAL:-$((2 * n))}" --micro-batch 2 --steps "$STEPS" \
+    --log-every "$STEPS" \
     --eval-batches 1 --metrics "$TMP/$name.jsonl" "$@" >"$TMP/$name.log" 2>&1
 }
 
@@ -71,6 +74,7 @@ sim() { # sim N FLAGS... — simulate --json, this profile
   "$BIN" simulate --model "$MODEL" -n "$n" --dtype fp32 --micro-batch 2 --seq "$SEQ" \
     --profile "$TMP/prof.trace.json" --step-overhead "$overhead" --algorithm direct --json "$@"
 }
+
 slow() { python3 -c "print(max(1.0, $1 / $cores))"; } # ranks sharing this machine's cores
 
 PARTS="${PARTS:-A B}"
@@ -122,6 +126,15 @@ if [[ " $PARTS " == *" A "* ]]; then
   train 4 m4-hy --zero 3 --shard-group 2
   row "this machine" 4 "ZeRO-3, S = 2" "$(median_step "$TMP/m4-hy.jsonl")" \
     "$(sim 4 --zero 3 --shard-group 2 --ranks-per-node 4 --intra "$intra,10" --slowdown "$(slow 4)")"
+  # pipelines: N ranks, P stages, M micro-batches per step, a schedule, a ZeRO stage
+  for run in "2 2 4 gpipe 0" "2 2 4 1f1b 0" "4 2 4 1f1b 1" "4 4 8 1f1b 0"; do
+    read -r n P M k z <<<"$run"
+    GLOBAL=$((n / P * 2 * M)) train "$n" "m$n-pp$P-$k" --zero "$z" --pipeline "$P" --schedule "$k"
+    row "this machine" "$n" "ZeRO-$z, $P stages, $k, $M micro-batches" \
+      "$(median_step "$TMP/m$n-pp$P-$k.jsonl")" \
+      "$(sim "$n" --zero "$z" --pipeline "$P" --schedule "$k" --grad-accum "$M" --ranks-per-node "$n" \
+        --intra "$intra,10" --slowdown "$(slow "$n")")"
+  done
 fi
 [[ " $PARTS " == *" B "* ]] || exit 0
 
@@ -148,7 +161,7 @@ bed() { # bed PER_NODE NAME FLAGS... — 2 nodes x PER_NODE ranks, OMP_NUM_THREA
     eval "$mpienv"
     export OMP_NUM_THREADS=1
     tools/cluster.sh exec "$n1" tools/launch.sh -n "$n" --hostfile "$TMP/hostfile" "$BIN" train \
-      --model "$MODEL" --data "$DATA" --seq "$SEQ" --global-batch $((2 * n)) --micro-batch 2 \
+      --model "$MODEL" --data "$DATA" --seq "$SEQ" --global-batch "${GLOBAL:-$((2 * n))}" --micro-batch 2 \
       --steps "$STEPS" --log-every "$STEPS" --eval-batches 1 --metrics "$TMP/$name.jsonl" "$@" \
       >"$TMP/$name.log" 2>&1
   )
@@ -184,3 +197,9 @@ for run in "plain 0" "hybrid 2"; do
     "$(sim 4 "${flags[@]}" --ranks-per-node 2 --intra "$intra,10" --inter "$inter,100" \
       --slowdown "$(slow 4)")" "$(across "$TMP/b2-$name.jsonl")"
 done
+# a pipeline of 2 stages, one per node: activations and their gradients
+# cross the shaped link
+GLOBAL=8 bed 1 b1-pp --zero 0 --pipeline 2 --schedule 1f1b
+row "2 nodes, $RATE" 2 "ZeRO-0, 2 stages, 1f1b, 4 micro-batches" "$(median_step "$TMP/b1-pp.jsonl")" \
+  "$(sim 2 --zero 0 --pipeline 2 --schedule 1f1b --grad-accum 4 --ranks-per-node 1 \
+    --intra "$intra,10" --inter "$inter,100")" "$(across "$TMP/b1-pp.jsonl")"

@@ -120,8 +120,7 @@ ts_status ts_tool_parse_recompute(const char *v, void *every) {
   return ts_train_parse_recompute(v, every);
 }
 
-/* --schedule: gpipe or 1f1b. */
-static ts_status parse_schedule(const char *v, void *kind) {
+ts_status ts_tool_parse_schedule(const char *v, void *kind) {
   return ts_schedule_kind_parse(v, kind);
 }
 
@@ -196,7 +195,7 @@ int ts_tool_estimate(int argc, char **argv) {
                    &act_flag),
       TS_FLAG_SIZE("--pipeline", NULL, &pipeline, 1, "P",
                    "pipeline stages; P divides N (default 1)", &act_flag),
-      TS_FLAG_CUSTOM("--schedule", NULL, &opts.schedule, parse_schedule, "gpipe|1f1b",
+      TS_FLAG_CUSTOM("--schedule", NULL, &opts.schedule, ts_tool_parse_schedule, "gpipe|1f1b",
                      "pipeline schedule (default 1f1b)", &act_flag),
       TS_FLAG_STRING("--pipeline-split", NULL, &opts.pipeline_split, "auto|a,b,...",
                      "units per pipeline stage (default auto)", &act_flag),

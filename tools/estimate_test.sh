@@ -222,6 +222,25 @@ print("same" if len(ok) == 4 and all(ok) else (e["stages"], s["stages"]))' \
   "$("$bin" simulate --model llama-tiny -n 8 --shard-group 4 --ranks-per-node 4 --json \
     --dtype fp32 --micro-batch 8 --seq 128)" 2>&1)"
 check_eq "simulate: the bytes of estimate, hybrid on 2 nodes, stages 0-3" "same" "$verdict"
+# a pipeline of 2 stages x 4 ranks on 2 nodes (a stage per node), GPipe:
+# simulate's bytes are its largest stage's, estimate's per stage
+verdict="$(python3 -c 'import json, sys
+e, s = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+ok = []
+for b in s["stages"]:
+    mine = [a for a in e["stages"] if a["zero_stage"] == b["zero_stage"]]
+    ok.append(len(mine) == 2 and b["comm_bytes_per_step"] == max(a["comm_bytes_per_step"] for a in mine)
+              and b["comm_bytes_across_nodes_per_step"] ==
+              max(a["comm_bytes_across_nodes_per_step"] for a in mine) and b["pipeline_wait_s"] > 0
+              and abs(b["step_s"] - b["compute_s"] - b["exposed_comm_s"] - b["pipeline_wait_s"])
+              <= 1e-9 * b["step_s"])
+print("same" if len(ok) == 4 and all(ok) and s["pipeline_stages"] == 2 else (e["stages"], s))' \
+  "$("$bin" estimate --model llama-tiny -n 8 --pipeline 2 --schedule gpipe --grad-accum 4 \
+    --ranks-per-node 4 --json)" \
+  "$("$bin" simulate --model llama-tiny -n 8 --pipeline 2 --schedule gpipe --grad-accum 4 \
+    --ranks-per-node 4 --json --dtype fp32 --micro-batch 8 --seq 128)" 2>&1)"
+check_eq "simulate: the bytes of estimate, 2 pipeline stages on 2 nodes, stages 0-3" "same" \
+  "$verdict"
 sbad() { # sbad NAME EXPECTED-LINE ARGS... — simulate refuses: exit 2, exactly that line
   local name="$1" want="$2" err rc
   shift 2
@@ -234,8 +253,12 @@ sbad "--intra fast" "tessera simulate: --intra fast: expected nvlink4, ib-ndr, 1
 (bandwidth > 0, latency >= 0; e.g. 25,2)" --model llama-tiny --intra fast
 sbad "--inter 0,1" "tessera simulate: --inter 0,1: expected nvlink4, ib-ndr, 100gbe or GB/s,us \
 (bandwidth > 0, latency >= 0; e.g. 25,2)" --model llama-tiny --inter 0,1
-sbad "--shard-group 3" "tessera simulate: --shard-group 3: expected a divisor of -n 4" \
-  --model llama-tiny -n 4 --shard-group 3
+sbad "--shard-group 3" "tessera simulate: --shard-group 3: expected a divisor of the 4 \
+data-parallel ranks" --model llama-tiny -n 4 --shard-group 3
+sbad "--pipeline 3" "tessera simulate: --pipeline 3: expected a number of stages up to 64 \
+dividing -n 4" --model llama-tiny -n 4 --pipeline 3
+sbad "--pipeline-split 4,1" "tessera simulate: --pipeline-split 4,1: covers 5 units: expected \
+the model's 6 exactly" --model llama-tiny -n 2 --pipeline 2 --pipeline-split 4,1 --seq 128
 sbad "--profile missing" "tessera simulate: $tmp/none.json: cannot open: No such file or directory" \
   --model llama-tiny --profile "$tmp/none.json"
 # --profile: one rank's compute is the trace's medians, summed (forward and

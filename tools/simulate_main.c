@@ -220,7 +220,7 @@ static int fail(ts_status st) {
 
 int ts_tool_simulate(int argc, char **argv) {
   const char *model = NULL, *trace = NULL;
-  size_t world = 1, shard_group = 0, per_node = 8;
+  size_t world = 1, shard_group = 0, per_node = 8, pipeline = 1;
   int stage = -1, json = 0, algorithm = TS_SIM_BEST;
   float peak_tflops = 989.0f, efficiency = 0.48f, mem_gbps = 3350.0f, slowdown = 1.0f,
         overhead = 0.0f, memory_gb = 80.0f;
@@ -239,6 +239,14 @@ int ts_tool_simulate(int argc, char **argv) {
       TS_FLAG_SIZE("--shard-group", NULL, &shard_group, 1, "S",
                    "hybrid sharding: ZeRO within groups of S consecutive ranks (default: all)",
                    NULL),
+      TS_FLAG_SIZE("--pipeline", NULL, &pipeline, 1, "P",
+                   "pipeline stages; P divides N, world rank = stage x N/P + data-parallel "
+                   "rank (default 1)",
+                   NULL),
+      TS_FLAG_CUSTOM("--schedule", NULL, &opts.schedule, ts_tool_parse_schedule, "gpipe|1f1b",
+                     "pipeline schedule (default 1f1b)", NULL),
+      TS_FLAG_STRING("--pipeline-split", NULL, &opts.pipeline_split, "auto|a,b,...",
+                     "units per pipeline stage (default auto)", NULL),
       TS_FLAG_SIZE("--ranks-per-node", NULL, &per_node, 1, "L",
                    "ranks (devices) per node (default 8)", NULL),
       TS_FLAG_CUSTOM("--intra", NULL, &cl.intra, parse_link, "nvlink4|GB/s,us",
@@ -260,7 +268,7 @@ int ts_tool_simulate(int argc, char **argv) {
       TS_FLAG_FLOAT("--mem-bandwidth", NULL, &mem_gbps, "GB/s",
                     "memory bandwidth for AdamW (default 3350: H100 SXM HBM3)", NULL),
       TS_FLAG_FLOAT("--slowdown", NULL, &slowdown, "X",
-                    "compute times x X (ranks sharing cores; default 1)", NULL),
+                    "compute and CPU copies x X (ranks sharing cores; default 1)", NULL),
       TS_FLAG_FLOAT("--device-memory", NULL, &memory_gb, "GB",
                     "memory per rank; a plan's peak above it is marked (default 80: H100)", NULL),
       TS_FLAG_FLOAT("--step-overhead", NULL, &overhead, "S",
@@ -289,9 +297,15 @@ int ts_tool_simulate(int argc, char **argv) {
   int r = ts_flags_parse("simulate", flags, sizeof flags / sizeof *flags, argc, argv, USAGE);
   if (r != TS_FLAGS_OK) return r == TS_FLAGS_HELP ? 0 : 2;
   if (!model) return ts_flags_error("simulate", "--model is required " TS_FLAGS_HINT);
-  if (shard_group > INT32_MAX || (shard_group && world % shard_group))
-    return ts_flags_error("simulate", "--shard-group %zu: expected a divisor of -n %zu",
-                          shard_group, world);
+  if (pipeline > TS_ENGINE_MAX_STAGES || world % pipeline)
+    return ts_flags_error("simulate",
+                          "--pipeline %zu: expected a number of stages up to %d dividing -n %zu",
+                          pipeline, TS_ENGINE_MAX_STAGES, world);
+  size_t dp = world / pipeline;
+  if (shard_group > INT32_MAX || (shard_group && dp % shard_group))
+    return ts_flags_error("simulate",
+                          "--shard-group %zu: expected a divisor of the %zu data-parallel rank%s",
+                          shard_group, dp, dp == 1 ? "" : "s");
   if (per_node > INT32_MAX)
     return ts_flags_error("simulate", "--ranks-per-node %zu: expected at most %d", per_node,
                           INT32_MAX);
@@ -303,6 +317,7 @@ int ts_tool_simulate(int argc, char **argv) {
                           (double)peak_tflops, (double)efficiency, (double)mem_gbps,
                           (double)slowdown, (double)overhead);
   opts.shard_group = (int)shard_group;
+  opts.pipeline_stages = (int)pipeline;
   cl.ranks_per_node = (int)per_node;
   cl.algorithm = (ts_sim_algorithm)algorithm;
   ts_sim_compute cp = {.peak_flops = peak_tflops * 1e12,
@@ -326,15 +341,20 @@ int ts_tool_simulate(int argc, char **argv) {
   }
   int lo = stage < 0 ? 0 : stage, hi = stage < 0 ? 3 : stage;
   ts_sim_result res[4];
+  ts_sim_result *per = calloc(4 * pipeline, sizeof *per); /* [zero][pipeline stage] */
+  if (!per) st = ts_set_error(TS_ERR_OUT_OF_MEMORY, "simulate: %zu stages", pipeline);
   for (int z = lo; z <= hi && st == TS_OK; z++) {
     opts.zero_stage = z;
-    st = ts_simulate(&m, &opts, world, &cl, &cp, &res[z]);
+    st = ts_simulate_stages(&m, &opts, dp, &cl, &cp, &res[z], per + (size_t)z * pipeline);
   }
   size_t n_params = m.num_params;
   int n_units = m.n_units, prof_units = prof.trace_units;
   ts_model_free(&m);
   profile_free(&prof);
-  if (st != TS_OK) return fail(st);
+  if (st != TS_OK) {
+    free(per);
+    return fail(st);
+  }
 
   if (json) {
     cJSON *root = cJSON_CreateObject(), *rows = cJSON_AddArrayToObject(root, "stages");
@@ -342,6 +362,9 @@ int ts_tool_simulate(int argc, char **argv) {
     cJSON_AddNumberToObject(root, "world_size", (double)world);
     cJSON_AddNumberToObject(root, "ranks_per_node", (double)per_node);
     cJSON_AddNumberToObject(root, "shard_group", (double)shard_group);
+    cJSON_AddNumberToObject(root, "pipeline_stages", (double)pipeline);
+    if (pipeline > 1)
+      cJSON_AddStringToObject(root, "schedule", ts_schedule_kind_name(opts.schedule));
     cJSON_AddStringToObject(root, "algorithm", ALGORITHMS[algorithm]);
     cJSON_AddStringToObject(root, "compute", trace ? "profile" : "flops");
     if (trace) cJSON_AddNumberToObject(root, "profile_units", prof_units);
@@ -351,6 +374,7 @@ int ts_tool_simulate(int argc, char **argv) {
       cJSON_AddNumberToObject(o, "step_s", res[z].step_s);
       cJSON_AddNumberToObject(o, "compute_s", res[z].compute_s);
       cJSON_AddNumberToObject(o, "exposed_comm_s", res[z].exposed_comm_s);
+      cJSON_AddNumberToObject(o, "pipeline_wait_s", res[z].pipeline_wait_s);
       cJSON_AddNumberToObject(o, "comm_busy_s", res[z].comm_busy_s);
       cJSON_AddNumberToObject(o, "comm_bytes_per_step", (double)res[z].bytes);
       cJSON_AddNumberToObject(o, "comm_bytes_across_nodes_per_step", (double)res[z].remote_bytes);
@@ -360,8 +384,24 @@ int ts_tool_simulate(int argc, char **argv) {
       cJSON_AddBoolToObject(o, "fits", (double)res[z].peak_bytes <= memory_gb * 1e9);
       cJSON_AddNumberToObject(o, "ops", res[z].ops);
       cJSON_AddNumberToObject(o, "calls", res[z].calls);
+      if (pipeline > 1) { /* each pipeline stage's own figures */
+        cJSON *ps = cJSON_AddArrayToObject(o, "pipeline");
+        for (size_t q = 0; q < pipeline; q++) {
+          const ts_sim_result *x = per + (size_t)z * pipeline + q;
+          cJSON *p = cJSON_CreateObject();
+          cJSON_AddNumberToObject(p, "step_s", x->step_s);
+          cJSON_AddNumberToObject(p, "compute_s", x->compute_s);
+          cJSON_AddNumberToObject(p, "exposed_comm_s", x->exposed_comm_s);
+          cJSON_AddNumberToObject(p, "pipeline_wait_s", x->pipeline_wait_s);
+          cJSON_AddNumberToObject(p, "comm_bytes_per_step", (double)x->bytes);
+          cJSON_AddNumberToObject(p, "comm_bytes_across_nodes_per_step", (double)x->remote_bytes);
+          cJSON_AddNumberToObject(p, "peak_bytes", (double)x->peak_bytes);
+          cJSON_AddItemToArray(ps, p);
+        }
+      }
       cJSON_AddItemToArray(rows, o);
     }
+    free(per);
     char *text = cJSON_Print(root);
     cJSON_Delete(root);
     if (!text) return fail(ts_set_error(TS_ERR_OUT_OF_MEMORY, "printing JSON"));
@@ -374,9 +414,14 @@ int ts_tool_simulate(int argc, char **argv) {
       "x seq %zu x %zu, %s%s\n",
       model, (double)n_params / 1e9, world, per_node, ts_dtype_name(opts.dtype), opts.micro_batch,
       opts.seq, opts.grad_accum, trace ? "compute measured: " : "FLOP model", trace ? trace : "");
-  if (shard_group && shard_group < world)
+  if (shard_group && shard_group < dp)
     printf("hybrid sharding: ZeRO within groups of %zu, %zu replicas\n", shard_group,
-           world / shard_group);
+           dp / shard_group);
+  if (pipeline > 1)
+    printf(
+        "pipeline: %zu stages of %zu data-parallel rank%s, %s; the figures are the slowest "
+        "stage's, bytes and memory the largest stage's\n",
+        pipeline, dp, dp == 1 ? "" : "s", ts_schedule_kind_name(opts.schedule));
   if (trace && prof_units < n_units)
     printf(
         "profile of a twin of %d units: each of the %d blocks costs the median of its %d "
@@ -387,15 +432,30 @@ int ts_tool_simulate(int argc, char **argv) {
       "%s collectives\n",
       cl.intra.bandwidth / 1e9, cl.intra.latency * 1e6, cl.inter.bandwidth / 1e9,
       cl.inter.latency * 1e6, ALGORITHMS[algorithm]);
+  int pipe = pipeline > 1;
   printf(
-      "| ZeRO | step s | compute s | exposed comm s | GB within a node | GB across nodes | "
+      "| ZeRO | step s | compute s | exposed comm s |%s GB within a node | GB across nodes | "
       "tokens/s per rank | MFU | peak GB (plan) |\n"
-      "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
-  for (int z = lo; z <= hi; z++)
-    printf("| %d | %.4g | %.4g | %.4g | %.3g | %.3g | %.4g | %.1f%% | %.3g%s |\n", z, res[z].step_s,
-           res[z].compute_s, res[z].exposed_comm_s,
+      "| --- | ---: | ---: | ---: |%s ---: | ---: | ---: | ---: | ---: |\n",
+      pipe ? " pipeline wait s |" : "", pipe ? " ---: |" : "");
+  for (int z = lo; z <= hi; z++) {
+    char wait[32] = "";
+    if (pipe) snprintf(wait, sizeof wait, " %.4g |", res[z].pipeline_wait_s);
+    printf("| %d | %.4g | %.4g | %.4g |%s %.3g | %.3g | %.4g | %.1f%% | %.3g%s |\n", z,
+           res[z].step_s, res[z].compute_s, res[z].exposed_comm_s, wait,
            (double)(res[z].bytes - res[z].remote_bytes) / 1e9, (double)res[z].remote_bytes / 1e9,
            res[z].tokens_per_s, 100.0 * res[z].mfu, (double)res[z].peak_bytes / 1e9,
            (double)res[z].peak_bytes > memory_gb * 1e9 ? " (does not fit)" : "");
+  }
+  for (int z = lo; z <= hi && pipe; z++) {
+    printf("ZeRO-%d per pipeline stage (compute / exposed comm / pipeline wait, s):", z);
+    for (size_t q = 0; q < pipeline; q++) {
+      const ts_sim_result *x = per + (size_t)z * pipeline + q;
+      printf("%s %zu: %.4g / %.4g / %.4g", q ? ";" : "", q, x->compute_s, x->exposed_comm_s,
+             x->pipeline_wait_s);
+    }
+    printf("\n");
+  }
+  free(per);
   return 0;
 }

@@ -71,6 +71,8 @@ int ts_tool_estimate(int argc, char **argv);
 ts_status ts_tool_parse_zero_stages(const char *v, void *stage);
 ts_status ts_tool_parse_dtype(const char *v, void *dtype);
 ts_status ts_tool_parse_recompute(const char *v, void *every);
+/* --schedule: gpipe or 1f1b into a ts_schedule_kind. */
+ts_status ts_tool_parse_schedule(const char *v, void *kind);
 
 /* `tessera simulate`: a step's predicted time, exposed communication,
  * bytes per link class, tokens/s per rank and MFU on a cluster
