@@ -268,6 +268,11 @@ static ts_status check_inputs(const ts_engine_opts *o, const ts_sim_cluster *cl,
                         "slowdown %g, other %g s: expected a peak > 0, 0 < efficiency <= 1, "
                         "memory > 0, slowdown >= 1, other >= 0",
                         cp->peak_flops, cp->efficiency, cp->mem_bandwidth, cp->slowdown, cp->other);
+  if (!(cp->shared_cores >= 0) || !isfinite(cp->shared_cores))
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "simulate: `shared_cores` %g: expected 0 (a device per rank) or the "
+                        "cores the ranks share",
+                        cp->shared_cores);
   return TS_OK;
 }
 
@@ -433,20 +438,37 @@ ts_status ts_simulate_stages(const ts_model *model, const ts_engine_opts *opts, 
   }
   /* Sweeps down and up the stages (activations flow down, gradients up)
    * until none moves; each sweep fixes at least one more event of the
-   * longest chain, so the events bound the sweeps. */
+   * longest chain, so the events bound the sweeps. With shared cores, the
+   * whole again at the share the ranks' demand for the cores gives, until
+   * it settles. */
   long events = 0;
   for (int s = 0; s < P && st == TS_OK; s++) events += g[s].n;
-  int moved = 1;
-  for (long pass = 0; moved && st == TS_OK; pass++) {
-    if (pass > events + 1) {
-      st = ts_set_error(TS_ERR_INTERNAL, "simulate: the stages' times did not settle");
-      break;
+  double share = 1.0; /* the slowdown from sharing cores */
+  for (int round = 0; st == TS_OK; round++) {
+    for (int s = 0; s < P; s++) memset(g[s].done, 0, (size_t)g[s].n * sizeof *g[s].done);
+    memset(coll, 0, ((size_t)g[0].pp_colls * (size_t)P + 1) * sizeof *coll);
+    int moved = 1;
+    for (long pass = 0; moved && st == TS_OK; pass++) {
+      if (pass > events + 1) {
+        st = ts_set_error(TS_ERR_INTERNAL, "simulate: the stages' times did not settle");
+        break;
+      }
+      moved = 0;
+      for (int k = 0; k < P; k++) {
+        int s = pass % 2 ? P - 1 - k : k;
+        moved |= replay(g, P, s, coll, compute->other, compute->slowdown * share);
+      }
     }
-    moved = 0;
-    for (int k = 0; k < P; k++) {
-      int s = pass % 2 ? P - 1 - k : k;
-      moved |= replay(g, P, s, coll, compute->other, compute->slowdown);
-    }
+    if (st != TS_OK || compute->shared_cores <= 0) break;
+    /* the ranks holding a core on average over the step: all but those
+     * waiting for another pipeline stage, each stage's dp of them */
+    double step = 0.0, demand = 0.0;
+    for (int s = 0; s < P; s++) step = fmax(step, g[s].r.step_s);
+    for (int s = 0; s < P && step > 0; s++)
+      demand += (double)dp_size * (step - g[s].r.pipeline_wait_s) / step;
+    double next = fmax(1.0, demand / compute->shared_cores);
+    if (fabs(next - share) <= 1e-9 * next || round >= 50) break;
+    share = next;
   }
   if (st == TS_OK) {
     /* the step ends with its slowest stage; the figures are the

@@ -102,6 +102,17 @@ typedef struct ts_sim_compute {
                        holding every parameter, < 0: model */
   double other;     /* seconds per step outside the unit ops (the batch's load, the norm,
                        the host's bookkeeping), added once; 0: none */
+  /* > 0: all the ranks (N, of every stage) run on one machine of this many
+   * cores, as on this machine or its test bed. A rank computing, copying
+   * or waiting for its data-parallel group holds a core (an MPI wait
+   * polls; the group's ranks wait together, so no other wants the core);
+   * a rank waiting for another pipeline stage leaves its core to the
+   * stages that compute (Open MPI yields when ranks oversubscribe the
+   * cores). Compute and copies then take share x their time, share =
+   * max(1, the ranks holding a core on average over the step / cores),
+   * found by simulating again until it settles: N / cores without
+   * pipelines. 0: a device per rank. Times slowdown, if both. */
+  double shared_cores;
 } ts_sim_compute;
 
 typedef struct ts_sim_result {

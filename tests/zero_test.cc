@@ -1090,6 +1090,62 @@ TEST(Simulator, RefusesBadInputNamingIt) {
   ts_model_free(&model);
 }
 
+TEST(Simulator, SharedCoresSlowTheRanksThatHoldThem) {
+  // All ranks on one machine of C cores, free links, compute tf per unit
+  // and micro-batch forward, 2 tf backward. N data-parallel ranks hold
+  // their cores all step (computing, or waiting together), so the step is
+  // N / C times one rank's. A pipeline's stages leave their cores while
+  // they wait for another stage: with P stages of equal units and M
+  // micro-batches each holds a core M of its M + P - 1 slots, and the step
+  // is the larger of the critical path, (M + P - 1) x a stage's
+  // micro-batch, and the work over the cores, P M x a stage's micro-batch
+  // / C (processors shared in time: k jobs on C < k processors each run
+  // at C / k).
+  TrainSetup s;
+  s.layers = 6;  // 8 units
+  ts_model model = MakeModel(s);
+  ts_sim_cluster cl = SimCluster(1e30, 0.0);
+  const double tf = 1e-3;
+  std::vector<double> fwd(model.n_units, tf), bwd(model.n_units, 2 * tf);
+  ts_sim_compute cp = SimCompute();
+  cp.forward = fwd.data();
+  cp.backward = bwd.data();
+  cp.optimizer = 0.0;
+  ts_sim_result one{}, four{};
+  TrainSetup t = s;
+  t.global = 4;
+  ts_engine_opts o1 = OptsOf(t, 1), o4 = OptsOf(t, 4);
+  ASSERT_EQ(ts_simulate(&model, &o1, 1, &cl, &cp, &one), TS_OK) << ts_last_error();
+  cp.shared_cores = 2;
+  ASSERT_EQ(ts_simulate(&model, &o4, 4, &cl, &cp, &four), TS_OK) << ts_last_error();
+  EXPECT_NEAR(four.step_s, 2.0 * one.step_s, 1e-6 * one.step_s);  // 4 ranks on 2 cores
+  cp.shared_cores = 8;  // more cores than ranks: no slowdown
+  ASSERT_EQ(ts_simulate(&model, &o4, 4, &cl, &cp, &four), TS_OK) << ts_last_error();
+  EXPECT_NEAR(four.step_s, one.step_s, 1e-6 * one.step_s);
+  for (int P : {2, 4})
+    for (double C : {1.0, 2.0, 3.0}) {
+      SCOPED_TRACE("P " + std::to_string(P) + ", cores " + std::to_string(C));
+      const size_t M = 8;
+      TrainSetup p = s;
+      p.accum = M;
+      p.global = M;
+      ts_engine_opts o = OptsOf(p, 1);
+      o.pipeline_stages = P;
+      o.pipeline_split = P == 2 ? "4,4" : "2,2,2,2";
+      cp.shared_cores = C;
+      ts_sim_result r{};
+      ASSERT_EQ(ts_simulate(&model, &o, 1, &cl, &cp, &r), TS_OK) << ts_last_error();
+      double mb = (8.0 / P) * 3 * tf;  // a stage's forward and backward of a micro-batch
+      double want = std::max(((double)M + P - 1) * mb, P * (double)M * mb / C);
+      EXPECT_NEAR(r.step_s, want, 1e-6 * want);
+    }
+  cp.shared_cores = -1;
+  EXPECT_EQ(ts_simulate(&model, &o1, 1, &cl, &cp, &one), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ts_last_error()).find("`shared_cores` -1"), std::string::npos)
+      << ts_last_error();
+  ts_model_free(&model);
+}
+
 TEST(Simulator, PipelineBubbleIsGPipesFormula) {
   // P stages of equal units, each unit's forward tf and backward 2 tf
   // (a profile), free links, no optimizer cost: GPipe and 1F1B both take

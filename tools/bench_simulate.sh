@@ -16,9 +16,10 @@
 #  - compute: one rank with OMP_NUM_THREADS=1 (each rank's share of the
 #    cores in every run), `train --trace`: the median forward, backward
 #    and optimizer spans (--profile), and the step's time outside them
-#    (--step-overhead: median step less the spans' sum); with 4 ranks on
-#    this machine's cores, --slowdown ranks / cores (the test bed's nodes
-#    share them too; a rank waiting in MPI polls, so it holds its share);
+#    (--step-overhead: median step less the spans' sum); with 4 ranks,
+#    --shared-cores (this machine's, which the test bed's nodes share
+#    too): N / cores slower, but for a pipeline's stages waiting for
+#    another, which leave their cores to the others;
 #  - the link within this machine (Open MPI's shared memory, tessera's
 #    direct exchanges): from one more run, 2 ranks ZeRO-0 --overlap off
 #    (every collective waited for whole): bandwidth = its bytes per step /
@@ -75,8 +76,6 @@ sim() { # sim N FLAGS... — simulate --json, this profile
     --profile "$TMP/prof.trace.json" --step-overhead "$overhead" --algorithm direct --json "$@"
 }
 
-slow() { python3 -c "print(max(1.0, $1 / $cores))"; } # ranks sharing this machine's cores
-
 PARTS="${PARTS:-A B}"
 # 2. the link within this machine, from 2 ranks ZeRO-0 without overlap
 if [[ -n "${INTRA:-}" ]]; then
@@ -119,13 +118,13 @@ EOF
   for z in 0 1 2 3; do
     train "$n" "m$n-$z" --zero "$z"
     row "this machine" "$n" "ZeRO-$z" "$(median_step "$TMP/m$n-$z.jsonl")" \
-      "$(sim "$n" --zero "$z" --ranks-per-node "$n" --intra "$intra,10" --slowdown "$(slow "$n")")"
+      "$(sim "$n" --zero "$z" --ranks-per-node "$n" --intra "$intra,10" --shared-cores "$cores")"
   done
 done
 if [[ " $PARTS " == *" A "* ]]; then
   train 4 m4-hy --zero 3 --shard-group 2
   row "this machine" 4 "ZeRO-3, S = 2" "$(median_step "$TMP/m4-hy.jsonl")" \
-    "$(sim 4 --zero 3 --shard-group 2 --ranks-per-node 4 --intra "$intra,10" --slowdown "$(slow 4)")"
+    "$(sim 4 --zero 3 --shard-group 2 --ranks-per-node 4 --intra "$intra,10" --shared-cores "$cores")"
   # pipelines: N ranks, P stages, M micro-batches per step, a schedule, a ZeRO stage
   for run in "2 2 4 gpipe 0" "2 2 4 1f1b 0" "4 2 4 1f1b 1" "4 4 8 1f1b 0"; do
     read -r n P M k z <<<"$run"
@@ -133,7 +132,7 @@ if [[ " $PARTS " == *" A "* ]]; then
     row "this machine" "$n" "ZeRO-$z, $P stages, $k, $M micro-batches" \
       "$(median_step "$TMP/m$n-pp$P-$k.jsonl")" \
       "$(sim "$n" --zero "$z" --pipeline "$P" --schedule "$k" --grad-accum "$M" --ranks-per-node "$n" \
-        --intra "$intra,10" --slowdown "$(slow "$n")")"
+        --intra "$intra,10" --shared-cores "$cores")"
   done
 fi
 [[ " $PARTS " == *" B "* ]] || exit 0
@@ -195,7 +194,7 @@ for run in "plain 0" "hybrid 2"; do
   bed 2 "b2-$name" "${flags[@]}"
   row "2 nodes, $RATE" 4 "ZeRO-3$( ((S)) && echo ", S = $S")" "$(median_step "$TMP/b2-$name.jsonl")" \
     "$(sim 4 "${flags[@]}" --ranks-per-node 2 --intra "$intra,10" --inter "$inter,100" \
-      --slowdown "$(slow 4)")" "$(across "$TMP/b2-$name.jsonl")"
+      --shared-cores "$cores")" "$(across "$TMP/b2-$name.jsonl")"
 done
 # a pipeline of 2 stages, one per node: activations and their gradients
 # cross the shaped link

@@ -223,7 +223,7 @@ int ts_tool_simulate(int argc, char **argv) {
   size_t world = 1, shard_group = 0, per_node = 8, pipeline = 1;
   int stage = -1, json = 0, algorithm = TS_SIM_BEST;
   float peak_tflops = 989.0f, efficiency = 0.48f, mem_gbps = 3350.0f, slowdown = 1.0f,
-        overhead = 0.0f, memory_gb = 80.0f;
+        overhead = 0.0f, memory_gb = 80.0f, shared_cores = 0.0f;
   ts_engine_opts opts = ts_engine_default_opts();
   opts.dtype = TS_BF16;
   opts.micro_batch = 1;
@@ -268,7 +268,12 @@ int ts_tool_simulate(int argc, char **argv) {
       TS_FLAG_FLOAT("--mem-bandwidth", NULL, &mem_gbps, "GB/s",
                     "memory bandwidth for AdamW (default 3350: H100 SXM HBM3)", NULL),
       TS_FLAG_FLOAT("--slowdown", NULL, &slowdown, "X",
-                    "compute and CPU copies x X (ranks sharing cores; default 1)", NULL),
+                    "compute and CPU copies x X (a slower core; default 1)", NULL),
+      TS_FLAG_FLOAT("--shared-cores", NULL, &shared_cores, "C",
+                    "all N ranks on one machine of C cores (this one, its test bed): compute "
+                    "and copies slow by the ranks holding a core, all but those waiting for "
+                    "another pipeline stage (default 0: a device per rank)",
+                    NULL),
       TS_FLAG_FLOAT("--device-memory", NULL, &memory_gb, "GB",
                     "memory per rank; a plan's peak above it is marked (default 80: H100)", NULL),
       TS_FLAG_FLOAT("--step-overhead", NULL, &overhead, "S",
@@ -325,7 +330,8 @@ int ts_tool_simulate(int argc, char **argv) {
                        .mem_bandwidth = mem_gbps * 1e9,
                        .slowdown = slowdown,
                        .optimizer = -1.0,
-                       .other = overhead};
+                       .other = overhead,
+                       .shared_cores = shared_cores};
   ts_model m;
   memset(&m, 0, sizeof m);
   char path[4096];
