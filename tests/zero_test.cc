@@ -1090,6 +1090,18 @@ TEST(Simulator, RefusesBadInputNamingIt) {
   ts_model_free(&model);
 }
 
+// A measured profile of equal units: forward tf, backward 2 tf per unit
+// and micro-batch, no optimizer cost.
+struct UniformProfile {
+  std::vector<double> fwd, bwd;
+  ts_sim_compute cp;
+  UniformProfile(int units, double tf) : fwd(units, tf), bwd(units, 2 * tf), cp(SimCompute()) {
+    cp.forward = fwd.data();
+    cp.backward = bwd.data();
+    cp.optimizer = 0.0;
+  }
+};
+
 TEST(Simulator, SharedCoresSlowTheRanksThatHoldThem) {
   // All ranks on one machine of C cores, free links, compute tf per unit
   // and micro-batch forward, 2 tf backward. N data-parallel ranks hold
@@ -1102,15 +1114,12 @@ TEST(Simulator, SharedCoresSlowTheRanksThatHoldThem) {
   // / C (processors shared in time: k jobs on C < k processors each run
   // at C / k).
   TrainSetup s;
-  s.layers = 6;  // 8 units
+  s.layers = 6;  // 8 units: 4 + 4 or 2 x 4
   ts_model model = MakeModel(s);
   ts_sim_cluster cl = SimCluster(1e30, 0.0);
   const double tf = 1e-3;
-  std::vector<double> fwd(model.n_units, tf), bwd(model.n_units, 2 * tf);
-  ts_sim_compute cp = SimCompute();
-  cp.forward = fwd.data();
-  cp.backward = bwd.data();
-  cp.optimizer = 0.0;
+  UniformProfile prof(model.n_units, tf);
+  ts_sim_compute cp = prof.cp;
   ts_sim_result one{}, four{};
   TrainSetup t = s;
   t.global = 4;
@@ -1161,11 +1170,8 @@ TEST(Simulator, PipelineBubbleIsGPipesFormula) {
   ts_model model = MakeModel(s);
   ts_sim_cluster cl = SimCluster(1e30, 0.0);
   const double tf = 1e-3;
-  std::vector<double> fwd(model.n_units, tf), bwd(model.n_units, 2 * tf);
-  ts_sim_compute cp = SimCompute();
-  cp.forward = fwd.data();
-  cp.backward = bwd.data();
-  cp.optimizer = 0.0;
+  UniformProfile prof(model.n_units, tf);
+  ts_sim_compute cp = prof.cp;
   for (int P : {2, 4})
     for (ts_schedule_kind k : {TS_SCHEDULE_GPIPE, TS_SCHEDULE_1F1B})
       for (size_t M : {1, 4, 8}) {
