@@ -253,8 +253,7 @@ static ts_status check_link(const ts_sim_link *l, const char *name) {
   return TS_OK;
 }
 
-static ts_status check_inputs(const ts_engine_opts *o, const ts_sim_cluster *cl,
-                              const ts_sim_compute *cp) {
+static ts_status check_inputs(const ts_sim_cluster *cl, const ts_sim_compute *cp) {
   if (cl->ranks_per_node < 1)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "simulate: `ranks_per_node` %d: expected >= 1",
                         cl->ranks_per_node);
@@ -419,7 +418,7 @@ ts_status ts_simulate_stages(const ts_model *model, const ts_engine_opts *opts, 
                              const ts_sim_cluster *cluster, const ts_sim_compute *compute,
                              ts_sim_result *out, ts_sim_result *stages) {
   memset(out, 0, sizeof *out);
-  TS_CHECK(check_inputs(opts, cluster, compute));
+  TS_CHECK(check_inputs(cluster, compute));
   int P = opts->pipeline_stages > 1 ? opts->pipeline_stages : 1;
   stage_log *g = calloc((size_t)P, sizeof *g);
   if (!g) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "simulate: %d stages", P);

@@ -21,7 +21,6 @@
 #include "engine/engine.h"
 #include "engine/engine_testing.h"
 #include "engine/grid.h"
-#include "engine/simulate.h"
 #include "models/llama.h"
 #include "tests/tiny_model.h"
 
@@ -377,16 +376,8 @@ TEST(Pipeline, ExplicitSplit) {
 // and one AdamW per unit over all stages; each stage's clock is its
 // compute plus its waits.
 TEST(Pipeline, SimulatorReplaysEveryStageWithTheEnginesBytes) {
-  ts_sim_cluster cl{};
-  cl.ranks_per_node = 64;
-  cl.intra = cl.inter = {1e9, 1e-5};
-  cl.algorithm = TS_SIM_DIRECT;
-  ts_sim_compute cp{};
-  cp.peak_flops = 1e12;
-  cp.efficiency = 1.0;
-  cp.mem_bandwidth = 1e11;
-  cp.slowdown = 1.0;
-  cp.optimizer = -1.0;
+  ts_sim_cluster cl = tiny::SimCluster(1e9, 1e-5);
+  ts_sim_compute cp = tiny::SimCompute();
   for (int P : Stages())
     for (bool tied : {false, true})
       for (int zero = 0; zero <= 3; zero++)

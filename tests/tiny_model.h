@@ -1,7 +1,8 @@
 // tiny_model.h — what the multi-rank engine tests share: a tiny LLaMA
 // config (C 32, 4 heads of which 2 key-value, vocabulary 96, at most 16
-// positions), a tiny BERT of the same width with masked-LM batches, and
-// the world communicator of mpirun.
+// positions), a tiny BERT of the same width with masked-LM batches, the
+// world communicator of mpirun, and the simulator's test cluster and
+// compute.
 #ifndef TS_TESTS_TINY_MODEL_H
 #define TS_TESTS_TINY_MODEL_H
 
@@ -11,6 +12,7 @@
 #include <random>
 
 #include "comm/comm.h"
+#include "engine/simulate.h"
 #include "models/llama.h"
 
 namespace tiny {
@@ -104,6 +106,28 @@ inline ts_comm *World() {
     return c;
   }();
   return world;
+}
+
+// One node of every rank (64 per node), links of `bandwidth` bytes/s and
+// `latency` s, tessera's direct exchanges (engine/simulate.h).
+inline ts_sim_cluster SimCluster(double bandwidth, double latency) {
+  ts_sim_cluster cl{};
+  cl.ranks_per_node = 64;
+  cl.intra = {bandwidth, latency};
+  cl.inter = {bandwidth, latency};
+  cl.algorithm = TS_SIM_DIRECT;
+  return cl;
+}
+
+// The FLOP model at 1 TFLOP/s, AdamW at 100 GB/s, a device per rank.
+inline ts_sim_compute SimCompute() {
+  ts_sim_compute cp{};
+  cp.peak_flops = 1e12;
+  cp.efficiency = 1.0;
+  cp.mem_bandwidth = 1e11;
+  cp.slowdown = 1.0;
+  cp.optimizer = -1.0;
+  return cp;
 }
 
 }  // namespace tiny

@@ -923,26 +923,8 @@ TEST(HybridSharding, BytesPerStepMatchTheFormulas) {
 
 // ---- the simulator (engine/simulate.h) ---------------------------------------------
 
-// One node of every rank, links of `bandwidth` bytes/s and `latency` s,
-// tessera's direct exchanges; compute by the FLOP model at 1 TFLOP/s.
-ts_sim_cluster SimCluster(double bandwidth, double latency) {
-  ts_sim_cluster cl{};
-  cl.ranks_per_node = 64;
-  cl.intra = {bandwidth, latency};
-  cl.inter = {bandwidth, latency};
-  cl.algorithm = TS_SIM_DIRECT;
-  return cl;
-}
-
-ts_sim_compute SimCompute() {
-  ts_sim_compute cp{};
-  cp.peak_flops = 1e12;
-  cp.efficiency = 1.0;
-  cp.mem_bandwidth = 1e11;
-  cp.slowdown = 1.0;
-  cp.optimizer = -1.0;
-  return cp;
-}
+using tiny::SimCluster;
+using tiny::SimCompute;
 
 TEST(Simulator, BytesAndCallsAreTheEnginesAndItReplaysTheEnginesSchedule) {
   // The simulator replays the engine's own step on the plan device: rank
