@@ -536,6 +536,8 @@ void ts_engine_wait_staging(ts_engine *e) {
   pthread_mutex_lock(&p->lock);
   if (!p->staged) {
     double t0 = monotonic_s();
+    const ts_engine_hooks *h = ts_engine_get_hooks(); /* the test seam */
+    if (h && h->staging_wait) h->staging_wait(h->user);
     while (!p->staged) pthread_cond_wait(&p->cond, &p->lock);
     e->ckpt_staging_wait += monotonic_s() - t0;
   }

@@ -5,8 +5,9 @@
  * Every fault and planted value a test needs reaches the code through the
  * process's hooks below, NULL unless a test sets them: production code pays
  * one pointer test where a hook may run (after each unit's backward,
- * before each commit of a checkpoint save, after each training step, when
- * an engine is freed). What tests plant (non-finite gradients, for loss
+ * before each commit of a checkpoint save, before each chunk of an
+ * asynchronous save's copy and when the optimizer step waits for it, after
+ * each training step, when an engine is freed). What tests plant (non-finite gradients, for loss
  * scaling) is written on top of the seam in engine_testing.c, a test-only
  * library (//engine:testing); the kill-a-rank hook of the launcher's
  * restart tests is set by the test binary //tools:tessera_testing. One set
@@ -46,6 +47,11 @@ typedef struct ts_engine_hooks {
   /* Runs before each chunk an asynchronous save copies to its staging (on
    * the CPU in the save's writer thread, while training goes on). */
   void (*stage_point)(void *user);
+  /* Runs when the optimizer step finds an asynchronous save's copy to the
+   * staging unfinished (on the CPU), on the training thread, just before it
+   * waits for the copy: a test that holds the copy at stage_point lets it
+   * go from here, so the step is known to wait. */
+  void (*staging_wait)(void *user);
   void *user; /* passed back as is */
 } ts_engine_hooks;
 

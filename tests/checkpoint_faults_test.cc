@@ -721,19 +721,26 @@ TEST(AsyncSave, WritesTheStateOfItsStepAlthoughTrainingChangesItDuringTheWrite) 
   EXPECT_EQ(ts_engine_memory(f.e)->current[TS_MEM_STAGING], (size_t)sb.st_size);
 }
 
-// Each chunk's copy to the staging held back 20 ms: the copy of a save
-// then takes far longer than a whole step of this small model.
-std::atomic<int> chunks_staged{0};
-void SlowStage(void *) {
-  usleep(20000);
+// The copy to the staging held at its first chunk until the optimizer step
+// is waiting for it (the staging_wait hook lets it go), or until the test
+// lets it go after a step that did not wait: the step is known to find the
+// copy unfinished, however fast or loaded the machine.
+std::atomic<int> chunks_staged{0}, copy_released{0}, step_waited{0};
+void HeldStage(void *) {
+  while (!copy_released.load()) usleep(1000);
   chunks_staged++;
 }
-const ts_engine_hooks kSlowStageHooks = {nullptr, nullptr, nullptr, nullptr, SlowStage, nullptr};
+void StepWaits(void *) {
+  step_waited = 1;
+  copy_released = 1;
+}
+const ts_engine_hooks kHeldStageHooks = {nullptr,   nullptr,   nullptr, nullptr,
+                                         HeldStage, StepWaits, nullptr};
 
 TEST(AsyncSave, TheOptimizerStepWaitsForTheCopyToTheStaging) {
   // On the CPU the writer thread copies the state to the staging while the
   // next step's forward and backward run (they only read it). With the copy
-  // slowed, the next step's optimizer step would change parameters, master
+  // held, the next step's optimizer step would change parameters, master
   // weights and moments before they were copied unless it waits: the file
   // would then hold some of step 2's values.
   TempDir d;
@@ -742,7 +749,9 @@ TEST(AsyncSave, TheOptimizerStepWaitsForTheCopyToTheStaging) {
   std::string sync_dir = d.path("sync"), async_dir = d.path("async");
   ASSERT_EQ(Save(f.e, sync_dir), TS_OK) << ts_last_error();  // the state at step 1
   chunks_staged = 0;
-  ts_engine_set_hooks(&kSlowStageHooks);
+  copy_released = 0;
+  step_waited = 0;
+  ts_engine_set_hooks(&kHeldStageHooks);
   ts_checkpoint_pending *p = nullptr, *q = nullptr;
   const char tj[] = "{\"step\": 1}";
   ts_checkpoint_extra ex[1] = {{"trainer.json", tj, sizeof tj - 1}};
@@ -758,11 +767,13 @@ TEST(AsyncSave, TheOptimizerStepWaitsForTheCopyToTheStaging) {
   EXPECT_EQ(q, nullptr);
   f.Step();  // its optimizer step waits for the copy
   int staged_after_step = chunks_staged.load();
+  copy_released = 1;  // (already, unless the step did not wait)
   ASSERT_EQ(ts_checkpoint_finish(p), TS_OK) << ts_last_error();
   ts_engine_set_hooks(nullptr);
   int chunks = chunks_staged.load();
+  EXPECT_EQ(step_waited.load(), 1) << "the optimizer step found the copy unfinished and waited";
+  EXPECT_EQ(staged_at_return, 0) << "the call returns before the copy is made";
   EXPECT_GT(chunks, 4) << "every kind of every unit is a chunk";
-  EXPECT_LT(staged_at_return, chunks) << "the call returns before the copy is made";
   EXPECT_EQ(staged_after_step, chunks) << "the step ended only after the whole copy";
   EXPECT_GT(ts_checkpoint_staging_wait_seconds(f.e), 0.0);
   EXPECT_TRUE(ReadAll(async_dir + "/rank-00000.bin") == ReadAll(sync_dir + "/rank-00000.bin"))
