@@ -115,6 +115,76 @@ _ts_nvcc_objects = rule(
     },
 )
 
+def _ts_host_compiled_impl(ctx):
+    files = []
+    for dep in ctx.attr.srcs:
+        if CcInfo not in dep:
+            files.append(dep[DefaultInfo].files)
+            continue
+        # a cc_library: its own archive only (never its deps', which the
+        # target configuration compiles and links itself)
+        own = []
+        for li in dep[CcInfo].linking_context.linker_inputs.to_list():
+            if li.owner == dep.label:
+                for lib in li.libraries:
+                    a = lib.pic_static_library or lib.static_library
+                    if a:
+                        own.append(a)
+        if not own:
+            fail("%s: no archive of its own to take" % dep.label)
+        files.append(depset(own))
+    return [DefaultInfo(files = depset(transitive = files))]
+
+# The objects (or a cc_library's own archive) of srcs, built in the host
+# configuration: the same files for every target configuration, so the
+# sanitizer build (.bazelrc --config=asan: other --copt, another output
+# folder) links what the plain build compiled instead of compiling it again.
+# For code that needs none of the target's flags: CUDA objects (nvcc never
+# sees --copt) and the cuDNN shim (host C++ that runs only with a GPU).
+# .bazelrc gives the host configuration the target's language standards
+# and compilation mode, so these files are compiled as they were before.
+_ts_host_compiled = rule(
+    implementation = _ts_host_compiled_impl,
+    attrs = {"srcs": attr.label_list(cfg = "host", mandatory = True)},
+)
+
+def ts_host_compiled_cc_library(name, srcs, hdrs = [], deps = [], copts = [], **kwargs):
+    """A cc_library whose sources are compiled once, in the host configuration.
+
+    Makes `name + "_compiled"` (a cc_library of srcs, tagged manual so that
+    //... never builds it in the target configuration) and `name`, a
+    linkstatic cc_library of that library's archive, built in the host
+    configuration, with hdrs and deps (compiled and linked as every other
+    dep is). For sources whose objects do not depend on the target
+    configuration's flags (see _ts_host_compiled above).
+    """
+    native.cc_library(
+        name = name + "_compiled",
+        srcs = srcs,
+        hdrs = hdrs,
+        deps = deps,
+        copts = copts,
+        linkstatic = True,
+        tags = ["manual"],
+        visibility = ["//visibility:private"],
+        testonly = kwargs.get("testonly", False),
+    )
+    _ts_host_compiled(
+        name = name + "_host",
+        srcs = [":" + name + "_compiled"],
+        tags = ["manual"],
+        visibility = ["//visibility:private"],
+        testonly = kwargs.get("testonly", False),
+    )
+    native.cc_library(
+        name = name,
+        srcs = [":" + name + "_host"],
+        hdrs = hdrs,
+        deps = deps,
+        linkstatic = True,
+        **kwargs
+    )
+
 def ts_cuda_library(name, srcs, hdrs = [], cu_hdrs = [], deps = [], copts = [], **kwargs):
     """A cc_library whose .cu sources are compiled by nvcc.
 
@@ -129,13 +199,22 @@ def ts_cuda_library(name, srcs, hdrs = [], cu_hdrs = [], deps = [], copts = [], 
       **kwargs: passed to the cc_library (visibility, tags, testonly, ...).
     """
     all_deps = deps + ["@cuda//:cudart"]
+    # nvcc's objects are built in the host configuration (_ts_host_compiled):
+    # once, whatever the target configuration's --copt.
     _ts_nvcc_objects(
         name = name + "_nvcc",
         srcs = srcs,
         hdrs = hdrs + cu_hdrs,
         deps = all_deps,
         copts = copts,
-        tags = kwargs.get("tags", []),
+        tags = ["manual"],
+        testonly = kwargs.get("testonly", False),
+        visibility = ["//visibility:private"],
+    )
+    _ts_host_compiled(
+        name = name + "_host",
+        srcs = [":" + name + "_nvcc"],
+        tags = ["manual"],
         testonly = kwargs.get("testonly", False),
         visibility = ["//visibility:private"],
     )
@@ -144,7 +223,7 @@ def ts_cuda_library(name, srcs, hdrs = [], cu_hdrs = [], deps = [], copts = [], 
     # "hidden") and can only be reached from objects linked beside it.
     native.cc_library(
         name = name,
-        srcs = [":" + name + "_nvcc"],
+        srcs = [":" + name + "_host"],
         hdrs = hdrs,
         deps = all_deps,
         linkstatic = True,
