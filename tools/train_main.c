@@ -5,6 +5,7 @@
  * during training aborts the job so no rank waits in a collective. */
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -242,14 +243,44 @@ static ts_status parse_comm_timeout(const char *v, void *seconds) {
   return TS_OK;
 }
 
-/* Set by SIGINT/SIGTERM when --save is given: the trainer saves at the next
+/* Set on SIGINT/SIGTERM when --save is given: the trainer saves at the next
  * step boundary and the run ends with status 0. */
 static volatile sig_atomic_t stop_signal;
 static volatile int stop_flag;
 
-static void on_stop_signal(int sig) {
-  stop_signal = sig;
-  stop_flag = 1;
+/* The one thread that takes SIGINT and SIGTERM (sigwait); every other
+ * thread of the process blocks them (watch_stop_signals). A signal that
+ * interrupts a thread in oneDNN's AVX2 matrix product can corrupt the heap
+ * ("corrupted size vs. prev_size" in its free: 2 runs in 16 under load,
+ * a no-op handler too, tools/checkpoint_test.sh's SIGTERM on an AVX2
+ * machine), and no thread that computes or communicates ever sees EINTR. */
+static void *stop_signal_thread(void *arg) {
+  const sigset_t *set = arg;
+  for (;;) {
+    int sig;
+    if (sigwait(set, &sig) == 0) {
+      stop_signal = sig;
+      stop_flag = 1;
+    }
+  }
+  return NULL;
+}
+
+/* Blocks SIGINT and SIGTERM in this thread, and so in every thread it
+ * starts from now on (MPI's, OpenMP's, the communication and checkpoint
+ * threads inherit the mask), and starts the thread that takes them. Call
+ * before anything starts a thread. */
+static int watch_stop_signals(void) {
+  static sigset_t set;
+  pthread_t t;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  if (pthread_sigmask(SIG_BLOCK, &set, NULL) != 0 ||
+      pthread_create(&t, NULL, stop_signal_thread, &set) != 0)
+    return -1;
+  pthread_detach(t);
+  return 0;
 }
 
 int ts_tool_train(int argc, char **argv) {
@@ -431,12 +462,10 @@ int ts_tool_train(int argc, char **argv) {
   if (cfg.resume && !strcmp(cfg.resume, "auto") && !cfg.save_dir)
     return ts_flags_error("train", "--resume auto needs --save DIR to look in");
   if (cfg.save_dir) { /* a stop request saves first */
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
+    if (watch_stop_signals() != 0) {
+      fprintf(stderr, "tessera train: cannot start the thread that takes SIGINT/SIGTERM\n");
+      return 1;
+    }
     cfg.stop = &stop_flag;
   }
   progress p = {stdout_is_terminal(), log_every ? log_every : (cfg.steps + 19) / 20,
