@@ -12,8 +12,11 @@
  * Each waiting rank sets a context first (step 7, unit 3, micro-batch 1;
  * recv: step 4, pipeline stage 0) so the line it prints can be checked. The
  * job must end with status 4 (TS_COMM_EXIT_TIMEOUT) within the timeout plus
- * a few seconds, the stopped rank killed by mpirun; 0 would mean a wait
- * returned without the stopped rank, 1 a setup failure.
+ * a few seconds of the stop, the stopped rank killed by mpirun; 0 would mean
+ * a wait returned without the stopped rank, 1 a setup failure. With
+ * TS_HANG_MARK set, the stopping rank creates that file just before it
+ * stops, so the time to the job's end is measured from the stop (not from
+ * a start-up that a loaded machine makes slow).
  */
 #include <signal.h>
 #include <stdio.h>
@@ -23,6 +26,14 @@
 
 #include "comm/comm.h"
 
+/* Stops this process (SIGSTOP), first creating $TS_HANG_MARK if set. */
+static void stop_here(void) {
+  const char *mark = getenv("TS_HANG_MARK");
+  FILE *f = mark ? fopen(mark, "w") : NULL;
+  if (f) fclose(f);
+  raise(SIGSTOP);
+}
+
 int main(int argc, char **argv) {
   ts_comm *world = NULL;
   const char *env_rank = getenv("OMPI_COMM_WORLD_RANK"), *env_size = getenv("OMPI_COMM_WORLD_SIZE");
@@ -30,7 +41,7 @@ int main(int argc, char **argv) {
     ts_comm_set_timeout(2, "--comm-timeout");
     if (atoi(env_rank) == atoi(env_size) - 1) {
       fprintf(stderr, "mpi_hang: rank %s stops before MPI_Init_thread\n", env_rank);
-      raise(SIGSTOP);
+      stop_here();
     }
   }
   if (ts_comm_init(&argc, &argv) != TS_OK || ts_comm_world(&world) != TS_OK) {
@@ -51,7 +62,7 @@ int main(int argc, char **argv) {
   }
   if (r == n - 1) {
     fprintf(stderr, "mpi_hang: rank %d stops\n", r);
-    raise(SIGSTOP);
+    stop_here();
     return 0; /* never reached: mpirun kills it */
   }
   if (recv && r != 0) return 0;

@@ -16,21 +16,22 @@
 #     and --save the job restarts from the newest checkpoint and ends with
 #     the uninterrupted run's step lines; SIGTERM to launch saves at the
 #     next step boundary and exits 0;
-#  4b. a lost report: every task ends (exit 0) while node 2's link is down,
-#     so its slurmstepd may fail to tell srun ("Failed to send
-#     MESSAGE_TASK_EXIT"; whether slurmctld tells it later depends on
-#     timing): launch ends with exit 0 within the test's 2 minutes either
-#     way — when srun was left waiting, by stopping it once slurmctld had
-#     ended the step (its one line) and restarting (--max-restarts 1);
+#  4b. a lost report: every task ends (exit 0) while node 2's link is down
+#     (until 3 s after the last task's end), so its slurmstepd may fail to
+#     tell srun ("Failed to send MESSAGE_TASK_EXIT"; whether slurmctld
+#     tells it later depends on timing): launch ends with exit 0 within the
+#     test's 2 minutes either way — when srun was left waiting, by
+#     stopping it once slurmctld had ended the step (its one line) and
+#     restarting (--max-restarts 1);
 #  5. the issue's done-when, on llama-tiny: sbatch of train.sbatch with
 #     TESSERA_MAX_RESTARTS=2, --comm-timeout 5 and --save: node 2's link
-#     cut once the step-4 checkpoint is complete and brought back 8 s
-#     later; the job restarts, resumes, and its final checkpoint is
-#     byte-identical to an uninterrupted run's on one node. Which side
-#     ends the first run depends on timing: the watchdog (exit 4, its lines
-#     name the other node's ranks), or Open MPI aborting a rank whose
-#     interface is down, whose node then cannot tell srun that its tasks
-#     ended (launch stops srun once slurmctld has ended the step);
+#     cut once the step-4 checkpoint is complete and brought back once
+#     every rank has ended; the job restarts, resumes, and its final
+#     checkpoint is byte-identical to an uninterrupted run's on one node.
+#     Which side ends the first run depends on timing: the watchdog (exit
+#     4, its lines name the other node's ranks), or Open MPI aborting a
+#     rank whose interface is down, whose node then cannot tell srun that
+#     its tasks ended (launch stops srun once slurmctld has ended the step);
 #  6. testbed down leaves no daemon running and no folder.
 # Needs root, network namespaces and Debian's slurmctld, slurmd,
 # slurm-client and munge: without them it prints one SKIP line and exits 0.
@@ -153,7 +154,7 @@ cat >"$tmp/sigterm.sh" <<EOF
 $(printf %q "$launch") -n 4 $(printf %q "$bin") train ${common[*]} --steps 100000 \
   --save $(printf %q "$tmp/sig") >$(printf %q "$tmp/sig.log") 2>&1 &
 pid=\$!
-for _ in \$(seq 200); do grep -q '^step' $(printf %q "$tmp/sig.log") && break; sleep 0.1; done
+for _ in \$(seq 1200); do grep -q '^step' $(printf %q "$tmp/sig.log") && break; sleep 0.1; done
 kill -TERM \$pid
 wait \$pid
 EOF
@@ -164,8 +165,9 @@ check "SIGTERM: saved" "on SIGTERM: saved $tmp/sig/step-" "$(cat "$tmp/sig.log")
 # 4b. a lost report: the tasks end while n2's link is down
 cat >"$tmp/lost.sh" <<EOF
 #!/bin/sh
-if mkdir $(printf %q "$tmp/lost-\$SLURM_PROCID") 2>/dev/null; then
+if mkdir $(printf %q "$tmp")/lost-\$SLURM_PROCID 2>/dev/null; then
   while [ ! -e $(printf %q "$tmp/lost-go") ]; do sleep 0.05; done
+  : >$(printf %q "$tmp")/lost-end-\$SLURM_PROCID
 fi
 exit 0
 EOF
@@ -178,6 +180,15 @@ for _ in $(seq 600); do # the four tasks started: then cut, and end them
 done
 "$cluster" link "$n2" down
 touch "$tmp/lost-go"
+# The link stays down until every task has ended (each says so last; at
+# most 60 s), and 3 s more for n2's slurmstepd to try to report them: the
+# tasks end inside the outage however slow a loaded machine makes them.
+for _ in $(seq 1200); do
+  [[ "$(ls "$tmp"/lost-end-? 2>/dev/null | wc -l)" == 4 ]] && break
+  sleep 0.05
+done
+check_eq "lost report: every task ended while n2's link was down" 4 \
+  "$(ls "$tmp"/lost-end-? 2>/dev/null | wc -l)"
 sleep 3
 "$cluster" link "$n2" up
 wait "$job"
@@ -204,7 +215,15 @@ for _ in $(seq 1200); do # the step-4 checkpoint complete: then cut
   sleep 0.05
 done
 "$cluster" link "$n2" down
-sleep 8
+# The link stays down until every rank has ended (their watchdogs, or Open
+# MPI; at most 2 minutes): a fixed outage would race the timeout on a
+# loaded machine.
+ranks="^$bin train .*--save $tmp/cut"
+for _ in $(seq 1200); do
+  pgrep -f "$ranks" >/dev/null || break
+  sleep 0.1
+done
+check_eq "cut link under sbatch: every rank ended while the link was down" 0 "$(pgrep -fc "$ranks")"
 "$cluster" link "$n2" up
 wait "$job"
 check_eq "cut link under sbatch: the job finished" 0 $?

@@ -188,9 +188,9 @@ EOF
     on "$n" slurmd || die "slurmd did not start on $n: $(tail -n 3 "$dir/$n/slurmd.log" 2>/dev/null)"
   done
 
-  # Every node idle before we return (at most 30 s).
+  # Every node idle before we return (at most 2 minutes).
   local states=""
-  for _ in $(seq 300); do
+  for _ in $(seq 1200); do
     states="$(on "$P-n1" sinfo --noheader --Node --format='%N %T' 2>/dev/null || true)"
     if (($(grep -c ' idle$' <<<"$states") == last)); then
       echo "slurm on cluster $P: slurmctld on $P-n1, slurmd on ${list[*]}; SLURM_CONF=$conf"
