@@ -348,8 +348,11 @@ ts_status OpenVerifyLoad(const std::string &dir, Fixture *f, std::string *msg) {
 }
 
 TEST(CheckpointFaults, EveryIndexFieldMutatedIsRefusedOrHarmlessNeverACrash) {
+  // One block: every kind of field the index has (top level, file, tensor,
+  // slice of each kind) without a second block's copies of them (3107
+  // mutations with two, 1832 with one; 8.9 s -> 3.2 s under ASan).
   TempDir d;
-  Fixture f;
+  Fixture f(1);
   f.Step();
   std::string good = d.path("good");
   ASSERT_EQ(Save(f.e, good), TS_OK) << ts_last_error();

@@ -68,16 +68,16 @@ case "$isa" in
 esac
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/tessera-suite.XXXXXX")" || die "cannot create a folder under ${TMPDIR:-/tmp}"
-hogs=()
+bg_pids=()
 cleanup() {
-  for p in ${hogs[@]+"${hogs[@]}"}; do kill "$p" 2>/dev/null; done
+  for p in ${bg_pids[@]+"${bg_pids[@]}"}; do kill "$p" 2>/dev/null; done
   rm -rf "$work"
 }
 trap cleanup EXIT
 trap 'exit 143' TERM INT
 for ((i = 0; i < load; i++)); do
   (while :; do :; done) &
-  hogs+=($!)
+  bg_pids+=($!)
 done
 
 # Each test's size and explicit timeout, for its limit (before any pass:
@@ -106,13 +106,28 @@ run_pass() {
   return 0
 }
 
-run_pass plain bazel test ${env_args[@]+"${env_args[@]}"} "$@" //...
+# The fuzz targets' clang build (an output base and Bazel server of its
+# own) runs from the start beside the other passes, at a lower priority: it
+# takes the CPU the plain pass leaves idle while its tests wait (for
+# timeouts, daemons, other ranks), instead of adding its minutes at the end.
+(
+  start=$SECONDS
+  nice -n 10 tools/fuzz.sh --build >"$work/fuzz-build.log" 2>&1
+  rc=$?
+  echo $((SECONDS - start)) >"$work/fuzz-build.secs"
+  exit "$rc"
+) &
+fuzz_build=$!
+bg_pids+=("$fuzz_build")
+
+run_pass plain bazel test --profile="$work/plain.prof" ${env_args[@]+"${env_args[@]}"} "$@" //...
 run_pass asan bazel test --config=asan --build_tests_only --test_lang_filters=cc \
-  ${env_args[@]+"${env_args[@]}"} "$@" //...
+  --profile="$work/asan.prof" ${env_args[@]+"${env_args[@]}"} "$@" //...
+wait "$fuzz_build" || cat "$work/fuzz-build.log" >&2 # (fuzz.sh below builds again and fails alike)
 run_pass fuzz tools/fuzz.sh 7
 
 python3 - "$work" "$root/.bazelrc" "$isa" "$load" "$times" <<'PY'
-import glob, os, re, sys, xml.etree.ElementTree as ET
+import glob, json, os, re, sys, xml.etree.ElementTree as ET
 work, bazelrc, isa, load, times = sys.argv[1:6]
 
 # Bazel's --test_timeout per size, plain (build) and ASan (build:asan)
@@ -159,6 +174,36 @@ for name in ("plain", "asan", "fuzz"):
             rows.append((float(m.group(2)), None, name, m.group(1) + "_fuzzer",
                          "CRASHED" if m.group(3) != "0" else "PASSED"))
     passes.append("%s %s s%s" % (name, secs, crit))
+    if name == "plain" and os.path.exists(os.path.join(work, "fuzz-build.secs")):
+        passes.append("fuzz build %s s (beside plain and asan)" %
+                      open(os.path.join(work, "fuzz-build.secs")).read().strip())
+
+# Where each Bazel pass's time went: seconds of actions by kind, from its
+# --profile (actions overlap, two or more at a time; on a loaded machine a
+# second counts what the action waited for a core too).
+def work_by_kind(prof):
+    try:
+        data = json.load(open(prof))
+    except (OSError, ValueError):
+        return None
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    kinds = {}
+    for e in events:
+        if e.get("ph") != "X" or e.get("cat") != "action processing":
+            continue
+        n = e.get("name") or ""
+        k = ("test" if n.startswith("Testing") else "link" if n.startswith("Linking")
+             else "compile (CUDA)" if "CUDA" in n or "attention_cudnn" in n
+             else "compile (tests)" if n.startswith("Compiling") and "_test" in n
+             else "compile" if n.startswith("Compiling") else "other")
+        kinds[k] = kinds.get(k, 0.0) + e.get("dur", 0) / 1e6
+    return kinds
+work_lines = []
+for name in ("plain", "asan"):
+    kinds = work_by_kind(os.path.join(work, name + ".prof"))
+    if kinds:
+        work_lines.append("%s: %s" % (name, ", ".join(
+            "%s %.0f s" % (k, v) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]))))
 
 cases = []
 for name in ("plain", "asan"):
@@ -186,6 +231,8 @@ def head(r):
 print("\n== the test suite (isa %s, %s busy process%s beside it) ==" %
       (isa, load, "" if load == "1" else "es"))
 print("passes: " + "; ".join(passes))
+for line in work_lines:
+    print("  actions, " + line)
 print("slowest GoogleTest cases:")
 for t, name, target, case in cases[:10]:
     print("%7.1f  %-5s  %s  %s" % (t, name, target, case))
@@ -198,6 +245,9 @@ print("%d targets, %d with less than 3x headroom" % (len(rows), len(under)))
 if times:
     with open(times, "w") as f:
         f.write("isa %s, %s busy process(es) beside the suite; %s\n\n" % (isa, load, "; ".join(passes)))
+        for line in work_lines:
+            f.write("- actions, %s\n" % line)
+        f.write("\n")
         f.write("| s | limit s | headroom | pass | target |\n| ---: | ---: | ---: | --- | --- |\n")
         for t, limit, name, target, status in rows:
             room = "%.1f×" % (limit / t) if limit and t > 0 else "–"
