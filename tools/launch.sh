@@ -156,9 +156,13 @@ if [[ -z "$hostfile" && -n "${SLURM_JOB_ID:-${SLURM_JOBID:-}}" ]] && command -v 
   # has been gone from it for 10 s (squeue answering) while srun still runs,
   # srun is stopped and the step counts as a death (restartable).
   watch_step() {
-    local seen=0 gone=0 steps
+    local seen=0 gone=0 steps nap=""
+    # stopped (kill) between naps: its nap goes too, no sleep left behind
+    trap '[[ -n "$nap" ]] && kill "$nap" 2>/dev/null; exit 0' TERM
     while kill -0 "$1" 2>/dev/null; do
-      sleep 2
+      sleep 2 &
+      nap=$!
+      wait "$nap"
       steps="$(squeue --noheader --steps --jobs="$job" --format='%j' 2>/dev/null)" || continue
       if grep -qxF "$step_name" <<<"$steps"; then
         seen=1 gone=0

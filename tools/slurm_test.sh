@@ -248,7 +248,7 @@ gone() { # gone PID — 1 when process PID has ended (a zombie has), else 0
 left=""
 for n in "$n1" "$n2"; do
   for pid in $(ip netns pids "$n" 2>/dev/null); do
-    (($(gone "$pid"))) || left+=" $(cat "/proc/$pid/comm" 2>/dev/null)"
+    (($(gone "$pid"))) || left+=" [$(ps -o etimes=,args= -p "$pid" 2>/dev/null | sed 's/^ *//')]"
   done
 done
 check_eq "testbed down: nothing runs on the nodes" "" "$left"
