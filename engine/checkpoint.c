@@ -534,14 +534,16 @@ void ts_engine_wait_staging(ts_engine *e) {
   ts_checkpoint_pending *p = e->ckpt_pending;
   if (!p) return;
   pthread_mutex_lock(&p->lock);
-  if (!p->staged) {
-    double t0 = monotonic_s();
-    const ts_engine_hooks *h = ts_engine_get_hooks(); /* the test seam */
-    if (h && h->staging_wait) h->staging_wait(h->user);
-    while (!p->staged) pthread_cond_wait(&p->cond, &p->lock);
-    e->ckpt_staging_wait += monotonic_s() - t0;
-  }
+  int staged = p->staged;
   pthread_mutex_unlock(&p->lock);
+  if (staged) return;
+  double t0 = monotonic_s();
+  const ts_engine_hooks *h = ts_engine_get_hooks(); /* the test seam, outside the lock */
+  if (h && h->staging_wait) h->staging_wait(h->user);
+  pthread_mutex_lock(&p->lock);
+  while (!p->staged) pthread_cond_wait(&p->cond, &p->lock);
+  pthread_mutex_unlock(&p->lock);
+  e->ckpt_staging_wait += monotonic_s() - t0;
 }
 
 double ts_checkpoint_staging_wait_seconds(const ts_engine *e) { return e->ckpt_staging_wait; }

@@ -49,8 +49,8 @@ typedef struct ts_engine_hooks {
   void (*stage_point)(void *user);
   /* Runs when the optimizer step finds an asynchronous save's copy to the
    * staging unfinished (on the CPU), on the training thread, just before it
-   * waits for the copy: a test that holds the copy at stage_point lets it
-   * go from here, so the step is known to wait. */
+   * waits for the copy (no lock held): a test that holds the copy at
+   * stage_point lets it go from here, so the step is known to wait. */
   void (*staging_wait)(void *user);
   void *user; /* passed back as is */
 } ts_engine_hooks;

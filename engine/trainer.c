@@ -609,7 +609,7 @@ static ts_status save(run *r, size_t step, ts_train_result *res) {
 static ts_status stop_requested(run *r, int *stop) {
   *stop = 0;
   if (!r->cfg->stop) return TS_OK;
-  double f = *r->cfg->stop ? 1.0 : 0.0;
+  double f = __atomic_load_n(r->cfg->stop, __ATOMIC_ACQUIRE) ? 1.0 : 0.0; /* another thread sets it */
   TS_CHECK(ts_comm_all_reduce_f64(r->world, &f, 1, TS_COMM_MAX));
   *stop = f > 0;
   return TS_OK;

@@ -85,7 +85,8 @@ typedef struct ts_train_config {
   size_t max_bad_steps;     /* fp32/bf16: this many steps in a row skipped for a non-finite
                                loss or gradient stop the run (TS_ERR_NUMERIC, nothing saved
                                after the last good step); 0: never. Default 3 */
-  const volatile int *stop; /* set (on a signal, by another thread) to stop at the next step
+  const volatile int *stop; /* set (on a signal, by another thread, with
+                               __atomic_store_n) to stop at the next step
                                boundary: every rank agrees, saves (save_dir) and returns
                                TS_OK with result->stopped_at; NULL: not watched */
 } ts_train_config;

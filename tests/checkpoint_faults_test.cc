@@ -84,7 +84,7 @@ int kill_at = 0, points_passed = 0;
 void KillAt(void *) {
   if (++points_passed == kill_at) _exit(7);
 }
-const ts_engine_hooks kKillHooks = {nullptr, KillAt, nullptr, nullptr, nullptr, nullptr};
+const ts_engine_hooks kKillHooks = {nullptr, KillAt, nullptr, nullptr, nullptr, nullptr, nullptr};
 
 bool Exists(const std::string &p) { return access(p.c_str(), F_OK) == 0; }
 
@@ -684,7 +684,8 @@ void HoldWriter(void *) {
   if (writer_held.exchange(1) == 0)
     while (!writer_release.load()) usleep(1000);
 }
-const ts_engine_hooks kHoldHooks = {nullptr, HoldWriter, nullptr, nullptr, nullptr, nullptr};
+const ts_engine_hooks kHoldHooks = {nullptr, HoldWriter, nullptr, nullptr,
+                                    nullptr, nullptr,    nullptr};
 
 TEST(AsyncSave, WritesTheStateOfItsStepAlthoughTrainingChangesItDuringTheWrite) {
   TempDir d;

@@ -15,6 +15,12 @@ enables traps, so GCC may if-convert selects on float comparisons and
 vectorise their loops (kernels/cpu: ts_cpu_exp's range checks). It permits
 no reassociation and no change of rounding: every value keeps its bits.
 No -march=native: binaries and test results must not depend on the build host.
+Flags that depend on the file or the build rather than the language live
+in .bazelrc, by design in one place: the tests' own sources at -O1, the
+sanitizer builds' -O1 -g1 (and no UBSan in test sources), all through
+--per_file_copt; the host configuration's standards (third_party/cuda.bzl
+compiles there once what every build links). kernels/cuda/BUILD adds -O1
+to the cuDNN shim's copts.
 -D_DEFAULT_SOURCE: strict -std=c11 hides POSIX and BSD names (clock_gettime,
 fsync, strdup, posix_memalign, M_PI, MAP_ANONYMOUS); glibc's _DEFAULT_SOURCE
 brings back POSIX.1-2008 plus those. A file may still `#define

@@ -142,13 +142,16 @@ def _ts_host_compiled_impl(ctx):
 # For code that needs none of the target's flags: CUDA objects (nvcc never
 # sees --copt) and the cuDNN shim (host C++ that runs only with a GPU).
 # .bazelrc gives the host configuration the target's language standards
-# and compilation mode, so these files are compiled as they were before.
+# and compilation mode; it takes no --copt or --per_file_copt (the plain
+# build has none that reach these files) and compiles without debug
+# information (-g0).
 _ts_host_compiled = rule(
     implementation = _ts_host_compiled_impl,
     attrs = {"srcs": attr.label_list(cfg = "host", mandatory = True)},
 )
 
-def ts_host_compiled_cc_library(name, srcs, hdrs = [], deps = [], copts = [], **kwargs):
+def ts_host_compiled_cc_library(name, srcs, hdrs = [], deps = [], copts = [], visibility = None,
+                                testonly = False):
     """A cc_library whose sources are compiled once, in the host configuration.
 
     Makes `name + "_compiled"` (a cc_library of srcs, tagged manual so that
@@ -156,7 +159,9 @@ def ts_host_compiled_cc_library(name, srcs, hdrs = [], deps = [], copts = [], **
     linkstatic cc_library of that library's archive, built in the host
     configuration, with hdrs and deps (compiled and linked as every other
     dep is). For sources whose objects do not depend on the target
-    configuration's flags (see _ts_host_compiled above).
+    configuration's flags (see _ts_host_compiled above). Only the arguments
+    below: anything else a compile needs goes in copts, which reach the
+    compile (defines as -D).
     """
     native.cc_library(
         name = name + "_compiled",
@@ -167,14 +172,14 @@ def ts_host_compiled_cc_library(name, srcs, hdrs = [], deps = [], copts = [], **
         linkstatic = True,
         tags = ["manual"],
         visibility = ["//visibility:private"],
-        testonly = kwargs.get("testonly", False),
+        testonly = testonly,
     )
     _ts_host_compiled(
         name = name + "_host",
         srcs = [":" + name + "_compiled"],
         tags = ["manual"],
         visibility = ["//visibility:private"],
-        testonly = kwargs.get("testonly", False),
+        testonly = testonly,
     )
     native.cc_library(
         name = name,
@@ -182,7 +187,8 @@ def ts_host_compiled_cc_library(name, srcs, hdrs = [], deps = [], copts = [], **
         hdrs = hdrs,
         deps = deps,
         linkstatic = True,
-        **kwargs
+        visibility = visibility,
+        testonly = testonly,
     )
 
 def ts_cuda_library(name, srcs, hdrs = [], cu_hdrs = [], deps = [], copts = [], **kwargs):

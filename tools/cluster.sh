@@ -116,20 +116,21 @@ cmd_down() {
 # own, its ends moved into node $1 (as eth0) and the switch (as n$2).
 # Naming both namespaces in one `ip link add` fails now and then ("Peer
 # netns reference is invalid") while other clusters are being made or
-# deleted; a failed try is undone and retried.
+# deleted; a failed try is undone and retried, and its message kept back
+# (said only if every try fails).
 cable() {
-  local a="${P}a$2" b="${P}b$2" try
+  local a="${P}a$2" b="${P}b$2" try err=""
   for try in 1 2 3 4 5; do
     ip link del "$a" 2>/dev/null || true
-    if ip link add "$a" type veth peer name "$b" && ip link set "$a" netns "$1" &&
+    if err="$({ ip link add "$a" type veth peer name "$b" && ip link set "$a" netns "$1" &&
       ip link set "$b" netns "$sw" && ip -n "$1" link set "$a" name eth0 &&
-      ip -n "$sw" link set "$b" name "n$2"; then
+      ip -n "$sw" link set "$b" name "n$2"; } 2>&1)"; then
       return 0
     fi
     ip -n "$1" link del "$a" 2>/dev/null || ip link del "$a" 2>/dev/null || true
     sleep 0.2
   done
-  die "up: cannot cable node $1 to the switch (try $try)"
+  die "up: cannot cable node $1 to the switch (try $try): $(tr '\n' ' ' <<<"$err")"
 }
 
 cmd_up() {

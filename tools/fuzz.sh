@@ -5,8 +5,9 @@
 # UndefinedBehaviorSanitizer, from its seeds (fuzz/seeds/NAME) and the
 # corpus it grew before, two targets at a time ($TESSERA_FUZZ_JOBS).
 #   tools/fuzz.sh SECONDS [NAME...]
-#   tools/fuzz.sh --build [NAME...]     only build the targets (tools/test_suite.sh
-#                                       does this early, beside the other passes)
+#   tools/fuzz.sh --build [--BAZEL_FLAG...] [NAME...]
+#                                       only build the targets (tools/test_suite.sh does
+#                                       this early, beside the other passes, --jobs=1)
 # Builds with clang (Debian's clang and libclang-rt-dev, tools/setup.sh)
 # under --config=fuzz in an output base of its own
 # ($TESSERA_FUZZ_BASE, default ~/.cache/tessera-fuzz), so the gcc build's
@@ -29,6 +30,11 @@ shift
   die "SECONDS $secs: expected a whole number of seconds >= 1, or --build"
 parallel="${TESSERA_FUZZ_JOBS:-2}"
 [[ "$parallel" =~ ^[1-9][0-9]*$ ]] || die "TESSERA_FUZZ_JOBS=$parallel: expected a whole number >= 1"
+build_flags=()
+while [[ "$secs" == --build && "${1:-}" == --* ]]; do
+  build_flags+=("$1")
+  shift
+done
 names=("$@")
 ((${#names[@]})) || names=("${all[@]}")
 for n in "${names[@]}"; do
@@ -43,7 +49,8 @@ targets=()
 for n in "${names[@]}"; do targets+=("//fuzz:${n}_fuzzer"); done
 mkdir -p "$work" || die "cannot create $work"
 bazel_fuzz build --config=fuzz --symlink_prefix=/ --ui_event_filters=-info,-progress \
-  --noshow_progress --show_result=0 "${targets[@]}" || die "the clang build of the fuzz targets failed"
+  --noshow_progress --show_result=0 ${build_flags[@]+"${build_flags[@]}"} "${targets[@]}" ||
+  die "the clang build of the fuzz targets failed"
 [[ "$secs" == --build ]] && exit 0
 bin="$(bazel_fuzz info --config=fuzz bazel-bin 2>/dev/null)"
 

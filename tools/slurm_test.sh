@@ -210,20 +210,24 @@ TESSERA_LAUNCH="$launch" TESSERA_BIN="$bin" TESSERA_DATA="$tmp/data" TESSERA_STE
   sl sbatch --wait --quiet --output="$tmp/cut.out" "$sbatch_script" --log-every 1 \
   --comm-timeout 5 --save "$tmp/cut" --save-every 2 >/dev/null 2>&1 &
 job=$!
-for _ in $(seq 1200); do # the step-4 checkpoint complete: then cut
+for _ in $(seq 2400); do # the step-4 checkpoint complete: then cut
   [[ -e "$tmp/cut/step-00000004/index.json" ]] && break
   sleep 0.05
 done
+check_eq "cut link under sbatch: the step-4 checkpoint before the cut" 1 \
+  "$([[ -e "$tmp/cut/step-00000004/index.json" ]] && echo 1)"
+mapfile -t ranks < <(rank_pids "$bin" "$tmp/cut")
+check_eq "cut link under sbatch: the job's 4 ranks run at the cut" 4 "${#ranks[@]}"
 "$cluster" link "$n2" down
 # The link stays down until every rank has ended (their watchdogs, or Open
 # MPI; at most 2 minutes): a fixed outage would race the timeout on a
 # loaded machine.
-ranks="^$bin train .*--save $tmp/cut"
 for _ in $(seq 1200); do
-  pgrep -f "$ranks" >/dev/null || break
+  (($(alive ${ranks[@]+"${ranks[@]}"}))) || break
   sleep 0.1
 done
-check_eq "cut link under sbatch: every rank ended while the link was down" 0 "$(pgrep -fc "$ranks")"
+check_eq "cut link under sbatch: every rank ended while the link was down" 0 \
+  "$(alive ${ranks[@]+"${ranks[@]}"})"
 "$cluster" link "$n2" up
 wait "$job"
 check_eq "cut link under sbatch: the job finished" 0 $?

@@ -30,7 +30,6 @@
 # BAZEL ARGS go to both Bazel passes (e.g. --nocache_test_results).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$root"
 
 die() {
   echo "tools/test_suite.sh: $*" >&2
@@ -53,11 +52,13 @@ while (($#)); do
     --times)
       [[ -n "${2:-}" ]] || die "--times: expected a file"
       times="$2"
+      [[ "$times" == /* ]] || times="$PWD/$times" # the caller's folder, not the repository
       shift 2
       ;;
     *) break ;;
   esac
 done
+cd "$root"
 
 env_args=()
 case "$isa" in
@@ -70,19 +71,22 @@ esac
 work="$(mktemp -d "${TMPDIR:-/tmp}/tessera-suite.XXXXXX")" || die "cannot create a folder under ${TMPDIR:-/tmp}"
 bg_pids=()
 cleanup() {
-  for p in ${bg_pids[@]+"${bg_pids[@]}"}; do kill "$p" 2>/dev/null; done
+  for p in ${bg_pids[@]+"${bg_pids[@]}"}; do kill -- "$p" 2>/dev/null; done
   rm -rf "$work"
 }
 trap cleanup EXIT
-trap 'exit 143' TERM INT
+trap 'exit 143' TERM
+trap 'exit 130' INT
 for ((i = 0; i < load; i++)); do
   (while :; do :; done) &
   bg_pids+=($!)
 done
 
 # Each test's size and explicit timeout, for its limit (before any pass:
-# a query does not disturb the build).
-bazel query --output=xml 'tests(//...)' >"$work/tests.xml" 2>/dev/null
+# a query does not disturb the build). Limits are .bazelrc's --test_timeout
+# for that size, not one given in BAZEL ARGS.
+bazel query --output=xml 'tests(//...)' >"$work/tests.xml" 2>"$work/query.log" ||
+  echo "tools/test_suite.sh: bazel query failed, the table's limits are unknown: $(tail -n 1 "$work/query.log")" >&2
 
 first_rc=0
 note_rc() { ((first_rc == 0 && $1 != 0)) && first_rc=$1; return 0; }
@@ -110,20 +114,21 @@ run_pass() {
 # own) runs from the start beside the other passes, at a lower priority: it
 # takes the CPU the plain pass leaves idle while its tests wait (for
 # timeouts, daemons, other ranks), instead of adding its minutes at the end.
-(
-  start=$SECONDS
-  nice -n 10 tools/fuzz.sh --build >"$work/fuzz-build.log" 2>&1
+# One compile at a time (--jobs=1) beside the plain pass's two. Its own
+# process group (setsid), so that an interrupted suite stops all of it.
+setsid bash -c 'start=$SECONDS
+  nice -n 10 tools/fuzz.sh --build --jobs=1 >"$1/fuzz-build.log" 2>&1
   rc=$?
-  echo $((SECONDS - start)) >"$work/fuzz-build.secs"
-  exit "$rc"
-) &
+  echo $((SECONDS - start)) >"$1/fuzz-build.secs"
+  exit "$rc"' fuzz-build "$work" &
 fuzz_build=$!
-bg_pids+=("$fuzz_build")
+bg_pids+=("-$fuzz_build")
 
 run_pass plain bazel test --profile="$work/plain.prof" ${env_args[@]+"${env_args[@]}"} "$@" //...
 run_pass asan bazel test --config=asan --build_tests_only --test_lang_filters=cc \
   --profile="$work/asan.prof" ${env_args[@]+"${env_args[@]}"} "$@" //...
 wait "$fuzz_build" || cat "$work/fuzz-build.log" >&2 # (fuzz.sh below builds again and fails alike)
+unset 'bg_pids[${#bg_pids[@]}-1]'                   # (ended: its group id is not ours to kill)
 run_pass fuzz tools/fuzz.sh 7
 
 python3 - "$work" "$root/.bazelrc" "$isa" "$load" "$times" <<'PY'
@@ -147,7 +152,7 @@ try:
         tests[rule.get("name")] = (timeouts[attrs["timeout"]] if "timeout" in attrs
                                    else sizes.index(size) if size in sizes else 1)
 except (ET.ParseError, OSError):
-    pass
+    pass  # (the query failed: said above; every limit shows as unknown)
 
 row = re.compile(r"^(//\S+)\s+(?:\(cached\) )?(PASSED|FAILED|TIMEOUT|FLAKY|NO STATUS|INCOMPLETE)"
                  r"(?: in ([0-9.]+)s)?")
@@ -163,8 +168,8 @@ for name in ("plain", "asan", "fuzz"):
     for line in open(log, errors="replace"):
         m = row.match(line)
         if m and name != "fuzz":
-            level = tests.get(m.group(1), 0)
-            limit = limits[name][level] if limits[name] else None
+            level = tests.get(m.group(1))
+            limit = limits[name][level] if limits[name] and level is not None else None
             rows.append((float(m.group(3) or 0), limit, name, m.group(1), m.group(2)))
         m = elapsed.search(line)
         if m:

@@ -47,6 +47,28 @@ steps() { # steps LOG — a train log's step lines, without evaluations and timi
   grep '^step ' <<<"$1" | grep -v val | sed 's/ | [0-9]* tok\/s.*//'
 }
 
+rank_pids() { # rank_pids BIN SAVE_DIR — the processes whose command line is exactly BIN train
+  # … --save SAVE_DIR … (a job's ranks), one pid a line; fixed strings, no pattern
+  local p args
+  for p in /proc/[0-9]*; do
+    mapfile -d '' -t args <"$p/cmdline" 2>/dev/null || continue
+    ((${#args[@]} >= 2)) && [[ "${args[0]}" == "$1" && "${args[1]}" == train ]] || continue
+    local i
+    for ((i = 2; i + 1 < ${#args[@]}; i++)); do
+      [[ "${args[i]}" == --save && "${args[i + 1]}" == "$2" ]] && echo "${p#/proc/}" && break
+    done
+  done
+}
+
+alive() { # alive PID... — how many of the PIDs still run (a zombie has ended)
+  local p n=0 state
+  for p in "$@"; do
+    state="$(awk '{ print $3 }' "/proc/$p/stat" 2>/dev/null)"
+    [[ -n "$state" && "$state" != Z ]] && n=$((n + 1))
+  done
+  echo "$n"
+}
+
 mpi_scratch() { # a private MPI scratch folder, removed at exit (see comm/mpirun_test.sh:
   # concurrent tests may share PIDs, hence Open MPI session names, in /tmp); one thread per rank
   scratch="$(mktemp -d /tmp/tstest.XXXXXX)"

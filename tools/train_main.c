@@ -252,15 +252,16 @@ static volatile int stop_flag;
  * thread of the process blocks them (watch_stop_signals). A signal that
  * interrupts a thread in oneDNN's AVX2 matrix product can corrupt the heap
  * ("corrupted size vs. prev_size" in its free: 2 runs in 16 under load,
- * a no-op handler too, tools/checkpoint_test.sh's SIGTERM on an AVX2
- * machine), and no thread that computes or communicates ever sees EINTR. */
+ * with a handler that does nothing too, tools/checkpoint_test.sh's SIGTERM
+ * with oneDNN capped to AVX2; the mechanism inside oneDNN is not known),
+ * and no thread that computes or communicates ever sees EINTR. */
 static void *stop_signal_thread(void *arg) {
   const sigset_t *set = arg;
   for (;;) {
     int sig;
     if (sigwait(set, &sig) == 0) {
       stop_signal = sig;
-      stop_flag = 1;
+      __atomic_store_n(&stop_flag, 1, __ATOMIC_RELEASE); /* the trainer loads it so */
     }
   }
   return NULL;
@@ -414,6 +415,16 @@ int ts_tool_train(int argc, char **argv) {
   };
   int r = ts_flags_parse("train", flags, sizeof flags / sizeof *flags, argc, argv, USAGE);
   if (r != TS_FLAGS_OK) return r == TS_FLAGS_HELP ? 0 : 2;
+  /* A stop request saves first (--save): its signals are watched before
+   * anything can start a thread (the CUDA driver's, when the device is
+   * resolved below; MPI's; OpenMP's). */
+  if (cfg.save_dir) {
+    if (watch_stop_signals() != 0) {
+      fprintf(stderr, "tessera train: cannot start the thread that takes SIGINT/SIGTERM\n");
+      return 1;
+    }
+    cfg.stop = &stop_flag;
+  }
   if (!cfg.model) cfg.model = cfg.init_from; /* the folder's own config.json */
   if (!cfg.model || !cfg.data_dir)
     return ts_flags_error("train", "--model and --data are required " TS_FLAGS_HINT);
@@ -461,13 +472,6 @@ int ts_tool_train(int argc, char **argv) {
   cfg.save_async = !save_sync;
   if (cfg.resume && !strcmp(cfg.resume, "auto") && !cfg.save_dir)
     return ts_flags_error("train", "--resume auto needs --save DIR to look in");
-  if (cfg.save_dir) { /* a stop request saves first */
-    if (watch_stop_signals() != 0) {
-      fprintf(stderr, "tessera train: cannot start the thread that takes SIGINT/SIGTERM\n");
-      return 1;
-    }
-    cfg.stop = &stop_flag;
-  }
   progress p = {stdout_is_terminal(), log_every ? log_every : (cfg.steps + 19) / 20,
                 e->dtype == TS_FP16};
   ts_comm_set_timeout(comm_timeout, "--comm-timeout"); /* parse_comm_timeout checked it */
