@@ -48,14 +48,26 @@ die() {
 
 sw="$P-sw"
 
+# Every namespace's name, one per line. `ip netns list` says "Error: Peer
+# netns reference is invalid." for a namespace another cluster is making
+# at that moment (its file exists, its mount not yet): not ours, not said.
+ns_names() {
+  ip netns list 2>/dev/null | awk '{print $1}' || true
+}
+
+# Whether namespace $1 exists.
+has_ns() {
+  grep -qx -- "$1" <<<"$(ns_names)"
+}
+
 # The namespaces of this cluster's nodes, in order.
 node_list() {
-  ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^$P-n[0-9]+$" | sort -t n -k 2 -V || true
+  ns_names | grep -E "^$P-n[0-9]+$" | sort -t n -k 2 -V || true
 }
 
 # Dies unless $1 is a node of this cluster.
 need_node() {
-  [[ "$1" =~ ^$P-n[0-9]+$ ]] && ip netns list | awk '{print $1}' | grep -qx "$1" && return 0
+  [[ "$1" =~ ^$P-n[0-9]+$ ]] && has_ns "$1" && return 0
   local nodes
   nodes="$(node_list | tr '\n' ' ' | sed 's/ $//')"
   die "$1: not a node of cluster $P (${nodes:+nodes: }${nodes:-it has none: tools/cluster.sh up first})"
@@ -108,7 +120,7 @@ cmd_down() {
     ns_delete "$n"
     rm -rf "/etc/netns/$n"
   done
-  if ip netns list | awk '{print $1}' | grep -qx "$sw"; then ns_delete "$sw"; fi
+  if has_ns "$sw"; then ns_delete "$sw"; fi
   rmdir /etc/netns 2>/dev/null || true
 }
 

@@ -96,8 +96,19 @@ say_restart() {
 # boilerplate after either is dropped.
 # SIGINT/SIGTERM become SIGTERM to every rank of the step (scancel --signal:
 # srun itself would kill the step) and end the restarts.
+# Slurm's PMIx fences all use its ring algorithm (SLURM_PMIX_FENCE=ring, as
+# mpi.conf's PMIxCollFence=ring; a value you set is kept). By default
+# (mixed) Open MPI's two fences in MPI_Init go through two algorithms, the
+# ring for the one that exchanges addresses and the tree for the barrier
+# after it, and with one node's ranks slow to start (Slurm 22.05, Open MPI
+# 4.1) the other node's ranks came out of both while these were still in
+# the first: a rank then received an MPI message before its PML could take
+# one and crashed at address 0 inside MPI_Init (srun of a 4-rank
+# MPI_Allreduce on the test cluster, one node's ranks at nice 19, load
+# beside: 4 crashes in 150 jobs mixed, 0 in 450 ring).
 if [[ -z "$hostfile" && -n "${SLURM_JOB_ID:-${SLURM_JOBID:-}}" ]] && command -v srun >/dev/null; then
   job="${SLURM_JOB_ID:-$SLURM_JOBID}" step_name="tessera-launch-$$"
+  export SLURM_PMIX_FENCE="${SLURM_PMIX_FENCE:-ring}"
   if [[ -z "${OMP_NUM_THREADS:-}" && -n "${SLURM_CPUS_PER_TASK:-}" ]]; then
     export OMP_NUM_THREADS="$SLURM_CPUS_PER_TASK"
   fi

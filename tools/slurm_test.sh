@@ -10,7 +10,8 @@
 #     0-1 on node n1 (its hostname and network namespace), 2-3 on n2;
 #  3. `tessera launch -n 4` inside an allocation (salloc) starts the ranks
 #     with srun: the same step lines, the same placement;
-#  4. faults through launch in an allocation: a rank that exits 3 makes
+#  4. faults through launch in an allocation (its steps fence on Slurm's
+#     ring, SLURM_PMIX_FENCE=ring): a rank that exits 3 makes
 #     launch exit 3 with none of srun's lines; a rank killed (SIGKILL) is
 #     one line naming the rank and its host, exit 137; with --max-restarts 1
 #     and --save the job restarts from the newest checkpoint and ends with
@@ -117,6 +118,11 @@ check_eq "launch in salloc: ranks 0-1 on $n1, 2-3 on $n2" "$where_want" "$(where
 
 # 4. faults through launch in an allocation
 alloc() { sl salloc --quiet --nodes=2 --ntasks-per-node=2 "$@"; }
+# launch's steps fence on Slurm's ring (the mixed default crashed ranks in
+# MPI_Init, tools/launch.sh); the steps' environment is what the PMIx
+# plugin of each node's slurmstepd reads.
+out="$(alloc "$launch" -n 4 sh -c 'echo "fence $SLURM_PMIX_FENCE"' 2>&1)"
+check_eq "launch's steps: SLURM_PMIX_FENCE=ring on every rank" "$(printf 'fence ring\n%.0s' 1 2 3 4)" "$out"
 out="$(alloc "$launch" -n 4 sh -c '[ "$SLURM_PROCID" = 2 ] && exit 3; exec sleep 30' 2>&1)"
 check_eq "rank 2 exits 3: launch exits 3" 3 $?
 check_eq "rank 2 exits 3: none of srun's lines" "" "$out"
