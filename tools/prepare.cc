@@ -11,6 +11,7 @@
 #include "tools/prepare.h"
 
 #include <cjson/cJSON.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -24,7 +25,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -164,6 +167,286 @@ std::vector<size_t> SplitSections(const std::string &text) {
   return starts;
 }
 
+// The part of a SentencePiece status message after its "[check] " prefix.
+std::string SpMessage(const sentencepiece::util::Status &st) {
+  std::string m = st.ToString();
+  size_t k = m.rfind("] ");
+  return k == std::string::npos ? m : m.substr(k + 2);
+}
+
+// One document of the corpus: a text file's section, or a JSON Lines
+// record's text. `section`: a text file's, whose sections concatenate to
+// the file byte for byte (so no separator is added between them).
+struct Doc {
+  std::string text;
+  bool section;
+};
+
+bool HasSuffix(const std::string &s, const char *suf) {
+  size_t n = strlen(suf);
+  return s.size() >= n && s.compare(s.size() - n, n, suf) == 0;
+}
+
+// A text file's sections (see prepare.h), appended to *docs.
+ts_status ReadTextDocs(const std::string &path, std::vector<Doc> *docs) {
+  std::string text;
+  TS_CHECK(ReadText(path.c_str(), &text));
+  size_t bad = FirstInvalidUtf8(text);
+  if (bad != std::string::npos)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--text %s: invalid UTF-8 at byte %zu, expected UTF-8 text",
+                        path.c_str(), bad);
+  if (text.empty()) return TS_OK;
+  std::vector<size_t> starts = SplitSections(text);
+  for (size_t i = 0; i < starts.size(); i++) {
+    size_t end = i + 1 < starts.size() ? starts[i + 1] : text.size();
+    docs->push_back(Doc{text.substr(starts[i], end - starts[i]), true});
+  }
+  return TS_OK;
+}
+
+// A JSON Lines file's records, one JSON object a line, each one document:
+// its string field `field` (records whose text is empty are skipped; blank
+// lines too). Errors name the file, the line (from 1) and the field.
+ts_status ReadJsonlDocs(const std::string &path, const char *field, std::vector<Doc> *docs) {
+  std::string all;
+  TS_CHECK(ReadText(path.c_str(), &all));
+  size_t pos = 0, line_no = 0;
+  while (pos < all.size()) {
+    size_t nl = all.find('\n', pos);
+    size_t end = nl == std::string::npos ? all.size() : nl;
+    std::string line = all.substr(pos, end - pos);
+    pos = end + 1;
+    line_no++;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    size_t bad = FirstInvalidUtf8(line);
+    if (bad != std::string::npos)
+      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                          "--text %s:%zu: invalid UTF-8 at byte %zu of the line, expected UTF-8 "
+                          "JSON",
+                          path.c_str(), line_no, bad);
+    cJSON *rec = cJSON_ParseWithLength(line.data(), line.size());
+    if (rec == nullptr || !cJSON_IsObject(rec)) {
+      cJSON_Delete(rec);
+      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                          "--text %s:%zu: not a JSON object, expected one JSON object a line "
+                          "(JSON Lines)",
+                          path.c_str(), line_no);
+    }
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(rec, field);
+    if (!cJSON_IsString(v)) {
+      ts_status st = ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                                  "--text %s:%zu: field \"%s\" %s, expected a string (--text-field "
+                                  "names the field that holds the text)",
+                                  path.c_str(), line_no, field, v ? "is not a string" : "missing");
+      cJSON_Delete(rec);
+      return st;
+    }
+    std::string text = v->valuestring;
+    cJSON_Delete(rec);
+    bad = FirstInvalidUtf8(text);
+    if (bad != std::string::npos)
+      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                          "--text %s:%zu: field \"%s\": invalid UTF-8 at byte %zu, expected UTF-8 "
+                          "text",
+                          path.c_str(), line_no, field, bad);
+    if (!text.empty()) docs->push_back(Doc{std::move(text), false});
+  }
+  return TS_OK;
+}
+
+// One input file by its name: .jsonl / .ndjson are JSON Lines, .parquet is
+// refused, anything else is UTF-8 text.
+ts_status ReadFileDocs(const std::string &path, const char *field, std::vector<Doc> *docs) {
+  if (HasSuffix(path, ".jsonl") || HasSuffix(path, ".ndjson"))
+    return ReadJsonlDocs(path, field, docs);
+  if (HasSuffix(path, ".parquet"))
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "--text %s: Parquet is not read yet, expected UTF-8 text or JSON Lines "
+                        "(.jsonl)",
+                        path.c_str());
+  return ReadTextDocs(path, docs);
+}
+
+// The corpus at `path`: a file, or a folder whose files (not its hidden
+// ones, in name order) are read in turn; a folder inside it is refused.
+// *files counts the files read.
+ts_status ReadDocuments(const char *path, const char *field, std::vector<Doc> *docs, size_t *files) {
+  struct stat sb;
+  if (stat(path, &sb) != 0)
+    return ts_set_error(TS_ERR_IO, "--text %s: cannot open: %s", path, strerror(errno));
+  *files = 1;
+  if (!S_ISDIR(sb.st_mode)) return ReadFileDocs(path, field, docs);
+  DIR *d = opendir(path);
+  if (d == nullptr) return ts_set_error(TS_ERR_IO, "--text %s: cannot open: %s", path, strerror(errno));
+  std::vector<std::string> names;
+  for (struct dirent *e; (e = readdir(d)) != nullptr;)
+    if (e->d_name[0] != '.') names.push_back(e->d_name);
+  closedir(d);
+  std::sort(names.begin(), names.end());
+  std::string dir = path;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  *files = 0;
+  for (const std::string &n : names) {
+    std::string p = dir + "/" + n;
+    if (stat(p.c_str(), &sb) != 0)
+      return ts_set_error(TS_ERR_IO, "--text %s: cannot open: %s", p.c_str(), strerror(errno));
+    if (S_ISDIR(sb.st_mode))
+      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                          "--text %s: a folder inside the corpus folder, expected files only",
+                          p.c_str());
+    TS_CHECK(ReadFileDocs(p, field, docs));
+    ++*files;
+  }
+  if (*files == 0)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--text %s: an empty folder, expected text or "
+                        "JSON Lines files", path);
+  return TS_OK;
+}
+
+// A Hugging Face folder's SentencePiece tokenizer (tokenizer.model) and
+// what its tokenizer_config.json says about BOS and EOS.
+struct HfTokenizer {
+  std::string model;  // the file's bytes, copied into DIR as they are
+  sentencepiece::SentencePieceProcessor sp;
+  bool add_bos = false, add_eos = false;
+  int bos = -1, eos = -1;
+  bool dummy_prefix = false;  // the model puts "▁" before a text (add_dummy_prefix)
+};
+
+// tokenizer_config.json's "bos_token"/"eos_token": a string, or an object
+// whose "content" is one (transformers' AddedToken); "" when absent.
+std::string TokenName(const cJSON *cfg, const char *key) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, key);
+  if (cJSON_IsObject(v)) v = cJSON_GetObjectItemCaseSensitive(v, "content");
+  return cJSON_IsString(v) ? v->valuestring : "";
+}
+
+ts_status LoadHfTokenizer(const char *hf_dir, HfTokenizer *t) {
+  std::string dir = hf_dir;
+  struct stat sb;
+  if (stat(hf_dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+    return ts_set_error(TS_ERR_IO, "--tokenizer %s: not a folder, expected a Hugging Face model "
+                        "folder with tokenizer.model", hf_dir);
+  const std::string model_path = dir + "/tokenizer.model";
+  if (access(model_path.c_str(), F_OK) != 0) {
+    if (access((dir + "/tokenizer.json").c_str(), F_OK) == 0)
+      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                          "--tokenizer %s: has tokenizer.json but no tokenizer.model: "
+                          "tokenizer.json (byte-level BPE, WordPiece) is not read yet, expected "
+                          "tokenizer.model (SentencePiece: LLaMA-2, TinyLlama, Mistral)",
+                          hf_dir);
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "--tokenizer %s: no tokenizer.model, expected a Hugging Face model folder "
+                        "with a SentencePiece tokenizer.model",
+                        hf_dir);
+  }
+  TS_CHECK(ReadText(model_path.c_str(), &t->model));
+  auto st = t->sp.LoadFromSerializedProto(t->model);
+  if (!st.ok())
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--tokenizer %s: tokenizer.model: %s, expected a "
+                        "SentencePiece model", hf_dir, SpMessage(st).c_str());
+  t->bos = t->sp.bos_id();
+  t->eos = t->sp.eos_id();
+  std::vector<std::string> probe;  // "a" encodes to "▁a" or "▁" "a" under a dummy prefix
+  t->dummy_prefix = t->sp.Encode("a", &probe).ok() && !probe.empty() &&
+                    probe[0].compare(0, 3, "\xe2\x96\x81") == 0;
+  t->add_bos = t->bos >= 0;  // LlamaTokenizer's defaults: BOS yes, EOS no
+  t->add_eos = false;
+  const std::string cfg_path = dir + "/tokenizer_config.json";
+  if (access(cfg_path.c_str(), F_OK) != 0) return TS_OK;
+  std::string text;
+  TS_CHECK(ReadText(cfg_path.c_str(), &text));
+  cJSON *cfg = cJSON_ParseWithLength(text.data(), text.size());
+  if (!cJSON_IsObject(cfg)) {
+    cJSON_Delete(cfg);
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: not a JSON object, expected "
+                        "transformers' tokenizer_config.json", cfg_path.c_str());
+  }
+  ts_status rc = TS_OK;
+  const char *keys[] = {"add_bos_token", "add_eos_token"};
+  bool *vals[] = {&t->add_bos, &t->add_eos};
+  for (int i = 0; i < 2 && rc == TS_OK; i++) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, keys[i]);
+    if (v == nullptr || cJSON_IsNull(v)) continue;
+    if (!cJSON_IsBool(v))
+      rc = ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: field \"%s\": expected true or false",
+                        cfg_path.c_str(), keys[i]);
+    else
+      *vals[i] = cJSON_IsTrue(v);
+  }
+  const char *names[] = {"bos_token", "eos_token"};
+  int *ids[] = {&t->bos, &t->eos};
+  for (int i = 0; i < 2 && rc == TS_OK; i++) {
+    std::string name = TokenName(cfg, names[i]);
+    if (name.empty()) continue;
+    int id = t->sp.PieceToId(name);
+    if (id == t->sp.unk_id() && name != t->sp.IdToPiece(id))
+      rc = ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: field \"%s\" \"%s\": not a piece of "
+                        "tokenizer.model, expected one of its pieces", cfg_path.c_str(), names[i],
+                        name.c_str());
+    else
+      *ids[i] = id;
+  }
+  cJSON_Delete(cfg);
+  TS_CHECK(rc);
+  if ((t->add_bos && t->bos < 0) || (t->add_eos && t->eos < 0))
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: add_%s_token is true, but tokenizer.model "
+                        "has no %s piece and bos/eos_token names none", cfg_path.c_str(),
+                        t->add_bos && t->bos < 0 ? "bos" : "eos",
+                        t->add_bos && t->bos < 0 ? "BOS" : "EOS");
+  return TS_OK;
+}
+
+// Encodes one document whole as transformers' tokenizer does with its
+// special tokens: [BOS] ids [EOS] as the configuration says. transformers 5
+// converts tokenizer.model with a Metaspace pre-tokenizer that writes
+// spaces as "▁" and prepends one "▁" unless the text already begins with
+// it, where SentencePiece's dummy prefix always adds one: a leading space
+// (or "▁") is left to the dummy prefix, so "  x" is "▁▁x" in both.
+bool EncodeDoc(const HfTokenizer &t, const std::string &text, std::vector<uint32_t> *out,
+               std::string *err) {
+  absl::string_view v(text.data(), text.size());
+  if (t.dummy_prefix && !v.empty() && v[0] == ' ')
+    v.remove_prefix(1);
+  else if (t.dummy_prefix && v.size() >= 3 && v.compare(0, 3, "\xe2\x96\x81") == 0)
+    v.remove_prefix(3);
+  std::vector<int> ids;
+  auto st = t.sp.Encode(v, &ids);
+  if (!st.ok()) {
+    *err = SpMessage(st);
+    return false;
+  }
+  if (t.add_bos) out->push_back((uint32_t)t.bos);
+  for (int id : ids) out->push_back((uint32_t)id);
+  if (t.add_eos) out->push_back((uint32_t)t.eos);
+  return true;
+}
+
+// Encodes every document (EncodeDoc) on up to `threads` threads, document i
+// on thread i mod threads (SentencePieceProcessor::Encode is const), into
+// (*out)[i]: the ids do not depend on the thread count. On failure *err
+// names the first document (in order) that failed.
+bool EncodeDocs(const HfTokenizer &t, const std::vector<Doc> &docs, unsigned threads,
+                std::vector<std::vector<uint32_t>> *out, std::string *err) {
+  out->assign(docs.size(), {});
+  std::vector<std::string> errs(docs.size());
+  std::vector<char> ok(docs.size(), 1);
+  auto work = [&](unsigned k) {
+    for (size_t i = k; i < docs.size(); i += threads)
+      ok[i] = EncodeDoc(t, docs[i].text, &(*out)[i], &errs[i]);
+  };
+  std::vector<std::thread> pool;
+  for (unsigned k = 1; k < threads; k++) pool.emplace_back(work, k);
+  work(0);
+  for (std::thread &th : pool) th.join();
+  for (size_t i = 0; i < docs.size(); i++)
+    if (!ok[i]) {
+      *err = "section " + std::to_string(i) + ": " + errs[i];
+      return false;
+    }
+  return true;
+}
+
 // Feeds the non-empty lines of a text to the SentencePiece trainer.
 class LineIterator : public sentencepiece::SentenceIterator {
  public:
@@ -222,26 +505,32 @@ void RemoveTempDir(const std::string &dir) {
   rmdir(dir.c_str());
 }
 
-// The part of a SentencePiece status message after its "[check] " prefix.
-std::string SpMessage(const sentencepiece::util::Status &st) {
-  std::string m = st.ToString();
-  size_t k = m.rfind("] ");
-  return k == std::string::npos ? m : m.substr(k + 2);
-}
-
 ts_status BuildMeta(const ts_prepare_opts *o, const ts_prepare_report *r, size_t K,
-                    std::string *out) {
+                    const HfTokenizer *hf, std::string *out) {
   cJSON *m = cJSON_CreateObject();
   if (m == nullptr) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "meta.json: out of memory");
   char *abs = realpath(o->text_path, nullptr);
   cJSON_AddNumberToObject(m, "version", 1);
-  cJSON_AddStringToObject(m, "tokenizer", "sentencepiece-bpe");
+  cJSON_AddStringToObject(m, "tokenizer", hf ? "sentencepiece" : "sentencepiece-bpe");
   cJSON_AddStringToObject(m, "tokenizer_model", "tokenizer.model");
+  if (hf) {
+    char *from = realpath(o->tokenizer_dir, nullptr);
+    cJSON_AddStringToObject(m, "tokenizer_from", from ? from : o->tokenizer_dir);
+    free(from);
+  }
   cJSON_AddNumberToObject(m, "vocab_size", (double)r->vocab_size);
   cJSON_AddStringToObject(m, "token_dtype",
                           r->vocab_size > TS_TOKEN_FILE_U16_MAX_VOCAB ? "uint32" : "uint16");
   cJSON *ids = cJSON_AddObjectToObject(m, "special_ids");
-  if (o->mlm) {
+  if (hf) {
+    const sentencepiece::SentencePieceProcessor &sp = hf->sp;
+    if (sp.unk_id() >= 0) cJSON_AddNumberToObject(ids, "unk", sp.unk_id());
+    if (hf->bos >= 0) cJSON_AddNumberToObject(ids, "bos", hf->bos);
+    if (hf->eos >= 0) cJSON_AddNumberToObject(ids, "eos", hf->eos);
+    if (sp.pad_id() >= 0) cJSON_AddNumberToObject(ids, "pad", sp.pad_id());
+    cJSON_AddBoolToObject(m, "add_bos", hf->add_bos);
+    cJSON_AddBoolToObject(m, "add_eos", hf->add_eos);
+  } else if (o->mlm) {
     cJSON_AddBoolToObject(m, "mlm", 1);
     const char *names[] = {"pad", "unk", "cls", "sep", "mask", "newline"};
     for (int i = 0; i < TS_PREPARE_MLM_NUM_SPECIAL; i++) cJSON_AddNumberToObject(ids, names[i], i);
@@ -251,11 +540,13 @@ ts_status BuildMeta(const ts_prepare_opts *o, const ts_prepare_report *r, size_t
     cJSON_AddNumberToObject(ids, "eos", 2);
     cJSON_AddNumberToObject(ids, "newline", TS_PREPARE_NEWLINE_ID);
   }
-  cJSON_AddBoolToObject(m, "byte_fallback", 1);
+  if (!hf) cJSON_AddBoolToObject(m, "byte_fallback", 1);
   cJSON_AddStringToObject(m, "source", abs ? abs : o->text_path);
   free(abs);
+  if (o->text_field) cJSON_AddStringToObject(m, "text_field", o->text_field);
+  cJSON_AddNumberToObject(m, "files", (double)r->files);
   cJSON_AddNumberToObject(m, "val_every", (double)K);
-  cJSON_AddNumberToObject(m, "seed", (double)o->seed);
+  if (!hf) cJSON_AddNumberToObject(m, "seed", (double)o->seed);
   cJSON_AddNumberToObject(m, "sections", (double)r->sections);
   cJSON_AddNumberToObject(m, "val_sections", (double)r->val_sections);
   cJSON_AddNumberToObject(m, "train_bytes", (double)r->train_bytes);
@@ -288,10 +579,24 @@ extern "C" ts_status ts_prepare_corpus(const ts_prepare_opts *opts, ts_prepare_r
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--text: missing, expected a UTF-8 text file");
   if (opts->out_dir == nullptr || opts->out_dir[0] == '\0')
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--out: missing, expected an output directory");
+  const bool hf_mode = opts->tokenizer_dir != nullptr;
+  const char *field = opts->text_field ? opts->text_field : "text";
+  if (field[0] == '\0')
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--text-field: empty, expected a field name");
   const size_t n_special = opts->mlm ? TS_PREPARE_MLM_NUM_SPECIAL : TS_PREPARE_NUM_SPECIAL;
   const uint32_t newline = opts->mlm ? TS_PREPARE_MLM_NEWLINE_ID : TS_PREPARE_NEWLINE_ID;
   const size_t min_vocab = n_special + 256 + 1;
-  if (opts->vocab_size < min_vocab || opts->vocab_size > (size_t)INT_MAX)
+  if (hf_mode && opts->vocab_size != 0)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "--vocab-size %zu: not with --tokenizer (the vocabulary is the "
+                        "tokenizer's own)",
+                        opts->vocab_size);
+  if (hf_mode && opts->mlm)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "--mlm with --tokenizer %s: not yet (BERT's WordPiece tokenizer.json is not "
+                        "read yet), expected --mlm with a tokenizer trained here (--vocab-size)",
+                        opts->tokenizer_dir);
+  if (!hf_mode && (opts->vocab_size < min_vocab || opts->vocab_size > (size_t)INT_MAX))
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "--vocab-size %zu: expected %zu .. %d (%zu special + 256 byte pieces + the "
                         "text's characters and merges)",
@@ -300,112 +605,143 @@ extern "C" ts_status ts_prepare_corpus(const ts_prepare_opts *opts, ts_prepare_r
   if (K < 2)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "--val-every %zu: expected >= 2 (every K-th section is validation)", K);
+  HfTokenizer hf;
+  if (hf_mode) TS_CHECK(LoadHfTokenizer(opts->tokenizer_dir, &hf));
 
-  // Read, check and split the text.
-  std::string text;
-  TS_CHECK(ReadText(opts->text_path, &text));
-  size_t bad = FirstInvalidUtf8(text);
-  if (bad != std::string::npos)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--text %s: invalid UTF-8 at byte %zu, expected UTF-8 text",
-                        opts->text_path, bad);
-  std::vector<size_t> starts = SplitSections(text);
-  std::string train, val;
+  // Read the documents and split them: every K-th is validation.
+  std::vector<Doc> docs;
+  size_t files = 0;
+  TS_CHECK(ReadDocuments(opts->text_path, field, &docs, &files));
+  if (docs.empty())
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "--text %s: no text (%zu file%s, empty), expected a non-empty corpus",
+                        opts->text_path, files, files == 1 ? "" : "s");
   size_t n_val = 0;
-  for (size_t i = 0; i < starts.size(); i++) {
-    size_t end = i + 1 < starts.size() ? starts[i + 1] : text.size();
-    std::string &dst = (i + 1) % K == 0 ? val : train;
-    if ((i + 1) % K == 0) n_val++;
-    dst.append(text, starts[i], end - starts[i]);
-  }
+  for (size_t i = 0; i < docs.size(); i++) n_val += (i + 1) % K == 0;
   if (n_val == 0)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "--text %s: %zu sections (paragraphs split by blank lines), expected at "
-                        "least --val-every %zu so that one is validation",
-                        opts->text_path, starts.size(), K);
-  if (train.find_first_not_of(" \t\r\n") == std::string::npos)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--text %s: the training part is empty",
-                        opts->text_path);
-  const size_t chars = DistinctChars(train);
-  const size_t need = n_special + 256 + chars;
-  if (opts->vocab_size < need)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "--vocab-size %zu: too small for byte fallback, expected at least %zu (%zu "
-                        "special + 256 byte pieces + %zu distinct characters in the training text "
-                        "of %s)",
-                        opts->vocab_size, need, n_special, chars, opts->text_path);
-  // BPE adds one piece per merge and each merge joins at least one pair of
-  // the training text's symbols, so it cannot make more pieces than this;
-  // SentencePiece would refuse a larger vocabulary only after training.
-  const size_t most = need + train.size();
-  if (opts->vocab_size > most)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "--vocab-size %zu: expected at most %zu (%zu special + 256 byte pieces + "
-                        "%zu distinct characters + one merge per byte of the %zu-byte training "
-                        "text of %s)",
-                        opts->vocab_size, most, n_special, chars, train.size(), opts->text_path);
-
-  // Train the tokenizer on the training part.
-  sentencepiece::SetRandomGeneratorSeed((unsigned)(opts->seed % 0xFFFFFFFFull));
-  std::unordered_map<std::string, std::string> args = {
-      {"model_type", "bpe"},
-      {"vocab_size", std::to_string(opts->vocab_size)},
-      {"character_coverage", "1.0"},
-      {"byte_fallback", "true"},
-      {"split_digits", "true"},
-      {"num_threads", "2"},
-      {"unk_id", "0"},
-      {"bos_id", "1"},
-      {"eos_id", "2"},
-      {"pad_id", "-1"},
-      {"user_defined_symbols", "\n"},  // id 3
-      {"normalization_rule_name", "identity"},
-      {"remove_extra_whitespaces", "false"},
-      {"add_dummy_prefix", "false"},
-      {"allow_whitespace_only_pieces", "true"},  // "▁▁" before verse numbers
-      {"max_sentence_length", "65536"},
-      {"input_sentence_size", kMaxTrainLines},
-      {"shuffle_input_sentence", "true"},
-      {"minloglevel", "2"},  // library code does not print
-  };
-  if (opts->mlm) {  // BERT's pieces: 0 [PAD] 1 [UNK] 2 [CLS] 3 [SEP] 4 [MASK] 5 "\n"
-    const std::pair<const char *, const char *> mlm[] = {
-        {"pad_id", "0"},        {"pad_piece", "[PAD]"}, {"unk_id", "1"},
-        {"unk_piece", "[UNK]"}, {"bos_id", "2"},        {"bos_piece", "[CLS]"},
-        {"eos_id", "3"},        {"eos_piece", "[SEP]"}, {"control_symbols", "[MASK]"}};
-    for (const auto &kv : mlm) args[kv.first] = kv.second;
-  }
-  LineIterator lines(train);
-  std::string model;
-  auto sst = sentencepiece::SentencePieceTrainer::Train(args, &lines, &model);
-  if (!sst.ok()) {
-    std::string m = SpMessage(sst);
-    if (m.find("ocabulary size") != std::string::npos)
-      return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--vocab-size %zu: SentencePiece on %s: %s",
-                          opts->vocab_size, opts->text_path, m.c_str());
-    return ts_set_error(TS_ERR_INTERNAL, "SentencePiece training on %s failed: %s",
-                        opts->text_path, m.c_str());
-  }
-  sentencepiece::SentencePieceProcessor sp;
-  sst = sp.LoadFromSerializedProto(model);
-  if (!sst.ok())
-    return ts_set_error(TS_ERR_INTERNAL, "loading the trained tokenizer: %s", SpMessage(sst).c_str());
-  if ((size_t)sp.GetPieceSize() != opts->vocab_size || sp.IdToPiece((int)newline) != "\n" ||
-      (opts->mlm && sp.IdToPiece(4) != "[MASK]"))
-    return ts_set_error(TS_ERR_INTERNAL,
-                        "trained tokenizer has %d pieces and piece %u '%s', expected %zu and a "
-                        "line break",
-                        sp.GetPieceSize(), newline, sp.IdToPiece((int)newline).c_str(),
-                        opts->vocab_size);
-
-  // Tokenize both parts and compute the unigram baseline.
+                        "--text %s: %zu sections (a text's paragraphs split by blank lines, or "
+                        "JSON Lines records), expected at least --val-every %zu so that one is "
+                        "validation",
+                        opts->text_path, docs.size(), K);
   std::vector<uint32_t> train_ids, val_ids;
-  TS_CHECK(EncodeText(sp, train, "training", newline, &train_ids));
-  TS_CHECK(EncodeText(sp, val, "validation", newline, &val_ids));
+  std::string model;  // tokenizer.model's bytes
+  size_t V = 0, train_bytes = 0, val_bytes = 0;
+  if (hf_mode) {
+    unsigned threads = std::thread::hardware_concurrency();
+    threads = std::max(1u, std::min({threads, 16u, (unsigned)docs.size()}));
+    std::vector<std::vector<uint32_t>> enc;
+    std::string why;
+    if (!EncodeDocs(hf, docs, threads, &enc, &why))
+      return ts_set_error(TS_ERR_INTERNAL, "--text %s: encoding with %s/tokenizer.model: %s",
+                          opts->text_path, opts->tokenizer_dir, why.c_str());
+    for (size_t i = 0; i < docs.size(); i++) {
+      const bool is_val = (i + 1) % K == 0;
+      std::vector<uint32_t> &dst = is_val ? val_ids : train_ids;
+      dst.insert(dst.end(), enc[i].begin(), enc[i].end());
+      std::vector<uint32_t>().swap(enc[i]);
+      (is_val ? val_bytes : train_bytes) += docs[i].text.size();
+    }
+    model = hf.model;
+    V = (size_t)hf.sp.GetPieceSize();
+  } else {
+    // The training and validation texts: a text file's sections as they are
+    // (they concatenate to the file), a record's text with a line break after
+    // it.
+    std::string train, val;
+    for (size_t i = 0; i < docs.size(); i++) {
+      std::string &dst = (i + 1) % K == 0 ? val : train;
+      dst += docs[i].text;
+      if (!docs[i].section && !HasSuffix(docs[i].text, "\n")) dst += '\n';
+    }
+    if (train.find_first_not_of(" \t\r\n") == std::string::npos)
+      return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--text %s: the training part is empty",
+                          opts->text_path);
+    const size_t chars = DistinctChars(train);
+    const size_t need = n_special + 256 + chars;
+    if (opts->vocab_size < need)
+      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                          "--vocab-size %zu: too small for byte fallback, expected at least %zu (%zu "
+                          "special + 256 byte pieces + %zu distinct characters in the training text "
+                          "of %s)",
+                          opts->vocab_size, need, n_special, chars, opts->text_path);
+    // BPE adds one piece per merge and each merge joins at least one pair of
+    // the training text's symbols, so it cannot make more pieces than this;
+    // SentencePiece would refuse a larger vocabulary only after training.
+    const size_t most = need + train.size();
+    if (opts->vocab_size > most)
+      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                          "--vocab-size %zu: expected at most %zu (%zu special + 256 byte pieces + "
+                          "%zu distinct characters + one merge per byte of the %zu-byte training "
+                          "text of %s)",
+                          opts->vocab_size, most, n_special, chars, train.size(), opts->text_path);
+
+    // Train the tokenizer on the training part.
+    sentencepiece::SetRandomGeneratorSeed((unsigned)(opts->seed % 0xFFFFFFFFull));
+    std::unordered_map<std::string, std::string> args = {
+        {"model_type", "bpe"},
+        {"vocab_size", std::to_string(opts->vocab_size)},
+        {"character_coverage", "1.0"},
+        {"byte_fallback", "true"},
+        {"split_digits", "true"},
+        {"num_threads", "2"},
+        {"unk_id", "0"},
+        {"bos_id", "1"},
+        {"eos_id", "2"},
+        {"pad_id", "-1"},
+        {"user_defined_symbols", "\n"},  // id 3
+        {"normalization_rule_name", "identity"},
+        {"remove_extra_whitespaces", "false"},
+        {"add_dummy_prefix", "false"},
+        {"allow_whitespace_only_pieces", "true"},  // "▁▁" before verse numbers
+        {"max_sentence_length", "65536"},
+        {"input_sentence_size", kMaxTrainLines},
+        {"shuffle_input_sentence", "true"},
+        {"minloglevel", "2"},  // library code does not print
+    };
+    if (opts->mlm) {  // BERT's pieces: 0 [PAD] 1 [UNK] 2 [CLS] 3 [SEP] 4 [MASK] 5 "\n"
+      const std::pair<const char *, const char *> mlm[] = {
+          {"pad_id", "0"},        {"pad_piece", "[PAD]"}, {"unk_id", "1"},
+          {"unk_piece", "[UNK]"}, {"bos_id", "2"},        {"bos_piece", "[CLS]"},
+          {"eos_id", "3"},        {"eos_piece", "[SEP]"}, {"control_symbols", "[MASK]"}};
+      for (const auto &kv : mlm) args[kv.first] = kv.second;
+    }
+    LineIterator lines(train);
+    auto sst = sentencepiece::SentencePieceTrainer::Train(args, &lines, &model);
+    if (!sst.ok()) {
+      std::string m = SpMessage(sst);
+      if (m.find("ocabulary size") != std::string::npos)
+        return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--vocab-size %zu: SentencePiece on %s: %s",
+                            opts->vocab_size, opts->text_path, m.c_str());
+      return ts_set_error(TS_ERR_INTERNAL, "SentencePiece training on %s failed: %s",
+                          opts->text_path, m.c_str());
+    }
+    sentencepiece::SentencePieceProcessor sp;
+    sst = sp.LoadFromSerializedProto(model);
+    if (!sst.ok())
+      return ts_set_error(TS_ERR_INTERNAL, "loading the trained tokenizer: %s", SpMessage(sst).c_str());
+    if ((size_t)sp.GetPieceSize() != opts->vocab_size || sp.IdToPiece((int)newline) != "\n" ||
+        (opts->mlm && sp.IdToPiece(4) != "[MASK]"))
+      return ts_set_error(TS_ERR_INTERNAL,
+                          "trained tokenizer has %d pieces and piece %u '%s', expected %zu and a "
+                          "line break",
+                          sp.GetPieceSize(), newline, sp.IdToPiece((int)newline).c_str(),
+                          opts->vocab_size);
+
+    // Tokenize both parts.
+    TS_CHECK(EncodeText(sp, train, "training", newline, &train_ids));
+    TS_CHECK(EncodeText(sp, val, "validation", newline, &val_ids));
+    V = opts->vocab_size;
+    train_bytes = train.size();
+    val_bytes = val.size();
+  }
   if (train_ids.size() > (size_t)INT32_MAX || val_ids.size() > (size_t)INT32_MAX)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "--text %s: %zu tokens, expected at most %d per shard", opts->text_path,
-                        train_ids.size(), INT32_MAX);
-  const size_t V = opts->vocab_size;
+                        "--text %s: %zu training and %zu validation tokens, expected at most %d "
+                        "per shard",
+                        opts->text_path, train_ids.size(), val_ids.size(), INT32_MAX);
+
+  // The unigram baseline.
   std::vector<double> counts(V, 0.0);
   for (uint32_t t : train_ids) counts[t] += 1.0;
   double nll = 0.0;
@@ -419,10 +755,11 @@ extern "C" ts_status ts_prepare_corpus(const ts_prepare_opts *opts, ts_prepare_r
   ts_prepare_report rep;
   memset(&rep, 0, sizeof rep);
   rep.vocab_size = V;
-  rep.sections = starts.size();
+  rep.files = files;
+  rep.sections = docs.size();
   rep.val_sections = n_val;
-  rep.train_bytes = train.size();
-  rep.val_bytes = val.size();
+  rep.train_bytes = train_bytes;
+  rep.val_bytes = val_bytes;
   rep.train_tokens = train_ids.size();
   rep.val_tokens = val_ids.size();
   rep.unigram_val_loss = val_ids.empty() ? 0.0 : nll / (double)val_ids.size();
@@ -455,7 +792,7 @@ extern "C" ts_status ts_prepare_corpus(const ts_prepare_opts *opts, ts_prepare_r
                 st, fail);
   TS_CHECK_GOTO(ts_token_file_write((tmp + "/val.bin").c_str(), val_ids.data(), val_ids.size(), V), st,
                 fail);
-  TS_CHECK_GOTO(BuildMeta(opts, &rep, K, &meta), st, fail);
+  TS_CHECK_GOTO(BuildMeta(opts, &rep, K, hf_mode ? &hf : nullptr, &meta), st, fail);
   TS_CHECK_GOTO(ts_atomic_write((tmp + "/meta.json").c_str(), meta.data(), meta.size()), st, fail);
 
   // Move into place: the whole directory when DIR is new, else file by file.
@@ -491,10 +828,13 @@ fail:
 namespace {
 
 const char kUsage[] =
-    "usage: tessera prepare --text FILE --vocab-size N --out DIR [--mlm] [flags]\n"
-    "  Trains a SentencePiece BPE tokenizer (byte fallback) on FILE less every K-th\n"
-    "  section, and writes DIR/tokenizer.model, DIR/train.bin, DIR/val.bin and\n"
-    "  DIR/meta.json.\n";
+    "usage: tessera prepare --text PATH --vocab-size N --out DIR [--mlm] [flags]\n"
+    "       tessera prepare --text PATH --tokenizer HF_DIR --out DIR [flags]\n"
+    "  PATH is a UTF-8 text file, JSON Lines (.jsonl: one object a line, its text in\n"
+    "  --text-field) or a folder of them. Trains a SentencePiece BPE tokenizer (byte\n"
+    "  fallback) on PATH less every K-th section, or tokenizes with the Hugging Face\n"
+    "  model folder's own tokenizer.model (BOS/EOS as its tokenizer_config.json says),\n"
+    "  and writes DIR/tokenizer.model, DIR/train.bin, DIR/val.bin and DIR/meta.json.\n";
 
 }  // namespace
 
@@ -504,8 +844,16 @@ extern "C" int ts_tool_prepare(int argc, char **argv) {
   size_t seed = 0;
   const char *vocab_given = nullptr;
   const ts_flag flags[] = {
-      TS_FLAG_STRING("--text", nullptr, &o.text_path, "FILE", "the UTF-8 corpus; required",
+      TS_FLAG_STRING("--text", nullptr, &o.text_path, "PATH",
+                     "the corpus: a UTF-8 text file, JSON Lines (.jsonl) or a folder of them; "
+                     "required",
                      nullptr),
+      TS_FLAG_STRING("--tokenizer", nullptr, &o.tokenizer_dir, "HF_DIR",
+                     "tokenize with this Hugging Face folder's tokenizer.model (SentencePiece) "
+                     "instead of training one",
+                     nullptr),
+      TS_FLAG_STRING("--text-field", nullptr, &o.text_field, "NAME",
+                     "JSON Lines: the field holding each record's text (default text)", nullptr),
       TS_FLAG_SIZE("--vocab-size", nullptr, &o.vocab_size, 0, "N",
                    "SentencePiece pieces, e.g. 4096 (at least 261); required", &vocab_given),
       TS_FLAG_STRING("--out", nullptr, &o.out_dir, "DIR", "the output directory; required",
@@ -521,9 +869,14 @@ extern "C" int ts_tool_prepare(int argc, char **argv) {
   if (rc != TS_FLAGS_OK) return rc == TS_FLAGS_HELP ? 0 : 2;
   o.seed = seed;
   if (o.text_path == nullptr)
-    return ts_flags_error("prepare", "--text FILE is required (the UTF-8 corpus)");
-  if (vocab_given == nullptr)
-    return ts_flags_error("prepare", "--vocab-size N is required (e.g. 4096; at least 261)");
+    return ts_flags_error("prepare", "--text PATH is required (the corpus: text, JSON Lines or a folder)");
+  if (vocab_given == nullptr && o.tokenizer_dir == nullptr)
+    return ts_flags_error("prepare",
+                          "--vocab-size N (e.g. 4096; at least 261) or --tokenizer HF_DIR is "
+                          "required");
+  if (vocab_given != nullptr && o.tokenizer_dir != nullptr)
+    return ts_flags_error("prepare", "--vocab-size with --tokenizer: expected one of them (the "
+                          "vocabulary is the tokenizer's own)");
   if (o.out_dir == nullptr)
     return ts_flags_error("prepare", "--out DIR is required (the output directory)");
   ts_prepare_report r;
@@ -534,10 +887,14 @@ extern "C" int ts_tool_prepare(int argc, char **argv) {
   }
   const size_t K = o.val_every ? o.val_every : TS_PREPARE_DEFAULT_VAL_EVERY;
   printf("tessera prepare: %s -> %s\n", o.text_path, o.out_dir);
-  printf("  tokenizer   sentencepiece bpe, vocab %zu (byte fallback%s)\n", r.vocab_size,
-         o.mlm ? "; masked LM: [PAD] [UNK] [CLS] [SEP] [MASK] = 0-4" : "");
-  printf("  sections    %zu, %zu held out for validation (--val-every %zu)\n", r.sections,
-         r.val_sections, K);
+  if (o.tokenizer_dir)
+    printf("  tokenizer   %s/tokenizer.model (sentencepiece), vocab %zu\n", o.tokenizer_dir,
+           r.vocab_size);
+  else
+    printf("  tokenizer   sentencepiece bpe, vocab %zu (byte fallback%s)\n", r.vocab_size,
+           o.mlm ? "; masked LM: [PAD] [UNK] [CLS] [SEP] [MASK] = 0-4" : "");
+  printf("  sections    %zu from %zu file%s, %zu held out for validation (--val-every %zu)\n",
+         r.sections, r.files, r.files == 1 ? "" : "s", r.val_sections, K);
   printf("  train.bin   %zu tokens (%zu bytes of text, %.2f bytes/token)\n", r.train_tokens,
          r.train_bytes, r.train_tokens ? (double)r.train_bytes / (double)r.train_tokens : 0.0);
   printf("  val.bin     %zu tokens (%zu bytes of text, %.1f%% of the text)\n", r.val_tokens,

@@ -1,8 +1,10 @@
 /*
  * prepare.h — `tessera prepare`: turns a UTF-8 text corpus into a trained
- * SentencePiece tokenizer and two token shards.
+ * SentencePiece tokenizer and two token shards, or into token shards in a
+ * Hugging Face model's own tokenizer.
  *
- *   tessera prepare --text FILE --vocab-size N --out DIR [--val-every K] [--seed S]
+ *   tessera prepare --text PATH --vocab-size N --out DIR [--val-every K] [--seed S]
+ *   tessera prepare --text PATH --tokenizer HF_DIR --out DIR [--val-every K]
  *
  * writes DIR/tokenizer.model, DIR/train.bin, DIR/val.bin (engine/token_file.h
  * shards) and DIR/meta.json. The implementation is C++ (SentencePiece is a
@@ -33,6 +35,26 @@
  * them in special_ids. The shards hold the text's tokens alone (no
  * [CLS]/[SEP]); the loader frames each window at training time.
  *
+ * Inputs (--text PATH). A UTF-8 text file is cut into sections as above;
+ * a JSON Lines file (name ending .jsonl or .ndjson) gives one section per
+ * record, the string in its field text_field (records whose text is empty
+ * and blank lines are skipped); a folder gives the sections of each of its
+ * files in name order (hidden files skipped; a folder inside it is
+ * refused); Parquet is refused (not read yet). Every K-th section of the
+ * whole corpus is validation. When a tokenizer is trained, a record's text
+ * is followed by a line break in the training text.
+ *
+ * A Hugging Face tokenizer (--tokenizer HF_DIR). HF_DIR/tokenizer.model
+ * (SentencePiece: LLaMA-2, TinyLlama, Mistral) encodes each section whole,
+ * as transformers' LlamaTokenizer and the fast tokenizer it converts from
+ * that file do (tests/hf_tokenizer: the same ids on a multilingual sample),
+ * with the BOS before and the EOS after it as HF_DIR/tokenizer_config.json's
+ * add_bos_token / add_eos_token say (absent: BOS yes, EOS no, as
+ * LlamaTokenizer's defaults; bos_token / eos_token name the pieces). The
+ * file is copied into DIR; the shards hold uint32 tokens when it has more
+ * than 65 535 pieces. A folder with only tokenizer.json (byte-level BPE,
+ * WordPiece) is refused: not read yet.
+ *
  * Output is all or nothing: the files are written into a temporary
  * directory beside DIR and renamed into place only after all four succeeded.
  */
@@ -61,18 +83,22 @@ extern "C" {
 
 /* What to prepare (plain descriptor; strings are borrowed). */
 typedef struct ts_prepare_opts {
-  const char *text_path;  /* UTF-8 corpus to read */
+  const char *text_path;  /* the corpus: a UTF-8 text file, JSON Lines, or a folder of them */
   const char *out_dir;    /* output directory; created or its four files replaced */
   size_t vocab_size;      /* SentencePiece pieces, incl. 4 special + 256 bytes */
   size_t val_every;       /* K: every K-th section is validation; 0 = default; >= 2 */
   uint64_t seed;          /* SentencePiece sampling seed (only used past 2M lines) */
   int mlm;                /* 1: a masked-LM tokenizer (the special pieces above) */
+  const char *tokenizer_dir; /* a Hugging Face folder: its tokenizer.model encodes the text
+                              * (vocab_size 0, mlm 0); NULL: train a tokenizer */
+  const char *text_field;  /* JSON Lines: the field holding a record's text; NULL: "text" */
 } ts_prepare_opts;
 
 /* What was written. */
 typedef struct ts_prepare_report {
-  size_t vocab_size;       /* pieces in the trained tokenizer (= opts vocab_size) */
-  size_t sections;         /* sections in the text */
+  size_t vocab_size;       /* pieces in the tokenizer (trained: = opts vocab_size) */
+  size_t files;            /* files read (a folder's; 1 for a file) */
+  size_t sections;         /* sections (documents) in the corpus */
   size_t val_sections;     /* of which validation */
   size_t train_bytes;      /* bytes of training text */
   size_t val_bytes;        /* bytes of validation text */
@@ -94,6 +120,14 @@ typedef struct ts_prepare_report {
  * that is not UTF-8, has fewer than K sections or an empty training part, or
  * a vocab_size SentencePiece cannot fill (below 4 + 256 + the number of
  * distinct characters in the training text, or above what the text yields);
+ * for a JSON Lines line that is not an object, lacks text_field or holds
+ * another type there (the message names the file and line), Parquet, a
+ * folder inside the corpus folder, a corpus with no text; with
+ * tokenizer_dir, for vocab_size or mlm given, a folder without
+ * tokenizer.model (one with tokenizer.json only: not read yet), a file
+ * SentencePiece cannot load, a tokenizer_config.json that is not an object
+ * or whose add_bos_token / add_eos_token is not a boolean or whose
+ * bos_token / eos_token is not a piece;
  * TS_ERR_IO if the text cannot be read or an output cannot be written;
  * TS_ERR_INTERNAL if SentencePiece fails otherwise. On failure no temporary
  * directory is left and nothing under out_dir changes (short of a rename

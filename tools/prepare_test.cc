@@ -12,9 +12,11 @@
 #include <sentencepiece_processor.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -57,6 +59,7 @@ void Spit(const std::string &p, const std::string &s) {
 // lacks, which only the byte fallback can encode.
 struct Corpus {
   std::string text, train, val;
+  std::vector<std::string> sections;  // text is their concatenation
 };
 
 Corpus MakeCorpus() {
@@ -92,6 +95,7 @@ Corpus MakeCorpus() {
       sec += line + "\n";
     }
     c.text += sec;
+    c.sections.push_back(sec);
     ((s + 1) % kValEvery == 0 ? c.val : c.train) += sec;
   }
   return c;
@@ -259,6 +263,252 @@ TEST(PrepareTool, MissingFlagReturnsTwo) {
                                    "--val-every", "5", "--seed", "3"};
   argv.clear();
   for (auto &a : good) argv.push_back(&a[0]);
+  EXPECT_EQ(ts_tool_prepare((int)argv.size(), argv.data()), 0) << ts_last_error();
+  EXPECT_TRUE(Exists(out + "/train.bin"));
+}
+
+// ---------------------------------------------- a Hugging Face tokenizer
+
+const char kHfDir[] = "tests/hf_tokenizer/";
+
+// One JSON Lines line {"FIELD": text} (cJSON escapes the text).
+std::string JsonlLine(const std::string &text, const char *field = "text") {
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, field, text.c_str());
+  char *p = cJSON_PrintUnformatted(o);
+  std::string line = std::string(p) + "\n";
+  free(p);
+  cJSON_Delete(o);
+  return line;
+}
+
+// samples.json: the texts and, per fixture folder, transformers' ids.
+struct HfSamples {
+  std::vector<std::string> texts;
+  std::vector<std::vector<int>> ids;
+};
+
+HfSamples LoadSamples(const char *fixture) {
+  HfSamples out;
+  cJSON *root = cJSON_Parse(Slurp(std::string(kHfDir) + "samples.json").c_str());
+  EXPECT_NE(root, nullptr) << "tests/hf_tokenizer/samples.json";
+  if (!root) return out;
+  const cJSON *t, *l;
+  cJSON_ArrayForEach(t, cJSON_GetObjectItemCaseSensitive(root, "samples"))
+      out.texts.push_back(t->valuestring);
+  cJSON_ArrayForEach(l, cJSON_GetObjectItemCaseSensitive(root, fixture)) {
+    std::vector<int> ids;
+    const cJSON *id;
+    cJSON_ArrayForEach(id, l) ids.push_back(id->valueint);
+    out.ids.push_back(ids);
+  }
+  cJSON_Delete(root);
+  EXPECT_EQ(out.texts.size(), out.ids.size());
+  return out;
+}
+
+ts_status PrepareHf(const std::string &text, const std::string &out, const char *fixture,
+                    size_t val_every, const char *field = nullptr) {
+  const std::string hf = std::string(kHfDir) + fixture;
+  ts_prepare_opts o;
+  memset(&o, 0, sizeof o);
+  o.text_path = text.c_str();
+  o.out_dir = out.c_str();
+  o.val_every = val_every;
+  o.tokenizer_dir = hf.c_str();
+  o.text_field = field;
+  return ts_prepare_corpus(&o, nullptr);
+}
+
+// Every sample a record: record i is validation when (i + 1) % 2 == 0, so
+// train.bin is the even records' ids (as transformers gives them, BOS and
+// EOS included) back to back and val.bin the odd ones'. Records with empty
+// text are skipped, as prepare skips them.
+TEST(PrepareHf, SentencePieceIdsEqualTransformersWithBosAndEos) {
+  // llama_sp_json also has a tokenizer.json whose normalizer prepends "▁"
+  // to every text: transformers 5 gives the same ids as without it.
+  for (const char *fixture : {"llama_sp", "llama_sp_eos", "llama_sp_json"}) {
+    SCOPED_TRACE(fixture);
+    TempDir dir("ts_prepare_test");
+    HfSamples s = LoadSamples(fixture);
+    ASSERT_GE(s.texts.size(), 10u);
+    std::string jsonl;
+    std::vector<int> want_train, want_val;
+    size_t n = 0;
+    for (size_t i = 0; i < s.texts.size(); i++) {
+      if (s.texts[i].empty()) continue;
+      jsonl += JsonlLine(s.texts[i]);
+      std::vector<int> &dst = (n + 1) % 2 == 0 ? want_val : want_train;
+      dst.insert(dst.end(), s.ids[i].begin(), s.ids[i].end());
+      n++;
+    }
+    const std::string text = dir.path("corpus.jsonl"), out = dir.path("out");
+    Spit(text, jsonl);
+    ASSERT_EQ(PrepareHf(text, out, fixture, 2), TS_OK) << ts_last_error();
+    const size_t V = 480;  // make_fixtures.py's vocab_size
+    EXPECT_EQ(ShardIds(out + "/train.bin", V), want_train);
+    EXPECT_EQ(ShardIds(out + "/val.bin", V), want_val);
+    EXPECT_EQ(Slurp(out + "/tokenizer.model"),
+              Slurp(std::string(kHfDir) + fixture + "/tokenizer.model"));
+    cJSON *meta = cJSON_Parse(Slurp(out + "/meta.json").c_str());
+    ASSERT_NE(meta, nullptr);
+    EXPECT_EQ(JsonNumber(meta, "vocab_size"), (double)V);
+    EXPECT_EQ(JsonNumber(meta, "sections"), (double)n);
+    EXPECT_STREQ(cJSON_GetObjectItemCaseSensitive(meta, "tokenizer")->valuestring, "sentencepiece");
+    EXPECT_TRUE(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(meta, "add_bos")));
+    EXPECT_EQ(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(meta, "add_eos")),
+              std::string(fixture) == "llama_sp_eos");
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(meta, "special_ids");
+    EXPECT_EQ(JsonNumber(ids, "bos"), 1.0);
+    EXPECT_EQ(JsonNumber(ids, "eos"), 2.0);
+    EXPECT_EQ(cJSON_GetObjectItemCaseSensitive(ids, "newline"), nullptr);
+    cJSON_Delete(meta);
+    EXPECT_EQ(dir.List().size(), 2u);  // the corpus and DIR: no temporary folder left
+  }
+}
+
+// The same documents as a text file's sections, as JSON Lines records, and
+// as a folder of two JSON Lines files: the same shards.
+TEST(PrepareHf, TextJsonLinesAndAFolderGiveTheSameTokens) {
+  TempDir dir("ts_prepare_test");
+  Corpus c = MakeCorpus();
+  const std::string txt = dir.path("corpus.txt"), jsonl = dir.path("corpus.jsonl");
+  Spit(txt, c.text);
+  std::string all, first, second;
+  for (size_t i = 0; i < c.sections.size(); i++) {
+    std::string line = JsonlLine(c.sections[i], "content");
+    all += line;
+    (i < 13 ? first : second) += line;
+  }
+  Spit(jsonl, all);
+  ASSERT_EQ(mkdir(dir.path("parts").c_str(), 0755), 0);
+  Spit(dir.path("parts/a.jsonl"), first);
+  Spit(dir.path("parts/b.jsonl"), second);
+  ASSERT_EQ(PrepareHf(txt, dir.path("from_txt"), "llama_sp", kValEvery), TS_OK) << ts_last_error();
+  ASSERT_EQ(PrepareHf(jsonl, dir.path("from_jsonl"), "llama_sp", kValEvery, "content"), TS_OK)
+      << ts_last_error();
+  ASSERT_EQ(PrepareHf(dir.path("parts"), dir.path("from_folder"), "llama_sp", kValEvery, "content"),
+            TS_OK)
+      << ts_last_error();
+  for (const char *f : {"/train.bin", "/val.bin"}) {
+    std::vector<int> want = ShardIds(dir.path("from_txt") + f, 480);
+    EXPECT_GT(want.size(), 1000u) << f;
+    EXPECT_EQ(ShardIds(dir.path("from_jsonl") + f, 480), want) << f;
+    EXPECT_EQ(ShardIds(dir.path("from_folder") + f, 480), want) << f;
+  }
+  // Each section is its own document: one BOS per section.
+  std::vector<int> train = ShardIds(dir.path("from_txt") + "/train.bin", 480);
+  EXPECT_EQ((size_t)std::count(train.begin(), train.end(), 1), kSections - kSections / kValEvery);
+  cJSON *meta = cJSON_Parse(Slurp(dir.path("from_folder") + "/meta.json").c_str());
+  ASSERT_NE(meta, nullptr);
+  EXPECT_EQ(JsonNumber(meta, "files"), 2.0);
+  cJSON_Delete(meta);
+}
+
+// A tokenizer trained here reads JSON Lines too: each record's text and a
+// line break, so the shards decode to the records' texts line by line.
+TEST(Prepare, TrainsOnJsonLinesRecords) {
+  TempDir dir("ts_prepare_test");
+  Corpus c = MakeCorpus();
+  std::string jsonl, want_train, want_val;
+  for (size_t i = 0; i < c.sections.size(); i++) {
+    std::string body = c.sections[i].substr(1, c.sections[i].size() - 2);  // no outer line breaks
+    jsonl += JsonlLine(body);
+    ((i + 1) % kValEvery == 0 ? want_val : want_train) += body + "\n";
+  }
+  const std::string text = dir.path("c.jsonl"), out = dir.path("out");
+  Spit(text, jsonl);
+  ts_prepare_opts opts = {text.c_str(), out.c_str(), kVocab, kValEvery, 7};
+  ASSERT_EQ(ts_prepare_corpus(&opts, nullptr), TS_OK) << ts_last_error();
+  sentencepiece::SentencePieceProcessor sp;
+  ASSERT_TRUE(sp.Load(out + "/tokenizer.model").ok());
+  std::string train, val;
+  ASSERT_TRUE(sp.Decode(ShardIds(out + "/train.bin", kVocab), &train).ok());
+  ASSERT_TRUE(sp.Decode(ShardIds(out + "/val.bin", kVocab), &val).ok());
+  EXPECT_EQ(train, want_train);
+  EXPECT_EQ(val, want_val);
+}
+
+// Bad input: one line naming the file (and line, and field) and the
+// expected value, and nothing written.
+TEST(PrepareHf, BadInputIsOneLineAndWritesNothing) {
+  TempDir dir("ts_prepare_test");
+  const std::string out = dir.path("out");
+  struct Case {
+    const char *name, *content, *want;
+    const char *field;
+  } cases[] = {
+      {"bad.jsonl", "{\"text\": \"fine\"}\n{\"text\": oops}\n", "bad.jsonl:2: not a JSON object",
+       nullptr},
+      {"array.jsonl", "[\"text\"]\n", "array.jsonl:1: not a JSON object", nullptr},
+      {"nofield.jsonl", "{\"text\": \"a\"}\n\n{\"body\": \"b\"}\n",
+       "nofield.jsonl:3: field \"text\" missing, expected a string", nullptr},
+      {"number.jsonl", "{\"text\": 3}\n", "number.jsonl:1: field \"text\" is not a string",
+       nullptr},
+      {"other.jsonl", "{\"text\": \"a\"}\n", "other.jsonl:1: field \"body\" missing", "body"},
+      {"latin1.jsonl", "{\"text\": \"caf\xe9\"}\n",
+       "latin1.jsonl:1: invalid UTF-8 at byte 13 of the line", nullptr},
+      {"empty.jsonl", "\n{\"text\": \"\"}\n  \n", "no text (1 file, empty)", nullptr},
+      {"data.parquet", "PAR1", "Parquet is not read yet", nullptr},
+  };
+  for (const Case &k : cases) {
+    SCOPED_TRACE(k.name);
+    const std::string path = dir.path(k.name);
+    Spit(path, k.content);
+    EXPECT_EQ(PrepareHf(path, out, "llama_sp", 2, k.field), TS_ERR_INVALID_ARGUMENT);
+    std::string msg = ts_last_error();
+    EXPECT_NE(msg.find(k.want), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    EXPECT_FALSE(Exists(out));
+  }
+  // A folder inside the corpus folder; a tokenizer folder without
+  // tokenizer.model, and one with only tokenizer.json.
+  ASSERT_EQ(mkdir(dir.path("corpus").c_str(), 0755), 0);
+  ASSERT_EQ(mkdir(dir.path("corpus/sub").c_str(), 0755), 0);
+  Spit(dir.path("corpus/a.txt"), "text\n");
+  EXPECT_EQ(PrepareHf(dir.path("corpus"), out, "llama_sp", 2), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ts_last_error()).find("corpus/sub: a folder inside the corpus folder"),
+            std::string::npos)
+      << ts_last_error();
+  ASSERT_EQ(mkdir(dir.path("hf").c_str(), 0755), 0);
+  ts_prepare_opts o;
+  memset(&o, 0, sizeof o);
+  const std::string text = dir.path("corpus/a.txt"), hf = dir.path("hf");
+  o.text_path = text.c_str();
+  o.out_dir = out.c_str();
+  o.tokenizer_dir = hf.c_str();
+  EXPECT_EQ(ts_prepare_corpus(&o, nullptr), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ts_last_error()).find("no tokenizer.model"), std::string::npos)
+      << ts_last_error();
+  Spit(dir.path("hf/tokenizer.json"), "{}");
+  EXPECT_EQ(ts_prepare_corpus(&o, nullptr), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ts_last_error()).find("tokenizer.json (byte-level BPE, WordPiece) is not "
+                                              "read yet"),
+            std::string::npos)
+      << ts_last_error();
+  Spit(dir.path("hf/tokenizer.model"), "not a model");
+  EXPECT_EQ(ts_prepare_corpus(&o, nullptr), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ts_last_error()).find("tokenizer.model: "), std::string::npos)
+      << ts_last_error();
+  EXPECT_FALSE(Exists(out));
+}
+
+TEST(PrepareTool, TokenizerAndVocabSizeAreOneOrTheOther) {
+  TempDir dir("ts_prepare_test");
+  const std::string text = dir.path("c.txt"), out = dir.path("out");
+  Spit(text, MakeCorpus().text);
+  std::vector<std::string> args = {"prepare",     "--text", text, "--tokenizer",
+                                   std::string(kHfDir) + "llama_sp", "--vocab-size", "400",
+                                   "--out",       out};
+  std::vector<char *> argv;
+  for (auto &a : args) argv.push_back(&a[0]);
+  EXPECT_EQ(ts_tool_prepare((int)argv.size(), argv.data()), 2);
+  EXPECT_NE(std::string(ts_last_error()).find("--vocab-size with --tokenizer"), std::string::npos)
+      << ts_last_error();
+  EXPECT_FALSE(Exists(out));
+  args.erase(args.begin() + 5, args.begin() + 7);  // without --vocab-size
+  argv.clear();
+  for (auto &a : args) argv.push_back(&a[0]);
   EXPECT_EQ(ts_tool_prepare((int)argv.size(), argv.data()), 0) << ts_last_error();
   EXPECT_TRUE(Exists(out + "/train.bin"));
 }

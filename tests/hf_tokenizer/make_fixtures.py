@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""make_fixtures.py — the fixtures of tools/prepare_test's Hugging Face
+tokenizer cases: a LLaMA-style SentencePiece tokenizer trained here by the
+sentencepiece library (no hub), and the token ids transformers gives for a
+multilingual sample.
+
+    python3 -m venv /tmp/hfvenv && /tmp/hfvenv/bin/pip install transformers sentencepiece tokenizers protobuf
+    /tmp/hfvenv/bin/python tests/hf_tokenizer/make_fixtures.py tests/hf_tokenizer
+
+Writes into OUT:
+  llama_sp/tokenizer.model        SentencePiece BPE as LLaMA-2's: byte fallback,
+                                  split digits, a dummy prefix, whitespace kept,
+                                  <unk> <s> </s> = 0 1 2
+  llama_sp/tokenizer_config.json  LlamaTokenizer, add_bos_token true, add_eos_token false
+  llama_sp_eos/...                the same model, add_eos_token true
+  llama_sp_json/...               the same model with a tokenizer.json as the hub's
+                                  LLaMA-2 folders have (a "▁" before every text)
+  samples.json                    {"samples": [text...], "llama_sp": [[ids]...],
+                                  "llama_sp_eos": [[ids]...], "llama_sp_json": ...}: AutoTokenizer's
+                                  input_ids (transformers 5 converts
+                                  tokenizer.model into a tokenizers BPE with a
+                                  Metaspace pre-tokenizer; the folders have no
+                                  tokenizer.json)
+CI never runs this: the outputs are committed.
+"""
+import io
+import json
+import os
+import sys
+
+import sentencepiece as spm
+import transformers
+from tokenizers import decoders, normalizers
+from transformers import AutoTokenizer
+
+# Training text: English, accented Latin, Greek, CJK, with whitespace runs;
+# deterministic. The samples hold characters it lacks (emoji, some CJK),
+# which only the byte fallback encodes.
+TRAIN = []
+words = ["the", "beginning", "word", "light", "darkness", "water", "earth", "heaven",
+         "café", "naïve", "Ærø", "façade", "Ελληνικά", "λόγος", "日本語", "中文", "東京"]
+for i in range(3000):
+    w = [words[(i * 7 + k * 3) % len(words)] for k in range(1 + i % 9)]
+    sep = "  " if i % 11 == 0 else " "
+    TRAIN.append(sep.join(w) + (" %d" % (i * 37 % 1000) if i % 5 == 0 else ""))
+
+SAMPLES = [
+    "In the beginning was the Word.",
+    "café naïve façade Ærø — déjà vu",
+    "Ελληνικά: ο λόγος",
+    "日本語と中文、東京タワー",
+    "emoji 🙂🚀 and 👩‍👩‍👧",
+    "  leading spaces, double  spaces,\ttabs\tand trailing   ",
+    "line one\nline two\n\nafter a blank line\n",
+    "digits 1234567 and 3.14159",
+    "unknown: ☃ ∮ 𝔘𝔫𝔦𝔠𝔬𝔡𝔢",
+    "",
+    "▁ a literal meta symbol",
+]
+
+
+def write_dir(out, name, add_eos, model_bytes):
+    d = os.path.join(out, name)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "tokenizer.model"), "wb") as f:
+        f.write(model_bytes)
+    cfg = {"tokenizer_class": "LlamaTokenizer", "add_bos_token": True,
+           "add_eos_token": add_eos, "bos_token": "<s>", "eos_token": "</s>",
+           "unk_token": "<unk>", "legacy": True, "model_max_length": 2048}
+    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")
+    return d
+
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else "."
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(TRAIN), model_writer=model, model_type="bpe", vocab_size=480,
+        byte_fallback=True, split_digits=True, character_coverage=0.9995,
+        add_dummy_prefix=True, remove_extra_whitespaces=False, normalization_rule_name="identity",
+        allow_whitespace_only_pieces=True, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+        num_threads=1, minloglevel=2)
+    result = {"transformers": transformers.__version__, "sentencepiece": spm.__version__,
+              "samples": SAMPLES}
+    for name, add_eos in (("llama_sp", False), ("llama_sp_eos", True)):
+        d = write_dir(out, name, add_eos, model.getvalue())
+        tok = AutoTokenizer.from_pretrained(d)
+        result[name] = [tok(s)["input_ids"] for s in SAMPLES]
+    # A folder that also has tokenizer.json as LLaMA-2's and TinyLlama's on
+    # the hub: a Prepend("▁") + Replace(" ", "▁") normalizer and no
+    # pre-tokenizer, so every text gets the "▁" prefix, a leading space too.
+    d = write_dir(out, "llama_sp_json", False, model.getvalue())
+    backend = AutoTokenizer.from_pretrained(d).backend_tokenizer
+    backend.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"),
+                                               normalizers.Replace(" ", "\u2581")])
+    backend.pre_tokenizer = None
+    backend.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                         decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    backend.save(os.path.join(d, "tokenizer.json"))
+    tok = AutoTokenizer.from_pretrained(d)
+    result["llama_sp_json"] = [tok(s)["input_ids"] for s in SAMPLES]
+    with open(os.path.join(out, "samples.json"), "w") as f:  # a list a line
+        items = ['  %s: %s' % (json.dumps(k), json.dumps(v, ensure_ascii=False) if not
+                               isinstance(v, list) else "[\n" + ",\n".join(
+                                   "    " + json.dumps(x, ensure_ascii=False) for x in v) + "\n  ]")
+                 for k, v in result.items()]
+        f.write("{\n" + ",\n".join(items) + "\n}\n")
+
+
+if __name__ == "__main__":
+    main()
