@@ -33,6 +33,99 @@ struct ts_token_file {
 
 /* ------------------------------------------------------------------ writing */
 
+struct ts_token_file_writer {
+  ts_atomic_file *f;
+  char *path; /* for messages (owned) */
+  size_t vocab_size;
+  size_t n;   /* tokens appended */
+  int wide;   /* uint32 tokens */
+};
+
+ts_status ts_token_file_writer_open(ts_token_file_writer **out, const char *path,
+                                    size_t vocab_size) {
+  if (out == NULL || path == NULL)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "ts_token_file_writer_open: out and path must not be NULL");
+  *out = NULL;
+  if (vocab_size == 0 || vocab_size > TS_TOKEN_FILE_MAX_VOCAB)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: vocab_size %zu: expected 1 .. %zu", path,
+                        vocab_size, TS_TOKEN_FILE_MAX_VOCAB);
+  ts_token_file_writer *w = calloc(1, sizeof *w);
+  char *p = w ? strdup(path) : NULL;
+  if (p == NULL) {
+    free(w);
+    return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: out of memory", path);
+  }
+  w->path = p;
+  w->vocab_size = vocab_size;
+  w->wide = vocab_size > TS_TOKEN_FILE_U16_MAX_VOCAB;
+  ts_status st = ts_atomic_file_open(&w->f, path);
+  int32_t header[TS_TOKEN_FILE_HEADER_INTS] = {0}; /* the count is written at commit */
+  header[0] = w->wide ? TS_TOKEN_FILE_MAGIC_U32 : TS_TOKEN_FILE_MAGIC_U16;
+  header[1] = w->wide ? TS_TOKEN_FILE_VERSION_U32 : TS_TOKEN_FILE_VERSION_U16;
+  if (st == TS_OK) st = ts_atomic_file_write(w->f, header, sizeof header);
+  if (st != TS_OK) {
+    ts_token_file_writer_discard(w);
+    return st;
+  }
+  *out = w;
+  return TS_OK;
+}
+
+ts_status ts_token_file_writer_append(ts_token_file_writer *w, const uint32_t *tokens, size_t n) {
+  if (n > 0 && tokens == NULL)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: tokens must not be NULL", w->path);
+  if (n > (size_t)INT32_MAX - w->n)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "%s: %zu tokens: expected at most %d (llm.c's int32 token count)", w->path,
+                        w->n + n, INT32_MAX);
+  for (size_t i = 0; i < n; i++) {
+    if (tokens[i] >= w->vocab_size)
+      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                          "%s: token %zu is id %u, expected an id below vocab_size %zu", w->path,
+                          w->n + i, (unsigned)tokens[i], w->vocab_size);
+  }
+  ts_status st = TS_OK;
+  if (w->wide) {
+    st = ts_atomic_file_write(w->f, tokens, n * sizeof(uint32_t));
+  } else {
+    uint16_t buf[4096]; /* converts in chunks to keep the copy small */
+    for (size_t i = 0; i < n && st == TS_OK;) {
+      size_t k = n - i < 4096 ? n - i : 4096;
+      for (size_t j = 0; j < k; j++) buf[j] = (uint16_t)tokens[i + j];
+      st = ts_atomic_file_write(w->f, buf, k * sizeof(uint16_t));
+      i += k;
+    }
+  }
+  if (st == TS_OK) w->n += n;
+  return st;
+}
+
+size_t ts_token_file_writer_count(const ts_token_file_writer *w) { return w->n; }
+
+ts_status ts_token_file_writer_commit(ts_token_file_writer *w) {
+  FILE *f = ts_atomic_file_stream(w->f);
+  int32_t count = (int32_t)w->n;
+  if (fflush(f) != 0 || fseek(f, 2 * (long)sizeof(int32_t), SEEK_SET) != 0 ||
+      fwrite(&count, sizeof count, 1, f) != 1 || fseek(f, 0, SEEK_END) != 0) {
+    ts_status st = ts_set_error(TS_ERR_IO, "%s: cannot write the token count: %s", w->path,
+                                strerror(errno));
+    ts_token_file_writer_discard(w);
+    return st;
+  }
+  ts_status st = ts_atomic_file_commit(w->f);
+  w->f = NULL; /* commit freed it, also on failure */
+  free(w->path);
+  free(w);
+  return st;
+}
+
+void ts_token_file_writer_discard(ts_token_file_writer *w) {
+  if (w == NULL) return;
+  if (w->f) ts_atomic_file_discard(w->f);
+  free(w->path);
+  free(w);
+}
+
 ts_status ts_token_file_write(const char *path, const uint32_t *tokens, size_t n_tokens,
                          size_t vocab_size) {
   if (path == NULL || (tokens == NULL && n_tokens > 0))
@@ -44,38 +137,20 @@ ts_status ts_token_file_write(const char *path, const uint32_t *tokens, size_t n
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "%s: %zu tokens: expected at most %d (llm.c's int32 token count)", path,
                         n_tokens, INT32_MAX);
-  for (size_t i = 0; i < n_tokens; i++) {
+  for (size_t i = 0; i < n_tokens; i++) { /* checked before anything is created */
     if (tokens[i] >= vocab_size)
       return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                           "%s: token %zu is id %u, expected an id below vocab_size %zu", path, i,
                           (unsigned)tokens[i], vocab_size);
   }
-
-  const int wide = vocab_size > TS_TOKEN_FILE_U16_MAX_VOCAB;
-  int32_t header[TS_TOKEN_FILE_HEADER_INTS] = {0};
-  header[0] = wide ? TS_TOKEN_FILE_MAGIC_U32 : TS_TOKEN_FILE_MAGIC_U16;
-  header[1] = wide ? TS_TOKEN_FILE_VERSION_U32 : TS_TOKEN_FILE_VERSION_U16;
-  header[2] = (int32_t)n_tokens;
-
-  ts_atomic_file *f;
-  TS_CHECK(ts_atomic_file_open(&f, path));
-  ts_status st = ts_atomic_file_write(f, header, sizeof header);
-  if (wide) {
-    if (st == TS_OK) st = ts_atomic_file_write(f, tokens, n_tokens * sizeof(uint32_t));
-  } else {
-    uint16_t buf[4096]; /* converts in chunks to keep the copy small */
-    for (size_t i = 0; i < n_tokens && st == TS_OK;) {
-      size_t n = n_tokens - i < 4096 ? n_tokens - i : 4096;
-      for (size_t j = 0; j < n; j++) buf[j] = (uint16_t)tokens[i + j];
-      st = ts_atomic_file_write(f, buf, n * sizeof(uint16_t));
-      i += n;
-    }
-  }
+  ts_token_file_writer *w;
+  TS_CHECK(ts_token_file_writer_open(&w, path, vocab_size));
+  ts_status st = ts_token_file_writer_append(w, tokens, n_tokens);
   if (st != TS_OK) {
-    ts_atomic_file_discard(f);
+    ts_token_file_writer_discard(w);
     return st;
   }
-  return ts_atomic_file_commit(f);
+  return ts_token_file_writer_commit(w);
 }
 
 /* ------------------------------------------------------------------ reading */

@@ -47,6 +47,36 @@ extern "C" {
 ts_status ts_token_file_write(const char *path, const uint32_t *tokens, size_t n_tokens,
                          size_t vocab_size);
 
+/* A token file written piece by piece (opaque), for a corpus larger than
+ * memory: the tokens go to path + ".tmp" as they come, the header's count
+ * is filled in at commit, which fsyncs and renames the file over `path`
+ * (ts_token_file_write's format and guarantees). */
+typedef struct ts_token_file_writer ts_token_file_writer;
+
+/* Starts the token file at `path` for a vocabulary of vocab_size ids (uint16
+ * tokens when vocab_size <= 65 535, else uint32). Returns TS_OK;
+ * TS_ERR_INVALID_ARGUMENT if vocab_size is 0 or above TS_TOKEN_FILE_MAX_VOCAB;
+ * TS_ERR_IO if path + ".tmp" cannot be created; TS_ERR_OUT_OF_MEMORY. On
+ * failure *out is NULL. */
+ts_status ts_token_file_writer_open(ts_token_file_writer **out, const char *path,
+                                    size_t vocab_size);
+
+/* Appends n tokens (uint32, host). TS_ERR_INVALID_ARGUMENT if a token is >=
+ * vocab_size (the message names its position in the file and its id) or the
+ * file would pass INT32_MAX tokens; TS_ERR_IO if a write fails. After an
+ * error the writer can only be discarded. */
+ts_status ts_token_file_writer_append(ts_token_file_writer *w, const uint32_t *tokens, size_t n);
+
+/* Tokens appended so far. */
+size_t ts_token_file_writer_count(const ts_token_file_writer *w);
+
+/* Writes the count into the header, fsyncs and renames the file into place,
+ * and frees w (also on failure, when the .tmp file is removed). TS_ERR_IO. */
+ts_status ts_token_file_writer_commit(ts_token_file_writer *w);
+
+/* Removes the .tmp file and frees w (NULL: nothing). */
+void ts_token_file_writer_discard(ts_token_file_writer *w);
+
 /* An open, validated token file (opaque). Owns its mapping of the file; read-only
  * after ts_token_file_open, so several loaders and threads may share one. */
 typedef struct ts_token_file ts_token_file;

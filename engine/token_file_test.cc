@@ -97,6 +97,47 @@ TEST(Shard, RoundTripUint32) {
   ts_token_file_close(sh);
 }
 
+// Written piece by piece, a token file is byte for byte the one written at
+// once (both widths); nothing is at the path until commit; a bad id names
+// its position in the whole file; discard leaves nothing.
+TEST(Shard, WriterInPiecesEqualsOneWrite) {
+  TempDir dir("ts_data_test");
+  for (size_t vocab : {(size_t)50000, (size_t)100000}) {
+    SCOPED_TRACE(vocab);
+    const std::string once = dir.path("once" + std::to_string(vocab) + ".bin"),
+                      pieces = dir.path("pieces" + std::to_string(vocab) + ".bin");
+    std::vector<uint32_t> toks = Ramp(10000, vocab);
+    for (size_t i = 0; i < toks.size(); i += 7) toks[i] = (uint32_t)(vocab - 1 - i % 13);
+    ASSERT_EQ(ts_token_file_write(once.c_str(), toks.data(), toks.size(), vocab), TS_OK)
+        << ts_last_error();
+    ts_token_file_writer *w = nullptr;
+    ASSERT_EQ(ts_token_file_writer_open(&w, pieces.c_str(), vocab), TS_OK) << ts_last_error();
+    size_t at = 0;
+    for (size_t k : {0, 1, 4095, 4097, 1, 1806}) {  // 10000 in all, across 4096-token chunks
+      ASSERT_EQ(ts_token_file_writer_append(w, toks.data() + at, k), TS_OK) << ts_last_error();
+      at += k;
+    }
+    ASSERT_EQ(at, toks.size());
+    EXPECT_EQ(ts_token_file_writer_count(w), toks.size());
+    EXPECT_FALSE(FileExists(pieces));
+    ASSERT_EQ(ts_token_file_writer_commit(w), TS_OK) << ts_last_error();
+    EXPECT_EQ(ReadFile(pieces), ReadFile(once));
+    EXPECT_FALSE(FileExists(pieces + ".tmp"));
+  }
+  const std::string bad = dir.path("bad.bin");
+  ts_token_file_writer *w = nullptr;
+  ASSERT_EQ(ts_token_file_writer_open(&w, bad.c_str(), 10), TS_OK) << ts_last_error();
+  std::vector<uint32_t> ok = {1, 2, 3}, wrong = {4, 10};
+  ASSERT_EQ(ts_token_file_writer_append(w, ok.data(), ok.size()), TS_OK);
+  EXPECT_EQ(ts_token_file_writer_append(w, wrong.data(), wrong.size()), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ts_last_error()).find("token 4 is id 10, expected an id below vocab_size 10"),
+            std::string::npos)
+      << ts_last_error();
+  ts_token_file_writer_discard(w);
+  EXPECT_FALSE(FileExists(bad));
+  EXPECT_FALSE(FileExists(bad + ".tmp"));
+}
+
 TEST(Shard, RewriteReplacesExistingFile) {
   TempDir dir("ts_data_test");
   const std::string p = dir.path("train.bin");

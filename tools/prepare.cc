@@ -171,7 +171,8 @@ std::vector<size_t> SplitSections(const std::string &text) {
 std::string SpMessage(const sentencepiece::util::Status &st) {
   std::string m = st.ToString();
   size_t k = m.rfind("] ");
-  return k == std::string::npos ? m : m.substr(k + 2);
+  if (k != std::string::npos) m = m.substr(k + 2);
+  return m.empty() ? "code " + std::to_string((int)st.code()) : m;
 }
 
 // One document of the corpus: a text file's section, or a JSON Lines
@@ -185,6 +186,24 @@ struct Doc {
 bool HasSuffix(const std::string &s, const char *suf) {
   size_t n = strlen(suf);
   return s.size() >= n && s.compare(s.size() - n, n, suf) == 0;
+}
+
+// HasSuffix, ignoring ASCII case (file name extensions).
+bool HasSuffixNoCase(const std::string &s, const char *suf) {
+  size_t n = strlen(suf);
+  return s.size() >= n && strcasecmp(s.c_str() + s.size() - n, suf) == 0;
+}
+
+// Whether a JSON text has the escape \u0000 in it (an odd run of
+// backslashes before "u0000"): cJSON's strings end at a NUL, so such a
+// string would be cut short without a word.
+bool HasNulEscape(const std::string &json) {
+  for (size_t i = json.find("u0000"); i != std::string::npos; i = json.find("u0000", i + 1)) {
+    size_t b = 0;
+    while (b < i && json[i - 1 - b] == '\\') b++;
+    if (b % 2 == 1) return true;
+  }
+  return false;
 }
 
 // A text file's sections (see prepare.h), appended to *docs.
@@ -204,102 +223,158 @@ ts_status ReadTextDocs(const std::string &path, std::vector<Doc> *docs) {
   return TS_OK;
 }
 
-// A JSON Lines file's records, one JSON object a line, each one document:
-// its string field `field` (records whose text is empty are skipped; blank
-// lines too). Errors name the file, the line (from 1) and the field.
-ts_status ReadJsonlDocs(const std::string &path, const char *field, std::vector<Doc> *docs) {
-  std::string all;
-  TS_CHECK(ReadText(path.c_str(), &all));
-  size_t pos = 0, line_no = 0;
-  while (pos < all.size()) {
-    size_t nl = all.find('\n', pos);
-    size_t end = nl == std::string::npos ? all.size() : nl;
-    std::string line = all.substr(pos, end - pos);
-    pos = end + 1;
-    line_no++;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    size_t bad = FirstInvalidUtf8(line);
-    if (bad != std::string::npos)
-      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                          "--text %s:%zu: invalid UTF-8 at byte %zu of the line, expected UTF-8 "
-                          "JSON",
-                          path.c_str(), line_no, bad);
-    cJSON *rec = cJSON_ParseWithLength(line.data(), line.size());
-    if (rec == nullptr || !cJSON_IsObject(rec)) {
-      cJSON_Delete(rec);
-      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                          "--text %s:%zu: not a JSON object, expected one JSON object a line "
-                          "(JSON Lines)",
-                          path.c_str(), line_no);
-    }
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(rec, field);
-    if (!cJSON_IsString(v)) {
-      ts_status st = ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                                  "--text %s:%zu: field \"%s\" %s, expected a string (--text-field "
-                                  "names the field that holds the text)",
-                                  path.c_str(), line_no, field, v ? "is not a string" : "missing");
-      cJSON_Delete(rec);
-      return st;
-    }
-    std::string text = v->valuestring;
+// One line (line_no from 1) of the JSON Lines file `path`: its record's
+// string field `field` into *text; a blank line gives TS_OK and an empty
+// text. Errors name the file, the line and the field.
+ts_status ParseJsonlLine(const std::string &path, size_t line_no, const std::string &line,
+                         const char *field, std::string *text) {
+  text->clear();
+  if (line.find_first_not_of(" \t\r") == std::string::npos) return TS_OK;
+  size_t bad = FirstInvalidUtf8(line);
+  if (bad != std::string::npos)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "--text %s:%zu: invalid UTF-8 at byte %zu of the line, expected UTF-8 "
+                        "JSON",
+                        path.c_str(), line_no, bad);
+  const char *end = nullptr;
+  cJSON *rec = cJSON_ParseWithLengthOpts(line.data(), line.size(), &end, 0);
+  bool trailing = rec != nullptr && end != nullptr &&
+                  line.find_first_not_of(" \t\r", (size_t)(end - line.data())) != std::string::npos;
+  if (rec == nullptr || !cJSON_IsObject(rec) || trailing) {
     cJSON_Delete(rec);
-    bad = FirstInvalidUtf8(text);
-    if (bad != std::string::npos)
-      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                          "--text %s:%zu: field \"%s\": invalid UTF-8 at byte %zu, expected UTF-8 "
-                          "text",
-                          path.c_str(), line_no, field, bad);
-    if (!text.empty()) docs->push_back(Doc{std::move(text), false});
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "--text %s:%zu: %s, expected one JSON object a line (JSON Lines)",
+                        path.c_str(), line_no,
+                        trailing ? "more after the JSON object" : "not valid JSON or not an object");
   }
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(rec, field);
+  if (!cJSON_IsString(v)) {
+    ts_status st = ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                                "--text %s:%zu: field \"%s\" %s, expected a string (--text-field "
+                                "names the field that holds the text)",
+                                path.c_str(), line_no, field,
+                                v == nullptr       ? "missing"
+                                : cJSON_IsNull(v)  ? "is null"
+                                                   : "is not a string");
+    cJSON_Delete(rec);
+    return st;
+  }
+  if (HasNulEscape(line)) {
+    cJSON_Delete(rec);
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "--text %s:%zu: \\u0000 (a NUL character), expected text without NULs",
+                        path.c_str(), line_no);
+  }
+  *text = v->valuestring;
+  cJSON_Delete(rec);
+  bad = FirstInvalidUtf8(*text);
+  if (bad != std::string::npos)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "--text %s:%zu: field \"%s\": invalid UTF-8 at byte %zu, expected UTF-8 "
+                        "text",
+                        path.c_str(), line_no, field, bad);
   return TS_OK;
 }
 
-// One input file by its name: .jsonl / .ndjson are JSON Lines, .parquet is
-// refused, anything else is UTF-8 text.
-ts_status ReadFileDocs(const std::string &path, const char *field, std::vector<Doc> *docs) {
-  if (HasSuffix(path, ".jsonl") || HasSuffix(path, ".ndjson"))
-    return ReadJsonlDocs(path, field, docs);
-  if (HasSuffix(path, ".parquet"))
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "--text %s: Parquet is not read yet, expected UTF-8 text or JSON Lines "
-                        "(.jsonl)",
-                        path.c_str());
-  return ReadTextDocs(path, docs);
+// Reads a JSON Lines file a line at a time (memory: one line), calling
+// take(text) for each record whose text is not empty (blank lines and empty
+// texts are skipped). *bytes counts the bytes read.
+template <typename Take>
+ts_status StreamJsonl(const std::string &path, const char *field, size_t *bytes, Take take) {
+  FILE *f = fopen(path.c_str(), "rb");
+  if (f == nullptr)
+    return ts_set_error(TS_ERR_IO, "--text %s: cannot open: %s", path.c_str(), strerror(errno));
+  char *buf = nullptr;
+  size_t cap = 0, line_no = 0;
+  ssize_t n;
+  ts_status st = TS_OK;
+  std::string line, text;
+  while (st == TS_OK && (n = getline(&buf, &cap, f)) > 0) {
+    *bytes += (size_t)n;
+    line.assign(buf, (size_t)n);
+    if (!line.empty() && line.back() == '\n') line.pop_back();
+    st = ParseJsonlLine(path, ++line_no, line, field, &text);
+    if (st == TS_OK && !text.empty()) st = take(std::move(text));
+  }
+  if (st == TS_OK && ferror(f)) st = ts_set_error(TS_ERR_IO, "--text %s: read failed", path.c_str());
+  free(buf);
+  fclose(f);
+  return st;
 }
 
-// The corpus at `path`: a file, or a folder whose files (not its hidden
-// ones, in name order) are read in turn; a folder inside it is refused.
-// *files counts the files read.
-ts_status ReadDocuments(const char *path, const char *field, std::vector<Doc> *docs, size_t *files) {
+// A JSON Lines file's records, one JSON object a line, each one document:
+// its string field `field` (records whose text is empty are skipped; blank
+// lines too).
+ts_status ReadJsonlDocs(const std::string &path, const char *field, std::vector<Doc> *docs) {
+  size_t bytes = 0;
+  return StreamJsonl(path, field, &bytes, [&](std::string &&text) {
+    docs->push_back(Doc{std::move(text), false});
+    return TS_OK;
+  });
+}
+
+bool IsJsonl(const std::string &path) {
+  return HasSuffixNoCase(path, ".jsonl") || HasSuffixNoCase(path, ".ndjson") ||
+         HasSuffixNoCase(path, ".json");
+}
+
+// The corpus's files: `path` itself, or a folder's files (not its hidden
+// ones) in name order; a folder inside it, an empty folder and Parquet are
+// refused. Checked before anything is written.
+ts_status ListCorpus(const char *path, std::vector<std::string> *files) {
   struct stat sb;
   if (stat(path, &sb) != 0)
     return ts_set_error(TS_ERR_IO, "--text %s: cannot open: %s", path, strerror(errno));
-  *files = 1;
-  if (!S_ISDIR(sb.st_mode)) return ReadFileDocs(path, field, docs);
-  DIR *d = opendir(path);
-  if (d == nullptr) return ts_set_error(TS_ERR_IO, "--text %s: cannot open: %s", path, strerror(errno));
-  std::vector<std::string> names;
-  for (struct dirent *e; (e = readdir(d)) != nullptr;)
-    if (e->d_name[0] != '.') names.push_back(e->d_name);
-  closedir(d);
-  std::sort(names.begin(), names.end());
-  std::string dir = path;
-  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-  *files = 0;
-  for (const std::string &n : names) {
-    std::string p = dir + "/" + n;
-    if (stat(p.c_str(), &sb) != 0)
-      return ts_set_error(TS_ERR_IO, "--text %s: cannot open: %s", p.c_str(), strerror(errno));
-    if (S_ISDIR(sb.st_mode))
+  files->clear();
+  if (!S_ISDIR(sb.st_mode)) {
+    files->push_back(path);
+  } else {
+    DIR *d = opendir(path);
+    if (d == nullptr)
+      return ts_set_error(TS_ERR_IO, "--text %s: cannot open: %s", path, strerror(errno));
+    std::vector<std::string> names;
+    for (struct dirent *e; (e = readdir(d)) != nullptr;)
+      if (e->d_name[0] != '.') names.push_back(e->d_name);
+    closedir(d);
+    std::sort(names.begin(), names.end());
+    std::string dir = path;
+    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+    for (const std::string &n : names) {
+      std::string p = dir + "/" + n;
+      if (stat(p.c_str(), &sb) != 0)
+        return ts_set_error(TS_ERR_IO, "--text %s: cannot open: %s", p.c_str(), strerror(errno));
+      if (S_ISDIR(sb.st_mode))
+        return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                            "--text %s: a folder inside the corpus folder, expected files only",
+                            p.c_str());
+      files->push_back(p);
+    }
+    if (files->empty())
       return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                          "--text %s: a folder inside the corpus folder, expected files only",
-                          p.c_str());
-    TS_CHECK(ReadFileDocs(p, field, docs));
-    ++*files;
+                          "--text %s: an empty folder, expected text or JSON Lines files", path);
   }
-  if (*files == 0)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--text %s: an empty folder, expected text or "
-                        "JSON Lines files", path);
+  for (const std::string &f : *files)
+    if (HasSuffixNoCase(f, ".parquet"))
+      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                          "--text %s: Parquet is not read yet, expected UTF-8 text or JSON Lines "
+                          "(.jsonl)",
+                          f.c_str());
+  return TS_OK;
+}
+
+// One input file by its name: .jsonl, .ndjson and .json (any case) are JSON
+// Lines, anything else is UTF-8 text.
+ts_status ReadFileDocs(const std::string &path, const char *field, std::vector<Doc> *docs) {
+  return IsJsonl(path) ? ReadJsonlDocs(path, field, docs) : ReadTextDocs(path, docs);
+}
+
+// The whole corpus at `path` in memory (a tokenizer is trained on it).
+// *files counts the files read.
+ts_status ReadDocuments(const char *path, const char *field, std::vector<Doc> *docs, size_t *files) {
+  std::vector<std::string> list;
+  TS_CHECK(ListCorpus(path, &list));
+  for (const std::string &f : list) TS_CHECK(ReadFileDocs(f, field, docs));
+  *files = list.size();
   return TS_OK;
 }
 
@@ -325,8 +400,8 @@ ts_status LoadHfTokenizer(const char *hf_dir, HfTokenizer *t) {
   std::string dir = hf_dir;
   struct stat sb;
   if (stat(hf_dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
-    return ts_set_error(TS_ERR_IO, "--tokenizer %s: not a folder, expected a Hugging Face model "
-                        "folder with tokenizer.model", hf_dir);
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--tokenizer %s: not a folder, expected a "
+                        "Hugging Face model folder with tokenizer.model", hf_dir);
   const std::string model_path = dir + "/tokenizer.model";
   if (access(model_path.c_str(), F_OK) != 0) {
     if (access((dir + "/tokenizer.json").c_str(), F_OK) == 0)
@@ -350,8 +425,26 @@ ts_status LoadHfTokenizer(const char *hf_dir, HfTokenizer *t) {
   std::vector<std::string> probe;  // "a" encodes to "▁a" or "▁" "a" under a dummy prefix
   t->dummy_prefix = t->sp.Encode("a", &probe).ok() && !probe.empty() &&
                     probe[0].compare(0, 3, "\xe2\x96\x81") == 0;
-  t->add_bos = t->bos >= 0;  // LlamaTokenizer's defaults: BOS yes, EOS no
+  t->add_bos = false;  // transformers 5's defaults when the configuration says nothing
   t->add_eos = false;
+  // transformers 5 converts tokenizer.model with its own pre-tokenizer
+  // (spaces to "▁", one "▁" prepended) and no normalizer, whatever the
+  // model's: a model that normalizes (NFKC, extra whitespace removed), has
+  // no dummy prefix or cannot spell every text (no byte fallback) would get
+  // other ids here than there.
+  const std::string probe_text = "a  b \xef\xac\x81 \xef\xbd\x86\t\xe2\x91\xa0 c";  // ﬁ, ｆ, ①
+  std::vector<int> probe_ids;
+  std::string back;
+  if (!t->dummy_prefix || !t->sp.Encode(probe_text, &probe_ids).ok() ||
+      !t->sp.Decode(probe_ids, &back).ok() || back != probe_text)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "--tokenizer %s: tokenizer.model %s, expected LLaMA's SentencePiece "
+                        "settings (identity normalization, whitespace kept, a dummy prefix, byte "
+                        "fallback), which transformers 5 assumes",
+                        hf_dir,
+                        !t->dummy_prefix ? "has no dummy prefix"
+                                         : "does not give back the text it encodes (it normalizes "
+                                           "it, or lacks byte fallback)");
   const std::string cfg_path = dir + "/tokenizer_config.json";
   if (access(cfg_path.c_str(), F_OK) != 0) return TS_OK;
   std::string text;
@@ -359,12 +452,18 @@ ts_status LoadHfTokenizer(const char *hf_dir, HfTokenizer *t) {
   cJSON *cfg = cJSON_ParseWithLength(text.data(), text.size());
   if (!cJSON_IsObject(cfg)) {
     cJSON_Delete(cfg);
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: not a JSON object, expected "
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: not valid JSON or not an object, expected "
                         "transformers' tokenizer_config.json", cfg_path.c_str());
   }
   ts_status rc = TS_OK;
   const char *keys[] = {"add_bos_token", "add_eos_token"};
   bool *vals[] = {&t->add_bos, &t->add_eos};
+  const cJSON *aps = cJSON_GetObjectItemCaseSensitive(cfg, "add_prefix_space");
+  if (cJSON_IsFalse(aps))
+    rc = ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                      "%s: field \"add_prefix_space\" is false: not read yet, expected true or "
+                      "absent (the \"▁\" before each text)",
+                      cfg_path.c_str());
   for (int i = 0; i < 2 && rc == TS_OK; i++) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, keys[i]);
     if (v == nullptr || cJSON_IsNull(v)) continue;
@@ -411,7 +510,23 @@ bool EncodeDoc(const HfTokenizer &t, const std::string &text, std::vector<uint32
   else if (t.dummy_prefix && v.size() >= 3 && v.compare(0, 3, "\xe2\x96\x81") == 0)
     v.remove_prefix(3);
   std::vector<int> ids;
-  auto st = t.sp.Encode(v, &ids);
+  sentencepiece::util::Status st;
+  if (v.empty() && !text.empty()) {
+    // " " or "▁" alone is the prefix alone: "▁" ("a" encodes to it and "a",
+    // or to "▁a" and then the "▁" piece is looked up).
+    int id = t.sp.PieceToId("\xe2\x96\x81");
+    if (id != t.sp.unk_id()) {
+      ids.push_back(id);
+    } else {
+      for (unsigned char c : std::string("\xe2\x96\x81")) {
+        char hex[8];
+        snprintf(hex, sizeof hex, "<0x%02X>", c);
+        ids.push_back(t.sp.PieceToId(hex));
+      }
+    }
+  } else {
+    st = t.sp.Encode(v, &ids);
+  }
   if (!st.ok()) {
     *err = SpMessage(st);
     return false;
@@ -569,6 +684,189 @@ ts_status BuildMeta(const ts_prepare_opts *o, const ts_prepare_report *r, size_t
   return TS_OK;
 }
 
+// DIR (trailing slashes dropped), whether it existed, and the temporary
+// folder beside it that the outputs are written into.
+struct OutDir {
+  std::string dir, tmp;
+  bool exists = false;
+};
+
+ts_status MakeOutDir(const ts_prepare_opts *opts, OutDir *o) {
+  o->dir = opts->out_dir;
+  while (o->dir.size() > 1 && o->dir.back() == '/') o->dir.pop_back();
+  struct stat sb;
+  o->exists = stat(o->dir.c_str(), &sb) == 0;
+  if (o->exists && !S_ISDIR(sb.st_mode))
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--out %s: exists and is not a directory",
+                        opts->out_dir);
+  size_t slash = o->dir.rfind('/');
+  std::string parent =
+      slash == std::string::npos ? "." : (slash == 0 ? "/" : o->dir.substr(0, slash));
+  std::string leaf = slash == std::string::npos ? o->dir : o->dir.substr(slash + 1);
+  std::string tmpl = parent + "/." + leaf + ".prepare-XXXXXX";
+  std::vector<char> tbuf(tmpl.begin(), tmpl.end());
+  tbuf.push_back('\0');
+  if (mkdtemp(tbuf.data()) == nullptr)
+    return ts_set_error(TS_ERR_IO, "--out %s: cannot create a temporary directory in %s: %s",
+                        opts->out_dir, parent.c_str(), strerror(errno));
+  o->tmp = tbuf.data();
+  chmod(o->tmp.c_str(), 0755);  // mkdtemp makes it 0700; it may become DIR itself
+  return TS_OK;
+}
+
+// Moves the four finished files into place: the whole temporary folder when
+// DIR is new, else file by file. On failure the caller removes the
+// temporary folder.
+ts_status MoveIntoPlace(const ts_prepare_opts *opts, const OutDir &o) {
+  if (!o.exists && ts_atomic_rename(o.tmp.c_str(), o.dir.c_str()) == TS_OK) return TS_OK;
+  if (!o.exists && mkdir(o.dir.c_str(), 0755) != 0 && errno != EEXIST)
+    return ts_set_error(TS_ERR_IO, "--out %s: cannot create: %s", opts->out_dir, strerror(errno));
+  for (size_t i = 0; i < kNumFiles; i++) {
+    std::string from = o.tmp + "/" + kFiles[i], to = o.dir + "/" + kFiles[i];
+    if (ts_atomic_rename(from.c_str(), to.c_str()) != TS_OK) {
+      std::string why = ts_last_error();  // a copy: ts_set_error rewrites that buffer
+      return ts_set_error(TS_ERR_IO, "--out %s: cannot move %s into place: %s", opts->out_dir,
+                          kFiles[i], why.c_str());
+    }
+  }
+  rmdir(o.tmp.c_str());
+  return TS_OK;
+}
+
+// Sections encoded per batch: a batch holds about this many bytes of text
+// (ts_prepare_opts.batch_bytes 0).
+const size_t kBatchBytes = 16u << 20;
+
+// `prepare --tokenizer`: the corpus streamed in batches of sections through
+// the Hugging Face tokenizer into train.bin / val.bin as they come. Memory:
+// one batch, its ids, one text file (a text file's sections need the whole
+// file), the unigram counts. A progress line on stderr when opts->progress
+// and stderr is a terminal.
+ts_status PrepareHf(const ts_prepare_opts *opts, size_t K, const char *field,
+                    const HfTokenizer &hf, double t0, ts_prepare_report *report) {
+  std::vector<std::string> files;
+  TS_CHECK(ListCorpus(opts->text_path, &files));
+  OutDir od;
+  TS_CHECK(MakeOutDir(opts, &od));
+  const size_t V = (size_t)hf.sp.GetPieceSize();
+  ts_token_file_writer *tw = nullptr, *vw = nullptr;
+  ts_prepare_report rep;
+  memset(&rep, 0, sizeof rep);
+  bool shown = false;  // a progress line is on the terminal, not yet ended
+  ts_status st = [&]() -> ts_status {
+    TS_CHECK(ts_token_file_writer_open(&tw, (od.tmp + "/train.bin").c_str(), V));
+    TS_CHECK(ts_token_file_writer_open(&vw, (od.tmp + "/val.bin").c_str(), V));
+    unsigned threads = std::thread::hardware_concurrency();
+    threads = std::max(1u, std::min(threads, 16u));
+    std::vector<double> ctrain(V, 0.0), cval(V, 0.0);
+    size_t ndocs = 0, nval = 0, read_bytes = 0;
+    const bool show = opts->progress && isatty(STDERR_FILENO);
+    double last = NowSeconds();
+    std::vector<Doc> batch;
+    size_t batch_bytes = 0;
+    auto flush = [&]() -> ts_status {
+      if (batch.empty()) return TS_OK;
+      std::vector<std::vector<uint32_t>> enc;
+      std::string why;
+      const unsigned t = std::min(threads, (unsigned)batch.size());
+      if (!EncodeDocs(hf, batch, t, &enc, &why))
+        return ts_set_error(TS_ERR_INTERNAL, "--text %s: encoding with %s/tokenizer.model: %s",
+                            opts->text_path, opts->tokenizer_dir, why.c_str());
+      for (size_t i = 0; i < batch.size(); i++, ndocs++) {
+        const bool is_val = (ndocs + 1) % K == 0;
+        TS_CHECK(ts_token_file_writer_append(is_val ? vw : tw, enc[i].data(), enc[i].size()));
+        std::vector<double> &c = is_val ? cval : ctrain;
+        for (uint32_t id : enc[i]) c[id] += 1.0;
+        (is_val ? rep.val_bytes : rep.train_bytes) += batch[i].text.size();
+        nval += is_val;
+      }
+      batch.clear();
+      batch_bytes = 0;
+      if (show && NowSeconds() - last >= 1.0) {
+        last = NowSeconds();
+        fprintf(stderr, "\r  %.1f MB read (%.1f MB/s), %zu sections, %zu tokens", read_bytes / 1e6,
+                read_bytes / 1e6 / (last - t0), ndocs,
+                ts_token_file_writer_count(tw) + ts_token_file_writer_count(vw));
+        shown = true;
+      }
+      return TS_OK;
+    };
+    auto take = [&](Doc &&d) -> ts_status {
+      if (opts->stop && *opts->stop)
+        return ts_set_error(TS_ERR_IO, "--out %s: interrupted by a signal; nothing written",
+                            opts->out_dir);
+      batch_bytes += d.text.size();
+      batch.push_back(std::move(d));
+      return batch_bytes >= (opts->batch_bytes ? opts->batch_bytes : kBatchBytes) ? flush() : TS_OK;
+    };
+    for (const std::string &f : files) {
+      if (IsJsonl(f)) {
+        TS_CHECK(StreamJsonl(f, field, &read_bytes,
+                             [&](std::string &&text) { return take(Doc{std::move(text), false}); }));
+      } else {
+        std::vector<Doc> docs;
+        TS_CHECK(ReadTextDocs(f, &docs));
+        for (Doc &d : docs) {
+          read_bytes += d.text.size();
+          TS_CHECK(take(std::move(d)));
+        }
+      }
+    }
+    TS_CHECK(flush());
+    if (shown) fprintf(stderr, "\n");
+    shown = false;
+    if (ndocs == 0)
+      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                          "--text %s: no text (%zu file%s, empty), expected a non-empty corpus",
+                          opts->text_path, files.size(), files.size() == 1 ? "" : "s");
+    if (nval == 0)
+      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                          "--text %s: %zu sections (a text's paragraphs split by blank lines, or "
+                          "JSON Lines records), expected at least --val-every %zu so that one is "
+                          "validation",
+                          opts->text_path, ndocs, K);
+    // The unigram baseline (prepare.h), summed over the vocabulary.
+    const size_t ntrain = ts_token_file_writer_count(tw), nvalt = ts_token_file_writer_count(vw);
+    const double denom = (double)ntrain + (double)V;
+    double nll = 0.0;
+    size_t top = 0;
+    for (size_t v = 0; v < V; v++) {
+      if (cval[v] > 0) nll -= cval[v] * log((ctrain[v] + 1.0) / denom);
+      if (ctrain[v] > ctrain[top]) top = v;
+    }
+    rep.vocab_size = V;
+    rep.files = files.size();
+    rep.sections = ndocs;
+    rep.val_sections = nval;
+    rep.train_tokens = ntrain;
+    rep.val_tokens = nvalt;
+    rep.unigram_val_loss = nvalt ? nll / (double)nvalt : 0.0;
+    rep.unigram_val_accuracy = nvalt ? cval[top] / (double)nvalt : 0.0;
+    ts_status cst = ts_token_file_writer_commit(tw);
+    tw = nullptr;
+    TS_CHECK(cst);
+    cst = ts_token_file_writer_commit(vw);
+    vw = nullptr;
+    TS_CHECK(cst);
+    std::string meta;
+    TS_CHECK(ts_atomic_write((od.tmp + "/tokenizer.model").c_str(), hf.model.data(),
+                             hf.model.size()));
+    TS_CHECK(BuildMeta(opts, &rep, K, &hf, &meta));
+    TS_CHECK(ts_atomic_write((od.tmp + "/meta.json").c_str(), meta.data(), meta.size()));
+    return MoveIntoPlace(opts, od);
+  }();
+  if (st != TS_OK) {
+    if (shown) fprintf(stderr, "\n");  // the error's line is a line of its own
+    ts_token_file_writer_discard(tw);
+    ts_token_file_writer_discard(vw);
+    RemoveTempDir(od.tmp);
+    return st;
+  }
+  rep.seconds = NowSeconds() - t0;
+  if (report != nullptr) *report = rep;
+  return TS_OK;
+}
+
 }  // namespace
 
 extern "C" ts_status ts_prepare_corpus(const ts_prepare_opts *opts, ts_prepare_report *report) {
@@ -605,8 +903,11 @@ extern "C" ts_status ts_prepare_corpus(const ts_prepare_opts *opts, ts_prepare_r
   if (K < 2)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "--val-every %zu: expected >= 2 (every K-th section is validation)", K);
-  HfTokenizer hf;
-  if (hf_mode) TS_CHECK(LoadHfTokenizer(opts->tokenizer_dir, &hf));
+  if (hf_mode) {
+    HfTokenizer hf;
+    TS_CHECK(LoadHfTokenizer(opts->tokenizer_dir, &hf));
+    return PrepareHf(opts, K, field, hf, t0, report);
+  }
 
   // Read the documents and split them: every K-th is validation.
   std::vector<Doc> docs;
@@ -627,114 +928,96 @@ extern "C" ts_status ts_prepare_corpus(const ts_prepare_opts *opts, ts_prepare_r
   std::vector<uint32_t> train_ids, val_ids;
   std::string model;  // tokenizer.model's bytes
   size_t V = 0, train_bytes = 0, val_bytes = 0;
-  if (hf_mode) {
-    unsigned threads = std::thread::hardware_concurrency();
-    threads = std::max(1u, std::min({threads, 16u, (unsigned)docs.size()}));
-    std::vector<std::vector<uint32_t>> enc;
-    std::string why;
-    if (!EncodeDocs(hf, docs, threads, &enc, &why))
-      return ts_set_error(TS_ERR_INTERNAL, "--text %s: encoding with %s/tokenizer.model: %s",
-                          opts->text_path, opts->tokenizer_dir, why.c_str());
-    for (size_t i = 0; i < docs.size(); i++) {
-      const bool is_val = (i + 1) % K == 0;
-      std::vector<uint32_t> &dst = is_val ? val_ids : train_ids;
-      dst.insert(dst.end(), enc[i].begin(), enc[i].end());
-      std::vector<uint32_t>().swap(enc[i]);
-      (is_val ? val_bytes : train_bytes) += docs[i].text.size();
-    }
-    model = hf.model;
-    V = (size_t)hf.sp.GetPieceSize();
-  } else {
-    // The training and validation texts: a text file's sections as they are
-    // (they concatenate to the file), a record's text with a line break after
-    // it.
-    std::string train, val;
-    for (size_t i = 0; i < docs.size(); i++) {
-      std::string &dst = (i + 1) % K == 0 ? val : train;
-      dst += docs[i].text;
-      if (!docs[i].section && !HasSuffix(docs[i].text, "\n")) dst += '\n';
-    }
-    if (train.find_first_not_of(" \t\r\n") == std::string::npos)
-      return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--text %s: the training part is empty",
-                          opts->text_path);
-    const size_t chars = DistinctChars(train);
-    const size_t need = n_special + 256 + chars;
-    if (opts->vocab_size < need)
-      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                          "--vocab-size %zu: too small for byte fallback, expected at least %zu (%zu "
-                          "special + 256 byte pieces + %zu distinct characters in the training text "
-                          "of %s)",
-                          opts->vocab_size, need, n_special, chars, opts->text_path);
-    // BPE adds one piece per merge and each merge joins at least one pair of
-    // the training text's symbols, so it cannot make more pieces than this;
-    // SentencePiece would refuse a larger vocabulary only after training.
-    const size_t most = need + train.size();
-    if (opts->vocab_size > most)
-      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                          "--vocab-size %zu: expected at most %zu (%zu special + 256 byte pieces + "
-                          "%zu distinct characters + one merge per byte of the %zu-byte training "
-                          "text of %s)",
-                          opts->vocab_size, most, n_special, chars, train.size(), opts->text_path);
 
-    // Train the tokenizer on the training part.
-    sentencepiece::SetRandomGeneratorSeed((unsigned)(opts->seed % 0xFFFFFFFFull));
-    std::unordered_map<std::string, std::string> args = {
-        {"model_type", "bpe"},
-        {"vocab_size", std::to_string(opts->vocab_size)},
-        {"character_coverage", "1.0"},
-        {"byte_fallback", "true"},
-        {"split_digits", "true"},
-        {"num_threads", "2"},
-        {"unk_id", "0"},
-        {"bos_id", "1"},
-        {"eos_id", "2"},
-        {"pad_id", "-1"},
-        {"user_defined_symbols", "\n"},  // id 3
-        {"normalization_rule_name", "identity"},
-        {"remove_extra_whitespaces", "false"},
-        {"add_dummy_prefix", "false"},
-        {"allow_whitespace_only_pieces", "true"},  // "▁▁" before verse numbers
-        {"max_sentence_length", "65536"},
-        {"input_sentence_size", kMaxTrainLines},
-        {"shuffle_input_sentence", "true"},
-        {"minloglevel", "2"},  // library code does not print
-    };
-    if (opts->mlm) {  // BERT's pieces: 0 [PAD] 1 [UNK] 2 [CLS] 3 [SEP] 4 [MASK] 5 "\n"
-      const std::pair<const char *, const char *> mlm[] = {
-          {"pad_id", "0"},        {"pad_piece", "[PAD]"}, {"unk_id", "1"},
-          {"unk_piece", "[UNK]"}, {"bos_id", "2"},        {"bos_piece", "[CLS]"},
-          {"eos_id", "3"},        {"eos_piece", "[SEP]"}, {"control_symbols", "[MASK]"}};
-      for (const auto &kv : mlm) args[kv.first] = kv.second;
-    }
-    LineIterator lines(train);
-    auto sst = sentencepiece::SentencePieceTrainer::Train(args, &lines, &model);
-    if (!sst.ok()) {
-      std::string m = SpMessage(sst);
-      if (m.find("ocabulary size") != std::string::npos)
-        return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--vocab-size %zu: SentencePiece on %s: %s",
-                            opts->vocab_size, opts->text_path, m.c_str());
-      return ts_set_error(TS_ERR_INTERNAL, "SentencePiece training on %s failed: %s",
-                          opts->text_path, m.c_str());
-    }
-    sentencepiece::SentencePieceProcessor sp;
-    sst = sp.LoadFromSerializedProto(model);
-    if (!sst.ok())
-      return ts_set_error(TS_ERR_INTERNAL, "loading the trained tokenizer: %s", SpMessage(sst).c_str());
-    if ((size_t)sp.GetPieceSize() != opts->vocab_size || sp.IdToPiece((int)newline) != "\n" ||
-        (opts->mlm && sp.IdToPiece(4) != "[MASK]"))
-      return ts_set_error(TS_ERR_INTERNAL,
-                          "trained tokenizer has %d pieces and piece %u '%s', expected %zu and a "
-                          "line break",
-                          sp.GetPieceSize(), newline, sp.IdToPiece((int)newline).c_str(),
-                          opts->vocab_size);
-
-    // Tokenize both parts.
-    TS_CHECK(EncodeText(sp, train, "training", newline, &train_ids));
-    TS_CHECK(EncodeText(sp, val, "validation", newline, &val_ids));
-    V = opts->vocab_size;
-    train_bytes = train.size();
-    val_bytes = val.size();
+  // The training and validation texts: a text file's sections as they are
+  // (they concatenate to the file), a record's text with a line break after
+  // it.
+  std::string train, val;
+  for (size_t i = 0; i < docs.size(); i++) {
+    std::string &dst = (i + 1) % K == 0 ? val : train;
+    dst += docs[i].text;
+    if (!docs[i].section && !HasSuffix(docs[i].text, "\n")) dst += '\n';
   }
+  if (train.find_first_not_of(" \t\r\n") == std::string::npos)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--text %s: the training part is empty",
+                        opts->text_path);
+  const size_t chars = DistinctChars(train);
+  const size_t need = n_special + 256 + chars;
+  if (opts->vocab_size < need)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "--vocab-size %zu: too small for byte fallback, expected at least %zu (%zu "
+                        "special + 256 byte pieces + %zu distinct characters in the training text "
+                        "of %s)",
+                        opts->vocab_size, need, n_special, chars, opts->text_path);
+  // BPE adds one piece per merge and each merge joins at least one pair of
+  // the training text's symbols, so it cannot make more pieces than this;
+  // SentencePiece would refuse a larger vocabulary only after training.
+  const size_t most = need + train.size();
+  if (opts->vocab_size > most)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "--vocab-size %zu: expected at most %zu (%zu special + 256 byte pieces + "
+                        "%zu distinct characters + one merge per byte of the %zu-byte training "
+                        "text of %s)",
+                        opts->vocab_size, most, n_special, chars, train.size(), opts->text_path);
+
+  // Train the tokenizer on the training part.
+  sentencepiece::SetRandomGeneratorSeed((unsigned)(opts->seed % 0xFFFFFFFFull));
+  std::unordered_map<std::string, std::string> args = {
+      {"model_type", "bpe"},
+      {"vocab_size", std::to_string(opts->vocab_size)},
+      {"character_coverage", "1.0"},
+      {"byte_fallback", "true"},
+      {"split_digits", "true"},
+      {"num_threads", "2"},
+      {"unk_id", "0"},
+      {"bos_id", "1"},
+      {"eos_id", "2"},
+      {"pad_id", "-1"},
+      {"user_defined_symbols", "\n"},  // id 3
+      {"normalization_rule_name", "identity"},
+      {"remove_extra_whitespaces", "false"},
+      {"add_dummy_prefix", "false"},
+      {"allow_whitespace_only_pieces", "true"},  // "▁▁" before verse numbers
+      {"max_sentence_length", "65536"},
+      {"input_sentence_size", kMaxTrainLines},
+      {"shuffle_input_sentence", "true"},
+      {"minloglevel", "2"},  // library code does not print
+  };
+  if (opts->mlm) {  // BERT's pieces: 0 [PAD] 1 [UNK] 2 [CLS] 3 [SEP] 4 [MASK] 5 "\n"
+    const std::pair<const char *, const char *> mlm[] = {
+        {"pad_id", "0"},        {"pad_piece", "[PAD]"}, {"unk_id", "1"},
+        {"unk_piece", "[UNK]"}, {"bos_id", "2"},        {"bos_piece", "[CLS]"},
+        {"eos_id", "3"},        {"eos_piece", "[SEP]"}, {"control_symbols", "[MASK]"}};
+    for (const auto &kv : mlm) args[kv.first] = kv.second;
+  }
+  LineIterator lines(train);
+  auto sst = sentencepiece::SentencePieceTrainer::Train(args, &lines, &model);
+  if (!sst.ok()) {
+    std::string m = SpMessage(sst);
+    if (m.find("ocabulary size") != std::string::npos)
+      return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--vocab-size %zu: SentencePiece on %s: %s",
+                          opts->vocab_size, opts->text_path, m.c_str());
+    return ts_set_error(TS_ERR_INTERNAL, "SentencePiece training on %s failed: %s",
+                        opts->text_path, m.c_str());
+  }
+  sentencepiece::SentencePieceProcessor sp;
+  sst = sp.LoadFromSerializedProto(model);
+  if (!sst.ok())
+    return ts_set_error(TS_ERR_INTERNAL, "loading the trained tokenizer: %s", SpMessage(sst).c_str());
+  if ((size_t)sp.GetPieceSize() != opts->vocab_size || sp.IdToPiece((int)newline) != "\n" ||
+      (opts->mlm && sp.IdToPiece(4) != "[MASK]"))
+    return ts_set_error(TS_ERR_INTERNAL,
+                        "trained tokenizer has %d pieces and piece %u '%s', expected %zu and a "
+                        "line break",
+                        sp.GetPieceSize(), newline, sp.IdToPiece((int)newline).c_str(),
+                        opts->vocab_size);
+
+  // Tokenize both parts.
+  TS_CHECK(EncodeText(sp, train, "training", newline, &train_ids));
+  TS_CHECK(EncodeText(sp, val, "validation", newline, &val_ids));
+  V = opts->vocab_size;
+  train_bytes = train.size();
+  val_bytes = val.size();
   if (train_ids.size() > (size_t)INT32_MAX || val_ids.size() > (size_t)INT32_MAX)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "--text %s: %zu training and %zu validation tokens, expected at most %d "
@@ -766,81 +1049,51 @@ extern "C" ts_status ts_prepare_corpus(const ts_prepare_opts *opts, ts_prepare_r
   rep.unigram_val_accuracy = val_ids.empty() ? 0.0 : (double)hits / (double)val_ids.size();
 
   // Write everything into a temporary directory beside DIR.
-  std::string dir = opts->out_dir;
-  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-  struct stat sb;
-  bool dir_exists = stat(dir.c_str(), &sb) == 0;
-  if (dir_exists && !S_ISDIR(sb.st_mode))
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--out %s: exists and is not a directory",
-                        opts->out_dir);
-  size_t slash = dir.rfind('/');
-  std::string parent = slash == std::string::npos ? "." : (slash == 0 ? "/" : dir.substr(0, slash));
-  std::string leaf = slash == std::string::npos ? dir : dir.substr(slash + 1);
-  std::string tmpl = parent + "/." + leaf + ".prepare-XXXXXX";
-  std::vector<char> tbuf(tmpl.begin(), tmpl.end());
-  tbuf.push_back('\0');
-  if (mkdtemp(tbuf.data()) == nullptr)
-    return ts_set_error(TS_ERR_IO, "--out %s: cannot create a temporary directory in %s: %s",
-                        opts->out_dir, parent.c_str(), strerror(errno));
-  const std::string tmp = tbuf.data();
-  chmod(tmp.c_str(), 0755);  // mkdtemp makes it 0700; it may become DIR itself
-
-  ts_status st = TS_OK;
-  std::string meta;
-  TS_CHECK_GOTO(ts_atomic_write((tmp + "/tokenizer.model").c_str(), model.data(), model.size()), st, fail);
-  TS_CHECK_GOTO(ts_token_file_write((tmp + "/train.bin").c_str(), train_ids.data(), train_ids.size(), V),
-                st, fail);
-  TS_CHECK_GOTO(ts_token_file_write((tmp + "/val.bin").c_str(), val_ids.data(), val_ids.size(), V), st,
-                fail);
-  TS_CHECK_GOTO(BuildMeta(opts, &rep, K, hf_mode ? &hf : nullptr, &meta), st, fail);
-  TS_CHECK_GOTO(ts_atomic_write((tmp + "/meta.json").c_str(), meta.data(), meta.size()), st, fail);
-
-  // Move into place: the whole directory when DIR is new, else file by file.
-  if (!dir_exists && ts_atomic_rename(tmp.c_str(), dir.c_str()) == TS_OK) {
-    // done
-  } else {
-    if (!dir_exists && mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-      st = ts_set_error(TS_ERR_IO, "--out %s: cannot create: %s", opts->out_dir, strerror(errno));
-      goto fail;
-    }
-    for (size_t i = 0; i < kNumFiles; i++) {
-      std::string from = tmp + "/" + kFiles[i], to = dir + "/" + kFiles[i];
-      if (ts_atomic_rename(from.c_str(), to.c_str()) != TS_OK) {
-        std::string why = ts_last_error();  // a copy: ts_set_error rewrites that buffer
-        st = ts_set_error(TS_ERR_IO, "--out %s: cannot move %s into place: %s", opts->out_dir,
-                          kFiles[i], why.c_str());
-        goto fail;
-      }
-    }
-    rmdir(tmp.c_str());
+  OutDir od;
+  TS_CHECK(MakeOutDir(opts, &od));
+  ts_status st = [&]() -> ts_status {
+    std::string meta;
+    TS_CHECK(ts_atomic_write((od.tmp + "/tokenizer.model").c_str(), model.data(), model.size()));
+    TS_CHECK(ts_token_file_write((od.tmp + "/train.bin").c_str(), train_ids.data(),
+                                 train_ids.size(), V));
+    TS_CHECK(ts_token_file_write((od.tmp + "/val.bin").c_str(), val_ids.data(), val_ids.size(), V));
+    TS_CHECK(BuildMeta(opts, &rep, K, nullptr, &meta));
+    TS_CHECK(ts_atomic_write((od.tmp + "/meta.json").c_str(), meta.data(), meta.size()));
+    return MoveIntoPlace(opts, od);
+  }();
+  if (st != TS_OK) {
+    RemoveTempDir(od.tmp);
+    return st;
   }
   rep.seconds = NowSeconds() - t0;
   if (report != nullptr) *report = rep;
   return TS_OK;
-
-fail:
-  RemoveTempDir(tmp);
-  return st;
 }
 
 /* ------------------------------------------------------------ the command */
 
 namespace {
 
+volatile sig_atomic_t g_stop_signal;  // the SIGINT/SIGTERM that stopped the run, or 0
+
+void OnStopSignal(int sig) { g_stop_signal = sig; }
+
 const char kUsage[] =
     "usage: tessera prepare --text PATH --vocab-size N --out DIR [--mlm] [flags]\n"
     "       tessera prepare --text PATH --tokenizer HF_DIR --out DIR [flags]\n"
-    "  PATH is a UTF-8 text file, JSON Lines (.jsonl: one object a line, its text in\n"
-    "  --text-field) or a folder of them. Trains a SentencePiece BPE tokenizer (byte\n"
-    "  fallback) on PATH less every K-th section, or tokenizes with the Hugging Face\n"
-    "  model folder's own tokenizer.model (BOS/EOS as its tokenizer_config.json says),\n"
-    "  and writes DIR/tokenizer.model, DIR/train.bin, DIR/val.bin and DIR/meta.json.\n";
+    "  PATH is a UTF-8 text file, JSON Lines (.jsonl, .ndjson, .json: one object a\n"
+    "  line, its text in --text-field) or a folder of them. Trains a SentencePiece\n"
+    "  BPE tokenizer (byte fallback) on PATH less every K-th section, or tokenizes\n"
+    "  with the Hugging Face model folder's own tokenizer.model (BOS/EOS as its\n"
+    "  tokenizer_config.json says), and writes DIR/tokenizer.model, DIR/train.bin,\n"
+    "  DIR/val.bin and DIR/meta.json.\n";
 
 }  // namespace
 
 extern "C" int ts_tool_prepare(int argc, char **argv) {
   ts_prepare_opts o;
   memset(&o, 0, sizeof o);
+  o.progress = 1;
   size_t seed = 0;
   const char *vocab_given = nullptr;
   const ts_flag flags[] = {
@@ -855,7 +1108,9 @@ extern "C" int ts_tool_prepare(int argc, char **argv) {
       TS_FLAG_STRING("--text-field", nullptr, &o.text_field, "NAME",
                      "JSON Lines: the field holding each record's text (default text)", nullptr),
       TS_FLAG_SIZE("--vocab-size", nullptr, &o.vocab_size, 0, "N",
-                   "SentencePiece pieces, e.g. 4096 (at least 261); required", &vocab_given),
+                   "SentencePiece pieces to train, e.g. 4096 (at least 261); required "
+                   "without --tokenizer",
+                   &vocab_given),
       TS_FLAG_STRING("--out", nullptr, &o.out_dir, "DIR", "the output directory; required",
                      nullptr),
       TS_FLAG_SIZE("--val-every", nullptr, &o.val_every, 2, "K",
@@ -879,10 +1134,27 @@ extern "C" int ts_tool_prepare(int argc, char **argv) {
                           "vocabulary is the tokenizer's own)");
   if (o.out_dir == nullptr)
     return ts_flags_error("prepare", "--out DIR is required (the output directory)");
+  // With --tokenizer, SIGINT/SIGTERM stop the streaming at the next section
+  // and leave nothing behind (exit 128 + the signal). Training a tokenizer
+  // keeps the default: its outputs appear only at the end.
+  struct sigaction sa, old_int, old_term;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = OnStopSignal;
+  sigemptyset(&sa.sa_mask);
+  if (o.tokenizer_dir) {
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    o.stop = &g_stop_signal;
+  }
   ts_prepare_report r;
   ts_status st = ts_prepare_corpus(&o, &r);
+  if (o.tokenizer_dir) {
+    sigaction(SIGINT, &old_int, nullptr);
+    sigaction(SIGTERM, &old_term, nullptr);
+  }
   if (st != TS_OK) {
     fprintf(stderr, "tessera prepare: %s\n", ts_flags_last_error());
+    if (g_stop_signal) return 128 + (int)g_stop_signal;
     return st == TS_ERR_INVALID_ARGUMENT ? 2 : 1;
   }
   const size_t K = o.val_every ? o.val_every : TS_PREPARE_DEFAULT_VAL_EVERY;

@@ -36,11 +36,12 @@
  * [CLS]/[SEP]); the loader frames each window at training time.
  *
  * Inputs (--text PATH). A UTF-8 text file is cut into sections as above;
- * a JSON Lines file (name ending .jsonl or .ndjson) gives one section per
- * record, the string in its field text_field (records whose text is empty
- * and blank lines are skipped); a folder gives the sections of each of its
- * files in name order (hidden files skipped; a folder inside it is
- * refused); Parquet is refused (not read yet). Every K-th section of the
+ * a JSON Lines file (name ending .jsonl, .ndjson or .json, any case) gives
+ * one section per record, the string in its field text_field (records whose
+ * text is empty and blank lines are skipped; a line with more after its
+ * object, a null text or one with \u0000 is refused); a folder gives the
+ * sections of each of its files in name order (hidden files skipped; a
+ * folder inside it is refused); Parquet is refused (not read yet). Every K-th section of the
  * whole corpus is validation. When a tokenizer is trained, a record's text
  * is followed by a line break in the training text.
  *
@@ -49,10 +50,21 @@
  * as transformers' LlamaTokenizer and the fast tokenizer it converts from
  * that file do (tests/hf_tokenizer: the same ids on a multilingual sample),
  * with the BOS before and the EOS after it as HF_DIR/tokenizer_config.json's
- * add_bos_token / add_eos_token say (absent: BOS yes, EOS no, as
- * LlamaTokenizer's defaults; bos_token / eos_token name the pieces). The
+ * add_bos_token / add_eos_token say (absent or null: neither, transformers
+ * 5's defaults; bos_token / eos_token name the pieces). A leading space (or
+ * "▁") is the model's dummy prefix, as transformers 5's Metaspace has it; a
+ * section that spells a special token ("<s>") encodes it as text, where
+ * transformers would give the control token. A model whose settings
+ * transformers 5 does not follow is refused: one that normalizes (NFKC,
+ * extra whitespace removed) or cannot spell every text (no byte fallback),
+ * one without a dummy prefix, a configuration with add_prefix_space false. The
  * file is copied into DIR; the shards hold uint32 tokens when it has more
- * than 65 535 pieces. A folder with only tokenizer.json (byte-level BPE,
+ * than 65 535 pieces. The corpus streams through: JSON Lines a line at a
+ * time, a text file whole, sections gathered into batches of batch_bytes of
+ * text, each batch encoded on the machine's threads and appended to the
+ * shards (engine/token_file.h's writer), so memory is bounded by a batch
+ * and the largest text file; the shards are the same for any batch size and
+ * thread count. A folder with only tokenizer.json (byte-level BPE,
  * WordPiece) is refused: not read yet.
  *
  * Output is all or nothing: the files are written into a temporary
@@ -61,6 +73,7 @@
 #ifndef TS_TOOLS_PREPARE_H
 #define TS_TOOLS_PREPARE_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -92,6 +105,12 @@ typedef struct ts_prepare_opts {
   const char *tokenizer_dir; /* a Hugging Face folder: its tokenizer.model encodes the text
                               * (vocab_size 0, mlm 0); NULL: train a tokenizer */
   const char *text_field;  /* JSON Lines: the field holding a record's text; NULL: "text" */
+  int progress;            /* 1: with tokenizer_dir, a progress line on stderr (a terminal) */
+  size_t batch_bytes;      /* with tokenizer_dir: bytes of text encoded per batch (the memory
+                            * bound); 0: 16 MiB. The shards do not depend on it. */
+  const volatile sig_atomic_t *stop; /* with tokenizer_dir: when *stop becomes nonzero (a
+                            * signal handler's flag), the run stops at the next section with
+                            * TS_ERR_IO ("interrupted"), leaving nothing; NULL: never */
 } ts_prepare_opts;
 
 /* What was written. */

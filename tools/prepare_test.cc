@@ -308,7 +308,7 @@ HfSamples LoadSamples(const char *fixture) {
 }
 
 ts_status PrepareHf(const std::string &text, const std::string &out, const char *fixture,
-                    size_t val_every, const char *field = nullptr) {
+                    size_t val_every, const char *field = nullptr, size_t batch_bytes = 0) {
   const std::string hf = std::string(kHfDir) + fixture;
   ts_prepare_opts o;
   memset(&o, 0, sizeof o);
@@ -317,6 +317,7 @@ ts_status PrepareHf(const std::string &text, const std::string &out, const char 
   o.val_every = val_every;
   o.tokenizer_dir = hf.c_str();
   o.text_field = field;
+  o.batch_bytes = batch_bytes;
   return ts_prepare_corpus(&o, nullptr);
 }
 
@@ -358,6 +359,14 @@ TEST(PrepareHf, SentencePieceIdsEqualTransformersWithBosAndEos) {
     EXPECT_TRUE(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(meta, "add_bos")));
     EXPECT_EQ(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(meta, "add_eos")),
               std::string(fixture) == "llama_sp_eos");
+    // The unigram baseline recomputed token by token from the shards; prepare
+    // sums it per vocabulary entry, another order: 1e-12 relative covers it.
+    std::vector<double> counts(V, 0.0);
+    for (int t : want_train) counts[t] += 1.0;
+    double nll = 0.0;
+    for (int t : want_val) nll -= log((counts[t] + 1.0) / ((double)want_train.size() + V));
+    const double unigram = nll / (double)want_val.size();
+    EXPECT_NEAR(JsonNumber(meta, "unigram_val_loss"), unigram, 1e-12 * unigram);
     const cJSON *ids = cJSON_GetObjectItemCaseSensitive(meta, "special_ids");
     EXPECT_EQ(JsonNumber(ids, "bos"), 1.0);
     EXPECT_EQ(JsonNumber(ids, "eos"), 2.0);
@@ -390,11 +399,20 @@ TEST(PrepareHf, TextJsonLinesAndAFolderGiveTheSameTokens) {
   ASSERT_EQ(PrepareHf(dir.path("parts"), dir.path("from_folder"), "llama_sp", kValEvery, "content"),
             TS_OK)
       << ts_last_error();
+  // Streamed a section at a time (every section its own batch) and in
+  // batches of about 3 KB: the same shards as one batch.
+  ASSERT_EQ(PrepareHf(jsonl, dir.path("one_by_one"), "llama_sp", kValEvery, "content", 1), TS_OK)
+      << ts_last_error();
+  ASSERT_EQ(PrepareHf(dir.path("parts"), dir.path("by_3k"), "llama_sp", kValEvery, "content", 3000),
+            TS_OK)
+      << ts_last_error();
   for (const char *f : {"/train.bin", "/val.bin"}) {
     std::vector<int> want = ShardIds(dir.path("from_txt") + f, 480);
     EXPECT_GT(want.size(), 1000u) << f;
     EXPECT_EQ(ShardIds(dir.path("from_jsonl") + f, 480), want) << f;
     EXPECT_EQ(ShardIds(dir.path("from_folder") + f, 480), want) << f;
+    EXPECT_EQ(ShardIds(dir.path("one_by_one") + f, 480), want) << f;
+    EXPECT_EQ(ShardIds(dir.path("by_3k") + f, 480), want) << f;
   }
   // Each section is its own document: one BOS per section.
   std::vector<int> train = ShardIds(dir.path("from_txt") + "/train.bin", 480);
@@ -438,9 +456,14 @@ TEST(PrepareHf, BadInputIsOneLineAndWritesNothing) {
     const char *name, *content, *want;
     const char *field;
   } cases[] = {
-      {"bad.jsonl", "{\"text\": \"fine\"}\n{\"text\": oops}\n", "bad.jsonl:2: not a JSON object",
+      {"bad.jsonl", "{\"text\": \"fine\"}\n{\"text\": oops}\n",
+       "bad.jsonl:2: not valid JSON or not an object", nullptr},
+      {"array.jsonl", "[\"text\"]\n", "array.jsonl:1: not valid JSON or not an object", nullptr},
+      {"two.jsonl", "{\"text\": \"a\"}{\"text\": \"b\"}\n", "two.jsonl:1: more after the JSON object",
        nullptr},
-      {"array.jsonl", "[\"text\"]\n", "array.jsonl:1: not a JSON object", nullptr},
+      {"nul.jsonl", "{\"text\": \"a\\\\u0000 is text\"}\n{\"text\": \"ab\\u0000cd\"}\n",
+       "nul.jsonl:2: \\u0000 (a NUL character)", nullptr},
+      {"null.JSONL", "{\"text\": null}\n", "null.JSONL:1: field \"text\" is null", nullptr},
       {"nofield.jsonl", "{\"text\": \"a\"}\n\n{\"body\": \"b\"}\n",
        "nofield.jsonl:3: field \"text\" missing, expected a string", nullptr},
       {"number.jsonl", "{\"text\": 3}\n", "number.jsonl:1: field \"text\" is not a string",
@@ -490,6 +513,29 @@ TEST(PrepareHf, BadInputIsOneLineAndWritesNothing) {
   EXPECT_EQ(ts_prepare_corpus(&o, nullptr), TS_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(ts_last_error()).find("tokenizer.model: "), std::string::npos)
       << ts_last_error();
+  // The fixture's model with add_prefix_space false (not read yet); a model
+  // trained here as prepare trains (no dummy prefix): transformers 5 would
+  // give other ids, so both are refused.
+  Spit(dir.path("hf/tokenizer.model"), Slurp(std::string(kHfDir) + "llama_sp/tokenizer.model"));
+  Spit(dir.path("hf/tokenizer_config.json"), "{\"add_prefix_space\": false}");
+  EXPECT_EQ(ts_prepare_corpus(&o, nullptr), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ts_last_error()).find("\"add_prefix_space\" is false: not read yet"),
+            std::string::npos)
+      << ts_last_error();
+  {
+    Corpus c = MakeCorpus();
+    Spit(dir.path("c.txt"), c.text);
+    ts_prepare_opts t = {nullptr, nullptr, kVocab, kValEvery, 0};
+    const std::string ctxt = dir.path("c.txt"), own = dir.path("own");
+    t.text_path = ctxt.c_str();
+    t.out_dir = own.c_str();
+    ASSERT_EQ(ts_prepare_corpus(&t, nullptr), TS_OK) << ts_last_error();
+    o.tokenizer_dir = own.c_str();
+    EXPECT_EQ(ts_prepare_corpus(&o, nullptr), TS_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(ts_last_error()).find("tokenizer.model has no dummy prefix"),
+              std::string::npos)
+        << ts_last_error();
+  }
   EXPECT_FALSE(Exists(out));
 }
 

@@ -56,6 +56,9 @@ SAMPLES = [
     "unknown: ☃ ∮ 𝔘𝔫𝔦𝔠𝔬𝔡𝔢",
     "",
     "▁ a literal meta symbol",
+    " ",
+    "▁",
+    "   ",
 ]
 
 
