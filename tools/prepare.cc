@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -512,8 +513,8 @@ bool EncodeDoc(const HfTokenizer &t, const std::string &text, std::vector<uint32
   std::vector<int> ids;
   sentencepiece::util::Status st;
   if (v.empty() && !text.empty()) {
-    // " " or "▁" alone is the prefix alone: "▁" ("a" encodes to it and "a",
-    // or to "▁a" and then the "▁" piece is looked up).
+    // " " or "▁" alone: transformers gives the "▁" piece (its three byte
+    // pieces where the model has no such piece).
     int id = t.sp.PieceToId("\xe2\x96\x81");
     if (id != t.sp.unk_id()) {
       ids.push_back(id);
@@ -539,8 +540,9 @@ bool EncodeDoc(const HfTokenizer &t, const std::string &text, std::vector<uint32
 
 // Encodes every document (EncodeDoc) on up to `threads` threads, document i
 // on thread i mod threads (SentencePieceProcessor::Encode is const), into
-// (*out)[i]: the ids do not depend on the thread count. On failure *err
-// names the first document (in order) that failed.
+// (*out)[i]: the ids do not depend on the thread count (a thread that
+// cannot be started leaves its share to this one). On failure *err says the
+// first document (in order) that failed, by its size.
 bool EncodeDocs(const HfTokenizer &t, const std::vector<Doc> &docs, unsigned threads,
                 std::vector<std::vector<uint32_t>> *out, std::string *err) {
   out->assign(docs.size(), {});
@@ -551,12 +553,19 @@ bool EncodeDocs(const HfTokenizer &t, const std::vector<Doc> &docs, unsigned thr
       ok[i] = EncodeDoc(t, docs[i].text, &(*out)[i], &errs[i]);
   };
   std::vector<std::thread> pool;
-  for (unsigned k = 1; k < threads; k++) pool.emplace_back(work, k);
-  work(0);
+  std::vector<unsigned> inline_ks = {0};  // this thread's share, and any a thread could not take
+  for (unsigned k = 1; k < threads; k++) {
+    try {
+      pool.emplace_back(work, k);
+    } catch (const std::system_error &) {  // no thread to be had: the same work, here
+      inline_ks.push_back(k);
+    }
+  }
+  for (unsigned k : inline_ks) work(k);
   for (std::thread &th : pool) th.join();
   for (size_t i = 0; i < docs.size(); i++)
     if (!ok[i]) {
-      *err = "section " + std::to_string(i) + ": " + errs[i];
+      *err = "a section of " + std::to_string(docs[i].text.size()) + " bytes: " + errs[i];
       return false;
     }
   return true;
