@@ -11,7 +11,9 @@
 #     usage error; compare --data /missing after starting a run; compare
 #     -n 1000000000 as "out of memory"; size flags refusing 1e9; prepare
 #     --vocab-size 1000000000 after training; launch -n 1000000000 reaching
-#     mpirun.
+#     mpirun;
+#  4. prepare --tokenizer stopped by SIGTERM: exit 143, one line, nothing
+#     left behind.
 #   inputs_test.sh TESSERA_BIN LAUNCH_SH
 set -uo pipefail
 bin="$1"
@@ -131,6 +133,25 @@ check "prepare --vocab-size 1000000000: its reason" \
 check_eq "prepare --vocab-size 1000000000: one line" 1 "$(lines "$o")"
 took_ms=$((($(date +%s%N) - start) / 1000000)) # no tokenizer trained: milliseconds, not seconds
 check_eq "prepare --vocab-size 1000000000: at once (under 2 s; took $took_ms ms)" 1 "$((took_ms < 2000))"
+
+# 4. prepare --tokenizer stopped by SIGTERM leaves nothing: its JSON Lines
+# come through a pipe the test holds open, so the signal finds it reading
+# (the open of the pipe returns once prepare has opened it too); the pipe
+# is closed after the signal, whether prepare was waiting or working.
+mkfifo "$tmp/stream.jsonl"
+"$bin" prepare --text "$tmp/stream.jsonl" --tokenizer "$TESSERA_HOME/tests/hf_tokenizer/llama_sp" \
+  --out "$tmp/streamed" --val-every 2 >"$tmp/stream.out" 2>&1 &
+prep=$!
+exec 3>"$tmp/stream.jsonl"
+printf '{"text": "one"}\n{"text": "two"}\n' >&3
+kill -TERM "$prep"
+exec 3>&-
+wait "$prep"
+check_eq "prepare --tokenizer, SIGTERM: exit 143" 143 $?
+check_eq "prepare --tokenizer, SIGTERM: the line" \
+  "tessera prepare: --out $tmp/streamed: interrupted by a signal; nothing written" "$(cat "$tmp/stream.out")"
+check_eq "prepare --tokenizer, SIGTERM: nothing beside the pipe" "" \
+  "$(cd "$tmp" && ls -A | grep -E '^(\.)?streamed')"
 
 echo "$fails failure(s)"
 ((fails == 0))

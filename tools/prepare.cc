@@ -824,6 +824,7 @@ ts_status PrepareHf(const ts_prepare_opts *opts, size_t K, const char *field,
     TS_CHECK(flush());
     if (shown) fprintf(stderr, "\n");
     shown = false;
+    if (opts->stop && *opts->stop) return TS_ERR_IO;  // said below
     if (ndocs == 0)
       return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                           "--text %s: no text (%zu file%s, empty), expected a non-empty corpus",
@@ -864,6 +865,9 @@ ts_status PrepareHf(const ts_prepare_opts *opts, size_t K, const char *field,
     TS_CHECK(ts_atomic_write((od.tmp + "/meta.json").c_str(), meta.data(), meta.size()));
     return MoveIntoPlace(opts, od);
   }();
+  if (st != TS_OK && opts->stop && *opts->stop)  // a read it cut short, too
+    st = ts_set_error(TS_ERR_IO, "--out %s: interrupted by a signal; nothing written",
+                      opts->out_dir);
   if (st != TS_OK) {
     if (shown) fprintf(stderr, "\n");  // the error's line is a line of its own
     ts_token_file_writer_discard(tw);

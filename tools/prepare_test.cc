@@ -539,6 +539,29 @@ TEST(PrepareHf, BadInputIsOneLineAndWritesNothing) {
   EXPECT_FALSE(Exists(out));
 }
 
+// A stop request (a signal handler's flag) ends the run with nothing
+// written, however far it got.
+TEST(PrepareHf, AStopRequestLeavesNothing) {
+  TempDir dir("ts_prepare_test");
+  Corpus c = MakeCorpus();
+  const std::string text = dir.path("c.txt"), out = dir.path("out"), hf = std::string(kHfDir) + "llama_sp";
+  Spit(text, c.text);
+  volatile sig_atomic_t stop = 1;
+  ts_prepare_opts o;
+  memset(&o, 0, sizeof o);
+  o.text_path = text.c_str();
+  o.out_dir = out.c_str();
+  o.tokenizer_dir = hf.c_str();
+  o.stop = &stop;
+  EXPECT_EQ(ts_prepare_corpus(&o, nullptr), TS_ERR_IO);
+  EXPECT_NE(std::string(ts_last_error()).find("interrupted by a signal; nothing written"),
+            std::string::npos)
+      << ts_last_error();
+  EXPECT_EQ(dir.List().size(), 1u);  // the corpus alone: no DIR, no temporary folder
+  stop = 0;
+  EXPECT_EQ(ts_prepare_corpus(&o, nullptr), TS_OK) << ts_last_error();
+}
+
 TEST(PrepareTool, TokenizerAndVocabSizeAreOneOrTheOther) {
   TempDir dir("ts_prepare_test");
   const std::string text = dir.path("c.txt"), out = dir.path("out");
