@@ -14,6 +14,8 @@
 #  5. --keep 1 keeps the newest; --resume auto with nothing saved starts
 #     afresh;
 #  6. export: a Hugging Face folder that --init-from and --model DIR read;
+#     README's walkthrough to the export (prepare --tokenizer on JSON Lines,
+#     launch -n 2 train --init-from, export);
 #  7. bad input: one line each and the exact exit code (the ranks' files
 #     swapped on disk too); a resume with another --steps says so in one
 #     line and goes on;
@@ -141,6 +143,26 @@ first_ft="$(steps "$ft" | head -n 1 | sed 's/.*loss \([0-9.]*\).*/\1/')"
 python3 -c "import sys; sys.exit(0 if float('$first_ft') < float('$first_a') + 1.0 else 1)" &&
   echo "ok   --init-from starts from the trained weights" ||
   { echo "FAIL --init-from loss $first_ft vs trained $first_a"; fails=$((fails + 1)); }
+# README's walkthrough up to the export: the Hugging Face folder with a
+# tokenizer of its own (tests/hf_tokenizer's LLaMA-style tokenizer.model),
+# your JSON Lines tokenized with it, two ranks going on from its weights,
+# the result exported again.
+cp "$TESSERA_HOME/tests/hf_tokenizer/llama_sp/tokenizer.model" \
+  "$TESSERA_HOME/tests/hf_tokenizer/llama_sp/tokenizer_config.json" "$tmp/hf/"
+for i in $(seq 300); do printf '{"text": "In the beginning %d was the word, and the word %d."}\n' "$i" "$((i * 7))"; done \
+  >"$tmp/mine.jsonl"
+out="$("$bin" prepare --text "$tmp/mine.jsonl" --text-field text --tokenizer "$tmp/hf" \
+  --out "$tmp/mine" 2>&1)"
+check_eq "walkthrough: prepare --tokenizer exit" 0 $?
+check "walkthrough: prepare says the tokenizer" "$tmp/hf/tokenizer.model (sentencepiece), vocab 480" "$out"
+out="$("$launch" -n 2 "$bin" train --init-from "$tmp/hf" --data "$tmp/mine" --steps 2 --micro-batch 2 \
+  --seq 32 --save "$tmp/mine-ck" 2>&1)"
+check_eq "walkthrough: launch -n 2 train --init-from exit" 0 $?
+check "walkthrough: two ranks" "on 2 ranks" "$out"
+"$bin" export "$tmp/mine-ck" --out "$tmp/mine-hf" >/dev/null 2>&1
+check_eq "walkthrough: export exit" 0 $?
+check_eq "walkthrough: the exported folder" "config.json model.safetensors" \
+  "$(ls "$tmp/mine-hf" | tr '\n' ' ' | sed 's/ $//')"
 "$bin" export "$tmp/p" --out "$tmp/hf-bf16" --dtype bf16 --max-shard-size 2000000 >/dev/null 2>&1
 check_eq "sharded export" 1 "$(ls "$tmp/hf-bf16" | grep -c 'model.safetensors.index.json')"
 check "bf16 config" '"torch_dtype":	"bfloat16"' "$(cat "$tmp/hf-bf16/config.json")"
