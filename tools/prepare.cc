@@ -742,6 +742,87 @@ ts_status MoveIntoPlace(const ts_prepare_opts *opts, const OutDir &o) {
   return TS_OK;
 }
 
+// train.bin and val.bin being written into the temporary folder, with the
+// token counts per id that the unigram baseline needs.
+struct Shards {
+  ts_token_file_writer *train = nullptr, *val = nullptr;
+  std::vector<double> ctrain, cval;
+  Shards() = default;
+  Shards(const Shards &) = delete;
+  Shards &operator=(const Shards &) = delete;
+  ~Shards() {  // after a failure: the .tmp files go
+    ts_token_file_writer_discard(train);
+    ts_token_file_writer_discard(val);
+  }
+  ts_status Open(const std::string &tmp, size_t V) {
+    ctrain.assign(V, 0.0);
+    cval.assign(V, 0.0);
+    TS_CHECK(ts_token_file_writer_open(&train, (tmp + "/train.bin").c_str(), V));
+    return ts_token_file_writer_open(&val, (tmp + "/val.bin").c_str(), V);
+  }
+  ts_status Add(bool is_val, const std::vector<uint32_t> &ids) {
+    TS_CHECK(ts_token_file_writer_append(is_val ? val : train, ids.data(), ids.size()));
+    std::vector<double> &c = is_val ? cval : ctrain;
+    for (uint32_t id : ids) c[id] += 1.0;
+    return TS_OK;
+  }
+  size_t Tokens() const {
+    return ts_token_file_writer_count(train) + ts_token_file_writer_count(val);
+  }
+  // The token counts and the unigram baseline (prepare.h) into *r, summed
+  // over the vocabulary; then both files committed.
+  ts_status Commit(ts_prepare_report *r) {
+    const size_t V = ctrain.size(), ntrain = ts_token_file_writer_count(train),
+                 nval = ts_token_file_writer_count(val);
+    const double denom = (double)ntrain + (double)V;
+    double nll = 0.0;
+    size_t top = 0;  // the unigram predictor: always train's most frequent token
+    for (size_t v = 0; v < V; v++) {
+      if (cval[v] > 0) nll -= cval[v] * log((ctrain[v] + 1.0) / denom);
+      if (ctrain[v] > ctrain[top]) top = v;
+    }
+    r->vocab_size = V;
+    r->train_tokens = ntrain;
+    r->val_tokens = nval;
+    r->unigram_val_loss = nval ? nll / (double)nval : 0.0;
+    r->unigram_val_accuracy = nval ? cval[top] / (double)nval : 0.0;
+    ts_status st = ts_token_file_writer_commit(train);
+    train = nullptr;
+    TS_CHECK(st);
+    st = ts_token_file_writer_commit(val);
+    val = nullptr;
+    return st;
+  }
+};
+
+// The rest of DIR beside the committed shards: tokenizer.model (its bytes),
+// meta.json; then everything moved into place.
+ts_status Finish(const ts_prepare_opts *opts, const OutDir &od, const std::string &model,
+                 const ts_prepare_report &rep, size_t K, const HfTokenizer *hf) {
+  std::string meta;
+  TS_CHECK(ts_atomic_write((od.tmp + "/tokenizer.model").c_str(), model.data(), model.size()));
+  TS_CHECK(BuildMeta(opts, &rep, K, hf, &meta));
+  TS_CHECK(ts_atomic_write((od.tmp + "/meta.json").c_str(), meta.data(), meta.size()));
+  return MoveIntoPlace(opts, od);
+}
+
+// A corpus of `sections` sections from `files` files, `val` of them
+// validation: refused when it has none, or no validation section.
+ts_status CheckSplit(const ts_prepare_opts *opts, size_t files, size_t sections, size_t val,
+                     size_t K) {
+  if (sections == 0)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "--text %s: no text (%zu file%s, empty), expected a non-empty corpus",
+                        opts->text_path, files, files == 1 ? "" : "s");
+  if (val == 0)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "--text %s: %zu sections (a text's paragraphs split by blank lines, or "
+                        "JSON Lines records), expected at least --val-every %zu so that one is "
+                        "validation",
+                        opts->text_path, sections, K);
+  return TS_OK;
+}
+
 // Sections encoded per batch: a batch holds about this many bytes of text
 // (ts_prepare_opts.batch_bytes 0).
 const size_t kBatchBytes = 16u << 20;
@@ -757,17 +838,14 @@ ts_status PrepareHf(const ts_prepare_opts *opts, size_t K, const char *field,
   TS_CHECK(ListCorpus(opts->text_path, &files));
   OutDir od;
   TS_CHECK(MakeOutDir(opts, &od));
-  const size_t V = (size_t)hf.sp.GetPieceSize();
-  ts_token_file_writer *tw = nullptr, *vw = nullptr;
   ts_prepare_report rep;
   memset(&rep, 0, sizeof rep);
   bool shown = false;  // a progress line is on the terminal, not yet ended
   ts_status st = [&]() -> ts_status {
-    TS_CHECK(ts_token_file_writer_open(&tw, (od.tmp + "/train.bin").c_str(), V));
-    TS_CHECK(ts_token_file_writer_open(&vw, (od.tmp + "/val.bin").c_str(), V));
+    Shards shards;
+    TS_CHECK(shards.Open(od.tmp, (size_t)hf.sp.GetPieceSize()));
     unsigned threads = std::thread::hardware_concurrency();
     threads = std::max(1u, std::min(threads, 16u));
-    std::vector<double> ctrain(V, 0.0), cval(V, 0.0);
     size_t ndocs = 0, nval = 0, read_bytes = 0;
     const bool show = opts->progress && isatty(STDERR_FILENO);
     double last = NowSeconds();
@@ -783,9 +861,7 @@ ts_status PrepareHf(const ts_prepare_opts *opts, size_t K, const char *field,
                             opts->text_path, opts->tokenizer_dir, why.c_str());
       for (size_t i = 0; i < batch.size(); i++, ndocs++) {
         const bool is_val = (ndocs + 1) % K == 0;
-        TS_CHECK(ts_token_file_writer_append(is_val ? vw : tw, enc[i].data(), enc[i].size()));
-        std::vector<double> &c = is_val ? cval : ctrain;
-        for (uint32_t id : enc[i]) c[id] += 1.0;
+        TS_CHECK(shards.Add(is_val, enc[i]));
         (is_val ? rep.val_bytes : rep.train_bytes) += batch[i].text.size();
         nval += is_val;
       }
@@ -794,8 +870,7 @@ ts_status PrepareHf(const ts_prepare_opts *opts, size_t K, const char *field,
       if (show && NowSeconds() - last >= 1.0) {
         last = NowSeconds();
         fprintf(stderr, "\r  %.1f MB read (%.1f MB/s), %zu sections, %zu tokens", read_bytes / 1e6,
-                read_bytes / 1e6 / (last - t0), ndocs,
-                ts_token_file_writer_count(tw) + ts_token_file_writer_count(vw));
+                read_bytes / 1e6 / (last - t0), ndocs, shards.Tokens());
         shown = true;
       }
       return TS_OK;
@@ -825,53 +900,18 @@ ts_status PrepareHf(const ts_prepare_opts *opts, size_t K, const char *field,
     if (shown) fprintf(stderr, "\n");
     shown = false;
     if (opts->stop && *opts->stop) return TS_ERR_IO;  // said below
-    if (ndocs == 0)
-      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                          "--text %s: no text (%zu file%s, empty), expected a non-empty corpus",
-                          opts->text_path, files.size(), files.size() == 1 ? "" : "s");
-    if (nval == 0)
-      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                          "--text %s: %zu sections (a text's paragraphs split by blank lines, or "
-                          "JSON Lines records), expected at least --val-every %zu so that one is "
-                          "validation",
-                          opts->text_path, ndocs, K);
-    // The unigram baseline (prepare.h), summed over the vocabulary.
-    const size_t ntrain = ts_token_file_writer_count(tw), nvalt = ts_token_file_writer_count(vw);
-    const double denom = (double)ntrain + (double)V;
-    double nll = 0.0;
-    size_t top = 0;
-    for (size_t v = 0; v < V; v++) {
-      if (cval[v] > 0) nll -= cval[v] * log((ctrain[v] + 1.0) / denom);
-      if (ctrain[v] > ctrain[top]) top = v;
-    }
-    rep.vocab_size = V;
+    TS_CHECK(CheckSplit(opts, files.size(), ndocs, nval, K));
     rep.files = files.size();
     rep.sections = ndocs;
     rep.val_sections = nval;
-    rep.train_tokens = ntrain;
-    rep.val_tokens = nvalt;
-    rep.unigram_val_loss = nvalt ? nll / (double)nvalt : 0.0;
-    rep.unigram_val_accuracy = nvalt ? cval[top] / (double)nvalt : 0.0;
-    ts_status cst = ts_token_file_writer_commit(tw);
-    tw = nullptr;
-    TS_CHECK(cst);
-    cst = ts_token_file_writer_commit(vw);
-    vw = nullptr;
-    TS_CHECK(cst);
-    std::string meta;
-    TS_CHECK(ts_atomic_write((od.tmp + "/tokenizer.model").c_str(), hf.model.data(),
-                             hf.model.size()));
-    TS_CHECK(BuildMeta(opts, &rep, K, &hf, &meta));
-    TS_CHECK(ts_atomic_write((od.tmp + "/meta.json").c_str(), meta.data(), meta.size()));
-    return MoveIntoPlace(opts, od);
+    TS_CHECK(shards.Commit(&rep));
+    return Finish(opts, od, hf.model, rep, K, &hf);
   }();
   if (st != TS_OK && opts->stop && *opts->stop)  // a read it cut short, too
     st = ts_set_error(TS_ERR_IO, "--out %s: interrupted by a signal; nothing written",
                       opts->out_dir);
   if (st != TS_OK) {
     if (shown) fprintf(stderr, "\n");  // the error's line is a line of its own
-    ts_token_file_writer_discard(tw);
-    ts_token_file_writer_discard(vw);
     RemoveTempDir(od.tmp);
     return st;
   }
@@ -926,21 +966,11 @@ extern "C" ts_status ts_prepare_corpus(const ts_prepare_opts *opts, ts_prepare_r
   std::vector<Doc> docs;
   size_t files = 0;
   TS_CHECK(ReadDocuments(opts->text_path, field, &docs, &files));
-  if (docs.empty())
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "--text %s: no text (%zu file%s, empty), expected a non-empty corpus",
-                        opts->text_path, files, files == 1 ? "" : "s");
   size_t n_val = 0;
   for (size_t i = 0; i < docs.size(); i++) n_val += (i + 1) % K == 0;
-  if (n_val == 0)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "--text %s: %zu sections (a text's paragraphs split by blank lines, or "
-                        "JSON Lines records), expected at least --val-every %zu so that one is "
-                        "validation",
-                        opts->text_path, docs.size(), K);
+  TS_CHECK(CheckSplit(opts, files, docs.size(), n_val, K));
   std::vector<uint32_t> train_ids, val_ids;
   std::string model;  // tokenizer.model's bytes
-  size_t V = 0, train_bytes = 0, val_bytes = 0;
 
   // The training and validation texts: a text file's sections as they are
   // (they concatenate to the file), a record's text with a line break after
@@ -1028,51 +1058,24 @@ extern "C" ts_status ts_prepare_corpus(const ts_prepare_opts *opts, ts_prepare_r
   // Tokenize both parts.
   TS_CHECK(EncodeText(sp, train, "training", newline, &train_ids));
   TS_CHECK(EncodeText(sp, val, "validation", newline, &val_ids));
-  V = opts->vocab_size;
-  train_bytes = train.size();
-  val_bytes = val.size();
-  if (train_ids.size() > (size_t)INT32_MAX || val_ids.size() > (size_t)INT32_MAX)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "--text %s: %zu training and %zu validation tokens, expected at most %d "
-                        "per shard",
-                        opts->text_path, train_ids.size(), val_ids.size(), INT32_MAX);
-
-  // The unigram baseline.
-  std::vector<double> counts(V, 0.0);
-  for (uint32_t t : train_ids) counts[t] += 1.0;
-  double nll = 0.0;
-  const double denom = (double)train_ids.size() + (double)V;
-  for (uint32_t t : val_ids) nll -= log((counts[t] + 1.0) / denom);
-  size_t top = 0, hits = 0;  // the unigram predictor: always train's most frequent token
-  for (size_t v = 1; v < V; v++)
-    if (counts[v] > counts[top]) top = v;
-  for (uint32_t t : val_ids) hits += t == top;
-
   ts_prepare_report rep;
   memset(&rep, 0, sizeof rep);
-  rep.vocab_size = V;
   rep.files = files;
   rep.sections = docs.size();
   rep.val_sections = n_val;
-  rep.train_bytes = train_bytes;
-  rep.val_bytes = val_bytes;
-  rep.train_tokens = train_ids.size();
-  rep.val_tokens = val_ids.size();
-  rep.unigram_val_loss = val_ids.empty() ? 0.0 : nll / (double)val_ids.size();
-  rep.unigram_val_accuracy = val_ids.empty() ? 0.0 : (double)hits / (double)val_ids.size();
+  rep.train_bytes = train.size();
+  rep.val_bytes = val.size();
 
   // Write everything into a temporary directory beside DIR.
   OutDir od;
   TS_CHECK(MakeOutDir(opts, &od));
   ts_status st = [&]() -> ts_status {
-    std::string meta;
-    TS_CHECK(ts_atomic_write((od.tmp + "/tokenizer.model").c_str(), model.data(), model.size()));
-    TS_CHECK(ts_token_file_write((od.tmp + "/train.bin").c_str(), train_ids.data(),
-                                 train_ids.size(), V));
-    TS_CHECK(ts_token_file_write((od.tmp + "/val.bin").c_str(), val_ids.data(), val_ids.size(), V));
-    TS_CHECK(BuildMeta(opts, &rep, K, nullptr, &meta));
-    TS_CHECK(ts_atomic_write((od.tmp + "/meta.json").c_str(), meta.data(), meta.size()));
-    return MoveIntoPlace(opts, od);
+    Shards shards;
+    TS_CHECK(shards.Open(od.tmp, opts->vocab_size));
+    TS_CHECK(shards.Add(false, train_ids));
+    TS_CHECK(shards.Add(true, val_ids));
+    TS_CHECK(shards.Commit(&rep));
+    return Finish(opts, od, model, rep, K, nullptr);
   }();
   if (st != TS_OK) {
     RemoveTempDir(od.tmp);

@@ -175,7 +175,8 @@ TEST(Prepare, WritesTokenizerShardsAndMeta) {
   double nll = 0.0;
   for (int t : val_ids) nll -= log((counts[t] + 1.0) / ((double)train_ids.size() + kVocab));
   const double expect = nll / (double)val_ids.size();
-  // Same terms in the same order; 1e-12 only absorbs printing to JSON.
+  // prepare sums per vocabulary entry (count x log), this per token: the
+  // same terms in another order, well inside 1e-12.
   EXPECT_NEAR(rep.unigram_val_loss, expect, 1e-12);
   EXPECT_NEAR(JsonNumber(meta, "unigram_val_loss"), expect, 1e-12);
   EXPECT_GT(expect, 1.0);           // a real text is far from one repeated token
