@@ -615,6 +615,58 @@ static ts_status stop_requested(run *r, int *stop) {
   return TS_OK;
 }
 
+/* The whole weights on rank 0, one fp32 host buffer per unit. */
+typedef struct host_weights {
+  const ts_model *m;
+  float **units; /* [n_units], laid out as the unit's flat buffer */
+} host_weights;
+
+static ts_status read_host_weights(void *user, const char *name, float *dst, size_t numel) {
+  const host_weights *w = user;
+  int u, i;
+  TS_CHECK(ts_model_find_tensor(w->m, name, &u, &i));
+  const ts_tensor_spec *t = &w->m->units[u].tensors[i];
+  if (t->numel != numel)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "tensor %s: %zu values, expected %zu", name,
+                        numel, t->numel);
+  memcpy(dst, w->units[u] + t->offset, numel * sizeof *dst);
+  return TS_OK;
+}
+
+/* cfg->sample at `step`: every rank gathers each tensor in layout order
+ * (ts_engine_get_tensor, collective at stage 3), rank 0 keeps them and
+ * calls the sample; the others hold one tensor at a time. */
+static ts_status sample(run *r, size_t step) {
+  const ts_model *m = &r->model;
+  host_weights w = {m, calloc((size_t)m->n_units, sizeof(float *))};
+  size_t largest = 0;
+  for (int u = 0; u < m->n_units; u++)
+    for (int i = 0; i < m->units[u].n_tensors; i++)
+      if (m->units[u].tensors[i].numel > largest) largest = m->units[u].tensors[i].numel;
+  float *one = r->wrank == 0 ? NULL : malloc((largest ? largest : 1) * sizeof *one);
+  ts_status st = w.units && (r->wrank == 0 || one) ? TS_OK
+                 : ts_set_error(TS_ERR_OUT_OF_MEMORY, "sample: the weights");
+  for (int u = 0; st == TS_OK && u < m->n_units; u++) {
+    const ts_unit *un = &m->units[u];
+    if (r->wrank == 0) {
+      w.units[u] = malloc((un->numel ? un->numel : 1) * sizeof(float));
+      if (!w.units[u]) st = ts_set_error(TS_ERR_OUT_OF_MEMORY, "sample: unit %d", u);
+    }
+    for (int i = 0; st == TS_OK && i < un->n_tensors; i++) {
+      const ts_tensor_spec *t = &un->tensors[i];
+      st = ts_engine_get_tensor(r->engine, t->name, r->wrank == 0 ? w.units[u] + t->offset : one,
+                                t->numel);
+    }
+  }
+  if (st == TS_OK && r->wrank == 0) st = r->cfg->sample(r->cfg->sample_user, step, m,
+                                                        read_host_weights, &w);
+  st = agree(r, st, NULL, "sample");
+  for (int u = 0; w.units && u < m->n_units; u++) free(w.units[u]);
+  free(w.units);
+  free(one);
+  return st;
+}
+
 static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result *res) {
   const ts_train_config *cfg = r->cfg;
   const ts_engine_opts *eo = &r->eo;
@@ -720,6 +772,8 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
     double val, acc;
     if (cfg->eval_every && step % cfg->eval_every == 0 && step != cfg->steps)
       TS_CHECK(eval_and_log(r, step, cb, user, &val, &acc));
+    if (cfg->sample && cfg->sample_every && step % cfg->sample_every == 0 && step != cfg->steps)
+      TS_CHECK(sample(r, step));
   }
   res->seconds = now_s() - t_loop;
   res->tokens_per_s = timed ? tok_s_sum / (double)timed : 0;
@@ -729,6 +783,7 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
   ts_engine_set_trace(r->engine, NULL); /* the final evaluation is not traced */
   TS_CHECK(eval_and_log(r, cfg->steps, cb, user, &res->final_val_loss,
                         &res->final_val_accuracy));
+  if (cfg->sample && cfg->sample_every) TS_CHECK(sample(r, cfg->steps));
   double t0 = now_s(); /* the last save's write, overlapped with the evaluation */
   TS_CHECK(finish_pending(r, res));
   res->save_tail_seconds += now_s() - t0;
@@ -746,6 +801,11 @@ static ts_status check_config(const ts_train_config *cfg) {
   if (cfg->steps == 0) return ts_set_error(TS_ERR_INVALID_ARGUMENT, "`steps` 0: expected >= 1");
   if (cfg->eval_batches == 0)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "`eval_batches` 0: expected >= 1");
+  if (cfg->sample_every && cfg->engine.pipeline_stages > 1)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "`sample_every` with `pipeline_stages` %d: not supported yet (a sample "
+                        "needs every stage's weights on rank 0), expected `pipeline_stages` 1",
+                        cfg->engine.pipeline_stages);
   const char *paths[] = {cfg->save_dir, cfg->trace_path, cfg->metrics_path};
   const char *names[] = {"save_dir", "trace_path", "metrics_path"};
   for (int i = 0; i < 3; i++)

@@ -55,6 +55,15 @@
 extern "C" {
 #endif
 
+/* Reads the tensor of Hugging Face name `name` (numel fp32 host values)
+ * from the weights a sample sees (models/generate.h ts_weights_fn). */
+typedef ts_status (*ts_train_weights_fn)(void *user, const char *name, float *dst, size_t numel);
+/* A sample during training: on rank 0, at `step`, with the model and a
+ * reader of its whole current weights (gathered from every rank before
+ * the call: every rank takes part). Its error stops the run like a step's. */
+typedef ts_status (*ts_train_sample_fn)(void *user, size_t step, const ts_model *m,
+                                        ts_train_weights_fn read, void *read_user);
+
 typedef struct ts_train_config {
   const char *model;        /* config.json path or preset name */
   const char *data_dir;     /* holds train.bin and val.bin (tessera prepare) */
@@ -85,6 +94,10 @@ typedef struct ts_train_config {
   size_t max_bad_steps;     /* fp32/bf16: this many steps in a row skipped for a non-finite
                                loss or gradient stop the run (TS_ERR_NUMERIC, nothing saved
                                after the last good step); 0: never. Default 3 */
+  size_t sample_every;      /* steps between samples, and one after the last step's
+                               evaluation; 0: never. Needs `pipeline_stages` 1 */
+  ts_train_sample_fn sample; /* called on rank 0 at each sample (NULL: none) */
+  void *sample_user;
   const volatile int *stop; /* set (on a signal, by another thread, with
                                __atomic_store_n) to stop at the next step
                                boundary: every rank agrees, saves (save_dir) and returns

@@ -106,6 +106,12 @@ typedef struct ts_k_backend {
                             size_t H, size_t HS, float theta, ts_dtype dt);
   ts_status (*rope_backward)(const ts_kctx *ctx, void *dx, const void *dout, size_t B, size_t T,
                              size_t H, size_t HS, float theta, ts_dtype dt);
+  /* decoding with a key/value cache: one sequence (kernels.h) */
+  ts_status (*rope_forward_at)(const ts_kctx *ctx, void *out, const void *x, size_t T,
+                               size_t pos0, size_t H, size_t HS, float theta, ts_dtype dt);
+  ts_status (*attention_cached)(const ts_kctx *ctx, void *out, const void *q, const void *k,
+                                const void *v, size_t T, size_t pos0, size_t NH, size_t NKV,
+                                size_t HS, ts_dtype dt);
   ts_status (*attention_forward)(const ts_kctx *ctx, void *out, void *state, const void *q,
                                  const void *k, const void *v, size_t B, size_t T, size_t NH,
                                  size_t NKV, size_t HS, ts_dtype dt);

@@ -538,6 +538,37 @@ ts_status ts_k_attention_backward(const ts_kctx *ctx, void *dq, void *dk, void *
         T, NH, NKV, HS, dt);
 }
 
+/* ---- decoding with a key/value cache --------------------------------------------------- */
+
+static const k_op OP_ROPE_AT = {"ts_k_rope_forward_at", 1, 2, {"out", "x"}};
+static const k_op OP_ATTENTION_CACHED = {"ts_k_attention_cached", 1, 4, {"out", "q", "k", "v"}};
+
+ts_status ts_k_rope_forward_at(const ts_kctx *ctx, void *out, const void *x, size_t T,
+                               size_t pos0, size_t H, size_t HS, float theta, ts_dtype dt) {
+  k_call c = {ctx,
+              {dt},
+              .invalid = rope_rule(HS, theta, OP_ROPE_AT.name),
+              .empty = T == 0 || H == 0 || HS == 0,
+              .ptrs = {out, x}};
+  K_RUN(OP_ROPE_AT, c, rope_forward_at, ctx, out, x, T, pos0, H, HS, theta, dt);
+}
+
+ts_status ts_k_attention_cached(const ts_kctx *ctx, void *out, const void *q, const void *k,
+                                const void *v, size_t T, size_t pos0, size_t NH, size_t NKV,
+                                size_t HS, ts_dtype dt) {
+  const char *op = OP_ATTENTION_CACHED.name;
+  int empty = T == 0 || NH == 0;
+  ts_status conflict = empty ? TS_OK : k_attention_hs(HS, op);
+  if (conflict == TS_OK) conflict = k_no_alias(out, q, "out", "q", op);
+  k_call c = {ctx,
+              {dt},
+              .invalid = k_attention_heads(NH, NKV, op),
+              .empty = empty,
+              .ptrs = {out, q, k, v},
+              .conflict = conflict};
+  K_RUN(OP_ATTENTION_CACHED, c, attention_cached, ctx, out, q, k, v, T, pos0, NH, NKV, HS, dt);
+}
+
 /* ---- SwiGLU --------------------------------------------------------------------------------- */
 
 static const k_op OP_SWIGLU_FORWARD = {"ts_k_swiglu_forward", 1, 3, {"h", "gate", "up"}};

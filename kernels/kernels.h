@@ -401,6 +401,28 @@ ts_status ts_k_attention_probs_dtype(const ts_kctx *ctx, ts_dtype dt, int bidire
 size_t ts_k_attention_workspace_bytes(ts_device dev, size_t B, size_t T, size_t NH, size_t NKV,
                                       size_t HS, ts_dtype dt);
 
+/* ---- decoding with a key/value cache (one sequence, B = 1) ---------------- */
+
+/* ts_k_rope_forward of x (T, H, HS) at positions pos0 .. pos0 + T - 1
+ * instead of 0 .. T - 1: the same angles, bit for bit, as the training op
+ * gives row pos0 + t of a longer sequence (the new queries and keys of a
+ * decoding step). In place allowed. HS even, at most TS_K_ROPE_MAX_HS;
+ * theta > 0 (TS_ERR_INVALID_ARGUMENT). */
+ts_status ts_k_rope_forward_at(const ts_kctx *ctx, void *out, const void *x, size_t T,
+                               size_t pos0, size_t H, size_t HS, float theta, ts_dtype dt);
+/* Causal GQA attention of T new queries at positions pos0 .. pos0 + T - 1
+ * over the cached keys and values of positions 0 .. pos0 + T - 1 (the new
+ * ones already written at rows pos0 ..): out, q (T, NH, HS); k, v
+ * (pos0 + T, NKV, HS), rows past pos0 + T - 1 never read. Query t sees
+ * keys 0 .. pos0 + t. The math of ts_k_attention_forward's row pos0 + t
+ * (fp32 scores, softmax and sums, one rounding to dt), without its state:
+ * nothing is kept for a backward. No workspace. NKV >= 1 dividing NH,
+ * HS >= 1 (TS_ERR_INVALID_ARGUMENT); CUDA: pos0 + T at most 8192
+ * (TS_ERR_UNSUPPORTED). out may not alias q. */
+ts_status ts_k_attention_cached(const ts_kctx *ctx, void *out, const void *q, const void *k,
+                                const void *v, size_t T, size_t pos0, size_t NH, size_t NKV,
+                                size_t HS, ts_dtype dt);
+
 /* ---- SwiGLU (Shazeer 2020, eq. 6): h = silu(gate) * up ------------------- */
 
 /* h, gate, up: (n) elements of dt. h may not alias gate or up. */

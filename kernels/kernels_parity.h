@@ -227,6 +227,11 @@ ts_status AttentionForward(Backend &b, ts_dtype dt, Rng &rng, size_t NKV, unsign
                            bool bidir = false);
 ts_status AttentionBackward(Backend &b, ts_dtype dt, Rng &rng, size_t NKV, unsigned flags = 0,
                             bool bidir = false);
+// Decoding: RoPE of 5 rows at positions 7.. (ts_k_rope_forward_at); causal
+// attention of batch row 0's last Tq queries over a cache of its kT keys
+// (ts_k_attention_cached), against the whole sequence's reference rows.
+ts_status RopeAt(Backend &b, ts_dtype dt, Rng &rng);
+ts_status AttentionCached(Backend &b, ts_dtype dt, Rng &rng, size_t NKV, size_t Tq);
 ts_status SwigluForward(Backend &b, ts_dtype dt, Rng &rng);
 ts_status SwigluBackward(Backend &b, ts_dtype dt, Rng &rng);
 ts_status CrossEntropyForward(Backend &b, ts_dtype dt, Rng &rng);

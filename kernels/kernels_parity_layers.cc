@@ -108,6 +108,20 @@ ts_status Rope(Backend &b, ts_dtype dt, Rng &rng, int backward, size_t HS) {
   return TS_OK;
 }
 
+ts_status RopeAt(Backend &b, ts_dtype dt, Rng &rng) {
+  const size_t pos0 = 7, T = 5, H = kNH, row = H * kHS;
+  const float theta = 10000.0f;
+  std::vector<float> full = Input(rng, (pos0 + T) * row, dt);
+  std::vector<float> x(full.begin() + pos0 * row, full.end());
+  DevPtr dx = b.Up(x, dt), dout = b.Poisoned(x.size(), dt);
+  RUN_OR_RETURN(ts_k_rope_forward_at(b.ctx(), dout->p, dx->p, T, pos0, H, kHS, theta, dt));
+  std::vector<double> ref;
+  ts_test::rope_ref(ref, full, 1, pos0 + T, H, kHS, theta, 1);
+  std::vector<double> tail(ref.begin() + pos0 * row, ref.end());
+  Expect("out", b.Down(*dout, x.size(), dt), tail, RopeTol(x, tail, kHS, dt));
+  return TS_OK;
+}
+
 // ---- attention ----------------------------------------------------------------------------
 
 // The ids of the bidirectional cases (pad id 0): batch row 0 pads every
@@ -222,6 +236,24 @@ ts_status AttentionForward(Backend &b, ts_dtype dt, Rng &rng, size_t NKV, unsign
   Expect("out", b.Down(*dout, q.size(), dt), r.o, r.to);
   if (state_bytes == ProbsBytes(kB, dt))
     Expect("probs (0 where not seen)", b.Down(*dp, r.p.size(), dt), r.p, r.tp);
+  return TS_OK;
+}
+
+ts_status AttentionCached(Backend &b, ts_dtype dt, Rng &rng, size_t NKV, size_t Tq) {
+  std::vector<float> q = Input(rng, kN * kNH * kHS, dt), k = Input(rng, kN * NKV * kHS, dt),
+                     v = Input(rng, kN * NKV * kHS, dt);
+  // batch row 0: its last Tq queries, and its kT keys and values as the cache
+  size_t pos0 = kT - Tq, qrow = kNH * kHS;
+  std::vector<float> qn(q.begin() + pos0 * qrow, q.begin() + kT * qrow);
+  std::vector<float> kc(k.begin(), k.begin() + kT * NKV * kHS),
+      vc(v.begin(), v.begin() + kT * NKV * kHS);
+  DevPtr dq = b.Up(qn, dt), dk = b.Up(kc, dt), dv = b.Up(vc, dt), dout = b.Poisoned(qn.size(), dt);
+  RUN_OR_RETURN(ts_k_attention_cached(b.ctx(), dout->p, dq->p, dk->p, dv->p, Tq, pos0, kNH, NKV,
+                                      kHS, dt));
+  AttnRef r = AttentionRef(q, k, v, NKV, dt, std::vector<int32_t>(), TS_FP32);  // P in fp32
+  std::vector<double> o(r.o.begin() + pos0 * qrow, r.o.begin() + kT * qrow),
+      to(r.to.begin() + pos0 * qrow, r.to.begin() + kT * qrow);
+  Expect("out", b.Down(*dout, qn.size(), dt), o, to);
   return TS_OK;
 }
 

@@ -343,6 +343,13 @@ const std::vector<Case> &Cases() {
        [](Backend &b, ts_dtype dt, Rng &r) {
          return AttentionBackward(b, dt, r, 2, TS_K_PLAIN_ATTENTION);
        }},
+      {"rope_forward_at", RopeAt},
+      {"attention_cached_prefill",  // the prompt: every query at once from position 0
+       [](Backend &b, ts_dtype dt, Rng &r) { return AttentionCached(b, dt, r, 2, kT); }},
+      {"attention_cached_gqa",  // three new tokens after a cache of kT - 3
+       [](Backend &b, ts_dtype dt, Rng &r) { return AttentionCached(b, dt, r, 2, 3); }},
+      {"attention_cached_mqa",  // one new token: a decoding step
+       [](Backend &b, ts_dtype dt, Rng &r) { return AttentionCached(b, dt, r, 1, 1); }},
       {"swiglu_forward", SwigluForward},
       {"swiglu_backward", SwigluBackward},
       {"cross_entropy_forward", CrossEntropyForward},

@@ -334,6 +334,23 @@ static ts_status split_ws(const ts_kctx *ctx, size_t temps, size_t need, ts_kctx
   return ts_family_split_ws(ctx, temps, need, kctx, "llama", what);
 }
 
+/* The block after its attention (s->att written): the output projection,
+ * the residual, the MLP and its residual into y (N, C). */
+static ts_status block_after_attention(const ts_kctx *k, const ts_unit *un, const void *p,
+                                       const dims *d, const block_saved *s, const void *x, void *y,
+                                       float eps, ts_dtype dt) {
+  TS_CHECK(ts_k_linear_forward(k, s->xmid, s->att, tensor(un, B_WO, p, dt), d->N, d->C, d->QD, dt));
+  TS_CHECK(ts_k_add(k, s->xmid, s->xmid, x, d->N * d->C, dt));
+  TS_CHECK(ts_k_rmsnorm_forward(k, s->xn2, s->rstd2, s->xmid, tensor(un, B_LN2, p, dt), d->N,
+                                d->C, eps, dt));
+  TS_CHECK(
+      ts_k_linear_forward(k, s->gate, s->xn2, tensor(un, B_WGATE, p, dt), d->N, d->I, d->C, dt));
+  TS_CHECK(ts_k_linear_forward(k, s->up, s->xn2, tensor(un, B_WUP, p, dt), d->N, d->I, d->C, dt));
+  TS_CHECK(ts_k_swiglu_forward(k, s->h, s->gate, s->up, d->N * d->I, dt));
+  TS_CHECK(ts_k_linear_forward(k, y, s->h, tensor(un, B_WDOWN, p, dt), d->N, d->C, d->I, dt));
+  return ts_k_add(k, y, y, s->xmid, d->N * d->C, dt);
+}
+
 static ts_status block_forward(const ts_model *m, const ts_unit *un, const ts_kctx *ctx,
                                const void *p, ts_unit_args *a) {
   dims d = get_dims(m, a->B, a->T);
@@ -353,15 +370,7 @@ static ts_status block_forward(const ts_model *m, const ts_unit *un, const ts_kc
   TS_CHECK(ts_k_rope_forward(&k, s.k, s.k, d.B, d.T, d.NKV, d.HS, theta, dt));
   TS_CHECK(ts_k_attention_forward(&k, s.att, s.att_state, s.q, s.k, s.v, d.B, d.T, d.NH, d.NKV, d.HS,
                                   dt));
-  TS_CHECK(ts_k_linear_forward(&k, s.xmid, s.att, tensor(un, B_WO, p, dt), d.N, d.C, d.QD, dt));
-  TS_CHECK(ts_k_add(&k, s.xmid, s.xmid, a->x, d.N * d.C, dt));
-  TS_CHECK(ts_k_rmsnorm_forward(&k, s.xn2, s.rstd2, s.xmid, tensor(un, B_LN2, p, dt), d.N, d.C,
-                                eps, dt));
-  TS_CHECK(ts_k_linear_forward(&k, s.gate, s.xn2, tensor(un, B_WGATE, p, dt), d.N, d.I, d.C, dt));
-  TS_CHECK(ts_k_linear_forward(&k, s.up, s.xn2, tensor(un, B_WUP, p, dt), d.N, d.I, d.C, dt));
-  TS_CHECK(ts_k_swiglu_forward(&k, s.h, s.gate, s.up, d.N * d.I, dt));
-  TS_CHECK(ts_k_linear_forward(&k, a->y, s.h, tensor(un, B_WDOWN, p, dt), d.N, d.C, d.I, dt));
-  return ts_k_add(&k, a->y, a->y, s.xmid, d.N * d.C, dt);
+  return block_after_attention(&k, un, p, &d, &s, a->x, a->y, eps, dt);
 }
 
 static ts_status block_backward(const ts_model *m, const ts_unit *un, const ts_kctx *ctx,
@@ -486,12 +495,74 @@ static ts_status embedding_backward(const ts_model *m, const ts_unit *un, const 
                                  m->vocab_size, a->dt);
 }
 
+/* ---- decoding with a key/value cache (one sequence) -------------------------- */
+
+/* ts_unit_ops.cache_bytes: a block's keys then values after RoPE, (T, KVD)
+ * each; nothing for the embedding and the head. */
+static size_t unit_cache(const ts_model *m, const ts_unit *u, size_t T, ts_dtype dt) {
+  if (u->role != TS_UNIT_BLOCK) return 0;
+  dims d = get_dims(m, 1, T);
+  return 2 * T * d.KVD * ts_dtype_size(dt);
+}
+
+static ts_status embedding_decode(const ts_model *m, const ts_unit *un, const ts_kctx *ctx,
+                                  const void *p, ts_decode_args *a) {
+  return ts_k_embedding_forward(ctx, a->y, a->tokens, p, a->T, m->hidden_size, m->vocab_size,
+                                a->dt);
+}
+
+/* block_forward over the new rows: their keys and values go straight into
+ * the cache at rows pos0.., RoPE at their positions, and attention reads
+ * every cached row before them. */
+static ts_status block_decode(const ts_model *m, const ts_unit *un, const ts_kctx *ctx,
+                              const void *p, ts_decode_args *a) {
+  dims d = get_dims(m, 1, a->T);
+  ts_dtype dt = a->dt;
+  size_t es = ts_dtype_size(dt);
+  ts_kctx k;
+  TS_CHECK(split_ws(ctx, 0, unit_workspace(m, un, 1, a->T, dt, ctx->device), &k,
+                    "block decode"));
+  block_saved s = block_layout(&d, a->scratch, dt, ctx->device);
+  const ts_llama_config *c = ts_llama_config_of(m);
+  float eps = c->rms_norm_eps, theta = c->rope_theta;
+  char *kc = a->cache, *vc = kc + a->max_T * d.KVD * es;
+  void *kn = kc + a->pos0 * d.KVD * es, *vn = vc + a->pos0 * d.KVD * es;
+  TS_CHECK(ts_k_rmsnorm_forward(&k, s.xn1, s.rstd1, a->x, tensor(un, B_LN1, p, dt), d.N, d.C, eps,
+                                dt));
+  TS_CHECK(ts_k_linear_forward(&k, s.q, s.xn1, tensor(un, B_WQ, p, dt), d.N, d.QD, d.C, dt));
+  TS_CHECK(ts_k_linear_forward(&k, kn, s.xn1, tensor(un, B_WK, p, dt), d.N, d.KVD, d.C, dt));
+  TS_CHECK(ts_k_linear_forward(&k, vn, s.xn1, tensor(un, B_WV, p, dt), d.N, d.KVD, d.C, dt));
+  TS_CHECK(ts_k_rope_forward_at(&k, s.q, s.q, d.T, a->pos0, d.NH, d.HS, theta, dt));
+  TS_CHECK(ts_k_rope_forward_at(&k, kn, kn, d.T, a->pos0, d.NKV, d.HS, theta, dt));
+  TS_CHECK(ts_k_attention_cached(&k, s.att, s.q, kc, vc, d.T, a->pos0, d.NH, d.NKV, d.HS, dt));
+  return block_after_attention(&k, un, p, &d, &s, a->x, a->y, eps, dt);
+}
+
+/* head_forward of the newest row only: its norm and logits, no loss. */
+static ts_status head_decode(const ts_model *m, const ts_unit *un, const ts_kctx *ctx,
+                             const void *p, ts_decode_args *a) {
+  dims d = get_dims(m, 1, 1);
+  ts_dtype dt = a->dt;
+  ts_kctx k;
+  TS_CHECK(split_ws(ctx, 0, unit_workspace(m, un, 1, 1, dt, ctx->device), &k, "head decode"));
+  head_saved s = head_layout(&d, a->scratch, dt);
+  const void *w = NULL;
+  ts_unit_args fa = {.dt = dt, .tied_weight = a->tied_weight};
+  TS_CHECK(head_weight(m, un, p, NULL, &fa, &w, NULL));
+  const char *last = (const char *)a->x + (a->T - 1) * d.C * ts_dtype_size(dt);
+  TS_CHECK(ts_k_rmsnorm_forward(&k, s.xn, s.rstd, last, tensor(un, H_NORM, p, dt), 1, d.C,
+                                ts_llama_config_of(m)->rms_norm_eps, dt));
+  return ts_k_linear_forward(&k, a->logits, s.xn, w, 1, d.V, d.C, dt);
+}
+
 static const ts_unit_ops embedding_ops = {
     .kind = "embedding",
     .saved_bytes = unit_saved,
     .workspace_bytes = unit_workspace,
     .forward = embedding_forward,
     .backward = embedding_backward,
+    .cache_bytes = unit_cache,
+    .decode = embedding_decode,
 };
 
 static const ts_unit_ops block_ops = {
@@ -500,6 +571,8 @@ static const ts_unit_ops block_ops = {
     .workspace_bytes = unit_workspace,
     .forward = block_forward,
     .backward = block_backward,
+    .cache_bytes = unit_cache,
+    .decode = block_decode,
 };
 
 static const ts_unit_ops head_ops = {
@@ -509,4 +582,6 @@ static const ts_unit_ops head_ops = {
     .forward = head_forward,
     .backward = head_backward,
     .logits = head_logits,
+    .cache_bytes = unit_cache,
+    .decode = head_decode,
 };

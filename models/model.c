@@ -251,3 +251,32 @@ void *ts_unit_logits(const ts_model *m, int u, void *saved, size_t B, size_t T, 
   const ts_unit *un = unit_at(m, u);
   return un->ops->logits ? un->ops->logits(m, un, saved, B, T, dt) : NULL;
 }
+
+int ts_model_can_decode(const ts_model *m) {
+  for (int u = 0; u < m->n_units; u++)
+    if (!m->units[u].ops->decode || !m->units[u].ops->cache_bytes) return 0;
+  return m->n_units > 0;
+}
+
+size_t ts_unit_cache_bytes(const ts_model *m, int u, size_t T, ts_dtype dt) {
+  const ts_unit *un = unit_at(m, u);
+  TS_ASSERT(un->ops->cache_bytes);
+  return un->ops->cache_bytes(m, un, T, dt);
+}
+
+ts_status ts_unit_decode(const ts_model *m, int u, const ts_kctx *ctx, const void *params,
+                         ts_decode_args *a) {
+  if (u < 0 || u >= m->n_units)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "model: unit %d: expected 0..%d", u,
+                        m->n_units - 1);
+  const ts_unit *un = &m->units[u];
+  if (!un->ops->decode)
+    return ts_set_error(TS_ERR_UNSUPPORTED, "%s: a %s model cannot generate text (not a causal LM)",
+                        ts_model_origin(m), m->family ? m->family->model_type : "hand-built");
+  if (a->T == 0 || a->pos0 + a->T > a->max_T || a->max_T > m->max_seq)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "decode: positions %zu..%zu: expected at least one, within the cache's "
+                        "%zu and max_position_embeddings = %zu of %s",
+                        a->pos0, a->pos0 + a->T, a->max_T, m->max_seq, ts_model_origin(m));
+  return un->ops->decode(m, un, ctx, params, a);
+}

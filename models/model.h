@@ -106,6 +106,24 @@ typedef struct ts_unit_args {
                               with a target), written (=) */
 } ts_unit_args;
 
+/* Arguments of one decoding call (ts_unit_decode): T new positions
+ * pos0 .. pos0 + T - 1 of one sequence (B = 1), every pointer on the
+ * ctx's device. */
+typedef struct ts_decode_args {
+  size_t T;                /* new positions this call (the prompt, then 1 per token) */
+  size_t pos0;             /* positions already in the cache */
+  size_t max_T;            /* positions the cache holds (its ts_unit_cache_bytes T) */
+  ts_dtype dt;             /* storage dtype of params, activations, cache */
+  const int32_t *tokens;   /* (T) the new ids (the first unit embeds them) */
+  const void *x;           /* (T, C) input of every unit but the first */
+  void *y;                 /* (T, C) output of every unit but the last */
+  void *cache;             /* the unit's key/value cache, ts_unit_cache_bytes(max_T) bytes: its
+                              rows 0 .. pos0 - 1 read, rows pos0 .. pos0 + T - 1 written */
+  void *scratch;           /* ts_unit_saved_bytes(m, u, 1, T) bytes, overwritten */
+  const void *tied_weight; /* the tensor this unit borrows (ts_unit.tied_unit), full */
+  void *logits;            /* last unit: (V) of dt, the logits of position pos0 + T - 1 */
+} ts_decode_args;
+
 /* A unit kind's operations. Contracts in the comment of each wrapper below. */
 typedef struct ts_unit_ops {
   const char *kind; /* "embedding", "block", "head", ... */
@@ -124,6 +142,11 @@ typedef struct ts_unit_ops {
   /* last unit: its logits (B, T, V) in its saved buffer; NULL otherwise */
   void *(*logits)(const ts_model *m, const ts_unit *u, void *saved, size_t B, size_t T,
                   ts_dtype dt);
+  /* ts_unit_cache_bytes; NULL: the family cannot decode */
+  size_t (*cache_bytes)(const ts_model *m, const ts_unit *u, size_t T, ts_dtype dt);
+  /* ts_unit_decode (arguments checked); NULL: the family cannot decode */
+  ts_status (*decode)(const ts_model *m, const ts_unit *u, const ts_kctx *ctx,
+                      const void *params, ts_decode_args *a);
 } ts_unit_ops;
 
 struct ts_unit {
@@ -282,6 +305,29 @@ ts_status ts_unit_backward(const ts_model *m, int u, const ts_kctx *ctx, const v
 /* The last unit's logits (B, T, V) of dt inside its saved buffer, valid
  * after forward and before backward; NULL for a unit without logits. */
 void *ts_unit_logits(const ts_model *m, int u, void *saved, size_t B, size_t T, ts_dtype dt);
+
+/* ---- decoding (autoregressive generation with a key/value cache) -------------- */
+
+/* 1 if every unit of m can decode (a causal LM family: LLaMA), else 0. */
+int ts_model_can_decode(const ts_model *m);
+
+/* Bytes of unit u's key/value cache for one sequence of up to T positions
+ * on any device: a block's keys then values, (T, NKV, HS) each of dt after
+ * RoPE; 0 for units that keep none. u asserted in range, m can decode. */
+size_t ts_unit_cache_bytes(const ts_model *m, int u, size_t T, ts_dtype dt);
+
+/* Unit u's forward over the new positions a->pos0 .. a->pos0 + a->T - 1 of
+ * one sequence, the earlier ones read from its cache: the first unit embeds
+ * a->tokens into y, a block writes its new keys and values into its cache
+ * and y (T, C), the last unit writes the logits of the newest position
+ * into a->logits (V). The same math as ts_unit_forward of the whole
+ * sequence row by row, attention through ts_k_attention_cached. Workspace:
+ * ts_unit_workspace_bytes(m, u, 1, a->T, dt, ctx->device). Errors:
+ * TS_ERR_INVALID_ARGUMENT (T == 0, pos0 + T past max_T or the model's
+ * max_position_embeddings, a token out of range), TS_ERR_UNSUPPORTED (a
+ * family that cannot decode), the kernels'. */
+ts_status ts_unit_decode(const ts_model *m, int u, const ts_kctx *ctx, const void *params,
+                         ts_decode_args *a);
 
 #ifdef __cplusplus
 }

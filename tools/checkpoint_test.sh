@@ -14,8 +14,9 @@
 #  5. --keep 1 keeps the newest; --resume auto with nothing saved starts
 #     afresh;
 #  6. export: a Hugging Face folder that --init-from and --model DIR read;
-#     README's walkthrough to the export (prepare --tokenizer on JSON Lines,
-#     launch -n 2 train --init-from, export);
+#     README's walkthrough (prepare --tokenizer on JSON Lines, launch -n 2
+#     train --init-from, export, generate from the checkpoint and the
+#     export); train --sample-every on two ranks;
 #  7. bad input: one line each and the exact exit code (the ranks' files
 #     swapped on disk too); a resume with another --steps says so in one
 #     line and goes on;
@@ -163,6 +164,25 @@ check "walkthrough: two ranks" "on 2 ranks" "$out"
 check_eq "walkthrough: export exit" 0 $?
 check_eq "walkthrough: the exported folder" "config.json model.safetensors" \
   "$(ls "$tmp/mine-hf" | tr '\n' ' ' | sed 's/ $//')"
+# ... then generate: from the checkpoint (the data's tokenizer) and from the
+# export given the model's tokenizer, the same greedy text after the prompt
+# (two steps in, the text may be a run of spaces or end at once: --ignore-eos)
+gen=(--prompt "In the beginning" --max-new-tokens 12 --ignore-eos)
+g1="$("$bin" generate --checkpoint "$tmp/mine-ck" "${gen[@]}" 2>"$tmp/g1.err")"
+check_eq "walkthrough: generate --checkpoint exit" 0 $?
+check_eq "walkthrough: the prompt first" "In the beginning" "${g1:0:16}"
+check "walkthrough: 12 tokens after it" "generate: 6 prompt tokens, 12 new in" "$(cat "$tmp/g1.err")"
+cp "$tmp/hf/tokenizer.model" "$tmp/hf/tokenizer_config.json" "$tmp/mine-hf/"
+check_eq "walkthrough: generate --hf gives the same text" "$g1" \
+  "$("$bin" generate --hf "$tmp/mine-hf" "${gen[@]}" 2>/dev/null)"
+# train --sample-every on two ranks at ZeRO-3: rank 0 prints a sample at
+# step 2 and, after the summary, the last step's
+out="$("$launch" -n 2 "$bin" train --init-from "$tmp/hf" --data "$tmp/mine" --steps 4 --micro-batch 2 \
+  --seq 32 --zero 3 --sample-every 2 --prompt "In the beginning" --sample-tokens 6 2>&1)"
+check_eq "train --sample-every exit" 0 $?
+check_eq "two samples, one each" 2 "$(grep -c '^sample at step [24]: In the beginning' <<<"$out")"
+check_eq "the last sample ends the output" "sample at step 4: In the beginning" \
+  "$(tail -n 1 <<<"$out" | cut -c 1-34)"
 "$bin" export "$tmp/p" --out "$tmp/hf-bf16" --dtype bf16 --max-shard-size 2000000 >/dev/null 2>&1
 check_eq "sharded export" 1 "$(ls "$tmp/hf-bf16" | grep -c 'model.safetensors.index.json')"
 check "bf16 config" '"torch_dtype":	"bfloat16"' "$(cat "$tmp/hf-bf16/config.json")"

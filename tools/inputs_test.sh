@@ -27,14 +27,6 @@ make_token_shards "$tmp/data"
 tiny="$TESSERA_HOME/models/configs/llama-tiny.json"
 base=(--model llama-tiny --seq 32 --micro-batch 2 --steps 2 --eval-batches 1)
 
-exact() { # exact NAME CODE EXPECTED-OUTPUT CMD... — the whole output and the exit code
-  local name="$1" code="$2" want="$3"
-  shift 3
-  local o
-  o="$("$@" 2>&1)"
-  check_eq "$name: exit" "$code" $?
-  check_eq "$name: the line" "$want" "$o"
-}
 
 # 1. silently accepted before
 exact "--grad-clip -1" 2 \

@@ -37,6 +37,7 @@
 #include "tools/corpus.h"
 #include "tools/flags.h"
 #include "tools/hf_tokenizer.h"
+#include "tools/text_tokenizer.h"
 
 namespace {
 
@@ -93,28 +94,6 @@ class LineIterator : public sentencepiece::SentenceIterator {
   std::string line_;
   bool done_ = false;
 };
-
-// Encodes text line by line; each '\n' becomes `newline`.
-ts_status EncodeText(const sentencepiece::SentencePieceProcessor &sp, const std::string &text,
-                     const char *what, uint32_t newline, std::vector<uint32_t> *out) {
-  std::vector<int> ids;
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t nl = text.find('\n', pos);
-    size_t end = nl == std::string::npos ? text.size() : nl;
-    if (end > pos) {
-      auto st = sp.Encode(absl::string_view(text.data() + pos, end - pos), &ids);
-      if (!st.ok())
-        return ts_set_error(TS_ERR_INTERNAL, "encoding the %s text at byte %zu: %s", what, pos,
-                            st.ToString().c_str());
-      for (int id : ids) out->push_back((uint32_t)id);
-    }
-    if (nl == std::string::npos) break;
-    out->push_back(newline);
-    pos = nl + 1;
-  }
-  return TS_OK;
-}
 
 // Removes the temporary directory and whatever this tool put in it.
 void RemoveTempDir(const std::string &dir) {

@@ -21,6 +21,15 @@ check_eq() { # check_eq NAME EXPECTED ACTUAL — the whole of ACTUAL equals EXPE
   fi
 }
 
+exact() { # exact NAME CODE EXPECTED-OUTPUT CMD... — the whole output and the exit code
+  local name="$1" code="$2" want="$3"
+  shift 3
+  local o
+  o="$("$@" 2>&1)"
+  check_eq "$name: exit" "$code" $?
+  check_eq "$name: the line" "$want" "$o"
+}
+
 absent() { # absent NAME UNEXPECTED-SUBSTRING ACTUAL
   if [[ "$3" == *"$2"* ]]; then
     echo "FAIL $1: did not expect [$2] in [$3]"

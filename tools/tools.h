@@ -53,6 +53,10 @@ int ts_tool_timeline(int argc, char **argv);
  * folder (tools/export_main.c). */
 int ts_tool_export(int argc, char **argv);
 
+/* `tessera generate`: text from a checkpoint or a Hugging Face LLaMA
+ * folder (tools/generate_main.c; tools/sample.h). */
+int ts_tool_generate(int argc, char **argv);
+
 /* `tessera train`: parses the flags (--help lists them) into a
  * ts_train_config, runs ts_train_run with a progress line on stdout, prints a
  * summary with the validation loss next to the unigram baseline of

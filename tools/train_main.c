@@ -15,9 +15,11 @@
 #include "base/atomic_file.h"
 #include "comm/comm.h"
 #include "engine/checkpoint.h"
+#include "engine/token_file.h"
 #include "engine/trainer.h"
 #include "kernels/kernels.h"
 #include "tools/flags.h"
+#include "tools/sample.h"
 #include "tools/tools.h"
 
 static const char *USAGE =
@@ -95,6 +97,60 @@ static void unigram_baselines(const char *dir, double *loss, double *accuracy) {
   if (cJSON_IsNumber(l)) *loss = l->valuedouble;
   if (cJSON_IsNumber(a)) *accuracy = a->valuedouble;
   cJSON_Delete(root);
+}
+
+/* --sample-every: what a sample during training needs (rank 0). */
+typedef struct sampler {
+  ts_text_tokenizer *tok;
+  const char *prompt;
+  char *own_prompt; /* the default prompt (the validation shard's first tokens), or NULL */
+  size_t tokens;    /* --sample-tokens */
+  size_t steps;     /* the run's last step: its sample is kept for the end */
+  ts_device device;
+  char *last;       /* the last step's sample, printed after the summary */
+  size_t last_len;
+} sampler;
+
+/* ts_train_sample_fn: the prompt and what the model writes after it,
+ * sampled at temperature 0.8 among the 40 likeliest (seed: the step). */
+static ts_status sample_now(void *user, size_t step, const ts_model *m, ts_train_weights_fn read,
+                            void *read_user) {
+  sampler *s = user;
+  ts_tool_sample_opts o = {.tokenizer = s->tok, .prompt = s->prompt, .max_new = s->tokens,
+                           .temperature = 0.8f, .top_k = 40, .top_p = 1.0f, .seed = step,
+                           .device = s->device, .dtype = TS_FP32};
+  FILE *out = stdout;
+  if (step == s->steps) {
+    free(s->last);
+    s->last = NULL;
+    out = open_memstream(&s->last, &s->last_len);
+    if (!out) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "sample: a buffer");
+  } else {
+    printf("sample at step %zu: ", step);
+  }
+  ts_status st = ts_tool_sample(m, read, read_user, &o, out);
+  if (out != stdout) fclose(out);
+  fflush(stdout);
+  return st;
+}
+
+/* The default prompt: the text of DATA/val.bin's first 8 tokens. */
+static ts_status default_prompt(sampler *s, const char *data) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/val.bin", data);
+  ts_token_file *tf = NULL;
+  TS_CHECK(ts_token_file_open(&tf, path, ts_text_tokenizer_vocab(s->tok)));
+  int32_t ids[8];
+  size_t n = ts_token_file_num_tokens(tf) < 8 ? ts_token_file_num_tokens(tf) : 8;
+  ts_token_file_read(tf, 0, n, ids);
+  ts_token_file_close(tf);
+  s->own_prompt = ts_text_tokenizer_decode(s->tok, ids, n);
+  if (!s->own_prompt || !s->own_prompt[0])
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "%s: its first tokens are no text to prompt with; give --prompt TEXT",
+                        path);
+  s->prompt = s->own_prompt;
+  return TS_OK;
 }
 
 /* Rank 0's closing lines: loss, speed, validation, communication, memory. */
@@ -286,6 +342,7 @@ static int watch_stop_signals(void) {
 
 int ts_tool_train(int argc, char **argv) {
   ts_train_config cfg = ts_train_default_config();
+  sampler smp = {NULL, NULL, NULL, 48, 0, TS_DEVICE_CPU, NULL, 0};
   ts_engine_opts *e = &cfg.engine;
   size_t log_every = 0, zero = 0, seed = (size_t)e->seed, pipeline = 1, shard_group = 0;
   double comm_timeout = 600; /* seconds; 0: none (comm.h ts_comm_set_timeout) */
@@ -407,6 +464,16 @@ int ts_tool_train(int argc, char **argv) {
                      "safetensors, single or sharded, fp32/bf16/fp16): fine-tuning; --model "
                      "defaults to DIR",
                      NULL),
+      TS_FLAG_SIZE("--sample-every", NULL, &cfg.sample_every, 0, "N",
+                   "every N steps and at the end, rank 0 prints text the model writes after "
+                   "--prompt (LLaMA; DATA's tokenizer; temperature 0.8, top-k 40, seed the step)",
+                   NULL),
+      TS_FLAG_STRING("--prompt", NULL, &smp.prompt, "TEXT",
+                     "the samples' prompt (default: the text of the validation shard's first 8 "
+                     "tokens)",
+                     NULL),
+      TS_FLAG_SIZE("--sample-tokens", NULL, &smp.tokens, 1, "N",
+                   "tokens per sample at most (default 48)", NULL),
       TS_FLAG_SWITCH("--tf32", NULL, &tf32,
                      "cuda, fp32: matrix products on TF32 tensor cores (faster, no fp32 parity)"),
       TS_FLAG_SWITCH("--plain-attention", NULL, &plain_attention,
@@ -472,6 +539,23 @@ int ts_tool_train(int argc, char **argv) {
   cfg.save_async = !save_sync;
   if (cfg.resume && !strcmp(cfg.resume, "auto") && !cfg.save_dir)
     return ts_flags_error("train", "--resume auto needs --save DIR to look in");
+  if ((smp.prompt || smp.tokens != 48) && !cfg.sample_every)
+    return ts_flags_error("train", "%s needs --sample-every N",
+                          smp.prompt ? "--prompt" : "--sample-tokens");
+  if (cfg.sample_every) { /* the tokenizer and the prompt before any rank starts */
+    ts_status sst = ts_text_tokenizer_open(&smp.tok, cfg.data_dir);
+    if (sst == TS_OK && !smp.prompt) sst = default_prompt(&smp, cfg.data_dir);
+    if (sst != TS_OK) {
+      ts_text_tokenizer_free(smp.tok);
+      free(smp.own_prompt);
+      return ts_flags_error("train", "--sample-every needs the data's tokenizer: %s",
+                            ts_last_error());
+    }
+    smp.steps = cfg.steps;
+    smp.device = e->device;
+    cfg.sample = sample_now;
+    cfg.sample_user = &smp;
+  }
   progress p = {stdout_is_terminal(), log_every ? log_every : (cfg.steps + 19) / 20,
                 e->dtype == TS_FP16};
   ts_comm_set_timeout(comm_timeout, "--comm-timeout"); /* parse_comm_timeout checked it */
@@ -520,7 +604,11 @@ int ts_tool_train(int argc, char **argv) {
   } else if (rank == 0) {
     print_summary(&cfg, &res);
     print_checkpoints(&cfg, &res);
+    if (smp.last) printf("sample at step %zu: %s", cfg.steps, smp.last);
   }
+  free(smp.last);
+  free(smp.own_prompt);
+  ts_text_tokenizer_free(smp.tok);
   ts_comm_finalize();
   return 0;
 }

@@ -225,6 +225,11 @@ ts_status ts_cpu_rope_forward(const ts_kctx *ctx, void *out, const void *x, size
                               size_t H, size_t HS, float theta, ts_dtype dt);
 ts_status ts_cpu_rope_backward(const ts_kctx *ctx, void *dx, const void *dout, size_t B,
                                size_t T, size_t H, size_t HS, float theta, ts_dtype dt);
+ts_status ts_cpu_rope_forward_at(const ts_kctx *ctx, void *out, const void *x, size_t T,
+                                 size_t pos0, size_t H, size_t HS, float theta, ts_dtype dt);
+ts_status ts_cpu_attention_cached(const ts_kctx *ctx, void *out, const void *q, const void *k,
+                                  const void *v, size_t T, size_t pos0, size_t NH, size_t NKV,
+                                  size_t HS, ts_dtype dt);
 size_t ts_cpu_attention_workspace_bytes(size_t B, size_t T, size_t NH, size_t NKV, size_t HS,
                                         ts_dtype dt);
 size_t ts_cpu_attention_state_bytes(size_t B, size_t T, size_t NH, size_t NKV, size_t HS,

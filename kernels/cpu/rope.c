@@ -9,7 +9,9 @@
  * (HF then casts cos/sin to the activation dtype before multiplying; here
  * the rotation is computed in fp32 and rounded to storage once.)
  *
- * Invariants: positions are t = 0 .. T-1 in every batch row; each (b, t)
+ * Invariants: positions are pos0 + t, t = 0 .. T-1, in every batch row
+ * (pos0 = 0 but for ts_k_rope_forward_at, whose angles are therefore the
+ * training op's at the same positions, bit for bit); each (b, t)
  * row is independent, so results do not depend on the thread count; in
  * place is allowed because each pair is read before it is written. The
  * work is split by position: one item computes position t's angles once
@@ -37,8 +39,8 @@ TS_AI void rope_row(void *out, const void *x, size_t H, size_t HS, size_t row, c
 }
 
 /* Rotates every row; the front has checked HS even and at most 2 * MAX_HALF. */
-static ts_status rope_apply(void *out, const void *x, size_t B, size_t T, size_t H, size_t HS,
-                            float theta, float sign, ts_dtype dt) {
+static ts_status rope_apply(void *out, const void *x, size_t B, size_t T, size_t pos0, size_t H,
+                            size_t HS, float theta, float sign, ts_dtype dt) {
   TS_ASSERT(HS % 2 == 0 && HS / 2 <= MAX_HALF);
   size_t half = HS / 2;
   float inv_freq[MAX_HALF];
@@ -47,7 +49,7 @@ static ts_status rope_apply(void *out, const void *x, size_t B, size_t T, size_t
   for (ptrdiff_t t = 0; t < (ptrdiff_t)T; t++) {
     float cs[MAX_HALF], sn[MAX_HALF];
     for (size_t i = 0; i < half; i++) {
-      float a = (float)t * inv_freq[i];
+      float a = (float)(pos0 + (size_t)t) * inv_freq[i];
       cs[i] = cosf(a);
       sn[i] = sinf(a);
     }
@@ -59,10 +61,15 @@ static ts_status rope_apply(void *out, const void *x, size_t B, size_t T, size_t
 
 ts_status ts_cpu_rope_forward(const ts_kctx *ctx, void *out, const void *x, size_t B, size_t T,
                               size_t H, size_t HS, float theta, ts_dtype dt) {
-  return rope_apply(out, x, B, T, H, HS, theta, 1.0f, dt);
+  return rope_apply(out, x, B, T, 0, H, HS, theta, 1.0f, dt);
 }
 
 ts_status ts_cpu_rope_backward(const ts_kctx *ctx, void *dx, const void *dout, size_t B,
                                size_t T, size_t H, size_t HS, float theta, ts_dtype dt) {
-  return rope_apply(dx, dout, B, T, H, HS, theta, -1.0f, dt);
+  return rope_apply(dx, dout, B, T, 0, H, HS, theta, -1.0f, dt);
+}
+
+ts_status ts_cpu_rope_forward_at(const ts_kctx *ctx, void *out, const void *x, size_t T,
+                                 size_t pos0, size_t H, size_t HS, float theta, ts_dtype dt) {
+  return rope_apply(out, x, 1, T, pos0, H, HS, theta, 1.0f, dt);
 }

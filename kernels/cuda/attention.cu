@@ -582,3 +582,60 @@ extern "C" ts_status ts_cuda_attention_bidir_backward(const ts_kctx *ctx, void *
   TS_CHECK(plain_backward_dt(ctx, dq, dk, dv, dout, q, k, v, state, B, T, NH, NH, HS, dt, mk, op));
   return ts_cuda_launched(op);
 }
+
+/* ---- decoding with a key/value cache ------------------------------------- */
+
+/* One block per (t, h) of the T new queries: the row's n = pos0 + t + 1
+ * scores over the cached keys in shared memory, its max m and sum z of
+ * e^(s_j - m), then out[t, h, d] = sum_j e^(s_j - m) / z * v[j, g, d]
+ * (kernels/cpu/attention_cached.c's math, sums in another order). */
+template <ts_dtype DT>
+__global__ void att_cached_kernel(void *out, const void *q, const void *k, const void *v,
+                                  size_t pos0, size_t NH, size_t NKV, size_t HS, float scale) {
+  extern __shared__ float srow[];
+  __shared__ float sh[32];
+  size_t t = blockIdx.x / NH, h = blockIdx.x % NH, g = h / (NH / NKV);
+  size_t qo = (t * NH + h) * HS, n = pos0 + t + 1;
+  float m = -INFINITY;
+  for (size_t j = threadIdx.x; j < n; j += blockDim.x) {
+    size_t ko = (j * NKV + g) * HS;
+    float s = 0.0f;
+    for (size_t d = 0; d < HS; d++) s += ts_ld<DT>(q, qo + d) * ts_ld<DT>(k, ko + d);
+    s *= scale;
+    srow[j] = s;
+    m = fmaxf(m, s);
+  }
+  m = ts_block_max(m, sh);
+  float z = 0.0f;
+  for (size_t j = threadIdx.x; j < n; j += blockDim.x) {
+    float e = expf(srow[j] - m);
+    srow[j] = e;
+    z += e;
+  }
+  z = ts_block_sum(z, sh); /* its barriers make every srow[j] visible to all */
+  float inv = 1.0f / z;
+  for (size_t d = threadIdx.x; d < HS; d += blockDim.x) {
+    float acc = 0.0f;
+    for (size_t j = 0; j < n; j++) acc += srow[j] * ts_ld<DT>(v, (j * NKV + g) * HS + d);
+    ts_st<DT>(out, qo + d, acc * inv);
+  }
+}
+
+template <ts_dtype DT>
+static void launch_att_cached(void *out, const void *q, const void *k, const void *v, size_t T,
+                              size_t pos0, size_t NH, size_t NKV, size_t HS, cudaStream_t s) {
+  att_cached_kernel<DT><<<(unsigned)(T * NH), ATT_THREADS, (pos0 + T) * sizeof(float), s>>>(
+      out, q, k, v, pos0, NH, NKV, HS, 1.0f / sqrtf((float)HS));
+}
+
+extern "C" ts_status ts_cuda_attention_cached(const ts_kctx *ctx, void *out, const void *q,
+                                              const void *k, const void *v, size_t T, size_t pos0,
+                                              size_t NH, size_t NKV, size_t HS, ts_dtype dt) {
+  static const char op[] = "ts_k_attention_cached";
+  if (pos0 + T > ATT_MAX_T)
+    return ts_set_error(TS_ERR_UNSUPPORTED, "%s (cuda): pos0 + T = %zu keys: at most %d", op,
+                        pos0 + T, ATT_MAX_T);
+  TS_CUDA_DT_CALL(dt, launch_att_cached, out, q, k, v, T, pos0, NH, NKV, HS,
+                  (cudaStream_t)ctx->stream);
+  return ts_cuda_launched(op);
+}

@@ -104,6 +104,11 @@ ts_status ts_cuda_rope_forward(const ts_kctx *ctx, void *out, const void *x, siz
                                size_t H, size_t HS, float theta, ts_dtype dt);
 ts_status ts_cuda_rope_backward(const ts_kctx *ctx, void *dx, const void *dout, size_t B,
                                 size_t T, size_t H, size_t HS, float theta, ts_dtype dt);
+ts_status ts_cuda_rope_forward_at(const ts_kctx *ctx, void *out, const void *x, size_t T,
+                                  size_t pos0, size_t H, size_t HS, float theta, ts_dtype dt);
+ts_status ts_cuda_attention_cached(const ts_kctx *ctx, void *out, const void *q, const void *k,
+                                   const void *v, size_t T, size_t pos0, size_t NH, size_t NKV,
+                                   size_t HS, ts_dtype dt);
 ts_status ts_cuda_attention_forward(const ts_kctx *ctx, void *out, void *state, const void *q,
                                     const void *k, const void *v, size_t B, size_t T, size_t NH,
                                     size_t NKV, size_t HS, ts_dtype dt);

@@ -192,20 +192,21 @@ enum { ROPE_MAX_HALF = TS_K_ROPE_MAX_HS / 2 };
 struct rope_freqs {
   float f[ROPE_MAX_HALF];
 };
-static_assert(sizeof(rope_freqs) + 6 * sizeof(size_t) + sizeof(float) + 2 * sizeof(void *) <= 32764,
+static_assert(sizeof(rope_freqs) + 7 * sizeof(size_t) + sizeof(float) + 2 * sizeof(void *) <= 32764,
               "rope_kernel's parameters exceed CUDA's 32764-byte limit");
 
 /* One thread per (row, head, i < HS/2): rotates the pair (i, i + HS/2) of
- * position t = row % T by a = t * f_i (sign -1: the inverse). The pair is
+ * position t = pos0 + row % T (pos0 = 0 but for ts_k_rope_forward_at) by
+ * a = t * f_i (sign -1: the inverse). The pair is
  * read before it is written, so out == x is fine. */
 template <ts_dtype DT>
-__global__ void rope_kernel(void *out, const void *x, size_t rows, size_t T, size_t H, size_t HS,
-                            rope_freqs fr, float sign) {
+__global__ void rope_kernel(void *out, const void *x, size_t rows, size_t T, size_t pos0,
+                            size_t H, size_t HS, rope_freqs fr, float sign) {
   size_t half = HS / 2, total = rows * H * half;
   for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
        idx += (size_t)gridDim.x * blockDim.x) {
     size_t i = idx % half, rh = idx / half, row = rh / H;
-    float a = (float)(row % T) * fr.f[i];
+    float a = (float)(pos0 + row % T) * fr.f[i];
     float c = cosf(a), sn = sign * sinf(a);
     size_t o = rh * HS;
     float x1 = ts_ld<DT>(x, o + i), x2 = ts_ld<DT>(x, o + i + half);
@@ -215,14 +216,15 @@ __global__ void rope_kernel(void *out, const void *x, size_t rows, size_t T, siz
 }
 
 template <ts_dtype DT>
-static void launch_rope(void *out, const void *x, size_t B, size_t T, size_t H, size_t HS,
-                        const rope_freqs &fr, float sign, cudaStream_t s) {
+static void launch_rope(void *out, const void *x, size_t B, size_t T, size_t pos0, size_t H,
+                        size_t HS, const rope_freqs &fr, float sign, cudaStream_t s) {
   size_t n = B * T * H * (HS / 2);
-  rope_kernel<DT><<<ts_cuda_grid(n), TS_CUDA_BLOCK, 0, s>>>(out, x, B * T, T, H, HS, fr, sign);
+  rope_kernel<DT><<<ts_cuda_grid(n), TS_CUDA_BLOCK, 0, s>>>(out, x, B * T, T, pos0, H, HS, fr,
+                                                            sign);
 }
 
 static ts_status rope_apply(const ts_kctx *ctx, void *out, const void *x, size_t B, size_t T,
-                            size_t H, size_t HS, float theta, float sign, ts_dtype dt,
+                            size_t pos0, size_t H, size_t HS, float theta, float sign, ts_dtype dt,
                             const char *op) {
   size_t half = HS / 2;
   if (half > ROPE_MAX_HALF)
@@ -230,20 +232,27 @@ static ts_status rope_apply(const ts_kctx *ctx, void *out, const void *x, size_t
                         2 * ROPE_MAX_HALF);
   rope_freqs fr;
   for (size_t i = 0; i < half; i++) fr.f[i] = 1.0f / powf(theta, (float)(2 * i) / (float)HS);
-  TS_CUDA_DT_CALL(dt, launch_rope, out, x, B, T, H, HS, fr, sign, (cudaStream_t)ctx->stream);
+  TS_CUDA_DT_CALL(dt, launch_rope, out, x, B, T, pos0, H, HS, fr, sign,
+                  (cudaStream_t)ctx->stream);
   return ts_cuda_launched(op);
 }
 
 extern "C" ts_status ts_cuda_rope_forward(const ts_kctx *ctx, void *out, const void *x, size_t B,
                                           size_t T, size_t H, size_t HS, float theta,
                                           ts_dtype dt) {
-  return rope_apply(ctx, out, x, B, T, H, HS, theta, 1.0f, dt, "ts_k_rope_forward");
+  return rope_apply(ctx, out, x, B, T, 0, H, HS, theta, 1.0f, dt, "ts_k_rope_forward");
 }
 
 extern "C" ts_status ts_cuda_rope_backward(const ts_kctx *ctx, void *dx, const void *dout,
                                            size_t B, size_t T, size_t H, size_t HS, float theta,
                                            ts_dtype dt) {
-  return rope_apply(ctx, dx, dout, B, T, H, HS, theta, -1.0f, dt, "ts_k_rope_backward");
+  return rope_apply(ctx, dx, dout, B, T, 0, H, HS, theta, -1.0f, dt, "ts_k_rope_backward");
+}
+
+extern "C" ts_status ts_cuda_rope_forward_at(const ts_kctx *ctx, void *out, const void *x,
+                                             size_t T, size_t pos0, size_t H, size_t HS,
+                                             float theta, ts_dtype dt) {
+  return rope_apply(ctx, out, x, 1, T, pos0, H, HS, theta, 1.0f, dt, "ts_k_rope_forward_at");
 }
 
 /* ---- SwiGLU ------------------------------------------------------------------ */

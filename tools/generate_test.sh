@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# generate_test.sh — `tessera generate` from the command line, on
+# llama-tiny trained a few steps on generated token shards:
+#  1. greedy ids: the key/value cache equals recomputing the prefix
+#     (--no-cache), a checkpoint equals its export (--hf);
+#  2. sampling: a seed repeats its tokens, another seed gives others;
+#  3. text in prepare's own tokenizer (lines, their breaks), and train
+#     --sample-every's samples;
+#  4. bad input: one line and the exact exit code each.
+# (A model's own tokenizer: checkpoint_test.sh's README walkthrough; ids
+# against transformers: tests/generate_test.cc.)
+#   generate_test.sh TESSERA_BIN
+set -uo pipefail
+bin="$1"
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+fails=0
+source "$(dirname "${BASH_SOURCE[0]}")/testing.sh"
+presets_home
+make_token_shards "$tmp/data"
+"$bin" train --model llama-tiny --data "$tmp/data" --seq 32 --micro-batch 2 --steps 3 \
+  --save "$tmp/ck" >/dev/null 2>&1
+check_eq "train exit" 0 $?
+"$bin" export "$tmp/ck" --out "$tmp/hf" >/dev/null 2>&1
+check_eq "export exit" 0 $?
+
+gen() { "$bin" generate "$@" 2>/dev/null; }
+ids=(--prompt-ids 11,22,33,44 --max-new-tokens 12)
+
+# 1. greedy
+a="$(gen --checkpoint "$tmp/ck" "${ids[@]}")"
+check_eq "greedy exit" 0 $?
+check_eq "12 ids" 12 "$(wc -w <<<"$a")"
+check_eq "--no-cache gives the same ids" "$a" "$(gen --checkpoint "$tmp/ck" "${ids[@]}" --no-cache)"
+check_eq "the export gives the same ids" "$a" "$(gen --hf "$tmp/hf" "${ids[@]}")"
+err="$("$bin" generate --checkpoint "$tmp/ck" "${ids[@]}" 2>&1 >/dev/null)"
+check "a line of figures" "generate: 4 prompt tokens, 12 new in" "$err"
+check "it says the cache" "on cpu, fp32, key/value cache" "$err"
+
+# 2. sampling
+s=(--checkpoint "$tmp/ck" "${ids[@]}" --temperature 1 --top-k 50 --top-p 0.95)
+a5="$(gen "${s[@]}" --seed 5)"
+check_eq "seed 5 exit" 0 $?
+check_eq "seed 5 repeats" "$a5" "$(gen "${s[@]}" --seed 5)"
+check_eq "seed 5 repeats without the cache" "$a5" "$(gen "${s[@]}" --seed 5 --no-cache)"
+[[ "$a5" != "$(gen "${s[@]}" --seed 6)" ]] || { echo "FAIL seed 6 gave seed 5's tokens"; fails=$((fails + 1)); }
+
+# 3. text in prepare's own tokenizer: lines and their breaks, from the
+# checkpoint's data folder; train --sample-every prints samples
+python3 - "$tmp/own.txt" <<'PY'
+import random, sys
+r = random.Random(1)
+w = "the of and to in he that for his unto shall lord god said".split()
+out = []
+for c in range(60):
+    out.append("Chapter %d" % c)
+    out += [" ".join(r.choice(w) for _ in range(12)) for _ in range(8)]
+    out.append("")
+open(sys.argv[1], "w").write("\n".join(out))
+PY
+"$bin" prepare --text "$tmp/own.txt" --vocab-size 300 --out "$tmp/own" --val-every 10 >/dev/null 2>&1
+check_eq "prepare exit" 0 $?
+out="$("$bin" train --model llama-tiny --data "$tmp/own" --seq 32 --micro-batch 2 --steps 4 \
+  --save "$tmp/ckown" --sample-every 2 --sample-tokens 5 2>&1)"
+check_eq "train --sample-every exit" 0 $?
+check_eq "a sample at step 2 and one at the end" 2 "$(grep -c '^sample at step [24]: ' <<<"$out")"
+t="$(gen --checkpoint "$tmp/ckown" --prompt $'the lord\nsaid' --max-new-tokens 6 --ignore-eos)"
+check_eq "own tokenizer: exit" 0 $?
+check_eq "own tokenizer: the prompt's two lines first" $'the lord\nsaid' "${t:0:13}"
+
+# 4. bad input
+exact "no model" 2 \
+  "tessera generate: give one of --checkpoint DIR and --hf DIR (--help lists the flags)" \
+  "$bin" generate --prompt-ids 1
+exact "no prompt" 2 \
+  "tessera generate: give one of --prompt TEXT and --prompt-ids IDS (--help lists the flags)" \
+  "$bin" generate --hf "$tmp/hf"
+exact "--top-p 0" 2 "tessera generate: --top-p 0: expected in (0, 1]" \
+  "$bin" generate --hf "$tmp/hf" --prompt-ids 1 --top-p 0
+exact "--prompt-ids 1,x" 1 \
+  "tessera generate: --prompt-ids 1,x: expected token ids separated by commas (\"1,2,3\")" \
+  "$bin" generate --hf "$tmp/hf" --prompt-ids 1,x
+exact "an id past the vocabulary" 1 \
+  "tessera generate: prompt token 4096: expected 0..4095 of $tmp/hf/config.json" \
+  "$bin" generate --hf "$tmp/hf" --prompt-ids 1,4096
+max="$(sed -n 's/.*"max_position_embeddings":[[:space:]]*\([0-9]*\).*/\1/p' "$tmp/hf/config.json")"
+exact "past max_position_embeddings" 1 \
+  "tessera generate: a prompt of 2 tokens and $max new ones: $((max + 2)) positions, expected at most max_position_embeddings = $max of $tmp/hf/config.json" \
+  "$bin" generate --hf "$tmp/hf" --prompt-ids 1,2 --max-new-tokens "$max"
+exact "text without a tokenizer" 1 \
+  "tessera generate: --prompt needs the model's tokenizer: $tmp/data (the checkpoint's training data) has no tokenizer.model; give --tokenizer DIR (or --prompt-ids)" \
+  "$bin" generate --checkpoint "$tmp/ck" --prompt "hello"
+exact "no checkpoint" 1 \
+  "tessera generate: --checkpoint $tmp/none: no complete checkpoint there (a folder with index.json, or step-N folders holding one)" \
+  "$bin" generate --checkpoint "$tmp/none" --prompt-ids 1
+
+echo "$fails failure(s)"
+((fails == 0))
