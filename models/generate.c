@@ -8,7 +8,8 @@
  * buffers (max_T, C) that the units ping-pong; one scratch of the largest
  * ts_unit_saved_bytes(1, max_T) of any unit (a decode call's
  * intermediates, or a whole forward's saved bytes without the cache); the
- * workspace; the ids; the newest logits (V).
+ * workspace; the ids; the newest logits (V), and for bf16/fp16 their fp32
+ * copy.
  */
 #include "models/generate.h"
 
@@ -28,6 +29,7 @@ struct ts_generator {
   void *scratch; /* largest saved bytes at (1, max_T) */
   void *ws;      /* ctx.workspace */
   void *logits;  /* (V) newest logits, o.dtype (recompute: inside scratch) */
+  float *wide;   /* (V) fp32: the logits widened on the device (bf16/fp16), else NULL */
   int32_t *ids;     /* (max_T) device: the new ids, or the whole sequence (recompute) */
   int32_t *targets; /* recompute: (max_T) -100 */
   double *loss;     /* recompute: the head's (2) fp64 */
@@ -60,6 +62,7 @@ void ts_generator_free(ts_generator *g) {
   dev_free(g, g->scratch);
   dev_free(g, g->ws);
   dev_free(g, g->logits);
+  dev_free(g, g->wide);
   dev_free(g, g->ids);
   dev_free(g, g->targets);
   dev_free(g, g->loss);
@@ -137,6 +140,7 @@ ts_status ts_generator_create(ts_generator **out, const ts_model *m,
   if (st == TS_OK) st = dev_alloc(g, saved, &g->scratch);
   if (st == TS_OK) st = dev_alloc(g, ws, &g->ws);
   if (st == TS_OK) st = dev_alloc(g, V * es, &g->logits);
+  if (st == TS_OK && opts->dtype != TS_FP32) st = dev_alloc(g, V * 4, (void **)&g->wide);
   if (st == TS_OK) st = dev_alloc(g, T * sizeof(int32_t), (void **)&g->ids);
   if (st == TS_OK && opts->recompute) {
     st = dev_alloc(g, T * sizeof(int32_t), (void **)&g->targets);
@@ -237,9 +241,8 @@ ts_status ts_generator_append(ts_generator *g, const int32_t *tokens, size_t n, 
   size_t V = m->vocab_size;
   if (st == TS_OK && g->o.dtype == TS_FP32) st = ts_k_to_host(&g->ctx, logits, out, V * 4);
   if (st == TS_OK && g->o.dtype != TS_FP32) {
-    /* widen on the device into the activation buffer, then copy */
-    st = ts_k_cast(&g->ctx, g->act[0], TS_FP32, out, g->o.dtype, V);
-    if (st == TS_OK) st = ts_k_to_host(&g->ctx, logits, g->act[0], V * 4);
+    st = ts_k_cast(&g->ctx, g->wide, TS_FP32, out, g->o.dtype, V); /* widened on the device */
+    if (st == TS_OK) st = ts_k_to_host(&g->ctx, logits, g->wide, V * 4);
   }
   if (st != TS_OK) return st;
   g->len += n;

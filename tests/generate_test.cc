@@ -158,6 +158,23 @@ TEST_P(Greedy, Bf16CacheEqualsRecomputing) {
   for (size_t i = 0; i < V; i++) EXPECT_NEAR(a[i], b[i], 0.1f) << i;
 }
 
+// A cache of 2 positions in bf16: the (V) logits are widened in a buffer of
+// their own, not in the (max_T, C) activations, which are smaller here
+// (2 x 64 x 2 bytes < 96 x 4; ASan's pass would see the overflow).
+TEST_P(Greedy, Bf16ShortCacheHoldsTheLogits) {
+  Model m(GetParam(), 2, 0, TS_BF16), full(GetParam(), 2, 1, TS_BF16);
+  ASSERT_NE(m.gen, nullptr);
+  ASSERT_NE(full.gen, nullptr);
+  size_t V = m.model.vocab_size;
+  std::vector<float> a(V), b(V);
+  int32_t t = 7;
+  ASSERT_EQ(ts_generator_append(m.gen, &t, 1, a.data()), TS_OK) << ts_last_error();
+  ASSERT_EQ(ts_generator_append(m.gen, &t, 1, a.data()), TS_OK) << ts_last_error();
+  int32_t two[2] = {7, 7};
+  ASSERT_EQ(ts_generator_append(full.gen, two, 2, b.data()), TS_OK) << ts_last_error();
+  for (size_t i = 0; i < V; i++) EXPECT_NEAR(a[i], b[i], 0.1f) << i;  // bf16: as above
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, Greedy, ::testing::Values("untied", "tied"));
 
 TEST(Generate, SeedRepeatsAndSeedsDiffer) {
