@@ -20,6 +20,7 @@
 #include "engine/loader.h"
 #include "engine/metrics.h"
 #include "engine/mlm.h"
+#include "engine/tensorboard.h"
 #include "engine/trace.h"
 #include "engine/trainer_state.h"
 
@@ -102,6 +103,7 @@ typedef struct run {
   ts_engine *engine;         /* the step */
   int32_t *inputs, *targets; /* (B, T) host, the engine's own buffers */
   ts_metrics *metrics;       /* rank 0 only */
+  ts_tensorboard *tb;        /* rank 0, cfg->tensorboard_dir: the event file; else NULL */
   ts_trace *trace;           /* cfg->trace_path: this rank's spans; else NULL */
   ts_step_stats last;        /* the last optimizer step */
   char model_path[4096];     /* the config.json cfg->model resolved to */
@@ -124,6 +126,7 @@ static void run_free(run *r) {
   free(r->mlm_scratch);
   ts_checkpoint_close(r->ck);
   ts_metrics_close(r->metrics);
+  ts_tensorboard_close(r->tb);
   ts_engine_free(r->engine);
   ts_trace_free(r->trace);
   ts_loader_free(r->train_ld);
@@ -422,6 +425,8 @@ static ts_status setup(run *r) {
  * it was. */
 static ts_status open_metrics(run *r) {
   TS_CHECK(ts_metrics_open(&r->metrics, r->wrank == 0 ? r->cfg->metrics_path : NULL, r->ck != NULL));
+  if (r->wrank == 0 && r->cfg->tensorboard_dir)
+    TS_CHECK(ts_tensorboard_open(&r->tb, r->cfg->tensorboard_dir));
   return r->ck ? ts_metrics_write_resume(r->metrics, r->start, ts_checkpoint_dir(r->ck)) : TS_OK;
 }
 
@@ -445,11 +450,41 @@ static ts_status setup_agreed(run *r, ts_train_result *res) {
   return agree(r, open_metrics(r), res, "during setup");
 }
 
+/* Rank 0's TensorBoard scalars of one step, flushed: the step's figures
+ * and the ledger's bytes now per category (MiB). */
+static ts_status tensorboard_step(run *r, size_t step, const ts_step_stats *st, double tok_s,
+                                  double gflops) {
+  ts_tensorboard *tb = r->tb;
+  int64_t s = (int64_t)step;
+  TS_CHECK(ts_tensorboard_scalar(tb, "train/loss", s, st->loss));
+  TS_CHECK(ts_tensorboard_scalar(tb, "train/lr", s, st->lr));
+  if (!st->skipped) TS_CHECK(ts_tensorboard_scalar(tb, "train/grad_norm", s, st->grad_norm));
+  TS_CHECK(ts_tensorboard_scalar(tb, "train/loss_scale", s, st->loss_scale));
+  TS_CHECK(ts_tensorboard_scalar(tb, "perf/tokens_per_s", s, tok_s));
+  TS_CHECK(ts_tensorboard_scalar(tb, "perf/gflops", s, gflops));
+  if (r->cfg->peak_flops > 0)
+    TS_CHECK(ts_tensorboard_scalar(tb, "perf/mfu", s, gflops * 1e9 / r->cfg->peak_flops));
+  const ts_mem_account *m = ts_engine_memory(r->engine);
+  char tag[64];
+  for (int c = 0; c < TS_MEM_NUM_CATEGORIES; c++) {
+    snprintf(tag, sizeof tag, "memory/%s_MiB", ts_mem_category_name((ts_mem_category)c));
+    TS_CHECK(ts_tensorboard_scalar(tb, tag, s, (double)m->current[c] / 1048576.0));
+  }
+  TS_CHECK(ts_tensorboard_scalar(tb, "memory/peak_MiB", s, (double)m->peak_total / 1048576.0));
+  return ts_tensorboard_flush(tb);
+}
+
 static ts_status eval_and_log(run *r, size_t step, ts_train_callback cb, void *user,
                               double *val, double *accuracy) {
   TS_CHECK(evaluate(r, val, accuracy));
   if (r->wrank != 0) return TS_OK;
   TS_CHECK(ts_metrics_write_eval(r->metrics, step, *val, *accuracy));
+  if (r->tb) {
+    TS_CHECK(ts_tensorboard_scalar(r->tb, "val/loss", (int64_t)step, *val));
+    if (*accuracy >= 0)
+      TS_CHECK(ts_tensorboard_scalar(r->tb, "val/accuracy", (int64_t)step, *accuracy));
+    TS_CHECK(ts_tensorboard_flush(r->tb));
+  }
   if (cb) {
     ts_train_event ev;
     memset(&ev, 0, sizeof ev);
@@ -717,6 +752,7 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
     if (r->wrank == 0) {
       ts_metrics_step ms = {step, lr, tok_s, tok_s * flops_per_token / 1e9, dt, row[1], row[2]};
       TS_CHECK(ts_metrics_write_step(r->metrics, &ms, &st));
+      if (r->tb) TS_CHECK(tensorboard_step(r, step, &st, tok_s, ms.gflops));
       if (cb) {
         ts_train_event ev;
         memset(&ev, 0, sizeof ev);

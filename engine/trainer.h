@@ -94,6 +94,10 @@ typedef struct ts_train_config {
   size_t max_bad_steps;     /* fp32/bf16: this many steps in a row skipped for a non-finite
                                loss or gradient stop the run (TS_ERR_NUMERIC, nothing saved
                                after the last good step); 0: never. Default 3 */
+  const char *tensorboard_dir; /* rank 0 writes a TensorBoard event file there
+                                 (engine/tensorboard.h), flushed every step, or NULL */
+  double peak_flops;        /* per rank, FLOP/s: the MFU's denominator in the TensorBoard
+                               log (perf/mfu); 0: no MFU logged */
   size_t sample_every;      /* steps between samples, and one after the last step's
                                evaluation; 0: never. Needs `pipeline_stages` 1 */
   ts_train_sample_fn sample; /* called on rank 0 at each sample (NULL: none) */

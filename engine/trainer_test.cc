@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <dirent.h>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -16,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/tensorboard_testing.h"
 #include "engine/token_file.h"
 #include "engine/train_fixture.h"
 #include "models/model.h"
@@ -91,6 +93,67 @@ TEST(Trainer, RunWritesMetricsAndLearns) {
   // The successor pattern is learnable: the loss must fall far below ln V.
   EXPECT_LT(r.final_loss, 0.5 * r.first_loss);
   EXPECT_LT(r.final_val_loss, 0.5 * r.first_loss);
+}
+
+// train --tensorboard: one event file, every step's scalars equal the
+// metrics file's (float32: relative 2^-24), the evaluations, the ledger per
+// category at every step, MFU against the given peak.
+TEST(Trainer, TensorBoardHasEveryScalarOfEveryStep) {
+  const size_t V = 64;
+  std::string data = MakeData(V), model = MakeConfig(V, 64);
+  std::string dir = TestTmpDir() + "/tb", metrics = TestTmpDir() + "/tb_metrics.jsonl";
+  ts_train_config c = ts_train_default_config();
+  c.model = model.c_str();
+  c.data_dir = data.c_str();
+  c.steps = 6;
+  c.engine.micro_batch = 2;
+  c.engine.seq = 16;
+  c.eval_every = 3;
+  c.eval_batches = 2;
+  c.metrics_path = metrics.c_str();
+  c.tensorboard_dir = dir.c_str();
+  c.peak_flops = 1e12;
+  ts_train_result r;
+  ASSERT_EQ(ts_train_run(&c, nullptr, nullptr, &r), TS_OK) << ts_last_error();
+  std::vector<std::string> files;
+  DIR *d = opendir(dir.c_str());
+  ASSERT_NE(d, nullptr);
+  for (dirent *e; (e = readdir(d));)
+    if (std::string(e->d_name).rfind("events.out.tfevents.", 0) == 0) files.push_back(e->d_name);
+  closedir(d);
+  ASSERT_EQ(files.size(), 1u);
+  auto sc = ts_test::Scalars(dir + "/" + files[0]);
+  std::vector<cJSON *> lines = ReadLines(metrics);
+  int steps = 0, evals = 0;
+  for (cJSON *o : lines) {
+    if (cJSON_GetObjectItemCaseSensitive(o, "summary")) {
+    } else if (cJSON_GetObjectItemCaseSensitive(o, "val_loss")) {
+      evals++;
+      EXPECT_FLOAT_EQ(sc["val/loss"][(int64_t)Num(o, "step")], (float)Num(o, "val_loss"));
+    } else {
+      int64_t s = (int64_t)Num(o, "step");
+      steps++;
+      const char *keys[][2] = {{"train/loss", "loss"},          {"train/lr", "lr"},
+                               {"train/grad_norm", "grad_norm"}, {"train/loss_scale", "loss_scale"},
+                               {"perf/tokens_per_s", "tokens_per_s"}, {"perf/gflops", "gflops"}};
+      for (auto &k : keys) {
+        ASSERT_EQ(sc[k[0]].count(s), 1u) << k[0] << " step " << s;
+        EXPECT_FLOAT_EQ(sc[k[0]][s], (float)Num(o, k[1])) << k[0] << " step " << s;
+      }
+      EXPECT_FLOAT_EQ(sc["perf/mfu"][s], (float)(Num(o, "gflops") * 1e9 / 1e12));
+      for (int m = 0; m < TS_MEM_NUM_CATEGORIES; m++)
+        EXPECT_EQ(sc[std::string("memory/") + ts_mem_category_name((ts_mem_category)m) + "_MiB"]
+                      .count(s),
+                  1u)
+            << m << " step " << s;
+    }
+    cJSON_Delete(o);
+  }
+  EXPECT_EQ(steps, 6);
+  EXPECT_EQ(evals, 2);
+  EXPECT_EQ(sc["val/loss"].size(), 2u);
+  EXPECT_FLOAT_EQ(sc["memory/params_MiB"][6], (float)(r.memory.current[TS_MEM_PARAMS] / 1048576.0));
+  EXPECT_FLOAT_EQ(sc["memory/peak_MiB"][6], (float)(r.memory.peak_total / 1048576.0));
 }
 
 TEST(Trainer, Fp16WithCheckpointingTracksFp32AndLogsTheLossScale) {

@@ -58,6 +58,8 @@ static const struct {
     {"save_dir", "--save"},
     {"trace_path", "--trace"},
     {"metrics_path", "--metrics"},
+    {"tensorboard_dir", "--tensorboard"},
+    {"sample_every", "--sample-every"},
     {"resume", "--resume"},
     {"mlm", "--mlm"},
 };

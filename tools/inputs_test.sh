@@ -13,7 +13,9 @@
 #     --vocab-size 1000000000 after training; launch -n 1000000000 reaching
 #     mpirun;
 #  4. prepare --tokenizer stopped by SIGTERM: exit 143, one line, nothing
-#     left behind.
+#     left behind;
+#  5. train --tensorboard onto a file, --peak-tflops without it;
+#     --sample-every with pipeline stages or without a tokenizer.
 #   inputs_test.sh TESSERA_BIN LAUNCH_SH
 set -uo pipefail
 bin="$1"
@@ -144,6 +146,21 @@ check_eq "prepare --tokenizer, SIGTERM: the line" \
   "tessera prepare: --out $tmp/streamed: interrupted by a signal; nothing written" "$(cat "$tmp/stream.out")"
 check_eq "prepare --tokenizer, SIGTERM: nothing beside the pipe" "" \
   "$(cd "$tmp" && ls -A | grep -E '^(\.)?streamed')"
+
+# 5. --tensorboard: a file in the way, before any step; --peak-tflops alone
+touch "$tmp/afile"
+exact "--tensorboard FILE" 1 \
+  "tessera train: --tensorboard $tmp/afile: not a folder, expected a folder for the event file" \
+  "$bin" train "${base[@]}" --data "$tmp/data" --tensorboard "$tmp/afile"
+exact "--peak-tflops without --tensorboard" 2 \
+  "tessera train: --peak-tflops 3 needs --tensorboard DIR" \
+  "$bin" train "${base[@]}" --data "$tmp/data" --peak-tflops 3
+exact "--sample-every with --pipeline" 2 \
+  "tessera train: --sample-every with --pipeline 2: not supported yet (a sample needs every stage's weights on rank 0), expected --pipeline 1" \
+  "$bin" train "${base[@]}" --data "$tmp/data" --pipeline 2 --sample-every 1
+exact "--sample-every without the data's tokenizer" 2 \
+  "tessera train: --sample-every needs the data's tokenizer: $tmp/data: no tokenizer.model, expected a folder tessera prepare wrote or a Hugging Face folder with a SentencePiece tokenizer.model" \
+  "$bin" train "${base[@]}" --data "$tmp/data" --sample-every 1
 
 echo "$fails failure(s)"
 ((fails == 0))

@@ -22,6 +22,9 @@ PACKAGES=(
   libssl-dev            # OpenSSL libcrypto: SHA-256 of checkpoint files (@openssl)
   libsentencepiece-dev  # SentencePiece C++ API (@sentencepiece)
   sentencepiece         # spm_train / spm_encode command-line tools
+  libprotobuf-c-dev     # protobuf-c runtime: TensorBoard's Event records (@protobuf_c)
+  protobuf-c-compiler   # protoc-c: engine/tensorboard.proto to C at build time
+  libisal-dev           # ISA-L's CRC-32C of TensorBoard's records (@isal)
   bible-kjv             # default corpus: `bible -l0 gen1:1-rev22:21`
   gnuplot-nox           # plots of loss and memory curves
   python3               # helper scripts

@@ -343,6 +343,7 @@ static int watch_stop_signals(void) {
 int ts_tool_train(int argc, char **argv) {
   ts_train_config cfg = ts_train_default_config();
   sampler smp = {NULL, NULL, NULL, 48, 0, TS_DEVICE_CPU, NULL, 0};
+  float peak_tflops = 0;
   ts_engine_opts *e = &cfg.engine;
   size_t log_every = 0, zero = 0, seed = (size_t)e->seed, pipeline = 1, shard_group = 0;
   double comm_timeout = 600; /* seconds; 0: none (comm.h ts_comm_set_timeout) */
@@ -464,6 +465,14 @@ int ts_tool_train(int argc, char **argv) {
                      "safetensors, single or sharded, fp32/bf16/fp16): fine-tuning; --model "
                      "defaults to DIR",
                      NULL),
+      TS_FLAG_STRING("--tensorboard", NULL, &cfg.tensorboard_dir, "DIR",
+                     "rank 0 writes a TensorBoard event file into DIR (loss, val loss, lr, grad "
+                     "norm, tokens/s, GFLOP/s, loss scale, memory per category), flushed every "
+                     "step",
+                     NULL),
+      TS_FLAG_FLOAT("--peak-tflops", NULL, &peak_tflops, "F",
+                    "this device's peak TFLOP/s per rank: --tensorboard logs MFU against it",
+                    NULL),
       TS_FLAG_SIZE("--sample-every", NULL, &cfg.sample_every, 0, "N",
                    "every N steps and at the end, rank 0 prints text the model writes after "
                    "--prompt (LLaMA; DATA's tokenizer; temperature 0.8, top-k 40, seed the step)",
@@ -539,9 +548,21 @@ int ts_tool_train(int argc, char **argv) {
   cfg.save_async = !save_sync;
   if (cfg.resume && !strcmp(cfg.resume, "auto") && !cfg.save_dir)
     return ts_flags_error("train", "--resume auto needs --save DIR to look in");
+  if (cfg.tensorboard_dir && !cfg.tensorboard_dir[0])
+    return ts_flags_error("train", "--tensorboard \"\": expected a folder");
+  if (peak_tflops < 0 || (peak_tflops > 0 && !cfg.tensorboard_dir))
+    return ts_flags_error("train", peak_tflops < 0 ? "--peak-tflops %g: expected > 0"
+                                                   : "--peak-tflops %g needs --tensorboard DIR",
+                          (double)peak_tflops);
+  cfg.peak_flops = (double)peak_tflops * 1e12;
   if ((smp.prompt || smp.tokens != 48) && !cfg.sample_every)
     return ts_flags_error("train", "%s needs --sample-every N",
                           smp.prompt ? "--prompt" : "--sample-tokens");
+  if (cfg.sample_every && pipeline > 1)
+    return ts_flags_error("train",
+                          "--sample-every with --pipeline %zu: not supported yet (a sample needs "
+                          "every stage's weights on rank 0), expected --pipeline 1",
+                          pipeline);
   if (cfg.sample_every) { /* the tokenizer and the prompt before any rank starts */
     ts_status sst = ts_text_tokenizer_open(&smp.tok, cfg.data_dir);
     if (sst == TS_OK && !smp.prompt) sst = default_prompt(&smp, cfg.data_dir);
