@@ -11,7 +11,7 @@ memory/* tag has a value at every step.
 
 Needs the `tensorboard` package (PyPI; not a Debian package, so CI does not
 run this: engine/tensorboard_test checks the records and their CRCs, and a
-developer runs this on a real run, e.g. tools/bench_tensorboard.sh).
+developer runs this on a real run: README, "train --tensorboard").
 Prints what it compared; exits 1 on the first difference.
 """
 import json
