@@ -681,12 +681,13 @@ static ts_status sample(run *r, size_t step) {
   float *one = r->wrank == 0 ? NULL : malloc((largest ? largest : 1) * sizeof *one);
   ts_status st = w.units && (r->wrank == 0 || one) ? TS_OK
                  : ts_set_error(TS_ERR_OUT_OF_MEMORY, "sample: the weights");
+  for (int u = 0; st == TS_OK && r->wrank == 0 && u < m->n_units; u++) {
+    w.units[u] = malloc((m->units[u].numel ? m->units[u].numel : 1) * sizeof(float));
+    if (!w.units[u]) st = ts_set_error(TS_ERR_OUT_OF_MEMORY, "sample: unit %d", u);
+  }
+  st = agree(r, st, NULL, "sample"); /* every rank gathers, or none */
   for (int u = 0; st == TS_OK && u < m->n_units; u++) {
     const ts_unit *un = &m->units[u];
-    if (r->wrank == 0) {
-      w.units[u] = malloc((un->numel ? un->numel : 1) * sizeof(float));
-      if (!w.units[u]) st = ts_set_error(TS_ERR_OUT_OF_MEMORY, "sample: unit %d", u);
-    }
     for (int i = 0; st == TS_OK && i < un->n_tensors; i++) {
       const ts_tensor_spec *t = &un->tensors[i];
       st = ts_engine_get_tensor(r->engine, t->name, r->wrank == 0 ? w.units[u] + t->offset : one,
