@@ -102,7 +102,11 @@ static ts_status bert_init(ts_model *m, const void *root) {
   ts_family_start_unit(h, &head_ops, TS_UNIT_HEAD, -1);
   dense(h, "cls.predictions.transform.dense", C, C, std);
   layernorm(h, "cls.predictions.transform.LayerNorm", C);
-  vector(h, "cls.predictions.bias", cfg.vocab_size, TS_INIT_ZEROS);
+  /* The decoder's bias: tied, transformers 5 ties cls.predictions.decoder.bias
+   * to cls.predictions.bias; untied, its forward adds decoder.bias and never
+   * reads cls.predictions.bias (BertLMPredictionHead: transform, decoder). */
+  vector(h, cfg.tie_word_embeddings ? "cls.predictions.bias" : "cls.predictions.decoder.bias",
+         cfg.vocab_size, TS_INIT_ZEROS);
   if (cfg.tie_word_embeddings) {
     h->tied_unit = 0; /* the decoder is the word embeddings */
     h->tied_tensor = E_WORD;
@@ -127,14 +131,18 @@ static double bert_flops(const ts_model *m, size_t T) {
   return 6.0 * matmul + 12.0 * (double)c->num_hidden_layers * C * (double)T;
 }
 
-/* ts_model_family.ignorable: the position-id and token-type buffers, the
- * tied decoder (weight: the word embeddings; bias: cls.predictions.bias),
- * and BertForPreTraining's pooler and next-sentence head. */
+/* ts_model_family.ignorable: the position-id and token-type buffers; the
+ * tied decoder's copies (weight: the word embeddings; bias:
+ * cls.predictions.bias; hf_folder checks they are equal); an untied model's
+ * cls.predictions.bias, which transformers' forward never reads; and
+ * BertForPreTraining's pooler and next-sentence head. */
 static int bert_ignorable(const ts_model *m, const char *name) {
-  if (!strcmp(name, ts_bert_family.tied_copy)) return m->units[m->n_units - 1].tied_unit >= 0;
+  int tied = m->units[m->n_units - 1].tied_unit >= 0;
+  if (!strcmp(name, ts_bert_family.tied_copy) || !strcmp(name, ts_bert_family.tied_copy2))
+    return tied;
+  if (!strcmp(name, "cls.predictions.bias")) return !tied;
   return !strcmp(name, "bert.embeddings.position_ids") ||
-         !strcmp(name, "bert.embeddings.token_type_ids") ||
-         !strcmp(name, "cls.predictions.decoder.bias") || !strncmp(name, "bert.pooler.", 12) ||
+         !strcmp(name, "bert.embeddings.token_type_ids") || !strncmp(name, "bert.pooler.", 12) ||
          !strncmp(name, "cls.seq_relationship.", 21);
 }
 
@@ -165,6 +173,8 @@ const ts_model_family ts_bert_family = {
     .flops_per_token = bert_flops,
     .ignorable = bert_ignorable,
     .tied_copy = "cls.predictions.decoder.weight",
+    .tied_copy2 = "cls.predictions.decoder.bias",
+    .tied_copy2_of = "cls.predictions.bias",
     .fields = FIELDS,
     .n_fields = sizeof FIELDS / sizeof FIELDS[0],
 };

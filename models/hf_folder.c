@@ -115,17 +115,23 @@ static float element(const ts_safetensors_tensor *t, size_t k) {
 }
 
 /* A tied model's folder may hold the head's weight as well (the family's
- * tied_copy): transformers ties it to the borrowed tensor only if they
- * are equal, else loads the folder untied and warns. Tessera computes the
- * tied model, so a copy that differs is refused (TS_ERR_FORMAT). */
-static ts_status check_tied_copy(const ts_hf_folder *f, const ts_model *m) {
-  const ts_unit *head = &m->units[m->n_units - 1];
-  const char *copy = m->family->tied_copy;
+ * tied_copy, or BERT's decoder bias, tied_copy2): transformers ties it to
+ * the tensor it copies only if they are equal, else loads the folder
+ * untied and warns. Tessera computes the tied model, so a copy of another
+ * shape or other values is refused (TS_ERR_FORMAT, naming both). */
+static ts_status check_copy(const ts_hf_folder *f, const ts_model *m, const char *copy,
+                            const ts_tensor_spec *s) {
   ts_safetensors_tensor c, t;
   ts_safetensors *sh;
-  if (head->tied_unit < 0 || !copy || !(sh = lookup(f, copy, &c))) return TS_OK;
-  const ts_tensor_spec *s = &m->units[head->tied_unit].tensors[head->tied_tensor];
+  if (!copy || !(sh = lookup(f, copy, &c))) return TS_OK;
   if (!lookup(f, s->name, &t)) return TS_OK; /* reported by the caller */
+  size_t d0 = c.ndim > 0 ? c.shape[0] : 1, d1 = c.ndim > 1 ? c.shape[1] : 1;
+  if (c.ndim != s->ndim || d0 != s->shape[0] || d1 != s->shape[1])
+    return ts_set_error(TS_ERR_FORMAT,
+                        "%s: tensor %s has shape [%zu, %zu] (%d dims), but the model %s ties it "
+                        "to %s of shape [%zu, %zu] (tie_word_embeddings): expected that shape",
+                        ts_safetensors_path(sh), copy, d0, d1, c.ndim, m->name, s->name,
+                        s->shape[0], s->shape[1]);
   int same = c.numel == t.numel;
   for (size_t k = 0; k < c.numel && same; k++) {
     float a = element(&c, k), b = element(&t, k);
@@ -137,6 +143,19 @@ static ts_status check_tied_copy(const ts_hf_folder *f, const ts_model *m) {
                       "(tie_word_embeddings): expected tie_word_embeddings false in config.json, "
                       "or the same values (transformers would load this folder untied)",
                       ts_safetensors_path(sh), copy, s->name, m->name);
+}
+
+/* The family's copies of a tied head: the borrowed tensor's
+ * (tied_copy), and one of the head's own (tied_copy2 of tied_copy2_of). */
+static ts_status check_tied_copy(const ts_hf_folder *f, const ts_model *m) {
+  const ts_unit *head = &m->units[m->n_units - 1];
+  if (head->tied_unit < 0) return TS_OK;
+  const ts_tensor_spec *s = &m->units[head->tied_unit].tensors[head->tied_tensor];
+  TS_CHECK(check_copy(f, m, m->family->tied_copy, s));
+  int u, i;
+  if (!m->family->tied_copy2 || ts_model_find_tensor(m, m->family->tied_copy2_of, &u, &i) != TS_OK)
+    return TS_OK;
+  return check_copy(f, m, m->family->tied_copy2, &m->units[u].tensors[i]);
 }
 
 ts_status ts_hf_folder_check(const ts_hf_folder *f, const ts_model *m) {

@@ -43,7 +43,8 @@ ts_status ts_hf_folder_open(ts_hf_folder **out, const char *dir);
 /* Checks the weights against m: every tensor of m with its shape and a
  * dtype F32, BF16 or F16, and no tensor m lacks (but the two above); a
  * tied model's copy of its head (ts_model_family.tied_copy, e.g.
- * lm_head.weight) equal, value for value, to the tensor the head borrows.
+ * lm_head.weight; tied_copy2, BERT's cls.predictions.decoder.bias) of the
+ * same shape and equal, value for value, to the tensor it copies.
  * TS_ERR_FORMAT naming the file, the tensor and what differs. */
 ts_status ts_hf_folder_check(const ts_hf_folder *f, const ts_model *m);
 

@@ -196,6 +196,11 @@ typedef struct ts_model_family {
    * hold the head's weight, a copy of the tensor the head borrows
    * ("lm_head.weight"); NULL: none. */
   const char *tied_copy;
+  /* A second copy such a folder may hold, of one of the head's own tensors
+   * ("cls.predictions.decoder.bias" of "cls.predictions.bias"); transformers
+   * ties it too only when equal. NULL: none. */
+  const char *tied_copy2;
+  const char *tied_copy2_of;
   /* Every hyper-parameter of m->impl that its config.json sets (n_fields),
    * for ts_model_config_diff. */
   const ts_config_field *fields;

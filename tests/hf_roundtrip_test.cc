@@ -250,7 +250,37 @@ TEST(HfRoundTrip, BertFolderOfBertForPreTrainingImports) {
       TS_OK)
       << ts_last_error();
   EXPECT_EQ(Weights(dir, fx.model), Weights(fx.folder, fx.model));
-  // An untied BERT does need the decoder's weight: one line naming it.
+  // A tied folder whose decoder bias is not cls.predictions.bias (another
+  // value, another shape): transformers would load it untied; refused,
+  // naming both tensors (and the shapes).
+  std::vector<float> other((const float *)dec_bias.data,
+                           (const float *)dec_bias.data + dec_bias.numel);
+  other[5] += 1.0f;
+  ts_safetensors_tensor shifted = dec_bias, small = fx.Get("cls.predictions.transform.dense.bias");
+  shifted.data = other.data();
+  small.name = "cls.predictions.decoder.bias";
+  for (int k = 0; k < 2; k++) {
+    std::vector<ts_safetensors_tensor> bad = ws;
+    bad[bad.size() - 2] = k == 0 ? shifted : small;
+    std::string dir2 = d.path(k == 0 ? "hub-bias" : "hub-shape");
+    ASSERT_EQ(system(("mkdir -p '" + dir2 + "' && cp '" + fx.folder + "/config.json' '" + dir2 +
+                      "'").c_str()),
+              0);
+    ASSERT_EQ(ts_safetensors_write((dir2 + "/model.safetensors").c_str(), bad.data(), bad.size(),
+                                   nullptr),
+              TS_OK);
+    ts_hf_folder *hf = nullptr;
+    ASSERT_EQ(ts_hf_folder_open(&hf, dir2.c_str()), TS_OK) << ts_last_error();
+    EXPECT_EQ(ts_hf_folder_check(hf, &fx.model), TS_ERR_FORMAT);
+    std::string want = k == 0 ? "tensor cls.predictions.decoder.bias differs from cls.predictions.bias"
+                              : "tensor cls.predictions.decoder.bias has shape [64, 1] (1 dims), but "
+                                "the model " + std::string(fx.model.name) +
+                                    " ties it to cls.predictions.bias of shape [96, 1]";
+    EXPECT_NE(std::string(ts_last_error()).find(want), std::string::npos) << ts_last_error();
+    ts_hf_folder_close(hf);
+  }
+  // An untied BERT does need the decoder's own bias and weight: one line
+  // naming the first missing.
   ts_model untied{};
   std::string cfg = Slurp(fx.folder + "/config.json");
   size_t at = cfg.find("\"tie_word_embeddings\": true");
@@ -260,7 +290,7 @@ TEST(HfRoundTrip, BertFolderOfBertForPreTrainingImports) {
   ts_hf_folder *f = nullptr;
   ASSERT_EQ(ts_hf_folder_open(&f, fx.folder.c_str()), TS_OK);
   EXPECT_EQ(ts_hf_folder_check(f, &untied), TS_ERR_FORMAT);
-  EXPECT_NE(std::string(ts_last_error()).find("no tensor cls.predictions.decoder.weight"),
+  EXPECT_NE(std::string(ts_last_error()).find("no tensor cls.predictions.decoder.bias"),
             std::string::npos) << ts_last_error();
   ts_hf_folder_close(f);
   ts_model_free(&untied);

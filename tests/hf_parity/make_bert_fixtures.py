@@ -67,15 +67,20 @@ FIRST_ORDINARY = 5          # ordinary tokens are 5 .. vocab-1
 N_TARGETS = (5, 4)          # masked-LM targets in row 0 and row 1
 INERT = "attention.self.key.bias"  # its gradient is analytically zero (see build)
 
-# variant: (hidden_act, layer_norm_eps, intermediate_size)
+# variant: (hidden_act, layer_norm_eps, intermediate_size, tie_word_embeddings).
+# bert_untied: the decoder has its own weight and bias (cls.predictions.decoder.*),
+# which transformers 5's forward uses; cls.predictions.bias, which that forward
+# never reads (BertLMPredictionHead.forward is transform then decoder), is
+# removed from the module before the run, so every stored tensor is live.
 VARIANTS = {
-        "bert_gelu": ("gelu", 1e-12, 160),
-        "bert_gelu_new": ("gelu_new", 1e-5, 128),
+        "bert_gelu": ("gelu", 1e-12, 160, True),
+        "bert_gelu_new": ("gelu_new", 1e-5, 128, True),
+        "bert_untied": ("gelu", 1e-12, 160, False),
 }
 
 
 def make_config(variant):
-    act, eps, inter = VARIANTS[variant]
+    act, eps, inter, tie = VARIANTS[variant]
     return BertConfig(
             vocab_size=96,
             hidden_size=64,
@@ -96,7 +101,7 @@ def make_config(variant):
             sep_token_id=SEP,
             cls_token_id=CLS,
             position_embedding_type="absolute",
-            tie_word_embeddings=True,
+            tie_word_embeddings=tie,
             attn_implementation="eager",
     )
 
@@ -131,6 +136,9 @@ def expected_names(cfg):
     names += ["cls.predictions.bias",
               "cls.predictions.transform.dense.weight", "cls.predictions.transform.dense.bias",
               "cls.predictions.transform.LayerNorm.weight", "cls.predictions.transform.LayerNorm.bias"]
+    if not cfg.tie_word_embeddings:  # its own decoder; the unused bias removed (VARIANTS)
+        names.remove("cls.predictions.bias")
+        names += ["cls.predictions.decoder.weight", "cls.predictions.decoder.bias"]
     return names
 
 
@@ -280,8 +288,14 @@ def build(variant, dtype, out_dir):
     model.eval()  # no dropout (the probabilities are 0 anyway)
     assert model.config._attn_implementation == "eager"
     assert model.bert.pooler is None
-    assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
-    assert model.cls.predictions.decoder.bias is model.cls.predictions.bias
+    tied = cfg.tie_word_embeddings
+    if tied:
+        assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
+        assert model.cls.predictions.decoder.bias is model.cls.predictions.bias
+    else:
+        assert model.cls.predictions.decoder.weight is not model.bert.embeddings.word_embeddings.weight
+        assert model.cls.predictions.decoder.bias is not model.cls.predictions.bias
+        del model.cls.predictions.bias  # unused by the forward (VARIANTS)
     assert model.bert.embeddings.word_embeddings.padding_idx == PAD
     names = [n for n, _ in model.named_parameters()]
     assert names == expected_names(model.config), names
@@ -320,11 +334,12 @@ def build(variant, dtype, out_dir):
         assert abs(hf_loss - loss.item()) <= 1e-6 * abs(loss.item()), (hf_loss, loss.item())
         alone, err, moved = check_row1_alone(model, inputs, logits)
         extra["logits_row1_alone"] = alone.float().contiguous()
-        diff, dec, lookup = check_padding_idx_gradient(model, inputs, targets, grads)
         print("  row 1 alone vs batch: max |diff| %.3g (without the mask real-token logits move %.3g)"
               % (err, moved))
-        print("  grad word_embeddings[PAD] = tied decoder part to %.3g (decoder part max %.4g); "
-              "with pads unmasked, padding_idx drops a lookup part of max %.4g" % (diff, dec, lookup))
+        if tied:
+            diff, dec, lookup = check_padding_idx_gradient(model, inputs, targets, grads)
+            print("  grad word_embeddings[PAD] = tied decoder part to %.3g (decoder part max %.4g); "
+                  "with pads unmasked, padding_idx drops a lookup part of max %.4g" % (diff, dec, lookup))
         print("  save_pretrained writes: %s" % ", ".join(
                 k for k in saved_keys(model) if k.startswith("cls.") or "word_embeddings" in k))
 
@@ -340,7 +355,7 @@ def build(variant, dtype, out_dir):
     assert stored == set(n for n, _ in model.named_parameters()) and len(stored) == len(names)
     assert {k[5:] for k in tensors if k.startswith("grad.")} == stored
     assert {k[12:] for k in tensors if k.startswith("adamw.final.")} == stored
-    assert not any("decoder" in k or "pooler" in k for k in tensors)
+    assert not any(("decoder" in k and tied) or "pooler" in k for k in tensors)
 
     metadata = {
             "format": "tessera-hf-parity-1",
@@ -381,11 +396,12 @@ def build(variant, dtype, out_dir):
         f.write("\n")
     # The written config must load back to the same model.
     back = BertConfig.from_json_file(cfg_path)
-    act, eps, inter = VARIANTS[variant]
+    act, eps, inter, tie = VARIANTS[variant]
     assert (back.hidden_act, back.layer_norm_eps, back.intermediate_size) == (act, eps, inter)
-    assert back.pad_token_id == PAD and back.sep_token_id == SEP and back.tie_word_embeddings
+    assert back.pad_token_id == PAD and back.sep_token_id == SEP and back.tie_word_embeddings == tie
     assert back.position_embedding_type == "absolute" and back.architectures == ["BertForMaskedLM"]
-    assert [n for n, _ in BertForMaskedLM(back).named_parameters()] == names
+    back_names = [n for n, _ in BertForMaskedLM(back).named_parameters()]
+    assert sorted(back_names) == sorted(names + ([] if tie else ["cls.predictions.bias"])), back_names
 
     print("%s: %d tensors, %d bytes, loss %.6f, adamw.losses %s" %
           (path, len(tensors), os.path.getsize(path), loss.item(),
