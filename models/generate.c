@@ -90,7 +90,7 @@ static ts_status load_unit(ts_generator *g, int u, void *stage, ts_weights_fn re
 ts_status ts_generator_create(ts_generator **out, const ts_model *m,
                               const ts_generator_opts *opts, ts_weights_fn read, void *user) {
   *out = NULL;
-  if (!ts_model_can_decode(m))
+  if (!opts->recompute && !ts_model_can_decode(m))
     return ts_set_error(TS_ERR_UNSUPPORTED,
                         "%s: a %s model cannot generate text (generation needs a causal LM)",
                         ts_model_origin(m), m->family ? m->family->model_type : "hand-built");
@@ -194,7 +194,7 @@ static ts_status run_decode(ts_generator *g, size_t n) {
 }
 
 /* The whole sequence (T ids in g->ids) through ts_unit_forward, no cache;
- * *logits points at the last row's inside g->scratch. */
+ * *logits points at the first row's inside g->scratch. */
 static ts_status run_forward(ts_generator *g, size_t T, const void **logits) {
   const ts_model *m = g->m;
   int cur = 0, last = m->n_units - 1;
@@ -212,8 +212,56 @@ static ts_status run_forward(ts_generator *g, size_t T, const void **logits) {
     TS_CHECK(ts_unit_forward(m, u, &g->ctx, g->params[u], &a));
     cur ^= 1;
   }
-  size_t V = m->vocab_size, es = ts_dtype_size(g->o.dtype);
-  *logits = (const char *)ts_unit_logits(m, last, g->scratch, 1, T, g->o.dtype) + (T - 1) * V * es;
+  *logits = ts_unit_logits(m, last, g->scratch, 1, T, g->o.dtype);
+  return TS_OK;
+}
+
+/* Row `row` of the (V) logits at dev (storage dtype) into host fp32. */
+static ts_status logits_to_host(ts_generator *g, const void *dev, size_t row, float *host) {
+  size_t V = g->m->vocab_size, es = ts_dtype_size(g->o.dtype);
+  const char *at = (const char *)dev + row * V * es;
+  if (g->o.dtype == TS_FP32) return ts_k_to_host(&g->ctx, host, at, V * 4);
+  TS_CHECK(ts_k_cast(&g->ctx, g->wide, TS_FP32, at, g->o.dtype, V)); /* widened on the device */
+  return ts_k_to_host(&g->ctx, host, g->wide, V * 4);
+}
+
+/* Every id of tokens (n) in [0, V), or TS_ERR_INVALID_ARGUMENT naming one. */
+static ts_status check_ids(const ts_model *m, const int32_t *tokens, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (tokens[i] < 0 || (size_t)tokens[i] >= m->vocab_size)
+      return ts_set_error(TS_ERR_INVALID_ARGUMENT, "generate: token %d: expected 0..%zu of %s",
+                          tokens[i], m->vocab_size - 1, ts_model_origin(m));
+  return TS_OK;
+}
+
+ts_status ts_generator_forward(ts_generator *g, const int32_t *tokens, size_t n,
+                               const size_t *rows, size_t n_rows, float *logits) {
+  const ts_model *m = g->m;
+  if (n == 0 || n > g->o.max_T)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "generate: a sequence of %zu tokens: expected 1..%zu (the generator's "
+                        "`max_T`)",
+                        n, g->o.max_T);
+  TS_CHECK(check_ids(m, tokens, n));
+  for (size_t r = 0; r < n_rows; r++)
+    if (rows[r] >= n)
+      return ts_set_error(TS_ERR_INVALID_ARGUMENT, "generate: row %zu of a %zu-token sequence",
+                          rows[r], n);
+  if (!g->targets) { /* a cached generator: the forward's targets and loss, once */
+    TS_CHECK(dev_alloc(g, g->o.max_T * sizeof(int32_t), (void **)&g->targets));
+    TS_CHECK(dev_alloc(g, 2 * sizeof(double), (void **)&g->loss));
+    int32_t *ignore = malloc(g->o.max_T * sizeof *ignore);
+    if (!ignore) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "generate: targets");
+    for (size_t i = 0; i < g->o.max_T; i++) ignore[i] = TS_IGNORE_INDEX;
+    ts_status st = ts_k_from_host(&g->ctx, g->targets, ignore, g->o.max_T * sizeof *ignore);
+    free(ignore);
+    TS_CHECK(st);
+  }
+  const void *out = NULL;
+  TS_CHECK(ts_k_from_host(&g->ctx, g->ids, tokens, n * sizeof *tokens));
+  TS_CHECK(run_forward(g, n, &out));
+  for (size_t r = 0; r < n_rows; r++) /* (append uploads its own ids again) */
+    TS_CHECK(logits_to_host(g, out, rows[r], logits + r * m->vocab_size));
   return TS_OK;
 }
 
@@ -224,26 +272,20 @@ ts_status ts_generator_append(ts_generator *g, const int32_t *tokens, size_t n, 
                         "generate: %zu new positions after %zu: expected 1..%zu (the "
                         "generator's max_T)",
                         n, g->len, g->o.max_T - g->len);
-  for (size_t i = 0; i < n; i++)
-    if (tokens[i] < 0 || (size_t)tokens[i] >= m->vocab_size)
-      return ts_set_error(TS_ERR_INVALID_ARGUMENT, "generate: token %d: expected 0..%zu of %s",
-                          tokens[i], m->vocab_size - 1, ts_model_origin(m));
+  TS_CHECK(check_ids(m, tokens, n));
   memcpy(g->seq + g->len, tokens, n * sizeof *tokens);
   const void *out = g->logits;
+  size_t row = 0;
   ts_status st;
   if (g->o.recompute) {
     st = ts_k_from_host(&g->ctx, g->ids, g->seq, (g->len + n) * sizeof *tokens);
     if (st == TS_OK) st = run_forward(g, g->len + n, &out);
+    row = g->len + n - 1;
   } else {
     st = ts_k_from_host(&g->ctx, g->ids, tokens, n * sizeof *tokens);
     if (st == TS_OK) st = run_decode(g, n);
   }
-  size_t V = m->vocab_size;
-  if (st == TS_OK && g->o.dtype == TS_FP32) st = ts_k_to_host(&g->ctx, logits, out, V * 4);
-  if (st == TS_OK && g->o.dtype != TS_FP32) {
-    st = ts_k_cast(&g->ctx, g->wide, TS_FP32, out, g->o.dtype, V); /* widened on the device */
-    if (st == TS_OK) st = ts_k_to_host(&g->ctx, logits, g->wide, V * 4);
-  }
+  if (st == TS_OK) st = logits_to_host(g, out, row, logits);
   if (st != TS_OK) return st;
   g->len += n;
   return TS_OK;

@@ -38,8 +38,10 @@ typedef struct ts_generator_opts {
 
 /* Creates a generator for m (kept by pointer; it must outlive g): each
  * unit's weights read by name through `read`, rounded to opts->dtype and
- * placed on opts->device, and a cache of opts->max_T positions.
- * TS_ERR_UNSUPPORTED (m cannot decode: not a causal LM),
+ * placed on opts->device, and a cache of opts->max_T positions (none with
+ * opts->recompute, which any model takes: an encoder such as BERT then
+ * serves ts_generator_forward). TS_ERR_UNSUPPORTED (m cannot decode: not
+ * a causal LM, and not opts->recompute),
  * TS_ERR_INVALID_ARGUMENT (max_T 0 or past max_position_embeddings, no
  * device), TS_ERR_OUT_OF_MEMORY, read's errors. *out NULL on failure. */
 ts_status ts_generator_create(ts_generator **out, const ts_model *m,
@@ -50,6 +52,15 @@ ts_status ts_generator_create(ts_generator **out, const ts_model *m,
  * TS_ERR_INVALID_ARGUMENT (n == 0, the sequence past max_T, an id out of
  * range: the sequence is then unchanged), the kernels' errors. */
 ts_status ts_generator_append(ts_generator *g, const int32_t *tokens, size_t n, float *logits);
+
+/* The whole forward of tokens (n >= 1 host ids, at most max_T) as one
+ * sequence, without the cache (ts_unit_forward of every unit; for BERT,
+ * [CLS] ... [SEP] as the caller frames it), and the logits of the n_rows
+ * positions rows[] into logits (n_rows, V) fp32 host. The sequence of
+ * ts_generator_append is left as it was. TS_ERR_INVALID_ARGUMENT (n 0 or
+ * past max_T, an id or a row out of range), the kernels' errors. */
+ts_status ts_generator_forward(ts_generator *g, const int32_t *tokens, size_t n,
+                               const size_t *rows, size_t n_rows, float *logits);
 
 /* Positions in the sequence so far. */
 size_t ts_generator_length(const ts_generator *g);

@@ -233,6 +233,43 @@ TEST(Generate, StopsAtAStopIdAndRefusesPastTheCache) {
   EXPECT_EQ(ts_generator_length(m.gen), 0u);
 }
 
+// BERT through ts_generator_forward (what `generate --fill-mask` runs):
+// the logits of the fixture's row 1 alone (padded) equal transformers'
+// (logits_row1_alone) within hf_parity's fp32 bound for logits, 1e-5 of
+// the largest |logit|.
+TEST(Generate, BertForwardEqualsTransformersLogits) {
+  ts_model bert{};
+  std::string base = std::string(kDir) + "bert_gelu";
+  ASSERT_EQ(ts_model_load((base + ".config.json").c_str(), &bert), TS_OK) << ts_last_error();
+  ts_safetensors *st = nullptr;
+  ASSERT_EQ(ts_safetensors_open(&st, (base + ".safetensors").c_str()), TS_OK) << ts_last_error();
+  ts_safetensors_tensor ids{}, want{};
+  ASSERT_EQ(ts_safetensors_find(st, "input_ids", &ids), TS_OK);
+  ASSERT_EQ(ts_safetensors_find(st, "logits_row1_alone", &want), TS_OK);
+  size_t T = ids.shape[1], V = bert.vocab_size;
+  std::vector<int32_t> row((const int32_t *)ids.data + T, (const int32_t *)ids.data + 2 * T);
+  ts_generator *g = nullptr;
+  ts_generator_opts o{kDevice, TS_FP32, T, 1};
+  ASSERT_EQ(ts_generator_create(&g, &bert, &o, ReadTensor, st), TS_OK) << ts_last_error();
+  std::vector<size_t> rows(T);
+  for (size_t t = 0; t < T; t++) rows[t] = t;
+  std::vector<float> got(T * V);
+  ASSERT_EQ(ts_generator_forward(g, row.data(), T, rows.data(), T, got.data()), TS_OK)
+      << ts_last_error();
+  const float *ref = (const float *)want.data;
+  float big = 0, worst = 0;
+  for (size_t i = 0; i < T * V; i++) {
+    big = std::max(big, std::fabs(ref[i]));
+    worst = std::max(worst, std::fabs(got[i] - ref[i]));
+  }
+  EXPECT_LT(worst, 1e-5f * big);
+  size_t bad = T;
+  EXPECT_EQ(ts_generator_forward(g, row.data(), T, &bad, 1, got.data()), TS_ERR_INVALID_ARGUMENT);
+  ts_generator_free(g);
+  ts_safetensors_close(st);
+  ts_model_free(&bert);
+}
+
 TEST(Generate, AnEncoderCannotGenerate) {
   ts_model bert{};
   ASSERT_EQ(ts_model_load((std::string(kDir) + "bert_gelu.config.json").c_str(), &bert), TS_OK)

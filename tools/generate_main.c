@@ -3,6 +3,7 @@
  * (models/generate.h) on the CPU or a GPU; and ts_tool_sample, the same
  * for `train --sample-every`. One process; no MPI. */
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,14 +19,16 @@
 #include "tools/tools.h"
 
 static const char *USAGE =
-    "usage: tessera generate (--checkpoint DIR | --hf DIR) (--prompt TEXT | --prompt-ids IDS)\n"
+    "usage: tessera generate (--checkpoint DIR | --hf DIR) (--prompt TEXT | --prompt-ids IDS |\n"
+    "                        --fill-mask TEXT)\n"
     "                        [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
     "                        [--seed S] [--tokenizer DIR] [--device cpu|cuda|auto] [--dtype D]\n"
     "  Prints the prompt and what the model writes after it. Greedy unless --temperature > 0\n"
     "  (then top-k, then top-p, as transformers' generate); a seed repeats its text.\n"
     "  --checkpoint: a step folder or a folder of them (its newest); its tokenizer is the\n"
     "  training data's (DATA/tokenizer.model, from trainer.json) unless --tokenizer names one.\n"
-    "  --hf: a Hugging Face LLaMA folder; its own tokenizer.model.\n";
+    "  --hf: a Hugging Face LLaMA folder; its own tokenizer.model.\n"
+    "  --fill-mask \"... [MASK] ...\" (BERT): the --top-k likeliest tokens at each [MASK].\n";
 
 static double now(void) {
   struct timespec ts;
@@ -137,6 +140,66 @@ ts_status ts_tool_sample(const ts_model *m, ts_weights_fn read, void *user,
   return st;
 }
 
+/* ---- BERT: the likeliest tokens at each [MASK] ---------------------------------- */
+
+typedef struct ranked {
+  double p;
+  int32_t id;
+} ranked;
+
+/* Descending by probability, then ascending by id. */
+static int by_p(const void *a, const void *b) {
+  const ranked *x = a, *y = b;
+  if (x->p != y->p) return x->p > y->p ? -1 : 1;
+  return (x->id > y->id) - (x->id < y->id);
+}
+
+/* The text, then a line per [MASK]: its k likeliest tokens and their
+ * probabilities (softmax over the vocabulary at that position), as
+ * transformers' fill-mask pipeline lists them. */
+static ts_status fill_mask(const ts_model *m, ts_weights_fn read, void *user,
+                           const ts_text_tokenizer *tok, const char *text, size_t k,
+                           ts_device dev, ts_dtype dt, FILE *out) {
+  int32_t *ids = NULL;
+  size_t n = 0, *masks = NULL, n_masks = 0, V = m->vocab_size;
+  TS_CHECK(ts_text_tokenizer_encode_masked(tok, text, &ids, &n, &masks, &n_masks));
+  ts_status st = TS_OK;
+  if (n > m->max_seq)
+    st = ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                      "--fill-mask: %zu tokens with [CLS] and [SEP], expected at most "
+                      "max_position_embeddings = %zu of %s",
+                      n, m->max_seq, ts_model_origin(m));
+  ts_generator_opts go = {dev, dt, n, 1};
+  ts_generator *g = NULL;
+  float *logits = malloc(n_masks * V * sizeof *logits);
+  ranked *r = malloc(V * sizeof *r);
+  if (st == TS_OK && (!logits || !r)) st = ts_set_error(TS_ERR_OUT_OF_MEMORY, "--fill-mask");
+  if (st == TS_OK) st = ts_generator_create(&g, m, &go, read, user);
+  if (st == TS_OK) st = ts_generator_forward(g, ids, n, masks, n_masks, logits);
+  if (st == TS_OK) fprintf(out, "%s\n", text);
+  for (size_t j = 0; st == TS_OK && j < n_masks; j++) {
+    const float *x = logits + j * V;
+    double mx = x[0], z = 0;
+    for (size_t v = 1; v < V; v++) mx = x[v] > mx ? x[v] : mx;
+    for (size_t v = 0; v < V; v++) z += exp((double)x[v] - mx);
+    for (size_t v = 0; v < V; v++) r[v] = (ranked){exp((double)x[v] - mx) / z, (int32_t)v};
+    qsort(r, V, sizeof *r, by_p);
+    fprintf(out, "[MASK] %zu:", j + 1);
+    for (size_t i = 0; i < k && i < V; i++) {
+      char *piece = ts_text_tokenizer_decode(tok, &r[i].id, 1);
+      fprintf(out, "%s \"%s\" %.4f", i ? " |" : "", piece ? piece : "?", r[i].p);
+      free(piece);
+    }
+    fputc('\n', out);
+  }
+  ts_generator_free(g);
+  free(ids);
+  free(masks);
+  free(logits);
+  free(r);
+  return st;
+}
+
 /* ---- where the weights come from ---------------------------------------------- */
 
 typedef struct source {
@@ -192,7 +255,8 @@ static ts_status parse_ids(const char *v, int32_t **ids, size_t *n) {
 }
 
 int ts_tool_generate(int argc, char **argv) {
-  const char *ck_dir = NULL, *hf_dir = NULL, *tok_dir = NULL, *prompt = NULL, *prompt_ids = NULL;
+  const char *ck_dir = NULL, *hf_dir = NULL, *tok_dir = NULL, *prompt = NULL, *prompt_ids = NULL,
+             *fill = NULL;
   size_t max_new = 64, top_k = 0, seed = 0;
   float temperature = 0.0f, top_p = 1.0f;
   int device = TS_TOOL_DEVICE_CPU, no_cache = 0, ignore_eos = 0;
@@ -204,6 +268,8 @@ int ts_tool_generate(int argc, char **argv) {
       TS_FLAG_STRING("--prompt", "-p", &prompt, "TEXT", "the text to continue", NULL),
       TS_FLAG_STRING("--prompt-ids", NULL, &prompt_ids, "IDS",
                      "token ids to continue (\"1,2,3\"); prints ids, needs no tokenizer", NULL),
+      TS_FLAG_STRING("--fill-mask", NULL, &fill, "TEXT",
+                     "BERT: the --top-k (default 5) likeliest tokens at each [MASK] of TEXT", NULL),
       TS_FLAG_SIZE("--max-new-tokens", "-n", &max_new, 1, "N",
                    "tokens to generate at most (default 64; fewer at the end-of-sequence id)",
                    NULL),
@@ -232,8 +298,10 @@ int ts_tool_generate(int argc, char **argv) {
   if (r != TS_FLAGS_OK) return r == TS_FLAGS_HELP ? 0 : 2;
   if (!ck_dir == !hf_dir)
     return ts_flags_error("generate", "give one of --checkpoint DIR and --hf DIR " TS_FLAGS_HINT);
-  if (!prompt == !prompt_ids)
-    return ts_flags_error("generate", "give one of --prompt TEXT and --prompt-ids IDS " TS_FLAGS_HINT);
+  if ((prompt != NULL) + (prompt_ids != NULL) + (fill != NULL) != 1)
+    return ts_flags_error("generate",
+                          "give one of --prompt TEXT, --prompt-ids IDS and --fill-mask TEXT "
+                          TS_FLAGS_HINT);
   if (!(temperature >= 0.0f))
     return ts_flags_error("generate", "--temperature %g: expected >= 0", (double)temperature);
   if (!(top_p > 0.0f && top_p <= 1.0f))
@@ -274,8 +342,15 @@ int ts_tool_generate(int argc, char **argv) {
       if (!strcmp(info.dtype, "fp32")) src.kind = TS_CHECKPOINT_PARAM;
     }
   }
+  if (st == TS_OK && (model.objective == TS_OBJECTIVE_MASKED_LM) != (fill != NULL))
+    st = ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                      fill ? "--fill-mask needs a masked LM (BERT): %s is a causal LM, expected "
+                             "--prompt"
+                           : "%s is a masked LM (BERT): it fills masks, expected --fill-mask "
+                             "\"... [MASK] ...\"",
+                      config);
   if (st == TS_OK && prompt_ids) st = parse_ids(prompt_ids, &ids, &n_ids);
-  if (st == TS_OK && prompt) {
+  if (st == TS_OK && (prompt || fill)) {
     const char *from = tok_dir;
     if (!from && hf_dir) from = hf_dir;
     if (!from && src.ck && data_dir_of(src.ck, data, sizeof data) && is_dir(data)) from = data;
@@ -284,13 +359,14 @@ int ts_tool_generate(int argc, char **argv) {
     struct stat sb;
     if (!from)
       st = ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "--prompt needs the model's tokenizer: the checkpoint's training data "
-                        "folder is gone; give --tokenizer DIR (or --prompt-ids)");
+                        "%s needs the model's tokenizer: the checkpoint's training data "
+                        "folder is gone; give --tokenizer DIR",
+                        fill ? "--fill-mask" : "--prompt");
     else if (from == data && stat(model_file, &sb) != 0)
       st = ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "--prompt needs the model's tokenizer: %s (the checkpoint's training "
-                        "data) has no tokenizer.model; give --tokenizer DIR (or --prompt-ids)",
-                        data);
+                        "%s needs the model's tokenizer: %s (the checkpoint's training "
+                        "data) has no tokenizer.model; give --tokenizer DIR%s",
+                        fill ? "--fill-mask" : "--prompt", data, fill ? "" : " (or --prompt-ids)");
     else
       st = ts_text_tokenizer_open(&tok, from);
     if (st == TS_OK && ts_text_tokenizer_vocab(tok) > model.vocab_size)
@@ -299,7 +375,9 @@ int ts_tool_generate(int argc, char **argv) {
                         "own tokenizer",
                         from, ts_text_tokenizer_vocab(tok), model.vocab_size);
   }
-  if (st == TS_OK) {
+  if (st == TS_OK && fill)
+    st = fill_mask(&model, read_weights, &src, tok, fill, top_k ? top_k : 5, dev, dtype, stdout);
+  else if (st == TS_OK) {
     ts_tool_sample_opts o = {
         .tokenizer = tok,
         .prompt = prompt,

@@ -6,7 +6,8 @@
 #  2. sampling: a seed repeats its tokens, another seed gives others;
 #  3. text in prepare's own tokenizer (lines, their breaks), and train
 #     --sample-every's samples;
-#  4. bad input: one line and the exact exit code each.
+#  4. BERT's --fill-mask: the text, then the likeliest tokens per [MASK];
+#  5. bad input: one line and the exact exit code each.
 # (A model's own tokenizer: checkpoint_test.sh's README walkthrough; ids
 # against transformers: tests/generate_test.cc.)
 #   generate_test.sh TESSERA_BIN
@@ -67,12 +68,28 @@ t="$(gen --checkpoint "$tmp/ckown" --prompt $'the lord\nsaid' --max-new-tokens 6
 check_eq "own tokenizer: exit" 0 $?
 check_eq "own tokenizer: the prompt's two lines first" $'the lord\nsaid' "${t:0:13}"
 
-# 4. bad input
+# 4. BERT: --fill-mask on prepare --mlm's tokenizer, a line per [MASK]
+"$bin" prepare --text "$tmp/own.txt" --vocab-size 300 --out "$tmp/mlm" --val-every 10 --mlm \
+  >/dev/null 2>&1
+check_eq "prepare --mlm exit" 0 $?
+"$bin" train --model bert-tiny --data "$tmp/mlm" --seq 32 --micro-batch 2 --steps 2 \
+  --save "$tmp/ckb" >/dev/null 2>&1
+check_eq "train bert-tiny exit" 0 $?
+f="$(gen --checkpoint "$tmp/ckb" --fill-mask "the lord [MASK] unto [MASK]")"
+check_eq "--fill-mask exit" 0 $?
+check_eq "the text, then a line per mask" 3 "$(lines "$f")"
+check_eq "the text first" "the lord [MASK] unto [MASK]" "$(sed -n 1p <<<"$f")"
+check_eq "5 candidates for the first" 5 "$(sed -n 2p <<<"$f" | grep -o '" 0\.[0-9]*' | wc -l)"
+check_eq "--top-k 3 for the second" 3 \
+  "$(gen --checkpoint "$tmp/ckb" --fill-mask "the lord [MASK] unto [MASK]" --top-k 3 |
+    sed -n 3p | grep -o '" 0\.[0-9]*' | wc -l)"
+
+# 5. bad input
 exact "no model" 2 \
   "tessera generate: give one of --checkpoint DIR and --hf DIR (--help lists the flags)" \
   "$bin" generate --prompt-ids 1
 exact "no prompt" 2 \
-  "tessera generate: give one of --prompt TEXT and --prompt-ids IDS (--help lists the flags)" \
+  "tessera generate: give one of --prompt TEXT, --prompt-ids IDS and --fill-mask TEXT (--help lists the flags)" \
   "$bin" generate --hf "$tmp/hf"
 exact "--top-p 0" 2 "tessera generate: --top-p 0: expected in (0, 1]" \
   "$bin" generate --hf "$tmp/hf" --prompt-ids 1 --top-p 0
@@ -89,6 +106,15 @@ exact "past max_position_embeddings" 1 \
 exact "text without a tokenizer" 1 \
   "tessera generate: --prompt needs the model's tokenizer: $tmp/data (the checkpoint's training data) has no tokenizer.model; give --tokenizer DIR (or --prompt-ids)" \
   "$bin" generate --checkpoint "$tmp/ck" --prompt "hello"
+exact "--fill-mask on LLaMA" 1 \
+  "tessera generate: --fill-mask needs a masked LM (BERT): $tmp/hf/config.json is a causal LM, expected --prompt" \
+  "$bin" generate --hf "$tmp/hf" --fill-mask "a [MASK]"
+exact "--prompt on BERT" 1 \
+  "tessera generate: $tmp/ckb/step-00000002/config.json is a masked LM (BERT): it fills masks, expected --fill-mask \"... [MASK] ...\"" \
+  "$bin" generate --checkpoint "$tmp/ckb" --prompt "a"
+exact "--fill-mask without [MASK]" 1 \
+  "tessera generate: --fill-mask \"no mask\": no [MASK], expected text with one or more [MASK]" \
+  "$bin" generate --checkpoint "$tmp/ckb" --fill-mask "no mask"
 exact "no checkpoint" 1 \
   "tessera generate: --checkpoint $tmp/none: no complete checkpoint there (a folder with index.json, or step-N folders holding one)" \
   "$bin" generate --checkpoint "$tmp/none" --prompt-ids 1

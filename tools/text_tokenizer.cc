@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,7 @@ struct ts_text_tokenizer {
   ts_prepare::HfTokenizer hf;  // sp, and BOS/EOS for a model's tokenizer
   bool own = false;            // prepare's own tokenizer: lines and a newline id
   int newline = -1;
+  std::map<std::string, int> special;  // meta.json's special_ids
 };
 
 namespace {
@@ -64,6 +66,8 @@ ts_status OpenPrepared(ts_text_tokenizer *t, const std::string &dir, const std::
   cJSON *meta = cJSON_ParseWithLength(text.data(), text.size());
   const cJSON *kind = cJSON_GetObjectItemCaseSensitive(meta, "tokenizer");
   std::string k = cJSON_IsString(kind) ? kind->valuestring : "";
+  const cJSON *sp_ids = cJSON_GetObjectItemCaseSensitive(meta, "special_ids"), *it;
+  cJSON_ArrayForEach(it, sp_ids) if (cJSON_IsNumber(it)) t->special[it->string] = it->valueint;
   ts_status st = TS_OK;
   if (k == "sentencepiece-bpe") {
     t->own = true;
@@ -167,6 +171,63 @@ extern "C" char *ts_text_tokenizer_decode(const ts_text_tokenizer *t, const int3
   }
   if (!flush()) return nullptr;
   return strdup(text.c_str());
+}
+
+extern "C" int32_t ts_text_tokenizer_special(const ts_text_tokenizer *t, const char *name) {
+  auto it = t->special.find(name);
+  if (it != t->special.end()) return it->second;
+  std::string n = name;
+  if (n == "bos") return t->hf.bos;
+  if (n == "eos") return t->hf.eos;
+  if (n == "unk") return t->hf.sp.unk_id();
+  if (n == "pad") return t->hf.sp.pad_id();
+  return -1;
+}
+
+extern "C" ts_status ts_text_tokenizer_encode_masked(const ts_text_tokenizer *t, const char *text,
+                                                     int32_t **ids, size_t *n, size_t **masks,
+                                                     size_t *n_masks) {
+  *ids = nullptr;
+  *masks = nullptr;
+  *n = *n_masks = 0;
+  int mask = ts_text_tokenizer_special(t, "mask"), cls = ts_text_tokenizer_special(t, "cls"),
+      sep = ts_text_tokenizer_special(t, "sep");
+  if (!t->own || mask < 0 || cls < 0 || sep < 0)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "--fill-mask needs a masked-LM tokenizer with [CLS], [SEP] and [MASK] "
+                        "(tessera prepare --mlm), expected one");
+  std::string s = text, tag = "[MASK]";
+  std::vector<uint32_t> v = {(uint32_t)cls};
+  std::vector<size_t> at;
+  size_t pos = 0;
+  for (;;) {
+    size_t k = s.find(tag, pos);
+    TS_CHECK(ts_prepare::EncodeText(t->hf.sp, s.substr(pos, k == std::string::npos ? k : k - pos),
+                                    "--fill-mask", (uint32_t)t->newline, &v));
+    if (k == std::string::npos) break;
+    at.push_back(v.size());
+    v.push_back((uint32_t)mask);
+    pos = k + tag.size();
+  }
+  v.push_back((uint32_t)sep);
+  if (at.empty())
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "--fill-mask \"%s\": no [MASK], expected text with one or more [MASK]",
+                        text);
+  *ids = (int32_t *)malloc(v.size() * sizeof **ids);
+  *masks = (size_t *)malloc(at.size() * sizeof **masks);
+  if (!*ids || !*masks) {
+    free(*ids);
+    free(*masks);
+    *ids = nullptr;
+    *masks = nullptr;
+    return ts_set_error(TS_ERR_OUT_OF_MEMORY, "--fill-mask ids");
+  }
+  for (size_t i = 0; i < v.size(); i++) (*ids)[i] = (int32_t)v[i];
+  for (size_t i = 0; i < at.size(); i++) (*masks)[i] = at[i];
+  *n = v.size();
+  *n_masks = at.size();
+  return TS_OK;
 }
 
 extern "C" size_t ts_text_tokenizer_vocab(const ts_text_tokenizer *t) {

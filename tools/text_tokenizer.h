@@ -56,6 +56,20 @@ ts_status ts_text_tokenizer_encode(const ts_text_tokenizer *t, const char *text,
  * out of memory or an id is not in the vocabulary. */
 char *ts_text_tokenizer_decode(const ts_text_tokenizer *t, const int32_t *ids, size_t n);
 
+/* The id of special token `name` ("mask", "cls", "sep", "pad", "unk",
+ * "bos", "eos", "newline") as meta.json's special_ids or the model's
+ * tokenizer says, or -1. */
+int32_t ts_text_tokenizer_special(const ts_text_tokenizer *t, const char *name);
+
+/* text with every "[MASK]" (literally) as the mask id, framed [CLS] ...
+ * [SEP] (a masked-LM tokenizer of prepare --mlm: BERT's input), into *ids
+ * (malloc'd) and the positions of the masks into *masks (malloc'd), *n and
+ * *n_masks of them. TS_ERR_INVALID_ARGUMENT (not a masked-LM tokenizer, no
+ * "[MASK]" in text), TS_ERR_INTERNAL. */
+ts_status ts_text_tokenizer_encode_masked(const ts_text_tokenizer *t, const char *text,
+                                          int32_t **ids, size_t *n, size_t **masks,
+                                          size_t *n_masks);
+
 /* Its vocabulary size, and its end-of-sequence id (-1: none that ends a
  * document: prepare's own tokenizer never writes one). */
 size_t ts_text_tokenizer_vocab(const ts_text_tokenizer *t);
