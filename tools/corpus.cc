@@ -4,6 +4,8 @@
  */
 #include "tools/corpus.h"
 
+#include "tools/py_helper.h"
+
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
@@ -258,8 +260,8 @@ bool IsJsonl(const std::string &path) {
 }
 
 // The corpus's files: `path` itself, or a folder's files (not its hidden
-// ones) in name order; a folder inside it, an empty folder and Parquet are
-// refused. Checked before anything is written.
+// ones) in name order; a folder inside it and an empty folder are refused.
+// Checked before anything is written.
 ts_status ListCorpus(const char *path, std::vector<std::string> *files) {
   struct stat sb;
   if (stat(path, &sb) != 0)
@@ -292,18 +294,22 @@ ts_status ListCorpus(const char *path, std::vector<std::string> *files) {
       return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                           "--text %s: an empty folder, expected text or JSON Lines files", path);
   }
-  for (const std::string &f : *files)
-    if (HasSuffixNoCase(f, ".parquet"))
-      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                          "--text %s: Parquet is not read yet, expected UTF-8 text or JSON Lines "
-                          "(.jsonl)",
-                          f.c_str());
   return TS_OK;
 }
 
+bool IsParquet(const std::string &path) { return HasSuffixNoCase(path, ".parquet"); }
+
 // One input file by its name: .jsonl, .ndjson and .json (any case) are JSON
-// Lines, anything else is UTF-8 text.
+// Lines, .parquet Parquet (through pyarrow, py_helper.h), anything else
+// UTF-8 text.
 static ts_status ReadFileDocs(const std::string &path, const char *field, std::vector<Doc> *docs) {
+  if (IsParquet(path)) {
+    size_t bytes = 0;
+    return StreamParquet(path, field, &bytes, [&](std::string &&text) {
+      docs->push_back(Doc{std::move(text), false});
+      return TS_OK;
+    });
+  }
   return IsJsonl(path) ? ReadJsonlDocs(path, field, docs) : ReadTextDocs(path, docs);
 }
 

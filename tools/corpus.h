@@ -56,13 +56,18 @@ ts_status StreamJsonl(const std::string &path, const char *field, size_t *bytes,
 // Whether a file is JSON Lines by its name: .jsonl, .ndjson, .json, any case.
 bool IsJsonl(const std::string &path);
 
+// Whether a file is Parquet by its name: .parquet, any case (read through
+// pyarrow: tools/py_helper.h StreamParquet).
+bool IsParquet(const std::string &path);
+
 // The corpus's files: `path` itself, or a folder's files (not its hidden
 // ones) in name order. TS_ERR_INVALID_ARGUMENT for a folder inside it, an
-// empty folder, Parquet; TS_ERR_IO. Nothing is read but the folder.
+// empty folder; TS_ERR_IO. Nothing is read but the folder.
 ts_status ListCorpus(const char *path, std::vector<std::string> *files);
 
-// The whole corpus at `path` in memory, file by file (JSON Lines or text by
-// IsJsonl); *files counts the files read. Errors as above.
+// The whole corpus at `path` in memory, file by file (Parquet, JSON Lines or
+// text by IsParquet and IsJsonl); *files counts the files read. Errors as
+// above, and StreamParquet's.
 ts_status ReadDocuments(const char *path, const char *field, std::vector<Doc> *docs,
                         size_t *files);
 

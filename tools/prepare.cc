@@ -37,13 +37,16 @@
 #include "tools/corpus.h"
 #include "tools/flags.h"
 #include "tools/hf_tokenizer.h"
+#include "tools/py_helper.h"
 #include "tools/text_tokenizer.h"
 
 namespace {
 
 using namespace ts_prepare;  // corpus.h, hf_tokenizer.h
 
-const char *const kFiles[] = {"tokenizer.model", "train.bin", "val.bin", "meta.json"};
+// (one of the two tokenizer files: tokenizer.model, or a model's tokenizer.json)
+const char *const kFiles[] = {"tokenizer.model", "tokenizer.json", "train.bin", "val.bin",
+                              "meta.json"};
 const size_t kNumFiles = sizeof kFiles / sizeof kFiles[0];
 // SentencePiece reads at most this many training lines (sampled with the seed).
 const char *const kMaxTrainLines = "2000000";
@@ -106,14 +109,15 @@ void RemoveTempDir(const std::string &dir) {
 }
 
 ts_status BuildMeta(const ts_prepare_opts *o, const ts_prepare_report *r, size_t K,
-                    const HfTokenizer *hf, std::string *out) {
+                    const HfTokenizer *hf, bool json, std::string *out) {
   cJSON *m = cJSON_CreateObject();
   if (m == nullptr) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "meta.json: out of memory");
   char *abs = realpath(o->text_path, nullptr);
   cJSON_AddNumberToObject(m, "version", 1);
-  cJSON_AddStringToObject(m, "tokenizer", hf ? "sentencepiece" : "sentencepiece-bpe");
-  cJSON_AddStringToObject(m, "tokenizer_model", "tokenizer.model");
-  if (hf) {
+  cJSON_AddStringToObject(m, "tokenizer",
+                          json ? "tokenizers" : hf ? "sentencepiece" : "sentencepiece-bpe");
+  cJSON_AddStringToObject(m, "tokenizer_model", json ? "tokenizer.json" : "tokenizer.model");
+  if (hf || json) {
     char *from = realpath(o->tokenizer_dir, nullptr);
     cJSON_AddStringToObject(m, "tokenizer_from", from ? from : o->tokenizer_dir);
     free(from);
@@ -130,6 +134,8 @@ ts_status BuildMeta(const ts_prepare_opts *o, const ts_prepare_report *r, size_t
     if (sp.pad_id() >= 0) cJSON_AddNumberToObject(ids, "pad", sp.pad_id());
     cJSON_AddBoolToObject(m, "add_bos", hf->add_bos);
     cJSON_AddBoolToObject(m, "add_eos", hf->add_eos);
+  } else if (json) {
+    // the special tokens are the tokenizer.json's own (its post-processor adds them)
   } else if (o->mlm) {
     cJSON_AddBoolToObject(m, "mlm", 1);
     const char *names[] = {"pad", "unk", "cls", "sep", "mask", "newline"};
@@ -140,13 +146,13 @@ ts_status BuildMeta(const ts_prepare_opts *o, const ts_prepare_report *r, size_t
     cJSON_AddNumberToObject(ids, "eos", 2);
     cJSON_AddNumberToObject(ids, "newline", TS_PREPARE_NEWLINE_ID);
   }
-  if (!hf) cJSON_AddBoolToObject(m, "byte_fallback", 1);
+  if (!hf && !json) cJSON_AddBoolToObject(m, "byte_fallback", 1);
   cJSON_AddStringToObject(m, "source", abs ? abs : o->text_path);
   free(abs);
   if (o->text_field) cJSON_AddStringToObject(m, "text_field", o->text_field);
   cJSON_AddNumberToObject(m, "files", (double)r->files);
   cJSON_AddNumberToObject(m, "val_every", (double)K);
-  if (!hf) cJSON_AddNumberToObject(m, "seed", (double)o->seed);
+  if (!hf && !json) cJSON_AddNumberToObject(m, "seed", (double)o->seed);
   cJSON_AddNumberToObject(m, "sections", (double)r->sections);
   cJSON_AddNumberToObject(m, "val_sections", (double)r->val_sections);
   cJSON_AddNumberToObject(m, "train_bytes", (double)r->train_bytes);
@@ -200,7 +206,8 @@ ts_status MakeOutDir(const ts_prepare_opts *opts, OutDir *o) {
 }
 
 // Moves the four finished files into place: the whole temporary folder when
-// DIR is new, else file by file. On failure the caller removes the
+// DIR is new, else file by file (a tokenizer file of the other kind that DIR
+// holds from an earlier run is removed). On failure the caller removes the
 // temporary folder.
 ts_status MoveIntoPlace(const ts_prepare_opts *opts, const OutDir &o) {
   if (!o.exists && ts_atomic_rename(o.tmp.c_str(), o.dir.c_str()) == TS_OK) return TS_OK;
@@ -208,6 +215,10 @@ ts_status MoveIntoPlace(const ts_prepare_opts *opts, const OutDir &o) {
     return ts_set_error(TS_ERR_IO, "--out %s: cannot create: %s", opts->out_dir, strerror(errno));
   for (size_t i = 0; i < kNumFiles; i++) {
     std::string from = o.tmp + "/" + kFiles[i], to = o.dir + "/" + kFiles[i];
+    if (access(from.c_str(), F_OK) != 0) {  // the other tokenizer file: an older one goes
+      unlink(to.c_str());
+      continue;
+    }
     if (ts_atomic_rename(from.c_str(), to.c_str()) != TS_OK) {
       std::string why = ts_last_error();  // a copy: ts_set_error rewrites that buffer
       return ts_set_error(TS_ERR_IO, "--out %s: cannot move %s into place: %s", opts->out_dir,
@@ -271,13 +282,15 @@ struct Shards {
   }
 };
 
-// The rest of DIR beside the committed shards: tokenizer.model (its bytes),
-// meta.json; then everything moved into place.
+// The rest of DIR beside the committed shards: tokenizer.model (its bytes;
+// tokenizer.json when json), meta.json; then everything moved into place.
 ts_status Finish(const ts_prepare_opts *opts, const OutDir &od, const std::string &model,
-                 const ts_prepare_report &rep, size_t K, const HfTokenizer *hf) {
+                 const ts_prepare_report &rep, size_t K, const HfTokenizer *hf,
+                 bool json = false) {
   std::string meta;
-  TS_CHECK(ts_atomic_write((od.tmp + "/tokenizer.model").c_str(), model.data(), model.size()));
-  TS_CHECK(BuildMeta(opts, &rep, K, hf, &meta));
+  TS_CHECK(ts_atomic_write((od.tmp + (json ? "/tokenizer.json" : "/tokenizer.model")).c_str(),
+                           model.data(), model.size()));
+  TS_CHECK(BuildMeta(opts, &rep, K, hf, json, &meta));
   TS_CHECK(ts_atomic_write((od.tmp + "/meta.json").c_str(), meta.data(), meta.size()));
   return MoveIntoPlace(opts, od);
 }
@@ -308,8 +321,18 @@ const size_t kBatchBytes = 16u << 20;
 // one batch, its ids, one text file (a text file's sections need the whole
 // file), the unigram counts. A progress line on stderr when opts->progress
 // and stderr is a terminal.
+// A model's tokenizer: its tokenizer.model (SentencePiece, here), or its
+// tokenizer.json (the tokenizers library, in a Python helper).
+struct ModelTokenizer {
+  const HfTokenizer *sp = nullptr;
+  JsonTokenizer *json = nullptr;
+  size_t Vocab() const { return sp ? (size_t)sp->sp.GetPieceSize() : json->vocab; }
+  const char *File() const { return sp ? "tokenizer.model" : "tokenizer.json"; }
+  const std::string &Bytes() const { return sp ? sp->model : json->json; }
+};
+
 ts_status PrepareHf(const ts_prepare_opts *opts, size_t K, const char *field,
-                    const HfTokenizer &hf, double t0, ts_prepare_report *report) {
+                    const ModelTokenizer &tk, double t0, ts_prepare_report *report) {
   std::vector<std::string> files;
   TS_CHECK(ListCorpus(opts->text_path, &files));
   OutDir od;
@@ -319,7 +342,7 @@ ts_status PrepareHf(const ts_prepare_opts *opts, size_t K, const char *field,
   bool shown = false;  // a progress line is on the terminal, not yet ended
   ts_status st = [&]() -> ts_status {
     Shards shards;
-    TS_CHECK(shards.Open(od.tmp, (size_t)hf.sp.GetPieceSize()));
+    TS_CHECK(shards.Open(od.tmp, tk.Vocab()));
     unsigned threads = std::thread::hardware_concurrency();
     threads = std::max(1u, std::min(threads, 16u));
     size_t ndocs = 0, nval = 0, read_bytes = 0;
@@ -332,7 +355,9 @@ ts_status PrepareHf(const ts_prepare_opts *opts, size_t K, const char *field,
       std::vector<std::vector<uint32_t>> enc;
       std::string why;
       const unsigned t = std::min(threads, (unsigned)batch.size());
-      if (!EncodeDocs(hf, batch, t, &enc, &why))
+      if (tk.json)
+        TS_CHECK(EncodeJsonDocs(tk.json, batch, &enc));
+      else if (!EncodeDocs(*tk.sp, batch, t, &enc, &why))
         return ts_set_error(TS_ERR_INTERNAL, "--text %s: encoding with %s/tokenizer.model: %s",
                             opts->text_path, opts->tokenizer_dir, why.c_str());
       for (size_t i = 0; i < batch.size(); i++, ndocs++) {
@@ -360,9 +385,10 @@ ts_status PrepareHf(const ts_prepare_opts *opts, size_t K, const char *field,
       return batch_bytes >= (opts->batch_bytes ? opts->batch_bytes : kBatchBytes) ? flush() : TS_OK;
     };
     for (const std::string &f : files) {
-      if (IsJsonl(f)) {
-        TS_CHECK(StreamJsonl(f, field, &read_bytes,
-                             [&](std::string &&text) { return take(Doc{std::move(text), false}); }));
+      if (IsJsonl(f) || IsParquet(f)) {
+        auto one = [&](std::string &&text) { return take(Doc{std::move(text), false}); };
+        TS_CHECK(IsParquet(f) ? StreamParquet(f, field, &read_bytes, one)
+                              : StreamJsonl(f, field, &read_bytes, one));
       } else {
         std::vector<Doc> docs;
         TS_CHECK(ReadTextDocs(f, &docs));
@@ -381,7 +407,8 @@ ts_status PrepareHf(const ts_prepare_opts *opts, size_t K, const char *field,
     rep.sections = ndocs;
     rep.val_sections = nval;
     TS_CHECK(shards.Commit(&rep));
-    return Finish(opts, od, hf.model, rep, K, &hf);
+    if (tk.json) TS_CHECK(tk.json->helper.Finish());
+    return Finish(opts, od, tk.Bytes(), rep, K, tk.sp, tk.json != nullptr);
   }();
   if (st != TS_OK && opts->stop && *opts->stop)  // a read it cut short, too
     st = ts_set_error(TS_ERR_IO, "--out %s: interrupted by a signal; nothing written",
@@ -420,8 +447,9 @@ extern "C" ts_status ts_prepare_corpus(const ts_prepare_opts *opts, ts_prepare_r
                         opts->vocab_size);
   if (hf_mode && opts->mlm)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "--mlm with --tokenizer %s: not yet (BERT's WordPiece tokenizer.json is not "
-                        "read yet), expected --mlm with a tokenizer trained here (--vocab-size)",
+                        "--mlm with --tokenizer %s: not yet (the masked-LM batches take prepare's "
+                        "own special ids), expected --mlm with a tokenizer trained here "
+                        "(--vocab-size)",
                         opts->tokenizer_dir);
   if (!hf_mode && (opts->vocab_size < min_vocab || opts->vocab_size > (size_t)INT_MAX))
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
@@ -432,10 +460,23 @@ extern "C" ts_status ts_prepare_corpus(const ts_prepare_opts *opts, ts_prepare_r
   if (K < 2)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "--val-every %zu: expected >= 2 (every K-th section is validation)", K);
-  if (hf_mode) {
+  if (hf_mode) {  // tokenizer.model when the folder has one (tested equal), else tokenizer.json
+    std::string sp_file = std::string(opts->tokenizer_dir) + "/tokenizer.model",
+                json_file = std::string(opts->tokenizer_dir) + "/tokenizer.json";
+    if (access(sp_file.c_str(), F_OK) != 0 && access(json_file.c_str(), F_OK) == 0) {
+      std::vector<std::string> files;
+      TS_CHECK(ListCorpus(opts->text_path, &files));  // before the helper starts
+      JsonTokenizer json;
+      TS_CHECK(LoadJsonTokenizer(opts->tokenizer_dir, &json));
+      ModelTokenizer tk;
+      tk.json = &json;
+      return PrepareHf(opts, K, field, tk, t0, report);
+    }
     HfTokenizer hf;
     TS_CHECK(LoadHfTokenizer(opts->tokenizer_dir, &hf));
-    return PrepareHf(opts, K, field, hf, t0, report);
+    ModelTokenizer tk;
+    tk.sp = &hf;
+    return PrepareHf(opts, K, field, tk, t0, report);
   }
 
   // Read the documents and split them: every K-th is validation.
@@ -574,11 +615,12 @@ const char kUsage[] =
     "usage: tessera prepare --text PATH --vocab-size N --out DIR [--mlm] [flags]\n"
     "       tessera prepare --text PATH --tokenizer HF_DIR --out DIR [flags]\n"
     "  PATH is a UTF-8 text file, JSON Lines (.jsonl, .ndjson, .json: one object a\n"
-    "  line, its text in --text-field) or a folder of them. Trains a SentencePiece\n"
-    "  BPE tokenizer (byte fallback) on PATH less every K-th section, or tokenizes\n"
-    "  with the Hugging Face model folder's own tokenizer.model (BOS/EOS as its\n"
-    "  tokenizer_config.json says), and writes DIR/tokenizer.model, DIR/train.bin,\n"
-    "  DIR/val.bin and DIR/meta.json.\n";
+    "  line, its text in --text-field), Parquet (.parquet: the --text-field column)\n"
+    "  or a folder of them. Trains a SentencePiece BPE tokenizer (byte fallback) on\n"
+    "  PATH less every K-th section, or tokenizes with the Hugging Face model\n"
+    "  folder's own tokenizer.model (BOS/EOS as its tokenizer_config.json says) or\n"
+    "  tokenizer.json, and writes DIR/tokenizer.model (or tokenizer.json),\n"
+    "  DIR/train.bin, DIR/val.bin and DIR/meta.json.\n";
 
 }  // namespace
 
@@ -651,8 +693,11 @@ extern "C" int ts_tool_prepare(int argc, char **argv) {
   }
   const size_t K = o.val_every ? o.val_every : TS_PREPARE_DEFAULT_VAL_EVERY;
   printf("tessera prepare: %s -> %s\n", o.text_path, o.out_dir);
-  if (o.tokenizer_dir)
-    printf("  tokenizer   %s/tokenizer.model (sentencepiece), vocab %zu\n", o.tokenizer_dir,
+  std::string sp_file = o.tokenizer_dir ? std::string(o.tokenizer_dir) + "/tokenizer.model" : "";
+  if (o.tokenizer_dir && access(sp_file.c_str(), F_OK) == 0)
+    printf("  tokenizer   %s (sentencepiece), vocab %zu\n", sp_file.c_str(), r.vocab_size);
+  else if (o.tokenizer_dir)
+    printf("  tokenizer   %s/tokenizer.json (tokenizers), vocab %zu\n", o.tokenizer_dir,
            r.vocab_size);
   else
     printf("  tokenizer   sentencepiece bpe, vocab %zu (byte fallback%s)\n", r.vocab_size,

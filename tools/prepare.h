@@ -41,7 +41,10 @@
  * text is empty and blank lines are skipped; a line with more after its
  * object, a null text or one with \u0000 is refused); a folder gives the
  * sections of each of its files in name order (hidden files skipped; a
- * folder inside it is refused); Parquet is refused (not read yet). Every K-th section of the
+ * folder inside it is refused); a Parquet file (.parquet, any case) gives one
+ * section per row, the string in its column text_field (read by Apache
+ * Arrow's pyarrow in a Python helper, tools/py_helper.h; empty texts
+ * skipped, a null, a non-string column or a NUL refused). Every K-th section of the
  * whole corpus is validation. When a tokenizer is trained, a record's text
  * is followed by a line break in the training text.
  *
@@ -64,8 +67,13 @@
  * text, each batch encoded on the machine's threads and appended to the
  * shards (engine/token_file.h's writer), so memory is bounded by a batch
  * and the largest text file; the shards are the same for any batch size and
- * thread count. A folder with only tokenizer.json (byte-level BPE,
- * WordPiece) is refused: not read yet.
+ * thread count. A folder with tokenizer.json and no tokenizer.model
+ * (byte-level BPE as GPT-2's and LLaMA-3's, WordPiece as BERT's) encodes
+ * through Hugging Face's tokenizers library in a Python helper
+ * (tools/py_helper.h: encode_batch with the special tokens its
+ * post-processor adds, no truncation or padding, as transformers'
+ * tokenizer call), tokenizer.json copied into DIR, meta.json's tokenizer
+ * "tokenizers"; a folder with both uses tokenizer.model, as above.
  *
  * Output is all or nothing: the files are written into a temporary
  * directory beside DIR and renamed into place only after all four succeeded.
@@ -140,13 +148,16 @@ typedef struct ts_prepare_report {
  * a vocab_size SentencePiece cannot fill (below 4 + 256 + the number of
  * distinct characters in the training text, or above what the text yields);
  * for a JSON Lines line that is not an object, lacks text_field or holds
- * another type there (the message names the file and line), Parquet, a
- * folder inside the corpus folder, a corpus with no text; with
+ * another type there (the message names the file and line), a Parquet
+ * file Arrow cannot read, without the column or with a null or non-string
+ * value, a folder inside the corpus folder, a corpus with no text; with
  * tokenizer_dir, for vocab_size or mlm given, a folder without
- * tokenizer.model (one with tokenizer.json only: not read yet), a file
+ * tokenizer.model or tokenizer.json, a tokenizer.json the library refuses, a file
  * SentencePiece cannot load, a tokenizer_config.json that is not an object
  * or whose add_bos_token / add_eos_token is not a boolean or whose
  * bos_token / eos_token is not a piece;
+ * TS_ERR_UNSUPPORTED when tokenizer.json or Parquet is needed and the
+ * Python with tokenizers and pyarrow is missing (tools/setup.sh installs it);
  * TS_ERR_IO if the text cannot be read or an output cannot be written;
  * TS_ERR_INTERNAL if SentencePiece fails otherwise. On failure no temporary
  * directory is left and nothing under out_dir changes (short of a rename

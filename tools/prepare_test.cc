@@ -308,6 +308,22 @@ HfSamples LoadSamples(const char *fixture) {
   return out;
 }
 
+// The non-empty samples as JSON Lines records, and their ids as --val-every
+// 2 splits them: record i is validation when (i + 1) % 2 == 0. Returns the
+// record count.
+size_t SplitSamples(const HfSamples &s, std::string *jsonl, std::vector<int> *train,
+                    std::vector<int> *val) {
+  size_t n = 0;
+  for (size_t i = 0; i < s.texts.size(); i++) {
+    if (s.texts[i].empty()) continue;
+    *jsonl += JsonlLine(s.texts[i]);
+    std::vector<int> *dst = (n + 1) % 2 == 0 ? val : train;
+    dst->insert(dst->end(), s.ids[i].begin(), s.ids[i].end());
+    n++;
+  }
+  return n;
+}
+
 ts_status PrepareHf(const std::string &text, const std::string &out, const char *fixture,
                     size_t val_every, const char *field = nullptr, size_t batch_bytes = 0) {
   const std::string hf = std::string(kHfDir) + fixture;
@@ -336,14 +352,7 @@ TEST(PrepareHf, SentencePieceIdsEqualTransformersWithBosAndEos) {
     ASSERT_GE(s.texts.size(), 10u);
     std::string jsonl;
     std::vector<int> want_train, want_val;
-    size_t n = 0;
-    for (size_t i = 0; i < s.texts.size(); i++) {
-      if (s.texts[i].empty()) continue;
-      jsonl += JsonlLine(s.texts[i]);
-      std::vector<int> &dst = (n + 1) % 2 == 0 ? want_val : want_train;
-      dst.insert(dst.end(), s.ids[i].begin(), s.ids[i].end());
-      n++;
-    }
+    const size_t n = SplitSamples(s, &jsonl, &want_train, &want_val);
     const std::string text = dir.path("corpus.jsonl"), out = dir.path("out");
     Spit(text, jsonl);
     ASSERT_EQ(PrepareHf(text, out, fixture, 2), TS_OK) << ts_last_error();
@@ -374,6 +383,48 @@ TEST(PrepareHf, SentencePieceIdsEqualTransformersWithBosAndEos) {
     EXPECT_EQ(cJSON_GetObjectItemCaseSensitive(ids, "newline"), nullptr);
     cJSON_Delete(meta);
     EXPECT_EQ(dir.List().size(), 2u);  // the corpus and DIR: no temporary folder left
+  }
+}
+
+// A byte-level BPE tokenizer.json (BOS from its post-processor) and a
+// WordPiece one ([CLS] $A [SEP], lowercasing), both trained by the tokenizers
+// library: the shards hold AutoTokenizer's ids, through the Python helper
+// (tools/py_helper.h); tokenizer.json is copied, meta.json says "tokenizers".
+// The same samples as Parquet give the same shards as JSON Lines.
+TEST(PrepareHf, TokenizerJsonIdsEqualTransformersAndParquetEqualsJsonLines) {
+  for (const char *fixture : {"bpe_json", "wordpiece_json"}) {
+    SCOPED_TRACE(fixture);
+    TempDir dir("ts_prepare_test");
+    HfSamples s = LoadSamples(fixture);
+    ASSERT_GE(s.texts.size(), 10u);
+    std::string jsonl;
+    std::vector<int> want_train, want_val;
+    const size_t n = SplitSamples(s, &jsonl, &want_train, &want_val);
+    const std::string text = dir.path("corpus.jsonl"), out = dir.path("out");
+    Spit(text, jsonl);
+    ASSERT_EQ(PrepareHf(text, out, fixture, 2), TS_OK) << ts_last_error();
+    cJSON *meta = cJSON_Parse(Slurp(out + "/meta.json").c_str());
+    ASSERT_NE(meta, nullptr);
+    const size_t V = (size_t)JsonNumber(meta, "vocab_size");
+    EXPECT_GT(V, 300u);
+    EXPECT_EQ(JsonNumber(meta, "sections"), (double)n);
+    EXPECT_STREQ(cJSON_GetObjectItemCaseSensitive(meta, "tokenizer")->valuestring, "tokenizers");
+    EXPECT_STREQ(cJSON_GetObjectItemCaseSensitive(meta, "tokenizer_model")->valuestring,
+                 "tokenizer.json");
+    cJSON_Delete(meta);
+    EXPECT_EQ(ShardIds(out + "/train.bin", V), want_train);
+    EXPECT_EQ(ShardIds(out + "/val.bin", V), want_val);
+    EXPECT_EQ(Slurp(out + "/tokenizer.json"),
+              Slurp(std::string(kHfDir) + fixture + "/tokenizer.json"));
+    EXPECT_FALSE(Exists(out + "/tokenizer.model"));
+    // Parquet (samples.parquet: the same texts, a column "text") and the
+    // committed samples.jsonl give these very shards.
+    for (const char *input : {"samples.parquet", "samples.jsonl"}) {
+      const std::string out2 = dir.path(std::string("from-") + input);
+      ASSERT_EQ(PrepareHf(std::string(kHfDir) + input, out2, fixture, 2), TS_OK) << ts_last_error();
+      EXPECT_EQ(Slurp(out2 + "/train.bin"), Slurp(out + "/train.bin")) << input;
+      EXPECT_EQ(Slurp(out2 + "/val.bin"), Slurp(out + "/val.bin")) << input;
+    }
   }
 }
 
@@ -473,7 +524,7 @@ TEST(PrepareHf, BadInputIsOneLineAndWritesNothing) {
       {"latin1.jsonl", "{\"text\": \"caf\xe9\"}\n",
        "latin1.jsonl:1: invalid UTF-8 at byte 13 of the line", nullptr},
       {"empty.jsonl", "\n{\"text\": \"\"}\n  \n", "no text (1 file, empty)", nullptr},
-      {"data.parquet", "PAR1", "Parquet is not read yet", nullptr},
+      {"data.parquet", "PAR1", "data.parquet: not a Parquet file Arrow reads", nullptr},
   };
   for (const Case &k : cases) {
     SCOPED_TRACE(k.name);
@@ -506,10 +557,33 @@ TEST(PrepareHf, BadInputIsOneLineAndWritesNothing) {
       << ts_last_error();
   Spit(dir.path("hf/tokenizer.json"), "{}");
   EXPECT_EQ(ts_prepare_corpus(&o, nullptr), TS_ERR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(ts_last_error()).find("tokenizer.json (byte-level BPE, WordPiece) is not "
-                                              "read yet"),
+  EXPECT_NE(std::string(ts_last_error())
+                .find("--tokenizer " + hf + ": tokenizer.json: "),
             std::string::npos)
       << ts_last_error();
+  EXPECT_NE(std::string(ts_last_error())
+                .find("expected a tokenizer.json of Hugging Face's tokenizers"),
+            std::string::npos)
+      << ts_last_error();
+  EXPECT_FALSE(Exists(out));
+  // Parquet with a null text, or numbers where the text should be; a
+  // column that is not there: one line each naming the file (and the row)
+  const std::string pq_null = std::string(kHfDir) + "bad_null.parquet",
+                    pq_int = std::string(kHfDir) + "bad_int.parquet";
+  const std::pair<std::string, std::string> pq_cases[] = {
+      {pq_null, "--text " + pq_null + ": row 1: field \"text\" is null, expected a string"},
+      {pq_int, "--text " + pq_int + ": column \"text\" holds int64, expected strings"},
+  };
+  for (const auto &k : pq_cases) {
+    EXPECT_EQ(PrepareHf(k.first, out, "llama_sp", 2), TS_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(std::string(ts_last_error()), k.second);
+    EXPECT_FALSE(Exists(out));
+  }
+  EXPECT_EQ(PrepareHf(std::string(kHfDir) + "samples.parquet", out, "llama_sp", 2, "body"),
+            TS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(std::string(ts_last_error()), "--text " + std::string(kHfDir) +
+                                              "samples.parquet: no column \"body\" (--text-field), "
+                                              "expected one of: text, n");
   Spit(dir.path("hf/tokenizer.model"), "not a model");
   EXPECT_EQ(ts_prepare_corpus(&o, nullptr), TS_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(ts_last_error()).find("tokenizer.model: "), std::string::npos)

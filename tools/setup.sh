@@ -29,6 +29,7 @@ PACKAGES=(
   gnuplot-nox           # plots of loss and memory curves
   python3               # helper scripts
   python3-pip           # `pip download` of the cudnn-frontend wheel (below)
+  python3-venv          # the venv of tokenizers and pyarrow (below)
   clang                 # the libFuzzer builds of //fuzz (tools/fuzz.sh)
   libclang-rt-dev       # clang's libFuzzer and sanitizer runtimes
   libomp-dev            # clang's OpenMP runtime (tessera's -fopenmp code in the fuzz build)
@@ -116,4 +117,41 @@ fi
 
 if [[ ! -x /usr/local/cuda/bin/nvcc ]]; then
   echo "tools/setup.sh: warning: no CUDA toolkit at /usr/local/cuda; CUDA targets will not build" >&2
+fi
+
+# Hugging Face's tokenizers (tokenizer.json: byte-level BPE, WordPiece) and
+# Apache Arrow's pyarrow (Parquet), which Debian packages neither of (nor
+# Arrow's C++ library): pinned PyPI wheels, checked by sha256, in a venv of
+# their own at /opt/tessera-py/<versions>, which `tessera prepare` runs
+# (tools/py_helper.h; TESSERA_PYTHON overrides it). --no-deps: neither
+# needs another package for what prepare uses (tokenizers' hub download and
+# pyarrow's pandas/numpy interop are not used). The venv appears by one
+# rename.
+TS_PY_DIR=/opt/tessera-py/tokenizers-0.23.3-pyarrow-26.0.1
+if ! "$TS_PY_DIR/bin/python" -c 'import tokenizers, pyarrow.parquet' 2>/dev/null; then
+  if [[ "$(id -u)" -ne 0 ]]; then
+    echo "tools/setup.sh: missing $TS_PY_DIR (run as root to install tokenizers and pyarrow)" >&2
+    exit 1
+  fi
+  echo "tools/setup.sh: installing tokenizers 0.23.3 and pyarrow 26.0.1 into $TS_PY_DIR" >&2
+  rm -rf "$TS_PY_DIR.tmp"
+  mkdir -p "$(dirname "$TS_PY_DIR")"
+  /usr/bin/python3 -m venv "$TS_PY_DIR.tmp"
+  req="$(mktemp)"
+  cat >"$req" <<'REQ'
+tokenizers==0.23.3 --hash=sha256:376851d22bcf9d650a5c3090bb83e6cf9e895fbf0595369fa4cd43c1f69b5f87
+pyarrow==26.0.1 --hash=sha256:39cb0f2418282c24bea6ceda77b03e5a8f0a5766b63a8bf194d4e2a2c423548c
+REQ
+  if ! "$TS_PY_DIR.tmp/bin/python" -m pip install --quiet --no-deps --only-binary=:all: \
+      --require-hashes -r "$req"; then
+    rm -f "$req"
+    echo "tools/setup.sh: cannot install tokenizers and pyarrow from PyPI" >&2
+    exit 1
+  fi
+  rm -f "$req"
+  # the venv's scripts name their folder: made in .tmp, they must name the final one
+  sed -i "s#$TS_PY_DIR.tmp#$TS_PY_DIR#g" "$TS_PY_DIR.tmp"/bin/activate* "$TS_PY_DIR.tmp"/bin/pip* 2>/dev/null || true
+  mv "$TS_PY_DIR.tmp" "$TS_PY_DIR"
+  "$TS_PY_DIR/bin/python" -c 'import tokenizers, pyarrow.parquet' ||
+    { echo "tools/setup.sh: $TS_PY_DIR does not import tokenizers and pyarrow" >&2; exit 1; }
 fi

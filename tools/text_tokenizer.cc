@@ -87,6 +87,12 @@ ts_status OpenPrepared(ts_text_tokenizer *t, const std::string &dir, const std::
     t->hf.add_bos = cJSON_IsTrue(bos);
     if (SpecialId(meta, "bos") >= 0) t->hf.bos = SpecialId(meta, "bos");
     if (SpecialId(meta, "eos") >= 0) t->hf.eos = SpecialId(meta, "eos");
+  } else if (k == "tokenizers") {
+    st = ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                      "%s: a tokenizer.json tokenizer (Hugging Face's tokenizers): text is not "
+                      "encoded with it here yet, expected a tokenizer.model (give --prompt-ids "
+                      "to generate)",
+                      path.c_str());
   } else {
     st = ts_set_error(TS_ERR_INVALID_ARGUMENT,
                       "%s: field \"tokenizer\": %s, expected \"sentencepiece-bpe\" or "

@@ -15,6 +15,16 @@ Writes into OUT:
   llama_sp_eos/...                the same model, add_eos_token true
   llama_sp_json/...               the same model with a tokenizer.json as the hub's
                                   LLaMA-2 folders have (a "▁" before every text)
+  bpe_json/tokenizer.json         a byte-level BPE as GPT-2's and LLaMA-3's, trained here by
+                                  the tokenizers library (ByteLevel pre-tokenizer and
+                                  decoder, 600 tokens, <|begin_of_text|> prepended by its
+                                  TemplateProcessing post-processor, <|end_of_text|> special)
+  wordpiece_json/tokenizer.json   a WordPiece as BERT's (BertNormalizer lowercasing,
+                                  BertPreTokenizer, [CLS] $A [SEP]), trained here too
+  */tokenizer_config.json         PreTrainedTokenizerFast for the two above
+  samples.parquet                 the samples as a Parquet column "text" (pyarrow), and
+  samples.jsonl                   the same as JSON Lines: prepare must give the same shards
+  bad_null.parquet, bad_int.parquet  a null text, a column of numbers (refused)
   samples.json                    {"samples": [text...], "llama_sp": [[ids]...],
                                   "llama_sp_eos": [[ids]...], "llama_sp_json": ...}: AutoTokenizer's
                                   input_ids (transformers 5 converts
@@ -28,9 +38,12 @@ import json
 import os
 import sys
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import sentencepiece as spm
+import tokenizers
 import transformers
-from tokenizers import decoders, normalizers
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer
 
 # Training text: English, accented Latin, Greek, CJK, with whitespace runs;
@@ -104,6 +117,49 @@ def main():
     backend.save(os.path.join(d, "tokenizer.json"))
     tok = AutoTokenizer.from_pretrained(d)
     result["llama_sp_json"] = [tok(s)["input_ids"] for s in SAMPLES]
+    # tokenizer.json models of the tokenizers library, trained on the same text
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(TRAIN, trainers.BpeTrainer(
+        vocab_size=600, special_tokens=["<|begin_of_text|>", "<|end_of_text|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    bpe.post_processor = processors.TemplateProcessing(
+        single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", 0)])
+    wp = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    wp.normalizer = normalizers.BertNormalizer(lowercase=True)
+    wp.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    wp.decoder = decoders.WordPiece()
+    wp.train_from_iterator(TRAIN, trainers.WordPieceTrainer(
+        vocab_size=400, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"],
+        show_progress=False))
+    wp.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    for name, t, cfg in (
+            ("bpe_json", bpe, {"tokenizer_class": "PreTrainedTokenizerFast",
+                               "bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"}),
+            ("wordpiece_json", wp, {"tokenizer_class": "PreTrainedTokenizerFast",
+                                    "cls_token": "[CLS]", "sep_token": "[SEP]",
+                                    "mask_token": "[MASK]", "pad_token": "[PAD]",
+                                    "unk_token": "[UNK]"})):
+        d = os.path.join(out, name)
+        os.makedirs(d, exist_ok=True)
+        t.save(os.path.join(d, "tokenizer.json"))
+        with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+            json.dump(cfg, f, indent=2)
+            f.write("\n")
+        tok = AutoTokenizer.from_pretrained(d)
+        result[name] = [tok(s)["input_ids"] for s in SAMPLES]
+    result["tokenizers"] = tokenizers.__version__
+    # The samples as Parquet and as JSON Lines, the same records in order
+    pq.write_table(pa.table({"text": SAMPLES, "n": list(range(len(SAMPLES)))}),
+                   os.path.join(out, "samples.parquet"), compression="zstd")
+    # Parquet that prepare refuses in one line: a null text, a column of numbers
+    pq.write_table(pa.table({"text": ["fine", None]}), os.path.join(out, "bad_null.parquet"))
+    pq.write_table(pa.table({"text": [1, 2]}), os.path.join(out, "bad_int.parquet"))
+    with open(os.path.join(out, "samples.jsonl"), "w") as f:
+        for s_ in SAMPLES:
+            f.write(json.dumps({"text": s_}, ensure_ascii=False) + "\n")
     with open(os.path.join(out, "samples.json"), "w") as f:  # a list a line
         items = ['  %s: %s' % (json.dumps(k), json.dumps(v, ensure_ascii=False) if not
                                isinstance(v, list) else "[\n" + ",\n".join(
