@@ -17,20 +17,42 @@ static double uniform01(uint64_t *s) {
   return (double)(ts_splitmix64(s) >> 11) * (1.0 / 9007199254740992.0);
 }
 
+/* The five special ids ascending (distinct: ts_mlm_read_meta checks). */
+static void sorted_specials(const ts_mlm_spec *s, int32_t sp[5]) {
+  int32_t v[5] = {s->pad_id, s->unk_id, s->cls_id, s->sep_id, s->mask_id};
+  for (int i = 0; i < 5; i++) {
+    int k = i;
+    for (int j = i + 1; j < 5; j++)
+      if (v[j] < v[k]) k = j;
+    int32_t x = v[i];
+    v[i] = v[k];
+    v[k] = x;
+    sp[i] = v[i];
+  }
+}
+
 void ts_mlm_mask(const ts_mlm_spec *s, uint64_t seed, uint64_t sample, int32_t *inputs,
                  int32_t *targets, size_t T) {
   uint64_t st = ts_mix64(seed ^ 0x6d6c6d2d6d61736bull) ^ ts_mix64(sample + 0x9e3779b97f4a7c15ull);
   uint64_t range = (uint64_t)s->vocab_size - (uint64_t)s->n_special;
+  int32_t sp[5];
+  sorted_specials(s, sp);
   for (size_t t = 0; t < T; t++) {
     targets[t] = -100;
     double u1 = uniform01(&st), u2 = uniform01(&st); /* two draws per position, always */
     uint64_t r = ts_splitmix64(&st);
-    if (inputs[t] < s->n_special || u1 >= s->mask_prob) continue;
-    targets[t] = inputs[t];
-    if (u2 < s->replace_prob)
+    int32_t id = inputs[t];
+    int special = id == sp[0] || id == sp[1] || id == sp[2] || id == sp[3] || id == sp[4];
+    if (special || u1 >= s->mask_prob) continue;
+    targets[t] = id;
+    if (u2 < s->replace_prob) {
       inputs[t] = s->mask_id;
-    else if (u2 < s->replace_prob + s->random_prob)
-      inputs[t] = s->n_special + (int32_t)(((r >> 32) * range) >> 32);
+    } else if (u2 < s->replace_prob + s->random_prob) {
+      /* the k-th id that is not special: k past each special at or below it */
+      int32_t k = (int32_t)(((r >> 32) * range) >> 32);
+      for (int i = 0; i < 5; i++) k += k >= sp[i];
+      inputs[t] = k;
+    }
   }
 }
 
@@ -81,19 +103,20 @@ static ts_status read_spec(const cJSON *root, const char *path, ts_mlm_spec *out
                         path);
   const char *names[] = {"pad", "unk", "cls", "sep", "mask"};
   int32_t *dst[] = {&out->pad_id, &out->unk_id, &out->cls_id, &out->sep_id, &out->mask_id};
-  unsigned seen = 0; /* ids 0-4 in some order: the specials ([UNK] included: byte
-                        fallback never emits it); the line break is text */
+  /* five distinct ids below vocab_size: prepare's own ids 0-4 ([UNK] included: byte
+   * fallback never emits it; the line break is text), or a model's (BERT's 0, 100-103) */
+  out->vocab_size = (size_t)vocab->valuedouble;
   for (int i = 0; i < 5; i++) {
     TS_CHECK(special_id(ids, path, names[i], dst[i]));
-    seen |= *dst[i] < 5 ? 1u << *dst[i] : 32u;
+    int dup = 0;
+    for (int j = 0; j < i; j++) dup |= *dst[j] == *dst[i];
+    if (dup || (size_t)*dst[i] >= out->vocab_size)
+      return ts_set_error(TS_ERR_FORMAT,
+                          "%s: field \"special_ids.%s\" = %d: expected an id below vocab_size "
+                          "%zu that no other of [PAD] [UNK] [CLS] [SEP] [MASK] has",
+                          path, names[i], (int)*dst[i], out->vocab_size);
   }
-  if (seen != 31u)
-    return ts_set_error(TS_ERR_FORMAT,
-                        "%s: field \"special_ids\": expected [PAD] [UNK] [CLS] [SEP] [MASK] to "
-                        "be ids 0-4 in some order",
-                        path);
   out->n_special = 5;
-  out->vocab_size = (size_t)vocab->valuedouble;
   if (out->vocab_size <= (size_t)out->n_special)
     return ts_set_error(TS_ERR_FORMAT, "%s: field \"vocab_size\" = %zu: expected more than the "
                         "%d special ids", path, out->vocab_size, out->n_special);

@@ -7,10 +7,12 @@
  * cut by a loader of seq T - 2 (engine/token_file.h: windows at stride
  * T - 2, so the whole text is covered). Masking draws, for each position
  * t of sample k, from a splitmix64 stream seeded by (seed, k) alone:
- *   u1 < mask_prob (0.15) selects a non-special token (ids >= n_special:
- *     [CLS], [SEP], [PAD] and the other specials are never selected);
+ *   u1 < mask_prob (0.15) selects a non-special token ([CLS], [SEP], [PAD],
+ *     [UNK] and [MASK], wherever their ids are, are never selected);
  *   of the selected: u2 < 0.8 -> [MASK], 0.8 <= u2 < 0.9 -> a token drawn
- *     uniformly from [n_special, vocab_size), else unchanged;
+ *     uniformly from the vocab_size - 5 ids that are not special (the k-th
+ *     of them, k uniform: with the specials at 0-4, the id 5 + k), else
+ *     unchanged;
  *   targets[t] = the original id where selected, -100 elsewhere.
  * Hugging Face draws the random replacement from the whole vocabulary;
  * tessera keeps specials out of it so the attention mask and token types,
@@ -35,7 +37,7 @@ extern "C" {
 /* The special ids and rates of masked-LM batches. */
 typedef struct ts_mlm_spec {
   int32_t pad_id, unk_id, cls_id, sep_id, mask_id; /* the tokenizer's special pieces */
-  int32_t n_special;  /* ids below it are special (never selected nor drawn) */
+  int32_t n_special;  /* the special ids above: 5, never selected nor drawn */
   size_t vocab_size;  /* the tokenizer's pieces; random replacements < it */
   double mask_prob;   /* fraction of text tokens selected: 0.15 */
   double replace_prob; /* of those, replaced by [MASK]: 0.8 */
@@ -43,9 +45,10 @@ typedef struct ts_mlm_spec {
 } ts_mlm_spec;
 
 /* Reads DIR/meta.json of `tessera prepare --mlm`: "mlm": true and the
- * special ids (pad, unk, cls, sep, mask: ids 0-4 in some order, so
- * n_special = 5; the line break is text), vocab_size; the rates are
- * BERT's. TS_ERR_FORMAT naming the file and
+ * special ids (pad, unk, cls, sep, mask: five distinct ids below
+ * vocab_size, 0-4 for prepare's own tokenizer, a model's own with
+ * --tokenizer; n_special = 5; the line break is text), vocab_size; the
+ * rates are BERT's. TS_ERR_FORMAT naming the file and
  * field ("data/kjv/meta.json: field \"mlm\" missing: expected true (a
  * masked-LM model needs data from prepare with `mlm`)"), TS_ERR_IO. */
 ts_status ts_mlm_read_meta(const char *data_dir, ts_mlm_spec *out);

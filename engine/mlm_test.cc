@@ -177,6 +177,64 @@ TEST(Mlm, MetaWithoutMlmIsRefusedInOneLine) {
   ASSERT_EQ(ts_mlm_read_meta(d.dir().c_str(), &s), TS_OK) << ts_last_error();
   EXPECT_EQ(s.n_special, 5);
   EXPECT_EQ(s.mask_id, 4);
+  // A model's own ids (BERT's: [PAD] 0, [UNK] 100, [CLS] 101, [SEP] 102,
+  // [MASK] 103); two specials with one id, or an id past the vocabulary, refused
+  WriteMeta(d, R"({"mlm": true, "vocab_size": 400, "special_ids": {"pad": 0, "unk": 100,
+      "cls": 101, "sep": 102, "mask": 103}})");
+  ASSERT_EQ(ts_mlm_read_meta(d.dir().c_str(), &s), TS_OK) << ts_last_error();
+  EXPECT_EQ(s.cls_id, 101);
+  WriteMeta(d, R"({"mlm": true, "vocab_size": 400, "special_ids": {"pad": 0, "unk": 100,
+      "cls": 101, "sep": 101, "mask": 103}})");
+  EXPECT_EQ(ts_mlm_read_meta(d.dir().c_str(), &s), TS_ERR_FORMAT);
+  EXPECT_NE(std::string(ts_last_error()).find("field \"special_ids.sep\" = 101: expected an id "
+                                              "below vocab_size 400 that no other"),
+            std::string::npos)
+      << ts_last_error();
+  WriteMeta(d, R"({"mlm": true, "vocab_size": 400, "special_ids": {"pad": 0, "unk": 100,
+      "cls": 101, "sep": 102, "mask": 400}})");
+  EXPECT_EQ(ts_mlm_read_meta(d.dir().c_str(), &s), TS_ERR_FORMAT);
+}
+
+// Specials anywhere in the vocabulary (BERT's 0 and 100-103): none is ever
+// selected nor drawn as a random replacement, and the replacements reach
+// the ids on both sides of them (below 100, between, above 103).
+TEST(Mlm, AModelsOwnSpecialIdsAreNeverSelectedNorDrawn) {
+  ts_mlm_spec s = Spec(400);
+  s.unk_id = 100;
+  s.cls_id = 101;
+  s.sep_id = 102;
+  s.mask_id = 103;
+  const size_t T = 64;
+  std::vector<int32_t> in(T), tg(T);
+  size_t selected = 0, random = 0, low = 0, high = 0;
+  bool special_drawn = false, special_selected = false;
+  for (uint64_t k = 0; k < 20000; k++) {
+    for (size_t t = 0; t < T; t++) {
+      const int32_t sp[] = {0, 100, 101, 102, 103};
+      in[t] = t % 4 == 0 ? sp[(t / 4) % 5] : (int32_t)((k * 37 + t * 11) % 400);
+    }
+    std::vector<int32_t> orig = in;
+    ts_mlm_mask(&s, 9, k, in.data(), tg.data(), T);
+    for (size_t t = 0; t < T; t++) {
+      if (tg[t] == -100) continue;
+      selected++;
+      int32_t o = orig[t];
+      special_selected |= o == 0 || (o >= 100 && o <= 103);
+      if (in[t] != 103 && in[t] != o) {
+        random++;
+        special_drawn |= in[t] == 0 || (in[t] >= 100 && in[t] <= 103) || in[t] >= 400;
+        low += in[t] < 100;
+        high += in[t] > 103;
+      }
+    }
+  }
+  EXPECT_GT(selected, 10000u);
+  EXPECT_FALSE(special_selected);
+  EXPECT_FALSE(special_drawn);
+  // 395 drawable ids, 99 below 100 and 296 above 103: shares 0.25 and 0.75
+  // (random ~ 0.1 of the selected, > 1000 draws: 5 sigma is below 0.07)
+  EXPECT_NEAR((double)low / random, 99.0 / 395, 0.07);
+  EXPECT_NEAR((double)high / random, 296.0 / 395, 0.07);
 }
 
 }  // namespace

@@ -12,7 +12,9 @@
 #  4. estimate takes bert-base;
 #  5. bad input, one line each with its exit code: data prepared without
 #     --mlm, a config missing a field, position_embedding_type
-#     "relative_key", a nonzero dropout, a [PAD] id that is not the data's.
+#     "relative_key", a nonzero dropout, a [PAD] id that is not the data's;
+#  6. prepare --mlm with a model's WordPiece tokenizer.json (specials at
+#     361-363): its ids kept, a BERT with that [SEP] trains, another refused.
 #   bert_test.sh TESSERA_BIN LAUNCH_SH
 set -uo pipefail
 bin="$1"
@@ -120,6 +122,25 @@ bad "[PAD] not the data's" 1 "pad_token_id 1, sep_token_id 3: expected those of"
 bad "2 ranks: data without --mlm" 1 "meta.json: field \"mlm\" missing" \
   "$launch" -n 2 "$bin" train --model "$tmp/bert.json" --data "$tmp/causal" --seq 32 \
   --micro-batch 2 --steps 1
+
+# 6. a model's own WordPiece (tests/hf_tokenizer/bert_wordpiece: [CLS] [SEP]
+# [MASK] at 361-363): prepare --mlm --tokenizer keeps its ids, a BERT whose
+# sep_token_id is the tokenizer's trains on it, one whose is not is refused
+wp="$TESSERA_HOME/tests/hf_tokenizer/bert_wordpiece"
+"$bin" prepare --text "$tmp/text.txt" --tokenizer "$wp" --mlm --val-every 6 --out "$tmp/wp" \
+  >/dev/null 2>&1
+check_eq "prepare --mlm --tokenizer exit" 0 $?
+check "its own ids" '"special_ids":{"pad":0,"unk":1,"cls":361,"sep":362,"mask":363}' \
+  "$(tr -d ' \t\n' <"$tmp/wp/meta.json")"
+cfg "$tmp/bert_wp.json"
+sed -i 's/"sep_token_id": 3/"sep_token_id": 362/' "$tmp/bert_wp.json"
+out="$("$bin" train --model "$tmp/bert_wp.json" --data "$tmp/wp" --seq 32 --micro-batch 2 \
+  --steps 2 --eval-batches 1 2>&1)"
+check_eq "train on a model's own ids: exit" 0 $?
+check "masked-token loss" "masked-token validation loss" "$out"
+exact "[SEP] not the data's" 1 \
+  "tessera train: $tmp/bert.json: pad_token_id 0, sep_token_id 3: expected those of $tmp/wp/meta.json ([PAD] 0, [SEP] 362)" \
+  "$bin" train --model "$tmp/bert.json" --data "$tmp/wp" --seq 32 --micro-batch 2 --steps 1
 
 echo "$fails failure(s)"
 ((fails == 0))

@@ -109,7 +109,7 @@ void RemoveTempDir(const std::string &dir) {
 }
 
 ts_status BuildMeta(const ts_prepare_opts *o, const ts_prepare_report *r, size_t K,
-                    const HfTokenizer *hf, bool json, std::string *out) {
+                    const HfTokenizer *hf, const JsonTokenizer *json, std::string *out) {
   cJSON *m = cJSON_CreateObject();
   if (m == nullptr) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "meta.json: out of memory");
   char *abs = realpath(o->text_path, nullptr);
@@ -134,6 +134,10 @@ ts_status BuildMeta(const ts_prepare_opts *o, const ts_prepare_report *r, size_t
     if (sp.pad_id() >= 0) cJSON_AddNumberToObject(ids, "pad", sp.pad_id());
     cJSON_AddBoolToObject(m, "add_bos", hf->add_bos);
     cJSON_AddBoolToObject(m, "add_eos", hf->add_eos);
+  } else if (json && json->mlm) {  // the shards hold text tokens; the loader frames them
+    cJSON_AddBoolToObject(m, "mlm", 1);
+    const char *names[] = {"pad", "unk", "cls", "sep", "mask"};
+    for (int i = 0; i < 5; i++) cJSON_AddNumberToObject(ids, names[i], json->special[i]);
   } else if (json) {
     // the special tokens are the tokenizer.json's own (its post-processor adds them)
   } else if (o->mlm) {
@@ -286,7 +290,7 @@ struct Shards {
 // tokenizer.json when json), meta.json; then everything moved into place.
 ts_status Finish(const ts_prepare_opts *opts, const OutDir &od, const std::string &model,
                  const ts_prepare_report &rep, size_t K, const HfTokenizer *hf,
-                 bool json = false) {
+                 const JsonTokenizer *json = nullptr) {
   std::string meta;
   TS_CHECK(ts_atomic_write((od.tmp + (json ? "/tokenizer.json" : "/tokenizer.model")).c_str(),
                            model.data(), model.size()));
@@ -408,7 +412,7 @@ ts_status PrepareHf(const ts_prepare_opts *opts, size_t K, const char *field,
     rep.val_sections = nval;
     TS_CHECK(shards.Commit(&rep));
     if (tk.json) TS_CHECK(tk.json->helper.Finish());
-    return Finish(opts, od, tk.Bytes(), rep, K, tk.sp, tk.json != nullptr);
+    return Finish(opts, od, tk.Bytes(), rep, K, tk.sp, tk.json);
   }();
   if (st != TS_OK && opts->stop && *opts->stop)  // a read it cut short, too
     st = ts_set_error(TS_ERR_IO, "--out %s: interrupted by a signal; nothing written",
@@ -445,11 +449,15 @@ extern "C" ts_status ts_prepare_corpus(const ts_prepare_opts *opts, ts_prepare_r
                         "--vocab-size %zu: not with --tokenizer (the vocabulary is the "
                         "tokenizer's own)",
                         opts->vocab_size);
-  if (hf_mode && opts->mlm)
+  const std::string sp_file = hf_mode ? std::string(opts->tokenizer_dir) + "/tokenizer.model" : "",
+                    json_file = hf_mode ? std::string(opts->tokenizer_dir) + "/tokenizer.json" : "";
+  const bool json_mode = hf_mode && access(sp_file.c_str(), F_OK) != 0 &&
+                         access(json_file.c_str(), F_OK) == 0;
+  if (hf_mode && opts->mlm && !json_mode)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "--mlm with --tokenizer %s: not yet (the masked-LM batches take prepare's "
-                        "own special ids), expected --mlm with a tokenizer trained here "
-                        "(--vocab-size)",
+                        "--mlm with --tokenizer %s: its tokenizer.model (SentencePiece) has no "
+                        "[CLS]/[SEP]/[MASK], expected a BERT folder's tokenizer.json (WordPiece) "
+                        "or --mlm with a tokenizer trained here (--vocab-size)",
                         opts->tokenizer_dir);
   if (!hf_mode && (opts->vocab_size < min_vocab || opts->vocab_size > (size_t)INT_MAX))
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
@@ -461,13 +469,11 @@ extern "C" ts_status ts_prepare_corpus(const ts_prepare_opts *opts, ts_prepare_r
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "--val-every %zu: expected >= 2 (every K-th section is validation)", K);
   if (hf_mode) {  // tokenizer.model when the folder has one (tested equal), else tokenizer.json
-    std::string sp_file = std::string(opts->tokenizer_dir) + "/tokenizer.model",
-                json_file = std::string(opts->tokenizer_dir) + "/tokenizer.json";
-    if (access(sp_file.c_str(), F_OK) != 0 && access(json_file.c_str(), F_OK) == 0) {
+    if (json_mode) {
       std::vector<std::string> files;
       TS_CHECK(ListCorpus(opts->text_path, &files));  // before the helper starts
       JsonTokenizer json;
-      TS_CHECK(LoadJsonTokenizer(opts->tokenizer_dir, &json));
+      TS_CHECK(LoadJsonTokenizer(opts->tokenizer_dir, opts->mlm, &json));
       ModelTokenizer tk;
       tk.json = &json;
       return PrepareHf(opts, K, field, tk, t0, report);

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "base/testing.h"
+#include "engine/mlm.h"
 #include "engine/token_file.h"
 
 namespace {
@@ -426,6 +427,61 @@ TEST(PrepareHf, TokenizerJsonIdsEqualTransformersAndParquetEqualsJsonLines) {
       EXPECT_EQ(Slurp(out2 + "/val.bin"), Slurp(out + "/val.bin")) << input;
     }
   }
+}
+
+// --mlm with a BERT folder's tokenizer.json: the shards hold the text tokens
+// alone (AutoTokenizer(text, add_special_tokens=False)), meta.json says
+// "mlm": true with the tokenizer's own [PAD] [UNK] [CLS] [SEP] [MASK] ids
+// (here 0, 1 and 361-363, after the vocabulary); a tokenizer.model (no
+// [MASK]) is refused in one line.
+TEST(PrepareHf, MlmWithAModelsWordPieceKeepsItsSpecialIds) {
+  TempDir dir("ts_prepare_test");
+  HfSamples s = LoadSamples("bert_wordpiece_plain");
+  std::string jsonl;
+  std::vector<int> want_train, want_val;
+  const size_t n = SplitSamples(s, &jsonl, &want_train, &want_val);
+  const std::string text = dir.path("corpus.jsonl"), out = dir.path("out");
+  Spit(text, jsonl);
+  const std::string hf = std::string(kHfDir) + "bert_wordpiece";
+  ts_prepare_opts o;
+  memset(&o, 0, sizeof o);
+  o.text_path = text.c_str();
+  o.out_dir = out.c_str();
+  o.val_every = 2;
+  o.tokenizer_dir = hf.c_str();
+  o.mlm = 1;
+  ASSERT_EQ(ts_prepare_corpus(&o, nullptr), TS_OK) << ts_last_error();
+  cJSON *meta = cJSON_Parse(Slurp(out + "/meta.json").c_str());
+  ASSERT_NE(meta, nullptr);
+  const size_t V = (size_t)JsonNumber(meta, "vocab_size");
+  EXPECT_EQ(V, 364u);
+  EXPECT_EQ(JsonNumber(meta, "sections"), (double)n);
+  EXPECT_TRUE(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(meta, "mlm")));
+  cJSON *fix = cJSON_Parse(Slurp(std::string(kHfDir) + "samples.json").c_str());
+  const cJSON *want = cJSON_GetObjectItemCaseSensitive(fix, "bert_wordpiece_special");
+  const cJSON *ids = cJSON_GetObjectItemCaseSensitive(meta, "special_ids");
+  const char *names[][2] = {{"pad", "[PAD]"}, {"unk", "[UNK]"}, {"cls", "[CLS]"},
+                            {"sep", "[SEP]"}, {"mask", "[MASK]"}};
+  for (auto &nm : names) EXPECT_EQ(JsonNumber(ids, nm[0]), JsonNumber(want, nm[1])) << nm[0];
+  EXPECT_EQ(JsonNumber(ids, "mask"), 363.0);
+  cJSON_Delete(fix);
+  cJSON_Delete(meta);
+  EXPECT_EQ(ShardIds(out + "/train.bin", V), want_train);
+  EXPECT_EQ(ShardIds(out + "/val.bin", V), want_val);
+  ts_mlm_spec spec;  // and the masked-LM loader takes these ids
+  ASSERT_EQ(ts_mlm_read_meta(out.c_str(), &spec), TS_OK) << ts_last_error();
+  EXPECT_EQ(spec.cls_id, 361);
+  EXPECT_EQ(spec.sep_id, 362);
+  // --mlm with a SentencePiece tokenizer.model: no [MASK] to be had
+  const std::string sp = std::string(kHfDir) + "llama_sp", out2 = dir.path("out2");
+  o.tokenizer_dir = sp.c_str();
+  o.out_dir = out2.c_str();
+  EXPECT_EQ(ts_prepare_corpus(&o, nullptr), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(std::string(ts_last_error()),
+            "--mlm with --tokenizer " + sp + ": its tokenizer.model (SentencePiece) has no "
+            "[CLS]/[SEP]/[MASK], expected a BERT folder's tokenizer.json (WordPiece) or --mlm "
+            "with a tokenizer trained here (--vocab-size)");
+  EXPECT_FALSE(Exists(out2));
 }
 
 // The same documents as a text file's sections, as JSON Lines records, and

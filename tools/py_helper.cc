@@ -2,6 +2,8 @@
 // process and its frames.
 #include "tools/py_helper.h"
 
+#include <cjson/cJSON.h>
+
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -19,11 +21,13 @@ namespace ts_prepare {
 namespace {
 
 // The helper. Modes:
-//   encode FILE:   loads tokenizer.json FILE, writes its vocabulary size,
-//                  then per batch read (n, then n x (len, UTF-8 bytes))
-//                  writes n x (count, ids) from encode_batch with the
-//                  special tokens, no truncation, no padding (what
-//                  transformers' tokenizer call does).
+//   encode FILE SPECIAL NAME...: loads tokenizer.json FILE, writes its
+//                  vocabulary size and the id of each token NAME
+//                  (0xFFFFFFFF: none), then per batch read (n, then
+//                  n x (len, UTF-8 bytes)) writes n x (count, ids) from
+//                  encode_batch, with the special tokens when SPECIAL is
+//                  "1", no truncation, no padding (what transformers'
+//                  tokenizer call does).
 //   parquet FILE FIELD: writes each value of column FIELD as (len, bytes),
 //                  then 0xFFFFFFFF.
 // An error is one line on stderr and exit 1.
@@ -47,7 +51,11 @@ if mode == "encode":
         fail("%s: tokenizer.json: %s, expected a tokenizer.json of Hugging Face's tokenizers" % (what, first(e)))
     tok.no_truncation()
     tok.no_padding()
+    special = sys.argv[4] == "1"
     out.write(struct.pack("<I", tok.get_vocab_size(with_added_tokens=True)))
+    for name in sys.argv[5:]:
+        i = tok.token_to_id(name)
+        out.write(struct.pack("<I", 0xFFFFFFFF if i is None else i))
     out.flush()
     inp = sys.stdin.buffer
     while True:
@@ -60,7 +68,7 @@ if mode == "encode":
             (m,) = struct.unpack("<I", inp.read(4))
             texts.append(inp.read(m).decode("utf-8"))
         parts = []
-        for e in tok.encode_batch(texts, add_special_tokens=True):
+        for e in tok.encode_batch(texts, add_special_tokens=special):
             parts.append(struct.pack("<I%dI" % len(e.ids), len(e.ids), *e.ids))
         out.write(b"".join(parts))
         out.flush()
@@ -221,13 +229,52 @@ ts_status PyHelper::Finish() {
   return Failed();
 }
 
-ts_status LoadJsonTokenizer(const char *hf_dir, JsonTokenizer *t) {
+// tokenizer_config.json's `key` (a string, or an AddedToken object's
+// "content"), else dflt.
+static std::string ConfigToken(const cJSON *cfg, const char *key, const char *dflt) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, key);
+  if (cJSON_IsObject(v)) v = cJSON_GetObjectItemCaseSensitive(v, "content");
+  return cJSON_IsString(v) ? v->valuestring : dflt;
+}
+
+ts_status LoadJsonTokenizer(const char *hf_dir, bool mlm, JsonTokenizer *t) {
   std::string path = std::string(hf_dir) + "/tokenizer.json";
   TS_CHECK(ReadText(path.c_str(), &t->json));
-  TS_CHECK(t->helper.Start("encode", {path}, std::string("--tokenizer ") + hf_dir));
+  std::vector<std::string> args = {path, mlm ? "0" : "1"};
+  static const char *const keys[5][2] = {{"pad_token", "[PAD]"}, {"unk_token", "[UNK]"},
+                                         {"cls_token", "[CLS]"}, {"sep_token", "[SEP]"},
+                                         {"mask_token", "[MASK]"}};
+  std::string cfg_text, names[5];
+  if (mlm) {  // the masked-LM specials, by the names tokenizer_config.json gives them
+    std::string cfg_path = std::string(hf_dir) + "/tokenizer_config.json";
+    cJSON *cfg = nullptr;
+    if (access(cfg_path.c_str(), F_OK) == 0) {
+      TS_CHECK(ReadText(cfg_path.c_str(), &cfg_text));
+      cfg = cJSON_ParseWithLength(cfg_text.data(), cfg_text.size());
+      if (!cJSON_IsObject(cfg)) {
+        cJSON_Delete(cfg);
+        return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: not valid JSON or not an object, "
+                            "expected transformers' tokenizer_config.json", cfg_path.c_str());
+      }
+    }
+    for (int i = 0; i < 5; i++) args.push_back(names[i] = ConfigToken(cfg, keys[i][0], keys[i][1]));
+    cJSON_Delete(cfg);
+  }
+  TS_CHECK(t->helper.Start("encode", args, std::string("--tokenizer ") + hf_dir));
   uint32_t v = 0;
   TS_CHECK(t->helper.ReadU32(&v));
   t->vocab = v;
+  for (int i = 0; mlm && i < 5; i++) {
+    uint32_t id = 0;
+    TS_CHECK(t->helper.ReadU32(&id));
+    if (id == 0xFFFFFFFFu)
+      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                          "--tokenizer %s: --mlm needs its %s \"%s\" (tokenizer_config.json's "
+                          "%s, default %s), which tokenizer.json does not have",
+                          hf_dir, keys[i][0], names[i].c_str(), keys[i][0], keys[i][1]);
+    t->special[i] = (int32_t)id;
+  }
+  t->mlm = mlm;
   return TS_OK;
 }
 

@@ -56,12 +56,19 @@ class PyHelper {
 struct JsonTokenizer {
   std::string json;  // the file's bytes, copied into DIR as they are
   size_t vocab = 0;  // get_vocab_size(with_added_tokens=True)
+  bool mlm = false;  // text tokens alone (no special tokens), and:
+  int32_t special[5] = {-1, -1, -1, -1, -1};  // [PAD] [UNK] [CLS] [SEP] [MASK]'s ids
   PyHelper helper;
 };
 
-// Starts hf_dir's tokenizer.json in a helper. TS_ERR_INVALID_ARGUMENT
-// naming the file when the library cannot load it, PyHelper::Start's.
-ts_status LoadJsonTokenizer(const char *hf_dir, JsonTokenizer *t);
+// Starts hf_dir's tokenizer.json in a helper. mlm: the documents are
+// encoded without the special tokens its post-processor would add (the
+// masked-LM loader frames [CLS] ... [SEP] itself), and the five specials
+// are looked up by tokenizer_config.json's pad/unk/cls/sep/mask_token
+// (defaults "[PAD]" ... "[MASK]"). TS_ERR_INVALID_ARGUMENT naming the file
+// when the library cannot load it or (mlm) a special is not a token,
+// PyHelper::Start's.
+ts_status LoadJsonTokenizer(const char *hf_dir, bool mlm, JsonTokenizer *t);
 
 // Encodes docs (a batch) into (*out)[i]. The helper's error on failure.
 ts_status EncodeJsonDocs(JsonTokenizer *t, const std::vector<Doc> &docs,

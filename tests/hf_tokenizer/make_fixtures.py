@@ -21,7 +21,10 @@ Writes into OUT:
                                   TemplateProcessing post-processor, <|end_of_text|> special)
   wordpiece_json/tokenizer.json   a WordPiece as BERT's (BertNormalizer lowercasing,
                                   BertPreTokenizer, [CLS] $A [SEP]), trained here too
-  */tokenizer_config.json         PreTrainedTokenizerFast for the two above
+  bert_wordpiece/...               a WordPiece whose [CLS] [SEP] [MASK] come after the
+                                  vocabulary (not ids 0-4); samples.json has its ids
+                                  without special tokens and the five specials' ids
+  */tokenizer_config.json         PreTrainedTokenizerFast for the three above
   samples.parquet                 the samples as a Parquet column "text" (pyarrow), and
   samples.jsonl                   the same as JSON Lines: prepare must give the same shards
   bad_null.parquet, bad_int.parquet  a null text, a column of numbers (refused)
@@ -31,7 +34,10 @@ Writes into OUT:
                                   tokenizer.model into a tokenizers BPE with a
                                   Metaspace pre-tokenizer; the folders have no
                                   tokenizer.json)
-CI never runs this: the outputs are committed.
+CI never runs this: the outputs are committed. The tokenizers library's
+WordPiece training is not reproducible from run to run (the order of its
+alphabet varies): a rerun changes wordpiece_json/ and bert_wordpiece/ and
+their ids together, so commit a run's outputs whole.
 """
 import io
 import json
@@ -150,6 +156,33 @@ def main():
             f.write("\n")
         tok = AutoTokenizer.from_pretrained(d)
         result[name] = [tok(s)["input_ids"] for s in SAMPLES]
+    # BERT-like specials that are not ids 0-4: [PAD] 0 and [UNK] 1 trained in,
+    # [CLS] [SEP] [MASK] added after the vocabulary (as a model's own ids sit
+    # anywhere: bert-base-uncased's are 0 and 100-103); prepare --mlm reads
+    # them and stores the text tokens alone (add_special_tokens=False).
+    bw = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    bw.normalizer = normalizers.BertNormalizer(lowercase=True)
+    bw.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    bw.decoder = decoders.WordPiece()
+    bw.train_from_iterator(TRAIN, trainers.WordPieceTrainer(
+        vocab_size=400, special_tokens=["[PAD]", "[UNK]"], show_progress=False))
+    bw.add_special_tokens(["[CLS]", "[SEP]", "[MASK]"])
+    cls_id, sep_id = bw.token_to_id("[CLS]"), bw.token_to_id("[SEP]")
+    bw.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)])
+    d = os.path.join(out, "bert_wordpiece")
+    os.makedirs(d, exist_ok=True)
+    bw.save(os.path.join(d, "tokenizer.json"))
+    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "cls_token": "[CLS]",
+                   "sep_token": "[SEP]", "mask_token": "[MASK]", "pad_token": "[PAD]",
+                   "unk_token": "[UNK]"}, f, indent=2)
+        f.write("\n")
+    tok = AutoTokenizer.from_pretrained(d)
+    result["bert_wordpiece_plain"] = [tok(s_, add_special_tokens=False)["input_ids"]
+                                      for s_ in SAMPLES]
+    result["bert_wordpiece_special"] = {n: tok.convert_tokens_to_ids(n) for n in
+                                        ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")}
     result["tokenizers"] = tokenizers.__version__
     # The samples as Parquet and as JSON Lines, the same records in order
     pq.write_table(pa.table({"text": SAMPLES, "n": list(range(len(SAMPLES)))}),
