@@ -354,18 +354,19 @@ int ts_tool_generate(int argc, char **argv) {
     const char *from = tok_dir;
     if (!from && hf_dir) from = hf_dir;
     if (!from && src.ck && data_dir_of(src.ck, data, sizeof data) && is_dir(data)) from = data;
-    char model_file[4200];
+    char model_file[4200], json_file[4200];
     snprintf(model_file, sizeof model_file, "%s/tokenizer.model", from ? from : "");
+    snprintf(json_file, sizeof json_file, "%s/tokenizer.json", from ? from : "");
     struct stat sb;
     if (!from)
       st = ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "%s needs the model's tokenizer: the checkpoint's training data "
                         "folder is gone; give --tokenizer DIR",
                         fill ? "--fill-mask" : "--prompt");
-    else if (from == data && stat(model_file, &sb) != 0)
+    else if (from == data && stat(model_file, &sb) != 0 && stat(json_file, &sb) != 0)
       st = ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "%s needs the model's tokenizer: %s (the checkpoint's training "
-                        "data) has no tokenizer.model; give --tokenizer DIR%s",
+                        "data) has no tokenizer.model nor tokenizer.json; give --tokenizer DIR%s",
                         fill ? "--fill-mask" : "--prompt", data, fill ? "" : " (or --prompt-ids)");
     else
       st = ts_text_tokenizer_open(&tok, from);

@@ -7,7 +7,8 @@
 #  3. text in prepare's own tokenizer (lines, their breaks), and train
 #     --sample-every's samples;
 #  4. BERT's --fill-mask: the text, then the likeliest tokens per [MASK];
-#  5. bad input: one line and the exact exit code each.
+#  5. a model's tokenizer.json: generate, --sample-every, --fill-mask;
+#  6. bad input: one line and the exact exit code each.
 # (A model's own tokenizer: checkpoint_test.sh's README walkthrough; ids
 # against transformers: tests/generate_test.cc.)
 #   generate_test.sh TESSERA_BIN
@@ -84,7 +85,45 @@ check_eq "--top-k 3 for the second" 3 \
   "$(gen --checkpoint "$tmp/ckb" --fill-mask "the lord [MASK] unto [MASK]" --top-k 3 |
     sed -n 3p | grep -o '" 0\.[0-9]*' | wc -l)"
 
-# 5. bad input
+# 5. a model's tokenizer.json (tests/hf_tokenizer: a byte-level BPE, and a
+# BERT WordPiece whose specials sit after its vocabulary), through the
+# tokenizers library: text after the prompt from a checkpoint and from its
+# export; --fill-mask on BERT data prepared with it
+hft="$TESSERA_HOME/tests/hf_tokenizer"
+python3 - "$tmp/m2.jsonl" <<'PY'
+import json, random, sys
+r = random.Random(3)
+w = "the beginning word light darkness water earth heaven".split()
+with open(sys.argv[1], "w") as f:
+    for i in range(300):
+        f.write(json.dumps({"text": " ".join(r.choice(w) for _ in range(12))}) + "\n")
+PY
+"$bin" prepare --text "$tmp/m2.jsonl" --tokenizer "$hft/bpe_json" --out "$tmp/bpe" >/dev/null 2>&1
+check_eq "prepare --tokenizer bpe_json exit" 0 $?
+"$bin" train --model llama-tiny --data "$tmp/bpe" --seq 32 --micro-batch 2 --steps 2 \
+  --save "$tmp/ckbpe" --sample-every 1 --prompt "the word" --sample-tokens 4 >"$tmp/bpe.log" 2>&1
+check_eq "train --sample-every on tokenizer.json data: exit" 0 $?
+check_eq "two samples" 2 "$(grep -c '^sample at step [12]: the word' "$tmp/bpe.log")"
+t1="$(gen --checkpoint "$tmp/ckbpe" --prompt "the word" --max-new-tokens 6 --ignore-eos)"
+check_eq "tokenizer.json: generate exit" 0 $?
+check_eq "tokenizer.json: the prompt first" "the word" "${t1:0:8}"
+"$bin" export "$tmp/ckbpe" --out "$tmp/hfbpe" >/dev/null 2>&1 && cp "$hft/bpe_json/"* "$tmp/hfbpe/"
+check_eq "tokenizer.json: --hf gives the same text" "$t1" \
+  "$(gen --hf "$tmp/hfbpe" --prompt "the word" --max-new-tokens 6 --ignore-eos)"
+"$bin" prepare --text "$tmp/m2.jsonl" --tokenizer "$hft/bert_wordpiece" --mlm --out "$tmp/wp" \
+  >/dev/null 2>&1
+check_eq "prepare --mlm --tokenizer bert_wordpiece exit" 0 $?
+sed -e 's/"vocab_size": 4096/"vocab_size": 364/' -e 's/"sep_token_id": 3/"sep_token_id": 362/' \
+  "$TESSERA_HOME/models/configs/bert-tiny.json" >"$tmp/bert_wp.json"
+"$bin" train --model "$tmp/bert_wp.json" --data "$tmp/wp" --seq 32 --micro-batch 2 --steps 2 \
+  --save "$tmp/ckwp" >/dev/null 2>&1
+check_eq "train BERT on its WordPiece data: exit" 0 $?
+f="$(gen --checkpoint "$tmp/ckwp" --fill-mask "the word [MASK] light")"
+check_eq "WordPiece --fill-mask exit" 0 $?
+check_eq "WordPiece: a line per mask, 5 candidates" 5 \
+  "$(sed -n 2p <<<"$f" | grep -o '" 0\.[0-9]*' | wc -l)"
+
+# 6. bad input
 exact "no model" 2 \
   "tessera generate: give one of --checkpoint DIR and --hf DIR (--help lists the flags)" \
   "$bin" generate --prompt-ids 1
@@ -104,7 +143,7 @@ exact "past max_position_embeddings" 1 \
   "tessera generate: a prompt of 2 tokens and $max new ones: $((max + 2)) positions, expected at most max_position_embeddings = $max of $tmp/hf/config.json" \
   "$bin" generate --hf "$tmp/hf" --prompt-ids 1,2 --max-new-tokens "$max"
 exact "text without a tokenizer" 1 \
-  "tessera generate: --prompt needs the model's tokenizer: $tmp/data (the checkpoint's training data) has no tokenizer.model; give --tokenizer DIR (or --prompt-ids)" \
+  "tessera generate: --prompt needs the model's tokenizer: $tmp/data (the checkpoint's training data) has no tokenizer.model nor tokenizer.json; give --tokenizer DIR (or --prompt-ids)" \
   "$bin" generate --checkpoint "$tmp/ck" --prompt "hello"
 exact "--fill-mask on LLaMA" 1 \
   "tessera generate: --fill-mask needs a masked LM (BERT): $tmp/hf/config.json is a causal LM, expected --prompt" \

@@ -40,7 +40,7 @@ def first(e):
     return s.splitlines()[0] if s else type(e).__name__
 out = sys.stdout.buffer
 mode, what = sys.argv[1], sys.argv[2]
-if mode == "encode":
+def load_tokenizer():  # tokenizer.json sys.argv[3], as transformers calls it: no truncation, no padding
     try:
         from tokenizers import Tokenizer
     except ImportError as e:
@@ -51,6 +51,9 @@ if mode == "encode":
         fail("%s: tokenizer.json: %s, expected a tokenizer.json of Hugging Face's tokenizers" % (what, first(e)))
     tok.no_truncation()
     tok.no_padding()
+    return tok
+if mode == "encode":
+    tok = load_tokenizer()
     special = sys.argv[4] == "1"
     out.write(struct.pack("<I", tok.get_vocab_size(with_added_tokens=True)))
     for name in sys.argv[5:]:
@@ -71,6 +74,37 @@ if mode == "encode":
         for e in tok.encode_batch(texts, add_special_tokens=special):
             parts.append(struct.pack("<I%dI" % len(e.ids), len(e.ids), *e.ids))
         out.write(b"".join(parts))
+        out.flush()
+elif mode == "tok":
+    # requests on stdin, answers on stdout: (1, flag, len, text) -> (n, ids) encoded, with
+    # the special tokens when flag is 1; (2, n, ids) -> (len, text) decoded, special tokens
+    # skipped; (3, len, name) -> id of token name, 0xFFFFFFFF when none
+    tok = load_tokenizer()
+    out.write(struct.pack("<I", tok.get_vocab_size(with_added_tokens=True)))
+    out.flush()
+    inp = sys.stdin.buffer
+    def u32():
+        h = inp.read(4)
+        if len(h) < 4:
+            sys.exit(0)
+        return struct.unpack("<I", h)[0]
+    while True:
+        op = u32()
+        if op == 1:
+            flag = u32()
+            text = inp.read(u32()).decode("utf-8")
+            ids = tok.encode(text, add_special_tokens=flag == 1).ids
+            out.write(struct.pack("<I%dI" % len(ids), len(ids), *ids))
+        elif op == 2:
+            n = u32()
+            ids = list(struct.unpack("<%dI" % n, inp.read(4 * n))) if n else []
+            b = tok.decode(ids, skip_special_tokens=True).encode("utf-8")
+            out.write(struct.pack("<I", len(b)) + b)
+        elif op == 3:
+            i = tok.token_to_id(inp.read(u32()).decode("utf-8"))
+            out.write(struct.pack("<I", 0xFFFFFFFF if i is None else i))
+        else:
+            fail("%s: request %d" % (what, op))
         out.flush()
 elif mode == "parquet":
     try:
@@ -297,6 +331,42 @@ ts_status EncodeJsonDocs(JsonTokenizer *t, const std::vector<Doc> &docs,
     if (k) TS_CHECK(t->helper.Read((*out)[i].data(), (size_t)k * 4));
   }
   return TS_OK;
+}
+
+ts_status JsonCodec::Open(const std::string &file, const std::string &what) {
+  TS_CHECK(helper.Start("tok", {file}, what));
+  uint32_t v = 0;
+  TS_CHECK(helper.ReadU32(&v));
+  vocab = v;
+  return TS_OK;
+}
+
+ts_status JsonCodec::Encode(const std::string &text, bool special, std::vector<uint32_t> *ids) {
+  uint32_t head[3] = {1, special ? 1u : 0u, (uint32_t)text.size()};
+  TS_CHECK(helper.Write(head, sizeof head));
+  TS_CHECK(helper.Write(text.data(), text.size()));
+  uint32_t n = 0;
+  TS_CHECK(helper.ReadU32(&n));
+  ids->resize(n);
+  return n ? helper.Read(ids->data(), (size_t)n * 4) : TS_OK;
+}
+
+ts_status JsonCodec::Decode(const int32_t *ids, size_t n, std::string *text) {
+  uint32_t head[2] = {2, (uint32_t)n};
+  TS_CHECK(helper.Write(head, sizeof head));
+  if (n) TS_CHECK(helper.Write(ids, n * 4));
+  uint32_t len = 0;
+  TS_CHECK(helper.ReadU32(&len));
+  text->assign(len, '\0');
+  return len ? helper.Read(&(*text)[0], len) : TS_OK;
+}
+
+int32_t JsonCodec::TokenId(const std::string &name) {
+  uint32_t head[2] = {3, (uint32_t)name.size()}, id = 0;
+  if (helper.Write(head, sizeof head) != TS_OK || helper.Write(name.data(), name.size()) != TS_OK ||
+      helper.ReadU32(&id) != TS_OK)
+    return -1;
+  return id == 0xFFFFFFFFu ? -1 : (int32_t)id;
 }
 
 ts_status StreamParquet(const std::string &path, const char *field, size_t *bytes,

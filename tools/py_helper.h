@@ -74,6 +74,21 @@ ts_status LoadJsonTokenizer(const char *hf_dir, bool mlm, JsonTokenizer *t);
 ts_status EncodeJsonDocs(JsonTokenizer *t, const std::vector<Doc> &docs,
                          std::vector<std::vector<uint32_t>> *out);
 
+// A tokenizer.json for one text at a time (generate, train --sample-every):
+// encode, decode, a token's id, in a helper that stays up.
+struct JsonCodec {
+  size_t vocab = 0;
+  PyHelper helper;
+  // Starts the helper on tokenizer.json `file`; `what` names it in errors.
+  ts_status Open(const std::string &file, const std::string &what);
+  // text's ids, with the special tokens its post-processor adds when special.
+  ts_status Encode(const std::string &text, bool special, std::vector<uint32_t> *ids);
+  // ids' text, special tokens skipped (transformers' decode(skip_special_tokens=True)).
+  ts_status Decode(const int32_t *ids, size_t n, std::string *text);
+  // The id of token `name`, or -1.
+  int32_t TokenId(const std::string &name);
+};
+
 // Each value of column `field` of a Parquet file, in row order, to take
 // (with its bytes added to *bytes); a null or non-string value refused in
 // one line naming the file, the row and the field (the helper's).

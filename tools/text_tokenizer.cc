@@ -11,11 +11,13 @@
 #include <unistd.h>
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "tools/corpus.h"
 #include "tools/hf_tokenizer.h"
+#include "tools/py_helper.h"
 #include "tools/prepare.h"
 
 namespace ts_prepare {
@@ -47,7 +49,8 @@ struct ts_text_tokenizer {
   ts_prepare::HfTokenizer hf;  // sp, and BOS/EOS for a model's tokenizer
   bool own = false;            // prepare's own tokenizer: lines and a newline id
   int newline = -1;
-  std::map<std::string, int> special;  // meta.json's special_ids
+  std::map<std::string, int> special;  // meta.json's special_ids (a tokenizer.json's: its config's)
+  std::unique_ptr<ts_prepare::JsonCodec> json;  // a tokenizer.json, in a Python helper
 };
 
 namespace {
@@ -57,6 +60,32 @@ int SpecialId(const cJSON *meta, const char *key) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(
       cJSON_GetObjectItemCaseSensitive(meta, "special_ids"), key);
   return cJSON_IsNumber(v) ? v->valueint : -1;
+}
+
+// DIR/tokenizer.json in a helper; from_config: its special tokens' ids by
+// the names DIR/tokenizer_config.json gives (bos_token ... mask_token, a
+// string or an AddedToken's "content"; BERT's "[CLS]" and the like by
+// default where the file has them).
+ts_status OpenJson(ts_text_tokenizer *t, const std::string &dir, bool from_config) {
+  t->json.reset(new (std::nothrow) ts_prepare::JsonCodec);
+  if (!t->json) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "tokenizer: cannot allocate");
+  TS_CHECK(t->json->Open(dir + "/tokenizer.json", dir));
+  if (!from_config) return TS_OK;
+  std::string text, cfg_path = dir + "/tokenizer_config.json";
+  cJSON *cfg = nullptr;
+  if (access(cfg_path.c_str(), F_OK) == 0 && ts_prepare::ReadText(cfg_path.c_str(), &text) == TS_OK)
+    cfg = cJSON_ParseWithLength(text.data(), text.size());
+  const char *keys[][2] = {{"bos", ""}, {"eos", ""}, {"unk", "[UNK]"}, {"pad", "[PAD]"},
+                           {"cls", "[CLS]"}, {"sep", "[SEP]"}, {"mask", "[MASK]"}};
+  for (auto &k : keys) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, (std::string(k[0]) + "_token").c_str());
+    if (cJSON_IsObject(v)) v = cJSON_GetObjectItemCaseSensitive(v, "content");
+    std::string name = cJSON_IsString(v) ? v->valuestring : k[1];
+    int32_t id = name.empty() ? -1 : t->json->TokenId(name);
+    if (id >= 0) t->special[k[0]] = id;
+  }
+  cJSON_Delete(cfg);
+  return TS_OK;
 }
 
 // A folder prepare wrote: its meta.json says which tokenizer.
@@ -87,12 +116,8 @@ ts_status OpenPrepared(ts_text_tokenizer *t, const std::string &dir, const std::
     t->hf.add_bos = cJSON_IsTrue(bos);
     if (SpecialId(meta, "bos") >= 0) t->hf.bos = SpecialId(meta, "bos");
     if (SpecialId(meta, "eos") >= 0) t->hf.eos = SpecialId(meta, "eos");
-  } else if (k == "tokenizers") {
-    st = ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                      "%s: a tokenizer.json tokenizer (Hugging Face's tokenizers): text is not "
-                      "encoded with it here yet, expected a tokenizer.model (give --prompt-ids "
-                      "to generate)",
-                      path.c_str());
+  } else if (k == "tokenizers") {  // a model's tokenizer.json, copied
+    st = OpenJson(t, dir, false);
   } else {
     st = ts_set_error(TS_ERR_INVALID_ARGUMENT,
                       "%s: field \"tokenizer\": %s, expected \"sentencepiece-bpe\" or "
@@ -111,14 +136,17 @@ extern "C" ts_status ts_text_tokenizer_open(ts_text_tokenizer **out, const char 
   if (!t) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "tokenizer: cannot allocate");
   std::string meta = std::string(dir) + "/meta.json", model = std::string(dir) + "/tokenizer.model";
   ts_status st;
+  std::string json = std::string(dir) + "/tokenizer.json";
   if (access(meta.c_str(), F_OK) == 0)
     st = OpenPrepared(t, dir, meta);
   else if (access(model.c_str(), F_OK) == 0)
     st = ts_prepare::LoadHfTokenizer(dir, &t->hf);
+  else if (access(json.c_str(), F_OK) == 0)
+    st = OpenJson(t, dir, true);
   else
     st = ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                      "%s: no tokenizer.model, expected a folder tessera prepare wrote or a "
-                      "Hugging Face folder with a SentencePiece tokenizer.model",
+                      "%s: no tokenizer.model nor tokenizer.json, expected a folder tessera "
+                      "prepare wrote or a Hugging Face folder with its tokenizer",
                       dir);
   if (st != TS_OK) {
     delete t;
@@ -133,7 +161,9 @@ extern "C" ts_status ts_text_tokenizer_encode(const ts_text_tokenizer *t, const 
   *ids = nullptr;
   *n = 0;
   std::vector<uint32_t> v;
-  if (t->own) {
+  if (t->json) {  // as transformers' tokenizer(prompt): with its post-processor's tokens
+    TS_CHECK(t->json->Encode(text, true, &v));
+  } else if (t->own) {
     TS_CHECK(ts_prepare::EncodeText(t->hf.sp, text, "prompt", (uint32_t)t->newline, &v));
   } else {
     std::vector<ts_prepare::Doc> docs = {{text, true}};
@@ -157,6 +187,12 @@ extern "C" ts_status ts_text_tokenizer_encode(const ts_text_tokenizer *t, const 
 extern "C" char *ts_text_tokenizer_decode(const ts_text_tokenizer *t, const int32_t *ids,
                                           size_t n) {
   std::string text, piece;
+  if (t->json) {
+    for (size_t i = 0; i < n; i++)
+      if (ids[i] < 0 || (size_t)ids[i] >= t->json->vocab) return nullptr;
+    if (t->json->Decode(ids, n, &text) != TS_OK) return nullptr;
+    return strdup(text.c_str());
+  }
   std::vector<int> run;
   int V = t->hf.sp.GetPieceSize();
   auto flush = [&]() {
@@ -182,6 +218,7 @@ extern "C" char *ts_text_tokenizer_decode(const ts_text_tokenizer *t, const int3
 extern "C" int32_t ts_text_tokenizer_special(const ts_text_tokenizer *t, const char *name) {
   auto it = t->special.find(name);
   if (it != t->special.end()) return it->second;
+  if (t->json) return -1;
   std::string n = name;
   if (n == "bos") return t->hf.bos;
   if (n == "eos") return t->hf.eos;
@@ -198,7 +235,7 @@ extern "C" ts_status ts_text_tokenizer_encode_masked(const ts_text_tokenizer *t,
   *n = *n_masks = 0;
   int mask = ts_text_tokenizer_special(t, "mask"), cls = ts_text_tokenizer_special(t, "cls"),
       sep = ts_text_tokenizer_special(t, "sep");
-  if (!t->own || mask < 0 || cls < 0 || sep < 0)
+  if ((!t->own && !t->json) || mask < 0 || cls < 0 || sep < 0)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "--fill-mask needs a masked-LM tokenizer with [CLS], [SEP] and [MASK] "
                         "(tessera prepare --mlm), expected one");
@@ -208,8 +245,14 @@ extern "C" ts_status ts_text_tokenizer_encode_masked(const ts_text_tokenizer *t,
   size_t pos = 0;
   for (;;) {
     size_t k = s.find(tag, pos);
-    TS_CHECK(ts_prepare::EncodeText(t->hf.sp, s.substr(pos, k == std::string::npos ? k : k - pos),
-                                    "--fill-mask", (uint32_t)t->newline, &v));
+    std::string piece = s.substr(pos, k == std::string::npos ? k : k - pos);
+    if (t->json) {  // the text alone: the frame is ours
+      std::vector<uint32_t> w;
+      TS_CHECK(t->json->Encode(piece, false, &w));
+      v.insert(v.end(), w.begin(), w.end());
+    } else {
+      TS_CHECK(ts_prepare::EncodeText(t->hf.sp, piece, "--fill-mask", (uint32_t)t->newline, &v));
+    }
     if (k == std::string::npos) break;
     at.push_back(v.size());
     v.push_back((uint32_t)mask);
@@ -237,10 +280,11 @@ extern "C" ts_status ts_text_tokenizer_encode_masked(const ts_text_tokenizer *t,
 }
 
 extern "C" size_t ts_text_tokenizer_vocab(const ts_text_tokenizer *t) {
-  return (size_t)t->hf.sp.GetPieceSize();
+  return t->json ? t->json->vocab : (size_t)t->hf.sp.GetPieceSize();
 }
 
 extern "C" int32_t ts_text_tokenizer_eos(const ts_text_tokenizer *t) {
+  if (t->json) return ts_text_tokenizer_special(t, "eos");
   return t->own ? -1 : t->hf.eos;
 }
 

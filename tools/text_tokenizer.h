@@ -9,7 +9,12 @@
  *     line break its newline id, no BOS;
  *   - a model's SentencePiece tokenizer: transformers 5's encoding
  *     (tools/hf_tokenizer.h), BOS as configured, never EOS (a prompt goes
- *     on).
+ *     on);
+ *   - a model's tokenizer.json (no tokenizer.model beside it): Hugging
+ *     Face's tokenizers in a Python helper (tools/py_helper.h), encoded
+ *     with its post-processor's tokens as transformers' tokenizer(prompt),
+ *     decoded skipping special tokens; its special ids by the names
+ *     tokenizer_config.json gives (prepared data: meta.json's).
  * Host; C++ inside (SentencePiece), this interface C.
  */
 #ifndef TS_TOOLS_TEXT_TOKENIZER_H
@@ -40,14 +45,14 @@ extern "C" {
 typedef struct ts_text_tokenizer ts_text_tokenizer;
 
 /* Opens DIR's tokenizer: DIR/meta.json of `tessera prepare` when present,
- * else a Hugging Face folder's tokenizer.model. TS_ERR_INVALID_ARGUMENT
+ * else a Hugging Face folder's tokenizer.model, else its tokenizer.json. TS_ERR_INVALID_ARGUMENT
  * naming the file and field (no tokenizer.model, a meta.json whose
  * "tokenizer" is neither kind, hf_tokenizer.h's refusals), TS_ERR_IO. */
 ts_status ts_text_tokenizer_open(ts_text_tokenizer **out, const char *dir);
 
 /* text (UTF-8, NUL-terminated) as ids into *ids (malloc'd, free() them),
  * *n of them. TS_ERR_INVALID_ARGUMENT (an empty encoding), TS_ERR_INTERNAL
- * (SentencePiece's failure). */
+ * (SentencePiece's failure), the helper's errors. */
 ts_status ts_text_tokenizer_encode(const ts_text_tokenizer *t, const char *text, int32_t **ids,
                                    size_t *n);
 
@@ -62,7 +67,7 @@ char *ts_text_tokenizer_decode(const ts_text_tokenizer *t, const int32_t *ids, s
 int32_t ts_text_tokenizer_special(const ts_text_tokenizer *t, const char *name);
 
 /* text with every "[MASK]" (literally) as the mask id, framed [CLS] ...
- * [SEP] (a masked-LM tokenizer of prepare --mlm: BERT's input), into *ids
+ * [SEP] (prepare --mlm's tokenizer, or a BERT folder's tokenizer.json: BERT's input), into *ids
  * (malloc'd) and the positions of the masks into *masks (malloc'd), *n and
  * *n_masks of them. TS_ERR_INVALID_ARGUMENT (not a masked-LM tokenizer, no
  * "[MASK]" in text), TS_ERR_INTERNAL. */
