@@ -15,13 +15,17 @@
 #  2. a LLaMA-style SentencePiece tokenizer trained on it by the
 #     sentencepiece library (BPE, VOCAB pieces, default 16000; byte fallback,
 #     split digits, a dummy prefix) in hf/ with tokenizer_config.json;
-#  3. tessera prepare --tokenizer hf --val-every 2, timed;
-#  4. transformers' AutoTokenizer on hf/, the records batch-encoded
+#     and a byte-level BPE of the same size trained by the tokenizers
+#     library (GPT-2's pre-tokenizer, a BOS by its post-processor) in hfj/
+#     as tokenizer.json alone;
+#  3. for each: tessera prepare --tokenizer DIR --val-every 2, timed (hfj/
+#     through the Python helper, tools/py_helper.h);
+#  4. transformers' AutoTokenizer on DIR, the records batch-encoded
 #     (tokenizers' parallel batch encoding, its default threads), timed; its
 #     ids for records 0, 2, 4, ... concatenated must equal train.bin, those of
 #     1, 3, ... val.bin.
-# Prints one line per side (seconds, MB/s of text) and "ids: equal" or the
-# first record that differs; exits 1 when they differ.
+# Prints, per tokenizer, one line per side (seconds, MB/s of text) and "ids:
+# equal" or the first record that differs; exits 1 when they differ.
 set -euo pipefail
 BIN="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
 VOCAB="${2:-16000}"
@@ -57,17 +61,35 @@ open("hf/tokenizer.model", "wb").write(model.getvalue())
 json.dump({"tokenizer_class": "LlamaTokenizer", "add_bos_token": True, "add_eos_token": False,
            "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
           open("hf/tokenizer_config.json", "w"))
-print("corpus: %d chapters, %.2f MB; tokenizer: %s pieces" % (len(docs), len(text.encode()) / 1e6, sys.argv[1]))
+# the same size of byte-level BPE (as GPT-2's) by the tokenizers library, as tokenizer.json alone
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+bpe = Tokenizer(models.BPE())
+bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+bpe.decoder = decoders.ByteLevel()
+bpe.train_from_iterator(text.splitlines(), trainers.BpeTrainer(
+    vocab_size=int(sys.argv[1]), special_tokens=["<|begin_of_text|>"],
+    initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+bpe.post_processor = processors.TemplateProcessing(
+    single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", 0)])
+os.makedirs("hfj", exist_ok=True)
+bpe.save("hfj/tokenizer.json")
+json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|begin_of_text|>"},
+          open("hfj/tokenizer_config.json", "w"))
+print("corpus: %d chapters, %.2f MB; tokenizers: %s pieces (tokenizer.model; tokenizer.json)" % (len(docs), len(text.encode()) / 1e6, sys.argv[1]))
 PY
+for kind in model json; do
+dir=hf; [[ $kind == json ]] && dir=hfj
 t0=$(date +%s.%N)
-"$BIN" prepare --text kjv.jsonl --tokenizer hf --val-every 2 --out out >prepare.log
+"$BIN" prepare --text kjv.jsonl --tokenizer "$dir" --val-every 2 --out "out-$kind" >"prepare-$kind.log"
 t1=$(date +%s.%N)
-"$PY" - "$t0" "$t1" <<'PY' 2>&1 | grep -v 'PyTorch was not found'
+"$PY" - "$t0" "$t1" "$dir" "out-$kind" <<'PY' 2>&1 | grep -v 'PyTorch was not found'
 import json, struct, sys, time
 from transformers import AutoTokenizer
 docs = [json.loads(l)["text"] for l in open("kjv.jsonl", encoding="utf-8")]
 mb = sum(len(d.encode()) for d in docs) / 1e6
-tok = AutoTokenizer.from_pretrained("hf")
+folder, out = sys.argv[3], sys.argv[4]
+print("%s/%s:" % (folder, "tokenizer.json" if folder == "hfj" else "tokenizer.model"))
+tok = AutoTokenizer.from_pretrained(folder)
 t = time.perf_counter()
 ids = tok(docs)["input_ids"]
 hf_s = time.perf_counter() - t
@@ -81,7 +103,7 @@ def shard(p):
     return list(struct.unpack("<%d%s" % (n, fmt), b[1024:]))
 bad = None
 for name, part in (("train", 0), ("val", 1)):
-    got, pos = shard("out/%s.bin" % name), 0
+    got, pos = shard("%s/%s.bin" % (out, name)), 0
     for i in range(part, len(docs), 2):
         want = ids[i]
         if got[pos:pos + len(want)] != want:
@@ -95,3 +117,4 @@ if bad:
     sys.exit(1)
 print("ids: equal (%d records, %d tokens)" % (len(docs), sum(map(len, ids))))
 PY
+done
