@@ -159,7 +159,7 @@ exact "--sample-every with --pipeline" 2 \
   "tessera train: --sample-every with --pipeline 2: not supported yet (a sample needs every stage's weights on rank 0), expected --pipeline 1" \
   "$bin" train "${base[@]}" --data "$tmp/data" --pipeline 2 --sample-every 1
 exact "--sample-every without the data's tokenizer" 2 \
-  "tessera train: --sample-every needs the data's tokenizer: $tmp/data: no tokenizer.model, expected a folder tessera prepare wrote or a Hugging Face folder with a SentencePiece tokenizer.model" \
+  "tessera train: --sample-every needs the data's tokenizer: $tmp/data: no tokenizer.model nor tokenizer.json, expected a folder tessera prepare wrote or a Hugging Face folder with its tokenizer" \
   "$bin" train "${base[@]}" --data "$tmp/data" --sample-every 1
 
 echo "$fails failure(s)"
