@@ -10,17 +10,27 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/tensorboard.h"
 #include "engine/trainer.h"
 
 struct ts_metrics {
-  FILE *f;    /* NULL: the sink */
-  char *path; /* for messages (owned) */
+  FILE *f;            /* NULL: the sink */
+  char *path;         /* for messages (owned) */
+  ts_tensorboard *tb; /* the event file, or NULL */
 };
 
-ts_status ts_metrics_open(ts_metrics **out, const char *path, int append) {
+ts_status ts_metrics_open(ts_metrics **out, const char *path, int append,
+                          const char *tensorboard_dir) {
   *out = NULL;
   ts_metrics *m = calloc(1, sizeof *m);
   if (!m) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "metrics: cannot allocate");
+  if (tensorboard_dir) {
+    ts_status st = ts_tensorboard_open(&m->tb, tensorboard_dir);
+    if (st != TS_OK) {
+      free(m);
+      return st;
+    }
+  }
   if (path) {
     m->path = strdup(path);
     m->f = m->path ? fopen(path, append ? "a" : "w") : NULL;
@@ -28,6 +38,7 @@ ts_status ts_metrics_open(ts_metrics **out, const char *path, int append) {
       ts_status st = ts_set_error(TS_ERR_IO, "%s: cannot open for writing: %s", path,
                                   strerror(m->path ? errno : ENOMEM));
       free(m->path);
+      ts_tensorboard_close(m->tb);
       free(m);
       return st;
     }
@@ -39,6 +50,7 @@ ts_status ts_metrics_open(ts_metrics **out, const char *path, int append) {
 void ts_metrics_close(ts_metrics *m) {
   if (!m) return;
   if (m->f) fclose(m->f);
+  ts_tensorboard_close(m->tb);
   free(m->path);
   free(m);
 }
@@ -58,7 +70,32 @@ static ts_status write_line(ts_metrics *m, cJSON *obj) {
   return TS_OK;
 }
 
+/* The step's TensorBoard scalars, flushed (metrics.h). */
+static ts_status tensorboard_step(ts_tensorboard *tb, const ts_metrics_step *s,
+                                  const ts_step_stats *st) {
+  int64_t k = (int64_t)s->step;
+  TS_CHECK(ts_tensorboard_scalar(tb, "train/loss", k, st->loss));
+  TS_CHECK(ts_tensorboard_scalar(tb, "train/lr", k, s->lr));
+  if (!st->skipped) TS_CHECK(ts_tensorboard_scalar(tb, "train/grad_norm", k, st->grad_norm));
+  TS_CHECK(ts_tensorboard_scalar(tb, "train/loss_scale", k, st->loss_scale));
+  TS_CHECK(ts_tensorboard_scalar(tb, "perf/tokens_per_s", k, s->tokens_per_s));
+  TS_CHECK(ts_tensorboard_scalar(tb, "perf/gflops", k, s->gflops));
+  if (s->peak_flops > 0)
+    TS_CHECK(ts_tensorboard_scalar(tb, "perf/mfu", k, s->gflops * 1e9 / s->peak_flops));
+  if (s->memory) {
+    char tag[64];
+    for (int c = 0; c < TS_MEM_NUM_CATEGORIES; c++) {
+      snprintf(tag, sizeof tag, "memory/%s_MiB", ts_mem_category_name((ts_mem_category)c));
+      TS_CHECK(ts_tensorboard_scalar(tb, tag, k, (double)s->memory->current[c] / 1048576.0));
+    }
+    TS_CHECK(ts_tensorboard_scalar(tb, "memory/peak_MiB", k,
+                                   (double)s->memory->peak_total / 1048576.0));
+  }
+  return ts_tensorboard_flush(tb);
+}
+
 ts_status ts_metrics_write_step(ts_metrics *m, const ts_metrics_step *s, const ts_step_stats *st) {
+  if (m->tb) TS_CHECK(tensorboard_step(m->tb, s, st));
   cJSON *o = cJSON_CreateObject();
   cJSON_AddNumberToObject(o, "step", (double)s->step);
   cJSON_AddNumberToObject(o, "loss", st->loss);
@@ -84,6 +121,12 @@ ts_status ts_metrics_write_step(ts_metrics *m, const ts_metrics_step *s, const t
 }
 
 ts_status ts_metrics_write_eval(ts_metrics *m, size_t step, double val_loss, double accuracy) {
+  if (m->tb) {
+    TS_CHECK(ts_tensorboard_scalar(m->tb, "val/loss", (int64_t)step, val_loss));
+    if (accuracy >= 0)
+      TS_CHECK(ts_tensorboard_scalar(m->tb, "val/accuracy", (int64_t)step, accuracy));
+    TS_CHECK(ts_tensorboard_flush(m->tb));
+  }
   cJSON *o = cJSON_CreateObject();
   cJSON_AddNumberToObject(o, "step", (double)step);
   cJSON_AddNumberToObject(o, "val_loss", val_loss);

@@ -1,8 +1,13 @@
 /*
  * metrics.h — a training run's records as JSON Lines (the fields are listed
  * in engine/trainer.h): one line per optimizer step, one per evaluation and
- * a summary at the end, each flushed as written. The trainer decides what
- * to record and when (rank 0 writes); this file owns the format.
+ * a summary at the end, each flushed as written; and, when asked, the same
+ * step and evaluation figures as TensorBoard scalars (engine/tensorboard.h:
+ * train/loss, train/lr, train/grad_norm (not for a skipped step),
+ * train/loss_scale, perf/tokens_per_s, perf/gflops, perf/mfu given a peak,
+ * memory/<category>_MiB of the ledger now and memory/peak_MiB; val/loss and
+ * val/accuracy), flushed every record. The trainer decides what to record
+ * and when (rank 0 writes); this file owns the formats.
  */
 #ifndef TS_ENGINE_METRICS_H
 #define TS_ENGINE_METRICS_H
@@ -19,9 +24,11 @@ typedef struct ts_metrics ts_metrics; /* opaque: the open file */
 
 /* Opens path for writing, truncated, or appended to when append != 0 (a
  * resumed run goes on in its file); path NULL gives a sink that accepts
- * every record and writes nothing. TS_ERR_IO ("PATH: cannot open for
- * writing: ..."), TS_ERR_OUT_OF_MEMORY. */
-ts_status ts_metrics_open(ts_metrics **out, const char *path, int append);
+ * every record and writes nothing. tensorboard_dir (or NULL): a new event
+ * file there as well. TS_ERR_IO ("PATH: cannot open for writing: ...",
+ * ts_tensorboard_open's), TS_ERR_OUT_OF_MEMORY. */
+ts_status ts_metrics_open(ts_metrics **out, const char *path, int append,
+                          const char *tensorboard_dir);
 
 /* Closes the file; NULL is a no-op. */
 void ts_metrics_close(ts_metrics *m);
@@ -35,6 +42,8 @@ typedef struct ts_metrics_step {
   double seconds;      /* the step's wall time */
   double compute_seconds; /* of it, this rank's own work: seconds less wait_seconds */
   double wait_seconds;    /* of it, the time in communication waits (ts_comm_wait_seconds) */
+  const ts_mem_account *memory; /* TensorBoard: the ledger after the step, or NULL */
+  double peak_flops;      /* TensorBoard: per rank, FLOP/s, perf/mfu's denominator; 0: none */
 } ts_metrics_step;
 
 /* {step, loss, lr, grad_norm, tokens_per_s, gflops, step_seconds,

@@ -17,10 +17,10 @@
 #include "base/atomic_file.h"
 #include "engine/checkpoint.h"
 #include "engine/engine_testing.h"
+#include "engine/host_weights.h"
 #include "engine/loader.h"
 #include "engine/metrics.h"
 #include "engine/mlm.h"
-#include "engine/tensorboard.h"
 #include "engine/trace.h"
 #include "engine/trainer_state.h"
 
@@ -103,7 +103,6 @@ typedef struct run {
   ts_engine *engine;         /* the step */
   int32_t *inputs, *targets; /* (B, T) host, the engine's own buffers */
   ts_metrics *metrics;       /* rank 0 only */
-  ts_tensorboard *tb;        /* rank 0, cfg->tensorboard_dir: the event file; else NULL */
   ts_trace *trace;           /* cfg->trace_path: this rank's spans; else NULL */
   ts_step_stats last;        /* the last optimizer step */
   char model_path[4096];     /* the config.json cfg->model resolved to */
@@ -126,7 +125,6 @@ static void run_free(run *r) {
   free(r->mlm_scratch);
   ts_checkpoint_close(r->ck);
   ts_metrics_close(r->metrics);
-  ts_tensorboard_close(r->tb);
   ts_engine_free(r->engine);
   ts_trace_free(r->trace);
   ts_loader_free(r->train_ld);
@@ -424,9 +422,9 @@ static ts_status setup(run *r) {
  * setup succeeded, so that a failed start leaves an earlier run's file as
  * it was. */
 static ts_status open_metrics(run *r) {
-  TS_CHECK(ts_metrics_open(&r->metrics, r->wrank == 0 ? r->cfg->metrics_path : NULL, r->ck != NULL));
-  if (r->wrank == 0 && r->cfg->tensorboard_dir)
-    TS_CHECK(ts_tensorboard_open(&r->tb, r->cfg->tensorboard_dir));
+  int lead = r->wrank == 0;
+  TS_CHECK(ts_metrics_open(&r->metrics, lead ? r->cfg->metrics_path : NULL, r->ck != NULL,
+                           lead ? r->cfg->tensorboard_dir : NULL));
   return r->ck ? ts_metrics_write_resume(r->metrics, r->start, ts_checkpoint_dir(r->ck)) : TS_OK;
 }
 
@@ -450,41 +448,11 @@ static ts_status setup_agreed(run *r, ts_train_result *res) {
   return agree(r, open_metrics(r), res, "during setup");
 }
 
-/* Rank 0's TensorBoard scalars of one step, flushed: the step's figures
- * and the ledger's bytes now per category (MiB). */
-static ts_status tensorboard_step(run *r, size_t step, const ts_step_stats *st, double tok_s,
-                                  double gflops) {
-  ts_tensorboard *tb = r->tb;
-  int64_t s = (int64_t)step;
-  TS_CHECK(ts_tensorboard_scalar(tb, "train/loss", s, st->loss));
-  TS_CHECK(ts_tensorboard_scalar(tb, "train/lr", s, st->lr));
-  if (!st->skipped) TS_CHECK(ts_tensorboard_scalar(tb, "train/grad_norm", s, st->grad_norm));
-  TS_CHECK(ts_tensorboard_scalar(tb, "train/loss_scale", s, st->loss_scale));
-  TS_CHECK(ts_tensorboard_scalar(tb, "perf/tokens_per_s", s, tok_s));
-  TS_CHECK(ts_tensorboard_scalar(tb, "perf/gflops", s, gflops));
-  if (r->cfg->peak_flops > 0)
-    TS_CHECK(ts_tensorboard_scalar(tb, "perf/mfu", s, gflops * 1e9 / r->cfg->peak_flops));
-  const ts_mem_account *m = ts_engine_memory(r->engine);
-  char tag[64];
-  for (int c = 0; c < TS_MEM_NUM_CATEGORIES; c++) {
-    snprintf(tag, sizeof tag, "memory/%s_MiB", ts_mem_category_name((ts_mem_category)c));
-    TS_CHECK(ts_tensorboard_scalar(tb, tag, s, (double)m->current[c] / 1048576.0));
-  }
-  TS_CHECK(ts_tensorboard_scalar(tb, "memory/peak_MiB", s, (double)m->peak_total / 1048576.0));
-  return ts_tensorboard_flush(tb);
-}
-
 static ts_status eval_and_log(run *r, size_t step, ts_train_callback cb, void *user,
                               double *val, double *accuracy) {
   TS_CHECK(evaluate(r, val, accuracy));
   if (r->wrank != 0) return TS_OK;
   TS_CHECK(ts_metrics_write_eval(r->metrics, step, *val, *accuracy));
-  if (r->tb) {
-    TS_CHECK(ts_tensorboard_scalar(r->tb, "val/loss", (int64_t)step, *val));
-    if (*accuracy >= 0)
-      TS_CHECK(ts_tensorboard_scalar(r->tb, "val/accuracy", (int64_t)step, *accuracy));
-    TS_CHECK(ts_tensorboard_flush(r->tb));
-  }
   if (cb) {
     ts_train_event ev;
     memset(&ev, 0, sizeof ev);
@@ -650,56 +618,17 @@ static ts_status stop_requested(run *r, int *stop) {
   return TS_OK;
 }
 
-/* The whole weights on rank 0, one fp32 host buffer per unit. */
-typedef struct host_weights {
-  const ts_model *m;
-  float **units; /* [n_units], laid out as the unit's flat buffer */
-} host_weights;
-
-static ts_status read_host_weights(void *user, const char *name, float *dst, size_t numel) {
-  const host_weights *w = user;
-  int u, i;
-  TS_CHECK(ts_model_find_tensor(w->m, name, &u, &i));
-  const ts_tensor_spec *t = &w->m->units[u].tensors[i];
-  if (t->numel != numel)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "tensor %s: %zu values, expected %zu", name,
-                        numel, t->numel);
-  memcpy(dst, w->units[u] + t->offset, numel * sizeof *dst);
-  return TS_OK;
-}
-
-/* cfg->sample at `step`: every rank gathers each tensor in layout order
- * (ts_engine_get_tensor, collective at stage 3), rank 0 keeps them and
- * calls the sample; the others hold one tensor at a time. */
+/* cfg->sample at `step`: every rank gathers the weights (engine/host_weights.h),
+ * rank 0 keeps them and calls the sample. */
 static ts_status sample(run *r, size_t step) {
-  const ts_model *m = &r->model;
-  host_weights w = {m, calloc((size_t)m->n_units, sizeof(float *))};
-  size_t largest = 0;
-  for (int u = 0; u < m->n_units; u++)
-    for (int i = 0; i < m->units[u].n_tensors; i++)
-      if (m->units[u].tensors[i].numel > largest) largest = m->units[u].tensors[i].numel;
-  float *one = r->wrank == 0 ? NULL : malloc((largest ? largest : 1) * sizeof *one);
-  ts_status st = w.units && (r->wrank == 0 || one) ? TS_OK
-                 : ts_set_error(TS_ERR_OUT_OF_MEMORY, "sample: the weights");
-  for (int u = 0; st == TS_OK && r->wrank == 0 && u < m->n_units; u++) {
-    w.units[u] = malloc((m->units[u].numel ? m->units[u].numel : 1) * sizeof(float));
-    if (!w.units[u]) st = ts_set_error(TS_ERR_OUT_OF_MEMORY, "sample: unit %d", u);
-  }
+  ts_host_weights w;
+  ts_status st = ts_host_weights_alloc(&w, &r->model, r->wrank == 0);
   st = agree(r, st, NULL, "sample"); /* every rank gathers, or none */
-  for (int u = 0; st == TS_OK && u < m->n_units; u++) {
-    const ts_unit *un = &m->units[u];
-    for (int i = 0; st == TS_OK && i < un->n_tensors; i++) {
-      const ts_tensor_spec *t = &un->tensors[i];
-      st = ts_engine_get_tensor(r->engine, t->name, r->wrank == 0 ? w.units[u] + t->offset : one,
-                                t->numel);
-    }
-  }
-  if (st == TS_OK && r->wrank == 0) st = r->cfg->sample(r->cfg->sample_user, step, m,
-                                                        read_host_weights, &w);
+  if (st == TS_OK) st = ts_host_weights_gather(&w, r->engine);
+  if (st == TS_OK && r->wrank == 0)
+    st = r->cfg->sample(r->cfg->sample_user, step, &r->model, ts_host_weights_read, &w);
   st = agree(r, st, NULL, "sample");
-  for (int u = 0; w.units && u < m->n_units; u++) free(w.units[u]);
-  free(w.units);
-  free(one);
+  ts_host_weights_free(&w);
   return st;
 }
 
@@ -751,9 +680,10 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
     if (step == r->start + 1) res->first_loss = st.loss;
     res->final_loss = st.loss;
     if (r->wrank == 0) {
-      ts_metrics_step ms = {step, lr, tok_s, tok_s * flops_per_token / 1e9, dt, row[1], row[2]};
+      ts_metrics_step ms = {step,   lr,     tok_s, tok_s * flops_per_token / 1e9,
+                            dt,     row[1], row[2], ts_engine_memory(r->engine),
+                            cfg->peak_flops};
       TS_CHECK(ts_metrics_write_step(r->metrics, &ms, &st));
-      if (r->tb) TS_CHECK(tensorboard_step(r, step, &st, tok_s, ms.gflops));
       if (cb) {
         ts_train_event ev;
         memset(&ev, 0, sizeof ev);
