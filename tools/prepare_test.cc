@@ -326,7 +326,8 @@ size_t SplitSamples(const HfSamples &s, std::string *jsonl, std::vector<int> *tr
 }
 
 ts_status PrepareHf(const std::string &text, const std::string &out, const char *fixture,
-                    size_t val_every, const char *field = nullptr, size_t batch_bytes = 0) {
+                    size_t val_every, const char *field = nullptr, size_t batch_bytes = 0,
+                    int mlm = 0) {
   const std::string hf = std::string(kHfDir) + fixture;
   ts_prepare_opts o;
   memset(&o, 0, sizeof o);
@@ -336,7 +337,30 @@ ts_status PrepareHf(const std::string &text, const std::string &out, const char 
   o.tokenizer_dir = hf.c_str();
   o.text_field = field;
   o.batch_bytes = batch_bytes;
+  o.mlm = mlm;
   return ts_prepare_corpus(&o, nullptr);
+}
+
+// samples.json's texts as JSON Lines in DIR/corpus.jsonl, prepared with
+// --tokenizer fixture --val-every 2 (and mlm) into DIR/out; the ids its
+// `ids_key` list says they must give, split as SplitSamples splits them.
+struct Prepared {
+  ts_status st = TS_OK;
+  std::string out;
+  size_t texts = 0, n = 0;  // samples, and records written (the non-empty ones)
+  std::vector<int> train, val;
+};
+Prepared PrepareSamples(TempDir &dir, const char *ids_key, const char *fixture, int mlm = 0) {
+  Prepared p;
+  HfSamples s = LoadSamples(ids_key);
+  std::string jsonl;
+  p.texts = s.texts.size();
+  p.n = SplitSamples(s, &jsonl, &p.train, &p.val);
+  const std::string text = dir.path("corpus.jsonl");
+  p.out = dir.path("out");
+  Spit(text, jsonl);
+  p.st = PrepareHf(text, p.out, fixture, 2, nullptr, 0, mlm);
+  return p;
 }
 
 // Every sample a record: record i is validation when (i + 1) % 2 == 0, so
@@ -349,14 +373,12 @@ TEST(PrepareHf, SentencePieceIdsEqualTransformersWithBosAndEos) {
   for (const char *fixture : {"llama_sp", "llama_sp_eos", "llama_sp_json"}) {
     SCOPED_TRACE(fixture);
     TempDir dir("ts_prepare_test");
-    HfSamples s = LoadSamples(fixture);
-    ASSERT_GE(s.texts.size(), 10u);
-    std::string jsonl;
-    std::vector<int> want_train, want_val;
-    const size_t n = SplitSamples(s, &jsonl, &want_train, &want_val);
-    const std::string text = dir.path("corpus.jsonl"), out = dir.path("out");
-    Spit(text, jsonl);
-    ASSERT_EQ(PrepareHf(text, out, fixture, 2), TS_OK) << ts_last_error();
+    Prepared p = PrepareSamples(dir, fixture, fixture);
+    ASSERT_GE(p.texts, 10u);
+    ASSERT_EQ(p.st, TS_OK) << ts_last_error();
+    const std::string &out = p.out;
+    const std::vector<int> &want_train = p.train, &want_val = p.val;
+    const size_t n = p.n;
     const size_t V = 480;  // make_fixtures.py's vocab_size
     EXPECT_EQ(ShardIds(out + "/train.bin", V), want_train);
     EXPECT_EQ(ShardIds(out + "/val.bin", V), want_val);
@@ -396,14 +418,12 @@ TEST(PrepareHf, TokenizerJsonIdsEqualTransformersAndParquetEqualsJsonLines) {
   for (const char *fixture : {"bpe_json", "wordpiece_json"}) {
     SCOPED_TRACE(fixture);
     TempDir dir("ts_prepare_test");
-    HfSamples s = LoadSamples(fixture);
-    ASSERT_GE(s.texts.size(), 10u);
-    std::string jsonl;
-    std::vector<int> want_train, want_val;
-    const size_t n = SplitSamples(s, &jsonl, &want_train, &want_val);
-    const std::string text = dir.path("corpus.jsonl"), out = dir.path("out");
-    Spit(text, jsonl);
-    ASSERT_EQ(PrepareHf(text, out, fixture, 2), TS_OK) << ts_last_error();
+    Prepared p = PrepareSamples(dir, fixture, fixture);
+    ASSERT_GE(p.texts, 10u);
+    ASSERT_EQ(p.st, TS_OK) << ts_last_error();
+    const std::string &out = p.out;
+    const std::vector<int> &want_train = p.train, &want_val = p.val;
+    const size_t n = p.n;
     cJSON *meta = cJSON_Parse(Slurp(out + "/meta.json").c_str());
     ASSERT_NE(meta, nullptr);
     const size_t V = (size_t)JsonNumber(meta, "vocab_size");
@@ -436,21 +456,11 @@ TEST(PrepareHf, TokenizerJsonIdsEqualTransformersAndParquetEqualsJsonLines) {
 // [MASK]) is refused in one line.
 TEST(PrepareHf, MlmWithAModelsWordPieceKeepsItsSpecialIds) {
   TempDir dir("ts_prepare_test");
-  HfSamples s = LoadSamples("bert_wordpiece_plain");
-  std::string jsonl;
-  std::vector<int> want_train, want_val;
-  const size_t n = SplitSamples(s, &jsonl, &want_train, &want_val);
-  const std::string text = dir.path("corpus.jsonl"), out = dir.path("out");
-  Spit(text, jsonl);
-  const std::string hf = std::string(kHfDir) + "bert_wordpiece";
-  ts_prepare_opts o;
-  memset(&o, 0, sizeof o);
-  o.text_path = text.c_str();
-  o.out_dir = out.c_str();
-  o.val_every = 2;
-  o.tokenizer_dir = hf.c_str();
-  o.mlm = 1;
-  ASSERT_EQ(ts_prepare_corpus(&o, nullptr), TS_OK) << ts_last_error();
+  Prepared p = PrepareSamples(dir, "bert_wordpiece_plain", "bert_wordpiece", 1);
+  ASSERT_EQ(p.st, TS_OK) << ts_last_error();
+  const std::string &out = p.out;
+  const std::vector<int> &want_train = p.train, &want_val = p.val;
+  const size_t n = p.n;
   cJSON *meta = cJSON_Parse(Slurp(out + "/meta.json").c_str());
   ASSERT_NE(meta, nullptr);
   const size_t V = (size_t)JsonNumber(meta, "vocab_size");
@@ -474,9 +484,8 @@ TEST(PrepareHf, MlmWithAModelsWordPieceKeepsItsSpecialIds) {
   EXPECT_EQ(spec.sep_id, 362);
   // --mlm with a SentencePiece tokenizer.model: no [MASK] to be had
   const std::string sp = std::string(kHfDir) + "llama_sp", out2 = dir.path("out2");
-  o.tokenizer_dir = sp.c_str();
-  o.out_dir = out2.c_str();
-  EXPECT_EQ(ts_prepare_corpus(&o, nullptr), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(PrepareHf(dir.path("corpus.jsonl"), out2, "llama_sp", 2, nullptr, 0, 1),
+            TS_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(std::string(ts_last_error()),
             "--mlm with --tokenizer " + sp + ": its tokenizer.model (SentencePiece) has no "
             "[CLS]/[SEP]/[MASK], expected a BERT folder's tokenizer.json (WordPiece) or --mlm "
