@@ -24,12 +24,24 @@ std::string SpMessage(const sentencepiece::util::Status &st) {
 }
 
 
-// tokenizer_config.json's "bos_token"/"eos_token": a string, or an object
-// whose "content" is one (transformers' AddedToken); "" when absent.
-static std::string TokenName(const cJSON *cfg, const char *key) {
+std::string ConfigToken(const cJSON *cfg, const char *key, const char *dflt) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, key);
   if (cJSON_IsObject(v)) v = cJSON_GetObjectItemCaseSensitive(v, "content");
-  return cJSON_IsString(v) ? v->valuestring : "";
+  return cJSON_IsString(v) ? v->valuestring : dflt;
+}
+
+ts_status ReadTokenizerConfig(const std::string &dir, cJSON **cfg) {
+  *cfg = nullptr;
+  const std::string path = dir + "/tokenizer_config.json";
+  if (access(path.c_str(), F_OK) != 0) return TS_OK;
+  std::string text;
+  TS_CHECK(ReadText(path.c_str(), &text));
+  *cfg = cJSON_ParseWithLength(text.data(), text.size());
+  if (cJSON_IsObject(*cfg)) return TS_OK;
+  cJSON_Delete(*cfg);
+  *cfg = nullptr;
+  return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: not valid JSON or not an object, expected "
+                      "transformers' tokenizer_config.json", path.c_str());
 }
 
 ts_status LoadHfTokenizer(const char *hf_dir, HfTokenizer *t) {
@@ -82,15 +94,9 @@ ts_status LoadHfTokenizer(const char *hf_dir, HfTokenizer *t) {
                                          : "does not give back the text it encodes (it normalizes "
                                            "it, or lacks byte fallback)");
   const std::string cfg_path = dir + "/tokenizer_config.json";
-  if (access(cfg_path.c_str(), F_OK) != 0) return TS_OK;
-  std::string text;
-  TS_CHECK(ReadText(cfg_path.c_str(), &text));
-  cJSON *cfg = cJSON_ParseWithLength(text.data(), text.size());
-  if (!cJSON_IsObject(cfg)) {
-    cJSON_Delete(cfg);
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: not valid JSON or not an object, expected "
-                        "transformers' tokenizer_config.json", cfg_path.c_str());
-  }
+  cJSON *cfg = nullptr;
+  TS_CHECK(ReadTokenizerConfig(dir, &cfg));
+  if (cfg == nullptr) return TS_OK;
   ts_status rc = TS_OK;
   const char *keys[] = {"add_bos_token", "add_eos_token"};
   bool *vals[] = {&t->add_bos, &t->add_eos};
@@ -112,7 +118,7 @@ ts_status LoadHfTokenizer(const char *hf_dir, HfTokenizer *t) {
   const char *names[] = {"bos_token", "eos_token"};
   int *ids[] = {&t->bos, &t->eos};
   for (int i = 0; i < 2 && rc == TS_OK; i++) {
-    std::string name = TokenName(cfg, names[i]);
+    std::string name = ConfigToken(cfg, names[i]);
     if (name.empty()) continue;
     int id = t->sp.PieceToId(name);
     if (id == t->sp.unk_id() && name != t->sp.IdToPiece(id))

@@ -8,6 +8,7 @@
 #ifndef TS_TOOLS_HF_TOKENIZER_H
 #define TS_TOOLS_HF_TOKENIZER_H
 
+#include <cjson/cJSON.h>
 #include <sentencepiece_processor.h>
 #include <stdint.h>
 
@@ -18,6 +19,16 @@
 #include "tools/corpus.h"
 
 namespace ts_prepare {
+
+// tokenizer_config.json's `key` ("bos_token", "mask_token", ...): a string,
+// or an object whose "content" is one (transformers' AddedToken); dflt
+// when absent (cfg NULL too).
+std::string ConfigToken(const cJSON *cfg, const char *key, const char *dflt = "");
+
+// DIR/tokenizer_config.json parsed into *cfg (cJSON_Delete it), NULL when
+// the folder has none. TS_ERR_INVALID_ARGUMENT naming the file when it is
+// not a JSON object, TS_ERR_IO.
+ts_status ReadTokenizerConfig(const std::string &dir, cJSON **cfg);
 
 // The part of a SentencePiece status message after its "[check] " prefix.
 std::string SpMessage(const sentencepiece::util::Status &st);

@@ -4,6 +4,8 @@
 
 #include <cjson/cJSON.h>
 
+#include "tools/hf_tokenizer.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -263,14 +265,6 @@ ts_status PyHelper::Finish() {
   return Failed();
 }
 
-// tokenizer_config.json's `key` (a string, or an AddedToken object's
-// "content"), else dflt.
-static std::string ConfigToken(const cJSON *cfg, const char *key, const char *dflt) {
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, key);
-  if (cJSON_IsObject(v)) v = cJSON_GetObjectItemCaseSensitive(v, "content");
-  return cJSON_IsString(v) ? v->valuestring : dflt;
-}
-
 ts_status LoadJsonTokenizer(const char *hf_dir, bool mlm, JsonTokenizer *t) {
   std::string path = std::string(hf_dir) + "/tokenizer.json";
   TS_CHECK(ReadText(path.c_str(), &t->json));
@@ -278,19 +272,10 @@ ts_status LoadJsonTokenizer(const char *hf_dir, bool mlm, JsonTokenizer *t) {
   static const char *const keys[5][2] = {{"pad_token", "[PAD]"}, {"unk_token", "[UNK]"},
                                          {"cls_token", "[CLS]"}, {"sep_token", "[SEP]"},
                                          {"mask_token", "[MASK]"}};
-  std::string cfg_text, names[5];
+  std::string names[5];
   if (mlm) {  // the masked-LM specials, by the names tokenizer_config.json gives them
-    std::string cfg_path = std::string(hf_dir) + "/tokenizer_config.json";
     cJSON *cfg = nullptr;
-    if (access(cfg_path.c_str(), F_OK) == 0) {
-      TS_CHECK(ReadText(cfg_path.c_str(), &cfg_text));
-      cfg = cJSON_ParseWithLength(cfg_text.data(), cfg_text.size());
-      if (!cJSON_IsObject(cfg)) {
-        cJSON_Delete(cfg);
-        return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: not valid JSON or not an object, "
-                            "expected transformers' tokenizer_config.json", cfg_path.c_str());
-      }
-    }
+    TS_CHECK(ReadTokenizerConfig(hf_dir, &cfg));
     for (int i = 0; i < 5; i++) args.push_back(names[i] = ConfigToken(cfg, keys[i][0], keys[i][1]));
     cJSON_Delete(cfg);
   }

@@ -71,16 +71,12 @@ ts_status OpenJson(ts_text_tokenizer *t, const std::string &dir, bool from_confi
   if (!t->json) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "tokenizer: cannot allocate");
   TS_CHECK(t->json->Open(dir + "/tokenizer.json", dir));
   if (!from_config) return TS_OK;
-  std::string text, cfg_path = dir + "/tokenizer_config.json";
   cJSON *cfg = nullptr;
-  if (access(cfg_path.c_str(), F_OK) == 0 && ts_prepare::ReadText(cfg_path.c_str(), &text) == TS_OK)
-    cfg = cJSON_ParseWithLength(text.data(), text.size());
+  TS_CHECK(ts_prepare::ReadTokenizerConfig(dir, &cfg));
   const char *keys[][2] = {{"bos", ""}, {"eos", ""}, {"unk", "[UNK]"}, {"pad", "[PAD]"},
                            {"cls", "[CLS]"}, {"sep", "[SEP]"}, {"mask", "[MASK]"}};
   for (auto &k : keys) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, (std::string(k[0]) + "_token").c_str());
-    if (cJSON_IsObject(v)) v = cJSON_GetObjectItemCaseSensitive(v, "content");
-    std::string name = cJSON_IsString(v) ? v->valuestring : k[1];
+    std::string name = ts_prepare::ConfigToken(cfg, (std::string(k[0]) + "_token").c_str(), k[1]);
     int32_t id = name.empty() ? -1 : t->json->TokenId(name);
     if (id >= 0) t->special[k[0]] = id;
   }
