@@ -20,6 +20,15 @@
 #include "kernels/cpu/dnnl_matmul.h"
 #include "kernels/kernels_front.h"
 
+/* The front's public ops (kernels.h, written out with their documentation)
+ * take exactly the parameters of kernels/ops.h's list: checked here, at
+ * compile time, one assertion per op. */
+#define TS_K_FRONT_CHECK(name, params)                                               \
+  _Static_assert(__builtin_types_compatible_p(__typeof__(&ts_k_##name), ts_status(*) params), \
+                 "kernels.h's ts_k_" #name " differs from kernels/ops.h");
+TS_K_OPS(TS_K_FRONT_CHECK)
+#undef TS_K_FRONT_CHECK
+
 /* ---- devices, contexts, memory ------------------------------------------------ */
 
 int ts_k_device_count(ts_device dev) {

@@ -184,15 +184,6 @@ enum { TS_CPU_PIECE = 1024 };
 
 /* ---- the CPU backend's ops (contracts: kernels/backend.h) ---------------- */
 
-ts_status ts_cpu_cast(const ts_kctx *ctx, void *out, ts_dtype out_dt, const void *in,
-                      ts_dtype in_dt, size_t n);
-ts_status ts_cpu_zero(const ts_kctx *ctx, void *x, size_t nbytes);
-ts_status ts_cpu_add(const ts_kctx *ctx, void *out, const void *a, const void *b, size_t n,
-                     ts_dtype dt);
-ts_status ts_cpu_sumsq(const ts_kctx *ctx, double *out, const void *x, size_t n, ts_dtype dt);
-ts_status ts_cpu_sum_ranks(const ts_kctx *ctx, void *out, const void *const *parts, int n,
-                           size_t count, ts_dtype dt, int accumulate);
-ts_status ts_cpu_nonfinite(const ts_kctx *ctx, int32_t *flag, const void *x, size_t n, ts_dtype dt);
 /* C (M, N) = op(A) op(B) + beta C, fp32, host, row-major, alpha 1: op(A)
  * is A (M, K) with leading dimension lda, or A^T for A (K, M) when trans_a;
  * op(B) is B (K, N), or B^T for B (N, K) when trans_b. Cut into fixed
@@ -205,86 +196,18 @@ void ts_cpu_sgemm(int trans_a, int trans_b, size_t M, size_t N, size_t K, const 
                   size_t lda, const float *B, size_t ldb, float beta, float *C, size_t ldc);
 
 size_t ts_cpu_linear_workspace_bytes(size_t M, size_t N, size_t K, ts_dtype dt);
-ts_status ts_cpu_linear_forward(const ts_kctx *ctx, void *out, const void *inp,
-                                const void *weight, size_t M, size_t N, size_t K, ts_dtype dt);
-ts_status ts_cpu_linear_backward(const ts_kctx *ctx, void *dinp, void *dweight, const void *dout,
-                                 const void *inp, const void *weight, size_t M, size_t N,
-                                 size_t K, ts_dtype dt);
 size_t ts_cpu_embedding_workspace_bytes(size_t N, ts_dtype dt);
-ts_status ts_cpu_embedding_forward(const ts_kctx *ctx, void *out, const int32_t *tokens,
-                                   const void *wte, size_t N, size_t C, size_t V, ts_dtype dt);
-ts_status ts_cpu_embedding_backward(const ts_kctx *ctx, void *dwte, const void *dout,
-                                    const int32_t *tokens, size_t N, size_t C, size_t V,
-                                    ts_dtype dt);
-ts_status ts_cpu_rmsnorm_forward(const ts_kctx *ctx, void *out, float *rstd, const void *inp,
-                                 const void *weight, size_t N, size_t C, float eps, ts_dtype dt);
-ts_status ts_cpu_rmsnorm_backward(const ts_kctx *ctx, void *dinp, void *dweight,
-                                  const void *dout, const void *inp, const void *weight,
-                                  const float *rstd, size_t N, size_t C, ts_dtype dt);
-ts_status ts_cpu_rope_forward(const ts_kctx *ctx, void *out, const void *x, size_t B, size_t T,
-                              size_t H, size_t HS, float theta, ts_dtype dt);
-ts_status ts_cpu_rope_backward(const ts_kctx *ctx, void *dx, const void *dout, size_t B,
-                               size_t T, size_t H, size_t HS, float theta, ts_dtype dt);
-ts_status ts_cpu_rope_forward_at(const ts_kctx *ctx, void *out, const void *x, size_t T,
-                                 size_t pos0, size_t H, size_t HS, float theta, ts_dtype dt);
-ts_status ts_cpu_attention_cached(const ts_kctx *ctx, void *out, const void *q, const void *k,
-                                  const void *v, size_t T, size_t pos0, size_t NH, size_t NKV,
-                                  size_t HS, ts_dtype dt);
 size_t ts_cpu_attention_workspace_bytes(size_t B, size_t T, size_t NH, size_t NKV, size_t HS,
                                         ts_dtype dt);
 size_t ts_cpu_attention_state_bytes(size_t B, size_t T, size_t NH, size_t NKV, size_t HS,
                                     ts_dtype dt);
-ts_status ts_cpu_attention_forward(const ts_kctx *ctx, void *out, void *state, const void *q,
-                                   const void *k, const void *v, size_t B, size_t T, size_t NH,
-                                   size_t NKV, size_t HS, ts_dtype dt);
-ts_status ts_cpu_attention_backward(const ts_kctx *ctx, void *dq, void *dk, void *dv,
-                                    const void *dout, const void *out, const void *q, const void *k,
-                                    const void *v, const void *state, size_t B, size_t T, size_t NH,
-                                    size_t NKV, size_t HS, ts_dtype dt);
-ts_status ts_cpu_swiglu_forward(const ts_kctx *ctx, void *h, const void *gate, const void *up,
-                                size_t n, ts_dtype dt);
-ts_status ts_cpu_swiglu_backward(const ts_kctx *ctx, void *dgate, void *dup, const void *dh,
-                                 const void *gate, const void *up, size_t n, ts_dtype dt);
-ts_status ts_cpu_cross_entropy_forward(const ts_kctx *ctx, float *loss_rows, const void *logits,
-                                       const int32_t *targets, size_t N, size_t V, ts_dtype dt);
-ts_status ts_cpu_loss_sum(const ts_kctx *ctx, double *out, const float *loss_rows,
-                          const int32_t *targets, size_t N);
-ts_status ts_cpu_cross_entropy_fused(const ts_kctx *ctx, float *loss_rows, void *dlogits,
-                                     const void *logits, const int32_t *targets, size_t N,
-                                     size_t V, float dloss, ts_dtype dt);
-ts_status ts_cpu_cross_entropy_backward(const ts_kctx *ctx, void *dlogits, const void *logits,
-                                        const int32_t *targets, size_t N, size_t V, float dloss,
-                                        ts_dtype dt);
 size_t ts_cpu_layernorm_workspace_bytes(size_t N, size_t C, ts_dtype dt);
 size_t ts_cpu_bias_workspace_bytes(size_t N, size_t C, ts_dtype dt);
-ts_status ts_cpu_layernorm_forward(const ts_kctx *ctx, void *out, float *mean, float *rstd,
-                                   const void *inp, const void *weight, const void *bias,
-                                   size_t N, size_t C, float eps, ts_dtype dt);
-ts_status ts_cpu_layernorm_backward(const ts_kctx *ctx, void *dinp, void *dweight, void *dbias,
-                                    const void *dout, const void *inp, const void *weight,
-                                    const float *mean, const float *rstd, size_t N, size_t C,
-                                    ts_dtype dt);
-ts_status ts_cpu_bias_add(const ts_kctx *ctx, void *out, const void *bias, size_t N, size_t C,
-                          ts_dtype dt);
-ts_status ts_cpu_bias_backward(const ts_kctx *ctx, void *dbias, const void *dout, size_t N,
-                               size_t C, ts_dtype dt);
-ts_status ts_cpu_gelu_forward(const ts_kctx *ctx, void *out, const void *inp, size_t n,
-                              ts_gelu_kind kind, ts_dtype dt);
-ts_status ts_cpu_gelu_backward(const ts_kctx *ctx, void *dinp, const void *dout, const void *inp,
-                               size_t n, ts_gelu_kind kind, ts_dtype dt);
-ts_status ts_cpu_token_types(const ts_kctx *ctx, int32_t *types, const int32_t *tokens, size_t B,
-                             size_t T, int32_t sep_id, size_t n_types);
-ts_status ts_cpu_attention_bidir_forward(const ts_kctx *ctx, void *out, void *state, const void *q,
-                                         const void *k, const void *v, const int32_t *ids,
-                                         int32_t pad_id, size_t B, size_t T, size_t NH, size_t HS,
-                                         ts_dtype dt);
-ts_status ts_cpu_attention_bidir_backward(const ts_kctx *ctx, void *dq, void *dk, void *dv,
-                                          const void *dout, const void *out, const void *q,
-                                          const void *k, const void *v, const void *state, size_t B,
-                                          size_t T, size_t NH, size_t HS, ts_dtype dt);
-ts_status ts_cpu_adamw(const ts_kctx *ctx, float *master, void *param_out, ts_dtype param_dt,
-                       float *m, float *v, const void *grad, ts_dtype grad_dt, size_t n,
-                       const ts_adamw_hparams *hp);
+
+/* The ops of kernels/ops.h, ts_cpu_NAME, one body each in this folder. */
+#define TS_CPU_DECLARE(name, params) ts_status ts_cpu_##name params;
+TS_K_OPS(TS_CPU_DECLARE)
+#undef TS_CPU_DECLARE
 
 #ifdef __cplusplus
 }
