@@ -50,17 +50,9 @@ size_t ts_engine_activation_bytes_stage(const ts_model *m, const ts_engine_opts 
 }
 
 double ts_engine_unit_cost(const ts_model *m, const ts_engine_opts *o, int u) {
-  const ts_unit *un = &m->units[u];
   double BT = (double)o->micro_batch * (double)o->seq, C = (double)m->hidden_size;
   double bytes = 4.0 * C * (double)ts_dtype_size(o->dtype); /* x, y, dx, dy per token */
-  if (un->role == TS_UNIT_EMBEDDING) return bytes * BT; /* a gather: no products */
-  double matrices = 0;
-  for (int i = 0; i < un->n_tensors; i++) matrices += (double)un->tensors[i].numel;
-  if (un->tied_unit >= 0)
-    matrices += (double)m->units[un->tied_unit].tensors[un->tied_tensor].numel;
-  double flops = 6.0 * matrices;
-  if (un->role == TS_UNIT_BLOCK) flops += 12.0 * (double)o->seq * C; /* attention */
-  return (flops + bytes) * BT;
+  return (3.0 * ts_unit_forward_flops(m, u, o->seq) + bytes) * BT; /* forward + backward */
 }
 
 ts_status ts_engine_pipeline_split(const ts_model *m, const ts_engine_opts *o, int *first) {

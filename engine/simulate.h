@@ -82,10 +82,9 @@ typedef struct ts_sim_cluster {
 } ts_sim_cluster;
 
 /* The compute: per unit and micro-batch either measured seconds (a
- * profile; < 0: not measured) or the FLOP model: a forward of unit u costs
- * (2 x its matrices' parameters + 4 T C for a block's attention) FLOPs per
- * token (a third of the PaLM count of ts_engine_unit_cost), a backward
- * twice that, a recompute one forward, at efficiency x peak_flops; AdamW
+ * profile; < 0: not measured) or the FLOP model (models/model.h
+ * ts_unit_forward_flops: 2 x its matrices' parameters + 4 T C for a
+ * block's attention per token), a backward twice that, a recompute one forward, at efficiency x peak_flops; AdamW
  * of a shard of n elements moves 32 n bytes (parameter, gradient, master,
  * m, v read; parameter, master, m, v written) at mem_bandwidth, or, with a
  * measured optimizer step (one rank updating every parameter), that step's

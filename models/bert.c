@@ -123,14 +123,6 @@ static void bert_free(ts_model *m) {
 
 /* PaLM's count (Chowdhery et al. 2022, App. B): 6 x matmul parameters
  * (the decoder included, embedding lookups excluded) + 12 L C T. */
-static double bert_flops(const ts_model *m, size_t T) {
-  const ts_bert_config *c = ts_bert_config_of(m);
-  double C = (double)c->hidden_size, I = (double)c->intermediate_size;
-  double matmul = (double)c->num_hidden_layers * (4 * C * C + 2 * I * C) + C * C +
-                  (double)c->vocab_size * C;
-  return 6.0 * matmul + 12.0 * (double)c->num_hidden_layers * C * (double)T;
-}
-
 /* ts_model_family.ignorable: the position-id and token-type buffers; the
  * tied decoder's copies (weight: the word embeddings; bias:
  * cls.predictions.bias; hf_folder checks they are equal); an untied model's
@@ -170,7 +162,6 @@ const ts_model_family ts_bert_family = {
     .architecture = "BertForMaskedLM",
     .init = bert_init,
     .free = bert_free,
-    .flops_per_token = bert_flops,
     .ignorable = bert_ignorable,
     .tied_copy = "cls.predictions.decoder.weight",
     .tied_copy2 = "cls.predictions.decoder.bias",

@@ -125,6 +125,14 @@ TEST(BertUnits, LayoutUsesHuggingFaceNames) {
   size_t sum = 0;
   for (int u = 0; u < m.n_units; u++) sum += m.units[u].numel;
   EXPECT_EQ(sum, m.num_params);
+  // The per-unit FLOP model adds up to PaLM's closed form for BERT: 6 x
+  // (L (4 C^2 + 2 I C) + the head's transform C^2 + the tied decoder V C)
+  // + 12 L C T; the embeddings' tables are gathers.
+  const ts_bert_config *c = ts_bert_config_of(&m);
+  double C = (double)c->hidden_size, I = (double)c->intermediate_size, L = c->num_hidden_layers;
+  EXPECT_EQ(ts_model_flops_per_token(&m, 8),
+            6.0 * (L * (4 * C * C + 2 * I * C) + C * C + (double)c->vocab_size * C) +
+                12.0 * L * C * 8.0);
   // initial values: matrices normal, LayerNorm weights 1, biases 0; weight
   // decay on matrices only
   const ts_tensor_spec &q = m.units[1].tensors[0], &qb = m.units[1].tensors[1];

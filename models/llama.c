@@ -111,18 +111,6 @@ static void llama_free(ts_model *m) {
   m->impl = NULL;
 }
 
-double ts_llama_flops_per_token(const ts_llama_config *c, size_t T) {
-  size_t C = c->hidden_size, HS = ts_llama_head_size(c);
-  size_t QD = c->num_attention_heads * HS, KVD = c->num_key_value_heads * HS;
-  double per_block = (double)(QD * C + 2 * KVD * C + C * QD + 3 * c->intermediate_size * C);
-  double matmul = (double)c->num_hidden_layers * per_block + (double)c->vocab_size * C;
-  return 6.0 * matmul + 12.0 * (double)c->num_hidden_layers * (double)C * (double)T;
-}
-
-static double llama_flops(const ts_model *m, size_t T) {
-  return ts_llama_flops_per_token(ts_llama_config_of(m), T);
-}
-
 /* ts_model_family.ignorable: RoPE's inverse-frequency buffer, and the LM
  * head of a tied model (it is the embedding). */
 static int llama_ignorable(const ts_model *m, const char *name) {
@@ -152,7 +140,6 @@ const ts_model_family ts_llama_family = {
     .architecture = "LlamaForCausalLM",
     .init = llama_init,
     .free = llama_free,
-    .flops_per_token = llama_flops,
     .ignorable = llama_ignorable,
     .tied_copy = "lm_head.weight",
     .fields = FIELDS,

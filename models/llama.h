@@ -34,10 +34,6 @@ ts_status ts_llama_model_init(ts_model *m, const ts_llama_config *cfg);
 /* The config of a LLaMA model (asserted to be one). */
 const ts_llama_config *ts_llama_config_of(const ts_model *m);
 
-/* Model FLOPs per token for one forward+backward, PaLM (Chowdhery et al.
- * 2022, App. B): 6 * (matmul parameters, LM head included, embedding
- * lookup excluded) + 12 * L * C * T. */
-double ts_llama_flops_per_token(const ts_llama_config *c, size_t T);
 
 #ifdef __cplusplus
 }

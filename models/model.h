@@ -185,9 +185,6 @@ typedef struct ts_model_family {
    * units, and keeps its own config in m->impl. */
   ts_status (*init)(ts_model *m, const void *root);
   void (*free)(ts_model *m);  /* frees m->impl */
-  /* Model FLOPs per token of one forward+backward at sequence length T
-   * (PaLM, Chowdhery et al. 2022, App. B: 6 x matmul parameters + attention). */
-  double (*flops_per_token)(const ts_model *m, size_t T);
   /* 1 if a Hugging Face checkpoint of this family may carry tensor `name`
    * that m does not hold (a buffer, a tied copy, another task's head), as
    * transformers' from_pretrained skips it; NULL: none may. */
@@ -261,7 +258,18 @@ int ts_model_config_diff(const ts_model *a, const ts_model *b, const char **fiel
 /* What messages call the model: its file, or its name if built by hand. */
 const char *ts_model_origin(const ts_model *m);
 
-/* Model FLOPs per token of one forward+backward at sequence length T. */
+/* The FLOP model, the one every count uses (metrics' GFLOP/s and MFU,
+ * the pipeline split's unit costs, the simulator's compute): PaLM's
+ * (Chowdhery et al. 2022, App. B), per unit. Unit u's forward costs, per
+ * token at sequence length T, 2 FLOPs per parameter of each matrix it
+ * multiplies (its 2-D tensors, a tied head's borrowed one included; the
+ * embedding's table is a gather: none) plus, for a block, 4 T C for the
+ * attention scores and values; a backward twice its forward. */
+double ts_unit_forward_flops(const ts_model *m, int u, size_t T);
+
+/* Model FLOPs per token of one forward+backward at sequence length T: 3
+ * times the units' forward FLOPs summed (= 6 x matmul parameters + 12 L C
+ * T, PaLM's count). */
 double ts_model_flops_per_token(const ts_model *m, size_t T);
 
 /* 1 if `name`, not a tensor of m, may stand in a Hugging Face checkpoint

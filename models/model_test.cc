@@ -41,7 +41,15 @@ TEST(ModelLoad, ModelTypePicksTheFamilyAndAbsentMeansLlama) {
     EXPECT_EQ(m.units[3].tied_unit, 0);
     EXPECT_EQ(m.units[3].tied_tensor, 0);
     EXPECT_EQ(m.units[3].n_tensors, 1);
-    EXPECT_EQ(ts_model_flops_per_token(&m, 8), ts_llama_flops_per_token(ts_llama_config_of(&m), 8));
+    // The per-unit FLOP model adds up to PaLM's closed form for LLaMA:
+    // 6 (matmul parameters, the head's included) + 12 L C T.
+    const ts_llama_config *c = ts_llama_config_of(&m);
+    size_t C = c->hidden_size, HS = ts_llama_head_size(c);
+    size_t QD = c->num_attention_heads * HS, KVD = c->num_key_value_heads * HS;
+    double block = (double)(QD * C + 2 * KVD * C + C * QD + 3 * c->intermediate_size * C);
+    double matmul = (double)c->num_hidden_layers * block + (double)c->vocab_size * C;
+    EXPECT_EQ(ts_model_flops_per_token(&m, 8),
+              6.0 * matmul + 12.0 * (double)c->num_hidden_layers * (double)C * 8.0);
     ts_model_free(&m);
     EXPECT_EQ(m.units, nullptr);
   }
