@@ -14,14 +14,22 @@
  *
  * Ownership: the front allocates and frees a ts_comm (ts_comm_new,
  * ts_comm_free); the backend owns what `impl` points to and releases it in
- * its free_group. A request belongs to its backend entirely: the backend
- * allocates it as a struct whose first member is a ts_comm_request
- * (ts_comm_request_new) and frees it in wait.
+ * its free_group. A request is a struct whose first member is a
+ * ts_comm_request: the backend takes it from its group's pool
+ * (ts_comm_request_new) and gives it back there when its wait or test
+ * ends it (ts_comm_request_release), so that after a step's first calls
+ * no call allocates (the pool is freed with the group). Every allocation
+ * comm makes goes through ts_comm_alloc / ts_comm_realloc / ts_comm_dealloc,
+ * which count them (ts_comm_allocations).
+ *
+ * Transports are told apart by what they can do (caps), never by which
+ * table they are.
  */
 #ifndef TS_COMM_BACKEND_H
 #define TS_COMM_BACKEND_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "base/base.h"
 #include "comm/comm.h"
@@ -72,9 +80,23 @@ typedef struct ts_comm_call {
   ts_comm_context ctx;    /* set by the front: the caller's context at the start (watchdog) */
 } ts_comm_call;
 
-/* A transport. Every entry but test is required. */
+/* What a transport can do: the front and the wrapping transports (staged,
+ * thread, nccl) decide by these, not by the transport's identity. */
+typedef struct ts_comm_caps {
+  int moves;         /* 0: a plan group, which counts calls and moves nothing */
+  int device_memory; /* its calls take device buffers (lent memory, ts_comm_set_memory) */
+  int host_ranks;    /* it moves host buffers between two or more processes, tagged
+                        point-to-point included (MPI): what staging and NCCL's
+                        bootstrap wrap, and what a communication thread may drive */
+  int async;         /* started calls progress without the caller (a thread, a stream) */
+  int device_sums;   /* its sums run on the device (NCCL's rank-order sum), else on the
+                        host in rank order (comm/sum.h) or, not moving, nowhere */
+} ts_comm_caps;
+
+/* A transport. Every entry but test, unwrap and drop_request is required. */
 typedef struct ts_comm_backend {
   const char *name; /* "mpi", "self" */
+  ts_comm_caps caps; /* what it can do */
   /* Runs call d on group c to completion when d->blocking (req is NULL
    * then), else starts it and stores its request in *req, which is written
    * only on success. TS_ERR_MPI, TS_ERR_OUT_OF_MEMORY. */
@@ -95,7 +117,19 @@ typedef struct ts_comm_backend {
   /* A transport wrapped around the group's own (staged, nccl): returns c to
    * that one, releasing what the wrap made. NULL for the others. */
   void (*unwrap)(ts_comm *c);
+  /* Frees what a pooled request of this backend keeps between uses (its
+   * arrays, events) when the pool is freed. NULL: nothing kept. */
+  void (*drop_request)(ts_comm_request *q);
+  /* Readies a new block of this backend for group c when the pool makes
+   * it (its arrays at the sizes c's calls need, so that a block serves any
+   * call without growing). NULL: nothing to ready. TS_ERR_OUT_OF_MEMORY. */
+  ts_status (*init_request)(ts_comm *c, ts_comm_request *q);
+  /* Bytes of this backend's request struct, for ts_comm_pool_reserve; 0:
+   * its requests are not reserved ahead. */
+  size_t request_bytes;
 } ts_comm_backend;
+
+typedef struct ts_comm_pool ts_comm_pool; /* comm.c: requests released, for reuse */
 
 /* A group: the front's part. */
 struct ts_comm {
@@ -109,6 +143,8 @@ struct ts_comm {
   int *node;                 /* ts_comm_set_nodes: (size,) each member's node, or NULL */
   int remote_peers;          /* members on another node than this rank's */
   const ts_comm_sim *sim;    /* ts_comm_set_sim: the simulator's clock, or NULL */
+  ts_comm_pool *pool;        /* released requests (ts_comm_new's; a wrap's inner copy of the
+                                group shares it, each block tagged with its backend) */
 };
 
 /* The head of every backend's request struct. */
@@ -123,6 +159,10 @@ struct ts_comm_request {
   double sim_done;   /* ts_comm_set_sim: when the simulator has the call end (s) */
   double started[2]; /* the front: when that start began and ended (us, CLOCK_REALTIME);
                         -1, -1 when the start only started the call */
+  /* the pool's (ts_comm_request_new): */
+  const ts_comm_backend *be;  /* the backend of the group that took it */
+  size_t bytes;               /* the block's size */
+  ts_comm_request *next_free; /* the next released block of the pool */
 };
 
 /* Chunk j of count elements over n ranks, as comm.h's all-reduce divides
@@ -159,9 +199,31 @@ ts_status ts_comm_new(const char *op, const ts_comm_backend *be, const char *nam
  * (ts_comm_wait_timed) and of engine/trace.h. */
 double ts_comm_now_us(void);
 
-/* A zeroed request of `bytes` (>= sizeof(ts_comm_request), `started` -1) for group c and
- * public call op. TS_ERR_OUT_OF_MEMORY. */
+/* A request of `bytes` (>= sizeof(ts_comm_request), `started` -1) for group
+ * c and public call op: a block of c's backend and this size that c's
+ * pool holds, its backend part as ts_comm_request_release left it (the
+ * backend's fields reset but for what it keeps: arrays with their
+ * capacities), else a new zeroed one. Thread-safe (the pool has a lock:
+ * a communication thread takes and releases requests of the group's
+ * inner copy beside the caller). TS_ERR_OUT_OF_MEMORY. */
 ts_status ts_comm_request_new(ts_comm *c, const char *op, size_t bytes, ts_comm_request **out);
+/* Gives request q back to its group's pool (the backend has reset its
+ * part); NULL is a no-op. */
+void ts_comm_request_release(ts_comm_request *q);
+/* Makes blocks of c's backend (request_bytes, init_request) until c's pool
+ * has made n of them in all, so that up to n of its requests at once need
+ * no allocation. A wrapping transport whose inner calls start on another
+ * thread (thread.c) reserves ahead from the caller's thread, where the
+ * count of calls in flight is the step's own, not the thread's timing.
+ * TS_ERR_OUT_OF_MEMORY. */
+ts_status ts_comm_pool_reserve(ts_comm *c, int n);
+
+/* comm's heap, counted (ts_comm_allocations): malloc, calloc (zeroed),
+ * realloc and free. Every allocation in comm/ goes through these
+ * (tests/source_rules_test.sh checks). */
+void *ts_comm_alloc(size_t bytes, int zeroed);
+void *ts_comm_realloc(void *p, size_t bytes);
+void ts_comm_dealloc(void *p);
 
 /* ---- the watchdog (watchdog.c; comm.h "the watchdog") ---- */
 
@@ -195,6 +257,15 @@ void ts_comm_watchdog_set_hosts(int rank, int size, char (*hosts)[TS_COMM_HOST_C
  * of c is world rank world[i], on the node of the first member with its
  * host name. TS_ERR_OUT_OF_MEMORY. */
 ts_status ts_comm_set_nodes_of_world(ts_comm *c, const int *world);
+
+/* Knobs only tests turn (comm_testing.h, //comm:testing, sets them;
+ * production builds never do): the largest MPI message in bytes, 1 .. 1
+ * GiB (mpi.c; 1 GiB), and the random delay, up to max_us microseconds from
+ * a generator seeded by seed and the rank, before each call a
+ * communication thread runs (thread.c; 0: none). */
+extern size_t ts_comm_max_message;
+extern unsigned ts_comm_thread_delay_max_us;
+extern uint64_t ts_comm_thread_delay_seed;
 
 /* 1 when MPI runs with MPI_THREAD_MULTIPLE (mpi.c): a communication
  * thread may call MPI beside the caller's thread (thread.c). */

@@ -29,6 +29,7 @@
  */
 #include "comm/comm.h"
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,10 +40,96 @@
 
 /* ---- shared with the backends (backend.h) ---------------------------------------- */
 
+/* Allocations made through ts_comm_alloc and ts_comm_realloc. */
+static _Atomic uint64_t g_allocations;
+
+void *ts_comm_alloc(size_t bytes, int zeroed) {
+  void *p = zeroed ? calloc(1, bytes ? bytes : 1) : malloc(bytes ? bytes : 1);
+  if (p) g_allocations++;
+  return p;
+}
+
+void *ts_comm_realloc(void *p, size_t bytes) {
+  void *q = realloc(p, bytes ? bytes : 1);
+  if (q) g_allocations++;
+  return q;
+}
+
+void ts_comm_dealloc(void *p) { free(p); }
+
+uint64_t ts_comm_allocations(void) { return g_allocations; }
+
+/* A group's released requests, each block tagged with its backend and size. */
+struct ts_comm_pool {
+  pthread_mutex_t mu;
+  ts_comm_request *free; /* a list through next_free */
+  struct {
+    const ts_comm_backend *be;
+    int made;
+  } made[4]; /* blocks made per backend (a group and the transports wrapped around it) */
+};
+
+/* Counts a block made for backend be (under the lock). */
+static void count_made(ts_comm_pool *p, const ts_comm_backend *be) {
+  for (int i = 0; i < 4; i++) {
+    if (p->made[i].be == be || !p->made[i].be) {
+      p->made[i].be = be;
+      p->made[i].made++;
+      return;
+    }
+  }
+}
+
+/* Blocks made for backend be so far (under the lock). */
+static int made_for(const ts_comm_pool *p, const ts_comm_backend *be) {
+  for (int i = 0; i < 4; i++)
+    if (p->made[i].be == be) return p->made[i].made;
+  return 0;
+}
+
+/* A new block of `bytes` for group c's backend, readied by it. */
+static ts_status block_new(ts_comm *c, const char *op, size_t bytes, ts_comm_request **out) {
+  ts_comm_request *q = (ts_comm_request *)ts_comm_alloc(bytes, 1);
+  if (!q) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot allocate a request", op);
+  q->be = c->be;
+  q->bytes = bytes;
+  q->c = c;
+  ts_status st = c->be->init_request ? c->be->init_request(c, q) : TS_OK;
+  if (st != TS_OK) {
+    if (c->be->drop_request) c->be->drop_request(q);
+    ts_comm_dealloc(q);
+    return st;
+  }
+  pthread_mutex_lock(&c->pool->mu);
+  count_made(c->pool, c->be);
+  pthread_mutex_unlock(&c->pool->mu);
+  *out = q;
+  return TS_OK;
+}
+
+/* Frees the pool and every block in it (the backend's kept parts first). */
+static void pool_free(ts_comm_pool *p) {
+  if (!p) return;
+  for (ts_comm_request *q = p->free, *next; q; q = next) {
+    next = q->next_free;
+    if (q->be && q->be->drop_request) q->be->drop_request(q);
+    ts_comm_dealloc(q);
+  }
+  pthread_mutex_destroy(&p->mu);
+  ts_comm_dealloc(p);
+}
+
 ts_status ts_comm_new(const char *op, const ts_comm_backend *be, const char *name, void *impl,
                       ts_comm **out) {
-  ts_comm *c = (ts_comm *)calloc(1, sizeof *c);
-  if (!c) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot allocate a group", op);
+  ts_comm *c = (ts_comm *)ts_comm_alloc(sizeof *c, 1);
+  ts_comm_pool *pool = (ts_comm_pool *)ts_comm_alloc(sizeof *pool, 1);
+  if (!c || !pool) {
+    ts_comm_dealloc(c);
+    ts_comm_dealloc(pool);
+    return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot allocate a group", op);
+  }
+  pthread_mutex_init(&pool->mu, NULL);
+  c->pool = pool;
   c->rank = 0;
   c->size = 1;
   c->be = be;
@@ -69,8 +156,8 @@ ts_status ts_comm_set_memory(ts_comm *c, const ts_comm_memory *mem) {
                         op, c->name);
   if (c->be->unwrap) c->be->unwrap(c); /* staged or nccl: back to the group's own */
   /* a plan group moves nothing: it keeps mem as a one-rank group does */
-  if (mem && c->size > 1 && c->be != &ts_comm_plan_backend) {
-    if (c->be != &ts_comm_mpi_backend)
+  if (mem && c->size > 1 && c->be->caps.moves) {
+    if (!c->be->caps.host_ranks)
       return ts_set_error(TS_ERR_UNSUPPORTED,
                           "%s: group %s of %d ranks is on the %s transport; only MPI groups stage "
                           "through the host",
@@ -84,13 +171,50 @@ ts_status ts_comm_set_memory(ts_comm *c, const ts_comm_memory *mem) {
 const char *ts_comm_transport(const ts_comm *c) { return c->be->name; }
 
 ts_status ts_comm_request_new(ts_comm *c, const char *op, size_t bytes, ts_comm_request **out) {
-  ts_comm_request *q = (ts_comm_request *)calloc(1, bytes);
-  if (!q) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot allocate a request", op);
+  ts_comm_pool *p = c->pool;
+  ts_comm_request *q = NULL;
+  pthread_mutex_lock(&p->mu);
+  for (ts_comm_request **at = &p->free; *at; at = &(*at)->next_free) {
+    if ((*at)->be == c->be && (*at)->bytes == bytes) {
+      q = *at;
+      *at = q->next_free;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&p->mu);
+  if (!q) TS_CHECK(block_new(c, op, bytes, &q));
   q->c = c;
   q->op = op;
+  q->times = NULL;
+  q->done_in_start = 0;
+  q->sim_done = 0;
   q->started[0] = q->started[1] = -1.0;
+  q->next_free = NULL;
   *out = q;
   return TS_OK;
+}
+
+ts_status ts_comm_pool_reserve(ts_comm *c, int n) {
+  size_t bytes = c->be->request_bytes;
+  if (!bytes) return TS_OK;
+  for (;;) {
+    pthread_mutex_lock(&c->pool->mu);
+    int made = made_for(c->pool, c->be);
+    pthread_mutex_unlock(&c->pool->mu);
+    if (made >= n) return TS_OK;
+    ts_comm_request *q = NULL;
+    TS_CHECK(block_new(c, "ts_comm_pool_reserve", bytes, &q));
+    ts_comm_request_release(q);
+  }
+}
+
+void ts_comm_request_release(ts_comm_request *q) {
+  if (!q) return;
+  ts_comm_pool *p = q->c->pool;
+  pthread_mutex_lock(&p->mu);
+  q->next_free = p->free;
+  p->free = q;
+  pthread_mutex_unlock(&p->mu);
 }
 
 /* ---- argument checks ---------------------------------------------------------- */
@@ -247,11 +371,11 @@ const char *ts_comm_kind_name(ts_comm_kind k) {
 }
 
 ts_status ts_comm_set_nodes(ts_comm *c, const int *node) {
-  free(c->node);
+  ts_comm_dealloc(c->node);
   c->node = NULL;
   c->remote_peers = 0;
   if (!node) return TS_OK;
-  c->node = (int *)malloc((size_t)c->size * sizeof *c->node);
+  c->node = (int *)ts_comm_alloc((size_t)c->size * sizeof *c->node, 0);
   if (!c->node) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "ts_comm_set_nodes: %d members", c->size);
   memcpy(c->node, node, (size_t)c->size * sizeof *node);
   for (int j = 0; j < c->size; j++) c->remote_peers += node[j] != node[c->rank];
@@ -259,7 +383,7 @@ ts_status ts_comm_set_nodes(ts_comm *c, const int *node) {
 }
 
 ts_status ts_comm_set_nodes_of_world(ts_comm *c, const int *world) {
-  int n = c->size, *node = (int *)malloc((size_t)n * sizeof *node);
+  int n = c->size, *node = (int *)ts_comm_alloc((size_t)n * sizeof *node, 0);
   if (!node) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "ts_comm_split: %d members' nodes", n);
   for (int i = 0; i < n; i++) { /* member i's node: the first member with its host name */
     node[i] = i;
@@ -270,7 +394,7 @@ ts_status ts_comm_set_nodes_of_world(ts_comm *c, const int *world) {
       }
   }
   ts_status st = ts_comm_set_nodes(c, node);
-  free(node);
+  ts_comm_dealloc(node);
   return st;
 }
 
@@ -458,8 +582,9 @@ ts_status ts_comm_split(ts_comm *parent, int color, int key, const char *name, t
 void ts_comm_free(ts_comm *c) {
   if (!c) return;
   c->be->free_group(c);
-  free(c->node);
-  free(c);
+  pool_free(c->pool);
+  ts_comm_dealloc(c->node);
+  ts_comm_dealloc(c);
 }
 
 int ts_comm_rank(const ts_comm *c) { return c->rank; }

@@ -297,6 +297,13 @@ uint64_t ts_comm_bytes_sent(const ts_comm *c);
 /* Of ts_comm_bytes_sent: the bytes to members on another node. */
 uint64_t ts_comm_bytes_remote(const ts_comm *c);
 
+/* Heap allocations comm has made in this process so far (groups, their
+ * state, requests, the arrays a request keeps), counted as they are made:
+ * after a step's first calls, the requests and buffers of each group come
+ * from its pool, so a training step on any transport adds nothing (a
+ * test counts steps 2-5). Thread-safe. */
+uint64_t ts_comm_allocations(void);
+
 /* Link classes: which members of c share a node (host). node (size,) gives
  * each member's node as a small integer, equal for members on the same
  * node; it is copied. From then on every call's bytes also count under

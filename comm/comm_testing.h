@@ -1,5 +1,7 @@
 /*
- * comm_testing.h — a hook for comm's own tests, not for production code.
+ * comm_testing.h — a hook for comm's own tests, not for production code:
+ * the test-only library //comm:testing (comm_testing.c), which production
+ * binaries do not link.
  *
  * comm splits every transfer into MPI messages of at most "max message
  * bytes" (1 GiB by default, so that MPI's int counts never overflow whatever

@@ -18,7 +18,7 @@
  *   the root to each other), never an MPI collective, and every wait polls
  *   its requests: so a wait past the watchdog's deadline (ts_comm_set_timeout)
  *   knows which peers' messages are missing and names them (comm.h).
- * - No MPI message exceeds g_max_message bytes (1 GiB): larger transfers are
+ * - No MPI message exceeds ts_comm_max_message bytes (1 GiB): larger transfers are
  *   split into pieces sent in order with one tag (MPI's non-overtaking rule
  *   keeps them matched). So element counts beyond INT_MAX work.
  * - A start reserves every request slot it needs before it posts anything,
@@ -35,7 +35,6 @@
 #include <string.h>
 
 #include "comm/backend.h"
-#include "comm/comm_testing.h"
 #include "comm/sum.h"
 
 /* A group's communicators (ts_comm.impl); both owned by the group. */
@@ -43,6 +42,9 @@ typedef struct mpi_group {
   MPI_Comm user; /* the caller's send/recv */
   MPI_Comm coll; /* private duplicate: the collectives' point-to-point traffic */
   int *world;    /* (size,) each group rank's rank in MPI_COMM_WORLD, for the watchdog */
+  double *f64;   /* all_reduce_f64's (N, count) gather, kept and grown (f64_cap doubles);
+                    the group's calls run one at a time (its thread, if any, runs them) */
+  size_t f64_cap;
 } mpi_group;
 
 /* One MPI request of an mpi_request, for completion checks and messages. */
@@ -62,8 +64,12 @@ typedef struct mpi_request {
   size_t n, cap;        /* requests posted, allocated */
   MPI_Request *reqs;    /* (cap,) */
   msg_info *info;       /* (cap,) */
+  MPI_Status *sts;      /* (cap,) completion's statuses */
+  int *rcs;             /* (cap,) and MPI's return codes */
+  unsigned char *done;  /* (cap,) which have finished, while a watchdog watches */
   const void **srcs;    /* (nsrc,) rank j's chunk: own data or a scratch slot; NULL if none */
   int nsrc;             /* group size; 0 when there is nothing to sum */
+  int srcs_cap;         /* entries allocated at srcs */
   void *dst;            /* (count,) the result */
   size_t count;         /* elements of the own chunk */
   ts_dtype dt;          /* element type of srcs and dst */
@@ -81,22 +87,14 @@ typedef struct chunks {
 /* Tags on the private communicator (user tags never reach it). */
 enum { TAG_REDUCE_SCATTER = 1, TAG_ALL_GATHER = 2, TAG_BARRIER = 3, TAG_BROADCAST = 4 };
 
-/* Largest message in bytes, <= INT_MAX (see comm_testing.h). */
-static size_t g_max_message = (size_t)1 << 30;
+/* Largest message in bytes, <= INT_MAX (backend.h; tests lower it). */
+size_t ts_comm_max_message = (size_t)1 << 30;
 /* 1 between ts_comm_init and ts_comm_finalize. */
 static int g_initialized;
 /* 1 if MPI runs with MPI_THREAD_MULTIPLE (a communication thread may use it). */
 static int g_thread_multiple;
 /* 1 if ts_comm_init called MPI_Init_thread (then finalize finalises). */
 static int g_owns_mpi;
-
-size_t ts_comm_testing_set_max_message_bytes(size_t nbytes) {
-  size_t old = g_max_message;
-  if (nbytes < 1) nbytes = 1;
-  if (nbytes > ((size_t)1 << 30)) nbytes = (size_t)1 << 30;
-  g_max_message = nbytes;
-  return old;
-}
 
 /* ---- errors ---------------------------------------------------------------- */
 
@@ -134,8 +132,8 @@ static void watchdog_check(mpi_request *q, const unsigned char *done) {
   if (!ts_comm_watchdog_expired(&q->t0)) return;
   const ts_comm *c = q->base.c;
   const int *world = group_of(c)->world;
-  int *missing = (int *)calloc((size_t)c->size, sizeof *missing);
-  unsigned char *seen = (unsigned char *)calloc((size_t)c->size, 1);
+  int *missing = (int *)ts_comm_alloc((size_t)c->size * sizeof *missing, 1);
+  unsigned char *seen = (unsigned char *)ts_comm_alloc((size_t)c->size, 1);
   int n = 0;
   for (int pass = 0; pass < 2 && n == 0 && missing && seen; pass++) {
     for (size_t i = 0; i < q->n; i++) {
@@ -170,19 +168,30 @@ static ts_status req_new(ts_comm *c, const ts_comm_call *d, mpi_request **out) {
   return TS_OK;
 }
 
+/* Grows *p to n elements of `size` bytes (ts_comm_realloc); 0 on failure,
+ * *p kept. */
+static int grow(void **p, size_t n, size_t size) {
+  void *q = ts_comm_realloc(*p, n * size);
+  if (!q) return 0;
+  *p = q;
+  return 1;
+}
+
 /* Makes room for `more` requests beyond those posted. A start reserves
  * all its slots before it posts anything (post_send and post_recv assert
  * the room), so that only an MPI error can interrupt it half-posted (see
- * req_abandon). */
+ * req_abandon). The arrays stay with the request in its group's pool, so
+ * a call of a size seen before allocates nothing. */
 static ts_status req_reserve(mpi_request *q, size_t more) {
   if (q->n + more <= q->cap) return TS_OK;
   size_t cap = q->cap ? 2 * q->cap : 8;
   while (cap < q->n + more) cap *= 2;
-  MPI_Request *r = (MPI_Request *)realloc(q->reqs, cap * sizeof *r);
-  if (r) q->reqs = r;
-  msg_info *m = r ? (msg_info *)realloc(q->info, cap * sizeof *m) : NULL;
-  if (m) q->info = m;
-  if (!r || !m) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot grow a request", q->base.op);
+  if (!grow((void **)&q->reqs, cap, sizeof *q->reqs) ||
+      !grow((void **)&q->info, cap, sizeof *q->info) ||
+      !grow((void **)&q->sts, cap, sizeof *q->sts) ||
+      !grow((void **)&q->rcs, cap, sizeof *q->rcs) ||
+      !grow((void **)&q->done, cap, sizeof *q->done))
+    return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot grow a request", q->base.op);
   q->cap = cap;
   return TS_OK;
 }
@@ -197,14 +206,14 @@ static void req_push(mpi_request *q, const char *call, int peer, int expect) {
 
 /* Pieces a transfer of nbytes is split into; at least one if min_one. */
 static size_t npieces(size_t nbytes, int min_one) {
-  size_t k = (nbytes + g_max_message - 1) / g_max_message;
+  size_t k = (nbytes + ts_comm_max_message - 1) / ts_comm_max_message;
   return k == 0 && min_one ? 1 : k;
 }
 
-/* Bytes of piece p (at byte p * g_max_message) of a transfer of nbytes. */
+/* Bytes of piece p (at byte p * ts_comm_max_message) of a transfer of nbytes. */
 static int piece_len(size_t nbytes, size_t p) {
-  size_t rest = nbytes - p * g_max_message;
-  return (int)(rest < g_max_message ? rest : g_max_message);
+  size_t rest = nbytes - p * ts_comm_max_message;
+  return (int)(rest < ts_comm_max_message ? rest : ts_comm_max_message);
 }
 
 /* Requests a direct exchange among n ranks may post: a send to and a
@@ -218,7 +227,7 @@ static ts_status post_send(mpi_request *q, MPI_Comm comm, const void *buf, size_
                            int tag, int min_one) {
   size_t k = npieces(nbytes, min_one);
   for (size_t p = 0; p < k; p++) {
-    const char *at = (const char *)buf + p * g_max_message;
+    const char *at = (const char *)buf + p * ts_comm_max_message;
     int len = piece_len(nbytes, p);
     TS_ASSERT(q->n < q->cap); /* reserved by the start */
     TS_CHECK(MPI_ST(q->base.c, q->base.op, peer, MPI_Isend,
@@ -233,7 +242,7 @@ static ts_status post_recv(mpi_request *q, MPI_Comm comm, void *buf, size_t nbyt
                            int tag, int min_one) {
   size_t k = npieces(nbytes, min_one);
   for (size_t p = 0; p < k; p++) {
-    char *at = (char *)buf + p * g_max_message;
+    char *at = (char *)buf + p * ts_comm_max_message;
     int len = piece_len(nbytes, p);
     TS_ASSERT(q->n < q->cap); /* reserved by the start */
     TS_CHECK(MPI_ST(q->base.c, q->base.op, peer, MPI_Irecv,
@@ -243,12 +252,42 @@ static ts_status post_recv(mpi_request *q, MPI_Comm comm, void *buf, size_t nbyt
   return TS_OK;
 }
 
-/* Frees q and its arrays. */
+/* Gives q back to its group's pool, reset but for its arrays. */
 static void req_free(mpi_request *q) {
-  free(q->reqs);
-  free(q->info);
-  free(q->srcs);
-  free(q);
+  q->kind = TS_COMM_CALL_BARRIER;
+  memset(&q->ctx, 0, sizeof q->ctx);
+  q->t0 = 0;
+  q->n = 0;
+  q->nsrc = 0;
+  q->dst = NULL;
+  q->count = 0;
+  q->accumulate = 0;
+  ts_comm_request_release(&q->base);
+}
+
+/* Readies a new block for group c (backend.h init_request): room for the
+ * requests of any call of c whose messages fit one piece (a direct
+ * exchange's 2 (N - 1), at least 8) and for a reduce-scatter's N sources,
+ * so that a pooled request never grows below 1 GiB messages. */
+static ts_status req_init(ts_comm *c, ts_comm_request *req) {
+  mpi_request *q = (mpi_request *)req;
+  q->base.op = "ts_comm_pool";
+  TS_CHECK(req_reserve(q, exchange_slots(c->size, 1) > 8 ? exchange_slots(c->size, 1) : 8));
+  if (!grow((void **)&q->srcs, (size_t)c->size, sizeof *q->srcs))
+    return ts_set_error(TS_ERR_OUT_OF_MEMORY, "ts_comm_pool: cannot allocate %d pointers", c->size);
+  q->srcs_cap = c->size;
+  return TS_OK;
+}
+
+/* Frees the arrays a pooled request keeps (backend.h drop_request). */
+static void req_drop(ts_comm_request *req) {
+  mpi_request *q = (mpi_request *)req;
+  ts_comm_dealloc(q->reqs);
+  ts_comm_dealloc(q->info);
+  ts_comm_dealloc(q->sts);
+  ts_comm_dealloc(q->rcs);
+  ts_comm_dealloc(q->done);
+  ts_comm_dealloc(q->srcs);
 }
 
 /* Frees q without completing it, after an MPI error while posting (every
@@ -281,11 +320,8 @@ static void req_finish_all(mpi_request *q, MPI_Status *sts, int *rcs) {
     for (size_t i = 0; i < q->n; i++) rcs[i] = MPI_Wait(&q->reqs[i], &sts[i]);
     return;
   }
-  unsigned char *done = (unsigned char *)calloc(q->n ? q->n : 1, 1);
-  if (!done) { /* no room to watch: wait */
-    for (size_t i = 0; i < q->n; i++) rcs[i] = MPI_Wait(&q->reqs[i], &sts[i]);
-    return;
-  }
+  unsigned char *done = q->done; /* (cap,) with the request's arrays */
+  if (q->n) memset(done, 0, q->n);
   for (size_t left = q->n;;) {
     for (size_t i = 0; i < q->n; i++) {
       if (done[i]) continue;
@@ -299,7 +335,6 @@ static void req_finish_all(mpi_request *q, MPI_Status *sts, int *rcs) {
     if (left == 0) break;
     watchdog_check(q, done);
   }
-  free(done);
 }
 
 /* Completes every request of q (all of them, even after a failure, so no
@@ -308,16 +343,8 @@ static void req_finish_all(mpi_request *q, MPI_Status *sts, int *rcs) {
 static ts_status req_complete(mpi_request *q) {
   const ts_comm *c = q->base.c;
   ts_status st = TS_OK;
-  MPI_Status *sts = (MPI_Status *)calloc(q->n ? q->n : 1, sizeof *sts);
-  int *rcs = (int *)calloc(q->n ? q->n : 1, sizeof *rcs);
-  if (!sts || !rcs) {
-    free(sts);
-    free(rcs);
-    st = ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot allocate %zu MPI statuses", q->base.op,
-                      q->n);
-    req_abandon(q);
-    return st;
-  }
+  MPI_Status *sts = q->sts; /* (cap,) with the request's arrays */
+  int *rcs = q->rcs;
   req_finish_all(q, sts, rcs);
   for (size_t i = 0; i < q->n; i++) {
     MPI_Status s = sts[i];
@@ -347,11 +374,9 @@ static ts_status req_complete(mpi_request *q) {
       }
     }
   }
-  if (st == TS_OK && q->srcs) {
+  if (st == TS_OK && q->nsrc > 0) {
     ts_comm_sum_rank_order(q->dst, q->srcs, q->nsrc, q->count, q->dt, q->accumulate);
   }
-  free(sts);
-  free(rcs);
   req_free(q);
   return st;
 }
@@ -368,14 +393,13 @@ static ts_status req_test(mpi_request *q, int *done) {
     int rc = MPI_Request_get_status(q->reqs[i], &flag, &s);
     if (rc == MPI_SUCCESS && !flag) { /* still running */
       if (!ts_comm_watchdog_expired(&q->t0)) return TS_OK;
-      fin = (unsigned char *)calloc(q->n, 1); /* past the deadline: which are missing */
-      for (size_t j = 0; fin && j < q->n; j++) {
+      fin = q->done; /* past the deadline: which are missing */
+      for (size_t j = 0; j < q->n; j++) {
         int f = 1;
         if (q->reqs[j] != MPI_REQUEST_NULL) MPI_Request_get_status(q->reqs[j], &f, &s);
         fin[j] = (unsigned char)(f != 0);
       }
-      if (fin) watchdog_check(q, fin); /* does not return */
-      free(fin);
+      watchdog_check(q, fin); /* does not return */
       return TS_OK;
     }
   }
@@ -433,9 +457,12 @@ static ts_status rs_start(mpi_request *q, const ts_comm_call *d) {
   const char *base = (const char *)d->send;
   char *scratch = (char *)d->scratch;
   size_t len_r = chunk_len(&k, r);
-  q->srcs = (const void **)calloc((size_t)n, sizeof *q->srcs);
-  if (!q->srcs)
-    return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot allocate %d pointers", q->base.op, n);
+  if (q->srcs_cap < n) {
+    if (!grow((void **)&q->srcs, (size_t)n, sizeof *q->srcs))
+      return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot allocate %d pointers", q->base.op, n);
+    q->srcs_cap = n;
+  }
+  memset((void *)q->srcs, 0, (size_t)n * sizeof *q->srcs);
   q->nsrc = n;
   q->dst = d->recv;
   q->count = len_r / k.es;
@@ -504,16 +531,18 @@ static ts_status barrier_post(mpi_request *q) {
 static ts_status f64_run(ts_comm *c, const ts_comm_call *d) {
   if (d->count == 0) return TS_OK;
   size_t n = (size_t)c->size, nb = d->count * sizeof(double);
-  double *all = (double *)malloc(n * nb); /* (N, count) */
-  if (!all) {
-    return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes", d->name, n * nb);
+  mpi_group *g = group_of(c);
+  if (g->f64_cap < n * d->count) { /* (N, count), kept for the next call */
+    if (!grow((void **)&g->f64, n * d->count, sizeof(double)))
+      return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes", d->name, n * nb);
+    g->f64_cap = n * d->count;
   }
+  double *all = g->f64;
   chunks k = {d->count, sizeof(double), 0, c->size};
   mpi_request *q = NULL;
   ts_status st = req_new(c, d, &q);
   if (st == TS_OK) st = req_finish(q, ag_post(q, &k, d->buf, (char *)all, 0), NULL);
   if (st == TS_OK) ts_comm_reduce_f64_rank_order((double *)d->buf, all, n, d->count, d->reduce);
-  free(all);
   return st;
 }
 
@@ -561,16 +590,16 @@ static ts_status recv_now(ts_comm *c, const ts_comm_call *d) {
   int peer = d->peer, tag = d->tag;
   size_t nb = d->count * ts_dtype_size(d->dt);
   for (size_t p = 0, k = npieces(nb, 1); p < k; p++) {
-    char *at = (char *)d->buf + p * g_max_message;
+    char *at = (char *)d->buf + p * ts_comm_max_message;
     int len = piece_len(nb, p);
     MPI_Status s;
     int got = -1;
     TS_CHECK(probe(c, d, &s));
     TS_CHECK(MPI_ST(c, op, peer, MPI_Get_count, (&s, MPI_BYTE, &got)));
     if (got != len) { /* consume the message so it cannot match a later recv */
-      void *tmp = malloc(got > 0 ? (size_t)got : 1);
+      void *tmp = ts_comm_alloc(got > 0 ? (size_t)got : 1, 0);
       if (tmp) MPI_Recv(tmp, got, MPI_BYTE, peer, tag, user, MPI_STATUS_IGNORE);
-      free(tmp);
+      ts_comm_dealloc(tmp);
       char piece[48] = "";
       if (k > 1) snprintf(piece, sizeof piece, " (piece %zu of %zu)", p + 1, k);
       return ts_set_error(TS_ERR_MPI,
@@ -649,15 +678,16 @@ static void mpi_free_group(ts_comm *c) {
     if (g->coll != MPI_COMM_NULL) MPI_Comm_free(&g->coll);
     if (g->user != MPI_COMM_NULL) MPI_Comm_free(&g->user);
   }
-  free(g->world);
-  free(g);
+  ts_comm_dealloc(g->world);
+  ts_comm_dealloc(g->f64);
+  ts_comm_dealloc(g);
   c->impl = NULL;
 }
 
 /* *out = (size,) the world rank of each rank of communicator comm (of
- * group c), malloc'd. */
+ * group c), ts_comm_alloc'd. */
 static ts_status world_ranks(ts_comm *c, const char *op, MPI_Comm comm, int **out) {
-  int n = c->size, *ranks = (int *)malloc(2 * (size_t)n * sizeof *ranks);
+  int n = c->size, *ranks = (int *)ts_comm_alloc(2 * (size_t)n * sizeof *ranks, 0);
   if (!ranks) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot allocate %d ranks", op, n);
   for (int i = 0; i < n; i++) ranks[n + i] = i;
   MPI_Group mine = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
@@ -668,7 +698,7 @@ static ts_status world_ranks(ts_comm *c, const char *op, MPI_Comm comm, int **ou
   if (mine != MPI_GROUP_NULL) MPI_Group_free(&mine);
   if (world != MPI_GROUP_NULL) MPI_Group_free(&world);
   if (st != TS_OK) {
-    free(ranks);
+    ts_comm_dealloc(ranks);
     return st;
   }
   *out = ranks; /* the first n; the rest was the input */
@@ -680,7 +710,7 @@ static ts_status world_ranks(ts_comm *c, const char *op, MPI_Comm comm, int **ou
  * rank is freed and the group goes to the local backend. */
 static ts_status group_new(const char *op, MPI_Comm user, const char *name, ts_comm **out) {
   ts_comm *c = NULL;
-  mpi_group *g = (mpi_group *)calloc(1, sizeof *g);
+  mpi_group *g = (mpi_group *)ts_comm_alloc(sizeof *g, 1);
   if (g) {
     g->user = user;
     g->coll = MPI_COMM_NULL;
@@ -688,7 +718,7 @@ static ts_status group_new(const char *op, MPI_Comm user, const char *name, ts_c
   ts_status st = g ? ts_comm_new(op, &ts_comm_mpi_backend, name, g, &c)
                    : ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot allocate a group", op);
   if (st != TS_OK) {
-    free(g);
+    ts_comm_dealloc(g);
     MPI_Comm_free(&user);
     return st;
   }
@@ -720,11 +750,15 @@ static ts_status mpi_split(ts_comm *parent, int color, int key, const char *name
 
 const ts_comm_backend ts_comm_mpi_backend = {
     .name = "mpi",
+    .caps = {.moves = 1, .host_ranks = 1},
     .run = mpi_run,
     .wait = mpi_wait,
     .test = mpi_test,
     .split = mpi_split,
     .free_group = mpi_free_group,
+    .drop_request = req_drop,
+    .init_request = req_init,
+    .request_bytes = sizeof(mpi_request),
 };
 
 ts_status ts_comm_mpi_world(ts_comm **out) {
@@ -749,14 +783,14 @@ static ts_status gather_hosts(const char *op) {
   if (MPI_Get_processor_name(name, &len) != MPI_SUCCESS) snprintf(name, sizeof name, "?");
   snprintf(mine, sizeof mine, "%s", name);
   char(*hosts)[TS_COMM_HOST_CHARS] =
-      (char(*)[TS_COMM_HOST_CHARS])calloc((size_t)size, TS_COMM_HOST_CHARS);
+      (char(*)[TS_COMM_HOST_CHARS])ts_comm_alloc((size_t)size * TS_COMM_HOST_CHARS, 1);
   if (!hosts)
     return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot allocate %d host names", op, size);
   ts_status st = MPI_GUARDED(
       NULL, op, MPI_Allgather,
       (mine, TS_COMM_HOST_CHARS, MPI_CHAR, hosts, TS_COMM_HOST_CHARS, MPI_CHAR, MPI_COMM_WORLD));
   if (st != TS_OK) {
-    free(hosts);
+    ts_comm_dealloc(hosts);
     return st;
   }
   ts_comm_watchdog_set_hosts(rank, size, hosts);

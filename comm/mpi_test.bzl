@@ -14,7 +14,8 @@ makes
     //comm:mpi_test_main (ts_comm_init, GoogleTest, one verdict for all
     ranks), GoogleTest and //comm;
   - `zero_test_np1`, `zero_test_np2`, `zero_test_np4`: sh_tests running
-    `comm/mpirun_test.sh N zero_test_bin ARGS` (tagged "mpi");
+    `comm/mpirun_test.sh N zero_test_bin ARGS` (tagged "mpi"; the 2-rank one
+    also "asan": run again under the sanitizers by the suite);
   - `zero_test`: a test_suite of those.
 Each rank runs every TEST in the same order, so tests may call collectives
 freely; rank 0 prints GoogleTest's usual output, other ranks only their
@@ -47,7 +48,8 @@ def ts_mpi_test(
         data = [],
         tags = [],
         args = [],
-        local_defines = []):
+        local_defines = [],
+        asan_np = 2):
     """A GoogleTest binary and one sh_test per rank count in np (see above).
 
     Args:
@@ -61,6 +63,10 @@ def ts_mpi_test(
       tags: tags of each sh_test (plus "mpi") and of the binary.
       args: extra arguments for the binary (e.g. "--gtest_filter=...").
       local_defines: preprocessor definitions for srcs (one source, two binaries).
+      asan_np: the rank count whose sh_test is also tagged "asan": the suite's
+        sanitizer pass (tools/test_suite.sh) runs it under --config=asan, so
+        that every multi-rank test binary runs on several ranks under
+        AddressSanitizer and UndefinedBehaviorSanitizer; 0: none.
     """
     have = [_canonical(d) for d in deps]
     cc_binary(
@@ -83,7 +89,7 @@ def ts_mpi_test(
             srcs = ["//comm:mpirun_test.sh"],
             args = [str(n), "$(rootpath :%s_bin)" % name] + args,
             data = [":%s_bin" % name] + data,
-            tags = tags + ["mpi"],
+            tags = tags + ["mpi"] + (["asan"] if n == asan_np else []),
         )
         tests.append(":" + test)
     native.test_suite(

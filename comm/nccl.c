@@ -37,9 +37,12 @@ typedef struct nccl_state {
   ncclComm_t comm;              /* one communicator per group */
   ts_comm_nccl_streams streams; /* copied at wrap */
   cudaEvent_t ready;            /* recorded on the step stream at every data call */
+  cudaEvent_t blocking_done;    /* a blocking call's end on the communication stream */
+  const void **parts;           /* (size,) a reduce-scatter's pieces, in rank order */
 } nccl_state;
 
-/* A started call: its done event on the communication stream. */
+/* A started call: its done event on the communication stream, made at the
+ * request's first use and kept with it in the group's pool. */
 typedef struct nccl_request {
   ts_comm_request base; /* first member (backend.h) */
   cudaEvent_t done;
@@ -92,15 +95,11 @@ static ts_status run_reduce_scatter(ts_comm *c, nccl_state *s, const ts_comm_cal
   size_t slot = d->uneven ? ts_comm_chunk_max(d->count, c->size) : d->count;
   piece_of(c, d, c->rank, &lo, &n);
   if (n == 0) return TS_OK; /* my piece is empty: I only send (below) */
-  const void **parts = (const void **)calloc((size_t)c->size, sizeof *parts);
-  if (!parts) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot allocate the parts", d->name);
+  const void **parts = s->parts;
   for (int j = 0, k = 0; j < c->size; j++)
     parts[j] = j == c->rank ? (const char *)d->send + lo * es
                             : (const char *)d->scratch + (size_t)(k++) * slot * es;
-  ts_status st =
-      s->streams.sum_ranks(s->streams.user, d->recv, parts, c->size, n, d->dt, d->accumulate);
-  free(parts);
-  return st;
+  return s->streams.sum_ranks(s->streams.user, d->recv, parts, c->size, n, d->dt, d->accumulate);
 }
 
 /* The all-to-all of a reduce-scatter: sends of every other rank's piece of
@@ -186,23 +185,32 @@ static ts_status nccl_run(ts_comm *c, const ts_comm_call *d, ts_comm_request **r
   CU(cudaEventRecord(s->ready, step_of(s)), "cudaEventRecord");
   CU(cudaStreamWaitEvent(comm_of(s), s->ready, 0), "cudaStreamWaitEvent");
   TS_CHECK(queue_call(c, s, d));
-  cudaEvent_t done = NULL;
-  CU(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-  ts_status st = cuda_st(cudaEventRecord(done, comm_of(s)), d->name, "cudaEventRecord");
-  if (st == TS_OK && !req) {
-    /* blocking: later work on the step stream waits for the call */
-    st = cuda_st(cudaStreamWaitEvent(step_of(s), done, 0), d->name, "cudaStreamWaitEvent");
-  } else if (st == TS_OK) {
-    ts_comm_request *q = NULL;
-    st = ts_comm_request_new(c, d->name, sizeof(nccl_request), &q);
-    if (st == TS_OK) {
-      ((nccl_request *)q)->done = done;
-      *req = q;
-      return TS_OK;
-    }
+  if (!req) { /* blocking: later work on the step stream waits for the call */
+    CU(cudaEventRecord(s->blocking_done, comm_of(s)), "cudaEventRecord");
+    CU(cudaStreamWaitEvent(step_of(s), s->blocking_done, 0), "cudaStreamWaitEvent");
+    return TS_OK;
   }
-  cudaEventDestroy(done); /* destroying a recorded event is deferred until it completes */
-  return st;
+  ts_comm_request *r = NULL;
+  TS_CHECK(ts_comm_request_new(c, d->name, sizeof(nccl_request), &r));
+  nccl_request *q = (nccl_request *)r;
+  ts_status st = TS_OK;
+  if (!q->done) /* a new request; a pooled one has its event */
+    st = cuda_st(cudaEventCreateWithFlags(&q->done, cudaEventDisableTiming), d->name,
+                 "cudaEventCreateWithFlags");
+  if (st == TS_OK) st = cuda_st(cudaEventRecord(q->done, comm_of(s)), d->name, "cudaEventRecord");
+  if (st != TS_OK) {
+    ts_comm_request_release(r);
+    return st;
+  }
+  *req = r;
+  return TS_OK;
+}
+
+/* Destroys the event a pooled request keeps (backend.h drop_request);
+ * destroying a recorded event is deferred until it completes. */
+static void drop_request(ts_comm_request *req) {
+  nccl_request *q = (nccl_request *)req;
+  if (q->done) cudaEventDestroy(q->done);
 }
 
 /* Ends request q: NCCL's asynchronous error if any, then the event. */
@@ -213,8 +221,7 @@ static ts_status nccl_end(nccl_request *q, ts_status st) {
   if (st == TS_OK && ncclCommGetAsyncError(s->comm, &async) == ncclSuccess &&
       async != ncclSuccess && async != ncclInProgress)
     st = nccl_st(async, s->comm, c, q->base.op, "asynchronous error");
-  cudaEventDestroy(q->done);
-  free(q);
+  ts_comm_request_release(&q->base); /* its event kept for the next call */
   return st;
 }
 
@@ -258,6 +265,9 @@ static void release(nccl_state *s, int abort) {
     }
   }
   if (s->ready) cudaEventDestroy(s->ready);
+  if (s->blocking_done) cudaEventDestroy(s->blocking_done);
+  ts_comm_dealloc((void *)s->parts);
+  s->parts = NULL;
   cudaGetLastError(); /* no error of teardown is left for the next launch check */
 }
 
@@ -266,24 +276,26 @@ static void nccl_unwrap(ts_comm *c) {
   release(s, 0);
   c->be = s->inner.be;
   c->impl = s->inner.impl;
-  free(s);
+  ts_comm_dealloc(s);
 }
 
 static void nccl_free_group(ts_comm *c) {
   nccl_state *s = (nccl_state *)c->impl;
   release(s, 0);
   s->inner.be->free_group(&s->inner);
-  free(s);
+  ts_comm_dealloc(s);
 }
 
 static const ts_comm_backend nccl_backend = {
     .name = "nccl",
+    .caps = {.moves = 1, .device_memory = 1, .async = 1, .device_sums = 1},
     .run = nccl_run,
     .wait = nccl_wait,
     .test = nccl_test,
     .split = nccl_split,
     .free_group = nccl_free_group,
     .unwrap = nccl_unwrap,
+    .drop_request = drop_request,
 };
 
 /* ---- making the communicator -------------------------------------------------------- */
@@ -349,28 +361,38 @@ ts_status ts_comm_set_nccl(ts_comm *c, const ts_comm_memory *mem,
                         op, c->name);
   if (c->be->unwrap) c->be->unwrap(c);
   c->mem = NULL;
-  if (c->be == &ts_comm_plan_backend) { /* a plan moves nothing */
+  if (!c->be->caps.moves) { /* a plan moves nothing */
     c->mem = mem;
     return TS_OK;
   }
-  if (c->be != &ts_comm_mpi_backend && c->be != &ts_comm_self_backend)
+  /* NCCL bootstraps over the group's host transport: MPI, or one rank's */
+  if (c->be->caps.device_memory || c->be->caps.async)
     return ts_set_error(TS_ERR_UNSUPPORTED, "%s: group %s is on the %s transport", op, c->name,
                         c->be->name);
   if (!streams->step_stream || !streams->comm_stream)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "%s: group %s: streams needs step_stream and comm_stream", op, c->name);
-  nccl_state *s = (nccl_state *)calloc(1, sizeof *s);
-  if (!s) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot allocate the NCCL state", op);
+  nccl_state *s = (nccl_state *)ts_comm_alloc(sizeof *s, 1);
+  const void **parts = (const void **)ts_comm_alloc((size_t)c->size * sizeof *parts, 1);
+  if (!s || !parts) {
+    ts_comm_dealloc(s);
+    ts_comm_dealloc((void *)parts);
+    return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot allocate the NCCL state", op);
+  }
   s->inner = *c;
+  s->parts = parts;
   s->streams = *streams;
   ts_status st = cuda_st(cudaSetDevice(streams->device), op, "cudaSetDevice");
   if (st == TS_OK)
     st = cuda_st(cudaEventCreateWithFlags(&s->ready, cudaEventDisableTiming), op,
                  "cudaEventCreateWithFlags");
+  if (st == TS_OK)
+    st = cuda_st(cudaEventCreateWithFlags(&s->blocking_done, cudaEventDisableTiming), op,
+                 "cudaEventCreateWithFlags");
   st = make_comm(s, op, st); /* collective: every rank, whatever st */
   if (st != TS_OK) {
     release(s, 1);
-    free(s);
+    ts_comm_dealloc(s);
     return st;
   }
   c->be = &nccl_backend;

@@ -22,7 +22,7 @@ static ts_status plan_run(ts_comm *c, const ts_comm_call *d, ts_comm_request **r
 }
 
 static ts_status plan_wait(ts_comm_request *req) {
-  free(req);
+  ts_comm_request_release(req);
   return TS_OK;
 }
 
@@ -35,6 +35,7 @@ static void plan_free_group(ts_comm *c) {}
 
 const ts_comm_backend ts_comm_plan_backend = {
     .name = "plan",
+    .caps = {.moves = 0},
     .run = plan_run,
     .wait = plan_wait,
     .split = plan_split,

@@ -55,23 +55,24 @@ static ts_status self_run(ts_comm *c, const ts_comm_call *d, ts_comm_request **r
     case TS_COMM_CALL_SEND:
     case TS_COMM_CALL_RECV:
     case TS_COMM_CALL_ALL_REDUCE:
-      free(q);
+      ts_comm_request_release(q);
       return ts_set_error(TS_ERR_INTERNAL, "%s: call kind %d reached the one-rank backend", d->name,
                           (int)d->kind);
     /* barrier; all_reduce_f64 and broadcast: one rank's data is already in place */
     default: break;
   }
   if (st != TS_OK) {
-    free(q);
+    ts_comm_request_release(q);
     return st;
   }
   if (q) *req = q;
   return TS_OK;
 }
 
-/* Frees a request of this backend (its call finished in run). */
+/* Gives a request of this backend back to the pool (its call finished in
+ * run). */
 static ts_status self_wait(ts_comm_request *req) {
-  free(req);
+  ts_comm_request_release(req);
   return TS_OK;
 }
 
@@ -85,6 +86,7 @@ static void self_free_group(ts_comm *c) {}
 
 const ts_comm_backend ts_comm_self_backend = {
     .name = "self",
+    .caps = {.moves = 1},
     .run = self_run,
     .wait = self_wait,
     .split = self_split,

@@ -11,10 +11,15 @@
  *
  * Invariants:
  * - A collective moves in chunks of its elements, through two halves
- *   ("slots") of the lender's staging: chunk k+1 is copied to the host while
- *   MPI moves chunk k, and chunk k is copied back while MPI moves chunk k+1
- *   (the lender's copies may return before they finish; sync waits for
- *   them). Each rank's part of a chunk is `piece` elements; a reduce-scatter
+ *   ("slots") of the lender's staging: chunk k+1 is copied to the host
+ *   after MPI's chunk k is started and before it is waited for, and chunk k
+ *   is copied back after that wait (the lender's copies may return before
+ *   they finish; sync waits for them). That order lets the copies overlap
+ *   MPI where the lender's copies are asynchronous and MPI progresses by
+ *   itself; the engine's copies (engine/device.c) return once done, and
+ *   MPI over shared memory moves mostly inside its start and wait, so
+ *   there a staged call costs about its copies plus MPI's time, not the
+ *   larger of the two. Each rank's part of a chunk is `piece` elements; a reduce-scatter
  *   slot holds the N parts sent, the part received (the previous recv when
  *   accumulating) and the N-1 parts MPI receives: 2N pieces; an all-gather
  *   slot N pieces; a broadcast one piece of N.
@@ -24,9 +29,10 @@
  * - The device scratch a reduce-scatter is given is not touched (the
  *   scratch is host memory in the slot).
  * - All-reduce's uneven halves and point-to-point calls stage the whole
- *   buffer through host memory of their own (malloc), since a send or
- *   receive in flight keeps its copy until its wait; all_reduce_f64 and
- *   barrier carry no lent data and go to MPI as they are.
+ *   buffer through host memory of their own (the group's for the halves, a
+ *   request's for a send or receive, which keeps its copy until its wait),
+ *   kept and grown, never freed inside a step; all_reduce_f64 and barrier
+ *   carry no lent data and go to MPI as they are.
  * - Collectives run to completion in run (on the communication thread when
  *   the group has one); sends and receives are started and completed by
  *   wait or test, so a receive never blocks a send started after it.
@@ -41,6 +47,15 @@ typedef struct staged_state {
   ts_comm inner; /* the group on its transport (MPI): backend, state, rank, size, name */
   char *slot[2]; /* the two halves of the lender's staging */
   size_t slot_bytes;
+  char *whole;       /* all-reduce's halves: the whole buffer's host copy, kept and grown
+                        (whole_cap bytes); the group's collectives run one at a time */
+  size_t whole_cap;
+  struct host_copy {  /* sends' and receives' host copies, kept for the next step's */
+    char *p;
+    size_t cap;       /* bytes at p */
+    int used;         /* 1 while a request holds it */
+  } copies[32];
+  int ncopies;
 } staged_state;
 
 /* A request of this backend. Collectives are finished in run (inner NULL,
@@ -48,10 +63,53 @@ typedef struct staged_state {
 typedef struct staged_request {
   ts_comm_request base;   /* first member (backend.h) */
   ts_comm_request *inner; /* MPI's request of the send or receive; NULL once finished */
-  void *host;             /* the host copy (malloc), freed at the end */
+  struct host_copy *copy; /* a send's or receive's host copy (the group's), else NULL */
+  void *host;             /* copy->p */
   void *dev;              /* a receive: where the data goes once in */
   size_t nbytes;
 } staged_request;
+
+/* A host copy of nbytes for a send or receive: the smallest free one of
+ * the group's that holds it, else a new one (the same sends and receives
+ * in flight each step find theirs again: no allocation after the first
+ * step). TS_ERR_OUT_OF_MEMORY, also past 32 in flight. */
+static ts_status copy_take(staged_state *s, size_t nbytes, const char *op, struct host_copy **out) {
+  struct host_copy *best = NULL;
+  for (int i = 0; i < s->ncopies; i++) {
+    struct host_copy *h = &s->copies[i];
+    if (!h->used && h->cap >= nbytes && (!best || h->cap < best->cap)) best = h;
+  }
+  if (!best) {
+    if (s->ncopies == (int)(sizeof s->copies / sizeof s->copies[0]))
+      return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: more than %d staged sends and receives in "
+                          "flight", op, s->ncopies);
+    char *p = (char *)ts_comm_alloc(nbytes + 1, 0);
+    if (!p) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot stage %zu bytes", op, nbytes);
+    best = &s->copies[s->ncopies++];
+    best->p = p;
+    best->cap = nbytes + 1;
+  }
+  best->used = 1;
+  *out = best;
+  return TS_OK;
+}
+
+/* Gives q back to its group's pool, its host copy back to the group's. */
+static void request_release(staged_request *q) {
+  if (q->copy) q->copy->used = 0;
+  q->copy = NULL;
+  q->host = NULL;
+  q->inner = NULL;
+  q->dev = NULL;
+  q->nbytes = 0;
+  ts_comm_request_release(&q->base);
+}
+
+/* Frees the group's host copies (the state itself is the caller's). */
+static void copies_free(staged_state *s) {
+  for (int i = 0; i < s->ncopies; i++) ts_comm_dealloc(s->copies[i].p);
+  s->ncopies = 0;
+}
 
 static const ts_comm_memory *mem_of(const ts_comm *c) { return c->mem; }
 
@@ -177,8 +235,14 @@ static ts_status run_uneven(ts_comm *c, staged_state *s, const ts_comm_call *d) 
   size_t scratch = (size_t)(c->size - 1) * ts_comm_chunk_max(d->count, c->size) * es;
   int rs = d->kind == TS_COMM_CALL_REDUCE_SCATTER;
   const char *whole = rs ? (const char *)d->send : (const char *)d->recv;
-  char *h = (char *)malloc(nb + (rs ? scratch : 0) + 1);
-  if (!h) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot stage %zu bytes", d->name, nb);
+  size_t need = nb + (rs ? scratch : 0) + 1;
+  if (s->whole_cap < need) { /* grown once: the same call next step allocates nothing */
+    char *h = (char *)ts_comm_realloc(s->whole, need);
+    if (!h) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot stage %zu bytes", d->name, nb);
+    s->whole = h;
+    s->whole_cap = need;
+  }
+  char *h = s->whole;
   ts_status st = nb ? m->to_host(m->user, h, whole, nb) : TS_OK;
   if (st == TS_OK) st = m->sync(m->user);
   ts_comm_call p = *d;
@@ -200,14 +264,13 @@ static ts_status run_uneven(ts_comm *c, staged_state *s, const ts_comm_call *d) 
       st = m->to_device(m->user, d->recv, h, nb);
   }
   if (st == TS_OK) st = m->sync(m->user);
-  free(h);
   return st;
 }
 
 /* ---- point to point --------------------------------------------------------------- */
 
 /* Finishes a send or receive whose MPI request is complete: a receive's
- * data goes to lent memory. Frees the host copy. */
+ * data goes to lent memory. */
 static ts_status p2p_finish(ts_comm *c, staged_request *q) {
   const ts_comm_memory *m = mem_of(c);
   ts_status st = TS_OK;
@@ -215,8 +278,6 @@ static ts_status p2p_finish(ts_comm *c, staged_request *q) {
     st = m->to_device(m->user, q->dev, q->host, q->nbytes);
     if (st == TS_OK) st = m->sync(m->user);
   }
-  free(q->host);
-  q->host = NULL;
   return st;
 }
 
@@ -229,12 +290,12 @@ static ts_status run_p2p(ts_comm *c, staged_state *s, const ts_comm_call *d,
   TS_CHECK(ts_comm_request_new(c, d->name, sizeof *q, &r));
   q = (staged_request *)r;
   q->nbytes = d->count * ts_dtype_size(d->dt);
-  q->host = malloc(q->nbytes + 1);
-  if (!q->host) {
-    size_t nbytes = q->nbytes;
-    free(q);
-    return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot stage %zu bytes", d->name, nbytes);
+  ts_status sc = copy_take(s, q->nbytes, d->name, &q->copy);
+  if (sc != TS_OK) {
+    request_release(q);
+    return sc;
   }
+  q->host = q->copy->p;
   ts_status st = TS_OK;
   if (d->kind == TS_COMM_CALL_SEND) {
     if (q->nbytes) st = m->to_host(m->user, q->host, d->buf, q->nbytes);
@@ -247,8 +308,7 @@ static ts_status run_p2p(ts_comm *c, staged_state *s, const ts_comm_call *d,
   if (st == TS_OK) st = s->inner.be->run(&s->inner, &p, req ? &q->inner : NULL);
   if (st == TS_OK && !req) st = p2p_finish(c, q);
   if (st != TS_OK || !req) {
-    free(q->host);
-    free(q);
+    request_release(q);
     return st;
   }
   *req = r;
@@ -280,7 +340,7 @@ static ts_status staged_run(ts_comm *c, const ts_comm_call *d, ts_comm_request *
 static ts_status staged_end(staged_request *q, ts_status st) {
   q->inner = NULL;
   ts_status sf = p2p_finish(q->base.c, q);
-  free(q);
+  request_release(q);
   return st != TS_OK ? st : sf;
 }
 
@@ -314,17 +374,21 @@ static ts_status staged_split(ts_comm *parent, int color, int key, const char *n
 static void staged_free_group(ts_comm *c) {
   staged_state *s = (staged_state *)c->impl;
   s->inner.be->free_group(&s->inner);
-  free(s);
+  copies_free(s);
+  ts_comm_dealloc(s->whole);
+  ts_comm_dealloc(s);
 }
 
 const ts_comm_backend ts_comm_staged_backend = {
     .name = "staged",
+    .caps = {.moves = 1, .device_memory = 1},
     .run = staged_run,
     .wait = staged_wait,
     .test = staged_test,
     .split = staged_split,
     .free_group = staged_free_group,
     .unwrap = ts_comm_staged_unwrap,
+    .request_bytes = sizeof(staged_request),
 };
 
 size_t ts_comm_staging_bytes(int ranks, size_t piece_bytes) {
@@ -346,7 +410,7 @@ ts_status ts_comm_staged_wrap(ts_comm *c, const ts_comm_memory *mem) {
                         "%zu (ts_comm_staging_bytes(%d, %d))",
                         op, c->name, c->size, mem->staging_bytes, mem->staging, need, c->size,
                         TS_COMM_STAGING_MIN_PIECE);
-  staged_state *s = (staged_state *)calloc(1, sizeof *s);
+  staged_state *s = (staged_state *)ts_comm_alloc(sizeof *s, 1);
   if (!s) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot allocate the staged state", op);
   s->inner = *c;
   s->inner.mem = NULL; /* MPI sees host memory only */
@@ -362,5 +426,7 @@ void ts_comm_staged_unwrap(ts_comm *c) {
   staged_state *s = (staged_state *)c->impl;
   c->be = s->inner.be;
   c->impl = s->inner.impl;
-  free(s);
+  copies_free(s);
+  ts_comm_dealloc(s->whole);
+  ts_comm_dealloc(s);
 }

@@ -42,7 +42,6 @@
 #include <time.h>
 
 #include "comm/backend.h"
-#include "comm/comm_testing.h"
 
 /* One call in the queue. */
 typedef struct thread_item {
@@ -73,31 +72,28 @@ typedef struct thread_state {
   uint64_t rng;        /* the test delay's generator (xorshift64) */
 } thread_state;
 
-/* The request of a non-blocking call. */
+/* The request of a non-blocking call, its queue item inside (both from
+ * the group's pool: nothing is allocated per call). */
 typedef struct thread_request {
   ts_comm_request base; /* first member (backend.h) */
-  thread_item *item;    /* owned: freed by wait */
+  thread_item item;     /* the call in the queue, until wait */
 } thread_request;
 
 /* ---- the test delay ------------------------------------------------------------ */
 
-static unsigned g_delay_max_us;   /* 0: no delay */
-static uint64_t g_delay_seed = 1; /* the generators' seed, mixed with the rank */
+/* backend.h's knobs (tests set them: comm_testing.h) */
+unsigned ts_comm_thread_delay_max_us;
+uint64_t ts_comm_thread_delay_seed = 1;
 
-void ts_comm_testing_set_thread_delay(unsigned max_us, uint64_t seed) {
-  g_delay_max_us = max_us;
-  g_delay_seed = seed ? seed : 1;
-}
-
-/* The delay before the next call: uniform in [0, g_delay_max_us] us. */
+/* The delay before the next call: uniform in [0, ts_comm_thread_delay_max_us] us. */
 static unsigned next_delay(thread_state *t) {
-  if (!g_delay_max_us) return 0;
+  if (!ts_comm_thread_delay_max_us) return 0;
   uint64_t x = t->rng;
   x ^= x << 13;
   x ^= x >> 7;
   x ^= x << 17;
   t->rng = x;
-  return (unsigned)(x % ((uint64_t)g_delay_max_us + 1));
+  return (unsigned)(x % ((uint64_t)ts_comm_thread_delay_max_us + 1));
 }
 
 static void sleep_us(unsigned us) {
@@ -225,19 +221,22 @@ static void drain(thread_state *t) {
 
 static ts_status thread_run(ts_comm *c, const ts_comm_call *d, ts_comm_request **req) {
   thread_state *t = (thread_state *)c->impl;
-  thread_item *it = (thread_item *)calloc(1, sizeof *it);
-  if (!it) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot queue the call", d->name);
+  thread_item blocking_item; /* a blocking call's: the caller waits for it here */
+  thread_item *it = &blocking_item;
   thread_request *q = NULL;
   if (req) {
+    /* the transport's requests this call and those in flight may take on
+     * the thread (one more: a blocking call's), made here ahead */
+    pthread_mutex_lock(&t->mu);
+    int in_flight = t->requests;
+    pthread_mutex_unlock(&t->mu);
+    TS_CHECK(ts_comm_pool_reserve(&t->inner, in_flight + 2));
     ts_comm_request *r = NULL;
-    ts_status st = ts_comm_request_new(c, d->name, sizeof *q, &r);
-    if (st != TS_OK) {
-      free(it);
-      return st;
-    }
+    TS_CHECK(ts_comm_request_new(c, d->name, sizeof *q, &r));
     q = (thread_request *)r;
-    q->item = it;
+    it = &q->item;
   }
+  memset(it, 0, sizeof *it);
   it->d = *d;
   it->blocking = req == NULL;
   pthread_mutex_lock(&t->mu);
@@ -254,24 +253,21 @@ static ts_status thread_run(ts_comm *c, const ts_comm_call *d, ts_comm_request *
     *req = &q->base;
     return TS_OK;
   }
-  ts_status st = item_wait(t, it);
-  free(it);
-  return st;
+  return item_wait(t, it);
 }
 
 static ts_status thread_wait(ts_comm_request *req) {
   thread_request *q = (thread_request *)req;
   thread_state *t = (thread_state *)req->c->impl;
-  ts_status st = item_wait(t, q->item);
+  ts_status st = item_wait(t, &q->item);
   if (req->times) {
-    req->times[0] = q->item->t_start;
-    req->times[1] = q->item->t_end;
+    req->times[0] = q->item.t_start;
+    req->times[1] = q->item.t_end;
   }
   pthread_mutex_lock(&t->mu);
   t->requests--;
   pthread_mutex_unlock(&t->mu);
-  free(q->item);
-  free(q);
+  ts_comm_request_release(req);
   return st;
 }
 
@@ -299,11 +295,12 @@ static void thread_free_group(ts_comm *c) {
   thread_state *t = (thread_state *)c->impl;
   thread_stop(t);
   t->inner.be->free_group(&t->inner);
-  free(t);
+  ts_comm_dealloc(t);
 }
 
 static const ts_comm_backend thread_backend = {
     .name = "thread",
+    .caps = {.moves = 1, .async = 1},
     .run = thread_run,
     .wait = thread_wait,
     .split = thread_split,
@@ -333,11 +330,14 @@ ts_status ts_comm_set_thread(ts_comm *c, int on) {
     thread_stop(t);
     c->be = t->inner.be;
     c->impl = t->inner.impl;
-    free(t);
+    ts_comm_dealloc(t);
     return TS_OK;
   }
   if (!on) return TS_OK;
-  if (c->be != &ts_comm_mpi_backend && c->be != &ts_comm_staged_backend)
+  /* calls the caller's thread drives among two or more ranks (MPI, staged
+   * or not): a stream's (NCCL) are asynchronous already, a plan moves
+   * nothing, one rank (self) has nothing to overlap */
+  if (!c->be->caps.moves || c->be->caps.async || c->size < 2)
     return ts_set_error(TS_ERR_UNSUPPORTED,
                         "%s: group %s has %d rank(s) on the %s transport: only MPI groups "
                         "(staged or not) run beside the caller",
@@ -347,11 +347,11 @@ ts_status ts_comm_set_thread(ts_comm *c, int on) {
                         "%s: MPI was initialised without MPI_THREAD_MULTIPLE (ts_comm_init asks "
                         "for it)",
                         op);
-  thread_state *t = (thread_state *)calloc(1, sizeof *t);
+  thread_state *t = (thread_state *)ts_comm_alloc(sizeof *t, 1);
   if (!t) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: cannot allocate the thread", op);
   t->inner = *c;
   t->refs = 1;
-  t->rng = (g_delay_seed ^ (0x9E3779B97F4A7C15ull * (uint64_t)(c->rank + 1))) | 1;
+  t->rng = (ts_comm_thread_delay_seed ^ (0x9E3779B97F4A7C15ull * (uint64_t)(c->rank + 1))) | 1;
   pthread_mutex_init(&t->mu, NULL);
   pthread_cond_init(&t->work, NULL);
   pthread_cond_init(&t->done, NULL);
@@ -360,7 +360,7 @@ ts_status ts_comm_set_thread(ts_comm *c, int on) {
     pthread_cond_destroy(&t->work);
     pthread_cond_destroy(&t->done);
     pthread_mutex_destroy(&t->mu);
-    free(t);
+    ts_comm_dealloc(t);
     return ts_set_error(TS_ERR_UNSUPPORTED, "%s: pthread_create: %s", op, strerror(rc));
   }
   c->be = &thread_backend;

@@ -67,7 +67,7 @@ static char (*g_hosts)[TS_COMM_HOST_CHARS];
 static int g_world_rank, g_world_size = 1;
 
 void ts_comm_watchdog_set_hosts(int rank, int size, char (*hosts)[TS_COMM_HOST_CHARS]) {
-  free(g_hosts);
+  ts_comm_dealloc(g_hosts);
   g_hosts = hosts;
   g_world_rank = rank;
   g_world_size = size;

@@ -30,6 +30,7 @@
 #include "base/checksum.h"
 #include "engine/checkpoint_index.h"
 #include "engine/engine_internal.h"
+#include "engine/engine_testing.h"
 
 #define FORMAT TS_CHECKPOINT_FORMAT
 #define VERSION TS_CHECKPOINT_VERSION
@@ -379,10 +380,9 @@ static void save_job_free(save_job *j) {
 static ts_status save_start(save_job *j, ts_engine *e, ts_comm *world, const char *dir,
                             const ts_checkpoint_extra *extra, size_t n_extra) {
   memset(j, 0, sizeof *j);
-  if (e->micro_done != 0)
+  if (e->in_step)
     return ts_set_error(TS_ERR_INVALID_USAGE,
-                        "checkpoint: save after %d micro-steps: expected a step boundary",
-                        e->micro_done);
+                        "checkpoint: save inside a step: expected a step boundary");
   if (!world) TS_CHECK(ts_comm_self(&j->own));
   j->e = e;
   j->w = world ? world : j->own;

@@ -8,9 +8,24 @@
  * the ledger (engine.h ts_device_report).
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "comm/nccl.h"
 #include "engine/engine_internal.h"
+
+/* The engine's memory lent to its groups (ts_engine_lend_memory): this
+ * file's part of the engine's state, so that NCCL's types stay here. */
+struct ts_engine_lending {
+  ts_comm_memory comm_mem;        /* lent to dp (beside a device, or staged) and to pp (staged) */
+  int lent_dp, lent_pp, lent_rep; /* 1 while comm_mem is lent to that group */
+  void *comm_staging[3];          /* staged: host staging of dp, pp, rep (ledger: CPU, comm) */
+  size_t comm_staging_bytes[3];
+  ts_comm_memory pp_mem;          /* comm_mem with pp's staging */
+  ts_comm_memory rep_mem;         /* comm_mem with rep's staging (hybrid sharding) */
+  ts_kctx comm_ctx;               /* nccl: the communication stream's context (its sums) */
+  ts_comm_nccl_streams nccl;      /* nccl: the streams lent to dp with comm_mem */
+};
 
 /* The device copy and addition comm's one-rank group uses on the
  * engine's buffers (comm.h ts_comm_memory), on the engine's stream. */
@@ -39,8 +54,9 @@ static ts_status device_sync(void *user) { return TS_OK; }
 /* The NCCL transport's sum (comm/nccl.h), on the communication stream. */
 static ts_status device_sum_ranks(void *user, void *out, const void *const *parts, int n,
                                   size_t count, ts_dtype dt, int accumulate) {
-  return ts_k_sum_ranks(&((ts_engine *)user)->comm_ctx, out, parts, n, count, dt, accumulate);
+  return ts_k_sum_ranks(&((ts_engine *)user)->lending->comm_ctx, out, parts, n, count, dt, accumulate);
 }
+
 
 /* Puts dp on NCCL: the communication stream's context, then the
  * communicator (collective over dp). A plan group keeps the memory only
@@ -53,14 +69,14 @@ static ts_status lend_nccl(ts_engine *e) {
                         e->dp_size, TS_K_SUM_RANKS_MAX);
   /* a plan's fork has no stream; a failed fork is agreed, since the set-up
    * below is collective */
-  TS_CHECK(ts_comm_agree(e->dp, ts_k_context_fork(&e->comm_ctx, &e->ctx),
+  TS_CHECK(ts_comm_agree(e->dp, ts_k_context_fork(&e->lending->comm_ctx, &e->ctx),
                          "making the communication stream", NULL));
-  e->nccl = (ts_comm_nccl_streams){.device = e->opts.device_index,
+  e->lending->nccl = (ts_comm_nccl_streams){.device = e->opts.device_index,
                                    .step_stream = e->ctx.stream,
-                                   .comm_stream = e->comm_ctx.stream,
+                                   .comm_stream = e->lending->comm_ctx.stream,
                                    .user = e,
                                    .sum_ranks = device_sum_ranks};
-  return ts_comm_set_nccl(e->dp, &e->comm_mem, &e->nccl);
+  return ts_comm_set_nccl(e->dp, &e->lending->comm_mem, &e->lending->nccl);
 }
 
 /* Allocates and page-locks host staging for a group of n ranks. */
@@ -87,8 +103,10 @@ ts_status ts_engine_lend_memory(ts_engine *e) {
    * all-reduce of each shard per step, through host copies of its own) */
   int lend_rep = e->rep && (e->device != TS_DEVICE_CPU || staged);
   if (!lend_dp && !lend_pp && !lend_rep) return TS_OK;
+  if (!e->lending) e->lending = (struct ts_engine_lending *)calloc(1, sizeof *e->lending);
+  if (!e->lending) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "engine: lending its memory");
   size_t piece = e->opts.comm_chunk_bytes ? e->opts.comm_chunk_bytes : (size_t)1 << 20;
-  e->comm_mem = (ts_comm_memory){.user = e,
+  e->lending->comm_mem = (ts_comm_memory){.user = e,
                                  .copy = device_copy,
                                  .add = device_add,
                                  .to_host = device_to_host,
@@ -98,51 +116,60 @@ ts_status ts_engine_lend_memory(ts_engine *e) {
    * it on a failure of its own (pp's staging) */
   if (lend_dp) {
     if (staged && e->dp_size > 1) {
-      TS_CHECK(alloc_staging(e, e->dp_size, piece, &e->comm_staging[0], &e->comm_staging_bytes[0]));
-      e->comm_mem.staging = e->comm_staging[0];
-      e->comm_mem.staging_bytes = e->comm_staging_bytes[0];
+      TS_CHECK(alloc_staging(e, e->dp_size, piece, &e->lending->comm_staging[0], &e->lending->comm_staging_bytes[0]));
+      e->lending->comm_mem.staging = e->lending->comm_staging[0];
+      e->lending->comm_mem.staging_bytes = e->lending->comm_staging_bytes[0];
     }
     if (nccl)
       TS_CHECK(lend_nccl(e));
     else
-      TS_CHECK(ts_comm_set_memory(e->dp, &e->comm_mem));
-    e->lent_dp = 1;
+      TS_CHECK(ts_comm_set_memory(e->dp, &e->lending->comm_mem));
+    e->lending->lent_dp = 1;
   }
   if (lend_pp) {
     /* pipeline groups send and receive (through host copies of their own)
      * and run no chunked collective: the smallest staging */
-    e->pp_mem = e->comm_mem;
-    TS_CHECK(alloc_staging(e, ts_comm_size(e->pp), TS_COMM_STAGING_MIN_PIECE, &e->comm_staging[1],
-                           &e->comm_staging_bytes[1]));
-    e->pp_mem.staging = e->comm_staging[1];
-    e->pp_mem.staging_bytes = e->comm_staging_bytes[1];
-    TS_CHECK(ts_comm_set_memory(e->pp, &e->pp_mem));
-    e->lent_pp = 1;
+    e->lending->pp_mem = e->lending->comm_mem;
+    TS_CHECK(alloc_staging(e, ts_comm_size(e->pp), TS_COMM_STAGING_MIN_PIECE, &e->lending->comm_staging[1],
+                           &e->lending->comm_staging_bytes[1]));
+    e->lending->pp_mem.staging = e->lending->comm_staging[1];
+    e->lending->pp_mem.staging_bytes = e->lending->comm_staging_bytes[1];
+    TS_CHECK(ts_comm_set_memory(e->pp, &e->lending->pp_mem));
+    e->lending->lent_pp = 1;
   }
   if (lend_rep) {
-    e->rep_mem = e->comm_mem;
-    TS_CHECK(alloc_staging(e, e->replicas, piece, &e->comm_staging[2], &e->comm_staging_bytes[2]));
-    e->rep_mem.staging = e->comm_staging[2];
-    e->rep_mem.staging_bytes = e->comm_staging_bytes[2];
-    TS_CHECK(ts_comm_set_memory(e->rep, &e->rep_mem));
-    e->lent_rep = 1;
+    e->lending->rep_mem = e->lending->comm_mem;
+    TS_CHECK(alloc_staging(e, e->replicas, piece, &e->lending->comm_staging[2], &e->lending->comm_staging_bytes[2]));
+    e->lending->rep_mem.staging = e->lending->comm_staging[2];
+    e->lending->rep_mem.staging_bytes = e->lending->comm_staging_bytes[2];
+    TS_CHECK(ts_comm_set_memory(e->rep, &e->lending->rep_mem));
+    e->lending->lent_rep = 1;
   }
   return TS_OK;
 }
 
 void ts_engine_unlend_memory(ts_engine *e) {
-  if (e->lent_dp) ts_comm_set_memory(e->dp, NULL);
-  if (e->lent_pp) ts_comm_set_memory(e->pp, NULL);
-  if (e->lent_rep) ts_comm_set_memory(e->rep, NULL);
-  e->lent_dp = e->lent_pp = e->lent_rep = 0;
-  ts_k_context_destroy(&e->comm_ctx); /* after dp left NCCL; a zeroed one: no-op */
-  memset(&e->comm_ctx, 0, sizeof e->comm_ctx);
+  if (!e->lending) return;
+  if (e->lending->lent_dp) ts_comm_set_memory(e->dp, NULL);
+  if (e->lending->lent_pp) ts_comm_set_memory(e->pp, NULL);
+  if (e->lending->lent_rep) ts_comm_set_memory(e->rep, NULL);
+  e->lending->lent_dp = e->lending->lent_pp = e->lending->lent_rep = 0;
+  ts_k_context_destroy(&e->lending->comm_ctx); /* after dp left NCCL; a zeroed one: no-op */
+  memset(&e->lending->comm_ctx, 0, sizeof e->lending->comm_ctx);
   for (int g = 0; g < 3; g++) {
-    if (!e->comm_staging[g]) continue;
-    ts_k_host_unregister(&e->ctx, e->comm_staging[g]);
-    ts_ledger_free(&e->ledger, e->comm_staging[g]);
-    e->comm_staging[g] = NULL;
+    if (!e->lending->comm_staging[g]) continue;
+    ts_k_host_unregister(&e->ctx, e->lending->comm_staging[g]);
+    ts_ledger_free(&e->ledger, e->lending->comm_staging[g]);
+    e->lending->comm_staging[g] = NULL;
   }
+  free(e->lending);
+  e->lending = NULL;
+}
+
+int ts_engine_dp_lent(const ts_engine *e) { return e->lending && e->lending->lent_dp; }
+
+void ts_engine_lending_sync(ts_engine *e) {
+  if (e->lending && e->lending->comm_ctx.stream) ts_k_synchronize(&e->lending->comm_ctx);
 }
 
 ts_status ts_engine_prepare_device(ts_engine *e) {

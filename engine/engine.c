@@ -1,7 +1,8 @@
 /* engine.c — the engine's create and free (every buffer through the ledger,
- * the parameters initialised alike on every rank), its trace spans and
- * accessors (engine.h). The step is step.c's, the optimizer step
- * optimizer.c's, a pipeline stage's geometry and traffic pipeline.c's. */
+ * the parameters initialised alike on every rank) and accessors
+ * (engine.h). The step is step.c's executor and its action families'
+ * (passes.c, reduce.c, optimizer.c, pipeline.c), what watches it
+ * observe.c's. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +10,7 @@
 
 #include "engine/checkpoint.h"
 #include "engine/engine_internal.h"
+#include "engine/engine_testing.h"
 #include "shard/collect.h"
 
 ts_engine_opts ts_engine_default_opts(void) {
@@ -423,7 +425,7 @@ ts_status ts_engine_create_stage(ts_engine **out, const ts_model *model,
   if (st == TS_OK) st = ts_engine_lend_memory(e);
   if (st == TS_OK && e->device != TS_DEVICE_CPU) st = ts_engine_prepare_device(e);
   if (st == TS_OK) st = ts_engine_alloc(e);
-  if (collective && e->lent_dp) st = ts_comm_agree(dp, st, "creating the engine", NULL);
+  if (collective && ts_engine_dp_lent(e)) st = ts_comm_agree(dp, st, "creating the engine", NULL);
   /* On NCCL the communication stream is the overlap: no thread. */
   if (st == TS_OK && opts->overlap && e->dp_size > 1 &&
       (e->device == TS_DEVICE_CPU || ts_engine_comm_resolve(opts) == TS_ENGINE_COMM_STAGED)) {
@@ -457,7 +459,7 @@ void ts_engine_free(ts_engine *e) {
   if (!e) return;
   /* Whatever is still queued on the device finishes before its buffers go. */
   if (e->ctx.stream) ts_k_synchronize(&e->ctx);
-  if (e->comm_ctx.stream) ts_k_synchronize(&e->comm_ctx);
+  ts_engine_lending_sync(e);
   ts_checkpoint_abandon(e->ckpt_pending); /* a save still in flight: joined, not committed */
   const ts_engine_hooks *h = ts_engine_get_hooks();
   if (h && h->release) h->release(h->user, e);
@@ -506,64 +508,6 @@ void ts_engine_free(ts_engine *e) {
   free(e->slots);
   ts_schedule_free(&e->sched);
   free(e);
-}
-
-/* ---- trace spans ---------------------------------------------------------------- */
-
-void ts_engine_span_begin(ts_engine *e, ts_span_kind kind, int unit) {
-  if (!e->trace) return;
-  /* micro-batch: the one in progress during a step, none outside */
-  int mb = e->in_micro_step ? e->cur_mb : -1;
-  ts_trace_begin(e->trace, kind, unit, mb);
-}
-
-void ts_engine_span_end(ts_engine *e) {
-  if (!e->trace) return;
-  if (e->device != TS_DEVICE_CPU) ts_k_synchronize(&e->ctx);
-  ts_trace_end(e->trace);
-}
-
-void ts_engine_set_trace(ts_engine *e, ts_trace *t) { e->trace = t; }
-
-void ts_engine_comm_note(const ts_engine *e, int unit) {
-  ts_comm_context c = ts_comm_get_context();
-  c.unit = unit;
-  c.stage = e->stages > 1 ? e->stage : -1;
-  c.micro_batch = e->in_micro_step ? e->cur_mb : -1;
-  ts_comm_set_context(&c);
-}
-
-ts_status ts_engine_comm_wait(ts_engine *e, ts_comm_request **req, ts_span_kind kind, int unit) {
-  ts_comm_request *q = *req;
-  if (!q) return TS_OK;
-  *req = NULL;
-  if (!e->trace) return ts_comm_wait(q);
-  int mb = e->in_micro_step ? e->cur_mb : -1;
-  double times[4], t0 = ts_trace_now_us();
-  ts_status st = ts_comm_wait_timed(q, times);
-  double t1 = ts_trace_now_us();
-  if (times[2] >= 0) { /* ran to its end inside its start, on the step's thread (staged) */
-    ts_trace_add(e->trace, kind, unit, mb, times[2], times[3], 0);
-  }
-  if (times[0] >= 0) { /* ran on the communication thread: its span, and the step's wait */
-    ts_trace_add(e->trace, kind, unit, mb, times[0], times[1], TS_TRACE_ASYNC);
-    ts_trace_add(e->trace, kind, unit, mb, t0, t1, TS_TRACE_WAIT);
-  } else { /* ran inside its wait, on the step's thread */
-    ts_trace_add(e->trace, kind, unit, mb, t0, t1, 0);
-  }
-  return st;
-}
-
-void ts_engine_wait_all(ts_engine *e) {
-  if (!e->units) return;
-  for (int u = 0; u < e->model->n_units; u++) {
-    unit_state *s = &e->units[u];
-    ts_comm_wait(s->gather_req);
-    ts_comm_wait(s->reduce_req);
-    ts_comm_wait(s->reduce_ag_req);
-    s->gather_req = s->reduce_req = s->reduce_ag_req = NULL;
-  }
-  e->rs_pending = -1;
 }
 
 /* ---- accessors --------------------------------------------------------------------- */

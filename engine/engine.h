@@ -82,17 +82,16 @@
  * without pipelining: stages 0-1 once after the last backward, stages 2-3
  * per unit as each micro-batch's backward of it ends.
  *
- * Collectives: with N > 1 ranks, ts_engine_micro_step,
- * ts_engine_optimizer_step, ts_engine_eval and (stage 3) ts_engine_get_tensor
- * are collective over the data-parallel group: every rank calls them in the
+ * Collectives: with N > 1 ranks, ts_engine_step, ts_engine_eval and
+ * (stage 3) ts_engine_get_tensor are collective over the data-parallel group: every rank calls them in the
  * same order. ts_engine_create is local.
  *
  * Devices: every training buffer lives on opts->device and every op runs
  * there through kernels/kernels.h. Inside a step the engine writes the
  * device once per micro-batch (its tokens and targets) and reads it once,
- * at the optimizer step (the micro-batches' losses and the units' squared
- * norms, one block); a skipped fp16 step reads its overflow flags too, and
- * a micro-step asked for its loss reads that. The batch goes up by an
+ * at the step's REDUCE action (the micro-batches' losses and the units'
+ * squared norms, one block); a skipped fp16 step reads its overflow flags
+ * too. The batch goes up by an
  * asynchronous copy from page-locked staging, its tokens and targets
  * checked on the host first. Host memory beside a device: the batch
  * (ts_engine_batch), its staging, and the scalars' host copy. The
@@ -316,12 +315,11 @@ ts_status ts_engine_plan(const ts_model *model, const ts_engine_opts *opts, size
 ts_status ts_engine_plan_params(size_t psi, ts_dtype dtype, int zero_stage, size_t dp_size,
                                 ts_mem_account *out);
 
-/* The cost of unit u in one micro-step, used to balance pipeline stages:
- * its forward and backward FLOPs (6 per parameter and token for the
- * matrices it multiplies, borrowed ones included; 12 T C per token for a
- * block's attention scores and values: the PaLM count) plus the bytes it
- * reads and writes per token (its (B, T, C) input, output and their
- * gradients), per micro-batch of B T tokens. Units: FLOP-equivalents. */
+/* The cost of unit u in one micro-batch, used to balance pipeline stages:
+ * its forward and backward FLOPs (models/model.h's FLOP model: 3 x
+ * ts_unit_forward_flops) plus the bytes it reads and writes per token (its
+ * (B, T, C) input, output and their gradients), per micro-batch of B T
+ * tokens. Units: FLOP-equivalents. */
 double ts_engine_unit_cost(const ts_model *m, const ts_engine_opts *opts, int u);
 
 /* The split of m's units into opts->pipeline_stages stages: first[s] is
@@ -421,48 +419,34 @@ ts_status ts_engine_create_pipeline(ts_engine **out, const ts_model *model,
  * no-op. */
 void ts_engine_free(ts_engine *e);
 
-/* Forward and backward of one micro-batch; gradients accumulate until
- * ts_engine_optimizer_step. inputs, targets: (B, T) int32 host arrays (they
- * may be the engine's own, ts_engine_batch). loss: NULL, or receives the
- * micro-batch's mean loss (nats/token; reading it waits for the device).
- * Errors: TS_ERR_INVALID_ARGUMENT (token or target out of range),
- * TS_ERR_INVALID_USAGE (more micro-batches than grad_accum: refused before
- * any work, the step's gradients kept for the optimizer step it asks for;
- * an engine of a pipeline stage, which runs whole steps: ts_engine_step).
- * On any other error the gradients of the current step are discarded
- * (zeroed), as if the step had not begun. */
-ts_status ts_engine_micro_step(ts_engine *e, const int32_t *inputs, const int32_t *targets,
-                               double *loss);
-
 /* Fills the (B, T) int32 host arrays inputs and targets with micro-batch
  * mb (0 .. grad_accum - 1) of the current step; a status other than TS_OK
  * stops the step. */
 typedef ts_status (*ts_engine_batch_fn)(void *user, int mb, int32_t *inputs, int32_t *targets);
 
 /* One whole optimizer step of grad_accum micro-batches, fetched by batch:
- * without pipelining grad_accum ts_engine_micro_step then
- * ts_engine_optimizer_step; with pipeline stages this rank's list of the
- * schedule (ts_schedule_build: forwards, backwards, the sends and receives
- * of activations and their gradients, paired so that no rank waits on a
- * wrong peer), then the optimizer step across the grid. Every stage calls
- * batch for every micro-batch (stage 0 reads the inputs, the last stage
- * the targets). The bits are those of the same micro-batches without
- * pipelining at the same dp size: every unit computes the same values,
- * backward runs in micro-batch order, the tied head's gradient is summed
- * into the lender's at the same point, and the global norm is summed per
- * unit in model order. Collective over the grid (pipeline and dp groups).
- * Errors: as the two calls it stands for, batch's, TS_ERR_MPI. */
-ts_status ts_engine_step(ts_engine *e, ts_engine_batch_fn batch, void *user, float lr,
-                         ts_step_stats *stats);
-
-/* After grad_accum micro-steps: gradient reduction (stages 0-1), global
- * grad norm from every rank's gradient shard (one all-reduce of the partial
- * sums of squares, rank order, so every stage reports the same bits),
- * clipping (torch.nn.utils.clip_grad_norm_: scale max_norm / (norm + 1e-6)
- * when norm > max_norm), AdamW with learning rate lr on this rank's shard,
- * all-gather of the updated parameters (stages 1-2), gradients zeroed.
+ * this rank's list of the step's schedule (ts_schedule_build; without
+ * pipelining a one-stage 1F1B: forward then backward of each micro-batch),
+ * run by one executor (observers, observer.h, see each action):
+ *   FORWARD, BACKWARD of each micro-batch: gradients accumulate; stages 2-3
+ *     reduce-scatter each unit's gradient as its backward ends; with
+ *     pipeline stages the SEND and RECV actions move activations and their
+ *     gradients, paired so that no rank waits on a wrong peer;
+ *   REDUCE: stages 0-1's gradient reduction, then the global grad norm
+ *     from every rank's gradient shard (summed per unit in model order over
+ *     the pipeline, then one all-reduce over the dp group, rank order, so
+ *     every stage and layout reports the same bits);
+ *   OPTIMIZER: clipping (torch.nn.utils.clip_grad_norm_: scale max_norm /
+ *     (norm + 1e-6) when norm > max_norm), AdamW with learning rate lr on
+ *     this rank's shard, all-gather of the updated parameters (stages 1-2),
+ *     gradients zeroed.
+ * Every stage calls batch for every micro-batch (stage 0 reads the inputs,
+ * the last stage the targets). The bits are those of the same
+ * micro-batches without pipelining at the same dp size: every unit
+ * computes the same values, backward runs in micro-batch order, the tied
+ * head's gradient is summed into the lender's at the same point.
  * fp16: the gradients are those of the loss times the loss scale; the
- * same all-reduce agrees on overflow (a non-finite sum of squares on any
+ * norm's all-reduce agrees on overflow (a non-finite sum of squares on any
  * rank), and an overflowing step is skipped on every rank: a second
  * all-reduce (skipped steps only) finds where it began (overflow_unit),
  * gradients are zeroed, parameters, master weights and moments stay as
@@ -470,13 +454,18 @@ ts_status ts_engine_step(ts_engine *e, ts_engine_batch_fn batch, void *user, flo
  * norm and AdamW see the gradients divided by the scale (a power of two:
  * exact). fp32 and bf16: a non-finite gradient norm or step loss is never
  * applied either: the step is skipped alike, naming the tensor (or
- * "loss"); the caller decides how many in a row end the run. Fills *stats.
- * TS_ERR_INVALID_USAGE if the number of micro-steps
- * since the last step is not grad_accum; TS_ERR_NUMERIC (dynamic scaling,
- * an overflow with the scale at min_loss_scale: the message names the
- * tensor and the recent scale history; the step is skipped, stats filled);
- * TS_ERR_MPI. */
-ts_status ts_engine_optimizer_step(ts_engine *e, float lr, ts_step_stats *stats);
+ * "loss"); the caller decides how many in a row end the run. Fills *stats
+ * (the loss: the mean of the micro-batches' mean losses over the dp
+ * group). Collective over the grid (pipeline and dp groups).
+ * Errors: TS_ERR_INVALID_ARGUMENT (batch NULL; a token or target out of
+ * range), batch's own, an observer's, TS_ERR_INVALID_USAGE (called inside
+ * a step, from an observer), TS_ERR_NUMERIC (dynamic scaling, an overflow
+ * with the scale at min_loss_scale: the message names the tensor and the
+ * recent scale history; the step is skipped, stats filled), TS_ERR_MPI.
+ * A step that fails before its OPTIMIZER action is discarded: gradients
+ * zeroed, nothing kept, as if it had not begun. */
+ts_status ts_engine_step(ts_engine *e, ts_engine_batch_fn batch, void *user, float lr,
+                         ts_step_stats *stats);
 
 /* Loss of this rank's (B, T) batch without touching gradients (forward
  * only; collective in stage 3, and over the pipeline group of a pipeline
@@ -496,8 +485,7 @@ ts_status ts_engine_eval_accuracy(ts_engine *e, const int32_t *inputs, const int
  * (ledger category activations: on the CPU they are the batch the units
  * read; beside a device, host staging charged to the ledger's CPU
  * account). A caller that fills them and passes them back to
- * ts_engine_micro_step / ts_engine_eval saves a copy on the CPU and stays
- * inside the ledger. */
+ * ts_engine_eval saves a copy on the CPU and stays inside the ledger. */
 void ts_engine_batch(ts_engine *e, int32_t **inputs, int32_t **targets);
 
 /* This rank's memory counters on the engine's device (read-only; the

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/step_testing.h"
 #include "models/llama.h"
 #include "models/model.h"
 
@@ -78,15 +79,16 @@ Trained Train(const ts_model &model, ts_engine_opts o, int steps, size_t token_r
   ts_engine *e = nullptr;
   EXPECT_EQ(ts_engine_create(&e, &model, &o, nullptr), TS_OK) << ts_last_error();
   if (!e) return r;
-  std::vector<int32_t> in, tgt;
   for (int s = 0; s < steps; s++) {
+    std::vector<std::vector<int32_t>> ins(o.grad_accum), tgts(o.grad_accum);
+    ts_testing::MicroBatches mb;
     for (size_t k = 0; k < o.grad_accum; k++) {
       Batch(o.micro_batch * o.seq, token_range ? token_range : model.vocab_size,
-            (unsigned)(s * 7 + k), &in, &tgt);
-      EXPECT_EQ(ts_engine_micro_step(e, in.data(), tgt.data(), nullptr), TS_OK) << ts_last_error();
+            (unsigned)(s * 7 + k), &ins[k], &tgts[k]);
+      mb.Add(ins[k].data(), tgts[k].data());
     }
     ts_step_stats st;
-    EXPECT_EQ(ts_engine_optimizer_step(e, 1e-3f, &st), TS_OK) << ts_last_error();
+    EXPECT_EQ(ts_testing::Step(e, mb, 1e-3f, &st), TS_OK) << ts_last_error();
     r.losses.push_back(st.loss);
   }
   for (int u = 0; u < model.n_units; u++)
@@ -229,22 +231,20 @@ TEST_F(EngineDevice, TheLedgerEqualsThePlan) {
       ASSERT_EQ(ts_engine_plan(&model_, &o, 1, &plan), TS_OK) << ts_last_error();
       ts_engine *e = nullptr;
       ASSERT_EQ(ts_engine_create(&e, &model_, &o, nullptr), TS_OK) << ts_last_error();
-      std::vector<int32_t> in, tgt;
-      for (size_t k = 0; k < o.grad_accum; k++) {
-        Batch(o.micro_batch * o.seq, model_.vocab_size, (unsigned)k, &in, &tgt);
-        ASSERT_EQ(ts_engine_micro_step(e, in.data(), tgt.data(), nullptr), TS_OK);
+      std::vector<std::vector<int32_t>> in(2 * o.grad_accum), tgt(2 * o.grad_accum);
+      ts_testing::MicroBatches first, second;
+      for (size_t k = 0; k < 2 * o.grad_accum; k++) {
+        Batch(o.micro_batch * o.seq, model_.vocab_size,
+              (unsigned)(k < o.grad_accum ? k : 10 + k - o.grad_accum), &in[k], &tgt[k]);
+        (k < o.grad_accum ? first : second).Add(in[k].data(), tgt[k].data());
       }
       ts_step_stats st;
-      ASSERT_EQ(ts_engine_optimizer_step(e, 1e-3f, &st), TS_OK);
+      ASSERT_EQ(ts_testing::Step(e, first, 1e-3f, &st), TS_OK) << ts_last_error();
       // A second step allocates nothing: the card's used bytes stay put
       // (the first may still see cuBLASLt's and cuDNN's lazy set-up).
       ts_device_report before, after;
       ASSERT_EQ(ts_engine_device_report(e, &before), TS_OK) << ts_last_error();
-      for (size_t k = 0; k < o.grad_accum; k++) {
-        Batch(o.micro_batch * o.seq, model_.vocab_size, (unsigned)(10 + k), &in, &tgt);
-        ASSERT_EQ(ts_engine_micro_step(e, in.data(), tgt.data(), nullptr), TS_OK);
-      }
-      ASSERT_EQ(ts_engine_optimizer_step(e, 1e-3f, &st), TS_OK);
+      ASSERT_EQ(ts_testing::Step(e, second, 1e-3f, &st), TS_OK) << ts_last_error();
       ASSERT_EQ(ts_engine_device_report(e, &after), TS_OK) << ts_last_error();
       const ts_mem_account *m = ts_engine_memory(e);
       for (int c = 0; c < TS_MEM_NUM_CATEGORIES; c++)

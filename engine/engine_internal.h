@@ -1,13 +1,21 @@
 /*
  * engine_internal.h — private to engine/: the engine's state, shared by the
  * files that implement engine.h by concept:
- *   engine.c   create, free, trace spans, accessors
- *   step.c     the step for every run (a run without pipelining is a
- *              one-stage schedule): the executor of the step's actions,
- *              the batch load, forward and backward over the units with
- *              the ZeRO stage's gathers and reduce-scatters, the tied
- *              head's gradient fold; the micro-step
- *   optimizer.c  after the last micro-batch: the optimizer step
+ *   engine.c   create, free, accessors
+ *   observe.c  the observers and what the step tells them (actions, spans,
+ *              timed waits; the trace is one), the waits for collectives
+ *   step.c     the executor: this rank's list of the step's actions, one
+ *              place per action kind (nothing calls back into it)
+ *   passes.c   FORWARD and BACKWARD: a micro-batch's load, forward and
+ *              backward over the units, the tied head's gradient fold
+ *   params.c   the full parameters of a unit: stage 3's gathers, their
+ *              prefetch and holds
+ *   reduce.c   the gradients' buffers and reduce-scatters, and REDUCE: the
+ *              step's reductions and the global norm's sums
+ *   optimizer.c  OPTIMIZER: skip, or clip, AdamW, all-gather the update
+ *   pipeline.c SEND_* and RECV_*: the stage's geometry and schedule, create
+ *              on a grid, the sends and receives of activations, their
+ *              gradients, the tied embedding and its replica
  *   device.c   the engine beside a GPU: its preparation at create, the
  *              card's memory report
  *   zero.c     the ZeRO stage as a policy table (zero.h)
@@ -18,11 +26,8 @@
  *              the activation prediction and the units' costs
  *   checkpoint.c, checkpoint_load.c  checkpoints (checkpoint.h): each rank's
  *              slices out, any layout's parts back in
- *   eval.c     evaluation: a batch's loss, a masked LM's accuracy
- *   pipeline.c pipeline stages: the stage's geometry and schedule, create
- *              on a grid, the sends and receives of activations, their
- *              gradients, the tied embedding and its replica; evaluation
- *              over stages
+ *   eval.c     evaluation (one stage or a pipeline): a batch's loss, a
+ *              masked LM's accuracy
  *
  * Ownership: the engine owns every buffer below and allocates each through
  * its ledger on its device (e->device), except: the batch's host staging
@@ -32,10 +37,9 @@
 #ifndef TS_ENGINE_ENGINE_INTERNAL_H
 #define TS_ENGINE_ENGINE_INTERNAL_H
 
-#include "comm/nccl.h"
 #include "engine/engine.h"
-#include "engine/engine_testing.h"
 #include "engine/loss_scale.h"
+#include "engine/observer.h"
 #include "engine/trace.h"
 #include "engine/zero.h"
 
@@ -113,15 +117,8 @@ struct ts_engine {
   int32_t *h_targets;    /* (B, T) likewise */
   int32_t *staging;      /* beside a device: (2, B, T) page-locked host copy of a micro-batch's
                             tokens then targets, read by an asynchronous copy; else NULL */
-  ts_comm_memory comm_mem; /* the engine's memory lent to dp (beside a device, or staged) and
-                              to pp (staged): ts_engine_lend_memory */
-  int lent_dp, lent_pp, lent_rep; /* 1 while comm_mem is lent to that group */
-  void *comm_staging[3]; /* staged: host staging of dp, pp, rep (ledger: CPU account, comm) */
-  size_t comm_staging_bytes[3];
-  ts_comm_memory pp_mem;   /* comm_mem with pp's staging */
-  ts_comm_memory rep_mem;  /* comm_mem with rep's staging (hybrid sharding) */
-  ts_kctx comm_ctx;        /* nccl: the communication stream's context (its sums); else zero */
-  ts_comm_nccl_streams nccl; /* nccl: the streams lent to dp with comm_mem */
+  struct ts_engine_lending *lending; /* device.c's: the memory lent to dp, pp and rep
+                                        (ts_engine_lend_memory), NULL while none is */
   ts_device_report report; /* beside a device: its name, total and used_at_create */
   void *dbuf[2];         /* (B, T, C) activation gradients, ping-pong */
   void *recompute_saved; /* saved activations of the recomputed unit in use */
@@ -135,7 +132,8 @@ struct ts_engine {
   double *h_scalars;     /* host copy of the block (what the step reads back) */
   double *h_part;        /* (1 + n_units) host: the step's loss sum and per-unit squared
                             norms, summed over the pipeline's stages */
-  int micro_done;        /* micro-steps since the last optimizer step */
+  double reduced[2];     /* the REDUCE action's sums over the grid: the step's loss (each
+                            micro-batch's mean, summed) and the gradients' sum of squares */
   int step;              /* optimizer updates applied (AdamW's t) */
   int attempts;          /* optimizer steps finished, skipped ones included */
   ts_loss_scaler scaler; /* fp16 loss scaling (scale 1 otherwise) */
@@ -148,23 +146,24 @@ struct ts_engine {
   int lender;            /* the unit a tied head borrows from (its tied_unit), or -1 */
   int replica;           /* 1: units[lender] holds only the tied head's copy of the
                             lender's parameters (the last stage, P > 1) */
-  int cur_mb;            /* the micro-batch whose backward runs (its index in the step) */
+  int cur_mb;            /* the micro-batch of the action running (its index in the step) */
   void *tied_grads;      /* tied head: its gradient of the borrowed tensor, summed over the
                             step's micro-batches, (P) of the lender's layout, compute dtype;
                             a transient (grads) from the first head backward to the fold */
   ts_comm_request *tied_req; /* pending send of tied_grads to stage 0, or NULL */
   ts_schedule sched;     /* the step's schedule (P > 1), built once */
   ts_trace *trace;              /* train --trace: spans (borrowed); NULL: none */
-  /* ts_simulate: told after each unit's forward, recompute, backward and
-   * AdamW (kind TS_SPAN_OPTIMIZER) on the plan's engine; NULL: none */
-  void (*sim_op)(void *user, ts_span_kind kind, int unit);
-  void *sim_user;
+  ts_step_observer trace_observer; /* the trace's observer, registered while trace is set */
+  const ts_step_observer *observers[TS_ENGINE_MAX_OBSERVERS]; /* (n_observers), borrowed */
+  int n_observers;
   int comm_thread;              /* 1: dp has a communication thread this engine started */
   int rs_pending;               /* opts.overlap, stages 2/3: the unit whose reduce-scatter is
                                    in flight (its full_grads kept until it ends), else -1 */
   int hold_last;                /* opts.overlap: the action after this forward is the same
                                    micro-batch's backward (keep the last unit gathered) */
-  int in_micro_step;            /* 1 inside ts_engine_run_micro_step (spans name the mb) */
+  int in_step;                  /* 1 while ts_engine_step runs its list */
+  int in_micro_batch;           /* 1 while an action of micro-batch cur_mb runs (spans and the
+                                   watchdog name it; a forward that keeps gathered units) */
   ts_comm_counters step_start;  /* counters when the current step began */
   void *ckpt_staging;           /* opts.async_save: this rank's checkpoint file bytes (host,
                                    staging), the copy an asynchronous save writes; else NULL */
@@ -198,7 +197,7 @@ ts_status ts_checkpoint_staging_bytes(const ts_engine *e, size_t *bytes);
  * adding the wait to e->ckpt_staging_wait. None in flight: returns at once. */
 void ts_engine_wait_staging(ts_engine *e);
 
-/* ---- engine.c: create, free, trace spans ------------------------------------- */
+/* ---- engine.c: create, free; observe.c: observers, spans, waits ------------------ */
 
 /* A new engine for model and opts (every option checked, the loss scaler
  * set up) with an empty ledger and nothing allocated yet; *out is NULL on
@@ -221,50 +220,51 @@ ts_status ts_engine_alloc_model_state(ts_ledger *ledger, ts_device dev, const ts
 /* Frees what ts_engine_alloc_model_state allocated (NULLs are fine). */
 void ts_engine_free_model_state(ts_ledger *ledger, unit_state *s);
 
-/* Opens / closes a span of the run's trace (no-ops without one); closing
- * waits for the device first, so that a GPU span covers its kernels. */
+/* Tells the observers (observer.h) that a span of `kind` of unit `unit`
+ * begins / ends on the step's thread. */
 void ts_engine_span_begin(ts_engine *e, ts_span_kind kind, int unit);
-void ts_engine_span_end(ts_engine *e);
+void ts_engine_span_end(ts_engine *e, ts_span_kind kind, int unit);
 
 /* Sets the watchdog's context (comm.h ts_comm_set_context) for the calls
  * started next: the step the trainer set, unit `unit` (-1: none), this
- * rank's pipeline stage when pipelined, and the micro-batch during a
- * micro-step. */
+ * rank's pipeline stage when pipelined, and the micro-batch while one of
+ * its actions runs. */
 void ts_engine_comm_note(const ts_engine *e, int unit);
 
-/* Waits for *req (NULL: nothing) and sets it NULL. While tracing, records
- * the collective's span: on the communication thread its own (async) and
- * the step's wait for it, else the wait on the step's thread. */
+/* Waits for *req (NULL: nothing) and sets it NULL; timed, and told to the
+ * observers that watch waits, when one does. */
 ts_status ts_engine_comm_wait(ts_engine *e, ts_comm_request **req, ts_span_kind kind, int unit);
 
-/* Stages 0/1 without overlap: reduce-scatters every unit's whole gradient
- * in place into this rank's slice (stage 0 then all-gathers it); with
- * overlap the step's last backward started it. The optimizer step's. */
-ts_status ts_engine_reduce_buckets(ts_engine *e);
-
-/* Hybrid sharding (e->rep): each unit's reduced gradient shard summed
- * over the replica group (ts_comm_all_reduce, blocking: rank-order sums,
- * the same bits on every replica), once per step after every reduction
- * within the shard group ended; stage 0 then starts the all-gather of its
- * part (reduce_ag_req). A no-op without hybrid sharding. */
-ts_status ts_engine_reduce_replicas(ts_engine *e);
-
-/* Tells the simulator (e->sim_op) that unit u's op of `kind` ran. */
-static inline void ts_engine_sim_op(ts_engine *e, ts_span_kind kind, int u) {
-  if (e->sim_op) e->sim_op(e->sim_user, kind, u);
-}
-/* Waits for the gradient reductions still in flight: the
- * last reduce-scatter, so that every gradient shard (this rank's part) is
- * final, and with gathers != 0 stage 0's all-gathers of the reduced
- * gradients too (else the optimizer step waits for unit u's just before
- * its AdamW; the norm needs the shards alone). */
-ts_status ts_engine_finish_reductions(ts_engine *e, int gathers);
+/* Tells the observers (observer.h) that action a begins (end 0) or ended
+ * with status (end 1); the first error an observer returns. */
+ts_status ts_engine_observe_action(ts_engine *e, const ts_action *a, int end, ts_status status);
 
 /* Waits for every collective in flight (errors dropped: for discarding a
  * step and for free), so that no buffer is released under one. */
 void ts_engine_wait_all(ts_engine *e);
 
-/* ---- step.c: the step ------------------------------------------------------------ */
+/* ---- step.c: the executor (engine.h ts_engine_step) ------------------------------- */
+
+/* Slot of micro-batch mb. */
+static inline act_slot *ts_engine_slot(ts_engine *e, int mb) {
+  return &e->slots[mb % e->n_slots];
+}
+
+/* ---- passes.c: FORWARD and BACKWARD ------------------------------------------------ */
+
+/* FORWARD of micro-batch mb on this stage: its host arrays filled by batch
+ * (the slot's own on the CPU, the engine's host batch beside a device),
+ * loaded into its slot once the slot's previous sends left, its loss
+ * gradient's scale set, forward over the stage's units; the last stage's
+ * loss pair into e->loss[mb]. backward_next: the next action is this
+ * micro-batch's BACKWARD (the last unit stays gathered for it). Errors:
+ * batch's, the load's, the units'. */
+ts_status ts_engine_forward_action(ts_engine *e, int mb, int backward_next,
+                                   ts_engine_batch_fn batch, void *user);
+/* BACKWARD of micro-batch mb on this stage (the gradient of its output in
+ * dbuf[1], received, unless this is the last stage): over the units in
+ * reverse, each unit's gradient reduced as the ZeRO stage says. */
+ts_status ts_engine_backward_action(ts_engine *e, int mb);
 
 /* The one batch load: a micro-batch's (B, T) host inputs and targets
  * checked on the host (ts_k_check_indices), then into slot sl on the
@@ -280,21 +280,72 @@ ts_status ts_engine_load_batch(ts_engine *e, act_slot *sl, const int32_t *inputs
  * dloss already in place); a last stage writes the loss pair (2) to loss
  * (fused: with the loss gradient, for a backward). */
 ts_status ts_engine_forward_slot(ts_engine *e, act_slot *sl, double *loss, int fused);
-/* Zeroes every gradient buffer this rank holds (the shard when sharded). */
-ts_status ts_engine_zero_grads(ts_engine *e);
+
+/* ---- params.c: the full parameters of a unit --------------------------------------- */
+
 /* The full parameters (P) of unit u for a forward or backward: gathered on
  * first use when sharded. Pair with ts_engine_release_params. */
 ts_status ts_engine_acquire_params(ts_engine *e, int u, const void **full);
 void ts_engine_release_params(ts_engine *e, int u);
+/* opts.overlap, sharded parameters: takes a use of unit u (and of the unit
+ * it borrows from, tied embeddings) ahead of its next acquire, starting
+ * the all-gather unless the unit is gathered already; no-op when a use is
+ * taken already or u is not this stage's. Prefetch depth 1: the passes
+ * take unit u+1's (backward: u-1's) before computing u. */
+ts_status ts_engine_prefetch(ts_engine *e, int u);
+/* opts.keep_gathered (sharded parameters, a training micro-batch): the
+ * step's first forward of unit u holds its gathered parameters once more,
+ * until the unit's backward in the last micro-batch (ts_engine_drop_kept). */
+void ts_engine_keep_gathered(ts_engine *e, int u);
+/* Releases the step's hold of unit u's gathered parameters, if any. */
+void ts_engine_drop_kept(ts_engine *e, int u);
 /* Releases every hold opts.keep_gathered still has on gathered parameters
- * (each is dropped at its unit's last backward; the optimizer step makes
- * sure before the shards change). */
+ * (each is dropped at its unit's last backward; REDUCE makes sure before
+ * the shards change). */
 void ts_engine_drop_gathered(ts_engine *e);
 
-/* ---- optimizer.c: after the last micro-batch ------------------------------------- */
+/* ---- reduce.c: gradients and REDUCE ------------------------------------------------ */
 
-/* Counters at the step's start (dp and pipeline groups). */
-void ts_engine_step_begin(ts_engine *e);
+/* The full gradient (P) that unit u's backward accumulates into: the
+ * unit's own buffer, or a zeroed transient one when gradients are sharded. */
+ts_status ts_engine_full_grads(ts_engine *e, int u, void **out);
+/* Before unit u's backward: ends its own reduce-scatter still in flight
+ * (its full gradient is free again); a no-op otherwise. */
+ts_status ts_engine_reduce_pending(ts_engine *e, int u);
+/* After unit u's backward: stages 2/3 reduce-scatter its full gradient;
+ * stages 0/1 with overlap their bucket once the unit's last backward of
+ * the step is done (without overlap, REDUCE does). With overlap the
+ * reduce-scatter runs beside the next unit's backward; without, it ends
+ * here. */
+ts_status ts_engine_reduce_unit(ts_engine *e, int u);
+/* Waits for the gradient reductions still in flight: the last
+ * reduce-scatter, so that every gradient shard (this rank's part) is
+ * final, and with gathers != 0 stage 0's all-gathers of the reduced
+ * gradients too (else the optimizer waits for unit u's just before its
+ * AdamW; the norm needs the shards alone). */
+ts_status ts_engine_finish_reductions(ts_engine *e, int gathers);
+/* Zeroes every gradient buffer this rank holds (the shard when sharded). */
+ts_status ts_engine_zero_grads(ts_engine *e);
+/* REDUCE, after the last micro-batch's backward: every pipeline send done,
+ * an asynchronous save's copy of the state waited for, kept gathers
+ * dropped, stages 0/1's reductions without overlap, every reduction ended,
+ * hybrid sharding's sum over the replicas (blocking, rank order), then
+ * each unit's squared norm, the step's one read of the device, and the
+ * sums over the pipeline, dp and replica groups into e->reduced. Errors:
+ * the collectives', the device's. */
+ts_status ts_engine_reduce_action(ts_engine *e);
+
+/* ---- optimizer.c: OPTIMIZER -------------------------------------------------------- */
+
+/* OPTIMIZER, after REDUCE (engine.h ts_engine_step: the skip, clipping,
+ * AdamW and the loss scaler's rules): from e->reduced, a non-finite norm
+ * (or loss, without loss scaling) skips the step on every rank, naming
+ * where the overflow began; else clip, AdamW with learning rate lr on this
+ * rank's part, all-gather of the updated parameters (stages 1-2), the tied
+ * head's replica updated; gradients zeroed. Fills *stats but for the
+ * traffic. Errors: TS_ERR_NUMERIC (overflow at the minimum scale),
+ * TS_ERR_MPI. */
+ts_status ts_engine_optimizer_action(ts_engine *e, float lr, ts_step_stats *stats);
 
 /* ---- pipeline.c: stages and their traffic ---------------------------------------- */
 
@@ -334,12 +385,6 @@ ts_status ts_engine_send_tied_grads(ts_engine *e);
  * parameters (as its policy holds them) to the last stage's replica. */
 ts_status ts_engine_sync_replica(ts_engine *e);
 
-/* The pipeline's evaluation forward of slot 0 (its batch loaded): the
- * last stage's (loss sum, rows, and with want_correct the rows predicted
- * right, ts_engine_count_correct of the host targets) on every stage. */
-ts_status ts_engine_eval_pipeline(ts_engine *e, double sums[3], const int32_t *targets,
-                                  int want_correct);
-
 /* ---- eval.c ------------------------------------------------------------------------ */
 
 /* After an evaluation forward of slot 0 on the last stage: *correct = the
@@ -373,6 +418,10 @@ int ts_engine_dp_on_nccl(const ts_engine_opts *opts, int dp_size);
 /* Undoes ts_engine_lend_memory (groups back to host memory, staging
  * freed); a no-op for what was not lent. */
 void ts_engine_unlend_memory(ts_engine *e);
+/* 1 while dp holds the engine's memory (its set-up was collective). */
+int ts_engine_dp_lent(const ts_engine *e);
+/* Waits for the communication stream (NCCL's), if any. */
+void ts_engine_lending_sync(ts_engine *e);
 
 /* ---- plan.c ------------------------------------------------------------------------ */
 

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "engine/engine_testing.h"
+#include "engine/observer.h"
+#include "engine/step_testing.h"
 #include "engine/trainer.h"
 #include "models/llama.h"
 
@@ -84,8 +86,8 @@ TEST(Engine, OverfitsOneBatch) {
   double loss = 0;
   ts_step_stats st{};
   for (int s = 0; s < 150; s++) {
-    ASSERT_EQ(ts_engine_micro_step(f.e, b.in.data(), b.tgt.data(), &loss), TS_OK);
-    ASSERT_EQ(ts_engine_optimizer_step(f.e, 1e-2f, &st), TS_OK);
+    ASSERT_EQ(ts_testing::Step(f.e, b.in.data(), b.tgt.data(), 1e-2f, &st), TS_OK);
+    loss = st.loss;  // the step's batch before its update
   }
   EXPECT_EQ(st.step, 150);
   EXPECT_LT(loss, 0.1) << "the model failed to memorise 32 random tokens";
@@ -101,14 +103,26 @@ TEST(Engine, GradientAccumulationMatchesOneBigBatch) {
   ts_engine_opts ob = Opts(4, T);
   EngineFixture fa(SmallConfig(V), oa), fb(SmallConfig(V), ob);
   Batch b(4, T, V, 3);
-  double l;
-  ASSERT_EQ(ts_engine_micro_step(fa.e, b.in.data(), b.tgt.data(), &l), TS_OK);
-  ASSERT_EQ(ts_engine_micro_step(fa.e, b.in.data() + 2 * T, b.tgt.data() + 2 * T, &l), TS_OK);
-  ASSERT_EQ(ts_engine_micro_step(fb.e, b.in.data(), b.tgt.data(), &l), TS_OK);
   const char *name = "model.layers.1.mlp.down_proj.weight";
   std::vector<float> ga(32 * 64), gb(32 * 64);
-  ASSERT_EQ(ts_engine_get_grad(fa.e, name, ga.data(), ga.size()), TS_OK);
-  ASSERT_EQ(ts_engine_get_grad(fb.e, name, gb.data(), gb.size()), TS_OK);
+  ts_testing::MicroBatches two;
+  two.Add(b.in.data(), b.tgt.data());
+  two.Add(b.in.data() + 2 * T, b.tgt.data() + 2 * T);
+  ts_step_stats st;
+  ts_status inner = TS_OK;
+  ASSERT_EQ(ts_testing::Step(fa.e, two, 1e-3f, &st,
+                             [&](ts_engine *e) {
+                               ASSERT_EQ(ts_engine_get_grad(e, name, ga.data(), ga.size()), TS_OK);
+                               // a step from inside a step is refused
+                               inner = ts_testing::Step(e, b.in.data(), b.tgt.data(), 1e-3f, &st);
+                             }),
+            TS_OK);
+  EXPECT_EQ(inner, TS_ERR_INVALID_USAGE);
+  ASSERT_EQ(ts_testing::Step(fb.e, b.in.data(), b.tgt.data(), 1e-3f, &st,
+                             [&](ts_engine *e) {
+                               ASSERT_EQ(ts_engine_get_grad(e, name, gb.data(), gb.size()), TS_OK);
+                             }),
+            TS_OK);
   double num = 0, den = 0;
   for (size_t i = 0; i < ga.size(); i++) {
     num += (ga[i] - gb[i]) * (double)(ga[i] - gb[i]);
@@ -116,35 +130,56 @@ TEST(Engine, GradientAccumulationMatchesOneBigBatch) {
   }
   // Same math, different summation order (two GEMMs of M=16 vs one of M=32):
   // fp32 rounding differs at ~1e-7 relative per element.
+  EXPECT_GT(den, 0.0);
   EXPECT_LT(std::sqrt(num / den), 1e-5);
-  ts_step_stats st;
-  EXPECT_EQ(ts_engine_optimizer_step(fa.e, 1e-3f, &st), TS_OK);
-  EXPECT_EQ(ts_engine_optimizer_step(fa.e, 1e-3f, &st), TS_ERR_INVALID_USAGE);
 }
 
-TEST(Engine, FailedMicroStepDiscardsTheStep) {
+// Reads model.norm.weight's gradient as micro-batch 0's BACKWARD ends.
+struct GradAfterFirstBackward {
+  std::vector<float> g = std::vector<float>(32);
+  ts_status read = TS_ERR_INTERNAL;
+  static ts_status Action(void *user, ts_engine *e, const ts_action *a, int end, ts_status) {
+    auto *self = static_cast<GradAfterFirstBackward *>(user);
+    if (end && a->kind == TS_ACT_BACKWARD && a->mb == 0)
+      self->read = ts_engine_get_grad(e, "model.norm.weight", self->g.data(), self->g.size());
+    return TS_OK;
+  }
+};
+
+TEST(Engine, AFailedMicroBatchDiscardsTheStep) {
   const size_t V = 64, T = 8;
   ts_engine_opts o = Opts(2, T);
   o.grad_accum = 2;
   EngineFixture f(SmallConfig(V), o);
   Batch good(2, T, V, 4), bad(2, T, V, 5);
-  bad.tgt[5] = (int32_t)V;  // out of range: the head's forward fails
-  double l;
-  ASSERT_EQ(ts_engine_micro_step(f.e, good.in.data(), good.tgt.data(), &l), TS_OK);
+  bad.tgt[5] = (int32_t)V;  // out of range: refused at the batch's load
+  GradAfterFirstBackward look;
+  ts_step_observer obs{};
+  obs.action = GradAfterFirstBackward::Action;
+  obs.user = &look;
+  ASSERT_EQ(ts_engine_add_observer(f.e, &obs), TS_OK);
+  ts_testing::MicroBatches failing;
+  failing.Add(good.in.data(), good.tgt.data());
+  failing.Add(bad.in.data(), bad.tgt.data());
+  ts_step_stats st;
+  EXPECT_EQ(ts_testing::Step(f.e, failing, 1e-3f, &st), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ts_last_error()).find("64"), std::string::npos) << ts_last_error();
+  ts_engine_remove_observer(f.e, &obs);
+  ASSERT_EQ(look.read, TS_OK);
+  EXPECT_NE(look.g, std::vector<float>(32, 0.f)) << "micro-batch 0's backward left a gradient";
   std::vector<float> g(32);
   ASSERT_EQ(ts_engine_get_grad(f.e, "model.norm.weight", g.data(), g.size()), TS_OK);
-  EXPECT_NE(g, std::vector<float>(32, 0.f));
-  EXPECT_EQ(ts_engine_micro_step(f.e, bad.in.data(), bad.tgt.data(), &l),
-            TS_ERR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(ts_last_error()).find("64"), std::string::npos) << ts_last_error();
-  ASSERT_EQ(ts_engine_get_grad(f.e, "model.norm.weight", g.data(), g.size()), TS_OK);
-  EXPECT_EQ(g, std::vector<float>(32, 0.f));
-  // the step starts over: two more micro-steps, then the optimizer step
-  ts_step_stats st;
-  EXPECT_EQ(ts_engine_optimizer_step(f.e, 1e-3f, &st), TS_ERR_INVALID_USAGE);
-  ASSERT_EQ(ts_engine_micro_step(f.e, good.in.data(), good.tgt.data(), &l), TS_OK);
-  ASSERT_EQ(ts_engine_micro_step(f.e, good.in.data(), good.tgt.data(), &l), TS_OK);
-  EXPECT_EQ(ts_engine_optimizer_step(f.e, 1e-3f, &st), TS_OK);
+  EXPECT_EQ(g, std::vector<float>(32, 0.f)) << "the failed step's gradient was discarded";
+  // the next step starts over and is a fresh engine's step
+  ts_testing::MicroBatches both;
+  both.Add(good.in.data(), good.tgt.data());
+  both.Add(good.in.data(), good.tgt.data());
+  EngineFixture fresh(SmallConfig(V), o);
+  ts_step_stats sf;
+  ASSERT_EQ(ts_testing::Step(f.e, both, 1e-3f, &st), TS_OK) << ts_last_error();
+  ASSERT_EQ(ts_testing::Step(fresh.e, both, 1e-3f, &sf), TS_OK) << ts_last_error();
+  EXPECT_EQ(st.loss, sf.loss);
+  EXPECT_EQ(st.grad_norm, sf.grad_norm);
 }
 
 // A batch source failing at micro-batch `fail` (-1: never), else copying
@@ -161,16 +196,15 @@ ts_status Fill(void *user, int mb, int32_t *in, int32_t *tgt) {
   return TS_OK;
 }
 
-TEST(Engine, WholeStepEqualsMicroStepsAndAFailedSourceDiscardsIt) {
+TEST(Engine, AFailedSourceDiscardsTheStep) {
   const size_t V = 64, T = 8;
   ts_engine_opts o = Opts(2, T);
   o.grad_accum = 3;
   EngineFixture a(SmallConfig(V), o), b(SmallConfig(V), o);
   Batch batch(2, T, V, 6);
   ts_step_stats sa, sb;
-  for (int k = 0; k < 3; k++)
-    ASSERT_EQ(ts_engine_micro_step(a.e, batch.in.data(), batch.tgt.data(), nullptr), TS_OK);
-  ASSERT_EQ(ts_engine_optimizer_step(a.e, 1e-3f, &sa), TS_OK);
+  Source never{&batch, -1};
+  ASSERT_EQ(ts_engine_step(a.e, Fill, &never, 1e-3f, &sa), TS_OK) << ts_last_error();
   Source fails{&batch, 1};
   EXPECT_EQ(ts_engine_step(b.e, Fill, &fails, 1e-3f, &sb), TS_ERR_IO);
   EXPECT_NE(std::string(ts_last_error()).find("micro-batch 1"), std::string::npos);
@@ -347,7 +381,7 @@ TEST(Engine, ThePlanOfADeviceChargesItsStepScalars) {
 TEST(Engine, EveryZeroStageOnOneRankTrainsIdentically) {
   // On one rank the stages differ only in which code path holds each
   // buffer (full or shard, gathered or not): the gradients after a
-  // micro-step and the parameters after three steps must be bitwise equal.
+  // step's backward and the parameters after three steps must be bitwise equal.
   const size_t V = 64, T = 8;
   const char *w = "model.layers.0.self_attn.q_proj.weight";
   std::vector<std::vector<float>> grads, params;
@@ -359,15 +393,16 @@ TEST(Engine, EveryZeroStageOnOneRankTrainsIdentically) {
       o.zero_stage = stage;
       EngineFixture f(c, o);
       std::vector<float> g(32 * 32), p(32 * 32), emb(V * 32);
-      double l;
       ts_step_stats st;
       for (int s = 0; s < 3; s++) {
         Batch b(2, T, V, 10 + s);
-        ASSERT_EQ(ts_engine_micro_step(f.e, b.in.data(), b.tgt.data(), &l), TS_OK);
-        if (s == 0) {
-          ASSERT_EQ(ts_engine_get_grad(f.e, w, g.data(), g.size()), TS_OK);
-        }
-        ASSERT_EQ(ts_engine_optimizer_step(f.e, 1e-2f, &st), TS_OK);
+        ASSERT_EQ(ts_testing::Step(f.e, b.in.data(), b.tgt.data(), 1e-2f, &st,
+                                   [&](ts_engine *e) {
+                                     if (s == 0)
+                                       ASSERT_EQ(ts_engine_get_grad(e, w, g.data(), g.size()),
+                                                 TS_OK);
+                                   }),
+                  TS_OK);
       }
       ASSERT_EQ(ts_engine_get_tensor(f.e, w, p.data(), p.size()), TS_OK);
       ASSERT_EQ(ts_engine_get_tensor(f.e, "model.embed_tokens.weight", emb.data(), emb.size()),

@@ -86,7 +86,7 @@ ts_status ts_engine_recv(ts_engine *e, void *buf, size_t count, int peer, int t)
   ts_engine_span_begin(e, TS_SPAN_RECV, -1);
   ts_engine_comm_note(e, -1);
   ts_status st = ts_comm_recv(e->pp, buf, count, e->opts.dtype, peer, t);
-  ts_engine_span_end(e);
+  ts_engine_span_end(e, TS_SPAN_RECV, -1);
   return st;
 }
 
@@ -95,7 +95,7 @@ ts_status ts_engine_isend(ts_engine *e, const void *buf, size_t count, int peer,
   ts_engine_span_begin(e, TS_SPAN_SEND, -1);
   ts_engine_comm_note(e, -1);
   ts_status st = ts_comm_isend(e->pp, buf, count, e->opts.dtype, peer, t, req);
-  ts_engine_span_end(e);
+  ts_engine_span_end(e, TS_SPAN_SEND, -1);
   return st;
 }
 
@@ -123,28 +123,3 @@ ts_status ts_engine_sync_replica(ts_engine *e) {
     return ts_comm_recv(e->pp, s->params, n, e->opts.dtype, 0, ts_engine_tag(TS_TAG_PARAMS, 0));
   return TS_OK;
 }
-
-/* ---- evaluation ------------------------------------------------------------- */
-
-ts_status ts_engine_eval_pipeline(ts_engine *e, double sums[3], const int32_t *targets,
-                                  int want_correct) {
-  act_slot *sl = &e->slots[0];
-  int s = e->stage, P = e->stages;
-  if (s > 0)
-    TS_CHECK(ts_engine_recv(e, sl->acts[e->u_begin], ts_engine_btc(e), s - 1,
-                            ts_engine_tag(TS_TAG_EVAL, 0)));
-  TS_CHECK(ts_engine_forward_slot(e, sl, e->eval_loss, 0));
-  if (s < P - 1) {
-    ts_engine_comm_note(e, -1);
-    TS_CHECK(ts_comm_send(e->pp, sl->acts[e->u_end], ts_engine_btc(e), e->opts.dtype, s + 1,
-                          ts_engine_tag(TS_TAG_EVAL, 0)));
-  }
-  sums[0] = sums[1] = sums[2] = 0.0;
-  if (s == P - 1) {
-    TS_CHECK(ts_k_to_host(&e->ctx, sums, e->eval_loss, 2 * sizeof(double)));
-    if (want_correct) TS_CHECK(ts_engine_count_correct(e, targets, &sums[2]));
-  }
-  /* the last stage's sums on every stage (the others add zeros: exact) */
-  return ts_comm_all_reduce_f64(e->pp, sums, 3, TS_COMM_SUM);
-}
-

@@ -1,8 +1,8 @@
 /*
  * simulate.c — the step on a clock (simulate.h), in two parts. Record:
  * each pipeline stage's plan engine runs its own step while hooks on its
- * groups (comm.h ts_comm_set_sim) and its unit ops (engine_internal.h
- * ts_engine_sim_op) write the step's events in order: an op and its
+ * groups (comm.h ts_comm_set_sim) and an observer of its unit ops' ends
+ * (observer.h) write the step's events in order: an op and its
  * compute seconds, a call and its link seconds, a wait for a started
  * call. Replay: the events on a clock per stage; the stages' clocks meet
  * at their messages (a receive ends when its send does) and at the
@@ -182,20 +182,11 @@ static double rec_call(void *user, const ts_comm *c, const ts_comm_sim_call *k, 
   return push(r, ev);
 }
 
-/* Forward FLOPs of unit u for one micro-batch (a third of the PaLM count
- * of ts_engine_unit_cost: 2 per matrix parameter and token, 4 T C per
- * token for a block's attention); the embedding's gather counts none. */
+/* Forward FLOPs of unit u for one micro-batch (models/model.h's FLOP
+ * model). */
 static double forward_flops(const ts_engine *e, int u) {
-  const ts_model *m = e->model;
-  const ts_unit *un = &m->units[u];
-  if (un->role == TS_UNIT_EMBEDDING) return 0.0;
-  double BT = (double)e->opts.micro_batch * (double)e->opts.seq, matrices = 0.0;
-  for (int i = 0; i < un->n_tensors; i++) matrices += (double)un->tensors[i].numel;
-  if (un->tied_unit >= 0)
-    matrices += (double)m->units[un->tied_unit].tensors[un->tied_tensor].numel;
-  double f = 2.0 * matrices;
-  if (un->role == TS_UNIT_BLOCK) f += 4.0 * (double)e->opts.seq * (double)m->hidden_size;
-  return f * BT;
+  double BT = (double)e->opts.micro_batch * (double)e->opts.seq;
+  return ts_unit_forward_flops(e->model, u, e->opts.seq) * BT;
 }
 
 /* The elements AdamW updates on this rank for unit u. */
@@ -220,8 +211,15 @@ static double adamw_share(const recorder *r, int u) {
          (double)e->units[u].layout.padded;
 }
 
-static void rec_op(void *user, ts_span_kind kind, int u) {
+/* An op's end (observer.h span_end): a unit's forward, recompute,
+ * backward or AdamW; the other spans (the whole update, sends and
+ * receives) are timed by their parts and calls. */
+static void rec_op(void *user, ts_engine *e, ts_span_kind kind, int u) {
+  (void)e;
   recorder *r = user;
+  if (u < 0 || (kind != TS_SPAN_FORWARD && kind != TS_SPAN_RECOMPUTE &&
+                kind != TS_SPAN_BACKWARD && kind != TS_SPAN_OPTIMIZER))
+    return;
   const ts_sim_compute *cp = r->cp;
   double rate = cp->peak_flops * cp->efficiency, t;
   switch (kind) {
@@ -288,16 +286,16 @@ static ts_status record_stage(const ts_model *model, const ts_engine_opts *opts,
   ts_step_stats st;
   ts_status rc = ts_engine_step(e, ts_engine_plan_batch, NULL, 0.0f, &st);
   ts_comm_sim hooks = {&r, rec_call, rec_wait};
+  ts_step_observer ops = {.span_end = rec_op, .user = &r};
   ts_comm *groups[3] = {e->dp, e->rep, e->pp};
+  if (rc == TS_OK) rc = ts_engine_add_observer(e, &ops);
   if (rc == TS_OK) {
     for (int k = 0; k < 3; k++)
       if (groups[k]) ts_comm_set_sim(groups[k], &hooks);
-    e->sim_op = rec_op;
-    e->sim_user = &r;
     rc = ts_engine_step(e, ts_engine_plan_batch, NULL, 0.0f, &st);
     for (int k = 0; k < 3; k++)
       if (groups[k]) ts_comm_set_sim(groups[k], NULL);
-    e->sim_op = NULL;
+    ts_engine_remove_observer(e, &ops);
   }
   if (rc == TS_OK) rc = r.st;
   if (rc == TS_OK) {

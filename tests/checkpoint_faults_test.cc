@@ -37,6 +37,7 @@
 #include "engine/checkpoint.h"
 #include "engine/engine.h"
 #include "engine/engine_testing.h"
+#include "engine/observer.h"
 #include "engine/train_fixture.h"
 #include "engine/trainer.h"
 #include "models/llama.h"
@@ -796,15 +797,32 @@ TEST(AsyncSave, RefusedWithoutStagingAndMidStep) {
             TS_ERR_INVALID_USAGE);
   EXPECT_NE(std::string(ts_last_error()).find("`async_save`"), std::string::npos);
   EXPECT_EQ(p, nullptr);
+  // from inside a step (an observer at its OPTIMIZER action)
   Fixture g(2, 64, true);
-  int32_t *in, *tg;
-  ts_engine_batch(g.e, &in, &tg);
-  ASSERT_EQ(Fill(nullptr, 0, in, tg), TS_OK);
-  double loss[2];
-  ASSERT_EQ(ts_engine_micro_step(g.e, in, tg, loss), TS_OK) << ts_last_error();
-  EXPECT_EQ(ts_checkpoint_save_async(g.e, nullptr, d.path("y").c_str(), nullptr, 0, &p),
-            TS_ERR_INVALID_USAGE);
-  EXPECT_NE(std::string(ts_last_error()).find("expected a step boundary"), std::string::npos);
+  struct Inside {
+    std::string dir, error;
+    ts_status status = TS_OK;
+    ts_checkpoint_pending *p = nullptr;
+    static ts_status Action(void *user, ts_engine *e, const ts_action *a, int end, ts_status) {
+      auto *self = static_cast<Inside *>(user);
+      if (!end && a->kind == TS_ACT_OPTIMIZER) {
+        self->status = ts_checkpoint_save_async(e, nullptr, self->dir.c_str(), nullptr, 0, &self->p);
+        self->error = ts_last_error();
+      }
+      return TS_OK;
+    }
+  } inside;
+  inside.dir = d.path("y");
+  ts_step_observer obs{};
+  obs.action = Inside::Action;
+  obs.user = &inside;
+  ASSERT_EQ(ts_engine_add_observer(g.e, &obs), TS_OK);
+  ts_step_stats st;
+  ASSERT_EQ(ts_engine_step(g.e, Fill, nullptr, 1e-3f, &st), TS_OK) << ts_last_error();
+  ts_engine_remove_observer(g.e, &obs);
+  EXPECT_EQ(inside.status, TS_ERR_INVALID_USAGE);
+  EXPECT_NE(inside.error.find("expected a step boundary"), std::string::npos) << inside.error;
+  EXPECT_EQ(inside.p, nullptr);
   EXPECT_FALSE(Exists(d.path("y") + "/index.json"));
 }
 

@@ -17,11 +17,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <map>
 #include <numeric>
 #include <string>
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/step_testing.h"
 #include "models/safetensors.h"
 
 namespace {
@@ -140,6 +142,29 @@ bool ZeroGradient(const std::string &name) {
   return name.find(".attention.self.key.bias") != std::string::npos;
 }
 
+// One training step of the fixture's batch: its loss, and every tensor's
+// gradient as the step's OPTIMIZER action begins (one rank: the step's
+// whole gradient).
+std::map<std::string, std::vector<float>> StepGrads(Fixture &f, double *loss) {
+  std::map<std::string, std::vector<float>> grads;
+  ts_step_stats st{};
+  EXPECT_EQ(ts_testing::Step(f.engine, f.inputs.data(), f.targets.data(), 0.0f, &st,
+                             [&](ts_engine *e) {
+                               for (int u = 0; u < f.model.n_units; u++)
+                                 for (int i = 0; i < f.model.units[u].n_tensors; i++) {
+                                   const ts_tensor_spec &t = f.model.units[u].tensors[i];
+                                   std::vector<float> g(t.numel);
+                                   EXPECT_EQ(ts_engine_get_grad(e, t.name, g.data(), t.numel),
+                                             TS_OK);
+                                   grads[t.name] = g;
+                                 }
+                             }),
+            TS_OK)
+      << ts_last_error();
+  *loss = st.loss;
+  return grads;
+}
+
 void CheckForwardBackward(const std::string &variant) {
   Fixture f(variant);
   ASSERT_NE(f.engine, nullptr);
@@ -159,15 +184,15 @@ void CheckForwardBackward(const std::string &variant) {
   EXPECT_NEAR(sum / count, ref_loss, 1e-5 * ref_loss);
 
   double loss;
-  ASSERT_EQ(ts_engine_micro_step(f.engine, f.inputs.data(), f.targets.data(), &loss), TS_OK);
+  std::map<std::string, std::vector<float>> grads = StepGrads(f, &loss);
   EXPECT_NEAR(loss, ref_loss, 1e-5 * ref_loss);
   int checked = 0;
   for (int u = 0; u < f.model.n_units; u++)
     for (int i = 0; i < f.model.units[u].n_tensors; i++) {
       const ts_tensor_spec &t = f.model.units[u].tensors[i];
       ts_safetensors_tensor g = f.Get(std::string("grad.") + t.name);
-      std::vector<float> mine(t.numel);
-      ASSERT_EQ(ts_engine_get_grad(f.engine, t.name, mine.data(), t.numel), TS_OK);
+      ASSERT_EQ(grads.count(t.name), 1u) << t.name;
+      const std::vector<float> &mine = grads[t.name];
       checked++;
       if (ZeroGradient(t.name)) {  // noise: fixture <= 1.4e-9, other gradients >= 4e-3
         EXPECT_LT(MaxAbsErr(mine.data(), std::vector<float>(t.numel).data(), t.numel), 1e-6)
@@ -199,10 +224,10 @@ void CheckAdamW(const std::string &variant) {
   ts_safetensors_tensor ref = f.Get("adamw.losses");
   ASSERT_EQ((int)ref.numel, steps);
   for (int s = 0; s < steps; s++) {
-    double loss;
     ts_step_stats st;
-    ASSERT_EQ(ts_engine_micro_step(f.engine, f.inputs.data(), f.targets.data(), &loss), TS_OK);
-    ASSERT_EQ(ts_engine_optimizer_step(f.engine, lr, &st), TS_OK);
+    ASSERT_EQ(ts_testing::Step(f.engine, f.inputs.data(), f.targets.data(), lr, &st), TS_OK)
+        << ts_last_error();
+    double loss = st.loss;  // the step's batch before its update
     double r = ((const float *)ref.data)[s];
     // Adam divides by sqrt(v): where a gradient is tiny its fp32 rounding
     // noise is amplified, so the losses drift apart by ~1e-5 relative per
@@ -307,15 +332,15 @@ void CheckForwardBackwardBf16(const std::string &variant) {
   EXPECT_NEAR(sum / count, ref_loss, 1 * u * ref_loss);
 
   double loss;
-  ASSERT_EQ(ts_engine_micro_step(f.engine, f.inputs.data(), f.targets.data(), &loss), TS_OK);
+  std::map<std::string, std::vector<float>> grads = StepGrads(f, &loss);
   EXPECT_NEAR(loss, ref_loss, 1 * u * ref_loss);
   int checked = 0;
   for (int un = 0; un < f.model.n_units; un++)
     for (int i = 0; i < f.model.units[un].n_tensors; i++) {
       const ts_tensor_spec &t = f.model.units[un].tensors[i];
       ts_safetensors_tensor g = f.Get(std::string("grad.") + t.name);
-      std::vector<float> mine(t.numel);  // the engine's bf16 gradient, widened
-      ASSERT_EQ(ts_engine_get_grad(f.engine, t.name, mine.data(), t.numel), TS_OK);
+      ASSERT_EQ(grads.count(t.name), 1u) << t.name;
+      const std::vector<float> &mine = grads[t.name];  // the engine's bf16 gradient, widened
       checked++;
       if (ZeroGradient(t.name)) {  // bf16 noise: fixture <= 1.7e-5, others >= 4e-3
         EXPECT_LT(MaxAbsErr(mine.data(), std::vector<float>(t.numel).data(), t.numel), 1e-3)
@@ -339,10 +364,10 @@ void CheckAdamWBf16(const std::string &variant) {
   ts_safetensors_tensor ref = f.Get("adamw.losses");
   ASSERT_EQ((int)ref.numel, steps);
   for (int s = 0; s < steps; s++) {
-    double loss;
     ts_step_stats st;
-    ASSERT_EQ(ts_engine_micro_step(f.engine, f.inputs.data(), f.targets.data(), &loss), TS_OK);
-    ASSERT_EQ(ts_engine_optimizer_step(f.engine, lr, &st), TS_OK);
+    ASSERT_EQ(ts_testing::Step(f.engine, f.inputs.data(), f.targets.data(), lr, &st), TS_OK)
+        << ts_last_error();
+    double loss = st.loss;  // the step's batch before its update
     double r = ((const float *)ref.data)[s];
     // The loss falls from 4.7 to 0.7 over the five steps, so a wrong update
     // moves later losses by tens of percent; the bf16 gradient noise, which

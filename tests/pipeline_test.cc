@@ -108,6 +108,7 @@ struct Result {
   std::vector<int> skipped;
   std::vector<std::vector<float>> params, state;
   std::vector<double> eval;  // loss sum and count of one evaluation batch
+  std::vector<uint64_t> allocations;  // ts_comm_allocations() after each step
 };
 
 Result Train(const Layout &s, ts_engine *e, const ts_model &model, int dp_rank, int dp,
@@ -122,6 +123,7 @@ Result Train(const Layout &s, ts_engine *e, const ts_model &model, int dp_rank, 
     r.losses.push_back(st.loss);
     r.norms.push_back(st.grad_norm);
     r.skipped.push_back(st.skipped);
+    r.allocations.push_back(ts_comm_allocations());
   }
   for (int u = begin; u < end; u++) {
     for (int i = 0; i < model.units[u].n_tensors; i++) {
@@ -194,6 +196,11 @@ void ExpectSameAsDataParallel(const Layout &s, int P) {
   if (s.inject.step > 0) {
     EXPECT_EQ(b.skipped[s.inject.step - 1], 1);
   }
+  // No transport allocates inside a step after the first: sends and
+  // receives between stages and the dp group's collectives take their
+  // requests and host copies from their groups' pools.
+  if (b.allocations.size() >= 5)
+    EXPECT_EQ(b.allocations.back(), b.allocations[0]) << "comm allocated inside steps 2-5";
 
   ts_mem_account plan;
   ASSERT_EQ(ts_engine_plan_stage(&model, &po, (size_t)dp, grid.stage, &plan), TS_OK)
@@ -233,6 +240,7 @@ TEST(Pipeline, BitwiseEqualToDataParallelForEveryZeroStageAndSchedule) {
           s.zero = zero;
           s.schedule = k;
           s.tied = tied;
+          s.steps = 5;  // and no allocation inside steps 2-5
           ExpectSameAsDataParallel(s, P);
         }
 }
@@ -321,7 +329,7 @@ TEST(Pipeline, StagedTransportIsBitwiseEqualToDataParallel) {
       s.tied = zero >= 2;
       s.dtype = zero == 1 ? TS_BF16 : TS_FP32;
       s.overlap = zero != 3;
-      s.steps = 2;
+      s.steps = 5;  // and no allocation inside steps 2-5 (ExpectSameAsDataParallel)
       s.staged = true;
       ExpectSameAsDataParallel(s, P);
     }

@@ -14,9 +14,14 @@ check (tests/source_rules_test.sh runs it over the library's files):
           plan groups in comm), set up once (`flags |= TS_K_PLAN`) and never
           tested; no field or flag of engine/ code says "plan" in a
           condition (e->plan, ->plan_only, `& TS_K_PLAN`).
+  heap    comm/ allocates only through ts_comm_alloc / ts_comm_realloc /
+          ts_comm_dealloc (comm/backend.h), so that ts_comm_allocations
+          counts every allocation comm makes: no malloc, calloc, realloc
+          or free outside those three (comm.c).
 
     source_rules.py terms FILE...     one line per violation, exit 1 if any
     source_rules.py plan FILE...      the same for the plan rule (engine/ files)
+    source_rules.py heap FILE...      the same for the heap rule (comm/ files)
     source_rules.py selftest          the rules catch planted violations
 
 C comments are skipped; adjacent literals of one call are read together.
@@ -107,6 +112,24 @@ def plan(path, text):
     return found
 
 
+HEAP = re.compile(r"\b(malloc|calloc|realloc|free)\s*\(")
+# comm.c's counted heap: the one place the C heap is called
+HEAP_HOME = re.compile(r"void \*ts_comm_alloc\(.*?\nuint64_t ts_comm_allocations\(", re.S)
+
+
+def heap(path, text):
+    """Violations of the heap rule in one comm/ file: (line, message)."""
+    code = LITERAL.sub('""', strip_comments(text))
+    home = HEAP_HOME.search(code)
+    found = []
+    for m in HEAP.finditer(code):
+        if home and home.start() <= m.start() < home.end():
+            continue
+        found.append((code.count("\n", 0, m.start()) + 1,
+                      f"calls {m.group(1)} (comm allocates through ts_comm_alloc: counted)"))
+    return found
+
+
 def selftest():
     bad = 'ts_status f(int z) {\n  return ts_set_error(TS_ERR_INVALID_ARGUMENT,\n' \
           '                      "zero stage %d: use " "--zero 0-3", z);\n}\n'
@@ -125,15 +148,25 @@ def selftest():
     ok_plan = lines == [2, 3, 4] and not got_s
     print(f"selftest plan: branches caught at lines {lines}, the set-up "
           f"{'clean' if not got_s else 'flagged'}: {'ok' if ok_plan else 'FAILED'}")
-    return 0 if ok and ok_plan else 1
+    heap_bad = ('static void f(void) {\n  void *p = malloc(4);\n  /* free(p) in a comment */\n'
+                '  free(p);\n}\n')
+    heap_home = ('void *ts_comm_alloc(size_t b, int z) { return z ? calloc(1, b) : malloc(b); }\n'
+                 'void ts_comm_dealloc(void *p) { free(p); }\n'
+                 'uint64_t ts_comm_allocations(void) { return 0; }\n'
+                 'static void g(void) { ts_comm_dealloc(ts_comm_alloc(4, 0)); }\n')
+    got_h, got_home = heap("h.c", heap_bad), heap("comm.c", heap_home)
+    ok_heap = sorted(l for l, _ in got_h) == [2, 4] and not got_home
+    print(f"selftest heap: calls caught at lines {sorted(l for l, _ in got_h)}, the counted heap "
+          f"{'clean' if not got_home else 'flagged'}: {'ok' if ok_heap else 'FAILED'}")
+    return 0 if ok and ok_plan and ok_heap else 1
 
 
 def main(argv):
     if len(argv) >= 2 and argv[1] == "selftest":
         return selftest()
-    rules = {"terms": terms, "plan": plan}
+    rules = {"terms": terms, "plan": plan, "heap": heap}
     if len(argv) < 3 or argv[1] not in rules:
-        print("usage: source_rules.py terms|plan FILE... | selftest", file=sys.stderr)
+        print("usage: source_rules.py terms|plan|heap FILE... | selftest", file=sys.stderr)
         return 2
     bad = 0
     for path in argv[2:]:

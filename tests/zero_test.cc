@@ -20,6 +20,7 @@
 #include "comm/comm_testing.h"
 #include "engine/engine.h"
 #include "engine/engine_testing.h"
+#include "engine/step_testing.h"
 #include "engine/simulate.h"
 #include "models/llama.h"
 #include "tests/tiny_model.h"
@@ -58,6 +59,7 @@ struct TrainRun {
   std::vector<std::vector<float>> state;   // per unit: this rank's shard of m, v, master
   std::vector<double> losses, norms;       // per step
   std::vector<ts_step_stats> stats;        // per step
+  std::vector<uint64_t> allocations;       // per step: ts_comm_allocations() after it
   ts_mem_account after_create{}, at_end{};
   std::vector<size_t> padded;              // P of each unit
 };
@@ -170,7 +172,7 @@ TrainRun Train(ts_comm *dp, const TrainSetup &s) {
   size_t sharded = s.shard_group > 0 ? (size_t)s.shard_group : N;
   EXPECT_EQ(ts_comm_thread_active(ts_engine_comm(e)), s.overlap && sharded > 1);
   EXPECT_EQ(ts_comm_size(ts_engine_comm(e)), (int)sharded);
-  if (!s.overlap)
+  if (!s.overlap && !s.shard_group)  // (hybrid: the engine's own groups are cut from dp)
     EXPECT_STREQ(ts_comm_transport(dp), N == 1                            ? "self"
                                         : s.comm == TS_ENGINE_COMM_STAGED ? "staged"
                                                                           : "mpi");
@@ -181,19 +183,23 @@ TrainRun Train(ts_comm *dp, const TrainSetup &s) {
   std::vector<int32_t> in, tgt;
   for (size_t step = 0; step < s.steps; step++) {
     GlobalBatch(step, s.global, &in, &tgt, s.bert);
+    ts_testing::MicroBatches mb;
     for (size_t a = 0; a < s.accum; a++) {
       size_t first = (a * N + r) * B;
-      double loss;
-      EXPECT_EQ(ts_engine_micro_step(e, in.data() + first * kT, tgt.data() + first * kT, &loss),
-                TS_OK)
-          << ts_last_error();
+      mb.Add(in.data() + first * kT, tgt.data() + first * kT);
     }
-    if (step == 0 && N == 1) run.grads = EveryTensor(model, e, ts_engine_get_grad);
     ts_step_stats st{};
-    EXPECT_EQ(ts_engine_optimizer_step(e, kLr, &st), TS_OK) << ts_last_error();
+    EXPECT_EQ(ts_testing::Step(e, mb, kLr, &st,
+                               [&](ts_engine *at) {
+                                 if (step == 0 && N == 1)
+                                   run.grads = EveryTensor(model, at, ts_engine_get_grad);
+                               }),
+              TS_OK)
+        << ts_last_error();
     run.losses.push_back(st.loss);
     run.norms.push_back(st.grad_norm);
     run.stats.push_back(st);
+    run.allocations.push_back(ts_comm_allocations());
   }
   run.params = EveryTensor(model, e, ts_engine_get_tensor);
   run.state =
@@ -548,6 +554,36 @@ TEST(ZeroStages, OverlapIsBitwiseEqualToNoneUnderRandomDelays) {
         }
       }
   ts_comm_testing_set_thread_delay(0, 1);
+}
+
+// No transport allocates inside a step after the first (requests, their
+// arrays, queue items, host copies come from each group's pool): comm's
+// allocation count stays put over steps 2-5, at every ZeRO stage, on MPI
+// and the staged transport, with and without the communication thread,
+// and with hybrid sharding's replica all-reduce (its uneven halves) where
+// the world has 4 ranks; one rank: the one-rank transport.
+TEST(ZeroStages, NoTransportAllocatesInsideAStepAfterTheFirst) {
+  size_t N = (size_t)ts_comm_size(World());
+  for (int comm : {TS_ENGINE_COMM_MPI, TS_ENGINE_COMM_STAGED})
+    for (bool overlap : {false, true})
+      for (int shard_group : {0, 2})
+        for (int stage = 0; stage <= 3; stage++) {
+          if (shard_group && N != 4) continue;
+          TrainSetup s;
+          s.stage = stage;
+          s.steps = 5;
+          s.accum = 2;
+          s.tied = true;
+          s.comm = comm;
+          s.overlap = overlap;
+          s.shard_group = shard_group;
+          s.dtype = stage % 2 ? TS_BF16 : TS_FP32;
+          TrainRun run = Train(World(), s);
+          ASSERT_EQ(run.allocations.size(), 5u);
+          EXPECT_EQ(run.allocations[4], run.allocations[0])
+              << "comm allocated inside steps 2-5: ZeRO-" << stage << " comm " << comm
+              << " overlap " << overlap << " shard group " << shard_group;
+        }
 }
 
 TEST(ZeroStages, ClippingUsesTheGlobalNormInEveryStage) {
@@ -1259,12 +1295,10 @@ TEST(LossScaling, OverflowAtTheMinimumScaleStopsWithTheTensorAndHistory) {
     ts_engine_inject inj = {step, kInjectUnit, kInjectTensor, NAN};
     if (step >= 2 && r == N - 1) ts_engine_inject_nonfinite(e, &inj);
     GlobalBatch((size_t)step, 8, &in, &tgt);
-    double loss;
     size_t first = r * o.micro_batch;
-    EXPECT_EQ(ts_engine_micro_step(e, in.data() + first * kT, tgt.data() + first * kT, &loss),
-              TS_OK);
     ts_step_stats st{};
-    status.push_back(ts_engine_optimizer_step(e, kLr, &st));
+    status.push_back(
+        ts_testing::Step(e, in.data() + first * kT, tgt.data() + first * kT, kLr, &st));
     stats.push_back(st);
     if (status.back() != TS_OK) message = ts_last_error();
   }

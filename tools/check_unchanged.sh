@@ -23,8 +23,9 @@
 #   pipeline  llama-tiny on 2 pipeline stages (2 ranks: P 2; 4 ranks: P 2 x
 #             dp 2), 1F1B and GPipe, ZeRO 0 and 3, fp32/bf16, 4 micro-batches
 #             per step (16 runs).
-# CHECK_SUITES picks some (default "llama bert pipeline"). Timings and peak
-# RSS are not compared (they are not deterministic); a figure only the
+# CHECK_SUITES picks some (default "llama bert pipeline"). Timings (and
+# what is derived from them: MFU, the straggler report) and peak RSS are
+# not compared (they are not deterministic); a figure only the
 # "after" reports is listed, not failed. Prints one line per run
 # ("identical" or what differs), one per suite ("N of N runs identical")
 # and exits 1 if any run differs.
@@ -138,8 +139,13 @@ done
 python3 - "$TMP" "${runs[@]}" <<'PY'
 import json, os, sys
 tmp, runs = sys.argv[1], sys.argv[2:]
-# Not deterministic: wall-clock rates and the process's resident set size.
-VOLATILE = {"tokens_per_s", "gflops", "step_seconds", "peak_rss"}
+# Not deterministic: wall-clock rates and times (every "*_seconds", the
+# ranks' time medians and the straggler they name, MFU from the rate) and
+# the resident set size.
+VOLATILE = {"tokens_per_s", "gflops", "mfu", "peak_rss", "time_by_rank", "straggler"}
+
+def volatile(k):
+    return k in VOLATILE or k.endswith("_seconds")
 
 def records(path):
     return [json.loads(l) for l in open(path)]
@@ -151,13 +157,13 @@ def diff(a, b, where, out, extra):
             out.append(f"{where}: {a!r} vs {b!r}")
             return
         for k in a:
-            if k in VOLATILE:
+            if volatile(k):
                 continue
             if k not in b:
                 out.append(f"{where}.{k}: missing after")
             else:
                 diff(a[k], b[k], f"{where}.{k}", out, extra)
-        extra.update(f"{where}.{k}" for k in b if k not in a and k not in VOLATILE)
+        extra.update(f"{where}.{k}" for k in b if k not in a and not volatile(k))
     elif isinstance(a, list):
         if not isinstance(b, list) or len(a) != len(b):
             out.append(f"{where}: lengths {len(a)} vs {len(b) if isinstance(b, list) else b!r}")

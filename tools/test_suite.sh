@@ -4,7 +4,9 @@
 #   1. plain:  bazel test //...
 #   2. asan:   bazel test --config=asan --build_tests_only --test_lang_filters=cc //...
 #              (the C and C++ unit tests again under AddressSanitizer and
-#              UndefinedBehaviorSanitizer, .bazelrc)
+#              UndefinedBehaviorSanitizer, .bazelrc), then the same for the
+#              tests tagged "asan": every multi-rank test binary on 2 ranks
+#              (comm/mpi_test.bzl)
 #   3. fuzz:   tools/fuzz.sh 7 (every libFuzzer target 7 s from its seeds)
 # Every pass runs even when an earlier one failed, so one run shows every
 # failure; the exit status is the first failing pass's (Bazel's 3 when a
@@ -102,7 +104,7 @@ run_pass() {
   rc=${PIPESTATUS[0]}
   echo $((SECONDS - start)) >"$work/$name.secs"
   note_rc "$rc"
-  if [[ "$1" == bazel && -d bazel-testlogs/ ]]; then
+  if [[ ("$1" == bazel || "$1" == asan_pass) && -d bazel-testlogs/ ]]; then
     mkdir -p "$work/$name.xml"
     (cd -P bazel-testlogs && find . -name test.xml -newer "$work/$name.start" \
       -exec cp --parents {} "$work/$name.xml" \;)
@@ -125,8 +127,18 @@ fuzz_build=$!
 bg_pids+=("-$fuzz_build")
 
 run_pass plain bazel test --profile="$work/plain.prof" ${env_args[@]+"${env_args[@]}"} "$@" //...
-run_pass asan bazel test --config=asan --build_tests_only --test_lang_filters=cc \
-  --profile="$work/asan.prof" ${env_args[@]+"${env_args[@]}"} "$@" //...
+# The sanitizer pass: the unit tests (cc_test), then the 2-rank run of
+# every multi-rank test (sh_tests tagged "asan", under mpirun); both
+# invocations run, the status is the first failing one's.
+asan_pass() {
+  local rc=0
+  bazel test --config=asan --build_tests_only --test_lang_filters=cc \
+    --profile="$work/asan.prof" "$@" //... || rc=$?
+  bazel test --config=asan --build_tests_only --test_tag_filters=asan,-gpu \
+    --profile="$work/asan-mpi.prof" "$@" //... || { local r=$?; ((rc)) || rc=$r; }
+  return "$rc"
+}
+run_pass asan asan_pass ${env_args[@]+"${env_args[@]}"} "$@"
 wait "$fuzz_build" || cat "$work/fuzz-build.log" >&2 # (fuzz.sh below builds again and fails alike)
 unset 'bg_pids[${#bg_pids[@]}-1]'                   # (ended: its group id is not ours to kill)
 run_pass fuzz tools/fuzz.sh 7
@@ -205,7 +217,10 @@ def work_by_kind(prof):
     return kinds
 work_lines = []
 for name in ("plain", "asan"):
-    kinds = work_by_kind(os.path.join(work, name + ".prof"))
+    kinds = {}
+    for prof in (name, name + "-mpi"):  # asan: its two invocations
+        for k, v in (work_by_kind(os.path.join(work, prof + ".prof")) or {}).items():
+            kinds[k] = kinds.get(k, 0.0) + v
     if kinds:
         work_lines.append("%s: %s" % (name, ", ".join(
             "%s %.0f s" % (k, v) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]))))

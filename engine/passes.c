@@ -1,0 +1,266 @@
+/*
+ * passes.c — the step's FORWARD and BACKWARD actions: a micro-batch's
+ * batch loaded (the host's check, then the device), forward over this
+ * stage's units ([stage 3: all-gather] -> forward -> [release]), the loss;
+ * backward in reverse ([all-gather] -> [recompute] -> backward -> [stage
+ * 2/3: reduce-scatter into the shard; release]), the tied head's gradient
+ * folded into its lender's. Gathers are params.c's, gradient buffers and
+ * reductions reduce.c's, sends and receives pipeline.c's; the evaluation
+ * forward (eval.c) runs ts_engine_forward_slot too. Calls nothing of the
+ * executor.
+ */
+#include <string.h>
+
+#include "engine/engine_internal.h"
+#include "engine/engine_testing.h"
+#include "shard/collect.h"
+
+/* ---- tied embeddings ------------------------------------------------------------ */
+
+/* Whether the tied head adds its gradient straight into the lender's
+ * (full, zeroed) gradient: one micro-batch, both units here, gradients not
+ * sharded. The bits are those of the fold below (zero + T = T). */
+static int tied_direct(const ts_engine *e, int head) {
+  int lender = e->model->units[head].tied_unit;
+  return !e->zero->shard_grads && e->opts.grad_accum == 1 && ts_engine_owns(e, lender) &&
+         ts_engine_owns(e, head);
+}
+
+/* The tied head's gradient of the borrowed tensor, summed over the step's
+ * micro-batches in T = e->tied_grads (a zeroed transient from its first
+ * backward), is added into the lender's gradient once per step, just
+ * before the lender's backward of the last micro-batch: the lender's full
+ * gradient becomes G + T (with sharded gradients, G is that micro-batch's
+ * zeroed transient: T itself becomes it), then the lender's own backward
+ * adds to it. On a pipeline, T comes from the last stage. */
+static ts_status fold_tied(ts_engine *e, int lender) {
+  unit_state *s = &e->units[lender];
+  if (!e->tied_grads) TS_CHECK(ts_engine_recv_tied_grads(e));
+  if (e->zero->shard_grads) {
+    s->full_grads = e->tied_grads; /* same size and category: a transient either way */
+    e->tied_grads = NULL;
+    return TS_OK;
+  }
+  ts_status st =
+      ts_k_add(&e->ctx, s->grads, s->grads, e->tied_grads, s->layout.padded, e->opts.dtype);
+  ts_shard_release(&e->ledger, &e->tied_grads);
+  return st;
+}
+
+/* The buffer a tied head's backward adds its borrowed tensor's gradient
+ * to: the lender's own gradient (tied_direct), else T (allocated zeroed on
+ * first use). *out: the lender's layout (P). */
+static ts_status tied_grads(ts_engine *e, int head, void **out) {
+  int lender = e->model->units[head].tied_unit;
+  if (tied_direct(e, head)) {
+    *out = e->units[lender].grads;
+    return TS_OK;
+  }
+  if (!e->tied_grads) {
+    size_t bytes = e->units[lender].layout.padded * e->es;
+    TS_CHECK(ts_ledger_alloc_transient(&e->ledger, e->device, TS_MEM_GRADS, bytes,
+                                       &e->tied_grads));
+    if (e->device != TS_DEVICE_CPU) TS_CHECK(ts_k_zero(&e->ctx, e->tied_grads, bytes));
+  }
+  *out = e->tied_grads;
+  return TS_OK;
+}
+
+/* ---- forward and backward ------------------------------------------------------- */
+
+/* Arguments common to every unit call of slot sl's micro-batch. */
+static ts_unit_args base_args(const ts_engine *e, const act_slot *sl) {
+  ts_unit_args a;
+  memset(&a, 0, sizeof a);
+  a.B = e->opts.micro_batch;
+  a.T = e->opts.seq;
+  a.dt = e->opts.dtype;
+  a.tokens = sl->tokens;
+  a.targets = sl->targets;
+  a.dloss = sl->dloss;
+  return a;
+}
+
+/* Points *at into the borrowed tensor of unit u's lender (tied
+ * embeddings) inside that unit's full buffer `flat`. */
+static void *borrowed(const ts_engine *e, int u, const void *flat) {
+  const ts_unit *un = &e->model->units[u];
+  const ts_tensor_spec *t = &e->model->units[un->tied_unit].tensors[un->tied_tensor];
+  return (char *)flat + t->offset * e->es;
+}
+
+/* Forward of unit u with its parameters acquired (and the lender's). */
+static ts_status forward_unit(ts_engine *e, int u, ts_unit_args *a) {
+  const ts_unit *un = &e->model->units[u];
+  const void *params, *lender = NULL;
+  TS_CHECK(ts_engine_acquire_params(e, u, &params));
+  ts_engine_keep_gathered(e, u);
+  ts_status st = un->tied_unit >= 0 ? ts_engine_acquire_params(e, un->tied_unit, &lender) : TS_OK;
+  if (st == TS_OK && lender) ts_engine_keep_gathered(e, un->tied_unit);
+  if (st == TS_OK) {
+    a->tied_weight = lender ? borrowed(e, u, lender) : NULL;
+    ts_engine_span_begin(e, TS_SPAN_FORWARD, u);
+    st = ts_unit_forward(e->model, u, &e->ctx, params, a);
+    ts_engine_span_end(e, TS_SPAN_FORWARD, u);
+  }
+  if (lender) ts_engine_release_params(e, un->tied_unit);
+  ts_engine_release_params(e, u);
+  return st;
+}
+
+ts_status ts_engine_forward_slot(ts_engine *e, act_slot *sl, double *loss, int fused) {
+  int n = e->model->n_units;
+  for (int u = e->u_begin; u < e->u_end; u++) {
+    TS_CHECK(ts_engine_prefetch(e, u));
+    if (u + 1 == e->u_end && e->hold_last && e->in_micro_batch && e->units[u].holds > 0) {
+      /* its backward comes next: one more use, for that acquire */
+      e->units[u].uses++;
+      e->units[u].holds++;
+    }
+    if (u + 1 < e->u_end) TS_CHECK(ts_engine_prefetch(e, u + 1));
+    ts_unit_args a = base_args(e, sl);
+    a.fused_loss_grad = fused && u == n - 1;
+    a.x = u > 0 ? sl->acts[u] : NULL;
+    a.y = u + 1 < n ? sl->acts[u + 1] : NULL;
+    a.saved = e->units[u].recompute ? e->recompute_saved : sl->saved[u];
+    a.loss = u == n - 1 ? loss : NULL;
+    TS_CHECK(forward_unit(e, u, &a));
+  }
+  return TS_OK;
+}
+
+/* d(scaled step loss)/d(row loss) of a micro-batch with `count` targets:
+ * the loss scale (1 unless fp16; exact: 2^k) over count N K (hybrid
+ * sharding: N = S x replicas, every data-parallel rank). */
+static float dloss_of(const ts_engine *e, size_t count) {
+  double micro_batches = (double)e->opts.grad_accum * (double)e->dp_size * (double)e->replicas;
+  return count ? (float)((double)e->scaler.scale / ((double)count * micro_batches)) : 0.0f;
+}
+
+/* The arithmetic of unit u's backward (with its recompute, and the test
+ * seam), on acquired buffers. */
+static ts_status backward_compute(ts_engine *e, int u, ts_unit_args *a, const void *params,
+                                  void *grads, const void *lender) {
+  ts_status st = TS_OK;
+  if (e->units[u].recompute) {
+    /* Recompute: the forward again, from the kept input, with the same
+     * (when sharded: the same gathered) parameters. It rewrites the unit's
+     * output (the next unit's kept input) with the same bits; that unit
+     * is done with it. */
+    ts_unit_args f = *a;
+    f.tied_weight = lender ? borrowed(e, u, lender) : NULL;
+    ts_engine_span_begin(e, TS_SPAN_RECOMPUTE, u);
+    st = ts_unit_forward(e->model, u, &e->ctx, params, &f);
+    ts_engine_span_end(e, TS_SPAN_RECOMPUTE, u);
+  }
+  if (st == TS_OK) {
+    a->tied_weight = lender ? borrowed(e, u, lender) : NULL;
+    ts_engine_span_begin(e, TS_SPAN_BACKWARD, u);
+    st = ts_unit_backward(e->model, u, &e->ctx, params, grads, a);
+    ts_engine_span_end(e, TS_SPAN_BACKWARD, u);
+  }
+  const ts_engine_hooks *h = ts_engine_get_hooks();
+  if (st == TS_OK && h && h->after_backward)
+    st = h->after_backward(h->user, e, e->attempts + 1, u, grads);
+  return st;
+}
+
+/* Backward of unit u: parameters acquired, gradients accumulated into the
+ * full gradient (a tied head's borrowed one into tied_grads), then reduced
+ * when sharded. */
+static ts_status backward_unit(ts_engine *e, int u, ts_unit_args *a) {
+  const ts_unit *un = &e->model->units[u];
+  const void *params, *lender = NULL;
+  void *grads, *lender_grads = NULL;
+  TS_CHECK(ts_engine_reduce_pending(e, u)); /* its full gradient is free again */
+  if (u == e->lender && (size_t)e->cur_mb + 1 == e->opts.grad_accum &&
+      !tied_direct(e, e->model->n_units - 1))
+    TS_CHECK(fold_tied(e, u));
+  TS_CHECK(ts_engine_acquire_params(e, u, &params));
+  ts_status st = ts_engine_full_grads(e, u, &grads);
+  if (st == TS_OK && un->tied_unit >= 0) {
+    st = ts_engine_acquire_params(e, un->tied_unit, &lender);
+    if (st == TS_OK) st = tied_grads(e, u, &lender_grads);
+    if (st == TS_OK) a->tied_grad = borrowed(e, u, lender_grads);
+  }
+  if (st == TS_OK) st = backward_compute(e, u, a, params, grads, lender);
+  if (lender) ts_engine_release_params(e, un->tied_unit);
+  ts_engine_release_params(e, u);
+  if ((size_t)e->cur_mb + 1 == e->opts.grad_accum) { /* the unit's last backward of the step */
+    ts_engine_drop_kept(e, u);
+    if (lender && !ts_engine_owns(e, un->tied_unit)) ts_engine_drop_kept(e, un->tied_unit); /* a replica */
+  }
+  if (st == TS_OK) st = ts_engine_reduce_unit(e, u);
+  return st;
+}
+
+static ts_status backward_slot(ts_engine *e, act_slot *sl, const void *dy) {
+  int n = e->model->n_units, cur = 0;
+  const void *din = dy; /* the gradient of the current unit's output */
+  for (int u = e->u_end - 1; u >= e->u_begin; u--) {
+    ts_unit_args a = base_args(e, sl);
+    a.fused_loss_grad = u == n - 1;
+    a.x = u > 0 ? sl->acts[u] : NULL;
+    a.y = u + 1 < n ? sl->acts[u + 1] : NULL; /* what a recompute rewrites */
+    a.saved = e->units[u].recompute ? e->recompute_saved : sl->saved[u];
+    a.dy = u < n - 1 ? din : NULL;
+    /* ping-pong through dbuf; a pipeline stage's input gradient goes to its
+     * send buffer (dy arrives in dbuf[1], so dbuf[0] is free first) */
+    a.dx = u == 0 ? NULL : u == e->u_begin && sl->gsend ? sl->gsend : e->dbuf[cur];
+    TS_CHECK(ts_engine_prefetch(e, u));
+    if (u > e->u_begin) TS_CHECK(ts_engine_prefetch(e, u - 1));
+    TS_CHECK(backward_unit(e, u, &a));
+    din = a.dx;
+    cur ^= 1;
+  }
+  if (e->replica && (size_t)e->cur_mb + 1 == e->opts.grad_accum)
+    TS_CHECK(ts_engine_send_tied_grads(e));
+  return TS_OK;
+}
+
+/* The host arrays a batch source fills for slot sl: the slot's own buffers
+ * on the CPU (nothing moves), the engine's host batch beside a device (its
+ * staging sends them; a device runs one slot). */
+static void host_batch(ts_engine *e, act_slot *sl, int32_t **inputs, int32_t **targets) {
+  *inputs = e->device == TS_DEVICE_CPU ? sl->tokens : e->h_tokens;
+  *targets = e->device == TS_DEVICE_CPU ? sl->targets : e->h_targets;
+}
+
+ts_status ts_engine_load_batch(ts_engine *e, act_slot *sl, const int32_t *inputs,
+                               const int32_t *targets, size_t *count) {
+  size_t BT = e->opts.micro_batch * e->opts.seq;
+  TS_CHECK(ts_k_check_indices(&e->ctx, inputs, targets, BT, e->model->vocab_size));
+  if (e->staging) {
+    TS_CHECK(ts_k_host_wait(&e->ctx)); /* the previous micro-batch's copies have left */
+    TS_CHECK(ts_k_host_copy(&e->ctx, e->staging, inputs, BT * 4));
+    TS_CHECK(ts_k_host_copy(&e->ctx, e->staging + BT, targets, BT * 4));
+    TS_CHECK(ts_k_from_host_async(&e->ctx, sl->tokens, e->staging, BT * 4));
+    TS_CHECK(ts_k_from_host_async(&e->ctx, sl->targets, e->staging + BT, BT * 4));
+  } else {
+    if (inputs != sl->tokens) TS_CHECK(ts_k_from_host(&e->ctx, sl->tokens, inputs, BT * 4));
+    if (targets != sl->targets) TS_CHECK(ts_k_from_host(&e->ctx, sl->targets, targets, BT * 4));
+  }
+  return ts_k_count_targets(&e->ctx, count, targets, BT);
+}
+
+ts_status ts_engine_forward_action(ts_engine *e, int mb, int backward_next,
+                                   ts_engine_batch_fn batch, void *user) {
+  act_slot *sl = ts_engine_slot(e, mb);
+  int32_t *inputs, *targets;
+  size_t count = 0;
+  host_batch(e, sl, &inputs, &targets);
+  TS_CHECK(ts_engine_wait_req(&sl->act_req)); /* the slot's inputs and output are free */
+  TS_CHECK(batch(user, mb, inputs, targets));
+  e->hold_last = backward_next;
+  TS_CHECK(ts_engine_load_batch(e, sl, inputs, targets, &count));
+  sl->dloss = dloss_of(e, count);
+  return ts_engine_forward_slot(e, sl, e->loss + 2 * (size_t)mb, 1);
+}
+
+ts_status ts_engine_backward_action(ts_engine *e, int mb) {
+  act_slot *sl = ts_engine_slot(e, mb);
+  TS_CHECK(ts_engine_wait_req(&sl->grad_req)); /* the slot's gradient buffer is free */
+  TS_CHECK(ts_engine_wait_req(&sl->act_req));  /* a recompute may rewrite the output */
+  int last = e->stage == e->stages - 1;
+  return backward_slot(e, sl, last ? NULL : e->dbuf[1]);
+}
