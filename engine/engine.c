@@ -507,6 +507,7 @@ void ts_engine_free(ts_engine *e) {
   free(e->units);
   free(e->slots);
   ts_schedule_free(&e->sched);
+  free(e->program.actions);
   free(e);
 }
 

@@ -428,8 +428,10 @@ typedef ts_status (*ts_engine_batch_fn)(void *user, int mb, int32_t *inputs, int
  * this rank's list of the step's schedule (ts_schedule_build; without
  * pipelining a one-stage 1F1B: forward then backward of each micro-batch),
  * run by one executor (observers, observer.h, see each action):
- *   FORWARD, BACKWARD of each micro-batch: gradients accumulate; stages 2-3
- *     reduce-scatter each unit's gradient as its backward ends; with
+ *   FORWARD, BACKWARD of each micro-batch, the backward as one action per
+ *     unit (BACKWARD_UNIT) followed, where the stage reduces then, by the
+ *     unit's reduce-scatter (REDUCE_UNIT: stages 2-3 every micro-batch,
+ *     stages 0-1 with overlap in the last): gradients accumulate; with
  *     pipeline stages the SEND and RECV actions move activations and their
  *     gradients, paired so that no rank waits on a wrong peer;
  *   REDUCE: stages 0-1's gradient reduction, then the global grad norm

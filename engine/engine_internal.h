@@ -152,6 +152,12 @@ struct ts_engine {
                             a transient (grads) from the first head backward to the fold */
   ts_comm_request *tied_req; /* pending send of tied_grads to stage 0, or NULL */
   ts_schedule sched;     /* the step's schedule (P > 1), built once */
+  ts_stage_schedule program; /* this stage's list as the executor runs it: sched's, lowered
+                                (step.c) at the first step; owned */
+  struct {                 /* the backward of the micro-batch in progress (passes.c) */
+    const void *din;       /* the gradient of the current unit's output */
+    int cur;               /* dbuf index its input gradient goes to */
+  } bw;
   ts_trace *trace;              /* train --trace: spans (borrowed); NULL: none */
   ts_step_observer trace_observer; /* the trace's observer, registered while trace is set */
   const ts_step_observer *observers[TS_ENGINE_MAX_OBSERVERS]; /* (n_observers), borrowed */
@@ -261,9 +267,15 @@ static inline act_slot *ts_engine_slot(ts_engine *e, int mb) {
  * batch's, the load's, the units'. */
 ts_status ts_engine_forward_action(ts_engine *e, int mb, int backward_next,
                                    ts_engine_batch_fn batch, void *user);
-/* BACKWARD of micro-batch mb on this stage (the gradient of its output in
- * dbuf[1], received, unless this is the last stage): over the units in
- * reverse, each unit's gradient reduced as the ZeRO stage says. */
+/* BACKWARD_UNIT of unit u in micro-batch mb: the unit's backward, its
+ * parameters gathered (and the next unit's prefetched), its gradient
+ * accumulated; the stage's first one (u = u_end - 1) waits for the slot's
+ * sends and takes the gradient of the stage's output (dbuf[1], received,
+ * unless this is the last stage). The units' input gradients ping-pong
+ * through dbuf (e->bw). */
+ts_status ts_engine_backward_unit_action(ts_engine *e, int mb, int u);
+/* BACKWARD of micro-batch mb, after its units': the last stage's replica
+ * sends the tied head's gradient in the step's last micro-batch. */
 ts_status ts_engine_backward_action(ts_engine *e, int mb);
 
 /* The one batch load: a micro-batch's (B, T) host inputs and targets
@@ -312,12 +324,17 @@ ts_status ts_engine_full_grads(ts_engine *e, int u, void **out);
 /* Before unit u's backward: ends its own reduce-scatter still in flight
  * (its full gradient is free again); a no-op otherwise. */
 ts_status ts_engine_reduce_pending(ts_engine *e, int u);
-/* After unit u's backward: stages 2/3 reduce-scatter its full gradient;
- * stages 0/1 with overlap their bucket once the unit's last backward of
- * the step is done (without overlap, REDUCE does). With overlap the
- * reduce-scatter runs beside the next unit's backward; without, it ends
+/* Whether a unit's gradient is reduced as its backward of micro-batch mb
+ * ends (a REDUCE_UNIT action follows its BACKWARD_UNIT): stages 2/3 every
+ * micro-batch; stages 0/1 with overlap in the last one (their bucket);
+ * else REDUCE reduces it once per step. */
+int ts_engine_unit_reduce_due(const ts_engine *e, int mb);
+/* REDUCE_UNIT of unit u (micro-batch e->cur_mb): stages 2/3 reduce-scatter
+ * its full gradient into the shard (adding after the first micro-batch),
+ * stages 0/1 its whole gradient in place; after the one in flight ends.
+ * With overlap it runs beside the next unit's backward; without, it ends
  * here. */
-ts_status ts_engine_reduce_unit(ts_engine *e, int u);
+ts_status ts_engine_reduce_unit_action(ts_engine *e, int u);
 /* Waits for the gradient reductions still in flight: the last
  * reduce-scatter, so that every gradient shard (this rank's part) is
  * final, and with gathers != 0 stage 0's all-gathers of the reduced

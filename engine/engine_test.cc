@@ -422,6 +422,71 @@ TEST(Engine, EveryZeroStageOnOneRankTrainsIdentically) {
   }
 }
 
+// The executor's list (step.c's lowering of the one-stage schedule), as an
+// observer sees it begin: each micro-batch's FORWARD, its units' backward
+// in reverse, each followed by its reduce-scatter where the ZeRO stage
+// reduces then (stages 2/3 every micro-batch; 0/1 with overlap in the
+// last, their bucket), the micro-batch's closing BACKWARD, then REDUCE and
+// OPTIMIZER.
+struct ActionLog {
+  std::string seen;
+  static ts_status Action(void *user, ts_engine *, const ts_action *a, int end, ts_status) {
+    if (end) return TS_OK;
+    auto *self = static_cast<ActionLog *>(user);
+    char buf[48];
+    snprintf(buf, sizeof buf, "%s%s", self->seen.empty() ? "" : " ", ts_action_kind_name(a->kind));
+    self->seen += buf;
+    if (a->mb >= 0) self->seen += "(" + std::to_string(a->mb);
+    if (a->unit >= 0) self->seen += "," + std::to_string(a->unit);
+    if (a->mb >= 0) self->seen += ")";
+    return TS_OK;
+  }
+};
+
+TEST(Engine, TheStepIsTheLoweredScheduleWithReductionsAsActions) {
+  const size_t V = 64, T = 8;
+  Batch b(2, T, V, 21);
+  struct Case {
+    int stage;
+    bool overlap;
+    const char *want;
+  } cases[] = {
+      {0, false,
+       "forward(0) backward_unit(0,3) backward_unit(0,2) backward_unit(0,1) backward_unit(0,0) "
+       "backward(0) forward(1) backward_unit(1,3) backward_unit(1,2) backward_unit(1,1) "
+       "backward_unit(1,0) backward(1) reduce optimizer"},
+      {1, true,
+       "forward(0) backward_unit(0,3) backward_unit(0,2) backward_unit(0,1) backward_unit(0,0) "
+       "backward(0) forward(1) backward_unit(1,3) reduce_unit(1,3) backward_unit(1,2) "
+       "reduce_unit(1,2) backward_unit(1,1) reduce_unit(1,1) backward_unit(1,0) "
+       "reduce_unit(1,0) backward(1) reduce optimizer"},
+      {3, false,
+       "forward(0) backward_unit(0,3) reduce_unit(0,3) backward_unit(0,2) reduce_unit(0,2) "
+       "backward_unit(0,1) reduce_unit(0,1) backward_unit(0,0) reduce_unit(0,0) backward(0) "
+       "forward(1) backward_unit(1,3) reduce_unit(1,3) backward_unit(1,2) reduce_unit(1,2) "
+       "backward_unit(1,1) reduce_unit(1,1) backward_unit(1,0) reduce_unit(1,0) backward(1) "
+       "reduce optimizer"},
+  };
+  for (const Case &c : cases) {
+    ts_engine_opts o = Opts(2, T);
+    o.grad_accum = 2;
+    o.zero_stage = c.stage;
+    o.overlap = c.overlap;
+    EngineFixture f(SmallConfig(V), o);
+    ActionLog log;
+    ts_step_observer obs{};
+    obs.action = ActionLog::Action;
+    obs.user = &log;
+    ASSERT_EQ(ts_engine_add_observer(f.e, &obs), TS_OK);
+    ts_testing::MicroBatches two;
+    two.Add(b.in.data(), b.tgt.data());
+    two.Add(b.in.data(), b.tgt.data());
+    ts_step_stats st;
+    ASSERT_EQ(ts_testing::Step(f.e, two, 1e-3f, &st), TS_OK) << ts_last_error();
+    EXPECT_EQ(log.seen, c.want) << "ZeRO-" << c.stage << " overlap " << c.overlap;
+  }
+}
+
 TEST(Schedule, WarmupThenCosineToFloor) {
   EXPECT_FLOAT_EQ(ts_train_lr(1, 100, 10, 1.0f, 0.1f), 0.1f);
   EXPECT_FLOAT_EQ(ts_train_lr(10, 100, 10, 1.0f, 0.1f), 1.0f);

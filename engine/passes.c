@@ -2,12 +2,13 @@
  * passes.c — the step's FORWARD and BACKWARD actions: a micro-batch's
  * batch loaded (the host's check, then the device), forward over this
  * stage's units ([stage 3: all-gather] -> forward -> [release]), the loss;
- * backward in reverse ([all-gather] -> [recompute] -> backward -> [stage
- * 2/3: reduce-scatter into the shard; release]), the tied head's gradient
- * folded into its lender's. Gathers are params.c's, gradient buffers and
- * reductions reduce.c's, sends and receives pipeline.c's; the evaluation
- * forward (eval.c) runs ts_engine_forward_slot too. Calls nothing of the
- * executor.
+ * backward in reverse, one BACKWARD_UNIT action per unit (step.c's
+ * lowering: [all-gather] -> [recompute] -> backward -> [release], its
+ * REDUCE_UNIT after it where the stage reduces then), then the
+ * micro-batch's BACKWARD; the tied head's gradient folded into its
+ * lender's. Gathers are params.c's, gradient buffers and reductions
+ * reduce.c's, sends and receives pipeline.c's; the evaluation forward
+ * (eval.c) runs ts_engine_forward_slot too. Calls nothing of the executor.
  */
 #include <string.h>
 
@@ -166,8 +167,8 @@ static ts_status backward_compute(ts_engine *e, int u, ts_unit_args *a, const vo
 }
 
 /* Backward of unit u: parameters acquired, gradients accumulated into the
- * full gradient (a tied head's borrowed one into tied_grads), then reduced
- * when sharded. */
+ * full gradient (a tied head's borrowed one into tied_grads); its
+ * reduction is the REDUCE_UNIT action after it (reduce.c). */
 static ts_status backward_unit(ts_engine *e, int u, ts_unit_args *a) {
   const ts_unit *un = &e->model->units[u];
   const void *params, *lender = NULL;
@@ -190,31 +191,37 @@ static ts_status backward_unit(ts_engine *e, int u, ts_unit_args *a) {
     ts_engine_drop_kept(e, u);
     if (lender && !ts_engine_owns(e, un->tied_unit)) ts_engine_drop_kept(e, un->tied_unit); /* a replica */
   }
-  if (st == TS_OK) st = ts_engine_reduce_unit(e, u);
   return st;
 }
 
-static ts_status backward_slot(ts_engine *e, act_slot *sl, const void *dy) {
-  int n = e->model->n_units, cur = 0;
-  const void *din = dy; /* the gradient of the current unit's output */
-  for (int u = e->u_end - 1; u >= e->u_begin; u--) {
-    ts_unit_args a = base_args(e, sl);
-    a.fused_loss_grad = u == n - 1;
-    a.x = u > 0 ? sl->acts[u] : NULL;
-    a.y = u + 1 < n ? sl->acts[u + 1] : NULL; /* what a recompute rewrites */
-    a.saved = e->units[u].recompute ? e->recompute_saved : sl->saved[u];
-    a.dy = u < n - 1 ? din : NULL;
-    /* ping-pong through dbuf; a pipeline stage's input gradient goes to its
-     * send buffer (dy arrives in dbuf[1], so dbuf[0] is free first) */
-    a.dx = u == 0 ? NULL : u == e->u_begin && sl->gsend ? sl->gsend : e->dbuf[cur];
-    TS_CHECK(ts_engine_prefetch(e, u));
-    if (u > e->u_begin) TS_CHECK(ts_engine_prefetch(e, u - 1));
-    TS_CHECK(backward_unit(e, u, &a));
-    din = a.dx;
-    cur ^= 1;
+ts_status ts_engine_backward_unit_action(ts_engine *e, int mb, int u) {
+  act_slot *sl = ts_engine_slot(e, mb);
+  int n = e->model->n_units;
+  if (u == e->u_end - 1) { /* the stage's first unit: the micro-batch's backward begins */
+    TS_CHECK(ts_engine_wait_req(&sl->grad_req)); /* the slot's gradient buffer is free */
+    TS_CHECK(ts_engine_wait_req(&sl->act_req));  /* a recompute may rewrite the output */
+    e->bw.din = e->stage == e->stages - 1 ? NULL : e->dbuf[1];
+    e->bw.cur = 0;
   }
-  if (e->replica && (size_t)e->cur_mb + 1 == e->opts.grad_accum)
-    TS_CHECK(ts_engine_send_tied_grads(e));
+  ts_unit_args a = base_args(e, sl);
+  a.fused_loss_grad = u == n - 1;
+  a.x = u > 0 ? sl->acts[u] : NULL;
+  a.y = u + 1 < n ? sl->acts[u + 1] : NULL; /* what a recompute rewrites */
+  a.saved = e->units[u].recompute ? e->recompute_saved : sl->saved[u];
+  a.dy = u < n - 1 ? e->bw.din : NULL;
+  /* ping-pong through dbuf; a pipeline stage's input gradient goes to its
+   * send buffer (dy arrives in dbuf[1], so dbuf[0] is free first) */
+  a.dx = u == 0 ? NULL : u == e->u_begin && sl->gsend ? sl->gsend : e->dbuf[e->bw.cur];
+  TS_CHECK(ts_engine_prefetch(e, u));
+  if (u > e->u_begin) TS_CHECK(ts_engine_prefetch(e, u - 1));
+  TS_CHECK(backward_unit(e, u, &a));
+  e->bw.din = a.dx;
+  e->bw.cur ^= 1;
+  return TS_OK;
+}
+
+ts_status ts_engine_backward_action(ts_engine *e, int mb) {
+  if (e->replica && (size_t)mb + 1 == e->opts.grad_accum) TS_CHECK(ts_engine_send_tied_grads(e));
   return TS_OK;
 }
 
@@ -255,12 +262,4 @@ ts_status ts_engine_forward_action(ts_engine *e, int mb, int backward_next,
   TS_CHECK(ts_engine_load_batch(e, sl, inputs, targets, &count));
   sl->dloss = dloss_of(e, count);
   return ts_engine_forward_slot(e, sl, e->loss + 2 * (size_t)mb, 1);
-}
-
-ts_status ts_engine_backward_action(ts_engine *e, int mb) {
-  act_slot *sl = ts_engine_slot(e, mb);
-  TS_CHECK(ts_engine_wait_req(&sl->grad_req)); /* the slot's gradient buffer is free */
-  TS_CHECK(ts_engine_wait_req(&sl->act_req));  /* a recompute may rewrite the output */
-  int last = e->stage == e->stages - 1;
-  return backward_slot(e, sl, last ? NULL : e->dbuf[1]);
 }

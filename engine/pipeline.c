@@ -46,6 +46,8 @@ ts_status ts_engine_set_stage(ts_engine *e, int s) {
    * backward of each micro-batch in turn, one slot), whatever opts says. */
   ts_schedule_kind kind = P > 1 ? e->opts.schedule : TS_SCHEDULE_1F1B;
   ts_schedule_free(&e->sched);
+  free(e->program.actions); /* lowered again at the next step (step.c) */
+  e->program = (ts_stage_schedule){NULL, 0};
   TS_CHECK(ts_schedule_build(kind, P, (int)e->opts.grad_accum, &e->sched));
   e->n_slots = ts_schedule_in_flight(kind, P, (int)e->opts.grad_accum, s);
   return TS_OK;

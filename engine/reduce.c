@@ -3,10 +3,10 @@
  * step"), and the step's REDUCE action.
  *
  * Within the backward (passes.c asks): a unit's full gradient (its own
- * buffer, or a transient when the ZeRO stage shards gradients), and after
- * the unit's backward its reduce-scatter (stages 2/3 every micro-batch;
- * stages 0/1 with overlap once, in the last micro-batch: DDP's bucket, a
- * unit). Every collective is started, then waited for where its result is
+ * buffer, or a transient when the ZeRO stage shards gradients). The
+ * REDUCE_UNIT action after a unit's backward: its reduce-scatter (stages
+ * 2/3 every micro-batch; stages 0/1 with overlap once, in the last
+ * micro-batch: DDP's bucket, a unit). Every collective is started, then waited for where its result is
  * needed (ts_engine_comm_wait): with opts.overlap that is as late as the
  * step allows, without it at once; one reduce-scatter is in flight at a
  * time (the transport shares one scratch).
@@ -80,10 +80,12 @@ ts_status ts_engine_reduce_pending(ts_engine *e, int u) {
   return e->rs_pending == u ? finish_reduce(e, u) : TS_OK;
 }
 
-ts_status ts_engine_reduce_unit(ts_engine *e, int u) {
-  int bucket = !e->zero->shard_grads && e->zero->reduce_after_step && e->opts.overlap &&
-               (size_t)e->cur_mb + 1 == e->opts.grad_accum;
-  if (!e->zero->shard_grads && !bucket) return TS_OK;
+int ts_engine_unit_reduce_due(const ts_engine *e, int mb) {
+  if (e->zero->shard_grads) return 1;
+  return e->zero->reduce_after_step && e->opts.overlap && (size_t)mb + 1 == e->opts.grad_accum;
+}
+
+ts_status ts_engine_reduce_unit_action(ts_engine *e, int u) {
   TS_CHECK(start_reduce(e, u));
   return e->opts.overlap ? TS_OK : finish_reduce(e, u);
 }

@@ -15,9 +15,9 @@ const char *ts_schedule_kind_name(ts_schedule_kind k) {
 }
 
 const char *ts_action_kind_name(ts_action_kind k) {
-  static const char *names[TS_ACT_NUM_KINDS] = {"forward",   "backward",  "send_act",
-                                                "recv_act",  "send_grad", "recv_grad",
-                                                "reduce",    "optimizer"};
+  static const char *names[TS_ACT_NUM_KINDS] = {
+      "forward", "backward",  "send_act",      "recv_act",   "send_grad",
+      "recv_grad", "reduce", "optimizer", "backward_unit", "reduce_unit"};
   return (unsigned)k < TS_ACT_NUM_KINDS ? names[k] : "?";
 }
 
@@ -42,7 +42,7 @@ typedef struct {
 } list;
 
 static void push(list *l, ts_action_kind kind, int mb, int peer) {
-  l->st->actions[l->st->n++] = (ts_action){kind, mb, peer};
+  l->st->actions[l->st->n++] = (ts_action){kind, mb, peer, -1};
   TS_ASSERT(l->st->n <= l->cap);
 }
 
@@ -291,7 +291,7 @@ ts_status ts_schedule_simulate(const ts_schedule *sch, ts_schedule_report *repor
     }
   }
   for (int s = 0; s < P && st == TS_OK; s++) {
-    ts_action none = {TS_ACT_OPTIMIZER, -1, -1};
+    ts_action none = {TS_ACT_OPTIMIZER, -1, -1, -1};
     if (S->next_bwd[s] != m || !S->reduced[s] || !S->optimized[s])
       st = violation(S, s, pc[s], &none,
                      "the list ends before every backward, the reduce and the optimizer step");

@@ -48,6 +48,14 @@ typedef enum ts_action_kind {
   TS_ACT_RECV_GRAD,     /* receive the gradient of its output from stage s + 1 */
   TS_ACT_REDUCE,        /* the step's gradient reduction and global norm (mb = -1) */
   TS_ACT_OPTIMIZER,     /* the optimizer step (mb = -1) */
+  /* The engine's lowering of a stage's list (engine/step.c; never in a
+   * built schedule, which ts_schedule_simulate checks at micro-batch
+   * granularity): BACKWARD of mb becomes BACKWARD_UNIT of each of the
+   * stage's units in reverse, each followed by its REDUCE_UNIT where the
+   * ZeRO stage reduces the unit's gradient as its backward ends, then a
+   * closing BACKWARD of mb. */
+  TS_ACT_BACKWARD_UNIT, /* backward of unit `unit` of micro-batch mb */
+  TS_ACT_REDUCE_UNIT,   /* the reduce-scatter of unit `unit`'s gradient (its bucket) */
   TS_ACT_NUM_KINDS,
 } ts_action_kind;
 
@@ -55,6 +63,7 @@ typedef struct ts_action {
   ts_action_kind kind;
   int mb;   /* micro-batch 0 .. m-1, or -1 */
   int peer; /* the other stage of a send or receive, else -1 */
+  int unit; /* the unit of a *_UNIT action, else -1 */
 } ts_action;
 
 /* One stage's actions for one step, in order. */

@@ -4,10 +4,12 @@
  * (schedule.h; a run without pipelining is a one-stage 1F1B schedule),
  * run top to bottom, one place per action kind:
  *
- *   FORWARD, BACKWARD      a micro-batch's passes over this stage's units
- *                          (passes.c; the ZeRO stage's gathers and the
- *                          per-unit reduce-scatters inside, params.c and
- *                          reduce.c)
+ *   FORWARD                a micro-batch's forward over this stage's units
+ *                          (passes.c; stage 3's gathers params.c's)
+ *   BACKWARD_UNIT          one unit's backward of a micro-batch (passes.c)
+ *   REDUCE_UNIT            its gradient's reduce-scatter, where the ZeRO
+ *                          stage reduces as the backward ends (reduce.c)
+ *   BACKWARD               a micro-batch's backward done (passes.c)
  *   SEND_*, RECV_*         activations and their gradients between pipeline
  *                          stages (pipeline.c)
  *   REDUCE                 the step's gradient reductions and the global
@@ -15,11 +17,16 @@
  *   OPTIMIZER              skip or apply: clipping, AdamW, the updated
  *                          parameters' all-gather (optimizer.c)
  *
+ * The schedule (schedule.h) says BACKWARD of a micro-batch; the executor
+ * runs the list lowered once (lower, below): BACKWARD becomes the stage's
+ * units' BACKWARD_UNIT in reverse, each followed by its REDUCE_UNIT when
+ * the ZeRO stage reduces it then, and a closing BACKWARD.
  * Observers (observer.h) see each action begin and end. No other file
  * calls into this one: the action families call each other's parts
  * (params, reduce, pipeline), never the executor. A step that fails before
  * its OPTIMIZER action leaves the engine as after the last step.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "engine/engine_internal.h"
@@ -77,6 +84,28 @@ static void discard_step(ts_engine *e) {
   ts_shard_release(&e->ledger, &e->tied_grads);
 }
 
+/* This stage's list lowered into e->program (the header comment): built
+ * at the first step, the same for every step. TS_ERR_OUT_OF_MEMORY. */
+static ts_status lower(ts_engine *e) {
+  const ts_stage_schedule *ss = &e->sched.stage[e->stage];
+  size_t units = (size_t)(e->u_end - e->u_begin), n = 0;
+  ts_action *out = malloc((ss->n + ss->n * 2 * units) * sizeof *out);
+  if (!out) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "step: the list of %zu actions", ss->n);
+  for (size_t i = 0; i < ss->n; i++) {
+    const ts_action *a = &ss->actions[i];
+    if (a->kind == TS_ACT_BACKWARD) {
+      int due = ts_engine_unit_reduce_due(e, a->mb);
+      for (int u = e->u_end - 1; u >= e->u_begin; u--) {
+        out[n++] = (ts_action){TS_ACT_BACKWARD_UNIT, a->mb, -1, u};
+        if (due) out[n++] = (ts_action){TS_ACT_REDUCE_UNIT, a->mb, -1, u};
+      }
+    }
+    out[n++] = *a;
+  }
+  e->program = (ts_stage_schedule){out, n};
+  return TS_OK;
+}
+
 /* Runs action a of this stage's list (next: the one after it, or NULL);
  * batch fills a micro-batch's host arrays. */
 static ts_status run_action(ts_engine *e, const ts_action *a, const ts_action *next,
@@ -85,9 +114,13 @@ static ts_status run_action(ts_engine *e, const ts_action *a, const ts_action *n
   size_t n = ts_engine_btc(e);
   switch (a->kind) {
     case TS_ACT_FORWARD:
-      return ts_engine_forward_action(e, a->mb, next && next->kind == TS_ACT_BACKWARD &&
+      return ts_engine_forward_action(e, a->mb, next && next->kind == TS_ACT_BACKWARD_UNIT &&
                                                     next->mb == a->mb,
                                       batch, user);
+    case TS_ACT_BACKWARD_UNIT:
+      return ts_engine_backward_unit_action(e, a->mb, a->unit);
+    case TS_ACT_REDUCE_UNIT:
+      return ts_engine_reduce_unit_action(e, a->unit);
     case TS_ACT_BACKWARD:
       return ts_engine_backward_action(e, a->mb);
     case TS_ACT_SEND_ACT:
@@ -127,7 +160,8 @@ ts_status ts_engine_step(ts_engine *e, ts_engine_batch_fn batch, void *user, flo
   if (e->in_step)
     return ts_set_error(TS_ERR_INVALID_USAGE, "engine: step inside a step: expected a step "
                                               "boundary");
-  const ts_stage_schedule *ss = &e->sched.stage[e->stage];
+  if (!e->program.actions) TS_CHECK(lower(e));
+  const ts_stage_schedule *ss = &e->program;
   ts_comm_counters start = counters_now(e);
   memset(stats, 0, sizeof *stats);
   stats->overflow_unit = -1;
