@@ -487,6 +487,41 @@ TEST(Engine, TheStepIsTheLoweredScheduleWithReductionsAsActions) {
   }
 }
 
+// Observers: up to TS_ENGINE_MAX_OBSERVERS, each once, between steps; a
+// refusal says which rule, and a removed one is told nothing more.
+TEST(Engine, ObserversAreRegisteredOnceBetweenStepsUpToTheLimit) {
+  const size_t V = 64, T = 8;
+  EngineFixture f(SmallConfig(V), Opts(2, T));
+  ActionLog logs[TS_ENGINE_MAX_OBSERVERS + 1];
+  ts_step_observer obs[TS_ENGINE_MAX_OBSERVERS + 1] = {};
+  for (int i = 0; i <= TS_ENGINE_MAX_OBSERVERS; i++) {
+    obs[i].action = ActionLog::Action;
+    obs[i].user = &logs[i];
+  }
+  for (int i = 0; i < TS_ENGINE_MAX_OBSERVERS - 1; i++)
+    ASSERT_EQ(ts_engine_add_observer(f.e, &obs[i]), TS_OK);
+  EXPECT_EQ(ts_engine_add_observer(f.e, &obs[0]), TS_ERR_INVALID_USAGE);
+  EXPECT_NE(std::string(ts_last_error()).find("registered twice"), std::string::npos);
+  // the last free place is ts_testing::Step's: a fifth is refused inside it
+  Batch b(2, T, V, 22);
+  ts_step_stats st;
+  ts_status inside = TS_OK;
+  ASSERT_EQ(ts_testing::Step(f.e, b.in.data(), b.tgt.data(), 1e-3f, &st,
+                             [&](ts_engine *e) { inside = ts_engine_add_observer(e, &obs[4]); }),
+            TS_OK);
+  EXPECT_EQ(inside, TS_ERR_INVALID_USAGE);
+  ASSERT_EQ(ts_engine_add_observer(f.e, &obs[TS_ENGINE_MAX_OBSERVERS - 1]), TS_OK);
+  EXPECT_EQ(ts_engine_add_observer(f.e, &obs[TS_ENGINE_MAX_OBSERVERS]), TS_ERR_INVALID_USAGE);
+  EXPECT_NE(std::string(ts_last_error()).find("expected at most"), std::string::npos);
+  EXPECT_FALSE(logs[0].seen.empty());
+  EXPECT_TRUE(logs[TS_ENGINE_MAX_OBSERVERS].seen.empty());
+  ts_engine_remove_observer(f.e, &obs[0]);
+  std::string before = logs[0].seen;
+  for (int i = 1; i < TS_ENGINE_MAX_OBSERVERS; i++) ts_engine_remove_observer(f.e, &obs[i]);
+  ASSERT_EQ(ts_testing::Step(f.e, b.in.data(), b.tgt.data(), 1e-3f, &st), TS_OK);
+  EXPECT_EQ(logs[0].seen, before) << "a removed observer is told nothing";
+}
+
 TEST(Schedule, WarmupThenCosineToFloor) {
   EXPECT_FLOAT_EQ(ts_train_lr(1, 100, 10, 1.0f, 0.1f), 0.1f);
   EXPECT_FLOAT_EQ(ts_train_lr(10, 100, 10, 1.0f, 0.1f), 1.0f);

@@ -44,7 +44,6 @@ ts_status ts_engine_observe_action(ts_engine *e, const ts_action *a, int end, ts
   return first;
 }
 
-
 /* ---- spans, and the trace as an observer ----------------------------------------- */
 
 void ts_engine_span_begin(ts_engine *e, ts_span_kind kind, int unit) {
