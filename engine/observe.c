@@ -6,7 +6,8 @@
  * collective in flight. A leaf of the step's files: it calls comm, the
  * trace and the kernels' synchronize, never back into the step.
  */
-#include "engine/engine_internal.h"
+#include "engine/observe.h"
+#include "engine/state.h"
 
 /* ---- observers (observer.h) ----------------------------------------------------- */
 

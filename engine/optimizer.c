@@ -7,7 +7,12 @@
 #include <math.h>
 #include <stdio.h>
 
-#include "engine/engine_internal.h"
+#include "engine/observe.h"
+#include "engine/optimizer.h"
+#include "engine/pipeline_internal.h"
+#include "engine/reduce.h"
+#include "engine/slices.h"
+#include "engine/state.h"
 #include "shard/collect.h"
 
 /* A non-finite gradient (fp16 overflow, or in fp32/bf16 a diverging run)

@@ -9,7 +9,9 @@
  * Part of the forward and backward actions (passes.c); calls nothing of
  * the executor.
  */
-#include "engine/engine_internal.h"
+#include "engine/observe.h"
+#include "engine/params.h"
+#include "engine/state.h"
 #include "shard/collect.h"
 
 /* Starts the all-gather of unit u's parameter shards into a new full

@@ -12,8 +12,13 @@
  */
 #include <string.h>
 
-#include "engine/engine_internal.h"
 #include "engine/engine_testing.h"
+#include "engine/observe.h"
+#include "engine/params.h"
+#include "engine/passes.h"
+#include "engine/pipeline_internal.h"
+#include "engine/reduce.h"
+#include "engine/state.h"
 #include "shard/collect.h"
 
 /* ---- tied embeddings ------------------------------------------------------------ */

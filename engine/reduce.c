@@ -19,7 +19,13 @@
  * the dp group (per unit in model order, whatever the layout) into
  * e->reduced for the OPTIMIZER action. Calls nothing of the executor.
  */
-#include "engine/engine_internal.h"
+#include "engine/observe.h"
+#include "engine/params.h"
+#include "engine/pipeline_internal.h"
+#include "engine/reduce.h"
+#include "engine/slices.h"
+#include "engine/staging.h"
+#include "engine/state.h"
 #include "shard/collect.h"
 
 ts_status ts_engine_full_grads(ts_engine *e, int u, void **out) {

@@ -29,7 +29,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/engine_internal.h"
+#include "engine/observe.h"
+#include "engine/optimizer.h"
+#include "engine/passes.h"
+#include "engine/pipeline_internal.h"
+#include "engine/reduce.h"
+#include "engine/state.h"
 #include "shard/collect.h"
 
 /* The counters of the dp group plus the pipeline group and (hybrid) the

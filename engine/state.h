@@ -1,0 +1,189 @@
+/*
+ * state.h — private to engine/: the engine's state (struct ts_engine, a unit's
+ * state, a micro-batch's slot) and the small inline helpers every file of
+ * the step uses. Each family of the step declares its functions in a
+ * header of its own (passes.h, params.h, reduce.h, optimizer.h,
+ * pipeline_internal.h, observe.h; tensors.c's slices.h, checkpoint.c's
+ * staging.h), so that a file includes what it uses (the optimizer sees no
+ * test hook and no NCCL type); engine_internal.h gathers them all for the
+ * files that use most.
+ *
+ * Ownership: the engine owns every buffer below and allocates each through
+ * its ledger on its device (e->device), except: the batch's host staging
+ * beside a device (the ledger's CPU account), the step scalars on the CPU
+ * and their host copy (plain host memory; see alloc_scalars in engine.c)
+ * and device.c's lending (its own, opaque here).
+ */
+#ifndef TS_ENGINE_STATE_H
+#define TS_ENGINE_STATE_H
+
+#include "engine/engine.h"
+#include "engine/loss_scale.h"
+#include "engine/observer.h"
+#include "engine/trace.h"
+#include "engine/zero.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct unit_state {
+  ts_flat_layout layout; /* offsets, padding P, shard S for the N ranks */
+  void *params;          /* compute dtype: (P), or (S) when the policy shards them */
+  void *grads;           /* compute dtype: (P), or (S) when the policy shards them */
+  float *master;         /* fp32, NULL in fp32: (P), or (S) with sharded optimizer state */
+  float *m, *v;          /* fp32 Adam moments: as master */
+  int recompute;         /* activation checkpointing: forward again before backward */
+  void *full_params;     /* sharded params: (P) gathered while uses > 0, else NULL */
+  int uses;              /* sharded params: holders of full_params */
+  int kept;              /* opts.keep_gathered: 1 while the step holds full_params (one
+                            of uses) from the unit's first forward to its last backward */
+  void *full_grads;      /* sharded grads: (P) from the unit's (or a borrower's)
+                            backward to its reduce-scatter, else NULL */
+  /* opts.overlap: */
+  int holds;                      /* uses taken ahead (a prefetch, the last unit kept for its
+                                     backward), each handed to a later acquire */
+  ts_comm_request *gather_req;    /* all-gather in flight into full_params (stage 3) or of
+                                     updated params (the optimizer, stages 1/2), else NULL */
+  ts_comm_request *reduce_req;    /* reduce-scatter of the gradient in flight, else NULL */
+  ts_comm_request *reduce_ag_req; /* stage 0: the all-gather of the reduced gradient after
+                                     it, else NULL */
+} unit_state;
+
+/* The activations of one micro-batch in flight (pipeline schedules hold
+ * several; without pipelining there is one). A slot serves micro-batches
+ * mb with mb % n_slots equal to its index: the ones in flight at once are
+ * consecutive, never more than n_slots (ts_schedule_in_flight). */
+typedef struct act_slot {
+  void **acts;      /* [n_units] input (B, T, C) of unit u, for the units this stage
+                       computes (u > 0) and the next stage's first unit (its output) */
+  void **saved;     /* [n_units] the saved bytes of unit u; NULL when recomputed (the
+                       engine's recompute_saved serves) or not on this stage */
+  int32_t *tokens;  /* (B, T) the micro-batch's inputs */
+  int32_t *targets; /* (B, T) its targets, -100 = ignore */
+  void *gsend;      /* (B, T, C) gradient of the stage's input, sent to stage s - 1
+                       (stages s > 0 of a pipeline), else NULL */
+  float dloss;      /* d(scaled step loss)/d(row loss) of this micro-batch */
+  ts_comm_request *act_req;  /* pending send of its output (acts[u_end]), or NULL */
+  ts_comm_request *grad_req; /* pending send of gsend, or NULL */
+} act_slot;
+
+struct ts_engine {
+  const ts_model *model;      /* borrowed from the creator */
+  ts_engine_opts opts;        /* as given */
+  const ts_zero_policy *zero; /* the stage's policy (zero.h) */
+  ts_device device;      /* where every training buffer lives */
+  ts_ledger ledger;      /* every buffer below, per device */
+  ts_kctx ctx;           /* the device's context, with the workspace */
+  ts_comm *dp;           /* data-parallel group (borrowed or own_comm) */
+  ts_comm *own_comm;     /* the one-rank group made when none was given */
+  int rank, dp_size;     /* this rank r and N, of the data-parallel group (hybrid sharding:
+                            of the shard group, S ranks) */
+  ts_comm *rep;          /* hybrid sharding: the replica group (this shard's N/S copies, one per
+                            shard group, in group order), else NULL */
+  ts_comm *own_shard, *own_rep; /* hybrid sharding: the two groups cut from the dp group given */
+  int replicas, rep_rank;       /* N/S and this rank's shard group (1 and 0 without hybrid) */
+  size_t es;             /* bytes per compute element */
+  void *scratch;         /* reduce-scatter scratch, (N-1) * max S elements */
+  size_t scratch_bytes;  /* its size, bytes */
+  unit_state *units;     /* [n_units]; those of other pipeline stages stay zeroed, but
+                            for a tied head's lender (its params alone: the replica) */
+  act_slot *slots;       /* [n_slots] micro-batches in flight */
+  int n_slots;           /* 1 without pipelining */
+  int32_t *tokens;       /* (B, T) slot 0's inputs (the micro-step's batch) */
+  int32_t *targets;      /* (B, T) slot 0's targets */
+  int32_t *h_tokens;     /* (B, T) the host's batch (ts_engine_batch): tokens itself on the
+                            CPU, host staging for a device */
+  int32_t *h_targets;    /* (B, T) likewise */
+  int32_t *staging;      /* beside a device: (2, B, T) page-locked host copy of a micro-batch's
+                            tokens then targets, read by an asynchronous copy; else NULL */
+  struct ts_engine_lending *lending; /* device.c's: the memory lent to dp, pp and rep
+                                        (ts_engine_lend_memory), NULL while none is */
+  ts_device_report report; /* beside a device: its name, total and used_at_create */
+  void *dbuf[2];         /* (B, T, C) activation gradients, ping-pong */
+  void *recompute_saved; /* saved activations of the recomputed unit in use */
+  /* The step's scalars on the device, read once per step (one block): */
+  double *scalars;       /* the block: loss then sumsq then eval_loss */
+  double *loss;          /* (grad_accum, 2): each micro-batch's (loss sum, rows) */
+  double *sumsq;         /* (n_units): squared norm of each unit's gradient shard */
+  double *eval_loss;     /* (2): the evaluation's (loss sum, rows) */
+  int32_t *nonfinite;    /* (n_units, TS_UNIT_MAX_TENSORS): overflow search flags */
+  size_t scalar_bytes;   /* bytes of the block */
+  double *h_scalars;     /* host copy of the block (what the step reads back) */
+  double *h_part;        /* (1 + n_units) host: the step's loss sum and per-unit squared
+                            norms, summed over the pipeline's stages */
+  double reduced[2];     /* the REDUCE action's sums over the grid: the step's loss (each
+                            micro-batch's mean, summed) and the gradients' sum of squares */
+  int step;              /* optimizer updates applied (AdamW's t) */
+  int attempts;          /* optimizer steps finished, skipped ones included */
+  ts_loss_scaler scaler; /* fp16 loss scaling (scale 1 otherwise) */
+  /* Pipeline stages (pipeline.c; without pipelining P = 1, stage 0, all units): */
+  int stages, stage;     /* P and this rank's pipeline stage s */
+  int u_begin, u_end;    /* the units this stage computes, [u_begin, u_end) */
+  ts_comm *pp;           /* the pipeline group of this dp rank (borrowed or own_pp), NULL
+                            when P = 1 */
+  ts_comm *own_pp;       /* a plan's own pipeline group (ts_comm_plan), else NULL */
+  int lender;            /* the unit a tied head borrows from (its tied_unit), or -1 */
+  int replica;           /* 1: units[lender] holds only the tied head's copy of the
+                            lender's parameters (the last stage, P > 1) */
+  int cur_mb;            /* the micro-batch of the action running (its index in the step) */
+  void *tied_grads;      /* tied head: its gradient of the borrowed tensor, summed over the
+                            step's micro-batches, (P) of the lender's layout, compute dtype;
+                            a transient (grads) from the first head backward to the fold */
+  ts_comm_request *tied_req; /* pending send of tied_grads to stage 0, or NULL */
+  ts_schedule sched;     /* the step's schedule (P > 1), built once */
+  ts_stage_schedule program; /* this stage's list as the executor runs it: sched's, lowered
+                                (step.c) at the first step; owned */
+  struct {                 /* the backward of the micro-batch in progress (passes.c) */
+    const void *din;       /* the gradient of the current unit's output */
+    int cur;               /* dbuf index its input gradient goes to */
+  } bw;
+  ts_trace *trace;              /* train --trace: spans (borrowed); NULL: none */
+  ts_step_observer trace_observer; /* the trace's observer, registered while trace is set */
+  const ts_step_observer *observers[TS_ENGINE_MAX_OBSERVERS]; /* (n_observers), borrowed */
+  int n_observers;
+  int comm_thread;              /* 1: dp has a communication thread this engine started */
+  int rs_pending;               /* opts.overlap, stages 2/3: the unit whose reduce-scatter is
+                                   in flight (its full_grads kept until it ends), else -1 */
+  int hold_last;                /* opts.overlap: the action after this forward is the same
+                                   micro-batch's backward (keep the last unit gathered) */
+  int in_step;                  /* 1 while ts_engine_step runs its list */
+  int in_micro_batch;           /* 1 while an action of micro-batch cur_mb runs (spans and the
+                                   watchdog name it; a forward that keeps gathered units) */
+  ts_comm_counters step_start;  /* counters when the current step began */
+  void *ckpt_staging;           /* opts.async_save: this rank's checkpoint file bytes (host,
+                                   staging), the copy an asynchronous save writes; else NULL */
+  size_t ckpt_staging_bytes;    /* its size, bytes */
+  struct ts_checkpoint_pending *ckpt_pending; /* the asynchronous save in flight, else NULL */
+  double ckpt_staging_wait; /* seconds state changes waited for its copies, summed */
+};
+
+/* Whether unit u is computed by this rank's stage. */
+static inline int ts_engine_owns(const ts_engine *e, int u) {
+  return u >= e->u_begin && u < e->u_end;
+}
+
+/* The mean loss of a (sum, rows) pair: 0 when no row has a target. */
+static inline double ts_engine_mean_loss(const double *pair) {
+  return pair[1] > 0 ? pair[0] / pair[1] : 0.0;
+}
+
+/* Slot of micro-batch mb. */
+static inline act_slot *ts_engine_slot(ts_engine *e, int mb) {
+  return &e->slots[mb % e->n_slots];
+}
+
+/* Message tags on the pipeline group: kind + TS_TAG_KINDS * micro-batch. */
+enum { TS_TAG_ACT = 0, TS_TAG_GRAD, TS_TAG_TIED, TS_TAG_PARAMS, TS_TAG_EVAL, TS_TAG_KINDS };
+static inline int ts_engine_tag(int kind, int mb) { return kind + TS_TAG_KINDS * mb; }
+
+/* Elements of one (B, T, C) activation. */
+static inline size_t ts_engine_btc(const ts_engine *e) {
+  return e->opts.micro_batch * e->opts.seq * e->model->hidden_size;
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TS_ENGINE_STATE_H */
