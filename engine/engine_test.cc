@@ -426,8 +426,8 @@ TEST(Engine, EveryZeroStageOnOneRankTrainsIdentically) {
 // observer sees it begin: each micro-batch's FORWARD, its units' backward
 // in reverse, each followed by its reduce-scatter where the ZeRO stage
 // reduces then (stages 2/3 every micro-batch; 0/1 with overlap in the
-// last, their bucket), the micro-batch's closing BACKWARD, then REDUCE and
-// OPTIMIZER.
+// last, their bucket), the micro-batch's closing BACKWARD, then REDUCE,
+// OPTIMIZER, each unit's OPTIMIZER_UNIT and OPTIMIZER_END.
 struct ActionLog {
   std::string seen;
   static ts_status Action(void *user, ts_engine *, const ts_action *a, int end, ts_status) {
@@ -436,9 +436,12 @@ struct ActionLog {
     char buf[48];
     snprintf(buf, sizeof buf, "%s%s", self->seen.empty() ? "" : " ", ts_action_kind_name(a->kind));
     self->seen += buf;
-    if (a->mb >= 0) self->seen += "(" + std::to_string(a->mb);
-    if (a->unit >= 0) self->seen += "," + std::to_string(a->unit);
-    if (a->mb >= 0) self->seen += ")";
+    if (a->mb >= 0 || a->unit >= 0) {
+      self->seen += "(";
+      if (a->mb >= 0) self->seen += std::to_string(a->mb) + (a->unit >= 0 ? "," : "");
+      if (a->unit >= 0) self->seen += std::to_string(a->unit);
+      self->seen += ")";
+    }
     return TS_OK;
   }
 };
@@ -454,18 +457,21 @@ TEST(Engine, TheStepIsTheLoweredScheduleWithReductionsAsActions) {
       {0, false,
        "forward(0) backward_unit(0,3) backward_unit(0,2) backward_unit(0,1) backward_unit(0,0) "
        "backward(0) forward(1) backward_unit(1,3) backward_unit(1,2) backward_unit(1,1) "
-       "backward_unit(1,0) backward(1) reduce optimizer"},
+       "backward_unit(1,0) backward(1) reduce optimizer optimizer_unit(0) optimizer_unit(1) optimizer_unit(2) "
+       "optimizer_unit(3) optimizer_end"},
       {1, true,
        "forward(0) backward_unit(0,3) backward_unit(0,2) backward_unit(0,1) backward_unit(0,0) "
        "backward(0) forward(1) backward_unit(1,3) reduce_unit(1,3) backward_unit(1,2) "
        "reduce_unit(1,2) backward_unit(1,1) reduce_unit(1,1) backward_unit(1,0) "
-       "reduce_unit(1,0) backward(1) reduce optimizer"},
+       "reduce_unit(1,0) backward(1) reduce optimizer optimizer_unit(0) optimizer_unit(1) optimizer_unit(2) "
+       "optimizer_unit(3) optimizer_end"},
       {3, false,
        "forward(0) backward_unit(0,3) reduce_unit(0,3) backward_unit(0,2) reduce_unit(0,2) "
        "backward_unit(0,1) reduce_unit(0,1) backward_unit(0,0) reduce_unit(0,0) backward(0) "
        "forward(1) backward_unit(1,3) reduce_unit(1,3) backward_unit(1,2) reduce_unit(1,2) "
        "backward_unit(1,1) reduce_unit(1,1) backward_unit(1,0) reduce_unit(1,0) backward(1) "
-       "reduce optimizer"},
+       "reduce optimizer optimizer_unit(0) optimizer_unit(1) optimizer_unit(2) "
+       "optimizer_unit(3) optimizer_end"},
   };
   for (const Case &c : cases) {
     ts_engine_opts o = Opts(2, T);

@@ -1,9 +1,12 @@
-/* optimizer.c — the step's OPTIMIZER action, after REDUCE (reduce.c) has
- * summed the global norm and the loss: the overflow decision (a
- * non-finite norm, or without loss scaling a non-finite loss) and skip,
- * else clipping, AdamW on this rank's part, the stage's all-gather of the
- * updated parameters and the tied head's replica; gradients zeroed, the
- * loss scaler told. Calls nothing of the executor. */
+/* optimizer.c — the update, as the executor's OPTIMIZER, OPTIMIZER_UNIT
+ * (one per unit of the stage) and OPTIMIZER_END actions, after REDUCE
+ * (reduce.c) has summed the global norm and the loss. OPTIMIZER: the
+ * overflow decision (a non-finite norm, or without loss scaling a
+ * non-finite loss) and the whole skip, else the clip factor and AdamW's
+ * t; OPTIMIZER_UNIT: a unit's AdamW on this rank's part and the all-gather
+ * of its update; OPTIMIZER_END: the all-gathers ended, the tied head's
+ * replica, gradients zeroed, the loss scaler told. Calls nothing of the
+ * executor. */
 #include <math.h>
 #include <stdio.h>
 
@@ -36,35 +39,33 @@ static ts_status skip_step(ts_engine *e, ts_step_stats *stats, int bad_norm) {
   return TS_OK;
 }
 
-/* A clean step: clip, AdamW on this rank's part, the stage's all-gather of
- * the updated parameters, gradients zeroed, the scaler told. */
-static ts_status apply_step(ts_engine *e, float lr, double sumsq, ts_step_stats *stats) {
-  float loss_scale = e->scaler.scale;
-  double norm = sqrt(sumsq) / (double)loss_scale;
-  float scale = 1.0f;
-  if (e->opts.grad_clip > 0 && norm > e->opts.grad_clip)
-    scale = (float)(e->opts.grad_clip / (norm + 1e-6)); /* torch clip_grad_norm_ */
-  scale /= loss_scale; /* unscale: exact for a power of two */
-  e->step++;
-  ts_engine_span_begin(e, TS_SPAN_OPTIMIZER, -1);
-  ts_status st = TS_OK;
-  for (int u = e->u_begin; u < e->u_end && st == TS_OK; u++) {
-    unit_state *s = &e->units[u];
-    /* stage 0: the unit's reduced gradient gathered (the norm needed its part) */
-    st = ts_engine_comm_wait(e, &s->reduce_ag_req, TS_SPAN_ALL_GATHER, u);
-    ts_engine_span_begin(e, TS_SPAN_OPTIMIZER, u); /* the unit's AdamW, inside the update's */
-    if (st == TS_OK) st = ts_engine_adamw_unit(e, u, lr, scale);
-    ts_engine_span_end(e, TS_SPAN_OPTIMIZER, u);
-    if (st == TS_OK && e->zero->gather_after_update) {
-      /* with overlap beside the next unit's AdamW, waited for below */
-      ts_engine_comm_note(e, u);
-      st = ts_shard_iall_gather(e->dp, &s->layout,
-                                (char *)s->params + ts_engine_shard_begin(e, u) * e->es, s->params,
-                                e->opts.dtype, &s->gather_req);
-      if (st == TS_OK && !e->opts.overlap)
-        st = ts_engine_comm_wait(e, &s->gather_req, TS_SPAN_ALL_GATHER, u);
-    }
+/* OPTIMIZER_UNIT of unit u on a clean step: its reduced gradient
+ * gathered (stage 0: the norm needed its part only), AdamW on this rank's
+ * part, the all-gather of its update started (stages 1-2; with overlap
+ * beside the next unit's AdamW, waited for by OPTIMIZER_END). After an
+ * error of an earlier unit it does nothing; OPTIMIZER_END returns it. */
+ts_status ts_engine_optimizer_unit_action(ts_engine *e, int u, float lr) {
+  if (e->update.skipped || e->update.st != TS_OK) return TS_OK;
+  unit_state *s = &e->units[u];
+  ts_status st = ts_engine_comm_wait(e, &s->reduce_ag_req, TS_SPAN_ALL_GATHER, u);
+  ts_engine_span_begin(e, TS_SPAN_OPTIMIZER, u); /* the unit's AdamW, inside the update's */
+  if (st == TS_OK) st = ts_engine_adamw_unit(e, u, lr, e->update.scale);
+  ts_engine_span_end(e, TS_SPAN_OPTIMIZER, u);
+  if (st == TS_OK && e->zero->gather_after_update) {
+    ts_engine_comm_note(e, u);
+    st = ts_shard_iall_gather(e->dp, &s->layout,
+                              (char *)s->params + ts_engine_shard_begin(e, u) * e->es, s->params,
+                              e->opts.dtype, &s->gather_req);
+    if (st == TS_OK && !e->opts.overlap)
+      st = ts_engine_comm_wait(e, &s->gather_req, TS_SPAN_ALL_GATHER, u);
   }
+  e->update.st = st;
+  return TS_OK;
+}
+
+ts_status ts_engine_optimizer_end_action(ts_engine *e, float lr, ts_step_stats *stats) {
+  if (e->update.skipped) return TS_OK;
+  ts_status st = e->update.st;
   for (int u = e->u_begin; u < e->u_end; u++) {
     ts_status w = ts_engine_comm_wait(e, &e->units[u].gather_req, TS_SPAN_ALL_GATHER, u);
     if (st == TS_OK) st = w;
@@ -75,7 +76,7 @@ static ts_status apply_step(ts_engine *e, float lr, double sumsq, ts_step_stats 
   TS_CHECK(ts_engine_zero_grads(e));
   e->attempts++;
   ts_loss_scaler_clean(&e->scaler, e->attempts);
-  stats->grad_norm = norm;
+  stats->grad_norm = e->update.norm;
   stats->lr = lr;
   stats->step = e->step;
   stats->next_loss_scale = e->scaler.scale;
@@ -83,13 +84,26 @@ static ts_status apply_step(ts_engine *e, float lr, double sumsq, ts_step_stats 
 }
 
 ts_status ts_engine_optimizer_action(ts_engine *e, float lr, ts_step_stats *stats) {
+  (void)lr; /* the units' actions apply it */
   const double *sums = e->reduced; /* REDUCE's: the loss sum, the sum of squares */
   stats->loss = sums[0] / ((double)e->opts.grad_accum * (double)e->dp_size * (double)e->replicas);
   stats->step = e->step;
   int bad_norm = !isfinite(sums[1]), bad_loss = !isfinite(sums[0]) && !e->scaler.enabled;
-  if (bad_norm || bad_loss) { /* agreed: both sums are the same on every rank of the grid */
+  e->update.skipped = bad_norm || bad_loss;
+  e->update.st = TS_OK;
+  if (e->update.skipped) { /* agreed: both sums are the same on every rank of the grid */
     stats->grad_norm = sums[1];
     return skip_step(e, stats, bad_norm);
   }
-  return apply_step(e, lr, sums[1], stats);
+  /* a clean step: the clip and unscale factor of every unit's AdamW */
+  float loss_scale = e->scaler.scale;
+  double norm = sqrt(sums[1]) / (double)loss_scale;
+  float scale = 1.0f;
+  if (e->opts.grad_clip > 0 && norm > e->opts.grad_clip)
+    scale = (float)(e->opts.grad_clip / (norm + 1e-6)); /* torch clip_grad_norm_ */
+  e->update.scale = scale / loss_scale; /* unscale: exact for a power of two */
+  e->update.norm = norm;
+  e->step++;
+  ts_engine_span_begin(e, TS_SPAN_OPTIMIZER, -1); /* ended by OPTIMIZER_END */
+  return TS_OK;
 }

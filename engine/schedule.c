@@ -17,7 +17,8 @@ const char *ts_schedule_kind_name(ts_schedule_kind k) {
 const char *ts_action_kind_name(ts_action_kind k) {
   static const char *names[TS_ACT_NUM_KINDS] = {
       "forward", "backward",  "send_act",      "recv_act",   "send_grad",
-      "recv_grad", "reduce", "optimizer", "backward_unit", "reduce_unit"};
+      "recv_grad", "reduce", "optimizer", "backward_unit", "reduce_unit", "optimizer_unit",
+      "optimizer_end"};
   return (unsigned)k < TS_ACT_NUM_KINDS ? names[k] : "?";
 }
 

@@ -53,9 +53,12 @@ typedef enum ts_action_kind {
    * granularity): BACKWARD of mb becomes BACKWARD_UNIT of each of the
    * stage's units in reverse, each followed by its REDUCE_UNIT where the
    * ZeRO stage reduces the unit's gradient as its backward ends, then a
-   * closing BACKWARD of mb. */
+   * closing BACKWARD of mb; OPTIMIZER (the decision) is followed by one
+ * OPTIMIZER_UNIT per unit and OPTIMIZER_END. */
   TS_ACT_BACKWARD_UNIT, /* backward of unit `unit` of micro-batch mb */
   TS_ACT_REDUCE_UNIT,   /* the reduce-scatter of unit `unit`'s gradient (its bucket) */
+  TS_ACT_OPTIMIZER_UNIT, /* AdamW of unit `unit` and its update's all-gather */
+  TS_ACT_OPTIMIZER_END,  /* the update's end (after every OPTIMIZER_UNIT) */
   TS_ACT_NUM_KINDS,
 } ts_action_kind;
 

@@ -134,6 +134,12 @@ struct ts_engine {
   ts_schedule sched;     /* the step's schedule (P > 1), built once */
   ts_stage_schedule program; /* this stage's list as the executor runs it: sched's, lowered
                                 (step.c) at the first step; owned */
+  struct {                 /* the step's update (optimizer.c), set by OPTIMIZER */
+    int skipped;           /* 1: the step is skipped (its units' actions do nothing) */
+    ts_status st;          /* the first error of a unit's action, returned by OPTIMIZER_END */
+    float scale;           /* each gradient's factor: clip / loss scale */
+    double norm;           /* the global gradient norm, unscaled */
+  } update;
   struct {                 /* the backward of the micro-batch in progress (passes.c) */
     const void *din;       /* the gradient of the current unit's output */
     int cur;               /* dbuf index its input gradient goes to */

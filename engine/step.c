@@ -14,13 +14,15 @@
  *                          stages (pipeline.c)
  *   REDUCE                 the step's gradient reductions and the global
  *                          norm's sums (reduce.c)
- *   OPTIMIZER              skip or apply: clipping, AdamW, the updated
- *                          parameters' all-gather (optimizer.c)
+ *   OPTIMIZER              skip, or the clip factor (optimizer.c)
+ *   OPTIMIZER_UNIT         one unit's AdamW and its update's all-gather
+ *   OPTIMIZER_END          the update's end: gathers, replica, zeroed grads
  *
  * The schedule (schedule.h) says BACKWARD of a micro-batch; the executor
  * runs the list lowered once (lower, below): BACKWARD becomes the stage's
  * units' BACKWARD_UNIT in reverse, each followed by its REDUCE_UNIT when
- * the ZeRO stage reduces it then, and a closing BACKWARD.
+ * the ZeRO stage reduces it then, and a closing BACKWARD; OPTIMIZER is
+ * followed by one OPTIMIZER_UNIT per unit and OPTIMIZER_END.
  * Observers (observer.h) see each action begin and end. No other file
  * calls into this one: the action families call each other's parts
  * (params, reduce, pipeline), never the executor. A step that fails before
@@ -94,7 +96,7 @@ static void discard_step(ts_engine *e) {
 static ts_status lower(ts_engine *e) {
   const ts_stage_schedule *ss = &e->sched.stage[e->stage];
   size_t units = (size_t)(e->u_end - e->u_begin), n = 0;
-  ts_action *out = malloc((ss->n + ss->n * 2 * units) * sizeof *out);
+  ts_action *out = malloc((ss->n + ss->n * 2 * units + units + 1) * sizeof *out);
   if (!out) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "step: the list of %zu actions", ss->n);
   for (size_t i = 0; i < ss->n; i++) {
     const ts_action *a = &ss->actions[i];
@@ -106,6 +108,11 @@ static ts_status lower(ts_engine *e) {
       }
     }
     out[n++] = *a;
+    if (a->kind == TS_ACT_OPTIMIZER) {
+      for (int u = e->u_begin; u < e->u_end; u++)
+        out[n++] = (ts_action){TS_ACT_OPTIMIZER_UNIT, -1, -1, u};
+      out[n++] = (ts_action){TS_ACT_OPTIMIZER_END, -1, -1, -1};
+    }
   }
   e->program = (ts_stage_schedule){out, n};
   return TS_OK;
@@ -142,6 +149,10 @@ static ts_status run_action(ts_engine *e, const ts_action *a, const ts_action *n
       return ts_engine_reduce_action(e);
     case TS_ACT_OPTIMIZER:
       return ts_engine_optimizer_action(e, lr, stats);
+    case TS_ACT_OPTIMIZER_UNIT:
+      return ts_engine_optimizer_unit_action(e, a->unit, lr);
+    case TS_ACT_OPTIMIZER_END:
+      return ts_engine_optimizer_end_action(e, lr, stats);
     default:
       return ts_set_error(TS_ERR_INTERNAL, "step: action kind %d", (int)a->kind);
   }
@@ -153,7 +164,7 @@ static ts_status observed_action(ts_engine *e, const ts_action *a, const ts_acti
                                  ts_engine_batch_fn batch, void *user, float lr,
                                  ts_step_stats *stats, int *optimizer) {
   TS_CHECK(ts_engine_observe_action(e, a, 0, TS_OK));
-  *optimizer = a->kind == TS_ACT_OPTIMIZER;
+  *optimizer |= a->kind == TS_ACT_OPTIMIZER;
   ts_status st = run_action(e, a, next, batch, user, lr, stats);
   ts_status end = ts_engine_observe_action(e, a, 1, st);
   return st != TS_OK ? st : end;
