@@ -438,10 +438,11 @@ typedef ts_status (*ts_engine_batch_fn)(void *user, int mb, int32_t *inputs, int
  *     from every rank's gradient shard (summed per unit in model order over
  *     the pipeline, then one all-reduce over the dp group, rank order, so
  *     every stage and layout reports the same bits);
- *   OPTIMIZER: clipping (torch.nn.utils.clip_grad_norm_: scale max_norm /
- *     (norm + 1e-6) when norm > max_norm), AdamW with learning rate lr on
- *     this rank's shard, all-gather of the updated parameters (stages 1-2),
- *     gradients zeroed.
+ *   OPTIMIZER, then one OPTIMIZER_UNIT per unit and OPTIMIZER_END:
+ *     clipping (torch.nn.utils.clip_grad_norm_: scale max_norm /
+ *     (norm + 1e-6) when norm > max_norm), each unit's AdamW with learning
+ *     rate lr on this rank's shard and the all-gather of its update
+ *     (stages 1-2), gradients zeroed.
  * Every stage calls batch for every micro-batch (stage 0 reads the inputs,
  * the last stage the targets). The bits are those of the same
  * micro-batches without pipelining at the same dp size: every unit
