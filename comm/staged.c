@@ -64,7 +64,6 @@ typedef struct staged_request {
   ts_comm_request base;   /* first member (backend.h) */
   ts_comm_request *inner; /* MPI's request of the send or receive; NULL once finished */
   struct host_copy *copy; /* a send's or receive's host copy (the group's), else NULL */
-  void *host;             /* copy->p */
   void *dev;              /* a receive: where the data goes once in */
   size_t nbytes;
 } staged_request;
@@ -98,7 +97,6 @@ static ts_status copy_take(staged_state *s, size_t nbytes, const char *op, struc
 static void request_release(staged_request *q) {
   if (q->copy) q->copy->used = 0;
   q->copy = NULL;
-  q->host = NULL;
   q->inner = NULL;
   q->dev = NULL;
   q->nbytes = 0;
@@ -275,7 +273,7 @@ static ts_status p2p_finish(ts_comm *c, staged_request *q) {
   const ts_comm_memory *m = mem_of(c);
   ts_status st = TS_OK;
   if (q->dev && q->nbytes) {
-    st = m->to_device(m->user, q->dev, q->host, q->nbytes);
+    st = m->to_device(m->user, q->dev, q->copy->p, q->nbytes);
     if (st == TS_OK) st = m->sync(m->user);
   }
   return st;
@@ -295,16 +293,15 @@ static ts_status run_p2p(ts_comm *c, staged_state *s, const ts_comm_call *d,
     request_release(q);
     return sc;
   }
-  q->host = q->copy->p;
   ts_status st = TS_OK;
   if (d->kind == TS_COMM_CALL_SEND) {
-    if (q->nbytes) st = m->to_host(m->user, q->host, d->buf, q->nbytes);
+    if (q->nbytes) st = m->to_host(m->user, q->copy->p, d->buf, q->nbytes);
     if (st == TS_OK) st = m->sync(m->user);
   } else {
     q->dev = d->buf;
   }
   ts_comm_call p = *d;
-  p.buf = q->host;
+  p.buf = q->copy->p;
   if (st == TS_OK) st = s->inner.be->run(&s->inner, &p, req ? &q->inner : NULL);
   if (st == TS_OK && !req) st = p2p_finish(c, q);
   if (st != TS_OK || !req) {

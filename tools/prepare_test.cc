@@ -349,6 +349,19 @@ struct Prepared {
   std::string out;
   size_t texts = 0, n = 0;  // samples, and records written (the non-empty ones)
   std::vector<int> train, val;
+  // out/meta.json parsed (free with cJSON_Delete), its "sections" checked
+  // against the records written; NULL (a failure) if unreadable.
+  cJSON *Meta() const {
+    cJSON *meta = cJSON_Parse(Slurp(out + "/meta.json").c_str());
+    EXPECT_NE(meta, nullptr);
+    if (meta) EXPECT_EQ(JsonNumber(meta, "sections"), (double)n);
+    return meta;
+  }
+  // train.bin and val.bin hold the expected ids (vocabulary V).
+  void ExpectShards(size_t V) const {
+    EXPECT_EQ(ShardIds(out + "/train.bin", V), train);
+    EXPECT_EQ(ShardIds(out + "/val.bin", V), val);
+  }
 };
 Prepared PrepareSamples(TempDir &dir, const char *ids_key, const char *fixture, int mlm = 0) {
   Prepared p;
@@ -377,17 +390,13 @@ TEST(PrepareHf, SentencePieceIdsEqualTransformersWithBosAndEos) {
     ASSERT_GE(p.texts, 10u);
     ASSERT_EQ(p.st, TS_OK) << ts_last_error();
     const std::string &out = p.out;
-    const std::vector<int> &want_train = p.train, &want_val = p.val;
-    const size_t n = p.n;
     const size_t V = 480;  // make_fixtures.py's vocab_size
-    EXPECT_EQ(ShardIds(out + "/train.bin", V), want_train);
-    EXPECT_EQ(ShardIds(out + "/val.bin", V), want_val);
+    p.ExpectShards(V);
     EXPECT_EQ(Slurp(out + "/tokenizer.model"),
               Slurp(std::string(kHfDir) + fixture + "/tokenizer.model"));
-    cJSON *meta = cJSON_Parse(Slurp(out + "/meta.json").c_str());
+    cJSON *meta = p.Meta();
     ASSERT_NE(meta, nullptr);
     EXPECT_EQ(JsonNumber(meta, "vocab_size"), (double)V);
-    EXPECT_EQ(JsonNumber(meta, "sections"), (double)n);
     EXPECT_STREQ(cJSON_GetObjectItemCaseSensitive(meta, "tokenizer")->valuestring, "sentencepiece");
     EXPECT_TRUE(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(meta, "add_bos")));
     EXPECT_EQ(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(meta, "add_eos")),
@@ -395,10 +404,10 @@ TEST(PrepareHf, SentencePieceIdsEqualTransformersWithBosAndEos) {
     // The unigram baseline recomputed token by token from the shards; prepare
     // sums it per vocabulary entry, another order: 1e-12 relative covers it.
     std::vector<double> counts(V, 0.0);
-    for (int t : want_train) counts[t] += 1.0;
+    for (int t : p.train) counts[t] += 1.0;
     double nll = 0.0;
-    for (int t : want_val) nll -= log((counts[t] + 1.0) / ((double)want_train.size() + V));
-    const double unigram = nll / (double)want_val.size();
+    for (int t : p.val) nll -= log((counts[t] + 1.0) / ((double)p.train.size() + V));
+    const double unigram = nll / (double)p.val.size();
     EXPECT_NEAR(JsonNumber(meta, "unigram_val_loss"), unigram, 1e-12 * unigram);
     const cJSON *ids = cJSON_GetObjectItemCaseSensitive(meta, "special_ids");
     EXPECT_EQ(JsonNumber(ids, "bos"), 1.0);
@@ -422,19 +431,15 @@ TEST(PrepareHf, TokenizerJsonIdsEqualTransformersAndParquetEqualsJsonLines) {
     ASSERT_GE(p.texts, 10u);
     ASSERT_EQ(p.st, TS_OK) << ts_last_error();
     const std::string &out = p.out;
-    const std::vector<int> &want_train = p.train, &want_val = p.val;
-    const size_t n = p.n;
-    cJSON *meta = cJSON_Parse(Slurp(out + "/meta.json").c_str());
+    cJSON *meta = p.Meta();
     ASSERT_NE(meta, nullptr);
     const size_t V = (size_t)JsonNumber(meta, "vocab_size");
     EXPECT_GT(V, 300u);
-    EXPECT_EQ(JsonNumber(meta, "sections"), (double)n);
     EXPECT_STREQ(cJSON_GetObjectItemCaseSensitive(meta, "tokenizer")->valuestring, "tokenizers");
     EXPECT_STREQ(cJSON_GetObjectItemCaseSensitive(meta, "tokenizer_model")->valuestring,
                  "tokenizer.json");
     cJSON_Delete(meta);
-    EXPECT_EQ(ShardIds(out + "/train.bin", V), want_train);
-    EXPECT_EQ(ShardIds(out + "/val.bin", V), want_val);
+    p.ExpectShards(V);
     EXPECT_EQ(Slurp(out + "/tokenizer.json"),
               Slurp(std::string(kHfDir) + fixture + "/tokenizer.json"));
     EXPECT_FALSE(Exists(out + "/tokenizer.model"));
@@ -459,13 +464,10 @@ TEST(PrepareHf, MlmWithAModelsWordPieceKeepsItsSpecialIds) {
   Prepared p = PrepareSamples(dir, "bert_wordpiece_plain", "bert_wordpiece", 1);
   ASSERT_EQ(p.st, TS_OK) << ts_last_error();
   const std::string &out = p.out;
-  const std::vector<int> &want_train = p.train, &want_val = p.val;
-  const size_t n = p.n;
-  cJSON *meta = cJSON_Parse(Slurp(out + "/meta.json").c_str());
+  cJSON *meta = p.Meta();
   ASSERT_NE(meta, nullptr);
   const size_t V = (size_t)JsonNumber(meta, "vocab_size");
   EXPECT_EQ(V, 364u);
-  EXPECT_EQ(JsonNumber(meta, "sections"), (double)n);
   EXPECT_TRUE(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(meta, "mlm")));
   cJSON *fix = cJSON_Parse(Slurp(std::string(kHfDir) + "samples.json").c_str());
   const cJSON *want = cJSON_GetObjectItemCaseSensitive(fix, "bert_wordpiece_special");
@@ -476,8 +478,7 @@ TEST(PrepareHf, MlmWithAModelsWordPieceKeepsItsSpecialIds) {
   EXPECT_EQ(JsonNumber(ids, "mask"), 363.0);
   cJSON_Delete(fix);
   cJSON_Delete(meta);
-  EXPECT_EQ(ShardIds(out + "/train.bin", V), want_train);
-  EXPECT_EQ(ShardIds(out + "/val.bin", V), want_val);
+  p.ExpectShards(V);
   ts_mlm_spec spec;  // and the masked-LM loader takes these ids
   ASSERT_EQ(ts_mlm_read_meta(out.c_str(), &spec), TS_OK) << ts_last_error();
   EXPECT_EQ(spec.cls_id, 361);
