@@ -142,7 +142,7 @@ struct ts_comm {
   const ts_comm_memory *mem; /* ts_comm_set_memory: where data buffers live; NULL: host */
   int *node;                 /* ts_comm_set_nodes: (size,) each member's node, or NULL */
   int remote_peers;          /* members on another node than this rank's */
-  const ts_comm_sim *sim;    /* ts_comm_set_sim: the simulator's clock, or NULL */
+  const ts_comm_watcher *watcher; /* ts_comm_set_watcher: who watches the calls, or NULL */
   ts_comm_pool *pool;        /* released requests (ts_comm_new's; a wrap's inner copy of the
                                 group shares it, each block tagged with its backend) */
 };
@@ -156,7 +156,7 @@ struct ts_comm_request {
                      leave it. */
   int done_in_start; /* set by a backend whose start ran the call to its end on the
                         caller's thread (staged collectives): the front then times it */
-  double sim_done;   /* ts_comm_set_sim: when the simulator has the call end (s) */
+  int64_t watch_id;  /* ts_comm_set_watcher: the watcher's number for the call, or -1 */
   double started[2]; /* the front: when that start began and ended (us, CLOCK_REALTIME);
                         -1, -1 when the start only started the call */
   /* the pool's (ts_comm_request_new): */

@@ -187,7 +187,7 @@ ts_status ts_comm_request_new(ts_comm *c, const char *op, size_t bytes, ts_comm_
   q->op = op;
   q->times = NULL;
   q->done_in_start = 0;
-  q->sim_done = 0;
+  q->watch_id = -1;
   q->started[0] = q->started[1] = -1.0;
   q->next_free = NULL;
   *out = q;
@@ -405,7 +405,7 @@ static int is_remote(const ts_comm *c, int j) { return c->node && c->node[j] != 
  * arguments ask this rank to send (comm.h), and of them those to members
  * on other nodes. A one-rank group sends nothing and counts nothing, calls
  * included. */
-static void charge(ts_comm *c, const ts_comm_call *d, ts_comm_sim_call *out) {
+static void charge(ts_comm *c, const ts_comm_call *d, ts_comm_call_info *out) {
   memset(out, 0, sizeof *out);
   out->kind = -1;
   out->peer = out->tag = -1;
@@ -444,7 +444,7 @@ static void charge(ts_comm *c, const ts_comm_call *d, ts_comm_sim_call *out) {
       out->peer = d->peer;
       out->tag = d->tag;
       break;
-    case TS_COMM_CALL_RECV: /* nothing sent; told to a simulator */
+    case TS_COMM_CALL_RECV: /* nothing sent; told to a watcher */
       out->recv = 1;
       out->peer = d->peer;
       out->tag = d->tag;
@@ -462,7 +462,7 @@ static void charge(ts_comm *c, const ts_comm_call *d, ts_comm_sim_call *out) {
   if (k == TS_COMM_REDUCE_SCATTER) out->buffer *= (uint64_t)c->size;
 }
 
-void ts_comm_set_sim(ts_comm *c, const ts_comm_sim *sim) { c->sim = sim; }
+void ts_comm_set_watcher(ts_comm *c, const ts_comm_watcher *w) { c->watcher = w; }
 
 const ts_comm_counters *ts_comm_get_counters(const ts_comm *c) { return &c->counters; }
 
@@ -520,10 +520,11 @@ static ts_status submit(ts_comm *c, ts_comm_call *d, ts_comm_request **req) {
   d->blocking = req == NULL;
   d->ctx = ts_comm_get_context();
   TS_CHECK(check_call(c, d));
-  ts_comm_sim_call sc;
-  charge(c, d, &sc);
-  double sim_done =
-      c->sim && (sc.kind >= 0 || sc.recv) ? c->sim->call(c->sim->user, c, &sc, req == NULL) : -1.0;
+  ts_comm_call_info info;
+  charge(c, d, &info);
+  int64_t watch_id = c->watcher && (info.kind >= 0 || info.recv)
+                         ? c->watcher->started(c->watcher->user, c, &info, req == NULL)
+                         : -1;
   if (!req) { /* a blocking call: all of it is the caller's wait */
     double t0 = ts_comm_now_us();
     ts_status st =
@@ -533,7 +534,7 @@ static ts_status submit(ts_comm *c, ts_comm_call *d, ts_comm_request **req) {
   }
   double t0 = ts_comm_now_us();
   TS_CHECK(c->be->run(c, d, req));
-  if (*req) (*req)->sim_done = sim_done;
+  if (*req) (*req)->watch_id = watch_id;
   if (*req && (*req)->done_in_start) {
     (*req)->started[0] = t0;
     (*req)->started[1] = ts_comm_now_us();
@@ -543,7 +544,7 @@ static ts_status submit(ts_comm *c, ts_comm_call *d, ts_comm_request **req) {
 
 ts_status ts_comm_wait(ts_comm_request *req) {
   if (!req) return TS_OK;
-  if (req->c->sim) req->c->sim->wait(req->c->sim->user, req->sim_done);
+  if (req->c->watcher) req->c->watcher->waited(req->c->watcher->user, req->watch_id);
   double t0 = ts_comm_now_us();
   int many = req->c->size > 1; /* wait frees req */
   ts_status st = req->c->be->wait(req);
@@ -554,7 +555,7 @@ ts_status ts_comm_wait(ts_comm_request *req) {
 ts_status ts_comm_wait_timed(ts_comm_request *req, double times[4]) {
   times[0] = times[1] = times[2] = times[3] = -1.0;
   if (!req) return TS_OK;
-  if (req->c->sim) req->c->sim->wait(req->c->sim->user, req->sim_done);
+  if (req->c->watcher) req->c->watcher->waited(req->c->watcher->user, req->watch_id);
   req->times = times;
   times[2] = req->started[0]; /* wait frees req */
   times[3] = req->started[1];

@@ -316,36 +316,39 @@ uint64_t ts_comm_allocations(void);
  * names (ts_comm_host). TS_ERR_OUT_OF_MEMORY. */
 ts_status ts_comm_set_nodes(ts_comm *c, const int *node);
 
-/* ---- a simulator's clock (engine/simulate.h) ---- */
+/* ---- a watcher of a group's calls ---- */
 
-/* One counted call as the simulator sees it: its kind (ts_comm_kind), the
+/* One counted call as a watcher sees it: its kind (ts_comm_kind), the
  * bytes this rank sends and of them those to other nodes (the counters'
  * formula), and the buffer's bytes n of the collective's algorithm (an
  * all-gather's or reduce-scatter's whole (N, count) buffer, an all-reduce's
  * or broadcast's buffer, a send's message). A receive sends nothing and
- * counts nothing: kind -1 with recv 1, so that a simulator can make it end
- * when its send does. peer and tag: a send's or receive's (else -1). */
-typedef struct ts_comm_sim_call {
+ * counts nothing: kind -1 with recv 1 (a watcher that times calls makes it
+ * end when its send does). peer and tag: a send's or receive's (else -1). */
+typedef struct ts_comm_call_info {
   int kind;
   uint64_t bytes, remote, buffer;
   int recv;
   int peer, tag;
-} ts_comm_sim_call;
+} ts_comm_call_info;
 
-/* Hooks a simulator puts on a plan group: call() is told every counted
- * call and every receive when it is made (blocking: the caller waits for
- * it to end there) and returns a value of its own for the call (when it
- * ends on its clock, say); wait() is told that the step waits for a started
- * call, with that value (-1 for a call call() was not told of). */
-typedef struct ts_comm_sim {
+/* Who watches a group's calls: the engine, for its observers (engine/
+ * observer.h; engine/observe.c puts one on its groups while an observer
+ * watches calls). started() is told every counted call and every receive
+ * when it is made, on the caller's thread (blocking: the caller waits for
+ * it to end there), and returns a number of its own for it; waited() is
+ * told that number when the caller begins to wait for the started call
+ * (-1 for a call started() was not told of). Nothing else in comm knows
+ * who watches. */
+typedef struct ts_comm_watcher {
   void *user;
-  double (*call)(void *user, const ts_comm *c, const ts_comm_sim_call *call, int blocking);
-  void (*wait)(void *user, double done);
-} ts_comm_sim;
+  int64_t (*started)(void *user, const ts_comm *c, const ts_comm_call_info *call, int blocking);
+  void (*waited)(void *user, int64_t id);
+} ts_comm_watcher;
 
-/* Puts sim (borrowed; NULL: none) on c: meant for plan groups
- * (ts_comm_plan), whose calls move nothing. */
-void ts_comm_set_sim(ts_comm *c, const ts_comm_sim *sim);
+/* Puts watcher w (borrowed; NULL: none) on c, for the calls started from
+ * then on. */
+void ts_comm_set_watcher(ts_comm *c, const ts_comm_watcher *w);
 void ts_comm_reset_counters(ts_comm *c);
 
 /* --- collectives (blocking; every rank of the group must call) ------------ */

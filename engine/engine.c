@@ -465,6 +465,7 @@ void ts_engine_free(ts_engine *e) {
   if (h && h->release) h->release(h->user, e);
   ts_engine_wait_sends(e); /* no send may still read a buffer */
   ts_engine_wait_all(e);   /* nor a collective write one */
+  ts_engine_drop_observers(e); /* no group keeps the engine's watcher */
   if (e->comm_thread) ts_comm_set_thread(e->dp, 0);
   if (e->units) {
     for (int u = 0; u < e->model->n_units; u++) {

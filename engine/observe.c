@@ -1,7 +1,8 @@
 /*
  * observe.c — what the step tells its watchers, and the step's waits for
  * its collectives (engine_internal.h): the observers (observer.h) and
- * their calls (actions, spans, timed waits), the trace as one observer,
+ * their calls (actions, spans, timed waits, the groups' calls through
+ * comm's watcher), the trace as one observer,
  * the watchdog's context of the calls started next, waiting for every
  * collective in flight. A leaf of the step's files: it calls comm, the
  * trace and the kernels' synchronize, never back into the step.
@@ -10,6 +11,37 @@
 #include "engine/state.h"
 
 /* ---- observers (observer.h) ----------------------------------------------------- */
+
+/* comm.h's watcher on the engine's groups: numbers each call and tells
+ * the observers that watch calls. */
+static int64_t watch_started(void *user, const ts_comm *g, const ts_comm_call_info *k, int blocking) {
+  ts_engine *e = user;
+  int64_t id = e->calls_told++;
+  for (int i = 0; i < e->n_observers; i++)
+    if (e->observers[i]->call) e->observers[i]->call(e->observers[i]->user, e, g, k, blocking, id);
+  return id;
+}
+
+static void watch_waited(void *user, int64_t id) {
+  ts_engine *e = user;
+  for (int i = 0; i < e->n_observers; i++)
+    if (e->observers[i]->call_wait) e->observers[i]->call_wait(e->observers[i]->user, e, id);
+}
+
+/* Puts the watcher on the groups while an observer watches calls, and
+ * takes it off when none does. */
+static void update_watcher(ts_engine *e) {
+  int want = 0;
+  for (int i = 0; i < e->n_observers; i++)
+    want |= e->observers[i]->call != NULL || e->observers[i]->call_wait != NULL;
+  if (want == e->watching) return;
+  e->watcher = (ts_comm_watcher){.user = e, .started = watch_started, .waited = watch_waited};
+  ts_comm *groups[3] = {e->dp, e->rep, e->pp};
+  for (int k = 0; k < 3; k++)
+    if (groups[k]) ts_comm_set_watcher(groups[k], want ? &e->watcher : NULL);
+  e->watching = want;
+  e->calls_told = 0;
+}
 
 ts_status ts_engine_add_observer(ts_engine *e, const ts_step_observer *o) {
   for (int i = 0; i < e->n_observers; i++)
@@ -21,6 +53,7 @@ ts_status ts_engine_add_observer(ts_engine *e, const ts_step_observer *o) {
                         e->in_step ? "inside a step" : "beyond the last slot",
                         TS_ENGINE_MAX_OBSERVERS);
   e->observers[e->n_observers++] = o;
+  update_watcher(e);
   return TS_OK;
 }
 
@@ -29,8 +62,14 @@ void ts_engine_remove_observer(ts_engine *e, const ts_step_observer *o) {
     if (e->observers[i] == o) {
       for (int k = i + 1; k < e->n_observers; k++) e->observers[k - 1] = e->observers[k];
       e->n_observers--;
+      update_watcher(e);
       return;
     }
+}
+
+void ts_engine_drop_observers(ts_engine *e) {
+  e->n_observers = 0;
+  update_watcher(e);
 }
 
 int ts_engine_micro_batch(const ts_engine *e) { return e->in_micro_batch ? e->cur_mb : -1; }

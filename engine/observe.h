@@ -31,6 +31,10 @@ ts_status ts_engine_comm_wait(ts_engine *e, ts_comm_request **req, ts_span_kind 
  * with status (end 1); the first error an observer returns. */
 ts_status ts_engine_observe_action(ts_engine *e, const ts_action *a, int end, ts_status status);
 
+/* Removes every observer, and the watcher from the engine's groups (for
+ * free: the groups may outlive the engine). */
+void ts_engine_drop_observers(ts_engine *e);
+
 /* Waits for every collective in flight (errors dropped: for discarding a
  * step and for free), so that no buffer is released under one. */
 void ts_engine_wait_all(ts_engine *e);

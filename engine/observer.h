@@ -8,15 +8,18 @@
  * begins and ends (the executor, step.c), when a span of work on the
  * step's thread begins and ends (a unit's forward, recompute or backward,
  * passes.c; the update and each unit's AdamW in it, optimizer.c; a
- * pipeline send or receive, pipeline.c), and when a collective was waited
- * for (engine.c ts_engine_comm_wait). The step's code has no other calls
- * for watchers: with no observer it pays one loop over an empty list per
- * action and span, and untimed waits.
+ * pipeline send or receive, pipeline.c), when a collective was waited
+ * for (observe.c ts_engine_comm_wait), and, while an observer asks for
+ * them, when a call starts on one of the engine's groups and when the step
+ * begins to wait for it (comm.h's watcher on the groups, observe.c's). The
+ * step's code has no other calls for watchers: with no observer it pays
+ * one loop over an empty list per action and span, and untimed waits.
  */
 #ifndef TS_ENGINE_OBSERVER_H
 #define TS_ENGINE_OBSERVER_H
 
 #include "base/base.h"
+#include "comm/comm.h"
 #include "engine/schedule.h"
 #include "engine/trace.h"
 
@@ -50,13 +53,28 @@ typedef struct ts_step_observer {
    * engine's waits are timed. */
   void (*wait)(void *user, struct ts_engine *e, ts_span_kind kind, int unit, const double times[4],
                double t0, double t1);
+  /* A call started on group g, one of the engine's (its data-parallel
+   * group, the replica group of hybrid sharding, the pipeline group; a
+   * communication thread's wrap where one runs), on the step's thread:
+   * what it sends (comm.h ts_comm_call_info; receives too), blocking 1 when
+   * the caller waits for its end there, and its number id: 0, 1, ... in the
+   * order calls started since the first observer with call or call_wait
+   * was registered. Set (either): a watcher is on the groups. */
+  void (*call)(void *user, struct ts_engine *e, const ts_comm *g, const ts_comm_call_info *call,
+               int blocking, int64_t id);
+  /* The step begins to wait for started call id (-1: one started before
+   * the watcher was on its group). */
+  void (*call_wait)(void *user, struct ts_engine *e, int64_t id);
   void *user; /* passed back as is */
 } ts_step_observer;
 
 enum { TS_ENGINE_MAX_OBSERVERS = 4 };
 
 /* Registers observer o on engine e (borrowed: it must outlive its
- * registration) after those registered before. TS_ERR_INVALID_USAGE when
+ * registration) after those registered before. An observer with call or
+ * call_wait puts the engine's watcher on its groups (comm.h
+ * ts_comm_set_watcher, replacing one another engine put on a shared group)
+ * until the last such observer is removed. TS_ERR_INVALID_USAGE when
  * e has TS_ENGINE_MAX_OBSERVERS already, o is registered already, or a
  * step is running. */
 ts_status ts_engine_add_observer(struct ts_engine *e, const ts_step_observer *o);

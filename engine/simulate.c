@@ -1,8 +1,8 @@
 /*
  * simulate.c — the step on a clock (simulate.h), in two parts. Record:
- * each pipeline stage's plan engine runs its own step while hooks on its
- * groups (comm.h ts_comm_set_sim) and an observer of its unit ops' ends
- * (observer.h) write the step's events in order: an op and its
+ * each pipeline stage's plan engine runs its own step while an observer
+ * (observer.h: its unit ops' ends, its groups' calls and the waits for
+ * them) writes the step's events in order: an op and its
  * compute seconds, a call and its link seconds, a wait for a started
  * call. Replay: the events on a clock per stage; the stages' clocks meet
  * at their messages (a receive ends when its send does) and at the
@@ -76,6 +76,8 @@ typedef struct recorder {
   const ts_comm *channel[MAX_CHANNELS];
   int channels;
   stage_log *log;
+  int *call_event; /* (calls) the event of each call the engine numbered */
+  int calls, calls_cap;
   ts_status st;
 } recorder;
 
@@ -159,12 +161,35 @@ static int push(recorder *r, event ev) {
   return g->n++;
 }
 
-static void rec_wait(void *user, double id) {
-  if (id >= 0) push(user, (event){.kind = EV_WAIT, .id = (int)id, .coll = -1});
+/* The step waits for call id (observer.h call_wait). */
+static void rec_wait(void *user, ts_engine *e, int64_t id) {
+  (void)e;
+  recorder *r = user;
+  if (id >= 0 && id < r->calls && r->call_event[id] >= 0)
+    push(r, (event){.kind = EV_WAIT, .id = r->call_event[id], .coll = -1});
 }
 
-static double rec_call(void *user, const ts_comm *c, const ts_comm_sim_call *k, int blocking) {
+/* A call on group c, the engine's number id (observer.h call). */
+static void rec_call(void *user, ts_engine *e, const ts_comm *c, const ts_comm_call_info *k,
+                     int blocking, int64_t id) {
+  (void)e;
   recorder *r = user;
+  if (r->st != TS_OK) return;
+  if (id != r->calls) {
+    r->st = ts_set_error(TS_ERR_INTERNAL, "simulate: call %lld told after %d calls", (long long)id,
+                         r->calls);
+    return;
+  }
+  if (r->calls == r->calls_cap) {
+    int cap = r->calls_cap ? 2 * r->calls_cap : 1024;
+    int *nc = realloc(r->call_event, (size_t)cap * sizeof *nc);
+    if (!nc) {
+      r->st = ts_set_error(TS_ERR_OUT_OF_MEMORY, "simulate: %d calls", cap);
+      return;
+    }
+    r->call_event = nc;
+    r->calls_cap = cap;
+  }
   int p = ts_comm_size(c), local = p - ts_comm_remote_peers(c);
   event ev = {.kind = EV_CALL,
               .channel = channel_of(r, c),
@@ -179,7 +204,7 @@ static double rec_call(void *user, const ts_comm *c, const ts_comm_sim_call *k, 
   if (ev.p2p != P2P_RECV) /* a receive's transfer is its send's */
     ev.time = call_parts(r->cl, k->kind, k->bytes, k->remote, k->buffer, p, local, r->node_ranks);
   if (ev.p2p == P2P_NONE && c == r->e->pp) ev.coll = r->log->pp_colls++;
-  return push(r, ev);
+  r->call_event[r->calls++] = push(r, ev);
 }
 
 /* Forward FLOPs of unit u for one micro-batch (models/model.h's FLOP
@@ -285,18 +310,13 @@ static ts_status record_stage(const ts_model *model, const ts_engine_opts *opts,
   for (int u = 0; u < model->n_units; u++) r.adamw_all += unit_numel(model, u);
   ts_step_stats st;
   ts_status rc = ts_engine_step(e, ts_engine_plan_batch, NULL, 0.0f, &st);
-  ts_comm_sim hooks = {&r, rec_call, rec_wait};
-  ts_step_observer ops = {.span_end = rec_op, .user = &r};
-  ts_comm *groups[3] = {e->dp, e->rep, e->pp};
+  ts_step_observer ops = {.span_end = rec_op, .call = rec_call, .call_wait = rec_wait, .user = &r};
   if (rc == TS_OK) rc = ts_engine_add_observer(e, &ops);
   if (rc == TS_OK) {
-    for (int k = 0; k < 3; k++)
-      if (groups[k]) ts_comm_set_sim(groups[k], &hooks);
     rc = ts_engine_step(e, ts_engine_plan_batch, NULL, 0.0f, &st);
-    for (int k = 0; k < 3; k++)
-      if (groups[k]) ts_comm_set_sim(groups[k], NULL);
     ts_engine_remove_observer(e, &ops);
   }
+  free(r.call_event);
   if (rc == TS_OK) rc = r.st;
   if (rc == TS_OK) {
     g->r.bytes = st.comm_bytes;

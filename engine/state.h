@@ -148,6 +148,9 @@ struct ts_engine {
   ts_step_observer trace_observer; /* the trace's observer, registered while trace is set */
   const ts_step_observer *observers[TS_ENGINE_MAX_OBSERVERS]; /* (n_observers), borrowed */
   int n_observers;
+  ts_comm_watcher watcher;      /* on dp, rep, pp while an observer watches calls (observe.c) */
+  int watching;                 /* 1 while it is on them */
+  int64_t calls_told;           /* the calls told to observers since it was put on */
   int comm_thread;              /* 1: dp has a communication thread this engine started */
   int rs_pending;               /* opts.overlap, stages 2/3: the unit whose reduce-scatter is
                                    in flight (its full_grads kept until it ends), else -1 */

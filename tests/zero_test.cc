@@ -586,6 +586,86 @@ TEST(ZeroStages, NoTransportAllocatesInsideAStepAfterTheFirst) {
         }
 }
 
+// An observer with call/call_wait (observer.h) is told every counted call
+// of the engine's group as comm's counters count it (kinds, bytes), each
+// with the next number, and every wait for a started call with a number it
+// was told; once removed it is told nothing (the watcher is off the group).
+struct CallLog {
+  ts_comm_counters told{};
+  std::vector<int64_t> ids, waits;
+  int blocking = 0;
+};
+
+TEST(ZeroStages, AnObserverIsToldEveryCallOfTheGroupAndEveryWait) {
+  size_t N = (size_t)ts_comm_size(World());
+  if (N == 1) GTEST_SKIP() << "a one-rank group counts no calls";
+  for (bool overlap : {false, true})
+    for (int stage : {0, 3}) {
+      SCOPED_TRACE("ZeRO-" + std::to_string(stage) + " overlap " + std::to_string(overlap));
+      TrainSetup s;
+      s.stage = stage;
+      s.overlap = overlap;
+      s.accum = 2;
+      ts_model model = MakeModel(s);
+      ts_engine_opts o = OptsOf(s, N);
+      ts_engine *e = nullptr;
+      ASSERT_EQ(ts_engine_create(&e, &model, &o, World()), TS_OK) << ts_last_error();
+      CallLog log;
+      ts_step_observer obs{};
+      obs.call = [](void *user, ts_engine *, const ts_comm *, const ts_comm_call_info *k,
+                    int blocking, int64_t id) {
+        CallLog *l = (CallLog *)user;
+        l->ids.push_back(id);
+        l->blocking += blocking;
+        if (k->kind >= 0) {
+          l->told.calls[k->kind] += 1;
+          l->told.bytes[k->kind] += k->bytes;
+        }
+      };
+      obs.call_wait = [](void *user, ts_engine *, int64_t id) {
+        ((CallLog *)user)->waits.push_back(id);
+      };
+      obs.user = &log;
+      size_t B = s.global / (N * s.accum), r = (size_t)ts_comm_rank(World());
+      auto step = [&](size_t k) {
+        std::vector<int32_t> in, tgt;
+        GlobalBatch(k, s.global, &in, &tgt, false);
+        ts_testing::MicroBatches mb;
+        for (size_t a = 0; a < s.accum; a++)
+          mb.Add(in.data() + (a * N + r) * B * kT, tgt.data() + (a * N + r) * B * kT);
+        ts_step_stats st{};
+        EXPECT_EQ(ts_testing::Step(e, mb, kLr, &st), TS_OK) << ts_last_error();
+      };
+      ts_comm *g = ts_engine_comm(e);
+      step(0);
+      ASSERT_EQ(ts_engine_add_observer(e, &obs), TS_OK);
+      ts_comm_counters before = *ts_comm_get_counters(g);
+      step(1);
+      ts_comm_counters after = *ts_comm_get_counters(g);
+      uint64_t calls = 0;
+      for (int k = 0; k < TS_COMM_NUM_KINDS; k++) {
+        EXPECT_EQ(log.told.calls[k], after.calls[k] - before.calls[k]) << "kind " << k;
+        EXPECT_EQ(log.told.bytes[k], after.bytes[k] - before.bytes[k]) << "kind " << k;
+        calls += log.told.calls[k];
+      }
+      EXPECT_GT(calls, 0u);
+      ASSERT_EQ(log.ids.size(), (size_t)calls);  // no pipeline: no receive
+      for (size_t i = 0; i < log.ids.size(); i++) EXPECT_EQ(log.ids[i], (int64_t)i);
+      // every call but the blocking ones is waited for, once
+      std::vector<int64_t> w = log.waits;
+      std::sort(w.begin(), w.end());
+      EXPECT_EQ(std::adjacent_find(w.begin(), w.end()), w.end());
+      EXPECT_EQ(w.size() + (size_t)log.blocking, log.ids.size());
+      if (!w.empty()) EXPECT_TRUE(w.front() >= 0 && w.back() < (int64_t)calls);
+      ts_engine_remove_observer(e, &obs);
+      size_t told = log.ids.size();
+      step(2);
+      EXPECT_EQ(log.ids.size(), told) << "told after removal";
+      ts_engine_free(e);
+      ts_model_free(&model);
+    }
+}
+
 TEST(ZeroStages, ClippingUsesTheGlobalNormInEveryStage) {
   // Step 1's norm on N ranks is the one-rank norm (to summation order,
   // 1e-5 relative). A threshold above the norm changes nothing (bitwise
