@@ -176,7 +176,7 @@ static ts_status write_rank_file(ts_engine *e, const saver_layout *L, const char
   ts_status st = TS_OK;
   if (!staged && e->device != TS_DEVICE_CPU) {
     size_t most = 0;
-    for (int u = e->u_begin; u < e->u_end; u++)
+    for (int u = e->pipe.u_begin; u < e->pipe.u_end; u++)
       if (L->layouts[u].shard * 4 > most) most = L->layouts[u].shard * 4;
     w.host = malloc(most ? most : 1);
     if (!w.host) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: %zu bytes of staging", path, most);
@@ -229,7 +229,7 @@ typedef struct saved_counters {
 } saved_counters;
 
 static saved_counters counters_of(const ts_engine *e) {
-  saved_counters c = {e->step, e->attempts, e->scaler};
+  saved_counters c = {e->optim.step, e->optim.attempts, e->optim.scaler};
   return c;
 }
 
@@ -247,8 +247,8 @@ static ts_status build_index(const ts_engine *e, const saved_counters *sc, const
   cJSON_AddStringToObject(root, "dtype", ts_dtype_name(e->opts.dtype));
   cJSON_AddNumberToObject(root, "zero_stage", e->opts.zero_stage);
   cJSON_AddNumberToObject(root, "dp", e->dp_size);
-  cJSON_AddNumberToObject(root, "pipeline", e->stages);
-  cJSON_AddItemToObject(root, "split", cJSON_CreateIntArray(L->first, e->stages + 1));
+  cJSON_AddNumberToObject(root, "pipeline", e->pipe.stages);
+  cJSON_AddItemToObject(root, "split", cJSON_CreateIntArray(L->first, e->pipe.stages + 1));
   cJSON_AddNumberToObject(root, "world", world);
   cJSON *opt = cJSON_AddObjectToObject(root, "optimizer");
   cJSON_AddNumberToObject(opt, "step", sc->step);
@@ -380,7 +380,7 @@ static void save_job_free(save_job *j) {
 static ts_status save_start(save_job *j, ts_engine *e, ts_comm *world, const char *dir,
                             const ts_checkpoint_extra *extra, size_t n_extra) {
   memset(j, 0, sizeof *j);
-  if (e->in_step)
+  if (e->run.in_step)
     return ts_set_error(TS_ERR_INVALID_USAGE,
                         "checkpoint: save inside a step: expected a step boundary");
   if (!world) TS_CHECK(ts_comm_self(&j->own));
@@ -401,12 +401,12 @@ static ts_status save_start(save_job *j, ts_engine *e, ts_comm *world, const cha
   if (st == TS_OK) st = saver_layout_init(&j->L, e);
   /* Hybrid sharding: the first shard group's ranks write the files, as
    * plain ZeRO over S ranks would (the replicas hold the same bits). */
-  j->files = j->L.dp * e->stages;
-  j->F = e->rep_rank == 0 ? e->stage * j->L.dp + e->rank : -1;
+  j->files = j->L.dp * e->pipe.stages;
+  j->F = e->rep_rank == 0 ? e->pipe.stage * j->L.dp + e->rank : -1;
   if (st == TS_OK && j->files * e->replicas != j->n)
     st = ts_set_error(TS_ERR_INVALID_ARGUMENT,
                       "checkpoint: the world has %d ranks, the engine's grid %d x %d x %d", j->n,
-                      e->stages, e->replicas, j->L.dp);
+                      e->pipe.stages, e->replicas, j->L.dp);
   return ts_comm_agree(j->w, st, j->what, NULL);
 }
 
@@ -481,7 +481,7 @@ ts_status ts_checkpoint_staging_bytes(const ts_engine *e, size_t *bytes) {
     /* dp rank 0's file: the largest of the stage (the others' last shards
      * may be shorter by the padding), so every rank charges what the plan
      * charges */
-    st = for_each_chunk(&L, e->stage * L.dp, count_chunk, bytes);
+    st = for_each_chunk(&L, e->pipe.stage * L.dp, count_chunk, bytes);
   }
   saver_layout_free(&L);
   return st;
@@ -510,7 +510,7 @@ static ts_status stage_chunk(void *ctx, const chunk *c) {
   if (h && h->stage_point) h->stage_point(h->user);
   size_t n = (c->end - c->begin) * c->es;
   if (n == 0) return TS_OK;
-  char *dst = (char *)e->ckpt_staging + c->offset;
+  char *dst = (char *)e->ckpt.staging + c->offset;
   const char *src = held_chunk(e, c);
   if (e->device != TS_DEVICE_CPU) return ts_k_to_host(&e->ctx, dst, src, n);
   memcpy(dst, src, n);
@@ -531,7 +531,7 @@ static double monotonic_s(void) {
 }
 
 void ts_engine_wait_staging(ts_engine *e) {
-  ts_checkpoint_pending *p = e->ckpt_pending;
+  ts_checkpoint_pending *p = e->ckpt.pending;
   if (!p) return;
   pthread_mutex_lock(&p->lock);
   int staged = p->staged;
@@ -543,10 +543,10 @@ void ts_engine_wait_staging(ts_engine *e) {
   pthread_mutex_lock(&p->lock);
   while (!p->staged) pthread_cond_wait(&p->cond, &p->lock);
   pthread_mutex_unlock(&p->lock);
-  e->ckpt_staging_wait += monotonic_s() - t0;
+  e->ckpt.staging_wait += monotonic_s() - t0;
 }
 
-double ts_checkpoint_staging_wait_seconds(const ts_engine *e) { return e->ckpt_staging_wait; }
+double ts_checkpoint_staging_wait_seconds(const ts_engine *e) { return e->ckpt.staging_wait; }
 
 /* The background thread: on the CPU first copies the rank's state to the
  * staging (the state does not change until ts_engine_wait_staging lets the
@@ -561,7 +561,7 @@ static void *write_staged(void *arg) {
   }
   char path[4200];
   snprintf(path, sizeof path, "%s/rank-%05d.bin", p->job.dir, F);
-  p->status = F >= 0 ? write_rank_file(p->job.e, &p->job.L, path, F, p->job.e->ckpt_staging, p->hex,
+  p->status = F >= 0 ? write_rank_file(p->job.e, &p->job.L, path, F, p->job.e->ckpt.staging, p->hex,
                                        &p->nbytes)
                      : TS_OK;
   if (p->status != TS_OK) snprintf(p->error, sizeof p->error, "%s", ts_last_error());
@@ -576,7 +576,7 @@ static void pending_free(ts_checkpoint_pending *p) {
     free((void *)p->extra[k].data);
   }
   free(p->extra);
-  if (p->job.e && p->job.e->ckpt_pending == p) p->job.e->ckpt_pending = NULL;
+  if (p->job.e && p->job.e->ckpt.pending == p) p->job.e->ckpt.pending = NULL;
   pthread_cond_destroy(&p->cond);
   pthread_mutex_destroy(&p->lock);
   save_job_free(&p->job);
@@ -606,15 +606,15 @@ ts_status ts_checkpoint_save_async(ts_engine *e, ts_comm *world, const char *dir
                                    const ts_checkpoint_extra *extra, size_t n_extra,
                                    ts_checkpoint_pending **out) {
   *out = NULL;
-  if (!e->ckpt_staging)
+  if (!e->ckpt.staging)
     return ts_set_error(TS_ERR_INVALID_USAGE,
                         "checkpoint: an asynchronous save needs the engine's staging "
                         "(`async_save`)");
-  if (e->ckpt_pending)
+  if (e->ckpt.pending)
     return ts_set_error(TS_ERR_INVALID_USAGE,
                         "checkpoint: an asynchronous save is in flight (%s): expected it "
                         "finished first (one staging per engine)",
-                        e->ckpt_pending->job.dir);
+                        e->ckpt.pending->job.dir);
   ts_checkpoint_pending *p = calloc(1, sizeof *p);
   if (!p) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "checkpoint: an asynchronous save");
   pthread_mutex_init(&p->lock, NULL);
@@ -632,7 +632,7 @@ ts_status ts_checkpoint_save_async(ts_engine *e, ts_comm *world, const char *dir
     }
     int started = 0;
     if (local == TS_OK) {
-      e->ckpt_pending = p;
+      e->ckpt.pending = p;
       started = pthread_create(&p->thread, NULL, write_staged, p) == 0;
       if (!started)
         local = ts_set_error(TS_ERR_INTERNAL, "checkpoint: cannot start the writer thread");
@@ -645,7 +645,7 @@ ts_status ts_checkpoint_save_async(ts_engine *e, ts_comm *world, const char *dir
       return TS_OK;
     }
   }
-  pending_free(p); /* (clears e->ckpt_pending) */
+  pending_free(p); /* (clears e->ckpt.pending) */
   return st;
 }
 

@@ -223,7 +223,7 @@ ts_status ts_checkpoint_load(ts_checkpoint *ck, ts_engine *e) {
   if (!buf) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: %zu floats to load", ck->ix.dir, most);
   ts_status st = TS_OK;
   for (int u = 0; u < m->n_units && st == TS_OK; u++) {
-    int replica = e->replica && u == e->lender; /* the tied head's copy: parameters only */
+    int replica = e->pipe.replica && u == e->pipe.lender; /* the tied head's copy: parameters only */
     if (!ts_engine_owns(e, u) && !replica) continue;
     for (int i = 0; i < m->units[u].n_tensors && st == TS_OK; i++) {
       const ts_tensor_spec *s = &m->units[u].tensors[i];
@@ -251,15 +251,15 @@ ts_status ts_checkpoint_load(ts_checkpoint *ck, ts_engine *e) {
   }
   free(buf);
   TS_CHECK(st);
-  e->step = ck->ix.info.optimizer_step;
-  e->attempts = ck->ix.attempts;
-  if (e->scaler.enabled && e->scaler.dynamic && !strcmp(ck->ix.dtype, "fp16")) {
-    e->scaler.scale = ck->ix.scale;
-    e->scaler.clean_steps = ck->ix.clean_steps;
-    e->scaler.n_history = ck->ix.n_history;
+  e->optim.step = ck->ix.info.optimizer_step;
+  e->optim.attempts = ck->ix.attempts;
+  if (e->optim.scaler.enabled && e->optim.scaler.dynamic && !strcmp(ck->ix.dtype, "fp16")) {
+    e->optim.scaler.scale = ck->ix.scale;
+    e->optim.scaler.clean_steps = ck->ix.clean_steps;
+    e->optim.scaler.n_history = ck->ix.n_history;
     for (int k = 0; k < ck->ix.n_history; k++) {
-      e->scaler.history[k].step = ck->ix.hist_step[k];
-      e->scaler.history[k].scale = ck->ix.hist_scale[k];
+      e->optim.scaler.history[k].step = ck->ix.hist_step[k];
+      e->optim.scaler.history[k].scale = ck->ix.hist_scale[k];
     }
   }
   return TS_OK;
@@ -275,7 +275,7 @@ ts_status ts_checkpoint_import_hf(ts_engine *e, const char *dir) {
   ts_status st = ts_hf_folder_check(f, m);
   float *buf = NULL;
   for (int u = 0; u < m->n_units && st == TS_OK; u++) {
-    if (!ts_engine_owns(e, u) && !(e->replica && u == e->lender)) continue;
+    if (!ts_engine_owns(e, u) && !(e->pipe.replica && u == e->pipe.lender)) continue;
     for (int i = 0; i < m->units[u].n_tensors && st == TS_OK; i++) {
       const ts_tensor_spec *s = &m->units[u].tensors[i];
       float *nb = realloc(buf, s->numel * sizeof(float));

@@ -98,7 +98,7 @@ ts_status ts_engine_lend_memory(ts_engine *e) {
    * started first on both sides of one stream would deadlock) */
   int nccl = ts_engine_dp_on_nccl(&e->opts, e->dp_size);
   int lend_dp = e->device != TS_DEVICE_CPU || (staged && e->dp_size > 1);
-  int lend_pp = (staged || kind == TS_ENGINE_COMM_NCCL) && e->pp;
+  int lend_pp = (staged || kind == TS_ENGINE_COMM_NCCL) && e->pipe.pp;
   /* hybrid sharding's replicas: staged on nccl too (one blocking
    * all-reduce of each shard per step, through host copies of its own) */
   int lend_rep = e->rep && (e->device != TS_DEVICE_CPU || staged);
@@ -130,11 +130,11 @@ ts_status ts_engine_lend_memory(ts_engine *e) {
     /* pipeline groups send and receive (through host copies of their own)
      * and run no chunked collective: the smallest staging */
     e->lending->pp_mem = e->lending->comm_mem;
-    TS_CHECK(alloc_staging(e, ts_comm_size(e->pp), TS_COMM_STAGING_MIN_PIECE, &e->lending->comm_staging[1],
+    TS_CHECK(alloc_staging(e, ts_comm_size(e->pipe.pp), TS_COMM_STAGING_MIN_PIECE, &e->lending->comm_staging[1],
                            &e->lending->comm_staging_bytes[1]));
     e->lending->pp_mem.staging = e->lending->comm_staging[1];
     e->lending->pp_mem.staging_bytes = e->lending->comm_staging_bytes[1];
-    TS_CHECK(ts_comm_set_memory(e->pp, &e->lending->pp_mem));
+    TS_CHECK(ts_comm_set_memory(e->pipe.pp, &e->lending->pp_mem));
     e->lending->lent_pp = 1;
   }
   if (lend_rep) {
@@ -151,7 +151,7 @@ ts_status ts_engine_lend_memory(ts_engine *e) {
 void ts_engine_unlend_memory(ts_engine *e) {
   if (!e->lending) return;
   if (e->lending->lent_dp) ts_comm_set_memory(e->dp, NULL);
-  if (e->lending->lent_pp) ts_comm_set_memory(e->pp, NULL);
+  if (e->lending->lent_pp) ts_comm_set_memory(e->pipe.pp, NULL);
   if (e->lending->lent_rep) ts_comm_set_memory(e->rep, NULL);
   e->lending->lent_dp = e->lending->lent_pp = e->lending->lent_rep = 0;
   ts_k_context_destroy(&e->lending->comm_ctx); /* after dp left NCCL; a zeroed one: no-op */
@@ -184,7 +184,7 @@ ts_status ts_engine_prepare_device(ts_engine *e) {
   r->used_at_create = total - free_bytes;
   ts_engine *pe;
   TS_CHECK(ts_engine_plan_engine(e->model, &e->opts, (size_t)e->dp_size * (size_t)e->replicas,
-                                 e->stage, &pe));
+                                 e->pipe.stage, &pe));
   ts_mem_account plan = *ts_ledger_account(&pe->ledger, e->device);
   /* What the card will hold: the plan's other blocks at their peak plus
    * every transient reserved below (more than the plan's peak, which

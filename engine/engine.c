@@ -138,15 +138,15 @@ static ts_status alloc_slot(ts_engine *e, int k) {
   act_slot *sl = &e->slots[k];
   size_t B = e->opts.micro_batch, T = e->opts.seq, BTC = B * T * m->hidden_size * e->es;
   if (k > 0)
-    for (int u = e->u_begin; u < e->u_end; u++) TS_CHECK(alloc_saved(e, sl, u));
-  int first = e->u_begin > 1 ? e->u_begin : 1, last = e->u_end < m->n_units ? e->u_end : m->n_units - 1;
+    for (int u = e->pipe.u_begin; u < e->pipe.u_end; u++) TS_CHECK(alloc_saved(e, sl, u));
+  int first = e->pipe.u_begin > 1 ? e->pipe.u_begin : 1, last = e->pipe.u_end < m->n_units ? e->pipe.u_end : m->n_units - 1;
   for (int u = first; u <= last; u++)
     TS_CHECK(ts_ledger_alloc(&e->ledger, e->device, TS_MEM_ACTIVATIONS, BTC, &sl->acts[u]));
   TS_CHECK(ts_ledger_alloc(&e->ledger, e->device, TS_MEM_ACTIVATIONS, B * T * 4,
                            (void **)&sl->tokens));
   TS_CHECK(ts_ledger_alloc(&e->ledger, e->device, TS_MEM_ACTIVATIONS, B * T * 4,
                            (void **)&sl->targets));
-  if (e->stage > 0)
+  if (e->pipe.stage > 0)
     TS_CHECK(ts_ledger_alloc(&e->ledger, e->device, TS_MEM_ACTIVATIONS, BTC, &sl->gsend));
   return TS_OK;
 }
@@ -170,22 +170,22 @@ static void free_slot(ts_engine *e, act_slot *sl) {
 static ts_status alloc_scalars(ts_engine *e) {
   size_t K = e->opts.grad_accum, U = (size_t)e->model->n_units;
   size_t doubles = 2 * K + U + 2;
-  e->scalar_bytes = doubles * sizeof(double) + U * TS_UNIT_MAX_TENSORS * sizeof(int32_t);
-  e->h_scalars = calloc(1, e->scalar_bytes); /* the host's copy of the block */
-  e->h_part = calloc(U + 1, sizeof(double));
-  if (!e->h_scalars || !e->h_part) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "engine: step scalars");
+  e->sc.bytes = doubles * sizeof(double) + U * TS_UNIT_MAX_TENSORS * sizeof(int32_t);
+  e->sc.host = calloc(1, e->sc.bytes); /* the host's copy of the block */
+  e->sc.part = calloc(U + 1, sizeof(double));
+  if (!e->sc.host || !e->sc.part) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "engine: step scalars");
   void *block = NULL;
   if (e->device == TS_DEVICE_CPU) {
-    block = calloc(1, e->scalar_bytes);
+    block = calloc(1, e->sc.bytes);
     if (!block) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "engine: step scalars");
   } else {
-    TS_CHECK(ts_ledger_alloc(&e->ledger, e->device, TS_MEM_WORKSPACE, e->scalar_bytes, &block));
+    TS_CHECK(ts_ledger_alloc(&e->ledger, e->device, TS_MEM_WORKSPACE, e->sc.bytes, &block));
   }
-  e->scalars = block;
-  e->loss = e->scalars;
-  e->sumsq = e->loss + 2 * K;
-  e->eval_loss = e->sumsq + U;
-  e->nonfinite = (int32_t *)(e->eval_loss + 2);
+  e->sc.block = block;
+  e->sc.loss = e->sc.block;
+  e->sc.sumsq = e->sc.loss + 2 * K;
+  e->sc.eval_loss = e->sc.sumsq + U;
+  e->sc.nonfinite = (int32_t *)(e->sc.eval_loss + 2);
   return TS_OK;
 }
 
@@ -206,10 +206,10 @@ ts_status ts_engine_alloc(ts_engine *e) {
   /* Units first: their initialisation scratch (workspace category) is gone
    * before the kernel workspace exists, so the category's peak is the
    * larger of the two, not their sum. */
-  for (int u = e->u_begin; u < e->u_end; u++) TS_CHECK(alloc_unit(e, u));
-  if (e->replica) TS_CHECK(alloc_replica(e, e->lender));
+  for (int u = e->pipe.u_begin; u < e->pipe.u_end; u++) TS_CHECK(alloc_unit(e, u));
+  if (e->pipe.replica) TS_CHECK(alloc_replica(e, e->pipe.lender));
   size_t ws = 0;
-  for (int u = e->u_begin; u < e->u_end; u++) {
+  for (int u = e->pipe.u_begin; u < e->pipe.u_end; u++) {
     size_t w = ts_unit_workspace_bytes(m, u, B, T, e->opts.dtype, dev);
     if (w > ws) ws = w;
   }
@@ -217,32 +217,32 @@ ts_status ts_engine_alloc(ts_engine *e) {
   e->ctx.workspace_bytes = ws;
   TS_CHECK(ts_ledger_alloc(&e->ledger, dev, TS_MEM_COMM, e->scratch_bytes, &e->scratch));
   TS_CHECK(alloc_slot(e, 0));
-  e->tokens = e->slots[0].tokens;
-  e->targets = e->slots[0].targets;
+  e->batch.tokens = e->slots[0].tokens;
+  e->batch.targets = e->slots[0].targets;
   /* The host's batch (ts_engine_batch): the same buffers on the CPU, host
    * staging (the ledger's CPU account) beside a device's. */
-  e->h_tokens = e->tokens;
-  e->h_targets = e->targets;
+  e->batch.host_tokens = e->batch.tokens;
+  e->batch.host_targets = e->batch.targets;
   if (dev != TS_DEVICE_CPU) {
     TS_CHECK(ts_ledger_alloc(&e->ledger, TS_DEVICE_CPU, TS_MEM_ACTIVATIONS, B * T * 4,
-                             (void **)&e->h_tokens));
+                             (void **)&e->batch.host_tokens));
     TS_CHECK(ts_ledger_alloc(&e->ledger, TS_DEVICE_CPU, TS_MEM_ACTIVATIONS, B * T * 4,
-                             (void **)&e->h_targets));
+                             (void **)&e->batch.host_targets));
     TS_CHECK(ts_ledger_alloc(&e->ledger, TS_DEVICE_CPU, TS_MEM_ACTIVATIONS, 2 * B * T * 4,
-                             (void **)&e->staging));
-    TS_CHECK(ts_k_host_register(&e->ctx, e->staging, 2 * B * T * 4));
+                             (void **)&e->batch.staging));
+    TS_CHECK(ts_k_host_register(&e->ctx, e->batch.staging, 2 * B * T * 4));
   }
   for (int i = 0; i < 2; i++)
     TS_CHECK(ts_ledger_alloc(&e->ledger, dev, TS_MEM_ACTIVATIONS, B * T * C * es, &e->dbuf[i]));
-  size_t rb = ts_engine_recompute_bytes(m, &e->opts, e->u_begin, e->u_end);
+  size_t rb = ts_engine_recompute_bytes(m, &e->opts, e->pipe.u_begin, e->pipe.u_end);
   TS_CHECK(ts_ledger_alloc(&e->ledger, dev, TS_MEM_ACTIVATIONS, rb, &e->recompute_saved));
   for (int k = 1; k < e->n_slots; k++) TS_CHECK(alloc_slot(e, k)); /* a pipeline's others */
   if (e->opts.async_save) { /* host memory, whatever the device: the ledger's CPU account */
-    TS_CHECK(ts_checkpoint_staging_bytes(e, &e->ckpt_staging_bytes));
-    TS_CHECK(ts_ledger_alloc(&e->ledger, TS_DEVICE_CPU, TS_MEM_STAGING, e->ckpt_staging_bytes,
-                             &e->ckpt_staging));
+    TS_CHECK(ts_checkpoint_staging_bytes(e, &e->ckpt.staging_bytes));
+    TS_CHECK(ts_ledger_alloc(&e->ledger, TS_DEVICE_CPU, TS_MEM_STAGING, e->ckpt.staging_bytes,
+                             &e->ckpt.staging));
     if (dev != TS_DEVICE_CPU)
-      TS_CHECK(ts_k_host_register(&e->ctx, e->ckpt_staging, e->ckpt_staging_bytes));
+      TS_CHECK(ts_k_host_register(&e->ctx, e->ckpt.staging, e->ckpt.staging_bytes));
   }
   return alloc_scalars(e);
 }
@@ -340,7 +340,7 @@ ts_status ts_engine_new(const ts_model *model, const ts_engine_opts *opts, ts_en
   TS_CHECK(check_opts(model, opts));
   ts_engine *e = calloc(1, sizeof *e);
   if (!e) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "engine: cannot allocate");
-  ts_status st = ts_loss_scaler_init(&e->scaler, opts->dtype, opts->loss_scale,
+  ts_status st = ts_loss_scaler_init(&e->optim.scaler, opts->dtype, opts->loss_scale,
                                      opts->loss_scale_init, opts->loss_scale_window,
                                      opts->min_loss_scale);
   if (st != TS_OK) {
@@ -353,10 +353,10 @@ ts_status ts_engine_new(const ts_model *model, const ts_engine_opts *opts, ts_en
   e->device = opts->device;
   e->ctx.device = opts->device;
   e->es = ts_dtype_size(opts->dtype);
-  e->stages = 1; /* no pipelining until ts_engine_set_stage */
-  e->lender = tied_lender(model);
+  e->pipe.stages = 1; /* no pipelining until ts_engine_set_stage */
+  e->pipe.lender = tied_lender(model);
   e->rs_pending = -1;
-  e->u_end = model->n_units;
+  e->pipe.u_end = model->n_units;
   e->n_slots = 1;
   e->replicas = 1;
   ts_ledger_init(&e->ledger);
@@ -415,7 +415,7 @@ ts_status ts_engine_create_stage(ts_engine **out, const ts_model *model,
   if (st == TS_OK && !dp) st = ts_comm_self(&e->own_comm);
   if (st == TS_OK) {
     e->dp = dp ? dp : e->own_comm;
-    e->pp = pp;
+    e->pipe.pp = pp;
     e->rank = ts_comm_rank(e->dp);
     e->dp_size = ts_comm_size(e->dp);
     st = make_hybrid(e, e->dp);
@@ -460,7 +460,7 @@ void ts_engine_free(ts_engine *e) {
   /* Whatever is still queued on the device finishes before its buffers go. */
   if (e->ctx.stream) ts_k_synchronize(&e->ctx);
   ts_engine_lending_sync(e);
-  ts_checkpoint_abandon(e->ckpt_pending); /* a save still in flight: joined, not committed */
+  ts_checkpoint_abandon(e->ckpt.pending); /* a save still in flight: joined, not committed */
   const ts_engine_hooks *h = ts_engine_get_hooks();
   if (h && h->release) h->release(h->user, e);
   ts_engine_wait_sends(e); /* no send may still read a buffer */
@@ -475,40 +475,40 @@ void ts_engine_free(ts_engine *e) {
       ts_shard_release(&e->ledger, &s->full_grads);
     }
   }
-  ts_shard_release(&e->ledger, &e->tied_grads);
+  ts_shard_release(&e->ledger, &e->pipe.tied_grads);
   if (e->slots)
     for (int k = 0; k < e->n_slots; k++) free_slot(e, &e->slots[k]);
-  if (e->h_tokens != e->tokens) ts_ledger_free(&e->ledger, e->h_tokens);
-  if (e->staging) {
+  if (e->batch.host_tokens != e->batch.tokens) ts_ledger_free(&e->ledger, e->batch.host_tokens);
+  if (e->batch.staging) {
     ts_k_host_wait(&e->ctx); /* no copy may still read it */
-    ts_k_host_unregister(&e->ctx, e->staging);
-    ts_ledger_free(&e->ledger, e->staging);
+    ts_k_host_unregister(&e->ctx, e->batch.staging);
+    ts_ledger_free(&e->ledger, e->batch.staging);
   }
-  if (e->ckpt_staging) {
-    if (e->device != TS_DEVICE_CPU) ts_k_host_unregister(&e->ctx, e->ckpt_staging);
-    ts_ledger_free(&e->ledger, e->ckpt_staging);
+  if (e->ckpt.staging) {
+    if (e->device != TS_DEVICE_CPU) ts_k_host_unregister(&e->ctx, e->ckpt.staging);
+    ts_ledger_free(&e->ledger, e->ckpt.staging);
   }
   ts_engine_unlend_memory(e);
-  if (e->h_targets != e->targets) ts_ledger_free(&e->ledger, e->h_targets);
+  if (e->batch.host_targets != e->batch.targets) ts_ledger_free(&e->ledger, e->batch.host_targets);
   ts_ledger_free(&e->ledger, e->dbuf[0]);
   ts_ledger_free(&e->ledger, e->dbuf[1]);
   ts_ledger_free(&e->ledger, e->ctx.workspace);
   ts_ledger_free(&e->ledger, e->scratch);
   ts_ledger_free(&e->ledger, e->recompute_saved);
-  if (e->device == TS_DEVICE_CPU) free(e->scalars);
-  else ts_ledger_free(&e->ledger, e->scalars);
-  free(e->h_scalars);
-  free(e->h_part);
+  if (e->device == TS_DEVICE_CPU) free(e->sc.block);
+  else ts_ledger_free(&e->ledger, e->sc.block);
+  free(e->sc.host);
+  free(e->sc.part);
   ts_ledger_release(&e->ledger);
   ts_k_context_destroy(&e->ctx);
   ts_comm_free(e->own_shard);
   ts_comm_free(e->own_rep);
   ts_comm_free(e->own_comm);
-  ts_comm_free(e->own_pp);
+  ts_comm_free(e->pipe.own_pp);
   free(e->units);
   free(e->slots);
-  ts_schedule_free(&e->sched);
-  free(e->program.actions);
+  ts_schedule_free(&e->pipe.sched);
+  free(e->pipe.program.actions);
   free(e);
 }
 
@@ -519,8 +519,8 @@ const ts_mem_account *ts_engine_memory(const ts_engine *e) {
 }
 
 void ts_engine_batch(ts_engine *e, int32_t **inputs, int32_t **targets) {
-  *inputs = e->h_tokens;
-  *targets = e->h_targets;
+  *inputs = e->batch.host_tokens;
+  *targets = e->batch.host_targets;
 }
 
 const ts_flat_layout *ts_engine_layout(const ts_engine *e, int u) {
@@ -528,7 +528,7 @@ const ts_flat_layout *ts_engine_layout(const ts_engine *e, int u) {
   return &e->units[u].layout;
 }
 
-float ts_engine_loss_scale(const ts_engine *e) { return e->scaler.scale; }
+float ts_engine_loss_scale(const ts_engine *e) { return e->optim.scaler.scale; }
 
 const ts_engine_opts *ts_engine_options(const ts_engine *e) { return &e->opts; }
 
@@ -537,9 +537,9 @@ ts_comm *ts_engine_comm(const ts_engine *e) { return e->dp; }
 int ts_engine_num_units(const ts_engine *e) { return e->model->n_units; }
 
 int ts_engine_stage_units(const ts_engine *e, int *begin, int *end) {
-  *begin = e->u_begin;
-  *end = e->u_end;
-  return e->stage;
+  *begin = e->pipe.u_begin;
+  *end = e->pipe.u_end;
+  return e->pipe.stage;
 }
 
 /* The test seam (engine_testing.h): NULL in training. */

@@ -46,23 +46,23 @@ ts_status ts_engine_count_correct(ts_engine *e, const int32_t *targets, double *
 static ts_status eval_pipeline(ts_engine *e, double sums[3], const int32_t *targets,
                                int want_correct) {
   act_slot *sl = &e->slots[0];
-  int s = e->stage, P = e->stages;
+  int s = e->pipe.stage, P = e->pipe.stages;
   if (s > 0)
-    TS_CHECK(ts_engine_recv(e, sl->acts[e->u_begin], ts_engine_btc(e), s - 1,
+    TS_CHECK(ts_engine_recv(e, sl->acts[e->pipe.u_begin], ts_engine_btc(e), s - 1,
                             ts_engine_tag(TS_TAG_EVAL, 0)));
-  TS_CHECK(ts_engine_forward_slot(e, sl, e->eval_loss, 0));
+  TS_CHECK(ts_engine_forward_slot(e, sl, e->sc.eval_loss, 0));
   if (s < P - 1) {
     ts_engine_comm_note(e, -1);
-    TS_CHECK(ts_comm_send(e->pp, sl->acts[e->u_end], ts_engine_btc(e), e->opts.dtype, s + 1,
+    TS_CHECK(ts_comm_send(e->pipe.pp, sl->acts[e->pipe.u_end], ts_engine_btc(e), e->opts.dtype, s + 1,
                           ts_engine_tag(TS_TAG_EVAL, 0)));
   }
   sums[0] = sums[1] = sums[2] = 0.0;
   if (s == P - 1) {
-    TS_CHECK(ts_k_to_host(&e->ctx, sums, e->eval_loss, 2 * sizeof(double)));
+    TS_CHECK(ts_k_to_host(&e->ctx, sums, e->sc.eval_loss, 2 * sizeof(double)));
     if (want_correct) TS_CHECK(ts_engine_count_correct(e, targets, &sums[2]));
   }
   /* the last stage's sums on every stage (the others add zeros: exact) */
-  return ts_comm_all_reduce_f64(e->pp, sums, 3, TS_COMM_SUM);
+  return ts_comm_all_reduce_f64(e->pipe.pp, sums, 3, TS_COMM_SUM);
 }
 
 ts_status ts_engine_eval_accuracy(ts_engine *e, const int32_t *inputs, const int32_t *targets,
@@ -70,11 +70,11 @@ ts_status ts_engine_eval_accuracy(ts_engine *e, const int32_t *inputs, const int
   size_t rows;
   TS_CHECK(ts_engine_load_batch(e, &e->slots[0], inputs, targets, &rows));
   double sums[3] = {0.0, 0.0, 0.0}; /* loss sum, rows, rows predicted right */
-  if (e->stages > 1) {
+  if (e->pipe.stages > 1) {
     TS_CHECK(eval_pipeline(e, sums, targets, correct != NULL));
   } else {
-    TS_CHECK(ts_engine_forward_slot(e, &e->slots[0], e->eval_loss, 0));
-    TS_CHECK(ts_k_to_host(&e->ctx, sums, e->eval_loss, 2 * sizeof(double)));
+    TS_CHECK(ts_engine_forward_slot(e, &e->slots[0], e->sc.eval_loss, 0));
+    TS_CHECK(ts_k_to_host(&e->ctx, sums, e->sc.eval_loss, 2 * sizeof(double)));
     if (correct) TS_CHECK(ts_engine_count_correct(e, targets, &sums[2]));
   }
   *loss_sum = sums[0];

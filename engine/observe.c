@@ -16,68 +16,68 @@
  * the observers that watch calls. */
 static int64_t watch_started(void *user, const ts_comm *g, const ts_comm_call_info *k, int blocking) {
   ts_engine *e = user;
-  int64_t id = e->calls_told++;
-  for (int i = 0; i < e->n_observers; i++)
-    if (e->observers[i]->call) e->observers[i]->call(e->observers[i]->user, e, g, k, blocking, id);
+  int64_t id = e->obs.calls_told++;
+  for (int i = 0; i < e->obs.n; i++)
+    if (e->obs.list[i]->call) e->obs.list[i]->call(e->obs.list[i]->user, e, g, k, blocking, id);
   return id;
 }
 
 static void watch_waited(void *user, int64_t id) {
   ts_engine *e = user;
-  for (int i = 0; i < e->n_observers; i++)
-    if (e->observers[i]->call_wait) e->observers[i]->call_wait(e->observers[i]->user, e, id);
+  for (int i = 0; i < e->obs.n; i++)
+    if (e->obs.list[i]->call_wait) e->obs.list[i]->call_wait(e->obs.list[i]->user, e, id);
 }
 
 /* Puts the watcher on the groups while an observer watches calls, and
  * takes it off when none does. */
 static void update_watcher(ts_engine *e) {
   int want = 0;
-  for (int i = 0; i < e->n_observers; i++)
-    want |= e->observers[i]->call != NULL || e->observers[i]->call_wait != NULL;
-  if (want == e->watching) return;
-  e->watcher = (ts_comm_watcher){.user = e, .started = watch_started, .waited = watch_waited};
-  ts_comm *groups[3] = {e->dp, e->rep, e->pp};
+  for (int i = 0; i < e->obs.n; i++)
+    want |= e->obs.list[i]->call != NULL || e->obs.list[i]->call_wait != NULL;
+  if (want == e->obs.watching) return;
+  e->obs.watcher = (ts_comm_watcher){.user = e, .started = watch_started, .waited = watch_waited};
+  ts_comm *groups[3] = {e->dp, e->rep, e->pipe.pp};
   for (int k = 0; k < 3; k++)
-    if (groups[k]) ts_comm_set_watcher(groups[k], want ? &e->watcher : NULL);
-  e->watching = want;
-  e->calls_told = 0;
+    if (groups[k]) ts_comm_set_watcher(groups[k], want ? &e->obs.watcher : NULL);
+  e->obs.watching = want;
+  e->obs.calls_told = 0;
 }
 
 ts_status ts_engine_add_observer(ts_engine *e, const ts_step_observer *o) {
-  for (int i = 0; i < e->n_observers; i++)
-    if (e->observers[i] == o)
+  for (int i = 0; i < e->obs.n; i++)
+    if (e->obs.list[i] == o)
       return ts_set_error(TS_ERR_INVALID_USAGE, "engine: observer registered twice");
-  if (e->n_observers == TS_ENGINE_MAX_OBSERVERS || e->in_step)
+  if (e->obs.n == TS_ENGINE_MAX_OBSERVERS || e->run.in_step)
     return ts_set_error(TS_ERR_INVALID_USAGE,
                         "engine: observer added %s: expected at most %d, between steps",
-                        e->in_step ? "inside a step" : "beyond the last slot",
+                        e->run.in_step ? "inside a step" : "beyond the last slot",
                         TS_ENGINE_MAX_OBSERVERS);
-  e->observers[e->n_observers++] = o;
+  e->obs.list[e->obs.n++] = o;
   update_watcher(e);
   return TS_OK;
 }
 
 void ts_engine_remove_observer(ts_engine *e, const ts_step_observer *o) {
-  for (int i = 0; i < e->n_observers; i++)
-    if (e->observers[i] == o) {
-      for (int k = i + 1; k < e->n_observers; k++) e->observers[k - 1] = e->observers[k];
-      e->n_observers--;
+  for (int i = 0; i < e->obs.n; i++)
+    if (e->obs.list[i] == o) {
+      for (int k = i + 1; k < e->obs.n; k++) e->obs.list[k - 1] = e->obs.list[k];
+      e->obs.n--;
       update_watcher(e);
       return;
     }
 }
 
 void ts_engine_drop_observers(ts_engine *e) {
-  e->n_observers = 0;
+  e->obs.n = 0;
   update_watcher(e);
 }
 
-int ts_engine_micro_batch(const ts_engine *e) { return e->in_micro_batch ? e->cur_mb : -1; }
+int ts_engine_micro_batch(const ts_engine *e) { return e->run.in_micro_batch ? e->run.mb : -1; }
 
 ts_status ts_engine_observe_action(ts_engine *e, const ts_action *a, int end, ts_status status) {
   ts_status first = TS_OK;
-  for (int i = 0; i < e->n_observers; i++) {
-    const ts_step_observer *o = e->observers[i];
+  for (int i = 0; i < e->obs.n; i++) {
+    const ts_step_observer *o = e->obs.list[i];
     ts_status st = o->action ? o->action(o->user, e, a, end, status) : TS_OK;
     if (first == TS_OK) first = st;
   }
@@ -87,13 +87,13 @@ ts_status ts_engine_observe_action(ts_engine *e, const ts_action *a, int end, ts
 /* ---- spans, and the trace as an observer ----------------------------------------- */
 
 void ts_engine_span_begin(ts_engine *e, ts_span_kind kind, int unit) {
-  for (int i = 0; i < e->n_observers; i++)
-    if (e->observers[i]->span_begin) e->observers[i]->span_begin(e->observers[i]->user, e, kind, unit);
+  for (int i = 0; i < e->obs.n; i++)
+    if (e->obs.list[i]->span_begin) e->obs.list[i]->span_begin(e->obs.list[i]->user, e, kind, unit);
 }
 
 void ts_engine_span_end(ts_engine *e, ts_span_kind kind, int unit) {
-  for (int i = 0; i < e->n_observers; i++)
-    if (e->observers[i]->span_end) e->observers[i]->span_end(e->observers[i]->user, e, kind, unit);
+  for (int i = 0; i < e->obs.n; i++)
+    if (e->obs.list[i]->span_end) e->obs.list[i]->span_end(e->obs.list[i]->user, e, kind, unit);
 }
 
 /* The trace's spans: every span but a unit's AdamW (the update is one
@@ -128,20 +128,20 @@ static void trace_wait(void *user, ts_engine *e, ts_span_kind kind, int unit,
 }
 
 void ts_engine_set_trace(ts_engine *e, ts_trace *t) {
-  if (e->trace) ts_engine_remove_observer(e, &e->trace_observer);
-  e->trace = t;
+  if (e->obs.trace) ts_engine_remove_observer(e, &e->obs.trace_observer);
+  e->obs.trace = t;
   if (!t) return;
-  e->trace_observer = (ts_step_observer){.span_begin = trace_span_begin,
+  e->obs.trace_observer = (ts_step_observer){.span_begin = trace_span_begin,
                                          .span_end = trace_span_end,
                                          .wait = trace_wait,
                                          .user = t};
-  if (ts_engine_add_observer(e, &e->trace_observer) != TS_OK) e->trace = NULL; /* a full list */
+  if (ts_engine_add_observer(e, &e->obs.trace_observer) != TS_OK) e->obs.trace = NULL; /* a full list */
 }
 
 void ts_engine_comm_note(const ts_engine *e, int unit) {
   ts_comm_context c = ts_comm_get_context();
   c.unit = unit;
-  c.stage = e->stages > 1 ? e->stage : -1;
+  c.stage = e->pipe.stages > 1 ? e->pipe.stage : -1;
   c.micro_batch = ts_engine_micro_batch(e);
   ts_comm_set_context(&c);
 }
@@ -151,14 +151,14 @@ ts_status ts_engine_comm_wait(ts_engine *e, ts_comm_request **req, ts_span_kind 
   if (!q) return TS_OK;
   *req = NULL;
   int timed = 0;
-  for (int i = 0; i < e->n_observers; i++) timed |= e->observers[i]->wait != NULL;
+  for (int i = 0; i < e->obs.n; i++) timed |= e->obs.list[i]->wait != NULL;
   if (!timed) return ts_comm_wait(q);
   double times[4], t0 = ts_trace_now_us();
   ts_status st = ts_comm_wait_timed(q, times);
   double t1 = ts_trace_now_us();
-  for (int i = 0; i < e->n_observers; i++)
-    if (e->observers[i]->wait)
-      e->observers[i]->wait(e->observers[i]->user, e, kind, unit, times, t0, t1);
+  for (int i = 0; i < e->obs.n; i++)
+    if (e->obs.list[i]->wait)
+      e->obs.list[i]->wait(e->obs.list[i]->user, e, kind, unit, times, t0, t1);
   return st;
 }
 

@@ -33,9 +33,9 @@ static ts_status skip_step(ts_engine *e, ts_step_stats *stats, int bad_norm) {
   stats->skipped = 1;
   stats->overflow_unit = u;
   snprintf(stats->overflow_tensor, sizeof stats->overflow_tensor, "%s", name);
-  e->attempts++;
-  if (e->scaler.enabled) TS_CHECK(ts_loss_scaler_overflow(&e->scaler, e->attempts, name, u));
-  stats->next_loss_scale = e->scaler.scale;
+  e->optim.attempts++;
+  if (e->optim.scaler.enabled) TS_CHECK(ts_loss_scaler_overflow(&e->optim.scaler, e->optim.attempts, name, u));
+  stats->next_loss_scale = e->optim.scaler.scale;
   return TS_OK;
 }
 
@@ -66,7 +66,7 @@ ts_status ts_engine_optimizer_unit_action(ts_engine *e, int u, float lr) {
 ts_status ts_engine_optimizer_end_action(ts_engine *e, float lr, ts_step_stats *stats) {
   if (e->update.skipped) return TS_OK;
   ts_status st = e->update.st;
-  for (int u = e->u_begin; u < e->u_end; u++) {
+  for (int u = e->pipe.u_begin; u < e->pipe.u_end; u++) {
     ts_status w = ts_engine_comm_wait(e, &e->units[u].gather_req, TS_SPAN_ALL_GATHER, u);
     if (st == TS_OK) st = w;
   }
@@ -74,21 +74,21 @@ ts_status ts_engine_optimizer_end_action(ts_engine *e, float lr, ts_step_stats *
   TS_CHECK(st);
   TS_CHECK(ts_engine_sync_replica(e));
   TS_CHECK(ts_engine_zero_grads(e));
-  e->attempts++;
-  ts_loss_scaler_clean(&e->scaler, e->attempts);
+  e->optim.attempts++;
+  ts_loss_scaler_clean(&e->optim.scaler, e->optim.attempts);
   stats->grad_norm = e->update.norm;
   stats->lr = lr;
-  stats->step = e->step;
-  stats->next_loss_scale = e->scaler.scale;
+  stats->step = e->optim.step;
+  stats->next_loss_scale = e->optim.scaler.scale;
   return TS_OK;
 }
 
 ts_status ts_engine_optimizer_action(ts_engine *e, float lr, ts_step_stats *stats) {
   (void)lr; /* the units' actions apply it */
-  const double *sums = e->reduced; /* REDUCE's: the loss sum, the sum of squares */
+  const double *sums = e->sc.reduced; /* REDUCE's: the loss sum, the sum of squares */
   stats->loss = sums[0] / ((double)e->opts.grad_accum * (double)e->dp_size * (double)e->replicas);
-  stats->step = e->step;
-  int bad_norm = !isfinite(sums[1]), bad_loss = !isfinite(sums[0]) && !e->scaler.enabled;
+  stats->step = e->optim.step;
+  int bad_norm = !isfinite(sums[1]), bad_loss = !isfinite(sums[0]) && !e->optim.scaler.enabled;
   e->update.skipped = bad_norm || bad_loss;
   e->update.st = TS_OK;
   if (e->update.skipped) { /* agreed: both sums are the same on every rank of the grid */
@@ -96,14 +96,14 @@ ts_status ts_engine_optimizer_action(ts_engine *e, float lr, ts_step_stats *stat
     return skip_step(e, stats, bad_norm);
   }
   /* a clean step: the clip and unscale factor of every unit's AdamW */
-  float loss_scale = e->scaler.scale;
+  float loss_scale = e->optim.scaler.scale;
   double norm = sqrt(sums[1]) / (double)loss_scale;
   float scale = 1.0f;
   if (e->opts.grad_clip > 0 && norm > e->opts.grad_clip)
     scale = (float)(e->opts.grad_clip / (norm + 1e-6)); /* torch clip_grad_norm_ */
   e->update.scale = scale / loss_scale; /* unscale: exact for a power of two */
   e->update.norm = norm;
-  e->step++;
+  e->optim.step++;
   ts_engine_span_begin(e, TS_SPAN_OPTIMIZER, -1); /* ended by OPTIMIZER_END */
   return TS_OK;
 }

@@ -11,7 +11,7 @@ extern "C" {
 #endif
 
 /* OPTIMIZER, after REDUCE (engine.h ts_engine_step: the skip, clipping,
- * AdamW and the loss scaler's rules): from e->reduced, a non-finite norm
+ * AdamW and the loss scaler's rules): from e->sc.reduced, a non-finite norm
  * (or loss, without loss scaling) skips the step on every rank, naming
  * where the overflow began (the whole skip, here); else the clip factor,
  * AdamW's t, and the update's span begun. Fills *stats' loss and step (a

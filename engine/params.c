@@ -65,7 +65,7 @@ void ts_engine_release_params(ts_engine *e, int u) {
 
 void ts_engine_keep_gathered(ts_engine *e, int u) {
   unit_state *s = &e->units[u];
-  if (e->opts.keep_gathered && e->zero->shard_params && e->in_micro_batch && !s->kept) {
+  if (e->opts.keep_gathered && e->zero->shard_params && e->run.in_micro_batch && !s->kept) {
     s->kept = 1;
     s->uses++;
   }

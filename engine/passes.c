@@ -33,7 +33,7 @@ static int tied_direct(const ts_engine *e, int head) {
 }
 
 /* The tied head's gradient of the borrowed tensor, summed over the step's
- * micro-batches in T = e->tied_grads (a zeroed transient from its first
+ * micro-batches in T = e->pipe.tied_grads (a zeroed transient from its first
  * backward), is added into the lender's gradient once per step, just
  * before the lender's backward of the last micro-batch: the lender's full
  * gradient becomes G + T (with sharded gradients, G is that micro-batch's
@@ -41,15 +41,15 @@ static int tied_direct(const ts_engine *e, int head) {
  * adds to it. On a pipeline, T comes from the last stage. */
 static ts_status fold_tied(ts_engine *e, int lender) {
   unit_state *s = &e->units[lender];
-  if (!e->tied_grads) TS_CHECK(ts_engine_recv_tied_grads(e));
+  if (!e->pipe.tied_grads) TS_CHECK(ts_engine_recv_tied_grads(e));
   if (e->zero->shard_grads) {
-    s->full_grads = e->tied_grads; /* same size and category: a transient either way */
-    e->tied_grads = NULL;
+    s->full_grads = e->pipe.tied_grads; /* same size and category: a transient either way */
+    e->pipe.tied_grads = NULL;
     return TS_OK;
   }
   ts_status st =
-      ts_k_add(&e->ctx, s->grads, s->grads, e->tied_grads, s->layout.padded, e->opts.dtype);
-  ts_shard_release(&e->ledger, &e->tied_grads);
+      ts_k_add(&e->ctx, s->grads, s->grads, e->pipe.tied_grads, s->layout.padded, e->opts.dtype);
+  ts_shard_release(&e->ledger, &e->pipe.tied_grads);
   return st;
 }
 
@@ -62,13 +62,13 @@ static ts_status tied_grads(ts_engine *e, int head, void **out) {
     *out = e->units[lender].grads;
     return TS_OK;
   }
-  if (!e->tied_grads) {
+  if (!e->pipe.tied_grads) {
     size_t bytes = e->units[lender].layout.padded * e->es;
     TS_CHECK(ts_ledger_alloc_transient(&e->ledger, e->device, TS_MEM_GRADS, bytes,
-                                       &e->tied_grads));
-    if (e->device != TS_DEVICE_CPU) TS_CHECK(ts_k_zero(&e->ctx, e->tied_grads, bytes));
+                                       &e->pipe.tied_grads));
+    if (e->device != TS_DEVICE_CPU) TS_CHECK(ts_k_zero(&e->ctx, e->pipe.tied_grads, bytes));
   }
-  *out = e->tied_grads;
+  *out = e->pipe.tied_grads;
   return TS_OK;
 }
 
@@ -116,14 +116,14 @@ static ts_status forward_unit(ts_engine *e, int u, ts_unit_args *a) {
 
 ts_status ts_engine_forward_slot(ts_engine *e, act_slot *sl, double *loss, int fused) {
   int n = e->model->n_units;
-  for (int u = e->u_begin; u < e->u_end; u++) {
+  for (int u = e->pipe.u_begin; u < e->pipe.u_end; u++) {
     TS_CHECK(ts_engine_prefetch(e, u));
-    if (u + 1 == e->u_end && e->hold_last && e->in_micro_batch && e->units[u].holds > 0) {
+    if (u + 1 == e->pipe.u_end && e->hold_last && e->run.in_micro_batch && e->units[u].holds > 0) {
       /* its backward comes next: one more use, for that acquire */
       e->units[u].uses++;
       e->units[u].holds++;
     }
-    if (u + 1 < e->u_end) TS_CHECK(ts_engine_prefetch(e, u + 1));
+    if (u + 1 < e->pipe.u_end) TS_CHECK(ts_engine_prefetch(e, u + 1));
     ts_unit_args a = base_args(e, sl);
     a.fused_loss_grad = fused && u == n - 1;
     a.x = u > 0 ? sl->acts[u] : NULL;
@@ -140,7 +140,7 @@ ts_status ts_engine_forward_slot(ts_engine *e, act_slot *sl, double *loss, int f
  * sharding: N = S x replicas, every data-parallel rank). */
 static float dloss_of(const ts_engine *e, size_t count) {
   double micro_batches = (double)e->opts.grad_accum * (double)e->dp_size * (double)e->replicas;
-  return count ? (float)((double)e->scaler.scale / ((double)count * micro_batches)) : 0.0f;
+  return count ? (float)((double)e->optim.scaler.scale / ((double)count * micro_batches)) : 0.0f;
 }
 
 /* The arithmetic of unit u's backward (with its recompute, and the test
@@ -167,7 +167,7 @@ static ts_status backward_compute(ts_engine *e, int u, ts_unit_args *a, const vo
   }
   const ts_engine_hooks *h = ts_engine_get_hooks();
   if (st == TS_OK && h && h->after_backward)
-    st = h->after_backward(h->user, e, e->attempts + 1, u, grads);
+    st = h->after_backward(h->user, e, e->optim.attempts + 1, u, grads);
   return st;
 }
 
@@ -179,7 +179,7 @@ static ts_status backward_unit(ts_engine *e, int u, ts_unit_args *a) {
   const void *params, *lender = NULL;
   void *grads, *lender_grads = NULL;
   TS_CHECK(ts_engine_reduce_pending(e, u)); /* its full gradient is free again */
-  if (u == e->lender && (size_t)e->cur_mb + 1 == e->opts.grad_accum &&
+  if (u == e->pipe.lender && (size_t)e->run.mb + 1 == e->opts.grad_accum &&
       !tied_direct(e, e->model->n_units - 1))
     TS_CHECK(fold_tied(e, u));
   TS_CHECK(ts_engine_acquire_params(e, u, &params));
@@ -192,7 +192,7 @@ static ts_status backward_unit(ts_engine *e, int u, ts_unit_args *a) {
   if (st == TS_OK) st = backward_compute(e, u, a, params, grads, lender);
   if (lender) ts_engine_release_params(e, un->tied_unit);
   ts_engine_release_params(e, u);
-  if ((size_t)e->cur_mb + 1 == e->opts.grad_accum) { /* the unit's last backward of the step */
+  if ((size_t)e->run.mb + 1 == e->opts.grad_accum) { /* the unit's last backward of the step */
     ts_engine_drop_kept(e, u);
     if (lender && !ts_engine_owns(e, un->tied_unit)) ts_engine_drop_kept(e, un->tied_unit); /* a replica */
   }
@@ -202,10 +202,10 @@ static ts_status backward_unit(ts_engine *e, int u, ts_unit_args *a) {
 ts_status ts_engine_backward_unit_action(ts_engine *e, int mb, int u) {
   act_slot *sl = ts_engine_slot(e, mb);
   int n = e->model->n_units;
-  if (u == e->u_end - 1) { /* the stage's first unit: the micro-batch's backward begins */
+  if (u == e->pipe.u_end - 1) { /* the stage's first unit: the micro-batch's backward begins */
     TS_CHECK(ts_engine_wait_req(&sl->grad_req)); /* the slot's gradient buffer is free */
     TS_CHECK(ts_engine_wait_req(&sl->act_req));  /* a recompute may rewrite the output */
-    e->bw.din = e->stage == e->stages - 1 ? NULL : e->dbuf[1];
+    e->bw.din = e->pipe.stage == e->pipe.stages - 1 ? NULL : e->dbuf[1];
     e->bw.cur = 0;
   }
   ts_unit_args a = base_args(e, sl);
@@ -216,9 +216,9 @@ ts_status ts_engine_backward_unit_action(ts_engine *e, int mb, int u) {
   a.dy = u < n - 1 ? e->bw.din : NULL;
   /* ping-pong through dbuf; a pipeline stage's input gradient goes to its
    * send buffer (dy arrives in dbuf[1], so dbuf[0] is free first) */
-  a.dx = u == 0 ? NULL : u == e->u_begin && sl->gsend ? sl->gsend : e->dbuf[e->bw.cur];
+  a.dx = u == 0 ? NULL : u == e->pipe.u_begin && sl->gsend ? sl->gsend : e->dbuf[e->bw.cur];
   TS_CHECK(ts_engine_prefetch(e, u));
-  if (u > e->u_begin) TS_CHECK(ts_engine_prefetch(e, u - 1));
+  if (u > e->pipe.u_begin) TS_CHECK(ts_engine_prefetch(e, u - 1));
   TS_CHECK(backward_unit(e, u, &a));
   e->bw.din = a.dx;
   e->bw.cur ^= 1;
@@ -226,7 +226,7 @@ ts_status ts_engine_backward_unit_action(ts_engine *e, int mb, int u) {
 }
 
 ts_status ts_engine_backward_action(ts_engine *e, int mb) {
-  if (e->replica && (size_t)mb + 1 == e->opts.grad_accum) TS_CHECK(ts_engine_send_tied_grads(e));
+  if (e->pipe.replica && (size_t)mb + 1 == e->opts.grad_accum) TS_CHECK(ts_engine_send_tied_grads(e));
   return TS_OK;
 }
 
@@ -234,20 +234,20 @@ ts_status ts_engine_backward_action(ts_engine *e, int mb) {
  * on the CPU (nothing moves), the engine's host batch beside a device (its
  * staging sends them; a device runs one slot). */
 static void host_batch(ts_engine *e, act_slot *sl, int32_t **inputs, int32_t **targets) {
-  *inputs = e->device == TS_DEVICE_CPU ? sl->tokens : e->h_tokens;
-  *targets = e->device == TS_DEVICE_CPU ? sl->targets : e->h_targets;
+  *inputs = e->device == TS_DEVICE_CPU ? sl->tokens : e->batch.host_tokens;
+  *targets = e->device == TS_DEVICE_CPU ? sl->targets : e->batch.host_targets;
 }
 
 ts_status ts_engine_load_batch(ts_engine *e, act_slot *sl, const int32_t *inputs,
                                const int32_t *targets, size_t *count) {
   size_t BT = e->opts.micro_batch * e->opts.seq;
   TS_CHECK(ts_k_check_indices(&e->ctx, inputs, targets, BT, e->model->vocab_size));
-  if (e->staging) {
+  if (e->batch.staging) {
     TS_CHECK(ts_k_host_wait(&e->ctx)); /* the previous micro-batch's copies have left */
-    TS_CHECK(ts_k_host_copy(&e->ctx, e->staging, inputs, BT * 4));
-    TS_CHECK(ts_k_host_copy(&e->ctx, e->staging + BT, targets, BT * 4));
-    TS_CHECK(ts_k_from_host_async(&e->ctx, sl->tokens, e->staging, BT * 4));
-    TS_CHECK(ts_k_from_host_async(&e->ctx, sl->targets, e->staging + BT, BT * 4));
+    TS_CHECK(ts_k_host_copy(&e->ctx, e->batch.staging, inputs, BT * 4));
+    TS_CHECK(ts_k_host_copy(&e->ctx, e->batch.staging + BT, targets, BT * 4));
+    TS_CHECK(ts_k_from_host_async(&e->ctx, sl->tokens, e->batch.staging, BT * 4));
+    TS_CHECK(ts_k_from_host_async(&e->ctx, sl->targets, e->batch.staging + BT, BT * 4));
   } else {
     if (inputs != sl->tokens) TS_CHECK(ts_k_from_host(&e->ctx, sl->tokens, inputs, BT * 4));
     if (targets != sl->targets) TS_CHECK(ts_k_from_host(&e->ctx, sl->targets, targets, BT * 4));
@@ -266,5 +266,5 @@ ts_status ts_engine_forward_action(ts_engine *e, int mb, int backward_next,
   e->hold_last = backward_next;
   TS_CHECK(ts_engine_load_batch(e, sl, inputs, targets, &count));
   sl->dloss = dloss_of(e, count);
-  return ts_engine_forward_slot(e, sl, e->loss + 2 * (size_t)mb, 1);
+  return ts_engine_forward_slot(e, sl, e->sc.loss + 2 * (size_t)mb, 1);
 }

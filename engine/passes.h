@@ -15,7 +15,7 @@ extern "C" {
  * (the slot's own on the CPU, the engine's host batch beside a device),
  * loaded into its slot once the slot's previous sends left, its loss
  * gradient's scale set, forward over the stage's units; the last stage's
- * loss pair into e->loss[mb]. backward_next: the next action is this
+ * loss pair into e->sc.loss[mb]. backward_next: the next action is this
  * micro-batch's BACKWARD (the last unit stays gathered for it). Errors:
  * batch's, the load's, the units'. */
 ts_status ts_engine_forward_action(ts_engine *e, int mb, int backward_next,

@@ -34,21 +34,21 @@ ts_status ts_engine_set_stage(ts_engine *e, int s) {
   if (st == TS_OK && (s < 0 || s >= P))
     st = ts_set_error(TS_ERR_INVALID_ARGUMENT, "pipeline stage %d: expected 0 .. %d", s, P - 1);
   if (st == TS_OK) {
-    e->stages = P;
-    e->stage = s;
-    e->u_begin = first[s];
-    e->u_end = first[s + 1];
+    e->pipe.stages = P;
+    e->pipe.stage = s;
+    e->pipe.u_begin = first[s];
+    e->pipe.u_end = first[s + 1];
   }
   free(first);
   TS_CHECK(st);
-  e->replica = e->lender >= 0 && ts_engine_owns(e, n - 1) && !ts_engine_owns(e, e->lender);
+  e->pipe.replica = e->pipe.lender >= 0 && ts_engine_owns(e, n - 1) && !ts_engine_owns(e, e->pipe.lender);
   /* Without pipelining the step is a one-stage 1F1B schedule (forward and
    * backward of each micro-batch in turn, one slot), whatever opts says. */
   ts_schedule_kind kind = P > 1 ? e->opts.schedule : TS_SCHEDULE_1F1B;
-  ts_schedule_free(&e->sched);
-  free(e->program.actions); /* lowered again at the next step (step.c) */
-  e->program = (ts_stage_schedule){NULL, 0};
-  TS_CHECK(ts_schedule_build(kind, P, (int)e->opts.grad_accum, &e->sched));
+  ts_schedule_free(&e->pipe.sched);
+  free(e->pipe.program.actions); /* lowered again at the next step (step.c) */
+  e->pipe.program = (ts_stage_schedule){NULL, 0};
+  TS_CHECK(ts_schedule_build(kind, P, (int)e->opts.grad_accum, &e->pipe.sched));
   e->n_slots = ts_schedule_in_flight(kind, P, (int)e->opts.grad_accum, s);
   return TS_OK;
 }
@@ -78,16 +78,16 @@ ts_status ts_engine_wait_sends(ts_engine *e) {
     if ((st = ts_engine_wait_req(&e->slots[k].act_req)) != TS_OK && first == TS_OK) first = st;
     if ((st = ts_engine_wait_req(&e->slots[k].grad_req)) != TS_OK && first == TS_OK) first = st;
   }
-  if ((st = ts_engine_wait_req(&e->tied_req)) != TS_OK && first == TS_OK) first = st;
+  if ((st = ts_engine_wait_req(&e->pipe.tied_req)) != TS_OK && first == TS_OK) first = st;
   /* the last stage's T is done once sent */
-  if (e->replica) ts_shard_release(&e->ledger, &e->tied_grads);
+  if (e->pipe.replica) ts_shard_release(&e->ledger, &e->pipe.tied_grads);
   return first;
 }
 
 ts_status ts_engine_recv(ts_engine *e, void *buf, size_t count, int peer, int t) {
   ts_engine_span_begin(e, TS_SPAN_RECV, -1);
   ts_engine_comm_note(e, -1);
-  ts_status st = ts_comm_recv(e->pp, buf, count, e->opts.dtype, peer, t);
+  ts_status st = ts_comm_recv(e->pipe.pp, buf, count, e->opts.dtype, peer, t);
   ts_engine_span_end(e, TS_SPAN_RECV, -1);
   return st;
 }
@@ -96,32 +96,32 @@ ts_status ts_engine_isend(ts_engine *e, const void *buf, size_t count, int peer,
                           ts_comm_request **req) {
   ts_engine_span_begin(e, TS_SPAN_SEND, -1);
   ts_engine_comm_note(e, -1);
-  ts_status st = ts_comm_isend(e->pp, buf, count, e->opts.dtype, peer, t, req);
+  ts_status st = ts_comm_isend(e->pipe.pp, buf, count, e->opts.dtype, peer, t, req);
   ts_engine_span_end(e, TS_SPAN_SEND, -1);
   return st;
 }
 
 ts_status ts_engine_recv_tied_grads(ts_engine *e) {
-  size_t P = e->units[e->lender].layout.padded;
+  size_t P = e->units[e->pipe.lender].layout.padded;
   TS_CHECK(ts_ledger_alloc_transient(&e->ledger, e->device, TS_MEM_GRADS, P * e->es,
-                                     &e->tied_grads));
-  return ts_engine_recv(e, e->tied_grads, P, e->stages - 1, ts_engine_tag(TS_TAG_TIED, 0));
+                                     &e->pipe.tied_grads));
+  return ts_engine_recv(e, e->pipe.tied_grads, P, e->pipe.stages - 1, ts_engine_tag(TS_TAG_TIED, 0));
 }
 
 ts_status ts_engine_send_tied_grads(ts_engine *e) {
-  size_t P = e->units[e->lender].layout.padded;
-  return ts_engine_isend(e, e->tied_grads, P, 0, ts_engine_tag(TS_TAG_TIED, 0), &e->tied_req);
+  size_t P = e->units[e->pipe.lender].layout.padded;
+  return ts_engine_isend(e, e->pipe.tied_grads, P, 0, ts_engine_tag(TS_TAG_TIED, 0), &e->pipe.tied_req);
 }
 
 ts_status ts_engine_sync_replica(ts_engine *e) {
-  if (e->stages == 1 || e->lender < 0) return TS_OK;
-  unit_state *s = &e->units[e->lender];
-  ts_engine_comm_note(e, e->lender);
+  if (e->pipe.stages == 1 || e->pipe.lender < 0) return TS_OK;
+  unit_state *s = &e->units[e->pipe.lender];
+  ts_engine_comm_note(e, e->pipe.lender);
   size_t n = e->zero->shard_params ? s->layout.shard : s->layout.padded;
-  if (e->stage == 0)
-    return ts_comm_send(e->pp, s->params, n, e->opts.dtype, e->stages - 1,
+  if (e->pipe.stage == 0)
+    return ts_comm_send(e->pipe.pp, s->params, n, e->opts.dtype, e->pipe.stages - 1,
                         ts_engine_tag(TS_TAG_PARAMS, 0));
-  if (e->replica)
-    return ts_comm_recv(e->pp, s->params, n, e->opts.dtype, 0, ts_engine_tag(TS_TAG_PARAMS, 0));
+  if (e->pipe.replica)
+    return ts_comm_recv(e->pipe.pp, s->params, n, e->opts.dtype, 0, ts_engine_tag(TS_TAG_PARAMS, 0));
   return TS_OK;
 }

@@ -30,9 +30,9 @@ ts_status ts_engine_wait_sends(ts_engine *e);
 
 /* Stage 0 of a pipeline, before the lender's backward of the step's last
  * micro-batch: receives the tied head's gradient from the last stage into
- * a new transient (P), e->tied_grads. */
+ * a new transient (P), e->pipe.tied_grads. */
 ts_status ts_engine_recv_tied_grads(ts_engine *e);
-/* The last stage, after the step's last backward: sends e->tied_grads. */
+/* The last stage, after the step's last backward: sends e->pipe.tied_grads. */
 ts_status ts_engine_send_tied_grads(ts_engine *e);
 /* After an applied optimizer step: stage 0 sends the lender's updated
  * parameters (as its policy holds them) to the last stage's replica. */

@@ -137,12 +137,12 @@ ts_status ts_engine_plan_build(const ts_model *model, const ts_engine_opts *opts
   }
   /* world rank w = pipeline stage x dp_size + data-parallel rank */
   size_t base = (size_t)stage * dp_size;
-  if (st == TS_OK && e->stages > 1) st = ts_comm_plan(stage, e->stages, "pp", &e->own_pp);
+  if (st == TS_OK && e->pipe.stages > 1) st = ts_comm_plan(stage, e->pipe.stages, "pp", &e->pipe.own_pp);
   if (st == TS_OK) st = plan_nodes(e->own_comm, base, 1, ranks_per_node);
   if (st == TS_OK) st = plan_nodes(e->own_rep, base, (size_t)e->dp_size, ranks_per_node);
-  if (st == TS_OK) st = plan_nodes(e->own_pp, 0, dp_size, ranks_per_node);
+  if (st == TS_OK) st = plan_nodes(e->pipe.own_pp, 0, dp_size, ranks_per_node);
   e->dp = e->own_comm;
-  e->pp = e->own_pp;
+  e->pipe.pp = e->pipe.own_pp;
   if (st == TS_OK) st = ts_engine_lend_memory(e);
   if (st == TS_OK) st = ts_engine_alloc(e);
   if (st != TS_OK) {

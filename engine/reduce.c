@@ -17,7 +17,7 @@
  * each unit's squared norm on the device, the step's one read of it
  * (losses and norms, one block), the sums over the pipeline's stages and
  * the dp group (per unit in model order, whatever the layout) into
- * e->reduced for the OPTIMIZER action. Calls nothing of the executor.
+ * e->sc.reduced for the OPTIMIZER action. Calls nothing of the executor.
  */
 #include "engine/observe.h"
 #include "engine/params.h"
@@ -72,7 +72,7 @@ static ts_status start_reduce(ts_engine *e, int u) {
   ts_engine_comm_note(e, u);
   if (e->zero->shard_grads) {
     TS_CHECK(ts_shard_ireduce_scatter(e->dp, &s->layout, s->full_grads, s->grads, e->opts.dtype,
-                                      e->cur_mb > 0, e->scratch, e->scratch_bytes, &s->reduce_req));
+                                      e->run.mb > 0, e->scratch, e->scratch_bytes, &s->reduce_req));
   } else {
     TS_CHECK(ts_shard_ireduce_scatter(e->dp, &s->layout, s->grads, ts_engine_grad_shard(e, u),
                                       e->opts.dtype, 0, e->scratch, e->scratch_bytes,
@@ -101,7 +101,7 @@ ts_status ts_engine_reduce_unit_action(ts_engine *e, int u) {
  * overlap the step's last backward started it. */
 static ts_status reduce_buckets(ts_engine *e) {
   if (!e->zero->reduce_after_step || e->opts.overlap) return TS_OK; /* overlap: the backward did */
-  for (int u = e->u_begin; u < e->u_end; u++) {
+  for (int u = e->pipe.u_begin; u < e->pipe.u_end; u++) {
     TS_CHECK(start_reduce(e, u));
     TS_CHECK(finish_reduce(e, u));
     TS_CHECK(ts_engine_comm_wait(e, &e->units[u].reduce_ag_req, TS_SPAN_ALL_GATHER, u));
@@ -116,7 +116,7 @@ static ts_status reduce_buckets(ts_engine *e) {
  * part (reduce_ag_req). A no-op without hybrid sharding. */
 static ts_status reduce_replicas(ts_engine *e) {
   if (!e->rep) return TS_OK;
-  for (int u = e->u_begin; u < e->u_end; u++) {
+  for (int u = e->pipe.u_begin; u < e->pipe.u_end; u++) {
     unit_state *s = &e->units[u];
     ts_engine_comm_note(e, u);
     void *shard = ts_engine_grad_shard(e, u);
@@ -131,13 +131,13 @@ static ts_status reduce_replicas(ts_engine *e) {
 
 ts_status ts_engine_finish_reductions(ts_engine *e, int gathers) {
   if (e->rs_pending >= 0) TS_CHECK(finish_reduce(e, e->rs_pending));
-  for (int u = e->u_begin; u < e->u_end && gathers; u++)
+  for (int u = e->pipe.u_begin; u < e->pipe.u_end && gathers; u++)
     TS_CHECK(ts_engine_comm_wait(e, &e->units[u].reduce_ag_req, TS_SPAN_ALL_GATHER, u));
   return TS_OK;
 }
 
 ts_status ts_engine_zero_grads(ts_engine *e) {
-  for (int u = e->u_begin; u < e->u_end; u++) {
+  for (int u = e->pipe.u_begin; u < e->pipe.u_end; u++) {
     unit_state *s = &e->units[u];
     size_t n = e->zero->shard_grads ? s->layout.shard : s->layout.padded;
     TS_CHECK(ts_k_zero(&e->ctx, s->grads, n * e->es));
@@ -151,28 +151,28 @@ ts_status ts_engine_zero_grads(ts_engine *e) {
  * pipeline's stages, the dp group and (hybrid) the replicas. */
 static ts_status step_sums(ts_engine *e) {
   const ts_model *m = e->model;
-  for (int u = e->u_begin; u < e->u_end; u++)
-    TS_CHECK(ts_k_sumsq(&e->ctx, e->sumsq + u, ts_engine_grad_shard(e, u),
+  for (int u = e->pipe.u_begin; u < e->pipe.u_end; u++)
+    TS_CHECK(ts_k_sumsq(&e->ctx, e->sc.sumsq + u, ts_engine_grad_shard(e, u),
                         e->units[u].layout.shard, e->opts.dtype));
   size_t K = e->opts.grad_accum, U = (size_t)m->n_units;
-  const double *h = e->h_scalars;
-  TS_CHECK(ts_k_to_host(&e->ctx, e->h_scalars, e->scalars, (2 * K + U) * sizeof(double)));
+  const double *h = e->sc.host;
+  TS_CHECK(ts_k_to_host(&e->ctx, e->sc.host, e->sc.block, (2 * K + U) * sizeof(double)));
   /* part[0]: this rank's sum of micro-batch mean losses (the stage with
    * the loss), part[1 + u]: the squared norm of its shard of unit u (the
    * stage computing u, else 0). A pipeline gathers them by a sum over its
    * stages (each entry is non-zero on one stage alone: exact), so the
    * norm below is summed per unit in model order whatever the layout. */
-  double *part = e->h_part;
+  double *part = e->sc.part;
   part[0] = 0.0;
   if (ts_engine_owns(e, m->n_units - 1))
     for (size_t k = 0; k < K; k++) part[0] += ts_engine_mean_loss(h + 2 * k);
   for (size_t u = 0; u < U; u++) part[1 + u] = ts_engine_owns(e, (int)u) ? h[2 * K + u] : 0.0;
   ts_engine_comm_note(e, -1); /* the step's sums: no unit */
-  if (e->pp) TS_CHECK(ts_comm_all_reduce_f64(e->pp, part, U + 1, TS_COMM_SUM));
+  if (e->pipe.pp) TS_CHECK(ts_comm_all_reduce_f64(e->pipe.pp, part, U + 1, TS_COMM_SUM));
   /* [0]: the loss sum, [1]: the sum of squares of the gradient shards, per
    * unit in model order (not finite on any rank: overflow, agreed by this
    * one all-reduce over the dp group; the pipeline's sum came first). */
-  double *sums = e->reduced;
+  double *sums = e->sc.reduced;
   sums[0] = part[0];
   sums[1] = 0.0;
   for (size_t u = 0; u < U; u++) sums[1] += part[1 + u];

@@ -22,7 +22,7 @@ ts_status ts_engine_reduce_pending(ts_engine *e, int u);
  * micro-batch; stages 0/1 with overlap in the last one (their bucket);
  * else REDUCE reduces it once per step. */
 int ts_engine_unit_reduce_due(const ts_engine *e, int mb);
-/* REDUCE_UNIT of unit u (micro-batch e->cur_mb): stages 2/3 reduce-scatter
+/* REDUCE_UNIT of unit u (micro-batch e->run.mb): stages 2/3 reduce-scatter
  * its full gradient into the shard (adding after the first micro-batch),
  * stages 0/1 its whole gradient in place; after the one in flight ends.
  * With overlap it runs beside the next unit's backward; without, it ends
@@ -41,7 +41,7 @@ ts_status ts_engine_zero_grads(ts_engine *e);
  * dropped, stages 0/1's reductions without overlap, every reduction ended,
  * hybrid sharding's sum over the replicas (blocking, rank order), then
  * each unit's squared norm, the step's one read of the device, and the
- * sums over the pipeline, dp and replica groups into e->reduced. Errors:
+ * sums over the pipeline, dp and replica groups into e->sc.reduced. Errors:
  * the collectives', the device's. */
 ts_status ts_engine_reduce_action(ts_engine *e);
 

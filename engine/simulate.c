@@ -203,7 +203,7 @@ static void rec_call(void *user, ts_engine *e, const ts_comm *c, const ts_comm_c
               .id = -1};
   if (ev.p2p != P2P_RECV) /* a receive's transfer is its send's */
     ev.time = call_parts(r->cl, k->kind, k->bytes, k->remote, k->buffer, p, local, r->node_ranks);
-  if (ev.p2p == P2P_NONE && c == r->e->pp) ev.coll = r->log->pp_colls++;
+  if (ev.p2p == P2P_NONE && c == r->e->pipe.pp) ev.coll = r->log->pp_colls++;
   r->call_event[r->calls++] = push(r, ev);
 }
 

@@ -21,7 +21,7 @@ ts_status ts_checkpoint_staging_bytes(const ts_engine *e, size_t *bytes);
  * optimizer step, a tensor or moment set, a load): waits until the
  * asynchronous save in flight has copied it to the staging (on the CPU its
  * writer thread copies while the next step's forward and backward run),
- * adding the wait to e->ckpt_staging_wait. None in flight: returns at once. */
+ * adding the wait to e->ckpt.staging_wait. None in flight: returns at once. */
 void ts_engine_wait_staging(ts_engine *e);
 
 #ifdef __cplusplus

@@ -8,6 +8,15 @@
  * test hook and no NCCL type); engine_internal.h gathers them all for the
  * files that use most.
  *
+ * The struct is the engine's identity (model, options, ZeRO policy,
+ * device, ledger, kernel context, groups) and the buffers every pass uses
+ * (units, slots, activation gradients, scratch), then one part per owner:
+ * batch (the micro-batch's tokens), sc (the step's scalar block), optim
+ * (the optimizer's progress), pipe (the pipeline stage), update
+ * (optimizer.c's, per step), bw (passes.c's backward), obs (observe.c's
+ * observers and watcher), run (the executor's), ckpt (checkpoints), and
+ * device.c's opaque lending.
+ *
  * Ownership: the engine owns every buffer below and allocates each through
  * its ledger on its device (e->device), except: the batch's host staging
  * beside a device (the ledger's CPU account), the step scalars on the CPU
@@ -90,50 +99,57 @@ struct ts_engine {
                             for a tied head's lender (its params alone: the replica) */
   act_slot *slots;       /* [n_slots] micro-batches in flight */
   int n_slots;           /* 1 without pipelining */
-  int32_t *tokens;       /* (B, T) slot 0's inputs (the micro-step's batch) */
-  int32_t *targets;      /* (B, T) slot 0's targets */
-  int32_t *h_tokens;     /* (B, T) the host's batch (ts_engine_batch): tokens itself on the
-                            CPU, host staging for a device */
-  int32_t *h_targets;    /* (B, T) likewise */
-  int32_t *staging;      /* beside a device: (2, B, T) page-locked host copy of a micro-batch's
-                            tokens then targets, read by an asynchronous copy; else NULL */
+  struct {               /* the micro-batch's tokens (passes.c loads them; engine.c's buffers) */
+    int32_t *tokens;       /* (B, T) slot 0's inputs (the micro-step's batch) */
+    int32_t *targets;      /* (B, T) slot 0's targets */
+    int32_t *host_tokens;  /* (B, T) the host's batch (ts_engine_batch): tokens itself on the
+                              CPU, host staging for a device */
+    int32_t *host_targets; /* (B, T) likewise */
+    int32_t *staging;      /* beside a device: (2, B, T) page-locked host copy of a
+                              micro-batch's tokens then targets, read by an asynchronous copy;
+                              else NULL */
+  } batch;
   struct ts_engine_lending *lending; /* device.c's: the memory lent to dp, pp and rep
                                         (ts_engine_lend_memory), NULL while none is */
   ts_device_report report; /* beside a device: its name, total and used_at_create */
   void *dbuf[2];         /* (B, T, C) activation gradients, ping-pong */
   void *recompute_saved; /* saved activations of the recomputed unit in use */
-  /* The step's scalars on the device, read once per step (one block): */
-  double *scalars;       /* the block: loss then sumsq then eval_loss */
-  double *loss;          /* (grad_accum, 2): each micro-batch's (loss sum, rows) */
-  double *sumsq;         /* (n_units): squared norm of each unit's gradient shard */
-  double *eval_loss;     /* (2): the evaluation's (loss sum, rows) */
-  int32_t *nonfinite;    /* (n_units, TS_UNIT_MAX_TENSORS): overflow search flags */
-  size_t scalar_bytes;   /* bytes of the block */
-  double *h_scalars;     /* host copy of the block (what the step reads back) */
-  double *h_part;        /* (1 + n_units) host: the step's loss sum and per-unit squared
-                            norms, summed over the pipeline's stages */
-  double reduced[2];     /* the REDUCE action's sums over the grid: the step's loss (each
-                            micro-batch's mean, summed) and the gradients' sum of squares */
-  int step;              /* optimizer updates applied (AdamW's t) */
-  int attempts;          /* optimizer steps finished, skipped ones included */
-  ts_loss_scaler scaler; /* fp16 loss scaling (scale 1 otherwise) */
-  /* Pipeline stages (pipeline.c; without pipelining P = 1, stage 0, all units): */
-  int stages, stage;     /* P and this rank's pipeline stage s */
-  int u_begin, u_end;    /* the units this stage computes, [u_begin, u_end) */
-  ts_comm *pp;           /* the pipeline group of this dp rank (borrowed or own_pp), NULL
-                            when P = 1 */
-  ts_comm *own_pp;       /* a plan's own pipeline group (ts_comm_plan), else NULL */
-  int lender;            /* the unit a tied head borrows from (its tied_unit), or -1 */
-  int replica;           /* 1: units[lender] holds only the tied head's copy of the
-                            lender's parameters (the last stage, P > 1) */
-  int cur_mb;            /* the micro-batch of the action running (its index in the step) */
-  void *tied_grads;      /* tied head: its gradient of the borrowed tensor, summed over the
-                            step's micro-batches, (P) of the lender's layout, compute dtype;
-                            a transient (grads) from the first head backward to the fold */
-  ts_comm_request *tied_req; /* pending send of tied_grads to stage 0, or NULL */
-  ts_schedule sched;     /* the step's schedule (P > 1), built once */
-  ts_stage_schedule program; /* this stage's list as the executor runs it: sched's, lowered
-                                (step.c) at the first step; owned */
+  struct { /* the step's scalars on the device, read once per step as one block (the
+              passes write loss, reduce.c reads it back and sums over the grid) */
+    double *block;         /* the block: loss then sumsq then eval_loss */
+    double *loss;          /* (grad_accum, 2): each micro-batch's (loss sum, rows) */
+    double *sumsq;         /* (n_units): squared norm of each unit's gradient shard */
+    double *eval_loss;     /* (2): the evaluation's (loss sum, rows) */
+    int32_t *nonfinite;    /* (n_units, TS_UNIT_MAX_TENSORS): overflow search flags */
+    size_t bytes;          /* bytes of the block */
+    double *host;          /* host copy of the block (what the step reads back) */
+    double *part;          /* (1 + n_units) host: the step's loss sum and per-unit squared
+                              norms, summed over the pipeline's stages */
+    double reduced[2];     /* the REDUCE action's sums over the grid: the step's loss (each
+                              micro-batch's mean, summed) and the gradients' sum of squares */
+  } sc;
+  struct {                 /* the optimizer's progress (optimizer.c; saved in checkpoints) */
+    int step;              /* optimizer updates applied (AdamW's t) */
+    int attempts;          /* optimizer steps finished, skipped ones included */
+    ts_loss_scaler scaler; /* fp16 loss scaling (scale 1 otherwise) */
+  } optim;
+  struct { /* pipeline stages (pipeline.c; without pipelining P = 1, stage 0, all units) */
+    int stages, stage;     /* P and this rank's pipeline stage s */
+    int u_begin, u_end;    /* the units this stage computes, [u_begin, u_end) */
+    ts_comm *pp;           /* the pipeline group of this dp rank (borrowed or own_pp), NULL
+                              when P = 1 */
+    ts_comm *own_pp;       /* a plan's own pipeline group (ts_comm_plan), else NULL */
+    int lender;            /* the unit a tied head borrows from (its tied_unit), or -1 */
+    int replica;           /* 1: units[lender] holds only the tied head's copy of the
+                              lender's parameters (the last stage, P > 1) */
+    void *tied_grads;      /* tied head: its gradient of the borrowed tensor, summed over the
+                              step's micro-batches, (P) of the lender's layout, compute dtype;
+                              a transient (grads) from the first head backward to the fold */
+    ts_comm_request *tied_req; /* pending send of tied_grads to stage 0, or NULL */
+    ts_schedule sched;     /* the step's schedule (P > 1), built once */
+    ts_stage_schedule program; /* this stage's list as the executor runs it: sched's, lowered
+                                  (step.c) at the first step; owned */
+  } pipe;
   struct {                 /* the step's update (optimizer.c), set by OPTIMIZER */
     int skipped;           /* 1: the step is skipped (its units' actions do nothing) */
     ts_status st;          /* the first error of a unit's action, returned by OPTIMIZER_END */
@@ -144,32 +160,39 @@ struct ts_engine {
     const void *din;       /* the gradient of the current unit's output */
     int cur;               /* dbuf index its input gradient goes to */
   } bw;
-  ts_trace *trace;              /* train --trace: spans (borrowed); NULL: none */
-  ts_step_observer trace_observer; /* the trace's observer, registered while trace is set */
-  const ts_step_observer *observers[TS_ENGINE_MAX_OBSERVERS]; /* (n_observers), borrowed */
-  int n_observers;
-  ts_comm_watcher watcher;      /* on dp, rep, pp while an observer watches calls (observe.c) */
-  int watching;                 /* 1 while it is on them */
-  int64_t calls_told;           /* the calls told to observers since it was put on */
+  struct {                 /* what watches the step (observe.c's) */
+    ts_trace *trace;                 /* train --trace: spans (borrowed); NULL: none */
+    ts_step_observer trace_observer; /* the trace's observer, registered while trace is set */
+    const ts_step_observer *list[TS_ENGINE_MAX_OBSERVERS]; /* (n), borrowed */
+    int n;
+    ts_comm_watcher watcher; /* on dp, rep, pp while an observer watches calls */
+    int watching;            /* 1 while it is on them */
+    int64_t calls_told;      /* the calls told to observers since it was put on */
+  } obs;
   int comm_thread;              /* 1: dp has a communication thread this engine started */
   int rs_pending;               /* opts.overlap, stages 2/3: the unit whose reduce-scatter is
                                    in flight (its full_grads kept until it ends), else -1 */
   int hold_last;                /* opts.overlap: the action after this forward is the same
                                    micro-batch's backward (keep the last unit gathered) */
-  int in_step;                  /* 1 while ts_engine_step runs its list */
-  int in_micro_batch;           /* 1 while an action of micro-batch cur_mb runs (spans and the
+  struct {                      /* the executor's (step.c) */
+    int in_step;                /* 1 while ts_engine_step runs its list */
+    int mb;                     /* the micro-batch of the action running (its index in the
+                                   step) */
+    int in_micro_batch;         /* 1 while an action of micro-batch mb runs (spans and the
                                    watchdog name it; a forward that keeps gathered units) */
-  ts_comm_counters step_start;  /* counters when the current step began */
-  void *ckpt_staging;           /* opts.async_save: this rank's checkpoint file bytes (host,
+  } run;
+  struct {                      /* checkpoints (checkpoint.c's) */
+    void *staging;              /* opts.async_save: this rank's checkpoint file bytes (host,
                                    staging), the copy an asynchronous save writes; else NULL */
-  size_t ckpt_staging_bytes;    /* its size, bytes */
-  struct ts_checkpoint_pending *ckpt_pending; /* the asynchronous save in flight, else NULL */
-  double ckpt_staging_wait; /* seconds state changes waited for its copies, summed */
+    size_t staging_bytes;       /* its size, bytes */
+    struct ts_checkpoint_pending *pending; /* the asynchronous save in flight, else NULL */
+    double staging_wait;        /* seconds state changes waited for its copies, summed */
+  } ckpt;
 };
 
 /* Whether unit u is computed by this rank's stage. */
 static inline int ts_engine_owns(const ts_engine *e, int u) {
-  return u >= e->u_begin && u < e->u_end;
+  return u >= e->pipe.u_begin && u < e->pipe.u_end;
 }
 
 /* The mean loss of a (sum, rows) pair: 0 when no row has a target. */

@@ -43,7 +43,7 @@
  * replica group. */
 static ts_comm_counters counters_now(const ts_engine *e) {
   ts_comm_counters d = *ts_comm_get_counters(e->dp);
-  ts_comm *more[2] = {e->pp, e->rep};
+  ts_comm *more[2] = {e->pipe.pp, e->rep};
   for (int g = 0; g < 2; g++) {
     if (!more[g]) continue;
     const ts_comm_counters *p = ts_comm_get_counters(more[g]);
@@ -88,33 +88,33 @@ static void discard_step(ts_engine *e) {
     s->holds = 0;
   }
   e->hold_last = 0;
-  ts_shard_release(&e->ledger, &e->tied_grads);
+  ts_shard_release(&e->ledger, &e->pipe.tied_grads);
 }
 
-/* This stage's list lowered into e->program (the header comment): built
+/* This stage's list lowered into e->pipe.program (the header comment): built
  * at the first step, the same for every step. TS_ERR_OUT_OF_MEMORY. */
 static ts_status lower(ts_engine *e) {
-  const ts_stage_schedule *ss = &e->sched.stage[e->stage];
-  size_t units = (size_t)(e->u_end - e->u_begin), n = 0;
+  const ts_stage_schedule *ss = &e->pipe.sched.stage[e->pipe.stage];
+  size_t units = (size_t)(e->pipe.u_end - e->pipe.u_begin), n = 0;
   ts_action *out = malloc((ss->n + ss->n * 2 * units + units + 1) * sizeof *out);
   if (!out) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "step: the list of %zu actions", ss->n);
   for (size_t i = 0; i < ss->n; i++) {
     const ts_action *a = &ss->actions[i];
     if (a->kind == TS_ACT_BACKWARD) {
       int due = ts_engine_unit_reduce_due(e, a->mb);
-      for (int u = e->u_end - 1; u >= e->u_begin; u--) {
+      for (int u = e->pipe.u_end - 1; u >= e->pipe.u_begin; u--) {
         out[n++] = (ts_action){TS_ACT_BACKWARD_UNIT, a->mb, -1, u};
         if (due) out[n++] = (ts_action){TS_ACT_REDUCE_UNIT, a->mb, -1, u};
       }
     }
     out[n++] = *a;
     if (a->kind == TS_ACT_OPTIMIZER) {
-      for (int u = e->u_begin; u < e->u_end; u++)
+      for (int u = e->pipe.u_begin; u < e->pipe.u_end; u++)
         out[n++] = (ts_action){TS_ACT_OPTIMIZER_UNIT, -1, -1, u};
       out[n++] = (ts_action){TS_ACT_OPTIMIZER_END, -1, -1, -1};
     }
   }
-  e->program = (ts_stage_schedule){out, n};
+  e->pipe.program = (ts_stage_schedule){out, n};
   return TS_OK;
 }
 
@@ -136,10 +136,10 @@ static ts_status run_action(ts_engine *e, const ts_action *a, const ts_action *n
     case TS_ACT_BACKWARD:
       return ts_engine_backward_action(e, a->mb);
     case TS_ACT_SEND_ACT:
-      return ts_engine_isend(e, sl->acts[e->u_end], n, a->peer, ts_engine_tag(TS_TAG_ACT, a->mb),
+      return ts_engine_isend(e, sl->acts[e->pipe.u_end], n, a->peer, ts_engine_tag(TS_TAG_ACT, a->mb),
                              &sl->act_req);
     case TS_ACT_RECV_ACT:
-      return ts_engine_recv(e, sl->acts[e->u_begin], n, a->peer, ts_engine_tag(TS_TAG_ACT, a->mb));
+      return ts_engine_recv(e, sl->acts[e->pipe.u_begin], n, a->peer, ts_engine_tag(TS_TAG_ACT, a->mb));
     case TS_ACT_SEND_GRAD:
       return ts_engine_isend(e, sl->gsend, n, a->peer, ts_engine_tag(TS_TAG_GRAD, a->mb),
                              &sl->grad_req);
@@ -173,27 +173,27 @@ static ts_status observed_action(ts_engine *e, const ts_action *a, const ts_acti
 ts_status ts_engine_step(ts_engine *e, ts_engine_batch_fn batch, void *user, float lr,
                          ts_step_stats *stats) {
   if (!batch) return ts_set_error(TS_ERR_INVALID_ARGUMENT, "engine: step without a batch source");
-  if (e->in_step)
+  if (e->run.in_step)
     return ts_set_error(TS_ERR_INVALID_USAGE, "engine: step inside a step: expected a step "
                                               "boundary");
-  if (!e->program.actions) TS_CHECK(lower(e));
-  const ts_stage_schedule *ss = &e->program;
+  if (!e->pipe.program.actions) TS_CHECK(lower(e));
+  const ts_stage_schedule *ss = &e->pipe.program;
   ts_comm_counters start = counters_now(e);
   memset(stats, 0, sizeof *stats);
   stats->overflow_unit = -1;
-  stats->loss_scale = stats->next_loss_scale = e->scaler.scale;
+  stats->loss_scale = stats->next_loss_scale = e->optim.scaler.scale;
   ts_status st = TS_OK;
   int optimizing = 0; /* the OPTIMIZER action runs: the step is the optimizer's to finish */
-  e->in_step = 1;
+  e->run.in_step = 1;
   for (size_t i = 0; i < ss->n && st == TS_OK; i++) {
     const ts_action *a = &ss->actions[i];
-    e->in_micro_batch = a->mb >= 0; /* spans and the watchdog name it */
-    if (a->mb >= 0) e->cur_mb = a->mb;
+    e->run.in_micro_batch = a->mb >= 0; /* spans and the watchdog name it */
+    if (a->mb >= 0) e->run.mb = a->mb;
     st = observed_action(e, a, i + 1 < ss->n ? &ss->actions[i + 1] : NULL, batch, user, lr, stats,
                          &optimizing);
   }
-  e->in_micro_batch = 0;
-  e->in_step = 0;
+  e->run.in_micro_batch = 0;
+  e->run.in_step = 0;
   if (st != TS_OK && !optimizing) {
     discard_step(e); /* the batch source's error too */
     return st;

@@ -75,7 +75,7 @@ ts_status ts_engine_adamw_unit(ts_engine *e, int u, float lr, float scale) {
   while (ts_slice_next(&it, &sl)) {
     const ts_tensor_spec *t = &e->model->units[u].tensors[sl.tensor];
     ts_adamw_hparams hp = {lr, e->opts.beta1, e->opts.beta2, e->opts.eps,
-                           t->decay ? e->opts.weight_decay : 0.0f, e->step, scale};
+                           t->decay ? e->opts.weight_decay : 0.0f, e->optim.step, scale};
     char *param = (char *)s->params + ts_engine_held_offset(e, u, z->shard_params, sl.begin) * e->es;
     const char *grad =
         (const char *)s->grads + ts_engine_held_offset(e, u, z->shard_grads, sl.begin) * e->es;
@@ -95,24 +95,24 @@ ts_status ts_engine_find_overflow(ts_engine *e, int *unit, int *tensor) {
   /* A flag per (unit, tensor) of the reduced gradient shard, on the device,
    * read once. Every part is looked at, empty ones included (flag 0);
    * units of other pipeline stages are theirs to look at. */
-  for (int u = e->u_begin; u < e->u_end; u++)
+  for (int u = e->pipe.u_begin; u < e->pipe.u_end; u++)
     for (int i = 0; i < m->units[u].n_tensors; i++) {
       ts_slice sl = ts_slice_of(e, u, i, 1);
-      TS_CHECK(ts_k_nonfinite(&e->ctx, e->nonfinite + u * MAX + i,
+      TS_CHECK(ts_k_nonfinite(&e->ctx, e->sc.nonfinite + u * MAX + i,
                               (char *)ts_engine_grad_shard(e, u) + sl.offset * e->es,
                               sl.end - sl.begin, e->opts.dtype));
     }
   /* the host copy of the flags: the same place in the host block */
-  int32_t *flags = (int32_t *)((char *)e->h_scalars + ((char *)e->nonfinite - (char *)e->scalars));
+  int32_t *flags = (int32_t *)((char *)e->sc.host + ((char *)e->sc.nonfinite - (char *)e->sc.block));
   size_t nflags = (size_t)m->n_units * MAX;
-  TS_CHECK(ts_k_to_host(&e->ctx, flags, e->nonfinite, nflags * sizeof *flags));
+  TS_CHECK(ts_k_to_host(&e->ctx, flags, e->sc.nonfinite, nflags * sizeof *flags));
   /* Backward runs from the last unit to the first and a non-finite
    * activation gradient spoils every unit below it, so the answer is the
    * highest unit holding a non-finite reduced gradient on any rank, and in
    * it the first such tensor in layout order: agreed by an all-reduce (max)
    * of each rank's u * MAX + (MAX - 1 - i), -1 for none. */
   double key = -1;
-  for (int u = e->u_end - 1; u >= e->u_begin && key < 0; u--)
+  for (int u = e->pipe.u_end - 1; u >= e->pipe.u_begin && key < 0; u--)
     for (int i = 0; i < m->units[u].n_tensors; i++)
       if (flags[u * MAX + i]) {
         key = (double)(u * MAX + (MAX - 1 - i));
@@ -120,7 +120,7 @@ ts_status ts_engine_find_overflow(ts_engine *e, int *unit, int *tensor) {
       }
   ts_engine_comm_note(e, -1);
   TS_CHECK(ts_comm_all_reduce_f64(e->dp, &key, 1, TS_COMM_MAX));
-  if (e->pp) TS_CHECK(ts_comm_all_reduce_f64(e->pp, &key, 1, TS_COMM_MAX));
+  if (e->pipe.pp) TS_CHECK(ts_comm_all_reduce_f64(e->pipe.pp, &key, 1, TS_COMM_MAX));
   if (key < 0) /* partial sums overflowed, no element did: impossible in fp16 */
     return ts_set_error(TS_ERR_INTERNAL, "engine: overflow agreed but no rank holds a "
                                          "non-finite gradient");
@@ -163,10 +163,10 @@ static ts_status stage(ts_engine *e, int to_host, void *dev, float *host, size_t
 static ts_status find(const ts_engine *e, const char *name, size_t numel, int params, int *u,
                       int *i) {
   TS_CHECK(ts_model_find_tensor(e->model, name, u, i));
-  if (!ts_engine_owns(e, *u) && !(params && e->replica && e->units[*u].params))
+  if (!ts_engine_owns(e, *u) && !(params && e->pipe.replica && e->units[*u].params))
     return ts_set_error(TS_ERR_INVALID_USAGE,
                         "tensor %s: unit %d is not on pipeline stage %d (units %d..%d)", name, *u,
-                        e->stage, e->u_begin, e->u_end - 1);
+                        e->pipe.stage, e->pipe.u_begin, e->pipe.u_end - 1);
   const ts_tensor_spec *t = &e->model->units[*u].tensors[*i];
   if (t->numel != numel)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "tensor %s: %zu elements given, expected %zu",
@@ -223,7 +223,7 @@ ts_status ts_engine_get_grad(const ts_engine *e, const char *name, float *dst, s
   /* One rank: the gradient buffer is the whole padded unit in every stage. */
   size_t off = e->model->units[u].tensors[i].offset;
   TS_CHECK(stage((ts_engine *)e, 1, (char *)e->units[u].grads + off * e->es, dst, numel));
-  float scale = e->scaler.scale;
+  float scale = e->optim.scaler.scale;
   if (scale != 1.0f)
     for (size_t k = 0; k < numel; k++) dst[k] /= scale;
   return TS_OK;
