@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/cpu_common.h"
 #include "kernels/kernels.h"
 #include "kernels/kernels_test_util.h"
 
@@ -95,6 +96,81 @@ TEST(Adamw, ParamCopyAndAliasing) {
   EXPECT_EQ(ts_k_adamw(c.get(), a.data(), a.data(), TS_BF16, ma.data(), va.data(), g.data(),
                        TS_FP32, n, &hp),
             TS_ERR_INVALID_ARGUMENT);  // bf16 copy onto the fp32 master
+}
+
+// The CPU's AVX2 and AVX-512 bodies (cpu/adamw.c) give the scalar body's
+// bits for every pair of gradient and parameter dtypes, with and without
+// the parameters' copy, at unaligned starts and lengths that leave tails,
+// over three steps, with values that reach the edges: zeros, subnormal and
+// huge gradients (v overflows to inf), inf and NaN masters (the bf16 and
+// fp16 copies' NaN rule: payloads that plain rounding would carry into the
+// exponent), a NaN gradient; and at 1 and 3 threads.
+TEST(Adamw, VectorBodiesGiveTheScalarBits) {
+  const size_t n = 1061, off = 3;  // 1061 = 66 x 16 + 5: both tails
+  const ts_dtype dts[] = {TS_FP32, TS_BF16, TS_FP16};
+  int best = ts_cpu_adamw_isa, saved_threads = omp_get_max_threads();
+  if (best == 0) GTEST_SKIP() << "this CPU has neither AVX2 nor AVX-512";
+  Rng rng(47);
+  std::vector<float> p0 = rng.vec(n + off, -2.0f, 2.0f), g0 = rng.vec(n + off, -3.0f, 3.0f);
+  for (size_t i = 0; i < n + off; i += 13) g0[i] = 0.0f;
+  for (size_t i = 5; i < n + off; i += 31) g0[i] = 1e-40f;  // subnormal
+  for (size_t i = 7; i < n + off; i += 37) g0[i] = 3e30f;   // g^2 overflows: v = inf
+  g0[100] = NAN;
+  p0[200] = INFINITY;
+  p0[201] = -INFINITY;
+  p0[202] = NAN;
+  p0[203] = ts_bits_f32(0xffffffffu);  // NaNs whose low bits would carry in plain RNE
+  p0[205] = ts_bits_f32(0x7fc0ffffu);
+  p0[204] = 3.3e38f;
+  struct Out {
+    std::vector<float> master, m, v;
+    std::vector<uint8_t> param;
+  };
+  auto run = [&](int isa, ts_dtype gdt, ts_dtype pdt, bool copy, int threads) {
+    ts_cpu_adamw_isa = isa;
+    omp_set_num_threads(threads);
+    Out o{p0, std::vector<float>(n + off, 0.0f), std::vector<float>(n + off, 0.0f),
+          std::vector<uint8_t>((n + off) * 4, 0)};
+    std::vector<uint8_t> grad((n + off) * 4);
+    for (size_t i = 0; i < n + off; i++) {
+      if (gdt == TS_FP32) std::memcpy(&grad[4 * i], &g0[i], 4);
+      uint16_t h = gdt == TS_BF16 ? ts_f32_to_bf16(g0[i]) : ts_f32_to_f16(g0[i]);
+      if (gdt != TS_FP32) std::memcpy(&grad[2 * i], &h, 2);
+    }
+    size_t ge = ts_dtype_size(gdt), pe = ts_dtype_size(pdt);
+    CpuCtx c;
+    for (int step = 1; step <= 3; step++) {
+      ts_adamw_hparams hp = {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step, step == 2 ? 0.5f : 1.0f};
+      EXPECT_EQ(ts_k_adamw(c.get(), o.master.data() + off, copy ? o.param.data() + off * pe : nullptr,
+                           pdt, o.m.data() + off, o.v.data() + off, grad.data() + off * ge, gdt, n,
+                           &hp),
+                TS_OK);
+    }
+    ts_cpu_adamw_isa = best;
+    omp_set_num_threads(saved_threads);
+    return o;
+  };
+  auto same = [](const Out &a, const Out &b) {
+    return a.master.size() == b.master.size() &&
+           std::memcmp(a.master.data(), b.master.data(), a.master.size() * 4) == 0 &&
+           std::memcmp(a.m.data(), b.m.data(), a.m.size() * 4) == 0 &&
+           std::memcmp(a.v.data(), b.v.data(), a.v.size() * 4) == 0 && a.param == b.param;
+  };
+  for (ts_dtype gdt : dts)
+    for (ts_dtype pdt : dts)
+      for (bool copy : {false, true}) {
+        if (!copy && pdt != TS_FP32) continue;  // no copy: the masters are the parameters
+        SCOPED_TRACE("grad " + std::to_string(gdt) + " param " + std::to_string(pdt) + " copy " +
+                     std::to_string(copy));
+        Out scalar = run(0, gdt, pdt, copy, 1);
+        bool changed = false;
+        for (size_t i = off; i < n + off && !changed; i++) changed = scalar.master[i] != p0[i];
+        EXPECT_TRUE(changed);
+        for (int isa = 1; isa <= best; isa++) {
+          EXPECT_TRUE(same(scalar, run(isa, gdt, pdt, copy, 1))) << "isa " << isa << ", 1 thread";
+          EXPECT_TRUE(same(scalar, run(isa, gdt, pdt, copy, 3))) << "isa " << isa << ", 3 threads";
+        }
+      }
 }
 
 // Runs fn with 1 thread and with 3 threads and expects identical bytes.

@@ -50,6 +50,11 @@ extern "C" {
  * clear it to run the software path. Always 0 where TS_CPU_X86 is 0. */
 extern int ts_cpu_f16c;
 
+/* The widest body ts_k_adamw's CPU op runs (adamw.c): 2 AVX-512, 1 AVX2,
+ * 0 scalar; set at load time to the best this CPU has. Every body gives
+ * the same bits; tests lower it to compare them. */
+extern int ts_cpu_adamw_isa;
+
 /* ts_f16_to_f32(h), through VCVTPH2PS when ts_cpu_f16c. Inline asm rather
  * than an intrinsic: an intrinsic needs the caller compiled for F16C, and
  * these loops are compiled for baseline x86-64. The asm also keeps the loops
