@@ -145,8 +145,24 @@ static const char *held_chunk(const ts_engine *e, const chunk *c) {
   return buf + ts_engine_held_offset(e, c->unit, sharded, c->begin) * c->es;
 }
 
+/* Whether chunk c is optimizer state kept in an offload's file: its unit
+ * is acquired (offload.h) while its bytes are read. */
+static int offloaded(const ts_engine *e, const chunk *c) {
+  return e->offload && c->kind != TS_CHECKPOINT_PARAM;
+}
+
+static ts_status write_held_chunk(writer *w, const chunk *c);
+
 static ts_status write_chunk(void *ctx, const chunk *c) {
   writer *w = ctx;
+  if (w->staged || !offloaded(w->e, c)) return write_held_chunk(w, c);
+  TS_CHECK(ts_offload_acquire(w->e, c->unit));
+  ts_status st = write_held_chunk(w, c);
+  ts_status r = ts_offload_release(w->e, c->unit, 0);
+  return st == TS_OK ? r : st;
+}
+
+static ts_status write_held_chunk(writer *w, const chunk *c) {
   ts_engine *e = w->e;
   size_t n = (c->end - c->begin) * c->es;
   if (n == 0) return TS_OK;
@@ -511,10 +527,16 @@ static ts_status stage_chunk(void *ctx, const chunk *c) {
   size_t n = (c->end - c->begin) * c->es;
   if (n == 0) return TS_OK;
   char *dst = (char *)e->ckpt.staging + c->offset;
+  if (offloaded(e, c)) TS_CHECK(ts_offload_acquire(e, c->unit));
   const char *src = held_chunk(e, c);
-  if (e->device != TS_DEVICE_CPU) return ts_k_to_host(&e->ctx, dst, src, n);
-  memcpy(dst, src, n);
-  return TS_OK;
+  ts_status st = TS_OK;
+  if (e->device != TS_DEVICE_CPU) st = ts_k_to_host(&e->ctx, dst, src, n);
+  else memcpy(dst, src, n);
+  if (offloaded(e, c)) {
+    ts_status r = ts_offload_release(e, c->unit, 0);
+    if (st == TS_OK) st = r;
+  }
+  return st;
 }
 
 static void mark_staged(ts_checkpoint_pending *p) {

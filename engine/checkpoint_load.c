@@ -225,6 +225,12 @@ ts_status ts_checkpoint_load(ts_checkpoint *ck, ts_engine *e) {
   for (int u = 0; u < m->n_units && st == TS_OK; u++) {
     int replica = e->pipe.replica && u == e->pipe.lender; /* the tied head's copy: parameters only */
     if (!ts_engine_owns(e, u) && !replica) continue;
+    /* offloaded: the unit's state in memory for all its tensors, written once */
+    int held = 0;
+    if (e->offload && !replica) {
+      st = ts_offload_acquire(e, u);
+      held = st == TS_OK;
+    }
     for (int i = 0; i < m->units[u].n_tensors && st == TS_OK; i++) {
       const ts_tensor_spec *s = &m->units[u].tensors[i];
       const ck_tensor *t = find_tensor(ck, s->name);
@@ -239,7 +245,7 @@ ts_status ts_checkpoint_load(ts_checkpoint *ck, ts_engine *e) {
       ts_slice o = ts_slice_of(e, u, i, e->zero->shard_optim);
       st = read_flat(ck, t, src, s->offset, p.begin, p.end, buf);
       /* the master weights' part, unless the parameters' covered it */
-      int master = !replica && e->units[u].master && (o.begin < p.begin || o.end > p.end);
+      int master = !replica && e->opts.dtype != TS_FP32 && (o.begin < p.begin || o.end > p.end);
       if (st == TS_OK && master) st = read_flat(ck, t, src, s->offset, o.begin, o.end, buf);
       if (st == TS_OK) st = ts_engine_set_tensor(e, s->name, buf, s->numel);
       for (int k = TS_CHECKPOINT_EXP_AVG; k <= TS_CHECKPOINT_EXP_AVG_SQ && st == TS_OK && !replica;
@@ -247,6 +253,10 @@ ts_status ts_checkpoint_load(ts_checkpoint *ck, ts_engine *e) {
         st = read_flat(ck, t, k, s->offset, o.begin, o.end, buf);
         if (st == TS_OK) st = ts_engine_set_state(e, u, i, k - TS_CHECKPOINT_EXP_AVG, buf);
       }
+    }
+    if (held) {
+      ts_status r = ts_offload_release(e, u, 1);
+      if (st == TS_OK) st = r;
     }
   }
   free(buf);

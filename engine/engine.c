@@ -55,8 +55,11 @@ static ts_status init_unit(ts_engine *e, int u) {
   TS_CHECK(ts_ledger_alloc(&e->ledger, e->device, TS_MEM_WORKSPACE, P * 4, (void **)&full));
   ts_status st = ts_model_init_unit(e->model, u, &e->ctx, full, e->opts.seed);
   const float *own = e->zero->shard_optim ? full + r0 : full; /* what the optimizer state holds */
+  int offloaded = e->offload && ts_engine_owns(e, u); /* (a replica has no optimizer state) */
+  if (st == TS_OK && offloaded) st = ts_offload_acquire(e, u);
   if (st == TS_OK && s->master)
     st = ts_k_copy(&e->ctx, s->master, own, (e->zero->shard_optim ? S : P) * 4);
+  if (st == TS_OK && offloaded) st = ts_offload_release(e, u, 1);
   if (st == TS_OK)
     st = e->zero->shard_params ? ts_k_cast(&e->ctx, s->params, dt, full + r0, TS_FP32, S)
                                : ts_k_cast(&e->ctx, s->params, dt, full, TS_FP32, P);
@@ -65,10 +68,12 @@ static ts_status init_unit(ts_engine *e, int u) {
 }
 
 ts_status ts_engine_alloc_model_state(ts_ledger *ledger, ts_device dev, const ts_flat_layout *l,
-                                      const ts_zero_policy *z, ts_dtype dt, unit_state *s) {
+                                      const ts_zero_policy *z, ts_dtype dt, int offloaded,
+                                      unit_state *s) {
   size_t P = l->padded, S = l->shard, es = ts_dtype_size(dt);
   TS_CHECK(ts_ledger_alloc(ledger, dev, TS_MEM_PARAMS, (z->shard_params ? S : P) * es, &s->params));
   TS_CHECK(ts_ledger_alloc(ledger, dev, TS_MEM_GRADS, (z->shard_grads ? S : P) * es, &s->grads));
+  if (offloaded) return TS_OK; /* the optimizer state: offload.c's */
   size_t n_opt = z->shard_optim ? S : P;
   if (dt != TS_FP32)
     TS_CHECK(ts_ledger_alloc(ledger, dev, TS_MEM_MASTER, n_opt * 4, (void **)&s->master));
@@ -108,7 +113,7 @@ static ts_status alloc_unit(ts_engine *e, int u) {
   unit_state *s = &e->units[u];
   TS_CHECK(init_layout(e, u));
   TS_CHECK(ts_engine_alloc_model_state(&e->ledger, e->device, &s->layout, e->zero, e->opts.dtype,
-                                       s));
+                                       e->offload != NULL, s));
   s->recompute = ts_engine_is_recomputed(e->model, &e->opts, u);
   TS_CHECK(alloc_saved(e, &e->slots[0], u));
   size_t sb = ts_shard_scratch_bytes(&s->layout, e->opts.dtype);
@@ -203,6 +208,12 @@ ts_status ts_engine_alloc(ts_engine *e) {
     if (!e->slots[k].acts || !e->slots[k].saved)
       return ts_set_error(TS_ERR_OUT_OF_MEMORY, "engine: slot tables");
   }
+  /* Offload: the file and its slots first (they need the layouts), so
+   * that each unit's initialisation writes its master weights there. */
+  if (e->opts.offload_dir) {
+    for (int u = e->pipe.u_begin; u < e->pipe.u_end; u++) TS_CHECK(init_layout(e, u));
+    TS_CHECK(ts_offload_open(e));
+  }
   /* Units first: their initialisation scratch (workspace category) is gone
    * before the kernel workspace exists, so the category's peak is the
    * larger of the two, not their sum. */
@@ -293,6 +304,13 @@ static ts_status check_opts(const ts_model *model, const ts_engine_opts *opts) {
   if (opts->comm < TS_ENGINE_COMM_AUTO || opts->comm > TS_ENGINE_COMM_NCCL)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "`comm` %d: expected auto, mpi, staged or nccl",
                         opts->comm);
+  if (opts->offload_dir && opts->device != TS_DEVICE_CPU)
+    return ts_set_error(TS_ERR_UNSUPPORTED,
+                        "`offload_dir` %s on %s: the GPU's offload is not built yet; expected the "
+                        "cpu device",
+                        opts->offload_dir, ts_device_name(opts->device));
+  if (opts->offload_dir && !opts->offload_dir[0])
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "`offload_dir` \"\": expected a folder");
   if (opts->comm == TS_ENGINE_COMM_NCCL && opts->device == TS_DEVICE_CPU)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "`comm` nccl moves GPU memory only; on cpu use mpi (or auto)");
@@ -466,6 +484,7 @@ void ts_engine_free(ts_engine *e) {
   ts_engine_wait_sends(e); /* no send may still read a buffer */
   ts_engine_wait_all(e);   /* nor a collective write one */
   ts_engine_drop_observers(e); /* no group keeps the engine's watcher */
+  ts_offload_close(e);         /* its writes ended, its slots freed */
   if (e->comm_thread) ts_comm_set_thread(e->dp, 0);
   if (e->units) {
     for (int u = 0; u < e->model->n_units; u++) {
@@ -517,6 +536,8 @@ void ts_engine_free(ts_engine *e) {
 const ts_mem_account *ts_engine_memory(const ts_engine *e) {
   return ts_ledger_account(&e->ledger, e->device);
 }
+
+const ts_mem_account *ts_engine_disk(const ts_engine *e) { return ts_ledger_disk_account(&e->ledger); }
 
 void ts_engine_batch(ts_engine *e, int32_t **inputs, int32_t **targets) {
   *inputs = e->batch.host_tokens;

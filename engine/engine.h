@@ -220,6 +220,14 @@ typedef struct ts_engine_opts {
   int async_save;      /* 1: a host copy of this rank's checkpoint bytes (room for its stage's
                           largest rank file; ledger category staging, host account) for
                           ts_checkpoint_save_async */
+  /* Offload to a local disk (DESIGN.md "Offload"; ZeRO-Infinity): NULL,
+   * or a folder where this rank keeps its optimizer state (fp32 master
+   * weights in bf16/fp16, Adam's m and v) in a scratch file, streamed per
+   * unit through three units' buffers (engine/offload.h): memory holds
+   * the units in flight only; the ledger's disk account charges the file.
+   * The bits are those without it. CPU device (the GPU's offload is not
+   * built yet). Borrowed: it must outlive the engine. */
+  const char *offload_dir;
   /* Pipeline stages (DESIGN.md "Pipeline stages"; ts_engine_create_pipeline):
    * the units split into P contiguous stages, each stage's grad_accum
    * micro-batches run by the schedule. P = 1: no pipelining. */
@@ -345,10 +353,12 @@ ts_status ts_engine_plan_stage(const ts_model *model, const ts_engine_opts *opts
  * the host memory the same engine holds, in *host: the batch's staging
  * (activations), the staged transport's host staging (comm), an
  * asynchronous save's copy (staging). On the CPU *host is all zero (the
- * device account is the host's). Errors as ts_engine_plan_stage. */
+ * device account is the host's). *disk: the offload folder's file
+ * (opts->offload_dir: categories master and optim), else all zero.
+ * Errors as ts_engine_plan_stage. */
 ts_status ts_engine_plan_stage_host(const ts_model *model, const ts_engine_opts *opts,
                                     size_t dp_size, int stage, ts_mem_account *out,
-                                    ts_mem_account *host);
+                                    ts_mem_account *host, ts_mem_account *disk);
 
 typedef struct ts_engine ts_engine; /* opaque; owns its buffers */
 
@@ -494,6 +504,11 @@ void ts_engine_batch(ts_engine *e, int32_t **inputs, int32_t **targets);
 /* This rank's memory counters on the engine's device (read-only; the
  * ledger's account of opts->device). */
 const ts_mem_account *ts_engine_memory(const ts_engine *e);
+
+/* This rank's bytes on a local disk: opts->offload_dir's scratch file
+ * (categories master and optim; ledger.h ts_ledger_disk_account), all zero
+ * without offload. */
+const ts_mem_account *ts_engine_disk(const ts_engine *e);
 
 /* What the GPU itself reports (cudaMemGetInfo), beside the ledger: the
  * measured counterpart of ts_engine_memory, so that the CUDA context,

@@ -36,6 +36,7 @@
 #define TS_ENGINE_ENGINE_INTERNAL_H
 
 #include "engine/observe.h"
+#include "engine/offload.h"
 #include "engine/optimizer.h"
 #include "engine/params.h"
 #include "engine/passes.h"
@@ -66,9 +67,11 @@ ts_status ts_engine_create_stage(ts_engine **out, const ts_model *model, const t
                                  ts_comm *dp, ts_comm *pp, int stage);
 
 /* The model state of one flat buffer of layout l under policy z in dt
- * (zero.h's table): s->params, grads, master (NULL in fp32), m, v, on dev. */
+ * (zero.h's table): s->params, grads, master (NULL in fp32), m, v, on dev;
+ * offloaded: params and grads alone (the rest is offload.c's). */
 ts_status ts_engine_alloc_model_state(ts_ledger *ledger, ts_device dev, const ts_flat_layout *l,
-                                      const ts_zero_policy *z, ts_dtype dt, unit_state *s);
+                                      const ts_zero_policy *z, ts_dtype dt, int offloaded,
+                                      unit_state *s);
 /* Frees what ts_engine_alloc_model_state allocated (NULLs are fine). */
 void ts_engine_free_model_state(ts_ledger *ledger, unit_state *s);
 

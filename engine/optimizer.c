@@ -3,14 +3,16 @@
  * (reduce.c) has summed the global norm and the loss. OPTIMIZER: the
  * overflow decision (a non-finite norm, or without loss scaling a
  * non-finite loss) and the whole skip, else the clip factor and AdamW's
- * t; OPTIMIZER_UNIT: a unit's AdamW on this rank's part and the all-gather
- * of its update; OPTIMIZER_END: the all-gathers ended, the tied head's
+ * t; OPTIMIZER_UNIT: a unit's AdamW on this rank's part (offloaded: its
+ * state read in, the next unit's read started, its own written back
+ * behind) and the all-gather of its update; OPTIMIZER_END: the all-gathers ended, the tied head's
  * replica, gradients zeroed, the loss scaler told. Calls nothing of the
  * executor. */
 #include <math.h>
 #include <stdio.h>
 
 #include "engine/observe.h"
+#include "engine/offload.h"
 #include "engine/optimizer.h"
 #include "engine/pipeline_internal.h"
 #include "engine/reduce.h"
@@ -49,7 +51,17 @@ ts_status ts_engine_optimizer_unit_action(ts_engine *e, int u, float lr) {
   unit_state *s = &e->units[u];
   ts_status st = ts_engine_comm_wait(e, &s->reduce_ag_req, TS_SPAN_ALL_GATHER, u);
   ts_engine_span_begin(e, TS_SPAN_OPTIMIZER, u); /* the unit's AdamW, inside the update's */
-  if (st == TS_OK) st = ts_engine_adamw_unit(e, u, lr, e->update.scale);
+  if (st == TS_OK && e->offload) { /* its state in memory, the next unit's read behind it */
+    st = ts_offload_acquire(e, u);
+    ts_offload_prefetch(e, u + 1);
+    if (st == TS_OK) {
+      st = ts_engine_adamw_unit(e, u, lr, e->update.scale);
+      ts_status w = ts_offload_release(e, u, st == TS_OK); /* written back behind the next */
+      if (st == TS_OK) st = w;
+    }
+  } else if (st == TS_OK) {
+    st = ts_engine_adamw_unit(e, u, lr, e->update.scale);
+  }
   ts_engine_span_end(e, TS_SPAN_OPTIMIZER, u);
   if (st == TS_OK && e->zero->gather_after_update) {
     ts_engine_comm_note(e, u);
@@ -104,6 +116,7 @@ ts_status ts_engine_optimizer_action(ts_engine *e, float lr, ts_step_stats *stat
   e->update.scale = scale / loss_scale; /* unscale: exact for a power of two */
   e->update.norm = norm;
   e->optim.step++;
+  if (e->offload) ts_offload_prefetch(e, e->pipe.u_begin); /* the first unit's state */
   ts_engine_span_begin(e, TS_SPAN_OPTIMIZER, -1); /* ended by OPTIMIZER_END */
   return TS_OK;
 }

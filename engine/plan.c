@@ -94,7 +94,7 @@ ts_status ts_engine_plan_params(size_t psi, ts_dtype dtype, int zero_stage, size
   unit_state s;
   memset(&s, 0, sizeof s);
   ts_status st = ts_engine_alloc_model_state(&plan, TS_DEVICE_CPU, &l,
-                                             ts_zero_policy_of(zero_stage), dtype, &s);
+                                             ts_zero_policy_of(zero_stage), dtype, 0, &s);
   if (st == TS_OK) *out = *ts_ledger_account(&plan, TS_DEVICE_CPU);
   ts_engine_free_model_state(&plan, &s);
   ts_ledger_release(&plan);
@@ -125,6 +125,7 @@ ts_status ts_engine_plan_build(const ts_model *model, const ts_engine_opts *opts
    * nothing (ts_comm_plan). The rest is the engine's own create and step. */
   ts_ledger_init_plan(&e->ledger);
   e->ctx.flags |= TS_K_PLAN;
+  e->offload_store = &ts_offload_no_store; /* an offload's bytes charged, no file */
   e->rank = 0; /* shards are equal, so every rank's plan is rank 0's */
   e->dp_size = ts_engine_shard_size(opts, (int)dp_size); /* hybrid: the shard group's S */
   ts_status st = ts_engine_check_shard_group(opts, (int)dp_size);
@@ -205,19 +206,21 @@ ts_status ts_engine_plan(const ts_model *model, const ts_engine_opts *opts, size
 
 ts_status ts_engine_plan_stage(const ts_model *model, const ts_engine_opts *opts, size_t dp_size,
                                int stage, ts_mem_account *out) {
-  ts_mem_account host;
-  return ts_engine_plan_stage_host(model, opts, dp_size, stage, out, &host);
+  ts_mem_account host, disk;
+  return ts_engine_plan_stage_host(model, opts, dp_size, stage, out, &host, &disk);
 }
 
 ts_status ts_engine_plan_stage_host(const ts_model *model, const ts_engine_opts *opts,
                                     size_t dp_size, int stage, ts_mem_account *out,
-                                    ts_mem_account *host) {
+                                    ts_mem_account *host, ts_mem_account *disk) {
   memset(out, 0, sizeof *out);
   memset(host, 0, sizeof *host);
+  memset(disk, 0, sizeof *disk);
   ts_engine *e;
   TS_CHECK(ts_engine_plan_engine(model, opts, dp_size, stage, &e));
   *out = *ts_ledger_account(&e->ledger, e->device);
   if (e->device != TS_DEVICE_CPU) *host = *ts_ledger_account(&e->ledger, TS_DEVICE_CPU);
+  *disk = *ts_ledger_disk_account(&e->ledger);
   ts_engine_free(e);
   return TS_OK;
 }

@@ -111,6 +111,10 @@ struct ts_engine {
   } batch;
   struct ts_engine_lending *lending; /* device.c's: the memory lent to dp, pp and rep
                                         (ts_engine_lend_memory), NULL while none is */
+  struct ts_offload *offload; /* opts.offload_dir: offload.c's (the optimizer state in a scratch
+                                 file), else NULL */
+  const struct ts_offload_store *offload_store; /* where its bytes go: NULL, the file; the plan
+                                                   device's none (plan.c) */
   ts_device_report report; /* beside a device: its name, total and used_at_create */
   void *dbuf[2];         /* (B, T, C) activation gradients, ping-pong */
   void *recompute_saved; /* saved activations of the recomputed unit in use */

@@ -185,9 +185,17 @@ ts_status ts_engine_set_tensor(ts_engine *e, const char *name, const float *src,
     TS_CHECK(stage(e, 0, (char *)s->params + p.offset * e->es,
                    (float *)src + (p.begin - t->offset), p.end - p.begin));
   ts_slice o = ts_slice_of(e, u, i, e->zero->shard_optim);
-  if (!s->master || o.end == o.begin) return TS_OK;
-  return ts_k_from_host(&e->ctx, s->master + o.offset, src + (o.begin - t->offset),
-                        (o.end - o.begin) * 4);
+  /* master weights: bf16/fp16, on units this stage updates (a tied head's
+   * replica of its lender holds parameters only) */
+  if (e->opts.dtype == TS_FP32 || !ts_engine_owns(e, u) || o.end == o.begin) return TS_OK;
+  if (e->offload) TS_CHECK(ts_offload_acquire(e, u));
+  ts_status st = ts_k_from_host(&e->ctx, s->master + o.offset, src + (o.begin - t->offset),
+                                (o.end - o.begin) * 4);
+  if (e->offload) {
+    ts_status w = ts_offload_release(e, u, st == TS_OK);
+    if (st == TS_OK) st = w;
+  }
+  return st;
 }
 
 ts_status ts_engine_set_state(ts_engine *e, int u, int i, int which, const float *src) {
@@ -197,8 +205,14 @@ ts_status ts_engine_set_state(ts_engine *e, int u, int i, int which, const float
   const ts_tensor_spec *t = &e->model->units[u].tensors[i];
   ts_slice o = ts_slice_of(e, u, i, e->zero->shard_optim);
   if (o.end == o.begin) return TS_OK;
+  if (e->offload) TS_CHECK(ts_offload_acquire(e, u));
   float *dst = (which == 0 ? s->m : s->v) + o.offset;
-  return ts_k_from_host(&e->ctx, dst, src + (o.begin - t->offset), (o.end - o.begin) * 4);
+  ts_status st = ts_k_from_host(&e->ctx, dst, src + (o.begin - t->offset), (o.end - o.begin) * 4);
+  if (e->offload) {
+    ts_status w = ts_offload_release(e, u, st == TS_OK);
+    if (st == TS_OK) st = w;
+  }
+  return st;
 }
 
 ts_status ts_engine_get_tensor(ts_engine *e, const char *name, float *dst, size_t numel) {
@@ -248,5 +262,6 @@ const float *ts_engine_optimizer_state(const ts_engine *e, int u, int which, siz
   TS_ASSERT(ts_engine_owns(e, u) && which >= 0 && which <= 2);
   const unit_state *s = &e->units[u];
   *n = e->zero->shard_optim ? s->layout.shard : s->layout.padded;
+  if (e->offload) return ts_offload_peek((ts_engine *)e, u, which == 0 ? 1 : which == 1 ? 2 : 0);
   return which == 0 ? s->m : which == 1 ? s->v : s->master;
 }

@@ -188,6 +188,25 @@ size_t ts_ledger_size(const ts_ledger *ledger, const void *p) {
   return e->nbytes;
 }
 
+void ts_ledger_charge_disk(ts_ledger *ledger, ts_mem_category c, size_t nbytes) {
+  TS_ASSERT((unsigned)c < TS_MEM_NUM_CATEGORIES);
+  ts_mem_account *a = &ledger->disk;
+  a->current[c] += nbytes;
+  if (a->current[c] > a->peak[c]) a->peak[c] = a->current[c];
+  a->current_total += nbytes;
+  if (a->current_total > a->peak_total) a->peak_total = a->current_total;
+}
+
+void ts_ledger_discharge_disk(ts_ledger *ledger, ts_mem_category c, size_t nbytes) {
+  TS_ASSERT((unsigned)c < TS_MEM_NUM_CATEGORIES);
+  ts_mem_account *a = &ledger->disk;
+  TS_ASSERT(a->current[c] >= nbytes);
+  a->current[c] -= nbytes;
+  a->current_total -= nbytes;
+}
+
+const ts_mem_account *ts_ledger_disk_account(const ts_ledger *ledger) { return &ledger->disk; }
+
 const ts_mem_account *ts_ledger_account(const ts_ledger *ledger, ts_device dev) {
   TS_ASSERT((unsigned)dev < TS_DEVICE_COUNT);
   return &ledger->device[dev];

@@ -81,6 +81,7 @@ typedef struct ts_ledger {
   size_t transient_current[TS_DEVICE_COUNT]; /* bytes of transients in use, per device */
   size_t steady_peak[TS_DEVICE_COUNT]; /* largest current_total - transient_current seen */
   ts_ledger_cached cache[TS_LEDGER_CACHE]; /* kept device transients: owned, uncharged */
+  ts_mem_account disk; /* bytes in files on a local disk (ts_ledger_charge_disk) */
 } ts_ledger;
 
 /* Short stable name of a category for tables and JSON: "params", "grads",
@@ -144,6 +145,16 @@ size_t ts_ledger_cached_bytes(const ts_ledger *ledger, ts_device dev);
  * any moment, plus every reserved transient, bytes. Not plan's peak_total,
  * which counts only the transients in use at its peak. */
 size_t ts_ledger_reserved_peak(const ts_ledger *plan, ts_device dev);
+
+/* Disk-resident state (an offload folder's scratch file, engine/
+ * offload.h): charges nbytes to category c of the ledger's disk account,
+ * or (discharge) takes them off again (asserted: no more than charged).
+ * Nothing is allocated: the caller owns the file. A plan ledger charges
+ * the same. */
+void ts_ledger_charge_disk(ts_ledger *ledger, ts_mem_category c, size_t nbytes);
+void ts_ledger_discharge_disk(ts_ledger *ledger, ts_mem_category c, size_t nbytes);
+/* The disk account's counters. */
+const ts_mem_account *ts_ledger_disk_account(const ts_ledger *ledger);
 
 /* The counters of device dev (asserted in range). */
 const ts_mem_account *ts_ledger_account(const ts_ledger *ledger, ts_device dev);

@@ -61,6 +61,7 @@ struct TrainRun {
   std::vector<ts_step_stats> stats;        // per step
   std::vector<uint64_t> allocations;       // per step: ts_comm_allocations() after it
   ts_mem_account after_create{}, at_end{};
+  ts_mem_account disk{};                   // the ledger's disk account at the end
   std::vector<size_t> padded;              // P of each unit
 };
 
@@ -120,7 +121,14 @@ struct TrainSetup {
   int comm = TS_ENGINE_COMM_AUTO;  // staged: the GPU path's host staging, on the CPU
   size_t comm_chunk = 0;           // staged: bytes per rank's part of a chunk (0: 1 MiB)
   int shard_group = 0;             // hybrid sharding: ZeRO within groups of S ranks
+  bool offload = false;            // the optimizer state in a file under OffloadDir()
 };
+
+// The offload folder of this test process ($TEST_TMPDIR, or /tmp).
+const char *OffloadDir() {
+  const char *t = getenv("TEST_TMPDIR");
+  return t && *t ? t : "/tmp";
+}
 
 // The model of a setup: the tiny LLaMA or the tiny BERT.
 ts_model MakeModel(const TrainSetup &s) {
@@ -152,6 +160,7 @@ ts_engine_opts OptsOf(const TrainSetup &s, size_t N) {
   o.loss_scale_init = s.loss_scale_init;
   o.loss_scale_window = s.loss_scale_window;
   o.min_loss_scale = s.min_loss_scale;
+  o.offload_dir = s.offload ? OffloadDir() : nullptr;
   return o;
 }
 
@@ -205,6 +214,7 @@ TrainRun Train(ts_comm *dp, const TrainSetup &s) {
   run.state =
       OptimizerState(e, (size_t)ts_comm_rank(ts_engine_comm(e)));  // its place in the shards
   run.at_end = *ts_engine_memory(e);
+  run.disk = *ts_engine_disk(e);
   ts_engine_free(e);
   ts_model_free(&model);
   return run;
@@ -596,6 +606,57 @@ struct CallLog {
   int blocking = 0;
 };
 
+// Offload to a disk (opts.offload_dir): the optimizer state streamed per
+// unit through a scratch file gives the bits of the state in memory —
+// parameters, the losses of every step, and the optimizer state — at ZeRO
+// 0-3, in fp32, bf16 and fp16 (loss scaling, an overflow skipping a step
+// on every rank), with accumulation 2 and the tied head, with checkpointing
+// of every block, and with hybrid sharding on 4 ranks. Its memory holds
+// three units' state, and the disk the whole of it.
+TEST(Offload, ToADiskGivesTheBitsOfTheStateInMemory) {
+  size_t N = (size_t)ts_comm_size(World());
+  for (ts_dtype dt : {TS_FP32, TS_BF16, TS_FP16})
+    for (int stage = 0; stage <= 3; stage++) {
+      SCOPED_TRACE(std::string(ts_dtype_name(dt)) + ", stage " + std::to_string(stage));
+      TrainSetup s;
+      s.stage = stage;
+      s.dtype = dt;
+      s.accum = 2;
+      s.steps = 3;
+      s.tied = stage % 2 == 1;
+      s.recompute_every = stage == 2 ? 1 : 0;
+      if (dt == TS_FP16) {  // step 2 overflows on the last rank: skipped everywhere
+        s.inject = {2, 1, 0, INFINITY};
+        s.loss_scale_window = 1;
+      }
+      TrainRun mem = Train(World(), s);
+      s.offload = true;
+      TrainRun disk = Train(World(), s);
+      EXPECT_TRUE(BitwiseEqual(mem.params, disk.params));
+      EXPECT_TRUE(BitwiseEqual(mem.state, disk.state));
+      EXPECT_EQ(mem.losses, disk.losses);
+      if (dt == TS_FP16) {
+        EXPECT_EQ(disk.stats[1].skipped, 1);
+      }
+      // the state left memory for the disk: master (bf16/fp16) and optim
+      size_t in_memory = mem.at_end.current[TS_MEM_OPTIM] + mem.at_end.current[TS_MEM_MASTER];
+      EXPECT_EQ(disk.disk.current[TS_MEM_MASTER] > 0, dt != TS_FP32);
+      EXPECT_GE(disk.disk.current[TS_MEM_OPTIM] + disk.disk.current[TS_MEM_MASTER], in_memory);
+      EXPECT_EQ(mem.disk.current_total, 0u);
+    }
+  if (N == 4) {  // hybrid sharding: ZeRO-3 within pairs, the replicas summed
+    TrainSetup s;
+    s.stage = 3;
+    s.shard_group = 2;
+    s.dtype = TS_BF16;
+    TrainRun mem = Train(World(), s);
+    s.offload = true;
+    TrainRun disk = Train(World(), s);
+    EXPECT_TRUE(BitwiseEqual(mem.params, disk.params));
+    EXPECT_TRUE(BitwiseEqual(mem.state, disk.state));
+  }
+}
+
 TEST(ZeroStages, AnObserverIsToldEveryCallOfTheGroupAndEveryWait) {
   size_t N = (size_t)ts_comm_size(World());
   if (N == 1) GTEST_SKIP() << "a one-rank group counts no calls";
@@ -656,7 +717,9 @@ TEST(ZeroStages, AnObserverIsToldEveryCallOfTheGroupAndEveryWait) {
       std::sort(w.begin(), w.end());
       EXPECT_EQ(std::adjacent_find(w.begin(), w.end()), w.end());
       EXPECT_EQ(w.size() + (size_t)log.blocking, log.ids.size());
-      if (!w.empty()) EXPECT_TRUE(w.front() >= 0 && w.back() < (int64_t)calls);
+      if (!w.empty()) {
+        EXPECT_TRUE(w.front() >= 0 && w.back() < (int64_t)calls);
+      }
       ts_engine_remove_observer(e, &obs);
       size_t told = log.ids.size();
       step(2);
@@ -861,6 +924,12 @@ void ExpectPlanMatchesRun(const TrainSetup &s) {
     EXPECT_EQ(plan.current[c], run.after_create.current[c]);
   }
   EXPECT_EQ(plan.peak_total, run.at_end.peak_total);
+  ts_mem_account host, disk;  // the disk's account too (offload)
+  ts_model disk_model = MakeModel(s);
+  ASSERT_EQ(ts_engine_plan_stage_host(&disk_model, &o, N, 0, &plan, &host, &disk), TS_OK);
+  ts_model_free(&disk_model);
+  for (int c = 0; c < TS_MEM_NUM_CATEGORIES; c++) EXPECT_EQ(disk.current[c], run.disk.current[c]);
+  EXPECT_EQ(disk.current_total > 0, s.offload);
   EXPECT_GT(plan.peak[TS_MEM_PARAMS], 0u);
   EXPECT_EQ(plan.peak[TS_MEM_STAGING] > 0, s.async_save);
   if (s.comm == TS_ENGINE_COMM_STAGED && N > 1)  // the staging: two slots of 2N pieces
@@ -909,6 +978,13 @@ TEST(MemoryPlan, EqualsTheLedgerOfARealRunToTheByte) {
             s.keep_gathered = true;
             SCOPED_TRACE("keep_gathered");
             ExpectPlanMatchesRun(s);
+            s.keep_gathered = false;
+          }
+          if (every == 0 && !tied) {  // offload: the slots in memory, the file on the disk
+            s.offload = true;
+            SCOPED_TRACE("offload");
+            ExpectPlanMatchesRun(s);
+            s.offload = false;
           }
         }
 }

@@ -206,6 +206,11 @@ int ts_tool_estimate(int argc, char **argv) {
       TS_FLAG_SWITCH("--save-async", NULL, &save_async,
                      "plan the host staging of asynchronous checkpoint saves (train --save's "
                      "default): the category staging, one rank file"),
+      TS_FLAG_STRING("--offload-dir", NULL, &opts.offload_dir, "DIR",
+                     "plan train --offload-dir: the optimizer state (master, optim) on a disk, "
+                     "three units' of it in memory; the disk's bytes in rows of their own (the "
+                     "folder is not touched)",
+                     &act_flag),
       TS_FLAG_CHOICE("--units", NULL, &unit_index, UNIT_NAMES, "unit of the table (default GiB)",
                      NULL),
       TS_FLAG_SWITCH("--json", NULL, &json,
@@ -250,6 +255,7 @@ int ts_tool_estimate(int argc, char **argv) {
   int P = (int)pipeline, nstages = (stage_hi - stage_lo + 1) * P;
   ts_mem_account ledgers[4 * TS_ENGINE_MAX_STAGES];
   ts_mem_account hosts[4 * TS_ENGINE_MAX_STAGES]; /* beside a GPU: the host's part */
+  ts_mem_account disks[4 * TS_ENGINE_MAX_STAGES]; /* --offload-dir: the disk's part */
   ts_step_stats comms[4 * TS_ENGINE_MAX_STAGES];  /* --model: a step's bytes by link class */
   int split[TS_ENGINE_MAX_STAGES + 1];
   ts_model m;
@@ -265,7 +271,8 @@ int ts_tool_estimate(int argc, char **argv) {
   for (int i = 0; i < nstages && st == TS_OK; i++) {
     opts.zero_stage = stage_lo + i / P;
     memset(&hosts[i], 0, sizeof hosts[i]);
-    st = model ? ts_engine_plan_stage_host(&m, &opts, dp, i % P, &ledgers[i], &hosts[i])
+    memset(&disks[i], 0, sizeof disks[i]);
+    st = model ? ts_engine_plan_stage_host(&m, &opts, dp, i % P, &ledgers[i], &hosts[i], &disks[i])
                : ts_engine_plan_params(psi, opts.dtype, opts.zero_stage, dp, &ledgers[i]);
     memset(&comms[i], 0, sizeof comms[i]);
     if (st == TS_OK && model)
@@ -321,6 +328,10 @@ int ts_tool_estimate(int argc, char **argv) {
       if (model && opts.device != TS_DEVICE_CPU) { /* the host memory beside the GPU */
         cJSON_AddItemToObject(s, "host_peak", category_object(hosts[i].peak, ncat));
         add_int(s, "host_peak_total", hosts[i].peak_total);
+      }
+      if (model && opts.offload_dir) { /* the offload folder's file */
+        cJSON_AddItemToObject(s, "disk", category_object(disks[i].current, ncat));
+        add_int(s, "disk_total", disks[i].current_total);
       }
       cJSON_AddItemToArray(stages, s);
     }
@@ -389,6 +400,12 @@ int ts_tool_estimate(int argc, char **argv) {
   print_row("sent per step: within a node", row, nstages, unit);
   for (int i = 0; i < nstages; i++) row[i] = comms[i].comm_remote_bytes;
   print_row("sent per step: across nodes", row, nstages, unit);
+  if (opts.offload_dir) { /* the offload folder's file */
+    for (int i = 0; i < nstages; i++) row[i] = disks[i].current[TS_MEM_MASTER];
+    print_row("disk: master", row, nstages, unit);
+    for (int i = 0; i < nstages; i++) row[i] = disks[i].current[TS_MEM_OPTIM];
+    print_row("disk: optim", row, nstages, unit);
+  }
   if (opts.device != TS_DEVICE_CPU) { /* the host memory beside the GPU */
     static const ts_mem_category host_cats[] = {TS_MEM_ACTIVATIONS, TS_MEM_COMM, TS_MEM_STAGING};
     static const char *const host_names[] = {"host: batch staging", "host: comm staging",

@@ -42,6 +42,7 @@ static const struct {
     {"loss_scale_window", "--loss-scale-window"},
     {"recompute_every", "--activation-checkpointing"},
     {"keep_gathered", "--reshard-after-forward"},
+    {"offload_dir", "--offload-dir"},
     {"overlap", "--overlap"},
     {"comm_chunk_bytes", "--comm-chunk"},
     {"comm", "--comm"},

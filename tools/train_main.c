@@ -436,6 +436,13 @@ int ts_tool_train(int argc, char **argv) {
                      NULL),
       TS_FLAG_SIZE("--pipeline", NULL, &pipeline, 1, "P",
                    "pipeline stages (default 1: none); P must divide the ranks", NULL),
+      TS_FLAG_STRING("--offload-dir", NULL, &e->offload_dir, "DIR",
+                     "keep each rank's optimizer state (fp32 master weights, Adam m and v) in a "
+                     "scratch file under DIR, a local disk, streamed per unit: memory holds "
+                     "three units' state; the same bits (ZeRO-Infinity's disk offload; cpu "
+                     "device). The file is removed however the run ends; checkpoints hold the "
+                     "state as always",
+                     NULL),
       TS_FLAG_CUSTOM("--schedule", NULL, &e->schedule, parse_schedule, "gpipe|1f1b",
                      "pipeline schedule (default 1f1b)", NULL),
       TS_FLAG_STRING("--pipeline-split", NULL, &e->pipeline_split, "auto|a,b,...",
