@@ -4,8 +4,8 @@
  * host runs per unit (tools/bench_adamw.sh puts it beside PyTorch's and
  * DeepSpeed's CPU Adam).
  *
- * Usage: bench_adamw --isa   (prints `adamw body: avx512|avx2|scalar`, the
- *                            body ts_cpu_adamw_isa picked on this CPU)
+ * Usage: bench_adamw --isa   (prints `adamw body: B (the widest here: W)`,
+ *                            the body ts_cpu_adamw_isa picked on this CPU)
  *        bench_adamw N DTYPE
  *   N      parameters (elements) updated per step, >= 1
  *   DTYPE  fp32: fp32 gradient, the update written into the fp32 master
@@ -40,9 +40,9 @@ static int cmp_double(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
   if (argc == 2 && strcmp(argv[1], "--isa") == 0) {
-    printf("adamw body: %s\n", ts_cpu_adamw_isa >= 2   ? "avx512"
-                               : ts_cpu_adamw_isa == 1 ? "avx2"
-                                                       : "scalar");
+    static const char *const names[] = {"scalar", "avx2", "avx512"};
+    printf("adamw body: %s (the widest here: %s)\n", names[ts_cpu_adamw_isa],
+           names[ts_cpu_adamw_isa_max]);
     return 0;
   }
   char *end = NULL;

@@ -62,10 +62,12 @@ done
 python3 - "$LOG" "$N" <<'PY'
 import collections, sys
 best = collections.defaultdict(float)
-for line in open(sys.argv[1]):
-    name, n, dtype, threads, rate = line.split()
-    best[(int(threads), name)] = max(best[(int(threads), name)], float(rate))
 names = ["tessera-fp32", "tessera-bf16", "torch-foreach", "torch-fused", "deepspeed"]
+for line in open(sys.argv[1]):  # (DeepSpeed prints its own notes on stdout: skipped)
+    f = line.split()
+    if len(f) != 5 or f[0] not in names:
+        continue
+    best[(int(f[3]), f[0])] = max(best[(int(f[3]), f[0])], float(f[4]))
 print("\nAdamW, %s parameters: million parameters per second (best of the rounds)\n" % sys.argv[2])
 print("| threads | " + " | ".join(names) + " | tessera fp32 / best other |")
 print("| ---: |" + " ---: |" * (len(names) + 1))

@@ -7,8 +7,8 @@
  * Invariants: the per-element math is ts_adamw_element of
  * kernels/elementwise.h, which the CUDA kernel shares, so CPU and CUDA give
  * the same bits; elements are independent, so results do not depend on the
- * thread count. The AVX2 and AVX-512 bodies (chosen at run time by
- * ts_cpu_adamw_isa, the best the CPU has) run the same operations in the
+ * thread count. The AVX2 and AVX-512 bodies (chosen at load time:
+ * ts_cpu_adamw_isa, the faster this CPU has) run the same operations in the
  * same order, 8 or 16 elements at once: each is one IEEE-rounded
  * multiply, add, subtract, divide or square root (no fused multiply-add:
  * the intrinsics name each), so they give the scalar body's bits for every
@@ -16,6 +16,10 @@
  * with the integer steps of base/floats.h, fp16 through ld()/st().
  */
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
 
 #include "kernels/cpu/cpu_common.h"
 
@@ -33,15 +37,9 @@ TS_AI void adamw_range(float *master, void *param_out, float *m, float *v, const
   }
 }
 
-int ts_cpu_adamw_isa = 0;
+int ts_cpu_adamw_isa = 0, ts_cpu_adamw_isa_max = 0;
 
 #if TS_CPU_X86
-/* Sets ts_cpu_adamw_isa before main: 2 with AVX-512 F (the OS saving its
- * registers: __builtin_cpu_supports checks XCR0), 1 with AVX2, else 0. */
-__attribute__((constructor)) static void detect_adamw_isa(void) {
-  __builtin_cpu_init();
-  ts_cpu_adamw_isa = __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx2") ? 1 : 0;
-}
 
 #define TS_TARGET_AVX2 __attribute__((target("avx2")))
 #define TS_TARGET_AVX512 __attribute__((target("avx512f")))
@@ -81,6 +79,8 @@ TS_TARGET_AVX2 TS_AI void adamw_range_avx2(float *master, void *param_out, float
                                            const void *grad, size_t lo, size_t hi,
                                            ts_adamw_coeffs c, ts_dtype gdt, ts_dtype pdt) {
   size_t i = lo;
+  while (i < hi && ((uintptr_t)(master + i) & 31)) i++; /* the masters' vectors aligned */
+  adamw_range(master, param_out, m, v, grad, lo, i, c, gdt, pdt);
   for (; i + 8 <= hi; i += 8) {
     __m256 g;
     if (gdt == TS_FP32) {
@@ -135,6 +135,8 @@ TS_TARGET_AVX512 TS_AI void adamw_range_avx512(float *master, void *param_out, f
                                                float *v, const void *grad, size_t lo, size_t hi,
                                                ts_adamw_coeffs c, ts_dtype gdt, ts_dtype pdt) {
   size_t i = lo;
+  while (i < hi && ((uintptr_t)(master + i) & 63)) i++; /* the masters' vectors on cache lines */
+  adamw_range(master, param_out, m, v, grad, lo, i, c, gdt, pdt);
   for (; i + 16 <= hi; i += 16) {
     __m512 g;
     if (gdt == TS_FP32) {
@@ -191,6 +193,53 @@ TS_TARGET_AVX512 static void adamw_avx512(float *master, void *param_out, float 
                                           const void *grad, size_t lo, size_t hi,
                                           ts_adamw_coeffs c, ts_dtype pdt, ts_dtype gdt) {
   TS_DT_CALL(gdt, adamw_avx512_g, master, param_out, m, v, grad, lo, hi, c, pdt);
+}
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* The faster of the AVX-512 and AVX2 bodies on this CPU (2 or 1),
+ * measured on an fp32 update of 8192 elements (L2-resident: the bodies'
+ * arithmetic, not memory), the best of 5 runs each, interleaved. Where
+ * 512-bit divides and square roots run as two 256-bit halves (AMD's Zen 4)
+ * the AVX2 body measured faster; the bits are the same either way. */
+static int faster_body(void) {
+  enum { N = 8192 };
+  float *a = aligned_alloc(64, 4 * N * sizeof(float));
+  if (!a) return 2;
+  for (int i = 0; i < 4 * N; i++) a[i] = i < 3 * N ? 0.5f : 1e-3f * (float)(i % 89);
+  ts_adamw_coeffs c = ts_adamw_make_coeffs(1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.0f);
+  double best[3] = {1e30, 1e30, 1e30};
+  for (int rep = 0; rep < 5; rep++)
+    for (int isa = 1; isa <= 2; isa++) {
+      double t0 = now_s();
+      if (isa == 2) adamw_avx512(a, NULL, a + N, a + 2 * N, a + 3 * N, 0, N, c, TS_FP32, TS_FP32);
+      else adamw_avx2(a, NULL, a + N, a + 2 * N, a + 3 * N, 0, N, c, TS_FP32, TS_FP32);
+      double t = now_s() - t0;
+      if (t < best[isa]) best[isa] = t;
+    }
+  free(a);
+  return best[1] < 0.97 * best[2] ? 1 : 2;
+}
+
+/* Sets ts_cpu_adamw_isa_max before main: 2 with AVX-512 F (the OS saving
+ * its registers: __builtin_cpu_supports checks XCR0), 1 with AVX2, else 0,
+ * capped as oneDNN's own cap says (ONEDNN_MAX_CPU_ISA, or DNNL_MAX_CPU_ISA:
+ * AVX2... keeps AVX2, SSE41 or AVX the scalar body), so that one setting
+ * runs the whole CPU backend at one ISA (tools/test_suite.sh --isa); and
+ * ts_cpu_adamw_isa to the faster body within it. */
+__attribute__((constructor)) static void detect_adamw_isa(void) {
+  __builtin_cpu_init();
+  int isa = __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx2") ? 1 : 0;
+  const char *cap = getenv("ONEDNN_MAX_CPU_ISA");
+  if (!cap || !*cap) cap = getenv("DNNL_MAX_CPU_ISA");
+  if (cap && (!strncasecmp(cap, "SSE", 3) || !strcasecmp(cap, "AVX"))) isa = 0;
+  else if (cap && !strncasecmp(cap, "AVX2", 4) && isa > 1) isa = 1;
+  ts_cpu_adamw_isa_max = isa;
+  ts_cpu_adamw_isa = isa == 2 ? faster_body() : isa;
 }
 #endif
 

@@ -50,10 +50,12 @@ extern "C" {
  * clear it to run the software path. Always 0 where TS_CPU_X86 is 0. */
 extern int ts_cpu_f16c;
 
-/* The widest body ts_k_adamw's CPU op runs (adamw.c): 2 AVX-512, 1 AVX2,
- * 0 scalar; set at load time to the best this CPU has. Every body gives
- * the same bits; tests lower it to compare them. */
-extern int ts_cpu_adamw_isa;
+/* The body ts_k_adamw's CPU op runs (adamw.c): 2 AVX-512, 1 AVX2, 0
+ * scalar; ts_cpu_adamw_isa_max the widest this CPU has within oneDNN's
+ * ISA cap when one is set (ONEDNN_MAX_CPU_ISA), ts_cpu_adamw_isa the
+ * faster body within it, measured at load time. Every body gives the same
+ * bits; tests set ts_cpu_adamw_isa to compare them. */
+extern int ts_cpu_adamw_isa, ts_cpu_adamw_isa_max;
 
 /* ts_f16_to_f32(h), through VCVTPH2PS when ts_cpu_f16c. Inline asm rather
  * than an intrinsic: an intrinsic needs the caller compiled for F16C, and
