@@ -16,7 +16,10 @@
 #     yet); a disk too small for the state (a 64 KiB
 #     tmpfs in a private mount namespace, where this machine allows one):
 #     refused at create, before the first step, its --save folder's
-#     checkpoint untouched.
+#     checkpoint untouched;
+#  5. under a memory cgroup's limit below the in-memory plan (a model of 8
+#     wide blocks): refused at once in one line without offload, trains
+#     with --offload-dir.
 #   offload_test.sh TESSERA_BIN LAUNCH_SH
 set -uo pipefail
 bin="$1"
@@ -103,12 +106,56 @@ if unshare -m true 2>/dev/null; then
   check_eq "a disk too small: one line" 1 "$(lines "$o")"
   check "a disk too small: says so" \
     "tessera train: --offload-dir $tmp/small: " "$o"
-  check "a disk too small: the bytes and the reason" \
-    "bytes of optimizer state do not fit: No space left on device" "$o"
+  check "a disk too small: the plan's bytes and the free space" \
+    "the plan keeps 24.0 MiB per rank there (master 0.0, optim 24.0) x 1 rank on this node, more than its" \
+    "$o"
+  check "a disk too small: what to do" "free: expected a folder on a larger disk, or more nodes" "$o"
   check_eq "a disk too small: the checkpoint untouched" "$before" "$(shas "$tmp/keep/step-00000002")"
   check_eq "a disk too small: nothing saved after it" "step-00000002" "$(ls "$tmp/keep")"
 else
   echo "note: no private mount namespace here (unshare -m): the small-disk case is skipped"
+fi
+
+# 5. a memory limit below the in-memory plan: refused at once without
+#    offload, trains with it (a cgroup of this test's own, where the
+#    machine lets it make one: v2, or v1's memory controller)
+cg=""
+cg_v2="/sys/fs/cgroup/tessera-offload-$$"
+cg_v1="/sys/fs/cgroup/memory/tessera-offload-$$"
+if grep -qw memory /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null && mkdir "$cg_v2" 2>/dev/null; then
+  cg="$cg_v2" limit_file=memory.max
+elif [[ -d /sys/fs/cgroup/memory ]] && mkdir "$cg_v1" 2>/dev/null; then
+  cg="$cg_v1" limit_file=memory.limit_in_bytes
+fi
+if [[ -n "$cg" ]]; then
+  trap 'rmdir "$cg" 2>/dev/null' EXIT
+  # a model whose optimizer state outweighs its activations: 8 wide blocks
+  sed -e 's/"hidden_size": 192/"hidden_size": 1024/' -e 's/"intermediate_size": 512/"intermediate_size": 2816/' \
+    -e 's/"num_hidden_layers": 4/"num_hidden_layers": 8/' -e 's/"num_attention_heads": 6/"num_attention_heads": 16/' \
+    -e 's/"num_key_value_heads": 2/"num_key_value_heads": 4/' "$TESSERA_HOME/models/configs/llama-tiny.json" \
+    >"$tmp/wide.json"
+  wide=(--model "$tmp/wide.json" --data "$tmp/data" --seq 16 --micro-batch 1 --steps 2 --eval-batches 1)
+  peak() { "$bin" estimate --model "$tmp/wide.json" --seq 16 --micro-batch 1 --json "$@" |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["stages"][0]["peak_total"])'; }
+  in_memory="$(peak)"
+  offloaded="$(peak --offload-dir "$tmp/off")"
+  limit=$((offloaded + 400 * 1024 * 1024)) # the plan, and the process's own (MPI, libraries)
+  echo "in-memory plan $in_memory, offloaded $offloaded, cgroup limit $limit bytes"
+  if ((in_memory <= limit)); then
+    echo "FAIL the in-memory plan $in_memory fits the limit $limit: the case shows nothing"
+    fails=$((fails + 1))
+  fi
+  echo "$limit" >"$cg/$limit_file"
+  in_cg() { sh -c 'echo $$ >"$1/cgroup.procs" && shift && exec "$@"' _ "$cg" "$@"; }
+  o="$(in_cg "$bin" train "${wide[@]}" 2>&1)"
+  check_eq "under the limit, in memory: exit" 1 $?
+  check_eq "under the limit, in memory: one line" 1 "$(lines "$o")"
+  check "under the limit, in memory: the limit named" "of memory (its cgroup's limit): expected" "$o"
+  o="$(in_cg "$bin" train "${wide[@]}" --offload-dir "$tmp/off" 2>&1)"
+  check_eq "under the limit, offloaded: exit" 0 $?
+  check "under the limit, offloaded: trains" "step     2/2" "$o"
+else
+  echo "note: no memory cgroup can be made here: the memory-limit case is skipped"
 fi
 
 echo "offload_test: $fails failure(s)"
