@@ -310,16 +310,6 @@ void ts_offload_prefetch(ts_engine *e, int u) {
   pthread_mutex_unlock(&o->mu);
 }
 
-ts_status ts_offload_sync(ts_engine *e) {
-  ts_offload *o = e->offload;
-  if (!o) return TS_OK;
-  pthread_mutex_lock(&o->mu);
-  while (o->count) pthread_cond_wait(&o->done, &o->mu);
-  ts_status st = job_error(o);
-  pthread_mutex_unlock(&o->mu);
-  return st;
-}
-
 const float *ts_offload_peek(ts_engine *e, int u, int array) {
   ts_offload *o = e->offload;
   if (array < o->first || o->fd < 0) return NULL; /* nothing to look at without a file */
@@ -347,5 +337,3 @@ static ts_status open_none(ts_offload *o, ts_engine *e) {
 }
 
 const ts_offload_store ts_offload_file_store = {open_file}, ts_offload_no_store = {open_none};
-
-size_t ts_offload_disk_bytes(const ts_engine *e) { return e->offload ? e->offload->disk : 0; }

@@ -78,17 +78,11 @@ ts_status ts_offload_release(ts_engine *e, int u, int dirty);
  * Never waits. */
 void ts_offload_prefetch(ts_engine *e, int u);
 
-/* Waits for every queued job; the first I/O error so far. */
-ts_status ts_offload_sync(ts_engine *e);
-
 /* A copy of unit u's state array `array` (0 master, 1 m, 2 v) in a buffer
  * of the offload's (host, outside the ledger: for engine_testing.h's
  * ts_engine_optimizer_state), valid until the next peek; NULL for the
  * master in fp32, or when an I/O error happened (the error set). */
 const float *ts_offload_peek(ts_engine *e, int u, int array);
-
-/* Disk bytes of e's offload file (0 without offload). */
-size_t ts_offload_disk_bytes(const ts_engine *e);
 
 #ifdef __cplusplus
 }
