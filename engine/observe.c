@@ -84,6 +84,16 @@ ts_status ts_engine_observe_action(ts_engine *e, const ts_action *a, int end, ts
   return first;
 }
 
+void ts_engine_observe_io(ts_engine *e, int write, int unit, uint64_t bytes, int64_t id) {
+  for (int i = 0; i < e->obs.n; i++)
+    if (e->obs.list[i]->io) e->obs.list[i]->io(e->obs.list[i]->user, e, write, unit, bytes, id);
+}
+
+void ts_engine_observe_io_wait(ts_engine *e, int64_t id) {
+  for (int i = 0; i < e->obs.n; i++)
+    if (e->obs.list[i]->io_wait) e->obs.list[i]->io_wait(e->obs.list[i]->user, e, id);
+}
+
 /* ---- spans, and the trace as an observer ----------------------------------------- */
 
 void ts_engine_span_begin(ts_engine *e, ts_span_kind kind, int unit) {

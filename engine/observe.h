@@ -27,6 +27,11 @@ void ts_engine_comm_note(const ts_engine *e, int unit);
  * observers that watch waits, when one does. */
 ts_status ts_engine_comm_wait(ts_engine *e, ts_comm_request **req, ts_span_kind kind, int unit);
 
+/* Tells the observers (observer.h) of an offload job queued (io) and of a
+ * wait for one (io_wait). */
+void ts_engine_observe_io(ts_engine *e, int write, int unit, uint64_t bytes, int64_t id);
+void ts_engine_observe_io_wait(ts_engine *e, int64_t id);
+
 /* Tells the observers (observer.h) that action a begins (end 0) or ended
  * with status (end 1); the first error an observer returns. */
 ts_status ts_engine_observe_action(ts_engine *e, const ts_action *a, int end, ts_status status);

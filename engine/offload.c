@@ -21,6 +21,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine/observe.h"
+
 enum { ALIGN = 4096, QUEUE = 16, MASTER = 0, M = 1, V = 2 };
 
 typedef struct slot {
@@ -28,6 +30,7 @@ typedef struct slot {
   int uses;         /* acquires not yet released */
   int pending;      /* queued jobs on it not finished */
   int dirty;        /* a release changed it: written back when the last use ends */
+  int64_t last_job; /* the newest job queued on it, -1: none since the last wait */
   uint64_t used_at; /* the last acquire or prefetch (least recently used goes first) */
   void *block[3];   /* ledger blocks: master (NULL in fp32), m, v */
   float *buf[3];    /* their ALIGN-aligned starts */
@@ -55,6 +58,7 @@ struct ts_offload {
   pthread_cond_t work, done;
   job queue[QUEUE];
   int head, count, stop;
+  int64_t jobs;      /* jobs queued so far (their numbers for observers) */
   ts_status st;      /* the first job's error; TS_OK */
   char err[4800];    /* its message */
   float *peek;       /* ts_offload_peek's copy */
@@ -115,9 +119,11 @@ static void *io_thread(void *arg) {
   return NULL;
 }
 
-/* Queues job (slot k, unit u); o->mu held. Without a file (the plan
- * device's store) it is done at once. */
-static void queue_job(ts_offload *o, int k, int u, int write) {
+/* Queues job (slot k, unit u) and tells e's observers; o->mu held.
+ * Without a file (the plan device's store) it is done at once. */
+static void queue_job(ts_engine *e, ts_offload *o, int k, int u, int write) {
+  o->slots[k].last_job = o->jobs;
+  ts_engine_observe_io(e, write, u, (uint64_t)(V - o->first + 1) * stride(o, u), o->jobs++);
   if (o->fd < 0) return;
   while (o->count == QUEUE) pthread_cond_wait(&o->done, &o->mu);
   o->queue[(o->head + o->count) % QUEUE] = (job){k, u, write};
@@ -160,7 +166,7 @@ ts_status ts_offload_open(ts_engine *e) {
   o->fd = -1;
   o->first = e->opts.dtype == TS_FP32 ? M : MASTER;
   snprintf(o->where, sizeof o->where, "%s", e->opts.offload_dir);
-  for (int k = 0; k < TS_OFFLOAD_SLOTS; k++) o->slots[k].unit = -1;
+  for (int k = 0; k < TS_OFFLOAD_SLOTS; k++) o->slots[k].unit = o->slots[k].last_job = -1;
   pthread_mutex_init(&o->mu, NULL);
   pthread_cond_init(&o->work, NULL);
   pthread_cond_init(&o->done, NULL);
@@ -264,13 +270,15 @@ ts_status ts_offload_acquire(ts_engine *e, int u) {
                         TS_OFFLOAD_SLOTS);
     } else {
       o->slots[k].unit = u;
-      queue_job(o, k, u, 0);
+      queue_job(e, o, k, u, 0);
     }
   }
   if (st == TS_OK) {
     slot *s = &o->slots[k];
     s->uses++;
     s->used_at = ++o->clock;
+    if (s->last_job >= 0) ts_engine_observe_io_wait(e, s->last_job);
+    s->last_job = -1;
     while (s->pending) pthread_cond_wait(&o->done, &o->mu);
     st = job_error(o);
     if (st == TS_OK) point(e, u, s);
@@ -286,7 +294,7 @@ ts_status ts_offload_release(ts_engine *e, int u, int dirty) {
   TS_ASSERT(k >= 0 && o->slots[k].uses > 0);
   o->slots[k].dirty |= dirty;
   if (--o->slots[k].uses == 0) {
-    if (o->slots[k].dirty) queue_job(o, k, u, 1);
+    if (o->slots[k].dirty) queue_job(e, o, k, u, 1);
     o->slots[k].dirty = 0;
     point(e, u, NULL);
   }
@@ -304,7 +312,7 @@ void ts_offload_prefetch(ts_engine *e, int u) {
     if (k >= 0) {
       o->slots[k].unit = u;
       o->slots[k].used_at = ++o->clock;
-      queue_job(o, k, u, 0);
+      queue_job(e, o, k, u, 0);
     }
   }
   pthread_mutex_unlock(&o->mu);

@@ -13,7 +13,10 @@
  * - The schedule is the engine's: nothing here orders an op or a call.
  * - Each group is one channel: a call starts when the step starts it or
  *   when the group's previous call ends, whichever is later (the
- *   communication thread or stream runs them in submission order).
+ *   communication thread or stream runs them in submission order). An
+ *   offload's disk is one more (its I/O thread): a unit's read or
+ *   write-back is a call of its bytes at the disk's rate, a unit's acquire
+ *   a wait for the slot's last job (exposed disk time).
  * - The clock is the compute stream's: an op adds its cost; a wait moves
  *   it to the call's end; the difference is exposed communication, or
  *   pipeline waiting when the call is the pipeline group's.
@@ -32,6 +35,8 @@
 #include "engine/engine_internal.h"
 
 enum { MAX_CHANNELS = 4 };
+/* The offload's disk: a channel of its own beside the groups'. */
+enum { DISK_CHANNEL = MAX_CHANNELS, CHANNELS = MAX_CHANNELS + 1 };
 
 /* A call's time in parts, alpha + max(cpu, wire): cpu the copies within a
  * node that the ranks' own cores make (the direct algorithm's: tessera's
@@ -52,6 +57,7 @@ typedef struct event {
   int p2p;      /* EV_CALL: P2P_* */
   int peer, tag;
   int coll;       /* EV_CALL: the pipeline group's k-th collective, else -1 */
+  int io;         /* EV_CALL: an offload job on the disk's channel */
   int id;         /* EV_WAIT: the call's event; EV_CALL recv: the matching send's event */
   double t;       /* EV_OP: compute seconds on a core of its own */
   call_time time; /* EV_CALL: its time in parts (cpu on a core of its own) */
@@ -78,6 +84,9 @@ typedef struct recorder {
   stage_log *log;
   int *call_event; /* (calls) the event of each call the engine numbered */
   int calls, calls_cap;
+  int *io_event; /* (ios) the event of each offload job the engine numbered */
+  int ios, ios_cap;
+  int64_t io_base; /* the number of the first job told (the step before counted too) */
   ts_status st;
 } recorder;
 
@@ -159,6 +168,51 @@ static int push(recorder *r, event ev) {
   }
   g->ev[g->n] = ev;
   return g->n++;
+}
+
+/* Appends v to a growing int array *a of *n (capacity *cap); 0, or -1 (r->st
+ * set). */
+static int append(recorder *r, int **a, int *n, int *cap, int v) {
+  if (*n == *cap) {
+    int c = *cap ? 2 * *cap : 1024;
+    int *na = realloc(*a, (size_t)c * sizeof *na);
+    if (!na) {
+      r->st = ts_set_error(TS_ERR_OUT_OF_MEMORY, "simulate: %d numbered events", c);
+      return -1;
+    }
+    *a = na;
+    *cap = c;
+  }
+  (*a)[(*n)++] = v;
+  return 0;
+}
+
+/* An offload job queued (observer.h io): a call on the disk's channel. */
+static void rec_io(void *user, ts_engine *e, int write, int unit, uint64_t bytes, int64_t id) {
+  (void)e;
+  (void)unit;
+  recorder *r = user;
+  if (r->st != TS_OK) return;
+  if (r->ios == 0) r->io_base = id;
+  if (id - r->io_base != r->ios) {
+    r->st = ts_set_error(TS_ERR_INTERNAL, "simulate: offload job %lld told after %d", (long long)id,
+                         r->ios);
+    return;
+  }
+  double rate = write ? r->cp->disk_write : r->cp->disk_read;
+  event ev = {.kind = EV_CALL, .channel = DISK_CHANNEL, .io = 1, .coll = -1, .id = -1,
+              .peer = -1, .tag = -1};
+  ev.time.wire = (double)bytes / rate;
+  append(r, &r->io_event, &r->ios, &r->ios_cap, push(r, ev));
+}
+
+/* A wait for offload job id (observer.h io_wait). */
+static void rec_io_wait(void *user, ts_engine *e, int64_t id) {
+  (void)e;
+  recorder *r = user;
+  int64_t k = id - r->io_base; /* jobs queued before the recorded step: done by now */
+  if (r->ios > 0 && k >= 0 && k < r->ios && r->io_event[k] >= 0)
+    push(r, (event){.kind = EV_WAIT, .id = r->io_event[k], .coll = -1});
 }
 
 /* The step waits for call id (observer.h call_wait). */
@@ -310,13 +364,19 @@ static ts_status record_stage(const ts_model *model, const ts_engine_opts *opts,
   for (int u = 0; u < model->n_units; u++) r.adamw_all += unit_numel(model, u);
   ts_step_stats st;
   ts_status rc = ts_engine_step(e, ts_engine_plan_batch, NULL, 0.0f, &st);
-  ts_step_observer ops = {.span_end = rec_op, .call = rec_call, .call_wait = rec_wait, .user = &r};
+  ts_step_observer ops = {.span_end = rec_op,
+                          .call = rec_call,
+                          .call_wait = rec_wait,
+                          .io = rec_io,
+                          .io_wait = rec_io_wait,
+                          .user = &r};
   if (rc == TS_OK) rc = ts_engine_add_observer(e, &ops);
   if (rc == TS_OK) {
     rc = ts_engine_step(e, ts_engine_plan_batch, NULL, 0.0f, &st);
     ts_engine_remove_observer(e, &ops);
   }
   free(r.call_event);
+  free(r.io_event);
   if (rc == TS_OK) rc = r.st;
   if (rc == TS_OK) {
     g->r.bytes = st.comm_bytes;
@@ -367,15 +427,17 @@ static ts_status match(stage_log *g, int P) {
  * when a time of this stage moved. */
 static int replay(stage_log *g, int P, int s, double *coll_start, double other, double f) {
   stage_log *me = &g[s];
-  double now = 0.0, free_at[MAX_CHANNELS] = {0};
+  double now = 0.0, free_at[CHANNELS] = {0};
   ts_sim_result r = me->r; /* bytes and peak from the record */
   r.step_s = r.compute_s = r.exposed_comm_s = r.pipeline_wait_s = r.comm_busy_s = 0.0;
+  r.exposed_io_s = r.io_busy_s = 0.0;
   r.ops = r.calls = 0;
   int moved = 0;
   for (int i = 0; i < me->n; i++) {
     const event *ev = &me->ev[i];
     double until = -1.0; /* a wait's end */
     int pipe = 0;        /* the wait is for another stage */
+    int io = 0;          /* the wait is for the disk */
     if (ev->kind == EV_OP) {
       now += f * ev->t;
       r.compute_s += f * ev->t;
@@ -386,6 +448,7 @@ static int replay(stage_log *g, int P, int s, double *coll_start, double other, 
       const event *c = &me->ev[ev->id];
       until = me->done[ev->id];
       pipe = c->p2p != P2P_NONE || c->coll >= 0;
+      io = c->io;
     } else {
       double end;
       if (ev->p2p == P2P_RECV) {
@@ -401,8 +464,12 @@ static int replay(stage_log *g, int P, int s, double *coll_start, double other, 
         double t = ev->time.alpha + fmax(f * ev->time.cpu, ev->time.wire);
         end = start + t;
         free_at[ev->channel] = end;
-        r.comm_busy_s += t;
-        r.calls++;
+        if (ev->io) {
+          r.io_busy_s += t;
+        } else {
+          r.comm_busy_s += t;
+          r.calls++;
+        }
       }
       if (me->done[i] != end) moved = 1;
       me->done[i] = end;
@@ -418,7 +485,9 @@ static int replay(stage_log *g, int P, int s, double *coll_start, double other, 
       }
     }
     if (until > now) {
-      if (pipe)
+      if (io)
+        r.exposed_io_s += until - now;
+      else if (pipe)
         r.pipeline_wait_s += until - now;
       else
         r.exposed_comm_s += until - now;
@@ -437,6 +506,12 @@ ts_status ts_simulate_stages(const ts_model *model, const ts_engine_opts *opts, 
                              ts_sim_result *out, ts_sim_result *stages) {
   memset(out, 0, sizeof *out);
   TS_CHECK(check_inputs(cluster, compute));
+  if (opts->offload_dir && (!(compute->disk_read > 0) || !isfinite(compute->disk_read) ||
+                            !(compute->disk_write > 0) || !isfinite(compute->disk_write)))
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "simulate: disk read %g, write %g bytes/s: expected both > 0 with "
+                        "`offload_dir`",
+                        compute->disk_read, compute->disk_write);
   int P = opts->pipeline_stages > 1 ? opts->pipeline_stages : 1;
   stage_log *g = calloc((size_t)P, sizeof *g);
   if (!g) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "simulate: %d stages", P);

@@ -112,6 +112,9 @@ typedef struct ts_sim_compute {
    * found by simulating again until it settles: N / cores without
    * pipelines. 0: a device per rank. Times slowdown, if both. */
   double shared_cores;
+  /* opts->offload_dir: the offload folder's disk, bytes/s read and written
+   * (> 0; a job at a time, in queue order: offload.h's I/O thread) */
+  double disk_read, disk_write;
 } ts_sim_compute;
 
 typedef struct ts_sim_result {
@@ -124,6 +127,9 @@ typedef struct ts_sim_result {
   double pipeline_wait_s; /* its waits for other pipeline stages: the bubble, the
                              transfers between stages, the pipeline group's collectives */
   double comm_busy_s;    /* the channels' busy time (overlapped or not) */
+  double exposed_io_s;   /* opts->offload_dir: the step's waits for the disk (a unit's state
+                            not yet read when its update needs it) */
+  double io_busy_s;      /* the disk's busy time in the step (reads and write-backs) */
   uint64_t bytes;        /* sent by the rank in the step (the comm counters; a pipeline's:
                             the most any stage's rank sends) */
   uint64_t remote_bytes; /* of them across nodes (likewise) */

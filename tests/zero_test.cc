@@ -1208,6 +1208,55 @@ TEST(Simulator, FastLinksLeaveTheComputeAndOverlapHidesSlowOnes) {
   ts_model_free(&model);
 }
 
+// Offload (opts.offload_dir): the disk is one channel of its own. A disk
+// without cost leaves the step it was without offload; a slow one is busy
+// for the state's bytes at its rates — every unit's state written back
+// once, read at most once (the units still in the three slots from the
+// step before are not read) — and the step waits for its reads, as the
+// replay's channel rule says: exposed = step - compute on one rank.
+TEST(Simulator, OffloadWaitsForItsDisk) {
+  size_t N = (size_t)ts_comm_size(World());
+  if (N != 1) GTEST_SKIP() << "one rank: no communication beside the disk";
+  ts_sim_compute cp = SimCompute();
+  ts_sim_cluster cl = SimCluster(1e9, 1e-5);
+  for (ts_dtype dt : {TS_FP32, TS_BF16}) {
+    SCOPED_TRACE(ts_dtype_name(dt));
+    TrainSetup s;
+    s.dtype = dt;
+    ts_model model = MakeModel(s);
+    ts_engine_opts plain = OptsOf(s, N);
+    s.offload = true;
+    ts_engine_opts off = OptsOf(s, N);
+    ts_mem_account dev, host, disk;
+    ASSERT_EQ(ts_engine_plan_stage_host(&model, &off, N, 0, &dev, &host, &disk), TS_OK);
+    double D = (double)disk.current_total;
+    ASSERT_GT(D, 0);
+    ts_sim_result p{}, fast{}, slow{};
+    ASSERT_EQ(ts_simulate(&model, &plain, N, &cl, &cp, &p), TS_OK) << ts_last_error();
+    cp.disk_read = cp.disk_write = 1e30;
+    ASSERT_EQ(ts_simulate(&model, &off, N, &cl, &cp, &fast), TS_OK) << ts_last_error();
+    EXPECT_NEAR(fast.step_s, p.step_s, 1e-9 * p.step_s);
+    EXPECT_EQ(fast.compute_s, p.compute_s);
+    EXPECT_EQ(p.exposed_io_s, 0.0);
+    EXPECT_EQ(p.io_busy_s, 0.0);
+    cp.disk_read = 1e6;  // bytes/s: far slower than the compute
+    cp.disk_write = 2e6;
+    ASSERT_EQ(ts_simulate(&model, &off, N, &cl, &cp, &slow), TS_OK) << ts_last_error();
+    EXPECT_EQ(slow.compute_s, p.compute_s);
+    EXPECT_LE(slow.io_busy_s, D / cp.disk_read + D / cp.disk_write + 1e-9);
+    EXPECT_GT(slow.io_busy_s, D / cp.disk_write);  // every write-back, and some reads
+    EXPECT_GT(slow.exposed_io_s, 0.5 * (slow.io_busy_s - D / cp.disk_write));
+    EXPECT_NEAR(slow.step_s, slow.compute_s + slow.exposed_io_s, 1e-9 * slow.step_s);
+    cp.disk_read = cp.disk_write = 0;
+    ts_sim_result bad{};
+    EXPECT_EQ(ts_simulate(&model, &off, N, &cl, &cp, &bad), TS_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(ts_last_error()).find("expected both > 0 with `offload_dir`"),
+              std::string::npos)
+        << ts_last_error();
+    ts_model_free(&model);
+  }
+}
+
 TEST(Simulator, AlphaBetaFormulasAsDocumented) {
   // simulate.h's formulas, p = 8, n = 8 MB, alpha 1 us, 1 GB/s within a
   // node, 2 GB/s per node across (all the arithmetic below is the header's)

@@ -210,7 +210,8 @@ bad "--save-async with --params" "--save-async applies to --model only" --params
 
 # 7. `tessera simulate` (engine/simulate.h): its bytes are the plan's (one
 # step, rank 0), so estimate's for every stage and hybrid; its schedule
-# replays the units (ops); one-line refusals.
+# replays the units (ops); one-line refusals; --offload-dir's disk waited
+# for by its rates.
 verdict="$(python3 -c 'import json, sys
 e, s = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 ok = [a["comm_bytes_per_step"] == b["comm_bytes_per_step"] and
@@ -261,6 +262,18 @@ sbad "--pipeline-split 4,1" "tessera simulate: --pipeline-split 4,1: covers 5 un
 the model's 6 exactly" --model llama-tiny -n 2 --pipeline 2 --pipeline-split 4,1 --seq 128
 sbad "--profile missing" "tessera simulate: $tmp/none.json: cannot open: No such file or directory" \
   --model llama-tiny --profile "$tmp/none.json"
+sbad "--disk-read 0" "tessera simulate: --disk-read 0, --disk-write 5: expected both > 0 GB/s" \
+  --model llama-tiny --offload-dir "$tmp" --disk-read 0
+# --offload-dir: the disk's own column; a faster disk waits less, an
+# infinitely fast one not at all
+disk_s() { "$bin" simulate --model llama-tiny -n 1 --zero 0 --seq 128 --offload-dir "$tmp" --json "$@" |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["stages"][0]["exposed_disk_s"])'; }
+slow="$(disk_s --disk-read 0.001 --disk-write 0.001)"
+fast="$(disk_s --disk-read 1e12 --disk-write 1e12)"
+check_eq "simulate --offload-dir: a slow disk is waited for" 1 \
+  "$(python3 -c "print(int($slow > 0.01 and $fast < 1e-6))")"
+check "simulate --offload-dir: its column" "exposed disk s" \
+  "$("$bin" simulate --model llama-tiny -n 1 --zero 0 --seq 128 --offload-dir "$tmp")"
 # --profile: one rank's compute is the trace's medians, summed (forward and
 # backward of every unit, the optimizer step), as computed here from the file
 make_token_shards "$tmp/data"

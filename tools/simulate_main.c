@@ -223,7 +223,8 @@ int ts_tool_simulate(int argc, char **argv) {
   size_t world = 1, shard_group = 0, per_node = 8, pipeline = 1;
   int stage = -1, json = 0, algorithm = TS_SIM_BEST;
   float peak_tflops = 989.0f, efficiency = 0.48f, mem_gbps = 3350.0f, slowdown = 1.0f,
-        overhead = 0.0f, memory_gb = 80.0f, shared_cores = 0.0f;
+        overhead = 0.0f, memory_gb = 80.0f, shared_cores = 0.0f, disk_read = 7.0f,
+        disk_write = 5.0f;
   ts_engine_opts opts = ts_engine_default_opts();
   opts.dtype = TS_BF16;
   opts.micro_batch = 1;
@@ -297,6 +298,16 @@ int ts_tool_simulate(int argc, char **argv) {
                      "ZeRO-3: false keeps units gathered across the step (default true)", NULL),
       TS_FLAG_CHOICE("--overlap", NULL, &opts.overlap, OVERLAP,
                      "communication overlap as built (default on)", NULL),
+      TS_FLAG_STRING("--offload-dir", NULL, &opts.offload_dir, "DIR",
+                     "train --offload-dir's step: each unit's optimizer state read from the "
+                     "disk ahead of its update and written back behind it, one job at a time "
+                     "(the folder is not touched)",
+                     NULL),
+      TS_FLAG_FLOAT("--disk-read", NULL, &disk_read, "GB/s",
+                    "--offload-dir: the disk's read rate (default 7: an NVMe SSD on PCIe 4)",
+                    NULL),
+      TS_FLAG_FLOAT("--disk-write", NULL, &disk_write, "GB/s",
+                    "--offload-dir: the disk's write rate (default 5)", NULL),
       TS_FLAG_SWITCH("--json", NULL, &json, "one JSON object instead of the table"),
   };
   int r = ts_flags_parse("simulate", flags, sizeof flags / sizeof *flags, argc, argv, USAGE);
@@ -314,6 +325,9 @@ int ts_tool_simulate(int argc, char **argv) {
   if (per_node > INT32_MAX)
     return ts_flags_error("simulate", "--ranks-per-node %zu: expected at most %d", per_node,
                           INT32_MAX);
+  if (!(disk_read > 0) || !(disk_write > 0))
+    return ts_flags_error("simulate", "--disk-read %g, --disk-write %g: expected both > 0 GB/s",
+                          (double)disk_read, (double)disk_write);
   if (!(peak_tflops > 0) || !(efficiency > 0 && efficiency <= 1) || !(mem_gbps > 0) ||
       !(slowdown >= 1) || !(overhead >= 0))
     return ts_flags_error("simulate",
@@ -331,7 +345,9 @@ int ts_tool_simulate(int argc, char **argv) {
                        .slowdown = slowdown,
                        .optimizer = -1.0,
                        .other = overhead,
-                       .shared_cores = shared_cores};
+                       .shared_cores = shared_cores,
+                       .disk_read = disk_read * 1e9,
+                       .disk_write = disk_write * 1e9};
   ts_model m;
   memset(&m, 0, sizeof m);
   char path[4096];
@@ -382,6 +398,8 @@ int ts_tool_simulate(int argc, char **argv) {
       cJSON_AddNumberToObject(o, "exposed_comm_s", res[z].exposed_comm_s);
       cJSON_AddNumberToObject(o, "pipeline_wait_s", res[z].pipeline_wait_s);
       cJSON_AddNumberToObject(o, "comm_busy_s", res[z].comm_busy_s);
+      cJSON_AddNumberToObject(o, "exposed_disk_s", res[z].exposed_io_s);
+      cJSON_AddNumberToObject(o, "disk_busy_s", res[z].io_busy_s);
       cJSON_AddNumberToObject(o, "comm_bytes_per_step", (double)res[z].bytes);
       cJSON_AddNumberToObject(o, "comm_bytes_across_nodes_per_step", (double)res[z].remote_bytes);
       cJSON_AddNumberToObject(o, "tokens_per_s_per_rank", res[z].tokens_per_s);
@@ -438,17 +456,22 @@ int ts_tool_simulate(int argc, char **argv) {
       "%s collectives\n",
       cl.intra.bandwidth / 1e9, cl.intra.latency * 1e6, cl.inter.bandwidth / 1e9,
       cl.inter.latency * 1e6, ALGORITHMS[algorithm]);
-  int pipe = pipeline > 1;
+  int pipe = pipeline > 1, disk = opts.offload_dir != NULL;
+  if (disk)
+    printf("offload: the optimizer state on a disk of %.3g GB/s read, %.3g GB/s write\n",
+           (double)disk_read, (double)disk_write);
   printf(
-      "| ZeRO | step s | compute s | exposed comm s |%s GB within a node | GB across nodes | "
+      "| ZeRO | step s | compute s | exposed comm s |%s%s GB within a node | GB across nodes | "
       "tokens/s per rank | MFU | peak GB (plan) |\n"
-      "| --- | ---: | ---: | ---: |%s ---: | ---: | ---: | ---: | ---: |\n",
-      pipe ? " pipeline wait s |" : "", pipe ? " ---: |" : "");
+      "| --- | ---: | ---: | ---: |%s%s ---: | ---: | ---: | ---: | ---: |\n",
+      pipe ? " pipeline wait s |" : "", disk ? " exposed disk s |" : "", pipe ? " ---: |" : "",
+      disk ? " ---: |" : "");
   for (int z = lo; z <= hi; z++) {
-    char wait[32] = "";
+    char wait[32] = "", io[32] = "";
     if (pipe) snprintf(wait, sizeof wait, " %.4g |", res[z].pipeline_wait_s);
-    printf("| %d | %.4g | %.4g | %.4g |%s %.3g | %.3g | %.4g | %.1f%% | %.3g%s |\n", z,
-           res[z].step_s, res[z].compute_s, res[z].exposed_comm_s, wait,
+    if (disk) snprintf(io, sizeof io, " %.4g |", res[z].exposed_io_s);
+    printf("| %d | %.4g | %.4g | %.4g |%s%s %.3g | %.3g | %.4g | %.1f%% | %.3g%s |\n", z,
+           res[z].step_s, res[z].compute_s, res[z].exposed_comm_s, wait, io,
            (double)(res[z].bytes - res[z].remote_bytes) / 1e9, (double)res[z].remote_bytes / 1e9,
            res[z].tokens_per_s, 100.0 * res[z].mfu, (double)res[z].peak_bytes / 1e9,
            (double)res[z].peak_bytes > memory_gb * 1e9 ? " (does not fit)" : "");
