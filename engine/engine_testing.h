@@ -7,7 +7,7 @@
  * one pointer test where a hook may run (after each unit's backward,
  * before each commit of a checkpoint save, before each chunk of an
  * asynchronous save's copy and when the optimizer step waits for it, after
- * each training step, when an engine is freed). What tests plant (non-finite gradients, for loss
+ * each training step, when an engine is freed, before each offload job). What tests plant (non-finite gradients, for loss
  * scaling) is written on top of the seam in engine_testing.c, a test-only
  * library (//engine:testing); the kill-a-rank hook of the launcher's
  * restart tests is set by the test binary //tools:tessera_testing. One set
@@ -52,6 +52,11 @@ typedef struct ts_engine_hooks {
    * waits for the copy (no lock held): a test that holds the copy at
    * stage_point lets it go from here, so the step is known to wait. */
   void (*staging_wait)(void *user);
+  /* Runs in an offload's I/O thread (offload.h) before each job: the read
+   * (write 0) or write-back (1) of unit `unit`'s optimizer state, the job's
+   * number `job` (0, 1, ... per engine). A nonzero errno fails the job
+   * with it, as if the disk had (EIO, ENOSPC). */
+  int (*offload_io)(void *user, int write, int unit, long long job);
   void *user; /* passed back as is */
 } ts_engine_hooks;
 

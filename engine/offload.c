@@ -21,6 +21,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine/engine_testing.h"
 #include "engine/observe.h"
 
 enum { ALIGN = 4096, QUEUE = 16, MASTER = 0, M = 1, V = 2 };
@@ -38,6 +39,7 @@ typedef struct slot {
 
 typedef struct job {
   int slot, unit, write;
+  int64_t id; /* its number (observers, the test seam) */
 } job;
 
 struct ts_offload {
@@ -100,8 +102,10 @@ static void *io_thread(void *arg) {
     if (!o->count) break; /* stopped with nothing queued */
     job j = o->queue[o->head];
     pthread_mutex_unlock(&o->mu);
-    size_t at = 0;
-    int err = run_io(o, &j, &at);
+    size_t at = o->off[j.unit];
+    const ts_engine_hooks *h = ts_engine_get_hooks(); /* the test seam: a failing disk */
+    int err = h && h->offload_io ? h->offload_io(h->user, j.write, j.unit, (long long)j.id) : 0;
+    if (!err) err = run_io(o, &j, &at);
     pthread_mutex_lock(&o->mu);
     o->head = (o->head + 1) % QUEUE;
     o->count--;
@@ -109,8 +113,8 @@ static void *io_thread(void *arg) {
     if (err && o->st == TS_OK) {
       o->st = TS_ERR_IO;
       snprintf(o->err, sizeof o->err,
-               "offload: %s: %s of unit %d's optimizer state (%zu bytes at offset %zu of the "
-               "scratch file): %s",
+               "`offload_dir` %s: %s of unit %d's optimizer state (%zu bytes at offset %zu of "
+               "the scratch file): %s",
                o->where, j.write ? "write" : "read", j.unit, stride(o, j.unit), at, strerror(err));
     }
     pthread_cond_broadcast(&o->done);
@@ -126,7 +130,7 @@ static void queue_job(ts_engine *e, ts_offload *o, int k, int u, int write) {
   ts_engine_observe_io(e, write, u, (uint64_t)(V - o->first + 1) * stride(o, u), o->jobs++);
   if (o->fd < 0) return;
   while (o->count == QUEUE) pthread_cond_wait(&o->done, &o->mu);
-  o->queue[(o->head + o->count) % QUEUE] = (job){k, u, write};
+  o->queue[(o->head + o->count) % QUEUE] = (job){k, u, write, o->jobs - 1};
   o->count++;
   o->slots[k].pending++;
   pthread_cond_signal(&o->work);

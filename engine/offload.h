@@ -62,9 +62,9 @@ void ts_offload_close(ts_engine *e);
 /* Unit u's state in memory (s->master, s->m, s->v set; master stays NULL
  * in fp32) until the matching release; nested acquires of one unit count.
  * Reads it unless a slot has it (a prefetch, an earlier use). Errors: the
- * first I/O error of any job so far (TS_ERR_IO naming the file, the bytes,
- * the offset and the system's reason); TS_ERR_INTERNAL when every slot is
- * held. */
+ * first I/O error of any job so far (TS_ERR_IO: "`offload_dir` DIR: write
+ * of unit U's optimizer state (N bytes at offset O of the scratch file):
+ * Input/output error"); TS_ERR_INTERNAL when every slot is held. */
 ts_status ts_offload_acquire(ts_engine *e, int u);
 
 /* Ends one acquire of unit u; dirty: its state changed. When the last

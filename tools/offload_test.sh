@@ -20,10 +20,15 @@
 #  5. under a memory cgroup's limit below the in-memory plan (a model of 8
 #     wide blocks): refused at once in one line without offload, trains
 #     with --offload-dir.
-#   offload_test.sh TESSERA_BIN LAUNCH_SH
+#  6. a disk failing mid-run (tessera_testing: a write-back fails with EIO
+#     in step 4): one line naming the folder, the unit, the bytes and the
+#     reason, exit 1; the step-2 checkpoint byte-identical to a clean run's
+#     and resuming from it ends as the clean run does.
+#   offload_test.sh TESSERA_BIN LAUNCH_SH TESSERA_TESTING_BIN
 set -uo pipefail
 bin="$1"
 launch="$2"
+testing_bin="$3"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 fails=0
 source "$(dirname "${BASH_SOURCE[0]}")/testing.sh"
@@ -157,6 +162,30 @@ if [[ -n "$cg" ]]; then
 else
   echo "note: no memory cgroup can be made here: the memory-limit case is skipped"
 fi
+
+# 6. a disk failing mid-run
+six=(--model llama-tiny --data "$tmp/data" --seq 32 --micro-batch 2 --log-every 1 --steps 6
+  --save-every 2 --save-sync)
+"$bin" train "${six[@]}" --save "$tmp/clean" >/dev/null 2>&1
+check_eq "clean: exit" 0 $?
+o="$(TESSERA_TEST_DISK_FAIL=0:40 "$testing_bin" train "${six[@]}" --save "$tmp/failing" \
+  --offload-dir "$tmp/off" 2>&1)"
+check_eq "a failing disk: exit" 1 $?
+check "a failing disk: the line" \
+  "tessera train: --offload-dir $tmp/off: write of unit " "$o"
+check "a failing disk: the bytes, the offset, the reason" \
+  "bytes at offset " "$(grep '^tessera train:' <<<"$o")"
+check "a failing disk: the system's reason" "of the scratch file): Input/output error" "$o"
+check_eq "a failing disk: one error line" 1 "$(grep -c '^tessera train:' <<<"$o")"
+check_eq "a failing disk: its checkpoints are the clean run's" "$(shas "$tmp/clean/step-00000002")" \
+  "$(shas "$tmp/failing/step-00000002")"
+check_eq "a failing disk: no later checkpoint" "step-00000002" "$(ls "$tmp/failing")"
+"$bin" train "${six[@]}" --resume "$tmp/failing/step-00000002" --save "$tmp/after" \
+  --offload-dir "$tmp/off" >/dev/null 2>&1
+check_eq "a failing disk: resumed: exit" 0 $?
+check_eq "a failing disk: resumed, it ends as the clean run" "$(shas "$tmp/clean/step-00000006")" \
+  "$(shas "$tmp/after/step-00000006")"
+check_eq "a failing disk: nothing left in the folder" "" "$(ls -A "$tmp/off")"
 
 echo "offload_test: $fails failure(s)"
 [[ $fails -eq 0 ]]

@@ -13,12 +13,16 @@
  *   TESSERA_TEST_SLOW="RANK:MS"            world rank RANK sleeps MS
  *       milliseconds after unit 0's backward in every micro-step: a
  *       straggler whose compute is slow.
+ *   TESSERA_TEST_DISK_FAIL="RANK:JOB"      on world rank RANK the first
+ *       offload write-back numbered JOB or later fails with EIO, as a disk
+ *       failing mid-run would (train --offload-dir).
  *
  * RANK is the world rank Open MPI gives (OMPI_COMM_WORLD_RANK, else
  * PMIX_RANK). The production binary (tessera.c) has no such hook and
  * reads no such variable. */
 #define _POSIX_C_SOURCE 200809L
 
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +36,8 @@ static int fault_rank = -1, fault_signal;
 static size_t fault_step;
 static char fault_marker[4096];
 static int slow_rank = -1, slow_ms, my_rank = -1;
+static int disk_rank = -1, disk_failed;
+static long long disk_job;
 
 /* after_step: the kill or stop, at most once per marker. */
 static void fault_after_step(void *user, size_t step, int rank) {
@@ -52,7 +58,23 @@ static ts_status slow_after_backward(void *user, struct ts_engine *e, int step, 
   return TS_OK;
 }
 
+/* offload_io: one failing write-back (the I/O thread; one engine per rank). */
+static int disk_offload_io(void *user, int write, int unit, long long job) {
+  (void)user, (void)unit;
+  if (my_rank != disk_rank || !write || job < disk_job || disk_failed) return 0;
+  disk_failed = 1;
+  return EIO;
+}
+
 static ts_engine_hooks hooks;
+
+/* This process's world rank (Open MPI's OMPI_COMM_WORLD_RANK, else
+ * PMIX_RANK; 0 outside a job). */
+static int world_rank(void) {
+  const char *r = getenv("OMPI_COMM_WORLD_RANK");
+  if (!r) r = getenv("PMIX_RANK");
+  return r ? atoi(r) : 0;
+}
 
 /* Parses "RANK:STEP:MARKER" of variable name for signal sig. */
 static int parse_fault(const char *name, int sig) {
@@ -76,11 +98,18 @@ int main(int argc, char **argv) {
       fprintf(stderr, "tessera_testing: TESSERA_TEST_SLOW=%s: expected RANK:MS\n", slow);
       return 2;
     }
-    const char *r = getenv("OMPI_COMM_WORLD_RANK");
-    if (!r) r = getenv("PMIX_RANK");
-    my_rank = r ? atoi(r) : 0;
+    my_rank = world_rank();
     hooks.after_backward = slow_after_backward;
   }
-  if (hooks.after_step || hooks.after_backward) ts_engine_set_hooks(&hooks);
+  const char *disk = getenv("TESSERA_TEST_DISK_FAIL");
+  if (disk) {
+    if (sscanf(disk, "%d:%lld", &disk_rank, &disk_job) != 2 || disk_job < 0) {
+      fprintf(stderr, "tessera_testing: TESSERA_TEST_DISK_FAIL=%s: expected RANK:JOB\n", disk);
+      return 2;
+    }
+    my_rank = world_rank();
+    hooks.offload_io = disk_offload_io;
+  }
+  if (hooks.after_step || hooks.after_backward || hooks.offload_io) ts_engine_set_hooks(&hooks);
   return ts_tool_main(argc, argv);
 }
