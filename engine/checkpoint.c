@@ -145,34 +145,35 @@ static const char *held_chunk(const ts_engine *e, const chunk *c) {
   return buf + ts_engine_held_offset(e, c->unit, sharded, c->begin) * c->es;
 }
 
-/* Whether chunk c is optimizer state kept in an offload's file: its unit
- * is acquired (offload.h) while its bytes are read. */
+/* Whether chunk c is optimizer state kept in an offload's file (its
+ * pieces are acquired while their bytes are read: offload.h). */
 static int offloaded(const ts_engine *e, const chunk *c) {
   return e->offload && c->kind != TS_CHECKPOINT_PARAM;
 }
 
-static ts_status write_held_chunk(writer *w, const chunk *c);
+/* An offloaded chunk, a piece at a time (ts_offload_each): the writer or
+ * the staging's bytes, which state array (0 master, 1 m, 2 v), and the
+ * chunk's first element of it. */
+typedef struct chunk_part {
+  writer *w;
+  char *dst;
+  int array;
+  size_t lo;
+} chunk_part;
 
-static ts_status write_chunk(void *ctx, const chunk *c) {
-  writer *w = ctx;
-  if (w->staged || !offloaded(w->e, c)) return write_held_chunk(w, c);
-  TS_CHECK(ts_offload_acquire(w->e, c->unit));
-  ts_status st = write_held_chunk(w, c);
-  ts_status r = ts_offload_release(w->e, c->unit, 0);
-  return st == TS_OK ? r : st;
+static ts_status each_part(ts_engine *e, const chunk *c, chunk_part *q,
+                           ts_status (*fn)(void *, float *const[3], size_t, size_t)) {
+  int sharded;
+  (void)held(e, c->unit, c->kind, &sharded);
+  q->array = c->kind == TS_CHECKPOINT_MASTER ? 0 : c->kind == TS_CHECKPOINT_EXP_AVG ? 1 : 2;
+  q->lo = ts_engine_held_offset(e, c->unit, sharded, c->begin);
+  return ts_offload_each(e, c->unit, q->lo, c->end - c->begin, 0, fn, q);
 }
 
-static ts_status write_held_chunk(writer *w, const chunk *c) {
-  ts_engine *e = w->e;
-  size_t n = (c->end - c->begin) * c->es;
-  if (n == 0) return TS_OK;
-  const char *src = w->staged ? w->staged + c->offset : held_chunk(e, c);
-  if (!w->staged && e->device != TS_DEVICE_CPU) {
-    TS_CHECK(ts_k_to_host(&e->ctx, w->host, src, n));
-    src = w->host;
-  }
-  /* In pieces, hashing one while the kernel writes back the last: the
-   * digest costs no extra pass over the disk. */
+/* n bytes of host memory into the rank file and its digest, in pieces,
+ * hashing one while the kernel writes back the last: the digest costs no
+ * extra pass over the disk. */
+static ts_status write_bytes(writer *w, const char *src, size_t n) {
   enum { PIECE = 4 << 20 };
   for (size_t k = 0; k < n; k += PIECE) {
     size_t m = n - k < PIECE ? n - k : PIECE;
@@ -180,6 +181,31 @@ static ts_status write_held_chunk(writer *w, const chunk *c) {
     TS_CHECK(ts_atomic_file_write(w->f, src + k, m));
   }
   w->nbytes += n;
+  return TS_OK;
+}
+
+static ts_status write_part(void *arg, float *const at[3], size_t first, size_t count) {
+  (void)first;
+  const chunk_part *q = arg;
+  return write_bytes(q->w, (const char *)at[q->array], count * 4);
+}
+
+static ts_status write_chunk(void *ctx, const chunk *c) {
+  writer *w = ctx;
+  ts_engine *e = w->e;
+  size_t n = (c->end - c->begin) * c->es;
+  if (n == 0) return TS_OK;
+  if (!w->staged && offloaded(e, c)) {
+    chunk_part q = {w, NULL, 0, 0};
+    TS_CHECK(each_part(e, c, &q, write_part));
+  } else {
+    const char *src = w->staged ? w->staged + c->offset : held_chunk(e, c);
+    if (!w->staged && e->device != TS_DEVICE_CPU) {
+      TS_CHECK(ts_k_to_host(&e->ctx, w->host, src, n));
+      src = w->host;
+    }
+    TS_CHECK(write_bytes(w, src, n));
+  }
   fault_point(); /* mid-file */
   return TS_OK;
 }
@@ -517,6 +543,12 @@ struct ts_checkpoint_pending {
   int staged;              /* 1 once the staging holds the rank's state */
 };
 
+static ts_status stage_part(void *arg, float *const at[3], size_t first, size_t count) {
+  const chunk_part *q = arg;
+  memcpy(q->dst + (first - q->lo) * 4, at[q->array], count * 4);
+  return TS_OK;
+}
+
 /* Copies chunk c from the engine's buffers into the staging at its file
  * offset: on the CPU in the writer thread (one memcpy per chunk), from a
  * device in the caller's thread through the engine's stream. */
@@ -527,16 +559,14 @@ static ts_status stage_chunk(void *ctx, const chunk *c) {
   size_t n = (c->end - c->begin) * c->es;
   if (n == 0) return TS_OK;
   char *dst = (char *)e->ckpt.staging + c->offset;
-  if (offloaded(e, c)) TS_CHECK(ts_offload_acquire(e, c->unit));
-  const char *src = held_chunk(e, c);
-  ts_status st = TS_OK;
-  if (e->device != TS_DEVICE_CPU) st = ts_k_to_host(&e->ctx, dst, src, n);
-  else memcpy(dst, src, n);
   if (offloaded(e, c)) {
-    ts_status r = ts_offload_release(e, c->unit, 0);
-    if (st == TS_OK) st = r;
+    chunk_part q = {NULL, dst, 0, 0};
+    return each_part(e, c, &q, stage_part);
   }
-  return st;
+  const char *src = held_chunk(e, c);
+  if (e->device != TS_DEVICE_CPU) return ts_k_to_host(&e->ctx, dst, src, n);
+  memcpy(dst, src, n);
+  return TS_OK;
 }
 
 static void mark_staged(ts_checkpoint_pending *p) {

@@ -225,12 +225,6 @@ ts_status ts_checkpoint_load(ts_checkpoint *ck, ts_engine *e) {
   for (int u = 0; u < m->n_units && st == TS_OK; u++) {
     int replica = e->pipe.replica && u == e->pipe.lender; /* the tied head's copy: parameters only */
     if (!ts_engine_owns(e, u) && !replica) continue;
-    /* offloaded: the unit's state in memory for all its tensors, written once */
-    int held = 0;
-    if (e->offload && !replica) {
-      st = ts_offload_acquire(e, u);
-      held = st == TS_OK;
-    }
     for (int i = 0; i < m->units[u].n_tensors && st == TS_OK; i++) {
       const ts_tensor_spec *s = &m->units[u].tensors[i];
       const ck_tensor *t = find_tensor(ck, s->name);
@@ -253,10 +247,6 @@ ts_status ts_checkpoint_load(ts_checkpoint *ck, ts_engine *e) {
         st = read_flat(ck, t, k, s->offset, o.begin, o.end, buf);
         if (st == TS_OK) st = ts_engine_set_state(e, u, i, k - TS_CHECKPOINT_EXP_AVG, buf);
       }
-    }
-    if (held) {
-      ts_status r = ts_offload_release(e, u, 1);
-      if (st == TS_OK) st = r;
     }
   }
   free(buf);

@@ -41,6 +41,18 @@ ts_engine_opts ts_engine_default_opts(void) {
 
 /* ---- create ------------------------------------------------------------------ */
 
+/* init_unit's copy of the initial fp32 values into an offloaded piece of
+ * the master weights (offload.h ts_offload_each). */
+typedef struct init_copy {
+  ts_engine *e;
+  const float *own; /* the optimizer state's part of the initial values */
+} init_copy;
+
+static ts_status copy_master(void *arg, float *const at[3], size_t first, size_t count) {
+  const init_copy *c = arg;
+  return ts_k_copy(&c->e->ctx, at[0], c->own + first, count * 4);
+}
+
 /* Initialises unit u's parameters, identical on every rank: the full unit
  * is initialised in fp32 and each rank keeps its part. */
 static ts_status init_unit(ts_engine *e, int u) {
@@ -55,11 +67,13 @@ static ts_status init_unit(ts_engine *e, int u) {
   TS_CHECK(ts_ledger_alloc(&e->ledger, e->device, TS_MEM_WORKSPACE, P * 4, (void **)&full));
   ts_status st = ts_model_init_unit(e->model, u, &e->ctx, full, e->opts.seed);
   const float *own = e->zero->shard_optim ? full + r0 : full; /* what the optimizer state holds */
-  int offloaded = e->offload && ts_engine_owns(e, u); /* (a replica has no optimizer state) */
-  if (st == TS_OK && offloaded) st = ts_offload_acquire(e, u);
-  if (st == TS_OK && s->master)
-    st = ts_k_copy(&e->ctx, s->master, own, (e->zero->shard_optim ? S : P) * 4);
-  if (st == TS_OK && offloaded) st = ts_offload_release(e, u, 1);
+  size_t n_opt = e->zero->shard_optim ? S : P;
+  /* offloaded master weights: written piece by piece (a replica has no
+   * optimizer state; fp32 has no master) */
+  init_copy c = {e, own};
+  if (st == TS_OK && e->offload && ts_engine_owns(e, u) && dt != TS_FP32)
+    st = ts_offload_each(e, u, 0, n_opt, 1, copy_master, &c);
+  if (st == TS_OK && s->master) st = ts_k_copy(&e->ctx, s->master, own, n_opt * 4);
   if (st == TS_OK)
     st = e->zero->shard_params ? ts_k_cast(&e->ctx, s->params, dt, full + r0, TS_FP32, S)
                                : ts_k_cast(&e->ctx, s->params, dt, full, TS_FP32, P);
@@ -311,6 +325,11 @@ static ts_status check_opts(const ts_model *model, const ts_engine_opts *opts) {
                         opts->offload_dir, ts_device_name(opts->device));
   if (opts->offload_dir && !opts->offload_dir[0])
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "`offload_dir` \"\": expected a folder");
+  if (opts->offload_piece % 1024 || opts->offload_piece > ((size_t)1 << 40))
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "`offload_piece` %zu: expected 0 (the default) or a multiple of 1024 "
+                        "elements up to 2^40",
+                        opts->offload_piece);
   if (opts->comm == TS_ENGINE_COMM_NCCL && opts->device == TS_DEVICE_CPU)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "`comm` nccl moves GPU memory only; on cpu use mpi (or auto)");

@@ -228,6 +228,9 @@ typedef struct ts_engine_opts {
    * The bits are those without it. CPU device (the GPU's offload is not
    * built yet). Borrowed: it must outlive the engine. */
   const char *offload_dir;
+  /* offload_dir: elements per piece streamed (0: 4 Mi, 16 MiB per array;
+   * else a multiple of 1024): memory holds three pieces of the state. */
+  size_t offload_piece;
   /* Pipeline stages (DESIGN.md "Pipeline stages"; ts_engine_create_pipeline):
    * the units split into P contiguous stages, each stage's grad_accum
    * micro-batches run by the schedule. P = 1: no pipelining. */

@@ -1,12 +1,12 @@
 /*
- * offload.c — the optimizer state in a scratch file, per unit (offload.h).
+ * offload.c — the optimizer state in a scratch file, per piece (offload.h).
  *
  * Invariants:
  * - One I/O thread runs the jobs in queue order; a slot's jobs finish
  *   before anyone uses its buffers (acquire waits for pending == 0).
- * - A slot holds the newest bytes of its unit whenever it has one: a
+ * - A slot holds the newest bytes of its piece whenever it has one: a
  *   release's write-back copies them out and leaves them, so the next
- *   acquire of that unit reads nothing.
+ *   acquire of that piece reads nothing.
  * - The bits are those of the state in memory: the file holds fp32 values
  *   as they were, the same AdamW runs on them.
  */
@@ -28,6 +28,7 @@ enum { ALIGN = 4096, QUEUE = 16, MASTER = 0, M = 1, V = 2 };
 
 typedef struct slot {
   int unit;         /* the unit whose state it holds or will hold; -1: none */
+  int piece;        /* and which piece of it */
   int uses;         /* acquires not yet released */
   int pending;      /* queued jobs on it not finished */
   int dirty;        /* a release changed it: written back when the last use ends */
@@ -38,7 +39,7 @@ typedef struct slot {
 } slot;
 
 typedef struct job {
-  int slot, unit, write;
+  int slot, unit, piece, write;
   int64_t id; /* its number (observers, the test seam) */
 } job;
 
@@ -49,7 +50,8 @@ struct ts_offload {
   int first;         /* the first array: MASTER with master weights, else M */
   size_t *n;         /* [n_units] elements of a unit's state arrays (0: not this stage's) */
   size_t *off;       /* [n_units] byte offset of the unit's block */
-  size_t stride_max; /* bytes of the largest array, rounded up to ALIGN */
+  size_t piece;      /* elements per piece (a multiple of ALIGN / 4) */
+  size_t slot_bytes; /* bytes of a slot's array: the largest piece, rounded up to ALIGN */
   size_t disk;       /* bytes of the file */
   size_t disk_master, disk_optim; /* of them charged to master and optim */
   slot slots[TS_OFFLOAD_SLOTS];
@@ -69,17 +71,31 @@ struct ts_offload {
 
 static size_t round_up(size_t x) { return (x + ALIGN - 1) / ALIGN * ALIGN; }
 
-/* Bytes one array of unit u takes in the file and in a slot. */
+/* Bytes one array of unit u takes in the file. */
 static size_t stride(const ts_offload *o, int u) { return round_up(o->n[u] * 4); }
 
-/* The I/O of job j: each array of the unit, whole (short counts and
+/* Piece p of unit u: its first element and its length. */
+static size_t piece_lo(const ts_offload *o, int p) { return (size_t)p * o->piece; }
+static size_t piece_len(const ts_offload *o, int u, int p) {
+  size_t lo = piece_lo(o, p);
+  return o->n[u] - lo < o->piece ? o->n[u] - lo : o->piece;
+}
+
+/* Bytes a job of piece p of unit u moves per array (rounded up to ALIGN:
+ * within the array's stride in the file and the slot's buffer). */
+static size_t piece_bytes(const ts_offload *o, int u, int p) {
+  return round_up(piece_len(o, u, p) * 4);
+}
+
+/* The I/O of job j: each array's part of the piece (short counts and
  * EINTR retried). Returns 0, or errno with the failing offset in *at. */
 static int run_io(ts_offload *o, const job *j, size_t *at) {
   const slot *k = &o->slots[j->slot];
-  size_t len = stride(o, j->unit);
+  size_t len = piece_bytes(o, j->unit, j->piece);
   for (int a = o->first; a <= V; a++) {
     char *p = (char *)k->buf[a];
-    size_t base = o->off[j->unit] + (size_t)(a - o->first) * len;
+    size_t base = o->off[j->unit] + (size_t)(a - o->first) * stride(o, j->unit) +
+                  piece_lo(o, j->piece) * 4;
     for (size_t done = 0; done < len;) {
       ssize_t r = j->write ? pwrite(o->fd, p + done, len - done, (off_t)(base + done))
                            : pread(o->fd, p + done, len - done, (off_t)(base + done));
@@ -102,7 +118,7 @@ static void *io_thread(void *arg) {
     if (!o->count) break; /* stopped with nothing queued */
     job j = o->queue[o->head];
     pthread_mutex_unlock(&o->mu);
-    size_t at = o->off[j.unit];
+    size_t at = o->off[j.unit] + piece_lo(o, j.piece) * 4;
     const ts_engine_hooks *h = ts_engine_get_hooks(); /* the test seam: a failing disk */
     int err = h && h->offload_io ? h->offload_io(h->user, j.write, j.unit, (long long)j.id) : 0;
     if (!err) err = run_io(o, &j, &at);
@@ -115,7 +131,8 @@ static void *io_thread(void *arg) {
       snprintf(o->err, sizeof o->err,
                "`offload_dir` %s: %s of unit %d's optimizer state (%zu bytes at offset %zu of "
                "the scratch file): %s",
-               o->where, j.write ? "write" : "read", j.unit, stride(o, j.unit), at, strerror(err));
+               o->where, j.write ? "write" : "read", j.unit,
+               (size_t)(V - o->first + 1) * piece_bytes(o, j.unit, j.piece), at, strerror(err));
     }
     pthread_cond_broadcast(&o->done);
   }
@@ -123,14 +140,15 @@ static void *io_thread(void *arg) {
   return NULL;
 }
 
-/* Queues job (slot k, unit u) and tells e's observers; o->mu held.
- * Without a file (the plan device's store) it is done at once. */
-static void queue_job(ts_engine *e, ts_offload *o, int k, int u, int write) {
+/* Queues job (slot k, piece p of unit u) and tells e's observers; o->mu
+ * held. Without a file (the plan device's store) it is done at once. */
+static void queue_job(ts_engine *e, ts_offload *o, int k, int u, int p, int write) {
   o->slots[k].last_job = o->jobs;
-  ts_engine_observe_io(e, write, u, (uint64_t)(V - o->first + 1) * stride(o, u), o->jobs++);
+  ts_engine_observe_io(e, write, u, (uint64_t)(V - o->first + 1) * piece_bytes(o, u, p),
+                       o->jobs++);
   if (o->fd < 0) return;
   while (o->count == QUEUE) pthread_cond_wait(&o->done, &o->mu);
-  o->queue[(o->head + o->count) % QUEUE] = (job){k, u, write, o->jobs - 1};
+  o->queue[(o->head + o->count) % QUEUE] = (job){k, u, p, write, o->jobs - 1};
   o->count++;
   o->slots[k].pending++;
   pthread_cond_signal(&o->work);
@@ -141,9 +159,9 @@ static ts_status job_error(const ts_offload *o) {
   return o->st == TS_OK ? TS_OK : ts_set_error(o->st, "%s", o->err);
 }
 
-static int slot_of(const ts_offload *o, int u) {
+static int slot_of(const ts_offload *o, int u, int p) {
   for (int k = 0; k < TS_OFFLOAD_SLOTS; k++)
-    if (o->slots[k].unit == u) return k;
+    if (o->slots[k].unit == u && o->slots[k].piece == p) return k;
   return -1;
 }
 
@@ -155,12 +173,6 @@ static int victim(const ts_offload *o) {
   return best;
 }
 
-static void point(ts_engine *e, int u, const slot *k) {
-  unit_state *s = &e->units[u];
-  s->master = k ? k->buf[MASTER] : NULL;
-  s->m = k ? k->buf[M] : NULL;
-  s->v = k ? k->buf[V] : NULL;
-}
 
 ts_status ts_offload_open(ts_engine *e) {
   const ts_model *m = e->model;
@@ -169,6 +181,7 @@ ts_status ts_offload_open(ts_engine *e) {
   e->offload = o;
   o->fd = -1;
   o->first = e->opts.dtype == TS_FP32 ? M : MASTER;
+  o->piece = e->opts.offload_piece ? e->opts.offload_piece : TS_OFFLOAD_PIECE;
   snprintf(o->where, sizeof o->where, "%s", e->opts.offload_dir);
   for (int k = 0; k < TS_OFFLOAD_SLOTS; k++) o->slots[k].unit = o->slots[k].last_job = -1;
   pthread_mutex_init(&o->mu, NULL);
@@ -185,13 +198,13 @@ ts_status ts_offload_open(ts_engine *e) {
     o->disk += (size_t)arrays * stride(o, u);
     if (o->first == MASTER) o->disk_master += stride(o, u);
     o->disk_optim += 2 * stride(o, u);
-    if (stride(o, u) > o->stride_max) o->stride_max = stride(o, u);
+    if (piece_bytes(o, u, 0) > o->slot_bytes) o->slot_bytes = piece_bytes(o, u, 0);
   }
-  /* the slots: ALIGN more than the largest array, for O_DIRECT's alignment */
+  /* the slots: ALIGN more than the largest piece, for O_DIRECT's alignment */
   for (int k = 0; k < TS_OFFLOAD_SLOTS; k++)
     for (int a = o->first; a <= V; a++) {
       TS_CHECK(ts_ledger_alloc(&e->ledger, e->device, a == MASTER ? TS_MEM_MASTER : TS_MEM_OPTIM,
-                               o->stride_max + ALIGN, &o->slots[k].block[a]));
+                               o->slot_bytes + ALIGN, &o->slots[k].block[a]));
       uintptr_t p = (uintptr_t)o->slots[k].block[a];
       o->slots[k].buf[a] = (float *)((p + ALIGN - 1) / ALIGN * ALIGN);
     }
@@ -247,9 +260,6 @@ void ts_offload_close(ts_engine *e) {
   if (o->fd >= 0) close(o->fd);
   for (int k = 0; k < TS_OFFLOAD_SLOTS; k++)
     for (int a = MASTER; a <= V; a++) ts_ledger_free(&e->ledger, o->slots[k].block[a]);
-  if (o->n) { /* the units' pointers into the slots */
-    for (int u = e->pipe.u_begin; u < e->pipe.u_end; u++) point(e, u, NULL);
-  }
   ts_ledger_discharge_disk(&e->ledger, TS_MEM_MASTER, o->disk_master);
   ts_ledger_discharge_disk(&e->ledger, TS_MEM_OPTIM, o->disk_optim);
   pthread_mutex_destroy(&o->mu);
@@ -262,19 +272,27 @@ void ts_offload_close(ts_engine *e) {
   e->offload = NULL;
 }
 
-ts_status ts_offload_acquire(ts_engine *e, int u) {
+int ts_offload_pieces(const ts_engine *e, int u) {
+  const ts_offload *o = e->offload;
+  return o->n[u] ? (int)((o->n[u] + o->piece - 1) / o->piece) : 0;
+}
+
+size_t ts_offload_piece_first(const ts_engine *e, int p) { return piece_lo(e->offload, p); }
+
+ts_status ts_offload_acquire(ts_engine *e, int u, int p, float *arr[3]) {
   ts_offload *o = e->offload;
   pthread_mutex_lock(&o->mu);
   ts_status st = job_error(o);
-  int k = st == TS_OK ? slot_of(o, u) : -1;
+  int k = st == TS_OK ? slot_of(o, u, p) : -1;
   if (st == TS_OK && k < 0) {
     k = victim(o);
     if (k < 0) {
-      st = ts_set_error(TS_ERR_INTERNAL, "offload: unit %d acquired with all %d slots held", u,
-                        TS_OFFLOAD_SLOTS);
+      st = ts_set_error(TS_ERR_INTERNAL, "offload: unit %d piece %d acquired with all %d slots held",
+                        u, p, TS_OFFLOAD_SLOTS);
     } else {
       o->slots[k].unit = u;
-      queue_job(e, o, k, u, 0);
+      o->slots[k].piece = p;
+      queue_job(e, o, k, u, p, 0);
     }
   }
   if (st == TS_OK) {
@@ -285,41 +303,76 @@ ts_status ts_offload_acquire(ts_engine *e, int u) {
     s->last_job = -1;
     while (s->pending) pthread_cond_wait(&o->done, &o->mu);
     st = job_error(o);
-    if (st == TS_OK) point(e, u, s);
+    for (int a = MASTER; a <= V; a++) arr[a] = s->buf[a]; /* master NULL in fp32 */
+    if (st != TS_OK) s->uses--;
   }
   pthread_mutex_unlock(&o->mu);
   return st;
 }
 
-ts_status ts_offload_release(ts_engine *e, int u, int dirty) {
+ts_status ts_offload_release(ts_engine *e, int u, int p, int dirty) {
   ts_offload *o = e->offload;
   pthread_mutex_lock(&o->mu);
-  int k = slot_of(o, u);
+  int k = slot_of(o, u, p);
   TS_ASSERT(k >= 0 && o->slots[k].uses > 0);
   o->slots[k].dirty |= dirty;
   if (--o->slots[k].uses == 0) {
-    if (o->slots[k].dirty) queue_job(e, o, k, u, 1);
+    if (o->slots[k].dirty) queue_job(e, o, k, u, p, 1);
     o->slots[k].dirty = 0;
-    point(e, u, NULL);
   }
   ts_status st = job_error(o);
   pthread_mutex_unlock(&o->mu);
   return st;
 }
 
-void ts_offload_prefetch(ts_engine *e, int u) {
+void ts_offload_prefetch(ts_engine *e, int u, int p) {
   ts_offload *o = e->offload;
-  if (u < e->pipe.u_begin || u >= e->pipe.u_end) return;
+  if (u < e->pipe.u_begin || u >= e->pipe.u_end || p < 0 || p >= ts_offload_pieces(e, u)) return;
   pthread_mutex_lock(&o->mu);
-  if (slot_of(o, u) < 0) {
+  if (slot_of(o, u, p) < 0) {
     int k = victim(o);
     if (k >= 0) {
       o->slots[k].unit = u;
+      o->slots[k].piece = p;
       o->slots[k].used_at = ++o->clock;
-      queue_job(e, o, k, u, 0);
+      queue_job(e, o, k, u, p, 0);
     }
   }
   pthread_mutex_unlock(&o->mu);
+}
+
+ts_status ts_offload_each(ts_engine *e, int u, size_t lo, size_t n, int dirty,
+                          ts_status (*fn)(void *arg, float *const arr[3], size_t first,
+                                          size_t count),
+                          void *arg) {
+  const ts_offload *o = e->offload;
+  ts_status st = TS_OK;
+  for (size_t i = lo; i < lo + n && st == TS_OK;) {
+    int p = (int)(i / o->piece);
+    size_t end = piece_lo(o, p) + piece_len(o, u, p);
+    if (end > lo + n) end = lo + n;
+    float *arr[3];
+    TS_CHECK(ts_offload_acquire(e, u, p, arr));
+    float *at[3]; /* element i of each array */
+    for (int a = MASTER; a <= V; a++) at[a] = arr[a] ? arr[a] + (i - piece_lo(o, p)) : NULL;
+    st = fn(arg, at, i, end - i);
+    ts_status r = ts_offload_release(e, u, p, dirty && st == TS_OK);
+    if (st == TS_OK) st = r;
+    i = end;
+  }
+  return st;
+}
+
+/* ts_offload_peek's part: a piece's elements of one array into the copy. */
+typedef struct peek_arg {
+  float *dst;
+  int array;
+} peek_arg;
+
+static ts_status peek_part(void *arg, float *const arr[3], size_t first, size_t count) {
+  const peek_arg *q = arg;
+  memcpy(q->dst + first, arr[q->array], count * sizeof(float));
+  return TS_OK;
 }
 
 const float *ts_offload_peek(ts_engine *e, int u, int array) {
@@ -335,9 +388,8 @@ const float *ts_offload_peek(ts_engine *e, int u, int array) {
     o->peek = p;
     o->peek_n = n;
   }
-  if (ts_offload_acquire(e, u) != TS_OK) return NULL;
-  memcpy(o->peek, o->slots[slot_of(o, u)].buf[array], n * sizeof(float));
-  return ts_offload_release(e, u, 0) == TS_OK ? o->peek : NULL;
+  peek_arg q = {o->peek, array};
+  return ts_offload_each(e, u, 0, n, 0, peek_part, &q) == TS_OK ? o->peek : NULL;
 }
 
 /* The plan device's store: the bytes charged, no file, no thread (every

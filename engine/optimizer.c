@@ -3,9 +3,9 @@
  * (reduce.c) has summed the global norm and the loss. OPTIMIZER: the
  * overflow decision (a non-finite norm, or without loss scaling a
  * non-finite loss) and the whole skip, else the clip factor and AdamW's
- * t; OPTIMIZER_UNIT: a unit's AdamW on this rank's part (offloaded: its
- * state read in, the next unit's read started, its own written back
- * behind) and the all-gather of its update; OPTIMIZER_END: the all-gathers ended, the tied head's
+ * t; OPTIMIZER_UNIT: a unit's AdamW on this rank's part (offloaded: piece
+ * by piece, each read in, the next one's read started, its own written
+ * back behind) and the all-gather of its update; OPTIMIZER_END: the all-gathers ended, the tied head's
  * replica, gradients zeroed, the loss scaler told. Calls nothing of the
  * executor. */
 #include <math.h>
@@ -51,12 +51,17 @@ ts_status ts_engine_optimizer_unit_action(ts_engine *e, int u, float lr) {
   unit_state *s = &e->units[u];
   ts_status st = ts_engine_comm_wait(e, &s->reduce_ag_req, TS_SPAN_ALL_GATHER, u);
   ts_engine_span_begin(e, TS_SPAN_OPTIMIZER, u); /* the unit's AdamW, inside the update's */
-  if (st == TS_OK && e->offload) { /* its state in memory, the next unit's read behind it */
-    st = ts_offload_acquire(e, u);
-    ts_offload_prefetch(e, u + 1);
-    if (st == TS_OK) {
-      st = ts_engine_adamw_unit(e, u, lr, e->update.scale);
-      ts_status w = ts_offload_release(e, u, st == TS_OK); /* written back behind the next */
+  if (st == TS_OK && e->offload) { /* piece by piece, the next one read behind each */
+    int pieces = ts_offload_pieces(e, u);
+    for (int p = 0; p < pieces && st == TS_OK; p++) {
+      float *at[3];
+      st = ts_offload_acquire(e, u, p, at);
+      if (p + 1 < pieces) ts_offload_prefetch(e, u, p + 1);
+      else ts_offload_prefetch(e, u + 1, 0);
+      if (st != TS_OK) break;
+      size_t lo = ts_offload_piece_first(e, p), hi = ts_offload_piece_first(e, p + 1);
+      st = ts_engine_adamw_part(e, u, lr, e->update.scale, lo, hi, at);
+      ts_status w = ts_offload_release(e, u, p, st == TS_OK); /* written back behind the next */
       if (st == TS_OK) st = w;
     }
   } else if (st == TS_OK) {
@@ -116,7 +121,7 @@ ts_status ts_engine_optimizer_action(ts_engine *e, float lr, ts_step_stats *stat
   e->update.scale = scale / loss_scale; /* unscale: exact for a power of two */
   e->update.norm = norm;
   e->optim.step++;
-  if (e->offload) ts_offload_prefetch(e, e->pipe.u_begin); /* the first unit's state */
+  if (e->offload) ts_offload_prefetch(e, e->pipe.u_begin, 0); /* the first piece */
   ts_engine_span_begin(e, TS_SPAN_OPTIMIZER, -1); /* ended by OPTIMIZER_END */
   return TS_OK;
 }

@@ -36,6 +36,12 @@ size_t ts_engine_held_offset(const ts_engine *e, int u, int sharded, size_t flat
  * tensor's part with its own weight decay; scale multiplies the gradient
  * first. */
 ts_status ts_engine_adamw_unit(ts_engine *e, int u, float lr, float scale);
+/* The same on elements [lo, hi) of the unit's optimizer state alone, whose
+ * master (NULL in fp32: the parameters are the masters), m and v arrays
+ * start at at[0..2] with element lo (an offloaded piece, offload.h); the
+ * same bits as the whole unit's, piece by piece (AdamW is elementwise). */
+ts_status ts_engine_adamw_part(ts_engine *e, int u, float lr, float scale, size_t lo, size_t hi,
+                               float *const at[3]);
 
 /* Writes this rank's part of Adam's moment `which` (0: m, 1: v) of tensor
  * i of unit u (owned, asserted) from src, the whole tensor as fp32 host

@@ -66,25 +66,39 @@ static int ts_slice_next(ts_slice_iter *it, ts_slice *s) {
 
 /* ---- AdamW ------------------------------------------------------------------- */
 
-ts_status ts_engine_adamw_unit(ts_engine *e, int u, float lr, float scale) {
+ts_status ts_engine_adamw_part(ts_engine *e, int u, float lr, float scale, size_t lo, size_t hi,
+                               float *const at[3]) {
   unit_state *s = &e->units[u];
   const ts_zero_policy *z = e->zero;
   ts_dtype dt = e->opts.dtype;
   ts_slice_iter it = ts_slices(e, u, z->shard_optim);
   ts_slice sl;
   while (ts_slice_next(&it, &sl)) {
+    /* the slice's elements of the optimizer state inside [lo, hi) */
+    size_t a = sl.offset > lo ? sl.offset : lo, b = sl.offset + (sl.end - sl.begin);
+    if (b > hi) b = hi;
+    if (a >= b) continue;
+    size_t d = a - sl.offset; /* from the slice's start */
     const ts_tensor_spec *t = &e->model->units[u].tensors[sl.tensor];
     ts_adamw_hparams hp = {lr, e->opts.beta1, e->opts.beta2, e->opts.eps,
                            t->decay ? e->opts.weight_decay : 0.0f, e->optim.step, scale};
-    char *param = (char *)s->params + ts_engine_held_offset(e, u, z->shard_params, sl.begin) * e->es;
+    char *param =
+        (char *)s->params + (ts_engine_held_offset(e, u, z->shard_params, sl.begin) + d) * e->es;
     const char *grad =
-        (const char *)s->grads + ts_engine_held_offset(e, u, z->shard_grads, sl.begin) * e->es;
+        (const char *)s->grads + (ts_engine_held_offset(e, u, z->shard_grads, sl.begin) + d) * e->es;
     /* fp32: the compute parameters are the master weights */
-    float *master = s->master ? s->master + sl.offset : (float *)param;
-    TS_CHECK(ts_k_adamw(&e->ctx, master, s->master ? param : NULL, dt, s->m + sl.offset,
-                        s->v + sl.offset, grad, dt, sl.end - sl.begin, &hp));
+    float *master = at[0] ? at[0] + (a - lo) : (float *)param;
+    TS_CHECK(ts_k_adamw(&e->ctx, master, at[0] ? param : NULL, dt, at[1] + (a - lo),
+                        at[2] + (a - lo), grad, dt, b - a, &hp));
   }
   return TS_OK;
+}
+
+ts_status ts_engine_adamw_unit(ts_engine *e, int u, float lr, float scale) {
+  unit_state *s = &e->units[u];
+  float *const at[3] = {s->master, s->m, s->v};
+  size_t n = e->zero->shard_optim ? s->layout.shard : s->layout.padded;
+  return ts_engine_adamw_part(e, u, lr, scale, 0, n, at);
 }
 
 /* ---- the overflow search -------------------------------------------------------- */
@@ -174,6 +188,21 @@ static ts_status find(const ts_engine *e, const char *name, size_t numel, int pa
   return TS_OK;
 }
 
+/* Host values into an offloaded state array, a piece at a time
+ * (offload.h ts_offload_each): array 0 master, 1 m, 2 v; src is element
+ * `lo` of the state's range. */
+typedef struct state_copy {
+  ts_engine *e;
+  const float *src;
+  size_t lo;
+  int array;
+} state_copy;
+
+static ts_status copy_state(void *arg, float *const at[3], size_t first, size_t count) {
+  const state_copy *c = arg;
+  return ts_k_from_host(&c->e->ctx, at[c->array], c->src + (first - c->lo), count * 4);
+}
+
 ts_status ts_engine_set_tensor(ts_engine *e, const char *name, const float *src, size_t numel) {
   int u, i;
   TS_CHECK(find(e, name, numel, 1, &u, &i));
@@ -188,14 +217,12 @@ ts_status ts_engine_set_tensor(ts_engine *e, const char *name, const float *src,
   /* master weights: bf16/fp16, on units this stage updates (a tied head's
    * replica of its lender holds parameters only) */
   if (e->opts.dtype == TS_FP32 || !ts_engine_owns(e, u) || o.end == o.begin) return TS_OK;
-  if (e->offload) TS_CHECK(ts_offload_acquire(e, u));
-  ts_status st = ts_k_from_host(&e->ctx, s->master + o.offset, src + (o.begin - t->offset),
-                                (o.end - o.begin) * 4);
+  const float *from = src + (o.begin - t->offset);
   if (e->offload) {
-    ts_status w = ts_offload_release(e, u, st == TS_OK);
-    if (st == TS_OK) st = w;
+    state_copy c = {e, from, o.offset, 0};
+    return ts_offload_each(e, u, o.offset, o.end - o.begin, 1, copy_state, &c);
   }
-  return st;
+  return ts_k_from_host(&e->ctx, s->master + o.offset, from, (o.end - o.begin) * 4);
 }
 
 ts_status ts_engine_set_state(ts_engine *e, int u, int i, int which, const float *src) {
@@ -205,14 +232,13 @@ ts_status ts_engine_set_state(ts_engine *e, int u, int i, int which, const float
   const ts_tensor_spec *t = &e->model->units[u].tensors[i];
   ts_slice o = ts_slice_of(e, u, i, e->zero->shard_optim);
   if (o.end == o.begin) return TS_OK;
-  if (e->offload) TS_CHECK(ts_offload_acquire(e, u));
-  float *dst = (which == 0 ? s->m : s->v) + o.offset;
-  ts_status st = ts_k_from_host(&e->ctx, dst, src + (o.begin - t->offset), (o.end - o.begin) * 4);
+  const float *from = src + (o.begin - t->offset);
   if (e->offload) {
-    ts_status w = ts_offload_release(e, u, st == TS_OK);
-    if (st == TS_OK) st = w;
+    state_copy c = {e, from, o.offset, 1 + which};
+    return ts_offload_each(e, u, o.offset, o.end - o.begin, 1, copy_state, &c);
   }
-  return st;
+  float *dst = (which == 0 ? s->m : s->v) + o.offset;
+  return ts_k_from_host(&e->ctx, dst, from, (o.end - o.begin) * 4);
 }
 
 ts_status ts_engine_get_tensor(ts_engine *e, const char *name, float *dst, size_t numel) {

@@ -122,6 +122,7 @@ struct TrainSetup {
   size_t comm_chunk = 0;           // staged: bytes per rank's part of a chunk (0: 1 MiB)
   int shard_group = 0;             // hybrid sharding: ZeRO within groups of S ranks
   bool offload = false;            // the optimizer state in a file under OffloadDir()
+  size_t offload_piece = 0;        // its pieces' elements (0: the default)
 };
 
 // The offload folder of this test process ($TEST_TMPDIR, or /tmp).
@@ -161,6 +162,7 @@ ts_engine_opts OptsOf(const TrainSetup &s, size_t N) {
   o.loss_scale_window = s.loss_scale_window;
   o.min_loss_scale = s.min_loss_scale;
   o.offload_dir = s.offload ? OffloadDir() : nullptr;
+  o.offload_piece = s.offload_piece;
   return o;
 }
 
@@ -606,13 +608,15 @@ struct CallLog {
   int blocking = 0;
 };
 
-// Offload to a disk (opts.offload_dir): the optimizer state streamed per
-// unit through a scratch file gives the bits of the state in memory —
+// Offload to a disk (opts.offload_dir): the optimizer state streamed in
+// pieces through a scratch file gives the bits of the state in memory —
 // parameters, the losses of every step, and the optimizer state — at ZeRO
 // 0-3, in fp32, bf16 and fp16 (loss scaling, an overflow skipping a step
 // on every rank), with accumulation 2 and the tied head, with checkpointing
-// of every block, and with hybrid sharding on 4 ranks. Its memory holds
-// three units' state, and the disk the whole of it.
+// of every block, and with hybrid sharding on 4 ranks; with whole units as
+// pieces (the default's 4 Mi elements exceed these units) and with pieces
+// of 1024 elements, which cut units and tensors. Memory holds three pieces'
+// state, and the disk the whole of it.
 TEST(Offload, ToADiskGivesTheBitsOfTheStateInMemory) {
   size_t N = (size_t)ts_comm_size(World());
   for (ts_dtype dt : {TS_FP32, TS_BF16, TS_FP16})
@@ -638,6 +642,14 @@ TEST(Offload, ToADiskGivesTheBitsOfTheStateInMemory) {
       if (dt == TS_FP16) {
         EXPECT_EQ(disk.stats[1].skipped, 1);
       }
+      s.offload_piece = 1024;
+      TrainRun small = Train(World(), s);
+      s.offload_piece = 0;
+      EXPECT_TRUE(BitwiseEqual(mem.params, small.params)) << "pieces of 1024";
+      EXPECT_TRUE(BitwiseEqual(mem.state, small.state)) << "pieces of 1024";
+      EXPECT_EQ(mem.losses, small.losses);
+      // three pieces of 1024 elements per array in memory: less than whole units
+      EXPECT_LT(small.at_end.current[TS_MEM_OPTIM], disk.at_end.current[TS_MEM_OPTIM]);
       // the state left memory for the disk: master (bf16/fp16) and optim
       size_t in_memory = mem.at_end.current[TS_MEM_OPTIM] + mem.at_end.current[TS_MEM_MASTER];
       EXPECT_EQ(disk.disk.current[TS_MEM_MASTER] > 0, dt != TS_FP32);
@@ -984,6 +996,9 @@ TEST(MemoryPlan, EqualsTheLedgerOfARealRunToTheByte) {
             s.offload = true;
             SCOPED_TRACE("offload");
             ExpectPlanMatchesRun(s);
+            s.offload_piece = 2048;
+            ExpectPlanMatchesRun(s);
+            s.offload_piece = 0;
             s.offload = false;
           }
         }

@@ -208,9 +208,11 @@ int ts_tool_estimate(int argc, char **argv) {
                      "default): the category staging, one rank file"),
       TS_FLAG_STRING("--offload-dir", NULL, &opts.offload_dir, "DIR",
                      "plan train --offload-dir: the optimizer state (master, optim) on a disk, "
-                     "three units' of it in memory; the disk's bytes in rows of their own (the "
+                     "three pieces of it in memory; the disk's bytes in rows of their own (the "
                      "folder is not touched)",
                      &act_flag),
+      TS_FLAG_SIZE("--offload-piece", NULL, &opts.offload_piece, 1024, "ELEMENTS",
+                   "--offload-dir: elements per streamed piece (default 4194304)", &act_flag),
       TS_FLAG_CHOICE("--units", NULL, &unit_index, UNIT_NAMES, "unit of the table (default GiB)",
                      NULL),
       TS_FLAG_SWITCH("--json", NULL, &json,

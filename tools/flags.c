@@ -43,6 +43,7 @@ static const struct {
     {"recompute_every", "--activation-checkpointing"},
     {"keep_gathered", "--reshard-after-forward"},
     {"offload_dir", "--offload-dir"},
+    {"offload_piece", "--offload-piece"},
     {"overlap", "--overlap"},
     {"comm_chunk_bytes", "--comm-chunk"},
     {"comm", "--comm"},

@@ -303,6 +303,8 @@ int ts_tool_simulate(int argc, char **argv) {
                      "disk ahead of its update and written back behind it, one job at a time "
                      "(the folder is not touched)",
                      NULL),
+      TS_FLAG_SIZE("--offload-piece", NULL, &opts.offload_piece, 1024, "ELEMENTS",
+                   "--offload-dir: elements per streamed piece (default 4194304)", NULL),
       TS_FLAG_FLOAT("--disk-read", NULL, &disk_read, "GB/s",
                     "--offload-dir: the disk's read rate (default 7: an NVMe SSD on PCIe 4)",
                     NULL),

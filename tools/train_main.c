@@ -438,11 +438,15 @@ int ts_tool_train(int argc, char **argv) {
                    "pipeline stages (default 1: none); P must divide the ranks", NULL),
       TS_FLAG_STRING("--offload-dir", NULL, &e->offload_dir, "DIR",
                      "keep each rank's optimizer state (fp32 master weights, Adam m and v) in a "
-                     "scratch file under DIR, a local disk, streamed per unit: memory holds "
-                     "three units' state; the same bits (ZeRO-Infinity's disk offload; cpu "
+                     "scratch file under DIR, a local disk, streamed in pieces: memory holds "
+                     "three pieces of it; the same bits (ZeRO-Infinity's disk offload; cpu "
                      "device). The file is removed however the run ends; checkpoints hold the "
                      "state as always",
                      NULL),
+      TS_FLAG_SIZE("--offload-piece", NULL, &e->offload_piece, 1024, "ELEMENTS",
+                   "--offload-dir: elements per streamed piece, a multiple of 1024; memory holds "
+                   "three pieces of the state (default 4194304: 16 MiB per array)",
+                   NULL),
       TS_FLAG_CUSTOM("--schedule", NULL, &e->schedule, parse_schedule, "gpipe|1f1b",
                      "pipeline schedule (default 1f1b)", NULL),
       TS_FLAG_STRING("--pipeline-split", NULL, &e->pipeline_split, "auto|a,b,...",
