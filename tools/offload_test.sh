@@ -96,6 +96,11 @@ exact "--offload-dir missing" 1 \
   "$bin" train "${common[@]}" --steps 2 --offload-dir "$tmp/none"
 exact "--offload-dir \"\"" 1 "tessera train: --offload-dir \"\": expected a folder" \
   "$bin" train "${common[@]}" --steps 2 --offload-dir ""
+exact "--offload-piece not a multiple of 1024" 2 \
+  "tessera train: --offload-piece 1500: expected a multiple of 1024 elements" \
+  "$bin" train "${common[@]}" --steps 2 --offload-dir "$tmp/off" --offload-piece 1500
+exact "--offload-piece alone" 2 "tessera train: --offload-piece applies to --offload-dir only" \
+  "$bin" train "${common[@]}" --steps 2 --offload-piece 2048
 exact "--offload-dir on cuda" 2 \
   "tessera estimate: --offload-dir $tmp/off on cuda: the GPU's offload is not built yet; expected the cpu device" \
   "$bin" estimate --model llama-tiny --device cuda --offload-dir "$tmp/off"

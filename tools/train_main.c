@@ -528,6 +528,11 @@ int ts_tool_train(int argc, char **argv) {
                           "--grad-clip %g: expected a gradient-norm bound >= 0 (0: no "
                           "clipping)",
                           (double)e->grad_clip);
+  if (e->offload_piece && !e->offload_dir)
+    return ts_flags_error("train", "--offload-piece applies to --offload-dir only");
+  if (e->offload_piece % 1024)
+    return ts_flags_error("train", "--offload-piece %zu: expected a multiple of 1024 elements",
+                          e->offload_piece);
   e->zero_stage = (int)zero;
   e->pipeline_stages = (int)pipeline;
   if (shard_group > (size_t)INT32_MAX)
