@@ -173,7 +173,6 @@ static int victim(const ts_offload *o) {
   return best;
 }
 
-
 ts_status ts_offload_open(ts_engine *e) {
   const ts_model *m = e->model;
   ts_offload *o = calloc(1, sizeof *o);
