@@ -805,6 +805,7 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
       res->stopped_at = step;
       res->seconds = now_s() - t_loop;
       res->memory = *ts_engine_memory(r->engine);
+      res->disk = *ts_engine_disk(r->engine);
       return TS_OK;
     }
     double val, acc;
@@ -828,6 +829,7 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
   /* the optimizer steps' waits for the copies (CPU: made beside forward and backward) */
   res->save_seconds += ts_checkpoint_staging_wait_seconds(r->engine);
   res->memory = *ts_engine_memory(r->engine);
+  res->disk = *ts_engine_disk(r->engine);
   if (r->trace) TS_CHECK(ts_trace_write(r->trace, r->world, cfg->trace_path));
   return write_summary(r, res);
 }

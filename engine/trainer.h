@@ -159,6 +159,8 @@ typedef struct ts_train_result {
   uint64_t comm_bytes_per_step; /* bytes this rank sent in the last step */
   uint64_t comm_remote_bytes_per_step; /* of them, to ranks on other nodes (hosts) */
   ts_mem_account memory;   /* this rank's memory counters at the end (peaks) */
+  ts_mem_account disk;     /* this rank's bytes on a disk (engine.h ts_engine_disk: the
+                              offload folder's file; all zero without offload) */
   int setup_failed;        /* on error: 1 when it happened during setup, where
                               every rank agrees and returns an error */
   int failed_elsewhere;    /* on a setup (or agreed) error: 1 when another rank

@@ -53,6 +53,9 @@ for run in "1 --dtype bf16" "2 --zero 3 --dtype bf16" "2 --zero 1" "2 --pipeline
   check_eq "offloaded $run: the same steps" "$(steps "$a")" "$(steps "$b")"
   check_eq "offloaded $run: the same checkpoint" "$(shas "$tmp/p$tag/step-00000006")" \
     "$(shas "$tmp/o$tag/step-00000006")"
+  check "offloaded $run: the summary names the disk's bytes" \
+    "offload: rank 0 kept " "$b"
+  absent "plain $run: no offload line" "offload: rank 0" "$a"
 done
 
 # 2. checkpoints both ways, 2 ranks ZeRO-2 fp16 (loss scaling's state too)

@@ -204,6 +204,10 @@ static void print_summary(const ts_train_config *cfg, const ts_train_result *res
     printf("%s%s %.2f", c ? ", " : "", ts_mem_category_name((ts_mem_category)c),
            (double)l->peak[c] / MiB);
   printf(")\n");
+  if (cfg->engine.offload_dir)
+    printf("offload: rank 0 kept %.2f MiB of optimizer state in %s (master %.2f, optim %.2f)\n",
+           (double)res->disk.peak_total / MiB, cfg->engine.offload_dir,
+           (double)res->disk.peak[TS_MEM_MASTER] / MiB, (double)res->disk.peak[TS_MEM_OPTIM] / MiB);
   int S = ts_engine_shard_size(&cfg->engine, res->world_size / P);
   if (S < res->world_size / P)
     printf(
