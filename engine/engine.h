@@ -222,9 +222,10 @@ typedef struct ts_engine_opts {
                           ts_checkpoint_save_async */
   /* Offload to a local disk (DESIGN.md "Offload"; ZeRO-Infinity): NULL,
    * or a folder where this rank keeps its optimizer state (fp32 master
-   * weights in bf16/fp16, Adam's m and v) in a scratch file, streamed per
-   * unit through three units' buffers (engine/offload.h): memory holds
-   * the units in flight only; the ledger's disk account charges the file.
+   * weights in bf16/fp16, Adam's m and v) in a scratch file, streamed in
+   * pieces (offload_piece) through three buffers (engine/offload.h):
+   * memory holds the pieces in flight only; the ledger's disk account
+   * charges the file.
    * The bits are those without it. CPU device (the GPU's offload is not
    * built yet). Borrowed: it must outlive the engine. */
   const char *offload_dir;
