@@ -65,10 +65,12 @@ typedef struct ts_step_observer {
   /* The step begins to wait for started call id (-1: one started before
    * the watcher was on its group). */
   void (*call_wait)(void *user, struct ts_engine *e, int64_t id);
-  /* Offload (engine/offload.h): unit `unit`'s optimizer state, `bytes` of
-   * it, queued to be read from the disk (write 0) or written back (1), as
-   * job id (0, 1, ... in queue order, one I/O channel), on the thread that
-   * queued it (the step's, or an asynchronous save's writer). */
+  /* Offload (engine/offload.h): a piece of unit `unit`'s optimizer state,
+   * `bytes` of it, queued to be read from the disk (write 0) or written
+   * back (1) as job id: the engine numbers its jobs 0, 1, ... in queue
+   * order from its creation (one I/O channel), so the first an observer
+   * sees may be above 0. Told on the thread that queued it (the step's,
+   * or an asynchronous save's writer). */
   void (*io)(void *user, struct ts_engine *e, int write, int unit, uint64_t bytes, int64_t id);
   /* The caller begins to wait for queued job id (a unit's state needed). */
   void (*io_wait)(void *user, struct ts_engine *e, int64_t id);
