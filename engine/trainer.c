@@ -18,6 +18,7 @@
 #include "base/atomic_file.h"
 #include "engine/checkpoint.h"
 #include "engine/engine_testing.h"
+#include "engine/host_memory.h"
 #include "engine/host_weights.h"
 #include "engine/loader.h"
 #include "engine/metrics.h"
@@ -284,55 +285,6 @@ static ts_status open_resume(run *r) {
   return TS_OK;
 }
 
-/* The smallest memory limit in file `leaf` (memory.max, or v1's
- * memory.limit_in_bytes) of cgroup `group` under `root` and its parents
- * (those below the root), into *limit (-1: none yet). "max" and v1's
- * unlimited value (at least 2^60) are no limit. */
-static void cgroup_limit_walk(const char *root, char *group, const char *leaf, double *limit) {
-  char path[4400], v[64];
-  for (;;) {
-    snprintf(path, sizeof path, "%s%s/%s", root, strcmp(group, "/") ? group : "", leaf);
-    FILE *m = fopen(path, "r");
-    if (m && fgets(v, sizeof v, m) && strncmp(v, "max", 3) != 0) {
-      double x = strtod(v, NULL);
-      if (x > 0 && x < 1152921504606846976.0 && (*limit < 0 || x < *limit)) *limit = x;
-    }
-    if (m) fclose(m);
-    char *slash = strrchr(group, '/');
-    if (!slash || slash == group) break; /* the root group has no limit of its own */
-    *slash = '\0';
-  }
-}
-
-/* The memory limit of this process's cgroup, or -1 when none is set or
- * readable: cgroup v2 (the "0::" line; /sys/fs/cgroup, or /sys/fs/cgroup/
- * unified on a hybrid host) or v1's memory controller. */
-static double cgroup_memory_limit(void) {
-  FILE *f = fopen("/proc/self/cgroup", "r");
-  char line[4096];
-  double limit = -1.0;
-  if (!f) return limit;
-  while (fgets(line, sizeof line, f)) {
-    line[strcspn(line, "\n")] = '\0';
-    char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
-    if (!c2) continue;
-    *c2 = '\0';
-    const char *controllers = c1 + 1;
-    char group[4096];
-    if (!*controllers) { /* v2 */
-      snprintf(group, sizeof group, "%s", c2 + 1);
-      cgroup_limit_walk("/sys/fs/cgroup", group, "memory.max", &limit);
-      snprintf(group, sizeof group, "%s", c2 + 1);
-      cgroup_limit_walk("/sys/fs/cgroup/unified", group, "memory.max", &limit);
-    } else if (strstr(controllers, "memory")) { /* v1 */
-      snprintf(group, sizeof group, "%s", c2 + 1);
-      cgroup_limit_walk("/sys/fs/cgroup/memory", group, "memory.limit_in_bytes", &limit);
-    }
-  }
-  fclose(f);
-  return limit;
-}
-
 /* Refuses a CPU plan this node cannot hold before anything is allocated:
  * the rank's ledger peak (ts_engine_plan, what `tessera estimate` prints)
  * times the ranks on this node against its physical memory, or the
@@ -348,7 +300,7 @@ static ts_status check_host_memory(run *r) {
                                      &disk));
   double ranks = ts_comm_local_size(); /* the world's ranks on this host */
   double mem = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGE_SIZE);
-  double cgroup = cgroup_memory_limit();
+  double cgroup = ts_cgroup_memory_limit();
   int limited = cgroup > 0 && (mem <= 0 || cgroup < mem);
   if (limited) mem = cgroup;
   const double GiB = 1024.0 * 1024.0 * 1024.0;
