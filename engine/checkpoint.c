@@ -145,6 +145,14 @@ static const char *held_chunk(const ts_engine *e, const chunk *c) {
   return buf + ts_engine_held_offset(e, c->unit, sharded, c->begin) * c->es;
 }
 
+/* Whether chunk c's bytes are host memory where the engine holds them:
+ * everything on the CPU, beside a device the optimizer state in host
+ * memory (ts_engine_state_on_host). */
+static int chunk_on_host(const ts_engine *e, const chunk *c) {
+  return e->device == TS_DEVICE_CPU ||
+         (c->kind != TS_CHECKPOINT_PARAM && ts_engine_state_on_host(e));
+}
+
 /* Whether chunk c is optimizer state kept in an offload's file (its
  * pieces are acquired while their bytes are read: offload.h). */
 static int offloaded(const ts_engine *e, const chunk *c) {
@@ -200,7 +208,7 @@ static ts_status write_chunk(void *ctx, const chunk *c) {
     TS_CHECK(each_part(e, c, &q, write_part));
   } else {
     const char *src = w->staged ? w->staged + c->offset : held_chunk(e, c);
-    if (!w->staged && e->device != TS_DEVICE_CPU) {
+    if (!w->staged && !chunk_on_host(e, c)) {
       TS_CHECK(ts_k_to_host(&e->ctx, w->host, src, n));
       src = w->host;
     }
@@ -564,7 +572,7 @@ static ts_status stage_chunk(void *ctx, const chunk *c) {
     return each_part(e, c, &q, stage_part);
   }
   const char *src = held_chunk(e, c);
-  if (e->device != TS_DEVICE_CPU) return ts_k_to_host(&e->ctx, dst, src, n);
+  if (!chunk_on_host(e, c)) return ts_k_to_host(&e->ctx, dst, src, n);
   memcpy(dst, src, n);
   return TS_OK;
 }

@@ -50,7 +50,8 @@ typedef struct init_copy {
 
 static ts_status copy_master(void *arg, float *const at[3], size_t first, size_t count) {
   const init_copy *c = arg;
-  return ts_k_copy(&c->e->ctx, at[0], c->own + first, count * 4);
+  return ts_engine_state_on_host(c->e) ? ts_k_to_host(&c->e->ctx, at[0], c->own + first, count * 4)
+                                       : ts_k_copy(&c->e->ctx, at[0], c->own + first, count * 4);
 }
 
 /* Initialises unit u's parameters, identical on every rank: the full unit
@@ -73,7 +74,9 @@ static ts_status init_unit(ts_engine *e, int u) {
   init_copy c = {e, own};
   if (st == TS_OK && e->offload && ts_engine_owns(e, u) && dt != TS_FP32)
     st = ts_offload_each(e, u, 0, n_opt, 1, copy_master, &c);
-  if (st == TS_OK && s->master) st = ts_k_copy(&e->ctx, s->master, own, n_opt * 4);
+  if (st == TS_OK && s->master)
+    st = ts_engine_state_on_host(e) ? ts_k_to_host(&e->ctx, s->master, own, n_opt * 4)
+                                    : ts_k_copy(&e->ctx, s->master, own, n_opt * 4);
   if (st == TS_OK)
     st = e->zero->shard_params ? ts_k_cast(&e->ctx, s->params, dt, full + r0, TS_FP32, S)
                                : ts_k_cast(&e->ctx, s->params, dt, full, TS_FP32, P);
@@ -82,18 +85,40 @@ static ts_status init_unit(ts_engine *e, int u) {
 }
 
 ts_status ts_engine_alloc_model_state(ts_ledger *ledger, ts_device dev, const ts_flat_layout *l,
-                                      const ts_zero_policy *z, ts_dtype dt, int offloaded,
+                                      const ts_zero_policy *z, ts_dtype dt, ts_state_place place,
                                       unit_state *s) {
   size_t P = l->padded, S = l->shard, es = ts_dtype_size(dt);
   TS_CHECK(ts_ledger_alloc(ledger, dev, TS_MEM_PARAMS, (z->shard_params ? S : P) * es, &s->params));
   TS_CHECK(ts_ledger_alloc(ledger, dev, TS_MEM_GRADS, (z->shard_grads ? S : P) * es, &s->grads));
-  if (offloaded) return TS_OK; /* the optimizer state: offload.c's */
+  if (place == TS_STATE_IN_FILE) return TS_OK; /* the optimizer state: offload.c's */
+  ts_device sd = place == TS_STATE_ON_HOST ? TS_DEVICE_CPU : dev;
   size_t n_opt = z->shard_optim ? S : P;
   if (dt != TS_FP32)
-    TS_CHECK(ts_ledger_alloc(ledger, dev, TS_MEM_MASTER, n_opt * 4, (void **)&s->master));
-  TS_CHECK(ts_ledger_alloc(ledger, dev, TS_MEM_OPTIM, n_opt * 4, (void **)&s->m));
-  TS_CHECK(ts_ledger_alloc(ledger, dev, TS_MEM_OPTIM, n_opt * 4, (void **)&s->v));
+    TS_CHECK(ts_ledger_alloc(ledger, sd, TS_MEM_MASTER, n_opt * 4, (void **)&s->master));
+  TS_CHECK(ts_ledger_alloc(ledger, sd, TS_MEM_OPTIM, n_opt * 4, (void **)&s->m));
+  TS_CHECK(ts_ledger_alloc(ledger, sd, TS_MEM_OPTIM, n_opt * 4, (void **)&s->v));
   return TS_OK;
+}
+
+/* Page-locks (ts_k_host_register) or unlocks the host blocks a of n beside
+ * a device; the message names what and why they are locked. */
+static ts_status lock_host(ts_engine *e, void *const *a, int n, const char *what) {
+  if (e->device == TS_DEVICE_CPU) return TS_OK;
+  for (int k = 0; k < n; k++) {
+    size_t bytes = ts_ledger_size(&e->ledger, a[k]);
+    if (a[k] && ts_k_host_register(&e->ctx, a[k], bytes) != TS_OK)
+      return ts_set_error(TS_ERR_OUT_OF_MEMORY,
+                          "`offload_optimizer`: cannot page-lock %zu bytes of host memory for %s "
+                          "(%s): expected a higher locked-memory limit (ulimit -l, the "
+                          "container's memlock) or less host memory in use",
+                          bytes, what, ts_last_error());
+  }
+  return TS_OK;
+}
+
+static void unlock_host(ts_engine *e, void *const *a, int n) {
+  if (e->device == TS_DEVICE_CPU) return;
+  for (int k = 0; k < n; k++) ts_k_host_unregister(&e->ctx, a[k]);
 }
 
 void ts_engine_free_model_state(ts_ledger *ledger, unit_state *s) {
@@ -126,8 +151,17 @@ static ts_status alloc_saved(ts_engine *e, act_slot *sl, int u) {
 static ts_status alloc_unit(ts_engine *e, int u) {
   unit_state *s = &e->units[u];
   TS_CHECK(init_layout(e, u));
+  ts_state_place place = e->offload                ? TS_STATE_IN_FILE
+                        : e->opts.offload_optimizer ? TS_STATE_ON_HOST
+                                                    : TS_STATE_ON_DEVICE;
   TS_CHECK(ts_engine_alloc_model_state(&e->ledger, e->device, &s->layout, e->zero, e->opts.dtype,
-                                       e->offload != NULL, s));
+                                       place, s));
+  if (place == TS_STATE_ON_HOST) {
+    void *const state[3] = {s->master, s->m, s->v};
+    char what[64];
+    snprintf(what, sizeof what, "unit %d's optimizer state", u);
+    TS_CHECK(lock_host(e, state, 3, what));
+  }
   s->recompute = ts_engine_is_recomputed(e->model, &e->opts, u);
   TS_CHECK(alloc_saved(e, &e->slots[0], u));
   size_t sb = ts_shard_scratch_bytes(&s->layout, e->opts.dtype);
@@ -208,6 +242,25 @@ static ts_status alloc_scalars(ts_engine *e) {
   return TS_OK;
 }
 
+/* The staged update's host pieces (ts_engine_update_staged): a gradient
+ * and a parameter piece of opts.offload_piece elements (default
+ * TS_OFFLOAD_PIECE), no longer than the largest unit's optimizer state. */
+static ts_status alloc_update_staging(ts_engine *e) {
+  size_t n = e->opts.offload_piece ? e->opts.offload_piece : TS_OFFLOAD_PIECE, most = 0;
+  for (int u = e->pipe.u_begin; u < e->pipe.u_end; u++) {
+    const ts_flat_layout *l = &e->units[u].layout;
+    size_t k = e->zero->shard_optim ? l->shard : l->padded;
+    if (k > most) most = k;
+  }
+  e->update.stage_n = n < most ? n : most;
+  TS_CHECK(ts_ledger_alloc(&e->ledger, TS_DEVICE_CPU, TS_MEM_STAGING, e->update.stage_n * e->es,
+                           &e->update.host_grad));
+  TS_CHECK(ts_ledger_alloc(&e->ledger, TS_DEVICE_CPU, TS_MEM_STAGING, e->update.stage_n * e->es,
+                           &e->update.host_param));
+  void *const both[2] = {e->update.host_grad, e->update.host_param};
+  return lock_host(e, both, 2, "the update's gradient and parameter pieces");
+}
+
 ts_status ts_engine_alloc(ts_engine *e) {
   const ts_model *m = e->model;
   ts_device dev = e->device;
@@ -233,6 +286,7 @@ ts_status ts_engine_alloc(ts_engine *e) {
    * larger of the two, not their sum. */
   for (int u = e->pipe.u_begin; u < e->pipe.u_end; u++) TS_CHECK(alloc_unit(e, u));
   if (e->pipe.replica) TS_CHECK(alloc_replica(e, e->pipe.lender));
+  if (ts_engine_update_staged(e)) TS_CHECK(alloc_update_staging(e));
   size_t ws = 0;
   for (int u = e->pipe.u_begin; u < e->pipe.u_end; u++) {
     size_t w = ts_unit_workspace_bytes(m, u, B, T, e->opts.dtype, dev);
@@ -318,11 +372,9 @@ static ts_status check_opts(const ts_model *model, const ts_engine_opts *opts) {
   if (opts->comm < TS_ENGINE_COMM_AUTO || opts->comm > TS_ENGINE_COMM_NCCL)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "`comm` %d: expected auto, mpi, staged or nccl",
                         opts->comm);
-  if (opts->offload_dir && opts->device != TS_DEVICE_CPU)
-    return ts_set_error(TS_ERR_UNSUPPORTED,
-                        "`offload_dir` %s on %s: the GPU's offload is not built yet; expected the "
-                        "cpu device",
-                        opts->offload_dir, ts_device_name(opts->device));
+  if (opts->offload_optimizer != 0 && opts->offload_optimizer != 1)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "`offload_optimizer` %d: expected 0 or 1",
+                        opts->offload_optimizer);
   if (opts->offload_dir && !opts->offload_dir[0])
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "`offload_dir` \"\": expected a folder");
   if (opts->offload_piece % 1024 || opts->offload_piece > ((size_t)1 << 40))
@@ -508,12 +560,20 @@ void ts_engine_free(ts_engine *e) {
   if (e->units) {
     for (int u = 0; u < e->model->n_units; u++) {
       unit_state *s = &e->units[u];
+      if (e->opts.offload_optimizer && !e->offload) {
+        void *const state[3] = {s->master, s->m, s->v};
+        unlock_host(e, state, 3);
+      }
       ts_engine_free_model_state(&e->ledger, s);
       ts_shard_release(&e->ledger, &s->full_params);
       ts_shard_release(&e->ledger, &s->full_grads);
     }
   }
   ts_shard_release(&e->ledger, &e->pipe.tied_grads);
+  void *const staging[2] = {e->update.host_grad, e->update.host_param};
+  unlock_host(e, staging, 2);
+  ts_ledger_free(&e->ledger, e->update.host_grad);
+  ts_ledger_free(&e->ledger, e->update.host_param);
   if (e->slots)
     for (int k = 0; k < e->n_slots; k++) free_slot(e, &e->slots[k]);
   if (e->batch.host_tokens != e->batch.tokens) ts_ledger_free(&e->ledger, e->batch.host_tokens);
@@ -557,6 +617,10 @@ const ts_mem_account *ts_engine_memory(const ts_engine *e) {
 }
 
 const ts_mem_account *ts_engine_disk(const ts_engine *e) { return ts_ledger_disk_account(&e->ledger); }
+
+const ts_mem_account *ts_engine_host_memory(const ts_engine *e) {
+  return ts_ledger_account(&e->ledger, TS_DEVICE_CPU);
+}
 
 void ts_engine_batch(ts_engine *e, int32_t **inputs, int32_t **targets) {
   *inputs = e->batch.host_tokens;

@@ -226,12 +226,26 @@ typedef struct ts_engine_opts {
    * pieces (offload_piece) through three buffers (engine/offload.h):
    * memory holds the pieces in flight only; the ledger's disk account
    * charges the file.
-   * The bits are those without it. CPU device (the GPU's offload is not
-   * built yet). Borrowed: it must outlive the engine. */
+   * The bits are those without it. Any device: beside a GPU the pieces
+   * are in page-locked host memory and AdamW runs on the CPU as with
+   * offload_optimizer. Borrowed: it must outlive the engine. */
   const char *offload_dir;
   /* offload_dir: elements per piece streamed (0: 4 Mi, 16 MiB per array;
-   * else a multiple of 1024): memory holds three pieces of the state. */
+   * else a multiple of 1024): memory holds three pieces of the state.
+   * offload_optimizer: elements per copy between the device and the host
+   * (the host staging holds one gradient and one parameter piece). */
   size_t offload_piece;
+  /* 1: the optimizer state (fp32 master weights, Adam's m and v) in host
+   * memory (ZeRO-Offload, Ren et al. 2021): beside a GPU page-locked, at
+   * its exact size, charged to the ledger's host (CPU) account; each
+   * unit's update copies its gradient shard to the host in pieces, runs
+   * the CPU's AdamW (the device's element update, kernels.h ts_k_adamw:
+   * the same bits) and copies the updated parameters back. In fp32 the
+   * device's parameters are the master weights: copied to the host,
+   * updated, copied back. On the CPU the state is in host memory with or
+   * without it: the flag runs the GPU's path there (the same copies,
+   * within host memory), a twin for tests, saving nothing. */
+  int offload_optimizer;
   /* Pipeline stages (DESIGN.md "Pipeline stages"; ts_engine_create_pipeline):
    * the units split into P contiguous stages, each stage's grad_accum
    * micro-batches run by the schedule. P = 1: no pipelining. */
@@ -508,6 +522,12 @@ void ts_engine_batch(ts_engine *e, int32_t **inputs, int32_t **targets);
 /* This rank's memory counters on the engine's device (read-only; the
  * ledger's account of opts->device). */
 const ts_mem_account *ts_engine_memory(const ts_engine *e);
+
+/* This rank's memory counters in host memory (the ledger's CPU account):
+ * beside a device its host staging and, with opts->offload_optimizer or
+ * offload_dir, the optimizer state or its pieces; on the CPU the same
+ * account as ts_engine_memory. */
+const ts_mem_account *ts_engine_host_memory(const ts_engine *e);
 
 /* This rank's bytes on a local disk: opts->offload_dir's scratch file
  * (categories master and optim; ledger.h ts_ledger_disk_account), all zero

@@ -219,6 +219,62 @@ TEST_F(EngineDevice, TwoRunsRepeatBitForBit) {
   }
 }
 
+// The optimizer state in host memory (opts.offload_optimizer: each unit's
+// gradient copied to the host in pieces, the CPU's AdamW, the parameters
+// copied back) and in a scratch file (opts.offload_dir, its pieces in host
+// memory beside a GPU): the device's losses and parameters bit for bit
+// (the CPU's AdamW is the device's element update, kernels.h ts_k_adamw), in
+// fp32 (the device's parameters are the master weights), bf16 and fp16
+// (loss scaling), at ZeRO 0 and 3, through pieces of 1024 elements that cut
+// tensors. The host account equals its plan; on a GPU the state left the
+// card for the host. On the CPU this is the GPU path's twin.
+TEST_F(EngineDevice, OffloadedOptimizerStateTrainsTheDevicesBits) {
+  const char *tmp = getenv("TEST_TMPDIR");
+  std::string dir = tmp && *tmp ? tmp : "/tmp";
+  for (ts_dtype dt : {TS_FP32, TS_BF16, TS_FP16})
+    for (int stage : {0, 3}) {
+      SCOPED_TRACE(Name(dt, 0, stage));
+      ts_engine_opts o = DeviceOpts(dt, 2);
+      o.zero_stage = stage;
+      Trained dev = Train(model_, o, 3);
+      o.offload_optimizer = 1;
+      o.offload_piece = 1024;
+      Trained host = Train(model_, o, 3);
+      EXPECT_EQ(dev.losses, host.losses) << "offload_optimizer";
+      EXPECT_TRUE(SameBits(dev.params, host.params)) << "offload_optimizer";
+      // the host account against its plan, after a step
+      ts_mem_account plan, plan_host, plan_disk;
+      ASSERT_EQ(ts_engine_plan_stage_host(&model_, &o, 1, 0, &plan, &plan_host, &plan_disk), TS_OK)
+          << ts_last_error();
+      ts_engine *e = nullptr;
+      ASSERT_EQ(ts_engine_create(&e, &model_, &o, nullptr), TS_OK) << ts_last_error();
+      std::vector<std::vector<int32_t>> in(o.grad_accum), tgt(o.grad_accum);
+      ts_testing::MicroBatches mb;
+      for (size_t k = 0; k < o.grad_accum; k++) {
+        Batch(o.micro_batch * o.seq, model_.vocab_size, (unsigned)k, &in[k], &tgt[k]);
+        mb.Add(in[k].data(), tgt[k].data());
+      }
+      ts_step_stats st;
+      ASSERT_EQ(ts_testing::Step(e, mb, 1e-3f, &st), TS_OK) << ts_last_error();
+      const ts_mem_account *h = ts_engine_host_memory(e), *d = ts_engine_memory(e);
+      const ts_mem_account &want = kDevice == TS_DEVICE_CPU ? plan : plan_host;
+      for (int c = 0; c < TS_MEM_NUM_CATEGORIES; c++)
+        EXPECT_EQ(h->peak[c], want.peak[c]) << ts_mem_category_name((ts_mem_category)c);
+      EXPECT_GT(h->current[TS_MEM_OPTIM], 0u);
+      EXPECT_GT(h->current[TS_MEM_STAGING], 0u);  // the gradient and parameter pieces
+      if (kDevice != TS_DEVICE_CPU) {             // off the card
+        EXPECT_EQ(d->peak[TS_MEM_OPTIM], 0u);
+        EXPECT_EQ(d->peak[TS_MEM_MASTER], 0u);
+      }
+      ts_engine_free(e);
+      o.offload_optimizer = 0;
+      o.offload_dir = dir.c_str();
+      Trained disk = Train(model_, o, 3);
+      EXPECT_EQ(dev.losses, disk.losses) << "offload_dir";
+      EXPECT_TRUE(SameBits(dev.params, disk.params)) << "offload_dir";
+    }
+}
+
 TEST_F(EngineDevice, TheLedgerEqualsThePlan) {
   for (ts_dtype dt : {TS_FP32, TS_BF16})
     for (int stage = 0; stage <= 3; stage++) {

@@ -66,11 +66,18 @@ ts_status ts_engine_alloc(ts_engine *e);
 ts_status ts_engine_create_stage(ts_engine **out, const ts_model *model, const ts_engine_opts *opts,
                                  ts_comm *dp, ts_comm *pp, int stage);
 
+/* Where a unit's optimizer state lives (ts_engine_alloc_model_state). */
+typedef enum ts_state_place {
+  TS_STATE_ON_DEVICE = 0, /* beside the parameters, on dev */
+  TS_STATE_ON_HOST = 1,   /* host memory (the ledger's CPU account): opts.offload_optimizer */
+  TS_STATE_IN_FILE = 2,   /* offload.c's file (opts.offload_dir): nothing allocated here */
+} ts_state_place;
+
 /* The model state of one flat buffer of layout l under policy z in dt
- * (zero.h's table): s->params, grads, master (NULL in fp32), m, v, on dev;
- * offloaded: params and grads alone (the rest is offload.c's). */
+ * (zero.h's table): s->params, grads on dev, and where `place` says
+ * master (NULL in fp32), m, v. */
 ts_status ts_engine_alloc_model_state(ts_ledger *ledger, ts_device dev, const ts_flat_layout *l,
-                                      const ts_zero_policy *z, ts_dtype dt, int offloaded,
+                                      const ts_zero_policy *z, ts_dtype dt, ts_state_place place,
                                       unit_state *s);
 /* Frees what ts_engine_alloc_model_state allocated (NULLs are fine). */
 void ts_engine_free_model_state(ts_ledger *ledger, unit_state *s);

@@ -74,7 +74,9 @@ const ts_kctx *ts_engine_context(const struct ts_engine *e);
  * which 0 = Adam m, 1 = Adam v, 2 = master weights (NULL in fp32, where the
  * compute parameters are the masters). *n receives its length in elements:
  * the padded unit P when the stage keeps it whole, this rank's shard S
- * otherwise. On the engine's device. */
+ * otherwise. On the engine's device; in host memory with opts.offload_optimizer
+ * beside a GPU; with opts.offload_dir a host copy (valid until the next
+ * call). */
 const float *ts_engine_optimizer_state(const struct ts_engine *e, int u, int which, size_t *n);
 
 /* ---- planted values (engine_testing.c, //engine:testing) ------------------ */

@@ -34,7 +34,8 @@ typedef struct slot {
   int dirty;        /* a release changed it: written back when the last use ends */
   int64_t last_job; /* the newest job queued on it, -1: none since the last wait */
   uint64_t used_at; /* the last acquire or prefetch (least recently used goes first) */
-  void *block[3];   /* ledger blocks: master (NULL in fp32), m, v */
+  void *block[3];   /* ledger blocks (host): master (NULL in fp32), m, v */
+  int locked[3];    /* 1: page-locked (beside a GPU) */
   float *buf[3];    /* their ALIGN-aligned starts */
 } slot;
 
@@ -202,8 +203,17 @@ ts_status ts_offload_open(ts_engine *e) {
   /* the slots: ALIGN more than the largest piece, for O_DIRECT's alignment */
   for (int k = 0; k < TS_OFFLOAD_SLOTS; k++)
     for (int a = o->first; a <= V; a++) {
-      TS_CHECK(ts_ledger_alloc(&e->ledger, e->device, a == MASTER ? TS_MEM_MASTER : TS_MEM_OPTIM,
+      TS_CHECK(ts_ledger_alloc(&e->ledger, TS_DEVICE_CPU, a == MASTER ? TS_MEM_MASTER : TS_MEM_OPTIM,
                                o->slot_bytes + ALIGN, &o->slots[k].block[a]));
+      /* beside a GPU page-locked: the update's copies read and write them */
+      if (e->device != TS_DEVICE_CPU &&
+          ts_k_host_register(&e->ctx, o->slots[k].block[a], o->slot_bytes + ALIGN) != TS_OK)
+        return ts_set_error(TS_ERR_OUT_OF_MEMORY,
+                            "`offload_dir` %s: cannot page-lock %zu bytes of host memory for a "
+                            "piece of the optimizer state (%s): expected a higher locked-memory "
+                            "limit (ulimit -l) or a smaller `offload_piece`",
+                            o->where, o->slot_bytes + ALIGN, ts_last_error());
+      o->slots[k].locked[a] = e->device != TS_DEVICE_CPU;
       uintptr_t p = (uintptr_t)o->slots[k].block[a];
       o->slots[k].buf[a] = (float *)((p + ALIGN - 1) / ALIGN * ALIGN);
     }
@@ -258,7 +268,10 @@ void ts_offload_close(ts_engine *e) {
   }
   if (o->fd >= 0) close(o->fd);
   for (int k = 0; k < TS_OFFLOAD_SLOTS; k++)
-    for (int a = MASTER; a <= V; a++) ts_ledger_free(&e->ledger, o->slots[k].block[a]);
+    for (int a = MASTER; a <= V; a++) {
+      if (o->slots[k].locked[a]) ts_k_host_unregister(&e->ctx, o->slots[k].block[a]);
+      ts_ledger_free(&e->ledger, o->slots[k].block[a]);
+    }
   ts_ledger_discharge_disk(&e->ledger, TS_MEM_MASTER, o->disk_master);
   ts_ledger_discharge_disk(&e->ledger, TS_MEM_OPTIM, o->disk_optim);
   pthread_mutex_destroy(&o->mu);

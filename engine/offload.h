@@ -11,7 +11,8 @@
  * unit's arrays (master, m, v) follow each other, 4 KiB-aligned, read and
  * written with O_DIRECT where the file system takes it (else through the
  * page cache). Its bytes are charged to the ledger's disk account (master,
- * optim); the slots to the device's (the CPU's).
+ * optim); the slots to the host's (the CPU account; beside a GPU
+ * page-locked, read and written by ts_engine_adamw_part's copies).
  *
  * A unit's arrays are cut into pieces of opts.offload_piece elements
  * (TS_OFFLOAD_PIECE by default; the last piece shorter): piece p holds

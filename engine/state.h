@@ -20,11 +20,15 @@
  * Ownership: the engine owns every buffer below and allocates each through
  * its ledger on its device (e->device), except: the batch's host staging
  * beside a device (the ledger's CPU account), the step scalars on the CPU
- * and their host copy (plain host memory; see alloc_scalars in engine.c)
- * and device.c's lending (its own, opaque here).
+ * and their host copy (plain host memory; see alloc_scalars in engine.c),
+ * the optimizer state and the update's staging when ts_engine_state_on_host
+ * (the CPU account, page-locked) and device.c's lending (its own, opaque
+ * here).
  */
 #ifndef TS_ENGINE_STATE_H
 #define TS_ENGINE_STATE_H
+
+#include <string.h>
 
 #include "engine/engine.h"
 #include "engine/loss_scale.h"
@@ -159,6 +163,10 @@ struct ts_engine {
     ts_status st;          /* the first error of a unit's action, returned by OPTIMIZER_END */
     float scale;           /* each gradient's factor: clip / loss scale */
     double norm;           /* the global gradient norm, unscaled */
+    void *host_grad;       /* ts_engine_update_staged: (stage_n) a gradient piece, host
+                              (page-locked beside a GPU), compute dtype; else NULL */
+    void *host_param;      /* (stage_n) a parameter piece, host, compute dtype */
+    size_t stage_n;        /* elements of each */
   } update;
   struct {                 /* the backward of the micro-batch in progress (passes.c) */
     const void *din;       /* the gradient of the current unit's output */
@@ -193,6 +201,33 @@ struct ts_engine {
     double staging_wait;        /* seconds state changes waited for its copies, summed */
   } ckpt;
 };
+
+/* Whether the optimizer state (master, m, v, or an offload's slots) is in
+ * host memory beside a device (opts.offload_optimizer or offload_dir on a
+ * GPU): copies into and out of it are host copies. */
+static inline int ts_engine_state_on_host(const ts_engine *e) {
+  return e->device != TS_DEVICE_CPU && (e->opts.offload_optimizer || e->opts.offload_dir);
+}
+
+/* Whether each unit's AdamW runs on host copies of its gradient and
+ * parameters (tensors.c ts_engine_adamw_part): the state on the host
+ * beside a device, or opts.offload_optimizer on the CPU (the same path,
+ * a twin for tests). */
+static inline int ts_engine_update_staged(const ts_engine *e) {
+  return e->opts.offload_optimizer || ts_engine_state_on_host(e);
+}
+
+/* The host's kernel context: e->ctx on the CPU; beside a device a CPU
+ * context without workspace or stream, with e->ctx's flags (a plan's runs
+ * nothing). Runs AdamW and the copies on state in host memory. */
+static inline ts_kctx ts_engine_host_ctx(const ts_engine *e) {
+  if (e->device == TS_DEVICE_CPU) return e->ctx;
+  ts_kctx c;
+  memset(&c, 0, sizeof c);
+  c.device = TS_DEVICE_CPU;
+  c.flags = e->ctx.flags;
+  return c;
+}
 
 /* Whether unit u is computed by this rank's stage. */
 static inline int ts_engine_owns(const ts_engine *e, int u) {

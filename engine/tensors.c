@@ -66,6 +66,30 @@ static int ts_slice_next(ts_slice_iter *it, ts_slice *s) {
 
 /* ---- AdamW ------------------------------------------------------------------- */
 
+/* AdamW of n elements whose state (master, m, v: host) is in host memory
+ * while their gradient and parameters (device) are not
+ * (ts_engine_update_staged), in pieces of the staging's length: the
+ * gradient piece copied to the host, the CPU's AdamW (the device's element
+ * update: the same bits), the updated parameters copied back. master NULL
+ * (fp32): the device's parameters are the master weights, copied to the
+ * host, updated there and copied back. */
+static ts_status adamw_staged(ts_engine *e, float *master, char *param, const char *grad, float *m,
+                              float *v, size_t n, const ts_adamw_hparams *hp) {
+  ts_dtype dt = e->opts.dtype;
+  size_t es = e->es, cap = e->update.stage_n;
+  ts_kctx host = ts_engine_host_ctx(e);
+  for (size_t k = 0; k < n; k += cap) {
+    size_t c = n - k < cap ? n - k : cap;
+    TS_CHECK(ts_k_to_host(&e->ctx, e->update.host_grad, grad + k * es, c * es));
+    float *mst = master ? master + k : (float *)e->update.host_param;
+    if (!master) TS_CHECK(ts_k_to_host(&e->ctx, e->update.host_param, param + k * es, c * es));
+    TS_CHECK(ts_k_adamw(&host, mst, master ? e->update.host_param : NULL, dt, m + k, v + k,
+                        e->update.host_grad, dt, c, hp));
+    TS_CHECK(ts_k_from_host(&e->ctx, param + k * es, e->update.host_param, c * es));
+  }
+  return TS_OK;
+}
+
 ts_status ts_engine_adamw_part(ts_engine *e, int u, float lr, float scale, size_t lo, size_t hi,
                                float *const at[3]) {
   unit_state *s = &e->units[u];
@@ -86,6 +110,11 @@ ts_status ts_engine_adamw_part(ts_engine *e, int u, float lr, float scale, size_
         (char *)s->params + (ts_engine_held_offset(e, u, z->shard_params, sl.begin) + d) * e->es;
     const char *grad =
         (const char *)s->grads + (ts_engine_held_offset(e, u, z->shard_grads, sl.begin) + d) * e->es;
+    if (ts_engine_update_staged(e)) {
+      TS_CHECK(adamw_staged(e, at[0] ? at[0] + (a - lo) : NULL, param, grad, at[1] + (a - lo),
+                            at[2] + (a - lo), b - a, &hp));
+      continue;
+    }
     /* fp32: the compute parameters are the master weights */
     float *master = at[0] ? at[0] + (a - lo) : (float *)param;
     TS_CHECK(ts_k_adamw(&e->ctx, master, at[0] ? param : NULL, dt, at[1] + (a - lo),
@@ -198,9 +227,16 @@ typedef struct state_copy {
   int array;
 } state_copy;
 
+/* Host values into state (host or device memory: ts_engine_state_on_host). */
+static ts_status state_from_host(ts_engine *e, float *dst, const float *src, size_t n) {
+  if (!ts_engine_state_on_host(e)) return ts_k_from_host(&e->ctx, dst, src, n * 4);
+  ts_kctx host = ts_engine_host_ctx(e);
+  return ts_k_copy(&host, dst, src, n * 4);
+}
+
 static ts_status copy_state(void *arg, float *const at[3], size_t first, size_t count) {
   const state_copy *c = arg;
-  return ts_k_from_host(&c->e->ctx, at[c->array], c->src + (first - c->lo), count * 4);
+  return state_from_host(c->e, at[c->array], c->src + (first - c->lo), count);
 }
 
 ts_status ts_engine_set_tensor(ts_engine *e, const char *name, const float *src, size_t numel) {
@@ -222,7 +258,7 @@ ts_status ts_engine_set_tensor(ts_engine *e, const char *name, const float *src,
     state_copy c = {e, from, o.offset, 0};
     return ts_offload_each(e, u, o.offset, o.end - o.begin, 1, copy_state, &c);
   }
-  return ts_k_from_host(&e->ctx, s->master + o.offset, from, (o.end - o.begin) * 4);
+  return state_from_host(e, s->master + o.offset, from, o.end - o.begin);
 }
 
 ts_status ts_engine_set_state(ts_engine *e, int u, int i, int which, const float *src) {
@@ -238,7 +274,7 @@ ts_status ts_engine_set_state(ts_engine *e, int u, int i, int which, const float
     return ts_offload_each(e, u, o.offset, o.end - o.begin, 1, copy_state, &c);
   }
   float *dst = (which == 0 ? s->m : s->v) + o.offset;
-  return ts_k_from_host(&e->ctx, dst, from, (o.end - o.begin) * 4);
+  return state_from_host(e, dst, from, o.end - o.begin);
 }
 
 ts_status ts_engine_get_tensor(ts_engine *e, const char *name, float *dst, size_t numel) {

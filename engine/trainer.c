@@ -293,7 +293,6 @@ static ts_status open_resume(run *r) {
  * space there. A GPU's plan is checked against the card at create
  * (engine.h). */
 static ts_status check_host_memory(run *r) {
-  if (r->eo.device != TS_DEVICE_CPU) return TS_OK;
   ts_mem_account plan, host, disk;
   int stage = r->eo.pipeline_stages > 1 ? r->grid.stage : 0;
   TS_CHECK(ts_engine_plan_stage_host(&r->model, &r->eo, (size_t)r->dp_size, stage, &plan, &host,
@@ -304,7 +303,21 @@ static ts_status check_host_memory(run *r) {
   int limited = cgroup > 0 && (mem <= 0 || cgroup < mem);
   if (limited) mem = cgroup;
   const double GiB = 1024.0 * 1024.0 * 1024.0;
-  if (mem > 0 && (double)plan.peak_total * ranks > mem)
+  /* beside a GPU the host's part (the GPU's own is checked at create);
+   * it matters with the optimizer state offloaded there */
+  if (r->eo.device != TS_DEVICE_CPU && (r->eo.offload_optimizer || r->eo.offload_dir) && mem > 0 &&
+      (double)host.peak_total * ranks > mem)
+    return ts_set_error(TS_ERR_OUT_OF_MEMORY,
+                        "%s: the plan keeps %.1f GiB per rank in host memory (master %.1f, optim "
+                        "%.1f; tessera estimate's host rows) x %.0f rank%s on this node, more than "
+                        "its %.1f GiB%s: expected `offload_dir`, a higher `zero_stage` or more "
+                        "nodes",
+                        ts_model_origin(&r->model), (double)host.peak_total / GiB,
+                        (double)host.peak[TS_MEM_MASTER] / GiB, (double)host.peak[TS_MEM_OPTIM] / GiB,
+                        ranks, ranks > 1 ? "s" : "", mem / GiB,
+                        limited ? " (its cgroup's limit)" : "");
+  if (r->eo.device != TS_DEVICE_CPU && !r->eo.offload_dir) return TS_OK;
+  if (r->eo.device == TS_DEVICE_CPU && mem > 0 && (double)plan.peak_total * ranks > mem)
     return ts_set_error(TS_ERR_OUT_OF_MEMORY,
                         "%s: the plan needs %.1f GiB per rank (tessera estimate) x %.0f rank%s on "
                         "this node, more than its %.1f GiB of memory%s: expected a smaller "
@@ -758,6 +771,7 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
       res->seconds = now_s() - t_loop;
       res->memory = *ts_engine_memory(r->engine);
       res->disk = *ts_engine_disk(r->engine);
+      res->host = *ts_engine_host_memory(r->engine);
       return TS_OK;
     }
     double val, acc;
@@ -782,6 +796,7 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
   res->save_seconds += ts_checkpoint_staging_wait_seconds(r->engine);
   res->memory = *ts_engine_memory(r->engine);
   res->disk = *ts_engine_disk(r->engine);
+  res->host = *ts_engine_host_memory(r->engine);
   if (r->trace) TS_CHECK(ts_trace_write(r->trace, r->world, cfg->trace_path));
   return write_summary(r, res);
 }

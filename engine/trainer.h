@@ -161,6 +161,8 @@ typedef struct ts_train_result {
   ts_mem_account memory;   /* this rank's memory counters at the end (peaks) */
   ts_mem_account disk;     /* this rank's bytes on a disk (engine.h ts_engine_disk: the
                               offload folder's file; all zero without offload) */
+  ts_mem_account host;     /* this rank's host memory counters (engine.h
+                              ts_engine_host_memory; on the CPU the same as memory) */
   int setup_failed;        /* on error: 1 when it happened during setup, where
                               every rank agrees and returns an error */
   int failed_elsewhere;    /* on a setup (or agreed) error: 1 when another rank

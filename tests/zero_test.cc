@@ -123,6 +123,7 @@ struct TrainSetup {
   int shard_group = 0;             // hybrid sharding: ZeRO within groups of S ranks
   bool offload = false;            // the optimizer state in a file under OffloadDir()
   size_t offload_piece = 0;        // its pieces' elements (0: the default)
+  bool offload_optimizer = false;  // the GPU's host path: AdamW on host copies
 };
 
 // The offload folder of this test process ($TEST_TMPDIR, or /tmp).
@@ -163,6 +164,7 @@ ts_engine_opts OptsOf(const TrainSetup &s, size_t N) {
   o.min_loss_scale = s.min_loss_scale;
   o.offload_dir = s.offload ? OffloadDir() : nullptr;
   o.offload_piece = s.offload_piece;
+  o.offload_optimizer = s.offload_optimizer;
   return o;
 }
 
@@ -616,8 +618,11 @@ struct CallLog {
 // of every block, and with hybrid sharding on 4 ranks; with whole units as
 // pieces (the default's 4 Mi elements exceed these units) and with pieces
 // of 1024 elements, which cut units and tensors. Memory holds three pieces'
-// state, and the disk the whole of it.
-TEST(Offload, ToADiskGivesTheBitsOfTheStateInMemory) {
+// state, and the disk the whole of it. The GPU's host path
+// (opts.offload_optimizer: each unit's gradient copied to a host piece,
+// AdamW there, the parameters copied back; on the CPU a twin of it) gives
+// the same bits, alone with pieces of 1024 elements and with the disk.
+TEST(Offload, ToHostOrDiskGivesTheBitsOfTheStateInMemory) {
   size_t N = (size_t)ts_comm_size(World());
   for (ts_dtype dt : {TS_FP32, TS_BF16, TS_FP16})
     for (int stage = 0; stage <= 3; stage++) {
@@ -655,6 +660,22 @@ TEST(Offload, ToADiskGivesTheBitsOfTheStateInMemory) {
       EXPECT_EQ(disk.disk.current[TS_MEM_MASTER] > 0, dt != TS_FP32);
       EXPECT_GE(disk.disk.current[TS_MEM_OPTIM] + disk.disk.current[TS_MEM_MASTER], in_memory);
       EXPECT_EQ(mem.disk.current_total, 0u);
+      // the host path, through copies of 1024 elements, alone and with the disk
+      s.offload = false;
+      s.offload_optimizer = true;
+      s.offload_piece = 1024;
+      TrainRun host = Train(World(), s);
+      EXPECT_TRUE(BitwiseEqual(mem.params, host.params)) << "offload_optimizer";
+      EXPECT_TRUE(BitwiseEqual(mem.state, host.state)) << "offload_optimizer";
+      EXPECT_EQ(mem.losses, host.losses);
+      EXPECT_GT(host.at_end.current[TS_MEM_STAGING], 0u);  // the gradient and parameter pieces
+      if (dt == TS_BF16) {
+        s.offload = true;
+        TrainRun both = Train(World(), s);
+        EXPECT_TRUE(BitwiseEqual(mem.params, both.params)) << "offload_optimizer + disk";
+        EXPECT_TRUE(BitwiseEqual(mem.state, both.state)) << "offload_optimizer + disk";
+        EXPECT_EQ(mem.losses, both.losses);
+      }
     }
   if (N == 4) {  // hybrid sharding: ZeRO-3 within pairs, the replicas summed
     TrainSetup s;
@@ -666,6 +687,11 @@ TEST(Offload, ToADiskGivesTheBitsOfTheStateInMemory) {
     TrainRun disk = Train(World(), s);
     EXPECT_TRUE(BitwiseEqual(mem.params, disk.params));
     EXPECT_TRUE(BitwiseEqual(mem.state, disk.state));
+    s.offload = false;
+    s.offload_optimizer = true;
+    TrainRun host = Train(World(), s);
+    EXPECT_TRUE(BitwiseEqual(mem.params, host.params));
+    EXPECT_TRUE(BitwiseEqual(mem.state, host.state));
   }
 }
 
@@ -943,7 +969,7 @@ void ExpectPlanMatchesRun(const TrainSetup &s) {
   for (int c = 0; c < TS_MEM_NUM_CATEGORIES; c++) EXPECT_EQ(disk.current[c], run.disk.current[c]);
   EXPECT_EQ(disk.current_total > 0, s.offload);
   EXPECT_GT(plan.peak[TS_MEM_PARAMS], 0u);
-  EXPECT_EQ(plan.peak[TS_MEM_STAGING] > 0, s.async_save);
+  EXPECT_EQ(plan.peak[TS_MEM_STAGING] > 0, s.async_save || s.offload_optimizer);
   if (s.comm == TS_ENGINE_COMM_STAGED && N > 1)  // the staging: two slots of 2N pieces
     EXPECT_GE(plan.current[TS_MEM_COMM], ts_comm_staging_bytes((int)N, s.comm_chunk));
 }
@@ -1000,6 +1026,13 @@ TEST(MemoryPlan, EqualsTheLedgerOfARealRunToTheByte) {
             ExpectPlanMatchesRun(s);
             s.offload_piece = 0;
             s.offload = false;
+            s.offload_optimizer = true;  // the host path's staging
+            SCOPED_TRACE("offload_optimizer");
+            ExpectPlanMatchesRun(s);
+            s.offload_piece = 3072;
+            ExpectPlanMatchesRun(s);
+            s.offload_piece = 0;
+            s.offload_optimizer = false;
           }
         }
 }

@@ -124,6 +124,18 @@ ts_status ts_tool_parse_schedule(const char *v, void *kind) {
   return ts_schedule_kind_parse(v, kind);
 }
 
+ts_status ts_tool_parse_offload(const char *v, void *optimizer) {
+  if (!strcmp(v, "none") || !strcmp(v, "optimizer")) {
+    *(int *)optimizer = !strcmp(v, "optimizer");
+    return TS_OK;
+  }
+  if (!strcmp(v, "params"))
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "--offload params: expected none or optimizer (ZeRO-3's parameter "
+                        "offload is not built yet)");
+  return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--offload %s: expected none or optimizer", v);
+}
+
 /* Prints ts_last_error() as the one-line usage error; returns 0. */
 static int report(void) {
   fprintf(stderr, "tessera estimate: %s\n", ts_flags_last_error());
@@ -212,7 +224,14 @@ int ts_tool_estimate(int argc, char **argv) {
                      "folder is not touched)",
                      &act_flag),
       TS_FLAG_SIZE("--offload-piece", NULL, &opts.offload_piece, 1024, "ELEMENTS",
-                   "--offload-dir: elements per streamed piece (default 4194304)", &act_flag),
+                   "--offload-dir: elements per streamed piece; --offload optimizer: per copy "
+                   "(default 4194304)",
+                   &act_flag),
+      TS_FLAG_CUSTOM("--offload", NULL, &opts.offload_optimizer, ts_tool_parse_offload,
+                     "none|optimizer",
+                     "plan train --offload optimizer: the optimizer state (master, optim) in host "
+                     "memory beside a GPU (default none)",
+                     &act_flag),
       TS_FLAG_CHOICE("--units", NULL, &unit_index, UNIT_NAMES, "unit of the table (default GiB)",
                      NULL),
       TS_FLAG_SWITCH("--json", NULL, &json,
@@ -409,13 +428,18 @@ int ts_tool_estimate(int argc, char **argv) {
     print_row("disk: optim", row, nstages, unit);
   }
   if (opts.device != TS_DEVICE_CPU) { /* the host memory beside the GPU */
-    static const ts_mem_category host_cats[] = {TS_MEM_ACTIVATIONS, TS_MEM_COMM, TS_MEM_STAGING};
-    static const char *const host_names[] = {"host: batch staging", "host: comm staging",
-                                             "host: checkpoint staging"};
-    for (int k = 0; k < 3; k++) {
+    static const ts_mem_category host_cats[] = {TS_MEM_MASTER, TS_MEM_OPTIM, TS_MEM_ACTIVATIONS,
+                                                TS_MEM_COMM, TS_MEM_STAGING};
+    static const char *const host_names[] = {
+        "host: master", "host: optim", "host: batch staging", "host: comm staging",
+        "host: staging (checkpoint copy, update pieces)"};
+    int offloaded = opts.offload_optimizer || opts.offload_dir;
+    for (int k = offloaded ? 0 : 2; k < 5; k++) {
       for (int i = 0; i < nstages; i++) row[i] = hosts[i].peak[host_cats[k]];
       print_row(host_names[k], row, nstages, unit);
     }
+    for (int i = 0; i < nstages; i++) row[i] = hosts[i].peak_total;
+    print_row("host: peak total", row, nstages, unit);
   }
   return 0;
 }

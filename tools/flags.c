@@ -44,6 +44,7 @@ static const struct {
     {"keep_gathered", "--reshard-after-forward"},
     {"offload_dir", "--offload-dir"},
     {"offload_piece", "--offload-piece"},
+    {"offload_optimizer", "--offload optimizer"},
     {"overlap", "--overlap"},
     {"comm_chunk_bytes", "--comm-chunk"},
     {"comm", "--comm"},

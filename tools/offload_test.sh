@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
-# offload_test.sh — train --offload-dir through the command line, on
-# llama-tiny with generated token shards:
-#  1. the same steps as without it (1 rank bf16; 2 ranks ZeRO-3 bf16, ZeRO-1
-#     fp32, 2 pipeline stages bf16), and its
-#     checkpoints byte-identical to those of the run without it;
-#  2. checkpoints go both ways: an offloaded run's checkpoint resumes
-#     without offload, a plain run's with it, each ending byte-identical
-#     to the uninterrupted plain run;
+# offload_test.sh — train --offload-dir and --offload optimizer through the
+# command line, on llama-tiny with generated token shards:
+#  1. the same steps as without them (1 rank bf16; 2 ranks ZeRO-3 bf16,
+#     ZeRO-1 fp32, 2 pipeline stages bf16), and their checkpoints
+#     byte-identical to those of the run without (--offload optimizer on
+#     the CPU: the GPU's host path, copies of 1024 elements);
+#  2. checkpoints go both ways: an offloaded run's checkpoint (disk, and
+#     host) resumes without offload, a plain run's with it, each ending
+#     byte-identical to the uninterrupted plain run;
 #  3. the scratch file is gone after the run (and during it: unlinked);
 #     estimate --offload-dir prints the disk's rows, equal to what the
 #     run's ledger charged (train's metrics say nothing of the disk: the
 #     plan is checked against the ledger in zero_test);
 #  4. bad folders, one line each and the exact exit code: a file, a missing
-#     folder, ""; estimate --device cuda (the GPU's offload is not built
-#     yet); a disk too small for the state (a 64 KiB
+#     folder, ""; --offload params (not built); estimate --device cuda with
+#     --offload optimizer or --offload-dir: master and optim on the host
+#     rows, off the GPU's; a disk too small for the state (a 64 KiB
 #     tmpfs in a private mount namespace, where this machine allows one):
 #     refused at create, before the first step, its --save folder's
 #     checkpoint untouched;
@@ -56,6 +58,12 @@ for run in "1 --dtype bf16" "2 --zero 3 --dtype bf16" "2 --zero 1" "2 --pipeline
   check "offloaded $run: the summary names the disk's bytes" \
     "offload: rank 0 kept " "$b"
   absent "plain $run: no offload line" "offload: rank 0" "$a"
+  c="$("$launch" -n "$n" "$bin" train "${common[@]}" "${extra[@]}" --steps 6 --save "$tmp/h$tag" \
+    --offload optimizer --offload-piece 1024 2>&1)"
+  check_eq "--offload optimizer $run: exit" 0 $?
+  check_eq "--offload optimizer $run: the same steps" "$(steps "$a")" "$(steps "$c")"
+  check_eq "--offload optimizer $run: the same checkpoint" "$(shas "$tmp/p$tag/step-00000006")" \
+    "$(shas "$tmp/h$tag/step-00000006")"
 done
 
 # 2. checkpoints both ways, 2 ranks ZeRO-2 fp16 (loss scaling's state too)
@@ -77,6 +85,17 @@ check_eq "offloaded -> plain: byte-identical" "$(shas "$tmp/whole/step-00000006"
 check_eq "offloaded resume of a plain checkpoint: exit" 0 $?
 check_eq "plain -> offloaded: byte-identical" "$(shas "$tmp/whole/step-00000006")" \
   "$(shas "$tmp/off6/step-00000006")"
+"$launch" -n 2 "$bin" train "${common[@]}" "${two[@]}" --steps 6 --resume "$tmp/whole/step-00000003" \
+  --save "$tmp/host6" --offload optimizer >/dev/null 2>&1
+check_eq "--offload optimizer resume of a plain checkpoint: exit" 0 $?
+check_eq "plain -> --offload optimizer: byte-identical" "$(shas "$tmp/whole/step-00000006")" \
+  "$(shas "$tmp/host6/step-00000006")"
+"$launch" -n 2 "$bin" train "${common[@]}" "${two[@]}" --resume "$tmp/host6/step-00000006" \
+  --steps 9 --save "$tmp/host9" --offload optimizer >/dev/null 2>&1
+"$launch" -n 2 "$bin" train "${common[@]}" "${two[@]}" --steps 9 --resume "$tmp/host6/step-00000006" \
+  --save "$tmp/plain9" >/dev/null 2>&1
+check_eq "--offload optimizer -> plain: byte-identical" "$(shas "$tmp/host9/step-00000009")" \
+  "$(shas "$tmp/plain9/step-00000009")"
 
 # 3. nothing left behind; the plan's disk rows
 check_eq "no scratch file left" "" "$(ls -A "$tmp/off")"
@@ -102,11 +121,33 @@ exact "--offload-dir \"\"" 1 "tessera train: --offload-dir \"\": expected a fold
 exact "--offload-piece not a multiple of 1024" 2 \
   "tessera train: --offload-piece 1500: expected a multiple of 1024 elements" \
   "$bin" train "${common[@]}" --steps 2 --offload-dir "$tmp/off" --offload-piece 1500
-exact "--offload-piece alone" 2 "tessera train: --offload-piece applies to --offload-dir only" \
+exact "--offload-piece alone" 2 \
+  "tessera train: --offload-piece applies to --offload-dir and --offload optimizer only" \
   "$bin" train "${common[@]}" --steps 2 --offload-piece 2048
-exact "--offload-dir on cuda" 2 \
-  "tessera estimate: --offload-dir $tmp/off on cuda: the GPU's offload is not built yet; expected the cpu device" \
-  "$bin" estimate --model llama-tiny --device cuda --offload-dir "$tmp/off"
+exact "--offload params" 2 \
+  "tessera train: --offload params: expected none or optimizer (ZeRO-3's parameter offload is not built yet)" \
+  "$bin" train "${common[@]}" --steps 2 --offload params
+exact "--offload nonsense" 2 "tessera train: --offload cpu: expected none or optimizer" \
+  "$bin" train "${common[@]}" --steps 2 --offload cpu
+for how in "--offload optimizer" "--offload-dir $tmp/off"; do
+  read -ra how_a <<<"$how"
+  j="$("$bin" estimate --model llama-tiny --seq 32 --micro-batch 2 --dtype bf16 --device cuda \
+    "${how_a[@]}" --json)"
+  check_eq "estimate --device cuda $how: exit" 0 $?
+  python3 - "$how" "$j" <<'PY' || fails=$((fails + 1))
+import json, sys
+how, s = sys.argv[1], json.loads(sys.argv[2])["stages"][0]
+gpu, host = s["peak"], s["host_peak"]
+ok = gpu["master"] == 0 and gpu["optim"] == 0 and host["master"] > 0 and host["optim"] > 0
+ok = ok and host["staging"] > 0  # the update's gradient and parameter pieces
+print(("ok" if ok else "FAIL") + " estimate --device cuda %s: the state on the host: gpu %s, host %s"
+      % (how, {k: gpu[k] for k in ("master", "optim")}, {k: host[k] for k in ("master", "optim", "staging")}))
+sys.exit(0 if ok else 1)
+PY
+done
+t="$("$bin" estimate --model llama-tiny --seq 32 --micro-batch 2 --dtype bf16 --device cuda \
+  --offload optimizer)"
+check "estimate --device cuda --offload optimizer: a host row" "| host: optim |" "$t"
 if unshare -m true 2>/dev/null; then
   mkdir -p "$tmp/small" "$tmp/keep"
   "$bin" train "${common[@]}" --steps 2 --save "$tmp/keep" >/dev/null 2>&1

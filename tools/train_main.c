@@ -208,6 +208,13 @@ static void print_summary(const ts_train_config *cfg, const ts_train_result *res
     printf("offload: rank 0 kept %.2f MiB of optimizer state in %s (master %.2f, optim %.2f)\n",
            (double)res->disk.peak_total / MiB, cfg->engine.offload_dir,
            (double)res->disk.peak[TS_MEM_MASTER] / MiB, (double)res->disk.peak[TS_MEM_OPTIM] / MiB);
+  if (cfg->engine.offload_optimizer && !cfg->engine.offload_dir)
+    printf("offload: rank 0 kept %.2f MiB of optimizer state in %s memory (master %.2f, optim "
+           "%.2f), with %.2f MiB of update pieces\n",
+           (double)(res->host.peak[TS_MEM_MASTER] + res->host.peak[TS_MEM_OPTIM]) / MiB,
+           cfg->engine.device == TS_DEVICE_CPU ? "host (the cpu device's own)" : "page-locked host",
+           (double)res->host.peak[TS_MEM_MASTER] / MiB, (double)res->host.peak[TS_MEM_OPTIM] / MiB,
+           (double)res->host.peak[TS_MEM_STAGING] / MiB);
   int S = ts_engine_shard_size(&cfg->engine, res->world_size / P);
   if (S < res->world_size / P)
     printf(
@@ -443,14 +450,22 @@ int ts_tool_train(int argc, char **argv) {
       TS_FLAG_STRING("--offload-dir", NULL, &e->offload_dir, "DIR",
                      "keep each rank's optimizer state (fp32 master weights, Adam m and v) in a "
                      "scratch file under DIR, a local disk, streamed in pieces: memory holds "
-                     "three pieces of it; the same bits (ZeRO-Infinity's disk offload; cpu "
-                     "device). The file is removed however the run ends; checkpoints hold the "
-                     "state as always",
+                     "three pieces of it; the same bits (ZeRO-Infinity's disk offload; beside "
+                     "a GPU AdamW runs on the CPU). The file is removed however the run ends; "
+                     "checkpoints hold the state as always",
                      NULL),
       TS_FLAG_SIZE("--offload-piece", NULL, &e->offload_piece, 1024, "ELEMENTS",
                    "--offload-dir: elements per streamed piece, a multiple of 1024; memory holds "
-                   "three pieces of the state (default 4194304: 16 MiB per array)",
+                   "three pieces of the state (default 4194304: 16 MiB per array); --offload "
+                   "optimizer: elements per copy to and from the device",
                    NULL),
+      TS_FLAG_CUSTOM("--offload", NULL, &e->offload_optimizer, ts_tool_parse_offload,
+                     "none|optimizer",
+                     "optimizer: keep each rank's optimizer state (fp32 master weights, Adam m "
+                     "and v) in page-locked host memory beside the GPU and run AdamW on the CPU "
+                     "threads, a unit at a time; the same bits (ZeRO-Offload; on the cpu device "
+                     "it runs the same copies and saves nothing). Default none",
+                     NULL),
       TS_FLAG_CUSTOM("--schedule", NULL, &e->schedule, parse_schedule, "gpipe|1f1b",
                      "pipeline schedule (default 1f1b)", NULL),
       TS_FLAG_STRING("--pipeline-split", NULL, &e->pipeline_split, "auto|a,b,...",
@@ -532,8 +547,8 @@ int ts_tool_train(int argc, char **argv) {
                           "--grad-clip %g: expected a gradient-norm bound >= 0 (0: no "
                           "clipping)",
                           (double)e->grad_clip);
-  if (e->offload_piece && !e->offload_dir)
-    return ts_flags_error("train", "--offload-piece applies to --offload-dir only");
+  if (e->offload_piece && !e->offload_dir && !e->offload_optimizer)
+    return ts_flags_error("train", "--offload-piece applies to --offload-dir and --offload optimizer only");
   if (e->offload_piece % 1024)
     return ts_flags_error("train", "--offload-piece %zu: expected a multiple of 1024 elements",
                           e->offload_piece);
