@@ -100,24 +100,24 @@ ts_status ts_engine_alloc_model_state(ts_ledger *ledger, ts_device dev, const ts
   return TS_OK;
 }
 
-/* Page-locks (ts_k_host_register) or unlocks the host blocks a of n beside
- * a device; the message names what and why they are locked. */
+/* Page-locks (ts_k_host_register: beside a GPU; on the CPU a no-op but for
+ * ts_k_check_host_blocks) or unlocks the host blocks a of n; the message
+ * names what and why they are locked. */
 static ts_status lock_host(ts_engine *e, void *const *a, int n, const char *what) {
-  if (e->device == TS_DEVICE_CPU) return TS_OK;
   for (int k = 0; k < n; k++) {
     size_t bytes = ts_ledger_size(&e->ledger, a[k]);
     if (a[k] && ts_k_host_register(&e->ctx, a[k], bytes) != TS_OK)
       return ts_set_error(TS_ERR_OUT_OF_MEMORY,
-                          "`offload_optimizer`: cannot page-lock %zu bytes of host memory for %s "
-                          "(%s): expected a higher locked-memory limit (ulimit -l, the "
-                          "container's memlock) or less host memory in use",
-                          bytes, what, ts_last_error());
+                          "%s: cannot page-lock %zu bytes of host memory for %s (%s): expected a "
+                          "higher locked-memory limit (ulimit -l, the container's memlock) or "
+                          "less host memory in use",
+                          e->opts.offload_dir ? "`offload_dir`" : "`offload_optimizer`", bytes,
+                          what, ts_last_error());
   }
   return TS_OK;
 }
 
 static void unlock_host(ts_engine *e, void *const *a, int n) {
-  if (e->device == TS_DEVICE_CPU) return;
   for (int k = 0; k < n; k++) ts_k_host_unregister(&e->ctx, a[k]);
 }
 
@@ -242,7 +242,7 @@ static ts_status alloc_scalars(ts_engine *e) {
   return TS_OK;
 }
 
-/* The staged update's host pieces (ts_engine_update_staged): a gradient
+/* The staged update's host pieces (ts_engine_state_on_host): a gradient
  * and a parameter piece of opts.offload_piece elements (default
  * TS_OFFLOAD_PIECE), no longer than the largest unit's optimizer state. */
 static ts_status alloc_update_staging(ts_engine *e) {
@@ -286,7 +286,7 @@ ts_status ts_engine_alloc(ts_engine *e) {
    * larger of the two, not their sum. */
   for (int u = e->pipe.u_begin; u < e->pipe.u_end; u++) TS_CHECK(alloc_unit(e, u));
   if (e->pipe.replica) TS_CHECK(alloc_replica(e, e->pipe.lender));
-  if (ts_engine_update_staged(e)) TS_CHECK(alloc_update_staging(e));
+  if (ts_engine_state_on_host(e)) TS_CHECK(alloc_update_staging(e));
   size_t ws = 0;
   for (int u = e->pipe.u_begin; u < e->pipe.u_end; u++) {
     size_t w = ts_unit_workspace_bytes(m, u, B, T, e->opts.dtype, dev);
@@ -560,7 +560,7 @@ void ts_engine_free(ts_engine *e) {
   if (e->units) {
     for (int u = 0; u < e->model->n_units; u++) {
       unit_state *s = &e->units[u];
-      if (e->opts.offload_optimizer && !e->offload) {
+      if (ts_engine_state_on_host(e)) {
         void *const state[3] = {s->master, s->m, s->v};
         unlock_host(e, state, 3);
       }

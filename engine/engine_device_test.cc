@@ -29,6 +29,7 @@
 
 #include "engine/engine.h"
 #include "engine/step_testing.h"
+#include "kernels/kernels.h"
 #include "models/llama.h"
 #include "models/model.h"
 
@@ -227,8 +228,11 @@ TEST_F(EngineDevice, TwoRunsRepeatBitForBit) {
 // fp32 (the device's parameters are the master weights), bf16 and fp16
 // (loss scaling), at ZeRO 0 and 3, through pieces of 1024 elements that cut
 // tensors. The host account equals its plan; on a GPU the state left the
-// card for the host. On the CPU this is the GPU path's twin.
+// card for the host. On the CPU this is the GPU path's twin, with host
+// and device memory told apart (ts_k_check_host_blocks: a copy in the
+// wrong direction, or a device op on host state, fails the step).
 TEST_F(EngineDevice, OffloadedOptimizerStateTrainsTheDevicesBits) {
+  ts_k_check_host_blocks(1);
   const char *tmp = getenv("TEST_TMPDIR");
   std::string dir = tmp && *tmp ? tmp : "/tmp";
   for (ts_dtype dt : {TS_FP32, TS_BF16, TS_FP16})
@@ -272,7 +276,12 @@ TEST_F(EngineDevice, OffloadedOptimizerStateTrainsTheDevicesBits) {
       Trained disk = Train(model_, o, 3);
       EXPECT_EQ(dev.losses, disk.losses) << "offload_dir";
       EXPECT_TRUE(SameBits(dev.params, disk.params)) << "offload_dir";
+      o.offload_optimizer = 1;  // the disk's pieces beside a GPU: its twin on the CPU
+      Trained both = Train(model_, o, 3);
+      EXPECT_EQ(dev.losses, both.losses) << "offload_dir + offload_optimizer";
+      EXPECT_TRUE(SameBits(dev.params, both.params)) << "offload_dir + offload_optimizer";
     }
+  ts_k_check_host_blocks(0);
 }
 
 TEST_F(EngineDevice, TheLedgerEqualsThePlan) {

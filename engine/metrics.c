@@ -201,6 +201,16 @@ ts_status ts_metrics_write_summary(ts_metrics *m, const ts_metrics_summary *s) {
     cJSON_AddNumberToObject(db, "reserved", (double)d->reserved);
     cJSON_AddNumberToObject(db, "overhead", (double)d->overhead);
   }
+  if (s->host) { /* the host memory beside the GPU: rank 0's ledger */
+    cJSON *hb = cJSON_AddObjectToObject(sm, "host_bytes");
+    cJSON_AddNumberToObject(hb, "ledger_peak", (double)s->host->peak_total);
+    for (int c = 0; c < TS_MEM_NUM_CATEGORIES; c++)
+      if (s->host->peak[c])
+        cJSON_AddNumberToObject(hb, ts_mem_category_name((ts_mem_category)c),
+                                (double)s->host->peak[c]);
+  }
+  cJSON_AddStringToObject(sm, "offload_optimizer",
+                          eo->offload_dir ? "disk" : eo->offload_optimizer ? "host" : "none");
   cJSON_AddNumberToObject(sm, "zero_stage", eo->zero_stage);
   cJSON_AddStringToObject(sm, "dtype", ts_dtype_name(eo->dtype));
   char recompute[32];

@@ -86,6 +86,8 @@ typedef struct ts_metrics_summary {
   const ts_step_stats *last;             /* the last optimizer step (communication) */
   const double *mem;                     /* (world_size, TS_METRICS_RANK_FIELDS) */
   const ts_device_report *device;        /* rank 0's GPU as measured; NULL on the CPU */
+  const ts_mem_account *host;            /* beside a GPU rank 0's host account (its staging,
+                                            an offloaded optimizer state); NULL on the CPU */
   int slowest_rank;                      /* the straggler (trainer.h), else -1 */
   double straggler_ratio;                /* the threshold it was found with */
 } ts_metrics_summary;

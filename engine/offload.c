@@ -35,7 +35,7 @@ typedef struct slot {
   int64_t last_job; /* the newest job queued on it, -1: none since the last wait */
   uint64_t used_at; /* the last acquire or prefetch (least recently used goes first) */
   void *block[3];   /* ledger blocks (host): master (NULL in fp32), m, v */
-  int locked[3];    /* 1: page-locked (beside a GPU) */
+  int locked[3];    /* 1: registered (ts_engine_state_on_host: page-locked beside a GPU) */
   float *buf[3];    /* their ALIGN-aligned starts */
 } slot;
 
@@ -206,14 +206,14 @@ ts_status ts_offload_open(ts_engine *e) {
       TS_CHECK(ts_ledger_alloc(&e->ledger, TS_DEVICE_CPU, a == MASTER ? TS_MEM_MASTER : TS_MEM_OPTIM,
                                o->slot_bytes + ALIGN, &o->slots[k].block[a]));
       /* beside a GPU page-locked: the update's copies read and write them */
-      if (e->device != TS_DEVICE_CPU &&
+      if (ts_engine_state_on_host(e) &&
           ts_k_host_register(&e->ctx, o->slots[k].block[a], o->slot_bytes + ALIGN) != TS_OK)
         return ts_set_error(TS_ERR_OUT_OF_MEMORY,
                             "`offload_dir` %s: cannot page-lock %zu bytes of host memory for a "
                             "piece of the optimizer state (%s): expected a higher locked-memory "
                             "limit (ulimit -l) or a smaller `offload_piece`",
                             o->where, o->slot_bytes + ALIGN, ts_last_error());
-      o->slots[k].locked[a] = e->device != TS_DEVICE_CPU;
+      o->slots[k].locked[a] = ts_engine_state_on_host(e);
       uintptr_t p = (uintptr_t)o->slots[k].block[a];
       o->slots[k].buf[a] = (float *)((p + ALIGN - 1) / ALIGN * ALIGN);
     }

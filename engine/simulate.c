@@ -313,8 +313,14 @@ static void rec_op(void *user, ts_engine *e, ts_span_kind kind, int u) {
                                                : 2.0 * forward_flops(r->e, u) / rate;
       break;
     case TS_SPAN_OPTIMIZER:
-      t = cp->optimizer >= 0 ? cp->optimizer * adamw_share(r, u)
-                             : 32.0 * adamw_elements(r->e, u) / cp->mem_bandwidth;
+      if (r->e->opts.offload_optimizer) { /* over the host link, AdamW on the host */
+        double n = adamw_elements(r->e, u), es = (double)r->e->es;
+        double moved = (r->e->opts.dtype == TS_FP32 ? 3.0 : 2.0) * es * n;
+        t = moved / cp->host_link + 32.0 * n / cp->host_mem_bandwidth;
+      } else {
+        t = cp->optimizer >= 0 ? cp->optimizer * adamw_share(r, u)
+                               : 32.0 * adamw_elements(r->e, u) / cp->mem_bandwidth;
+      }
       break;
     default: t = 0.0;
   }
@@ -381,7 +387,15 @@ static ts_status record_stage(const ts_model *model, const ts_engine_opts *opts,
   if (rc == TS_OK) {
     g->r.bytes = st.comm_bytes;
     g->r.remote_bytes = st.comm_remote_bytes;
-    g->r.peak_bytes = ts_ledger_account(&e->ledger, e->device)->peak_total;
+    const ts_mem_account *acc = ts_ledger_account(&e->ledger, e->device);
+    g->r.peak_bytes = acc->peak_total;
+    /* offload_optimizer: the state and the update's pieces are the host's,
+     * not the simulated device's (the plan's device is the CPU, one
+     * account; those blocks live from create to free, so their bytes are
+     * in every moment's total) */
+    if (opts->offload_optimizer)
+      g->r.peak_bytes -= acc->current[TS_MEM_MASTER] + acc->current[TS_MEM_OPTIM] +
+                         acc->current[TS_MEM_STAGING];
   }
   ts_engine_free(e);
   return rc;
@@ -506,6 +520,13 @@ ts_status ts_simulate_stages(const ts_model *model, const ts_engine_opts *opts, 
                              ts_sim_result *out, ts_sim_result *stages) {
   memset(out, 0, sizeof *out);
   TS_CHECK(check_inputs(cluster, compute));
+  if (opts->offload_optimizer &&
+      (!(compute->host_link > 0) || !isfinite(compute->host_link) ||
+       !(compute->host_mem_bandwidth > 0) || !isfinite(compute->host_mem_bandwidth)))
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "simulate: host link %g, host memory %g bytes/s: expected both > 0 with "
+                        "`offload_optimizer`",
+                        compute->host_link, compute->host_mem_bandwidth);
   if (opts->offload_dir && (!(compute->disk_read > 0) || !isfinite(compute->disk_read) ||
                             !(compute->disk_write > 0) || !isfinite(compute->disk_write)))
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,

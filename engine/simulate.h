@@ -115,6 +115,12 @@ typedef struct ts_sim_compute {
   /* opts->offload_dir: the offload folder's disk, bytes/s read and written
    * (> 0; a job at a time, in queue order: offload.h's I/O thread) */
   double disk_read, disk_write;
+  /* opts->offload_optimizer: the state in host memory beside each device
+   * (ZeRO-Offload), updated as train does it: a unit's gradient copied to
+   * the host over host_link (bytes/s each way; fp32 its parameters too),
+   * AdamW at host_mem_bandwidth (bytes/s, 32 per element as on the
+   * device), the parameters copied back; one after another (> 0 each) */
+  double host_link, host_mem_bandwidth;
 } ts_sim_compute;
 
 typedef struct ts_sim_result {

@@ -163,7 +163,7 @@ struct ts_engine {
     ts_status st;          /* the first error of a unit's action, returned by OPTIMIZER_END */
     float scale;           /* each gradient's factor: clip / loss scale */
     double norm;           /* the global gradient norm, unscaled */
-    void *host_grad;       /* ts_engine_update_staged: (stage_n) a gradient piece, host
+    void *host_grad;       /* ts_engine_state_on_host: (stage_n) a gradient piece, host
                               (page-locked beside a GPU), compute dtype; else NULL */
     void *host_param;      /* (stage_n) a parameter piece, host, compute dtype */
     size_t stage_n;        /* elements of each */
@@ -202,30 +202,25 @@ struct ts_engine {
   } ckpt;
 };
 
-/* Whether the optimizer state (master, m, v, or an offload's slots) is in
- * host memory beside a device (opts.offload_optimizer or offload_dir on a
- * GPU): copies into and out of it are host copies. */
+/* Whether the optimizer state (master, m, v, or an offload's slots) is
+ * host memory apart from the device's (opts.offload_optimizer, or
+ * offload_dir beside a GPU): page-locked, copied into and out of as host
+ * memory, and each unit's AdamW runs on host copies of its gradient and
+ * parameters (tensors.c ts_engine_adamw_part). On the CPU device
+ * offload_optimizer takes the same path, a twin of the GPU's for tests
+ * (kernels.h ts_k_check_host_blocks tells the two memories apart there). */
 static inline int ts_engine_state_on_host(const ts_engine *e) {
-  return e->device != TS_DEVICE_CPU && (e->opts.offload_optimizer || e->opts.offload_dir);
+  return e->opts.offload_optimizer || (e->opts.offload_dir && e->device != TS_DEVICE_CPU);
 }
 
-/* Whether each unit's AdamW runs on host copies of its gradient and
- * parameters (tensors.c ts_engine_adamw_part): the state on the host
- * beside a device, or opts.offload_optimizer on the CPU (the same path,
- * a twin for tests). */
-static inline int ts_engine_update_staged(const ts_engine *e) {
-  return e->opts.offload_optimizer || ts_engine_state_on_host(e);
-}
-
-/* The host's kernel context: e->ctx on the CPU; beside a device a CPU
- * context without workspace or stream, with e->ctx's flags (a plan's runs
- * nothing). Runs AdamW and the copies on state in host memory. */
+/* The host's kernel context: a CPU context without workspace or stream,
+ * with e->ctx's flags (a plan's runs nothing) and TS_K_HOST_SIDE (its
+ * pointers are host memory). Runs AdamW on state in host memory. */
 static inline ts_kctx ts_engine_host_ctx(const ts_engine *e) {
-  if (e->device == TS_DEVICE_CPU) return e->ctx;
   ts_kctx c;
   memset(&c, 0, sizeof c);
   c.device = TS_DEVICE_CPU;
-  c.flags = e->ctx.flags;
+  c.flags = e->ctx.flags | TS_K_HOST_SIDE;
   return c;
 }
 

@@ -68,7 +68,7 @@ static int ts_slice_next(ts_slice_iter *it, ts_slice *s) {
 
 /* AdamW of n elements whose state (master, m, v: host) is in host memory
  * while their gradient and parameters (device) are not
- * (ts_engine_update_staged), in pieces of the staging's length: the
+ * (ts_engine_state_on_host), in pieces of the staging's length: the
  * gradient piece copied to the host, the CPU's AdamW (the device's element
  * update: the same bits), the updated parameters copied back. master NULL
  * (fp32): the device's parameters are the master weights, copied to the
@@ -110,7 +110,7 @@ ts_status ts_engine_adamw_part(ts_engine *e, int u, float lr, float scale, size_
         (char *)s->params + (ts_engine_held_offset(e, u, z->shard_params, sl.begin) + d) * e->es;
     const char *grad =
         (const char *)s->grads + (ts_engine_held_offset(e, u, z->shard_grads, sl.begin) + d) * e->es;
-    if (ts_engine_update_staged(e)) {
+    if (ts_engine_state_on_host(e)) {
       TS_CHECK(adamw_staged(e, at[0] ? at[0] + (a - lo) : NULL, param, grad, at[1] + (a - lo),
                             at[2] + (a - lo), b - a, &hp));
       continue;
@@ -229,9 +229,8 @@ typedef struct state_copy {
 
 /* Host values into state (host or device memory: ts_engine_state_on_host). */
 static ts_status state_from_host(ts_engine *e, float *dst, const float *src, size_t n) {
-  if (!ts_engine_state_on_host(e)) return ts_k_from_host(&e->ctx, dst, src, n * 4);
-  ts_kctx host = ts_engine_host_ctx(e);
-  return ts_k_copy(&host, dst, src, n * 4);
+  return ts_engine_state_on_host(e) ? ts_k_host_copy(&e->ctx, dst, src, n * 4)
+                                    : ts_k_from_host(&e->ctx, dst, src, n * 4);
 }
 
 static ts_status copy_state(void *arg, float *const at[3], size_t first, size_t count) {

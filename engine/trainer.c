@@ -550,6 +550,7 @@ static ts_status write_summary(run *r, ts_train_result *res) {
         .last = &r->last,
         .mem = mem,
         .device = r->eo.device != TS_DEVICE_CPU ? &dev : NULL,
+        .host = r->eo.device != TS_DEVICE_CPU ? ts_engine_host_memory(r->engine) : NULL,
         .slowest_rank = res->slowest_rank,
         .straggler_ratio = TS_TRAIN_STRAGGLER_RATIO,
     };

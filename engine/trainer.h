@@ -27,7 +27,9 @@
  * (m+P-1))} (P > 1 only), device ("cpu",
  * "cuda"; on a GPU also gpu_name, gpu_index and device_bytes: {total,
  * ledger_peak, used_at_create, used_now, reserved, overhead}, engine.h
- * ts_device_report), zero_stage, dtype,
+ * ts_device_report, and host_bytes: {ledger_peak, and each category's peak
+ * that is not 0}, rank 0's host account), offload_optimizer ("none",
+ * "host", "disk"), zero_stage, dtype,
  * activation_checkpointing ("none", "all", "every:K"),
  * activation_bytes_predicted, skipped_steps, loss_scale (final),
  * micro_batch, grad_accum, global_batch, seq, comm_bytes_per_step,

@@ -13,6 +13,7 @@
 #include "kernels/kernels.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -157,6 +158,31 @@ ts_status ts_k_host_copy(const ts_kctx *ctx, void *h_dst, const void *h_src, siz
   return TS_OK;
 }
 
+/* ts_k_check_host_blocks' registry: the ranges registered while it is on. */
+enum { HOST_BLOCKS_MAX = 4096 };
+int ts_k_host_blocks_checked;
+static struct {
+  const char *lo, *hi;
+} host_blocks[HOST_BLOCKS_MAX];
+static int n_host_blocks;
+static pthread_mutex_t host_blocks_mu = PTHREAD_MUTEX_INITIALIZER;
+
+void ts_k_check_host_blocks(int on) {
+  pthread_mutex_lock(&host_blocks_mu);
+  ts_k_host_blocks_checked = on;
+  if (!on) n_host_blocks = 0;
+  pthread_mutex_unlock(&host_blocks_mu);
+}
+
+int ts_k_in_host_block(const void *p) {
+  const char *q = p;
+  int in = 0;
+  pthread_mutex_lock(&host_blocks_mu);
+  for (int i = 0; i < n_host_blocks && !in; i++) in = q >= host_blocks[i].lo && q < host_blocks[i].hi;
+  pthread_mutex_unlock(&host_blocks_mu);
+  return in;
+}
+
 static const k_op OP_HOST_REGISTER = {"ts_k_host_register", 0, 1, {"h"}};
 
 ts_status ts_k_host_register(const ts_kctx *ctx, void *h, size_t nbytes) {
@@ -164,13 +190,32 @@ ts_status ts_k_host_register(const ts_kctx *ctx, void *h, size_t nbytes) {
   const ts_k_backend *be;
   int run;
   TS_CHECK(k_check(&OP_HOST_REGISTER, &c, &be, &run));
+  if (run && ts_k_host_blocks_checked) {
+    pthread_mutex_lock(&host_blocks_mu);
+    int full = n_host_blocks == HOST_BLOCKS_MAX;
+    if (!full) {
+      host_blocks[n_host_blocks].lo = h;
+      host_blocks[n_host_blocks++].hi = (const char *)h + nbytes;
+    }
+    pthread_mutex_unlock(&host_blocks_mu);
+    if (full)
+      return ts_set_error(TS_ERR_OUT_OF_MEMORY, "ts_k_host_register: more than %d blocks checked",
+                          HOST_BLOCKS_MAX);
+  }
   return run && be->host_register ? be->host_register(h, nbytes) : TS_OK;
 }
 
 void ts_k_host_unregister(const ts_kctx *ctx, void *h) {
   const ts_k_backend *be;
-  if (h && ctx && !(ctx->flags & TS_K_PLAN) &&
-      backend_for(ctx->device, "ts_k_host_unregister", &be) == TS_OK && be->host_unregister)
+  if (!h || !ctx || (ctx->flags & TS_K_PLAN)) return;
+  pthread_mutex_lock(&host_blocks_mu);
+  for (int i = 0; i < n_host_blocks; i++)
+    if (host_blocks[i].lo == h) {
+      host_blocks[i] = host_blocks[--n_host_blocks];
+      break;
+    }
+  pthread_mutex_unlock(&host_blocks_mu);
+  if (backend_for(ctx->device, "ts_k_host_unregister", &be) == TS_OK && be->host_unregister)
     be->host_unregister(h);
 }
 

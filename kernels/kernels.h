@@ -101,6 +101,23 @@ typedef struct ts_kctx {
  * its buffers may be addresses without memory (shard/ledger.h's plan
  * ledger). Queries (workspace and state bytes) answer as for ctx->device. */
 #define TS_K_PLAN 8u
+/* ctx->flags: a CPU context doing host work beside a device (an offloaded
+ * optimizer's AdamW on host memory): its pointers are host memory, so
+ * ts_k_check_host_blocks leaves them alone. */
+#define TS_K_HOST_SIDE 16u
+
+/* Testing: on (1), every op's device pointers are checked against the host
+ * blocks registered since (ts_k_host_register adds its range on any
+ * device, the CPU included; ts_k_host_unregister removes it): a device
+ * pointer (a name without the h_ prefix, kernels.h's) inside one, on a
+ * context without TS_K_HOST_SIDE, is refused (TS_ERR_INVALID_ARGUMENT:
+ * "ts_k_copy: dst is host memory (a ts_k_host_register block): expected
+ * memory of the context's device"). On the CPU, where host and device
+ * memory are one, this tells them apart as a GPU would, so a CPU twin of a
+ * GPU path catches a copy in the wrong direction. Off (0, the default):
+ * nothing is recorded; turning it off forgets every range. Not for use
+ * while other threads run ops. */
+void ts_k_check_host_blocks(int on);
 
 /* ---- devices, contexts and memory --------------------------------------- */
 

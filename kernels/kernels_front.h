@@ -9,6 +9,8 @@
 #ifndef TS_KERNELS_KERNELS_FRONT_H
 #define TS_KERNELS_KERNELS_FRONT_H
 
+#include <string.h>
+
 #include "kernels/backend.h"
 #include "kernels/kernels.h"
 
@@ -88,6 +90,11 @@ static const char k_unused_;
 enum { K_MAX_DTYPES = 2, K_MAX_PTRS = 10 };
 
 /* A row of the front's table: what is checked of every call of one op. */
+/* ts_k_check_host_blocks (kernels.c): on, and whether p lies in a block
+ * registered while on. */
+extern int ts_k_host_blocks_checked;
+int ts_k_in_host_block(const void *p);
+
 typedef struct k_op {
   const char *name;             /* the public name, in every message ("ts_k_add") */
   int n_dtypes;                 /* its dtype arguments, each fp32, bf16 or fp16 */
@@ -127,6 +134,14 @@ static inline ts_status k_check(const k_op *op, const k_call *c, const ts_k_back
   if (c->invalid != TS_OK) return c->invalid; /* its message is the last error */
   if (c->empty) return TS_OK;
   for (int i = 0; i < op->n_ptrs; i++) TS_CHECK(check_ptr(c->ptrs[i], op->ptrs[i], op->name));
+  if (ts_k_host_blocks_checked && !(c->ctx->flags & TS_K_HOST_SIDE))
+    for (int i = 0; i < op->n_ptrs; i++)
+      if (strncmp(op->ptrs[i], "h_", 2) && strcmp(op->ptrs[i], "h") && c->ptrs[i] != K_UNUSED &&
+          ts_k_in_host_block(c->ptrs[i]))
+        return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                            "%s: %s is host memory (a ts_k_host_register block): expected "
+                            "memory of the context's device",
+                            op->name, op->ptrs[i]);
   if (c->conflict != TS_OK) return c->conflict;
   TS_CHECK(check_workspace(c->ctx, c->workspace, op->name));
   *run = !(c->ctx->flags & TS_K_PLAN);

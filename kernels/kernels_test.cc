@@ -622,3 +622,41 @@ TEST(Batch, CountsTargetsAndChecksIndicesOnTheHost) {
 }
 
 }  // namespace
+
+// ts_k_check_host_blocks: on the CPU, where host and device memory are one,
+// a registered host block is refused as a device pointer (a copy in the
+// wrong direction, a kernel on host memory) and accepted where the op names
+// host memory (h_ arguments) or the context does host work
+// (TS_K_HOST_SIDE); unregistering forgets the range; off, nothing is
+// checked.
+TEST(HostBlocks, ARegisteredHostBlockIsRefusedAsDeviceMemory) {
+  CpuCtx c;
+  std::vector<float> host(64, 1.0f), dev(64, 2.0f);
+  ts_k_check_host_blocks(1);
+  ASSERT_EQ(ts_k_host_register(c.get(), host.data(), host.size() * 4), TS_OK) << ts_last_error();
+  EXPECT_EQ(ts_k_copy(c.get(), host.data() + 8, dev.data(), 16), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_STREQ(ts_last_error(),
+               "ts_k_copy: dst is host memory (a ts_k_host_register block): expected memory of "
+               "the context's device");
+  EXPECT_EQ(ts_k_from_host(c.get(), host.data(), dev.data(), 16), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(ts_k_to_host(c.get(), dev.data(), host.data() + 63, 4), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(host[8], 1.0f);  // a refused call wrote nothing
+  // the right directions, and host work
+  EXPECT_EQ(ts_k_to_host(c.get(), host.data(), dev.data(), 16), TS_OK) << ts_last_error();
+  EXPECT_EQ(host[0], 2.0f);
+  EXPECT_EQ(ts_k_from_host(c.get(), dev.data(), host.data() + 32, 16), TS_OK) << ts_last_error();
+  EXPECT_EQ(ts_k_host_copy(c.get(), host.data() + 4, host.data(), 16), TS_OK) << ts_last_error();
+  ts_kctx side = c.ctx;
+  side.flags |= TS_K_HOST_SIDE;
+  EXPECT_EQ(ts_k_copy(&side, host.data() + 8, dev.data(), 16), TS_OK) << ts_last_error();
+  EXPECT_EQ(ts_k_copy(c.get(), dev.data() + 8, dev.data(), 16), TS_OK) << ts_last_error();
+  // unregistered, it is device memory again
+  ts_k_host_unregister(c.get(), host.data());
+  EXPECT_EQ(ts_k_copy(c.get(), host.data(), dev.data(), 16), TS_OK) << ts_last_error();
+  ASSERT_EQ(ts_k_host_register(c.get(), host.data(), host.size() * 4), TS_OK);
+  ts_k_check_host_blocks(0);  // off: forgotten, nothing checked
+  EXPECT_EQ(ts_k_copy(c.get(), host.data(), dev.data(), 16), TS_OK) << ts_last_error();
+  ts_k_check_host_blocks(1);
+  EXPECT_EQ(ts_k_copy(c.get(), host.data(), dev.data(), 16), TS_OK) << "the range was forgotten";
+  ts_k_check_host_blocks(0);
+}

@@ -22,6 +22,7 @@
 #include "engine/engine_testing.h"
 #include "engine/step_testing.h"
 #include "engine/simulate.h"
+#include "kernels/kernels.h"
 #include "models/llama.h"
 #include "tests/tiny_model.h"
 
@@ -624,6 +625,7 @@ struct CallLog {
 // the same bits, alone with pieces of 1024 elements and with the disk.
 TEST(Offload, ToHostOrDiskGivesTheBitsOfTheStateInMemory) {
   size_t N = (size_t)ts_comm_size(World());
+  ts_k_check_host_blocks(1);  // host and device memory told apart, as on a GPU
   for (ts_dtype dt : {TS_FP32, TS_BF16, TS_FP16})
     for (int stage = 0; stage <= 3; stage++) {
       SCOPED_TRACE(std::string(ts_dtype_name(dt)) + ", stage " + std::to_string(stage));
@@ -693,6 +695,7 @@ TEST(Offload, ToHostOrDiskGivesTheBitsOfTheStateInMemory) {
     EXPECT_TRUE(BitwiseEqual(mem.params, host.params));
     EXPECT_TRUE(BitwiseEqual(mem.state, host.state));
   }
+  ts_k_check_host_blocks(0);
 }
 
 TEST(ZeroStages, AnObserverIsToldEveryCallOfTheGroupAndEveryWait) {
@@ -1299,6 +1302,54 @@ TEST(Simulator, OffloadWaitsForItsDisk) {
     ts_sim_result bad{};
     EXPECT_EQ(ts_simulate(&model, &off, N, &cl, &cp, &bad), TS_ERR_INVALID_ARGUMENT);
     EXPECT_NE(std::string(ts_last_error()).find("expected both > 0 with `offload_dir`"),
+              std::string::npos)
+        << ts_last_error();
+    ts_model_free(&model);
+  }
+}
+
+// The optimizer state in host memory (opts.offload_optimizer): each unit's
+// update is its gradient to the host and its parameters back over the
+// host link (fp32: its parameters out too), AdamW at the host's memory
+// rate, in place of AdamW at the device's: the step grows by exactly the
+// difference summed over the units, the compute by the same, and the
+// device's peak loses the state (master, optim) it no longer holds.
+TEST(Simulator, OffloadedOptimizerCrossesTheHostLink) {
+  size_t N = (size_t)ts_comm_size(World());
+  if (N != 1) GTEST_SKIP() << "one rank: the update alone on the critical path";
+  ts_sim_compute cp = SimCompute();
+  ts_sim_cluster cl = SimCluster(1e9, 1e-5);
+  for (ts_dtype dt : {TS_FP32, TS_BF16}) {
+    SCOPED_TRACE(ts_dtype_name(dt));
+    TrainSetup s;
+    s.dtype = dt;
+    ts_model model = MakeModel(s);
+    ts_engine_opts plain = OptsOf(s, N);
+    s.offload_optimizer = true;
+    ts_engine_opts off = OptsOf(s, N);
+    cp.host_link = 2e9;
+    cp.host_mem_bandwidth = 5e9;
+    ts_sim_result p{}, o{};
+    ASSERT_EQ(ts_simulate(&model, &plain, N, &cl, &cp, &p), TS_OK) << ts_last_error();
+    ASSERT_EQ(ts_simulate(&model, &off, N, &cl, &cp, &o), TS_OK) << ts_last_error();
+    double es = (double)ts_dtype_size(dt), extra = 0.0;
+    for (int u = 0; u < model.n_units; u++) {
+      ts_flat_layout l;
+      ASSERT_EQ(ts_engine_unit_layout(&model, u, N, &l), TS_OK);
+      double n = (double)l.padded;  // stage 0: the whole unit
+      extra += (dt == TS_FP32 ? 3.0 : 2.0) * es * n / cp.host_link +
+               32.0 * n / cp.host_mem_bandwidth - 32.0 * n / cp.mem_bandwidth;
+    }
+    EXPECT_NEAR(o.step_s - p.step_s, extra, 1e-9 * o.step_s);
+    EXPECT_NEAR(o.compute_s - p.compute_s, extra, 1e-9 * o.step_s);
+    ts_mem_account dev;
+    ASSERT_EQ(ts_engine_plan(&model, &plain, N, &dev), TS_OK);
+    EXPECT_EQ(p.peak_bytes, dev.peak_total);
+    EXPECT_EQ(o.peak_bytes, dev.peak_total - dev.current[TS_MEM_MASTER] - dev.current[TS_MEM_OPTIM]);
+    cp.host_link = 0;
+    ts_sim_result bad{};
+    EXPECT_EQ(ts_simulate(&model, &off, N, &cl, &cp, &bad), TS_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(ts_last_error()).find("expected both > 0 with `offload_optimizer`"),
               std::string::npos)
         << ts_last_error();
     ts_model_free(&model);

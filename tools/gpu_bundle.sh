@@ -14,6 +14,10 @@
 #   DIR/run_overlap.sh [MODEL] [RANKS] on the GPU machine: tools/bench_overlap.sh
 #                                  (overlap off/on, ZeRO-3, gather-once) on
 #                                  RANKS ranks under DIR/mpirun (default 2)
+#   DIR/run_offload.sh [STEPS]     on the GPU machine: tools/bench_offload_gpu.sh,
+#                                  llama-2-7b bf16 with --offload optimizer
+#                                  (tokens/s, MFU, device and host peaks
+#                                  beside the plan)
 #   DIR/run_bench.sh [STEPS]       on the GPU machine: tools/bench_gpu.sh,
 #                                  tessera against PyTorch (which must be
 #                                  there: python3 with torch and transformers);
@@ -266,7 +270,7 @@ chmod +x "$DIR/mpirun"
 # Presets, the benchmark, the PyTorch peer and the KJV token folder.
 mkdir -p "$DIR/models" "$DIR/tools/peer"
 cp -r models/configs "$DIR/models/"
-cp tools/bench_gpu.sh tools/bench_overlap.sh "$DIR/tools/"
+cp tools/bench_gpu.sh tools/bench_overlap.sh tools/bench_offload_gpu.sh "$DIR/tools/"
 cp tools/peer/torch_llama.py tools/peer/torch_bert.py "$DIR/tools/peer/"
 # The tests' data, at the paths they open relative to their working
 # directory (Bazel's runfiles root there; the bundle's root here).
@@ -295,6 +299,17 @@ export DATA_MLM="${DATA_MLM:-$B/data/kjv-mlm}"
 exec "$B/tools/bench_gpu.sh" "$@"
 EOF
 chmod +x "$DIR/run_bench.sh"
+
+cat >"$DIR/run_offload.sh" <<'EOF'
+#!/usr/bin/env bash
+# tools/bench_offload_gpu.sh from this bundle (made by tools/gpu_bundle.sh):
+# llama-2-7b bf16 on this machine's GPU with --offload optimizer. Arguments
+# and environment as bench_offload_gpu.sh's (STEPS; MODEL, MB, SEQ, ACCUM).
+B="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+export TESSERA_BIN="$B/tessera" TESSERA_HOME="$B" DATA="${DATA:-$B/data/kjv}"
+exec "$B/tools/bench_offload_gpu.sh" "$@"
+EOF
+chmod +x "$DIR/run_offload.sh"
 
 cat >"$DIR/run_overlap.sh" <<'EOF'
 #!/usr/bin/env bash

@@ -224,7 +224,7 @@ int ts_tool_simulate(int argc, char **argv) {
   int stage = -1, json = 0, algorithm = TS_SIM_BEST;
   float peak_tflops = 989.0f, efficiency = 0.48f, mem_gbps = 3350.0f, slowdown = 1.0f,
         overhead = 0.0f, memory_gb = 80.0f, shared_cores = 0.0f, disk_read = 7.0f,
-        disk_write = 5.0f;
+        disk_write = 5.0f, host_link = 55.0f, host_mem = 100.0f;
   ts_engine_opts opts = ts_engine_default_opts();
   opts.dtype = TS_BF16;
   opts.micro_batch = 1;
@@ -310,6 +310,18 @@ int ts_tool_simulate(int argc, char **argv) {
                     NULL),
       TS_FLAG_FLOAT("--disk-write", NULL, &disk_write, "GB/s",
                     "--offload-dir: the disk's write rate (default 5)", NULL),
+      TS_FLAG_CUSTOM("--offload", NULL, &opts.offload_optimizer, ts_tool_parse_offload,
+                     "none|optimizer",
+                     "optimizer: train --offload optimizer's update: each unit's gradient to "
+                     "the host and its parameters back over --host-link, AdamW at "
+                     "--host-memory-bandwidth (default none)",
+                     NULL),
+      TS_FLAG_FLOAT("--host-link", NULL, &host_link, "GB/s",
+                    "--offload optimizer: device-host copies each way (default 55: PCIe 5 x16, "
+                    "64 GB/s a direction before protocol overhead)",
+                    NULL),
+      TS_FLAG_FLOAT("--host-memory-bandwidth", NULL, &host_mem, "GB/s",
+                    "--offload optimizer: the host's memory rate for AdamW (default 100)", NULL),
       TS_FLAG_SWITCH("--json", NULL, &json, "one JSON object instead of the table"),
   };
   int r = ts_flags_parse("simulate", flags, sizeof flags / sizeof *flags, argc, argv, USAGE);
@@ -327,6 +339,10 @@ int ts_tool_simulate(int argc, char **argv) {
   if (per_node > INT32_MAX)
     return ts_flags_error("simulate", "--ranks-per-node %zu: expected at most %d", per_node,
                           INT32_MAX);
+  if (!(host_link > 0) || !(host_mem > 0))
+    return ts_flags_error("simulate",
+                          "--host-link %g, --host-memory-bandwidth %g: expected both > 0 GB/s",
+                          (double)host_link, (double)host_mem);
   if (!(disk_read > 0) || !(disk_write > 0))
     return ts_flags_error("simulate", "--disk-read %g, --disk-write %g: expected both > 0 GB/s",
                           (double)disk_read, (double)disk_write);
@@ -349,7 +365,9 @@ int ts_tool_simulate(int argc, char **argv) {
                        .other = overhead,
                        .shared_cores = shared_cores,
                        .disk_read = disk_read * 1e9,
-                       .disk_write = disk_write * 1e9};
+                       .disk_write = disk_write * 1e9,
+                       .host_link = host_link * 1e9,
+                       .host_mem_bandwidth = host_mem * 1e9};
   ts_model m;
   memset(&m, 0, sizeof m);
   char path[4096];
@@ -462,6 +480,10 @@ int ts_tool_simulate(int argc, char **argv) {
   if (disk)
     printf("offload: the optimizer state on a disk of %.3g GB/s read, %.3g GB/s write\n",
            (double)disk_read, (double)disk_write);
+  if (opts.offload_optimizer)
+    printf("offload: the optimizer state in host memory; %.3g GB/s each way to the host, AdamW "
+           "at %.3g GB/s of host memory\n",
+           (double)host_link, (double)host_mem);
   printf(
       "| ZeRO | step s | compute s | exposed comm s |%s%s GB within a node | GB across nodes | "
       "tokens/s per rank | MFU | peak GB (plan) |\n"
