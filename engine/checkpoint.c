@@ -146,11 +146,12 @@ static const char *held_chunk(const ts_engine *e, const chunk *c) {
 }
 
 /* Whether chunk c's bytes are host memory where the engine holds them:
- * everything on the CPU, beside a device the optimizer state in host
- * memory (ts_engine_state_on_host). */
+ * everything on the CPU, beside a device the optimizer state and the
+ * parameter shards where offloaded (ts_engine_state_on_host,
+ * ts_engine_params_on_host). */
 static int chunk_on_host(const ts_engine *e, const chunk *c) {
   return e->device == TS_DEVICE_CPU ||
-         (c->kind != TS_CHECKPOINT_PARAM && ts_engine_state_on_host(e));
+         (c->kind == TS_CHECKPOINT_PARAM ? ts_engine_params_on_host(e) : ts_engine_state_on_host(e));
 }
 
 /* Whether chunk c is optimizer state kept in an offload's file (its

@@ -60,7 +60,7 @@ static ts_status init_unit(ts_engine *e, int u) {
   unit_state *s = &e->units[u];
   size_t P = s->layout.padded, S = s->layout.shard, r0 = ts_engine_shard_begin(e, u);
   ts_dtype dt = e->opts.dtype;
-  if (dt == TS_FP32 && !e->zero->shard_params)
+  if (dt == TS_FP32 && !e->zero->shard_params) /* (never with offload_params: stage 3) */
     return ts_model_init_unit(e->model, u, &e->ctx, s->params, e->opts.seed);
   /* A transient full fp32 copy of the unit, scratch of initialisation
    * (workspace), so that the model-state categories hold model state only. */
@@ -77,18 +77,26 @@ static ts_status init_unit(ts_engine *e, int u) {
   if (st == TS_OK && s->master)
     st = ts_engine_state_on_host(e) ? ts_k_to_host(&e->ctx, s->master, own, n_opt * 4)
                                     : ts_k_copy(&e->ctx, s->master, own, n_opt * 4);
-  if (st == TS_OK)
+  if (st == TS_OK && ts_engine_params_on_host(e)) { /* the shard cast here, then to the host */
+    void *cast = NULL;
+    st = ts_ledger_alloc(&e->ledger, e->device, TS_MEM_WORKSPACE, S * e->es, &cast);
+    if (st == TS_OK) st = ts_k_cast(&e->ctx, cast, dt, full + r0, TS_FP32, S);
+    if (st == TS_OK) st = ts_k_to_host(&e->ctx, s->params, cast, S * e->es);
+    ts_ledger_free(&e->ledger, cast);
+  } else if (st == TS_OK) {
     st = e->zero->shard_params ? ts_k_cast(&e->ctx, s->params, dt, full + r0, TS_FP32, S)
                                : ts_k_cast(&e->ctx, s->params, dt, full, TS_FP32, P);
+  }
   ts_ledger_free(&e->ledger, full);
   return st;
 }
 
 ts_status ts_engine_alloc_model_state(ts_ledger *ledger, ts_device dev, const ts_flat_layout *l,
                                       const ts_zero_policy *z, ts_dtype dt, ts_state_place place,
-                                      unit_state *s) {
+                                      int params_on_host, unit_state *s) {
   size_t P = l->padded, S = l->shard, es = ts_dtype_size(dt);
-  TS_CHECK(ts_ledger_alloc(ledger, dev, TS_MEM_PARAMS, (z->shard_params ? S : P) * es, &s->params));
+  TS_CHECK(ts_ledger_alloc(ledger, params_on_host ? TS_DEVICE_CPU : dev, TS_MEM_PARAMS,
+                           (z->shard_params ? S : P) * es, &s->params));
   TS_CHECK(ts_ledger_alloc(ledger, dev, TS_MEM_GRADS, (z->shard_grads ? S : P) * es, &s->grads));
   if (place == TS_STATE_IN_FILE) return TS_OK; /* the optimizer state: offload.c's */
   ts_device sd = place == TS_STATE_ON_HOST ? TS_DEVICE_CPU : dev;
@@ -155,12 +163,16 @@ static ts_status alloc_unit(ts_engine *e, int u) {
                         : e->opts.offload_optimizer ? TS_STATE_ON_HOST
                                                     : TS_STATE_ON_DEVICE;
   TS_CHECK(ts_engine_alloc_model_state(&e->ledger, e->device, &s->layout, e->zero, e->opts.dtype,
-                                       place, s));
+                                       place, ts_engine_params_on_host(e), s));
+  char what[64];
   if (place == TS_STATE_ON_HOST) {
     void *const state[3] = {s->master, s->m, s->v};
-    char what[64];
     snprintf(what, sizeof what, "unit %d's optimizer state", u);
     TS_CHECK(lock_host(e, state, 3, what));
+  }
+  if (ts_engine_params_on_host(e)) {
+    snprintf(what, sizeof what, "unit %d's parameter shard", u);
+    TS_CHECK(lock_host(e, &s->params, 1, what));
   }
   s->recompute = ts_engine_is_recomputed(e->model, &e->opts, u);
   TS_CHECK(alloc_saved(e, &e->slots[0], u));
@@ -375,6 +387,22 @@ static ts_status check_opts(const ts_model *model, const ts_engine_opts *opts) {
   if (opts->offload_optimizer != 0 && opts->offload_optimizer != 1)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "`offload_optimizer` %d: expected 0 or 1",
                         opts->offload_optimizer);
+  if (opts->offload_params != 0 && opts->offload_params != 1)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "`offload_params` %d: expected 0 or 1",
+                        opts->offload_params);
+  if (opts->offload_params && opts->zero_stage != 3)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "`offload_params` at ZeRO stage %d: expected stage 3 (the parameters "
+                        "sharded)",
+                        opts->zero_stage);
+  if (opts->offload_params && !opts->offload_optimizer)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "`offload_params` without `offload_optimizer`: expected both (the host's "
+                        "AdamW writes the host's parameters)");
+  if (opts->offload_params && opts->pipeline_stages > 1)
+    return ts_set_error(TS_ERR_UNSUPPORTED,
+                        "`offload_params` with %d pipeline stages: not built; expected 1",
+                        opts->pipeline_stages);
   if (opts->offload_dir && !opts->offload_dir[0])
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "`offload_dir` \"\": expected a folder");
   if (opts->offload_piece % 1024 || opts->offload_piece > ((size_t)1 << 40))
@@ -564,6 +592,7 @@ void ts_engine_free(ts_engine *e) {
         void *const state[3] = {s->master, s->m, s->v};
         unlock_host(e, state, 3);
       }
+      if (ts_engine_params_on_host(e)) unlock_host(e, &s->params, 1);
       ts_engine_free_model_state(&e->ledger, s);
       ts_shard_release(&e->ledger, &s->full_params);
       ts_shard_release(&e->ledger, &s->full_grads);

@@ -246,6 +246,13 @@ typedef struct ts_engine_opts {
    * without it: the flag runs the GPU's path there (the same copies,
    * within host memory), a twin for tests, saving nothing. */
   int offload_optimizer;
+  /* 1 (ZeRO stage 3, with offload_optimizer, one pipeline stage): this
+   * rank's parameter shards in host memory too (ZeRO-Infinity's parameter
+   * offload), page-locked beside a GPU and charged to the host account:
+   * each all-gather first copies the shard to the device, into its place
+   * in the gathered buffer; the update writes the host's shard directly.
+   * The same bits. On the CPU, like offload_optimizer, a twin for tests. */
+  int offload_params;
   /* Pipeline stages (DESIGN.md "Pipeline stages"; ts_engine_create_pipeline):
    * the units split into P contiguous stages, each stage's grad_accum
    * micro-batches run by the schedule. P = 1: no pipelining. */

@@ -227,7 +227,8 @@ TEST_F(EngineDevice, TwoRunsRepeatBitForBit) {
 // (the CPU's AdamW is the device's element update, kernels.h ts_k_adamw), in
 // fp32 (the device's parameters are the master weights), bf16 and fp16
 // (loss scaling), at ZeRO 0 and 3, through pieces of 1024 elements that cut
-// tensors. The host account equals its plan; on a GPU the state left the
+// tensors; at ZeRO 3 with the parameter shards on the host too
+// (opts.offload_params: each gather copies the shard to the device). The host account equals its plan; on a GPU the state left the
 // card for the host. On the CPU this is the GPU path's twin, with host
 // and device memory told apart (ts_k_check_host_blocks: a copy in the
 // wrong direction, or a device op on host state, fails the step).
@@ -280,6 +281,19 @@ TEST_F(EngineDevice, OffloadedOptimizerStateTrainsTheDevicesBits) {
       Trained both = Train(model_, o, 3);
       EXPECT_EQ(dev.losses, both.losses) << "offload_dir + offload_optimizer";
       EXPECT_TRUE(SameBits(dev.params, both.params)) << "offload_dir + offload_optimizer";
+      o.offload_dir = nullptr;
+      if (stage == 3) {  // the parameter shards in host memory too, gathered from there
+        o.offload_params = 1;
+        Trained params = Train(model_, o, 3);
+        EXPECT_EQ(dev.losses, params.losses) << "offload_params";
+        EXPECT_TRUE(SameBits(dev.params, params.params)) << "offload_params";
+        ts_mem_account plan_p, host_p, disk_p;
+        ASSERT_EQ(ts_engine_plan_stage_host(&model_, &o, 1, 0, &plan_p, &host_p, &disk_p), TS_OK);
+        if (kDevice != TS_DEVICE_CPU) {  // the shards left the card: only the gathered units
+          EXPECT_GT(host_p.current[TS_MEM_PARAMS], 0u);
+          EXPECT_EQ(plan_p.current[TS_MEM_PARAMS], 0u);
+        }
+      }
     }
   ts_k_check_host_blocks(0);
 }

@@ -74,11 +74,12 @@ typedef enum ts_state_place {
 } ts_state_place;
 
 /* The model state of one flat buffer of layout l under policy z in dt
- * (zero.h's table): s->params, grads on dev, and where `place` says
- * master (NULL in fp32), m, v. */
+ * (zero.h's table): s->params (params_on_host: in host memory, the CPU
+ * account), grads on dev, and where `place` says master (NULL in fp32),
+ * m, v. */
 ts_status ts_engine_alloc_model_state(ts_ledger *ledger, ts_device dev, const ts_flat_layout *l,
                                       const ts_zero_policy *z, ts_dtype dt, ts_state_place place,
-                                      unit_state *s);
+                                      int params_on_host, unit_state *s);
 /* Frees what ts_engine_alloc_model_state allocated (NULLs are fine). */
 void ts_engine_free_model_state(ts_ledger *ledger, unit_state *s);
 

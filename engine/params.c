@@ -6,11 +6,14 @@
  * started at first use or ahead of it (opts.overlap: prefetch depth 1),
  * counted by uses and freed at the last release, or held from the unit's
  * first forward to its last backward of the step (opts.keep_gathered).
+ * With opts.offload_params the shards are host memory: each gather copies
+ * this rank's to its place in the device's buffer, then gathers in place.
  * Part of the forward and backward actions (passes.c); calls nothing of
  * the executor.
  */
 #include "engine/observe.h"
 #include "engine/params.h"
+#include "engine/slices.h"
 #include "engine/state.h"
 #include "shard/collect.h"
 
@@ -21,9 +24,17 @@ static ts_status start_gather(ts_engine *e, int u) {
   unit_state *s = &e->units[u];
   TS_CHECK(ts_ledger_alloc_transient(&e->ledger, e->device, TS_MEM_PARAMS, s->layout.padded * e->es,
                                      &s->full_params));
+  const void *shard = s->params;
+  ts_status st = TS_OK;
+  if (ts_engine_params_on_host(e)) { /* the host's shard to its place on the device first */
+    char *mine = (char *)s->full_params + ts_engine_shard_begin(e, u) * e->es;
+    st = ts_k_from_host(&e->ctx, mine, s->params, s->layout.shard * e->es);
+    shard = mine; /* an in-place all-gather */
+  }
   ts_engine_comm_note(e, u);
-  ts_status st = ts_shard_iall_gather(e->dp, &s->layout, s->params, s->full_params, e->opts.dtype,
-                                      &s->gather_req);
+  if (st == TS_OK)
+    st = ts_shard_iall_gather(e->dp, &s->layout, shard, s->full_params, e->opts.dtype,
+                              &s->gather_req);
   if (st != TS_OK) ts_shard_release(&e->ledger, &s->full_params);
   return st;
 }

@@ -94,7 +94,8 @@ ts_status ts_engine_plan_params(size_t psi, ts_dtype dtype, int zero_stage, size
   unit_state s;
   memset(&s, 0, sizeof s);
   ts_status st = ts_engine_alloc_model_state(&plan, TS_DEVICE_CPU, &l,
-                                             ts_zero_policy_of(zero_stage), dtype, TS_STATE_ON_DEVICE, &s);
+                                             ts_zero_policy_of(zero_stage), dtype, TS_STATE_ON_DEVICE, 0,
+                                             &s);
   if (st == TS_OK) *out = *ts_ledger_account(&plan, TS_DEVICE_CPU);
   ts_engine_free_model_state(&plan, &s);
   ts_ledger_release(&plan);

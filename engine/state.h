@@ -213,6 +213,12 @@ static inline int ts_engine_state_on_host(const ts_engine *e) {
   return e->opts.offload_optimizer || (e->opts.offload_dir && e->device != TS_DEVICE_CPU);
 }
 
+/* Whether this rank's parameter shards are host memory apart from the
+ * device's (opts.offload_params, ZeRO-3): a gather copies the shard to the
+ * device first (params.c), the update writes it on the host, tensors are
+ * staged on the host. On the CPU a twin, as ts_engine_state_on_host. */
+static inline int ts_engine_params_on_host(const ts_engine *e) { return e->opts.offload_params; }
+
 /* The host's kernel context: a CPU context without workspace or stream,
  * with e->ctx's flags (a plan's runs nothing) and TS_K_HOST_SIDE (its
  * pointers are host memory). Runs AdamW on state in host memory. */

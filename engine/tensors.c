@@ -67,20 +67,28 @@ static int ts_slice_next(ts_slice_iter *it, ts_slice *s) {
 /* ---- AdamW ------------------------------------------------------------------- */
 
 /* AdamW of n elements whose state (master, m, v: host) is in host memory
- * while their gradient and parameters (device) are not
- * (ts_engine_state_on_host), in pieces of the staging's length: the
- * gradient piece copied to the host, the CPU's AdamW (the device's element
- * update: the same bits), the updated parameters copied back. master NULL
- * (fp32): the device's parameters are the master weights, copied to the
- * host, updated there and copied back. */
+ * while their gradient (device) is not (ts_engine_state_on_host), in
+ * pieces of the staging's length: the gradient piece copied to the host,
+ * the CPU's AdamW (the device's element update: the same bits), the
+ * updated parameters copied back to the device, or written in place where
+ * they are host memory too (ts_engine_params_on_host). master NULL (fp32):
+ * the parameters are the master weights: on the device copied to the host,
+ * updated there and copied back. */
 static ts_status adamw_staged(ts_engine *e, float *master, char *param, const char *grad, float *m,
                               float *v, size_t n, const ts_adamw_hparams *hp) {
   ts_dtype dt = e->opts.dtype;
   size_t es = e->es, cap = e->update.stage_n;
   ts_kctx host = ts_engine_host_ctx(e);
+  int host_params = ts_engine_params_on_host(e);
   for (size_t k = 0; k < n; k += cap) {
     size_t c = n - k < cap ? n - k : cap;
     TS_CHECK(ts_k_to_host(&e->ctx, e->update.host_grad, grad + k * es, c * es));
+    if (host_params) { /* the parameters are the host's: updated where they are */
+      TS_CHECK(ts_k_adamw(&host, master ? master + k : (float *)(param + k * es),
+                          master ? param + k * es : NULL, dt, m + k, v + k, e->update.host_grad, dt,
+                          c, hp));
+      continue;
+    }
     float *mst = master ? master + k : (float *)e->update.host_param;
     if (!master) TS_CHECK(ts_k_to_host(&e->ctx, e->update.host_param, param + k * es, c * es));
     TS_CHECK(ts_k_adamw(&host, mst, master ? e->update.host_param : NULL, dt, m + k, v + k,
@@ -200,6 +208,16 @@ static ts_status stage(ts_engine *e, int to_host, void *dev, float *host, size_t
   return TS_OK;
 }
 
+/* stage() for a unit's own parameters: on the host, where they are host
+ * memory (ts_engine_params_on_host), a cast on the host's context. */
+static ts_status stage_params(ts_engine *e, int to_host, void *params, float *host, size_t n) {
+  if (!ts_engine_params_on_host(e)) return stage(e, to_host, params, host, n);
+  ts_dtype dt = e->opts.dtype;
+  ts_kctx h = ts_engine_host_ctx(e);
+  return to_host ? ts_k_cast(&h, host, TS_FP32, params, dt, n)
+                 : ts_k_cast(&h, params, dt, host, TS_FP32, n);
+}
+
 /* Finds tensor `name`: its unit and index, checking its size and that
  * this rank holds it (its pipeline stage's units; a tied head's copy of the
  * lender's parameters when params != 0). */
@@ -246,7 +264,7 @@ ts_status ts_engine_set_tensor(ts_engine *e, const char *name, const float *src,
   const ts_tensor_spec *t = &e->model->units[u].tensors[i];
   ts_slice p = ts_slice_of(e, u, i, e->zero->shard_params);
   if (p.end > p.begin) /* (an empty part's begin may lie before the tensor) */
-    TS_CHECK(stage(e, 0, (char *)s->params + p.offset * e->es,
+    TS_CHECK(stage_params(e, 0, (char *)s->params + p.offset * e->es,
                    (float *)src + (p.begin - t->offset), p.end - p.begin));
   ts_slice o = ts_slice_of(e, u, i, e->zero->shard_optim);
   /* master weights: bf16/fp16, on units this stage updates (a tied head's

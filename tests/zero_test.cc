@@ -125,6 +125,7 @@ struct TrainSetup {
   bool offload = false;            // the optimizer state in a file under OffloadDir()
   size_t offload_piece = 0;        // its pieces' elements (0: the default)
   bool offload_optimizer = false;  // the GPU's host path: AdamW on host copies
+  bool offload_params = false;     // ZeRO-3: the parameter shards in host memory too
 };
 
 // The offload folder of this test process ($TEST_TMPDIR, or /tmp).
@@ -165,7 +166,8 @@ ts_engine_opts OptsOf(const TrainSetup &s, size_t N) {
   o.min_loss_scale = s.min_loss_scale;
   o.offload_dir = s.offload ? OffloadDir() : nullptr;
   o.offload_piece = s.offload_piece;
-  o.offload_optimizer = s.offload_optimizer;
+  o.offload_optimizer = s.offload_optimizer || s.offload_params;
+  o.offload_params = s.offload_params;
   return o;
 }
 
@@ -671,6 +673,14 @@ TEST(Offload, ToHostOrDiskGivesTheBitsOfTheStateInMemory) {
       EXPECT_TRUE(BitwiseEqual(mem.state, host.state)) << "offload_optimizer";
       EXPECT_EQ(mem.losses, host.losses);
       EXPECT_GT(host.at_end.current[TS_MEM_STAGING], 0u);  // the gradient and parameter pieces
+      if (stage == 3) {  // the parameter shards in host memory too
+        s.offload_params = true;
+        TrainRun params = Train(World(), s);
+        s.offload_params = false;
+        EXPECT_TRUE(BitwiseEqual(mem.params, params.params)) << "offload_params";
+        EXPECT_TRUE(BitwiseEqual(mem.state, params.state)) << "offload_params";
+        EXPECT_EQ(mem.losses, params.losses);
+      }
       if (dt == TS_BF16) {
         s.offload = true;
         TrainRun both = Train(World(), s);
@@ -972,7 +982,8 @@ void ExpectPlanMatchesRun(const TrainSetup &s) {
   for (int c = 0; c < TS_MEM_NUM_CATEGORIES; c++) EXPECT_EQ(disk.current[c], run.disk.current[c]);
   EXPECT_EQ(disk.current_total > 0, s.offload);
   EXPECT_GT(plan.peak[TS_MEM_PARAMS], 0u);
-  EXPECT_EQ(plan.peak[TS_MEM_STAGING] > 0, s.async_save || s.offload_optimizer);
+  EXPECT_EQ(plan.peak[TS_MEM_STAGING] > 0,
+            s.async_save || s.offload_optimizer || s.offload_params);
   if (s.comm == TS_ENGINE_COMM_STAGED && N > 1)  // the staging: two slots of 2N pieces
     EXPECT_GE(plan.current[TS_MEM_COMM], ts_comm_staging_bytes((int)N, s.comm_chunk));
 }
@@ -1036,6 +1047,12 @@ TEST(MemoryPlan, EqualsTheLedgerOfARealRunToTheByte) {
             ExpectPlanMatchesRun(s);
             s.offload_piece = 0;
             s.offload_optimizer = false;
+            if (stage == 3) {
+              s.offload_params = true;
+              SCOPED_TRACE("offload_params");
+              ExpectPlanMatchesRun(s);
+              s.offload_params = false;
+            }
           }
         }
 }

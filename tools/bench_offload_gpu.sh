@@ -21,9 +21,14 @@
 #     host's ledger peaks beside the plan's (PASS when equal to the byte),
 #     the card's own bytes in use (cudaMemGetInfo) and the process's peak
 #     resident memory.
+#  4. --offload params (ZeRO-3: the parameter shards on the host too):
+#     PARAMS_MODEL (default llama-2-7b, the largest preset whose host plan
+#     fits 128 GiB: llama-2-13b's is 182 GiB, printed) at 1 x SEQ, 3 steps:
+#     tokens/s, device and host ledger peaks beside the plan.
 # Last line: "bench_offload_gpu: MFU X% (target >= 30%), device plan = ledger
-# PASS|FAIL, host plan = ledger PASS|FAIL"; exit 1 when a run failed or a
-# plan differs from its ledger (the MFU target is reported, not enforced).
+# PASS|FAIL, host plan = ledger PASS|FAIL, --offload params PASS|FAIL"; exit 1
+# when a run failed or a plan differs from its ledger (the MFU target is
+# reported, not enforced).
 #
 # What to expect on an H100 80GB beside 128 GiB of host memory (the figures
 # of `tessera estimate` on any machine; measured ones go to
@@ -94,10 +99,24 @@ PY
 echo "offloaded: exit $rc_off after $((SECONDS - t0)) s"
 tail -n 4 "$LOGS/offload.log"
 
-python3 - "$LOGS" "$WARMUP" "$PEAK_FLOPS" "$rc" "$rc_off" "$DEVICE" <<'PY'
+# 4. --offload params
+PARAMS_MODEL="${PARAMS_MODEL:-llama-2-7b}"
+pshape=(--device "$DEVICE" --model "$PARAMS_MODEL" --dtype bf16 --micro-batch 1 --seq "$SEQ" --zero 3)
+"$BIN" estimate --device "$DEVICE" --model llama-2-13b --dtype bf16 --micro-batch 1 --seq "$SEQ" \
+  --zero 3 --offload params | grep -E '^\| (peak total|host: peak total)' | sed 's/^/llama-2-13b --offload params: /'
+"$BIN" estimate "${pshape[@]}" --offload params --json >"$LOGS/plan-params.json"
+rc_par=0
+t0=$SECONDS
+"$BIN" train "${pshape[@]}" --data "$DATA" --steps 3 --offload params --log-every 1 --eval-batches 1 \
+  --metrics "$LOGS/params.jsonl" >"$LOGS/params.log" 2>&1 || rc_par=$?
+echo "--offload params ($PARAMS_MODEL): exit $rc_par after $((SECONDS - t0)) s"
+tail -n 3 "$LOGS/params.log"
+
+python3 - "$LOGS" "$WARMUP" "$PEAK_FLOPS" "$rc" "$rc_off" "$DEVICE" "$rc_par" <<'PY'
 import json, os, statistics, sys
 logs, warmup, peak, rc_mem, rc_off = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 cpu = sys.argv[6] == "cpu"  # a dry run: one account, nothing refused
+rc_par = int(sys.argv[7])
 GiB = 2.0 ** 30
 plan_mem = json.load(open(os.path.join(logs, "plan-memory.json")))["stages"][0]
 plan = json.load(open(os.path.join(logs, "plan-offload.json")))["stages"][0]
@@ -133,7 +152,22 @@ print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 print(f"| --offload optimizer | {tok:.0f} | {step_s:.2f} | {mfu:.1%} | "
       f"{dev['ledger_peak'] / GiB:.2f} GiB ({plan['peak_total'] / GiB:.2f}) | {dev['used_now'] / GiB:.2f} GiB | "
       f"{host['ledger_peak'] / GiB:.2f} GiB ({plan['host_peak_total'] / GiB:.2f}) | {rss / GiB:.2f} GiB |")
+# 4. --offload params: its peaks beside its plan
+par_ok = rc_par == 0
+if par_ok:
+    pplan = json.load(open(os.path.join(logs, "plan-params.json")))["stages"][0]
+    precs = [json.loads(l) for l in open(os.path.join(logs, "params.jsonl")) if l.strip()]
+    psum = next(r["summary"] for r in precs if "summary" in r)
+    ptok = statistics.median(r["tokens_per_s"] for r in precs if "tokens_per_s" in r)
+    if cpu:
+        pdev = phost = psum["mem_by_rank"][0]["total"]
+        pplan["host_peak_total"] = pplan["peak_total"]
+    else:
+        pdev, phost = psum["device_bytes"]["ledger_peak"], psum["host_bytes"]["ledger_peak"]
+    par_ok = pdev == pplan["peak_total"] and phost == pplan["host_peak_total"]
+    print(f"| --offload params (ZeRO-3, 1 x seq) | {ptok:.0f} | | | {pdev / GiB:.2f} GiB "
+          f"({pplan['peak_total'] / GiB:.2f}) | | {phost / GiB:.2f} GiB ({pplan['host_peak_total'] / GiB:.2f}) | |")
 print(f"bench_offload_gpu: MFU {mfu:.1%} (target >= 30%), device plan = ledger {'PASS' if dev_ok else 'FAIL'}, "
-      f"host plan = ledger {'PASS' if host_ok else 'FAIL'}")
-sys.exit(0 if ok and dev_ok and host_ok else 1)
+      f"host plan = ledger {'PASS' if host_ok else 'FAIL'}, --offload params {'PASS' if par_ok else 'FAIL'}")
+sys.exit(0 if ok and dev_ok and host_ok and par_ok else 1)
 PY

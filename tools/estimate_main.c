@@ -124,16 +124,15 @@ ts_status ts_tool_parse_schedule(const char *v, void *kind) {
   return ts_schedule_kind_parse(v, kind);
 }
 
-ts_status ts_tool_parse_offload(const char *v, void *optimizer) {
-  if (!strcmp(v, "none") || !strcmp(v, "optimizer")) {
-    *(int *)optimizer = !strcmp(v, "optimizer");
-    return TS_OK;
-  }
-  if (!strcmp(v, "params"))
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "--offload params: expected none or optimizer (ZeRO-3's parameter "
-                        "offload is not built yet)");
-  return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--offload %s: expected none or optimizer", v);
+ts_status ts_tool_parse_offload(const char *v, void *opts) {
+  ts_engine_opts *o = opts;
+  int level = !strcmp(v, "none") ? 0 : !strcmp(v, "optimizer") ? 1 : !strcmp(v, "params") ? 2 : -1;
+  if (level < 0)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--offload %s: expected none, optimizer or params",
+                        v);
+  o->offload_optimizer = level >= 1;
+  o->offload_params = level == 2;
+  return TS_OK;
 }
 
 /* Prints ts_last_error() as the one-line usage error; returns 0. */
@@ -227,10 +226,9 @@ int ts_tool_estimate(int argc, char **argv) {
                    "--offload-dir: elements per streamed piece; --offload optimizer: per copy "
                    "(default 4194304)",
                    &act_flag),
-      TS_FLAG_CUSTOM("--offload", NULL, &opts.offload_optimizer, ts_tool_parse_offload,
-                     "none|optimizer",
-                     "plan train --offload optimizer: the optimizer state (master, optim) in host "
-                     "memory beside a GPU (default none)",
+      TS_FLAG_CUSTOM("--offload", NULL, &opts, ts_tool_parse_offload, "none|optimizer|params",
+                     "plan train --offload: the optimizer state (master, optim) in host memory "
+                     "beside a GPU; params (ZeRO-3): the parameter shards too (default none)",
                      &act_flag),
       TS_FLAG_CHOICE("--units", NULL, &unit_index, UNIT_NAMES, "unit of the table (default GiB)",
                      NULL),
@@ -428,13 +426,13 @@ int ts_tool_estimate(int argc, char **argv) {
     print_row("disk: optim", row, nstages, unit);
   }
   if (opts.device != TS_DEVICE_CPU) { /* the host memory beside the GPU */
-    static const ts_mem_category host_cats[] = {TS_MEM_MASTER, TS_MEM_OPTIM, TS_MEM_ACTIVATIONS,
-                                                TS_MEM_COMM, TS_MEM_STAGING};
+    static const ts_mem_category host_cats[] = {TS_MEM_PARAMS, TS_MEM_MASTER,      TS_MEM_OPTIM,
+                                                TS_MEM_ACTIVATIONS, TS_MEM_COMM, TS_MEM_STAGING};
     static const char *const host_names[] = {
-        "host: master", "host: optim", "host: batch staging", "host: comm staging",
-        "host: staging (checkpoint copy, update pieces)"};
-    int offloaded = opts.offload_optimizer || opts.offload_dir;
-    for (int k = offloaded ? 0 : 2; k < 5; k++) {
+        "host: params",       "host: master",       "host: optim",
+        "host: batch staging", "host: comm staging", "host: staging (checkpoint copy, update pieces)"};
+    int first = opts.offload_params ? 0 : opts.offload_optimizer || opts.offload_dir ? 1 : 3;
+    for (int k = first; k < 6; k++) {
       for (int i = 0; i < nstages; i++) row[i] = hosts[i].peak[host_cats[k]];
       print_row(host_names[k], row, nstages, unit);
     }

@@ -45,6 +45,7 @@ static const struct {
     {"offload_dir", "--offload-dir"},
     {"offload_piece", "--offload-piece"},
     {"offload_optimizer", "--offload optimizer"},
+    {"offload_params", "--offload params"},
     {"overlap", "--overlap"},
     {"comm_chunk_bytes", "--comm-chunk"},
     {"comm", "--comm"},

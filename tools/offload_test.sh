@@ -4,7 +4,8 @@
 #  1. the same steps as without them (1 rank bf16; 2 ranks ZeRO-3 bf16,
 #     ZeRO-1 fp32, 2 pipeline stages bf16), and their checkpoints
 #     byte-identical to those of the run without (--offload optimizer on
-#     the CPU: the GPU's host path, copies of 1024 elements);
+#     the CPU: the GPU's host path, copies of 1024 elements; at ZeRO-3
+#     --offload params too);
 #  2. checkpoints go both ways: an offloaded run's checkpoint (disk, and
 #     host) resumes without offload, a plain run's with it, each ending
 #     byte-identical to the uninterrupted plain run;
@@ -13,9 +14,11 @@
 #     run's ledger charged (train's metrics say nothing of the disk: the
 #     plan is checked against the ledger in zero_test);
 #  4. bad folders, one line each and the exact exit code: a file, a missing
-#     folder, ""; --offload params (not built); estimate --device cuda with
+#     folder, ""; --offload params below ZeRO-3, simulate --offload params
+#     (not modelled); estimate --device cuda with
 #     --offload optimizer or --offload-dir: master and optim on the host
-#     rows, off the GPU's; a disk too small for the state (a 64 KiB
+#     rows, off the GPU's (--offload params: the shards too, nothing of
+#     the parameters left on the GPU between steps); a disk too small for the state (a 64 KiB
 #     tmpfs in a private mount namespace, where this machine allows one):
 #     refused at create, before the first step, its --save folder's
 #     checkpoint untouched;
@@ -64,6 +67,14 @@ for run in "1 --dtype bf16" "2 --zero 3 --dtype bf16" "2 --zero 1" "2 --pipeline
   check_eq "--offload optimizer $run: the same steps" "$(steps "$a")" "$(steps "$c")"
   check_eq "--offload optimizer $run: the same checkpoint" "$(shas "$tmp/p$tag/step-00000006")" \
     "$(shas "$tmp/h$tag/step-00000006")"
+  [[ " ${extra[*]} " == *" --zero 3 "* ]] || continue
+  d="$("$launch" -n "$n" "$bin" train "${common[@]}" "${extra[@]}" --steps 6 --save "$tmp/q$tag" \
+    --offload params 2>&1)"
+  check_eq "--offload params $run: exit" 0 $?
+  check_eq "--offload params $run: the same steps" "$(steps "$a")" "$(steps "$d")"
+  check_eq "--offload params $run: the same checkpoint" "$(shas "$tmp/p$tag/step-00000006")" \
+    "$(shas "$tmp/q$tag/step-00000006")"
+  check "--offload params $run: the summary says so" "and its parameter shards" "$d"
 done
 
 # 2. checkpoints both ways, 2 ranks ZeRO-2 fp16 (loss scaling's state too)
@@ -124,12 +135,15 @@ exact "--offload-piece not a multiple of 1024" 2 \
 exact "--offload-piece alone" 2 \
   "tessera train: --offload-piece applies to --offload-dir and --offload optimizer only" \
   "$bin" train "${common[@]}" --steps 2 --offload-piece 2048
-exact "--offload params" 2 \
-  "tessera train: --offload params: expected none or optimizer (ZeRO-3's parameter offload is not built yet)" \
-  "$bin" train "${common[@]}" --steps 2 --offload params
-exact "--offload nonsense" 2 "tessera train: --offload cpu: expected none or optimizer" \
+exact "--offload params below ZeRO-3" 2 \
+  "tessera train: --offload params: expected --zero 3 (the parameters sharded)" \
+  "$bin" train "${common[@]}" --steps 2 --offload params --zero 2
+exact "--offload nonsense" 2 "tessera train: --offload cpu: expected none, optimizer or params" \
   "$bin" train "${common[@]}" --steps 2 --offload cpu
-for how in "--offload optimizer" "--offload-dir $tmp/off"; do
+exact "simulate --offload params" 2 \
+  "tessera simulate: --offload params: not modelled (each gather's copy to the device); expected none or optimizer" \
+  "$bin" simulate --model llama-tiny --offload params
+for how in "--offload optimizer" "--offload-dir $tmp/off" "--offload params --zero 3"; do
   read -ra how_a <<<"$how"
   j="$("$bin" estimate --model llama-tiny --seq 32 --micro-batch 2 --dtype bf16 --device cuda \
     "${how_a[@]}" --json)"
@@ -140,6 +154,8 @@ how, s = sys.argv[1], json.loads(sys.argv[2])["stages"][0]
 gpu, host = s["peak"], s["host_peak"]
 ok = gpu["master"] == 0 and gpu["optim"] == 0 and host["master"] > 0 and host["optim"] > 0
 ok = ok and host["staging"] > 0  # the update's gradient and parameter pieces
+if "params" in how:  # the shards on the host; the card holds the gathered units only
+    ok = ok and host.get("params", 0) > 0 and s["between_steps"]["params"] == 0
 print(("ok" if ok else "FAIL") + " estimate --device cuda %s: the state on the host: gpu %s, host %s"
       % (how, {k: gpu[k] for k in ("master", "optim")}, {k: host[k] for k in ("master", "optim", "staging")}))
 sys.exit(0 if ok else 1)

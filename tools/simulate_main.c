@@ -310,8 +310,7 @@ int ts_tool_simulate(int argc, char **argv) {
                     NULL),
       TS_FLAG_FLOAT("--disk-write", NULL, &disk_write, "GB/s",
                     "--offload-dir: the disk's write rate (default 5)", NULL),
-      TS_FLAG_CUSTOM("--offload", NULL, &opts.offload_optimizer, ts_tool_parse_offload,
-                     "none|optimizer",
+      TS_FLAG_CUSTOM("--offload", NULL, &opts, ts_tool_parse_offload, "none|optimizer",
                      "optimizer: train --offload optimizer's update: each unit's gradient to "
                      "the host and its parameters back over --host-link, AdamW at "
                      "--host-memory-bandwidth (default none)",
@@ -327,6 +326,10 @@ int ts_tool_simulate(int argc, char **argv) {
   int r = ts_flags_parse("simulate", flags, sizeof flags / sizeof *flags, argc, argv, USAGE);
   if (r != TS_FLAGS_OK) return r == TS_FLAGS_HELP ? 0 : 2;
   if (!model) return ts_flags_error("simulate", "--model is required " TS_FLAGS_HINT);
+  if (opts.offload_params)
+    return ts_flags_error("simulate",
+                          "--offload params: not modelled (each gather's copy to the device); "
+                          "expected none or optimizer");
   if (pipeline > TS_ENGINE_MAX_STAGES || world % pipeline)
     return ts_flags_error("simulate",
                           "--pipeline %zu: expected a number of stages up to %d dividing -n %zu",

@@ -77,9 +77,9 @@ ts_status ts_tool_parse_dtype(const char *v, void *dtype);
 ts_status ts_tool_parse_recompute(const char *v, void *every);
 /* --schedule: gpipe or 1f1b into a ts_schedule_kind. */
 ts_status ts_tool_parse_schedule(const char *v, void *kind);
-/* --offload none|optimizer into an int (ts_engine_opts.offload_optimizer);
- * params: refused (not built). */
-ts_status ts_tool_parse_offload(const char *v, void *optimizer);
+/* --offload none|optimizer|params into a ts_engine_opts (offload_optimizer;
+ * params: offload_params and offload_optimizer). */
+ts_status ts_tool_parse_offload(const char *v, void *opts);
 
 /* `tessera simulate`: a step's predicted time, exposed communication,
  * bytes per link class, tokens/s per rank and MFU on a cluster

@@ -208,13 +208,20 @@ static void print_summary(const ts_train_config *cfg, const ts_train_result *res
     printf("offload: rank 0 kept %.2f MiB of optimizer state in %s (master %.2f, optim %.2f)\n",
            (double)res->disk.peak_total / MiB, cfg->engine.offload_dir,
            (double)res->disk.peak[TS_MEM_MASTER] / MiB, (double)res->disk.peak[TS_MEM_OPTIM] / MiB);
-  if (cfg->engine.offload_optimizer && !cfg->engine.offload_dir)
+  if (cfg->engine.offload_optimizer && !cfg->engine.offload_dir) {
+    int cpu = cfg->engine.device == TS_DEVICE_CPU;
     printf("offload: rank 0 kept %.2f MiB of optimizer state in %s memory (master %.2f, optim "
-           "%.2f), with %.2f MiB of update pieces\n",
+           "%.2f), with %.2f MiB of update pieces",
            (double)(res->host.peak[TS_MEM_MASTER] + res->host.peak[TS_MEM_OPTIM]) / MiB,
-           cfg->engine.device == TS_DEVICE_CPU ? "host (the cpu device's own)" : "page-locked host",
+           cpu ? "host (the cpu device's own)" : "page-locked host",
            (double)res->host.peak[TS_MEM_MASTER] / MiB, (double)res->host.peak[TS_MEM_OPTIM] / MiB,
            (double)res->host.peak[TS_MEM_STAGING] / MiB);
+    if (cfg->engine.offload_params && !cpu)
+      printf(", and %.2f MiB of parameter shards", (double)res->host.peak[TS_MEM_PARAMS] / MiB);
+    else if (cfg->engine.offload_params)
+      printf(", and its parameter shards");
+    printf("\n");
+  }
   int S = ts_engine_shard_size(&cfg->engine, res->world_size / P);
   if (S < res->world_size / P)
     printf(
@@ -459,12 +466,13 @@ int ts_tool_train(int argc, char **argv) {
                    "three pieces of the state (default 4194304: 16 MiB per array); --offload "
                    "optimizer: elements per copy to and from the device",
                    NULL),
-      TS_FLAG_CUSTOM("--offload", NULL, &e->offload_optimizer, ts_tool_parse_offload,
-                     "none|optimizer",
+      TS_FLAG_CUSTOM("--offload", NULL, e, ts_tool_parse_offload, "none|optimizer|params",
                      "optimizer: keep each rank's optimizer state (fp32 master weights, Adam m "
                      "and v) in page-locked host memory beside the GPU and run AdamW on the CPU "
-                     "threads, a unit at a time; the same bits (ZeRO-Offload; on the cpu device "
-                     "it runs the same copies and saves nothing). Default none",
+                     "threads, a unit at a time; params (--zero 3): the parameter shards too, "
+                     "copied to the GPU for each all-gather; the same bits (ZeRO-Offload, "
+                     "ZeRO-Infinity; on the cpu device the same copies, saving nothing). "
+                     "Default none",
                      NULL),
       TS_FLAG_CUSTOM("--schedule", NULL, &e->schedule, parse_schedule, "gpipe|1f1b",
                      "pipeline schedule (default 1f1b)", NULL),
@@ -547,6 +555,8 @@ int ts_tool_train(int argc, char **argv) {
                           "--grad-clip %g: expected a gradient-norm bound >= 0 (0: no "
                           "clipping)",
                           (double)e->grad_clip);
+  if (e->offload_params && zero != 3)
+    return ts_flags_error("train", "--offload params: expected --zero 3 (the parameters sharded)");
   if (e->offload_piece && !e->offload_dir && !e->offload_optimizer)
     return ts_flags_error("train", "--offload-piece applies to --offload-dir and --offload optimizer only");
   if (e->offload_piece % 1024)
