@@ -265,7 +265,7 @@ ts_status ts_engine_set_tensor(ts_engine *e, const char *name, const float *src,
   ts_slice p = ts_slice_of(e, u, i, e->zero->shard_params);
   if (p.end > p.begin) /* (an empty part's begin may lie before the tensor) */
     TS_CHECK(stage_params(e, 0, (char *)s->params + p.offset * e->es,
-                   (float *)src + (p.begin - t->offset), p.end - p.begin));
+                          (float *)src + (p.begin - t->offset), p.end - p.begin));
   ts_slice o = ts_slice_of(e, u, i, e->zero->shard_optim);
   /* master weights: bf16/fp16, on units this stage updates (a tied head's
    * replica of its lender holds parameters only) */

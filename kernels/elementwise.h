@@ -129,7 +129,9 @@ static inline ts_adamw_coeffs ts_adamw_make_coeffs(float lr, float beta1, float 
   return c;
 }
 
-/* One element of AdamW, in the order of torch's _single_tensor_adam:
+/* One element of AdamW, in the order of torch's _single_tensor_adam (its
+ * formula; the bits differ where torch rounds 1 - beta from a double and
+ * fuses in its vector kernels: tools/bench_adamw.sh counts them):
  *   g = grad_scale * grad
  *   m = m + (1 - b1) (g - m)            (torch's lerp; = b1 m + (1-b1) g)
  *   v = b2 v + (1 - b2) g^2

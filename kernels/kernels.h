@@ -590,7 +590,9 @@ ts_status ts_k_attention_bidir_backward(const ts_kctx *ctx, void *dq, void *dk, 
                                         const void *k, const void *v, const void *state,
                                         size_t B, size_t T, size_t NH, size_t HS, ts_dtype dt);
 
-/* ---- AdamW (Loshchilov & Hutter 2019, Algorithm 2; matches torch.optim.AdamW) */
+/* ---- AdamW (Loshchilov & Hutter 2019, Algorithm 2; torch.optim.AdamW's formula,
+ * not its bits: 1 - beta is rounded in fp32 here, and the step size
+ * multiplies the quotient; see kernels/elementwise.h ts_adamw_element) */
 
 typedef struct ts_adamw_hparams {
   float lr;           /* learning rate of this step */

@@ -14,7 +14,11 @@
 # masters: mixed precision's update), tools/peer/adamw_cpu.py N (PyTorch
 # foreach and fused, DeepSpeed). Each figure is parameters per second of the
 # median step of a run; a row prints each side's best over the rounds and
-# tessera fp32 over the best of the others. kernels/bench_adamw also says
+# tessera fp32 over the best of the others. Last, how many of 65536
+# elements of each differ in their bits from torch.optim.AdamW's default
+# after 3 steps (adamw_cpu.py: tessera's element update emulated op by op,
+# torch's fused and single-tensor paths, DeepSpeed): the implementations
+# round differently, so speed is compared across formulas, not bits. kernels/bench_adamw also says
 # which body ran (AVX-512, AVX2 or scalar: ts_cpu_adamw_isa).
 #
 # PyTorch: PYTHON names an interpreter with torch (DeepSpeed optional: its
@@ -62,9 +66,12 @@ done
 python3 - "$LOG" "$N" <<'PY'
 import collections, sys
 best = collections.defaultdict(float)
+bits = {}
 names = ["tessera-fp32", "tessera-bf16", "torch-foreach", "torch-fused", "deepspeed"]
 for line in open(sys.argv[1]):  # (DeepSpeed prints its own notes on stdout: skipped)
     f = line.split()
+    if len(f) == 4 and f[0] == "bits":
+        bits[f[1]] = "%s of %s" % (f[2], f[3])
     if len(f) != 5 or f[0] not in names:
         continue
     best[(int(f[3]), f[0])] = max(best[(int(f[3]), f[0])], float(f[4]))
@@ -76,4 +83,10 @@ for threads in sorted({t for t, _ in best}):
     others = [best[(threads, k)] for k in names[2:] if (threads, k) in best]
     ratio = "%.2f" % (best[(threads, "tessera-fp32")] / max(others)) if others else "-"
     print("| %d | %s | %s |" % (threads, " | ".join(cells), ratio))
+if bits:
+    print("\nElements whose bits differ from torch.optim.AdamW's default (foreach, = its "
+          "single-tensor loop) after 3 steps:")
+    for k in ("tessera", "torch-single", "torch-fused", "deepspeed"):
+        if k in bits:
+            print("  %-13s %s" % (k, bits[k]))
 PY
