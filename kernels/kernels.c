@@ -14,6 +14,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -158,19 +159,26 @@ ts_status ts_k_host_copy(const ts_kctx *ctx, void *h_dst, const void *h_src, siz
   return TS_OK;
 }
 
-/* ts_k_check_host_blocks' registry: the ranges registered while it is on. */
-enum { HOST_BLOCKS_MAX = 4096 };
-int ts_k_host_blocks_checked;
-static struct {
+/* ts_k_check_host_blocks' registry: the ranges registered while it is on
+ * (a growing table; every rank's of a process that runs ranks as threads). */
+typedef struct host_block {
   const char *lo, *hi;
-} host_blocks[HOST_BLOCKS_MAX];
-static int n_host_blocks;
+} host_block;
+static int host_blocks_on; /* read and written atomically */
+static host_block *host_blocks;
+static int n_host_blocks, cap_host_blocks;
 static pthread_mutex_t host_blocks_mu = PTHREAD_MUTEX_INITIALIZER;
+
+int ts_k_host_blocks_checked(void) { return __atomic_load_n(&host_blocks_on, __ATOMIC_ACQUIRE); }
 
 void ts_k_check_host_blocks(int on) {
   pthread_mutex_lock(&host_blocks_mu);
-  ts_k_host_blocks_checked = on;
-  if (!on) n_host_blocks = 0;
+  __atomic_store_n(&host_blocks_on, on, __ATOMIC_RELEASE);
+  if (!on) {
+    free(host_blocks);
+    host_blocks = NULL;
+    n_host_blocks = cap_host_blocks = 0;
+  }
   pthread_mutex_unlock(&host_blocks_mu);
 }
 
@@ -183,24 +191,31 @@ int ts_k_in_host_block(const void *p) {
   return in;
 }
 
-static const k_op OP_HOST_REGISTER = {"ts_k_host_register", 0, 1, {"h"}};
+static const k_op OP_HOST_REGISTER = {"ts_k_host_register", 0, 1, {"h_block"}};
 
 ts_status ts_k_host_register(const ts_kctx *ctx, void *h, size_t nbytes) {
   k_call c = {ctx, .empty = nbytes == 0, .ptrs = {h}};
   const ts_k_backend *be;
   int run;
   TS_CHECK(k_check(&OP_HOST_REGISTER, &c, &be, &run));
-  if (run && ts_k_host_blocks_checked) {
+  if (run && ts_k_host_blocks_checked()) {
     pthread_mutex_lock(&host_blocks_mu);
-    int full = n_host_blocks == HOST_BLOCKS_MAX;
-    if (!full) {
-      host_blocks[n_host_blocks].lo = h;
-      host_blocks[n_host_blocks++].hi = (const char *)h + nbytes;
+    int ok = 1;
+    if (n_host_blocks == cap_host_blocks) {
+      int cap = cap_host_blocks ? 2 * cap_host_blocks : 64;
+      host_block *t = realloc(host_blocks, (size_t)cap * sizeof *t);
+      if (t) {
+        host_blocks = t;
+        cap_host_blocks = cap;
+      } else {
+        ok = 0;
+      }
     }
+    if (ok) host_blocks[n_host_blocks++] = (host_block){h, (const char *)h + nbytes};
     pthread_mutex_unlock(&host_blocks_mu);
-    if (full)
-      return ts_set_error(TS_ERR_OUT_OF_MEMORY, "ts_k_host_register: more than %d blocks checked",
-                          HOST_BLOCKS_MAX);
+    if (!ok)
+      return ts_set_error(TS_ERR_OUT_OF_MEMORY, "ts_k_host_register: a table of %d checked blocks",
+                          n_host_blocks + 1);
   }
   return run && be->host_register ? be->host_register(h, nbytes) : TS_OK;
 }
@@ -240,7 +255,7 @@ ts_status ts_k_host_wait(const ts_kctx *ctx) {
 /* ---- initialisation -------------------------------------------------------------- */
 
 static const k_op OP_INIT_FILL = {"ts_k_init_fill", 0, 1, {"out"}};
-static const k_op OP_INIT_NORMAL = {"ts_k_init_normal", 0, 2, {"out", "state"}};
+static const k_op OP_INIT_NORMAL = {"ts_k_init_normal", 0, 2, {"out", "h_state"}};
 
 /* Values made on the host, a piece at a time (4 KiB of stack). */
 enum { INIT_PIECE = 1024 };
@@ -279,7 +294,7 @@ ts_status ts_k_init_normal(const ts_kctx *ctx, float *out, size_t n, double std,
 
 /* ---- the host's side of a batch --------------------------------------------------- */
 
-static const k_op OP_COUNT_TARGETS = {"ts_k_count_targets", 0, 2, {"count", "h_targets"}};
+static const k_op OP_COUNT_TARGETS = {"ts_k_count_targets", 0, 2, {"h_count", "h_targets"}};
 static const k_op OP_CHECK_INDICES = {"ts_k_check_indices", 0, 2, {"h_tokens", "h_targets"}};
 
 ts_status ts_k_count_targets(const ts_kctx *ctx, size_t *count, const int32_t *h_targets,
@@ -381,7 +396,7 @@ ts_status ts_k_nonfinite(const ts_kctx *ctx, int32_t *flag, const void *x, size_
   K_RUN(OP_NONFINITE, c, nonfinite, ctx, flag, x, n, dt);
 }
 
-static const k_op OP_SUM_RANKS = {"ts_k_sum_ranks", 1, 2, {"out", "parts"}};
+static const k_op OP_SUM_RANKS = {"ts_k_sum_ranks", 1, 2, {"out", "h_parts"}};
 
 ts_status ts_k_sum_ranks(const ts_kctx *ctx, void *out, const void *const *parts, int n,
                          size_t count, ts_dtype dt, int accumulate) {
@@ -405,7 +420,8 @@ ts_status ts_k_sum_ranks(const ts_kctx *ctx, void *out, const void *const *parts
 /* ---- linear ------------------------------------------------------------------------ */
 
 static const k_op OP_LINEAR_FORWARD = {"ts_k_linear_forward", 1, 3, {"out", "inp", "weight"}};
-static const k_op OP_LINEAR_BACKWARD = {"ts_k_linear_backward", 1, 3, {"dout", "weight", "inp"}};
+static const k_op OP_LINEAR_BACKWARD = {
+    "ts_k_linear_backward", 1, 3, {"dout", "weight", "inp"}, 2, {"dinp", "dweight"}};
 
 ts_status ts_k_linear_forward(const ts_kctx *ctx, void *out, const void *inp, const void *weight,
                               size_t M, size_t N, size_t K, ts_dtype dt) {
@@ -435,6 +451,7 @@ ts_status ts_k_linear_backward(const ts_kctx *ctx, void *dinp, void *dweight, co
               {dt},
               .empty = M == 0 || K == 0 || N == 0 || (!dinp && !dweight),
               .ptrs = {dout, dinp ? weight : K_UNUSED, dweight ? inp : K_UNUSED},
+              .outs = {dinp, dweight},
               .workspace = K_WORKSPACE(ctx, ts_k_linear_workspace_bytes(ctx->device, M, N, K, dt))};
   if (zero_dinp) {
     const ts_k_backend *be;
@@ -474,7 +491,7 @@ ts_status ts_k_embedding_backward(const ts_kctx *ctx, void *dwte, const void *do
 static const k_op OP_RMSNORM_FORWARD = {
     "ts_k_rmsnorm_forward", 1, 4, {"out", "rstd", "inp", "weight"}};
 static const k_op OP_RMSNORM_BACKWARD = {
-    "ts_k_rmsnorm_backward", 1, 4, {"dout", "inp", "rstd", "weight"}};
+    "ts_k_rmsnorm_backward", 1, 4, {"dout", "inp", "rstd", "weight"}, 2, {"dinp", "dweight"}};
 
 ts_status ts_k_rmsnorm_forward(const ts_kctx *ctx, void *out, float *rstd, const void *inp,
                                const void *weight, size_t N, size_t C, float eps, ts_dtype dt) {
@@ -494,6 +511,7 @@ ts_status ts_k_rmsnorm_backward(const ts_kctx *ctx, void *dinp, void *dweight, c
               {dt},
               .empty = N == 0 || C == 0,
               .ptrs = {dout, inp, rstd, dinp ? weight : K_UNUSED},
+              .outs = {dinp, dweight},
               .workspace = K_WORKSPACE(ctx, ts_k_rmsnorm_workspace_bytes(ctx->device, N, C, dt))};
   K_RUN(OP_RMSNORM_BACKWARD, c, rmsnorm_backward, ctx, dinp, dweight, dout, inp, weight, rstd, N, C,
         dt);
@@ -690,7 +708,7 @@ ts_status ts_k_cross_entropy_fused(const ts_kctx *ctx, float *loss_rows, void *d
 
 /* ---- AdamW ---------------------------------------------------------------------------------- */
 
-static const k_op OP_ADAMW = {"ts_k_adamw", 2, 4, {"master", "m", "v", "grad"}};
+static const k_op OP_ADAMW = {"ts_k_adamw", 2, 4, {"master", "m", "v", "grad"}, 1, {"param_out"}};
 
 /* AdamW's scalar rule (hp not NULL, checked first). */
 static ts_status adamw_rule(const ts_adamw_hparams *hp, const char *op) {
@@ -715,6 +733,7 @@ ts_status ts_k_adamw(const ts_kctx *ctx, float *master, void *param_out, ts_dtyp
               .invalid = adamw_rule(hp, op),
               .empty = n == 0,
               .ptrs = {master, m, v, grad},
+              .outs = {param_out},
               .conflict = resize && master ? ts_set_error(TS_ERR_INVALID_ARGUMENT,
                                                           "%s: param_out aliases master but "
                                                           "param_dt is %s (needs fp32)",

@@ -109,14 +109,17 @@ typedef struct ts_kctx {
 /* Testing: on (1), every op's device pointers are checked against the host
  * blocks registered since (ts_k_host_register adds its range on any
  * device, the CPU included; ts_k_host_unregister removes it): a device
- * pointer (a name without the h_ prefix, kernels.h's) inside one, on a
- * context without TS_K_HOST_SIDE, is refused (TS_ERR_INVALID_ARGUMENT:
- * "ts_k_copy: dst is host memory (a ts_k_host_register block): expected
- * memory of the context's device"). On the CPU, where host and device
- * memory are one, this tells them apart as a GPU would, so a CPU twin of a
- * GPU path catches a copy in the wrong direction. Off (0, the default):
- * nothing is recorded; turning it off forgets every range. Not for use
- * while other threads run ops. */
+ * pointer (an argument whose name has no h_ prefix, optional outputs such
+ * as ts_k_adamw's param_out included) inside one, on a context without
+ * TS_K_HOST_SIDE, is refused (TS_ERR_INVALID_ARGUMENT: "ts_k_copy: dst is
+ * host memory (a ts_k_host_register block): expected memory of the
+ * context's device"). On the CPU, where host and device memory are one,
+ * this tells them apart as a GPU would, so a CPU twin of a GPU path
+ * catches a copy in the wrong direction or a device op on host state. It
+ * sees only the ts_k_* ops, and one way: device memory passed as an h_
+ * argument, a memcpy, or a collective on host memory go unseen. Off (0,
+ * the default): nothing is recorded; turning it off forgets every range.
+ * Thread-safe; the table grows as needed. */
 void ts_k_check_host_blocks(int on);
 
 /* ---- devices, contexts and memory --------------------------------------- */

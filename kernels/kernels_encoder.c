@@ -30,8 +30,12 @@ size_t ts_k_bias_workspace_bytes(ts_device dev, size_t N, size_t C, ts_dtype dt)
 
 static const k_op OP_LAYERNORM_FORWARD = {
     "ts_k_layernorm_forward", 1, 6, {"out", "mean", "rstd", "inp", "weight", "bias"}};
-static const k_op OP_LAYERNORM_BACKWARD = {
-    "ts_k_layernorm_backward", 1, 5, {"dout", "inp", "mean", "rstd", "weight"}};
+static const k_op OP_LAYERNORM_BACKWARD = {"ts_k_layernorm_backward",
+                                           1,
+                                           5,
+                                           {"dout", "inp", "mean", "rstd", "weight"},
+                                           3,
+                                           {"dinp", "dweight", "dbias"}};
 
 ts_status ts_k_layernorm_forward(const ts_kctx *ctx, void *out, float *mean, float *rstd,
                                  const void *inp, const void *weight, const void *bias, size_t N,
@@ -62,6 +66,7 @@ ts_status ts_k_layernorm_backward(const ts_kctx *ctx, void *dinp, void *dweight,
               .empty = N == 0 || C == 0 || (!dinp && !dweight && !dbias),
               .ptrs = {dout, stats ? inp : K_UNUSED, stats ? (const void *)mean : K_UNUSED,
                        stats ? (const void *)rstd : K_UNUSED, dinp ? weight : K_UNUSED},
+              .outs = {dinp, dweight, dbias},
               .conflict = alias,
               .workspace = K_WORKSPACE(ctx, ts_k_layernorm_workspace_bytes(ctx->device, N, C, dt))};
   K_RUN(OP_LAYERNORM_BACKWARD, c, layernorm_backward, ctx, dinp, dweight, dbias, dout, inp, weight,

@@ -87,12 +87,12 @@ static inline const ts_k_backend *query_backend(ts_device dev) {
 static const char k_unused_;
 #define K_UNUSED ((const void *)&k_unused_)
 
-enum { K_MAX_DTYPES = 2, K_MAX_PTRS = 10 };
+enum { K_MAX_DTYPES = 2, K_MAX_PTRS = 10, K_MAX_OUTS = 3 };
 
 /* A row of the front's table: what is checked of every call of one op. */
-/* ts_k_check_host_blocks (kernels.c): on, and whether p lies in a block
- * registered while on. */
-extern int ts_k_host_blocks_checked;
+/* ts_k_check_host_blocks (kernels.c): whether it is on, and whether p lies
+ * in a block registered while it was. */
+int ts_k_host_blocks_checked(void);
 int ts_k_in_host_block(const void *p);
 
 typedef struct k_op {
@@ -100,6 +100,8 @@ typedef struct k_op {
   int n_dtypes;                 /* its dtype arguments, each fp32, bf16 or fp16 */
   int n_ptrs;                   /* its pointer arguments checked for NULL, */
   const char *ptrs[K_MAX_PTRS]; /*   by name, in check order */
+  int n_outs;                   /* its optional outputs (NULL allowed: not in ptrs), */
+  const char *outs[K_MAX_OUTS]; /*   checked against host blocks only */
 } k_op;
 
 /* One call of an op, in its row's order. */
@@ -111,6 +113,7 @@ typedef struct k_call {
                                     message; reported after the dtypes */
   int empty;                     /* 1: the sizes leave nothing to do (TS_OK, nothing runs) */
   const void *ptrs[K_MAX_PTRS];  /* the pointer arguments; K_UNUSED where not needed */
+  const void *outs[K_MAX_OUTS];  /* the optional outputs, NULL where not asked for */
   ts_status conflict;            /* the op's own check of its pointers (aliasing), made by the
                                     caller like invalid; reported after the pointers */
   size_t workspace;              /* bytes of ctx->workspace the call needs (K_WORKSPACE) */
@@ -134,14 +137,20 @@ static inline ts_status k_check(const k_op *op, const k_call *c, const ts_k_back
   if (c->invalid != TS_OK) return c->invalid; /* its message is the last error */
   if (c->empty) return TS_OK;
   for (int i = 0; i < op->n_ptrs; i++) TS_CHECK(check_ptr(c->ptrs[i], op->ptrs[i], op->name));
-  if (ts_k_host_blocks_checked && !(c->ctx->flags & TS_K_HOST_SIDE))
-    for (int i = 0; i < op->n_ptrs; i++)
-      if (strncmp(op->ptrs[i], "h_", 2) && strcmp(op->ptrs[i], "h") && c->ptrs[i] != K_UNUSED &&
-          ts_k_in_host_block(c->ptrs[i]))
-        return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                            "%s: %s is host memory (a ts_k_host_register block): expected "
-                            "memory of the context's device",
-                            op->name, op->ptrs[i]);
+  if (ts_k_host_blocks_checked() && !(c->ctx->flags & TS_K_HOST_SIDE)) {
+    /* device arguments (names without h_) in a registered host block */
+    const char *bad = NULL;
+    for (int i = 0; i < op->n_ptrs && !bad; i++)
+      if (strncmp(op->ptrs[i], "h_", 2) && c->ptrs[i] != K_UNUSED && ts_k_in_host_block(c->ptrs[i]))
+        bad = op->ptrs[i];
+    for (int i = 0; i < op->n_outs && !bad; i++)
+      if (c->outs[i] && ts_k_in_host_block(c->outs[i])) bad = op->outs[i];
+    if (bad)
+      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                          "%s: %s is host memory (a ts_k_host_register block): expected memory "
+                          "of the context's device",
+                          op->name, bad);
+  }
   if (c->conflict != TS_OK) return c->conflict;
   TS_CHECK(check_workspace(c->ctx, c->workspace, op->name));
   *run = !(c->ctx->flags & TS_K_PLAN);

@@ -660,3 +660,31 @@ TEST(HostBlocks, ARegisteredHostBlockIsRefusedAsDeviceMemory) {
   EXPECT_EQ(ts_k_copy(c.get(), host.data(), dev.data(), 16), TS_OK) << "the range was forgotten";
   ts_k_check_host_blocks(0);
 }
+
+// The optional outputs are checked too: AdamW's rounded copy of the
+// parameters (param_out: where an offloaded update writes) into a host
+// block on a device context is refused; on the host's side it is the
+// offloaded update itself.
+TEST(HostBlocks, AdamWsParameterCopyIntoAHostBlockIsRefused) {
+  CpuCtx c;
+  std::vector<float> master(32, 0.5f), m(32, 0.0f), v(32, 0.0f), grad(32, 0.01f);
+  std::vector<uint16_t> param(32, 0);
+  ts_adamw_hparams hp = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 1, 1.0f};
+  ts_k_check_host_blocks(1);
+  ASSERT_EQ(ts_k_host_register(c.get(), param.data(), param.size() * 2), TS_OK);
+  EXPECT_EQ(ts_k_adamw(c.get(), master.data(), param.data(), TS_BF16, m.data(), v.data(),
+                       grad.data(), TS_FP32, 32, &hp),
+            TS_ERR_INVALID_ARGUMENT);
+  EXPECT_STREQ(ts_last_error(),
+               "ts_k_adamw: param_out is host memory (a ts_k_host_register block): expected "
+               "memory of the context's device");
+  EXPECT_EQ(master[0], 0.5f);  // refused before anything ran
+  ts_kctx side = c.ctx;
+  side.flags |= TS_K_HOST_SIDE;
+  EXPECT_EQ(ts_k_adamw(&side, master.data(), param.data(), TS_BF16, m.data(), v.data(),
+                       grad.data(), TS_FP32, 32, &hp),
+            TS_OK)
+      << ts_last_error();
+  EXPECT_NE(param[0], 0u);
+  ts_k_check_host_blocks(0);
+}
