@@ -11,7 +11,10 @@
 #include <string.h>
 
 const char *ts_schedule_kind_name(ts_schedule_kind k) {
-  return k == TS_SCHEDULE_GPIPE ? "gpipe" : k == TS_SCHEDULE_1F1B ? "1f1b" : "?";
+  return k == TS_SCHEDULE_GPIPE         ? "gpipe"
+         : k == TS_SCHEDULE_1F1B        ? "1f1b"
+         : k == TS_SCHEDULE_INTERLEAVED ? "interleaved"
+                                        : "?";
 }
 
 const char *ts_action_kind_name(ts_action_kind k) {
@@ -42,9 +45,36 @@ typedef struct {
   size_t cap;
 } list;
 
-static void push(list *l, ts_action_kind kind, int mb, int peer) {
-  l->st->actions[l->st->n++] = (ts_action){kind, mb, peer, -1};
+static void push_chunk(list *l, ts_action_kind kind, int mb, int peer, int chunk) {
+  l->st->actions[l->st->n++] = (ts_action){kind, mb, peer, -1, chunk};
   TS_ASSERT(l->st->n <= l->cap);
+}
+
+static void push(list *l, ts_action_kind kind, int mb, int peer) {
+  push_chunk(l, kind, mb, peer, 0);
+}
+
+/* Actions a stage's list holds at most: 3 per pass (a receive, the pass,
+ * a send), two passes per (chunk, micro-batch), then the reduce and the
+ * optimizer step. */
+static size_t list_cap(int m, int v) { return 6 * (size_t)m * (size_t)v + 2; }
+
+/* out's header and P empty lists of list_cap(m, v) actions each. */
+static ts_status new_lists(ts_schedule *out, ts_schedule_kind kind, int P, int m, int v) {
+  out->kind = kind;
+  out->stages = P;
+  out->micro_batches = m;
+  out->virtual_stages = v;
+  out->stage = calloc((size_t)P, sizeof *out->stage);
+  if (!out->stage) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "schedule: %d stages", P);
+  for (int s = 0; s < P; s++) {
+    out->stage[s].actions = malloc(list_cap(m, v) * sizeof(ts_action));
+    if (!out->stage[s].actions) {
+      ts_schedule_free(out);
+      return ts_set_error(TS_ERR_OUT_OF_MEMORY, "schedule: %zu actions", list_cap(m, v));
+    }
+  }
+  return TS_OK;
 }
 
 /* Forward of mb on stage s of P, with its receive and send. */
@@ -69,22 +99,14 @@ ts_status ts_schedule_build(ts_schedule_kind kind, int stages, int micro_batches
                         "schedule: %d stages, %d micro-batches: expected each >= 1", stages,
                         micro_batches);
   if (kind != TS_SCHEDULE_GPIPE && kind != TS_SCHEDULE_1F1B)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "schedule kind %d: expected gpipe or 1f1b",
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "schedule kind %d: expected gpipe or 1f1b (interleaved: "
+                        "ts_schedule_build_interleaved)",
                         (int)kind);
   int P = stages, m = micro_batches;
-  out->kind = kind;
-  out->stages = P;
-  out->micro_batches = m;
-  out->stage = calloc((size_t)P, sizeof *out->stage);
-  if (!out->stage) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "schedule: %d stages", P);
-  size_t cap = 6 * (size_t)m + 2; /* 3 actions per pass at most, two passes, then 2 */
+  TS_CHECK(new_lists(out, kind, P, m, 1));
   for (int s = 0; s < P; s++) {
-    out->stage[s].actions = malloc(cap * sizeof(ts_action));
-    if (!out->stage[s].actions) {
-      ts_schedule_free(out);
-      return ts_set_error(TS_ERR_OUT_OF_MEMORY, "schedule: %zu actions", cap);
-    }
-    list l = {&out->stage[s], cap};
+    list l = {&out->stage[s], list_cap(m, 1)};
     if (kind == TS_SCHEDULE_GPIPE) {
       for (int i = 0; i < m; i++) forward(&l, s, P, i);
       for (int i = 0; i < m; i++) backward(&l, s, P, i);
@@ -103,6 +125,76 @@ ts_status ts_schedule_build(ts_schedule_kind kind, int stages, int micro_batches
   return TS_OK;
 }
 
+/* Forward and backward of micro-batch mb on chunk c of rank s, with their
+ * receives and sends: virtual stage j = c P + s of V = P v talks to j - 1
+ * and j + 1, on ranks (s - 1) mod P and (s + 1) mod P. */
+static void forward_chunk(list *l, int s, int P, int V, int c, int mb) {
+  int j = c * P + s;
+  if (j > 0) push_chunk(l, TS_ACT_RECV_ACT, mb, (s + P - 1) % P, c);
+  push_chunk(l, TS_ACT_FORWARD, mb, -1, c);
+  if (j < V - 1) push_chunk(l, TS_ACT_SEND_ACT, mb, (s + 1) % P, c);
+}
+
+static void backward_chunk(list *l, int s, int P, int V, int c, int mb) {
+  int j = c * P + s;
+  if (j < V - 1) push_chunk(l, TS_ACT_RECV_GRAD, mb, (s + 1) % P, c);
+  push_chunk(l, TS_ACT_BACKWARD, mb, -1, c);
+  if (j > 0) push_chunk(l, TS_ACT_SEND_GRAD, mb, (s + P - 1) % P, c);
+}
+
+/* Megatron-LM's warm-up forwards of rank s (all of them when m = P). */
+static int interleaved_warm_up(int P, int v, int m, int s) {
+  int total = m * v;
+  if (m == P) return total;
+  int w = (P - s - 1) * 2 + (v - 1) * P;
+  return w < total ? w : total;
+}
+
+int ts_schedule_in_flight_interleaved(int stages, int virtual_stages, int micro_batches, int s) {
+  int total = micro_batches * virtual_stages;
+  int w = interleaved_warm_up(stages, virtual_stages, micro_batches, s);
+  return w < total ? w + 1 : total;
+}
+
+ts_status ts_schedule_build_interleaved(int stages, int virtual_stages, int micro_batches,
+                                        ts_schedule *out) {
+  memset(out, 0, sizeof *out);
+  int P = stages, v = virtual_stages, m = micro_batches;
+  if (P < 1 || m < 1)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "schedule interleaved: %d stages, %d micro-batches: expected each >= 1", P,
+                        m);
+  if (v < 2)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "schedule interleaved: %d virtual stages: expected at least 2 model chunks "
+                        "per rank (1 is 1f1b)",
+                        v);
+  if (m % P)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "schedule interleaved: %d micro-batches on %d stages: expected a multiple "
+                        "of %d",
+                        m, P, P);
+  TS_CHECK(new_lists(out, TS_SCHEDULE_INTERLEAVED, P, m, v));
+  int total = m * v, group = P * v, V = P * v;
+  for (int s = 0; s < P; s++) {
+    list l = {&out->stage[s], list_cap(m, v)};
+    int w = interleaved_warm_up(P, v, m, s);
+#define CHUNK_OF(k, fwd) ((fwd) ? ((k) % group) / P : v - 1 - ((k) % group) / P)
+#define MB_OF(k) (((k) / group) * P + (k) % P)
+    for (int k = 0; k < w; k++) forward_chunk(&l, s, P, V, CHUNK_OF(k, 1), MB_OF(k));
+    for (int k = 0; k < total - w; k++) { /* steady: one forward, one backward */
+      forward_chunk(&l, s, P, V, CHUNK_OF(k + w, 1), MB_OF(k + w));
+      backward_chunk(&l, s, P, V, CHUNK_OF(k, 0), MB_OF(k));
+    }
+    for (int k = total - w; k < total; k++) backward_chunk(&l, s, P, V, CHUNK_OF(k, 0), MB_OF(k));
+#undef CHUNK_OF
+#undef MB_OF
+    push(&l, TS_ACT_REDUCE, -1, -1);
+    push(&l, TS_ACT_OPTIMIZER, -1, -1);
+  }
+  return TS_OK;
+}
+
 void ts_schedule_free(ts_schedule *s) {
   if (s->stage)
     for (int i = 0; i < s->stages; i++) free(s->stage[i].actions);
@@ -112,37 +204,46 @@ void ts_schedule_free(ts_schedule *s) {
 
 /* ---- the simulator ------------------------------------------------------------ */
 
-/* A FIFO of posted sends (their micro-batches) on one directed link. */
+/* A FIFO of posted sends (their micro-batches) on one directed link
+ * between virtual stages. */
 typedef struct {
   int *mb;
   size_t head, tail;
 } fifo;
 
+/* Virtual stage j = chunk * P + rank holds the model's j-th piece (one
+ * chunk per rank without interleaving: j is the rank). */
 typedef struct {
-  int P, m;
+  int P, m, v, V; /* ranks, micro-batches, chunks per rank, V = P v virtual stages */
   ts_schedule_kind kind;
-  int *fwd, *bwd, *got_act, *got_grad, *sent_act, *sent_grad; /* (P, m) flags */
-  const size_t *n_of; /* (P) list lengths */
-  int *next_bwd, *in_flight, *reduced, *optimized; /* (P) */
-  fifo *act, *grad; /* act[s]: s -> s + 1; grad[s]: s -> s - 1 (P each) */
+  int *fwd, *bwd, *got_act, *got_grad, *sent_act, *sent_grad; /* (V, m) flags */
+  int *next_bwd;                       /* (V) */
+  const size_t *n_of;                  /* (P) list lengths */
+  int *in_flight, *reduced, *optimized; /* (P) */
+  fifo *act, *grad; /* act[j]: j -> j + 1; grad[j]: j -> j - 1 (V each) */
   ts_schedule_report *r;
 } sim;
 
-#define AT(a, s, i) ((a)[(size_t)(s) * (size_t)S->m + (size_t)(i)])
+#define AT(a, j, i) ((a)[(size_t)(j) * (size_t)S->m + (size_t)(i)])
 
 static ts_status violation(sim *S, int s, size_t pc, const ts_action *a, const char *what) {
-  snprintf(S->r->msg, sizeof S->r->msg, "P=%d m=%d: stage %d action %zu (%s mb %d): %s", S->P,
-           S->m, s, pc, ts_action_kind_name(a->kind), a->mb, what);
+  char chunk[24] = "";
+  if (S->v > 1) snprintf(chunk, sizeof chunk, " chunk %d", a->chunk);
+  snprintf(S->r->msg, sizeof S->r->msg, "P=%d m=%d: stage %d action %zu (%s mb %d%s): %s", S->P,
+           S->m, s, pc, ts_action_kind_name(a->kind), a->mb, chunk, what);
   return ts_set_error(TS_ERR_INTERNAL, "schedule %s", S->r->msg);
 }
 
-/* The executor's slot rule (engine/pipeline.c): micro-batch mb uses slot
- * mb % n on stage s (n = ts_schedule_in_flight), and before its forward
- * (which writes the slot's output) or backward (which writes the slot's
- * input gradient and may rewrite the output) the sends of the micro-batch
- * that used the slot before, mb - n, must have been received; before a
- * backward also mb's own output. 1 when that holds. */
+/* The executor's slot rule (engine/pipeline.c; one chunk per rank):
+ * micro-batch mb uses slot mb % n on stage s (n = ts_schedule_in_flight),
+ * and before its forward (which writes the slot's output) or backward
+ * (which writes the slot's input gradient and may rewrite the output) the
+ * sends of the micro-batch that used the slot before, mb - n, must have
+ * been received; before a backward also mb's own output. 1 when that
+ * holds. Interleaved lists have no executor yet: no slot rule (their
+ * activations in flight are measured all the same). */
 static int slot_free(const sim *S, int s, int mb, int forward) {
+  if (S->v > 1) return 1;
   int n = ts_schedule_in_flight(S->kind, S->P, S->m, s), prev = mb - n;
   if (s < S->P - 1 && prev >= 0 && !AT(S->got_act, s + 1, prev)) return 0;
   if (forward) return 1;
@@ -150,70 +251,84 @@ static int slot_free(const sim *S, int s, int mb, int forward) {
   return s == S->P - 1 || AT(S->got_act, s + 1, mb);
 }
 
+/* Whether every send from rank s's virtual stages was received. */
+static int sends_received(const sim *S, int s) {
+  for (int c = 0; c < S->v; c++) {
+    int j = c * S->P + s;
+    for (int i = 0; i < S->m; i++)
+      if ((j < S->V - 1 && !AT(S->got_act, j + 1, i)) || (j > 0 && !AT(S->got_grad, j - 1, i)))
+        return 0;
+  }
+  return 1;
+}
+
 /* Runs stage s's action a if it can; *ran = 1 then. Errors: a violation. */
 static ts_status step(sim *S, int s, size_t pc, const ts_action *a, int last, int *ran) {
-  int P = S->P, m = S->m, mb = a->mb;
+  int P = S->P, m = S->m, V = S->V, mb = a->mb;
   *ran = 0;
   int needs_mb = a->kind != TS_ACT_REDUCE && a->kind != TS_ACT_OPTIMIZER;
   if (needs_mb && (mb < 0 || mb >= m)) return violation(S, s, pc, a, "micro-batch out of range");
+  if (needs_mb && (a->chunk < 0 || a->chunk >= S->v))
+    return violation(S, s, pc, a, "chunk out of range");
+  int j = a->chunk * P + s; /* the virtual stage */
   switch (a->kind) {
     case TS_ACT_FORWARD:
-      if (AT(S->fwd, s, mb)) return violation(S, s, pc, a, "second forward");
-      if (s > 0 && !AT(S->got_act, s, mb)) return violation(S, s, pc, a, "input not received");
+      if (AT(S->fwd, j, mb)) return violation(S, s, pc, a, "second forward");
+      if (j > 0 && !AT(S->got_act, j, mb)) return violation(S, s, pc, a, "input not received");
       if (!slot_free(S, s, mb, 1)) return TS_OK; /* blocked: its slot's output is in flight */
-      AT(S->fwd, s, mb) = 1;
+      AT(S->fwd, j, mb) = 1;
       S->in_flight[s]++;
       if (s < 64 && S->in_flight[s] > S->r->max_in_flight[s])
         S->r->max_in_flight[s] = S->in_flight[s];
       break;
     case TS_ACT_BACKWARD:
-      if (!AT(S->fwd, s, mb)) return violation(S, s, pc, a, "backward before forward");
-      if (AT(S->bwd, s, mb)) return violation(S, s, pc, a, "second backward");
-      if (mb != S->next_bwd[s]) return violation(S, s, pc, a, "backward out of micro-batch order");
-      if (s < P - 1 && !AT(S->got_grad, s, mb))
+      if (!AT(S->fwd, j, mb)) return violation(S, s, pc, a, "backward before forward");
+      if (AT(S->bwd, j, mb)) return violation(S, s, pc, a, "second backward");
+      if (mb != S->next_bwd[j]) return violation(S, s, pc, a, "backward out of micro-batch order");
+      if (j < V - 1 && !AT(S->got_grad, j, mb))
         return violation(S, s, pc, a, "output gradient not received");
       if (!slot_free(S, s, mb, 0)) return TS_OK; /* blocked: its slot's gradient is in flight */
-      AT(S->bwd, s, mb) = 1;
-      S->next_bwd[s]++;
+      AT(S->bwd, j, mb) = 1;
+      S->next_bwd[j]++;
       S->in_flight[s]--;
       break;
     case TS_ACT_SEND_ACT:
     case TS_ACT_SEND_GRAD: {
-      int act = a->kind == TS_ACT_SEND_ACT;
-      if (a->peer != (act ? s + 1 : s - 1) || a->peer < 0 || a->peer >= P)
+      int act = a->kind == TS_ACT_SEND_ACT, to = act ? j + 1 : j - 1;
+      if (to < 0 || to >= V || a->peer != to % P)
         return violation(S, s, pc, a, "send to a stage that is not the neighbour");
-      if (act ? !AT(S->fwd, s, mb) : !AT(S->bwd, s, mb))
+      if (act ? !AT(S->fwd, j, mb) : !AT(S->bwd, j, mb))
         return violation(S, s, pc, a, "sends what was not computed");
-      int *sent = act ? &AT(S->sent_act, s, mb) : &AT(S->sent_grad, s, mb);
+      int *sent = act ? &AT(S->sent_act, j, mb) : &AT(S->sent_grad, j, mb);
       if (*sent) return violation(S, s, pc, a, "second send of the same micro-batch");
       *sent = 1;
-      fifo *f = act ? &S->act[s] : &S->grad[s];
+      fifo *f = act ? &S->act[j] : &S->grad[j];
       f->mb[f->tail++] = mb;
       break;
     }
     case TS_ACT_RECV_ACT:
     case TS_ACT_RECV_GRAD: {
-      int act = a->kind == TS_ACT_RECV_ACT;
-      if (a->peer != (act ? s - 1 : s + 1) || a->peer < 0 || a->peer >= P)
+      int act = a->kind == TS_ACT_RECV_ACT, from = act ? j - 1 : j + 1;
+      if (from < 0 || from >= V || a->peer != from % P)
         return violation(S, s, pc, a, "receive from a stage that is not the neighbour");
-      fifo *f = act ? &S->act[a->peer] : &S->grad[a->peer];
+      fifo *f = act ? &S->act[from] : &S->grad[from];
       if (f->head == f->tail) return TS_OK; /* blocked: the send is not posted yet */
-      if (act ? AT(S->got_act, s, mb) : AT(S->got_grad, s, mb))
+      if (act ? AT(S->got_act, j, mb) : AT(S->got_grad, j, mb))
         return violation(S, s, pc, a, "second receive of the same micro-batch");
       if (f->mb[f->head] != mb)
         return violation(S, s, pc, a, "matches a send of another micro-batch (order)");
       f->head++;
-      if (act) AT(S->got_act, s, mb) = 1;
-      else AT(S->got_grad, s, mb) = 1;
+      if (act) AT(S->got_act, j, mb) = 1;
+      else AT(S->got_grad, j, mb) = 1;
       break;
     }
     case TS_ACT_REDUCE:
-      if (S->next_bwd[s] != m) return violation(S, s, pc, a, "reduce before every backward");
+      for (int c = 0; c < S->v; c++)
+        if (S->next_bwd[c * P + s] != m)
+          return violation(S, s, pc, a, "reduce before every backward");
       if (S->reduced[s]) return violation(S, s, pc, a, "second reduce");
       if (pc + 2 != S->n_of[s]) return violation(S, s, pc, a, "reduce is not second to last");
-      for (int i = 0; i < m; i++) /* the executor waits for every send to be received */
-        if ((s < P - 1 && !AT(S->got_act, s + 1, i)) || (s > 0 && !AT(S->got_grad, s - 1, i)))
-          return TS_OK;
+      if (!sends_received(S, s)) return TS_OK; /* the executor waits for every send */
       S->reduced[s] = 1;
       break;
     case TS_ACT_OPTIMIZER:
@@ -230,41 +345,44 @@ static ts_status step(sim *S, int s, size_t pc, const ts_action *a, int last, in
 
 ts_status ts_schedule_simulate(const ts_schedule *sch, ts_schedule_report *report) {
   memset(report, 0, sizeof *report);
-  int P = sch->stages, m = sch->micro_batches;
+  int P = sch->stages, m = sch->micro_batches, v = sch->virtual_stages > 1 ? sch->virtual_stages : 1;
   sim Sv;
   memset(&Sv, 0, sizeof Sv);
   sim *S = &Sv;
   S->P = P;
   S->m = m;
+  S->v = v;
+  S->V = P * v;
   S->kind = sch->kind;
   S->r = report;
-  size_t pm = (size_t)P * (size_t)m;
+  size_t Vm = (size_t)S->V * (size_t)m;
   size_t *n_of = calloc((size_t)P, sizeof(size_t));
   for (int s = 0; n_of && s < P; s++) n_of[s] = sch->stage[s].n;
   S->n_of = n_of;
-  S->sent_act = calloc(pm, sizeof(int));
-  S->sent_grad = calloc(pm, sizeof(int));
+  S->sent_act = calloc(Vm, sizeof(int));
+  S->sent_grad = calloc(Vm, sizeof(int));
   S->optimized = calloc((size_t)P, sizeof(int));
-  S->fwd = calloc(pm, sizeof(int));
-  S->bwd = calloc(pm, sizeof(int));
-  S->got_act = calloc(pm, sizeof(int));
-  S->got_grad = calloc(pm, sizeof(int));
-  S->next_bwd = calloc((size_t)P, sizeof(int));
+  S->fwd = calloc(Vm, sizeof(int));
+  S->bwd = calloc(Vm, sizeof(int));
+  S->got_act = calloc(Vm, sizeof(int));
+  S->got_grad = calloc(Vm, sizeof(int));
+  S->next_bwd = calloc((size_t)S->V, sizeof(int));
   S->in_flight = calloc((size_t)P, sizeof(int));
   S->reduced = calloc((size_t)P, sizeof(int));
-  S->act = calloc((size_t)P, sizeof(fifo));
-  S->grad = calloc((size_t)P, sizeof(fifo));
+  S->act = calloc((size_t)S->V, sizeof(fifo));
+  S->grad = calloc((size_t)S->V, sizeof(fifo));
   size_t *pc = calloc((size_t)P, sizeof(size_t));
   ts_status st = TS_OK;
   if (!S->fwd || !S->bwd || !S->got_act || !S->got_grad || !S->next_bwd || !S->in_flight ||
       !S->reduced || !S->act || !S->grad || !pc || !n_of || !S->sent_act || !S->sent_grad ||
       !S->optimized)
     st = ts_set_error(TS_ERR_OUT_OF_MEMORY, "schedule simulator: P=%d m=%d", P, m);
-  for (int s = 0; s < P && st == TS_OK; s++) {
+  for (int j = 0; j < S->V && st == TS_OK; j++) {
     /* a link carries at most one send per action of its sender */
-    S->act[s].mb = calloc(sch->stage[s].n + 1, sizeof(int));
-    S->grad[s].mb = calloc(sch->stage[s].n + 1, sizeof(int));
-    if (!S->act[s].mb || !S->grad[s].mb)
+    size_t cap = sch->stage[j % P].n + 1;
+    S->act[j].mb = calloc(cap, sizeof(int));
+    S->grad[j].mb = calloc(cap, sizeof(int));
+    if (!S->act[j].mb || !S->grad[j].mb)
       st = ts_set_error(TS_ERR_OUT_OF_MEMORY, "schedule simulator: links");
   }
   /* Rounds: every stage runs at most one action per round, blocked
@@ -292,18 +410,24 @@ ts_status ts_schedule_simulate(const ts_schedule *sch, ts_schedule_report *repor
     }
   }
   for (int s = 0; s < P && st == TS_OK; s++) {
-    ts_action none = {TS_ACT_OPTIMIZER, -1, -1, -1};
-    if (S->next_bwd[s] != m || !S->reduced[s] || !S->optimized[s])
+    ts_action none = {TS_ACT_OPTIMIZER, -1, -1, -1, 0};
+    int backwards = 1;
+    for (int c = 0; c < v; c++) backwards &= S->next_bwd[c * P + s] == m;
+    if (!backwards || !S->reduced[s] || !S->optimized[s])
       st = violation(S, s, pc[s], &none,
                      "the list ends before every backward, the reduce and the optimizer step");
-    else if (S->act[s].head != S->act[s].tail || S->grad[s].head != S->grad[s].tail)
-      st = violation(S, s, pc[s], &none, "a send nobody received");
-    for (int i = 0; i < m && st == TS_OK; i++)
-      if (!AT(S->fwd, s, i)) st = violation(S, s, pc[s], &none, "a micro-batch never ran forward");
+    for (int c = 0; c < v && st == TS_OK; c++) {
+      int j = c * P + s;
+      if (S->act[j].head != S->act[j].tail || S->grad[j].head != S->grad[j].tail)
+        st = violation(S, s, pc[s], &none, "a send nobody received");
+      for (int i = 0; i < m && st == TS_OK; i++)
+        if (!AT(S->fwd, j, i))
+          st = violation(S, s, pc[s], &none, "a micro-batch never ran forward");
+    }
   }
-  for (int s = 0; s < P && S->act && S->grad; s++) {
-    free(S->act[s].mb);
-    free(S->grad[s].mb);
+  for (int j = 0; j < S->V && S->act && S->grad; j++) {
+    free(S->act[j].mb);
+    free(S->grad[j].mb);
   }
   free(S->fwd), free(S->bwd), free(S->got_act), free(S->got_grad), free(S->next_bwd);
   free(S->in_flight), free(S->reduced), free(S->act), free(S->grad), free(pc);

@@ -4,8 +4,10 @@
  * runs (forward and backward of a micro-batch, sends and receives of
  * activations and their gradients, the reduction and the optimizer step),
  * built by GPipe (Huang et al. 2019) or 1F1B (PipeDream-Flush: Narayanan
- * et al. 2021, §2.2; Megatron-LM's non-interleaved schedule), and the
- * split of a model's units into contiguous stages.
+ * et al. 2021, §2.2; Megatron-LM's non-interleaved schedule), the
+ * interleaved 1F1B of v model chunks per rank (§2.2.2; checked here, not
+ * yet run by the engine), and the split of a model's units into
+ * contiguous stages.
  *
  * The executor runs a stage's list in order; a simulator
  * (ts_schedule_simulate) runs all stages' lists against each other with no
@@ -13,6 +15,10 @@
  * micro-batch's forward and backward once, every send meets its receive in
  * the same order, nothing deadlocks, and the activations a stage holds at
  * once never exceed what the memory plan charges (ts_schedule_in_flight).
+ * With v chunks per rank it does the same per virtual stage (chunk c of
+ * rank r is virtual stage c P + r, talking to its neighbours j - 1 and
+ * j + 1 on the ranks before and after, cyclically), counting a rank's
+ * activations over all its chunks.
  *
  * Communication model: a send is non-blocking (the executor posts it and
  * keeps its buffer until it completes; MPI_Isend); a receive blocks until
@@ -37,6 +43,10 @@ extern "C" {
 typedef enum ts_schedule_kind {
   TS_SCHEDULE_GPIPE = 0, /* all m forwards, then all m backwards */
   TS_SCHEDULE_1F1B = 1,  /* P - s - 1 warm-up forwards, then one forward, one backward */
+  TS_SCHEDULE_INTERLEAVED = 2, /* v chunks per rank, 1F1B over them (Narayanan et al. 2021,
+                                  §2.2.2; Megatron-LM's interleaved schedule):
+                                  ts_schedule_build_interleaved. Schedule data only: the
+                                  engine does not run it yet */
 } ts_schedule_kind;
 
 typedef enum ts_action_kind {
@@ -64,9 +74,11 @@ typedef enum ts_action_kind {
 
 typedef struct ts_action {
   ts_action_kind kind;
-  int mb;   /* micro-batch 0 .. m-1, or -1 */
-  int peer; /* the other stage of a send or receive, else -1 */
-  int unit; /* the unit of a *_UNIT action, else -1 */
+  int mb;    /* micro-batch 0 .. m-1, or -1 */
+  int peer;  /* the other stage (rank) of a send or receive, else -1 */
+  int unit;  /* the unit of a *_UNIT action, else -1 */
+  int chunk; /* the model chunk of this rank it runs (interleaved: 0 .. v-1, virtual stage
+                chunk * P + rank), else 0 */
 } ts_action;
 
 /* One stage's actions for one step, in order. */
@@ -78,8 +90,9 @@ typedef struct ts_stage_schedule {
 /* A step's schedule: P stages' lists. */
 typedef struct ts_schedule {
   ts_schedule_kind kind;
-  int stages;         /* P >= 1 */
+  int stages;         /* P >= 1 ranks */
   int micro_batches;  /* m >= 1 */
+  int virtual_stages; /* v >= 1 model chunks per rank (1 but for interleaved) */
   ts_stage_schedule *stage; /* (P), owned */
 } ts_schedule;
 
@@ -95,6 +108,26 @@ ts_status ts_schedule_kind_parse(const char *s, ts_schedule_kind *kind);
 ts_status ts_schedule_build(ts_schedule_kind kind, int stages, int micro_batches,
                             ts_schedule *out);
 void ts_schedule_free(ts_schedule *s);
+
+/* The interleaved schedule of P ranks with v model chunks each (virtual
+ * stage j = c P + r is the model's j-th contiguous piece, on rank j % P:
+ * round-robin) and m micro-batches, as Megatron-LM orders it: rank r runs
+ * W = (P - r - 1) 2 + (v - 1) P warm-up forwards (all m v when m = P),
+ * then one forward and one backward, then the cool-down backwards; its
+ * k-th forward is chunk (k mod P v) / P of micro-batch (k / P v) P + k mod
+ * P, its k-th backward the same with the chunks in reverse. Each chunk's
+ * backwards run in micro-batch order (the bitwise contract). A send of the
+ * last rank's chunk c goes to rank 0's chunk c + 1. The bubble is
+ * (P - 1) / (v m + P - 1) of a step (Narayanan et al. 2021, §2.2.2).
+ * TS_ERR_INVALID_ARGUMENT naming the values: P < 1, v < 2 (1 is 1F1B), m
+ * not a multiple of P (Megatron-LM's rule); TS_ERR_OUT_OF_MEMORY. */
+ts_status ts_schedule_build_interleaved(int stages, int virtual_stages, int micro_batches,
+                                        ts_schedule *out);
+
+/* The most (chunk, micro-batch) forwards whose backward has not run that
+ * rank s holds at once under the interleaved schedule: W + 1 of
+ * ts_schedule_build_interleaved's W warm-up forwards, at most m v. */
+int ts_schedule_in_flight_interleaved(int stages, int virtual_stages, int micro_batches, int s);
 
 /* The most micro-batches whose activations stage s holds at once under
  * this schedule: forwards done whose backward has not run. GPipe: m;
@@ -117,8 +150,12 @@ typedef struct ts_schedule_report {
  * the k-th receive of that kind at b from a, and both name the same
  * micro-batch; FORWARD of mb on stage s > 0 follows its RECV_ACT, BACKWARD
  * on s < P - 1 follows its RECV_GRAD; REDUCE then OPTIMIZER end every list;
- * nothing deadlocks. TS_OK when all hold, else TS_ERR_INTERNAL with the
- * first violation in report->msg (and in ts_last_error). */
+ * nothing deadlocks. With v > 1 (interleaved) each of these holds per
+ * virtual stage (s above reads j = chunk P + rank, its neighbours j - 1
+ * and j + 1), max_in_flight counts a rank's chunks together, and the
+ * executor's slot rule is not modelled (no executor runs it yet). TS_OK
+ * when all hold, else TS_ERR_INTERNAL with the first violation in
+ * report->msg (and in ts_last_error). */
 ts_status ts_schedule_simulate(const ts_schedule *s, ts_schedule_report *report);
 
 /* Splits n units with costs cost[0..n) into P contiguous stages minimising

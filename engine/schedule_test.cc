@@ -186,3 +186,96 @@ TEST(PipelineSplit, ExplicitSplitMustCoverTheUnitsExactly) {
 }
 
 }  // namespace
+
+// The interleaved schedule (schedule data; the executor does not run it
+// yet): for P in 1..6, v in 2..4 and m = P, 2P, 3P, every rank runs each
+// chunk's forward and backward of every micro-batch once, each chunk's
+// backwards in micro-batch order, every send meets its receive (the last
+// rank's chunk c feeding rank 0's chunk c + 1), nothing deadlocks, and the
+// (chunk, micro-batch) activations a rank holds at once equal
+// ts_schedule_in_flight_interleaved: 1F1B's memory per chunk, spread over
+// v chunks.
+TEST(Schedule, InterleavedRunsToTheEndAndHoldsWhatItsBoundSays) {
+  for (int P = 1; P <= 6; P++)
+    for (int v = 2; v <= 4; v++)
+      for (int k = 1; k <= 3; k++) {
+        int m = k * P;
+        SCOPED_TRACE("P=" + std::to_string(P) + " v=" + std::to_string(v) +
+                     " m=" + std::to_string(m));
+        ts_schedule s;
+        ASSERT_EQ(ts_schedule_build_interleaved(P, v, m, &s), TS_OK) << ts_last_error();
+        EXPECT_EQ(s.kind, TS_SCHEDULE_INTERLEAVED);
+        EXPECT_EQ(s.virtual_stages, v);
+        ts_schedule_report r;
+        EXPECT_EQ(ts_schedule_simulate(&s, &r), TS_OK) << r.msg;
+        for (int st = 0; st < P; st++) {
+          std::vector<int> fwd(v), bwd(v);
+          for (size_t i = 0; i < s.stage[st].n; i++) {
+            const ts_action &a = s.stage[st].actions[i];
+            if (a.kind == TS_ACT_FORWARD) fwd[a.chunk]++;
+            if (a.kind == TS_ACT_BACKWARD) bwd[a.chunk]++;
+          }
+          for (int c = 0; c < v; c++) {
+            EXPECT_EQ(fwd[c], m) << "stage " << st << " chunk " << c;
+            EXPECT_EQ(bwd[c], m) << "stage " << st << " chunk " << c;
+          }
+          EXPECT_EQ(r.max_in_flight[st], ts_schedule_in_flight_interleaved(P, v, m, st))
+              << "stage " << st;
+        }
+        ts_schedule_free(&s);
+      }
+}
+
+// Its shape: rank 0 of 4 with 2 chunks and 8 micro-batches warms up with
+// (P - 1) 2 + (v - 1) P = 10 forwards, micro-batches 0-3 of chunk 0 then
+// 0-3 of chunk 1 then 4-5 of chunk 0; its first backward is chunk 1's
+// micro-batch 0, and the last rank's first send of chunk 0 goes to rank 0.
+TEST(Schedule, InterleavedFollowsMegatronsOrder) {
+  ts_schedule s;
+  ASSERT_EQ(ts_schedule_build_interleaved(4, 2, 8, &s), TS_OK) << ts_last_error();
+  std::vector<std::pair<int, int>> fwd;  // (chunk, mb) before the first backward
+  const ts_stage_schedule &r0 = s.stage[0];
+  size_t i = 0;
+  for (; i < r0.n && r0.actions[i].kind != TS_ACT_BACKWARD; i++)
+    if (r0.actions[i].kind == TS_ACT_FORWARD)
+      fwd.push_back({r0.actions[i].chunk, r0.actions[i].mb});
+  std::vector<std::pair<int, int>> want = {{0, 0}, {0, 1}, {0, 2}, {0, 3}, {1, 0}, {1, 1},
+                                           {1, 2}, {1, 3}, {0, 4}, {0, 5}, {0, 6}};
+  EXPECT_EQ(fwd, want);  // 10 warm-up forwards and the steady state's first
+  ASSERT_LT(i, r0.n);
+  EXPECT_EQ(r0.actions[i].chunk, 1);
+  EXPECT_EQ(r0.actions[i].mb, 0);
+  const ts_stage_schedule &r3 = s.stage[3];
+  for (size_t k = 0; k < r3.n; k++)
+    if (r3.actions[k].kind == TS_ACT_SEND_ACT) {
+      EXPECT_EQ(r3.actions[k].chunk, 0);
+      EXPECT_EQ(r3.actions[k].peer, 0);
+      break;
+    }
+  ts_schedule_free(&s);
+}
+
+// Its refusals, one line each naming the values; and the simulator fails a
+// broken interleaved list (a chunk's two backwards swapped).
+TEST(Schedule, InterleavedRefusesBadValuesAndItsBreakageIsCaught) {
+  ts_schedule s;
+  EXPECT_EQ(ts_schedule_build_interleaved(4, 1, 8, &s), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_STREQ(ts_last_error(),
+               "schedule interleaved: 1 virtual stages: expected at least 2 model chunks per rank "
+               "(1 is 1f1b)");
+  EXPECT_EQ(ts_schedule_build_interleaved(4, 2, 6, &s), TS_ERR_INVALID_ARGUMENT);
+  EXPECT_STREQ(ts_last_error(),
+               "schedule interleaved: 6 micro-batches on 4 stages: expected a multiple of 4");
+  EXPECT_EQ(ts_schedule_build(TS_SCHEDULE_INTERLEAVED, 4, 8, &s), TS_ERR_INVALID_ARGUMENT);
+  ASSERT_EQ(ts_schedule_build_interleaved(2, 2, 4, &s), TS_OK);
+  ts_stage_schedule &l = s.stage[1];
+  std::vector<size_t> b;  // chunk 0's backwards on rank 1
+  for (size_t i = 0; i < l.n; i++)
+    if (l.actions[i].kind == TS_ACT_BACKWARD && l.actions[i].chunk == 0) b.push_back(i);
+  ASSERT_GE(b.size(), 2u);
+  std::swap(l.actions[b[0]].mb, l.actions[b[1]].mb);
+  ts_schedule_report r;
+  EXPECT_EQ(ts_schedule_simulate(&s, &r), TS_ERR_INTERNAL);
+  EXPECT_NE(std::string(r.msg).find("chunk 0"), std::string::npos) << r.msg;
+  ts_schedule_free(&s);
+}

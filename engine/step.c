@@ -103,15 +103,15 @@ static ts_status lower(ts_engine *e) {
     if (a->kind == TS_ACT_BACKWARD) {
       int due = ts_engine_unit_reduce_due(e, a->mb);
       for (int u = e->pipe.u_end - 1; u >= e->pipe.u_begin; u--) {
-        out[n++] = (ts_action){TS_ACT_BACKWARD_UNIT, a->mb, -1, u};
-        if (due) out[n++] = (ts_action){TS_ACT_REDUCE_UNIT, a->mb, -1, u};
+        out[n++] = (ts_action){TS_ACT_BACKWARD_UNIT, a->mb, -1, u, 0};
+        if (due) out[n++] = (ts_action){TS_ACT_REDUCE_UNIT, a->mb, -1, u, 0};
       }
     }
     out[n++] = *a;
     if (a->kind == TS_ACT_OPTIMIZER) {
       for (int u = e->pipe.u_begin; u < e->pipe.u_end; u++)
-        out[n++] = (ts_action){TS_ACT_OPTIMIZER_UNIT, -1, -1, u};
-      out[n++] = (ts_action){TS_ACT_OPTIMIZER_END, -1, -1, -1};
+        out[n++] = (ts_action){TS_ACT_OPTIMIZER_UNIT, -1, -1, u, 0};
+      out[n++] = (ts_action){TS_ACT_OPTIMIZER_END, -1, -1, -1, 0};
     }
   }
   e->pipe.program = (ts_stage_schedule){out, n};
