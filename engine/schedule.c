@@ -435,6 +435,64 @@ ts_status ts_schedule_simulate(const ts_schedule *sch, ts_schedule_report *repor
   return st;
 }
 
+/* ---- timing ------------------------------------------------------------------- */
+
+ts_status ts_schedule_time(const ts_schedule *sch, double t_forward, double t_backward,
+                           double *step, double *bubble) {
+  *step = 0.0;
+  if (!(t_forward > 0) || !(t_backward > 0))
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "schedule time: forward %g, backward %g: expected both > 0", t_forward,
+                        t_backward);
+  ts_schedule_report rep;
+  TS_CHECK(ts_schedule_simulate(sch, &rep)); /* runnable: every receive meets its send */
+  int P = sch->stages, m = sch->micro_batches, v = sch->virtual_stages > 1 ? sch->virtual_stages : 1;
+  int V = P * v;
+  size_t Vm = (size_t)V * (size_t)m;
+  /* when each (virtual stage, micro-batch)'s activation and gradient were
+   * sent (-1: not yet), each rank's clock and next action */
+  double *act = malloc(Vm * sizeof(double)), *grad = malloc(Vm * sizeof(double));
+  double *clock = calloc((size_t)P, sizeof(double));
+  size_t *pc = calloc((size_t)P, sizeof(size_t));
+  if (!act || !grad || !clock || !pc) {
+    free(act), free(grad), free(clock), free(pc);
+    return ts_set_error(TS_ERR_OUT_OF_MEMORY, "schedule time: P=%d m=%d", P, m);
+  }
+  for (size_t i = 0; i < Vm; i++) act[i] = grad[i] = -1.0;
+  /* Rounds over the ranks, each running actions until a receive whose
+   * send has not happened yet (the simulation above proved they all do). */
+  for (int left = 1; left;) {
+    left = 0;
+    for (int s = 0; s < P; s++) {
+      const ts_stage_schedule *l = &sch->stage[s];
+      for (; pc[s] < l->n; pc[s]++) {
+        const ts_action *a = &l->actions[pc[s]];
+        int j = a->chunk * P + s;
+        size_t at = (size_t)j * (size_t)m + (size_t)(a->mb < 0 ? 0 : a->mb);
+        if (a->kind == TS_ACT_RECV_ACT || a->kind == TS_ACT_RECV_GRAD) {
+          double sent = a->kind == TS_ACT_RECV_ACT ? act[at - (size_t)m] : grad[at + (size_t)m];
+          if (sent < 0) break; /* its send has not run yet */
+          if (sent > clock[s]) clock[s] = sent;
+        } else if (a->kind == TS_ACT_FORWARD) {
+          clock[s] += t_forward / v;
+        } else if (a->kind == TS_ACT_BACKWARD) {
+          clock[s] += t_backward / v;
+        } else if (a->kind == TS_ACT_SEND_ACT) {
+          act[at] = clock[s];
+        } else if (a->kind == TS_ACT_SEND_GRAD) {
+          grad[at] = clock[s];
+        }
+      }
+      left |= pc[s] < l->n;
+    }
+  }
+  for (int s = 0; s < P; s++)
+    if (clock[s] > *step) *step = clock[s];
+  for (int s = 0; bubble && s < P; s++) bubble[s] = 1.0 - m * (t_forward + t_backward) / *step;
+  free(act), free(grad), free(clock), free(pc);
+  return TS_OK;
+}
+
 /* ---- splits ------------------------------------------------------------------- */
 
 ts_status ts_pipeline_split_balanced(const double *cost, int n, int stages, int *first) {

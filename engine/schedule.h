@@ -158,6 +158,20 @@ typedef struct ts_schedule_report {
  * report->msg (and in ts_last_error). */
 ts_status ts_schedule_simulate(const ts_schedule *s, ts_schedule_report *report);
 
+/* The schedule's own timing, no communication cost: every rank runs its
+ * list in order; a forward of one chunk takes t_forward / v, a backward
+ * t_backward / v (a stage's time split over its v chunks); a send costs
+ * nothing and a receive waits for its send; reduce and optimizer take no
+ * time. *step receives the makespan and bubble[s] (P entries, may be
+ * NULL) the part of it rank s is idle: 1 - m (t_forward + t_backward) /
+ * *step. For GPipe and 1F1B that is (P - 1) / (m + P - 1) on every rank,
+ * for the interleaved schedule (P - 1) / (v m + P - 1) (Narayanan et al.
+ * 2021, §2.2). TS_ERR_INVALID_ARGUMENT (times not > 0), TS_ERR_INTERNAL (a
+ * list that cannot run: ts_schedule_simulate says why),
+ * TS_ERR_OUT_OF_MEMORY. */
+ts_status ts_schedule_time(const ts_schedule *s, double t_forward, double t_backward,
+                           double *step, double *bubble);
+
 /* Splits n units with costs cost[0..n) into P contiguous stages minimising
  * the largest stage's cost (ties: the earliest boundaries); first[s] is the
  * index of stage s's first unit (first[0] = 0), P entries.

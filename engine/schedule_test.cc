@@ -279,3 +279,43 @@ TEST(Schedule, InterleavedRefusesBadValuesAndItsBreakageIsCaught) {
   EXPECT_NE(std::string(r.msg).find("chunk 0"), std::string::npos) << r.msg;
   ts_schedule_free(&s);
 }
+
+// The schedules' own timing (forward 1, backward 2 per stage, a chunk's
+// share of them with v chunks; communication free): GPipe and 1F1B leave
+// every rank idle (P - 1) / (m + P - 1) of the step, the interleaved
+// schedule (P - 1) / (v m + P - 1) (Narayanan et al. 2021, §2.2) — the
+// bubble divided by about v.
+TEST(Schedule, TheirTimingHasTheBubbleOfTheirFormulas) {
+  for (int P = 1; P <= 6; P++)
+    for (int k = 1; k <= 3; k++) {
+      int m = k * P;
+      for (ts_schedule_kind kind : {TS_SCHEDULE_GPIPE, TS_SCHEDULE_1F1B}) {
+        SCOPED_TRACE(std::string(ts_schedule_kind_name(kind)) + " P=" + std::to_string(P) +
+                     " m=" + std::to_string(m));
+        ts_schedule s;
+        ASSERT_EQ(ts_schedule_build(kind, P, m, &s), TS_OK);
+        double step = 0, bubble[8];
+        ASSERT_EQ(ts_schedule_time(&s, 1.0, 2.0, &step, bubble), TS_OK) << ts_last_error();
+        EXPECT_DOUBLE_EQ(step, 3.0 * (m + P - 1));
+        for (int r = 0; r < P; r++)
+          EXPECT_NEAR(bubble[r], (P - 1.0) / (m + P - 1.0), 1e-12) << "rank " << r;
+        ts_schedule_free(&s);
+      }
+      for (int v = 2; v <= 4; v++) {
+        SCOPED_TRACE("interleaved P=" + std::to_string(P) + " v=" + std::to_string(v) +
+                     " m=" + std::to_string(m));
+        ts_schedule s;
+        ASSERT_EQ(ts_schedule_build_interleaved(P, v, m, &s), TS_OK);
+        double step = 0, bubble[8];
+        ASSERT_EQ(ts_schedule_time(&s, 1.0, 2.0, &step, bubble), TS_OK) << ts_last_error();
+        for (int r = 0; r < P; r++)
+          EXPECT_NEAR(bubble[r], (P - 1.0) / (v * m + P - 1.0), 1e-12) << "rank " << r;
+        ts_schedule_free(&s);
+      }
+    }
+  ts_schedule s;
+  ASSERT_EQ(ts_schedule_build(TS_SCHEDULE_1F1B, 2, 2, &s), TS_OK);
+  double step;
+  EXPECT_EQ(ts_schedule_time(&s, 0.0, 1.0, &step, nullptr), TS_ERR_INVALID_ARGUMENT);
+  ts_schedule_free(&s);
+}
