@@ -48,10 +48,16 @@ typedef struct init_copy {
   const float *own; /* the optimizer state's part of the initial values */
 } init_copy;
 
+/* n fp32 values of the device into optimizer state, which is host memory
+ * when ts_engine_state_on_host. */
+static ts_status state_from_device(ts_engine *e, float *dst, const float *src, size_t n) {
+  return ts_engine_state_on_host(e) ? ts_k_to_host(&e->ctx, dst, src, n * 4)
+                                    : ts_k_copy(&e->ctx, dst, src, n * 4);
+}
+
 static ts_status copy_master(void *arg, float *const at[3], size_t first, size_t count) {
   const init_copy *c = arg;
-  return ts_engine_state_on_host(c->e) ? ts_k_to_host(&c->e->ctx, at[0], c->own + first, count * 4)
-                                       : ts_k_copy(&c->e->ctx, at[0], c->own + first, count * 4);
+  return state_from_device(c->e, at[0], c->own + first, count);
 }
 
 /* Initialises unit u's parameters, identical on every rank: the full unit
@@ -74,9 +80,7 @@ static ts_status init_unit(ts_engine *e, int u) {
   init_copy c = {e, own};
   if (st == TS_OK && e->offload && ts_engine_owns(e, u) && dt != TS_FP32)
     st = ts_offload_each(e, u, 0, n_opt, 1, copy_master, &c);
-  if (st == TS_OK && s->master)
-    st = ts_engine_state_on_host(e) ? ts_k_to_host(&e->ctx, s->master, own, n_opt * 4)
-                                    : ts_k_copy(&e->ctx, s->master, own, n_opt * 4);
+  if (st == TS_OK && s->master) st = state_from_device(e, s->master, own, n_opt);
   if (st == TS_OK && ts_engine_params_on_host(e)) { /* the shard cast here, then to the host */
     void *cast = NULL;
     st = ts_ledger_alloc(&e->ledger, e->device, TS_MEM_WORKSPACE, S * e->es, &cast);

@@ -11,7 +11,6 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -285,63 +284,6 @@ static ts_status open_resume(run *r) {
   return TS_OK;
 }
 
-/* Refuses a CPU plan this node cannot hold before anything is allocated:
- * the rank's ledger peak (ts_engine_plan, what `tessera estimate` prints)
- * times the ranks on this node against its physical memory, or the
- * process's cgroup limit where one is smaller; with an offload folder, the
- * plan's disk bytes (master and optim) times the ranks against the free
- * space there. A GPU's plan is checked against the card at create
- * (engine.h). */
-static ts_status check_host_memory(run *r) {
-  ts_mem_account plan, host, disk;
-  int stage = r->eo.pipeline_stages > 1 ? r->grid.stage : 0;
-  TS_CHECK(ts_engine_plan_stage_host(&r->model, &r->eo, (size_t)r->dp_size, stage, &plan, &host,
-                                     &disk));
-  double ranks = ts_comm_local_size(); /* the world's ranks on this host */
-  double mem = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGE_SIZE);
-  double cgroup = ts_cgroup_memory_limit();
-  int limited = cgroup > 0 && (mem <= 0 || cgroup < mem);
-  if (limited) mem = cgroup;
-  const double GiB = 1024.0 * 1024.0 * 1024.0;
-  /* beside a GPU the host's part (the GPU's own is checked at create);
-   * it matters with the optimizer state offloaded there */
-  if (r->eo.device != TS_DEVICE_CPU && (r->eo.offload_optimizer || r->eo.offload_dir) && mem > 0 &&
-      (double)host.peak_total * ranks > mem)
-    return ts_set_error(TS_ERR_OUT_OF_MEMORY,
-                        "%s: the plan keeps %.1f GiB per rank in host memory (master %.1f, optim "
-                        "%.1f; tessera estimate's host rows) x %.0f rank%s on this node, more than "
-                        "its %.1f GiB%s: expected `offload_dir`, a higher `zero_stage` or more "
-                        "nodes",
-                        ts_model_origin(&r->model), (double)host.peak_total / GiB,
-                        (double)host.peak[TS_MEM_MASTER] / GiB, (double)host.peak[TS_MEM_OPTIM] / GiB,
-                        ranks, ranks > 1 ? "s" : "", mem / GiB,
-                        limited ? " (its cgroup's limit)" : "");
-  if (r->eo.device != TS_DEVICE_CPU && !r->eo.offload_dir) return TS_OK;
-  if (r->eo.device == TS_DEVICE_CPU && mem > 0 && (double)plan.peak_total * ranks > mem)
-    return ts_set_error(TS_ERR_OUT_OF_MEMORY,
-                        "%s: the plan needs %.1f GiB per rank (tessera estimate) x %.0f rank%s on "
-                        "this node, more than its %.1f GiB of memory%s: expected a smaller "
-                        "`micro_batch` or `seq`, a higher `zero_stage`, `recompute_every`, "
-                        "`offload_dir` or more nodes",
-                        ts_model_origin(&r->model), (double)plan.peak_total / GiB, ranks,
-                        ranks > 1 ? "s" : "", mem / GiB, limited ? " (its cgroup's limit)" : "");
-  struct statvfs fs;
-  if (r->eo.offload_dir && disk.current_total > 0 && statvfs(r->eo.offload_dir, &fs) == 0) {
-    double free_bytes = (double)fs.f_bavail * (double)fs.f_frsize;
-    const double MiB = 1024.0 * 1024.0;
-    if ((double)disk.current_total * ranks > free_bytes)
-      return ts_set_error(TS_ERR_IO,
-                          "`offload_dir` %s: the plan keeps %.1f MiB per rank there (master "
-                          "%.1f, optim %.1f) x %.0f rank%s on this node, more than its %.1f MiB "
-                          "free: expected a folder on a larger disk, or more nodes",
-                          r->eo.offload_dir, (double)disk.current_total / MiB,
-                          (double)disk.current[TS_MEM_MASTER] / MiB,
-                          (double)disk.current[TS_MEM_OPTIM] / MiB, ranks, ranks > 1 ? "s" : "",
-                          free_bytes / MiB);
-  }
-  return TS_OK;
-}
-
 /* The data's meta.json (ts_data_meta_read) against the model: a masked-LM
  * model needs meta.json of `prepare --mlm` whose [PAD] and [SEP] are the
  * model's, and room for [CLS] and [SEP] in `seq` (then the scratch of
@@ -435,7 +377,8 @@ static ts_status setup(run *r) {
                         "`micro_batch` %zu = %zu",
                         cfg->data_dir, ts_loader_num_windows(r->val_ld), T, r->dp_size,
                         r->eo.micro_batch, NB);
-  TS_CHECK(check_host_memory(r));
+  TS_CHECK(ts_check_node_fits(&r->model, &r->eo, (size_t)r->dp_size,
+                              r->eo.pipeline_stages > 1 ? r->grid.stage : 0));
   if (P > 1) TS_CHECK(ts_engine_create_pipeline(&r->engine, &r->model, &r->eo, &r->grid));
   else TS_CHECK(ts_engine_create(&r->engine, &r->model, &r->eo, r->dp));
   ts_engine_batch(r->engine, &r->inputs, &r->targets);
