@@ -4,7 +4,8 @@
  * writes from that same layout, and the re-cut at load.
  *
  * Invariant: the file of world rank R (pipeline stage s = R / dp, dp rank
- * d = R % dp) is, for each kind present, for each unit u of stage s, the
+ * d = R % dp) is, for each kind present, for each unit u of stage s (with
+ * v model chunks, of its virtual stages s, s + P, ... in turn), the
  * unit's flat elements chunk(u, d) = [d S, min((d + 1) S, total)) in the
  * kind's dtype. One function (for_each_chunk) walks that order; the writer
  * follows it with the bytes and rank 0 follows it to write the index, so
@@ -65,7 +66,8 @@ typedef struct chunk {
 typedef struct saver_layout {
   const ts_model *model;
   int dp;                              /* data-parallel ranks */
-  int first[TS_ENGINE_MAX_STAGES + 1]; /* pipeline split */
+  int P, v;                            /* pipeline stages, model chunks per rank */
+  int first[TS_ENGINE_MAX_STAGES + 1]; /* pipeline split: P v virtual stages, j on rank j % P */
   ts_flat_layout *layouts;             /* [n_units] for dp ranks */
   int has_master;                      /* bf16/fp16 */
   size_t param_es;                     /* bytes per compute element */
@@ -80,15 +82,16 @@ static ts_status for_each_chunk(const saver_layout *L, int R,
   for (int k = 0; k < TS_CHECKPOINT_NUM_KINDS; k++) {
     if (k == TS_CHECKPOINT_MASTER && !L->has_master) continue;
     size_t es = k == TS_CHECKPOINT_PARAM ? L->param_es : 4;
-    for (int u = L->first[s]; u < L->first[s + 1]; u++) {
-      const ts_flat_layout *l = &L->layouts[u];
-      size_t b = (size_t)d * l->shard, e = b + l->shard;
-      if (e > l->total) e = l->total;
-      if (b > e) b = e;
-      chunk c = {k, u, b, e, offset, es, l};
-      TS_CHECK(fn(ctx, &c));
-      offset += (e - b) * es;
-    }
+    for (int j = s; j < L->P * L->v; j += L->P) /* the rank's chunks, in model order */
+      for (int u = L->first[j]; u < L->first[j + 1]; u++) {
+        const ts_flat_layout *l = &L->layouts[u];
+        size_t b = (size_t)d * l->shard, e = b + l->shard;
+        if (e > l->total) e = l->total;
+        if (b > e) b = e;
+        chunk c = {k, u, b, e, offset, es, l};
+        TS_CHECK(fn(ctx, &c));
+        offset += (e - b) * es;
+      }
   }
   return TS_OK;
 }
@@ -107,6 +110,8 @@ static ts_status saver_layout_init(saver_layout *L, const ts_engine *e) {
   L->dp = e->dp_size;
   L->has_master = e->opts.dtype != TS_FP32;
   L->param_es = e->es;
+  L->P = e->pipe.stages;
+  L->v = e->pipe.chunks;
   TS_CHECK(ts_engine_pipeline_split(e->model, &e->opts, L->first));
   L->layouts = calloc((size_t)e->model->n_units, sizeof *L->layouts);
   if (!L->layouts) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "checkpoint: layouts");
@@ -227,7 +232,7 @@ static ts_status write_rank_file(ts_engine *e, const saver_layout *L, const char
   ts_status st = TS_OK;
   if (!staged && e->device != TS_DEVICE_CPU) {
     size_t most = 0;
-    for (int u = e->pipe.u_begin; u < e->pipe.u_end; u++)
+    TS_ENGINE_FOR_UNITS(e, u)
       if (L->layouts[u].shard * 4 > most) most = L->layouts[u].shard * 4;
     w.host = malloc(most ? most : 1);
     if (!w.host) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: %zu bytes of staging", path, most);
@@ -299,7 +304,8 @@ static ts_status build_index(const ts_engine *e, const saved_counters *sc, const
   cJSON_AddNumberToObject(root, "zero_stage", e->opts.zero_stage);
   cJSON_AddNumberToObject(root, "dp", e->dp_size);
   cJSON_AddNumberToObject(root, "pipeline", e->pipe.stages);
-  cJSON_AddItemToObject(root, "split", cJSON_CreateIntArray(L->first, e->pipe.stages + 1));
+  if (L->v > 1) cJSON_AddNumberToObject(root, "virtual_stages", L->v);
+  cJSON_AddItemToObject(root, "split", cJSON_CreateIntArray(L->first, L->P * L->v + 1));
   cJSON_AddNumberToObject(root, "world", world);
   cJSON *opt = cJSON_AddObjectToObject(root, "optimizer");
   cJSON_AddNumberToObject(opt, "step", sc->step);

@@ -9,7 +9,8 @@
  *                   stage * dp + dp rank): for each kind (compute
  *                   parameters in the compute dtype; fp32 master weights,
  *                   bf16/fp16 only; fp32 Adam exp_avg; fp32 exp_avg_sq),
- *                   for each unit of the rank's pipeline stage in order,
+ *                   for each unit of the rank's pipeline stage in order
+ *                   (interleaved: its chunks' units in model order),
  *                   the unit's flat elements [d S, min((d + 1) S, total))
  *                   of dp rank d, back to back: the rank's own part, as the
  *                   ZeRO stage-3 shard would hold it (padding not written).
@@ -18,7 +19,8 @@
  *                   config.json), small.
  *   index.json      written last, by rank 0, once every rank's file is
  *                   durable: the format and version, the layout that saved
- *                   it (dtype, ZeRO stage, dp, pipeline stages and split),
+ *                   it (dtype, ZeRO stage, dp, pipeline stages, virtual
+ *                   stages when more than one per rank, and split),
  *                   the optimizer's counters and loss scaler, every file
  *                   with its byte count and SHA-256, and for every tensor of
  *                   the model (Hugging Face name, global shape) and every

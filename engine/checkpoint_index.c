@@ -108,13 +108,25 @@ static ts_status parse_header(ck_index *ix, const cJSON *root, int version) {
   if ((double)ix->info.world != (double)ix->info.dp * ix->info.pipeline)
     return bad(ix, "field \"world\" = %d: expected dp %d x pipeline %d = %d", ix->info.world,
                ix->info.dp, ix->info.pipeline, ix->info.dp * ix->info.pipeline);
-  /* split: pipeline + 1 unit counts from 0, rising (version 1 may lack it) */
+  /* virtual_stages: model chunks per rank (interleaved), absent for 1 */
+  int vs = 1;
+  if (cJSON_GetObjectItemCaseSensitive(root, "virtual_stages")) {
+    TS_CHECK(get_int(ix, root, "virtual_stages", "virtual_stages", 2, TS_ENGINE_MAX_CHUNKS, &v));
+    vs = (int)v;
+    if (ix->info.pipeline < 2 || ix->info.pipeline * vs > TS_ENGINE_MAX_STAGES)
+      return bad(ix, "field \"virtual_stages\" = %d: expected pipeline >= 2 and pipeline x %d <= %d",
+                 vs, vs, TS_ENGINE_MAX_STAGES);
+  }
+  /* split: pipeline x virtual_stages + 1 unit counts from 0, rising
+   * (version 1 may lack it) */
   const cJSON *split = cJSON_GetObjectItemCaseSensitive(root, "split");
   if (split || version >= TS_CHECKPOINT_VERSION_DIGEST) {
-    int P = ix->info.pipeline;
+    int P = ix->info.pipeline * vs;
     if (!cJSON_IsArray(split) || cJSON_GetArraySize(split) != P + 1)
-      return bad(ix, "field \"split\": expected %d rising unit counts from 0 (pipeline %d + 1)",
-                 P + 1, P);
+      return bad(ix,
+                 "field \"split\": expected %d rising unit counts from 0 (pipeline %d x "
+                 "virtual stages %d + 1)",
+                 P + 1, ix->info.pipeline, vs);
     for (int s = 0; s <= P; s++) {
       double x = integer_in(cJSON_GetArrayItem(split, s), 0, MAX_TENSORS);
       if (isnan(x) || (s == 0 && x != 0) || (s > 0 && x <= ix->split[s - 1]))

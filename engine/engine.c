@@ -179,7 +179,7 @@ static ts_status alloc_unit(ts_engine *e, int u) {
     TS_CHECK(lock_host(e, &s->params, 1, what));
   }
   s->recompute = ts_engine_is_recomputed(e->model, &e->opts, u);
-  TS_CHECK(alloc_saved(e, &e->slots[0], u));
+  TS_CHECK(alloc_saved(e, &e->slots[e->pipe.slot0[ts_engine_chunk_of(e, u)]], u));
   size_t sb = ts_shard_scratch_bytes(&s->layout, e->opts.dtype);
   if (sb > e->scratch_bytes) e->scratch_bytes = sb;
   /* hybrid: the shard's all-reduce over the replicas shares the scratch */
@@ -199,23 +199,26 @@ static ts_status alloc_replica(ts_engine *e, int u) {
   return init_unit(e, u);
 }
 
-/* The activations of slot k: saved bytes (slot 0's come with the units),
- * the units' inputs and the stage's output, the batch, and (stages s > 0)
- * the gradient sent back. */
-static ts_status alloc_slot(ts_engine *e, int k) {
+/* The activations of slot k of chunk c: saved bytes (a chunk's first
+ * slot's come with the units), the units' inputs and the chunk's output,
+ * the batch, and (every virtual stage but the first) the gradient sent
+ * back. */
+static ts_status alloc_slot(ts_engine *e, int k, int c) {
   const ts_model *m = e->model;
   act_slot *sl = &e->slots[k];
   size_t B = e->opts.micro_batch, T = e->opts.seq, BTC = B * T * m->hidden_size * e->es;
-  if (k > 0)
-    for (int u = e->pipe.u_begin; u < e->pipe.u_end; u++) TS_CHECK(alloc_saved(e, sl, u));
-  int first = e->pipe.u_begin > 1 ? e->pipe.u_begin : 1, last = e->pipe.u_end < m->n_units ? e->pipe.u_end : m->n_units - 1;
+  int u0 = e->pipe.c_begin[c], u1 = e->pipe.c_end[c];
+  sl->chunk = c;
+  if (k > e->pipe.slot0[c])
+    for (int u = u0; u < u1; u++) TS_CHECK(alloc_saved(e, sl, u));
+  int first = u0 > 1 ? u0 : 1, last = u1 < m->n_units ? u1 : m->n_units - 1;
   for (int u = first; u <= last; u++)
     TS_CHECK(ts_ledger_alloc(&e->ledger, e->device, TS_MEM_ACTIVATIONS, BTC, &sl->acts[u]));
   TS_CHECK(ts_ledger_alloc(&e->ledger, e->device, TS_MEM_ACTIVATIONS, B * T * 4,
                            (void **)&sl->tokens));
   TS_CHECK(ts_ledger_alloc(&e->ledger, e->device, TS_MEM_ACTIVATIONS, B * T * 4,
                            (void **)&sl->targets));
-  if (e->pipe.stage > 0)
+  if (u0 > 0)
     TS_CHECK(ts_ledger_alloc(&e->ledger, e->device, TS_MEM_ACTIVATIONS, BTC, &sl->gsend));
   return TS_OK;
 }
@@ -263,7 +266,7 @@ static ts_status alloc_scalars(ts_engine *e) {
  * TS_OFFLOAD_PIECE), no longer than the largest unit's optimizer state. */
 static ts_status alloc_update_staging(ts_engine *e) {
   size_t n = e->opts.offload_piece ? e->opts.offload_piece : TS_OFFLOAD_PIECE, most = 0;
-  for (int u = e->pipe.u_begin; u < e->pipe.u_end; u++) {
+  TS_ENGINE_FOR_UNITS(e, u) {
     const ts_flat_layout *l = &e->units[u].layout;
     size_t k = e->zero->shard_optim ? l->shard : l->padded;
     if (k > most) most = k;
@@ -294,24 +297,24 @@ ts_status ts_engine_alloc(ts_engine *e) {
   /* Offload: the file and its slots first (they need the layouts), so
    * that each unit's initialisation writes its master weights there. */
   if (e->opts.offload_dir) {
-    for (int u = e->pipe.u_begin; u < e->pipe.u_end; u++) TS_CHECK(init_layout(e, u));
+    TS_ENGINE_FOR_UNITS(e, u) TS_CHECK(init_layout(e, u));
     TS_CHECK(ts_offload_open(e));
   }
   /* Units first: their initialisation scratch (workspace category) is gone
    * before the kernel workspace exists, so the category's peak is the
    * larger of the two, not their sum. */
-  for (int u = e->pipe.u_begin; u < e->pipe.u_end; u++) TS_CHECK(alloc_unit(e, u));
+  TS_ENGINE_FOR_UNITS(e, u) TS_CHECK(alloc_unit(e, u));
   if (e->pipe.replica) TS_CHECK(alloc_replica(e, e->pipe.lender));
   if (ts_engine_state_on_host(e)) TS_CHECK(alloc_update_staging(e));
   size_t ws = 0;
-  for (int u = e->pipe.u_begin; u < e->pipe.u_end; u++) {
+  TS_ENGINE_FOR_UNITS(e, u) {
     size_t w = ts_unit_workspace_bytes(m, u, B, T, e->opts.dtype, dev);
     if (w > ws) ws = w;
   }
   TS_CHECK(ts_ledger_alloc(&e->ledger, dev, TS_MEM_WORKSPACE, ws, &e->ctx.workspace));
   e->ctx.workspace_bytes = ws;
   TS_CHECK(ts_ledger_alloc(&e->ledger, dev, TS_MEM_COMM, e->scratch_bytes, &e->scratch));
-  TS_CHECK(alloc_slot(e, 0));
+  TS_CHECK(alloc_slot(e, 0, 0));
   e->batch.tokens = e->slots[0].tokens;
   e->batch.targets = e->slots[0].targets;
   /* The host's batch (ts_engine_batch): the same buffers on the CPU, host
@@ -329,9 +332,15 @@ ts_status ts_engine_alloc(ts_engine *e) {
   }
   for (int i = 0; i < 2; i++)
     TS_CHECK(ts_ledger_alloc(&e->ledger, dev, TS_MEM_ACTIVATIONS, B * T * C * es, &e->dbuf[i]));
-  size_t rb = ts_engine_recompute_bytes(m, &e->opts, e->pipe.u_begin, e->pipe.u_end);
+  size_t rb = 0;
+  for (int c = 0; c < e->pipe.chunks; c++) {
+    size_t b = ts_engine_recompute_bytes(m, &e->opts, e->pipe.c_begin[c], e->pipe.c_end[c]);
+    if (b > rb) rb = b;
+  }
   TS_CHECK(ts_ledger_alloc(&e->ledger, dev, TS_MEM_ACTIVATIONS, rb, &e->recompute_saved));
-  for (int k = 1; k < e->n_slots; k++) TS_CHECK(alloc_slot(e, k)); /* a pipeline's others */
+  for (int c = 0; c < e->pipe.chunks; c++) /* a pipeline's others */
+    for (int k = c ? e->pipe.slot0[c] : 1; k < e->pipe.slot0[c] + e->pipe.nslot[c]; k++)
+      TS_CHECK(alloc_slot(e, k, c));
   if (e->opts.async_save) { /* host memory, whatever the device: the ledger's CPU account */
     TS_CHECK(ts_checkpoint_staging_bytes(e, &e->ckpt.staging_bytes));
     TS_CHECK(ts_ledger_alloc(&e->ledger, TS_DEVICE_CPU, TS_MEM_STAGING, e->ckpt.staging_bytes,
@@ -403,6 +412,31 @@ static ts_status check_opts(const ts_model *model, const ts_engine_opts *opts) {
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "`offload_params` without `offload_optimizer`: expected both (the host's "
                         "AdamW writes the host's parameters)");
+  if (opts->virtual_stages < 0 || opts->virtual_stages > TS_ENGINE_MAX_CHUNKS)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "`virtual_stages` %d: expected 1 to %d model chunks per rank",
+                        opts->virtual_stages, TS_ENGINE_MAX_CHUNKS);
+  if (opts->schedule == TS_SCHEDULE_INTERLEAVED) {
+    if (opts->pipeline_stages < 2)
+      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                          "schedule interleaved with %d pipeline stage: expected 2 or more",
+                          opts->pipeline_stages);
+    if (opts->virtual_stages < 2)
+      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                          "schedule interleaved with `virtual_stages` %d: expected 2 to %d model "
+                          "chunks per rank (1 is 1f1b)",
+                          opts->virtual_stages, TS_ENGINE_MAX_CHUNKS);
+    if (opts->grad_accum % (size_t)opts->pipeline_stages)
+      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                          "schedule interleaved: `grad_accum` %zu micro-batches on %d pipeline "
+                          "stages: expected a multiple of %d",
+                          opts->grad_accum, opts->pipeline_stages, opts->pipeline_stages);
+  } else if (opts->virtual_stages > 1) {
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "`virtual_stages` %d with schedule %s: expected 1 (more model chunks per "
+                        "rank need the interleaved schedule)",
+                        opts->virtual_stages, ts_schedule_kind_name(opts->schedule));
+  }
   if (opts->offload_params && opts->pipeline_stages > 1)
     return ts_set_error(TS_ERR_UNSUPPORTED,
                         "`offload_params` with %d pipeline stages: not built; expected 1",
@@ -477,7 +511,11 @@ ts_status ts_engine_new(const ts_model *model, const ts_engine_opts *opts, ts_en
   e->pipe.stages = 1; /* no pipelining until ts_engine_set_stage */
   e->pipe.lender = tied_lender(model);
   e->rs_pending = -1;
-  e->pipe.u_end = model->n_units;
+  e->pipe.chunks = 1; /* one chunk of every unit, one slot */
+  e->pipe.c_begin[0] = 0;
+  e->pipe.c_end[0] = model->n_units;
+  e->pipe.slot0[0] = 0;
+  e->pipe.nslot[0] = 1;
   e->n_slots = 1;
   e->replicas = 1;
   ts_ledger_init(&e->ledger);
@@ -674,10 +712,20 @@ ts_comm *ts_engine_comm(const ts_engine *e) { return e->dp; }
 int ts_engine_num_units(const ts_engine *e) { return e->model->n_units; }
 
 int ts_engine_stage_units(const ts_engine *e, int *begin, int *end) {
-  *begin = e->pipe.u_begin;
-  *end = e->pipe.u_end;
+  *begin = e->pipe.c_begin[0];
+  *end = e->pipe.c_end[0];
   return e->pipe.stage;
 }
+
+int ts_engine_chunks(const ts_engine *e) { return e->pipe.chunks; }
+
+void ts_engine_chunk_units(const ts_engine *e, int c, int *begin, int *end) {
+  TS_ASSERT(c >= 0 && c < e->pipe.chunks);
+  *begin = e->pipe.c_begin[c];
+  *end = e->pipe.c_end[c];
+}
+
+int ts_engine_computes_unit(const ts_engine *e, int u) { return ts_engine_owns(e, u); }
 
 /* The test seam (engine_testing.h): NULL in training. */
 static const ts_engine_hooks *g_hooks;

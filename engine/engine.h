@@ -257,9 +257,14 @@ typedef struct ts_engine_opts {
    * the units split into P contiguous stages, each stage's grad_accum
    * micro-batches run by the schedule. P = 1: no pipelining. */
   int pipeline_stages;         /* P >= 1 */
-  ts_schedule_kind schedule;   /* GPipe or 1F1B */
+  ts_schedule_kind schedule;   /* GPipe, 1F1B or interleaved 1F1B */
+  /* v model chunks per rank (the interleaved schedule, P >= 2): the units
+   * split into P v contiguous virtual stages, virtual stage j on rank
+   * j % P (round-robin), P v <= TS_ENGINE_MAX_STAGES; 0 or 1 otherwise
+   * (one chunk: the stage). */
+  int virtual_stages;
   const char *pipeline_split;  /* NULL or "auto": balanced by cost (ts_engine_unit_cost);
-                                  else "a,b,..." units per stage (borrowed) */
+                                  else "a,b,..." units per (virtual) stage (borrowed) */
 } ts_engine_opts;
 
 /* "auto", "mpi", "staged", "nccl"; "?" for others. */
@@ -314,6 +319,8 @@ size_t ts_engine_activation_bytes(const ts_model *m, const ts_engine_opts *opts)
  * its checkpointed units. 0 for a stage or split the options do not
  * allow. */
 enum { TS_ENGINE_MAX_STAGES = 64 };
+/* The most model chunks per rank (opts.virtual_stages). */
+enum { TS_ENGINE_MAX_CHUNKS = 16 };
 size_t ts_engine_activation_bytes_stage(const ts_model *m, const ts_engine_opts *opts, int stage);
 
 /* The memory plan of one rank of N = dp_size data-parallel ranks training
@@ -355,7 +362,9 @@ ts_status ts_engine_plan_params(size_t psi, ts_dtype dtype, int zero_stage, size
  * tokens. Units: FLOP-equivalents. */
 double ts_engine_unit_cost(const ts_model *m, const ts_engine_opts *opts, int u);
 
-/* The split of m's units into opts->pipeline_stages stages: first[s] is
+/* The split of m's units into opts->pipeline_stages stages (with v =
+ * opts->virtual_stages > 1 chunks per rank, into P v virtual stages; read
+ * P as P v below): first[s] is
  * stage s's first unit (first[0] = 0), then first[P] = m->n_units, P + 1
  * entries; auto balances
  * ts_engine_unit_cost (ts_pipeline_split_balanced), an explicit split is
@@ -364,6 +373,10 @@ double ts_engine_unit_cost(const ts_model *m, const ts_engine_opts *opts, int u)
  * to 6 stages ..."), an explicit split that does not give every
  * stage a unit and cover the units exactly. */
 ts_status ts_engine_pipeline_split(const ts_model *m, const ts_engine_opts *opts, int *first);
+
+/* The model chunks per rank opts asks for: opts->virtual_stages under the
+ * interleaved schedule, else 1. */
+int ts_engine_opts_chunks(const ts_engine_opts *opts);
 
 /* The memory plan of pipeline stage `stage` (0 .. P-1) of one rank of its
  * dp_size data-parallel ranks, as ts_engine_plan (which is stage 0's): its
@@ -578,8 +591,18 @@ void ts_engine_set_trace(ts_engine *e, ts_trace *t);
 int ts_engine_num_units(const ts_engine *e);
 
 /* This rank's pipeline stage and the units it computes, [*begin, *end)
- * (stage 0 and every unit without pipelining). */
+ * (stage 0 and every unit without pipelining); with v model chunks
+ * (interleaved), those of its first chunk (ts_engine_chunk_units). */
 int ts_engine_stage_units(const ts_engine *e, int *begin, int *end);
+
+/* The model chunks this rank computes (opts.virtual_stages; 1 without
+ * the interleaved schedule) and chunk c's units, [*begin, *end): virtual
+ * stage c P + s of the P v (0 <= c < chunks, asserted). */
+int ts_engine_chunks(const ts_engine *e);
+void ts_engine_chunk_units(const ts_engine *e, int c, int *begin, int *end);
+
+/* 1 when rank's pipeline stage computes unit u (one of its chunks). */
+int ts_engine_computes_unit(const ts_engine *e, int u);
 
 /* The flat layout of unit u of m (its tensors in layout order, padded for
  * dp_size data-parallel ranks: shard/flat.h) into *out, whichever pipeline

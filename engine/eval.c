@@ -17,7 +17,8 @@ ts_status ts_engine_count_correct(ts_engine *e, const int32_t *targets, double *
   int u = e->model->n_units - 1;
   size_t B = e->opts.micro_batch, T = e->opts.seq, N = B * T, V = e->model->vocab_size;
   ts_dtype dt = e->opts.dtype;
-  const void *logits = ts_unit_logits(e->model, u, e->slots[0].saved[u], B, T, dt);
+  const act_slot *sl = &e->slots[e->pipe.slot0[e->pipe.chunks - 1]]; /* the head's chunk */
+  const void *logits = ts_unit_logits(e->model, u, sl->saved[u], B, T, dt);
   if (!logits) return ts_set_error(TS_ERR_INVALID_USAGE, "accuracy: the last unit has no logits");
   size_t row_bytes = V * ts_dtype_size(dt);
   void *host = e->device == TS_DEVICE_CPU ? NULL : malloc(row_bytes);
@@ -40,21 +41,27 @@ ts_status ts_engine_count_correct(ts_engine *e, const int32_t *targets, double *
   return st;
 }
 
-/* The pipeline's evaluation forward of slot 0 (its batch loaded): the
- * last stage's (loss sum, rows, and with want_correct the rows predicted
- * right, ts_engine_count_correct of the host targets) on every stage. */
+/* The pipeline's evaluation forward (its batch loaded in each chunk's
+ * first slot), chunk by chunk: virtual stage j = c P + s receives from j -
+ * 1 and sends to j + 1; then the last stage's (loss sum, rows, and with
+ * want_correct the rows predicted right, ts_engine_count_correct of the
+ * host targets) on every stage. */
 static ts_status eval_pipeline(ts_engine *e, double sums[3], const int32_t *targets,
                                int want_correct) {
-  act_slot *sl = &e->slots[0];
-  int s = e->pipe.stage, P = e->pipe.stages;
-  if (s > 0)
-    TS_CHECK(ts_engine_recv(e, sl->acts[e->pipe.u_begin], ts_engine_btc(e), s - 1,
-                            ts_engine_tag(TS_TAG_EVAL, 0)));
-  TS_CHECK(ts_engine_forward_slot(e, sl, e->sc.eval_loss, 0));
-  if (s < P - 1) {
-    ts_engine_comm_note(e, -1);
-    TS_CHECK(ts_comm_send(e->pipe.pp, sl->acts[e->pipe.u_end], ts_engine_btc(e), e->opts.dtype, s + 1,
-                          ts_engine_tag(TS_TAG_EVAL, 0)));
+  int s = e->pipe.stage, P = e->pipe.stages, V = P * e->pipe.chunks;
+  size_t n = ts_engine_btc(e);
+  for (int c = 0; c < e->pipe.chunks; c++) {
+    act_slot *sl = &e->slots[e->pipe.slot0[c]];
+    int j = c * P + s;
+    if (j > 0)
+      TS_CHECK(ts_engine_recv(e, sl->acts[e->pipe.c_begin[c]], n, (s + P - 1) % P,
+                              ts_engine_chunk_tag(e, TS_TAG_EVAL, 0, s == 0 ? c - 1 : c)));
+    TS_CHECK(ts_engine_forward_slot(e, sl, e->sc.eval_loss, 0));
+    if (j < V - 1) {
+      ts_engine_comm_note(e, -1);
+      TS_CHECK(ts_comm_send(e->pipe.pp, sl->acts[e->pipe.c_end[c]], n, e->opts.dtype, (s + 1) % P,
+                            ts_engine_chunk_tag(e, TS_TAG_EVAL, 0, c)));
+    }
   }
   sums[0] = sums[1] = sums[2] = 0.0;
   if (s == P - 1) {
@@ -68,7 +75,8 @@ static ts_status eval_pipeline(ts_engine *e, double sums[3], const int32_t *targ
 ts_status ts_engine_eval_accuracy(ts_engine *e, const int32_t *inputs, const int32_t *targets,
                                   double *loss_sum, size_t *count, size_t *correct) {
   size_t rows;
-  TS_CHECK(ts_engine_load_batch(e, &e->slots[0], inputs, targets, &rows));
+  for (int c = 0; c < e->pipe.chunks; c++)
+    TS_CHECK(ts_engine_load_batch(e, &e->slots[e->pipe.slot0[c]], inputs, targets, &rows));
   double sums[3] = {0.0, 0.0, 0.0}; /* loss sum, rows, rows predicted right */
   if (e->pipe.stages > 1) {
     TS_CHECK(eval_pipeline(e, sums, targets, correct != NULL));

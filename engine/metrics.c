@@ -183,10 +183,12 @@ ts_status ts_metrics_write_summary(ts_metrics *m, const ts_metrics_summary *s) {
     cJSON_AddNumberToObject(pp, "stages", P);
     cJSON_AddStringToObject(pp, "schedule", ts_schedule_kind_name(eo->schedule));
     cJSON_AddNumberToObject(pp, "dp", s->dp_size);
+    int v = ts_engine_opts_chunks(eo); /* virtual stage j on stage j % P */
+    if (v > 1) cJSON_AddNumberToObject(pp, "virtual_stages", v);
     cJSON *split = cJSON_AddArrayToObject(pp, "split");
-    for (int q = 0; q < P; q++) cJSON_AddItemToArray(split, cJSON_CreateNumber(s->split[q]));
+    for (int q = 0; q < P * v; q++) cJSON_AddItemToArray(split, cJSON_CreateNumber(s->split[q]));
     double m = (double)eo->grad_accum;
-    cJSON_AddNumberToObject(pp, "bubble_theory", (P - 1) / (m + P - 1));
+    cJSON_AddNumberToObject(pp, "bubble_theory", (P - 1) / (v * m + P - 1));
   }
   cJSON_AddStringToObject(sm, "device", ts_device_name(eo->device));
   if (s->device) {

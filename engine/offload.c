@@ -191,7 +191,7 @@ ts_status ts_offload_open(ts_engine *e) {
   o->off = calloc((size_t)m->n_units, sizeof *o->off);
   if (!o->n || !o->off) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "offload: unit tables");
   int arrays = V - o->first + 1;
-  for (int u = e->pipe.u_begin; u < e->pipe.u_end; u++) {
+  TS_ENGINE_FOR_UNITS(e, u) {
     const ts_flat_layout *l = &e->units[u].layout;
     o->n[u] = e->zero->shard_optim ? l->shard : l->padded;
     o->off[u] = o->disk;
@@ -339,7 +339,7 @@ ts_status ts_offload_release(ts_engine *e, int u, int p, int dirty) {
 
 void ts_offload_prefetch(ts_engine *e, int u, int p) {
   ts_offload *o = e->offload;
-  if (u < e->pipe.u_begin || u >= e->pipe.u_end || p < 0 || p >= ts_offload_pieces(e, u)) return;
+  if (u < 0 || !ts_engine_owns(e, u) || p < 0 || p >= ts_offload_pieces(e, u)) return;
   pthread_mutex_lock(&o->mu);
   if (slot_of(o, u, p) < 0) {
     int k = victim(o);

@@ -57,7 +57,7 @@ ts_status ts_engine_optimizer_unit_action(ts_engine *e, int u, float lr) {
       float *at[3];
       st = ts_offload_acquire(e, u, p, at);
       if (p + 1 < pieces) ts_offload_prefetch(e, u, p + 1);
-      else ts_offload_prefetch(e, u + 1, 0);
+      else ts_offload_prefetch(e, ts_engine_next_unit(e, u), 0);
       if (st != TS_OK) break;
       size_t lo = ts_offload_piece_first(e, p), hi = ts_offload_piece_first(e, p + 1);
       st = ts_engine_adamw_part(e, u, lr, e->update.scale, lo, hi, at);
@@ -83,7 +83,7 @@ ts_status ts_engine_optimizer_unit_action(ts_engine *e, int u, float lr) {
 ts_status ts_engine_optimizer_end_action(ts_engine *e, float lr, ts_step_stats *stats) {
   if (e->update.skipped) return TS_OK;
   ts_status st = e->update.st;
-  for (int u = e->pipe.u_begin; u < e->pipe.u_end; u++) {
+  TS_ENGINE_FOR_UNITS(e, u) {
     ts_status w = ts_engine_comm_wait(e, &e->units[u].gather_req, TS_SPAN_ALL_GATHER, u);
     if (st == TS_OK) st = w;
   }
@@ -121,7 +121,7 @@ ts_status ts_engine_optimizer_action(ts_engine *e, float lr, ts_step_stats *stat
   e->update.scale = scale / loss_scale; /* unscale: exact for a power of two */
   e->update.norm = norm;
   e->optim.step++;
-  if (e->offload) ts_offload_prefetch(e, e->pipe.u_begin, 0); /* the first piece */
+  if (e->offload) ts_offload_prefetch(e, ts_engine_first_unit(e), 0); /* the first piece */
   ts_engine_span_begin(e, TS_SPAN_OPTIMIZER, -1); /* ended by OPTIMIZER_END */
   return TS_OK;
 }

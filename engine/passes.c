@@ -115,15 +115,15 @@ static ts_status forward_unit(ts_engine *e, int u, ts_unit_args *a) {
 }
 
 ts_status ts_engine_forward_slot(ts_engine *e, act_slot *sl, double *loss, int fused) {
-  int n = e->model->n_units;
-  for (int u = e->pipe.u_begin; u < e->pipe.u_end; u++) {
+  int n = e->model->n_units, end = e->pipe.c_end[sl->chunk];
+  for (int u = e->pipe.c_begin[sl->chunk]; u < end; u++) {
     TS_CHECK(ts_engine_prefetch(e, u));
-    if (u + 1 == e->pipe.u_end && e->hold_last && e->run.in_micro_batch && e->units[u].holds > 0) {
+    if (u + 1 == end && e->hold_last && e->run.in_micro_batch && e->units[u].holds > 0) {
       /* its backward comes next: one more use, for that acquire */
       e->units[u].uses++;
       e->units[u].holds++;
     }
-    if (u + 1 < e->pipe.u_end) TS_CHECK(ts_engine_prefetch(e, u + 1));
+    if (u + 1 < end) TS_CHECK(ts_engine_prefetch(e, u + 1));
     ts_unit_args a = base_args(e, sl);
     a.fused_loss_grad = fused && u == n - 1;
     a.x = u > 0 ? sl->acts[u] : NULL;
@@ -200,12 +200,13 @@ static ts_status backward_unit(ts_engine *e, int u, ts_unit_args *a) {
 }
 
 ts_status ts_engine_backward_unit_action(ts_engine *e, int mb, int u) {
-  act_slot *sl = ts_engine_slot(e, mb);
-  int n = e->model->n_units;
-  if (u == e->pipe.u_end - 1) { /* the stage's first unit: the micro-batch's backward begins */
+  int c = ts_engine_chunk_of(e, u), n = e->model->n_units;
+  int begin = e->pipe.c_begin[c], end = e->pipe.c_end[c];
+  act_slot *sl = ts_engine_slot(e, mb, c);
+  if (u == end - 1) { /* the chunk's first unit: the micro-batch's backward begins */
     TS_CHECK(ts_engine_wait_req(&sl->grad_req)); /* the slot's gradient buffer is free */
     TS_CHECK(ts_engine_wait_req(&sl->act_req));  /* a recompute may rewrite the output */
-    e->bw.din = e->pipe.stage == e->pipe.stages - 1 ? NULL : e->dbuf[1];
+    e->bw.din = end == n ? NULL : e->dbuf[1]; /* the model's last chunk has the loss */
     e->bw.cur = 0;
   }
   ts_unit_args a = base_args(e, sl);
@@ -216,17 +217,19 @@ ts_status ts_engine_backward_unit_action(ts_engine *e, int mb, int u) {
   a.dy = u < n - 1 ? e->bw.din : NULL;
   /* ping-pong through dbuf; a pipeline stage's input gradient goes to its
    * send buffer (dy arrives in dbuf[1], so dbuf[0] is free first) */
-  a.dx = u == 0 ? NULL : u == e->pipe.u_begin && sl->gsend ? sl->gsend : e->dbuf[e->bw.cur];
+  a.dx = u == 0 ? NULL : u == begin && sl->gsend ? sl->gsend : e->dbuf[e->bw.cur];
   TS_CHECK(ts_engine_prefetch(e, u));
-  if (u > e->pipe.u_begin) TS_CHECK(ts_engine_prefetch(e, u - 1));
+  if (u > begin) TS_CHECK(ts_engine_prefetch(e, u - 1));
   TS_CHECK(backward_unit(e, u, &a));
   e->bw.din = a.dx;
   e->bw.cur ^= 1;
   return TS_OK;
 }
 
-ts_status ts_engine_backward_action(ts_engine *e, int mb) {
-  if (e->pipe.replica && (size_t)mb + 1 == e->opts.grad_accum) TS_CHECK(ts_engine_send_tied_grads(e));
+ts_status ts_engine_backward_action(ts_engine *e, int mb, int c) {
+  if (e->pipe.replica && (size_t)mb + 1 == e->opts.grad_accum &&
+      e->pipe.c_end[c] == e->model->n_units) /* the head's chunk */
+    TS_CHECK(ts_engine_send_tied_grads(e));
   return TS_OK;
 }
 
@@ -255,9 +258,9 @@ ts_status ts_engine_load_batch(ts_engine *e, act_slot *sl, const int32_t *inputs
   return ts_k_count_targets(&e->ctx, count, targets, BT);
 }
 
-ts_status ts_engine_forward_action(ts_engine *e, int mb, int backward_next,
+ts_status ts_engine_forward_action(ts_engine *e, int mb, int c, int backward_next,
                                    ts_engine_batch_fn batch, void *user) {
-  act_slot *sl = ts_engine_slot(e, mb);
+  act_slot *sl = ts_engine_slot(e, mb, c);
   int32_t *inputs, *targets;
   size_t count = 0;
   host_batch(e, sl, &inputs, &targets);

@@ -16,20 +16,22 @@ extern "C" {
  * loaded into its slot once the slot's previous sends left, its loss
  * gradient's scale set, forward over the stage's units; the last stage's
  * loss pair into e->sc.loss[mb]. backward_next: the next action is this
- * micro-batch's BACKWARD (the last unit stays gathered for it). Errors:
- * batch's, the load's, the units'. */
-ts_status ts_engine_forward_action(ts_engine *e, int mb, int backward_next,
+ * micro-batch's BACKWARD (the last unit stays gathered for it). With v
+ * model chunks, FORWARD of chunk c over its units (slot (mb, c)); each
+ * chunk loads the batch. Errors: batch's, the load's, the units'. */
+ts_status ts_engine_forward_action(ts_engine *e, int mb, int c, int backward_next,
                                    ts_engine_batch_fn batch, void *user);
 /* BACKWARD_UNIT of unit u in micro-batch mb: the unit's backward, its
  * parameters gathered (and the next unit's prefetched), its gradient
- * accumulated; the stage's first one (u = u_end - 1) waits for the slot's
- * sends and takes the gradient of the stage's output (dbuf[1], received,
- * unless this is the last stage). The units' input gradients ping-pong
+ * accumulated; the chunk's first one (its last unit) waits for the slot's
+ * sends and takes the gradient of the chunk's output (dbuf[1], received,
+ * unless the chunk ends the model). The units' input gradients ping-pong
  * through dbuf (e->bw). */
 ts_status ts_engine_backward_unit_action(ts_engine *e, int mb, int u);
-/* BACKWARD of micro-batch mb, after its units': the last stage's replica
- * sends the tied head's gradient in the step's last micro-batch. */
-ts_status ts_engine_backward_action(ts_engine *e, int mb);
+/* BACKWARD of micro-batch mb on chunk c, after its units': the last
+ * stage's replica sends the tied head's gradient after the head's chunk's
+ * backward of the step's last micro-batch. */
+ts_status ts_engine_backward_action(ts_engine *e, int mb, int c);
 
 /* The one batch load: a micro-batch's (B, T) host inputs and targets
  * checked on the host (ts_k_check_indices), then into slot sl on the
@@ -41,7 +43,7 @@ ts_status ts_engine_backward_action(ts_engine *e, int mb);
  * copies'. */
 ts_status ts_engine_load_batch(ts_engine *e, act_slot *sl, const int32_t *inputs,
                                const int32_t *targets, size_t *count);
-/* Forward of micro-batch slot sl over this stage's units (its inputs and
+/* Forward of micro-batch slot sl over its chunk's units (its inputs and
  * dloss already in place); a last stage writes the loss pair (2) to loss
  * (fused: with the loss gradient, for a backward). */
 ts_status ts_engine_forward_slot(ts_engine *e, act_slot *sl, double *loss, int fused);

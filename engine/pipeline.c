@@ -8,9 +8,9 @@
  * (last stage -> stage 0, once per step) and the lender's updated
  * parameters (stage 0 -> last stage, once per applied step).
  *
- * Invariants. Micro-batch mb uses slot mb % n_slots; the micro-batches in
- * flight are consecutive and at most n_slots (ts_schedule_in_flight), so no
- * two share a slot. Sends are non-blocking and their buffers untouched
+ * Invariants. Micro-batch mb of chunk c uses slot mb % nslot[c] of the
+ * chunk's; the micro-batches in flight on a chunk are consecutive and at
+ * most nslot[c] (ts_schedule_in_flight_chunk), so no two share a slot. Sends are non-blocking and their buffers untouched
  * until waited: a slot's output before its next forward or backward writes
  * it, its gradient buffer before its next backward, all of them at the
  * step's reduce. Receives block. Every unit computes exactly what it
@@ -28,7 +28,8 @@
 ts_status ts_engine_set_stage(ts_engine *e, int s) {
   const ts_model *m = e->model;
   int P = e->opts.pipeline_stages, n = m->n_units;
-  int *first = malloc((size_t)(P > 0 ? P + 1 : 1) * sizeof *first);
+  int v = P > 1 ? ts_engine_opts_chunks(&e->opts) : 1;
+  int *first = malloc((size_t)(P > 0 ? P * v + 1 : 1) * sizeof *first);
   if (!first) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "pipeline: %d stages", P);
   ts_status st = ts_engine_pipeline_split(m, &e->opts, first);
   if (st == TS_OK && (s < 0 || s >= P))
@@ -36,8 +37,11 @@ ts_status ts_engine_set_stage(ts_engine *e, int s) {
   if (st == TS_OK) {
     e->pipe.stages = P;
     e->pipe.stage = s;
-    e->pipe.u_begin = first[s];
-    e->pipe.u_end = first[s + 1];
+    e->pipe.chunks = v;
+    for (int c = 0; c < v; c++) { /* chunk c is virtual stage c P + s (round-robin) */
+      e->pipe.c_begin[c] = first[c * P + s];
+      e->pipe.c_end[c] = first[c * P + s + 1];
+    }
   }
   free(first);
   TS_CHECK(st);
@@ -48,8 +52,13 @@ ts_status ts_engine_set_stage(ts_engine *e, int s) {
   ts_schedule_free(&e->pipe.sched);
   free(e->pipe.program.actions); /* lowered again at the next step (step.c) */
   e->pipe.program = (ts_stage_schedule){NULL, 0};
-  TS_CHECK(ts_schedule_build(kind, P, (int)e->opts.grad_accum, &e->pipe.sched));
-  e->n_slots = ts_schedule_in_flight(kind, P, (int)e->opts.grad_accum, s);
+  TS_CHECK(ts_schedule_make(kind, P, v, (int)e->opts.grad_accum, &e->pipe.sched));
+  e->n_slots = 0;
+  for (int c = 0; c < v; c++) { /* each chunk's slots, chunk by chunk */
+    e->pipe.slot0[c] = e->n_slots;
+    e->pipe.nslot[c] = ts_schedule_in_flight_chunk(&e->pipe.sched, s, c);
+    e->n_slots += e->pipe.nslot[c];
+  }
   return TS_OK;
 }
 

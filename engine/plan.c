@@ -29,24 +29,37 @@ size_t ts_engine_activation_bytes(const ts_model *m, const ts_engine_opts *o) {
   return ts_engine_activation_bytes_stage(m, o, 0);
 }
 
+int ts_engine_opts_chunks(const ts_engine_opts *o) {
+  return o->schedule == TS_SCHEDULE_INTERLEAVED && o->virtual_stages > 1 ? o->virtual_stages : 1;
+}
+
 size_t ts_engine_activation_bytes_stage(const ts_model *m, const ts_engine_opts *o, int stage) {
   int P = o->pipeline_stages > 1 ? o->pipeline_stages : 1, n = m->n_units;
+  int v = P > 1 ? ts_engine_opts_chunks(o) : 1;
   int first[TS_ENGINE_MAX_STAGES + 1];
-  if (P > TS_ENGINE_MAX_STAGES || stage < 0 || stage >= P) return 0;
+  if (P * v > TS_ENGINE_MAX_STAGES || stage < 0 || stage >= P) return 0;
   if (P == 1) first[0] = 0, first[1] = n;
   else if (ts_engine_pipeline_split(m, o, first) != TS_OK) return 0;
-  int u0 = first[stage], u1 = first[stage + 1];
-  size_t slots = P > 1 ? (size_t)ts_schedule_in_flight(o->schedule, P, (int)o->grad_accum, stage)
-                       : 1;
+  ts_schedule sched = {0};
+  if (P > 1 && ts_schedule_make(o->schedule, P, v, (int)o->grad_accum, &sched) != TS_OK) return 0;
   size_t B = o->micro_batch, T = o->seq, BTC = B * T * m->hidden_size * ts_dtype_size(o->dtype);
-  /* a slot: the batch, the inputs of its units and the stage's output,
-   * the saved bytes, the gradient sent back (stages s > 0) */
-  size_t slot = 2 * B * T * 4 + (stage > 0 ? BTC : 0);
-  for (int u = u0 > 1 ? u0 : 1; u <= (u1 < n ? u1 : n - 1); u++) slot += BTC;
-  for (int u = u0; u < u1; u++)
-    if (!ts_engine_is_recomputed(m, o, u)) slot += ts_unit_saved_bytes(m, u, B, T, o->dtype, o->device);
-  /* and once: the two activation-gradient buffers, the recompute buffer */
-  return slots * slot + 2 * BTC + ts_engine_recompute_bytes(m, o, u0, u1);
+  size_t total = 2 * BTC, recompute = 0; /* once: the two activation-gradient buffers */
+  for (int c = 0; c < v; c++) {
+    int j = c * P + stage, u0 = first[j], u1 = first[j + 1];
+    size_t slots = P > 1 ? (size_t)ts_schedule_in_flight_chunk(&sched, stage, c) : 1;
+    /* a slot: the batch, the inputs of its units and the chunk's output,
+     * the saved bytes, the gradient sent back (all but virtual stage 0) */
+    size_t slot = 2 * B * T * 4 + (j > 0 ? BTC : 0);
+    for (int u = u0 > 1 ? u0 : 1; u <= (u1 < n ? u1 : n - 1); u++) slot += BTC;
+    for (int u = u0; u < u1; u++)
+      if (!ts_engine_is_recomputed(m, o, u))
+        slot += ts_unit_saved_bytes(m, u, B, T, o->dtype, o->device);
+    total += slots * slot;
+    size_t rb = ts_engine_recompute_bytes(m, o, u0, u1);
+    if (rb > recompute) recompute = rb;
+  }
+  ts_schedule_free(&sched);
+  return total + recompute; /* and once: the recompute buffer */
 }
 
 double ts_engine_unit_cost(const ts_model *m, const ts_engine_opts *o, int u) {
@@ -56,7 +69,15 @@ double ts_engine_unit_cost(const ts_model *m, const ts_engine_opts *o, int u) {
 }
 
 ts_status ts_engine_pipeline_split(const ts_model *m, const ts_engine_opts *o, int *first) {
-  int P = o->pipeline_stages, n = m->n_units;
+  int v = o->pipeline_stages > 1 ? ts_engine_opts_chunks(o) : 1;
+  int P = o->pipeline_stages * v, n = m->n_units;
+  if (v > 1 && (P < 1 || P > n || P > TS_ENGINE_MAX_STAGES))
+    return ts_set_error(
+        TS_ERR_INVALID_ARGUMENT,
+        "`pipeline_stages` %d x `virtual_stages` %d = %d virtual stages: expected at most %d "
+        "(the units of %s: embedding, %d blocks, head; every virtual stage needs one)",
+        o->pipeline_stages, v, P, n < TS_ENGINE_MAX_STAGES ? n : TS_ENGINE_MAX_STAGES, m->name,
+        n - 2);
   if (P < 1 || P > n)
     return ts_set_error(
         TS_ERR_INVALID_ARGUMENT,

@@ -101,7 +101,7 @@ ts_status ts_engine_reduce_unit_action(ts_engine *e, int u) {
  * overlap the step's last backward started it. */
 static ts_status reduce_buckets(ts_engine *e) {
   if (!e->zero->reduce_after_step || e->opts.overlap) return TS_OK; /* overlap: the backward did */
-  for (int u = e->pipe.u_begin; u < e->pipe.u_end; u++) {
+  TS_ENGINE_FOR_UNITS(e, u) {
     TS_CHECK(start_reduce(e, u));
     TS_CHECK(finish_reduce(e, u));
     TS_CHECK(ts_engine_comm_wait(e, &e->units[u].reduce_ag_req, TS_SPAN_ALL_GATHER, u));
@@ -116,7 +116,7 @@ static ts_status reduce_buckets(ts_engine *e) {
  * part (reduce_ag_req). A no-op without hybrid sharding. */
 static ts_status reduce_replicas(ts_engine *e) {
   if (!e->rep) return TS_OK;
-  for (int u = e->pipe.u_begin; u < e->pipe.u_end; u++) {
+  TS_ENGINE_FOR_UNITS(e, u) {
     unit_state *s = &e->units[u];
     ts_engine_comm_note(e, u);
     void *shard = ts_engine_grad_shard(e, u);
@@ -131,13 +131,13 @@ static ts_status reduce_replicas(ts_engine *e) {
 
 ts_status ts_engine_finish_reductions(ts_engine *e, int gathers) {
   if (e->rs_pending >= 0) TS_CHECK(finish_reduce(e, e->rs_pending));
-  for (int u = e->pipe.u_begin; u < e->pipe.u_end && gathers; u++)
+  for (int u = gathers ? ts_engine_first_unit(e) : -1; u >= 0; u = ts_engine_next_unit(e, u))
     TS_CHECK(ts_engine_comm_wait(e, &e->units[u].reduce_ag_req, TS_SPAN_ALL_GATHER, u));
   return TS_OK;
 }
 
 ts_status ts_engine_zero_grads(ts_engine *e) {
-  for (int u = e->pipe.u_begin; u < e->pipe.u_end; u++) {
+  TS_ENGINE_FOR_UNITS(e, u) {
     unit_state *s = &e->units[u];
     size_t n = e->zero->shard_grads ? s->layout.shard : s->layout.padded;
     TS_CHECK(ts_k_zero(&e->ctx, s->grads, n * e->es));
@@ -151,7 +151,7 @@ ts_status ts_engine_zero_grads(ts_engine *e) {
  * pipeline's stages, the dp group and (hybrid) the replicas. */
 static ts_status step_sums(ts_engine *e) {
   const ts_model *m = e->model;
-  for (int u = e->pipe.u_begin; u < e->pipe.u_end; u++)
+  TS_ENGINE_FOR_UNITS(e, u)
     TS_CHECK(ts_k_sumsq(&e->ctx, e->sc.sumsq + u, ts_engine_grad_shard(e, u),
                         e->units[u].layout.shard, e->opts.dtype));
   size_t K = e->opts.grad_accum, U = (size_t)m->n_units;

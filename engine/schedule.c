@@ -28,7 +28,10 @@ const char *ts_action_kind_name(ts_action_kind k) {
 ts_status ts_schedule_kind_parse(const char *s, ts_schedule_kind *kind) {
   if (strcmp(s, "gpipe") == 0) *kind = TS_SCHEDULE_GPIPE;
   else if (strcmp(s, "1f1b") == 0) *kind = TS_SCHEDULE_1F1B;
-  else return ts_set_error(TS_ERR_INVALID_ARGUMENT, "schedule %s: expected gpipe or 1f1b", s);
+  else if (strcmp(s, "interleaved") == 0) *kind = TS_SCHEDULE_INTERLEAVED;
+  else
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "schedule %s: expected gpipe, 1f1b or interleaved",
+                        s);
   return TS_OK;
 }
 
@@ -195,6 +198,31 @@ ts_status ts_schedule_build_interleaved(int stages, int virtual_stages, int micr
   return TS_OK;
 }
 
+ts_status ts_schedule_make(ts_schedule_kind kind, int stages, int virtual_stages,
+                           int micro_batches, ts_schedule *out) {
+  if (kind == TS_SCHEDULE_INTERLEAVED)
+    return ts_schedule_build_interleaved(stages, virtual_stages, micro_batches, out);
+  memset(out, 0, sizeof *out);
+  if (virtual_stages != 1)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "schedule %s with %d virtual stages: expected 1 (more model chunks per "
+                        "rank need the interleaved schedule)",
+                        ts_schedule_kind_name(kind), virtual_stages);
+  return ts_schedule_build(kind, stages, micro_batches, out);
+}
+
+int ts_schedule_in_flight_chunk(const ts_schedule *sched, int s, int c) {
+  if (s < 0 || s >= sched->stages || c < 0 || c >= sched->virtual_stages) return 0;
+  const ts_stage_schedule *l = &sched->stage[s];
+  int now = 0, most = 0;
+  for (size_t i = 0; i < l->n; i++) {
+    if (l->actions[i].chunk != c) continue;
+    if (l->actions[i].kind == TS_ACT_FORWARD && ++now > most) most = now;
+    if (l->actions[i].kind == TS_ACT_BACKWARD) now--;
+  }
+  return most;
+}
+
 void ts_schedule_free(ts_schedule *s) {
   if (s->stage)
     for (int i = 0; i < s->stages; i++) free(s->stage[i].actions);
@@ -218,6 +246,7 @@ typedef struct {
   ts_schedule_kind kind;
   int *fwd, *bwd, *got_act, *got_grad, *sent_act, *sent_grad; /* (V, m) flags */
   int *next_bwd;                       /* (V) */
+  int *nslot;                          /* (V) the executor's slots of each virtual stage */
   const size_t *n_of;                  /* (P) list lengths */
   int *in_flight, *reduced, *optimized; /* (P) */
   fifo *act, *grad; /* act[j]: j -> j + 1; grad[j]: j -> j - 1 (V each) */
@@ -234,21 +263,19 @@ static ts_status violation(sim *S, int s, size_t pc, const ts_action *a, const c
   return ts_set_error(TS_ERR_INTERNAL, "schedule %s", S->r->msg);
 }
 
-/* The executor's slot rule (engine/pipeline.c; one chunk per rank):
- * micro-batch mb uses slot mb % n on stage s (n = ts_schedule_in_flight),
- * and before its forward (which writes the slot's output) or backward
- * (which writes the slot's input gradient and may rewrite the output) the
- * sends of the micro-batch that used the slot before, mb - n, must have
- * been received; before a backward also mb's own output. 1 when that
- * holds. Interleaved lists have no executor yet: no slot rule (their
- * activations in flight are measured all the same). */
-static int slot_free(const sim *S, int s, int mb, int forward) {
-  if (S->v > 1) return 1;
-  int n = ts_schedule_in_flight(S->kind, S->P, S->m, s), prev = mb - n;
-  if (s < S->P - 1 && prev >= 0 && !AT(S->got_act, s + 1, prev)) return 0;
+/* The executor's slot rule (engine/pipeline.c): micro-batch mb of
+ * virtual stage j uses slot mb % n of j's (n = nslot[j],
+ * ts_schedule_in_flight_chunk), and before its forward (which writes the
+ * slot's output) or backward (which writes the slot's input gradient and
+ * may rewrite the output) the sends of the micro-batch that used the slot
+ * before, mb - n, must have been received; before a backward also mb's own
+ * output. 1 when that holds. */
+static int slot_free(const sim *S, int j, int mb, int forward) {
+  int prev = mb - S->nslot[j];
+  if (j < S->V - 1 && prev >= 0 && !AT(S->got_act, j + 1, prev)) return 0;
   if (forward) return 1;
-  if (s > 0 && prev >= 0 && !AT(S->got_grad, s - 1, prev)) return 0;
-  return s == S->P - 1 || AT(S->got_act, s + 1, mb);
+  if (j > 0 && prev >= 0 && !AT(S->got_grad, j - 1, prev)) return 0;
+  return j == S->V - 1 || AT(S->got_act, j + 1, mb);
 }
 
 /* Whether every send from rank s's virtual stages was received. */
@@ -275,7 +302,7 @@ static ts_status step(sim *S, int s, size_t pc, const ts_action *a, int last, in
     case TS_ACT_FORWARD:
       if (AT(S->fwd, j, mb)) return violation(S, s, pc, a, "second forward");
       if (j > 0 && !AT(S->got_act, j, mb)) return violation(S, s, pc, a, "input not received");
-      if (!slot_free(S, s, mb, 1)) return TS_OK; /* blocked: its slot's output is in flight */
+      if (!slot_free(S, j, mb, 1)) return TS_OK; /* blocked: its slot's output is in flight */
       AT(S->fwd, j, mb) = 1;
       S->in_flight[s]++;
       if (s < 64 && S->in_flight[s] > S->r->max_in_flight[s])
@@ -287,7 +314,7 @@ static ts_status step(sim *S, int s, size_t pc, const ts_action *a, int last, in
       if (mb != S->next_bwd[j]) return violation(S, s, pc, a, "backward out of micro-batch order");
       if (j < V - 1 && !AT(S->got_grad, j, mb))
         return violation(S, s, pc, a, "output gradient not received");
-      if (!slot_free(S, s, mb, 0)) return TS_OK; /* blocked: its slot's gradient is in flight */
+      if (!slot_free(S, j, mb, 0)) return TS_OK; /* blocked: its slot's gradient is in flight */
       AT(S->bwd, j, mb) = 1;
       S->next_bwd[j]++;
       S->in_flight[s]--;
@@ -367,13 +394,17 @@ ts_status ts_schedule_simulate(const ts_schedule *sch, ts_schedule_report *repor
   S->got_act = calloc(Vm, sizeof(int));
   S->got_grad = calloc(Vm, sizeof(int));
   S->next_bwd = calloc((size_t)S->V, sizeof(int));
+  S->nslot = calloc((size_t)S->V, sizeof(int));
+  for (int j = 0; S->nslot && j < S->V; j++)
+    S->nslot[j] = ts_schedule_in_flight_chunk(sch, j % P, j / P);
   S->in_flight = calloc((size_t)P, sizeof(int));
   S->reduced = calloc((size_t)P, sizeof(int));
   S->act = calloc((size_t)S->V, sizeof(fifo));
   S->grad = calloc((size_t)S->V, sizeof(fifo));
   size_t *pc = calloc((size_t)P, sizeof(size_t));
   ts_status st = TS_OK;
-  if (!S->fwd || !S->bwd || !S->got_act || !S->got_grad || !S->next_bwd || !S->in_flight ||
+  if (!S->fwd || !S->bwd || !S->got_act || !S->got_grad || !S->next_bwd || !S->nslot ||
+      !S->in_flight ||
       !S->reduced || !S->act || !S->grad || !pc || !n_of || !S->sent_act || !S->sent_grad ||
       !S->optimized)
     st = ts_set_error(TS_ERR_OUT_OF_MEMORY, "schedule simulator: P=%d m=%d", P, m);
@@ -430,6 +461,7 @@ ts_status ts_schedule_simulate(const ts_schedule *sch, ts_schedule_report *repor
     free(S->grad[j].mb);
   }
   free(S->fwd), free(S->bwd), free(S->got_act), free(S->got_grad), free(S->next_bwd);
+  free(S->nslot);
   free(S->in_flight), free(S->reduced), free(S->act), free(S->grad), free(pc);
   free(n_of), free(S->sent_act), free(S->sent_grad), free(S->optimized);
   return st;

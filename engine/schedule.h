@@ -24,7 +24,8 @@
  * keeps its buffer until it completes; MPI_Isend); a receive blocks until
  * the matching send has been posted. The executor holds the activations of
  * ts_schedule_in_flight micro-batches in as many slots (mb uses slot
- * mb % n) and reuses a slot only once the sends from it were received;
+ * mb % n; per chunk, ts_schedule_in_flight_chunk) and reuses a slot only
+ * once the sends from it were received;
  * its reduce waits for every send. The simulator models those waits too. Backward passes run in micro-batch
  * order 0, 1, ..., m-1 in both schedules, so gradients accumulate in the
  * order of a run without pipelining (the bitwise contract).
@@ -45,8 +46,7 @@ typedef enum ts_schedule_kind {
   TS_SCHEDULE_1F1B = 1,  /* P - s - 1 warm-up forwards, then one forward, one backward */
   TS_SCHEDULE_INTERLEAVED = 2, /* v chunks per rank, 1F1B over them (Narayanan et al. 2021,
                                   §2.2.2; Megatron-LM's interleaved schedule):
-                                  ts_schedule_build_interleaved. Schedule data only: the
-                                  engine does not run it yet */
+                                  ts_schedule_build_interleaved */
 } ts_schedule_kind;
 
 typedef enum ts_action_kind {
@@ -96,10 +96,12 @@ typedef struct ts_schedule {
   ts_stage_schedule *stage; /* (P), owned */
 } ts_schedule;
 
-/* Short names: "gpipe", "1f1b"; and the action kinds' ("forward", ...). */
+/* Short names: "gpipe", "1f1b", "interleaved"; and the action kinds'
+ * ("forward", ...). */
 const char *ts_schedule_kind_name(ts_schedule_kind k);
 const char *ts_action_kind_name(ts_action_kind k);
-/* "gpipe" or "1f1b" into *kind; TS_ERR_INVALID_ARGUMENT otherwise. */
+/* "gpipe", "1f1b" or "interleaved" into *kind; TS_ERR_INVALID_ARGUMENT
+ * otherwise. */
 ts_status ts_schedule_kind_parse(const char *s, ts_schedule_kind *kind);
 
 /* Builds the schedule of `kind` for P stages and m micro-batches into *out
@@ -123,6 +125,20 @@ void ts_schedule_free(ts_schedule *s);
  * not a multiple of P (Megatron-LM's rule); TS_ERR_OUT_OF_MEMORY. */
 ts_status ts_schedule_build_interleaved(int stages, int virtual_stages, int micro_batches,
                                         ts_schedule *out);
+
+/* The schedule of `kind` with v model chunks per rank: the interleaved
+ * schedule's builder for TS_SCHEDULE_INTERLEAVED, ts_schedule_build's
+ * (v must be 1) for the others. Errors as theirs, and
+ * TS_ERR_INVALID_ARGUMENT for v != 1 with GPipe or 1F1B. */
+ts_status ts_schedule_make(ts_schedule_kind kind, int stages, int virtual_stages,
+                           int micro_batches, ts_schedule *out);
+
+/* The most micro-batches whose forward of chunk c ran and whose backward
+ * of it has not, at any point of rank s's list of schedule `s`: the
+ * activations (slots) that chunk holds at once. A chunk's micro-batches
+ * run in order, so these are consecutive. 0 for a chunk or rank the
+ * schedule lacks. */
+int ts_schedule_in_flight_chunk(const ts_schedule *sched, int s, int c);
 
 /* The most (chunk, micro-batch) forwards whose backward has not run that
  * rank s holds at once under the interleaved schedule: W + 1 of
@@ -152,8 +168,10 @@ typedef struct ts_schedule_report {
  * on s < P - 1 follows its RECV_GRAD; REDUCE then OPTIMIZER end every list;
  * nothing deadlocks. With v > 1 (interleaved) each of these holds per
  * virtual stage (s above reads j = chunk P + rank, its neighbours j - 1
- * and j + 1), max_in_flight counts a rank's chunks together, and the
- * executor's slot rule is not modelled (no executor runs it yet). TS_OK
+ * and j + 1) and max_in_flight counts a rank's chunks together. The
+ * executor's slot rule is modelled: a pass waits until the sends of the
+ * micro-batch that used its slot before (ts_schedule_in_flight_chunk
+ * slots per chunk) were received. TS_OK
  * when all hold, else TS_ERR_INTERNAL with the first violation in
  * report->msg (and in ts_last_error). */
 ts_status ts_schedule_simulate(const ts_schedule *s, ts_schedule_report *report);

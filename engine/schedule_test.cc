@@ -37,6 +37,7 @@ TEST(Schedule, EveryScheduleRunsToTheEndAndHoldsWhatThePlanCharges) {
           EXPECT_EQ(bwd, m) << "stage " << st;
           int charged = ts_schedule_in_flight(kind, P, m, st);
           EXPECT_EQ(r.max_in_flight[st], charged) << "stage " << st;
+          EXPECT_EQ(ts_schedule_in_flight_chunk(&s, st, 0), charged) << "stage " << st;
           EXPECT_LE(charged, kind == TS_SCHEDULE_GPIPE ? m : P - st) << "stage " << st;
         }
         ts_schedule_free(&s);
@@ -139,7 +140,7 @@ TEST(Schedule, BadArgumentsAreRefused) {
   EXPECT_EQ(ts_schedule_kind_parse("1f1b", &k), TS_OK);
   EXPECT_EQ(k, TS_SCHEDULE_1F1B);
   EXPECT_EQ(ts_schedule_kind_parse("zb", &k), TS_ERR_INVALID_ARGUMENT);
-  EXPECT_STREQ(ts_last_error(), "schedule zb: expected gpipe or 1f1b");
+  EXPECT_STREQ(ts_last_error(), "schedule zb: expected gpipe, 1f1b or interleaved");
 }
 
 TEST(PipelineSplit, BalancedSplitMinimisesTheLargestStage) {
@@ -187,8 +188,7 @@ TEST(PipelineSplit, ExplicitSplitMustCoverTheUnitsExactly) {
 
 }  // namespace
 
-// The interleaved schedule (schedule data; the executor does not run it
-// yet): for P in 1..6, v in 2..4 and m = P, 2P, 3P, every rank runs each
+// The interleaved schedule: for P in 1..6, v in 2..4 and m = P, 2P, 3P, every rank runs each
 // chunk's forward and backward of every micro-batch once, each chunk's
 // backwards in micro-batch order, every send meets its receive (the last
 // rank's chunk c feeding rank 0's chunk c + 1), nothing deadlocks, and the
@@ -221,6 +221,16 @@ TEST(Schedule, InterleavedRunsToTheEndAndHoldsWhatItsBoundSays) {
           }
           EXPECT_EQ(r.max_in_flight[st], ts_schedule_in_flight_interleaved(P, v, m, st))
               << "stage " << st;
+          // the executor's slots: each chunk's own count, no more than m,
+          // together at least the rank's (chunk, micro-batch) pairs in flight
+          int slots = 0;
+          for (int c = 0; c < v; c++) {
+            int n = ts_schedule_in_flight_chunk(&s, st, c);
+            EXPECT_GE(n, 1);
+            EXPECT_LE(n, m);
+            slots += n;
+          }
+          EXPECT_GE(slots, r.max_in_flight[st]) << "stage " << st;
         }
         ts_schedule_free(&s);
       }

@@ -63,21 +63,24 @@ typedef struct unit_state {
                                      it, else NULL */
 } unit_state;
 
-/* The activations of one micro-batch in flight (pipeline schedules hold
- * several; without pipelining there is one). A slot serves micro-batches
- * mb with mb % n_slots equal to its index: the ones in flight at once are
- * consecutive, never more than n_slots (ts_schedule_in_flight). */
+/* The activations of one micro-batch in flight on one model chunk
+ * (pipeline schedules hold several; without pipelining there is one).
+ * Chunk c owns slots [pipe.slot0[c], + pipe.nslot[c]); micro-batch mb
+ * uses the one at mb % nslot[c]: a chunk's forwards and backwards run in
+ * micro-batch order, so the ones in flight at once are consecutive, never
+ * more than nslot[c] (ts_schedule_in_flight_chunk). */
 typedef struct act_slot {
-  void **acts;      /* [n_units] input (B, T, C) of unit u, for the units this stage
-                       computes (u > 0) and the next stage's first unit (its output) */
+  int chunk;        /* the model chunk it serves (0 but for interleaved) */
+  void **acts;      /* [n_units] input (B, T, C) of unit u, for the units this chunk
+                       computes (u > 0) and the next chunk's first unit (its output) */
   void **saved;     /* [n_units] the saved bytes of unit u; NULL when recomputed (the
                        engine's recompute_saved serves) or not on this stage */
   int32_t *tokens;  /* (B, T) the micro-batch's inputs */
   int32_t *targets; /* (B, T) its targets, -100 = ignore */
-  void *gsend;      /* (B, T, C) gradient of the stage's input, sent to stage s - 1
-                       (stages s > 0 of a pipeline), else NULL */
+  void *gsend;      /* (B, T, C) gradient of the chunk's input, sent to the virtual
+                       stage before it (all but the model's first), else NULL */
   float dloss;      /* d(scaled step loss)/d(row loss) of this micro-batch */
-  ts_comm_request *act_req;  /* pending send of its output (acts[u_end]), or NULL */
+  ts_comm_request *act_req;  /* pending send of its output (acts[the chunk's end]), or NULL */
   ts_comm_request *grad_req; /* pending send of gsend, or NULL */
 } act_slot;
 
@@ -101,7 +104,7 @@ struct ts_engine {
   size_t scratch_bytes;  /* its size, bytes */
   unit_state *units;     /* [n_units]; those of other pipeline stages stay zeroed, but
                             for a tied head's lender (its params alone: the replica) */
-  act_slot *slots;       /* [n_slots] micro-batches in flight */
+  act_slot *slots;       /* [n_slots] micro-batches in flight, chunk by chunk */
   int n_slots;           /* 1 without pipelining */
   struct {               /* the micro-batch's tokens (passes.c loads them; engine.c's buffers) */
     int32_t *tokens;       /* (B, T) slot 0's inputs (the micro-step's batch) */
@@ -143,7 +146,11 @@ struct ts_engine {
   } optim;
   struct { /* pipeline stages (pipeline.c; without pipelining P = 1, stage 0, all units) */
     int stages, stage;     /* P and this rank's pipeline stage s */
-    int u_begin, u_end;    /* the units this stage computes, [u_begin, u_end) */
+    int chunks;            /* v model chunks (1 but for the interleaved schedule) */
+    int c_begin[TS_ENGINE_MAX_CHUNKS]; /* chunk c's units [c_begin[c], c_end[c]): virtual */
+    int c_end[TS_ENGINE_MAX_CHUNKS];   /* stage c P + s, in model order */
+    int slot0[TS_ENGINE_MAX_CHUNKS];   /* chunk c's first slot */
+    int nslot[TS_ENGINE_MAX_CHUNKS];   /* and its count (ts_schedule_in_flight_chunk) */
     ts_comm *pp;           /* the pipeline group of this dp rank (borrowed or own_pp), NULL
                               when P = 1 */
     ts_comm *own_pp;       /* a plan's own pipeline group (ts_comm_plan), else NULL */
@@ -230,24 +237,54 @@ static inline ts_kctx ts_engine_host_ctx(const ts_engine *e) {
   return c;
 }
 
-/* Whether unit u is computed by this rank's stage. */
-static inline int ts_engine_owns(const ts_engine *e, int u) {
-  return u >= e->pipe.u_begin && u < e->pipe.u_end;
+/* The chunk of this rank's stage that computes unit u, or -1. */
+static inline int ts_engine_chunk_of(const ts_engine *e, int u) {
+  for (int c = 0; c < e->pipe.chunks; c++)
+    if (u >= e->pipe.c_begin[c] && u < e->pipe.c_end[c]) return c;
+  return -1;
 }
+
+/* Whether unit u is computed by this rank's stage. */
+static inline int ts_engine_owns(const ts_engine *e, int u) { return ts_engine_chunk_of(e, u) >= 0; }
+
+/* The units this rank computes, in model order: for (int u =
+ * ts_engine_first_unit(e); u >= 0; u = ts_engine_next_unit(e, u)). */
+static inline int ts_engine_first_unit(const ts_engine *e) { return e->pipe.c_begin[0]; }
+static inline int ts_engine_next_unit(const ts_engine *e, int u) {
+  int c = ts_engine_chunk_of(e, u);
+  if (u + 1 < e->pipe.c_end[c]) return u + 1;
+  return c + 1 < e->pipe.chunks ? e->pipe.c_begin[c + 1] : -1;
+}
+/* The same in reverse model order, from ts_engine_last_unit. */
+static inline int ts_engine_last_unit(const ts_engine *e) {
+  return e->pipe.c_end[e->pipe.chunks - 1] - 1;
+}
+static inline int ts_engine_prev_unit(const ts_engine *e, int u) {
+  int c = ts_engine_chunk_of(e, u);
+  if (u > e->pipe.c_begin[c]) return u - 1;
+  return c > 0 ? e->pipe.c_end[c - 1] - 1 : -1;
+}
+#define TS_ENGINE_FOR_UNITS(e, u) \
+  for (int u = ts_engine_first_unit(e); u >= 0; u = ts_engine_next_unit(e, u))
 
 /* The mean loss of a (sum, rows) pair: 0 when no row has a target. */
 static inline double ts_engine_mean_loss(const double *pair) {
   return pair[1] > 0 ? pair[0] / pair[1] : 0.0;
 }
 
-/* Slot of micro-batch mb. */
-static inline act_slot *ts_engine_slot(ts_engine *e, int mb) {
-  return &e->slots[mb % e->n_slots];
+/* Slot of micro-batch mb on chunk c. */
+static inline act_slot *ts_engine_slot(ts_engine *e, int mb, int c) {
+  return &e->slots[e->pipe.slot0[c] + mb % e->pipe.nslot[c]];
 }
 
-/* Message tags on the pipeline group: kind + TS_TAG_KINDS * micro-batch. */
+/* Message tags on the pipeline group: kind + TS_TAG_KINDS (chunk + v
+ * micro-batch), v = 1 but for the interleaved schedule (the sender's
+ * chunk). */
 enum { TS_TAG_ACT = 0, TS_TAG_GRAD, TS_TAG_TIED, TS_TAG_PARAMS, TS_TAG_EVAL, TS_TAG_KINDS };
 static inline int ts_engine_tag(int kind, int mb) { return kind + TS_TAG_KINDS * mb; }
+static inline int ts_engine_chunk_tag(const ts_engine *e, int kind, int mb, int chunk) {
+  return kind + TS_TAG_KINDS * (chunk + e->pipe.chunks * mb);
+}
 
 /* Elements of one (B, T, C) activation. */
 static inline size_t ts_engine_btc(const ts_engine *e) {

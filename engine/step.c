@@ -95,22 +95,22 @@ static void discard_step(ts_engine *e) {
  * at the first step, the same for every step. TS_ERR_OUT_OF_MEMORY. */
 static ts_status lower(ts_engine *e) {
   const ts_stage_schedule *ss = &e->pipe.sched.stage[e->pipe.stage];
-  size_t units = (size_t)(e->pipe.u_end - e->pipe.u_begin), n = 0;
+  size_t units = 0, n = 0;
+  TS_ENGINE_FOR_UNITS(e, u) units++;
   ts_action *out = malloc((ss->n + ss->n * 2 * units + units + 1) * sizeof *out);
   if (!out) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "step: the list of %zu actions", ss->n);
   for (size_t i = 0; i < ss->n; i++) {
     const ts_action *a = &ss->actions[i];
     if (a->kind == TS_ACT_BACKWARD) {
-      int due = ts_engine_unit_reduce_due(e, a->mb);
-      for (int u = e->pipe.u_end - 1; u >= e->pipe.u_begin; u--) {
-        out[n++] = (ts_action){TS_ACT_BACKWARD_UNIT, a->mb, -1, u, 0};
-        if (due) out[n++] = (ts_action){TS_ACT_REDUCE_UNIT, a->mb, -1, u, 0};
+      int due = ts_engine_unit_reduce_due(e, a->mb), c = a->chunk;
+      for (int u = e->pipe.c_end[c] - 1; u >= e->pipe.c_begin[c]; u--) {
+        out[n++] = (ts_action){TS_ACT_BACKWARD_UNIT, a->mb, -1, u, c};
+        if (due) out[n++] = (ts_action){TS_ACT_REDUCE_UNIT, a->mb, -1, u, c};
       }
     }
     out[n++] = *a;
     if (a->kind == TS_ACT_OPTIMIZER) {
-      for (int u = e->pipe.u_begin; u < e->pipe.u_end; u++)
-        out[n++] = (ts_action){TS_ACT_OPTIMIZER_UNIT, -1, -1, u, 0};
+      TS_ENGINE_FOR_UNITS(e, u) out[n++] = (ts_action){TS_ACT_OPTIMIZER_UNIT, -1, -1, u, 0};
       out[n++] = (ts_action){TS_ACT_OPTIMIZER_END, -1, -1, -1, 0};
     }
   }
@@ -119,32 +119,39 @@ static ts_status lower(ts_engine *e) {
 }
 
 /* Runs action a of this stage's list (next: the one after it, or NULL);
- * batch fills a micro-batch's host arrays. */
+ * batch fills a micro-batch's host arrays. A message's tag names the
+ * sender's chunk: rank 0 receives chunk c's input from the last rank's
+ * chunk c - 1, the last rank chunk c's output gradient from rank 0's
+ * chunk c + 1 (interleaved; both c otherwise). */
 static ts_status run_action(ts_engine *e, const ts_action *a, const ts_action *next,
                             ts_engine_batch_fn batch, void *user, float lr, ts_step_stats *stats) {
-  act_slot *sl = a->mb >= 0 ? ts_engine_slot(e, a->mb) : NULL;
+  int c = a->chunk, first = e->pipe.stage == 0, last = e->pipe.stage == e->pipe.stages - 1;
+  act_slot *sl = a->mb >= 0 ? ts_engine_slot(e, a->mb, c) : NULL;
   size_t n = ts_engine_btc(e);
   switch (a->kind) {
     case TS_ACT_FORWARD:
-      return ts_engine_forward_action(e, a->mb, next && next->kind == TS_ACT_BACKWARD_UNIT &&
-                                                    next->mb == a->mb,
+      return ts_engine_forward_action(e, a->mb, c,
+                                      next && next->kind == TS_ACT_BACKWARD_UNIT &&
+                                          next->mb == a->mb && next->chunk == c,
                                       batch, user);
     case TS_ACT_BACKWARD_UNIT:
       return ts_engine_backward_unit_action(e, a->mb, a->unit);
     case TS_ACT_REDUCE_UNIT:
       return ts_engine_reduce_unit_action(e, a->unit);
     case TS_ACT_BACKWARD:
-      return ts_engine_backward_action(e, a->mb);
+      return ts_engine_backward_action(e, a->mb, c);
     case TS_ACT_SEND_ACT:
-      return ts_engine_isend(e, sl->acts[e->pipe.u_end], n, a->peer, ts_engine_tag(TS_TAG_ACT, a->mb),
-                             &sl->act_req);
+      return ts_engine_isend(e, sl->acts[e->pipe.c_end[c]], n, a->peer,
+                             ts_engine_chunk_tag(e, TS_TAG_ACT, a->mb, c), &sl->act_req);
     case TS_ACT_RECV_ACT:
-      return ts_engine_recv(e, sl->acts[e->pipe.u_begin], n, a->peer, ts_engine_tag(TS_TAG_ACT, a->mb));
+      return ts_engine_recv(e, sl->acts[e->pipe.c_begin[c]], n, a->peer,
+                            ts_engine_chunk_tag(e, TS_TAG_ACT, a->mb, first ? c - 1 : c));
     case TS_ACT_SEND_GRAD:
-      return ts_engine_isend(e, sl->gsend, n, a->peer, ts_engine_tag(TS_TAG_GRAD, a->mb),
+      return ts_engine_isend(e, sl->gsend, n, a->peer, ts_engine_chunk_tag(e, TS_TAG_GRAD, a->mb, c),
                              &sl->grad_req);
     case TS_ACT_RECV_GRAD: /* into dbuf[1]: backward's first output goes to dbuf[0] */
-      return ts_engine_recv(e, e->dbuf[1], n, a->peer, ts_engine_tag(TS_TAG_GRAD, a->mb));
+      return ts_engine_recv(e, e->dbuf[1], n, a->peer,
+                            ts_engine_chunk_tag(e, TS_TAG_GRAD, a->mb, last ? c + 1 : c));
     case TS_ACT_REDUCE:
       return ts_engine_reduce_action(e);
     case TS_ACT_OPTIMIZER:

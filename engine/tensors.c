@@ -146,7 +146,7 @@ ts_status ts_engine_find_overflow(ts_engine *e, int *unit, int *tensor) {
   /* A flag per (unit, tensor) of the reduced gradient shard, on the device,
    * read once. Every part is looked at, empty ones included (flag 0);
    * units of other pipeline stages are theirs to look at. */
-  for (int u = e->pipe.u_begin; u < e->pipe.u_end; u++)
+  TS_ENGINE_FOR_UNITS(e, u)
     for (int i = 0; i < m->units[u].n_tensors; i++) {
       ts_slice sl = ts_slice_of(e, u, i, 1);
       TS_CHECK(ts_k_nonfinite(&e->ctx, e->sc.nonfinite + u * MAX + i,
@@ -163,7 +163,7 @@ ts_status ts_engine_find_overflow(ts_engine *e, int *unit, int *tensor) {
    * it the first such tensor in layout order: agreed by an all-reduce (max)
    * of each rank's u * MAX + (MAX - 1 - i), -1 for none. */
   double key = -1;
-  for (int u = e->pipe.u_end - 1; u >= e->pipe.u_begin && key < 0; u--)
+  for (int u = ts_engine_last_unit(e); u >= 0 && key < 0; u = ts_engine_prev_unit(e, u))
     for (int i = 0; i < m->units[u].n_tensors; i++)
       if (flags[u * MAX + i]) {
         key = (double)(u * MAX + (MAX - 1 - i));
@@ -226,8 +226,9 @@ static ts_status find(const ts_engine *e, const char *name, size_t numel, int pa
   TS_CHECK(ts_model_find_tensor(e->model, name, u, i));
   if (!ts_engine_owns(e, *u) && !(params && e->pipe.replica && e->units[*u].params))
     return ts_set_error(TS_ERR_INVALID_USAGE,
-                        "tensor %s: unit %d is not on pipeline stage %d (units %d..%d)", name, *u,
-                        e->pipe.stage, e->pipe.u_begin, e->pipe.u_end - 1);
+                        "tensor %s: unit %d is not on pipeline stage %d (units %d..%d%s)", name,
+                        *u, e->pipe.stage, e->pipe.c_begin[0], e->pipe.c_end[0] - 1,
+                        e->pipe.chunks > 1 ? " and its other chunks'" : "");
   const ts_tensor_spec *t = &e->model->units[*u].tensors[*i];
   if (t->numel != numel)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "tensor %s: %zu elements given, expected %zu",
@@ -330,7 +331,8 @@ ts_status ts_engine_get_logits(const ts_engine *e, float *dst, size_t numel) {
   int h = e->model->n_units - 1;
   if (!ts_engine_owns(e, h))
     return ts_set_error(TS_ERR_INVALID_USAGE, "logits: the last unit is on the last pipeline stage");
-  void *logits = ts_unit_logits(e->model, h, e->slots[0].saved[h], B, T, e->opts.dtype);
+  const act_slot *sl = &e->slots[e->pipe.slot0[e->pipe.chunks - 1]]; /* the head's chunk */
+  void *logits = ts_unit_logits(e->model, h, sl->saved[h], B, T, e->opts.dtype);
   if (!logits)
     return ts_set_error(TS_ERR_INVALID_USAGE, "logits: the last unit of %s has none",
                         e->model->name);

@@ -819,7 +819,7 @@ ts_status ts_train_run(const ts_train_config *cfg, ts_train_callback cb, void *u
       st = ts_engine_unit_layout(&r.model, u, (size_t)r.dp_size, &l);
       if (st == TS_OK) result->padded_params += l.padded;
     }
-    int P = r.eo.pipeline_stages;
+    int P = r.eo.pipeline_stages * (r.eo.pipeline_stages > 1 ? ts_engine_opts_chunks(&r.eo) : 1);
     memcpy(result->pipeline_split, r.split, (size_t)(P + 1) * sizeof(int));
     if (st == TS_OK) st = train(&r, cb, user, result);
   }

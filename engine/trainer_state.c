@@ -52,6 +52,7 @@ static const field FIELDS[] = {
     {"activation_checkpointing", STRING, 0, 0, 0},
     {"pipeline", INT, 0, 1, MAX_COUNT},
     {"schedule", STRING, 0, 0, 0},
+    {"virtual_stages", INT, 0, 1, TS_ENGINE_MAX_CHUNKS},
     {"world_size", INT, 0, 1, MAX_COUNT},
     {"weight_decay", REAL, 0, 0, HUGE_VAL},
     {"grad_clip", REAL, 0, 0, HUGE_VAL},
@@ -200,6 +201,8 @@ char *ts_trainer_state_json(const ts_train_config *cfg, const ts_engine_opts *eo
   cJSON_AddStringToObject(o, "activation_checkpointing", recompute);
   cJSON_AddNumberToObject(o, "pipeline", eo->pipeline_stages);
   cJSON_AddStringToObject(o, "schedule", ts_schedule_kind_name(eo->schedule));
+  if (ts_engine_opts_chunks(eo) > 1)
+    cJSON_AddNumberToObject(o, "virtual_stages", ts_engine_opts_chunks(eo));
   cJSON_AddNumberToObject(o, "world_size", world_size);
   cJSON_AddNumberToObject(o, "weight_decay", eo->weight_decay);
   cJSON_AddNumberToObject(o, "grad_clip", eo->grad_clip);

@@ -63,12 +63,13 @@ struct Layout {
   int P = 1;
   size_t m = 2;  // micro-batches per step
   int shard_group = 0;  // hybrid sharding: ZeRO within groups of S ranks (0: all)
+  int v = 1;            // model chunks per stage (> 1: the interleaved schedule)
 };
 
 std::string Name(const Layout &l) {
   char b[96];
-  snprintf(b, sizeof b, "zero%d-%s-P%d-m%zu-S%d", l.zero, ts_dtype_name(l.dtype), l.P, l.m,
-           l.shard_group);
+  snprintf(b, sizeof b, "zero%d-%s-P%d-v%d-m%zu-S%d", l.zero, ts_dtype_name(l.dtype), l.P, l.v,
+           l.m, l.shard_group);
   return b;
 }
 
@@ -80,6 +81,10 @@ ts_engine_opts Opts(const Layout &l) {
   o.dtype = l.dtype;
   o.zero_stage = l.zero;
   o.pipeline_stages = l.P;
+  if (l.v > 1) {
+    o.schedule = TS_SCHEDULE_INTERLEAVED;
+    o.virtual_stages = l.v;
+  }
   o.shard_group = l.shard_group;
   o.loss_scale_window = 1;  // fp16: the scale doubles every clean step: state that must survive
   o.loss_scale_init = 256;
@@ -131,9 +136,8 @@ struct Trainer {
 // optimizer state (master, m, v), the loss scale.
 std::vector<std::vector<float>> State(ts_engine *e, const ts_model &model) {
   std::vector<std::vector<float>> out;
-  int begin, end;
-  ts_engine_stage_units(e, &begin, &end);
-  for (int u = begin; u < end; u++) {
+  for (int u = 0; u < model.n_units; u++) {
+    if (!ts_engine_computes_unit(e, u)) continue;  // another stage's (or chunk's)
     for (int i = 0; i < model.units[u].n_tensors; i++) {
       const ts_tensor_spec &t = model.units[u].tensors[i];
       std::vector<float> v(t.numel);
@@ -213,6 +217,15 @@ TEST(Checkpoint, ResumeIsBitwiseForEveryZeroStageDtypeAndPipeline) {
         ExpectResumeBitwise(l, P == 2 && zero % 2 == 1);  // tied on some pipelined ones
       }
   }
+  if (W % 2 == 0)  // the interleaved schedule, two chunks per stage
+    for (int zero = 0; zero <= 3; zero++) {
+      Layout l;
+      l.zero = zero;
+      l.dtype = zero == 2 ? TS_BF16 : TS_FP32;
+      l.P = 2;
+      l.v = 2;
+      ExpectResumeBitwise(l, zero % 2 == 0);
+    }
 }
 
 // The consolidated fp32 master weights (or fp32 parameters) and moments
@@ -298,12 +311,13 @@ TEST(Checkpoint, ReshardsAcrossDataParallelSizesZeroStagesAndPipelines) {
   ts_llama_config cfg = tiny::Config("ckpt-reshard", true, 3);
   ts_model model{};
   ASSERT_EQ(ts_llama_model_init(&model, &cfg), TS_OK);
-  for (int P : {1, 2}) {
-    if (W % P) continue;
+  for (int P : {1, 2, 3}) {  // 3: two stages of two model chunks (interleaved)
+    if (W % (P == 3 ? 2 : P)) continue;
     for (int zero = 0; zero <= 3; zero++) {
       Layout saved;
       saved.zero = zero;
-      saved.P = P;
+      saved.P = P == 3 ? 2 : P;
+      saved.v = P == 3 ? 2 : 1;
       saved.dtype = zero == 1 ? TS_BF16 : TS_FP32;
       std::string src = TmpDir("reshard-src-" + Name(saved));
       {
@@ -313,15 +327,18 @@ TEST(Checkpoint, ReshardsAcrossDataParallelSizesZeroStagesAndPipelines) {
             << ts_last_error();
       }
       // Every target: dp in {1, 2, 4} inside the world (groups of dp ranks
-      // split off), every ZeRO stage, P 1 or 2 on the whole world.
+      // split off), every ZeRO stage, P 1 or 2 (or 2 interleaved: P2 = 3)
+      // on the whole world.
       for (int dp : {1, 2, 4})
-        for (int P2 : {1, 2})
+        for (int P2 : {1, 2, 3})
           for (int z2 = 0; z2 <= 3; z2++) {
-            int group_size = dp * P2;
+            int group_size = dp * (P2 == 3 ? 2 : P2);
             if (group_size > W || W % group_size) continue;
+            if (P2 == 3 && z2 % 2) continue;  // ZeRO 0 and 2 into the interleaved layout
             Layout to;
             to.zero = z2;
-            to.P = P2;
+            to.P = P2 == 3 ? 2 : P2;
+            to.v = P2 == 3 ? 2 : 1;
             to.dtype = z2 == 2 ? TS_BF16 : TS_FP32;  // a dtype change on the way too
             SCOPED_TRACE(Name(saved) + " -> dp" + std::to_string(dp) + " " + Name(to));
             ts_comm *group = nullptr;

@@ -3,7 +3,8 @@
 // losses, gradient norms, parameters, Adam moments and master weights of
 // dp ranks without pipelining on the same micro-batches (the reference
 // runs on the same process's dp group: the grid's dp groups are the
-// world's consecutive blocks), for ZeRO stages 0-3, GPipe and 1F1B, tied
+// world's consecutive blocks), for ZeRO stages 0-3, GPipe, 1F1B and
+// interleaved 1F1B (v model chunks per rank), tied
 // and untied, fp32 and bf16, recompute none and all, m below and above P;
 // fp16 with an injected overflow skips the step on every rank of the grid;
 // evaluation agrees; every rank's plan equals its ledger to the byte; bad
@@ -69,11 +70,12 @@ struct Layout {
   bool bert = false;  // the tiny BERT instead of the tiny LLaMA
   ts_engine_inject inject{};  // armed on the last dp rank when inject.step > 0
   const char *split = nullptr;
+  int v = 1;  // model chunks per rank (the interleaved schedule)
 
   std::string Name(int P) const {
     char buf[160];
-    snprintf(buf, sizeof buf, "%sP=%d zero=%d %s %s %s recompute=%zu m=%zu%s overlap=%d/%d",
-             bert ? "bert " : "", P, zero, ts_schedule_kind_name(schedule),
+    snprintf(buf, sizeof buf, "%sP=%d v=%d zero=%d %s %s %s recompute=%zu m=%zu%s overlap=%d/%d",
+             bert ? "bert " : "", P, v, zero, ts_schedule_kind_name(schedule),
              tied ? "tied" : "untied", ts_dtype_name(dtype), recompute_every, m,
              keep_gathered ? " gather-once" : "", (int)overlap, (int)ref_overlap);
     if (staged) snprintf(buf + strlen(buf), sizeof buf - strlen(buf), " staged");
@@ -92,7 +94,8 @@ ts_engine_opts Opts(const Layout &s, int P) {
   o.keep_gathered = s.keep_gathered;
   o.overlap = P > 1 ? s.overlap : s.ref_overlap;
   o.pipeline_stages = P;
-  o.schedule = s.schedule;
+  o.schedule = P > 1 ? s.schedule : TS_SCHEDULE_1F1B;
+  o.virtual_stages = P > 1 ? s.v : 1;
   o.pipeline_split = P > 1 ? s.split : nullptr;
   if (P > 1 && s.staged) {
     o.comm = TS_ENGINE_COMM_STAGED;
@@ -102,7 +105,7 @@ ts_engine_opts Opts(const Layout &s, int P) {
 }
 
 // What a run leaves: per step loss, norm, skip; at the end this rank's
-// parameters and optimizer state of the units [begin, end).
+// parameters and optimizer state of the units it computes (its chunks').
 struct Result {
   std::vector<double> losses, norms;
   std::vector<int> skipped;
@@ -112,7 +115,7 @@ struct Result {
 };
 
 Result Train(const Layout &s, ts_engine *e, const ts_model &model, int dp_rank, int dp,
-             int begin, int end) {
+             const std::vector<int> &units) {
   Result r;
   if (s.inject.step > 0 && dp_rank == dp - 1) ts_engine_inject_nonfinite(e, &s.inject);
   for (size_t step = 1; step <= s.steps; step++) {
@@ -125,7 +128,7 @@ Result Train(const Layout &s, ts_engine *e, const ts_model &model, int dp_rank, 
     r.skipped.push_back(st.skipped);
     r.allocations.push_back(ts_comm_allocations());
   }
-  for (int u = begin; u < end; u++) {
+  for (int u : units) {
     for (int i = 0; i < model.units[u].n_tensors; i++) {
       const ts_tensor_spec &t = model.units[u].tensors[i];
       std::vector<float> v(t.numel);
@@ -182,9 +185,21 @@ void ExpectSameAsDataParallel(const Layout &s, int P) {
   ASSERT_EQ(ts_engine_create_pipeline(&pipe, &model, &po, &grid), TS_OK) << ts_last_error();
   int begin, end;
   EXPECT_EQ(ts_engine_stage_units(pipe, &begin, &end), grid.stage);
-
-  Result a = Train(s, ref, model, grid.dp_rank, dp, begin, end);
-  Result b = Train(s, pipe, model, grid.dp_rank, dp, begin, end);
+  ASSERT_EQ(ts_engine_chunks(pipe), s.v);
+  std::vector<int> units;  // chunk c: virtual stage c P + s, in model order
+  for (int c = 0; c < s.v; c++) {
+    int b, e;
+    ts_engine_chunk_units(pipe, c, &b, &e);
+    ASSERT_LT(b, e);
+    if (c == 0) EXPECT_EQ(b, begin);
+    if (c > 0) EXPECT_GT(b, units.back());
+    for (int u = b; u < e; u++) {
+      EXPECT_TRUE(ts_engine_computes_unit(pipe, u));
+      units.push_back(u);
+    }
+  }
+  Result a = Train(s, ref, model, grid.dp_rank, dp, units);
+  Result b = Train(s, pipe, model, grid.dp_rank, dp, units);
   EXPECT_TRUE(Same(a.losses, b.losses)) << "losses " << a.losses[0] << " vs " << b.losses[0];
   EXPECT_TRUE(Same(a.norms, b.norms)) << "norms " << a.norms[0] << " vs " << b.norms[0];
   EXPECT_EQ(a.skipped, b.skipped);
@@ -363,6 +378,115 @@ TEST(Pipeline, Fp16InjectedOverflowSkipsTheStepOnEveryRankOfTheGrid) {
     }
 }
 
+// The interleaved schedule (Narayanan et al. 2021, §2.2.2): v model
+// chunks per rank, virtual stage j on rank j % P, each chunk's micro-batches
+// in order, the last rank's chunk feeding rank 0's next. Every ZeRO stage,
+// tied (the embedding on rank 0's first chunk, the head on the last rank's
+// last) and untied, m = P and 2 P, v = 2 (and 3 on two stages): bitwise
+// the data-parallel run, and each rank's plan equals its ledger (the
+// slots of each chunk's micro-batches in flight).
+TEST(Pipeline, InterleavedBitwiseEqualToDataParallel) {
+  for (int P : Stages())
+    for (int v : {2, 3}) {
+      if (v == 3 && P > 2) continue;
+      for (int zero = 0; zero <= 3; zero++)
+        for (bool tied : {false, true}) {
+          Layout s;
+          s.schedule = TS_SCHEDULE_INTERLEAVED;
+          s.v = v;
+          s.layers = (size_t)(P * v);  // P v + 2 units: a virtual stage gets one or two
+          s.zero = zero;
+          s.tied = tied;
+          s.m = (size_t)(zero % 2 ? 2 * P : P);
+          s.steps = 5;  // and no allocation inside steps 2-5
+          ExpectSameAsDataParallel(s, P);
+        }
+    }
+}
+
+TEST(Pipeline, InterleavedWithBf16Fp16RecomputeGatherOnceStagedAndBert) {
+  for (int P : Stages()) {
+    Layout s;
+    s.schedule = TS_SCHEDULE_INTERLEAVED;
+    s.v = 2;
+    s.layers = (size_t)(2 * P);
+    s.m = (size_t)(2 * P);
+    s.tied = true;
+    for (int zero : {0, 3}) {  // bf16 with every block recomputed
+      Layout b = s;
+      b.zero = zero;
+      b.dtype = TS_BF16;
+      b.recompute_every = 1;
+      ExpectSameAsDataParallel(b, P);
+    }
+    Layout h = s;  // fp16: an overflow skips the step on every rank of the grid
+    h.zero = 1;
+    h.dtype = TS_FP16;
+    h.inject = {2, 1, 4, INFINITY};
+    ExpectSameAsDataParallel(h, P);
+    Layout g = s;  // ZeRO-3 gathering each unit once per step across chunks
+    g.zero = 3;
+    g.keep_gathered = true;
+    ExpectSameAsDataParallel(g, P);
+    Layout t = s;  // the host-staged transport (the GPU's), overlap off
+    t.zero = 2;
+    t.staged = true;
+    t.overlap = false;
+    ExpectSameAsDataParallel(t, P);
+    Layout e = s;  // the encoder
+    e.bert = true;
+    e.zero = 2;
+    ExpectSameAsDataParallel(e, P);
+  }
+}
+
+TEST(Pipeline, InterleavedRefusalsNameTheValues) {
+  ts_llama_config cfg = Config(false, 2);  // 4 units
+  ts_model model{};
+  ASSERT_EQ(ts_llama_model_init(&model, &cfg), TS_OK) << ts_last_error();
+  ts_engine_opts o = ts_engine_default_opts();
+  o.micro_batch = kB;
+  o.seq = kT;
+  o.pipeline_stages = 2;
+  o.schedule = TS_SCHEDULE_INTERLEAVED;
+  o.virtual_stages = 2;
+  o.grad_accum = 4;
+  ts_mem_account plan;
+  ASSERT_EQ(ts_engine_plan_stage(&model, &o, 1, 1, &plan), TS_OK) << ts_last_error();
+  struct Case {
+    int P, v;
+    size_t m;
+    ts_schedule_kind k;
+    const char *line;
+  } cases[] = {
+      {2, 3, 4, TS_SCHEDULE_INTERLEAVED,
+       "`pipeline_stages` 2 x `virtual_stages` 3 = 6 virtual stages: expected at most 4 (the "
+       "units of pipeline-test"},
+      {2, 2, 3, TS_SCHEDULE_INTERLEAVED,
+       "schedule interleaved: `grad_accum` 3 micro-batches on 2 pipeline stages: expected a "
+       "multiple of 2"},
+      {2, 1, 4, TS_SCHEDULE_INTERLEAVED,
+       "schedule interleaved with `virtual_stages` 1: expected 2 to 16 model chunks per rank (1 "
+       "is 1f1b)"},
+      {1, 2, 4, TS_SCHEDULE_INTERLEAVED,
+       "schedule interleaved with 1 pipeline stage: expected 2 or more"},
+      {2, 2, 4, TS_SCHEDULE_1F1B,
+       "`virtual_stages` 2 with schedule 1f1b: expected 1 (more model chunks per rank need the "
+       "interleaved schedule)"},
+      {2, 17, 4, TS_SCHEDULE_INTERLEAVED, "`virtual_stages` 17: expected 1 to 16"},
+  };
+  for (const Case &c : cases) {
+    o.pipeline_stages = c.P;
+    o.virtual_stages = c.v;
+    o.grad_accum = c.m;
+    o.schedule = c.k;
+    EXPECT_EQ(ts_engine_plan_stage(&model, &o, 1, 0, &plan), TS_ERR_INVALID_ARGUMENT) << c.line;
+    EXPECT_NE(std::string(ts_last_error()).find(c.line), std::string::npos) << ts_last_error();
+    EXPECT_EQ(std::string(ts_last_error()).find('\n'), std::string::npos);
+  }
+  ts_model_free(&model);
+}
+
 TEST(Pipeline, ExplicitSplit) {
   int W = ts_comm_size(World());
   if (W % 2) return;
@@ -378,8 +502,8 @@ TEST(Pipeline, ExplicitSplit) {
 
 // The simulator (engine/simulate.h) replays each pipeline stage's own step:
 // its per-stage bytes and calls equal a real pipelined run's second step on
-// every stage's data-parallel rank 0, for ZeRO stages 0-3, GPipe and 1F1B,
-// tied and untied (the tied head's sends of the embedding and its
+// every stage's data-parallel rank 0, for ZeRO stages 0-3, GPipe, 1F1B
+// and interleaved, tied and untied (the tied head's sends of the embedding and its
 // gradient); its ops are every unit's forward and backward per micro-batch
 // and one AdamW per unit over all stages; each stage's clock is its
 // compute plus its waits.
@@ -389,13 +513,18 @@ TEST(Pipeline, SimulatorReplaysEveryStageWithTheEnginesBytes) {
   for (int P : Stages())
     for (bool tied : {false, true})
       for (int zero = 0; zero <= 3; zero++)
-        for (ts_schedule_kind k : {TS_SCHEDULE_GPIPE, TS_SCHEDULE_1F1B}) {
+        for (ts_schedule_kind k :
+             {TS_SCHEDULE_GPIPE, TS_SCHEDULE_1F1B, TS_SCHEDULE_INTERLEAVED}) {
           Layout s;
           s.zero = zero;
           s.schedule = k;
           s.tied = tied;
           s.m = 4;
           s.steps = 2;
+          if (k == TS_SCHEDULE_INTERLEAVED) {  // two chunks per stage
+            s.v = 2;
+            s.layers = (size_t)(2 * P);
+          }
           SCOPED_TRACE(s.Name(P));
           ts_llama_config cfg = Config(s.tied, s.layers);
           ts_model model{};

@@ -72,6 +72,30 @@ one="$("$bin" train "${common[@]}" --grad-accum 2 --resume "$tmp/p/step-00000003
 check_eq "pipeline checkpoint on 1 rank: exit" 0 $?
 check "steps 4-6 go on near the 2-rank losses (another dp order)" "step     6/6 | loss" "$one"
 
+# 2b. the interleaved schedule (2 stages of 2 model chunks) saves, and 1F1B
+# resumes it: steps 4-6 print the same as the interleaved run's own (the
+# same micro-batches on the same ranks: bitwise), and the other way round
+il=(--zero 1 --pipeline 2 --grad-accum 2)
+i="$("$launch" -n 2 "$bin" train "${common[@]}" "${il[@]}" --schedule interleaved \
+  --virtual-stages 2 --save "$tmp/il" --save-every 3 2>&1)"
+check_eq "interleaved run exit" 0 $?
+check "interleaved: the summary names the chunks" \
+  "interleaved (2 model chunks per stage), 2 micro-batches per step (bubble in theory 20.0%); units per stage: 0..1,3..4 2..2,5..5" \
+  "$i"
+f="$("$launch" -n 2 "$bin" train "${common[@]}" "${il[@]}" --schedule 1f1b \
+  --resume "$tmp/il/step-00000003" 2>&1)"
+check_eq "1f1b resumes the interleaved checkpoint: exit" 0 $?
+check_eq "1f1b after interleaved: steps 4-6 print the same" "$(steps "$i" | tail -n 3)" \
+  "$(steps "$f")"
+g="$("$launch" -n 2 "$bin" train "${common[@]}" "${il[@]}" --save "$tmp/f1" --save-every 3 2>&1)"
+check_eq "1f1b run exit" 0 $?
+check_eq "1f1b and interleaved: steps 1-6 print the same" "$(steps "$g")" "$(steps "$i")"
+h="$("$launch" -n 2 "$bin" train "${common[@]}" "${il[@]}" --schedule interleaved \
+  --virtual-stages 2 --resume "$tmp/f1/step-00000003" 2>&1)"
+check_eq "interleaved resumes the 1f1b checkpoint: exit" 0 $?
+check_eq "interleaved after 1f1b: steps 4-6 print the same" "$(steps "$g" | tail -n 3)" \
+  "$(steps "$h")"
+
 # 3. SIGTERM: save at the next step boundary, exit 0
 "$launch" -n 2 "$bin" train --model llama-tiny "${base[@]}" --micro-batch 2 --steps 100000 \
   --save "$tmp/sig" >"$tmp/sig.log" 2>&1 &

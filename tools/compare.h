@@ -26,6 +26,7 @@ typedef struct ts_compare_run {
   int stage;
   int pipeline;    /* P pipeline stages (1: none) */
   ts_schedule_kind schedule; /* when P > 1 */
+  int v;           /* model chunks per stage (interleaved: --virtual-stages; else 1) */
   char name[96];   /* "fp32 recompute:none ZeRO-2", "... P2 1f1b ZeRO-2" */
   char file[96];   /* "fp32-none-zero2", "fp32-none-p2-1f1b-zero2" (metrics .jsonl, log .log) */
   size_t n_loss;
@@ -36,7 +37,7 @@ typedef struct ts_compare_run {
   double psi;      /* padded parameter count */
   double *mem;     /* [N][TS_COMPARE_COLUMNS] measured, from the summary */
   ts_mem_account est[TS_ENGINE_MAX_STAGES]; /* the plan of each pipeline stage */
-  int split[TS_ENGINE_MAX_STAGES + 1];      /* first unit of each stage, then n_units */
+  int split[TS_ENGINE_MAX_STAGES + 1];      /* first unit of each (virtual) stage, then n_units */
   double bubble;   /* P > 1: the measured bubble of the drawn step (busiest rank) */
   int base;        /* the run its ratios compare against: the first of its dtype,
                       checkpointing and pipeline layout */
@@ -60,6 +61,7 @@ typedef struct ts_compare {
   int pipelines[TS_COMPARE_MAX_LIST], n_pipelines; /* --pipeline P list */
   ts_schedule_kind schedules[TS_COMPARE_MAX_LIST]; /* --schedule list (pipelined runs) */
   int n_schedules;
+  size_t virtual_stages; /* --virtual-stages v of the interleaved runs (default 2) */
   size_t grad_accum; /* micro-batches per step; 0: 1, or 2 x the largest P */
   size_t shard_group; /* --shard-group S: hybrid sharding in every run (0: plain ZeRO) */
   int reuse;

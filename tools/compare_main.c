@@ -193,9 +193,14 @@ static int launch_run(const ts_compare *c, const ts_compare_run *r, const char *
                   NULL,
                   NULL,
                   NULL,
+                  NULL,
+                  NULL,
                   NULL};
   /* the optional flags fill the NULLs at the end, leaving one */
-  size_t k = sizeof argv / sizeof *argv - 5;
+  size_t k = sizeof argv / sizeof *argv - 7;
+  char vs[24];
+  snprintf(vs, sizeof vs, "%d", r->v);
+  if (r->v > 1) argv[k++] = "--virtual-stages", argv[k++] = vs;
   if (c->shard_group) argv[k++] = "--shard-group", argv[k++] = sg;
   if (r->pipeline > 1) argv[k++] = "--trace", argv[k++] = trace;
   int rc = ts_tool_spawn(argv, log);
@@ -272,8 +277,10 @@ static int parse_flags(ts_compare *c, int argc, char **argv) {
                      "checkpointing settings to run (default none)", NULL),
       TS_FLAG_CUSTOM("--pipeline", NULL, c, parse_pipelines, "1[,2,...]",
                      "pipeline stage counts to run, each dividing N (default 1)", NULL),
-      TS_FLAG_CUSTOM("--schedule", NULL, c, parse_schedules, "1f1b[,gpipe]",
+      TS_FLAG_CUSTOM("--schedule", NULL, c, parse_schedules, "1f1b[,gpipe,interleaved]",
                      "schedules of the pipelined runs (default 1f1b)", NULL),
+      TS_FLAG_SIZE("--virtual-stages", NULL, &c->virtual_stages, 2, "v",
+                   "model chunks per stage of the interleaved runs (default 2)", NULL),
       TS_FLAG_SIZE("--grad-accum", NULL, &c->grad_accum, 1, "M",
                    "micro-batches per step (default 1, or twice the largest --pipeline)", NULL),
       TS_FLAG_SIZE("--shard-group", NULL, &c->shard_group, 1, "S",
@@ -354,6 +361,9 @@ static int plan_runs(ts_compare *c) {
           r->stage = c->stages[s];
           r->pipeline = lp[l];
           r->schedule = ls[l];
+          r->v = r->pipeline > 1 && r->schedule == TS_SCHEDULE_INTERLEAVED
+                     ? (int)c->virtual_stages
+                     : 1;
           r->base = i - s;
           /* the first run of this dtype and P (with accumulation, of its
            * reduction too: stages 2-3 reduce every micro-batch, engine.h) */
@@ -367,11 +377,13 @@ static int plan_runs(ts_compare *c) {
           snprintf(file_ck, sizeof file_ck, "%s", ck);
           for (char *p = file_ck; *p; p++)
             if (*p == ':') *p = '-';
+          char v[16] = "";
+          if (r->v > 1) snprintf(v, sizeof v, "-v%d", r->v);
           if (r->pipeline > 1) {
-            snprintf(layout, sizeof layout, " P%d %s", r->pipeline,
-                     ts_schedule_kind_name(r->schedule));
-            snprintf(file_layout, sizeof file_layout, "-p%d-%s", r->pipeline,
-                     ts_schedule_kind_name(r->schedule));
+            snprintf(layout, sizeof layout, " P%d %s%s", r->pipeline,
+                     ts_schedule_kind_name(r->schedule), v);
+            snprintf(file_layout, sizeof file_layout, "-p%d-%s%s", r->pipeline,
+                     ts_schedule_kind_name(r->schedule), v);
           }
           snprintf(r->name, sizeof r->name, "%s recompute:%s%s ZeRO-%d", ts_dtype_name(r->dt), ck,
                    layout, r->stage);
@@ -389,6 +401,7 @@ static int plan_runs(ts_compare *c) {
           o.device = c->dev;
           o.pipeline_stages = r->pipeline;
           o.schedule = r->schedule;
+          o.virtual_stages = r->v;
           o.shard_group = (int)c->shard_group;
           size_t dp = c->n / (size_t)r->pipeline;
           ts_status st = ts_engine_pipeline_split(&c->arch, &o, r->split);
@@ -436,6 +449,7 @@ int ts_tool_compare(int argc, char **argv) {
   c.recomputes[0] = 0, c.n_recomputes = 1;
   c.pipelines[0] = 1, c.n_pipelines = 1;
   c.schedules[0] = TS_SCHEDULE_1F1B, c.n_schedules = 1;
+  c.virtual_stages = 2;
   int r = parse_flags(&c, argc, argv);
   if (r != TS_FLAGS_OK) return r == TS_FLAGS_HELP ? 0 : 2;
   char data[4096], dir[4200];

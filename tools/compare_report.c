@@ -237,8 +237,14 @@ int ts_compare_write_md(const ts_compare *c, const char *path, const char *check
     fprintf(md, "| %s |", r->name);
     for (size_t q = 0; q < c->n; q++) {
       size_t st = q / (c->n / (size_t)r->pipeline);
-      if (r->pipeline > 1)
-        fprintf(md, " s%zu (%d..%d):", st, r->split[st], r->split[st + 1] - 1);
+      if (r->pipeline > 1) { /* virtual stage j on stage j mod P */
+        fprintf(md, " s%zu (", st);
+        for (int ch = 0; ch < r->v; ch++) {
+          size_t j = (size_t)ch * (size_t)r->pipeline + st;
+          fprintf(md, "%s%d..%d", ch ? "," : "", r->split[j], r->split[j + 1] - 1);
+        }
+        fprintf(md, "):");
+      }
       cell(md, r->mem[q * TS_COMPARE_COLUMNS + TS_COMPARE_TOTAL],
            (double)est_of(r, q, c->n)->peak_total);
     }

@@ -149,7 +149,7 @@ static int exit_for(ts_status st) {
 
 int ts_tool_estimate(int argc, char **argv) {
   const char *model = NULL, *psi_arg = NULL, *act_flag = NULL;
-  size_t world = 1, psi = 0, pipeline = 1, shard_group = 0, per_node = 0;
+  size_t world = 1, psi = 0, pipeline = 1, shard_group = 0, per_node = 0, virtual_stages = 1;
   int stage = -1, unit_index = 0, json = 0, device = TS_TOOL_DEVICE_CPU, save_async = 0;
   ts_engine_opts opts = ts_engine_default_opts();
   const ts_flag flags[] = {
@@ -206,8 +206,10 @@ int ts_tool_estimate(int argc, char **argv) {
                    &act_flag),
       TS_FLAG_SIZE("--pipeline", NULL, &pipeline, 1, "P",
                    "pipeline stages; P divides N (default 1)", &act_flag),
-      TS_FLAG_CUSTOM("--schedule", NULL, &opts.schedule, ts_tool_parse_schedule, "gpipe|1f1b",
-                     "pipeline schedule (default 1f1b)", &act_flag),
+      TS_FLAG_CUSTOM("--schedule", NULL, &opts.schedule, ts_tool_parse_schedule,
+                     "gpipe|1f1b|interleaved", "pipeline schedule (default 1f1b)", &act_flag),
+      TS_FLAG_SIZE("--virtual-stages", NULL, &virtual_stages, 1, "v",
+                   "model chunks per stage with --schedule interleaved (default 1)", &act_flag),
       TS_FLAG_STRING("--pipeline-split", NULL, &opts.pipeline_split, "auto|a,b,...",
                      "units per pipeline stage (default auto)", &act_flag),
       TS_FLAG_CUSTOM("--device", NULL, &device, ts_tool_parse_device, "cpu|cuda|auto",
@@ -254,6 +256,10 @@ int ts_tool_estimate(int argc, char **argv) {
     return ts_flags_error("estimate", "--pipeline %zu: expected a number of stages up to %d "
                           "dividing -n %zu", pipeline, TS_ENGINE_MAX_STAGES, world);
   opts.pipeline_stages = (int)pipeline;
+  if (virtual_stages > TS_ENGINE_MAX_CHUNKS)
+    return ts_flags_error("estimate", "--virtual-stages %zu: expected 1 to %d", virtual_stages,
+                          TS_ENGINE_MAX_CHUNKS);
+  opts.virtual_stages = (int)virtual_stages;
   size_t dp = world / pipeline;
   if (shard_group > INT32_MAX || (shard_group && dp % shard_group))
     return ts_flags_error("estimate",
@@ -287,6 +293,7 @@ int ts_tool_estimate(int argc, char **argv) {
     if (st == TS_OK) psi = m.num_params;
   }
   if (st == TS_OK && model) st = ts_engine_pipeline_split(&m, &opts, split);
+  int V = P * (P > 1 ? ts_engine_opts_chunks(&opts) : 1); /* virtual stages */
   for (int i = 0; i < nstages && st == TS_OK; i++) {
     opts.zero_stage = stage_lo + i / P;
     memset(&hosts[i], 0, sizeof hosts[i]);
@@ -317,6 +324,7 @@ int ts_tool_estimate(int argc, char **argv) {
     if (P > 1) {
       add_int(root, "pipeline", pipeline);
       cJSON_AddStringToObject(root, "schedule", ts_schedule_kind_name(opts.schedule));
+      if (V > P) add_int(root, "virtual_stages", (size_t)(V / P));
       add_int(root, "grad_accum", opts.grad_accum);
     }
     cJSON_AddStringToObject(root, "dtype", ts_dtype_name(opts.dtype));
@@ -332,9 +340,11 @@ int ts_tool_estimate(int argc, char **argv) {
       cJSON_AddNumberToObject(s, "zero_stage", stage_lo + i / P);
       if (P > 1) {
         cJSON_AddNumberToObject(s, "pipeline_stage", i % P);
-        cJSON *units = cJSON_AddArrayToObject(s, "units"); /* [first, end) */
-        cJSON_AddItemToArray(units, cJSON_CreateNumber(split[i % P]));
-        cJSON_AddItemToArray(units, cJSON_CreateNumber(split[i % P + 1]));
+        cJSON *units = cJSON_AddArrayToObject(s, "units"); /* [first, end) of each chunk */
+        for (int c = 0; c < V / P; c++) {
+          cJSON_AddItemToArray(units, cJSON_CreateNumber(split[c * P + i % P]));
+          cJSON_AddItemToArray(units, cJSON_CreateNumber(split[c * P + i % P + 1]));
+        }
       }
       cJSON_AddItemToObject(s, "peak", category_object(l->peak, ncat));
       cJSON_AddItemToObject(s, "between_steps", category_object(l->current, ncat));
@@ -380,9 +390,10 @@ int ts_tool_estimate(int argc, char **argv) {
     printf("link classes: %zu ranks per node; sent per step is rank 0's, one training step\n",
            per_node ? per_node : world);
   if (model && P > 1)
-    printf("pipeline: %d stages x %zu data-parallel rank%s, %s, %zu micro-batches per step; "
-           "column sS is pipeline stage S (units first..last)\n",
-           P, dp, dp == 1 ? "" : "s", ts_schedule_kind_name(opts.schedule), opts.grad_accum);
+    printf("pipeline: %d stages x %zu data-parallel rank%s, %s%s, %zu micro-batches per step; "
+           "column sS is pipeline stage S (units first..last%s)\n",
+           P, dp, dp == 1 ? "" : "s", ts_schedule_kind_name(opts.schedule),
+           V > P ? " with model chunks" : "", opts.grad_accum, V > P ? " of each chunk" : "");
   else if (!model)
     printf("tessera estimate: Ψ = %s parameters (%zu), N = %zu rank%s, %s, model states only "
            "(Ψ given, no model: no activations, buffers or transients)\n",
@@ -392,9 +403,14 @@ int ts_tool_estimate(int argc, char **argv) {
                : "the model states, allocated once and held between steps");
   printf("| category |");
   for (int i = 0; i < nstages; i++) {
-    if (P > 1) printf(" ZeRO %d s%d (%d..%d) |", stage_lo + i / P, i % P, split[i % P],
-                      split[i % P + 1] - 1);
-    else printf(" stage %d |", stage_lo + i);
+    if (P > 1) {
+      printf(" ZeRO %d s%d (", stage_lo + i / P, i % P);
+      for (int c = 0; c < V / P; c++)
+        printf("%s%d..%d", c ? "," : "", split[c * P + i % P], split[c * P + i % P + 1] - 1);
+      printf(") |");
+    } else {
+      printf(" stage %d |", stage_lo + i);
+    }
   }
   printf("\n| --- |");
   for (int i = 0; i < nstages; i++) printf(" ---: |");

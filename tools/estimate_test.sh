@@ -192,7 +192,37 @@ bad "--pipeline 3 of 4 ranks" "--pipeline 3: expected a number of stages up to 6
 bad "--pipeline 7 of 6 units" "--pipeline 7: expected 1 to 6 stages" --model llama-tiny -n 7 --pipeline 7
 bad "--pipeline-split 1,2" "--pipeline-split 1,2: covers 3 units: expected the model's 6 exactly" \
   --model llama-tiny -n 2 --pipeline 2 --pipeline-split 1,2
-bad "--schedule zigzag" "--schedule zigzag: expected gpipe or 1f1b" --model llama-tiny --schedule zigzag
+bad "--schedule zigzag" "--schedule zigzag: expected gpipe, 1f1b or interleaved" --model llama-tiny --schedule zigzag
+# The interleaved schedule: each stage lists its chunks' units (virtual
+# stage j on stage j mod 2), and holds more activations than 1F1B's one
+# chunk (each chunk's micro-batches in flight) but fewer than GPipe's
+verdict="$(python3 -c 'import json, sys
+i, a, g = (json.loads(x) for x in sys.argv[1:4])
+s = i["stages"]
+u = [st["units"] for st in s]
+act = lambda d, k: d["stages"][k]["peak"]["activations"]
+ok = (i["schedule"] == "interleaved" and i["virtual_stages"] == 2 and len(u) == 2
+      and len(u[0]) == 4 and u[0][0] == 0 and u[0][1] == u[1][0] and u[1][1] == u[0][2]
+      and u[0][3] == u[1][2] and u[1][3] == 6
+      and act(a, 0) < act(i, 0) < act(g, 0))
+print("as expected" if ok else (u, [act(d, 0) for d in (a, i, g)]))' \
+  "$("$bin" estimate --model llama-tiny -n 4 --pipeline 2 --grad-accum 8 --zero 1 \
+    --schedule interleaved --virtual-stages 2 --json)" "$f1b" "$gpipe" 2>&1)"
+check_eq "--schedule interleaved: chunks' units, activations between 1F1B's and GPipe's" \
+  "as expected" "$verdict"
+text="$("$bin" estimate --model llama-tiny -n 2 --pipeline 2 --zero 3 --grad-accum 2 \
+  --schedule interleaved --virtual-stages 2)"
+check "interleaved table header" "| category | ZeRO 3 s0 (0..1,3..4) | ZeRO 3 s1 (2..2,5..5) |" "$text"
+bad "--virtual-stages with 1f1b" \
+  "--virtual-stages 2 with schedule 1f1b: expected 1 (more model chunks per rank need the \
+interleaved schedule)" --model llama-tiny -n 2 --pipeline 2 --virtual-stages 2
+bad "interleaved m not a multiple of P" \
+  "schedule interleaved: --grad-accum 3 micro-batches on 2 pipeline stages: expected a \
+multiple of 2" --model llama-tiny -n 2 --pipeline 2 --grad-accum 3 --schedule interleaved \
+  --virtual-stages 2
+bad "interleaved with too few units" \
+  "--pipeline 2 x --virtual-stages 4 = 8 virtual stages: expected at most 6" \
+  --model llama-tiny -n 2 --pipeline 2 --grad-accum 2 --schedule interleaved --virtual-stages 4
 
 # --save-async: the staging of an asynchronous save is one rank file: at
 # fp32 on one rank the parameters and both Adam moments, 3 x the params

@@ -37,6 +37,7 @@ static const struct {
     {"shard_group", "--shard-group"},
     {"pipeline_stages", "--pipeline"},
     {"pipeline_split", "--pipeline-split"},
+    {"virtual_stages", "--virtual-stages"},
     {"loss_scale", "--loss-scale"},
     {"min_loss_scale", "--min-loss-scale"},
     {"loss_scale_window", "--loss-scale-window"},

@@ -220,7 +220,7 @@ static int fail(ts_status st) {
 
 int ts_tool_simulate(int argc, char **argv) {
   const char *model = NULL, *trace = NULL;
-  size_t world = 1, shard_group = 0, per_node = 8, pipeline = 1;
+  size_t world = 1, shard_group = 0, per_node = 8, pipeline = 1, virtual_stages = 1;
   int stage = -1, json = 0, algorithm = TS_SIM_BEST;
   float peak_tflops = 989.0f, efficiency = 0.48f, mem_gbps = 3350.0f, slowdown = 1.0f,
         overhead = 0.0f, memory_gb = 80.0f, shared_cores = 0.0f, disk_read = 7.0f,
@@ -244,8 +244,10 @@ int ts_tool_simulate(int argc, char **argv) {
                    "pipeline stages; P divides N, world rank = stage x N/P + data-parallel "
                    "rank (default 1)",
                    NULL),
-      TS_FLAG_CUSTOM("--schedule", NULL, &opts.schedule, ts_tool_parse_schedule, "gpipe|1f1b",
-                     "pipeline schedule (default 1f1b)", NULL),
+      TS_FLAG_CUSTOM("--schedule", NULL, &opts.schedule, ts_tool_parse_schedule,
+                     "gpipe|1f1b|interleaved", "pipeline schedule (default 1f1b)", NULL),
+      TS_FLAG_SIZE("--virtual-stages", NULL, &virtual_stages, 1, "v",
+                   "model chunks per stage with --schedule interleaved (default 1)", NULL),
       TS_FLAG_STRING("--pipeline-split", NULL, &opts.pipeline_split, "auto|a,b,...",
                      "units per pipeline stage (default auto)", NULL),
       TS_FLAG_SIZE("--ranks-per-node", NULL, &per_node, 1, "L",
@@ -358,6 +360,10 @@ int ts_tool_simulate(int argc, char **argv) {
                           (double)slowdown, (double)overhead);
   opts.shard_group = (int)shard_group;
   opts.pipeline_stages = (int)pipeline;
+  if (virtual_stages > TS_ENGINE_MAX_CHUNKS)
+    return ts_flags_error("simulate", "--virtual-stages %zu: expected 1 to %d", virtual_stages,
+                          TS_ENGINE_MAX_CHUNKS);
+  opts.virtual_stages = (int)virtual_stages;
   cl.ranks_per_node = (int)per_node;
   cl.algorithm = (ts_sim_algorithm)algorithm;
   ts_sim_compute cp = {.peak_flops = peak_tflops * 1e12,
@@ -410,6 +416,8 @@ int ts_tool_simulate(int argc, char **argv) {
     cJSON_AddNumberToObject(root, "pipeline_stages", (double)pipeline);
     if (pipeline > 1)
       cJSON_AddStringToObject(root, "schedule", ts_schedule_kind_name(opts.schedule));
+    if (pipeline > 1 && virtual_stages > 1)
+      cJSON_AddNumberToObject(root, "virtual_stages", (double)virtual_stages);
     cJSON_AddStringToObject(root, "algorithm", ALGORITHMS[algorithm]);
     cJSON_AddStringToObject(root, "compute", trace ? "profile" : "flops");
     if (trace) cJSON_AddNumberToObject(root, "profile_units", prof_units);
@@ -466,9 +474,10 @@ int ts_tool_simulate(int argc, char **argv) {
            dp / shard_group);
   if (pipeline > 1)
     printf(
-        "pipeline: %zu stages of %zu data-parallel rank%s, %s; the figures are the slowest "
+        "pipeline: %zu stages of %zu data-parallel rank%s, %s%s; the figures are the slowest "
         "stage's, bytes and memory the largest stage's\n",
-        pipeline, dp, dp == 1 ? "" : "s", ts_schedule_kind_name(opts.schedule));
+        pipeline, dp, dp == 1 ? "" : "s", ts_schedule_kind_name(opts.schedule),
+        virtual_stages > 1 ? " (model chunks per stage: --virtual-stages)" : "");
   if (trace && prof_units < n_units)
     printf(
         "profile of a twin of %d units: each of the %d blocks costs the median of its %d "

@@ -188,12 +188,17 @@ static void print_summary(const ts_train_config *cfg, const ts_train_result *res
   int P = cfg->engine.pipeline_stages;
   size_t m = res->global_batch / ((size_t)(res->world_size / P) * cfg->engine.micro_batch);
   if (P > 1) {
-    printf("pipeline: %d stages x %d data-parallel ranks, %s, %zu micro-batches per step "
+    int v = ts_engine_opts_chunks(&cfg->engine); /* virtual stage j on stage j % P */
+    char chunks[48] = "";
+    if (v > 1) snprintf(chunks, sizeof chunks, " (%d model chunks per stage)", v);
+    printf("pipeline: %d stages x %d data-parallel ranks, %s%s, %zu micro-batches per step "
            "(bubble in theory %.1f%%); units per stage:",
-           P, res->world_size / P, ts_schedule_kind_name(cfg->engine.schedule), m,
-           100.0 * (P - 1) / ((double)m + P - 1));
+           P, res->world_size / P, ts_schedule_kind_name(cfg->engine.schedule), chunks, m,
+           100.0 * (P - 1) / ((double)v * (double)m + P - 1));
     for (int s = 0; s < P; s++)
-      printf(" %d..%d", res->pipeline_split[s], res->pipeline_split[s + 1] - 1);
+      for (int c = 0; c < v; c++)
+        printf("%s%d..%d", c ? "," : " ", res->pipeline_split[c * P + s],
+               res->pipeline_split[c * P + s + 1] - 1);
     printf("\n");
   }
   printf("ZeRO stage %d on %d rank%s, global batch %zu: %.3f MB sent per step per rank; rank 0 "
@@ -364,6 +369,7 @@ int ts_tool_train(int argc, char **argv) {
   float peak_tflops = 0;
   ts_engine_opts *e = &cfg.engine;
   size_t log_every = 0, zero = 0, seed = (size_t)e->seed, pipeline = 1, shard_group = 0;
+  size_t virtual_stages = 1;
   double comm_timeout = 600; /* seconds; 0: none (comm.h ts_comm_set_timeout) */
   const char *warmup_set = NULL, *accum_set = NULL;
   const char *scale_flag = NULL; /* the loss-scaling flag given last (fp16 only) */
@@ -474,8 +480,15 @@ int ts_tool_train(int argc, char **argv) {
                      "ZeRO-Infinity; on the cpu device the same copies, saving nothing). "
                      "Default none",
                      NULL),
-      TS_FLAG_CUSTOM("--schedule", NULL, &e->schedule, parse_schedule, "gpipe|1f1b",
-                     "pipeline schedule (default 1f1b)", NULL),
+      TS_FLAG_CUSTOM("--schedule", NULL, &e->schedule, parse_schedule, "gpipe|1f1b|interleaved",
+                     "pipeline schedule (default 1f1b); interleaved: 1F1B over "
+                     "--virtual-stages model chunks per stage (Megatron-LM's), the bubble divided "
+                     "by v; --grad-accum a multiple of P",
+                     NULL),
+      TS_FLAG_SIZE("--virtual-stages", NULL, &virtual_stages, 1, "v",
+                   "model chunks per pipeline stage with --schedule interleaved (2 to 16; the "
+                   "units split into P v pieces, piece j on stage j mod P; default 1)",
+                   NULL),
       TS_FLAG_STRING("--pipeline-split", NULL, &e->pipeline_split, "auto|a,b,...",
                      "units per stage (embedding and head count as units; default auto: "
                      "balanced by FLOPs and bytes)",
@@ -564,6 +577,10 @@ int ts_tool_train(int argc, char **argv) {
                           e->offload_piece);
   e->zero_stage = (int)zero;
   e->pipeline_stages = (int)pipeline;
+  if (virtual_stages > TS_ENGINE_MAX_CHUNKS)
+    return ts_flags_error("train", "--virtual-stages %zu: expected 1 to %d", virtual_stages,
+                          TS_ENGINE_MAX_CHUNKS);
+  e->virtual_stages = (int)virtual_stages;
   if (shard_group > (size_t)INT32_MAX)
     return ts_flags_error("train", "--shard-group %zu: expected at most %d ranks", shard_group,
                           INT32_MAX);
