@@ -446,6 +446,10 @@ ts_status ts_k_linear_backward(const ts_kctx *ctx, void *dinp, void *dweight, co
                                ts_dtype dt) {
   /* M or K zero: dinp and dweight are empty; N zero: dinp = 0 (dweight
    * empty); neither output asked for: nothing to do */
+  if (ctx && ctx->wgrad && dweight && M && N && K) { /* W: deferred (ts_k_wgrad) */
+    TS_CHECK(ts_k_wgrad_record(ctx, 0, dt, dweight, NULL, dout, inp, NULL, NULL, M, N, K));
+    dweight = NULL;
+  }
   int zero_dinp = M > 0 && K > 0 && N == 0 && dinp;
   k_call c = {ctx,
               {dt},
@@ -478,6 +482,8 @@ ts_status ts_k_embedding_forward(const ts_kctx *ctx, void *out, const int32_t *t
 ts_status ts_k_embedding_backward(const ts_kctx *ctx, void *dwte, const void *dout,
                                   const int32_t *tokens, size_t N, size_t C, size_t V,
                                   ts_dtype dt) {
+  if (ctx && ctx->wgrad && dwte && N && C) /* W: deferred (ts_k_wgrad) */
+    return ts_k_wgrad_record(ctx, 4, dt, dwte, NULL, dout, tokens, NULL, NULL, N, C, V);
   k_call c = {ctx,
               {dt},
               .empty = N == 0,
@@ -507,6 +513,10 @@ ts_status ts_k_rmsnorm_forward(const ts_kctx *ctx, void *out, float *rstd, const
 ts_status ts_k_rmsnorm_backward(const ts_kctx *ctx, void *dinp, void *dweight, const void *dout,
                                 const void *inp, const void *weight, const float *rstd, size_t N,
                                 size_t C, ts_dtype dt) {
+  if (ctx && ctx->wgrad && dweight && N && C) { /* W: deferred (ts_k_wgrad) */
+    TS_CHECK(ts_k_wgrad_record(ctx, 1, dt, dweight, NULL, dout, inp, rstd, NULL, N, C, 0));
+    dweight = NULL;
+  }
   k_call c = {ctx,
               {dt},
               .empty = N == 0 || C == 0,

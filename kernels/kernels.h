@@ -79,6 +79,8 @@ typedef struct ts_kctx {
   size_t workspace_bytes; /* bytes available at `workspace` */
   unsigned flags;         /* TS_K_* bits below; 0 by default */
   void *backend_state;    /* the backend's own (CUDA: reduction scratch), NULL on CPU */
+  struct ts_k_wgrad *wgrad; /* NULL: weight gradients computed at once; else the store that
+                               defers them (ts_k_wgrad_new: zero-bubble pipelines' W) */
 } ts_kctx;
 
 /* ctx->flags: fp32 matrix products may use TF32 tensor cores (CUDA; 10-bit
@@ -121,6 +123,73 @@ typedef struct ts_kctx {
  * the default): nothing is recorded; turning it off forgets every range.
  * Thread-safe; the table grows as needed. */
 void ts_k_check_host_blocks(int on);
+
+/* ---- deferred weight gradients (zero-bubble pipelines) -------------------- */
+
+/* A store of weight-gradient work (Megatron-LM's WeightGradStore; Qi et al.
+ * 2024, "Zero Bubble Pipeline Parallelism", §2: a backward split into B,
+ * the input gradient, and W, the weight gradient). While ctx->wgrad points
+ * to one, the weight-gradient part of ts_k_linear_backward (dweight),
+ * ts_k_rmsnorm_backward (dweight), ts_k_layernorm_backward (dweight,
+ * dbias), ts_k_bias_backward and ts_k_embedding_backward is not computed:
+ * the call computes its input gradient (if asked) and appends a record of
+ * the rest to the store, in call order. An operand of a record that lies
+ * in one of the memory's volatile ranges (a workspace, a buffer the caller
+ * reuses) is copied at once into memory from mem->alloc (on the ctx's
+ * device, ts_k_copy); the others are kept as pointers, which the caller
+ * keeps unchanged until the store runs. ts_k_wgrad_run then runs the
+ * records in order with the same ops, so every output gets the bits the
+ * undivided backward gives it (each op computes its weight gradient apart
+ * from its input gradient on every backend). Host bookkeeping; not
+ * thread-safe. */
+typedef struct ts_k_wgrad ts_k_wgrad;
+enum { TS_K_WGRAD_MAX_RANGES = 8 };
+typedef struct ts_k_wgrad_mem {
+  /* device memory for copies of volatile operands (bytes > 0): *out, or an error */
+  ts_status (*alloc)(void *user, size_t bytes, void **out);
+  void (*release)(void *user, void *p); /* gives a copy back */
+  void *user;
+  struct {
+    const void *p;
+    size_t bytes;
+  } ranges[TS_K_WGRAD_MAX_RANGES]; /* the volatile ranges, (n_ranges) */
+  int n_ranges;
+} ts_k_wgrad_mem;
+
+/* A new empty store using mem (borrowed: it must outlive the store) into
+ * *out. TS_ERR_INVALID_ARGUMENT (mem, its alloc or release NULL),
+ * TS_ERR_OUT_OF_MEMORY. */
+ts_status ts_k_wgrad_new(const ts_k_wgrad_mem *mem, ts_k_wgrad **out);
+/* Drops the records and gives their copies back; NULL is fine. */
+void ts_k_wgrad_free(ts_k_wgrad *w);
+/* Runs w's records in order on ctx (its wgrad field ignored), each output
+ * inside [from, from + bytes) moved to the same offset from `to` (rebase:
+ * the buffer the records named may differ from the one to accumulate into;
+ * from = to, or bytes = 0, moves nothing), then drops them and gives their
+ * copies back. The outputs accumulate (+=) as the ops' do. Errors: the
+ * ops'; on an error the records are dropped all the same. */
+ts_status ts_k_wgrad_run(const ts_kctx *ctx, ts_k_wgrad *w, const void *from, size_t bytes,
+                         void *to);
+/* Drops the records without running them and gives their copies back. */
+void ts_k_wgrad_clear(ts_k_wgrad *w);
+/* Sets the store's own volatile range i (0 .. TS_K_WGRAD_CALL_RANGES - 1)
+ * to [p, p + bytes), beside mem's; p NULL clears it. ts_unit_backward
+ * sets the unit's dx and dy, which its backward may reuse. */
+enum { TS_K_WGRAD_CALL_RANGES = 2 };
+void ts_k_wgrad_volatile(ts_k_wgrad *w, int i, const void *p, size_t bytes);
+/* Records held, and bytes of copies they hold. */
+size_t ts_k_wgrad_pending(const ts_k_wgrad *w);
+size_t ts_k_wgrad_bytes(const ts_k_wgrad *w);
+
+/* The store's side of the fronts (kernels.c, kernels_encoder.c): append
+ * one record of ctx->wgrad. kind: 0 linear (out0 dweight; in: dout, inp;
+ * d: M, N, K), 1 RMSNorm (out0 dweight; in: dout, inp, rstd; d: N, C), 2
+ * LayerNorm (out0 dweight, out1 dbias; in: dout, inp, mean, rstd; d: N,
+ * C), 3 bias (out0 dbias; in: dout; d: N, C), 4 embedding (out0 dwte; in:
+ * dout, tokens; d: N, C, V). Errors: the copies' and allocations'. */
+ts_status ts_k_wgrad_record(const ts_kctx *ctx, int kind, ts_dtype dt, void *out0, void *out1,
+                            const void *in0, const void *in1, const void *in2, const void *in3,
+                            size_t d0, size_t d1, size_t d2);
 
 /* ---- devices, contexts and memory --------------------------------------- */
 

@@ -57,6 +57,11 @@ ts_status ts_k_layernorm_backward(const ts_kctx *ctx, void *dinp, void *dweight,
                                   const float *mean, const float *rstd, size_t N, size_t C,
                                   ts_dtype dt) {
   const char *op = OP_LAYERNORM_BACKWARD.name;
+  if (ctx && ctx->wgrad && (dweight || dbias) && N && C) { /* W: deferred (ts_k_wgrad) */
+    TS_CHECK(ts_k_wgrad_record(ctx, 2, dt, dweight, dbias, dout, inp, mean, rstd, N, C, 0));
+    dweight = dbias = NULL;
+    if (!dinp) return TS_OK;
+  }
   int stats = dinp || dweight; /* what needs the forward's input and statistics */
   ts_status alias = k_no_alias(dinp, dout, "dinp", "dout", op);
   if (alias == TS_OK) alias = k_no_alias(dinp, inp, "dinp", "inp", op);
@@ -125,6 +130,8 @@ ts_status ts_k_bias_add(const ts_kctx *ctx, void *out, const void *bias, size_t 
 /* dbias += an empty sum when N or C is 0: nothing to do. */
 ts_status ts_k_bias_backward(const ts_kctx *ctx, void *dbias, const void *dout, size_t N,
                              size_t C, ts_dtype dt) {
+  if (ctx && ctx->wgrad && dbias && N && C) /* W: deferred (ts_k_wgrad) */
+    return ts_k_wgrad_record(ctx, 3, dt, dbias, NULL, dout, NULL, NULL, NULL, N, C, 0);
   k_call c = {ctx,
               {dt},
               .empty = N == 0 || C == 0,

@@ -619,6 +619,7 @@ static const ts_unit_ops block_ops = {
     .workspace_bytes = unit_workspace,
     .forward = block_forward,
     .backward = block_backward,
+    .split_backward = 1,
 };
 
 static const ts_unit_ops head_ops = {

@@ -81,6 +81,41 @@ TEST(BertUnits, BlockBackwardMatchesFiniteDifferencesGeluNew) {
   CheckUnit(SmallConfig("", "gelu_new"), 1, 3);
 }
 TEST(BertUnits, TiedHeadBackwardMatchesFiniteDifferences) { CheckUnit(SmallConfig(), 2, 4); }
+
+// Zero-bubble pipelines' split: a block's B under a ctx->wgrad store, then
+// W, is the undivided backward bit for bit (6 linears with their biases,
+// 2 LayerNorms); the embeddings and the head keep their backward whole,
+// and a store given to them is refused in one line.
+TEST(BertUnits, BlockSplitBackwardIsBitwiseTheWholeBackward) {
+  UnitHarness h(Parse(SmallConfig()), 1, 31);
+  SetBatch(h);
+  ASSERT_TRUE(ts_unit_splits_backward(&h.model, 1));
+  EXPECT_EQ(ExpectSplitBackwardBitwise(h), 14u);  // 6 x (bias, weight) + 2 LayerNorms
+  for (int u : {0, 2}) {
+    UnitHarness o(Parse(SmallConfig()), u, 32);
+    SetBatch(o);
+    EXPECT_FALSE(ts_unit_splits_backward(&o.model, u));
+    ts_k_wgrad_mem mem{};
+    mem.alloc = WgradAlloc;
+    mem.release = WgradRelease;
+    ts_k_wgrad *w = nullptr;
+    ASSERT_EQ(ts_k_wgrad_new(&mem, &w), TS_OK);
+    std::vector<float> y(o.x.size()), dx(o.x.size());
+    ts_unit_args a = o.Args(&y);
+    ASSERT_EQ(ts_unit_forward(&o.model, u, &o.ctx, o.params.data(), &a), TS_OK);
+    a.dy = o.r.data();
+    a.dx = u ? dx.data() : nullptr;
+    a.dloss = 1.0f;
+    o.ctx.wgrad = w;
+    EXPECT_EQ(ts_unit_backward(&o.model, u, &o.ctx, o.params.data(), o.grads.data(), &a),
+              TS_ERR_INVALID_USAGE);
+    EXPECT_NE(std::string(ts_last_error()).find("cannot defer its weight gradients"),
+              std::string::npos)
+        << ts_last_error();
+    o.ctx.wgrad = nullptr;
+    ts_k_wgrad_free(w);
+  }
+}
 TEST(BertUnits, UntiedHeadBackwardMatchesFiniteDifferences) {
   CheckUnit(SmallConfig(R"(, "tie_word_embeddings": false)", "gelu_new"), 2, 5);
 }

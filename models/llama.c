@@ -550,6 +550,7 @@ static const ts_unit_ops embedding_ops = {
     .backward = embedding_backward,
     .cache_bytes = unit_cache,
     .decode = embedding_decode,
+    .split_backward = 1,
 };
 
 static const ts_unit_ops block_ops = {
@@ -560,6 +561,7 @@ static const ts_unit_ops block_ops = {
     .backward = block_backward,
     .cache_bytes = unit_cache,
     .decode = block_decode,
+    .split_backward = 1,
 };
 
 static const ts_unit_ops head_ops = {
@@ -571,4 +573,5 @@ static const ts_unit_ops head_ops = {
     .logits = head_logits,
     .cache_bytes = unit_cache,
     .decode = head_decode,
+    .split_backward = 1,
 };

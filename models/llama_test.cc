@@ -59,6 +59,22 @@ TEST(LlamaUnits, MultiQueryBlockBackwardMatchesFiniteDifferences) {
 
 TEST(LlamaUnits, HeadBackwardMatchesFiniteDifferences) { CheckUnit(Parse(kSmallGqa), 2, 4); }
 
+// Zero-bubble pipelines' split (ts_unit_splits_backward): every unit's B
+// under a ctx->wgrad store, then W, gives the undivided backward's dx and
+// gradients bit for bit, tied head included; a store that drops its
+// records leaves the gradients as B found them.
+TEST(LlamaUnits, SplitBackwardIsBitwiseTheWholeBackward) {
+  for (int tied = 0; tied <= 1; tied++)
+    for (int u = 0; u < 3; u++) {
+      SCOPED_TRACE("unit " + std::to_string(u) + (tied ? " tied" : ""));
+      ts_llama_config c = Parse(kSmallGqa);
+      c.tie_word_embeddings = tied;
+      UnitHarness h(Build(c), u, 21 + u);
+      ASSERT_TRUE(ts_unit_splits_backward(&h.model, u));
+      EXPECT_GE(ExpectSplitBackwardBitwise(h), u == 1 ? 9u : 1u);  // a block: 7 linears, 2 norms
+    }
+}
+
 TEST(LlamaUnits, TiedHeadBackwardMatchesFiniteDifferences) {
   ts_llama_config c = Parse(kSmallGqa);
   c.tie_word_embeddings = 1;

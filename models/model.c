@@ -258,7 +258,25 @@ ts_status ts_unit_forward(const ts_model *m, int u, const ts_kctx *ctx, const vo
 ts_status ts_unit_backward(const ts_model *m, int u, const ts_kctx *ctx, const void *params,
                            void *grads, ts_unit_args *a) {
   TS_CHECK(check_call(m, u, a));
-  return m->units[u].ops->backward(m, &m->units[u], ctx, params, grads, a);
+  if (ctx && ctx->wgrad && !m->units[u].ops->split_backward)
+    return ts_set_error(TS_ERR_INVALID_USAGE,
+                        "unit %d (%s) of %s: its backward cannot defer its weight gradients "
+                        "(ctx->wgrad)",
+                        u, m->units[u].ops->kind, ts_model_origin(m));
+  if (!ctx || !ctx->wgrad) return m->units[u].ops->backward(m, &m->units[u], ctx, params, grads, a);
+  /* B: what the backward may still write (its dx, and dy) is copied when
+   * a weight-gradient op reads it */
+  size_t bytes = a->B * a->T * m->hidden_size * ts_dtype_size(a->dt);
+  ts_k_wgrad_volatile(ctx->wgrad, 0, a->dx, bytes);
+  ts_k_wgrad_volatile(ctx->wgrad, 1, a->dy, bytes);
+  ts_status st = m->units[u].ops->backward(m, &m->units[u], ctx, params, grads, a);
+  ts_k_wgrad_volatile(ctx->wgrad, 0, NULL, 0);
+  ts_k_wgrad_volatile(ctx->wgrad, 1, NULL, 0);
+  return st;
+}
+
+int ts_unit_splits_backward(const ts_model *m, int u) {
+  return unit_at(m, u)->ops->split_backward;
 }
 
 void *ts_unit_logits(const ts_model *m, int u, void *saved, size_t B, size_t T, ts_dtype dt) {

@@ -147,6 +147,11 @@ typedef struct ts_unit_ops {
   /* ts_unit_decode (arguments checked); NULL: the family cannot decode */
   ts_status (*decode)(const ts_model *m, const ts_unit *u, const ts_kctx *ctx,
                       const void *params, ts_decode_args *a);
+  /* ts_unit_splits_backward: 1 when backward reaches its gradients (grads,
+   * tied_grad) only through the kernels' weight-gradient ops and leaves
+   * their other operands unchanged until it returns, so that a ctx->wgrad
+   * store can defer them (kernels.h); 0 otherwise */
+  int split_backward;
 } ts_unit_ops;
 
 struct ts_unit {
@@ -311,9 +316,22 @@ ts_status ts_unit_forward(const ts_model *m, int u, const ts_kctx *ctx, const vo
 
 /* Backward of unit u after its forward with the same args: accumulates
  * (+=) into grads (the unit's flat gradient) and tied_grad, writes dx (=)
- * for every unit but the first. May overwrite the last unit's saved logits. */
+ * for every unit but the first. May overwrite the last unit's saved logits.
+ * With ctx->wgrad set and ts_unit_splits_backward, it is B alone (Qi et
+ * al. 2024): dx written, grads and tied_grad untouched, their updates
+ * recorded in the store for ts_k_wgrad_run (W), which then leaves them as
+ * the undivided backward would, bit for bit; what the records read from
+ * the workspace, dx and dy is copied into the store's memory, and the
+ * operands they keep as pointers (the saved bytes, x, tokens) must stay
+ * as they are until then. */
 ts_status ts_unit_backward(const ts_model *m, int u, const ts_kctx *ctx, const void *params,
                            void *grads, ts_unit_args *a);
+
+/* 1 if unit u's backward can be split into B and a deferred W
+ * (ts_unit_ops.split_backward): every LLaMA unit, BERT's blocks (its
+ * embeddings keep the [PAD] row's gradient by copying it, and its head
+ * reuses saved buffers after their weight-gradient ops). */
+int ts_unit_splits_backward(const ts_model *m, int u);
 
 /* The last unit's logits (B, T, V) of dt inside its saved buffer, valid
  * after forward and before backward; NULL for a unit without logits. */

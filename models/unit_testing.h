@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -108,6 +110,56 @@ struct UnitHarness {
     return dx;
   }
 };
+
+// The weight-gradient store's memory for tests: malloc'd copies, the
+// harness's workspace volatile (its temporaries are overwritten later).
+inline ts_status WgradAlloc(void *, size_t bytes, void **out) {
+  *out = malloc(bytes);
+  return *out ? TS_OK : ts_set_error(TS_ERR_OUT_OF_MEMORY, "test copy");
+}
+inline void WgradRelease(void *, void *p) { free(p); }
+
+// B then W (ts_unit_splits_backward units under a ctx->wgrad store) against
+// the undivided backward, from the same nonzero gradients (W accumulates):
+// dx bitwise after B with the gradients untouched, then every gradient
+// bitwise after W, run with the workspace overwritten in between (what W
+// reads from it must be its own copies). Returns the records W ran.
+inline size_t ExpectSplitBackwardBitwise(UnitHarness &h) {
+  std::mt19937 g(99);
+  std::normal_distribution<float> n(0.f, 1.f);
+  std::vector<float> start(h.grads.size()), tstart(h.tied_g.size());
+  for (auto &v : start) v = n(g);
+  for (auto &v : tstart) v = n(g);
+  h.grads = start;
+  h.tied_g = tstart;
+  std::vector<float> dx_full = h.Backward(), g_full = h.grads, t_full = h.tied_g;
+  h.grads = start;
+  h.tied_g = tstart;
+  ts_k_wgrad_mem mem{};
+  mem.alloc = WgradAlloc;
+  mem.release = WgradRelease;
+  mem.ranges[0].p = h.ctx.workspace;
+  mem.ranges[0].bytes = h.ctx.workspace_bytes;
+  mem.n_ranges = 1;
+  ts_k_wgrad *w = nullptr;
+  EXPECT_EQ(ts_k_wgrad_new(&mem, &w), TS_OK) << ts_last_error();
+  h.ctx.wgrad = w;
+  std::vector<float> dx = h.Backward();  // B
+  h.ctx.wgrad = nullptr;
+  size_t records = ts_k_wgrad_pending(w);
+  EXPECT_GT(records, 0u);
+  EXPECT_EQ(memcmp(dx.data(), dx_full.data(), dx.size() * 4), 0) << "dx after B";
+  EXPECT_EQ(memcmp(h.grads.data(), start.data(), start.size() * 4), 0) << "grads touched by B";
+  EXPECT_TRUE(h.tied_g == tstart) << "tied grads touched by B";
+  memset(h.ctx.workspace, 0xff, h.ctx.workspace_bytes);  // NaNs where B's temporaries were
+  EXPECT_EQ(ts_k_wgrad_run(&h.ctx, w, nullptr, 0, nullptr), TS_OK) << ts_last_error();  // W
+  EXPECT_EQ(ts_k_wgrad_pending(w), 0u);
+  EXPECT_EQ(ts_k_wgrad_bytes(w), 0u);
+  EXPECT_EQ(memcmp(h.grads.data(), g_full.data(), g_full.size() * 4), 0) << "grads after W";
+  EXPECT_TRUE(h.tied_g == t_full) << "tied grads after W";
+  ts_k_wgrad_free(w);
+  return records;
+}
 
 // Central differences of J w.r.t. every element of v, compared with the
 // analytic gradient. fp32 forward with h = 1e-2 (inputs are O(1)): the
