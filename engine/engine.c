@@ -220,10 +220,41 @@ static ts_status alloc_slot(ts_engine *e, int k, int c) {
                            (void **)&sl->targets));
   if (u0 > 0)
     TS_CHECK(ts_ledger_alloc(&e->ledger, e->device, TS_MEM_ACTIVATIONS, BTC, &sl->gsend));
+  if (e->pipe.sched.split_backward) { /* a W store per unit that splits (ZB-H1) */
+    sl->wgrad = calloc((size_t)m->n_units, sizeof *sl->wgrad);
+    if (!sl->wgrad) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "engine: W stores");
+    for (int u = u0; u < u1; u++)
+      if (ts_unit_splits_backward(m, u)) TS_CHECK(ts_k_wgrad_new(&e->wmem, &sl->wgrad[u]));
+  }
   return TS_OK;
 }
 
+/* The W stores' memory (ts_k_wgrad_mem): a copy is a transient of the
+ * activations category on the engine's device. */
+static ts_status wgrad_alloc(void *user, size_t bytes, void **out) {
+  ts_engine *e = user;
+  return ts_ledger_alloc_transient(&e->ledger, e->device, TS_MEM_ACTIVATIONS, bytes, out);
+}
+static void wgrad_release(void *user, void *p) {
+  ts_engine *e = user;
+  ts_ledger_free_transient(&e->ledger, p);
+}
+
+/* What a B's weight-gradient records must copy: the workspace (the
+ * units' temporaries) and the recompute buffer (the next recompute
+ * rewrites it); a unit's dx and dy ts_unit_backward adds itself. */
+static void wgrad_mem(ts_engine *e, size_t recompute_bytes) {
+  e->wmem.ranges[0].p = e->ctx.workspace;
+  e->wmem.ranges[0].bytes = e->ctx.workspace_bytes;
+  e->wmem.ranges[1].p = e->recompute_saved;
+  e->wmem.ranges[1].bytes = recompute_bytes;
+  e->wmem.n_ranges = 2;
+}
+
 static void free_slot(ts_engine *e, act_slot *sl) {
+  if (sl->wgrad)
+    for (int u = 0; u < e->model->n_units; u++) ts_k_wgrad_free(sl->wgrad[u]);
+  free(sl->wgrad);
   if (sl->acts)
     for (int u = 0; u < e->model->n_units; u++) ts_ledger_free(&e->ledger, sl->acts[u]);
   if (sl->saved)
@@ -287,6 +318,7 @@ ts_status ts_engine_alloc(ts_engine *e) {
   size_t U = (size_t)m->n_units;
   e->units = calloc(U, sizeof *e->units);
   e->slots = calloc((size_t)e->n_slots, sizeof *e->slots);
+  e->wmem = (ts_k_wgrad_mem){wgrad_alloc, wgrad_release, e, {{NULL, 0}}, 0}; /* ranges: below */
   if (!e->units || !e->slots) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "engine: unit tables");
   for (int k = 0; k < e->n_slots; k++) {
     e->slots[k].acts = calloc(U, sizeof(void *));
@@ -338,6 +370,7 @@ ts_status ts_engine_alloc(ts_engine *e) {
     if (b > rb) rb = b;
   }
   TS_CHECK(ts_ledger_alloc(&e->ledger, dev, TS_MEM_ACTIVATIONS, rb, &e->recompute_saved));
+  wgrad_mem(e, rb);
   for (int c = 0; c < e->pipe.chunks; c++) /* a pipeline's others */
     for (int k = c ? e->pipe.slot0[c] : 1; k < e->pipe.slot0[c] + e->pipe.nslot[c]; k++)
       TS_CHECK(alloc_slot(e, k, c));

@@ -311,7 +311,9 @@ int ts_engine_is_recomputed(const ts_model *m, const ts_engine_opts *opts, int u
 size_t ts_engine_activation_bytes(const ts_model *m, const ts_engine_opts *opts);
 
 /* The same for pipeline stage `stage` of opts->pipeline_stages (stage 0:
- * ts_engine_activation_bytes): per micro-batch in flight
+ * ts_engine_activation_bytes): per micro-batch in flight (ZB-H1: from
+ * forward to W; the copies its W stores make come on top, transients the
+ * plan charges)
  * (ts_schedule_in_flight) the (B, T) inputs and targets, the (B, T, C)
  * inputs of the stage's units and its output, the saved bytes of its units
  * not checkpointed and, on stages s > 0, the (B, T, C) gradient sent back;

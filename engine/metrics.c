@@ -188,7 +188,8 @@ ts_status ts_metrics_write_summary(ts_metrics *m, const ts_metrics_summary *s) {
     cJSON *split = cJSON_AddArrayToObject(pp, "split");
     for (int q = 0; q < P * v; q++) cJSON_AddItemToArray(split, cJSON_CreateNumber(s->split[q]));
     double m = (double)eo->grad_accum;
-    cJSON_AddNumberToObject(pp, "bubble_theory", (P - 1) / (v * m + P - 1));
+    cJSON_AddNumberToObject(pp, "bubble_theory",
+                            ts_schedule_bubble_theory(eo->schedule, P, v, (int)m));
   }
   cJSON_AddStringToObject(sm, "device", ts_device_name(eo->device));
   if (s->device) {

@@ -144,9 +144,10 @@ static float dloss_of(const ts_engine *e, size_t count) {
 }
 
 /* The arithmetic of unit u's backward (with its recompute, and the test
- * seam), on acquired buffers. */
+ * seam), on acquired buffers; w: B alone, W deferred into that store
+ * (the seam then runs after W), else NULL. */
 static ts_status backward_compute(ts_engine *e, int u, ts_unit_args *a, const void *params,
-                                  void *grads, const void *lender) {
+                                  void *grads, const void *lender, ts_k_wgrad *w) {
   ts_status st = TS_OK;
   if (e->units[u].recompute) {
     /* Recompute: the forward again, from the kept input, with the same
@@ -161,12 +162,14 @@ static ts_status backward_compute(ts_engine *e, int u, ts_unit_args *a, const vo
   }
   if (st == TS_OK) {
     a->tied_weight = lender ? borrowed(e, u, lender) : NULL;
+    ts_kctx k = e->ctx;
+    k.wgrad = w;
     ts_engine_span_begin(e, TS_SPAN_BACKWARD, u);
-    st = ts_unit_backward(e->model, u, &e->ctx, params, grads, a);
+    st = ts_unit_backward(e->model, u, &k, params, grads, a);
     ts_engine_span_end(e, TS_SPAN_BACKWARD, u);
   }
   const ts_engine_hooks *h = ts_engine_get_hooks();
-  if (st == TS_OK && h && h->after_backward)
+  if (st == TS_OK && !w && h && h->after_backward)
     st = h->after_backward(h->user, e, e->optim.attempts + 1, u, grads);
   return st;
 }
@@ -174,22 +177,26 @@ static ts_status backward_compute(ts_engine *e, int u, ts_unit_args *a, const vo
 /* Backward of unit u: parameters acquired, gradients accumulated into the
  * full gradient (a tied head's borrowed one into tied_grads); its
  * reduction is the REDUCE_UNIT action after it (reduce.c). */
-static ts_status backward_unit(ts_engine *e, int u, ts_unit_args *a) {
+static ts_status backward_unit(ts_engine *e, int u, ts_unit_args *a, ts_k_wgrad *w) {
   const ts_unit *un = &e->model->units[u];
   const void *params, *lender = NULL;
   void *grads, *lender_grads = NULL;
-  TS_CHECK(ts_engine_reduce_pending(e, u)); /* its full gradient is free again */
-  if (u == e->pipe.lender && (size_t)e->run.mb + 1 == e->opts.grad_accum &&
-      !tied_direct(e, e->model->n_units - 1))
-    TS_CHECK(fold_tied(e, u));
+  if (!w) { /* B alone touches no gradient: the fold and the buffer wait for W */
+    TS_CHECK(ts_engine_reduce_pending(e, u)); /* its full gradient is free again */
+    if (u == e->pipe.lender && (size_t)e->run.mb + 1 == e->opts.grad_accum &&
+        !tied_direct(e, e->model->n_units - 1))
+      TS_CHECK(fold_tied(e, u));
+  }
   TS_CHECK(ts_engine_acquire_params(e, u, &params));
-  ts_status st = ts_engine_full_grads(e, u, &grads);
+  /* B records its gradients' addresses in the unit's own buffer; W moves
+   * them to the one it accumulates into (ts_engine_weight_unit_action) */
+  ts_status st = w ? (grads = e->units[u].grads, TS_OK) : ts_engine_full_grads(e, u, &grads);
   if (st == TS_OK && un->tied_unit >= 0) {
     st = ts_engine_acquire_params(e, un->tied_unit, &lender);
     if (st == TS_OK) st = tied_grads(e, u, &lender_grads);
     if (st == TS_OK) a->tied_grad = borrowed(e, u, lender_grads);
   }
-  if (st == TS_OK) st = backward_compute(e, u, a, params, grads, lender);
+  if (st == TS_OK) st = backward_compute(e, u, a, params, grads, lender, w);
   if (lender) ts_engine_release_params(e, un->tied_unit);
   ts_engine_release_params(e, u);
   if ((size_t)e->run.mb + 1 == e->opts.grad_accum) { /* the unit's last backward of the step */
@@ -220,18 +227,45 @@ ts_status ts_engine_backward_unit_action(ts_engine *e, int mb, int u) {
   a.dx = u == 0 ? NULL : u == begin && sl->gsend ? sl->gsend : e->dbuf[e->bw.cur];
   TS_CHECK(ts_engine_prefetch(e, u));
   if (u > begin) TS_CHECK(ts_engine_prefetch(e, u - 1));
-  TS_CHECK(backward_unit(e, u, &a));
+  ts_k_wgrad *w = sl->wgrad ? sl->wgrad[u] : NULL; /* a split backward: B alone */
+  TS_CHECK(backward_unit(e, u, &a, w));
   e->bw.din = a.dx;
   e->bw.cur ^= 1;
   return TS_OK;
 }
 
-ts_status ts_engine_backward_action(ts_engine *e, int mb, int c) {
+/* After the head's chunk's last backward (with a split backward: its
+ * last W) the last stage's replica sends the tied head's gradient. */
+static ts_status send_tied(ts_engine *e, int mb, int c) {
   if (e->pipe.replica && (size_t)mb + 1 == e->opts.grad_accum &&
       e->pipe.c_end[c] == e->model->n_units) /* the head's chunk */
     TS_CHECK(ts_engine_send_tied_grads(e));
   return TS_OK;
 }
+
+ts_status ts_engine_backward_action(ts_engine *e, int mb, int c) {
+  return e->pipe.sched.split_backward ? TS_OK : send_tied(e, mb, c);
+}
+
+ts_status ts_engine_weight_unit_action(ts_engine *e, int mb, int u) {
+  act_slot *sl = ts_engine_slot(e, mb, ts_engine_chunk_of(e, u));
+  unit_state *s = &e->units[u];
+  void *grads;
+  TS_CHECK(ts_engine_reduce_pending(e, u)); /* its full gradient is free again */
+  if (u == e->pipe.lender && (size_t)mb + 1 == e->opts.grad_accum &&
+      !tied_direct(e, e->model->n_units - 1))
+    TS_CHECK(fold_tied(e, u)); /* where the whole backward folds: before this one's */
+  TS_CHECK(ts_engine_full_grads(e, u, &grads));
+  ts_engine_span_begin(e, TS_SPAN_WEIGHT, u);
+  ts_status st = ts_k_wgrad_run(&e->ctx, sl->wgrad[u], s->grads, s->layout.padded * e->es, grads);
+  ts_engine_span_end(e, TS_SPAN_WEIGHT, u);
+  const ts_engine_hooks *h = ts_engine_get_hooks();
+  if (st == TS_OK && h && h->after_backward)
+    st = h->after_backward(h->user, e, e->optim.attempts + 1, u, grads);
+  return st;
+}
+
+ts_status ts_engine_weight_action(ts_engine *e, int mb, int c) { return send_tied(e, mb, c); }
 
 /* The host arrays a batch source fills for slot sl: the slot's own buffers
  * on the CPU (nothing moves), the engine's host batch beside a device (its

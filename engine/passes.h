@@ -28,6 +28,15 @@ ts_status ts_engine_forward_action(ts_engine *e, int mb, int c, int backward_nex
  * unless the chunk ends the model). The units' input gradients ping-pong
  * through dbuf (e->bw). */
 ts_status ts_engine_backward_unit_action(ts_engine *e, int mb, int u);
+/* WEIGHT_UNIT of unit u in micro-batch mb (a split backward, ZB-H1): the
+ * W its B left in the slot's store, run into the unit's full gradient
+ * (stages 2/3: the transient a REDUCE_UNIT then reduces; the tied head's
+ * fold first, for the lender's last micro-batch), then the test seam. */
+ts_status ts_engine_weight_unit_action(ts_engine *e, int mb, int u);
+/* WEIGHT of micro-batch mb on chunk c, after its units': the tied head's
+ * gradient sent after the head's last W (ts_engine_backward_action's,
+ * with a split backward). */
+ts_status ts_engine_weight_action(ts_engine *e, int mb, int c);
 /* BACKWARD of micro-batch mb on chunk c, after its units': the last
  * stage's replica sends the tied head's gradient after the head's chunk's
  * backward of the step's last micro-batch. */

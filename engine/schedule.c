@@ -14,14 +14,15 @@ const char *ts_schedule_kind_name(ts_schedule_kind k) {
   return k == TS_SCHEDULE_GPIPE         ? "gpipe"
          : k == TS_SCHEDULE_1F1B        ? "1f1b"
          : k == TS_SCHEDULE_INTERLEAVED ? "interleaved"
+         : k == TS_SCHEDULE_ZB_H1       ? "zb-h1"
                                         : "?";
 }
 
 const char *ts_action_kind_name(ts_action_kind k) {
   static const char *names[TS_ACT_NUM_KINDS] = {
-      "forward", "backward",  "send_act",      "recv_act",   "send_grad",
-      "recv_grad", "reduce", "optimizer", "backward_unit", "reduce_unit", "optimizer_unit",
-      "optimizer_end"};
+      "forward",   "backward",      "send_act",    "recv_act",       "send_grad",
+      "recv_grad", "reduce",        "optimizer",   "weight",         "backward_unit",
+      "reduce_unit", "optimizer_unit", "optimizer_end", "weight_unit"};
   return (unsigned)k < TS_ACT_NUM_KINDS ? names[k] : "?";
 }
 
@@ -29,14 +30,16 @@ ts_status ts_schedule_kind_parse(const char *s, ts_schedule_kind *kind) {
   if (strcmp(s, "gpipe") == 0) *kind = TS_SCHEDULE_GPIPE;
   else if (strcmp(s, "1f1b") == 0) *kind = TS_SCHEDULE_1F1B;
   else if (strcmp(s, "interleaved") == 0) *kind = TS_SCHEDULE_INTERLEAVED;
+  else if (strcmp(s, "zb-h1") == 0) *kind = TS_SCHEDULE_ZB_H1;
   else
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "schedule %s: expected gpipe, 1f1b or interleaved",
-                        s);
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "schedule %s: expected gpipe, 1f1b, interleaved or zb-h1", s);
   return TS_OK;
 }
 
 int ts_schedule_in_flight(ts_schedule_kind kind, int stages, int micro_batches, int s) {
   if (kind == TS_SCHEDULE_GPIPE) return micro_batches;
+  if (kind == TS_SCHEDULE_ZB_H1) return stages < micro_batches ? stages : micro_batches;
   int w = stages - s; /* warm-up forwards plus the steady state's one */
   return w < micro_batches ? w : micro_batches;
 }
@@ -58,9 +61,9 @@ static void push(list *l, ts_action_kind kind, int mb, int peer) {
 }
 
 /* Actions a stage's list holds at most: 3 per pass (a receive, the pass,
- * a send), two passes per (chunk, micro-batch), then the reduce and the
+ * a send), two passes (and a W) per (chunk, micro-batch), then the reduce and the
  * optimizer step. */
-static size_t list_cap(int m, int v) { return 6 * (size_t)m * (size_t)v + 2; }
+static size_t list_cap(int m, int v) { return 7 * (size_t)m * (size_t)v + 2; }
 
 /* out's header and P empty lists of list_cap(m, v) actions each. */
 static ts_status new_lists(ts_schedule *out, ts_schedule_kind kind, int P, int m, int v) {
@@ -94,6 +97,13 @@ static void backward(list *l, int s, int P, int mb) {
   if (s > 0) push(l, TS_ACT_SEND_GRAD, mb, s - 1);
 }
 
+/* ZB-H1's B of mb on stage s (backward above), then W of the oldest
+ * micro-batches while more than `lag` wait for theirs; *w: the next W. */
+static void backward_weight(list *l, int s, int P, int mb, int lag, int *w) {
+  backward(l, s, P, mb);
+  while (mb + 1 - *w > lag) push(l, TS_ACT_WEIGHT, (*w)++, -1);
+}
+
 ts_status ts_schedule_build(ts_schedule_kind kind, int stages, int micro_batches,
                             ts_schedule *out) {
   memset(out, 0, sizeof *out);
@@ -101,16 +111,26 @@ ts_status ts_schedule_build(ts_schedule_kind kind, int stages, int micro_batches
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "schedule: %d stages, %d micro-batches: expected each >= 1", stages,
                         micro_batches);
-  if (kind != TS_SCHEDULE_GPIPE && kind != TS_SCHEDULE_1F1B)
+  if (kind != TS_SCHEDULE_GPIPE && kind != TS_SCHEDULE_1F1B && kind != TS_SCHEDULE_ZB_H1)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "schedule kind %d: expected gpipe or 1f1b (interleaved: "
+                        "schedule kind %d: expected gpipe, 1f1b or zb-h1 (interleaved: "
                         "ts_schedule_build_interleaved)",
                         (int)kind);
   int P = stages, m = micro_batches;
   TS_CHECK(new_lists(out, kind, P, m, 1));
+  out->split_backward = kind == TS_SCHEDULE_ZB_H1;
   for (int s = 0; s < P; s++) {
     list l = {&out->stage[s], list_cap(m, 1)};
-    if (kind == TS_SCHEDULE_GPIPE) {
+    if (kind == TS_SCHEDULE_ZB_H1) {
+      int w = P - s - 1 < m ? P - s - 1 : m, next_w = 0; /* 1F1B's warm-up */
+      for (int i = 0; i < w; i++) forward(&l, s, P, i);
+      for (int j = 0; j < m - w; j++) { /* steady: F, B, and W s micro-batches behind */
+        forward(&l, s, P, w + j);
+        backward_weight(&l, s, P, j, s, &next_w);
+      }
+      for (int i = m - w; i < m; i++) backward_weight(&l, s, P, i, s, &next_w);
+      while (next_w < m) push(&l, TS_ACT_WEIGHT, next_w++, -1); /* the rest fill the cool-down */
+    } else if (kind == TS_SCHEDULE_GPIPE) {
       for (int i = 0; i < m; i++) forward(&l, s, P, i);
       for (int i = 0; i < m; i++) backward(&l, s, P, i);
     } else {
@@ -214,11 +234,12 @@ ts_status ts_schedule_make(ts_schedule_kind kind, int stages, int virtual_stages
 int ts_schedule_in_flight_chunk(const ts_schedule *sched, int s, int c) {
   if (s < 0 || s >= sched->stages || c < 0 || c >= sched->virtual_stages) return 0;
   const ts_stage_schedule *l = &sched->stage[s];
+  ts_action_kind release = sched->split_backward ? TS_ACT_WEIGHT : TS_ACT_BACKWARD;
   int now = 0, most = 0;
   for (size_t i = 0; i < l->n; i++) {
     if (l->actions[i].chunk != c) continue;
     if (l->actions[i].kind == TS_ACT_FORWARD && ++now > most) most = now;
-    if (l->actions[i].kind == TS_ACT_BACKWARD) now--;
+    if (l->actions[i].kind == release) now--;
   }
   return most;
 }
@@ -246,6 +267,8 @@ typedef struct {
   ts_schedule_kind kind;
   int *fwd, *bwd, *got_act, *got_grad, *sent_act, *sent_grad; /* (V, m) flags */
   int *next_bwd;                       /* (V) */
+  int *next_w;                         /* (V) the next W (split_backward) */
+  int split;                           /* the schedule's split_backward */
   int *nslot;                          /* (V) the executor's slots of each virtual stage */
   const size_t *n_of;                  /* (P) list lengths */
   int *in_flight, *reduced, *optimized; /* (P) */
@@ -317,6 +340,13 @@ static ts_status step(sim *S, int s, size_t pc, const ts_action *a, int last, in
       if (!slot_free(S, j, mb, 0)) return TS_OK; /* blocked: its slot's gradient is in flight */
       AT(S->bwd, j, mb) = 1;
       S->next_bwd[j]++;
+      if (!S->split) S->in_flight[s]--;
+      break;
+    case TS_ACT_WEIGHT:
+      if (!S->split) return violation(S, s, pc, a, "W in a schedule whose backward is whole");
+      if (mb >= S->next_bwd[j]) return violation(S, s, pc, a, "W before its B");
+      if (mb != S->next_w[j]) return violation(S, s, pc, a, "W out of micro-batch order");
+      S->next_w[j]++;
       S->in_flight[s]--;
       break;
     case TS_ACT_SEND_ACT:
@@ -351,7 +381,7 @@ static ts_status step(sim *S, int s, size_t pc, const ts_action *a, int last, in
     }
     case TS_ACT_REDUCE:
       for (int c = 0; c < S->v; c++)
-        if (S->next_bwd[c * P + s] != m)
+        if (S->next_bwd[c * P + s] != m || (S->split && S->next_w[c * P + s] != m))
           return violation(S, s, pc, a, "reduce before every backward");
       if (S->reduced[s]) return violation(S, s, pc, a, "second reduce");
       if (pc + 2 != S->n_of[s]) return violation(S, s, pc, a, "reduce is not second to last");
@@ -394,6 +424,8 @@ ts_status ts_schedule_simulate(const ts_schedule *sch, ts_schedule_report *repor
   S->got_act = calloc(Vm, sizeof(int));
   S->got_grad = calloc(Vm, sizeof(int));
   S->next_bwd = calloc((size_t)S->V, sizeof(int));
+  S->next_w = calloc((size_t)S->V, sizeof(int));
+  S->split = sch->split_backward;
   S->nslot = calloc((size_t)S->V, sizeof(int));
   for (int j = 0; S->nslot && j < S->V; j++)
     S->nslot[j] = ts_schedule_in_flight_chunk(sch, j % P, j / P);
@@ -404,6 +436,7 @@ ts_status ts_schedule_simulate(const ts_schedule *sch, ts_schedule_report *repor
   size_t *pc = calloc((size_t)P, sizeof(size_t));
   ts_status st = TS_OK;
   if (!S->fwd || !S->bwd || !S->got_act || !S->got_grad || !S->next_bwd || !S->nslot ||
+      !S->next_w ||
       !S->in_flight ||
       !S->reduced || !S->act || !S->grad || !pc || !n_of || !S->sent_act || !S->sent_grad ||
       !S->optimized)
@@ -443,7 +476,8 @@ ts_status ts_schedule_simulate(const ts_schedule *sch, ts_schedule_report *repor
   for (int s = 0; s < P && st == TS_OK; s++) {
     ts_action none = {TS_ACT_OPTIMIZER, -1, -1, -1, 0};
     int backwards = 1;
-    for (int c = 0; c < v; c++) backwards &= S->next_bwd[c * P + s] == m;
+    for (int c = 0; c < v; c++)
+      backwards &= S->next_bwd[c * P + s] == m && (!S->split || S->next_w[c * P + s] == m);
     if (!backwards || !S->reduced[s] || !S->optimized[s])
       st = violation(S, s, pc[s], &none,
                      "the list ends before every backward, the reduce and the optimizer step");
@@ -461,7 +495,7 @@ ts_status ts_schedule_simulate(const ts_schedule *sch, ts_schedule_report *repor
     free(S->grad[j].mb);
   }
   free(S->fwd), free(S->bwd), free(S->got_act), free(S->got_grad), free(S->next_bwd);
-  free(S->nslot);
+  free(S->nslot), free(S->next_w);
   free(S->in_flight), free(S->reduced), free(S->act), free(S->grad), free(pc);
   free(n_of), free(S->sent_act), free(S->sent_grad), free(S->optimized);
   return st;
@@ -507,8 +541,8 @@ ts_status ts_schedule_time(const ts_schedule *sch, double t_forward, double t_ba
           if (sent > clock[s]) clock[s] = sent;
         } else if (a->kind == TS_ACT_FORWARD) {
           clock[s] += t_forward / v;
-        } else if (a->kind == TS_ACT_BACKWARD) {
-          clock[s] += t_backward / v;
+        } else if (a->kind == TS_ACT_BACKWARD || a->kind == TS_ACT_WEIGHT) {
+          clock[s] += t_backward / v / (sch->split_backward ? 2.0 : 1.0);
         } else if (a->kind == TS_ACT_SEND_ACT) {
           act[at] = clock[s];
         } else if (a->kind == TS_ACT_SEND_GRAD) {
@@ -523,6 +557,15 @@ ts_status ts_schedule_time(const ts_schedule *sch, double t_forward, double t_ba
   for (int s = 0; bubble && s < P; s++) bubble[s] = 1.0 - m * (t_forward + t_backward) / *step;
   free(act), free(grad), free(clock), free(pc);
   return TS_OK;
+}
+
+double ts_schedule_bubble_theory(ts_schedule_kind kind, int stages, int virtual_stages,
+                                 int micro_batches) {
+  double P = stages, m = micro_batches, v = virtual_stages > 1 ? virtual_stages : 1;
+  if (stages <= 1 || micro_batches < 1) return 0.0;
+  if (kind == TS_SCHEDULE_INTERLEAVED) return (P - 1) / (v * m + P - 1);
+  if (kind == TS_SCHEDULE_ZB_H1) return (P - 1) / (3 * m + P - 1);
+  return (P - 1) / (m + P - 1);
 }
 
 /* ---- splits ------------------------------------------------------------------- */

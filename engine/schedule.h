@@ -47,6 +47,9 @@ typedef enum ts_schedule_kind {
   TS_SCHEDULE_INTERLEAVED = 2, /* v chunks per rank, 1F1B over them (Narayanan et al. 2021,
                                   §2.2.2; Megatron-LM's interleaved schedule):
                                   ts_schedule_build_interleaved */
+  TS_SCHEDULE_ZB_H1 = 3, /* 1F1B with each backward split into B (input gradient) and a
+                            deferred W (weight gradient) that fills the cool-down (Qi et al.
+                            2024, ZB-H1): the bubble (P-1)(t_F + t_B - t_W) */
 } ts_schedule_kind;
 
 typedef enum ts_action_kind {
@@ -58,6 +61,8 @@ typedef enum ts_action_kind {
   TS_ACT_RECV_GRAD,     /* receive the gradient of its output from stage s + 1 */
   TS_ACT_REDUCE,        /* the step's gradient reduction and global norm (mb = -1) */
   TS_ACT_OPTIMIZER,     /* the optimizer step (mb = -1) */
+  TS_ACT_WEIGHT,        /* W: the weight gradients of micro-batch mb, after its BACKWARD,
+                           which is then B alone (schedules with split_backward) */
   /* The engine's lowering of a stage's list (engine/step.c; never in a
    * built schedule, which ts_schedule_simulate checks at micro-batch
    * granularity): BACKWARD of mb becomes BACKWARD_UNIT of each of the
@@ -69,6 +74,7 @@ typedef enum ts_action_kind {
   TS_ACT_REDUCE_UNIT,   /* the reduce-scatter of unit `unit`'s gradient (its bucket) */
   TS_ACT_OPTIMIZER_UNIT, /* AdamW of unit `unit` and its update's all-gather */
   TS_ACT_OPTIMIZER_END,  /* the update's end (after every OPTIMIZER_UNIT) */
+  TS_ACT_WEIGHT_UNIT,    /* W of unit `unit` of micro-batch mb (WEIGHT lowered) */
   TS_ACT_NUM_KINDS,
 } ts_action_kind;
 
@@ -93,19 +99,27 @@ typedef struct ts_schedule {
   int stages;         /* P >= 1 ranks */
   int micro_batches;  /* m >= 1 */
   int virtual_stages; /* v >= 1 model chunks per rank (1 but for interleaved) */
+  int split_backward; /* 1: BACKWARD is B, and WEIGHT actions run the weight gradients
+                         (ZB-H1); 0: BACKWARD is the whole backward */
   ts_stage_schedule *stage; /* (P), owned */
 } ts_schedule;
 
-/* Short names: "gpipe", "1f1b", "interleaved"; and the action kinds'
+/* Short names: "gpipe", "1f1b", "interleaved", "zb-h1"; and the action kinds'
  * ("forward", ...). */
 const char *ts_schedule_kind_name(ts_schedule_kind k);
 const char *ts_action_kind_name(ts_action_kind k);
-/* "gpipe", "1f1b" or "interleaved" into *kind; TS_ERR_INVALID_ARGUMENT
- * otherwise. */
+/* "gpipe", "1f1b", "interleaved" or "zb-h1" into *kind;
+ * TS_ERR_INVALID_ARGUMENT otherwise. */
 ts_status ts_schedule_kind_parse(const char *s, ts_schedule_kind *kind);
 
-/* Builds the schedule of `kind` for P stages and m micro-batches into *out
- * (free with ts_schedule_free). m < P is allowed (a larger bubble).
+/* Builds the schedule of `kind` (GPipe, 1F1B or ZB-H1) for P stages and m
+ * micro-batches into *out (free with ts_schedule_free). m < P is allowed
+ * (a larger bubble). ZB-H1 (Qi et al. 2024, §2.1): stage s runs 1F1B's
+ * P - s - 1 warm-up forwards, then forward, B and, once more than s
+ * micro-batches wait for theirs, W of the oldest; the rest of the W fill
+ * the cool-down. Every stage then holds at most P micro-batches from
+ * forward to W (stage 0's 1F1B count), and with t_F = t_B = t_W the step
+ * is 3 m + P - 1 of them: a bubble (P - 1) / (3 m + P - 1).
  * TS_ERR_INVALID_ARGUMENT (P or m < 1, unknown kind), TS_ERR_OUT_OF_MEMORY. */
 ts_status ts_schedule_build(ts_schedule_kind kind, int stages, int micro_batches,
                             ts_schedule *out);
@@ -134,7 +148,8 @@ ts_status ts_schedule_make(ts_schedule_kind kind, int stages, int virtual_stages
                            int micro_batches, ts_schedule *out);
 
 /* The most micro-batches whose forward of chunk c ran and whose backward
- * of it has not, at any point of rank s's list of schedule `s`: the
+ * (with split_backward: W) of it has not, at any point of rank s's list
+ * of schedule `s`: the
  * activations (slots) that chunk holds at once. A chunk's micro-batches
  * run in order, so these are consecutive. 0 for a chunk or rank the
  * schedule lacks. */
@@ -146,8 +161,9 @@ int ts_schedule_in_flight_chunk(const ts_schedule *sched, int s, int c);
 int ts_schedule_in_flight_interleaved(int stages, int virtual_stages, int micro_batches, int s);
 
 /* The most micro-batches whose activations stage s holds at once under
- * this schedule: forwards done whose backward has not run. GPipe: m;
- * 1F1B: min(P - s, m). What the memory plan charges a stage. */
+ * this schedule: forwards done whose backward (ZB-H1: W) has not run.
+ * GPipe: m; 1F1B: min(P - s, m); ZB-H1: min(P, m). What the memory plan
+ * charges a stage. */
 int ts_schedule_in_flight(ts_schedule_kind kind, int stages, int micro_batches, int s);
 
 /* What ts_schedule_simulate found. */
@@ -178,17 +194,27 @@ ts_status ts_schedule_simulate(const ts_schedule *s, ts_schedule_report *report)
 
 /* The schedule's own timing, no communication cost: every rank runs its
  * list in order; a forward of one chunk takes t_forward / v, a backward
- * t_backward / v (a stage's time split over its v chunks); a send costs
+ * t_backward / v (a stage's time split over its v chunks; split into B
+ * and W, half each); a send costs
  * nothing and a receive waits for its send; reduce and optimizer take no
  * time. *step receives the makespan and bubble[s] (P entries, may be
  * NULL) the part of it rank s is idle: 1 - m (t_forward + t_backward) /
  * *step. For GPipe and 1F1B that is (P - 1) / (m + P - 1) on every rank,
  * for the interleaved schedule (P - 1) / (v m + P - 1) (Narayanan et al.
- * 2021, §2.2). TS_ERR_INVALID_ARGUMENT (times not > 0), TS_ERR_INTERNAL (a
+ * 2021, §2.2), for ZB-H1 with t_backward = 2 t_forward (B = W = F) (P -
+ * 1) / (3 m + P - 1) (Qi et al. 2024, §2.1). TS_ERR_INVALID_ARGUMENT (times not > 0), TS_ERR_INTERNAL (a
  * list that cannot run: ts_schedule_simulate says why),
  * TS_ERR_OUT_OF_MEMORY. */
 ts_status ts_schedule_time(const ts_schedule *s, double t_forward, double t_backward,
                            double *step, double *bubble);
+
+/* The bubble of `kind` on P stages, v chunks, m micro-batches in theory
+ * (equal stages, free communication; m a multiple of P for interleaved,
+ * m >= P for ZB-H1): GPipe and 1F1B (P - 1) / (m + P - 1), interleaved
+ * (P - 1) / (v m + P - 1), ZB-H1 with t_F = t_B = t_W (P - 1) / (3 m + P
+ * - 1); what ts_schedule_time measures for those. 0 for P <= 1. */
+double ts_schedule_bubble_theory(ts_schedule_kind kind, int stages, int virtual_stages,
+                                 int micro_batches);
 
 /* Splits n units with costs cost[0..n) into P contiguous stages minimising
  * the largest stage's cost (ties: the earliest boundaries); first[s] is the

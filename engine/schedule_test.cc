@@ -1,6 +1,6 @@
 // schedule_test.cc — the pipeline schedules checked by their simulator, no
 // compute (issue "Pipeline-parallel stages"): for P in 1..8 and m in 1..16,
-// GPipe and 1F1B: every stage runs each micro-batch's forward and backward
+// GPipe, 1F1B and ZB-H1: every stage runs each micro-batch's forward and backward
 // once, backwards in micro-batch order, every send meets its receive in
 // order, nothing deadlocks, and the activations held at once equal what
 // ts_schedule_in_flight (the plan's charge) says. Then the simulator's own
@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,7 +18,7 @@
 namespace {
 
 TEST(Schedule, EveryScheduleRunsToTheEndAndHoldsWhatThePlanCharges) {
-  for (ts_schedule_kind kind : {TS_SCHEDULE_GPIPE, TS_SCHEDULE_1F1B})
+  for (ts_schedule_kind kind : {TS_SCHEDULE_GPIPE, TS_SCHEDULE_1F1B, TS_SCHEDULE_ZB_H1})
     for (int P = 1; P <= 8; P++)
       for (int m = 1; m <= 16; m++) {
         SCOPED_TRACE(std::string(ts_schedule_kind_name(kind)) + " P=" + std::to_string(P) +
@@ -38,7 +39,12 @@ TEST(Schedule, EveryScheduleRunsToTheEndAndHoldsWhatThePlanCharges) {
           int charged = ts_schedule_in_flight(kind, P, m, st);
           EXPECT_EQ(r.max_in_flight[st], charged) << "stage " << st;
           EXPECT_EQ(ts_schedule_in_flight_chunk(&s, st, 0), charged) << "stage " << st;
-          EXPECT_LE(charged, kind == TS_SCHEDULE_GPIPE ? m : P - st) << "stage " << st;
+          EXPECT_LE(charged, kind == TS_SCHEDULE_GPIPE ? m : kind == TS_SCHEDULE_ZB_H1 ? P : P - st)
+              << "stage " << st;
+          int weights = 0;  // ZB-H1: a W of every micro-batch, none elsewhere
+          for (size_t i = 0; i < s.stage[st].n; i++)
+            weights += s.stage[st].actions[i].kind == TS_ACT_WEIGHT;
+          EXPECT_EQ(weights, kind == TS_SCHEDULE_ZB_H1 ? m : 0) << "stage " << st;
         }
         ts_schedule_free(&s);
       }
@@ -61,6 +67,55 @@ TEST(Schedule, OneFOneBHasItsWarmUpAndSteadyState) {
     leading += s.stage[0].actions[i].kind == TS_ACT_FORWARD;
   EXPECT_EQ(leading, 4);  // 3 warm-up forwards, then the steady state's first
   ts_schedule_free(&s);
+}
+
+// ZB-H1's lists break as the others do: a W moved before its B, two W
+// swapped, a W dropped, a W in a schedule whose backward is whole.
+TEST(Schedule, TheSimulatorCatchesBrokenWeightPasses) {
+  auto weights = [](ts_stage_schedule *l) {
+    std::vector<size_t> at;
+    for (size_t i = 0; i < l->n; i++)
+      if (l->actions[i].kind == TS_ACT_WEIGHT) at.push_back(i);
+    return at;
+  };
+  struct Breakage {
+    const char *what, *expect;
+    std::function<void(ts_schedule *)> apply;
+  } cases[] = {
+      {"W before its B", "W before its B",
+       [&](ts_schedule *s) {  // the last stage's first W moved to the front
+         ts_stage_schedule *l = &s->stage[s->stages - 1];
+         size_t i = weights(l)[0];
+         ts_action w = l->actions[i];
+         for (size_t j = i; j > 0; j--) l->actions[j] = l->actions[j - 1];
+         l->actions[0] = w;
+       }},
+      {"W swapped", "W out of micro-batch order",
+       [&](ts_schedule *s) {  // the last stage's, each after a later B
+         ts_stage_schedule *l = &s->stage[s->stages - 1];
+         std::vector<size_t> at = weights(l);
+         std::swap(l->actions[at[0]].mb, l->actions[at[1]].mb);
+       }},
+      {"W dropped", "reduce before every backward",
+       [&](ts_schedule *s) {
+         ts_stage_schedule *l = &s->stage[1];
+         size_t i = weights(l).back();
+         for (size_t j = i; j + 1 < l->n; j++) l->actions[j] = l->actions[j + 1];
+         l->n--;
+       }},
+      {"W in 1F1B", "whole",
+       [&](ts_schedule *s) { s->split_backward = 0; }},
+  };
+  for (const Breakage &b : cases) {
+    ts_schedule s;
+    ASSERT_EQ(ts_schedule_build(TS_SCHEDULE_ZB_H1, 3, 6, &s), TS_OK);
+    ts_schedule_report r;
+    ASSERT_EQ(ts_schedule_simulate(&s, &r), TS_OK) << r.msg;
+    b.apply(&s);
+    EXPECT_EQ(ts_schedule_simulate(&s, &r), TS_ERR_INTERNAL) << b.what;
+    EXPECT_NE(std::string(r.msg).find(b.expect), std::string::npos) << b.what << ": " << r.msg;
+    ts_schedule_free(&s);
+  }
 }
 
 // The simulator fails broken lists: it is a check that can fail.
@@ -140,7 +195,7 @@ TEST(Schedule, BadArgumentsAreRefused) {
   EXPECT_EQ(ts_schedule_kind_parse("1f1b", &k), TS_OK);
   EXPECT_EQ(k, TS_SCHEDULE_1F1B);
   EXPECT_EQ(ts_schedule_kind_parse("zb", &k), TS_ERR_INVALID_ARGUMENT);
-  EXPECT_STREQ(ts_last_error(), "schedule zb: expected gpipe, 1f1b or interleaved");
+  EXPECT_STREQ(ts_last_error(), "schedule zb: expected gpipe, 1f1b, interleaved or zb-h1");
 }
 
 TEST(PipelineSplit, BalancedSplitMinimisesTheLargestStage) {
@@ -322,6 +377,22 @@ TEST(Schedule, TheirTimingHasTheBubbleOfTheirFormulas) {
           EXPECT_NEAR(bubble[r], (P - 1.0) / (v * m + P - 1.0), 1e-12) << "rank " << r;
         ts_schedule_free(&s);
       }
+    }
+  // ZB-H1 with t_F = t_B = t_W (backward 2, split in halves): the step is
+  // 3 m + P - 1 and every rank idles (P - 1) / (3 m + P - 1) of it (Qi et
+  // al. 2024, §2.1: (P - 1)(t_F + t_B - t_W)), m = P .. 3P and P + 1
+  for (int P = 1; P <= 6; P++)
+    for (int m : {P, 2 * P, 3 * P, P + 1}) {
+      SCOPED_TRACE("zb-h1 P=" + std::to_string(P) + " m=" + std::to_string(m));
+      ts_schedule s;
+      ASSERT_EQ(ts_schedule_build(TS_SCHEDULE_ZB_H1, P, m, &s), TS_OK);
+      EXPECT_EQ(s.split_backward, 1);
+      double step = 0, bubble[8];
+      ASSERT_EQ(ts_schedule_time(&s, 1.0, 2.0, &step, bubble), TS_OK) << ts_last_error();
+      EXPECT_DOUBLE_EQ(step, 3.0 * m + P - 1);
+      for (int r = 0; r < P; r++)
+        EXPECT_NEAR(bubble[r], (P - 1.0) / (3.0 * m + P - 1.0), 1e-12) << "rank " << r;
+      ts_schedule_free(&s);
     }
   ts_schedule s;
   ASSERT_EQ(ts_schedule_build(TS_SCHEDULE_1F1B, 2, 2, &s), TS_OK);

@@ -268,6 +268,19 @@ static double forward_flops(const ts_engine *e, int u) {
   return ts_unit_forward_flops(e->model, u, e->opts.seq) * BT;
 }
 
+/* The part of unit u's backward that is W, its weight gradients, when
+ * the schedule defers them (ZB-H1) and u's backward splits: the products'
+ * weight-gradient halves, its forward's FLOPs but the attention's (4 T C
+ * a token for a block, models/model.h), over the backward's 2 forwards;
+ * else 0. */
+static double weight_share(const ts_engine *e, int u) {
+  if (!e->pipe.sched.split_backward || !ts_unit_splits_backward(e->model, u)) return 0.0;
+  double T = (double)e->opts.seq, C = (double)e->model->hidden_size;
+  double f = ts_unit_forward_flops(e->model, u, e->opts.seq);
+  double attention = e->model->units[u].role == TS_UNIT_BLOCK ? 4.0 * T * C : 0.0;
+  return f > 0 ? (f - attention) / (2.0 * f) : 0.0;
+}
+
 /* The elements AdamW updates on this rank for unit u. */
 static double adamw_elements(const ts_engine *e, int u) {
   const ts_flat_layout *l = &e->units[u].layout;
@@ -291,13 +304,13 @@ static double adamw_share(const recorder *r, int u) {
 }
 
 /* An op's end (observer.h span_end): a unit's forward, recompute,
- * backward or AdamW; the other spans (the whole update, sends and
+ * backward (B), weight gradients (W) or AdamW; the other spans (the whole update, sends and
  * receives) are timed by their parts and calls. */
 static void rec_op(void *user, ts_engine *e, ts_span_kind kind, int u) {
   (void)e;
   recorder *r = user;
   if (u < 0 || (kind != TS_SPAN_FORWARD && kind != TS_SPAN_RECOMPUTE &&
-                kind != TS_SPAN_BACKWARD && kind != TS_SPAN_OPTIMIZER))
+                kind != TS_SPAN_BACKWARD && kind != TS_SPAN_WEIGHT && kind != TS_SPAN_OPTIMIZER))
     return;
   const ts_sim_compute *cp = r->cp;
   double rate = cp->peak_flops * cp->efficiency, t;
@@ -308,9 +321,11 @@ static void rec_op(void *user, ts_engine *e, ts_span_kind kind, int u) {
     case TS_SPAN_RECOMPUTE:
       t = cp->recompute && cp->recompute[u] >= 0 ? cp->recompute[u] : forward_flops(r->e, u) / rate;
       break;
-    case TS_SPAN_BACKWARD:
+    case TS_SPAN_BACKWARD: /* split (ZB-H1): B, the rest of the whole backward after W */
+    case TS_SPAN_WEIGHT:   /* its weight_share */
       t = cp->backward && cp->backward[u] >= 0 ? cp->backward[u]
                                                : 2.0 * forward_flops(r->e, u) / rate;
+      t *= kind == TS_SPAN_WEIGHT ? weight_share(r->e, u) : 1.0 - weight_share(r->e, u);
       break;
     case TS_SPAN_OPTIMIZER:
       if (r->e->opts.offload_optimizer) { /* over the host link, AdamW on the host */

@@ -80,6 +80,9 @@ typedef struct act_slot {
   void *gsend;      /* (B, T, C) gradient of the chunk's input, sent to the virtual
                        stage before it (all but the model's first), else NULL */
   float dloss;      /* d(scaled step loss)/d(row loss) of this micro-batch */
+  ts_k_wgrad **wgrad; /* [n_units] with a split backward (ZB-H1), the deferred W of each
+                         unit of the chunk that splits (ts_unit_splits_backward), from its
+                         B to its WEIGHT_UNIT; else NULL */
   ts_comm_request *act_req;  /* pending send of its output (acts[the chunk's end]), or NULL */
   ts_comm_request *grad_req; /* pending send of gsend, or NULL */
 } act_slot;
@@ -124,6 +127,8 @@ struct ts_engine {
                                                    device's none (plan.c) */
   ts_device_report report; /* beside a device: its name, total and used_at_create */
   void *dbuf[2];         /* (B, T, C) activation gradients, ping-pong */
+  ts_k_wgrad_mem wmem;   /* the W stores' memory (slots' wgrad): ledger transients
+                            (activations), the workspace and recompute buffer volatile */
   void *recompute_saved; /* saved activations of the recomputed unit in use */
   struct { /* the step's scalars on the device, read once per step as one block (the
               passes write loss, reduce.c reads it back and sums over the grid) */

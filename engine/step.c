@@ -22,7 +22,13 @@
  * runs the list lowered once (lower, below): BACKWARD becomes the stage's
  * units' BACKWARD_UNIT in reverse, each followed by its REDUCE_UNIT when
  * the ZeRO stage reduces it then, and a closing BACKWARD; OPTIMIZER is
- * followed by one OPTIMIZER_UNIT per unit and OPTIMIZER_END.
+ * followed by one OPTIMIZER_UNIT per unit and OPTIMIZER_END. With a split
+ * backward (ZB-H1) BACKWARD_UNIT is B alone for a unit that splits, and
+ * WEIGHT becomes those units' WEIGHT_UNIT in reverse, each followed by its
+ * REDUCE_UNIT, and a closing WEIGHT.
+ *
+ *   WEIGHT_UNIT            one unit's deferred weight gradients (passes.c)
+ *   WEIGHT                 a micro-batch's W done (passes.c)
  * Observers (observer.h) see each action begin and end. No other file
  * calls into this one: the action families call each other's parts
  * (params, reduce, pipeline), never the executor. A step that fails before
@@ -79,6 +85,9 @@ static void discard_step(ts_engine *e) {
   ts_engine_wait_all(e); /* no collective still writes a buffer */
   ts_engine_zero_grads(e);
   ts_engine_wait_sends(e);
+  for (int k = 0; k < e->n_slots; k++) /* W left undone, and its copies */
+    for (int u = 0; e->slots[k].wgrad && u < e->model->n_units; u++)
+      ts_k_wgrad_clear(e->slots[k].wgrad[u]);
   for (int u = 0; u < e->model->n_units; u++) {
     unit_state *s = &e->units[u];
     ts_shard_release(&e->ledger, &s->full_grads);
@@ -99,12 +108,22 @@ static ts_status lower(ts_engine *e) {
   TS_ENGINE_FOR_UNITS(e, u) units++;
   ts_action *out = malloc((ss->n + ss->n * 2 * units + units + 1) * sizeof *out);
   if (!out) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "step: the list of %zu actions", ss->n);
+  int split = e->pipe.sched.split_backward;
   for (size_t i = 0; i < ss->n; i++) {
     const ts_action *a = &ss->actions[i];
-    if (a->kind == TS_ACT_BACKWARD) {
+    if (a->kind == TS_ACT_BACKWARD) { /* split: a unit that splits reduces after its W */
       int due = ts_engine_unit_reduce_due(e, a->mb), c = a->chunk;
       for (int u = e->pipe.c_end[c] - 1; u >= e->pipe.c_begin[c]; u--) {
         out[n++] = (ts_action){TS_ACT_BACKWARD_UNIT, a->mb, -1, u, c};
+        if (due && !(split && ts_unit_splits_backward(e->model, u)))
+          out[n++] = (ts_action){TS_ACT_REDUCE_UNIT, a->mb, -1, u, c};
+      }
+    }
+    if (a->kind == TS_ACT_WEIGHT) {
+      int due = ts_engine_unit_reduce_due(e, a->mb), c = a->chunk;
+      for (int u = e->pipe.c_end[c] - 1; u >= e->pipe.c_begin[c]; u--) {
+        if (!ts_unit_splits_backward(e->model, u)) continue; /* its B was whole */
+        out[n++] = (ts_action){TS_ACT_WEIGHT_UNIT, a->mb, -1, u, c};
         if (due) out[n++] = (ts_action){TS_ACT_REDUCE_UNIT, a->mb, -1, u, c};
       }
     }
@@ -140,6 +159,10 @@ static ts_status run_action(ts_engine *e, const ts_action *a, const ts_action *n
       return ts_engine_reduce_unit_action(e, a->unit);
     case TS_ACT_BACKWARD:
       return ts_engine_backward_action(e, a->mb, c);
+    case TS_ACT_WEIGHT_UNIT:
+      return ts_engine_weight_unit_action(e, a->mb, a->unit);
+    case TS_ACT_WEIGHT:
+      return ts_engine_weight_action(e, a->mb, c);
     case TS_ACT_SEND_ACT:
       return ts_engine_isend(e, sl->acts[e->pipe.c_end[c]], n, a->peer,
                              ts_engine_chunk_tag(e, TS_TAG_ACT, a->mb, c), &sl->act_req);

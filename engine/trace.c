@@ -25,9 +25,9 @@ struct ts_trace {
 
 static const char *const NAMES[TS_SPAN_NUM_KINDS] = {
     "forward", "backward",       "recompute", "all_gather",
-    "reduce_scatter", "optimizer_step", "send", "recv"};
+    "reduce_scatter", "optimizer_step", "send", "recv", "weight"};
 static const char *const CATEGORIES[TS_SPAN_NUM_KINDS] = {
-    "compute", "compute", "compute", "comm", "comm", "optimizer", "p2p", "p2p"};
+    "compute", "compute", "compute", "comm", "comm", "optimizer", "p2p", "p2p", "compute"};
 
 /* A rank's tracks (trace.h): compute and the optimizer step, then
  * communication (collectives, sends and receives). */

@@ -46,6 +46,7 @@ typedef enum ts_span_kind {
   TS_SPAN_OPTIMIZER,
   TS_SPAN_SEND,    /* a pipeline send posted (activation or its gradient) */
   TS_SPAN_RECV,    /* a pipeline receive: the wait for a neighbour stage */
+  TS_SPAN_WEIGHT,  /* a unit's deferred weight gradients, W (zero-bubble schedules) */
   TS_SPAN_NUM_KINDS,
 } ts_span_kind;
 

@@ -277,7 +277,7 @@ static int parse_flags(ts_compare *c, int argc, char **argv) {
                      "checkpointing settings to run (default none)", NULL),
       TS_FLAG_CUSTOM("--pipeline", NULL, c, parse_pipelines, "1[,2,...]",
                      "pipeline stage counts to run, each dividing N (default 1)", NULL),
-      TS_FLAG_CUSTOM("--schedule", NULL, c, parse_schedules, "1f1b[,gpipe,interleaved]",
+      TS_FLAG_CUSTOM("--schedule", NULL, c, parse_schedules, "1f1b[,gpipe,interleaved,zb-h1]",
                      "schedules of the pipelined runs (default 1f1b)", NULL),
       TS_FLAG_SIZE("--virtual-stages", NULL, &c->virtual_stages, 2, "v",
                    "model chunks per stage of the interleaved runs (default 2)", NULL),

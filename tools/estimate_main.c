@@ -207,7 +207,7 @@ int ts_tool_estimate(int argc, char **argv) {
       TS_FLAG_SIZE("--pipeline", NULL, &pipeline, 1, "P",
                    "pipeline stages; P divides N (default 1)", &act_flag),
       TS_FLAG_CUSTOM("--schedule", NULL, &opts.schedule, ts_tool_parse_schedule,
-                     "gpipe|1f1b|interleaved", "pipeline schedule (default 1f1b)", &act_flag),
+                     "gpipe|1f1b|interleaved|zb-h1", "pipeline schedule (default 1f1b)", &act_flag),
       TS_FLAG_SIZE("--virtual-stages", NULL, &virtual_stages, 1, "v",
                    "model chunks per stage with --schedule interleaved (default 1)", &act_flag),
       TS_FLAG_STRING("--pipeline-split", NULL, &opts.pipeline_split, "auto|a,b,...",

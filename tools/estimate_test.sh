@@ -192,7 +192,7 @@ bad "--pipeline 3 of 4 ranks" "--pipeline 3: expected a number of stages up to 6
 bad "--pipeline 7 of 6 units" "--pipeline 7: expected 1 to 6 stages" --model llama-tiny -n 7 --pipeline 7
 bad "--pipeline-split 1,2" "--pipeline-split 1,2: covers 3 units: expected the model's 6 exactly" \
   --model llama-tiny -n 2 --pipeline 2 --pipeline-split 1,2
-bad "--schedule zigzag" "--schedule zigzag: expected gpipe, 1f1b or interleaved" --model llama-tiny --schedule zigzag
+bad "--schedule zigzag" "--schedule zigzag: expected gpipe, 1f1b, interleaved or zb-h1" --model llama-tiny --schedule zigzag
 # The interleaved schedule: each stage lists its chunks' units (virtual
 # stage j on stage j mod 2), and holds more activations than 1F1B's one
 # chunk (each chunk's micro-batches in flight) but fewer than GPipe's

@@ -36,6 +36,7 @@ static int kind_of(const char *name, char *letter) {
   if (!strcmp(name, "forward")) return *letter = 'F', K_COMPUTE;
   if (!strcmp(name, "backward")) return *letter = 'B', K_COMPUTE;
   if (!strcmp(name, "recompute")) return *letter = 'R', K_COMPUTE;
+  if (!strcmp(name, "weight")) return *letter = 'W', K_COMPUTE;
   if (!strcmp(name, "recv")) return K_RECV;
   if (!strcmp(name, "send")) return K_SEND;
   if (!strcmp(name, "all_gather") || !strcmp(name, "reduce_scatter")) return K_COMM;
@@ -177,7 +178,11 @@ ts_status ts_timeline_load(const char *path, int step, ts_timeline *t) {
 /* ---- the picture ------------------------------------------------------------ */
 
 static const char *color_of(int kind, char letter) {
-  if (kind == K_COMPUTE) return letter == 'F' ? "0x4C8BE8" : letter == 'B' ? "0x2E9D52" : "0xF2B705";
+  if (kind == K_COMPUTE)
+    return letter == 'F'   ? "0x4C8BE8"
+           : letter == 'B' ? "0x2E9D52"
+           : letter == 'W' ? "0x8E44AD"
+                           : "0xF2B705";
   if (kind == K_RECV) return "0xD0D0D0";
   if (kind == K_COMM) return "0xE57373";
   if (kind == K_OPTIMIZER) return "0x8E6CC8";

@@ -18,7 +18,7 @@ extern "C" {
 typedef struct ts_timeline_span {
   int rank;    /* its track */
   int kind;    /* compute, recv, send, comm, optimizer, other (timeline.c) */
-  char letter; /* compute: 'F' forward, 'B' backward, 'R' recompute; else 0 */
+  char letter; /* compute: 'F' forward, 'B' backward, 'R' recompute, 'W' weight; else 0 */
   int mb;      /* micro-batch, or -1 */
   int async;   /* 1: ran on the communication thread beside the step (args "async") */
   int wait;    /* 1: the step's wait for such a collective (args "wait"): exposed time,

@@ -194,7 +194,7 @@ static void print_summary(const ts_train_config *cfg, const ts_train_result *res
     printf("pipeline: %d stages x %d data-parallel ranks, %s%s, %zu micro-batches per step "
            "(bubble in theory %.1f%%); units per stage:",
            P, res->world_size / P, ts_schedule_kind_name(cfg->engine.schedule), chunks, m,
-           100.0 * (P - 1) / ((double)v * (double)m + P - 1));
+           100.0 * ts_schedule_bubble_theory(cfg->engine.schedule, P, v, (int)m));
     for (int s = 0; s < P; s++)
       for (int c = 0; c < v; c++)
         printf("%s%d..%d", c ? "," : " ", res->pipeline_split[c * P + s],
@@ -480,10 +480,13 @@ int ts_tool_train(int argc, char **argv) {
                      "ZeRO-Infinity; on the cpu device the same copies, saving nothing). "
                      "Default none",
                      NULL),
-      TS_FLAG_CUSTOM("--schedule", NULL, &e->schedule, parse_schedule, "gpipe|1f1b|interleaved",
+      TS_FLAG_CUSTOM("--schedule", NULL, &e->schedule, parse_schedule,
+                     "gpipe|1f1b|interleaved|zb-h1",
                      "pipeline schedule (default 1f1b); interleaved: 1F1B over "
                      "--virtual-stages model chunks per stage (Megatron-LM's), the bubble divided "
-                     "by v; --grad-accum a multiple of P",
+                     "by v; --grad-accum a multiple of P; zb-h1: 1F1B with each backward split "
+                     "into the input gradient and a deferred weight gradient that fills the "
+                     "cool-down (Qi et al. 2024), the bubble about a third of 1F1B's",
                      NULL),
       TS_FLAG_SIZE("--virtual-stages", NULL, &virtual_stages, 1, "v",
                    "model chunks per pipeline stage with --schedule interleaved (2 to 16; the "
