@@ -32,7 +32,8 @@
 #    would add one, is absent here). That row is the fit, the others are
 #    predictions.
 # Pipeline rows: 2 and 4 ranks here and one stage per node on the test bed,
-# 4 or 8 micro-batches per step (GLOBAL sequences), GPipe and 1F1B.
+# 4 or 8 micro-batches per step (GLOBAL sequences), GPipe, 1F1B,
+# interleaved (2 chunks per stage) and ZB-H1.
 # PARTS="A B" (default) runs both; with PARTS=B, INTRA=GB/s skips part A.
 #
 #   tools/bench_simulate.sh [MODEL] [STEPS] [SEQ] [RATE]
@@ -125,14 +126,20 @@ if [[ " $PARTS " == *" A "* ]]; then
   train 4 m4-hy --zero 3 --shard-group 2
   row "this machine" 4 "ZeRO-3, S = 2" "$(median_step "$TMP/m4-hy.jsonl")" \
     "$(sim 4 --zero 3 --shard-group 2 --ranks-per-node 4 --intra "$intra,10" --shared-cores "$cores")"
-  # pipelines: N ranks, P stages, M micro-batches per step, a schedule, a ZeRO stage
-  for run in "2 2 4 gpipe 0" "2 2 4 1f1b 0" "4 2 4 1f1b 1" "4 4 8 1f1b 0"; do
+  # pipelines: N ranks, P stages, M micro-batches per step, a schedule, a
+  # ZeRO stage (interleaved: 2 model chunks per stage)
+  for run in "2 2 4 gpipe 0" "2 2 4 1f1b 0" "4 2 4 1f1b 1" "4 4 8 1f1b 0" "2 2 8 1f1b 0" \
+    "2 2 8 interleaved 0" "2 2 8 zb-h1 0" "4 4 8 interleaved 0" "4 4 8 zb-h1 0"; do
     read -r n P M k z <<<"$run"
-    GLOBAL=$((n / P * 2 * M)) train "$n" "m$n-pp$P-$k" --zero "$z" --pipeline "$P" --schedule "$k"
+    more=()
+    [[ "$k" == interleaved ]] && more=(--virtual-stages 2)
+    name="m$n-pp$P-$k-$M"
+    GLOBAL=$((n / P * 2 * M)) train "$n" "$name" --zero "$z" --pipeline "$P" --schedule "$k" \
+      "${more[@]}"
     row "this machine" "$n" "ZeRO-$z, $P stages, $k, $M micro-batches" \
-      "$(median_step "$TMP/m$n-pp$P-$k.jsonl")" \
-      "$(sim "$n" --zero "$z" --pipeline "$P" --schedule "$k" --grad-accum "$M" --ranks-per-node "$n" \
-        --intra "$intra,10" --shared-cores "$cores")"
+      "$(median_step "$TMP/$name.jsonl")" \
+      "$(sim "$n" --zero "$z" --pipeline "$P" --schedule "$k" "${more[@]}" --grad-accum "$M" \
+        --ranks-per-node "$n" --intra "$intra,10" --shared-cores "$cores")"
   done
 fi
 [[ " $PARTS " == *" B "* ]] || exit 0

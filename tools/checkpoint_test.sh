@@ -73,8 +73,9 @@ check_eq "pipeline checkpoint on 1 rank: exit" 0 $?
 check "steps 4-6 go on near the 2-rank losses (another dp order)" "step     6/6 | loss" "$one"
 
 # 2b. the interleaved schedule (2 stages of 2 model chunks) saves, and 1F1B
-# resumes it: steps 4-6 print the same as the interleaved run's own (the
-# same micro-batches on the same ranks: bitwise), and the other way round
+# and ZB-H1 resume it: steps 4-6 print the same as the interleaved run's
+# own (the same micro-batches on the same ranks: bitwise), and the other
+# way round
 il=(--zero 1 --pipeline 2 --grad-accum 2)
 i="$("$launch" -n 2 "$bin" train "${common[@]}" "${il[@]}" --schedule interleaved \
   --virtual-stages 2 --save "$tmp/il" --save-every 3 2>&1)"
@@ -95,6 +96,13 @@ h="$("$launch" -n 2 "$bin" train "${common[@]}" "${il[@]}" --schedule interleave
 check_eq "interleaved resumes the 1f1b checkpoint: exit" 0 $?
 check_eq "interleaved after 1f1b: steps 4-6 print the same" "$(steps "$g" | tail -n 3)" \
   "$(steps "$h")"
+z="$("$launch" -n 2 "$bin" train "${common[@]}" "${il[@]}" --schedule zb-h1 \
+  --resume "$tmp/il/step-00000003" 2>&1)"
+check_eq "zb-h1 resumes the interleaved checkpoint: exit" 0 $?
+check "zb-h1: the summary's bubble is its formula's, (P-1)/(3m+P-1)" \
+  "zb-h1, 2 micro-batches per step (bubble in theory 14.3%)" "$z"
+check_eq "zb-h1 after interleaved: steps 4-6 print the same" "$(steps "$g" | tail -n 3)" \
+  "$(steps "$z")"
 
 # 3. SIGTERM: save at the next step boundary, exit 0
 "$launch" -n 2 "$bin" train --model llama-tiny "${base[@]}" --micro-batch 2 --steps 100000 \

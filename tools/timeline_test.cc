@@ -67,6 +67,23 @@ TEST(Timeline, MeasuredBubbleOfAStep) {
   ts_timeline_free(&t);
 }
 
+// A zero-bubble schedule's W spans ("weight") are compute, drawn apart
+// with their own letter: rank 1's idle 20 us of step 2 filled by a W
+// makes it busy 80 us of the 100.
+TEST(Timeline, WeightSpansAreComputeWithTheirOwnLetter) {
+  std::string s = TwoSteps();
+  s.insert(s.find('[') + 1, Span("weight", 1, 100, 20, 0));
+  std::string path = Write("weight.json", s);
+  ts_timeline t;
+  ASSERT_EQ(ts_timeline_load(path.c_str(), 2, &t), TS_OK) << ts_last_error();
+  EXPECT_DOUBLE_EQ(t.busy[1], 80);
+  EXPECT_DOUBLE_EQ(t.bubble_busiest, 0.2);
+  int w = 0;
+  for (size_t i = 0; i < t.n; i++) w += t.spans[i].letter == 'W';
+  EXPECT_EQ(w, 1);
+  ts_timeline_free(&t);
+}
+
 // Format 2 (engine/trace.h): the rank is the pid, tid 0 computes and tid 1
 // communicates. Rank 0 waits 4 us in an all-gather; rank 1 has a 6 us
 // reduce-scatter marked async (beside the step) and waits 3 us in an
