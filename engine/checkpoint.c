@@ -67,7 +67,8 @@ typedef struct saver_layout {
   const ts_model *model;
   int dp;                              /* data-parallel ranks */
   int P, v;                            /* pipeline stages, model chunks per rank */
-  int first[TS_ENGINE_MAX_STAGES + 1]; /* pipeline split: P v virtual stages, j on rank j % P */
+  ts_schedule_kind kind;               /* the schedule (its chunks' placement) */
+  int first[TS_ENGINE_MAX_STAGES + 1]; /* pipeline split: P v virtual stages (ts_schedule_vstage) */
   ts_flat_layout *layouts;             /* [n_units] for dp ranks */
   int has_master;                      /* bf16/fp16 */
   size_t param_es;                     /* bytes per compute element */
@@ -82,8 +83,9 @@ static ts_status for_each_chunk(const saver_layout *L, int R,
   for (int k = 0; k < TS_CHECKPOINT_NUM_KINDS; k++) {
     if (k == TS_CHECKPOINT_MASTER && !L->has_master) continue;
     size_t es = k == TS_CHECKPOINT_PARAM ? L->param_es : 4;
-    for (int j = s; j < L->P * L->v; j += L->P) /* the rank's chunks, in model order */
-      for (int u = L->first[j]; u < L->first[j + 1]; u++) {
+    for (int c = 0; c < L->v; c++) /* the rank's chunks, in model order */
+      for (int u = L->first[ts_schedule_vstage(L->kind, L->P, s, c)];
+           u < L->first[ts_schedule_vstage(L->kind, L->P, s, c) + 1]; u++) {
         const ts_flat_layout *l = &L->layouts[u];
         size_t b = (size_t)d * l->shard, e = b + l->shard;
         if (e > l->total) e = l->total;
@@ -112,6 +114,7 @@ static ts_status saver_layout_init(saver_layout *L, const ts_engine *e) {
   L->param_es = e->es;
   L->P = e->pipe.stages;
   L->v = e->pipe.chunks;
+  L->kind = e->pipe.sched.kind;
   TS_CHECK(ts_engine_pipeline_split(e->model, &e->opts, L->first));
   L->layouts = calloc((size_t)e->model->n_units, sizeof *L->layouts);
   if (!L->layouts) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "checkpoint: layouts");

@@ -464,6 +464,16 @@ static ts_status check_opts(const ts_model *model, const ts_engine_opts *opts) {
                           "schedule interleaved: `grad_accum` %zu micro-batches on %d pipeline "
                           "stages: expected a multiple of %d",
                           opts->grad_accum, opts->pipeline_stages, opts->pipeline_stages);
+  } else if (opts->schedule == TS_SCHEDULE_ZBV) {
+    if (opts->pipeline_stages < 2)
+      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                          "schedule zbv with %d pipeline stage: expected 2 or more",
+                          opts->pipeline_stages);
+    if (opts->virtual_stages > 2)
+      return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                          "schedule zbv with `virtual_stages` %d: expected 2 (ZB-V places two model "
+                          "chunks per rank in a V)",
+                          opts->virtual_stages);
   } else if (opts->virtual_stages > 1) {
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "`virtual_stages` %d with schedule %s: expected 1 (more model chunks per "

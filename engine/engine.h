@@ -260,8 +260,9 @@ typedef struct ts_engine_opts {
   ts_schedule_kind schedule;   /* GPipe, 1F1B or interleaved 1F1B */
   /* v model chunks per rank (the interleaved schedule, P >= 2): the units
    * split into P v contiguous virtual stages, virtual stage j on rank
-   * j % P (round-robin), P v <= TS_ENGINE_MAX_STAGES; 0 or 1 otherwise
-   * (one chunk: the stage). */
+   * j % P (round-robin), P v <= TS_ENGINE_MAX_STAGES; ZB-V: 2 (0 and 1
+   * mean it too), its V placing virtual stages s and 2 P - 1 - s on rank
+   * s (ts_schedule_vstage); 0 or 1 otherwise (one chunk: the stage). */
   int virtual_stages;
   const char *pipeline_split;  /* NULL or "auto": balanced by cost (ts_engine_unit_cost);
                                   else "a,b,..." units per (virtual) stage (borrowed) */
@@ -377,7 +378,7 @@ double ts_engine_unit_cost(const ts_model *m, const ts_engine_opts *opts, int u)
 ts_status ts_engine_pipeline_split(const ts_model *m, const ts_engine_opts *opts, int *first);
 
 /* The model chunks per rank opts asks for: opts->virtual_stages under the
- * interleaved schedule, else 1. */
+ * interleaved schedule, 2 under ZB-V, else 1. */
 int ts_engine_opts_chunks(const ts_engine_opts *opts);
 
 /* The memory plan of pipeline stage `stage` (0 .. P-1) of one rank of its

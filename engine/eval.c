@@ -42,29 +42,37 @@ ts_status ts_engine_count_correct(ts_engine *e, const int32_t *targets, double *
 }
 
 /* The pipeline's evaluation forward (its batch loaded in each chunk's
- * first slot), chunk by chunk: virtual stage j = c P + s receives from j -
- * 1 and sends to j + 1; then the last stage's (loss sum, rows, and with
+ * first slot), chunk by chunk: virtual stage j receives from j - 1 and
+ * sends to j + 1 (on this rank itself: a copy); then the head stage's (loss sum, rows, and with
  * want_correct the rows predicted right, ts_engine_count_correct of the
  * host targets) on every stage. */
 static ts_status eval_pipeline(ts_engine *e, double sums[3], const int32_t *targets,
                                int want_correct) {
   int s = e->pipe.stage, P = e->pipe.stages, V = P * e->pipe.chunks;
+  ts_schedule_kind kind = e->pipe.sched.kind;
   size_t n = ts_engine_btc(e);
-  for (int c = 0; c < e->pipe.chunks; c++) {
+  for (int c = 0; c < e->pipe.chunks; c++) { /* in model order on this rank */
     act_slot *sl = &e->slots[e->pipe.slot0[c]];
-    int j = c * P + s;
-    if (j > 0)
-      TS_CHECK(ts_engine_recv(e, sl->acts[e->pipe.c_begin[c]], n, (s + P - 1) % P,
-                              ts_engine_chunk_tag(e, TS_TAG_EVAL, 0, s == 0 ? c - 1 : c)));
+    int j = ts_engine_vstage(e, c);
+    if (j > 0) {
+      int from = ts_schedule_rank_of(kind, P, j - 1), fc = ts_engine_chunk_of_vstage(e, j - 1);
+      if (from == s) /* ZB-V's turn: the previous chunk's output, here */
+        TS_CHECK(ts_k_copy(&e->ctx, sl->acts[e->pipe.c_begin[c]],
+                           e->slots[e->pipe.slot0[fc]].acts[e->pipe.c_end[fc]], n * e->es));
+      else
+        TS_CHECK(ts_engine_recv(e, sl->acts[e->pipe.c_begin[c]], n, from,
+                                ts_engine_chunk_tag(e, TS_TAG_EVAL, 0, fc)));
+    }
     TS_CHECK(ts_engine_forward_slot(e, sl, e->sc.eval_loss, 0));
-    if (j < V - 1) {
+    int to = j < V - 1 ? ts_schedule_rank_of(kind, P, j + 1) : s;
+    if (to != s) {
       ts_engine_comm_note(e, -1);
-      TS_CHECK(ts_comm_send(e->pipe.pp, sl->acts[e->pipe.c_end[c]], n, e->opts.dtype, (s + 1) % P,
+      TS_CHECK(ts_comm_send(e->pipe.pp, sl->acts[e->pipe.c_end[c]], n, e->opts.dtype, to,
                             ts_engine_chunk_tag(e, TS_TAG_EVAL, 0, c)));
     }
   }
   sums[0] = sums[1] = sums[2] = 0.0;
-  if (s == P - 1) {
+  if (ts_engine_owns(e, e->model->n_units - 1)) { /* the head's stage */
     TS_CHECK(ts_k_to_host(&e->ctx, sums, e->sc.eval_loss, 2 * sizeof(double)));
     if (want_correct) TS_CHECK(ts_engine_count_correct(e, targets, &sums[2]));
   }

@@ -183,7 +183,7 @@ ts_status ts_metrics_write_summary(ts_metrics *m, const ts_metrics_summary *s) {
     cJSON_AddNumberToObject(pp, "stages", P);
     cJSON_AddStringToObject(pp, "schedule", ts_schedule_kind_name(eo->schedule));
     cJSON_AddNumberToObject(pp, "dp", s->dp_size);
-    int v = ts_engine_opts_chunks(eo); /* virtual stage j on stage j % P */
+    int v = ts_engine_opts_chunks(eo); /* virtual stages: ts_schedule_vstage */
     if (v > 1) cJSON_AddNumberToObject(pp, "virtual_stages", v);
     cJSON *split = cJSON_AddArrayToObject(pp, "split");
     for (int q = 0; q < P * v; q++) cJSON_AddItemToArray(split, cJSON_CreateNumber(s->split[q]));

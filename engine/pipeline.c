@@ -38,10 +38,13 @@ ts_status ts_engine_set_stage(ts_engine *e, int s) {
     e->pipe.stages = P;
     e->pipe.stage = s;
     e->pipe.chunks = v;
-    for (int c = 0; c < v; c++) { /* chunk c is virtual stage c P + s (round-robin) */
-      e->pipe.c_begin[c] = first[c * P + s];
-      e->pipe.c_end[c] = first[c * P + s + 1];
+    ts_schedule_kind kind = P > 1 ? e->opts.schedule : TS_SCHEDULE_1F1B;
+    for (int c = 0; c < v; c++) { /* chunk c is virtual stage c P + s (round-robin) or ZB-V's */
+      int j = ts_schedule_vstage(kind, P, s, c);
+      e->pipe.c_begin[c] = first[j];
+      e->pipe.c_end[c] = first[j + 1];
     }
+    e->pipe.head_stage = ts_schedule_rank_of(kind, P, P * v - 1);
   }
   free(first);
   TS_CHECK(st);
@@ -114,7 +117,7 @@ ts_status ts_engine_recv_tied_grads(ts_engine *e) {
   size_t P = e->units[e->pipe.lender].layout.padded;
   TS_CHECK(ts_ledger_alloc_transient(&e->ledger, e->device, TS_MEM_GRADS, P * e->es,
                                      &e->pipe.tied_grads));
-  return ts_engine_recv(e, e->pipe.tied_grads, P, e->pipe.stages - 1, ts_engine_tag(TS_TAG_TIED, 0));
+  return ts_engine_recv(e, e->pipe.tied_grads, P, e->pipe.head_stage, ts_engine_tag(TS_TAG_TIED, 0));
 }
 
 ts_status ts_engine_send_tied_grads(ts_engine *e) {
@@ -123,12 +126,13 @@ ts_status ts_engine_send_tied_grads(ts_engine *e) {
 }
 
 ts_status ts_engine_sync_replica(ts_engine *e) {
-  if (e->pipe.stages == 1 || e->pipe.lender < 0) return TS_OK;
+  /* no replica where the head is on stage 0 too (ZB-V's V) */
+  if (e->pipe.stages == 1 || e->pipe.lender < 0 || e->pipe.head_stage == 0) return TS_OK;
   unit_state *s = &e->units[e->pipe.lender];
   ts_engine_comm_note(e, e->pipe.lender);
   size_t n = e->zero->shard_params ? s->layout.shard : s->layout.padded;
   if (e->pipe.stage == 0)
-    return ts_comm_send(e->pipe.pp, s->params, n, e->opts.dtype, e->pipe.stages - 1,
+    return ts_comm_send(e->pipe.pp, s->params, n, e->opts.dtype, e->pipe.head_stage,
                         ts_engine_tag(TS_TAG_PARAMS, 0));
   if (e->pipe.replica)
     return ts_comm_recv(e->pipe.pp, s->params, n, e->opts.dtype, 0, ts_engine_tag(TS_TAG_PARAMS, 0));

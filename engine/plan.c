@@ -30,6 +30,7 @@ size_t ts_engine_activation_bytes(const ts_model *m, const ts_engine_opts *o) {
 }
 
 int ts_engine_opts_chunks(const ts_engine_opts *o) {
+  if (o->schedule == TS_SCHEDULE_ZBV) return 2; /* its V: two chunks per rank */
   return o->schedule == TS_SCHEDULE_INTERLEAVED && o->virtual_stages > 1 ? o->virtual_stages : 1;
 }
 
@@ -45,7 +46,7 @@ size_t ts_engine_activation_bytes_stage(const ts_model *m, const ts_engine_opts 
   size_t B = o->micro_batch, T = o->seq, BTC = B * T * m->hidden_size * ts_dtype_size(o->dtype);
   size_t total = 2 * BTC, recompute = 0; /* once: the two activation-gradient buffers */
   for (int c = 0; c < v; c++) {
-    int j = c * P + stage, u0 = first[j], u1 = first[j + 1];
+    int j = ts_schedule_vstage(o->schedule, P, stage, c), u0 = first[j], u1 = first[j + 1];
     size_t slots = P > 1 ? (size_t)ts_schedule_in_flight_chunk(&sched, stage, c) : 1;
     /* a slot: the batch, the inputs of its units and the chunk's output,
      * the saved bytes, the gradient sent back (all but virtual stage 0) */

@@ -15,6 +15,7 @@ const char *ts_schedule_kind_name(ts_schedule_kind k) {
          : k == TS_SCHEDULE_1F1B        ? "1f1b"
          : k == TS_SCHEDULE_INTERLEAVED ? "interleaved"
          : k == TS_SCHEDULE_ZB_H1       ? "zb-h1"
+         : k == TS_SCHEDULE_ZBV         ? "zbv"
                                         : "?";
 }
 
@@ -31,15 +32,17 @@ ts_status ts_schedule_kind_parse(const char *s, ts_schedule_kind *kind) {
   else if (strcmp(s, "1f1b") == 0) *kind = TS_SCHEDULE_1F1B;
   else if (strcmp(s, "interleaved") == 0) *kind = TS_SCHEDULE_INTERLEAVED;
   else if (strcmp(s, "zb-h1") == 0) *kind = TS_SCHEDULE_ZB_H1;
+  else if (strcmp(s, "zbv") == 0) *kind = TS_SCHEDULE_ZBV;
   else
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "schedule %s: expected gpipe, 1f1b, interleaved or zb-h1", s);
+                        "schedule %s: expected gpipe, 1f1b, interleaved, zb-h1 or zbv", s);
   return TS_OK;
 }
 
 int ts_schedule_in_flight(ts_schedule_kind kind, int stages, int micro_batches, int s) {
   if (kind == TS_SCHEDULE_GPIPE) return micro_batches;
   if (kind == TS_SCHEDULE_ZB_H1) return stages < micro_batches ? stages : micro_batches;
+  if (kind == TS_SCHEDULE_ZBV) return 2 * (stages < micro_batches ? stages : micro_batches);
   int w = stages - s; /* warm-up forwards plus the steady state's one */
   return w < micro_batches ? w : micro_batches;
 }
@@ -104,6 +107,79 @@ static void backward_weight(list *l, int s, int P, int mb, int lag, int *w) {
   while (mb + 1 - *w > lag) push(l, TS_ACT_WEIGHT, (*w)++, -1);
 }
 
+/* ZB-V's virtual-stage passes with their receives and sends (any
+ * neighbour, the rank itself included). */
+static void zbv_forward(list *l, int P, int j, int mb) {
+  int V = 2 * P, c = ts_schedule_chunk_of(TS_SCHEDULE_ZBV, P, j);
+  if (j > 0) push_chunk(l, TS_ACT_RECV_ACT, mb, ts_schedule_rank_of(TS_SCHEDULE_ZBV, P, j - 1), c);
+  push_chunk(l, TS_ACT_FORWARD, mb, -1, c);
+  if (j < V - 1) push_chunk(l, TS_ACT_SEND_ACT, mb, ts_schedule_rank_of(TS_SCHEDULE_ZBV, P, j + 1), c);
+}
+
+static void zbv_backward(list *l, int P, int j, int mb) {
+  int V = 2 * P, c = ts_schedule_chunk_of(TS_SCHEDULE_ZBV, P, j);
+  if (j < V - 1)
+    push_chunk(l, TS_ACT_RECV_GRAD, mb, ts_schedule_rank_of(TS_SCHEDULE_ZBV, P, j + 1), c);
+  push_chunk(l, TS_ACT_BACKWARD, mb, -1, c);
+  if (j > 0) push_chunk(l, TS_ACT_SEND_GRAD, mb, ts_schedule_rank_of(TS_SCHEDULE_ZBV, P, j - 1), c);
+}
+
+/* ZB-V's lists (ts_schedule_build): unit-time chunk passes placed
+ * greedily, time step by time step, rank by rank. */
+static ts_status build_zbv(ts_schedule *out, int P, int m) {
+  int V = 2 * P;
+  size_t Vm = (size_t)V * (size_t)m;
+  int *nf = calloc((size_t)V * 3, sizeof(int)), *nb = nf + V, *nw = nb + V;
+  long *act = malloc(Vm * sizeof(long)), *grad = malloc(Vm * sizeof(long));
+  long *busy = calloc((size_t)P, sizeof(long));
+  if (!nf || !act || !grad || !busy) {
+    free(nf), free(act), free(grad), free(busy);
+    return ts_set_error(TS_ERR_OUT_OF_MEMORY, "schedule zbv: P=%d m=%d", P, m);
+  }
+  for (size_t i = 0; i < Vm; i++) act[i] = grad[i] = -1;
+  for (int i = 0; i < m; i++) act[i] = 0; /* virtual stage 0's inputs: the batch */
+#define READY(a, j, i) ((a)[(size_t)(j) * (size_t)m + (size_t)(i)] >= 0 && \
+                        (a)[(size_t)(j) * (size_t)m + (size_t)(i)] <= t)
+  int done = 0;
+  for (long t = 0; done < V && t < 64L * (P + 3) * (m + 3); t++) {
+    for (int r = 0; r < P; r++) {
+      if (busy[r] > t) continue;
+      list l = {&out->stage[r], list_cap(m, 2)};
+      int j0 = r, j1 = V - 1 - r;
+      int held = nf[j0] - nw[j0] + nf[j1] - nw[j1], room = held < 2 * P;
+      int f1 = room && nf[j1] < m && READY(act, j1, nf[j1]);
+      int b1 = nb[j1] < nf[j1] && (j1 == V - 1 || READY(grad, j1, nb[j1]));
+      int b0 = nb[j0] < nf[j0] && READY(grad, j0, nb[j0]);
+      int f0 = room && nf[j0] < m && READY(act, j0, nf[j0]);
+      int w1 = nw[j1] < nb[j1], w0 = nw[j0] < nb[j0];
+      int j = f1 || b1 ? j1 : b0 || f0 ? j0 : w1 && (!w0 || nw[j1] <= nw[j0]) ? j1 : w0 ? j0 : -1;
+      if (j < 0) continue;
+      busy[r] = t + 1;
+      if ((j == j1 && f1) || (j == j0 && !b0 && f0)) {
+        int i = nf[j]++;
+        zbv_forward(&l, P, j, i);
+        if (j < V - 1) act[(size_t)(j + 1) * (size_t)m + (size_t)i] = t + 1;
+      } else if ((j == j1 && b1) || (j == j0 && b0)) {
+        int i = nb[j]++;
+        zbv_backward(&l, P, j, i);
+        if (j > 0) grad[(size_t)(j - 1) * (size_t)m + (size_t)i] = t + 1;
+      } else {
+        push_chunk(&l, TS_ACT_WEIGHT, nw[j]++, -1, ts_schedule_chunk_of(TS_SCHEDULE_ZBV, P, j));
+        done += nw[j] == m;
+      }
+    }
+  }
+#undef READY
+  free(nf), free(act), free(grad), free(busy);
+  if (done < V) return ts_set_error(TS_ERR_INTERNAL, "schedule zbv: P=%d m=%d: no progress", P, m);
+  for (int r = 0; r < P; r++) {
+    list l = {&out->stage[r], list_cap(m, 2)};
+    push(&l, TS_ACT_REDUCE, -1, -1);
+    push(&l, TS_ACT_OPTIMIZER, -1, -1);
+  }
+  return TS_OK;
+}
+
 ts_status ts_schedule_build(ts_schedule_kind kind, int stages, int micro_batches,
                             ts_schedule *out) {
   memset(out, 0, sizeof *out);
@@ -111,12 +187,20 @@ ts_status ts_schedule_build(ts_schedule_kind kind, int stages, int micro_batches
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "schedule: %d stages, %d micro-batches: expected each >= 1", stages,
                         micro_batches);
-  if (kind != TS_SCHEDULE_GPIPE && kind != TS_SCHEDULE_1F1B && kind != TS_SCHEDULE_ZB_H1)
+  if (kind != TS_SCHEDULE_GPIPE && kind != TS_SCHEDULE_1F1B && kind != TS_SCHEDULE_ZB_H1 &&
+      kind != TS_SCHEDULE_ZBV)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "schedule kind %d: expected gpipe, 1f1b or zb-h1 (interleaved: "
+                        "schedule kind %d: expected gpipe, 1f1b, zb-h1 or zbv (interleaved: "
                         "ts_schedule_build_interleaved)",
                         (int)kind);
   int P = stages, m = micro_batches;
+  if (kind == TS_SCHEDULE_ZBV) {
+    TS_CHECK(new_lists(out, kind, P, m, 2));
+    out->split_backward = 1;
+    ts_status st = build_zbv(out, P, m);
+    if (st != TS_OK) ts_schedule_free(out);
+    return st;
+  }
   TS_CHECK(new_lists(out, kind, P, m, 1));
   out->split_backward = kind == TS_SCHEDULE_ZB_H1;
   for (int s = 0; s < P; s++) {
@@ -223,6 +307,12 @@ ts_status ts_schedule_make(ts_schedule_kind kind, int stages, int virtual_stages
   if (kind == TS_SCHEDULE_INTERLEAVED)
     return ts_schedule_build_interleaved(stages, virtual_stages, micro_batches, out);
   memset(out, 0, sizeof *out);
+  if (kind == TS_SCHEDULE_ZBV && virtual_stages != 2)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "schedule zbv with %d virtual stages: expected 2 (two model chunks per "
+                        "rank in a V)",
+                        virtual_stages);
+  if (kind == TS_SCHEDULE_ZBV) return ts_schedule_build(kind, stages, micro_batches, out);
   if (virtual_stages != 1)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "schedule %s with %d virtual stages: expected 1 (more model chunks per "
@@ -304,7 +394,7 @@ static int slot_free(const sim *S, int j, int mb, int forward) {
 /* Whether every send from rank s's virtual stages was received. */
 static int sends_received(const sim *S, int s) {
   for (int c = 0; c < S->v; c++) {
-    int j = c * S->P + s;
+    int j = ts_schedule_vstage(S->kind, S->P, s, c);
     for (int i = 0; i < S->m; i++)
       if ((j < S->V - 1 && !AT(S->got_act, j + 1, i)) || (j > 0 && !AT(S->got_grad, j - 1, i)))
         return 0;
@@ -320,7 +410,7 @@ static ts_status step(sim *S, int s, size_t pc, const ts_action *a, int last, in
   if (needs_mb && (mb < 0 || mb >= m)) return violation(S, s, pc, a, "micro-batch out of range");
   if (needs_mb && (a->chunk < 0 || a->chunk >= S->v))
     return violation(S, s, pc, a, "chunk out of range");
-  int j = a->chunk * P + s; /* the virtual stage */
+  int j = ts_schedule_vstage(S->kind, P, s, a->chunk); /* the virtual stage */
   switch (a->kind) {
     case TS_ACT_FORWARD:
       if (AT(S->fwd, j, mb)) return violation(S, s, pc, a, "second forward");
@@ -352,7 +442,7 @@ static ts_status step(sim *S, int s, size_t pc, const ts_action *a, int last, in
     case TS_ACT_SEND_ACT:
     case TS_ACT_SEND_GRAD: {
       int act = a->kind == TS_ACT_SEND_ACT, to = act ? j + 1 : j - 1;
-      if (to < 0 || to >= V || a->peer != to % P)
+      if (to < 0 || to >= V || a->peer != ts_schedule_rank_of(S->kind, P, to))
         return violation(S, s, pc, a, "send to a stage that is not the neighbour");
       if (act ? !AT(S->fwd, j, mb) : !AT(S->bwd, j, mb))
         return violation(S, s, pc, a, "sends what was not computed");
@@ -366,7 +456,7 @@ static ts_status step(sim *S, int s, size_t pc, const ts_action *a, int last, in
     case TS_ACT_RECV_ACT:
     case TS_ACT_RECV_GRAD: {
       int act = a->kind == TS_ACT_RECV_ACT, from = act ? j - 1 : j + 1;
-      if (from < 0 || from >= V || a->peer != from % P)
+      if (from < 0 || from >= V || a->peer != ts_schedule_rank_of(S->kind, P, from))
         return violation(S, s, pc, a, "receive from a stage that is not the neighbour");
       fifo *f = act ? &S->act[from] : &S->grad[from];
       if (f->head == f->tail) return TS_OK; /* blocked: the send is not posted yet */
@@ -381,7 +471,8 @@ static ts_status step(sim *S, int s, size_t pc, const ts_action *a, int last, in
     }
     case TS_ACT_REDUCE:
       for (int c = 0; c < S->v; c++)
-        if (S->next_bwd[c * P + s] != m || (S->split && S->next_w[c * P + s] != m))
+        if (S->next_bwd[ts_schedule_vstage(S->kind, P, s, c)] != m ||
+            (S->split && S->next_w[ts_schedule_vstage(S->kind, P, s, c)] != m))
           return violation(S, s, pc, a, "reduce before every backward");
       if (S->reduced[s]) return violation(S, s, pc, a, "second reduce");
       if (pc + 2 != S->n_of[s]) return violation(S, s, pc, a, "reduce is not second to last");
@@ -428,7 +519,8 @@ ts_status ts_schedule_simulate(const ts_schedule *sch, ts_schedule_report *repor
   S->split = sch->split_backward;
   S->nslot = calloc((size_t)S->V, sizeof(int));
   for (int j = 0; S->nslot && j < S->V; j++)
-    S->nslot[j] = ts_schedule_in_flight_chunk(sch, j % P, j / P);
+    S->nslot[j] = ts_schedule_in_flight_chunk(sch, ts_schedule_rank_of(sch->kind, P, j),
+                                              ts_schedule_chunk_of(sch->kind, P, j));
   S->in_flight = calloc((size_t)P, sizeof(int));
   S->reduced = calloc((size_t)P, sizeof(int));
   S->act = calloc((size_t)S->V, sizeof(fifo));
@@ -443,7 +535,7 @@ ts_status ts_schedule_simulate(const ts_schedule *sch, ts_schedule_report *repor
     st = ts_set_error(TS_ERR_OUT_OF_MEMORY, "schedule simulator: P=%d m=%d", P, m);
   for (int j = 0; j < S->V && st == TS_OK; j++) {
     /* a link carries at most one send per action of its sender */
-    size_t cap = sch->stage[j % P].n + 1;
+    size_t cap = sch->stage[ts_schedule_rank_of(sch->kind, P, j)].n + 1;
     S->act[j].mb = calloc(cap, sizeof(int));
     S->grad[j].mb = calloc(cap, sizeof(int));
     if (!S->act[j].mb || !S->grad[j].mb)
@@ -476,13 +568,15 @@ ts_status ts_schedule_simulate(const ts_schedule *sch, ts_schedule_report *repor
   for (int s = 0; s < P && st == TS_OK; s++) {
     ts_action none = {TS_ACT_OPTIMIZER, -1, -1, -1, 0};
     int backwards = 1;
-    for (int c = 0; c < v; c++)
-      backwards &= S->next_bwd[c * P + s] == m && (!S->split || S->next_w[c * P + s] == m);
+    for (int c = 0; c < v; c++) {
+      int j = ts_schedule_vstage(S->kind, P, s, c);
+      backwards &= S->next_bwd[j] == m && (!S->split || S->next_w[j] == m);
+    }
     if (!backwards || !S->reduced[s] || !S->optimized[s])
       st = violation(S, s, pc[s], &none,
                      "the list ends before every backward, the reduce and the optimizer step");
     for (int c = 0; c < v && st == TS_OK; c++) {
-      int j = c * P + s;
+      int j = ts_schedule_vstage(S->kind, P, s, c);
       if (S->act[j].head != S->act[j].tail || S->grad[j].head != S->grad[j].tail)
         st = violation(S, s, pc[s], &none, "a send nobody received");
       for (int i = 0; i < m && st == TS_OK; i++)
@@ -533,7 +627,7 @@ ts_status ts_schedule_time(const ts_schedule *sch, double t_forward, double t_ba
       const ts_stage_schedule *l = &sch->stage[s];
       for (; pc[s] < l->n; pc[s]++) {
         const ts_action *a = &l->actions[pc[s]];
-        int j = a->chunk * P + s;
+        int j = ts_schedule_vstage(sch->kind, P, s, a->chunk);
         size_t at = (size_t)j * (size_t)m + (size_t)(a->mb < 0 ? 0 : a->mb);
         if (a->kind == TS_ACT_RECV_ACT || a->kind == TS_ACT_RECV_GRAD) {
           double sent = a->kind == TS_ACT_RECV_ACT ? act[at - (size_t)m] : grad[at + (size_t)m];
@@ -565,6 +659,7 @@ double ts_schedule_bubble_theory(ts_schedule_kind kind, int stages, int virtual_
   if (stages <= 1 || micro_batches < 1) return 0.0;
   if (kind == TS_SCHEDULE_INTERLEAVED) return (P - 1) / (v * m + P - 1);
   if (kind == TS_SCHEDULE_ZB_H1) return (P - 1) / (3 * m + P - 1);
+  if (kind == TS_SCHEDULE_ZBV) return (P - 1) / (6 * m + P - 1);
   return (P - 1) / (m + P - 1);
 }
 

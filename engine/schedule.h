@@ -50,7 +50,23 @@ typedef enum ts_schedule_kind {
   TS_SCHEDULE_ZB_H1 = 3, /* 1F1B with each backward split into B (input gradient) and a
                             deferred W (weight gradient) that fills the cool-down (Qi et al.
                             2024, ZB-H1): the bubble (P-1)(t_F + t_B - t_W) */
+  TS_SCHEDULE_ZBV = 4,   /* two chunks per rank in a V (virtual stages s and 2P-1-s), B and
+                            W split (Qi et al. 2024, §6 ZB-V): ts_schedule_build */
 } ts_schedule_kind;
+
+/* The virtual stage of chunk c on rank s of P: c P + s (round-robin: the
+ * interleaved schedule, and c = 0 for the others), or for ZB-V s (c = 0)
+ * and 2 P - 1 - s (c = 1). */
+static inline int ts_schedule_vstage(ts_schedule_kind kind, int P, int s, int c) {
+  return kind == TS_SCHEDULE_ZBV ? (c == 0 ? s : 2 * P - 1 - s) : c * P + s;
+}
+/* The rank and the chunk of virtual stage j: ts_schedule_vstage's inverse. */
+static inline int ts_schedule_rank_of(ts_schedule_kind kind, int P, int j) {
+  return kind == TS_SCHEDULE_ZBV ? (j < P ? j : 2 * P - 1 - j) : j % P;
+}
+static inline int ts_schedule_chunk_of(ts_schedule_kind kind, int P, int j) {
+  return kind == TS_SCHEDULE_ZBV ? (j < P ? 0 : 1) : j / P;
+}
 
 typedef enum ts_action_kind {
   TS_ACT_FORWARD = 0,   /* forward of micro-batch `mb` over this stage's units */
@@ -84,7 +100,7 @@ typedef struct ts_action {
   int peer;  /* the other stage (rank) of a send or receive, else -1 */
   int unit;  /* the unit of a *_UNIT action, else -1 */
   int chunk; /* the model chunk of this rank it runs (interleaved: 0 .. v-1, virtual stage
-                chunk * P + rank), else 0 */
+                chunk * P + rank; ZB-V: 0, 1: ts_schedule_vstage), else 0 */
 } ts_action;
 
 /* One stage's actions for one step, in order. */
@@ -104,17 +120,27 @@ typedef struct ts_schedule {
   ts_stage_schedule *stage; /* (P), owned */
 } ts_schedule;
 
-/* Short names: "gpipe", "1f1b", "interleaved", "zb-h1"; and the action kinds'
+/* Short names: "gpipe", "1f1b", "interleaved", "zb-h1", "zbv"; and the action kinds'
  * ("forward", ...). */
 const char *ts_schedule_kind_name(ts_schedule_kind k);
 const char *ts_action_kind_name(ts_action_kind k);
-/* "gpipe", "1f1b", "interleaved" or "zb-h1" into *kind;
+/* "gpipe", "1f1b", "interleaved", "zb-h1" or "zbv" into *kind;
  * TS_ERR_INVALID_ARGUMENT otherwise. */
 ts_status ts_schedule_kind_parse(const char *s, ts_schedule_kind *kind);
 
-/* Builds the schedule of `kind` (GPipe, 1F1B or ZB-H1) for P stages and m
- * micro-batches into *out (free with ts_schedule_free). m < P is allowed
- * (a larger bubble). ZB-H1 (Qi et al. 2024, §2.1): stage s runs 1F1B's
+/* Builds the schedule of `kind` (GPipe, 1F1B, ZB-H1 or ZB-V) for P stages
+ * and m micro-batches into *out (free with ts_schedule_free). m < P is
+ * allowed (a larger bubble). ZB-V (Qi et al. 2024, §6): 2 chunks per rank,
+ * virtual stages s and 2 P - 1 - s (rank P - 1 passes its first chunk's
+ * output to its second itself, and rank 0 holds the embedding and the
+ * head), B and W split; its list is what a greedy scheduler of unit-time
+ * chunk passes gives when every rank runs, of what is ready, the second
+ * chunk's F, then its B, the first chunk's B, the first chunk's F (while
+ * the rank holds fewer than 2 P chunk micro-batches from forward to W:
+ * 1F1B's memory at stage 0), else the oldest W (the second chunk's
+ * first); with F = B = W its bubble is (P - 1) / (6 m + P - 1) at m = P
+ * and 2 P and in most other cases, never more than ZB-H1's for m >= P
+ * (schedule_test). ZB-H1 (Qi et al. 2024, §2.1): stage s runs 1F1B's
  * P - s - 1 warm-up forwards, then forward, B and, once more than s
  * micro-batches wait for theirs, W of the oldest; the rest of the W fill
  * the cool-down. Every stage then holds at most P micro-batches from
@@ -165,6 +191,9 @@ int ts_schedule_in_flight_interleaved(int stages, int virtual_stages, int micro_
  * GPipe: m; 1F1B: min(P - s, m); ZB-H1: min(P, m). What the memory plan
  * charges a stage. */
 int ts_schedule_in_flight(ts_schedule_kind kind, int stages, int micro_batches, int s);
+/* ZB-V's bound: chunk micro-batches from forward to W a rank holds, 2 P
+ * (two chunks of half a stage each: 1F1B's P at stage 0). */
+enum { TS_SCHEDULE_ZBV_CHUNKS = 2 };
 
 /* What ts_schedule_simulate found. */
 typedef struct ts_schedule_report {
@@ -210,9 +239,10 @@ ts_status ts_schedule_time(const ts_schedule *s, double t_forward, double t_back
 
 /* The bubble of `kind` on P stages, v chunks, m micro-batches in theory
  * (equal stages, free communication; m a multiple of P for interleaved,
- * m >= P for ZB-H1): GPipe and 1F1B (P - 1) / (m + P - 1), interleaved
- * (P - 1) / (v m + P - 1), ZB-H1 with t_F = t_B = t_W (P - 1) / (3 m + P
- * - 1); what ts_schedule_time measures for those. 0 for P <= 1. */
+ * m >= P for ZB-H1 and ZB-V): GPipe and 1F1B (P - 1) / (m + P - 1),
+ * interleaved (P - 1) / (v m + P - 1), ZB-H1 with t_F = t_B = t_W (P - 1)
+ * / (3 m + P - 1), ZB-V (P - 1) / (6 m + P - 1) (half a stage's forward
+ * per rank less); what ts_schedule_time measures for those. 0 for P <= 1. */
 double ts_schedule_bubble_theory(ts_schedule_kind kind, int stages, int virtual_stages,
                                  int micro_batches);
 

@@ -151,7 +151,8 @@ struct ts_engine {
   } optim;
   struct { /* pipeline stages (pipeline.c; without pipelining P = 1, stage 0, all units) */
     int stages, stage;     /* P and this rank's pipeline stage s */
-    int chunks;            /* v model chunks (1 but for the interleaved schedule) */
+    int chunks;            /* v model chunks (1 but for interleaved and ZB-V) */
+    int head_stage;        /* the stage computing the model's last unit (P - 1; ZB-V: 0) */
     int c_begin[TS_ENGINE_MAX_CHUNKS]; /* chunk c's units [c_begin[c], c_end[c]): virtual */
     int c_end[TS_ENGINE_MAX_CHUNKS];   /* stage c P + s, in model order */
     int slot0[TS_ENGINE_MAX_CHUNKS];   /* chunk c's first slot */
@@ -275,6 +276,16 @@ static inline int ts_engine_prev_unit(const ts_engine *e, int u) {
 /* The mean loss of a (sum, rows) pair: 0 when no row has a target. */
 static inline double ts_engine_mean_loss(const double *pair) {
   return pair[1] > 0 ? pair[0] / pair[1] : 0.0;
+}
+
+/* The virtual stage of this rank's chunk c, and the chunk of virtual
+ * stage j on whichever rank (schedule.h's placement of the step's
+ * schedule). */
+static inline int ts_engine_vstage(const ts_engine *e, int c) {
+  return ts_schedule_vstage(e->pipe.sched.kind, e->pipe.stages, e->pipe.stage, c);
+}
+static inline int ts_engine_chunk_of_vstage(const ts_engine *e, int j) {
+  return ts_schedule_chunk_of(e->pipe.sched.kind, e->pipe.stages, j);
 }
 
 /* Slot of micro-batch mb on chunk c. */

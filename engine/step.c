@@ -137,14 +137,23 @@ static ts_status lower(ts_engine *e) {
   return TS_OK;
 }
 
+/* A receive from this rank itself (ZB-V's turn at stage P - 1): the
+ * output of chunk `from` (its slot of micro-batch mb) copied to `dst`. */
+static ts_status recv_self(ts_engine *e, void *dst, int mb, int from, int grad) {
+  act_slot *src = ts_engine_slot(e, mb, from);
+  const void *p = grad ? src->gsend : src->acts[e->pipe.c_end[from]];
+  return ts_k_copy(&e->ctx, dst, p, ts_engine_btc(e) * e->es);
+}
+
 /* Runs action a of this stage's list (next: the one after it, or NULL);
  * batch fills a micro-batch's host arrays. A message's tag names the
- * sender's chunk: rank 0 receives chunk c's input from the last rank's
- * chunk c - 1, the last rank chunk c's output gradient from rank 0's
- * chunk c + 1 (interleaved; both c otherwise). */
+ * sender's chunk (the chunk of virtual stage j - 1 for an activation
+ * received by j, of j + 1 for a gradient: interleaved, rank 0 receives
+ * chunk c's input from the last rank's chunk c - 1). A send to this rank
+ * itself posts nothing; its receive copies from the sender's slot. */
 static ts_status run_action(ts_engine *e, const ts_action *a, const ts_action *next,
                             ts_engine_batch_fn batch, void *user, float lr, ts_step_stats *stats) {
-  int c = a->chunk, first = e->pipe.stage == 0, last = e->pipe.stage == e->pipe.stages - 1;
+  int c = a->chunk, j = ts_engine_vstage(e, c), self = a->peer == e->pipe.stage;
   act_slot *sl = a->mb >= 0 ? ts_engine_slot(e, a->mb, c) : NULL;
   size_t n = ts_engine_btc(e);
   switch (a->kind) {
@@ -164,17 +173,25 @@ static ts_status run_action(ts_engine *e, const ts_action *a, const ts_action *n
     case TS_ACT_WEIGHT:
       return ts_engine_weight_action(e, a->mb, c);
     case TS_ACT_SEND_ACT:
+      if (self) return TS_OK;
       return ts_engine_isend(e, sl->acts[e->pipe.c_end[c]], n, a->peer,
                              ts_engine_chunk_tag(e, TS_TAG_ACT, a->mb, c), &sl->act_req);
-    case TS_ACT_RECV_ACT:
+    case TS_ACT_RECV_ACT: {
+      int from = ts_engine_chunk_of_vstage(e, j - 1);
+      if (self) return recv_self(e, sl->acts[e->pipe.c_begin[c]], a->mb, from, 0);
       return ts_engine_recv(e, sl->acts[e->pipe.c_begin[c]], n, a->peer,
-                            ts_engine_chunk_tag(e, TS_TAG_ACT, a->mb, first ? c - 1 : c));
+                            ts_engine_chunk_tag(e, TS_TAG_ACT, a->mb, from));
+    }
     case TS_ACT_SEND_GRAD:
+      if (self) return TS_OK;
       return ts_engine_isend(e, sl->gsend, n, a->peer, ts_engine_chunk_tag(e, TS_TAG_GRAD, a->mb, c),
                              &sl->grad_req);
-    case TS_ACT_RECV_GRAD: /* into dbuf[1]: backward's first output goes to dbuf[0] */
+    case TS_ACT_RECV_GRAD: { /* into dbuf[1]: backward's first output goes to dbuf[0] */
+      int from = ts_engine_chunk_of_vstage(e, j + 1);
+      if (self) return recv_self(e, e->dbuf[1], a->mb, from, 1);
       return ts_engine_recv(e, e->dbuf[1], n, a->peer,
-                            ts_engine_chunk_tag(e, TS_TAG_GRAD, a->mb, last ? c + 1 : c));
+                            ts_engine_chunk_tag(e, TS_TAG_GRAD, a->mb, from));
+    }
     case TS_ACT_REDUCE:
       return ts_engine_reduce_action(e);
     case TS_ACT_OPTIMIZER:

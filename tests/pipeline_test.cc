@@ -227,12 +227,13 @@ void ExpectSameAsDataParallel(const Layout &s, int P) {
     EXPECT_EQ(plan.current[c], real->current[c]) << "stage " << grid.stage << " category " << c;
   }
   EXPECT_EQ(plan.peak_total, real->peak_total) << "stage " << grid.stage;
-  // the slots the units declare; ZB-H1's W stores copy what B leaves in
+  // the slots the units declare; ZB-H1's and ZB-V's W stores copy what B leaves in
   // reused buffers on top (transients the plan charges: above)
   size_t declared = ts_engine_activation_bytes_stage(&model, &po, grid.stage);
   bool splits = false;  // a unit here whose W is deferred (BERT's head and embeddings keep it)
   for (int u : units) splits |= ts_unit_splits_backward(&model, u) != 0;
-  if (s.schedule == TS_SCHEDULE_ZB_H1 && splits)
+  bool split = s.schedule == TS_SCHEDULE_ZB_H1 || s.schedule == TS_SCHEDULE_ZBV;
+  if (split && splits)
     EXPECT_GT(real->peak[TS_MEM_ACTIVATIONS], declared) << "stage " << grid.stage;
   else
     EXPECT_EQ(declared, real->peak[TS_MEM_ACTIVATIONS]) << "stage " << grid.stage;
@@ -453,6 +454,57 @@ TEST(Pipeline, InterleavedWithBf16Fp16RecomputeGatherOnceStagedAndBert) {
   }
 }
 
+// ZB-V: two chunks per rank in a V (virtual stages s and 2P - 1 - s; the
+// last rank passes its first chunk's output to its second itself, rank 0
+// holds the embedding and the head, so a tied head has no replica), B and
+// W split. Every ZeRO stage, tied and untied, m = P and 2P, bf16 with
+// recompute, fp16 with an injected overflow, gather-once, the staged
+// transport, BERT: bitwise the data-parallel run, plan = ledger.
+TEST(Pipeline, ZbvBitwiseEqualToDataParallel) {
+  for (int P : Stages()) {
+    Layout base;
+    base.schedule = TS_SCHEDULE_ZBV;
+    base.v = 2;
+    base.layers = (size_t)(2 * P);  // 2P + 2 units: every virtual stage gets one
+    for (int zero = 0; zero <= 3; zero++)
+      for (bool tied : {false, true}) {
+        Layout s = base;
+        s.zero = zero;
+        s.tied = tied;
+        s.m = (size_t)(zero % 2 ? 2 * P : P);
+        s.steps = zero == 0 ? 5 : 3;  // and no allocation inside steps 2-5
+        ExpectSameAsDataParallel(s, P);
+      }
+    Layout b = base;  // bf16, every block recomputed
+    b.zero = 3;
+    b.tied = true;
+    b.dtype = TS_BF16;
+    b.recompute_every = 1;
+    b.m = (size_t)(2 * P);
+    ExpectSameAsDataParallel(b, P);
+    Layout h = base;  // fp16: an overflow skips the step everywhere
+    h.zero = 1;
+    h.tied = true;
+    h.dtype = TS_FP16;
+    h.inject = {2, 1, 4, INFINITY};
+    ExpectSameAsDataParallel(h, P);
+    Layout g = base;  // gather-once, ZeRO-3
+    g.zero = 3;
+    g.keep_gathered = true;
+    ExpectSameAsDataParallel(g, P);
+    Layout t = base;  // the staged transport
+    t.zero = 2;
+    t.staged = true;
+    t.tied = true;
+    ExpectSameAsDataParallel(t, P);
+    Layout e = base;  // the encoder: its embeddings and head whole, its blocks split
+    e.bert = true;
+    e.zero = 2;
+    e.tied = true;
+    ExpectSameAsDataParallel(e, P);
+  }
+}
+
 TEST(Pipeline, InterleavedRefusalsNameTheValues) {
   ts_llama_config cfg = Config(false, 2);  // 4 units
   ts_model model{};
@@ -487,6 +539,12 @@ TEST(Pipeline, InterleavedRefusalsNameTheValues) {
        "`virtual_stages` 2 with schedule 1f1b: expected 1 (more model chunks per rank need the "
        "interleaved schedule)"},
       {2, 17, 4, TS_SCHEDULE_INTERLEAVED, "`virtual_stages` 17: expected 1 to 16"},
+      {2, 3, 4, TS_SCHEDULE_ZBV,
+       "schedule zbv with `virtual_stages` 3: expected 2 (ZB-V places two model chunks per rank "
+       "in a V)"},
+      {1, 2, 4, TS_SCHEDULE_ZBV, "schedule zbv with 1 pipeline stage: expected 2 or more"},
+      {3, 2, 4, TS_SCHEDULE_ZBV,
+       "`pipeline_stages` 3 x `virtual_stages` 2 = 6 virtual stages: expected at most 4"},
   };
   for (const Case &c : cases) {
     o.pipeline_stages = c.P;
@@ -527,14 +585,14 @@ TEST(Pipeline, SimulatorReplaysEveryStageWithTheEnginesBytes) {
     for (bool tied : {false, true})
       for (int zero = 0; zero <= 3; zero++)
         for (ts_schedule_kind k : {TS_SCHEDULE_GPIPE, TS_SCHEDULE_1F1B, TS_SCHEDULE_INTERLEAVED,
-                                   TS_SCHEDULE_ZB_H1}) {
+                                   TS_SCHEDULE_ZB_H1, TS_SCHEDULE_ZBV}) {
           Layout s;
           s.zero = zero;
           s.schedule = k;
           s.tied = tied;
           s.m = 4;
           s.steps = 2;
-          if (k == TS_SCHEDULE_INTERLEAVED) {  // two chunks per stage
+          if (k == TS_SCHEDULE_INTERLEAVED || k == TS_SCHEDULE_ZBV) {  // two chunks per stage
             s.v = 2;
             s.layers = (size_t)(2 * P);
           }
@@ -566,7 +624,8 @@ TEST(Pipeline, SimulatorReplaysEveryStageWithTheEnginesBytes) {
             EXPECT_EQ((uint64_t)mine.calls, calls) << "stage " << grid.stage;
           }
           int units = model.n_units;  // ZB-H1: a W of every unit too (LLaMA's all split)
-          EXPECT_EQ(r.ops, (k == TS_SCHEDULE_ZB_H1 ? 3 : 2) * units * (int)s.m + units);
+          bool split = k == TS_SCHEDULE_ZB_H1 || k == TS_SCHEDULE_ZBV;
+          EXPECT_EQ(r.ops, (split ? 3 : 2) * units * (int)s.m + units);
           for (int q = 0; q < P; q++)
             EXPECT_NEAR(stages[q].step_s,
                         stages[q].compute_s + stages[q].exposed_comm_s + stages[q].pipeline_wait_s,

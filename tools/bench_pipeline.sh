@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Pipeline stages side by side: one model on N ranks as (P = 1, dp = N),
 # (P = 2, dp = N/2), ... (P = N, dp = 1), each schedule of SCHEDULES
-# (default "gpipe 1f1b interleaved zb-h1"; interleaved with VIRTUAL_STAGES
+# (default "gpipe 1f1b interleaved zb-h1 zbv"; interleaved with VIRTUAL_STAGES
 # chunks per stage, default 2, where m is a multiple of P and the model
 # has the units), at several micro-batch counts m, on the KJV corpus, in
 # one script run. P = 1 (data parallelism alone) is the baseline of every
@@ -22,7 +22,7 @@
 # window, i.e. the slowest stage's fill and drain, and the mean over ranks,
 # which adds the stages' imbalance) beside the schedule's theory for equal
 # stages (ts_schedule_bubble_theory: (P-1)/(m+P-1), interleaved
-# (P-1)/(vm+P-1), ZB-H1 (P-1)/(3m+P-1)), the busiest rank's difference in
+# (P-1)/(vm+P-1), ZB-H1 (P-1)/(3m+P-1), ZB-V (P-1)/(6m+P-1)), the busiest rank's difference in
 # percentage points, and per stage the peak bytes of rank (stage x dp):
 # total beside `estimate`'s plan of that stage, and activations. And per P > 1 and
 # m: 1F1B's stage-0 activation peak over GPipe's beside P/m. Micro-batch 1
@@ -46,7 +46,7 @@ if [[ -z "$PS" ]]; then
   for ((p = 1; p <= N; p++)); do ((N % p == 0)) && PS="$PS $p"; done
 fi
 
-SCHEDULES="${SCHEDULES:-gpipe 1f1b interleaved zb-h1}"
+SCHEDULES="${SCHEDULES:-gpipe 1f1b interleaved zb-h1 zbv}"
 V="${VIRTUAL_STAGES:-2}"
 runs=()
 for m in $MS; do
@@ -89,6 +89,7 @@ def theory(p, s, m):  # engine/schedule.h ts_schedule_bubble_theory
     if p == 1: return 0.0
     if s == "interleaved": return (p - 1) / (v * m + p - 1)
     if s == "zb-h1": return (p - 1) / (3 * m + p - 1)
+    if s == "zbv": return (p - 1) / (6 * m + p - 1)
     return (p - 1) / (m + p - 1)
 for name in names:
     p, s, m = name.split("_")

@@ -103,6 +103,12 @@ check "zb-h1: the summary's bubble is its formula's, (P-1)/(3m+P-1)" \
   "zb-h1, 2 micro-batches per step (bubble in theory 14.3%)" "$z"
 check_eq "zb-h1 after interleaved: steps 4-6 print the same" "$(steps "$g" | tail -n 3)" \
   "$(steps "$z")"
+v="$("$launch" -n 2 "$bin" train "${common[@]}" "${il[@]}" --schedule zbv \
+  --resume "$tmp/il/step-00000003" 2>&1)"
+check_eq "zbv resumes the interleaved checkpoint: exit" 0 $?
+check "zbv: its V in the summary" "zbv (2 model chunks per stage), 2 micro-batches per step" "$v"
+check_eq "zbv after interleaved: steps 4-6 print the same" "$(steps "$g" | tail -n 3)" \
+  "$(steps "$v")"
 
 # 3. SIGTERM: save at the next step boundary, exit 0
 "$launch" -n 2 "$bin" train --model llama-tiny "${base[@]}" --micro-batch 2 --steps 100000 \

@@ -277,7 +277,7 @@ static int parse_flags(ts_compare *c, int argc, char **argv) {
                      "checkpointing settings to run (default none)", NULL),
       TS_FLAG_CUSTOM("--pipeline", NULL, c, parse_pipelines, "1[,2,...]",
                      "pipeline stage counts to run, each dividing N (default 1)", NULL),
-      TS_FLAG_CUSTOM("--schedule", NULL, c, parse_schedules, "1f1b[,gpipe,interleaved,zb-h1]",
+      TS_FLAG_CUSTOM("--schedule", NULL, c, parse_schedules, "1f1b[,gpipe,interleaved,zb-h1,zbv]",
                      "schedules of the pipelined runs (default 1f1b)", NULL),
       TS_FLAG_SIZE("--virtual-stages", NULL, &c->virtual_stages, 2, "v",
                    "model chunks per stage of the interleaved runs (default 2)", NULL),
@@ -363,7 +363,8 @@ static int plan_runs(ts_compare *c) {
           r->schedule = ls[l];
           r->v = r->pipeline > 1 && r->schedule == TS_SCHEDULE_INTERLEAVED
                      ? (int)c->virtual_stages
-                     : 1;
+                 : r->pipeline > 1 && r->schedule == TS_SCHEDULE_ZBV ? 2
+                                                                     : 1;
           r->base = i - s;
           /* the first run of this dtype and P (with accumulation, of its
            * reduction too: stages 2-3 reduce every micro-batch, engine.h) */
@@ -378,7 +379,7 @@ static int plan_runs(ts_compare *c) {
           for (char *p = file_ck; *p; p++)
             if (*p == ':') *p = '-';
           char v[16] = "";
-          if (r->v > 1) snprintf(v, sizeof v, "-v%d", r->v);
+          if (r->v > 1 && r->schedule == TS_SCHEDULE_INTERLEAVED) snprintf(v, sizeof v, "-v%d", r->v);
           if (r->pipeline > 1) {
             snprintf(layout, sizeof layout, " P%d %s%s", r->pipeline,
                      ts_schedule_kind_name(r->schedule), v);

@@ -240,7 +240,7 @@ int ts_compare_write_md(const ts_compare *c, const char *path, const char *check
       if (r->pipeline > 1) { /* virtual stage j on stage j mod P */
         fprintf(md, " s%zu (", st);
         for (int ch = 0; ch < r->v; ch++) {
-          size_t j = (size_t)ch * (size_t)r->pipeline + st;
+          size_t j = (size_t)ts_schedule_vstage(r->schedule, r->pipeline, (int)st, ch);
           fprintf(md, "%s%d..%d", ch ? "," : "", r->split[j], r->split[j + 1] - 1);
         }
         fprintf(md, "):");

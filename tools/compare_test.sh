@@ -158,7 +158,7 @@ bad "nine stages" "--zero 0,0,0,0,0,0,0,0,0: expected at most 8 values" \
 grep -v '"hidden_size"' "$TESSERA_HOME/models/configs/llama-tiny.json" >"$tmp/no_hidden.json"
 bad "pipeline not dividing" "--pipeline 3: expected a number of stages dividing -n 2" \
   --model llama-tiny -n 2 --pipeline 1,3
-bad "schedule" "--schedule zigzag: expected gpipe, 1f1b, interleaved or zb-h1" --model llama-tiny -n 2 --schedule zigzag
+bad "schedule" "--schedule zigzag: expected gpipe, 1f1b, interleaved, zb-h1 or zbv" --model llama-tiny -n 2 --schedule zigzag
 bad "config missing a field" "no_hidden.json" --model "$tmp/no_hidden.json" -n 2
 check "names the field" "hidden_size" "$err_last"
 [[ ! -e "$tmp/bad" ]] && echo "ok   nothing written on bad input" ||

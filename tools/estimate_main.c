@@ -207,7 +207,7 @@ int ts_tool_estimate(int argc, char **argv) {
       TS_FLAG_SIZE("--pipeline", NULL, &pipeline, 1, "P",
                    "pipeline stages; P divides N (default 1)", &act_flag),
       TS_FLAG_CUSTOM("--schedule", NULL, &opts.schedule, ts_tool_parse_schedule,
-                     "gpipe|1f1b|interleaved|zb-h1", "pipeline schedule (default 1f1b)", &act_flag),
+                     "gpipe|1f1b|interleaved|zb-h1|zbv", "pipeline schedule (default 1f1b)", &act_flag),
       TS_FLAG_SIZE("--virtual-stages", NULL, &virtual_stages, 1, "v",
                    "model chunks per stage with --schedule interleaved (default 1)", &act_flag),
       TS_FLAG_STRING("--pipeline-split", NULL, &opts.pipeline_split, "auto|a,b,...",
@@ -342,8 +342,9 @@ int ts_tool_estimate(int argc, char **argv) {
         cJSON_AddNumberToObject(s, "pipeline_stage", i % P);
         cJSON *units = cJSON_AddArrayToObject(s, "units"); /* [first, end) of each chunk */
         for (int c = 0; c < V / P; c++) {
-          cJSON_AddItemToArray(units, cJSON_CreateNumber(split[c * P + i % P]));
-          cJSON_AddItemToArray(units, cJSON_CreateNumber(split[c * P + i % P + 1]));
+          int j = ts_schedule_vstage(opts.schedule, P, i % P, c);
+          cJSON_AddItemToArray(units, cJSON_CreateNumber(split[j]));
+          cJSON_AddItemToArray(units, cJSON_CreateNumber(split[j + 1]));
         }
       }
       cJSON_AddItemToObject(s, "peak", category_object(l->peak, ncat));
@@ -405,8 +406,10 @@ int ts_tool_estimate(int argc, char **argv) {
   for (int i = 0; i < nstages; i++) {
     if (P > 1) {
       printf(" ZeRO %d s%d (", stage_lo + i / P, i % P);
-      for (int c = 0; c < V / P; c++)
-        printf("%s%d..%d", c ? "," : "", split[c * P + i % P], split[c * P + i % P + 1] - 1);
+      for (int c = 0; c < V / P; c++) {
+        int j = ts_schedule_vstage(opts.schedule, P, i % P, c);
+        printf("%s%d..%d", c ? "," : "", split[j], split[j + 1] - 1);
+      }
       printf(") |");
     } else {
       printf(" stage %d |", stage_lo + i);

@@ -192,7 +192,7 @@ bad "--pipeline 3 of 4 ranks" "--pipeline 3: expected a number of stages up to 6
 bad "--pipeline 7 of 6 units" "--pipeline 7: expected 1 to 6 stages" --model llama-tiny -n 7 --pipeline 7
 bad "--pipeline-split 1,2" "--pipeline-split 1,2: covers 3 units: expected the model's 6 exactly" \
   --model llama-tiny -n 2 --pipeline 2 --pipeline-split 1,2
-bad "--schedule zigzag" "--schedule zigzag: expected gpipe, 1f1b, interleaved or zb-h1" --model llama-tiny --schedule zigzag
+bad "--schedule zigzag" "--schedule zigzag: expected gpipe, 1f1b, interleaved, zb-h1 or zbv" --model llama-tiny --schedule zigzag
 # The interleaved schedule: each stage lists its chunks' units (virtual
 # stage j on stage j mod 2), and holds more activations than 1F1B's one
 # chunk (each chunk's micro-batches in flight) but fewer than GPipe's
@@ -220,6 +220,13 @@ bad "interleaved m not a multiple of P" \
   "schedule interleaved: --grad-accum 3 micro-batches on 2 pipeline stages: expected a \
 multiple of 2" --model llama-tiny -n 2 --pipeline 2 --grad-accum 3 --schedule interleaved \
   --virtual-stages 2
+text="$("$bin" estimate --model llama-tiny -n 2 --pipeline 2 --zero 1 --grad-accum 2 \
+  --schedule zbv)"
+check "zbv: a V, stage 0 the first and the last pieces" \
+  "| category | ZeRO 1 s0 (0..1,5..5) | ZeRO 1 s1 (2..2,3..4) |" "$text"
+bad "zbv with three chunks" \
+  "schedule zbv with --virtual-stages 3: expected 2 (ZB-V places two model chunks per rank in a V)" \
+  --model llama-tiny -n 2 --pipeline 2 --grad-accum 2 --schedule zbv --virtual-stages 3
 bad "interleaved with too few units" \
   "--pipeline 2 x --virtual-stages 4 = 8 virtual stages: expected at most 6" \
   --model llama-tiny -n 2 --pipeline 2 --grad-accum 2 --schedule interleaved --virtual-stages 4

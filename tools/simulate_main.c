@@ -245,7 +245,7 @@ int ts_tool_simulate(int argc, char **argv) {
                    "rank (default 1)",
                    NULL),
       TS_FLAG_CUSTOM("--schedule", NULL, &opts.schedule, ts_tool_parse_schedule,
-                     "gpipe|1f1b|interleaved|zb-h1", "pipeline schedule (default 1f1b)", NULL),
+                     "gpipe|1f1b|interleaved|zb-h1|zbv", "pipeline schedule (default 1f1b)", NULL),
       TS_FLAG_SIZE("--virtual-stages", NULL, &virtual_stages, 1, "v",
                    "model chunks per stage with --schedule interleaved (default 1)", NULL),
       TS_FLAG_STRING("--pipeline-split", NULL, &opts.pipeline_split, "auto|a,b,...",

@@ -188,7 +188,7 @@ static void print_summary(const ts_train_config *cfg, const ts_train_result *res
   int P = cfg->engine.pipeline_stages;
   size_t m = res->global_batch / ((size_t)(res->world_size / P) * cfg->engine.micro_batch);
   if (P > 1) {
-    int v = ts_engine_opts_chunks(&cfg->engine); /* virtual stage j on stage j % P */
+    int v = ts_engine_opts_chunks(&cfg->engine); /* virtual stages: ts_schedule_vstage */
     char chunks[48] = "";
     if (v > 1) snprintf(chunks, sizeof chunks, " (%d model chunks per stage)", v);
     printf("pipeline: %d stages x %d data-parallel ranks, %s%s, %zu micro-batches per step "
@@ -197,8 +197,9 @@ static void print_summary(const ts_train_config *cfg, const ts_train_result *res
            100.0 * ts_schedule_bubble_theory(cfg->engine.schedule, P, v, (int)m));
     for (int s = 0; s < P; s++)
       for (int c = 0; c < v; c++)
-        printf("%s%d..%d", c ? "," : " ", res->pipeline_split[c * P + s],
-               res->pipeline_split[c * P + s + 1] - 1);
+        printf("%s%d..%d", c ? "," : " ",
+               res->pipeline_split[ts_schedule_vstage(cfg->engine.schedule, P, s, c)],
+               res->pipeline_split[ts_schedule_vstage(cfg->engine.schedule, P, s, c) + 1] - 1);
     printf("\n");
   }
   printf("ZeRO stage %d on %d rank%s, global batch %zu: %.3f MB sent per step per rank; rank 0 "
@@ -481,12 +482,14 @@ int ts_tool_train(int argc, char **argv) {
                      "Default none",
                      NULL),
       TS_FLAG_CUSTOM("--schedule", NULL, &e->schedule, parse_schedule,
-                     "gpipe|1f1b|interleaved|zb-h1",
+                     "gpipe|1f1b|interleaved|zb-h1|zbv",
                      "pipeline schedule (default 1f1b); interleaved: 1F1B over "
                      "--virtual-stages model chunks per stage (Megatron-LM's), the bubble divided "
                      "by v; --grad-accum a multiple of P; zb-h1: 1F1B with each backward split "
                      "into the input gradient and a deferred weight gradient that fills the "
-                     "cool-down (Qi et al. 2024), the bubble about a third of 1F1B's",
+                     "cool-down (Qi et al. 2024), the bubble about a third of 1F1B's; zbv: two "
+                     "chunks per stage in a V (stage s holds pieces s and 2P-1-s), B and W "
+                     "split, 1F1B's memory, the bubble about a sixth of 1F1B's",
                      NULL),
       TS_FLAG_SIZE("--virtual-stages", NULL, &virtual_stages, 1, "v",
                    "model chunks per pipeline stage with --schedule interleaved (2 to 16; the "
