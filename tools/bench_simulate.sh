@@ -33,7 +33,7 @@
 #    predictions.
 # Pipeline rows: 2 and 4 ranks here and one stage per node on the test bed,
 # 4 or 8 micro-batches per step (GLOBAL sequences), GPipe, 1F1B,
-# interleaved (2 chunks per stage) and ZB-H1.
+# interleaved (2 chunks per stage), ZB-H1 and ZB-V.
 # PARTS="A B" (default) runs both; with PARTS=B, INTRA=GB/s skips part A.
 #
 #   tools/bench_simulate.sh [MODEL] [STEPS] [SEQ] [RATE]
@@ -129,7 +129,8 @@ if [[ " $PARTS " == *" A "* ]]; then
   # pipelines: N ranks, P stages, M micro-batches per step, a schedule, a
   # ZeRO stage (interleaved: 2 model chunks per stage)
   for run in "2 2 4 gpipe 0" "2 2 4 1f1b 0" "4 2 4 1f1b 1" "4 4 8 1f1b 0" "2 2 8 1f1b 0" \
-    "2 2 8 interleaved 0" "2 2 8 zb-h1 0" "4 4 8 interleaved 0" "4 4 8 zb-h1 0"; do
+    "2 2 8 interleaved 0" "2 2 8 zb-h1 0" "2 2 8 zbv 0" "4 4 8 interleaved 0" "4 4 8 zb-h1 0" \
+    "4 4 8 zbv 0"; do
     read -r n P M k z <<<"$run"
     more=()
     [[ "$k" == interleaved ]] && more=(--virtual-stages 2)

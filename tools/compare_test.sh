@@ -100,20 +100,25 @@ check_eq "memory mismatch exit code" 1 "$rc"
 check "memory mismatch fails" "FAIL: model states (" "$log"
 check "names the rank" "fp32 recompute:none ZeRO-1, rank 1" "$log"
 
-# The pipeline axis: P = 1 and 2 at ZeRO 1, GPipe and 1F1B, 4 micro-batches:
-# every rank's plan is its stage's (the model-state check), the schedules
-# train the same losses (the loss check), the per-rank table names the
-# stages, and each pipelined run's timeline is drawn.
+# The pipeline axis: P = 1 and 2 at ZeRO 1, GPipe, 1F1B, interleaved (2
+# chunks), ZB-H1 and ZB-V, 4 micro-batches: every rank's plan is its
+# stage's (the model-state check), the schedules train the same losses
+# (the loss check), the per-rank table names the stages (each chunk's
+# units), and each pipelined run's timeline is drawn.
 pp="$tmp/pp"
 log="$("$bin" compare --model llama-tiny -n 2 --data "$tmp/data" --steps 2 --micro-batch 2 \
-  --seq 64 --zero 1 --pipeline 1,2 --schedule gpipe,1f1b --out "$pp" 2>&1)"
+  --seq 64 --zero 1 --pipeline 1,2 --schedule gpipe,1f1b,interleaved,zb-h1,zbv --out "$pp" 2>&1)"
 check_eq "pipeline compare exit code" 0 "$?"
 md="$(cat "$pp/compare.md" 2>/dev/null)"
 check "pipeline: model states check" "PASS: model states" "$md"
 check "pipeline: loss check across schedules" "PASS: loss identical at every step across ZeRO stages, schedules" "$md"
 check "pipeline: per-rank table names the stages" "| fp32 recompute:none P2 1f1b ZeRO-1 | s0 (0.." "$md"
 check "pipeline: timeline linked" "![timeline](timeline-fp32-none-p2-gpipe-zero1.png)" "$md"
-for f in timeline-fp32-none-p2-gpipe-zero1.png timeline-fp32-none-p2-1f1b-zero1.png; do
+check "pipeline: interleaved's chunks" "| fp32 recompute:none P2 interleaved-v2 ZeRO-1 | s0 (0..1,3..4)" "$md"
+check "pipeline: ZB-V's V" "| fp32 recompute:none P2 zbv ZeRO-1 | s0 (0..1,5..5)" "$md"
+for f in timeline-fp32-none-p2-gpipe-zero1.png timeline-fp32-none-p2-1f1b-zero1.png \
+  timeline-fp32-none-p2-interleaved-v2-zero1.png timeline-fp32-none-p2-zb-h1-zero1.png \
+  timeline-fp32-none-p2-zbv-zero1.png; do
   check_eq "pipeline: $f is a PNG" "PNG" "$(head -c 4 "$pp/$f" 2>/dev/null | tail -c 3)"
 done
 check "pipeline: csv has the stage" "pipeline,schedule,world_size,rank,pipeline_stage" \
