@@ -114,7 +114,8 @@ static ts_status parse_header(ck_index *ix, const cJSON *root, int version) {
     TS_CHECK(get_int(ix, root, "virtual_stages", "virtual_stages", 2, TS_ENGINE_MAX_CHUNKS, &v));
     vs = (int)v;
     if (ix->info.pipeline < 2 || ix->info.pipeline * vs > TS_ENGINE_MAX_STAGES)
-      return bad(ix, "field \"virtual_stages\" = %d: expected pipeline >= 2 and pipeline x %d <= %d",
+      return bad(ix,
+                 "field \"virtual_stages\" = %d: expected pipeline >= 2 and pipeline x %d <= %d",
                  vs, vs, TS_ENGINE_MAX_STAGES);
   }
   /* split: pipeline x virtual_stages + 1 unit counts from 0, rising

@@ -471,8 +471,8 @@ static ts_status check_opts(const ts_model *model, const ts_engine_opts *opts) {
                           opts->pipeline_stages);
     if (opts->virtual_stages > 2)
       return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                          "schedule zbv with `virtual_stages` %d: expected 2 (ZB-V places two model "
-                          "chunks per rank in a V)",
+                          "schedule zbv with `virtual_stages` %d: expected 2 (ZB-V places two "
+                          "model chunks per rank in a V)",
                           opts->virtual_stages);
   } else if (opts->virtual_stages > 1) {
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,

@@ -10,7 +10,8 @@
  *
  * Invariants. Micro-batch mb of chunk c uses slot mb % nslot[c] of the
  * chunk's; the micro-batches in flight on a chunk are consecutive and at
- * most nslot[c] (ts_schedule_in_flight_chunk), so no two share a slot. Sends are non-blocking and their buffers untouched
+ * most nslot[c] (ts_schedule_in_flight_chunk), so no two share a slot.
+ * Sends are non-blocking and their buffers untouched
  * until waited: a slot's output before its next forward or backward writes
  * it, its gradient buffer before its next backward, all of them at the
  * step's reduce. Receives block. Every unit computes exactly what it
@@ -117,7 +118,8 @@ ts_status ts_engine_recv_tied_grads(ts_engine *e) {
   size_t P = e->units[e->pipe.lender].layout.padded;
   TS_CHECK(ts_ledger_alloc_transient(&e->ledger, e->device, TS_MEM_GRADS, P * e->es,
                                      &e->pipe.tied_grads));
-  return ts_engine_recv(e, e->pipe.tied_grads, P, e->pipe.head_stage, ts_engine_tag(TS_TAG_TIED, 0));
+  return ts_engine_recv(e, e->pipe.tied_grads, P, e->pipe.head_stage,
+                        ts_engine_tag(TS_TAG_TIED, 0));
 }
 
 ts_status ts_engine_send_tied_grads(ts_engine *e) {

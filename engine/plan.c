@@ -91,7 +91,10 @@ ts_status ts_engine_pipeline_split(const ts_model *m, const ts_engine_opts *o, i
   double *cost = malloc((size_t)n * sizeof *cost);
   if (!cost) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "pipeline split: %d costs", n);
   for (int u = 0; u < n; u++) cost[u] = ts_engine_unit_cost(m, o, u);
-  ts_status st = ts_pipeline_split_balanced(cost, n, P, first);
+  /* ZB-V: a stage computes pieces s and 2P - 1 - s, whose sum it balances */
+  ts_status st = v > 1 && o->schedule == TS_SCHEDULE_ZBV
+                     ? ts_pipeline_split_v(cost, n, o->pipeline_stages, first)
+                     : ts_pipeline_split_balanced(cost, n, P, first);
   free(cost);
   return st;
 }

@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <float.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,7 +114,8 @@ static void zbv_forward(list *l, int P, int j, int mb) {
   int V = 2 * P, c = ts_schedule_chunk_of(TS_SCHEDULE_ZBV, P, j);
   if (j > 0) push_chunk(l, TS_ACT_RECV_ACT, mb, ts_schedule_rank_of(TS_SCHEDULE_ZBV, P, j - 1), c);
   push_chunk(l, TS_ACT_FORWARD, mb, -1, c);
-  if (j < V - 1) push_chunk(l, TS_ACT_SEND_ACT, mb, ts_schedule_rank_of(TS_SCHEDULE_ZBV, P, j + 1), c);
+  if (j < V - 1)
+    push_chunk(l, TS_ACT_SEND_ACT, mb, ts_schedule_rank_of(TS_SCHEDULE_ZBV, P, j + 1), c);
 }
 
 static void zbv_backward(list *l, int P, int j, int mb) {
@@ -704,6 +706,63 @@ ts_status ts_pipeline_split_balanced(const double *cost, int n, int stages, int 
 #undef C
   free(prefix), free(best), free(cut);
   return TS_OK;
+}
+
+ts_status ts_pipeline_split_v(const double *cost, int n, int stages, int *first) {
+  int P = stages;
+  if (P < 1 || 2 * P > n)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "`pipeline_stages` %d in a V: expected 1 to %d stages (two pieces of one "
+                        "unit each at least; the model has %d units)",
+                        P, n / 2, n);
+  double *prefix = calloc((size_t)n + 1, sizeof(double));
+  if (!prefix) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "pipeline split: %d units", n);
+  for (int i = 0; i < n; i++) prefix[i + 1] = prefix[i] + cost[i];
+#define COST(a, b) (prefix[b] - prefix[a])
+  int a = 0, b = n; /* the units left: [a, b) */
+  for (int s = 0; s < P - 1; s++) {
+    int after = 2 * (P - 1 - s); /* units the stages after this one need at least */
+    double share = COST(a, b) / (double)(P - s);
+    int f = a + 1; /* the front piece [a, f): nearest half the share */
+    while (f + 1 <= b - 1 - after &&
+           fabs(COST(a, f + 1) - share / 2) < fabs(COST(a, f) - share / 2))
+      f++;
+    int k = b - 1; /* the back piece [k, b): the pair nearest the share */
+    while (k - 1 >= f + after &&
+           fabs(COST(a, f) + COST(k - 1, b) - share) < fabs(COST(a, f) + COST(k, b) - share))
+      k--;
+    first[s] = a;
+    first[2 * P - 1 - s] = k;
+    a = f;
+    b = k;
+  }
+  int mid = a + 1; /* the last stage: the middle [a, b) at its half */
+  while (mid + 1 <= b - 1 &&
+         fabs(COST(a, mid + 1) - COST(mid + 1, b)) < fabs(COST(a, mid) - COST(mid, b)))
+    mid++;
+  first[P - 1] = a;
+  first[P] = mid;
+  first[2 * P] = n;
+  /* the pieces of least largest cost, when their busiest stage is less busy */
+  int *other = malloc((size_t)(2 * P + 1) * sizeof *other);
+  ts_status st = other ? ts_pipeline_split_balanced(cost, n, 2 * P, other)
+                       : ts_set_error(TS_ERR_OUT_OF_MEMORY, "pipeline split: %d pieces", 2 * P);
+  if (st == TS_OK) {
+    other[2 * P] = n;
+    double mine = 0, theirs = 0;
+    for (int s = 0; s < P; s++) {
+      int j = 2 * P - 1 - s;
+      double x = COST(first[s], first[s + 1]) + COST(first[j], first[j + 1]);
+      double y = COST(other[s], other[s + 1]) + COST(other[j], other[j + 1]);
+      mine = x > mine ? x : mine;
+      theirs = y > theirs ? y : theirs;
+    }
+    if (theirs < mine) memcpy(first, other, (size_t)(2 * P + 1) * sizeof *first);
+  }
+#undef COST
+  free(other);
+  free(prefix);
+  return st;
 }
 
 ts_status ts_pipeline_split_parse(const char *text, int n, int stages, int *first) {

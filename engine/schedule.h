@@ -231,8 +231,9 @@ ts_status ts_schedule_simulate(const ts_schedule *s, ts_schedule_report *report)
  * *step. For GPipe and 1F1B that is (P - 1) / (m + P - 1) on every rank,
  * for the interleaved schedule (P - 1) / (v m + P - 1) (Narayanan et al.
  * 2021, §2.2), for ZB-H1 with t_backward = 2 t_forward (B = W = F) (P -
- * 1) / (3 m + P - 1) (Qi et al. 2024, §2.1). TS_ERR_INVALID_ARGUMENT (times not > 0), TS_ERR_INTERNAL (a
- * list that cannot run: ts_schedule_simulate says why),
+ * 1) / (3 m + P - 1) (Qi et al. 2024, §2.1), for ZB-V (P - 1) / (6 m + P
+ * - 1) at m = P and 2 P. TS_ERR_INVALID_ARGUMENT (times not > 0),
+ * TS_ERR_INTERNAL (a list that cannot run: ts_schedule_simulate says why),
  * TS_ERR_OUT_OF_MEMORY. */
 ts_status ts_schedule_time(const ts_schedule *s, double t_forward, double t_backward,
                            double *step, double *bubble);
@@ -251,6 +252,21 @@ double ts_schedule_bubble_theory(ts_schedule_kind kind, int stages, int virtual_
  * index of stage s's first unit (first[0] = 0), P entries.
  * TS_ERR_INVALID_ARGUMENT when P < 1 or P > n (every stage needs a unit). */
 ts_status ts_pipeline_split_balanced(const double *cost, int n, int stages, int *first);
+
+/* ZB-V's split of n units with costs cost[0..n) into 2 P contiguous
+ * pieces, piece j on stage ts_schedule_rank_of(TS_SCHEDULE_ZBV, P, j):
+ * what a stage computes is two pieces, s and 2 P - 1 - s, so this
+ * balances their sums, not the pieces. From the outside in, stage s's
+ * first piece takes units from the front until it is nearest half of its
+ * fair share (what is left over the stages left), its second from the
+ * back until the two are nearest that share; the last stage splits the
+ * middle at its half. Where the 2 P pieces of least largest cost
+ * (ts_pipeline_split_balanced) leave the busiest stage less busy, those
+ * instead. The busiest stage's sum then lies within two units' cost of
+ * the mean, and never above the other split's (schedule_test). first: 2 P + 1 entries as
+ * ts_pipeline_split_balanced's. TS_ERR_INVALID_ARGUMENT when P < 1 or 2 P
+ * > n. */
+ts_status ts_pipeline_split_v(const double *cost, int n, int stages, int *first);
 
 /* An explicit split: "a,b,c" units per stage (P numbers, each >= 1,
  * summing to n) into first[] as above. TS_ERR_INVALID_ARGUMENT naming what

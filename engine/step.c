@@ -184,8 +184,8 @@ static ts_status run_action(ts_engine *e, const ts_action *a, const ts_action *n
     }
     case TS_ACT_SEND_GRAD:
       if (self) return TS_OK;
-      return ts_engine_isend(e, sl->gsend, n, a->peer, ts_engine_chunk_tag(e, TS_TAG_GRAD, a->mb, c),
-                             &sl->grad_req);
+      return ts_engine_isend(e, sl->gsend, n, a->peer,
+                             ts_engine_chunk_tag(e, TS_TAG_GRAD, a->mb, c), &sl->grad_req);
     case TS_ACT_RECV_GRAD: { /* into dbuf[1]: backward's first output goes to dbuf[0] */
       int from = ts_engine_chunk_of_vstage(e, j + 1);
       if (self) return recv_self(e, e->dbuf[1], a->mb, from, 1);

@@ -379,7 +379,8 @@ static int plan_runs(ts_compare *c) {
           for (char *p = file_ck; *p; p++)
             if (*p == ':') *p = '-';
           char v[16] = "";
-          if (r->v > 1 && r->schedule == TS_SCHEDULE_INTERLEAVED) snprintf(v, sizeof v, "-v%d", r->v);
+          if (r->v > 1 && r->schedule == TS_SCHEDULE_INTERLEAVED)
+            snprintf(v, sizeof v, "-v%d", r->v);
           if (r->pipeline > 1) {
             snprintf(layout, sizeof layout, " P%d %s%s", r->pipeline,
                      ts_schedule_kind_name(r->schedule), v);
