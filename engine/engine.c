@@ -464,6 +464,10 @@ static ts_status check_opts(const ts_model *model, const ts_engine_opts *opts) {
                           "schedule interleaved: `grad_accum` %zu micro-batches on %d pipeline "
                           "stages: expected a multiple of %d",
                           opts->grad_accum, opts->pipeline_stages, opts->pipeline_stages);
+  } else if (opts->schedule == TS_SCHEDULE_ZB_H1 && opts->pipeline_stages < 2) {
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "schedule zb-h1 with %d pipeline stage: expected 2 or more",
+                        opts->pipeline_stages);
   } else if (opts->schedule == TS_SCHEDULE_ZBV) {
     if (opts->pipeline_stages < 2)
       return ts_set_error(TS_ERR_INVALID_ARGUMENT,

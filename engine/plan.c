@@ -72,6 +72,12 @@ double ts_engine_unit_cost(const ts_model *m, const ts_engine_opts *o, int u) {
 ts_status ts_engine_pipeline_split(const ts_model *m, const ts_engine_opts *o, int *first) {
   int v = o->pipeline_stages > 1 ? ts_engine_opts_chunks(o) : 1;
   int P = o->pipeline_stages * v, n = m->n_units;
+  if (v > 1 && o->schedule == TS_SCHEDULE_ZBV && (P > n || P > TS_ENGINE_MAX_STAGES))
+    return ts_set_error(
+        TS_ERR_INVALID_ARGUMENT,
+        "`pipeline_stages` %d with schedule zbv = %d virtual stages (two per stage): expected "
+        "at most %d (the units of %s: embedding, %d blocks, head; every virtual stage needs one)",
+        o->pipeline_stages, P, n < TS_ENGINE_MAX_STAGES ? n : TS_ENGINE_MAX_STAGES, m->name, n - 2);
   if (v > 1 && (P < 1 || P > n || P > TS_ENGINE_MAX_STAGES))
     return ts_set_error(
         TS_ERR_INVALID_ARGUMENT,

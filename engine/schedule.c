@@ -783,14 +783,16 @@ ts_status ts_pipeline_split_parse(const char *text, int n, int stages, int *firs
       if (*p != ',')
         return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                             "`pipeline_split` %s: expected %d comma-separated counts, one per "
-                            "stage",
+                            "stage (with model chunks: one per virtual stage)",
                             text, stages);
       p++;
     }
   }
   if (*p != '\0')
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "`pipeline_split` %s: expected %d counts, one per stage", text, stages);
+                        "`pipeline_split` %s: expected %d counts, one per stage (with model "
+                        "chunks: one per virtual stage)",
+                        text, stages);
   if (sum != n)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "`pipeline_split` %s: covers %d units: expected the model's %d exactly",

@@ -544,7 +544,9 @@ TEST(Pipeline, InterleavedRefusalsNameTheValues) {
        "in a V)"},
       {1, 2, 4, TS_SCHEDULE_ZBV, "schedule zbv with 1 pipeline stage: expected 2 or more"},
       {3, 2, 4, TS_SCHEDULE_ZBV,
-       "`pipeline_stages` 3 x `virtual_stages` 2 = 6 virtual stages: expected at most 4"},
+       "`pipeline_stages` 3 with schedule zbv = 6 virtual stages (two per stage): expected at "
+       "most 4"},
+      {1, 1, 4, TS_SCHEDULE_ZB_H1, "schedule zb-h1 with 1 pipeline stage: expected 2 or more"},
   };
   for (const Case &c : cases) {
     o.pipeline_stages = c.P;

@@ -264,10 +264,11 @@ int ts_compare_write_md(const ts_compare *c, const char *path, const char *check
   for (int i = 0; i < c->n_runs; i++)
     if (c->runs[i].pipeline > 1)
       fprintf(md, "\n%s: step %zu's timeline, measured bubble %.1f%% on the busiest rank, "
-                  "(P-1)/(m+P-1) = %.1f%% in theory\n\n![timeline](timeline-%s.png)\n",
+                  "%.1f%% in theory (its schedule's formula, ts_schedule_bubble_theory)\n\n"
+                  "![timeline](timeline-%s.png)\n",
               c->runs[i].name, c->steps, 100.0 * c->runs[i].bubble,
-              100.0 * (c->runs[i].pipeline - 1) /
-                  ((double)c->grad_accum + c->runs[i].pipeline - 1),
+              100.0 * ts_schedule_bubble_theory(c->runs[i].schedule, c->runs[i].pipeline,
+                                                c->runs[i].v, (int)c->grad_accum),
               c->runs[i].file);
   return finish(af);
 }

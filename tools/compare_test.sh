@@ -116,6 +116,9 @@ check "pipeline: per-rank table names the stages" "| fp32 recompute:none P2 1f1b
 check "pipeline: timeline linked" "![timeline](timeline-fp32-none-p2-gpipe-zero1.png)" "$md"
 check "pipeline: interleaved's chunks" "| fp32 recompute:none P2 interleaved-v2 ZeRO-1 | s0 (0..1,3..4)" "$md"
 check "pipeline: ZB-V's V" "| fp32 recompute:none P2 zbv ZeRO-1 | s0 (0..1,5..5)" "$md"
+check "pipeline: ZB-V's bubble in theory, (P-1)/(6m+P-1)" \
+  "on the busiest rank, 4.0% in theory (its schedule's formula" \
+  "$(grep "P2 zbv ZeRO-1: step" <<<"$md")"
 for f in timeline-fp32-none-p2-gpipe-zero1.png timeline-fp32-none-p2-1f1b-zero1.png \
   timeline-fp32-none-p2-interleaved-v2-zero1.png timeline-fp32-none-p2-zb-h1-zero1.png \
   timeline-fp32-none-p2-zbv-zero1.png; do

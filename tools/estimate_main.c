@@ -391,15 +391,18 @@ int ts_tool_estimate(int argc, char **argv) {
   if (model)
     printf("link classes: %zu ranks per node; sent per step is rank 0's, one training step\n",
            per_node ? per_node : world);
-  if (model && P > 1)
+  if (model && P > 1) {
+    char chunks[48] = "";
+    if (V > P) snprintf(chunks, sizeof chunks, " (%d model chunks per stage)", V / P);
     printf("pipeline: %d stages x %zu data-parallel rank%s, %s%s, %zu micro-batches per step; "
            "column sS is pipeline stage S (units first..last%s)\n",
-           P, dp, dp == 1 ? "" : "s", ts_schedule_kind_name(opts.schedule),
-           V > P ? " with model chunks" : "", opts.grad_accum, V > P ? " of each chunk" : "");
-  else if (!model)
+           P, dp, dp == 1 ? "" : "s", ts_schedule_kind_name(opts.schedule), chunks,
+           opts.grad_accum, V > P ? " of each chunk" : "");
+  } else if (!model) {
     printf("tessera estimate: Ψ = %s parameters (%zu), N = %zu rank%s, %s, model states only "
            "(Ψ given, no model: no activations, buffers or transients)\n",
            count, psi, world, world == 1 ? "" : "s", ts_dtype_name(opts.dtype));
+  }
   printf("bytes per rank in %s: %s\n", unit->what,
          model ? "the peak of each ledger category during a step, and the peak of their sum"
                : "the model states, allocated once and held between steps");

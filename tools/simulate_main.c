@@ -477,7 +477,9 @@ int ts_tool_simulate(int argc, char **argv) {
         "pipeline: %zu stages of %zu data-parallel rank%s, %s%s; the figures are the slowest "
         "stage's, bytes and memory the largest stage's\n",
         pipeline, dp, dp == 1 ? "" : "s", ts_schedule_kind_name(opts.schedule),
-        virtual_stages > 1 ? " (model chunks per stage: --virtual-stages)" : "");
+        opts.schedule == TS_SCHEDULE_ZBV ? " (2 model chunks per stage, in a V)"
+        : virtual_stages > 1           ? " (--virtual-stages model chunks per stage)"
+                                       : "");
   if (trace && prof_units < n_units)
     printf(
         "profile of a twin of %d units: each of the %d blocks costs the median of its %d "

@@ -181,7 +181,7 @@ static const char *color_of(int kind, char letter) {
   if (kind == K_COMPUTE)
     return letter == 'F'   ? "0x4C8BE8"
            : letter == 'B' ? "0x2E9D52"
-           : letter == 'W' ? "0x8E44AD"
+           : letter == 'W' ? "0xE67E22"
                            : "0xF2B705";
   if (kind == K_RECV) return "0xD0D0D0";
   if (kind == K_COMM) return "0xE57373";
@@ -235,6 +235,7 @@ ts_status ts_timeline_draw(const ts_timeline *t, const char *title, const char *
           "NaN with boxes fs solid lc rgb '#4C8BE8' title 'forward', "
           "NaN with boxes fs solid lc rgb '#2E9D52' title 'backward', "
           "NaN with boxes fs solid lc rgb '#F2B705' title 'recompute', "
+          "NaN with boxes fs solid lc rgb '#E67E22' title 'weight gradients (W)', "
           "NaN with boxes fs solid lc rgb '#D0D0D0' title 'receive (waiting for a neighbour)', "
           "NaN with boxes fs solid lc rgb '#E57373' title 'all-gather / reduce-scatter', "
           "NaN with boxes fs solid lc rgb '#8E6CC8' title 'optimizer step'\n",

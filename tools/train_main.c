@@ -489,11 +489,13 @@ int ts_tool_train(int argc, char **argv) {
                      "into the input gradient and a deferred weight gradient that fills the "
                      "cool-down (Qi et al. 2024), the bubble about a third of 1F1B's; zbv: two "
                      "chunks per stage in a V (stage s holds pieces s and 2P-1-s), B and W "
-                     "split, 1F1B's memory, the bubble about a sixth of 1F1B's",
+                     "split, stage 0's 1F1B count of micro-batches in flight (plus W's copies), "
+                     "the bubble about a sixth of 1F1B's",
                      NULL),
       TS_FLAG_SIZE("--virtual-stages", NULL, &virtual_stages, 1, "v",
-                   "model chunks per pipeline stage with --schedule interleaved (2 to 16; the "
-                   "units split into P v pieces, piece j on stage j mod P; default 1)",
+                   "model chunks per pipeline stage: 2 to 16 with --schedule interleaved (the "
+                   "units split into P v pieces, piece j on stage j mod P), 2 with zbv; default "
+                   "1",
                    NULL),
       TS_FLAG_STRING("--pipeline-split", NULL, &e->pipeline_split, "auto|a,b,...",
                      "units per stage (embedding and head count as units; default auto: "
