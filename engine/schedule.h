@@ -116,7 +116,7 @@ typedef struct ts_schedule {
   int micro_batches;  /* m >= 1 */
   int virtual_stages; /* v >= 1 model chunks per rank (1 but for interleaved) */
   int split_backward; /* 1: BACKWARD is B, and WEIGHT actions run the weight gradients
-                         (ZB-H1); 0: BACKWARD is the whole backward */
+                         (ZB-H1, ZB-V); 0: BACKWARD is the whole backward */
   ts_stage_schedule *stage; /* (P), owned */
 } ts_schedule;
 
@@ -167,9 +167,9 @@ ts_status ts_schedule_build_interleaved(int stages, int virtual_stages, int micr
                                         ts_schedule *out);
 
 /* The schedule of `kind` with v model chunks per rank: the interleaved
- * schedule's builder for TS_SCHEDULE_INTERLEAVED, ts_schedule_build's
- * (v must be 1) for the others. Errors as theirs, and
- * TS_ERR_INVALID_ARGUMENT for v != 1 with GPipe or 1F1B. */
+ * schedule's builder for TS_SCHEDULE_INTERLEAVED, ts_schedule_build's for
+ * the others (v must be 2 for ZB-V, 1 for the rest). Errors as theirs,
+ * and TS_ERR_INVALID_ARGUMENT naming v for another v. */
 ts_status ts_schedule_make(ts_schedule_kind kind, int stages, int virtual_stages,
                            int micro_batches, ts_schedule *out);
 
@@ -188,12 +188,11 @@ int ts_schedule_in_flight_interleaved(int stages, int virtual_stages, int micro_
 
 /* The most micro-batches whose activations stage s holds at once under
  * this schedule: forwards done whose backward (ZB-H1: W) has not run.
- * GPipe: m; 1F1B: min(P - s, m); ZB-H1: min(P, m). What the memory plan
- * charges a stage. */
+ * GPipe: m; 1F1B: min(P - s, m); ZB-H1: min(P, m); ZB-V, in chunk
+ * micro-batches (half a stage each), its bound 2 min(P, m). What the
+ * memory plan charges a stage (the engine counts each chunk's own:
+ * ts_schedule_in_flight_chunk). */
 int ts_schedule_in_flight(ts_schedule_kind kind, int stages, int micro_batches, int s);
-/* ZB-V's bound: chunk micro-batches from forward to W a rank holds, 2 P
- * (two chunks of half a stage each: 1F1B's P at stage 0). */
-enum { TS_SCHEDULE_ZBV_CHUNKS = 2 };
 
 /* What ts_schedule_simulate found. */
 typedef struct ts_schedule_report {
@@ -263,9 +262,9 @@ ts_status ts_pipeline_split_balanced(const double *cost, int n, int stages, int 
  * middle at its half. Where the 2 P pieces of least largest cost
  * (ts_pipeline_split_balanced) leave the busiest stage less busy, those
  * instead. The busiest stage's sum then lies within two units' cost of
- * the mean, and never above the other split's (schedule_test). first: 2 P + 1 entries as
- * ts_pipeline_split_balanced's. TS_ERR_INVALID_ARGUMENT when P < 1 or 2 P
- * > n. */
+ * the mean, and never above the other split's (schedule_test). first:
+ * 2 P + 1 entries as ts_pipeline_split_balanced's. TS_ERR_INVALID_ARGUMENT
+ * when P < 1 or 2 P > n. */
 ts_status ts_pipeline_split_v(const double *cost, int n, int stages, int *first);
 
 /* An explicit split: "a,b,c" units per stage (P numbers, each >= 1,

@@ -107,6 +107,7 @@ TEST(Schedule, ZbvRunsInAVWithinOneFOneBsMemoryAndItsBubble) {
         }
         if (st == 0) EXPECT_LT(last_w[1], last_w[0]) << "the head's last W first";
         EXPECT_LE(r.max_in_flight[st], 2 * P) << "stage " << st;
+        EXPECT_LE(r.max_in_flight[st], ts_schedule_in_flight(TS_SCHEDULE_ZBV, P, m, st));
         EXPECT_EQ(ts_schedule_in_flight_chunk(&s, st, 0) + ts_schedule_in_flight_chunk(&s, st, 1) >=
                       r.max_in_flight[st],
                   true);
