@@ -418,6 +418,39 @@ TEST(Pipeline, InterleavedBitwiseEqualToDataParallel) {
     }
 }
 
+// A chunked schedule's base layout (tied, m = 2P) with bf16 and every
+// block recomputed (ZeRO 0 and 3), fp16 with an injected overflow (the
+// step skipped on every rank of the grid), ZeRO-3 gathering each unit once
+// per step across chunks, the host-staged transport (the GPU's) with
+// overlap off, and the encoder.
+void ExpectVariantsSameAsDataParallel(const Layout &s, int P) {
+  for (int zero : {0, 3}) {
+    Layout b = s;
+    b.zero = zero;
+    b.dtype = TS_BF16;
+    b.recompute_every = 1;
+    ExpectSameAsDataParallel(b, P);
+  }
+  Layout h = s;
+  h.zero = 1;
+  h.dtype = TS_FP16;
+  h.inject = {2, 1, 4, INFINITY};
+  ExpectSameAsDataParallel(h, P);
+  Layout g = s;
+  g.zero = 3;
+  g.keep_gathered = true;
+  ExpectSameAsDataParallel(g, P);
+  Layout t = s;
+  t.zero = 2;
+  t.staged = true;
+  t.overlap = false;
+  ExpectSameAsDataParallel(t, P);
+  Layout e = s;
+  e.bert = true;
+  e.zero = 2;
+  ExpectSameAsDataParallel(e, P);
+}
+
 TEST(Pipeline, InterleavedWithBf16Fp16RecomputeGatherOnceStagedAndBert) {
   for (int P : Stages()) {
     Layout s;
@@ -426,31 +459,7 @@ TEST(Pipeline, InterleavedWithBf16Fp16RecomputeGatherOnceStagedAndBert) {
     s.layers = (size_t)(2 * P);
     s.m = (size_t)(2 * P);
     s.tied = true;
-    for (int zero : {0, 3}) {  // bf16 with every block recomputed
-      Layout b = s;
-      b.zero = zero;
-      b.dtype = TS_BF16;
-      b.recompute_every = 1;
-      ExpectSameAsDataParallel(b, P);
-    }
-    Layout h = s;  // fp16: an overflow skips the step on every rank of the grid
-    h.zero = 1;
-    h.dtype = TS_FP16;
-    h.inject = {2, 1, 4, INFINITY};
-    ExpectSameAsDataParallel(h, P);
-    Layout g = s;  // ZeRO-3 gathering each unit once per step across chunks
-    g.zero = 3;
-    g.keep_gathered = true;
-    ExpectSameAsDataParallel(g, P);
-    Layout t = s;  // the host-staged transport (the GPU's), overlap off
-    t.zero = 2;
-    t.staged = true;
-    t.overlap = false;
-    ExpectSameAsDataParallel(t, P);
-    Layout e = s;  // the encoder
-    e.bert = true;
-    e.zero = 2;
-    ExpectSameAsDataParallel(e, P);
+    ExpectVariantsSameAsDataParallel(s, P);
   }
 }
 
@@ -475,33 +484,10 @@ TEST(Pipeline, ZbvBitwiseEqualToDataParallel) {
         s.steps = zero == 0 ? 5 : 3;  // and no allocation inside steps 2-5
         ExpectSameAsDataParallel(s, P);
       }
-    Layout b = base;  // bf16, every block recomputed
-    b.zero = 3;
-    b.tied = true;
-    b.dtype = TS_BF16;
-    b.recompute_every = 1;
-    b.m = (size_t)(2 * P);
-    ExpectSameAsDataParallel(b, P);
-    Layout h = base;  // fp16: an overflow skips the step everywhere
-    h.zero = 1;
-    h.tied = true;
-    h.dtype = TS_FP16;
-    h.inject = {2, 1, 4, INFINITY};
-    ExpectSameAsDataParallel(h, P);
-    Layout g = base;  // gather-once, ZeRO-3
-    g.zero = 3;
-    g.keep_gathered = true;
-    ExpectSameAsDataParallel(g, P);
-    Layout t = base;  // the staged transport
-    t.zero = 2;
-    t.staged = true;
-    t.tied = true;
-    ExpectSameAsDataParallel(t, P);
-    Layout e = base;  // the encoder: its embeddings and head whole, its blocks split
-    e.bert = true;
-    e.zero = 2;
-    e.tied = true;
-    ExpectSameAsDataParallel(e, P);
+    Layout v = base;  // bf16 and recompute, fp16, gather-once, staged, BERT
+    v.tied = true;
+    v.m = 3;  // not a multiple of P (ZB-V needs none)
+    ExpectVariantsSameAsDataParallel(v, P);
   }
 }
 
