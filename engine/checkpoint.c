@@ -291,7 +291,11 @@ static saved_counters counters_of(const ts_engine *e) {
   return c;
 }
 
-/* The index of the whole save (rank 0): files[] then tensors[]. */
+/* The index of the whole save (rank 0): the layout, the counters and the
+ * data seed (the engine's seed: the trainer's data order), files[] then
+ * tensors[] in model order, each (tensor, kind)'s slices in rank order,
+ * at most one per rank file: what the reader holds an index to
+ * (checkpoint_index.h). */
 static ts_status build_index(const ts_engine *e, const saved_counters *sc, const saver_layout *L,
                              int world, const char (*hex)[TS_SHA256_HEX], const size_t *sizes,
                              const ts_checkpoint_extra *extra, const char (*xhex)[TS_SHA256_HEX],
@@ -312,6 +316,9 @@ static ts_status build_index(const ts_engine *e, const saved_counters *sc, const
   cJSON *opt = cJSON_AddObjectToObject(root, "optimizer");
   cJSON_AddNumberToObject(opt, "step", sc->step);
   cJSON_AddNumberToObject(opt, "attempts", sc->attempts);
+  char seed[24]; /* a string: a 64-bit seed does not fit a JSON number's double */
+  snprintf(seed, sizeof seed, "%llu", (unsigned long long)e->opts.seed);
+  cJSON_AddStringToObject(root, "data_seed", seed);
   const ts_loss_scaler *scaler = &sc->scaler;
   cJSON *ls = cJSON_AddObjectToObject(root, "loss_scaler");
   cJSON_AddNumberToObject(ls, "scale", scaler->scale);
@@ -408,6 +415,12 @@ static ts_status write_index(const ts_engine *e, const saved_counters *sc, const
   return ts_atomic_file_commit(f);
 }
 
+/* The world rank whose error this thread's last save, asynchronous save or
+ * finish agreed on (ts_checkpoint_failed_rank), else -1. */
+static _Thread_local int failed_rank = -1;
+
+int ts_checkpoint_failed_rank(void) { return failed_rank; }
+
 static ts_status make_dir(const char *dir) {
   if (mkdir(dir, 0777) == 0 || errno == EEXIST) return TS_OK;
   return ts_set_error(TS_ERR_IO, "%s: cannot create the folder: %s", dir, strerror(errno));
@@ -439,6 +452,7 @@ static void save_job_free(save_job *j) {
 static ts_status save_start(save_job *j, ts_engine *e, ts_comm *world, const char *dir,
                             const ts_checkpoint_extra *extra, size_t n_extra) {
   memset(j, 0, sizeof *j);
+  failed_rank = -1;
   if (e->run.in_step)
     return ts_set_error(TS_ERR_INVALID_USAGE,
                         "checkpoint: save inside a step: expected a step boundary");
@@ -466,7 +480,7 @@ static ts_status save_start(save_job *j, ts_engine *e, ts_comm *world, const cha
     st = ts_set_error(TS_ERR_INVALID_ARGUMENT,
                       "checkpoint: the world has %d ranks, the engine's grid %d x %d x %d", j->n,
                       e->pipe.stages, e->replicas, j->L.dp);
-  return ts_comm_agree(j->w, st, j->what, NULL);
+  return ts_comm_agree(j->w, st, j->what, &failed_rank);
 }
 
 /* The end of every save, collective: this rank's file written (`local`,
@@ -480,7 +494,7 @@ static ts_status save_commit(save_job *j, ts_status local, const char *hx, size_
   char *text = NULL;
   if (local == TS_OK && !(hex && packed && sizes))
     local = ts_set_error(TS_ERR_OUT_OF_MEMORY, "checkpoint: %d ranks", n);
-  ts_status st = ts_comm_agree(j->w, local, j->what, NULL);
+  ts_status st = ts_comm_agree(j->w, local, j->what, &failed_rank);
   if (st == TS_OK) {
     /* Gathered as doubles by a sum (each 32-bit word once, zeros from the
      * other ranks: exact), since the group's data collectives may move a
@@ -506,7 +520,7 @@ static ts_status save_commit(save_job *j, ts_status local, const char *hx, size_
     if (j->R == 0)
       mine = write_index(j->e, &j->counters, &j->L, j->dir, n, packed, hex, sizes, j->extra,
                          j->n_extra, &text);
-    st = ts_comm_agree(j->w, mine, j->what, NULL);
+    st = ts_comm_agree(j->w, mine, j->what, &failed_rank);
   }
   free(text);
   free(hex);
@@ -675,6 +689,7 @@ ts_status ts_checkpoint_save_async(ts_engine *e, ts_comm *world, const char *dir
                                    const ts_checkpoint_extra *extra, size_t n_extra,
                                    ts_checkpoint_pending **out) {
   *out = NULL;
+  failed_rank = -1;
   if (!e->ckpt.staging)
     return ts_set_error(TS_ERR_INVALID_USAGE,
                         "checkpoint: an asynchronous save needs the engine's staging "
@@ -706,7 +721,7 @@ ts_status ts_checkpoint_save_async(ts_engine *e, ts_comm *world, const char *dir
       if (!started)
         local = ts_set_error(TS_ERR_INTERNAL, "checkpoint: cannot start the writer thread");
     }
-    st = ts_comm_agree(p->job.w, local, p->job.what, NULL);
+    st = ts_comm_agree(p->job.w, local, p->job.what, &failed_rank);
     if (started && st != TS_OK) { /* another rank failed: this one's write is moot */
       pthread_join(p->thread, NULL);
     } else if (started) {

@@ -21,11 +21,13 @@
  *                   durable: the format and version, the layout that saved
  *                   it (dtype, ZeRO stage, dp, pipeline stages, virtual
  *                   stages when more than one per rank, and split),
- *                   the optimizer's counters and loss scaler, every file
- *                   with its byte count and SHA-256, and for every tensor of
- *                   the model (Hugging Face name, global shape) and every
- *                   kind the slices that hold it: [file, first element, end
- *                   element, byte offset in the file].
+ *                   the optimizer's counters and loss scaler, the data
+ *                   seed (a decimal string), every file with its byte
+ *                   count and SHA-256, and for every tensor of the model
+ *                   (Hugging Face name, global shape) and every kind the
+ *                   slices that hold it: [file, first element, end
+ *                   element, byte offset in the file]; sealed by the
+ *                   SHA-256 of all that ("digest", version 2).
  * Every file goes through base/'s atomic write, so the folder is a
  * complete checkpoint exactly when index.json exists; a folder without it
  * is ignored (ts_checkpoint_latest) and an existing index is removed before
@@ -41,6 +43,7 @@
 #define TS_ENGINE_CHECKPOINT_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "comm/comm.h"
 #include "engine/engine.h"
@@ -62,7 +65,7 @@ typedef enum ts_checkpoint_kind {
 const char *ts_checkpoint_kind_name(ts_checkpoint_kind k);
 
 #define TS_CHECKPOINT_FORMAT "tessera-checkpoint" /* index.json "format" */
-#define TS_CHECKPOINT_VERSION 2 /* index.json "version" (2: sealed by its "digest"; 1 read too) */
+#define TS_CHECKPOINT_VERSION 2 /* index.json "version", sealed by "digest": the only one read */
 #define TS_CHECKPOINT_INDEX "index.json"          /* the file that commits a folder */
 
 /* A small file rank 0 writes into the folder beside the slices (its bytes
@@ -124,6 +127,13 @@ int ts_checkpoint_written(const ts_checkpoint_pending *p);
  * file) or the commit's. */
 ts_status ts_checkpoint_finish(ts_checkpoint_pending *p);
 
+/* After ts_checkpoint_save, ts_checkpoint_save_async or ts_checkpoint_finish
+ * returned an error on this thread: the world rank that failed first when
+ * every rank returns it (agreed: that rank keeps its own message, the others
+ * say "rank R of N failed to save DIR"), so one rank can report it and none
+ * need abort; -1 when the error was this rank's alone (not agreed). */
+int ts_checkpoint_failed_rank(void);
+
 /* Local, for error paths: waits for this rank's writer and frees p without
  * committing (the folder stays no checkpoint). NULL is a no-op. */
 void ts_checkpoint_abandon(ts_checkpoint_pending *p);
@@ -137,14 +147,17 @@ double ts_checkpoint_staging_wait_seconds(const ts_engine *e);
 
 typedef struct ts_checkpoint ts_checkpoint; /* an opened index; owns its file handles */
 
-/* Opens the checkpoint in folder dir: parses index.json and checks it
- * against model (borrowed; NULL: no check): every tensor of the model with
- * its shape and no other, every slice inside its file and the slices of
- * each kind covering each tensor exactly once. TS_ERR_IO (no index.json:
- * "DIR: not a complete checkpoint (no index.json)"), TS_ERR_FORMAT naming
- * the file, the field and what differs ("DIR/index.json: tensor
- * model.norm.weight has shape [128], the model llama-tiny has [192]").
- * *out is NULL on error. */
+/* Opens the checkpoint in folder dir: parses index.json as untrusted input
+ * (its seal, version 2 only, every field, the slices' geometry and the
+ * writer's order: engine/checkpoint_index.h; a folder named step-N holds
+ * the index of optimizer.attempts N) and checks it against model
+ * (borrowed; NULL: no check): every tensor of the model with its shape and
+ * no other. TS_ERR_IO (no index.json: "DIR: not a complete checkpoint (no
+ * index.json)"), TS_ERR_FORMAT naming the file, the field and what differs
+ * ("DIR/index.json: tensor model.norm.weight has shape [128], the model
+ * llama-tiny has [192]"; "DIR/index.json: field \"optimizer.attempts\" =
+ * 19: expected 20, the step in the folder's name step-00000020"). *out is
+ * NULL on error. */
 ts_status ts_checkpoint_open(ts_checkpoint **out, const char *dir, const ts_model *model);
 
 /* Checks the SHA-256 and size of the files i with i % size == rank (size
@@ -182,8 +195,10 @@ typedef struct ts_checkpoint_info {
   int pipeline;        /* pipeline stages */
   int world;           /* ranks: pipeline * dp, one rank-RRRRR.bin each */
   int optimizer_step;  /* AdamW updates applied (t) */
-  int attempts;        /* optimizer steps finished, skipped (overflowed fp16) ones included:
-                          the training step it was saved after */
+  int attempts;        /* optimizer steps finished, skipped (overflowed fp16, or non-finite
+                          gradients or loss at any dtype) ones included: the training step
+                          it was saved after */
+  uint64_t data_seed;  /* the saving engine's seed (opts.seed), the trainer's data order */
   size_t n_tensors;    /* logical tensors */
   size_t bytes;        /* every file the index lists, summed */
   size_t bytes_read;   /* what this process read of them so far (verify and load), bytes */
@@ -211,11 +226,26 @@ ts_status ts_checkpoint_import_hf(ts_engine *e, const char *dir);
  * 0 when none (out ""). *step receives N (root itself: 0). */
 int ts_checkpoint_latest(const char *root, char *out, size_t cap, size_t *step);
 
+/* ts_checkpoint_latest among the children "step-N" with N < below only
+ * (root itself never): the next older checkpoint after one that is
+ * damaged (`resume` auto). Returns 1 when found, else 0 (out ""). */
+int ts_checkpoint_latest_below(const char *root, size_t below, char *out, size_t cap,
+                               size_t *step);
+
+/* Holds checkpoint folder dir against pruning while it is read: a shared
+ * flock(2) on its index.json, taken blocking (a prune holds it briefly).
+ * Returns the lock's file descriptor (close it to release), or -1 when the
+ * folder has no index.json any more (a prune removed it first: it is no
+ * complete checkpoint now). Works across processes on one host and on
+ * file systems with working flock (local, NFSv4). */
+int ts_checkpoint_hold(const char *dir);
+
 /* Removes the complete checkpoints "step-N" under root but the `keep`
  * newest (keep 0: none is removed), and incomplete ones older than the
  * newest complete one. Their index goes first, so an interrupted removal
- * leaves an incomplete folder, never a checkpoint missing a file.
- * TS_ERR_IO naming the folder. */
+ * leaves an incomplete folder, never a checkpoint missing a file. A
+ * checkpoint another process holds (ts_checkpoint_hold: a resume reading
+ * it) is left for a later prune. TS_ERR_IO naming the folder. */
 ts_status ts_checkpoint_prune(const char *root, size_t keep);
 
 #ifdef __cplusplus

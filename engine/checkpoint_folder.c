@@ -5,9 +5,11 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -37,6 +39,13 @@ int ts_checkpoint_latest(const char *root, char *out, size_t cap, size_t *step) 
     snprintf(out, cap, "%s", root);
     return 1;
   }
+  return ts_checkpoint_latest_below(root, (size_t)-1, out, cap, step);
+}
+
+int ts_checkpoint_latest_below(const char *root, size_t below, char *out, size_t cap,
+                               size_t *step) {
+  out[0] = '\0';
+  if (step) *step = 0;
   DIR *d = opendir(root);
   if (!d) return 0;
   long long best = -1;
@@ -45,7 +54,7 @@ int ts_checkpoint_latest(const char *root, char *out, size_t cap, size_t *step) 
     long long n = step_of(de->d_name);
     char path[4200];
     snprintf(path, sizeof path, "%s/%s", root, de->d_name);
-    if (n > best && has_index(path)) {
+    if (n > best && (unsigned long long)n < (unsigned long long)below && has_index(path)) {
       best = n;
       snprintf(out, cap, "%s", path);
     }
@@ -55,12 +64,39 @@ int ts_checkpoint_latest(const char *root, char *out, size_t cap, size_t *step) 
   return best >= 0;
 }
 
-/* Removes folder dir's index first, then its files, then the folder. */
-static ts_status remove_checkpoint(const char *dir) {
+int ts_checkpoint_hold(const char *dir) {
   char path[4200];
   snprintf(path, sizeof path, "%s/" TS_CHECKPOINT_INDEX, dir);
-  if (unlink(path) != 0 && errno != ENOENT)
-    return ts_set_error(TS_ERR_IO, "%s: cannot remove: %s", path, strerror(errno));
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  struct stat sb;
+  while (flock(fd, LOCK_SH) != 0 && errno == EINTR) {
+  }
+  /* a prune that took it first has unlinked it: no checkpoint now */
+  if (fstat(fd, &sb) != 0 || sb.st_nlink == 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/* Removes folder dir's index first, then its files, then the folder. The
+ * index is unlinked under an exclusive flock, taken without waiting: a
+ * folder held by a reader (ts_checkpoint_hold) is left as it is, *held 1. */
+static ts_status remove_checkpoint(const char *dir, int *held) {
+  char path[4200];
+  *held = 0;
+  snprintf(path, sizeof path, "%s/" TS_CHECKPOINT_INDEX, dir);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    close(fd);
+    *held = 1;
+    return TS_OK;
+  }
+  int gone = unlink(path) == 0 || errno == ENOENT;
+  int err = errno;
+  if (fd >= 0) close(fd); /* the lock goes with it, the index already unlinked */
+  if (!gone) return ts_set_error(TS_ERR_IO, "%s: cannot remove: %s", path, strerror(err));
   DIR *d = opendir(dir);
   if (!d) return ts_set_error(TS_ERR_IO, "%s: cannot open: %s", dir, strerror(errno));
   struct dirent *de;
@@ -114,8 +150,9 @@ ts_status ts_checkpoint_prune(const char *root, size_t keep) {
     snprintf(path, sizeof path, "%s/%s", root, dirs[k].name);
     int whole = has_index(path);
     complete += (size_t)whole;
+    int held;
     if ((whole && keep > 0 && complete > keep) || (!whole && dirs[k].step < newest))
-      st = remove_checkpoint(path);
+      st = remove_checkpoint(path, &held);
   }
   free(dirs);
   return st;

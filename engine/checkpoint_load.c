@@ -47,9 +47,7 @@ void ts_checkpoint_get_info(const ts_checkpoint *ck, ts_checkpoint_info *out) {
 }
 
 static ck_tensor *find_tensor(const ts_checkpoint *ck, const char *name) {
-  for (size_t t = 0; t < ck->ix.n_tensors; t++)
-    if (!strcmp(ck->ix.tensors[t].name, name)) return &ck->ix.tensors[t];
-  return NULL;
+  return ts_checkpoint_index_find(&ck->ix, name);
 }
 
 /* The model and the checkpoint hold the same tensors with the same shapes. */

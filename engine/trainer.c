@@ -110,6 +110,8 @@ typedef struct run {
   char *model_text;          /* its bytes (saved beside every checkpoint), else NULL */
   size_t model_len;          /* bytes */
   ts_checkpoint *ck;         /* the checkpoint resumed from (setup), else NULL */
+  int ck_hold;               /* ts_checkpoint_hold's descriptor on ck + 1, else 0 */
+  size_t ck_step;            /* resume auto: ck's step-N, the next candidate is older */
   size_t start;              /* steps done before this run (resumed), else 0 */
   double load_seconds;       /* this rank's verify and load of ck */
   char notes[1024];          /* what the run says beside its work (note()), lines, else "" */
@@ -119,12 +121,20 @@ typedef struct run {
   size_t timed;                   /* rows of times filled */
 } run;
 
+/* Closes the checkpoint resumed from and lets a prune remove it. */
+static void release_checkpoint(run *r) {
+  ts_checkpoint_close(r->ck);
+  r->ck = NULL;
+  if (r->ck_hold) close(r->ck_hold - 1);
+  r->ck_hold = 0;
+}
+
 static void run_free(run *r) {
   ts_checkpoint_abandon(r->pending); /* an error path: its writer ends, nothing commits */
   free(r->times);
   free(r->model_text);
   free(r->mlm_scratch);
-  ts_checkpoint_close(r->ck);
+  release_checkpoint(r);
   ts_metrics_close(r->metrics);
   ts_engine_free(r->engine);
   ts_trace_free(r->trace);
@@ -236,27 +246,17 @@ static void note_schedule(run *r, const ts_trainer_state *s) {
        s->min_lr_ratio, s->step + 1, (double)now, (double)was);
 }
 
-/* cfg->resume: finds and opens the checkpoint (checked against the model:
- * its tensors and its config.json), reads and checks its trainer state
- * (trainer_state.h): the step to go on from and the data seed (a batch is
- * a pure function of (seed, step, sample index)). The global batch must be
- * the saved one, or the steps would mean other samples. */
-static ts_status open_resume(run *r) {
+/* Opens checkpoint folder dir for the resume (held against pruning,
+ * checked against the model: its tensors and its config.json), reads and
+ * checks its trainer state (trainer_state.h): the step to go on from and
+ * the data seed (a batch is a pure function of (seed, step, sample index)).
+ * The global batch must be the saved one, or the steps would mean other
+ * samples. TS_ERR_IO when a prune removed it meanwhile. */
+static ts_status open_checkpoint(run *r, const char *dir) {
   const ts_train_config *cfg = r->cfg;
-  if (!cfg->resume) return TS_OK;
-  int is_auto = strcmp(cfg->resume, "auto") == 0;
-  if (is_auto && !cfg->save_dir)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "`resume` auto: needs `save_dir` to look in");
-  const char *where = is_auto ? cfg->save_dir : cfg->resume;
-  char dir[4096];
-  if (!ts_checkpoint_latest(where, dir, sizeof dir, NULL)) {
-    if (is_auto) return TS_OK; /* nothing saved yet: a fresh start */
-    return ts_set_error(
-        TS_ERR_IO,
-        "`resume` %s: no complete checkpoint there (a folder with " TS_CHECKPOINT_INDEX
-        ", or step-N folders holding one)",
-        where);
-  }
+  int fd = ts_checkpoint_hold(dir);
+  if (fd < 0) return ts_set_error(TS_ERR_IO, "%s: not a complete checkpoint (no index.json)", dir);
+  r->ck_hold = fd + 1;
   TS_CHECK(ts_checkpoint_open(&r->ck, dir, &r->model));
   TS_CHECK(check_saved_config(r, dir));
   ts_checkpoint_info info;
@@ -282,6 +282,110 @@ static ts_status open_resume(run *r) {
   r->start = s.step;
   r->eo.seed = s.data_seed; /* the data order of the run that saved it */
   return TS_OK;
+}
+
+/* The last step a run saving into save_dir finished (its progress.json,
+ * write_progress), else 0. */
+static size_t read_progress(const char *save_dir) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/" TS_TRAIN_PROGRESS, save_dir);
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  unsigned long long step = 0;
+  if (fscanf(f, "{\"step\": %llu}", &step) != 1) step = 0;
+  fclose(f);
+  return (size_t)step;
+}
+
+/* `resume` auto after a run that got further than its newest checkpoint
+ * (a failure, not a stop: a stop saves its last step): one line of
+ * r->notes with the steps done again. */
+static void note_redone(run *r) {
+  size_t last = read_progress(r->cfg->save_dir);
+  if (last > r->start)
+    note(r, "note: resuming from step %zu: the last run reached step %zu, %zu steps are redone",
+         r->start, last, last - r->start);
+}
+
+/* Whether st (an open's or a check's) says the checkpoint itself is
+ * damaged (its files: missing, cut short, changed, unreadable), not that
+ * it does not fit this run's flags. */
+static int damaged(ts_status st) { return st == TS_ERR_FORMAT || st == TS_ERR_IO; }
+
+/* cfg->resume: finds and opens the checkpoint (open_checkpoint). With
+ * `resume` auto the newest complete step-N under save_dir older than
+ * `below` ((size_t)-1: any); one that is damaged is skipped for the next
+ * older, said in one line of r->notes; none at all is a fresh start, every
+ * one damaged the newest's error. */
+static ts_status open_resume(run *r, size_t below) {
+  const ts_train_config *cfg = r->cfg;
+  if (!cfg->resume) return TS_OK;
+  int is_auto = strcmp(cfg->resume, "auto") == 0;
+  if (is_auto && !cfg->save_dir)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "`resume` auto: needs `save_dir` to look in");
+  char dir[4096];
+  if (!is_auto) {
+    if (!ts_checkpoint_latest(cfg->resume, dir, sizeof dir, NULL))
+      return ts_set_error(
+          TS_ERR_IO,
+          "`resume` %s: no complete checkpoint there (a folder with " TS_CHECKPOINT_INDEX
+          ", or step-N folders holding one)",
+          cfg->resume);
+    return open_checkpoint(r, dir);
+  }
+  char skipped[4096] = "";
+  ts_status first = TS_OK;
+  char first_error[1024] = "";
+  while (ts_checkpoint_latest_below(cfg->save_dir, below, dir, sizeof dir, &r->ck_step)) {
+    ts_status st = open_checkpoint(r, dir);
+    if (st == TS_OK || !damaged(st)) {
+      if (st == TS_OK && skipped[0])
+        note(r, "note: `resume` auto: %s is damaged (%s); resuming from %s", skipped,
+             first_error, dir);
+      return st;
+    }
+    release_checkpoint(r);
+    if (first == TS_OK) {
+      first = st;
+      snprintf(first_error, sizeof first_error, "%s", ts_last_error());
+      snprintf(skipped, sizeof skipped, "%s", dir);
+    }
+    below = r->ck_step;
+  }
+  if (first != TS_OK) /* every one is damaged: the newest's error */
+    return ts_set_error(first, "%s (and no older checkpoint in %s is intact)", first_error,
+                        cfg->save_dir);
+  return TS_OK; /* nothing saved yet: a fresh start */
+}
+
+/* Every rank checks its share of r->ck's files (ts_checkpoint_verify),
+ * agreed over the world. With `resume` auto a damaged checkpoint gives way
+ * to the next older one that opens and checks (open_resume), said in one
+ * line of r->notes. */
+static ts_status verify_resume(run *r) {
+  for (;;) {
+    ts_status st = ts_comm_agree(r->world, ts_checkpoint_verify(r->ck, r->wrank, r->world_size),
+                                 "checking the checkpoint's files", NULL);
+    if (st == TS_OK || !damaged(st) || strcmp(r->cfg->resume, "auto") != 0) return st;
+    char bad_dir[4096], why[1024];
+    snprintf(bad_dir, sizeof bad_dir, "%s", ts_checkpoint_dir(r->ck));
+    snprintf(why, sizeof why, "%s", ts_last_error());
+    release_checkpoint(r);
+    size_t below = r->ck_step;
+    uint64_t seed = r->eo.seed; /* the data loader's already */
+    r->start = 0;
+    TS_CHECK(open_resume(r, below));
+    if (!r->ck)
+      return ts_set_error(st, "%s (and no older checkpoint in %s is intact)", why,
+                          r->cfg->save_dir);
+    if (r->eo.seed != seed)
+      return ts_set_error(st,
+                          "%s; the next older checkpoint %s has another data seed: resume it by "
+                          "name (`resume` DIR)",
+                          why, ts_checkpoint_dir(r->ck));
+    note(r, "note: `resume` auto: %s is damaged (%s); resuming from %s", bad_dir, why,
+         ts_checkpoint_dir(r->ck));
+  }
 }
 
 /* The data's meta.json (ts_data_meta_read) against the model: a masked-LM
@@ -360,7 +464,7 @@ static ts_status setup(run *r) {
   TS_CHECK(ts_model_load(r->model_path, &r->model));
   if (cfg->save_dir) TS_CHECK(ts_read_file(r->model_path, &r->model_text, &r->model_len));
   TS_CHECK(ts_engine_pipeline_split(&r->model, &r->eo, r->split));
-  TS_CHECK(open_resume(r));
+  TS_CHECK(open_resume(r, (size_t)-1));
   size_t V = r->model.vocab_size, T = r->eo.seq, NB = r->eo.micro_batch * (size_t)r->dp_size;
   snprintf(path, sizeof path, "%s/train.bin", cfg->data_dir);
   TS_CHECK(ts_token_file_open(&r->train, path, V));
@@ -384,7 +488,8 @@ static ts_status setup(run *r) {
   ts_engine_batch(r->engine, &r->inputs, &r->targets);
   if (r->ck) { /* every rank checks its share of the files, then loads its parts */
     double t0 = now_s();
-    TS_CHECK(ts_checkpoint_verify(r->ck, r->wrank, r->world_size));
+    TS_CHECK(verify_resume(r));
+    if (!strcmp(r->cfg->resume, "auto")) note_redone(r);
     TS_CHECK(ts_checkpoint_load(r->ck, r->engine));
     r->load_seconds = now_s() - t0;
   } else if (cfg->init_from) {
@@ -419,6 +524,25 @@ static ts_status agree(run *r, ts_status st, ts_train_result *res, const char *w
     res->failed_elsewhere = first != r->wrank;
   }
   return out;
+}
+
+/* A save's failure that every rank returns (agreed: its folder, its files,
+ * its commit, the prune) stops every rank at the same point, so no rank
+ * aborts and only `first`, the lowest failing rank, reports it; first < 0
+ * (not agreed) leaves res as it is. Returns st. */
+static ts_status save_failed(run *r, ts_status st, int first, ts_train_result *res) {
+  if (st != TS_OK && first >= 0) {
+    res->failed_together = 1;
+    res->failed_elsewhere = first != r->wrank;
+  }
+  return st;
+}
+
+/* agree() for a step of a save, its failure marked by save_failed. */
+static ts_status agree_save(run *r, ts_status st, ts_train_result *res, const char *what) {
+  int first;
+  st = ts_comm_agree(r->world, st, what, &first);
+  return save_failed(r, st, first, res);
 }
 
 /* Setup on every rank, agreed; then the metrics file, agreed. */
@@ -525,10 +649,11 @@ static ts_status finish_pending(run *r, ts_train_result *res) {
   if (!r->pending) return TS_OK;
   ts_checkpoint_pending *p = r->pending;
   r->pending = NULL;
-  TS_CHECK(ts_checkpoint_finish(p));
+  ts_status st = ts_checkpoint_finish(p);
+  TS_CHECK(save_failed(r, st, ts_checkpoint_failed_rank(), res));
   snprintf(res->saved, sizeof res->saved, "%s", r->pending_dir);
-  return agree(r, r->wrank == 0 ? ts_checkpoint_prune(r->cfg->save_dir, r->cfg->keep) : TS_OK, NULL,
-               "to prune the checkpoints");
+  return agree_save(r, r->wrank == 0 ? ts_checkpoint_prune(r->cfg->save_dir, r->cfg->keep) : TS_OK,
+                    res, "to prune the checkpoints");
 }
 
 /* At a step boundary: commits the save in flight once every rank's writer
@@ -564,7 +689,7 @@ static ts_status save(run *r, size_t step, ts_train_result *res) {
                                           r->last.loss, ts_engine_loss_scale(r->engine))))
       st = ts_set_error(TS_ERR_OUT_OF_MEMORY, "trainer.json");
   }
-  TS_CHECK(agree(r, st, NULL, "to save a checkpoint"));
+  TS_CHECK(agree_save(r, st, res, "to save a checkpoint"));
   ts_checkpoint_extra ex[2] = {{"trainer.json", tj, tj ? strlen(tj) : 0},
                                {"config.json", r->model_text, r->model_len}};
   size_t n_extra = r->wrank == 0 ? 2 : 0;
@@ -581,20 +706,36 @@ static ts_status save(run *r, size_t step, ts_train_result *res) {
   res->save_seconds += now_s() - t0;
   res->saves++;
   free(tj);
-  TS_CHECK(st);
+  TS_CHECK(save_failed(r, st, ts_checkpoint_failed_rank(), res));
   if (r->eo.async_save) return TS_OK;
   snprintf(res->saved, sizeof res->saved, "%s", dir);
-  return agree(r, r->wrank == 0 ? ts_checkpoint_prune(cfg->save_dir, cfg->keep) : TS_OK, NULL,
-               "to prune the checkpoints");
+  return agree_save(r, r->wrank == 0 ? ts_checkpoint_prune(cfg->save_dir, cfg->keep) : TS_OK, res,
+                    "to prune the checkpoints");
 }
 
-/* Whether any rank was asked to stop (cfg->stop), agreed over the world. */
+/* save_dir/progress.json, {"step": N}: the last step this run finished,
+ * so that a restart can say how many steps it redoes (read_progress).
+ * Written by rename without a flush to the disk (it is a hint, every
+ * step: a crash may leave an older step in it); failures are ignored. */
+static void write_progress(const char *save_dir, size_t step) {
+  char path[4200], tmp[4220];
+  snprintf(path, sizeof path, "%s/" TS_TRAIN_PROGRESS, save_dir);
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  FILE *f = fopen(tmp, "w");
+  if (!f) return;
+  int ok = fprintf(f, "{\"step\": %zu}\n", step) > 0;
+  ok = fclose(f) == 0 && ok;
+  if (!ok || rename(tmp, path) != 0) unlink(tmp);
+}
+
+/* Whether any rank was asked to stop (cfg->stop), agreed over the world:
+ * the largest ts_train_stop kind any rank holds, else 0. */
 static ts_status stop_requested(run *r, int *stop) {
   *stop = 0;
   if (!r->cfg->stop) return TS_OK;
-  double f = __atomic_load_n(r->cfg->stop, __ATOMIC_ACQUIRE) ? 1.0 : 0.0; /* another thread sets it */
+  double f = __atomic_load_n(r->cfg->stop, __ATOMIC_ACQUIRE); /* another thread sets it */
   TS_CHECK(ts_comm_all_reduce_f64(r->world, &f, 1, TS_COMM_MAX));
-  *stop = f > 0;
+  *stop = (int)f;
   return TS_OK;
 }
 
@@ -704,14 +845,16 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
     if (cfg->save_dir && !bad &&
         (stop || step == cfg->steps || (cfg->save_every && step % cfg->save_every == 0)))
       TS_CHECK(save(r, step, res));
+    if (cfg->save_dir && r->wrank == 0) write_progress(cfg->save_dir, step);
     const ts_engine_hooks *h = ts_engine_get_hooks(); /* the test seam */
     if (h && h->after_step) h->after_step(h->user, step, r->wrank);
-    if (stop) {
+    if (stop && step < cfg->steps) { /* at the last step the run ends as finished */
       double t0 = now_s();
       TS_CHECK(finish_pending(r, res));
       res->save_tail_seconds += now_s() - t0;
       res->save_seconds += ts_checkpoint_staging_wait_seconds(r->engine);
       res->stopped_at = step;
+      res->stop_kind = stop;
       res->seconds = now_s() - t_loop;
       res->memory = *ts_engine_memory(r->engine);
       res->disk = *ts_engine_disk(r->engine);

@@ -66,6 +66,19 @@ typedef ts_status (*ts_train_weights_fn)(void *user, const char *name, float *ds
 typedef ts_status (*ts_train_sample_fn)(void *user, size_t step, const ts_model *m,
                                         ts_train_weights_fn read, void *read_user);
 
+/* The file in `save_dir` where rank 0 notes the last step finished,
+ * {"step": N}, after every step: a restart says how many steps it redoes
+ * (tools/launch.sh reads it too). */
+#define TS_TRAIN_PROGRESS "progress.json"
+
+/* What a stop request (ts_train_config.stop) is: a user's (SIGINT: the
+ * run ends as finished) or a preemption's (SIGTERM, SIGUSR1: the job is to
+ * be requeued and resumed). A larger kind outranks a smaller. */
+typedef enum ts_train_stop {
+  TS_TRAIN_STOP_USER = 1,
+  TS_TRAIN_STOP_PREEMPT = 2,
+} ts_train_stop;
+
 typedef struct ts_train_config {
   const char *model;        /* config.json path or preset name */
   const char *data_dir;     /* holds train.bin and val.bin (tessera prepare) */
@@ -105,9 +118,11 @@ typedef struct ts_train_config {
   ts_train_sample_fn sample; /* called on rank 0 at each sample (NULL: none) */
   void *sample_user;
   const volatile int *stop; /* set (on a signal, by another thread, with
-                               __atomic_store_n) to stop at the next step
-                               boundary: every rank agrees, saves (save_dir) and returns
-                               TS_OK with result->stopped_at; NULL: not watched */
+                               __atomic_store_n) to a ts_train_stop kind to stop at the
+                               next step boundary: every rank agrees, saves (save_dir)
+                               and returns TS_OK with result->stopped_at and
+                               result->stop_kind (the largest any rank held); 0: go
+                               on; NULL: not watched */
 } ts_train_config;
 
 /* Defaults: 200 steps, lr 3e-3, floor 0.1, warm-up 20, eval at the end on 16
@@ -179,6 +194,7 @@ typedef struct ts_train_result {
                               tools/flags.h): resumed with another learning-rate schedule
                               than the saving run's; data without meta.json; else "" */
   size_t stopped_at;       /* the step after which a stop request ended the run, else 0 */
+  int stop_kind;           /* that request's ts_train_stop (the largest over the ranks) */
   char saved[4096];        /* the last checkpoint saved, else "" */
   size_t saves;            /* checkpoints saved */
   double save_seconds;     /* the wall time training waited for its saves, summed: the

@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "engine/checkpoint_index.h"
+
 static const double MAX_COUNT = 4503599627370496.0; /* 2^52: exact in a double */
 
 /* What a field holds. */
@@ -69,20 +71,6 @@ static ts_status bad(const char *dir, const char *fmt, ...) {
   return ts_set_error(TS_ERR_FORMAT, "%s/trainer.json: %s", dir, msg);
 }
 
-/* 1 if s is 1-20 decimal digits of a value below 2^64 (into *out). */
-static int parse_seed(const char *s, uint64_t *out) {
-  size_t n = strlen(s);
-  if (n == 0 || n > 20 || strspn(s, "0123456789") != n) return 0;
-  uint64_t v = 0;
-  for (size_t i = 0; i < n; i++) {
-    uint64_t d = (uint64_t)(s[i] - '0');
-    if (v > (UINT64_MAX - d) / 10) return 0;
-    v = v * 10 + d;
-  }
-  *out = v;
-  return 1;
-}
-
 /* Checks one field's type and range; its number into *num (NAN if absent),
  * a seed into *seed. */
 static ts_status check_field(const char *dir, const cJSON *root, const field *f, double *num,
@@ -110,7 +98,7 @@ static ts_status check_field(const char *dir, const cJSON *root, const field *f,
     case STRING:
       return cJSON_IsString(v) ? TS_OK : bad(dir, "field \"%s\": expected a string", f->name);
     case SEED:
-      if (cJSON_IsString(v) && parse_seed(v->valuestring, seed)) return TS_OK;
+      if (cJSON_IsString(v) && ts_checkpoint_seed_parse(v->valuestring, seed)) return TS_OK;
       return bad(dir, "field \"%s\": expected a decimal string of a 64-bit seed", f->name);
   }
   return TS_OK;
@@ -158,6 +146,9 @@ ts_status ts_trainer_state_parse(const char *text, size_t len, const char *dir,
       return bad(dir, "field \"%s\" = %.0f: expected the index's %d", SAME[i], x, index_has[i]);
   }
   if (dtype_differs) return bad(dir, "field \"dtype\": expected the index's \"%s\"", info->dtype);
+  if (seed != info->data_seed)
+    return bad(dir, "field \"data_seed\" = %llu: expected the index's %llu",
+               (unsigned long long)seed, (unsigned long long)info->data_seed);
   out->step = (size_t)step;
   out->steps = (size_t)value(nums, "steps");
   out->data_seed = seed;

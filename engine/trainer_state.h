@@ -10,8 +10,9 @@
  * others (the schedule and the run's settings, for people and tools) are
  * optional and, when present, typed and in range. Consistency with the
  * checkpoint's index: step = the optimizer's attempts (the steps finished,
- * skipped ones included), next_sample = step x global_batch, and
- * zero_stage, dtype, pipeline and world_size, when present, the index's.
+ * skipped ones included), data_seed = the index's, next_sample = step x
+ * global_batch, and zero_stage, dtype, pipeline and world_size, when
+ * present, the index's.
  */
 #ifndef TS_ENGINE_TRAINER_STATE_H
 #define TS_ENGINE_TRAINER_STATE_H
@@ -40,8 +41,9 @@ typedef struct ts_trainer_state {
 /* Parses trainer.json's text (len bytes, host) of the checkpoint in folder
  * dir, whose index says *info, into *out. TS_ERR_FORMAT with one line
  * naming DIR/trainer.json, the field and the expected value ("field
- * \"step\" = 21: expected the index's optimizer.attempts 20"). No
- * allocation outlives the call. */
+ * \"step\" = 21: expected the index's optimizer.attempts 20"; "field
+ * \"data_seed\" = 7: expected the index's 1337"). No allocation outlives
+ * the call. */
 ts_status ts_trainer_state_parse(const char *text, size_t len, const char *dir,
                                  const ts_checkpoint_info *info, ts_trainer_state *out);
 

@@ -11,13 +11,18 @@
 //    (a writer that lies), none of them crashes the loader, each is refused
 //    in one line or loads, and the mutations the issue found (world, dp,
 //    pipeline, the loss scaler's history, a slice's file or offset, the
-//    ZeRO stage, the dtype, num_params, a loss scale of 0) are refused
-//    naming the field;
+//    ZeRO stage, the dtype, num_params, a loss scale of 0, the data seed)
+//    are refused naming the field, and so are two tensors' slices swapped
+//    out of the writer's order, a step-N folder holding another step's
+//    index, and an fp16 optimizer step that leaves no room for the
+//    overflow skips the loss scaler's history shows; skipped steps (fp16
+//    or bf16) save and load;
 //  - every field of trainer.json mutated the same ways (and swapped) is
 //    refused by its checksum in the index; with the checksum and the seal
 //    rewritten, the resumed run is refused in one line or ends with the same
-//    bits as the unmutated resume; its step against the index's, and a
-//    config.json of other hyper-parameters, are refused naming the field.
+//    bits as the unmutated resume; its step and data seed against the
+//    index's, and a config.json of other hyper-parameters, are refused
+//    naming the field.
 // One process (no mpirun); the writer runs in a forked child.
 #include <cjson/cJSON.h>
 #include <gtest/gtest.h>
@@ -28,6 +33,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -59,14 +65,15 @@ ts_status Fill(void *, int mb, int32_t *in, int32_t *tgt) {
 struct Fixture {
   ts_model model{};
   ts_engine *e = nullptr;
-  explicit Fixture(size_t layers = 2, size_t intermediate = 64, bool async_save = false) {
+  explicit Fixture(size_t layers = 2, size_t intermediate = 64, bool async_save = false,
+                   ts_dtype dtype = TS_BF16) {
     ts_llama_config cfg = tiny::Config("ckpt-faults", false, layers);
     cfg.intermediate_size = intermediate;
     EXPECT_EQ(ts_llama_model_init(&model, &cfg), TS_OK);
     ts_engine_opts o = ts_engine_default_opts();
     o.micro_batch = kB;
     o.seq = kT;
-    o.dtype = TS_BF16;  // four kinds: param, master, exp_avg, exp_avg_sq
+    o.dtype = dtype;  // bf16: four kinds: param, master, exp_avg, exp_avg_sq
     o.async_save = async_save;
     EXPECT_EQ(ts_engine_create(&e, &model, &o, nullptr), TS_OK) << ts_last_error();
   }
@@ -207,7 +214,10 @@ TEST(CheckpointFaults, DamagedFilesAndForeignIndexesFailWithOneLine) {
       {"echo '{\"format\": \"tessera-checkpoint\", \"version\": [' > index.json", TS_ERR_FORMAT,
        "index.json: not valid JSON"},
       {"sed -i 's/\"version\":\\t2/\"version\":\\t3/' index.json", TS_ERR_FORMAT,
-       "index.json: field \"version\": expected an integer 1..2"},
+       "index.json: field \"version\" = 3: expected 2"},
+      // an index of the unsealed version 1 is no longer read
+      {"sed -i 's/\"version\":\\t2/\"version\":\\t1/' index.json", TS_ERR_FORMAT,
+       "index.json: field \"version\" = 1: expected 2; version 1 is unsealed"},
       // any other edit breaks the index's seal before a field is read
       {"sed -i 's/\"shape\":\\t\\[32\\]/\"shape\":\\t[33]/' index.json", TS_ERR_FORMAT,
        "does not match its contents"},
@@ -277,6 +287,31 @@ cJSON *At(cJSON *root, const std::vector<std::string> &path, cJSON **parent) {
                          : cJSON_GetObjectItemCaseSensitive(n, k.c_str());
   }
   return n;
+}
+
+// A dotted path ("tensors.0.param.slices") as its names and indices.
+std::vector<std::string> Split(const std::string &dotted) {
+  std::vector<std::string> path;
+  for (size_t at = 0; at != std::string::npos;) {
+    size_t dot = dotted.find('.', at);
+    path.push_back(dotted.substr(at, dot == std::string::npos ? dot : dot - at));
+    at = dot == std::string::npos ? dot : dot + 1;
+  }
+  return path;
+}
+
+// The node at dotted path p of root, or NULL.
+cJSON *Get(cJSON *root, const std::string &p) {
+  cJSON *parent;
+  return At(root, Split(p), &parent);
+}
+
+// Rewrites checkpoint dir's index.json from root, resealed (a writer that lies).
+void WriteResealed(const std::string &dir, cJSON *root) {
+  Reseal(root);
+  char *out = cJSON_Print(root);
+  WriteAll(dir + "/index.json", out);
+  cJSON_free(out);
 }
 
 std::string Join(const std::vector<std::string> &p) {
@@ -350,8 +385,8 @@ ts_status OpenVerifyLoad(const std::string &dir, Fixture *f, std::string *msg) {
 
 TEST(CheckpointFaults, EveryIndexFieldMutatedIsRefusedOrHarmlessNeverACrash) {
   // One block: every kind of field the index has (top level, file, tensor,
-  // slice of each kind) without a second block's copies of them (3107
-  // mutations with two, 1832 with one; 8.9 s -> 3.2 s under ASan).
+  // slice of each kind) without a second block's copies of them (3111
+  // mutations with two, 1836 with one; 8.9 s -> 3.2 s under ASan).
   TempDir d;
   Fixture f(1);
   f.Step();
@@ -391,10 +426,7 @@ TEST(CheckpointFaults, EveryIndexFieldMutatedIsRefusedOrHarmlessNeverACrash) {
       sealed_refused += st == TS_ERR_FORMAT;
       // Resealed, as a lying writer would: never a crash; refused in one
       // line, or loaded.
-      Reseal(root);
-      out = cJSON_Print(root);
-      WriteAll(dir + "/index.json", out);
-      cJSON_free(out);
+      WriteResealed(dir, root);
       st = OpenVerifyLoad(dir, &f, &msg);
       EXPECT_TRUE(st == TS_OK || st == TS_ERR_FORMAT) << ts_status_str(st) << ": " << msg;
       EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
@@ -408,17 +440,29 @@ TEST(CheckpointFaults, EveryIndexFieldMutatedIsRefusedOrHarmlessNeverACrash) {
   cJSON_Delete(orig);
 }
 
+// A checkpoint of f after one step in d/good, a copy of it in d/bad to
+// damage, and good's index parsed (NULL on failure).
+struct GoodAndBad {
+  TempDir d;
+  Fixture f;
+  std::string dir = d.path("bad");
+  cJSON *index = nullptr;
+  GoodAndBad() {
+    f.Step();
+    std::string good = d.path("good");
+    EXPECT_EQ(Save(f.e, good), TS_OK) << ts_last_error();
+    EXPECT_EQ(system(("cp -r '" + good + "' '" + dir + "'").c_str()), 0);
+    index = cJSON_Parse(ReadAll(good + "/index.json").c_str());
+  }
+  ~GoodAndBad() { cJSON_Delete(index); }
+};
+
 // The mutations that crashed or were accepted before, resealed so that the
 // fields themselves must refuse them, each naming its field.
 TEST(CheckpointFaults, IndexFieldsAreCheckedBeforeTheyAreTrusted) {
-  TempDir d;
-  Fixture f;
-  f.Step();
-  std::string good = d.path("good"), dir = d.path("bad"), msg;
-  ASSERT_EQ(Save(f.e, good), TS_OK) << ts_last_error();
-  ASSERT_EQ(system(("cp -r " + good + " " + dir).c_str()), 0);
-  cJSON *orig = cJSON_Parse(ReadAll(good + "/index.json").c_str());
-  ASSERT_NE(orig, nullptr);
+  GoodAndBad g;
+  ASSERT_NE(g.index, nullptr);
+  std::string msg;
   struct Case {
     const char *path;  // dotted path of a number or array to replace
     const char *json;  // its new value
@@ -436,6 +480,8 @@ TEST(CheckpointFaults, IndexFieldsAreCheckedBeforeTheyAreTrusted) {
       {"dtype", "\"fp8\"", "field \"dtype\": expected fp32, bf16 or fp16"},
       {"num_params", "12", "field \"num_params\" = 12: expected the tensors'"},
       {"optimizer.attempts", "0", "field \"optimizer.attempts\": expected an integer 1.."},
+      {"data_seed", "7", "field \"data_seed\": expected a decimal string of a 64-bit seed"},
+      {"data_seed", "\"-1\"", "field \"data_seed\": expected a decimal string of a 64-bit seed"},
       {"split", "[0]", "field \"split\": expected 2 rising unit counts"},
       {"tensors.0.param.slices.0.0", "1", "slice 0: expected [rank file, begin, end, offset]"},
       {"tensors.0.param.slices.0.3", "1", "the offset a multiple of 2"},
@@ -447,14 +493,8 @@ TEST(CheckpointFaults, IndexFieldsAreCheckedBeforeTheyAreTrusted) {
   };
   for (const Case &c : cases) {
     SCOPED_TRACE(std::string(c.path) + " = " + c.json);
-    cJSON *root = cJSON_Duplicate(orig, 1);
-    std::vector<std::string> path;
-    std::string p = c.path;
-    for (size_t at = 0; at != std::string::npos;) {
-      size_t dot = p.find('.', at);
-      path.push_back(p.substr(at, dot == std::string::npos ? dot : dot - at));
-      at = dot == std::string::npos ? dot : dot + 1;
-    }
+    cJSON *root = cJSON_Duplicate(g.index, 1);
+    std::vector<std::string> path = Split(c.path);
     cJSON *parent, *n = At(root, path, &parent);
     ASSERT_NE(n, nullptr);
     cJSON *v = cJSON_Parse(c.json);
@@ -462,24 +502,117 @@ TEST(CheckpointFaults, IndexFieldsAreCheckedBeforeTheyAreTrusted) {
       cJSON_ReplaceItemInArray(parent, std::stoi(path.back()), v);
     else
       cJSON_ReplaceItemInObjectCaseSensitive(parent, path.back().c_str(), v);
-    Reseal(root);
-    char *out = cJSON_Print(root);
-    WriteAll(dir + "/index.json", out);
-    cJSON_free(out);
+    WriteResealed(g.dir, root);
     cJSON_Delete(root);
-    EXPECT_EQ(OpenVerifyLoad(dir, &f, &msg), TS_ERR_FORMAT);
+    EXPECT_EQ(OpenVerifyLoad(g.dir, &g.f, &msg), TS_ERR_FORMAT);
     EXPECT_NE(msg.find(c.says), std::string::npos) << msg;
     EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
   }
   // Resealed unchanged, it loads: the seal is all that changed.
-  cJSON *root = cJSON_Duplicate(orig, 1);
-  Reseal(root);
-  char *out = cJSON_Print(root);
-  WriteAll(dir + "/index.json", out);
-  cJSON_free(out);
-  cJSON_Delete(root);
-  EXPECT_EQ(OpenVerifyLoad(dir, &f, &msg), TS_OK) << msg;
-  cJSON_Delete(orig);
+  WriteResealed(g.dir, g.index);
+  EXPECT_EQ(OpenVerifyLoad(g.dir, &g.f, &msg), TS_OK) << msg;
+}
+
+// Two neighbouring tensors of one shape (q_proj and k_proj, or gate_proj
+// and up_proj) trade their parameters' places in the rank file:
+// every slice still inside it, aligned, no byte shared, each tensor
+// covered, but not in the order the writer lays a file out.
+TEST(CheckpointFaults, SlicesOutOfTheWritersOrderAreRefused) {
+  GoodAndBad g;
+  cJSON *root = g.index;
+  ASSERT_NE(root, nullptr);
+  int a = -1, b = -1, n = cJSON_GetArraySize(Get(root, "tensors"));
+  for (int i = 0; i + 1 < n && b < 0; i++)  // neighbours in the index
+    if (cJSON_Compare(Get(root, "tensors." + std::to_string(i) + ".shape"),
+                      Get(root, "tensors." + std::to_string(i + 1) + ".shape"), 1))
+      a = i, b = i + 1;
+  ASSERT_GE(b, 0) << "two neighbouring tensors of one shape";
+  auto at = [&](int t) { return "tensors." + std::to_string(t); };
+  cJSON *oa = Get(root, at(a) + ".param.slices.0.3"), *ob = Get(root, at(b) + ".param.slices.0.3");
+  const double ka = oa->valuedouble, kb = ob->valuedouble;
+  ASSERT_LT(ka, kb) << "as written";
+  cJSON_SetNumberValue(oa, kb);
+  cJSON_SetNumberValue(ob, ka);
+  WriteResealed(g.dir, root);
+  std::string msg;
+  EXPECT_EQ(OpenVerifyLoad(g.dir, &g.f, &msg), TS_ERR_FORMAT);
+  char want[512];
+  std::snprintf(want, sizeof want,
+                "bad/index.json: files[0]: tensor %s's param slice at offset %.0f lies before "
+                "tensor %s's param slice at offset %.0f: expected the writer's order (kind, then "
+                "tensor)",
+                Get(root, at(b) + ".name")->valuestring, ka,
+                Get(root, at(a) + ".name")->valuestring, kb);
+  EXPECT_NE(msg.find(want), std::string::npos) << msg;
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+}
+
+// A folder named step-N (the trainer's) holds the checkpoint of step N.
+TEST(CheckpointFaults, AStepFoldersNameIsItsOptimizerAttempts) {
+  TempDir d;
+  Fixture f;
+  f.Step();
+  std::string right = d.path("step-00000001"), wrong = d.path("step-00000020"), msg;
+  ASSERT_EQ(Save(f.e, right), TS_OK) << ts_last_error();
+  ASSERT_EQ(Save(f.e, wrong), TS_OK) << ts_last_error();
+  EXPECT_EQ(OpenVerifyLoad(right, &f, &msg), TS_OK) << msg;
+  EXPECT_EQ(OpenVerifyLoad(wrong, &f, &msg), TS_ERR_FORMAT);
+  EXPECT_NE(
+      msg.find(wrong + "/index.json: field \"optimizer.attempts\" = 1: expected 20, the step in "
+                       "the folder's name step-00000020"),
+      std::string::npos)
+      << msg;
+  // renamed by hand, unpadded: read as ts_checkpoint_latest reads it
+  ASSERT_EQ(rename(right.c_str(), d.path("step-7").c_str()), 0);
+  EXPECT_EQ(OpenVerifyLoad(d.path("step-7"), &f, &msg), TS_ERR_FORMAT);
+  EXPECT_NE(msg.find("expected 7, the step in the folder's name step-7"), std::string::npos) << msg;
+}
+
+// after_backward: element 0 of unit 0's gradient set to infinity at the
+// second attempt, in the compute dtype at *user (bf16 or fp16, host).
+ts_status InfAtAttempt2(void *user, ts_engine *, int step, int unit, void *grads) {
+  if (step == 2 && unit == 0) {
+    uint16_t inf = *static_cast<ts_dtype *>(user) == TS_FP16 ? 0x7c00 : 0x7f80;
+    memcpy(grads, &inf, sizeof inf);
+  }
+  return TS_OK;
+}
+
+// A skipped step (a non-finite gradient) is saved as attempts ahead of the
+// optimizer's step at every dtype, and loads; at fp16 the loss scaler's
+// history shows the skip (a halving), and a step that leaves no room for it
+// is refused.
+TEST(CheckpointFaults, SkippedStepsSaveAndLoadAndTheirHalvingsBoundTheStep) {
+  for (ts_dtype dt : {TS_BF16, TS_FP16}) {
+    SCOPED_TRACE(ts_dtype_name(dt));
+    TempDir d;
+    Fixture f(2, 64, false, dt);
+    ts_dtype user = dt;
+    const ts_engine_hooks hooks = {InfAtAttempt2, nullptr, nullptr, nullptr,
+                                   nullptr,       nullptr, nullptr, &user};
+    ts_engine_set_hooks(&hooks);
+    for (int i = 0; i < 3; i++) f.Step();
+    ts_engine_set_hooks(nullptr);
+    std::string dir = d.path("step-00000003"), msg;
+    ASSERT_EQ(Save(f.e, dir), TS_OK) << ts_last_error();
+    EXPECT_EQ(OpenVerifyLoad(dir, &f, &msg), TS_OK) << msg;
+    cJSON *root = cJSON_Parse(ReadAll(dir + "/index.json").c_str());
+    ASSERT_NE(root, nullptr);
+    EXPECT_EQ(Get(root, "optimizer.step")->valueint, 2);
+    EXPECT_EQ(Get(root, "optimizer.attempts")->valueint, 3);
+    if (dt == TS_FP16) {
+      EXPECT_EQ(Get(root, "loss_scaler.history.1.0")->valueint, 2) << "halved at attempt 2";
+      cJSON_SetNumberValue(Get(root, "optimizer.step"), 3);
+      WriteResealed(dir, root);
+      EXPECT_EQ(OpenVerifyLoad(dir, &f, &msg), TS_ERR_FORMAT);
+      EXPECT_NE(msg.find("index.json: field \"optimizer.step\" = 3: expected at most "
+                         "optimizer.attempts 3 less the 1 overflow skips loss_scaler.history "
+                         "shows (2)"),
+                std::string::npos)
+          << msg;
+    }
+    cJSON_Delete(root);
+  }
 }
 
 // ---- trainer.json mutated field by field, through whole resumed runs -------
@@ -534,10 +667,7 @@ void WriteExtra(const std::string &dir, const char *name, const std::string &tex
       cJSON_ReplaceItemInObjectCaseSensitive(f, "sha256", cJSON_CreateString(hex));
       cJSON_ReplaceItemInObjectCaseSensitive(f, "bytes", cJSON_CreateNumber((double)text.size()));
     }
-  Reseal(ix);
-  char *out = cJSON_Print(ix);
-  WriteAll(dir + "/index.json", out);
-  cJSON_free(out);
+  WriteResealed(dir, ix);
   cJSON_Delete(ix);
 }
 
@@ -636,6 +766,9 @@ TEST(CheckpointFaults, TrainerStateAndConfigAreCheckedAgainstTheCheckpoint) {
        "field \"next_sample\" = 5: expected step x global_batch = 4"},
       {"trainer.json", "\"data_seed\":\t\"", "\"data_seed\":\t\"-",
        "field \"data_seed\": expected a decimal string of a 64-bit seed"},
+      // another data order than the run that saved the index had
+      {"trainer.json", "\"data_seed\":\t\"1337\"", "\"data_seed\":\t\"1338\"",
+       "trainer.json: field \"data_seed\" = 1338: expected the index's 1337"},
       {"trainer.json", "\"zero_stage\":\t0", "\"zero_stage\":\t2",
        "field \"zero_stage\" = 2: expected the index's 0"},
       {"trainer.json", "\"loss_scale\":\t1", "\"loss_scale\":\t0",

@@ -25,14 +25,18 @@ static const size_t kHeadingMaxBytes = 80;
 // Reads a whole file into *out.
 ts_status ReadText(const char *path, std::string *out) {
   FILE *f = fopen(path, "rb");
-  if (f == nullptr)
-    return ts_set_error(TS_ERR_IO, "--text %s: cannot open: %s", path, strerror(errno));
+  if (f == nullptr) return ts_set_error(TS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+  struct stat sb;
+  if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {  // (fopen opens a folder for reading)
+    fclose(f);
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: is a folder; expected a file", path);
+  }
   char buf[1 << 16];
   size_t n;
   while ((n = fread(buf, 1, sizeof buf, f)) > 0) out->append(buf, n);
-  int err = ferror(f);
+  int err = ferror(f) ? errno : 0;
   fclose(f);
-  if (err) return ts_set_error(TS_ERR_IO, "--text %s: read failed", path);
+  if (err) return ts_set_error(TS_ERR_IO, "%s: read failed: %s", path, strerror(err));
   return TS_OK;
 }
 
@@ -150,7 +154,8 @@ static bool HasNulEscape(const std::string &json) {
 // A text file's sections (see prepare.h), appended to *docs.
 ts_status ReadTextDocs(const std::string &path, std::vector<Doc> *docs) {
   std::string text;
-  TS_CHECK(ReadText(path.c_str(), &text));
+  ts_status st = ReadText(path.c_str(), &text);
+  if (st != TS_OK) return ts_set_error(st, "--text %s", std::string(ts_last_error()).c_str());
   size_t bad = FirstInvalidUtf8(text);
   if (bad != std::string::npos)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "--text %s: invalid UTF-8 at byte %zu, expected UTF-8 text",

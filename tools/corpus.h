@@ -27,7 +27,8 @@ struct Doc {
   bool section;
 };
 
-// Reads a whole file into *out. TS_ERR_IO ("--text PATH: cannot open: ...").
+// Reads a whole file into *out. TS_ERR_IO ("PATH: cannot open: ..."),
+// TS_ERR_INVALID_ARGUMENT for a folder ("PATH: is a folder; expected a file").
 ts_status ReadText(const char *path, std::string *out);
 
 // Decodes one UTF-8 code point at s[i]; returns its length (0 if malformed:

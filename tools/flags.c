@@ -256,6 +256,9 @@ int ts_flags_parse(const char *sub, const ts_flag *flags, size_t nflags, int arg
       return TS_FLAGS_HELP;
     }
     const ts_flag *f = find(flags, nflags, name);
+    if (!f && arg[0] != '-') /* a word where a flag should stand: no flag's value */
+      return ts_flags_error(sub, "unexpected argument \"%s\": expected only flags and their "
+                            "values " TS_FLAGS_HINT, arg);
     if (!f) return ts_flags_error(sub, "unknown flag %s " TS_FLAGS_HINT, name);
     if (seen[f - flags]++)
       return ts_flags_error(sub, "%s given twice: expected it once", f->name);

@@ -9,6 +9,8 @@
  *   tessera SUB: FLAG needs a value (--help lists the flags)    the last word
  *   tessera SUB: FLAG takes no value (--help lists the flags)   a switch as --f=v
  *   tessera SUB: unknown flag FLAG (--help lists the flags)
+ *   tessera SUB: unexpected argument "WORD": expected only flags and their values
+ *     (--help lists the flags)                                 a word no flag takes
  *   tessera SUB: FLAG given twice: expected it once
  *
  * Checks between flags (one required, two exclusive) stay with the command,
@@ -109,7 +111,8 @@ enum {
  * rows of `flags`, storing each value given through its row's dest.
  * -h or --help (where a flag may stand) prints `usage`, then one line per
  * row (its names, value and help), on stdout of the lead rank and returns
- * TS_FLAGS_HELP. An unknown flag, a missing value, a value for a switch, or
+ * TS_FLAGS_HELP. An unknown flag, a word that is no flag and no flag's
+ * value (not starting with '-'), a missing value, a value for a switch, or
  * a bad value (a SIZE below min, signed, or not a decimal integer; a FLOAT
  * not finite; a CHOICE not in the list; a CUSTOM refused by its parser)
  * prints one line on stderr of the lead rank in the forms at the top of

@@ -190,9 +190,15 @@ TEST(Flags, FloatRefusesNonFiniteValues) {
 TEST(Flags, UnknownFlagIsOneLine) {
   ExpectBad({"--stpes", "3"}, "tessera demo: unknown flag --stpes (--help lists the flags)");
   ExpectBad({"--bogus=3"}, "tessera demo: unknown flag --bogus (--help lists the flags)");
-  ExpectBad({"positional"}, "tessera demo: unknown flag positional (--help lists the flags)");
+  ExpectBad({"-x"}, "tessera demo: unknown flag -x (--help lists the flags)");
+}
+
+TEST(Flags, StrayWordIsOneLine) {
+  ExpectBad({"positional"}, "tessera demo: unexpected argument \"positional\": expected only "
+                            "flags and their values (--help lists the flags)");
   // Values are not flags: "--steps 3 3" has an extra word.
-  ExpectBad({"--steps", "3", "3"}, "tessera demo: unknown flag 3 (--help lists the flags)");
+  ExpectBad({"--steps", "3", "3"}, "tessera demo: unexpected argument \"3\": expected only "
+                                   "flags and their values (--help lists the flags)");
 }
 
 TEST(Flags, MissingValueIsOneLine) {

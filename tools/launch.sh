@@ -21,9 +21,11 @@
 # or data error would only repeat), adding `--resume auto` to a train
 # command that saves (--save DIR) and names no --resume, so it goes on from
 # the newest complete checkpoint.
-# SIGINT/SIGTERM to this script are sent as SIGTERM to the ranks of this
-# node (a train with --save saves at the next step boundary and exits 0)
-# and end the restarts.
+# SIGINT to this script goes to the ranks of this node as SIGINT (a train
+# with --save saves at the next step boundary and exits 0); SIGTERM and
+# SIGUSR1 (a preemption's warning) go to every rank as SIGUSR1 (it saves and
+# exits 5, which tools/slurm/train.sbatch requeues on). Either ends the
+# restarts.
 set -euo pipefail
 
 die() {
@@ -31,9 +33,16 @@ die() {
   exit 2
 }
 
-n="" hostfile="" max_restarts=0
+n="" hostfile="" max_restarts=0 nodes_range=""
 while (($#)); do
   case "$1" in
+    --nodes)
+      (($# >= 2)) || die "--nodes needs a value"
+      [[ "$2" =~ ^([1-9][0-9]{0,5}):([1-9][0-9]{0,5})$ ]] && ((BASH_REMATCH[1] <= BASH_REMATCH[2])) ||
+        die "--nodes $2: expected MIN:MAX, node counts with 1 <= MIN <= MAX"
+      nodes_range="$2"
+      shift 2
+      ;;
     --max-restarts)
       (($# >= 2)) || die "--max-restarts needs a value"
       [[ "$2" =~ ^[0-9]+$ ]] || die "--max-restarts $2: expected a number of restarts >= 0"
@@ -54,9 +63,27 @@ while (($#)); do
   esac
 done
 (($# >= 1)) || die "usage: tessera launch -n N [--hostfile FILE] <command> [flags]"
+if [[ -n "$nodes_range" ]]; then
+  [[ -z "$n" ]] || die "-n $n: with --nodes the ranks are the slots of the nodes in use; drop -n"
+  [[ -n "$hostfile" ]] || die "--nodes $nodes_range: expected --hostfile FILE naming the nodes"
+  [[ " $* " == *" train "* && " $* " == *" --save "* ]] ||
+    die "--nodes $nodes_range: expected a train command with --save DIR (a job that changes size goes on from its checkpoints)"
+  n=1 # the world is each launch's own (elastic below)
+fi
 [[ "$n" =~ ^[1-9][0-9]*$ ]] || die "-n ${n:-<missing>}: expected a number of ranks >= 1"
 if [[ -n "$hostfile" && ! -r "$hostfile" ]]; then
   die "--hostfile $hostfile: cannot read the file"
+fi
+# A tessera binary's command is one its --help lists, said here once, before
+# any rank starts (every rank would print the usage, mpirun its own lines).
+if [[ "${1##*/}" == tessera || "${1##*/}" == tessera_testing ]]; then
+  commands="$("$1" --help 2>/dev/null | awk '/^commands:/ { on = 1; next }
+    on && /^  [a-z]/ { printf "%s%s", sep, $1; sep = ", " }')"
+  if [[ -n "$commands" && $# -lt 2 ]]; then
+    die "no command given: expected one of $commands"
+  elif [[ -n "$commands" && " ${commands//,/} -h --help " != *" $2 "* ]]; then
+    die "$2: not a tessera command; expected one of $commands"
+  fi
 fi
 # A train command that saves and names no --resume goes on from its newest
 # checkpoint on a restart.
@@ -94,8 +121,8 @@ say_restart() {
 # host H died: signal S (NAME); every rank was stopped" (exit 128 + S) and
 # counts for --max-restarts, as does exit 4 (a rank's watchdog); srun's
 # boilerplate after either is dropped.
-# SIGINT/SIGTERM become SIGTERM to every rank of the step (scancel --signal:
-# srun itself would kill the step) and end the restarts.
+# SIGINT, SIGTERM and SIGUSR1 go to every rank of the step as they are
+# (scancel --signal: srun itself would kill the step) and end the restarts.
 # Slurm's PMIx fences all use its ring algorithm (SLURM_PMIX_FENCE=ring, as
 # mpi.conf's PMIxCollFence=ring; a value you set is kept). By default
 # (mixed) Open MPI's two fences in MPI_Init go through two algorithms, the
@@ -120,15 +147,17 @@ if [[ -z "$hostfile" && -n "${SLURM_JOB_ID:-${SLURM_JOBID:-}}" ]] && command -v 
   trap 'rm -f "$fifo" "$outcome"' EXIT
   set +e # statuses are read and handled below
   srun_pid="" stop=0
-  on_stop() {
+  on_stop() { # $1: the signal, passed on (SIGINT: save, exit 0; TERM, USR1: save, exit 5)
     stop=1
     [[ -n "$srun_pid" ]] || return 0
     local step
     step="$(squeue --noheader --steps --jobs="$job" --format='%i %j' 2>/dev/null |
       awk -v name="$step_name" '$2 == name { print $1; exit }')"
-    if [[ -n "$step" ]]; then scancel --quiet --signal=TERM "$step"; else kill -TERM "$srun_pid"; fi
+    if [[ -n "$step" ]]; then scancel --quiet --signal="$1" "$step"; else kill -TERM "$srun_pid"; fi
   }
-  trap on_stop INT TERM
+  trap 'on_stop INT' INT
+  trap 'on_stop TERM' TERM
+  trap 'on_stop USR1' USR1
   # srun's stderr (the ranks' too) to ours; the first task that ended badly
   # is written to $outcome as "exit CODE" or "died SIGNAL".
   filter_srun() {
@@ -277,6 +306,7 @@ filter_mpirun() {
     }
     /lost communication with a remote daemon|lost connection to|exited on signal/ { print "died" > died_file }
     /^\[[^]]*\] Read -1, expected [0-9]+, errno = [0-9]+$/ { next }
+    /^mpirun: Forwarding signal [0-9]+ to job$/ { next }
     /^\[[^]]*\] plm:rsh: Warning: setpgid\([0-9]+,[0-9]+\) failed in parent with errno=Permission denied\([0-9]+\)$/ { next }
     /^----------+$/ { if (inblock) { flush(); inblock = 0 } else { inblock = 1; nb = 0 } ; next }
     { if (inblock) buf[++nb] = $0; else { print; fflush() } }
@@ -288,18 +318,26 @@ set +e # statuses are read and handled below
 mpirun_pid="" stop=0
 # A stop request: SIGTERM to the ranks on this node (mpirun then sees them
 # end as they choose: 0 after a save), or to mpirun when it has none here.
+# SIGINT goes to the ranks as SIGINT (a user's stop: they save and exit 0);
+# SIGTERM and SIGUSR1 (a preemption's warning) go to every rank of every
+# node as SIGUSR1, which mpirun forwards (they save and exit 5).
 on_stop() {
   stop=1
-  if [[ -n "$mpirun_pid" ]]; then
-    pkill -TERM -P "$mpirun_pid" 2>/dev/null || kill -TERM "$mpirun_pid" 2>/dev/null || true
+  [[ -n "$mpirun_pid" ]] || return 0
+  if [[ "$1" == INT ]]; then
+    pkill -INT -P "$mpirun_pid" 2>/dev/null || kill -INT "$mpirun_pid" 2>/dev/null || true
+  else
+    kill -USR1 "$mpirun_pid" 2>/dev/null || true
   fi
 }
-trap on_stop INT TERM
+trap 'on_stop INT' INT
+trap 'on_stop TERM' TERM
+trap 'on_stop USR1' USR1
 
 fifo="$(mktemp -u "${TMPDIR:-/tmp}/tessera-launch.XXXXXX")"
 mkfifo "$fifo"
 died="$fifo.died"
-trap 'rm -f "$fifo" "$died"' EXIT
+trap 'rm -f "$fifo" "$died" "$fifo.grow" "$fifo.hosts"' EXIT
 
 # One run of the job; returns mpirun's status ($died exists after it if a
 # rank died).
@@ -319,7 +357,276 @@ run_job() {
   return "$rc"
 }
 
+# ---- elastic: --nodes MIN:MAX -------------------------------------------
+# torchrun's elastic agent for MPI jobs. The hostfile's nodes (its lines
+# "HOST [slots=S]", S ranks each, default 1; re-read before every launch)
+# are probed (TESSERA_PROBE HOST, default: mpirun of `true` on HOST through
+# the same remote launcher and network as the job, TESSERA_PROBE_TIMEOUT
+# seconds at most, default 10); the job
+# runs on the first K that answer, K the most in MIN..MAX whose world
+# (their slots) the layout allows: world = P pipeline stages x dp, and the
+# global batch G (--global-batch, else the flags' dp x micro-batch x
+# accumulation on MAX nodes) = dp x micro-batch x accumulation, the
+# micro-batch the largest that divides (at most the one given): G and the
+# learning-rate schedule never change, and a batch is a pure function of
+# (seed, step, sample index), so every size sees the same samples. A
+# failure (a rank died, a node's daemon was lost, the watchdog's exit 4)
+# counts for --max-restarts and relaunches on the nodes that answer,
+# resumed from the newest complete checkpoint (--resume auto: a damaged
+# one gives way to the next older). While fewer than MAX run, the others
+# are probed every TESSERA_GROW_POLL seconds (default 30); when one answers,
+# the ranks are told to stop (SIGUSR1: they save at the next step boundary
+# and exit 5) and the job relaunches larger from that checkpoint. Each
+# change of size is one line: which node, old and new world, micro-batch x
+# accumulation, the step resumed from and the steps redone. No layout of
+# MIN nodes: one line, the last exit code.
+
+# The value of train flag $1 in the words after it, else $2.
+flag_value() {
+  local name="$1" def="$2" i
+  shift 2
+  local a=("$@")
+  for ((i = 0; i < ${#a[@]} - 1; i++)); do
+    [[ "${a[i]}" == "$name" ]] && def="${a[i + 1]}"
+  done
+  echo "$def"
+}
+
+# The words after $1 without the train flags that fix the batch's shape.
+without_batch_flags() {
+  local a=("$@") i out=()
+  for ((i = 0; i < ${#a[@]}; i++)); do
+    case "${a[i]}" in
+      --micro-batch | --grad-accum | --global-batch) i=$((i + 1)) ;;
+      *) out+=("${a[i]}") ;;
+    esac
+  done
+  printf '%s\0' "${out[@]}"
+}
+
+# The hostfile's nodes as "HOST SLOTS" lines, in order.
+read_nodes() {
+  awk '{ sub(/#.*/, "") } NF { s = 1; for (i = 2; i <= NF; i++) if ($i ~ /^slots=[0-9]+$/) { s = substr($i, 7) }
+         print $1, s }' "$hostfile"
+}
+
+# Whether node $1 answers.
+probe() {
+  if [[ -n "${TESSERA_PROBE:-}" ]]; then
+    timeout -k 2 "${TESSERA_PROBE_TIMEOUT:-10}" $TESSERA_PROBE "$1" >/dev/null 2>&1
+  else
+    local root=()
+    [[ "$(id -u)" != 0 ]] || root=(--allow-run-as-root)
+    timeout -k 2 "${TESSERA_PROBE_TIMEOUT:-10}" mpirun "${root[@]}" -n 1 --host "$1" true >/dev/null 2>&1
+  fi
+}
+
+# Probes every node of the hostfile at once; prints those that answer,
+# "HOST SLOTS" lines in the hostfile's order.
+answering() {
+  local dir host slots i=0
+  dir="$(mktemp -d "${TMPDIR:-/tmp}/tessera-probe.XXXXXX")"
+  while read -r host slots; do
+    { probe "$host" && echo "$host $slots" >"$dir/$(printf %06d $i)"; } &
+    i=$((i + 1))
+  done < <(read_nodes)
+  wait
+  cat "$dir"/* 2>/dev/null
+  rm -rf "$dir"
+}
+
+# Chooses the layout on the answering nodes ($1, lines "HOST SLOTS"): sets
+# use_nodes (lines), use_world, use_mb, use_accum; returns 1 when no K in
+# MIN..MAX fits.
+choose_layout() {
+  local lines=() k w dp mb
+  mapfile -t lines <<<"$1"
+  [[ -n "$1" ]] || lines=()
+  for ((k = (${#lines[@]} < node_max ? ${#lines[@]} : node_max); k >= node_min; k--)); do
+    w=0
+    for ((i = 0; i < k; i++)); do w=$((w + ${lines[i]##* })); done
+    ((w % pipeline == 0)) || continue
+    dp=$((w / pipeline))
+    ((global % dp == 0)) || continue
+    for ((mb = micro; mb >= 1; mb--)); do ((global / dp % mb == 0)) && break; done
+    use_nodes="$(printf '%s\n' "${lines[@]:0:k}")"
+    use_world=$w use_mb=$mb use_accum=$((global / dp / mb))
+    return 0
+  done
+  return 1
+}
+
+# The newest complete checkpoint's step under the save folder, else 0.
+newest_step() {
+  local d best=0 s
+  for d in "$save_dir"/step-*/index.json; do
+    [[ -e "$d" ]] || continue
+    s="${d%/index.json}"
+    s="${s##*/step-}"
+    s=$((10#$s))
+    ((s > best)) && best=$s
+  done
+  echo "$best"
+}
+
+# The last step the previous run finished (the trainer's progress.json).
+last_step() {
+  sed -n 's/^{"step": \([0-9]*\)}$/\1/p' "$save_dir/progress.json" 2>/dev/null || true
+}
+
+names() { awk '{ printf "%s%s", sep, $1; sep = " " }' <<<"$1"; }
+
+# Watches the nodes not in use while the job runs (mpirun's pid $1): when
+# one answers, writes its name to $grow_file and sends SIGUSR1 to mpirun.
+watch_grow() {
+  trap 'kill $(jobs -p) 2>/dev/null; exit 0' TERM
+  local host slots
+  while kill -0 "$1" 2>/dev/null; do
+    sleep "${TESSERA_GROW_POLL:-30}" &
+    wait $!
+    while read -r host slots; do
+      grep -qx "$host" <<<"$(awk '{ print $1 }' <<<"$use_nodes")" && continue
+      if probe "$host"; then
+        echo "$host" >"$grow_file"
+        kill -USR1 "$1" 2>/dev/null
+        return 0
+      fi
+    done < <(read_nodes)
+  done
+}
+
+elastic() {
+  node_min="${nodes_range%:*}" node_max="${nodes_range#*:}"
+  save_dir="$(flag_value --save "" "$@")"
+  pipeline="$(flag_value --pipeline 1 "$@")"
+  micro="$(flag_value --micro-batch 8 "$@")"
+  local accum all full=0 host slots i=0
+  accum="$(flag_value --grad-accum 1 "$@")"
+  all="$(read_nodes)"
+  [[ -n "$all" ]] || die "--hostfile $hostfile: no nodes in it (lines HOST [slots=S])"
+  while read -r host slots; do
+    ((i < node_max)) && full=$((full + slots))
+    i=$((i + 1))
+  done <<<"$all"
+  ((i >= node_min)) || die "--nodes $nodes_range: --hostfile $hostfile names $i nodes; expected at least $node_min"
+  [[ "$pipeline$micro$accum" =~ ^[0-9]+$ ]] && ((pipeline >= 1 && micro >= 1 && accum >= 1)) ||
+    die "--pipeline, --micro-batch, --grad-accum: expected numbers >= 1"
+  global="$(flag_value --global-batch $((full / pipeline * micro * accum)) "$@")"
+  [[ "$global" =~ ^[1-9][0-9]*$ ]] || die "--global-batch $global: expected a number >= 1"
+  local base=() words=() rc why="" old_world=0 old_shape="" first=1 answer
+  mapfile -d '' base < <(without_batch_flags "$@")
+  grow_file="$fifo.grow"
+  while :; do
+    answer="$(answering)"
+    if ! choose_layout "$answer"; then
+      local missing
+      missing="$(comm -23 <(awk '{ print $1 }' <<<"$all" | sort) <(awk '{ print $1 }' <<<"$answer" | sort) | tr '\n' ' ')"
+      echo "tessera launch: --nodes $nodes_range: $(grep -c . <<<"$answer") of the hostfile's" \
+        "$(grep -c . <<<"$all") nodes answer${missing:+ (not: ${missing% })}; no layout on $node_min" \
+        "or more fits --pipeline $pipeline and global batch $global; stopping" >&2
+      exit "${rc:-1}"
+    fi
+    local shape="$use_mb x $use_accum"
+    if ((!first)); then
+      local from redone last
+      from="$(newest_step)" last="$(last_step)"
+      redone=$(( ${last:-0} > from ? ${last:-0} - from : 0 ))
+      echo "tessera launch: $why: world $old_world -> $use_world ranks on $(names "$use_nodes")," \
+        "micro-batch x accumulation $old_shape -> $shape, resuming from step $from ($redone steps redone)" >&2
+    fi
+    first=0 old_world=$use_world old_shape="$shape"
+    printf '%s\n' "$use_nodes" | awk '{ print $1, "slots=" $2 }' >"$fifo.hosts"
+    args=(-n "$use_world" --oversubscribe --bind-to none --hostfile "$fifo.hosts")
+    [[ "$(id -u)" != 0 ]] || args+=(--allow-run-as-root)
+    for v in OMP_NUM_THREADS TESSERA_HOME TESSERA_TTY; do
+      [[ -z "${!v:-}" ]] || args+=(-x "$v")
+    done
+    words=("${base[@]}" --micro-batch "$use_mb" --global-batch "$global")
+    rm -f "$grow_file"
+    run_job_elastic "${words[@]}"
+    rc=$?
+    answer="$(answering)"
+    if [[ -s "$grow_file" && "$rc" == 5 && "$stop" == 0 ]]; then
+      why="node $(cat "$grow_file") answers again"
+    elif ((rc != 0 && stop == 0)) && [[ -e "$died" || "$rc" == 4 ]] && ((attempt < max_restarts)); then
+      attempt=$((attempt + 1))
+      local gone
+      gone="$(comm -23 <(awk '{ print $1 }' <<<"$use_nodes" | sort) <(awk '{ print $1 }' <<<"$answer" | sort) | tr '\n' ' ')"
+      if [[ -n "$gone" ]]; then why="node ${gone% } lost"
+      elif [[ -e "$died" ]]; then why="a rank died"
+      else why="a peer stopped answering"; fi
+      why+=" (exit $rc; restart $attempt of $max_restarts)"
+    else
+      exit "$rc"
+    fi
+    [[ " ${base[*]} " == *" --resume "* ]] || base+=(--resume auto)
+  done
+}
+
+# SIGKILL to process $1 and every process below it.
+kill_tree() {
+  local child
+  kill -STOP "$1" 2>/dev/null # no new children meanwhile
+  for child in $(ps -o pid= --ppid "$1" 2>/dev/null); do kill_tree "$child"; done
+  kill -KILL "$1" 2>/dev/null
+}
+
+# Whether mpirun (pid $1) has ranks on this node: children other than its
+# remote launches (the rsh agent's commands that start orted elsewhere).
+has_children() { ps -o args= --ppid "$1" 2>/dev/null | grep -qv orted; }
+
+# mpirun ends only when it has heard from every node's daemon: after a cut
+# link it would wait for the lost node forever (and hold the ranks' lines
+# until then). Once this node's ranks have all ended, mpirun is given
+# TESSERA_HANG_GRACE seconds (default 20) to end, then stopped, and the run
+# counts as a death (a restart). (A launch from a node without ranks of
+# its own is not watched so.)
+watch_hang() {
+  trap 'kill $(jobs -p) 2>/dev/null; exit 0' TERM
+  local quiet=0 seen=0
+  while kill -0 "$1" 2>/dev/null; do
+    sleep 1 &
+    wait $!
+    if has_children "$1"; then
+      seen=1
+    elif ((seen)); then
+      quiet=$((quiet + 1))
+      if ((quiet >= ${TESSERA_HANG_GRACE:-20})); then
+        echo "died" >"$died"
+        kill_tree "$1" # its remote launches too: they hold its stderr open
+        return 0
+      fi
+    else
+      quiet=0
+    fi
+  done
+}
+
+# run_job, with the grow watcher beside mpirun while nodes are left out.
+run_job_elastic() {
+  rm -f "$died"
+  filter_mpirun "$died" <"$fifo" >&2 &
+  local filter_pid=$! rc watch_pid=""
+  mpirun "${args[@]}" "$@" 2>"$fifo" &
+  mpirun_pid=$!
+  if (($(wc -l <<<"$use_nodes") < node_max)) && [[ "$(read_nodes | wc -l)" -gt "$(wc -l <<<"$use_nodes")" ]]; then
+    watch_grow "$mpirun_pid" &
+    watch_pid=$!
+  fi
+  watch_hang "$mpirun_pid" &
+  local hang_pid=$!
+  wait_child "$mpirun_pid"
+  rc=$?
+  mpirun_pid=""
+  kill "$hang_pid" 2>/dev/null
+  wait "$hang_pid" 2>/dev/null
+  [[ -z "$watch_pid" ]] || { kill "$watch_pid" 2>/dev/null; wait "$watch_pid" 2>/dev/null; }
+  wait "$filter_pid" || true
+  return "$rc"
+}
+
 attempt=0
+[[ -z "$nodes_range" ]] || elastic "$@" # (exits)
 run_job "$@"
 rc=$?
 # Exit 4: a rank's watchdog found a peer silent past --comm-timeout (a

@@ -16,7 +16,7 @@
 #     one line naming the rank and its host, exit 137; with --max-restarts 1
 #     and --save the job restarts from the newest checkpoint and ends with
 #     the uninterrupted run's step lines; SIGTERM to launch saves at the
-#     next step boundary and exits 0;
+#     next step boundary and exits 5 (preempted);
 #  4b. a lost report: every task ends (exit 0) while node 2's link is down
 #     (until 3 s after the last task's end), so its slurmstepd may fail to
 #     tell srun ("Failed to send MESSAGE_TASK_EXIT"; whether slurmctld
@@ -165,7 +165,7 @@ kill -TERM \$pid
 wait \$pid
 EOF
 alloc bash "$tmp/sigterm.sh"
-check_eq "SIGTERM: exit 0" 0 $?
+check_eq "SIGTERM: exit 5 (preempted)" 5 $?
 check "SIGTERM: saved" "on SIGTERM: saved $tmp/sig/step-" "$(cat "$tmp/sig.log")"
 
 # 4b. a lost report: the tasks end while n2's link is down

@@ -29,10 +29,11 @@ static const char *USAGE =
     "  --pipeline P: ranks = P stages x data-parallel ranks; each step's --grad-accum\n"
     "  micro-batches flow through the stages (the ranks count is then P x dp).\n"
     "  Several ranks: tessera launch -n N train ...\n"
-    "  Exit status: 0 trained (or stopped by SIGINT/SIGTERM after saving), 1 failed,\n"
+    "  Exit status: 0 trained (or stopped by SIGINT after saving), 1 failed,\n"
     "  2 bad usage, 3 stopped: non-finite losses or gradients (--max-bad-steps, fp16 at\n"
     "  its minimum loss scale), 4 a peer did not answer within --comm-timeout (launch\n"
-    "  --max-restarts restarts it).\n";
+    "  --max-restarts restarts it), 5 preempted: stopped by SIGTERM or SIGUSR1 after\n"
+    "  saving (resume with --resume auto; tools/slurm/train.sbatch requeues on it).\n";
 
 typedef struct progress {
   int tty;          /* stdout is a terminal */
@@ -323,43 +324,85 @@ static ts_status parse_comm_timeout(const char *v, void *seconds) {
   return TS_OK;
 }
 
-/* Set on SIGINT/SIGTERM when --save is given: the trainer saves at the next
- * step boundary and the run ends with status 0. */
+/* Set on SIGINT, SIGTERM or SIGUSR1 when --save is given: the trainer saves
+ * at the next step boundary. The value is the kind of stop (ts_train_config
+ * stop): TS_TRAIN_STOP_USER on SIGINT (the run ends with status 0),
+ * TS_TRAIN_STOP_PREEMPT on SIGTERM or SIGUSR1 (status 5: SLURM's
+ * `--signal=USR1@90` before a preemption or the time limit). */
 static volatile sig_atomic_t stop_signal;
 static volatile int stop_flag;
 
-/* The one thread that takes SIGINT and SIGTERM (sigwait); every other
- * thread of the process blocks them (watch_stop_signals). A signal that
- * interrupts a thread in oneDNN's AVX2 matrix product can corrupt the heap
- * ("corrupted size vs. prev_size" in its free: 2 runs in 16 under load,
- * with a handler that does nothing too, tools/checkpoint_test.sh's SIGTERM
- * with oneDNN capped to AVX2; the mechanism inside oneDNN is not known),
- * and no thread that computes or communicates ever sees EINTR. */
+/* The process that started this rank (its launcher: mpirun, Open MPI's
+ * orted or slurmstepd), when one did (an MPI or SLURM launch's variables
+ * are set), else 0. */
+static pid_t launcher_pid;
+
+/* 1 if this process was started by an MPI or SLURM launcher. */
+static int under_launcher(void) {
+  return getenv("OMPI_COMM_WORLD_RANK") || getenv("PMIX_RANK") || getenv("SLURM_PROCID");
+}
+
+/* Ends this rank when its launcher is gone (it was reparented): Open MPI
+ * puts every rank in a process group of its own, so killing the
+ * launcher's group (or mpirun alone, SIGKILL) left the ranks training and
+ * committing checkpoints, whose pruning raced the restart's load (issue
+ * 45). The rank ends at once without a save, exit 1: a restart goes on
+ * from the newest complete checkpoint. Checked every second. */
+static void end_if_orphaned(void) {
+  if (launcher_pid && getppid() != launcher_pid) {
+    const char *rank = getenv("OMPI_COMM_WORLD_RANK");
+    if (!rank) rank = getenv("PMIX_RANK");
+    if (!rank) rank = getenv("SLURM_PROCID");
+    fprintf(stderr,
+            "tessera train: rank %s: its launcher (pid %d) is gone; stopping without a save\n",
+            rank ? rank : "?", (int)launcher_pid);
+    _exit(1);
+  }
+}
+
+/* The one thread that takes SIGINT, SIGTERM and SIGUSR1 (sigtimedwait;
+ * with `watch` 0 it takes none) and checks each second that the launcher
+ * lives (end_if_orphaned); every other thread of the process blocks the
+ * signals (watch_stop_signals). A signal that interrupts a thread in
+ * oneDNN's AVX2 matrix product can corrupt the heap ("corrupted size vs.
+ * prev_size" in its free: 2 runs in 16 under load, with a handler that
+ * does nothing too, tools/checkpoint_test.sh's SIGTERM with oneDNN capped
+ * to AVX2; the mechanism inside oneDNN is not known), and no thread that
+ * computes or communicates ever sees EINTR. */
 static void *stop_signal_thread(void *arg) {
   const sigset_t *set = arg;
+  const struct timespec second = {1, 0};
   for (;;) {
-    int sig;
-    if (sigwait(set, &sig) == 0) {
-      stop_signal = sig;
-      __atomic_store_n(&stop_flag, 1, __ATOMIC_RELEASE); /* the trainer loads it so */
+    int sig = set ? sigtimedwait(set, NULL, &second) : -1;
+    if (!set) nanosleep(&second, NULL);
+    if (sig > 0) {
+      int kind = sig == SIGINT ? TS_TRAIN_STOP_USER : TS_TRAIN_STOP_PREEMPT;
+      if (kind >= stop_flag) stop_signal = sig;
+      if (kind > stop_flag) /* a preemption outranks a user's stop */
+        __atomic_store_n(&stop_flag, kind, __ATOMIC_RELEASE); /* the trainer loads it so */
     }
+    end_if_orphaned();
   }
   return NULL;
 }
 
-/* Blocks SIGINT and SIGTERM in this thread, and so in every thread it
- * starts from now on (MPI's, OpenMP's, the communication and checkpoint
- * threads inherit the mask), and starts the thread that takes them. Call
+/* With `watch` 1, blocks SIGINT, SIGTERM and SIGUSR1 in this thread, and
+ * so in every thread it starts from now on (MPI's, OpenMP's, the
+ * communication and checkpoint threads inherit the mask); under a
+ * launcher notes the launcher's pid; then starts the thread that takes the
+ * signals and watches the launcher, when there is anything to do. Call
  * before anything starts a thread. */
-static int watch_stop_signals(void) {
+static int watch_stop_signals(int watch) {
   static sigset_t set;
   pthread_t t;
+  if (under_launcher()) launcher_pid = getppid();
+  if (!watch && !launcher_pid) return 0;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
-  if (pthread_sigmask(SIG_BLOCK, &set, NULL) != 0 ||
-      pthread_create(&t, NULL, stop_signal_thread, &set) != 0)
-    return -1;
+  sigaddset(&set, SIGUSR1);
+  if (watch && pthread_sigmask(SIG_BLOCK, &set, NULL) != 0) return -1;
+  if (pthread_create(&t, NULL, stop_signal_thread, watch ? &set : NULL) != 0) return -1;
   pthread_detach(t);
   return 0;
 }
@@ -503,7 +546,7 @@ int ts_tool_train(int argc, char **argv) {
                      NULL),
       TS_FLAG_STRING("--save", NULL, &cfg.save_dir, "DIR",
                      "save checkpoints into DIR/step-N (every rank its own slices); also at the "
-                     "end and on SIGINT/SIGTERM, after which the run exits 0",
+                     "end and on SIGINT/SIGTERM/SIGUSR1, after which the run exits 0 (SIGINT) or 5",
                      NULL),
       TS_FLAG_SIZE("--save-every", NULL, &cfg.save_every, 1, "N",
                    "steps between checkpoints (default: only at the end)", NULL),
@@ -553,13 +596,11 @@ int ts_tool_train(int argc, char **argv) {
   /* A stop request saves first (--save): its signals are watched before
    * anything can start a thread (the CUDA driver's, when the device is
    * resolved below; MPI's; OpenMP's). */
-  if (cfg.save_dir) {
-    if (watch_stop_signals() != 0) {
-      fprintf(stderr, "tessera train: cannot start the thread that takes SIGINT/SIGTERM\n");
-      return 1;
-    }
-    cfg.stop = &stop_flag;
+  if (watch_stop_signals(cfg.save_dir != NULL) != 0) {
+    fprintf(stderr, "tessera train: cannot start the thread that takes SIGINT/SIGTERM/SIGUSR1\n");
+    return 1;
   }
+  if (cfg.save_dir) cfg.stop = &stop_flag;
   if (!cfg.model) cfg.model = cfg.init_from; /* the folder's own config.json */
   if (!cfg.model || !cfg.data_dir)
     return ts_flags_error("train", "--model and --data are required " TS_FLAGS_HINT);
@@ -689,9 +730,14 @@ int ts_tool_train(int argc, char **argv) {
     ts_comm_finalize();
     return st == TS_ERR_NUMERIC ? 3 : 1; /* 3: training diverged (README, exit codes) */
   }
+  int preempted = res.stopped_at && res.stop_kind == TS_TRAIN_STOP_PREEMPT;
   if (rank == 0 && res.stopped_at) {
-    printf("stopped after step %zu on %s: saved %s\n", res.stopped_at,
-           stop_signal == SIGINT ? "SIGINT" : "SIGTERM", res.saved);
+    /* the signal this rank took, else (another rank took it) the kind */
+    const char *sig = stop_signal == SIGINT ? "SIGINT" : stop_signal == SIGUSR1 ? "SIGUSR1"
+                      : stop_signal == SIGTERM ? "SIGTERM" : preempted ? "SIGTERM/SIGUSR1"
+                      : "SIGINT";
+    printf("stopped after step %zu on %s: saved %s%s\n", res.stopped_at, sig, res.saved,
+           preempted ? " (exit 5: preempted; resume with --resume auto)" : "");
   } else if (rank == 0) {
     print_summary(&cfg, &res);
     print_checkpoints(&cfg, &res);
@@ -701,5 +747,5 @@ int ts_tool_train(int argc, char **argv) {
   free(smp.own_prompt);
   ts_text_tokenizer_free(smp.tok);
   ts_comm_finalize();
-  return 0;
+  return preempted ? 5 : 0;
 }
