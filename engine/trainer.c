@@ -112,6 +112,7 @@ typedef struct run {
   ts_checkpoint *ck;         /* the checkpoint resumed from (setup), else NULL */
   int ck_hold;               /* ts_checkpoint_hold's descriptor on ck + 1, else 0 */
   size_t ck_step;            /* resume auto: ck's step-N, the next candidate is older */
+  ts_trainer_state saved;    /* ck's trainer.json (check_resume_data) */
   size_t start;              /* steps done before this run (resumed), else 0 */
   double load_seconds;       /* this rank's verify and load of ck */
   char notes[1024];          /* what the run says beside its work (note()), lines, else "" */
@@ -279,6 +280,7 @@ static ts_status open_checkpoint(run *r, const char *dir) {
         "`steps` %zu: the checkpoint %s is at step %zu already; expected more steps", cfg->steps,
         dir, s.step);
   note_schedule(r, &s);
+  r->saved = s;
   r->start = s.step;
   r->eo.seed = s.data_seed; /* the data order of the run that saved it */
   return TS_OK;
@@ -356,6 +358,36 @@ static ts_status open_resume(run *r, size_t below) {
     return ts_set_error(first, "%s (and no older checkpoint in %s is intact)", first_error,
                         cfg->save_dir);
   return TS_OK; /* nothing saved yet: a fresh start */
+}
+
+/* A resume against the corpus and sequence length the checkpoint was
+ * trained with (its trainer.json): another corpus (train.bin's token
+ * count differs) is refused, since a step's samples are drawn from it and
+ * the loss would jump; the same count under another path is said in one
+ * line of r->notes (a corpus moved); another `seq` is allowed (a longer
+ * context is a real use) and said. Checkpoints that recorded neither pass. */
+static ts_status check_resume_data(run *r) {
+  const ts_trainer_state *s = &r->saved;
+  if (!r->ck) return TS_OK;
+  const char *dir = ts_checkpoint_dir(r->ck), *data = r->cfg->data_dir;
+  size_t tokens = ts_token_file_num_tokens(r->train);
+  if (s->data_tokens && s->data_tokens != tokens)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "`data_dir` %s: its train.bin has %zu tokens; the checkpoint %s was trained on "
+                        "%s, %zu tokens: expected the same corpus (each step's samples are drawn "
+                        "from it)",
+                        data, tokens, dir, s->data, s->data_tokens);
+  if (s->data_tokens && s->data[0] && strcmp(s->data, data) != 0)
+    note(r,
+         "note: `data_dir` %s: the checkpoint %s was trained on %s, whose train.bin had the same %zu "
+         "tokens: taken as the same corpus",
+         data, dir, s->data, tokens);
+  if (s->seq && s->seq != r->eo.seq)
+    note(r,
+         "note: `seq` %zu: the checkpoint %s was trained with `seq` %zu; the run goes on with "
+         "%zu-token sequences (other windows of the corpus)",
+         r->eo.seq, dir, s->seq, r->eo.seq);
+  return TS_OK;
 }
 
 /* Every rank checks its share of r->ck's files (ts_checkpoint_verify),
@@ -472,6 +504,7 @@ static ts_status setup(run *r) {
   TS_CHECK(ts_token_file_open(&r->val, path, V));
   r->mlm = r->model.objective == TS_OBJECTIVE_MASKED_LM;
   TS_CHECK(check_data(r));
+  TS_CHECK(check_resume_data(r));
   size_t W = r->mlm ? T - 2 : T; /* a masked-LM sequence is [CLS] window [SEP] */
   TS_CHECK(ts_loader_init(&r->train_ld, r->train, W, r->eo.seed, 1));
   TS_CHECK(ts_loader_init(&r->val_ld, r->val, W, 0, 0));
@@ -686,7 +719,8 @@ static ts_status save(run *r, size_t step, ts_train_result *res) {
       st = ts_set_error(TS_ERR_IO, "`save_dir` %s: cannot create the folder: %s", cfg->save_dir,
                         strerror(errno));
     else if (!(tj = ts_trainer_state_json(r->cfg, &r->eo, step, r->global_batch, r->world_size,
-                                          r->last.loss, ts_engine_loss_scale(r->engine))))
+                                          r->last.loss, ts_engine_loss_scale(r->engine),
+                                          ts_token_file_num_tokens(r->train))))
       st = ts_set_error(TS_ERR_OUT_OF_MEMORY, "trainer.json");
   }
   TS_CHECK(agree_save(r, st, res, "to save a checkpoint"));

@@ -49,6 +49,7 @@ static const field FIELDS[] = {
     {"loss_scale", REAL, 0, 0x1p-126, HUGE_VAL},
     {"model", STRING, 0, 0, 0},
     {"data", STRING, 0, 0, 0},
+    {"data_tokens", INT, 0, 1, MAX_COUNT},
     {"zero_stage", INT, 0, 0, 3},
     {"dtype", STRING, 0, 0, 0},
     {"activation_checkpointing", STRING, 0, 0, 0},
@@ -126,6 +127,8 @@ ts_status ts_trainer_state_parse(const char *text, size_t len, const char *dir,
     st = check_field(dir, root, &FIELDS[i], &nums[i], &seed);
   const cJSON *dtype = cJSON_GetObjectItemCaseSensitive(root, "dtype");
   int dtype_differs = cJSON_IsString(dtype) && strcmp(dtype->valuestring, info->dtype) != 0;
+  const cJSON *data = cJSON_GetObjectItemCaseSensitive(root, "data");
+  if (cJSON_IsString(data)) snprintf(out->data, sizeof out->data, "%s", data->valuestring);
   cJSON_Delete(root);
   TS_CHECK(st);
   double step = value(nums, "step"), gb = value(nums, "global_batch");
@@ -159,12 +162,15 @@ ts_status ts_trainer_state_parse(const char *text, size_t len, const char *dir,
   out->lr = lr;
   out->min_lr_ratio = floor_ratio;
   out->warmup = out->has_schedule ? (size_t)warmup : 0;
+  double seq = value(nums, "seq"), tokens = value(nums, "data_tokens");
+  out->seq = isnan(seq) ? 0 : (size_t)seq;
+  out->data_tokens = isnan(tokens) ? 0 : (size_t)tokens;
   return TS_OK;
 }
 
 char *ts_trainer_state_json(const ts_train_config *cfg, const ts_engine_opts *eo, size_t step,
                             size_t global_batch, int world_size, double last_loss,
-                            float loss_scale) {
+                            float loss_scale, size_t data_tokens) {
   char recompute[32];
   ts_train_recompute_name(eo->recompute_every, recompute, sizeof recompute);
   cJSON *o = cJSON_CreateObject();
@@ -187,6 +193,7 @@ char *ts_trainer_state_json(const ts_train_config *cfg, const ts_engine_opts *eo
   cJSON_AddNumberToObject(o, "loss_scale", loss_scale);
   cJSON_AddStringToObject(o, "model", cfg->model);
   cJSON_AddStringToObject(o, "data", cfg->data_dir);
+  cJSON_AddNumberToObject(o, "data_tokens", (double)data_tokens);
   cJSON_AddNumberToObject(o, "zero_stage", eo->zero_stage);
   cJSON_AddStringToObject(o, "dtype", ts_dtype_name(eo->dtype));
   cJSON_AddStringToObject(o, "activation_checkpointing", recompute);

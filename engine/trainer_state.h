@@ -36,6 +36,9 @@ typedef struct ts_trainer_state {
   double lr;           /* the saving run's peak learning rate */
   double min_lr_ratio; /* its cosine floor, a fraction of lr */
   size_t warmup;       /* its warm-up steps */
+  size_t seq;          /* its tokens per sequence; 0: not recorded */
+  char data[4096];     /* its `data` folder as given; "": not recorded */
+  size_t data_tokens;  /* its train.bin's token count; 0: not recorded */
 } ts_trainer_state;
 
 /* Parses trainer.json's text (len bytes, host) of the checkpoint in folder
@@ -53,10 +56,11 @@ ts_status ts_trainer_state_parse(const char *text, size_t len, const char *dir,
  * string: a 64-bit seed does not fit a JSON number's double; a batch is a
  * pure function of (seed, step, sample index)) and next_sample = step x
  * global_batch; the learning-rate schedule (its rate at `step`); the run's
- * settings, its last loss and fp16 loss scale, for people and tools. */
+ * settings (with `data` its train.bin's data_tokens, which a resume
+ * checks), its last loss and fp16 loss scale, for people and tools. */
 char *ts_trainer_state_json(const ts_train_config *cfg, const ts_engine_opts *eo, size_t step,
                             size_t global_batch, int world_size, double last_loss,
-                            float loss_scale);
+                            float loss_scale, size_t data_tokens);
 
 #ifdef __cplusplus
 }

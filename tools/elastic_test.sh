@@ -8,20 +8,28 @@
 #  2. `--resume auto` with the newest checkpoint damaged (a rank file cut
 #     short) resumes from the next older one, saying so in one line, and
 #     ends byte-identical to an uninterrupted run;
+#  2b. a resume on another corpus (train.bin's token count) is refused in
+#     one line; the same corpus under another path, or another --seq, goes
+#     on with a note line;
 #  3. SIGUSR1 to a rank (SLURM's --signal=USR1@90) saves at the next step
 #     boundary and exits 5;
 #  4. across three nodes (tools/cluster.sh; skipped with the reason where
 #     network namespaces cannot be made), 1 rank each, --nodes 2:3, global
-#     batch 12: node 3's link cut once the step-4 checkpoint is complete ->
-#     one line: node 3 lost, world 3 -> 2, micro-batch x accumulation
-#     4 x 1 -> 3 x 2, the step resumed from and the steps redone; the link
-#     restored once the 2-node run has saved -> one line: node 3 answers
-#     again, world 2 -> 3; the job finishes. Against an uninterrupted
+#     batch 12: a start line; node 3's link cut once the step-4 checkpoint
+#     is complete -> one line: node 3 lost, world 3 -> 2, micro-batch x
+#     accumulation 4 x 1 -> 3 x 2, the step resumed from and the steps
+#     redone; the link restored once the 2-node run has saved -> one line:
+#     node 3 answers again, world 2 -> 3; then the same again (flapping:
+#     restart 2 of 2, each resume later than the last); the job finishes.
+#     Against an uninterrupted
 #     3-rank run: steps 1-4 bitwise; the first step after the shrink (same
 #     parameters, the same samples: it is their loss) within 1e-6
 #     relative (per-rank loss sums added in another grouping; measured
 #     equal); the final loss within 1e-5 relative (fp32 summation-order
-#     differences of the gradients grown over 36 steps; measured 2e-8).
+#     differences of the gradients grown over 56 steps; measured 2e-8);
+#  5. pipeline 2 x dp 2 on four nodes losing node 4 re-forms at pipeline
+#     2 x dp 1 on two nodes (three do not split into two stages) and
+#     finishes; with --nodes 3:4 and node 4 down, one line and exit 1.
 #   elastic_test.sh TESSERA_TESTING_BIN LAUNCH_SH
 set -uo pipefail
 here="$(dirname "${BASH_SOURCE[0]}")"
@@ -79,6 +87,32 @@ check "damaged: the steps redone" "note: resuming from step 2: the last run reac
 check "damaged: resumed from step 2" "resumed from step 2" "$out"
 same_checkpoint "damaged: final checkpoint byte-identical" "$tmp/whole/step-00000006" "$tmp/dmg/step-00000006"
 
+# 2b. a resume on another corpus is refused, on the same corpus moved or
+# with another --seq it goes on and says so
+python3 - "$tmp/other" <<'PY'
+import os, random, struct, sys
+d = sys.argv[1]
+os.makedirs(d, exist_ok=True)
+rng = random.Random(6)
+for name, n in (("train.bin", 30000), ("val.bin", 4000)):
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(struct.pack("<256i", *([20240520, 1, n] + [0] * 253)))
+        f.write(struct.pack(f"<{n}H", *(rng.randrange(4096) for _ in range(n))))
+PY
+cp -r "$tmp/data" "$tmp/moved"
+more=(--model llama-tiny --log-every 1 --zero 3 --micro-batch 2 --steps 8 --resume "$tmp/whole/step-00000004")
+out="$("$launch" -n 2 "$bin" train "${more[@]}" --data "$tmp/other" --seq 32 2>&1)"
+check_eq "another corpus: exit 1" 1 $?
+check_eq "another corpus: one line" "tessera train: rank 0 of 2: --data $tmp/other: its train.bin has 30000 tokens; the checkpoint $tmp/whole/step-00000004 was trained on $tmp/data, 40000 tokens: expected the same corpus (each step's samples are drawn from it)" "$out"
+out="$("$launch" -n 2 "$bin" train "${more[@]}" --data "$tmp/moved" --seq 32 2>&1)"
+check_eq "the corpus moved: exit 0" 0 $?
+check "the corpus moved: said" "note: --data $tmp/moved: the checkpoint $tmp/whole/step-00000004 was trained on $tmp/data, whose train.bin had the same 40000 tokens: taken as the same corpus" "$out"
+out="$("$launch" -n 2 "$bin" train "${more[@]}" --data "$tmp/data" --seq 64 2>&1)"
+check_eq "another --seq: exit 0" 0 $?
+check "another --seq: said" "note: --seq 64: the checkpoint $tmp/whole/step-00000004 was trained with --seq 32; the run goes on with 64-token sequences (other windows of the corpus)" "$out"
+absent "the same corpus and --seq: no note" "note: --data" \
+  "$("$launch" -n 2 "$bin" train "${more[@]}" --data "$tmp/data" --seq 32 2>&1)"
+
 # 3. SIGUSR1: save, exit 5
 "$bin" train "${common[@]}" --micro-batch 2 --steps 100000 --save "$tmp/usr1" >"$tmp/usr1.log" 2>&1 &
 pid=$!
@@ -89,58 +123,105 @@ check_eq "SIGUSR1: exit 5" 5 $?
 check "SIGUSR1: saved" "on SIGUSR1: saved $tmp/usr1/step-" "$(cat "$tmp/usr1.log")"
 check_eq "SIGUSR1: the checkpoint is complete" 1 "$(ls "$tmp"/usr1/step-*/index.json | wc -l)"
 
-# 4. --nodes 2:3 across three nodes
+# 4. --nodes across three and four nodes
 if ! why="$("$cluster" check 2>&1)"; then
   echo "SKIP: elastic_test: --nodes across three nodes: $(tr '\n' ' ' <<<"$why")"
 else
   own_cluster el
   export TS_CLUSTER_NET=201
-  n1="$TS_CLUSTER-n1" n2="$TS_CLUSTER-n2" n3="$TS_CLUSTER-n3"
+  n1="$TS_CLUSTER-n1" n2="$TS_CLUSTER-n2" n3="$TS_CLUSTER-n3" n4="$TS_CLUSTER-n4"
   cluster_up=1
-  "$cluster" up 3 >/dev/null
+  "$cluster" up 4 >/dev/null
   check_eq "cluster up" 0 $?
   printf '%s slots=1\n%s slots=1\n%s slots=1\n' "$n1" "$n2" "$n3" >"$tmp/hostfile"
-  long=("${common[@]}" --micro-batch 4 --steps 40 --save-every 2)
+  long=("${common[@]}" --micro-batch 4 --steps 60 --save-every 2)
   export TESSERA_TEST_SLOW=0:60 # rank 0 (on n1, where launch runs) 60 ms per micro-step
   "$launch" -n 3 "$bin" train "${long[@]}" --save "$tmp/ref" --metrics "$tmp/ref.jsonl" >/dev/null 2>&1
   check_eq "uninterrupted 3 ranks (one node): exit" 0 $?
-  (
-    eval "$("$cluster" mpirun-env)"
-    export TESSERA_HANG_GRACE=5 TESSERA_GROW_POLL=1 TESSERA_PROBE_TIMEOUT=5
-    exec "$cluster" exec "$n1" "$launch" --nodes 2:3 --hostfile "$tmp/hostfile" --max-restarts 2 \
-      "$bin" train "${long[@]}" --comm-timeout 5 --save "$tmp/el" --metrics "$tmp/el.jsonl" \
-      >"$tmp/el.log" 2>&1
-  ) &
-  job=$!
-  for _ in $(seq 2400); do [[ -e "$tmp/el/step-00000004/index.json" ]] && break; sleep 0.05; done
+  # elastic HOSTFILE SAVE LOG ARGS...: launch --nodes ARGS on node 1, in the background ($job)
+  elastic() {
+    local hosts="$1" save="$2" log="$3"
+    shift 3
+    (
+      eval "$("$cluster" mpirun-env)"
+      export TESSERA_HANG_GRACE=5 TESSERA_NODE_POLL=1 TESSERA_PROBE_TIMEOUT=5
+      exec "$cluster" exec "$n1" "$launch" --hostfile "$hosts" "$@" --comm-timeout 5 \
+        --save "$save" >"$log" 2>&1
+    ) &
+    job=$!
+  }
+  # wait_for FILE-OR-PATTERN LOG: until the file exists or LOG has the line (2 minutes at most)
+  wait_file() { for _ in $(seq 1200); do [[ -e "$1" ]] && return 0; sleep 0.1; done; }
+  wait_line() { for _ in $(seq 1200); do grep -q -- "$1" "$2" && return 0; sleep 0.1; done; }
+  # the step resumed from in the last line of LOG matching PATTERN
+  from_step() { grep -- "$1" "$2" | tail -n 1 | sed -n 's/.*resuming from step \([0-9]*\) .*/\1/p'; }
+  # the checkpoint two steps after step $1 of save folder $2
+  after() { printf '%s/step-%08d/index.json' "$2" $((${1:-0} + 2)); }
+  elastic "$tmp/hostfile" "$tmp/el" "$tmp/el.log" --nodes 2:3 --max-restarts 2 "$bin" train \
+    "${long[@]}" --metrics "$tmp/el.jsonl"
+  wait_file "$tmp/el/step-00000004/index.json"
   "$cluster" link "$n3" down
-  cut=$SECONDS
-  for _ in $(seq 1200); do grep -q -- "-> 2 ranks" "$tmp/el.log" && break; sleep 0.1; done
-  shrink="$(grep "^tessera launch: node $n3 lost" "$tmp/el.log")"
-  check "shrink: one line" "tessera launch: node $n3 lost (exit " "$shrink"
-  check "shrink: world, micro-batch x accumulation" \
-    "world 3 -> 2 ranks on $n1 $n2, micro-batch x accumulation 4 x 1 -> 3 x 2, resuming from step " "$shrink"
-  from="$(sed -n 's/.*resuming from step \([0-9]*\) .*/\1/p' <<<"$shrink")"
-  check_eq "shrink: from the step-4 checkpoint or a later one" 1 "$((${from:-0} >= 4))"
-  saved_after="$(printf 'step-%08d' $((${from:-0} + 2)))"
-  for _ in $(seq 1200); do [[ -e "$tmp/el/$saved_after/index.json" ]] && break; sleep 0.1; done
+  t_cut=$SECONDS
+  wait_line "lost (exit" "$tmp/el.log"
+  f1="$(from_step "lost (exit" "$tmp/el.log")"
+  wait_file "$(after "$f1" "$tmp/el")"
+  t_shrunk=$SECONDS
+  "$cluster" link "$n3" up
+  wait_line "answers again" "$tmp/el.log"
+  f2="$(from_step "answers again" "$tmp/el.log")"
+  wait_file "$(after "$f2" "$tmp/el")"
+  t_grown=$SECONDS
+  # flapping: the same node lost a second time, and back
+  "$cluster" link "$n3" down
+  wait_line "restart 2 of 2" "$tmp/el.log"
+  f3="$(from_step "restart 2 of 2" "$tmp/el.log")"
+  wait_file "$(after "$f3" "$tmp/el")"
   "$cluster" link "$n3" up
   wait "$job"
   check_eq "elastic: the job finished" 0 $?
   log="$(cat "$tmp/el.log")"
-  check "grow: one line" "tessera launch: node $n3 answers again: world 2 -> 3 ranks on $n1 $n2 $n3, micro-batch x accumulation 3 x 2 -> 4 x 1, resuming from step " "$log"
-  echo "recovery: cut at $cut s, job ended at $SECONDS s"
-  loss() { sed -n "s/^{\"step\":$2,\"loss\":\([^,]*\),.*/\1/p" "$1" | tail -n 1; }
+  echo "recovery: cut to 2 steps on 2 nodes $((t_shrunk - t_cut)) s, link up to 2 steps on 3 nodes $((t_grown - t_shrunk)) s"
+  check "start: one line" "tessera launch: --nodes 2:3: 3 of 3 nodes answer: world 3 ranks on $n1 $n2 $n3 (pipeline 1 x dp 3), micro-batch x accumulation 4 x 1" "$log"
+  shrink="$(grep "^tessera launch: node $n3 lost (exit [0-9]*; restart 1 of 2)" <<<"$log")"
+  check "shrink: world, micro-batch x accumulation" \
+    "world 3 -> 2 ranks on $n1 $n2 (pipeline 1 x dp 2), micro-batch x accumulation 4 x 1 -> 3 x 2, resuming from step " "$shrink"
+  check_eq "shrink: from the step-4 checkpoint or a later one" 1 "$((${f1:-0} >= 4))"
+  check "grow: one line" "tessera launch: node $n3 answers again: world 2 -> 3 ranks on $n1 $n2 $n3 (pipeline 1 x dp 3), micro-batch x accumulation 3 x 2 -> 4 x 1, resuming from step " "$log"
+  check "flapping: lost again, one line" "tessera launch: node $n3 lost (exit " "$(grep "restart 2 of 2" <<<"$log")"
+  check_eq "flapping: back again (two grow lines)" 2 "$(grep -c "answers again" <<<"$log")"
+  check_eq "flapping: no checkpoint lost (the resumes rise)" 1 "$((f1 < f2 && f2 < f3))"
+  loss() { sed -n "s/^{\"step\":$2,\"loss\":\([^,]*\),.*/\1/p" "$1" | head -n 1; }
   for s in 1 2 3 4; do
-    check_eq "elastic: step $s bitwise" "$(loss "$tmp/ref.jsonl" $s)" "$(sed -n "s/^{\"step\":$s,\"loss\":\([^,]*\),.*/\1/p" "$tmp/el.jsonl" | head -n 1)"
+    check_eq "elastic: step $s bitwise" "$(loss "$tmp/ref.jsonl" $s)" "$(loss "$tmp/el.jsonl" $s)"
   done
-  first=$((${from:-4} + 1))
+  last() { sed -n "s/^{\"step\":$2,\"loss\":\([^,]*\),.*/\1/p" "$1" | tail -n 1; }
+  first=$((${f1:-4} + 1))
   rel() { python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); print(abs(a - b) / abs(a))" "$1" "$2"; }
-  r1="$(rel "$(loss "$tmp/ref.jsonl" $first)" "$(loss "$tmp/el.jsonl" $first)")"
+  r1="$(rel "$(loss "$tmp/ref.jsonl" $first)" "$(last "$tmp/el.jsonl" $first)")"
   check_eq "elastic: step $first on 2 nodes, the same samples (relative $r1 <= 1e-6)" 1 \
     "$(python3 -c "print(int($r1 <= 1e-6))")"
-  r2="$(rel "$(loss "$tmp/ref.jsonl" 40)" "$(loss "$tmp/el.jsonl" 40)")"
+  r2="$(rel "$(loss "$tmp/ref.jsonl" 60)" "$(last "$tmp/el.jsonl" 60)")"
   check_eq "elastic: final loss (relative $r2 <= 1e-5)" 1 "$(python3 -c "print(int($r2 <= 1e-5))")"
+
+  # pipeline 2 x dp 2 on four nodes: node 4 lost -> pipeline 2 x dp 1 on two
+  # (three do not split into 2 stages); with MIN 3, one line and a stop
+  unset TESSERA_TEST_SLOW
+  printf '%s slots=1\n%s slots=1\n%s slots=1\n%s slots=1\n' "$n1" "$n2" "$n3" "$n4" >"$tmp/hosts4"
+  pp=("${common[@]}" --pipeline 2 --micro-batch 2 --grad-accum 2 --steps 30 --save-every 2)
+  elastic "$tmp/hosts4" "$tmp/pp" "$tmp/pp.log" --nodes 2:4 --max-restarts 1 "$bin" train "${pp[@]}"
+  wait_file "$tmp/pp/step-00000002/index.json"
+  "$cluster" link "$n4" down
+  wait "$job"
+  check_eq "pipeline: the job finished on two nodes" 0 $?
+  check "pipeline: re-formed at a valid layout" \
+    "world 4 -> 2 ranks on $n1 $n2 (pipeline 2 x dp 1), micro-batch x accumulation 2 x 2 -> 2 x 4" \
+    "$(cat "$tmp/pp.log")"
+  elastic "$tmp/hosts4" "$tmp/pp3" "$tmp/pp3.log" --nodes 3:4 "$bin" train "${pp[@]}"
+  wait "$job"
+  check_eq "MIN not reachable: exit 1" 1 $?
+  check_eq "MIN not reachable: one line" "tessera launch: --nodes 3:4: 3 of the hostfile's 4 nodes answer (not: $n4); no layout on 3 or more fits --pipeline 2 and global batch 8; stopping" \
+    "$(cat "$tmp/pp3.log")"
+  "$cluster" link "$n4" up
 fi
 
 echo "$fails failure(s)"

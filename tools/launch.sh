@@ -337,7 +337,7 @@ trap 'on_stop USR1' USR1
 fifo="$(mktemp -u "${TMPDIR:-/tmp}/tessera-launch.XXXXXX")"
 mkfifo "$fifo"
 died="$fifo.died"
-trap 'rm -f "$fifo" "$died" "$fifo.grow" "$fifo.hosts"' EXIT
+trap 'rm -f "$fifo" "$died" "$fifo.grow" "$fifo.lost" "$fifo.hosts"' EXIT
 
 # One run of the job; returns mpirun's status ($died exists after it if a
 # rank died).
@@ -373,10 +373,11 @@ run_job() {
 # failure (a rank died, a node's daemon was lost, the watchdog's exit 4)
 # counts for --max-restarts and relaunches on the nodes that answer,
 # resumed from the newest complete checkpoint (--resume auto: a damaged
-# one gives way to the next older). While fewer than MAX run, the others
-# are probed every TESSERA_GROW_POLL seconds (default 30); when one answers,
-# the ranks are told to stop (SIGUSR1: they save at the next step boundary
-# and exit 5) and the job relaunches larger from that checkpoint. Each
+# one gives way to the next older). Every node is probed while the job runs
+# (watch_nodes): one in use that stops answering stops the job at once (a
+# failure, as above); while fewer than MAX run, one that answers again
+# makes the ranks stop (SIGUSR1: they save at the next step boundary and
+# exit 5) and the job relaunch larger from that checkpoint. Each
 # change of size is one line: which node, old and new world, micro-batch x
 # accumulation, the step resumed from and the steps redone. No layout of
 # MIN nodes: one line, the last exit code.
@@ -410,14 +411,14 @@ read_nodes() {
          print $1, s }' "$hostfile"
 }
 
-# Whether node $1 answers.
+# Whether node $1 answers (stdin not read: probes run inside read loops).
 probe() {
   if [[ -n "${TESSERA_PROBE:-}" ]]; then
-    timeout -k 2 "${TESSERA_PROBE_TIMEOUT:-10}" $TESSERA_PROBE "$1" >/dev/null 2>&1
+    timeout -k 2 "${TESSERA_PROBE_TIMEOUT:-10}" $TESSERA_PROBE "$1" </dev/null >/dev/null 2>&1
   else
     local root=()
     [[ "$(id -u)" != 0 ]] || root=(--allow-run-as-root)
-    timeout -k 2 "${TESSERA_PROBE_TIMEOUT:-10}" mpirun "${root[@]}" -n 1 --host "$1" true >/dev/null 2>&1
+    timeout -k 2 "${TESSERA_PROBE_TIMEOUT:-10}" mpirun "${root[@]}" -n 1 --host "$1" true </dev/null >/dev/null 2>&1
   fi
 }
 
@@ -476,20 +477,33 @@ last_step() {
 
 names() { awk '{ printf "%s%s", sep, $1; sep = " " }' <<<"$1"; }
 
-# Watches the nodes not in use while the job runs (mpirun's pid $1): when
-# one answers, writes its name to $grow_file and sends SIGUSR1 to mpirun.
-watch_grow() {
+# Watches the nodes while the job runs (mpirun's pid $1), probing each
+# every TESSERA_NODE_POLL seconds (default 30): a node in use that fails two
+# probes in a row is lost: its name goes to $lost_file and the job is
+# stopped at once (a cut link would otherwise wait out --comm-timeout,
+# 600 s by default, and mpirun then wait for the node forever); a node not
+# in use that answers has come back: its name goes to $grow_file and the
+# ranks get SIGUSR1 (they save at the next step boundary and exit 5).
+watch_nodes() {
   trap 'kill $(jobs -p) 2>/dev/null; exit 0' TERM
-  local host slots
+  local host slots in_use
+  declare -A misses=()
+  in_use="$(awk '{ print $1 }' <<<"$use_nodes")"
   while kill -0 "$1" 2>/dev/null; do
-    sleep "${TESSERA_GROW_POLL:-30}" &
+    sleep "${TESSERA_NODE_POLL:-30}" &
     wait $!
     while read -r host slots; do
-      grep -qx "$host" <<<"$(awk '{ print $1 }' <<<"$use_nodes")" && continue
-      if probe "$host"; then
+      if grep -qx "$host" <<<"$in_use"; then
+        if probe "$host"; then misses[$host]=0; else misses[$host]=$((${misses[$host]:-0} + 1)); fi
+        if ((${misses[$host]} >= 2)); then
+          echo "$host" >"$lost_file"
+          kill_tree "$1"
+          return 0
+        fi
+      elif ((grow)) && probe "$host"; then
         echo "$host" >"$grow_file"
         kill -USR1 "$1" 2>/dev/null
-        return 0
+        grow=0 # once: the ranks are saving
       fi
     done < <(read_nodes)
   done
@@ -515,7 +529,7 @@ elastic() {
   [[ "$global" =~ ^[1-9][0-9]*$ ]] || die "--global-batch $global: expected a number >= 1"
   local base=() words=() rc why="" old_world=0 old_shape="" first=1 answer
   mapfile -d '' base < <(without_batch_flags "$@")
-  grow_file="$fifo.grow"
+  grow_file="$fifo.grow" lost_file="$fifo.lost"
   while :; do
     answer="$(answering)"
     if ! choose_layout "$answer"; then
@@ -526,12 +540,19 @@ elastic() {
         "or more fits --pipeline $pipeline and global batch $global; stopping" >&2
       exit "${rc:-1}"
     fi
-    local shape="$use_mb x $use_accum"
-    if ((!first)); then
+    local shape="$use_mb x $use_accum" on
+    on="$(names "$use_nodes") (pipeline $pipeline x dp $((use_world / pipeline)))"
+    if ((first)); then
+      local missing
+      missing="$(comm -23 <(awk '{ print $1 }' <<<"$all" | sort) <(awk '{ print $1 }' <<<"$answer" | sort) | tr '\n' ' ')"
+      echo "tessera launch: --nodes $nodes_range: $(grep -c . <<<"$answer") of $(grep -c . <<<"$all")" \
+        "nodes answer${missing:+ (not: ${missing% })}: world $use_world ranks on $on," \
+        "micro-batch x accumulation $shape" >&2
+    else
       local from redone last
       from="$(newest_step)" last="$(last_step)"
       redone=$(( ${last:-0} > from ? ${last:-0} - from : 0 ))
-      echo "tessera launch: $why: world $old_world -> $use_world ranks on $(names "$use_nodes")," \
+      echo "tessera launch: $why: world $old_world -> $use_world ranks on $on," \
         "micro-batch x accumulation $old_shape -> $shape, resuming from step $from ($redone steps redone)" >&2
     fi
     first=0 old_world=$use_world old_shape="$shape"
@@ -542,13 +563,14 @@ elastic() {
       [[ -z "${!v:-}" ]] || args+=(-x "$v")
     done
     words=("${base[@]}" --micro-batch "$use_mb" --global-batch "$global")
-    rm -f "$grow_file"
+    rm -f "$grow_file" "$lost_file"
     run_job_elastic "${words[@]}"
     rc=$?
     answer="$(answering)"
     if [[ -s "$grow_file" && "$rc" == 5 && "$stop" == 0 ]]; then
       why="node $(cat "$grow_file") answers again"
-    elif ((rc != 0 && stop == 0)) && [[ -e "$died" || "$rc" == 4 ]] && ((attempt < max_restarts)); then
+    elif ((rc != 0 && stop == 0)) && [[ -e "$died" || -s "$lost_file" || "$rc" == 4 ]] &&
+      ((attempt < max_restarts)); then
       attempt=$((attempt + 1))
       local gone
       gone="$(comm -23 <(awk '{ print $1 }' <<<"$use_nodes" | sort) <(awk '{ print $1 }' <<<"$answer" | sort) | tr '\n' ' ')"
@@ -609,10 +631,10 @@ run_job_elastic() {
   local filter_pid=$! rc watch_pid=""
   mpirun "${args[@]}" "$@" 2>"$fifo" &
   mpirun_pid=$!
-  if (($(wc -l <<<"$use_nodes") < node_max)) && [[ "$(read_nodes | wc -l)" -gt "$(wc -l <<<"$use_nodes")" ]]; then
-    watch_grow "$mpirun_pid" &
-    watch_pid=$!
-  fi
+  grow=0
+  (($(wc -l <<<"$use_nodes") < node_max)) && grow=1
+  watch_nodes "$mpirun_pid" &
+  watch_pid=$!
   watch_hang "$mpirun_pid" &
   local hang_pid=$!
   wait_child "$mpirun_pid"
