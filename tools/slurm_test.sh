@@ -33,6 +33,10 @@
 #     4, its lines name the other node's ranks), or Open MPI aborting a
 #     rank whose interface is down, whose node then cannot tell srun that
 #     its tasks ended (launch stops srun once slurmctld has ended the step);
+#  5b. preemption: SIGUSR1 to every task of a train.sbatch job (scancel
+#     --signal, as --signal=USR1@90 sends it) saves and exits 5; the script
+#     requeues the job, which resumes and ends byte-identical to an
+#     uninterrupted run;
 #  6. testbed down leaves no daemon running and no folder.
 # Needs root, network namespaces and Debian's slurmctld, slurmd,
 # slurm-client and munge: without them it prints one SKIP line and exits 0.
@@ -77,7 +81,7 @@ sl() {
   local d
   d="$(mktemp -d "$scratch/job.XXXXXX")"
   TMPDIR="$d" OMPI_MCA_orte_tmpdir_base="$d" OMPI_MCA_btl_vader_backing_directory="$d" \
-    timeout 120 "$testbed" exec "$@"
+    timeout "${SL_TIMEOUT:-120}" "$testbed" exec "$@"
 }
 
 # Every rank writes its rank, hostname and network namespace to
@@ -245,6 +249,40 @@ fi
 check "cut link under sbatch: resumed" "resumed from step " "$log"
 same_checkpoint "cut link under sbatch: final checkpoint byte-identical to the uninterrupted run's" \
   "$tmp/whole/step-00000012" "$tmp/cut/step-00000012"
+
+# 5b. preemption under sbatch: SIGUSR1 to every task (SLURM's
+# --signal=USR1@90 ahead of a preemption) once the step-4 checkpoint is
+# complete: the ranks save and exit 5, train.sbatch requeues the job, which
+# (the same job id) resumes from the newest checkpoint and ends
+# byte-identical to the uninterrupted run. Slurm holds a requeued job for
+# its credentials' life before it may run again (the test bed's
+# cred_expire, 30 s).
+# (sbatch --wait is no use here: it may return 1 at the requeue.)
+jid="$(TESSERA_LAUNCH="$launch" TESSERA_BIN="$bin" TESSERA_DATA="$tmp/data" TESSERA_STEPS=12 \
+  TESSERA_SEQ=32 TESSERA_MICRO_BATCH=2 TESSERA_ZERO=3 \
+  sl sbatch --parsable --open-mode=append --output="$tmp/pre.out" --job-name=tessera-pre \
+  "$sbatch_script" --log-every 1 --save "$tmp/pre" --save-every 2 2>&1)"
+for _ in $(seq 2400); do
+  [[ -e "$tmp/pre/step-00000004/index.json" ]] && break
+  sleep 0.05
+done
+t_signal=$SECONDS
+"$testbed" exec scancel --signal=USR1 "$jid"
+# job_field FIELD: Field=VALUE of the job's record (kept 300 s after its end)
+job_field() { "$testbed" exec scontrol show job "$jid" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$1=//p"; }
+for _ in $(seq 1800); do
+  [[ "$(job_field JobState)" =~ ^(COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL)$ ]] && break
+  sleep 0.1
+done
+check_eq "preempted under sbatch: the requeued job (job $jid) completed, exit 0" "COMPLETED 0:0" \
+  "$(job_field JobState) $(job_field ExitCode)"
+echo "preemption: signal to the requeued job's end $((SECONDS - t_signal)) s"
+log="$(cat "$tmp/pre.out" 2>/dev/null)"
+check "preempted: saved on SIGUSR1" "on SIGUSR1: saved $tmp/pre/step-" "$log"
+check "preempted: requeued" "tessera train.sbatch: preempted after a save: requeueing job $jid" "$log"
+check "preempted: resumed" "resumed from step " "$log"
+same_checkpoint "preempted: final checkpoint byte-identical to the uninterrupted run's" \
+  "$tmp/whole/step-00000012" "$tmp/pre/step-00000012"
 
 # 6. down
 munged_pid="$(cat "/tmp/tessera-slurm-$TS_CLUSTER/munge/munged.pid" 2>/dev/null)"

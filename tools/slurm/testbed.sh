@@ -150,7 +150,9 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$dir/munge/munge.socket
+# cred_expire: a job step credential's life (default 120 s), also how long a
+# requeued job waits before it may run again (slurm_test's preemption).
+AuthInfo=socket=$dir/munge/munge.socket,cred_expire=30
 StateSaveLocation=$dir/ctld
 SlurmctldPidFile=$dir/ctld/slurmctld.pid
 SlurmctldLogFile=$dir/ctld/slurmctld.log
