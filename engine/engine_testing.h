@@ -58,6 +58,9 @@ typedef struct ts_engine_hooks {
    * with it, as if the disk had (EIO, ENOSPC). */
   int (*offload_io)(void *user, int write, int unit, long long job);
   void *user; /* passed back as is */
+  /* Runs in ts_checkpoint_load on each rank before each tensor it reads: a
+   * crash during a resume's read (issue 45). */
+  void (*load_point)(void *user);
 } ts_engine_hooks;
 
 /* Sets the process's hooks (NULL clears them: training); borrowed, they

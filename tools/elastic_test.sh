@@ -8,6 +8,8 @@
 #  2. `--resume auto` with the newest checkpoint damaged (a rank file cut
 #     short) resumes from the next older one, saying so in one line, and
 #     ends byte-identical to an uninterrupted run;
+#  2a. a rank killed during a restart's checkpoint read: the next restart
+#     resumes from the same checkpoint (no checkpoint lost), one line each;
 #  2b. a resume on another corpus (train.bin's token count) is refused in
 #     one line; the same corpus under another path, or another --seq, goes
 #     on with a note line;
@@ -86,6 +88,19 @@ check "damaged: one line, the older one" "note: --resume auto: $tmp/dmg/step-000
 check "damaged: the steps redone" "note: resuming from step 2: the last run reached step 5, 3 steps are redone" "$out"
 check "damaged: resumed from step 2" "resumed from step 2" "$out"
 same_checkpoint "damaged: final checkpoint byte-identical" "$tmp/whole/step-00000006" "$tmp/dmg/step-00000006"
+
+# 2a. a rank killed during a restart's checkpoint read (after step 5 the
+# job dies, its first restart dies reading): the second restart resumes,
+# one line each, no checkpoint lost, the end byte-identical
+out="$(TESSERA_TEST_KILL="1:5:$tmp/killed-a" TESSERA_TEST_KILL_LOAD="0:$tmp/killed-load" \
+  "$launch" -n 2 --max-restarts 2 "$bin" train "${short[@]}" --save "$tmp/rd" --save-sync 2>&1)"
+check_eq "killed reading: exit 0" 0 $?
+check "killed reading: the first restart" "restart 1 of 2 from the newest complete checkpoint" "$out"
+check "killed reading: the second restart" "restart 2 of 2 from the newest complete checkpoint" "$out"
+check_eq "killed reading: the reader died once" 1 "$([[ -e "$tmp/killed-load" ]] && echo 1)"
+check "killed reading: resumed from step 4" "resumed from step 4" "$out"
+same_checkpoint "killed reading: final checkpoint byte-identical" "$tmp/whole/step-00000006" \
+  "$tmp/rd/step-00000006"
 
 # 2b. a resume on another corpus is refused, on the same corpus moved or
 # with another --seq it goes on and says so

@@ -13,6 +13,9 @@
  *   TESSERA_TEST_SLOW="RANK:MS"            world rank RANK sleeps MS
  *       milliseconds after unit 0's backward in every micro-step: a
  *       straggler whose compute is slow.
+ *   TESSERA_TEST_KILL_LOAD="RANK:MARKER"   world rank RANK raises SIGKILL
+ *       in a resume's checkpoint read, before its first tensor, once
+ *       (while MARKER does not exist).
  *   TESSERA_TEST_DISK_FAIL="RANK:JOB"      on world rank RANK the first
  *       offload write-back numbered JOB or later fails with EIO, as a disk
  *       failing mid-run would (train --offload-dir).
@@ -68,6 +71,18 @@ static int disk_offload_io(void *user, int write, int unit, long long job) {
 
 static ts_engine_hooks hooks;
 
+/* load_point: SIGKILL in a resume's checkpoint read, at most once per
+ * marker (TESSERA_TEST_KILL_LOAD). */
+static int load_rank = -1;
+static char load_marker[4096];
+static void kill_load_point(void *user) {
+  (void)user;
+  if (my_rank != load_rank || access(load_marker, F_OK) == 0) return;
+  FILE *f = fopen(load_marker, "w");
+  if (f) fclose(f);
+  raise(SIGKILL);
+}
+
 /* This process's world rank (Open MPI's OMPI_COMM_WORLD_RANK, else
  * PMIX_RANK; 0 outside a job). */
 static int world_rank(void) {
@@ -110,6 +125,16 @@ int main(int argc, char **argv) {
     my_rank = world_rank();
     hooks.offload_io = disk_offload_io;
   }
-  if (hooks.after_step || hooks.after_backward || hooks.offload_io) ts_engine_set_hooks(&hooks);
+  const char *load = getenv("TESSERA_TEST_KILL_LOAD");
+  if (load) {
+    if (sscanf(load, "%d:%4095s", &load_rank, load_marker) != 2) {
+      fprintf(stderr, "tessera_testing: TESSERA_TEST_KILL_LOAD=%s: expected RANK:MARKER\n", load);
+      return 2;
+    }
+    my_rank = world_rank();
+    hooks.load_point = kill_load_point;
+  }
+  if (hooks.after_step || hooks.after_backward || hooks.offload_io || hooks.load_point)
+    ts_engine_set_hooks(&hooks);
   return ts_tool_main(argc, argv);
 }
