@@ -195,6 +195,7 @@ else
   wait "$job"
   check_eq "elastic: the job finished" 0 $?
   log="$(cat "$tmp/el.log")"
+  grep "^tessera launch" <<<"$log" # the lines, in the test's log
   echo "recovery: cut to 2 steps on 2 nodes $((t_shrunk - t_cut)) s, link up to 2 steps on 3 nodes $((t_grown - t_shrunk)) s"
   check "start: one line" "tessera launch: --nodes 2:3: 3 of 3 nodes answer: world 3 ranks on $n1 $n2 $n3 (pipeline 1 x dp 3), micro-batch x accumulation 4 x 1" "$log"
   shrink="$(grep "^tessera launch: node $n3 lost (exit [0-9]*; restart 1 of 2)" <<<"$log")"

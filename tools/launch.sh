@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # launch.sh — runs a tessera binary on N ranks under Open MPI's mpirun.
 #   tools/launch.sh -n N [--hostfile FILE] [--max-restarts R] BINARY [ARGS...]
+#   tools/launch.sh --nodes MIN:MAX [--hostfile FILE] [--max-restarts R] BINARY train ... --save DIR
+#     (elastic, below: inside a SLURM allocation the allocation's nodes)
 # Adds --oversubscribe (more ranks than cores is allowed: 4 ranks on a
 # 2-core machine), --bind-to none (each rank's OpenMP threads may use any
 # core), and --allow-run-as-root only when running as root. --hostfile
@@ -62,10 +64,11 @@ while (($#)); do
     *) break ;;
   esac
 done
-(($# >= 1)) || die "usage: tessera launch -n N [--hostfile FILE] <command> [flags]"
+(($# >= 1)) || die "usage: tessera launch -n N [--hostfile FILE] <command> [flags], or --nodes MIN:MAX"
 if [[ -n "$nodes_range" ]]; then
   [[ -z "$n" ]] || die "-n $n: with --nodes the ranks are the slots of the nodes in use; drop -n"
-  [[ -n "$hostfile" ]] || die "--nodes $nodes_range: expected --hostfile FILE naming the nodes"
+  [[ -n "$hostfile" || -n "${SLURM_JOB_ID:-${SLURM_JOBID:-}}" ]] ||
+    die "--nodes $nodes_range: expected --hostfile FILE naming the nodes, or a SLURM allocation"
   [[ " $* " == *" train "* && " $* " == *" --save "* ]] ||
     die "--nodes $nodes_range: expected a train command with --save DIR (a job that changes size goes on from its checkpoints)"
   n=1 # the world is each launch's own (elastic below)
@@ -109,6 +112,343 @@ say_restart() {
   echo "tessera launch: $what (exit $1); restart $attempt of $max_restarts" \
     "from the newest complete checkpoint" >&2
 }
+# ---- elastic: --nodes MIN:MAX -------------------------------------------
+# torchrun's elastic agent for MPI jobs. The nodes (the hostfile's lines
+# "HOST [slots=S]", S ranks each, default 1, re-read before every launch;
+# or a SLURM allocation's) are probed (TESSERA_PROBE HOST, default: `true`
+# started on HOST as the ranks are, mpirun through the job's own remote
+# launcher and network or srun --overlap, TESSERA_PROBE_TIMEOUT seconds at
+# most, default 10); the job
+# runs on the first K that answer, K the most in MIN..MAX whose world
+# (their slots) the layout allows: world = P pipeline stages x dp, and the
+# global batch G (--global-batch, else the flags' dp x micro-batch x
+# accumulation on MAX nodes) = dp x micro-batch x accumulation, the
+# micro-batch the largest that divides (at most the one given): G and the
+# learning-rate schedule never change, and a batch is a pure function of
+# (seed, step, sample index), so every size sees the same samples. A
+# failure (a rank died, a node's daemon was lost, the watchdog's exit 4)
+# counts for --max-restarts and relaunches on the nodes that answer,
+# resumed from the newest complete checkpoint (--resume auto: a damaged
+# one gives way to the next older). Every node is probed while the job runs
+# (watch_nodes): one in use that stops answering stops the job at once (a
+# failure, as above); while fewer than MAX run, one that answers again
+# makes the ranks stop (SIGUSR1: they save at the next step boundary and
+# exit 5) and the job relaunch larger from that checkpoint. Each
+# change of size is one line: which node, old and new world, micro-batch x
+# accumulation, the step resumed from and the steps redone. No layout of
+# MIN nodes: one line, the last exit code.
+
+# The value of train flag $1 in the words after it, else $2.
+flag_value() {
+  local name="$1" def="$2" i
+  shift 2
+  local a=("$@")
+  for ((i = 0; i < ${#a[@]} - 1; i++)); do
+    [[ "${a[i]}" == "$name" ]] && def="${a[i + 1]}"
+  done
+  echo "$def"
+}
+
+# The words after $1 without the train flags that fix the batch's shape.
+without_batch_flags() {
+  local a=("$@") i out=()
+  for ((i = 0; i < ${#a[@]}; i++)); do
+    case "${a[i]}" in
+      --micro-batch | --grad-accum | --global-batch) i=$((i + 1)) ;;
+      *) out+=("${a[i]}") ;;
+    esac
+  done
+  printf '%s\0' "${out[@]}"
+}
+
+# The nodes as "HOST SLOTS" lines, in order: the hostfile's, or the SLURM
+# allocation's (SLURM_JOB_NODELIST, its tasks per node from
+# SLURM_TASKS_PER_NODE, e.g. "2(x3)").
+read_nodes() {
+  [[ -n "$hostfile" ]] || {
+    slurm_nodes
+    return
+  }
+  awk '{ sub(/#.*/, "") } NF { s = 1; for (i = 2; i <= NF; i++) if ($i ~ /^slots=[0-9]+$/) { s = substr($i, 7) }
+         print $1, s }' "$hostfile"
+}
+
+slurm_nodes() {
+  local hosts=() counts=() specs=() spec i
+  mapfile -t hosts < <(scontrol show hostnames "${SLURM_JOB_NODELIST:-${SLURM_NODELIST:-}}" 2>/dev/null)
+  IFS=, read -ra specs <<<"${SLURM_TASKS_PER_NODE:-}"
+  for spec in "${specs[@]}"; do
+    if [[ "$spec" =~ ^([0-9]+)\(x([0-9]+)\)$ ]]; then
+      for ((i = 0; i < BASH_REMATCH[2]; i++)); do counts+=("${BASH_REMATCH[1]}"); done
+    elif [[ "$spec" =~ ^[0-9]+$ ]]; then
+      counts+=("$spec")
+    fi
+  done
+  for i in "${!hosts[@]}"; do echo "${hosts[i]} ${counts[i]:-1}"; done
+}
+
+# Whether node $1 answers (stdin not read: probes run inside read loops;
+# in a subshell that is no bare exec, so the shell's "Killed" line for a
+# timed-out probe, timeout's own SIGKILL to its group, goes to /dev/null):
+# TESSERA_PROBE, else `true` started there as the job's ranks are (srun
+# --overlap in an allocation, beside the running step; else mpirun).
+probe() {
+  if [[ -z "${TESSERA_PROBE:-}" && -z "$hostfile" ]]; then
+    (timeout -k 2 "${TESSERA_PROBE_TIMEOUT:-10}" srun --overlap --nodes=1 --ntasks=1 \
+      --nodelist="$1" --job-name=tessera-probe --quiet true; exit) </dev/null >/dev/null 2>&1
+  elif [[ -n "${TESSERA_PROBE:-}" ]]; then
+    (timeout -k 2 "${TESSERA_PROBE_TIMEOUT:-10}" $TESSERA_PROBE "$1"; exit) </dev/null >/dev/null 2>&1
+  else
+    local root=()
+    [[ "$(id -u)" != 0 ]] || root=(--allow-run-as-root)
+    (timeout -k 2 "${TESSERA_PROBE_TIMEOUT:-10}" mpirun "${root[@]}" -n 1 --host "$1" true; exit) </dev/null >/dev/null 2>&1
+  fi
+}
+
+# Probes every node of the hostfile at once; prints those that answer,
+# "HOST SLOTS" lines in the hostfile's order.
+answering() {
+  local dir host slots i=0
+  dir="$(mktemp -d "${TMPDIR:-/tmp}/tessera-probe.XXXXXX")"
+  while read -r host slots; do
+    { probe "$host" && echo "$host $slots" >"$dir/$(printf %06d $i)"; } &
+    i=$((i + 1))
+  done < <(read_nodes)
+  wait
+  cat "$dir"/* 2>/dev/null
+  rm -rf "$dir"
+}
+
+# Chooses the layout on the answering nodes ($1, lines "HOST SLOTS"): sets
+# use_nodes (lines), use_world, use_mb, use_accum; returns 1 when no K in
+# MIN..MAX fits.
+choose_layout() {
+  local lines=() k w dp mb
+  mapfile -t lines <<<"$1"
+  [[ -n "$1" ]] || lines=()
+  for ((k = (${#lines[@]} < node_max ? ${#lines[@]} : node_max); k >= node_min; k--)); do
+    w=0
+    for ((i = 0; i < k; i++)); do w=$((w + ${lines[i]##* })); done
+    ((w % pipeline == 0)) || continue
+    dp=$((w / pipeline))
+    ((global % dp == 0)) || continue
+    for ((mb = micro; mb >= 1; mb--)); do ((global / dp % mb == 0)) && break; done
+    use_nodes="$(printf '%s\n' "${lines[@]:0:k}")"
+    use_world=$w use_mb=$mb use_accum=$((global / dp / mb))
+    return 0
+  done
+  return 1
+}
+
+# The newest complete checkpoint's step under the save folder, else 0.
+newest_step() {
+  local d best=0 s
+  for d in "$save_dir"/step-*/index.json; do
+    [[ -e "$d" ]] || continue
+    s="${d%/index.json}"
+    s="${s##*/step-}"
+    s=$((10#$s))
+    ((s > best)) && best=$s
+  done
+  echo "$best"
+}
+
+# The last step the previous run finished (the trainer's progress.json).
+last_step() {
+  sed -n 's/^{"step": \([0-9]*\)}$/\1/p' "$save_dir/progress.json" 2>/dev/null || true
+}
+
+names() { awk '{ printf "%s%s", sep, $1; sep = " " }' <<<"$1"; }
+
+# Watches the nodes while the job runs (mpirun's pid $1), probing each
+# every TESSERA_NODE_POLL seconds (default 30): a node in use that fails two
+# probes in a row is lost: its name goes to $lost_file and the job is
+# stopped at once (a cut link would otherwise wait out --comm-timeout,
+# 600 s by default, and mpirun then wait for the node forever); a node not
+# in use that answers has come back: its name goes to $grow_file and the
+# ranks get SIGUSR1 (they save at the next step boundary and exit 5).
+watch_nodes() {
+  trap 'kill $(jobs -p) 2>/dev/null; exit 0' TERM
+  local host slots in_use
+  declare -A misses=()
+  in_use="$(awk '{ print $1 }' <<<"$use_nodes")"
+  while kill -0 "$1" 2>/dev/null; do
+    sleep "${TESSERA_NODE_POLL:-30}" &
+    wait $!
+    while read -r host slots; do
+      if grep -qx "$host" <<<"$in_use"; then
+        if probe "$host"; then misses[$host]=0; else misses[$host]=$((${misses[$host]:-0} + 1)); fi
+        if ((${misses[$host]} >= 2)); then
+          echo "$host" >"$lost_file"
+          job_stop "$1"
+          return 0
+        fi
+      elif ((grow)) && probe "$host"; then
+        echo "$host" >"$grow_file"
+        job_signal "$1" USR1
+        grow=0 # once: the ranks are saving
+      fi
+    done < <(read_nodes)
+  done
+}
+
+# The running job (mpirun's or srun's pid $1): signal $2 to every rank
+# (mpirun forwards SIGUSR1; under SLURM scancel --signal to the step), or
+# stopped at once (mpirun and its remote launches; srun's step).
+job_signal() {
+  if [[ -n "$hostfile" ]]; then kill -"$2" "$1" 2>/dev/null; else step_signal "$2"; fi
+}
+job_stop() {
+  if [[ -n "$hostfile" ]]; then
+    kill_tree "$1"
+  else
+    step_signal KILL
+    kill -KILL "$1" 2>/dev/null # srun would wait for the lost node
+  fi
+}
+
+elastic() {
+  node_min="${nodes_range%:*}" node_max="${nodes_range#*:}"
+  save_dir="$(flag_value --save "" "$@")"
+  pipeline="$(flag_value --pipeline 1 "$@")"
+  micro="$(flag_value --micro-batch 8 "$@")"
+  local accum all full=0 host slots i=0
+  accum="$(flag_value --grad-accum 1 "$@")"
+  all="$(read_nodes)"
+  [[ -n "$all" ]] || die "--hostfile $hostfile: no nodes in it (lines HOST [slots=S])"
+  while read -r host slots; do
+    ((i < node_max)) && full=$((full + slots))
+    i=$((i + 1))
+  done <<<"$all"
+  ((i >= node_min)) || die "--nodes $nodes_range: --hostfile $hostfile names $i nodes; expected at least $node_min"
+  [[ "$pipeline$micro$accum" =~ ^[0-9]+$ ]] && ((pipeline >= 1 && micro >= 1 && accum >= 1)) ||
+    die "--pipeline, --micro-batch, --grad-accum: expected numbers >= 1"
+  global="$(flag_value --global-batch $((full / pipeline * micro * accum)) "$@")"
+  [[ "$global" =~ ^[1-9][0-9]*$ ]] || die "--global-batch $global: expected a number >= 1"
+  local base=() words=() rc why="" old_world=0 old_shape="" first=1 answer
+  mapfile -d '' base < <(without_batch_flags "$@")
+  grow_file="$fifo.grow" lost_file="$fifo.lost"
+  while :; do
+    answer="$(answering)"
+    if ! choose_layout "$answer"; then
+      local missing
+      missing="$(comm -23 <(awk '{ print $1 }' <<<"$all" | sort) <(awk '{ print $1 }' <<<"$answer" | sort) | tr '\n' ' ')"
+      echo "tessera launch: --nodes $nodes_range: $(grep -c . <<<"$answer") of the hostfile's" \
+        "$(grep -c . <<<"$all") nodes answer${missing:+ (not: ${missing% })}; no layout on $node_min" \
+        "or more fits --pipeline $pipeline and global batch $global; stopping" >&2
+      exit "${rc:-1}"
+    fi
+    local shape="$use_mb x $use_accum" on
+    on="$(names "$use_nodes") (pipeline $pipeline x dp $((use_world / pipeline)))"
+    if ((first)); then
+      local missing
+      missing="$(comm -23 <(awk '{ print $1 }' <<<"$all" | sort) <(awk '{ print $1 }' <<<"$answer" | sort) | tr '\n' ' ')"
+      echo "tessera launch: --nodes $nodes_range: $(grep -c . <<<"$answer") of $(grep -c . <<<"$all")" \
+        "nodes answer${missing:+ (not: ${missing% })}: world $use_world ranks on $on," \
+        "micro-batch x accumulation $shape" >&2
+    else
+      local from redone last
+      from="$(newest_step)" last="$(last_step)"
+      redone=$(( ${last:-0} > from ? ${last:-0} - from : 0 ))
+      echo "tessera launch: $why: world $old_world -> $use_world ranks on $on," \
+        "micro-batch x accumulation $old_shape -> $shape, resuming from step $from ($redone steps redone)" >&2
+    fi
+    first=0 old_world=$use_world old_shape="$shape"
+    words=("${base[@]}" --micro-batch "$use_mb" --global-batch "$global")
+    rm -f "$grow_file" "$lost_file"
+    if [[ -n "$hostfile" ]]; then
+      printf '%s\n' "$use_nodes" | awk '{ print $1, "slots=" $2 }' >"$fifo.hosts"
+      args=(-n "$use_world" --oversubscribe --bind-to none --hostfile "$fifo.hosts")
+      [[ "$(id -u)" != 0 ]] || args+=(--allow-run-as-root)
+      for v in OMP_NUM_THREADS TESSERA_HOME TESSERA_TTY; do
+        [[ -z "${!v:-}" ]] || args+=(-x "$v")
+      done
+      run_job_elastic "${words[@]}"
+    else
+      run_step_elastic "${words[@]}"
+    fi
+    rc=$?
+    answer="$(answering)"
+    if [[ -s "$grow_file" && "$rc" == 5 && "$stop" == 0 ]]; then
+      why="node $(cat "$grow_file") answers again"
+    elif ((rc != 0 && stop == 0)) && [[ -e "$died" || -s "$lost_file" || "$rc" == 4 ]] &&
+      ((attempt < max_restarts)); then
+      attempt=$((attempt + 1))
+      local gone
+      gone="$(comm -23 <(awk '{ print $1 }' <<<"$use_nodes" | sort) <(awk '{ print $1 }' <<<"$answer" | sort) | tr '\n' ' ')"
+      if [[ -n "$gone" ]]; then why="node ${gone% } lost"
+      elif [[ -e "$died" ]]; then why="a rank died"
+      else why="a peer stopped answering"; fi
+      why+=" (exit $rc; restart $attempt of $max_restarts)"
+    else
+      exit "$rc"
+    fi
+    [[ " ${base[*]} " == *" --resume "* ]] || base+=(--resume auto)
+  done
+}
+
+# SIGKILL to process $1 and every process below it.
+kill_tree() {
+  local child
+  kill -STOP "$1" 2>/dev/null # no new children meanwhile
+  for child in $(ps -o pid= --ppid "$1" 2>/dev/null); do kill_tree "$child"; done
+  kill -KILL "$1" 2>/dev/null
+}
+
+# Whether mpirun (pid $1) has ranks on this node: children other than its
+# remote launches (the rsh agent's commands that start orted elsewhere).
+has_children() { ps -o args= --ppid "$1" 2>/dev/null | grep -qv orted; }
+
+# mpirun ends only when it has heard from every node's daemon: after a cut
+# link it would wait for the lost node forever (and hold the ranks' lines
+# until then). Once this node's ranks have all ended, mpirun is given
+# TESSERA_HANG_GRACE seconds (default 20) to end, then stopped, and the run
+# counts as a death (a restart). (A launch from a node without ranks of
+# its own is not watched so.)
+watch_hang() {
+  trap 'kill $(jobs -p) 2>/dev/null; exit 0' TERM
+  local quiet=0 seen=0
+  while kill -0 "$1" 2>/dev/null; do
+    sleep 1 &
+    wait $!
+    if has_children "$1"; then
+      seen=1
+    elif ((seen)); then
+      quiet=$((quiet + 1))
+      if ((quiet >= ${TESSERA_HANG_GRACE:-20})); then
+        echo "died" >"$died"
+        kill_tree "$1" # its remote launches too: they hold its stderr open
+        return 0
+      fi
+    else
+      quiet=0
+    fi
+  done
+}
+
+# run_job, with the grow watcher beside mpirun while nodes are left out.
+run_job_elastic() {
+  rm -f "$died"
+  filter_mpirun "$died" <"$fifo" >&2 &
+  local filter_pid=$! rc watch_pid=""
+  mpirun "${args[@]}" "$@" 2>"$fifo" &
+  mpirun_pid=$!
+  grow=0
+  (($(wc -l <<<"$use_nodes") < node_max)) && grow=1
+  watch_nodes "$mpirun_pid" &
+  watch_pid=$!
+  watch_hang "$mpirun_pid" &
+  local hang_pid=$!
+  wait_child "$mpirun_pid"
+  rc=$?
+  mpirun_pid=""
+  kill "$hang_pid" 2>/dev/null
+  wait "$hang_pid" 2>/dev/null
+  [[ -z "$watch_pid" ]] || { kill "$watch_pid" 2>/dev/null; wait "$watch_pid" 2>/dev/null; }
+  wait "$filter_pid" || true
+  return "$rc"
+}
+
 # SLURM: inside an allocation (sbatch, salloc: SLURM_JOB_ID is set) and with
 # no --hostfile, srun starts the N ranks on the allocation's nodes in place
 # of mpirun (Open MPI's direct launch; Debian's Open MPI 4.1 forms one world
@@ -143,8 +483,8 @@ if [[ -z "$hostfile" && -n "${SLURM_JOB_ID:-${SLURM_JOBID:-}}" ]] && command -v 
   srun_args=(-n "$n" --mpi="${TESSERA_SRUN_MPI:-pmix}" --kill-on-bad-exit=1 --job-name="$step_name")
   fifo="$(mktemp -u "${TMPDIR:-/tmp}/tessera-launch.XXXXXX")"
   mkfifo "$fifo"
-  outcome="$fifo.outcome"
-  trap 'rm -f "$fifo" "$outcome"' EXIT
+  outcome="$fifo.outcome" died="$fifo.died"
+  trap 'rm -f "$fifo" "$outcome" "$died" "$fifo.grow" "$fifo.lost"' EXIT
   set +e # statuses are read and handled below
   srun_pid="" stop=0
   on_stop() { # $1: the signal, passed on (SIGINT: save, exit 0; TERM, USR1: save, exit 5)
@@ -214,7 +554,48 @@ if [[ -z "$hostfile" && -n "${SLURM_JOB_ID:-${SLURM_JOBID:-}}" ]] && command -v 
       fi
     done
   }
+  # step_signal SIG: SIG to every rank of the running step (scancel --signal).
+  step_signal() {
+    local step
+    step="$(squeue --noheader --steps --jobs="$job" --format='%i %j' 2>/dev/null |
+      awk -v name="$step_name" '$2 == name { print $1; exit }')"
+    [[ -z "$step" ]] || scancel --quiet --signal="$1" "$step"
+  }
+  # One run of an elastic job (elastic above) on $use_nodes: srun's status,
+  # $died written when a rank died or a node was lost.
+  run_step_elastic() {
+    : >"$outcome"
+    rm -f "$died"
+    launches=$((${launches:-0} + 1)) # a step of a lost node may linger in squeue
+    step_name="tessera-launch-$$-$launches"
+    filter_srun <"$fifo" >&2 &
+    local filter_pid=$! rc how="" code="" watch_pid nodes_pid
+    srun -N "$(grep -c . <<<"$use_nodes")" -n "$use_world" --overlap \
+      --nodelist="$(awk '{ printf "%s%s", sep, $1; sep = "," }' <<<"$use_nodes")" \
+      --mpi="${TESSERA_SRUN_MPI:-pmix}" --kill-on-bad-exit=1 --job-name="$step_name" "$@" 2>"$fifo" &
+    srun_pid=$!
+    watch_step "$srun_pid" &
+    watch_pid=$!
+    grow=0
+    (($(grep -c . <<<"$use_nodes") < node_max)) && grow=1
+    watch_nodes "$srun_pid" &
+    nodes_pid=$!
+    wait_child "$srun_pid"
+    rc=$?
+    kill "$watch_pid" "$nodes_pid" 2>/dev/null
+    wait "$watch_pid" "$nodes_pid" 2>/dev/null
+    srun_pid=""
+    wait "$filter_pid"
+    read -r how code <"$outcome"
+    if [[ "$how" == exit ]]; then rc="$code"; elif [[ "$how" == died ]]; then
+      echo died >"$died"
+      ((code > 0)) && rc=$((128 + code))
+    fi
+    [[ ! -s "$fifo.lost" ]] || echo died >"$died"
+    return "$rc"
+  }
   attempt=0
+  [[ -z "$nodes_range" ]] || elastic "$@" # (exits)
   while :; do
     : >"$outcome"
     filter_srun <"$fifo" >&2 &
@@ -353,296 +734,6 @@ run_job() {
   wait_child "$mpirun_pid"
   rc=$?
   mpirun_pid=""
-  wait "$filter_pid" || true
-  return "$rc"
-}
-
-# ---- elastic: --nodes MIN:MAX -------------------------------------------
-# torchrun's elastic agent for MPI jobs. The hostfile's nodes (its lines
-# "HOST [slots=S]", S ranks each, default 1; re-read before every launch)
-# are probed (TESSERA_PROBE HOST, default: mpirun of `true` on HOST through
-# the same remote launcher and network as the job, TESSERA_PROBE_TIMEOUT
-# seconds at most, default 10); the job
-# runs on the first K that answer, K the most in MIN..MAX whose world
-# (their slots) the layout allows: world = P pipeline stages x dp, and the
-# global batch G (--global-batch, else the flags' dp x micro-batch x
-# accumulation on MAX nodes) = dp x micro-batch x accumulation, the
-# micro-batch the largest that divides (at most the one given): G and the
-# learning-rate schedule never change, and a batch is a pure function of
-# (seed, step, sample index), so every size sees the same samples. A
-# failure (a rank died, a node's daemon was lost, the watchdog's exit 4)
-# counts for --max-restarts and relaunches on the nodes that answer,
-# resumed from the newest complete checkpoint (--resume auto: a damaged
-# one gives way to the next older). Every node is probed while the job runs
-# (watch_nodes): one in use that stops answering stops the job at once (a
-# failure, as above); while fewer than MAX run, one that answers again
-# makes the ranks stop (SIGUSR1: they save at the next step boundary and
-# exit 5) and the job relaunch larger from that checkpoint. Each
-# change of size is one line: which node, old and new world, micro-batch x
-# accumulation, the step resumed from and the steps redone. No layout of
-# MIN nodes: one line, the last exit code.
-
-# The value of train flag $1 in the words after it, else $2.
-flag_value() {
-  local name="$1" def="$2" i
-  shift 2
-  local a=("$@")
-  for ((i = 0; i < ${#a[@]} - 1; i++)); do
-    [[ "${a[i]}" == "$name" ]] && def="${a[i + 1]}"
-  done
-  echo "$def"
-}
-
-# The words after $1 without the train flags that fix the batch's shape.
-without_batch_flags() {
-  local a=("$@") i out=()
-  for ((i = 0; i < ${#a[@]}; i++)); do
-    case "${a[i]}" in
-      --micro-batch | --grad-accum | --global-batch) i=$((i + 1)) ;;
-      *) out+=("${a[i]}") ;;
-    esac
-  done
-  printf '%s\0' "${out[@]}"
-}
-
-# The hostfile's nodes as "HOST SLOTS" lines, in order.
-read_nodes() {
-  awk '{ sub(/#.*/, "") } NF { s = 1; for (i = 2; i <= NF; i++) if ($i ~ /^slots=[0-9]+$/) { s = substr($i, 7) }
-         print $1, s }' "$hostfile"
-}
-
-# Whether node $1 answers (stdin not read: probes run inside read loops).
-probe() {
-  if [[ -n "${TESSERA_PROBE:-}" ]]; then
-    timeout -k 2 "${TESSERA_PROBE_TIMEOUT:-10}" $TESSERA_PROBE "$1" </dev/null >/dev/null 2>&1
-  else
-    local root=()
-    [[ "$(id -u)" != 0 ]] || root=(--allow-run-as-root)
-    timeout -k 2 "${TESSERA_PROBE_TIMEOUT:-10}" mpirun "${root[@]}" -n 1 --host "$1" true </dev/null >/dev/null 2>&1
-  fi
-}
-
-# Probes every node of the hostfile at once; prints those that answer,
-# "HOST SLOTS" lines in the hostfile's order.
-answering() {
-  local dir host slots i=0
-  dir="$(mktemp -d "${TMPDIR:-/tmp}/tessera-probe.XXXXXX")"
-  while read -r host slots; do
-    { probe "$host" && echo "$host $slots" >"$dir/$(printf %06d $i)"; } &
-    i=$((i + 1))
-  done < <(read_nodes)
-  wait
-  cat "$dir"/* 2>/dev/null
-  rm -rf "$dir"
-}
-
-# Chooses the layout on the answering nodes ($1, lines "HOST SLOTS"): sets
-# use_nodes (lines), use_world, use_mb, use_accum; returns 1 when no K in
-# MIN..MAX fits.
-choose_layout() {
-  local lines=() k w dp mb
-  mapfile -t lines <<<"$1"
-  [[ -n "$1" ]] || lines=()
-  for ((k = (${#lines[@]} < node_max ? ${#lines[@]} : node_max); k >= node_min; k--)); do
-    w=0
-    for ((i = 0; i < k; i++)); do w=$((w + ${lines[i]##* })); done
-    ((w % pipeline == 0)) || continue
-    dp=$((w / pipeline))
-    ((global % dp == 0)) || continue
-    for ((mb = micro; mb >= 1; mb--)); do ((global / dp % mb == 0)) && break; done
-    use_nodes="$(printf '%s\n' "${lines[@]:0:k}")"
-    use_world=$w use_mb=$mb use_accum=$((global / dp / mb))
-    return 0
-  done
-  return 1
-}
-
-# The newest complete checkpoint's step under the save folder, else 0.
-newest_step() {
-  local d best=0 s
-  for d in "$save_dir"/step-*/index.json; do
-    [[ -e "$d" ]] || continue
-    s="${d%/index.json}"
-    s="${s##*/step-}"
-    s=$((10#$s))
-    ((s > best)) && best=$s
-  done
-  echo "$best"
-}
-
-# The last step the previous run finished (the trainer's progress.json).
-last_step() {
-  sed -n 's/^{"step": \([0-9]*\)}$/\1/p' "$save_dir/progress.json" 2>/dev/null || true
-}
-
-names() { awk '{ printf "%s%s", sep, $1; sep = " " }' <<<"$1"; }
-
-# Watches the nodes while the job runs (mpirun's pid $1), probing each
-# every TESSERA_NODE_POLL seconds (default 30): a node in use that fails two
-# probes in a row is lost: its name goes to $lost_file and the job is
-# stopped at once (a cut link would otherwise wait out --comm-timeout,
-# 600 s by default, and mpirun then wait for the node forever); a node not
-# in use that answers has come back: its name goes to $grow_file and the
-# ranks get SIGUSR1 (they save at the next step boundary and exit 5).
-watch_nodes() {
-  trap 'kill $(jobs -p) 2>/dev/null; exit 0' TERM
-  local host slots in_use
-  declare -A misses=()
-  in_use="$(awk '{ print $1 }' <<<"$use_nodes")"
-  while kill -0 "$1" 2>/dev/null; do
-    sleep "${TESSERA_NODE_POLL:-30}" &
-    wait $!
-    while read -r host slots; do
-      if grep -qx "$host" <<<"$in_use"; then
-        if probe "$host"; then misses[$host]=0; else misses[$host]=$((${misses[$host]:-0} + 1)); fi
-        if ((${misses[$host]} >= 2)); then
-          echo "$host" >"$lost_file"
-          kill_tree "$1"
-          return 0
-        fi
-      elif ((grow)) && probe "$host"; then
-        echo "$host" >"$grow_file"
-        kill -USR1 "$1" 2>/dev/null
-        grow=0 # once: the ranks are saving
-      fi
-    done < <(read_nodes)
-  done
-}
-
-elastic() {
-  node_min="${nodes_range%:*}" node_max="${nodes_range#*:}"
-  save_dir="$(flag_value --save "" "$@")"
-  pipeline="$(flag_value --pipeline 1 "$@")"
-  micro="$(flag_value --micro-batch 8 "$@")"
-  local accum all full=0 host slots i=0
-  accum="$(flag_value --grad-accum 1 "$@")"
-  all="$(read_nodes)"
-  [[ -n "$all" ]] || die "--hostfile $hostfile: no nodes in it (lines HOST [slots=S])"
-  while read -r host slots; do
-    ((i < node_max)) && full=$((full + slots))
-    i=$((i + 1))
-  done <<<"$all"
-  ((i >= node_min)) || die "--nodes $nodes_range: --hostfile $hostfile names $i nodes; expected at least $node_min"
-  [[ "$pipeline$micro$accum" =~ ^[0-9]+$ ]] && ((pipeline >= 1 && micro >= 1 && accum >= 1)) ||
-    die "--pipeline, --micro-batch, --grad-accum: expected numbers >= 1"
-  global="$(flag_value --global-batch $((full / pipeline * micro * accum)) "$@")"
-  [[ "$global" =~ ^[1-9][0-9]*$ ]] || die "--global-batch $global: expected a number >= 1"
-  local base=() words=() rc why="" old_world=0 old_shape="" first=1 answer
-  mapfile -d '' base < <(without_batch_flags "$@")
-  grow_file="$fifo.grow" lost_file="$fifo.lost"
-  while :; do
-    answer="$(answering)"
-    if ! choose_layout "$answer"; then
-      local missing
-      missing="$(comm -23 <(awk '{ print $1 }' <<<"$all" | sort) <(awk '{ print $1 }' <<<"$answer" | sort) | tr '\n' ' ')"
-      echo "tessera launch: --nodes $nodes_range: $(grep -c . <<<"$answer") of the hostfile's" \
-        "$(grep -c . <<<"$all") nodes answer${missing:+ (not: ${missing% })}; no layout on $node_min" \
-        "or more fits --pipeline $pipeline and global batch $global; stopping" >&2
-      exit "${rc:-1}"
-    fi
-    local shape="$use_mb x $use_accum" on
-    on="$(names "$use_nodes") (pipeline $pipeline x dp $((use_world / pipeline)))"
-    if ((first)); then
-      local missing
-      missing="$(comm -23 <(awk '{ print $1 }' <<<"$all" | sort) <(awk '{ print $1 }' <<<"$answer" | sort) | tr '\n' ' ')"
-      echo "tessera launch: --nodes $nodes_range: $(grep -c . <<<"$answer") of $(grep -c . <<<"$all")" \
-        "nodes answer${missing:+ (not: ${missing% })}: world $use_world ranks on $on," \
-        "micro-batch x accumulation $shape" >&2
-    else
-      local from redone last
-      from="$(newest_step)" last="$(last_step)"
-      redone=$(( ${last:-0} > from ? ${last:-0} - from : 0 ))
-      echo "tessera launch: $why: world $old_world -> $use_world ranks on $on," \
-        "micro-batch x accumulation $old_shape -> $shape, resuming from step $from ($redone steps redone)" >&2
-    fi
-    first=0 old_world=$use_world old_shape="$shape"
-    printf '%s\n' "$use_nodes" | awk '{ print $1, "slots=" $2 }' >"$fifo.hosts"
-    args=(-n "$use_world" --oversubscribe --bind-to none --hostfile "$fifo.hosts")
-    [[ "$(id -u)" != 0 ]] || args+=(--allow-run-as-root)
-    for v in OMP_NUM_THREADS TESSERA_HOME TESSERA_TTY; do
-      [[ -z "${!v:-}" ]] || args+=(-x "$v")
-    done
-    words=("${base[@]}" --micro-batch "$use_mb" --global-batch "$global")
-    rm -f "$grow_file" "$lost_file"
-    run_job_elastic "${words[@]}"
-    rc=$?
-    answer="$(answering)"
-    if [[ -s "$grow_file" && "$rc" == 5 && "$stop" == 0 ]]; then
-      why="node $(cat "$grow_file") answers again"
-    elif ((rc != 0 && stop == 0)) && [[ -e "$died" || -s "$lost_file" || "$rc" == 4 ]] &&
-      ((attempt < max_restarts)); then
-      attempt=$((attempt + 1))
-      local gone
-      gone="$(comm -23 <(awk '{ print $1 }' <<<"$use_nodes" | sort) <(awk '{ print $1 }' <<<"$answer" | sort) | tr '\n' ' ')"
-      if [[ -n "$gone" ]]; then why="node ${gone% } lost"
-      elif [[ -e "$died" ]]; then why="a rank died"
-      else why="a peer stopped answering"; fi
-      why+=" (exit $rc; restart $attempt of $max_restarts)"
-    else
-      exit "$rc"
-    fi
-    [[ " ${base[*]} " == *" --resume "* ]] || base+=(--resume auto)
-  done
-}
-
-# SIGKILL to process $1 and every process below it.
-kill_tree() {
-  local child
-  kill -STOP "$1" 2>/dev/null # no new children meanwhile
-  for child in $(ps -o pid= --ppid "$1" 2>/dev/null); do kill_tree "$child"; done
-  kill -KILL "$1" 2>/dev/null
-}
-
-# Whether mpirun (pid $1) has ranks on this node: children other than its
-# remote launches (the rsh agent's commands that start orted elsewhere).
-has_children() { ps -o args= --ppid "$1" 2>/dev/null | grep -qv orted; }
-
-# mpirun ends only when it has heard from every node's daemon: after a cut
-# link it would wait for the lost node forever (and hold the ranks' lines
-# until then). Once this node's ranks have all ended, mpirun is given
-# TESSERA_HANG_GRACE seconds (default 20) to end, then stopped, and the run
-# counts as a death (a restart). (A launch from a node without ranks of
-# its own is not watched so.)
-watch_hang() {
-  trap 'kill $(jobs -p) 2>/dev/null; exit 0' TERM
-  local quiet=0 seen=0
-  while kill -0 "$1" 2>/dev/null; do
-    sleep 1 &
-    wait $!
-    if has_children "$1"; then
-      seen=1
-    elif ((seen)); then
-      quiet=$((quiet + 1))
-      if ((quiet >= ${TESSERA_HANG_GRACE:-20})); then
-        echo "died" >"$died"
-        kill_tree "$1" # its remote launches too: they hold its stderr open
-        return 0
-      fi
-    else
-      quiet=0
-    fi
-  done
-}
-
-# run_job, with the grow watcher beside mpirun while nodes are left out.
-run_job_elastic() {
-  rm -f "$died"
-  filter_mpirun "$died" <"$fifo" >&2 &
-  local filter_pid=$! rc watch_pid=""
-  mpirun "${args[@]}" "$@" 2>"$fifo" &
-  mpirun_pid=$!
-  grow=0
-  (($(wc -l <<<"$use_nodes") < node_max)) && grow=1
-  watch_nodes "$mpirun_pid" &
-  watch_pid=$!
-  watch_hang "$mpirun_pid" &
-  local hang_pid=$!
-  wait_child "$mpirun_pid"
-  rc=$?
-  mpirun_pid=""
-  kill "$hang_pid" 2>/dev/null
-  wait "$hang_pid" 2>/dev/null
-  [[ -z "$watch_pid" ]] || { kill "$watch_pid" 2>/dev/null; wait "$watch_pid" 2>/dev/null; }
   wait "$filter_pid" || true
   return "$rc"
 }

@@ -24,6 +24,8 @@
 #     test's 2 minutes either way — when srun was left waiting, by
 #     stopping it once slurmctld had ended the step (its one line) and
 #     restarting (--max-restarts 1);
+#  4c. `launch --nodes 1:2` in an allocation: node 2's link cut -> the job
+#     goes on on node 1, and grows back to both when the link returns;
 #  5. the issue's done-when, on llama-tiny: sbatch of train.sbatch with
 #     TESSERA_MAX_RESTARTS=2, --comm-timeout 5 and --save: node 2's link
 #     cut once the step-4 checkpoint is complete and brought back once
@@ -41,13 +43,14 @@
 # Needs root, network namespaces and Debian's slurmctld, slurmd,
 # slurm-client and munge: without them it prints one SKIP line and exits 0.
 # Its cluster has a name and subnet of its own and is taken down on exit.
-#   slurm_test.sh TESSERA_BIN LAUNCH_SH
+#   slurm_test.sh TESSERA_BIN LAUNCH_SH TESSERA_TESTING_BIN
 set -uo pipefail
 here="$(dirname "${BASH_SOURCE[0]}")"
 fails=0
 source "$here/testing.sh"
 bin="$(abs "$1")"
 launch="$(abs "$2")"
+testing_bin="$(abs "$3")" # tessera with the test seam (its slow rank)
 cluster="$(abs "$here/cluster.sh")"
 testbed="$(abs "$here/slurm/testbed.sh")"
 sbatch_script="$(abs "$here/slurm/train.sbatch")"
@@ -210,6 +213,36 @@ not hear from every node within 10 s (a node's report was lost); every rank was 
 tessera launch: a rank died (exit 137); restart 1 of 1 from the newest complete checkpoint" \
     "$(grep -v '^tessera launch: ranks\? [0-9,-]* on host .* died: ' <<<"$out")"
 fi
+
+# 4c. launch --nodes 1:2 in the allocation: node 2's link cut once the
+# step-4 checkpoint is complete -> the job goes on on node 1 (srun's steps
+# --overlap, beside a step that may linger for the lost node), then grows
+# back to both nodes when the link returns; one line each, exit 0 (rank 0
+# sleeps 50 ms a micro-step, the test seam: the job outlasts the return).
+cat >"$tmp/elastic.sh" <<EOF
+#!/bin/sh
+export TESSERA_NODE_POLL=1 TESSERA_PROBE_TIMEOUT=5 TESSERA_TEST_SLOW=0:50
+exec $(printf %q "$launch") --nodes 1:2 --max-restarts 2 $(printf %q "$testing_bin") train ${common[*]} \
+  --steps 200 --save $(printf %q "$tmp/sel") --save-every 2 --comm-timeout 5 \
+  >$(printf %q "$tmp/sel.log") 2>&1
+EOF
+SL_TIMEOUT=240 alloc bash "$tmp/elastic.sh" &
+job=$!
+for _ in $(seq 2400); do [[ -e "$tmp/sel/step-00000004/index.json" ]] && break; sleep 0.05; done
+"$cluster" link "$n2" down
+for _ in $(seq 1200); do grep -q "lost (exit" "$tmp/sel.log" 2>/dev/null && break; sleep 0.1; done
+from="$(grep "lost (exit" "$tmp/sel.log" | sed -n 's/.*resuming from step \([0-9]*\) .*/\1/p')"
+for _ in $(seq 1200); do
+  [[ -e "$(printf '%s/sel/step-%08d/index.json' "$tmp" $((${from:-0} + 2)))" ]] && break
+  sleep 0.1
+done
+"$cluster" link "$n2" up
+wait "$job"
+check_eq "--nodes 1:2 under SLURM: the job finished" 0 $?
+log="$(cat "$tmp/sel.log")"
+check "--nodes 1:2 under SLURM: the start" "tessera launch: --nodes 1:2: 2 of 2 nodes answer: world 4 ranks on $n1 $n2 (pipeline 1 x dp 4), micro-batch x accumulation 2 x 1" "$log"
+check "--nodes 1:2 under SLURM: shrunk to node 1" "world 4 -> 2 ranks on $n1 (pipeline 1 x dp 2), micro-batch x accumulation 2 x 1 -> 2 x 2, resuming from step " "$(grep "node $n2 lost (exit" <<<"$log")"
+check "--nodes 1:2 under SLURM: grown back" "tessera launch: node $n2 answers again: world 2 -> 4 ranks on $n1 $n2 (pipeline 1 x dp 4), micro-batch x accumulation 2 x 2 -> 2 x 1, resuming from step " "$log"
 
 # 5. a cut link under sbatch: the restart in the allocation
 "$launch" -n 4 "$bin" train "${common[@]}" --steps 12 --save "$tmp/whole" --save-every 2 \
