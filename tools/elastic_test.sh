@@ -21,14 +21,16 @@
 #     is complete -> one line: node 3 lost, world 3 -> 2, micro-batch x
 #     accumulation 4 x 1 -> 3 x 2, the step resumed from and the steps
 #     redone; the link restored once the 2-node run has saved -> one line:
-#     node 3 answers again, world 2 -> 3; then the same again (flapping:
-#     restart 2 of 2, each resume later than the last); the job finishes.
+#     node 3 answers again, world 2 -> 3; the job finishes. Flapping: a
+#     long job loses node 3 twice and gets it back twice (restart 1 and 2
+#     of 2; no resume older than the one before), then SIGTERM saves,
+#     exit 5.
 #     Against an uninterrupted
 #     3-rank run: steps 1-4 bitwise; the first step after the shrink (same
 #     parameters, the same samples: it is their loss) within 1e-6
 #     relative (per-rank loss sums added in another grouping; measured
 #     equal); the final loss within 1e-5 relative (fp32 summation-order
-#     differences of the gradients grown over 56 steps; measured 2e-8);
+#     differences of the gradients grown over 36 steps; measured 2e-8);
 #  5. pipeline 2 x dp 2 on four nodes losing node 4 re-forms at pipeline
 #     2 x dp 1 on two nodes (three do not split into two stages) and
 #     finishes; with --nodes 3:4 and node 4 down, one line and exit 1.
@@ -149,7 +151,7 @@ else
   "$cluster" up 4 >/dev/null
   check_eq "cluster up" 0 $?
   printf '%s slots=1\n%s slots=1\n%s slots=1\n' "$n1" "$n2" "$n3" >"$tmp/hostfile"
-  long=("${common[@]}" --micro-batch 4 --steps 60 --save-every 2)
+  long=("${common[@]}" --micro-batch 4 --steps 40 --save-every 2)
   export TESSERA_TEST_SLOW=0:60 # rank 0 (on n1, where launch runs) 60 ms per micro-step
   "$launch" -n 3 "$bin" train "${long[@]}" --save "$tmp/ref" --metrics "$tmp/ref.jsonl" >/dev/null 2>&1
   check_eq "uninterrupted 3 ranks (one node): exit" 0 $?
@@ -159,15 +161,15 @@ else
     shift 3
     (
       eval "$("$cluster" mpirun-env)"
-      export TESSERA_HANG_GRACE=5 TESSERA_NODE_POLL=1 TESSERA_PROBE_TIMEOUT=5
+      export TESSERA_HANG_GRACE=5 TESSERA_NODE_POLL=1 # probes' 10 s: a loaded machine
       exec "$cluster" exec "$n1" "$launch" --hostfile "$hosts" "$@" --comm-timeout 5 \
         --save "$save" >"$log" 2>&1
     ) &
     job=$!
   }
-  # wait_for FILE-OR-PATTERN LOG: until the file exists or LOG has the line (2 minutes at most)
-  wait_file() { for _ in $(seq 1200); do [[ -e "$1" ]] && return 0; sleep 0.1; done; }
-  wait_line() { for _ in $(seq 1200); do grep -q -- "$1" "$2" && return 0; sleep 0.1; done; }
+  # until file $1 exists, or log $2 has line $1 (5 minutes at most: under a loaded CI)
+  wait_file() { for _ in $(seq 3000); do [[ -e "$1" ]] && return 0; sleep 0.1; done; }
+  wait_line() { for _ in $(seq 3000); do grep -q -- "$1" "$2" && return 0; sleep 0.1; done; }
   # the step resumed from in the last line of LOG matching PATTERN
   from_step() { grep -- "$1" "$2" | tail -n 1 | sed -n 's/.*resuming from step \([0-9]*\) .*/\1/p'; }
   # the checkpoint two steps after step $1 of save folder $2
@@ -186,12 +188,6 @@ else
   f2="$(from_step "answers again" "$tmp/el.log")"
   wait_file "$(after "$f2" "$tmp/el")"
   t_grown=$SECONDS
-  # flapping: the same node lost a second time, and back
-  "$cluster" link "$n3" down
-  wait_line "restart 2 of 2" "$tmp/el.log"
-  f3="$(from_step "restart 2 of 2" "$tmp/el.log")"
-  wait_file "$(after "$f3" "$tmp/el")"
-  "$cluster" link "$n3" up
   wait "$job"
   check_eq "elastic: the job finished" 0 $?
   log="$(cat "$tmp/el.log")"
@@ -203,9 +199,7 @@ else
     "world 3 -> 2 ranks on $n1 $n2 (pipeline 1 x dp 2), micro-batch x accumulation 4 x 1 -> 3 x 2, resuming from step " "$shrink"
   check_eq "shrink: from the step-4 checkpoint or a later one" 1 "$((${f1:-0} >= 4))"
   check "grow: one line" "tessera launch: node $n3 answers again: world 2 -> 3 ranks on $n1 $n2 $n3 (pipeline 1 x dp 3), micro-batch x accumulation 3 x 2 -> 4 x 1, resuming from step " "$log"
-  check "flapping: lost again, one line" "tessera launch: node $n3 lost (exit " "$(grep "restart 2 of 2" <<<"$log")"
-  check_eq "flapping: back again (two grow lines)" 2 "$(grep -c "answers again" <<<"$log")"
-  check_eq "flapping: no checkpoint lost (the resumes rise)" 1 "$((f1 < f2 && f2 < f3))"
+  check_eq "grow: from a later checkpoint" 1 "$((${f2:-0} > ${f1:-0}))"
   loss() { sed -n "s/^{\"step\":$2,\"loss\":\([^,]*\),.*/\1/p" "$1" | head -n 1; }
   for s in 1 2 3 4; do
     check_eq "elastic: step $s bitwise" "$(loss "$tmp/ref.jsonl" $s)" "$(loss "$tmp/el.jsonl" $s)"
@@ -216,8 +210,48 @@ else
   r1="$(rel "$(loss "$tmp/ref.jsonl" $first)" "$(last "$tmp/el.jsonl" $first)")"
   check_eq "elastic: step $first on 2 nodes, the same samples (relative $r1 <= 1e-6)" 1 \
     "$(python3 -c "print(int($r1 <= 1e-6))")"
-  r2="$(rel "$(loss "$tmp/ref.jsonl" 60)" "$(last "$tmp/el.jsonl" 60)")"
+  r2="$(rel "$(loss "$tmp/ref.jsonl" 40)" "$(last "$tmp/el.jsonl" 40)")"
   check_eq "elastic: final loss (relative $r2 <= 1e-5)" 1 "$(python3 -c "print(int($r2 <= 1e-5))")"
+
+  # flapping: a long job loses node 3, gets it back, loses it again and
+  # gets it back; then SIGTERM to launch: the ranks save and it exits 5
+  # (--keep 2: the job runs until stopped; progress.json says how far it got)
+  elastic "$tmp/hostfile" "$tmp/fl" "$tmp/fl.log" --nodes 2:3 --max-restarts 2 "$bin" train \
+    "${common[@]}" --micro-batch 4 --steps 100000 --save-every 2 --keep 2
+  wait_step() { # until save folder $1's progress.json says step $2 or later (5 minutes at most)
+    local at
+    for _ in $(seq 3000); do
+      at="$(sed -n 's/^{"step": \([0-9]*\)}$/\1/p' "$1/progress.json" 2>/dev/null)"
+      ((${at:-0} >= $2)) && return 0
+      sleep 0.1
+    done
+  }
+  f=0
+  for round in 1 2; do
+    wait_step "$tmp/fl" $((f + 2))
+    "$cluster" link "$n3" down
+    wait_line "restart $round of 2" "$tmp/fl.log"
+    lost[round]="$(from_step "restart $round of 2" "$tmp/fl.log")"
+    wait_step "$tmp/fl" $((${lost[round]:-0} + 2))
+    "$cluster" link "$n3" up
+    for _ in $(seq 3000); do (($(grep -c "answers again" "$tmp/fl.log") >= round)) && break; sleep 0.1; done
+    back[round]="$(from_step "answers again" "$tmp/fl.log")"
+    f="${back[round]}"
+  done
+  wait_step "$tmp/fl" $((f + 2))
+  kill -TERM "$job"
+  wait "$job"
+  check_eq "flapping: SIGTERM after it, exit 5" 5 $?
+  log="$(cat "$tmp/fl.log")"
+  check_eq "flapping: two lines lost, two back" "2 2" \
+    "$(grep -c "^tessera launch: node $n3 lost (exit [0-9]*; restart [12] of 2)" <<<"$log") $(grep -c "^tessera launch: node $n3 answers again" <<<"$log")"
+  # A grow resumes from the save its stop made, later than the resume
+  # before; a loss from the newest checkpoint, never older than the last
+  # resume (an asynchronous save the cut interrupted leaves that one).
+  grep "^tessera launch" <<<"$log" # the lines, in the test's log
+  check_eq "flapping: no checkpoint lost (resumes ${lost[1]:-} < ${back[1]:-} <= ${lost[2]:-} < ${back[2]:-})" 1 \
+    "$((lost[1] < back[1] && back[1] <= lost[2] && lost[2] < back[2]))"
+  check "flapping: saved on the stop" "(exit 5: preempted; resume with --resume auto)" "$log"
 
   # pipeline 2 x dp 2 on four nodes: node 4 lost -> pipeline 2 x dp 1 on two
   # (three do not split into 2 stages); with MIN 3, one line and a stop

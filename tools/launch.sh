@@ -315,12 +315,14 @@ elastic() {
   local accum all full=0 host slots i=0
   accum="$(flag_value --grad-accum 1 "$@")"
   all="$(read_nodes)"
-  [[ -n "$all" ]] || die "--hostfile $hostfile: no nodes in it (lines HOST [slots=S])"
+  local whose="the allocation's"
+  [[ -z "$hostfile" ]] || whose="the hostfile's"
+  [[ -n "$all" ]] || die "--nodes $nodes_range: $whose nodes: none (a hostfile has lines HOST [slots=S])"
   while read -r host slots; do
     ((i < node_max)) && full=$((full + slots))
     i=$((i + 1))
   done <<<"$all"
-  ((i >= node_min)) || die "--nodes $nodes_range: --hostfile $hostfile names $i nodes; expected at least $node_min"
+  ((i >= node_min)) || die "--nodes $nodes_range: $whose nodes are $i; expected at least $node_min"
   [[ "$pipeline$micro$accum" =~ ^[0-9]+$ ]] && ((pipeline >= 1 && micro >= 1 && accum >= 1)) ||
     die "--pipeline, --micro-batch, --grad-accum: expected numbers >= 1"
   global="$(flag_value --global-batch $((full / pipeline * micro * accum)) "$@")"
@@ -333,7 +335,7 @@ elastic() {
     if ! choose_layout "$answer"; then
       local missing
       missing="$(comm -23 <(awk '{ print $1 }' <<<"$all" | sort) <(awk '{ print $1 }' <<<"$answer" | sort) | tr '\n' ' ')"
-      echo "tessera launch: --nodes $nodes_range: $(grep -c . <<<"$answer") of the hostfile's" \
+      echo "tessera launch: --nodes $nodes_range: $(grep -c . <<<"$answer") of $whose" \
         "$(grep -c . <<<"$all") nodes answer${missing:+ (not: ${missing% })}; no layout on $node_min" \
         "or more fits --pipeline $pipeline and global batch $global; stopping" >&2
       exit "${rc:-1}"
@@ -368,13 +370,13 @@ elastic() {
       run_step_elastic "${words[@]}"
     fi
     rc=$?
-    answer="$(answering)"
     if [[ -s "$grow_file" && "$rc" == 5 && "$stop" == 0 ]]; then
       why="node $(cat "$grow_file") answers again"
     elif ((rc != 0 && stop == 0)) && [[ -e "$died" || -s "$lost_file" || "$rc" == 4 ]] &&
       ((attempt < max_restarts)); then
       attempt=$((attempt + 1))
       local gone
+      answer="$(answering)"
       gone="$(comm -23 <(awk '{ print $1 }' <<<"$use_nodes" | sort) <(awk '{ print $1 }' <<<"$answer" | sort) | tr '\n' ' ')"
       if [[ -n "$gone" ]]; then why="node ${gone% } lost"
       elif [[ -e "$died" ]]; then why="a rank died"
