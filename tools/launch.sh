@@ -260,6 +260,10 @@ last_step() {
 
 names() { awk '{ printf "%s%s", sep, $1; sep = " " }' <<<"$1"; }
 
+# The names of node lines $1 that node lines $2 lack, space-separated, with a
+# trailing space ("" when none).
+not_in() { comm -23 <(awk '{ print $1 }' <<<"$1" | sort) <(awk '{ print $1 }' <<<"$2" | sort) | tr '\n' ' '; }
+
 # Watches the nodes while the job runs (mpirun's pid $1), probing each
 # every TESSERA_NODE_POLL seconds (default 30): a node in use that fails two
 # probes in a row is lost: its name goes to $lost_file and the job is
@@ -330,11 +334,13 @@ elastic() {
   local base=() words=() rc why="" old_world=0 old_shape="" first=1 answer
   mapfile -d '' base < <(without_batch_flags "$@")
   grow_file="$fifo.grow" lost_file="$fifo.lost"
+  local probed=0 # answer already holds this round's probes (after a failure)
   while :; do
-    answer="$(answering)"
+    ((probed)) || answer="$(answering)"
+    probed=0
     if ! choose_layout "$answer"; then
       local missing
-      missing="$(comm -23 <(awk '{ print $1 }' <<<"$all" | sort) <(awk '{ print $1 }' <<<"$answer" | sort) | tr '\n' ' ')"
+      missing="$(not_in "$all" "$answer")"
       echo "tessera launch: --nodes $nodes_range: $(grep -c . <<<"$answer") of $whose" \
         "$(grep -c . <<<"$all") nodes answer${missing:+ (not: ${missing% })}; no layout on $node_min" \
         "or more fits --pipeline $pipeline and global batch $global; stopping" >&2
@@ -344,7 +350,7 @@ elastic() {
     on="$(names "$use_nodes") (pipeline $pipeline x dp $((use_world / pipeline)))"
     if ((first)); then
       local missing
-      missing="$(comm -23 <(awk '{ print $1 }' <<<"$all" | sort) <(awk '{ print $1 }' <<<"$answer" | sort) | tr '\n' ' ')"
+      missing="$(not_in "$all" "$answer")"
       echo "tessera launch: --nodes $nodes_range: $(grep -c . <<<"$answer") of $(grep -c . <<<"$all")" \
         "nodes answer${missing:+ (not: ${missing% })}: world $use_world ranks on $on," \
         "micro-batch x accumulation $shape" >&2
@@ -376,8 +382,8 @@ elastic() {
       ((attempt < max_restarts)); then
       attempt=$((attempt + 1))
       local gone
-      answer="$(answering)"
-      gone="$(comm -23 <(awk '{ print $1 }' <<<"$use_nodes" | sort) <(awk '{ print $1 }' <<<"$answer" | sort) | tr '\n' ' ')"
+      answer="$(answering)" probed=1
+      gone="$(not_in "$use_nodes" "$answer")"
       if [[ -n "$gone" ]]; then why="node ${gone% } lost"
       elif [[ -e "$died" ]]; then why="a rank died"
       else why="a peer stopped answering"; fi
