@@ -218,6 +218,11 @@ static ts_status alloc_slot(ts_engine *e, int k, int c) {
                            (void **)&sl->tokens));
   TS_CHECK(ts_ledger_alloc(&e->ledger, e->device, TS_MEM_ACTIVATIONS, B * T * 4,
                            (void **)&sl->targets));
+  if (e->device == TS_DEVICE_CPU)
+    sl->host_targets = sl->targets;
+  else if (u1 == m->n_units) /* the last unit's, read on the host */
+    TS_CHECK(ts_ledger_alloc(&e->ledger, TS_DEVICE_CPU, TS_MEM_ACTIVATIONS, B * T * 4,
+                             (void **)&sl->host_targets));
   if (u0 > 0)
     TS_CHECK(ts_ledger_alloc(&e->ledger, e->device, TS_MEM_ACTIVATIONS, BTC, &sl->gsend));
   if (e->pipe.sched.split_backward) { /* a W store per unit that splits (ZB-H1) */
@@ -260,6 +265,7 @@ static void free_slot(ts_engine *e, act_slot *sl) {
   if (sl->saved)
     for (int u = 0; u < e->model->n_units; u++) ts_ledger_free(&e->ledger, sl->saved[u]);
   ts_ledger_free(&e->ledger, sl->tokens);
+  if (sl->host_targets != sl->targets) ts_ledger_free(&e->ledger, sl->host_targets);
   ts_ledger_free(&e->ledger, sl->targets);
   ts_ledger_free(&e->ledger, sl->gsend);
   free(sl->acts);

@@ -18,7 +18,8 @@
 // attention backward, no atomics). On the GPU only: the card's used bytes
 // stay put across a step, cuDNN's attention agrees with the plain kernels,
 // a run larger than the card is refused up front, and 20 fp32 steps of
-// llama-tiny agree with the CPU.
+// llama-tiny and of bert-tiny (a masked LM: its head on the masked rows
+// only) agree with the CPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -56,14 +57,26 @@ ts_llama_config SmallConfig() {
   return c;
 }
 
-// Random (inputs, targets) for step s, a pure function of (seed, s).
-void Batch(size_t n, size_t V, unsigned s, std::vector<int32_t> *in, std::vector<int32_t> *tgt) {
+// The id a masked LM's batches put in place of the tokens it predicts
+// (BERT's [MASK]), above the token ranges the tests draw from.
+const int32_t kMaskId = 103;
+
+// Random (inputs, targets) for step s, a pure function of (seed, s). A
+// masked LM's (mlm): about 15% of the positions masked, their target the
+// token, their input kMaskId; the others' target -100.
+void Batch(size_t n, size_t V, unsigned s, std::vector<int32_t> *in, std::vector<int32_t> *tgt,
+           bool mlm = false) {
   std::mt19937 g(1000 + s);
   in->resize(n);
   tgt->resize(n);
   for (size_t i = 0; i < n; i++) {
     (*in)[i] = (int32_t)(g() % V);
     (*tgt)[i] = i % 11 == 3 ? -100 : (int32_t)(g() % V);  // some ignored targets
+    if (mlm) {
+      bool masked = g() % 100 < 15;
+      (*tgt)[i] = masked ? (*in)[i] : -100;
+      if (masked) (*in)[i] = kMaskId;
+    }
   }
 }
 
@@ -74,8 +87,9 @@ struct Trained {
 
 // Trains `steps` optimizer steps of o.grad_accum micro-batches and returns
 // the losses and the final parameters. Tokens are drawn from the first
-// `token_range` ids (0: the whole vocabulary).
-Trained Train(const ts_model &model, ts_engine_opts o, int steps, size_t token_range = 0) {
+// `token_range` ids (0: the whole vocabulary); mlm: a masked LM's batches.
+Trained Train(const ts_model &model, ts_engine_opts o, int steps, size_t token_range = 0,
+              bool mlm = false) {
   Trained r;
   ts_engine *e = nullptr;
   EXPECT_EQ(ts_engine_create(&e, &model, &o, nullptr), TS_OK) << ts_last_error();
@@ -85,7 +99,7 @@ Trained Train(const ts_model &model, ts_engine_opts o, int steps, size_t token_r
     ts_testing::MicroBatches mb;
     for (size_t k = 0; k < o.grad_accum; k++) {
       Batch(o.micro_batch * o.seq, token_range ? token_range : model.vocab_size,
-            (unsigned)(s * 7 + k), &ins[k], &tgts[k]);
+            (unsigned)(s * 7 + k), &ins[k], &tgts[k], mlm);
       mb.Add(ins[k].data(), tgts[k].data());
     }
     ts_step_stats st;
@@ -432,16 +446,17 @@ TEST_F(EngineDevice, APlanLargerThanTheCardIsRefusedUpFront) {
 // runs are CPU runs: the twin checks that this schedule trains (the loss
 // falls by more than 1, a third of the way to ln 64) and that the bound
 // holds trivially between equal runs.
-TEST_F(EngineDevice, AgreesWithTheCpuOver20Fp32Steps) {
+void ExpectAgreesWithTheCpuOver20Fp32Steps(const char *config, bool mlm) {
+  SCOPED_TRACE(config);
   ts_model tiny{};
-  ASSERT_EQ(ts_model_load("models/configs/llama-tiny.json", &tiny), TS_OK) << ts_last_error();
+  ASSERT_EQ(ts_model_load(config, &tiny), TS_OK) << ts_last_error();
   const size_t kTokens = 64;
   ts_engine_opts o = DeviceOpts(TS_FP32, 1);
   o.micro_batch = 4;
   o.seq = 64;
-  Trained dev = Train(tiny, o, 20, kTokens);
+  Trained dev = Train(tiny, o, 20, kTokens, mlm);
   o.device = TS_DEVICE_CPU;
-  Trained cpu = Train(tiny, o, 20, kTokens);
+  Trained cpu = Train(tiny, o, 20, kTokens, mlm);
   ASSERT_EQ(dev.losses.size(), 20u);
   ASSERT_EQ(cpu.losses.size(), 20u);
   for (size_t s = 0; s < 20; s++)
@@ -457,6 +472,87 @@ TEST_F(EngineDevice, AgreesWithTheCpuOver20Fp32Steps) {
   }
   EXPECT_LT(std::sqrt(d2 / n2), 1e-2);
   ts_model_free(&tiny);
+}
+
+TEST_F(EngineDevice, AgreesWithTheCpuOver20Fp32Steps) {
+  ExpectAgreesWithTheCpuOver20Fp32Steps("models/configs/llama-tiny.json", false);
+}
+
+// The same for BERT (bert-tiny) on a masked LM's batches: about 15% of the
+// 4 x 64 positions masked, so the head runs on those rows only on either
+// device (its targets in host memory beside the GPU, the slot's copy:
+// ts_unit_args.host_targets), and the loss falls toward ln 64 as well.
+// Same bounds: the masked rows change what the head computes, not its
+// precision.
+TEST_F(EngineDevice, BertAgreesWithTheCpuOver20Fp32Steps) {
+  ExpectAgreesWithTheCpuOver20Fp32Steps("models/configs/bert-tiny.json", true);
+}
+
+// A spy on the last unit's calls: the targets each was given in host
+// memory (ts_unit_args.host_targets; empty: none) and on the device (read
+// back), and whether it trained (the fused loss gradient). A plan's calls
+// (ts_engine_create's on a GPU) read nothing and are not recorded.
+struct HeadCall {
+  int fused;
+  std::vector<int32_t> host, device;
+};
+std::vector<HeadCall> g_calls;
+const ts_unit_ops *g_head;
+
+void Record(const ts_kctx *ctx, const ts_unit_args *a) {
+  if (ctx->flags & TS_K_PLAN) return;
+  HeadCall c{a->fused_loss_grad, {}, std::vector<int32_t>(a->B * a->T)};
+  if (a->host_targets) c.host.assign(a->host_targets, a->host_targets + a->B * a->T);
+  EXPECT_EQ(ts_k_to_host(ctx, c.device.data(), a->targets, c.device.size() * 4), TS_OK);
+  g_calls.push_back(c);
+}
+ts_status SpyForward(const ts_model *m, const ts_unit *u, const ts_kctx *ctx, const void *p,
+                     ts_unit_args *a) {
+  Record(ctx, a);
+  return g_head->forward(m, u, ctx, p, a);
+}
+ts_status SpyBackward(const ts_model *m, const ts_unit *u, const ts_kctx *ctx, const void *p,
+                      void *g, ts_unit_args *a) {
+  Record(ctx, a);
+  return g_head->backward(m, u, ctx, p, g, a);
+}
+
+// The engine gives the last unit its micro-batch's targets in host memory
+// too, the device's own values (on the CPU the slot's array itself, beside
+// a GPU the slot's host copy), in each forward and the backward after it
+// and in evaluation: what BERT's head picks its masked rows by.
+TEST_F(EngineDevice, TheLastUnitGetsItsTargetsInHostMemoryToo) {
+  ts_unit &head = model_.units[model_.n_units - 1];
+  ts_unit_ops spy = *head.ops;
+  spy.forward = SpyForward;
+  spy.backward = SpyBackward;
+  g_head = head.ops;
+  head.ops = &spy;
+  g_calls.clear();
+  ts_engine_opts o = DeviceOpts(TS_FP32, 2);
+  ts_engine *e = nullptr;
+  ASSERT_EQ(ts_engine_create(&e, &model_, &o, nullptr), TS_OK) << ts_last_error();
+  std::vector<std::vector<int32_t>> in(2), tgt(2);
+  ts_testing::MicroBatches mb;
+  for (unsigned k = 0; k < 2; k++) {
+    Batch(o.micro_batch * o.seq, model_.vocab_size, 40 + k, &in[k], &tgt[k], true);
+    mb.Add(in[k].data(), tgt[k].data());
+  }
+  ts_step_stats st;
+  EXPECT_EQ(ts_testing::Step(e, mb, 1e-3f, &st), TS_OK) << ts_last_error();
+  double sum;
+  size_t count;
+  EXPECT_EQ(ts_engine_eval(e, in[1].data(), tgt[0].data(), &sum, &count), TS_OK);
+  ts_engine_free(e);
+  head.ops = g_head;
+  // forward and backward of micro-batch 0, then of 1, then the evaluation's forward
+  ASSERT_EQ(g_calls.size(), 5u);
+  const int fused[5] = {1, 1, 1, 1, 0}, batch[5] = {0, 0, 1, 1, 0};
+  for (size_t i = 0; i < 5; i++) {
+    EXPECT_EQ(g_calls[i].fused, fused[i]) << "call " << i;
+    EXPECT_EQ(g_calls[i].host, tgt[batch[i]]) << "call " << i;
+    EXPECT_EQ(g_calls[i].device, tgt[batch[i]]) << "call " << i;
+  }
 }
 
 }  // namespace

@@ -83,6 +83,7 @@ static ts_unit_args base_args(const ts_engine *e, const act_slot *sl) {
   a.dt = e->opts.dtype;
   a.tokens = sl->tokens;
   a.targets = sl->targets;
+  a.host_targets = sl->host_targets;
   a.dloss = sl->dloss;
   return a;
 }
@@ -289,6 +290,8 @@ ts_status ts_engine_load_batch(ts_engine *e, act_slot *sl, const int32_t *inputs
     if (inputs != sl->tokens) TS_CHECK(ts_k_from_host(&e->ctx, sl->tokens, inputs, BT * 4));
     if (targets != sl->targets) TS_CHECK(ts_k_from_host(&e->ctx, sl->targets, targets, BT * 4));
   }
+  if (sl->host_targets && sl->host_targets != sl->targets) /* beside a device: the host's copy */
+    TS_CHECK(ts_k_host_copy(&e->ctx, sl->host_targets, targets, BT * 4));
   return ts_k_count_targets(&e->ctx, count, targets, BT);
 }
 

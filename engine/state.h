@@ -19,8 +19,9 @@
  *
  * Ownership: the engine owns every buffer below and allocates each through
  * its ledger on its device (e->device), except: the batch's host staging
- * beside a device (the ledger's CPU account), the step scalars on the CPU
- * and their host copy (plain host memory; see alloc_scalars in engine.c),
+ * and the slots' host targets beside a device (the ledger's CPU account),
+ * the step scalars on the CPU and their host copy (plain host memory; see
+ * alloc_scalars in engine.c),
  * the optimizer state and the update's staging when ts_engine_state_on_host
  * (the CPU account, page-locked) and device.c's lending (its own, opaque
  * here).
@@ -77,6 +78,10 @@ typedef struct act_slot {
                        engine's recompute_saved serves) or not on this stage */
   int32_t *tokens;  /* (B, T) the micro-batch's inputs */
   int32_t *targets; /* (B, T) its targets, -100 = ignore */
+  int32_t *host_targets; /* (B, T) the same in host memory for the model's last unit
+                            (ts_unit_args.host_targets): targets itself on the CPU; beside a
+                            device, a copy (the ledger's CPU account) in the slots of the
+                            chunk that holds that unit, NULL in the others */
   void *gsend;      /* (B, T, C) gradient of the chunk's input, sent to the virtual
                        stage before it (all but the model's first), else NULL */
   float dloss;      /* d(scaled step loss)/d(row loss) of this micro-batch */

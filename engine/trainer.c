@@ -494,6 +494,18 @@ static ts_status setup(run *r) {
   TS_CHECK(ts_train_resolve_batch((size_t)r->dp_size, &r->global_batch, &r->eo));
   TS_CHECK(ts_model_resolve(cfg->model, r->model_path, sizeof r->model_path));
   TS_CHECK(ts_model_load(r->model_path, &r->model));
+  TS_CHECK(ts_model_set_fp8(&r->model, cfg->fp8, r->eo.dtype));
+  if (cfg->fp8 && (r->eo.schedule == TS_SCHEDULE_ZB_H1 || r->eo.schedule == TS_SCHEDULE_ZBV))
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "`fp8` %s: `schedule` %s defers weight gradients, which have no fp8 form: "
+                        "expected gpipe, 1f1b or interleaved",
+                        ts_fp8_scaling_name(cfg->fp8), ts_schedule_kind_name(r->eo.schedule));
+  if (cfg->fp8 && (r->eo.micro_batch * r->eo.seq) % 16)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "`fp8` %s: `micro_batch` %zu x `seq` %zu = %zu tokens per product: expected "
+                        "a multiple of 16",
+                        ts_fp8_scaling_name(cfg->fp8), r->eo.micro_batch, r->eo.seq,
+                        r->eo.micro_batch * r->eo.seq);
   if (cfg->save_dir) TS_CHECK(ts_read_file(r->model_path, &r->model_text, &r->model_len));
   TS_CHECK(ts_engine_pipeline_split(&r->model, &r->eo, r->split));
   TS_CHECK(open_resume(r, (size_t)-1));

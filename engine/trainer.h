@@ -95,6 +95,8 @@ typedef struct ts_train_config {
                                data-parallel group, or with engine.pipeline_stages
                                P > 1 the world cut into P stages x dp ranks */
   const char *trace_path;   /* Chrome trace-event JSON of the run (engine/trace.h), or NULL */
+  ts_fp8_scaling fp8;       /* the model's blocks' linear layers in fp8 (ts_model_set_fp8);
+                               TS_FP8_OFF by default */
   /* Checkpoints (engine/checkpoint.h), all optional: */
   const char *save_dir;     /* save into SAVE_DIR/step-NNNNNNNN, or NULL: never */
   size_t save_every;        /* steps between saves (0: only at the end and on a stop) */

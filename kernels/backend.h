@@ -63,6 +63,8 @@ typedef struct ts_k_backend {
                                       ts_dtype dt);
   size_t (*layernorm_workspace_bytes)(size_t N, size_t C, ts_dtype dt);
   size_t (*bias_workspace_bytes)(size_t N, size_t C, ts_dtype dt);
+  size_t (*fp8_quantize_workspace_bytes)(size_t R, size_t C);
+  size_t (*linear_fp8_workspace_bytes)(size_t M, size_t N, size_t K, ts_fp8_scaling scaling);
   /* NULL: P @ v takes P in fp32 on this device (ts_k_attention_probs_dtype) */
   ts_dtype (*attention_probs_dtype)(const ts_kctx *ctx, ts_dtype dt, int bidirectional);
   /* NULL: the probabilities, B * NH * T * T elements of dt */

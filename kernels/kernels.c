@@ -498,6 +498,8 @@ static const k_op OP_RMSNORM_FORWARD = {
     "ts_k_rmsnorm_forward", 1, 4, {"out", "rstd", "inp", "weight"}};
 static const k_op OP_RMSNORM_BACKWARD = {
     "ts_k_rmsnorm_backward", 1, 4, {"dout", "inp", "rstd", "weight"}, 2, {"dinp", "dweight"}};
+static const k_op OP_ADD_RMSNORM_FORWARD = {
+    "ts_k_add_rmsnorm_forward", 1, 6, {"out", "rstd", "res", "a", "b", "weight"}};
 
 ts_status ts_k_rmsnorm_forward(const ts_kctx *ctx, void *out, float *rstd, const void *inp,
                                const void *weight, size_t N, size_t C, float eps, ts_dtype dt) {
@@ -508,6 +510,20 @@ ts_status ts_k_rmsnorm_forward(const ts_kctx *ctx, void *out, float *rstd, const
               .ptrs = {out, rstd, inp, weight},
               .conflict = k_no_alias(out, inp, "out", "inp", OP_RMSNORM_FORWARD.name)};
   K_RUN(OP_RMSNORM_FORWARD, c, rmsnorm_forward, ctx, out, rstd, inp, weight, N, C, eps, dt);
+}
+
+ts_status ts_k_add_rmsnorm_forward(const ts_kctx *ctx, void *out, float *rstd, void *res,
+                                   const void *a, const void *b, const void *weight, size_t N,
+                                   size_t C, float eps, ts_dtype dt) {
+  const char *op = OP_ADD_RMSNORM_FORWARD.name;
+  k_call c = {ctx,
+              {dt},
+              .empty = N == 0,
+              .invalid = N ? k_norm_channels(C, op) : TS_OK,
+              .ptrs = {out, rstd, res, a, b, weight},
+              .conflict = k_add_norm_alias(out, res, a, b, op)};
+  K_RUN(OP_ADD_RMSNORM_FORWARD, c, add_rmsnorm_forward, ctx, out, rstd, res, a, b, weight, N, C,
+        eps, dt);
 }
 
 ts_status ts_k_rmsnorm_backward(const ts_kctx *ctx, void *dinp, void *dweight, const void *dout,

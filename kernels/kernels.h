@@ -60,6 +60,7 @@
 #include <stdint.h>
 
 #include "base/base.h"
+#include "kernels/fp8.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -107,6 +108,13 @@ typedef struct ts_kctx {
  * optimizer's AdamW on host memory): its pointers are host memory, so
  * ts_k_check_host_blocks leaves them alone. */
 #define TS_K_HOST_SIDE 16u
+/* ctx->flags: CUDA bf16/fp16 bidirectional attention gives cuDNN its key
+ * padding mask as a (B, 1, T, T) additive bias, as it did before per-row
+ * key lengths (kernels/cuda/attention_bidir.cu): kept as a check of them
+ * (and the path for T above 8192). Needs round_up(B*T*T*2, 256) bytes of
+ * workspace beyond ts_k_attention_workspace_bytes's; with less, the plain
+ * kernels run. */
+#define TS_K_BIAS_ATTENTION 32u
 
 /* Testing: on (1), every op's device pointers are checked against the host
  * blocks registered since (ts_k_host_register adds its range on any
@@ -363,6 +371,68 @@ ts_status ts_k_linear_backward(const ts_kctx *ctx, void *dinp, void *dweight, co
  * are the libraries' (outside the ledger). */
 size_t ts_k_linear_workspace_bytes(ts_device dev, size_t M, size_t N, size_t K, ts_dtype dt);
 
+/* ---- fp8 linear layer (Hopper's fp8 tensor cores; a CPU reference) ---------
+ * The products of ts_k_linear_* with both operands cast to fp8 by dynamic
+ * scales (kernels/fp8.h: torchao's float8 training): forward operands E4M3,
+ * the output gradient E5M2; each product's sum in fp32 times the two
+ * operands' inverse scales, rounded once to dt (dweight: plus its old value,
+ * then rounded). Every operand is cast along its product's reduction axis:
+ * dinp's weight and dweight's dout and inp are cast transposed, so the
+ * backward casts W, dout and inp again rather than keeping the forward's.
+ * CUDA: cuBLASLt's fp8 matmul (compute capability 8.9 or newer; older GPUs
+ * return TS_ERR_UNSUPPORTED), the forward with fast accumulation and the
+ * backward without, as torchao configures _scaled_mm. CPU: the same casts
+ * (bitwise those of the GPU), the cast values' products through the fp32
+ * sgemm, the reference the GPU's parity test holds it to. */
+
+/* How the operands of an fp8 product are scaled. */
+typedef enum ts_fp8_scaling {
+  TS_FP8_OFF = 0,        /* no fp8: the linear layers of dt */
+  TS_FP8_TENSORWISE = 1, /* one scale per operand, from its absolute maximum */
+  TS_FP8_ROWWISE = 2,    /* one scale per row of an operand along the reduction axis, rounded
+                            down to a power of two (torchao's "rowwise" recipe) */
+} ts_fp8_scaling;
+
+/* "off", "tensorwise", "rowwise"; NULL for another value. */
+const char *ts_fp8_scaling_name(ts_fp8_scaling s);
+
+/* out = inp cast to fp8 format fmt with the scales of `scaling`
+ * (kernels/fp8.h ts_fp8_scale, ts_fp8_cast). inp (R, C) of dt. transpose 0:
+ * out (R, C), its rows those of inp; 1: out (C, R) = inp^T. Rowwise: one
+ * scale per row of out, from that row's absolute maximum (R scales, or C
+ * when transposed); tensorwise: one, from the whole tensor's. scale_inv
+ * (fp32, on the device) receives 1 / scale for each (rowwise: R or C
+ * entries; tensorwise: 1). out is uint8 codes (kernels/fp8.h), and may not
+ * overlap inp. Workspace: ts_k_fp8_quantize_workspace_bytes. Bits: the same
+ * on every device and thread count (max is exact, each element one product
+ * and one rounding). TS_ERR_INVALID_ARGUMENT: scaling off or unknown, fmt
+ * unknown, transpose not 0 or 1, out overlapping inp. */
+ts_status ts_k_fp8_quantize(const ts_kctx *ctx, uint8_t *out, float *scale_inv, const void *inp,
+                            size_t R, size_t C, int transpose, ts_fp8_format fmt,
+                            ts_fp8_scaling scaling, ts_dtype dt);
+size_t ts_k_fp8_quantize_workspace_bytes(ts_device dev, size_t R, size_t C);
+
+/* ts_k_linear_forward with fp8 products: out (M, N) = inp (M, K) @
+ * weight (N, K)^T. dt must be bf16 (TS_ERR_INVALID_ARGUMENT otherwise),
+ * scaling tensorwise or rowwise, M, N and K multiples of 16 (cuBLASLt's fp8
+ * layout; TS_ERR_INVALID_ARGUMENT otherwise, on every device). */
+ts_status ts_k_linear_fp8_forward(const ts_kctx *ctx, void *out, const void *inp,
+                                  const void *weight, size_t M, size_t N, size_t K,
+                                  ts_fp8_scaling scaling, ts_dtype dt);
+/* ts_k_linear_backward with fp8 products: dinp (M, K) = dout (M, N) @
+ * weight (N, K) (=; NULL skips), dweight (N, K) += dout^T @ inp (NULL skips).
+ * A context deferring weight gradients (ctx->wgrad) is refused with
+ * TS_ERR_UNSUPPORTED. */
+ts_status ts_k_linear_fp8_backward(const ts_kctx *ctx, void *dinp, void *dweight,
+                                   const void *dout, const void *inp, const void *weight,
+                                   size_t M, size_t N, size_t K, ts_fp8_scaling scaling,
+                                   ts_dtype dt);
+/* Exact bytes of ctx->workspace either fp8 linear pass needs on dev: the
+ * cast operands and their scales (CPU: also their fp32 values and the fp32
+ * product; CUDA: also cuBLASLt's workspace). */
+size_t ts_k_linear_fp8_workspace_bytes(ts_device dev, size_t M, size_t N, size_t K,
+                                       ts_fp8_scaling scaling);
+
 /* ---- token embedding ------------------------------------------------------ */
 
 /* out (N, C) = wte[tokens[n]] for n < N; wte (V, C). A token outside [0, V)
@@ -380,11 +450,11 @@ ts_status ts_k_embedding_forward(const ts_kctx *ctx, void *out, const int32_t *t
  * Needs ts_k_embedding_workspace_bytes(ctx->device, N, dt) bytes of
  * ctx->workspace.
  * Results do not depend on the thread count (no atomics).
- * CUDA: without atomics (positions sorted by token in the workspace:
- * kernels/cuda/embedding.cu); a token at fewer than 64 positions gets the
- * same sums in the same order; one at 64 or more sums 32 fixed slices of
- * its positions in fp32, then the slice sums in order, then adds to dwte
- * once: the same bits run after run, within (L + 1) fp32 roundings of the
+ * CUDA: without atomics (positions sorted by token in the workspace by
+ * CUB's radix sort: kernels/cuda/embedding.cu); a token at fewer than 64
+ * positions gets the same sums in the same order; one at 64 or more sums
+ * 32 fixed slices of its positions in fp32, then the slice sums in order,
+ * then adds to dwte once: the same bits run after run, within (L + 1) fp32 roundings of the
  * CPU's for a token at L positions, not equal to them.
  * Returns TS_ERR_INVALID_ARGUMENT for a token outside [0, V) (naming the
  * position and the token), a NULL pointer, or N > INT32_MAX with bf16/fp16
@@ -397,8 +467,10 @@ ts_status ts_k_embedding_backward(const ts_kctx *ctx, void *dwte, const void *do
  * on device dev. CPU: 0 for fp32 (and for forward, whatever dt); for
  * bf16/fp16 two 64-byte-aligned buffers of N int32 (the positions, stably
  * sorted by token, and the merge sort's second buffer). CUDA, every dt:
- * next_pow2(N) uint64 sort keys (token << 32 | position). Independent of C
- * and V. */
+ * two 64-byte-aligned buffers of N uint64 sort keys (token, position) and
+ * CUB's radix-sort scratch for N 64-bit keys on the most demanding GPU
+ * architecture the build carries (kernels/cuda/embedding.cu; no GPU
+ * needed to ask). Independent of C and V. */
 size_t ts_k_embedding_workspace_bytes(ts_device dev, size_t N, ts_dtype dt);
 
 /* ---- RMSNorm (Zhang & Sennrich 2019, eq. 4; Hugging Face LlamaRMSNorm) ---- */
@@ -417,6 +489,25 @@ ts_status ts_k_rmsnorm_backward(const ts_kctx *ctx, void *dinp, void *dweight, c
  * 0. CUDA: dweight's fp32 partial sums, one (C) row per fixed block of rows
  * (kernels/cuda/layers.cu), summed in row-block order. */
 size_t ts_k_rmsnorm_workspace_bytes(ts_device dev, size_t N, size_t C, ts_dtype dt);
+
+/* A residual add and the RMSNorm after it in one op (Hugging Face
+ * LlamaDecoderLayer: the mid-block residual, then post_attention_layernorm):
+ *   res (N, C) = a + b          each element an fp32 sum rounded once to dt
+ *   rstd (N) fp32, out (N, C)   = ts_k_rmsnorm_forward of res (weight (C))
+ * Bit for bit ts_k_add(ctx, res, a, b, N * C, dt) followed by
+ * ts_k_rmsnorm_forward(ctx, out, rstd, res, weight, N, C, eps, dt) on the
+ * same device: the CPU runs those two bodies in turn; CUDA runs one kernel
+ * (a block per row) that reads a and b once, stores res and takes the
+ * statistics from the rounded res in the unfused kernel's order.
+ * out, res, a, b (N, C) and weight (C): dt on ctx->device; rstd written
+ * (=). res may alias a or b (each element is read before it is written: a
+ * residual stream updated in place); out may not alias res, a or b
+ * (TS_ERR_INVALID_ARGUMENT); other pairs must not overlap. No workspace.
+ * N == 0 does nothing; C == 0 with N > 0 is TS_ERR_INVALID_ARGUMENT. CPU
+ * and CUDA. */
+ts_status ts_k_add_rmsnorm_forward(const ts_kctx *ctx, void *out, float *rstd, void *res,
+                                   const void *a, const void *b, const void *weight, size_t N,
+                                   size_t C, float eps, ts_dtype dt);
 
 /* ---- rotary position embedding (Su et al. 2021; HF rotate-half layout) ---- */
 
@@ -486,7 +577,11 @@ ts_status ts_k_attention_probs_dtype(const ts_kctx *ctx, ts_dtype dt, int bidire
  * on the stack); bf16/fp16 one batch row's operands (and backward its
  * out, dout and gradients) widened to fp32. CUDA fp32: one batch row's
  * (NH, T, T) fp32 dS; CUDA
- * bf16/fp16: cuDNN's bound (kernels/cuda/attention_cudnn.h). */
+ * bf16/fp16: round_up(9 B, 256) bytes (the bidirectional op's per-row key
+ * lengths) plus the larger of cuDNN's bound (kernels/cuda/attention_cudnn.h)
+ * and one kv group's plain scratch, 2 (NH/NKV) T^2 fp32; T above 8192:
+ * cuDNN's bound plus the bidirectional op's (B, 1, T, T) 2-byte bias
+ * rounded up to 256 (kernels/cuda/attention.cu, attention_bidir.cu). */
 size_t ts_k_attention_workspace_bytes(ts_device dev, size_t B, size_t T, size_t NH, size_t NKV,
                                       size_t HS, ts_dtype dt);
 
@@ -586,6 +681,25 @@ ts_status ts_k_layernorm_backward(const ts_kctx *ctx, void *dinp, void *dweight,
  * is 0. */
 size_t ts_k_layernorm_workspace_bytes(ts_device dev, size_t N, size_t C, ts_dtype dt);
 
+/* A residual add and the LayerNorm after it in one op (Hugging Face
+ * BertSelfOutput and BertOutput: LayerNorm(hidden + input_tensor)):
+ *   res (N, C) = a + b                each element an fp32 sum rounded once to dt
+ *   mean, rstd (N) fp32, out (N, C)   = ts_k_layernorm_forward of res
+ *                                       (weight, bias (C))
+ * Bit for bit ts_k_add(ctx, res, a, b, N * C, dt) followed by
+ * ts_k_layernorm_forward(ctx, out, mean, rstd, res, weight, bias, N, C,
+ * eps, dt) on the same device: the CPU runs those two bodies in turn; CUDA
+ * runs one kernel (a block per row) that reads a and b once, stores res
+ * and takes both passes' statistics from the rounded res in the unfused
+ * kernel's order. out, res, a, b (N, C), weight and bias (C): dt on
+ * ctx->device; mean and rstd written (=). res may alias a or b (in place);
+ * out may not alias res, a or b (TS_ERR_INVALID_ARGUMENT); other pairs
+ * must not overlap. No workspace. N == 0 does nothing; C == 0 with N > 0
+ * is TS_ERR_INVALID_ARGUMENT. CPU and CUDA. */
+ts_status ts_k_add_layernorm_forward(const ts_kctx *ctx, void *out, float *mean, float *rstd,
+                                     void *res, const void *a, const void *b, const void *weight,
+                                     const void *bias, size_t N, size_t C, float eps, ts_dtype dt);
+
 /* Which GELU (Hendrycks & Gimpel 2016): Hugging Face hidden_act "gelu" or
  * "gelu_new". */
 typedef enum ts_gelu_kind {
@@ -647,7 +761,11 @@ ts_status ts_k_token_types(const ts_kctx *ctx, int32_t *types, const int32_t *to
  * bf16/fp16 each row's log-sum-exp and the key flags (see the causal op);
  * CUDA fp32: the probabilities P (B, NH, T, T), masked entries 0.
  * Workspace as the backward's. Masked keys' q, k, v values do not change
- * out (as long as they are finite). */
+ * out (as long as they are finite). CUDA bf16/fp16 (both passes): cuDNN's
+ * fused kernels with each row's key count as its key length where the
+ * row's padding is a suffix (ids[b, j] == pad_id exactly for j >= the
+ * count), and the plain kernels' math for the other rows, chosen on the
+ * device without a host sync (kernels/cuda/attention_bidir.cu). */
 ts_status ts_k_attention_bidir_forward(const ts_kctx *ctx, void *out, void *state, const void *q,
                                        const void *k, const void *v, const int32_t *ids,
                                        int32_t pad_id, size_t B, size_t T, size_t NH, size_t HS,

@@ -36,6 +36,11 @@ static const k_op OP_LAYERNORM_BACKWARD = {"ts_k_layernorm_backward",
                                            {"dout", "inp", "mean", "rstd", "weight"},
                                            3,
                                            {"dinp", "dweight", "dbias"}};
+static const k_op OP_ADD_LAYERNORM_FORWARD = {
+    "ts_k_add_layernorm_forward",
+    1,
+    8,
+    {"out", "mean", "rstd", "res", "a", "b", "weight", "bias"}};
 
 ts_status ts_k_layernorm_forward(const ts_kctx *ctx, void *out, float *mean, float *rstd,
                                  const void *inp, const void *weight, const void *bias, size_t N,
@@ -49,6 +54,20 @@ ts_status ts_k_layernorm_forward(const ts_kctx *ctx, void *out, float *mean, flo
               .conflict = k_no_alias(out, inp, "out", "inp", op)};
   K_RUN(OP_LAYERNORM_FORWARD, c, layernorm_forward, ctx, out, mean, rstd, inp, weight, bias, N, C,
         eps, dt);
+}
+
+ts_status ts_k_add_layernorm_forward(const ts_kctx *ctx, void *out, float *mean, float *rstd,
+                                     void *res, const void *a, const void *b, const void *weight,
+                                     const void *bias, size_t N, size_t C, float eps, ts_dtype dt) {
+  const char *op = OP_ADD_LAYERNORM_FORWARD.name;
+  k_call c = {ctx,
+              {dt},
+              .invalid = N ? k_norm_channels(C, op) : TS_OK,
+              .empty = N == 0,
+              .ptrs = {out, mean, rstd, res, a, b, weight, bias},
+              .conflict = k_add_norm_alias(out, res, a, b, op)};
+  K_RUN(OP_ADD_LAYERNORM_FORWARD, c, add_layernorm_forward, ctx, out, mean, rstd, res, a, b,
+        weight, bias, N, C, eps, dt);
 }
 
 /* dinp, dweight, dbias: NULL skips (all three NULL: nothing to do). */

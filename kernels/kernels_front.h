@@ -186,6 +186,18 @@ static inline ts_status k_norm_channels(size_t C, const char *op) {
              : TS_OK;
 }
 
+/* The pointer rule of a residual add fused with the norm after it
+ * (ts_k_add_rmsnorm_forward: kernels.c; ts_k_add_layernorm_forward:
+ * kernels_encoder.c): the sum res may alias a or b, the normalised out
+ * none of res, a and b. */
+static inline ts_status k_add_norm_alias(const void *out, const void *res, const void *a,
+                                         const void *b, const char *op) {
+  ts_status s = k_no_alias(out, res, "out", "res", op);
+  if (s == TS_OK) s = k_no_alias(out, a, "out", "a", op);
+  if (s == TS_OK) s = k_no_alias(out, b, "out", "b", op);
+  return s;
+}
+
 /* The scalar rule every attention pass shares (causal: kernels.c;
  * bidirectional, NKV = NH: kernels_encoder.c): NKV >= 1 dividing NH. */
 static inline ts_status k_attention_heads(size_t NH, size_t NKV, const char *op) {

@@ -215,8 +215,32 @@ AttnRef AttentionRef(const std::vector<float> &q, const std::vector<float> &k,
                      const std::vector<float> &v, size_t NKV, ts_dtype dt,
                      const std::vector<int32_t> &ids, ts_dtype pv_dt);
 
+// The outputs of one run of a residual add and a norm, fused or not, on
+// kN x kC, poisoned: out and res (kN, kC) of dt; n_stats fp32 (kN)
+// statistics (RMSNorm: rstd; LayerNorm: mean, rstd).
+struct AddNormRun {
+  DevPtr out, res, stat[2];
+  int n_stats;
+  AddNormRun(Backend &b, ts_dtype dt, int n)
+      : out(b.Poisoned(kN * kC, dt)), res(b.Poisoned(kN * kC, dt)), n_stats(n) {
+    for (int i = 0; i < n; i++) stat[i] = b.Poisoned(kN, TS_FP32);
+  }
+};
+// Checks res (kN x kC of dt on b) bit for bit against ts_k_add's
+// arithmetic on the host (each a[i] + c[i] in fp32, rounded once to dt)
+// and returns that sum: the norm's input.
+std::vector<float> ExpectAddRes(Backend &b, ts_dtype dt, const std::vector<float> &a,
+                                const std::vector<float> &c, const Dev &res);
+// Every output of run got bit for bit run want's.
+void ExpectSameBits(Backend &b, ts_dtype dt, const AddNormRun &got, const AddNormRun &want,
+                    const char *what);
+
 // The cases of the model's layers (kernels_parity_layers.cc).
 ts_status RmsnormForward(Backend &b, ts_dtype dt, Rng &rng);
+// ts_k_add_rmsnorm_forward: res bit for bit ts_k_add's, out and rstd
+// within RMSNorm's bounds of res, and every output bit for bit the same
+// op with res aliasing a and ts_k_add then ts_k_rmsnorm_forward on b.
+ts_status AddRmsnormForward(Backend &b, ts_dtype dt, Rng &rng);
 ts_status RmsnormBackward(Backend &b, ts_dtype dt, Rng &rng);
 // HS: kHS on the parity shapes, or another head size on a short batch.
 ts_status Rope(Backend &b, ts_dtype dt, Rng &rng, int backward, size_t HS = kHS);
@@ -240,6 +264,8 @@ ts_status CrossEntropyFused(Backend &b, ts_dtype dt, Rng &rng);
 
 // The cases of the BERT-class encoder ops (kernels_parity_encoder.cc).
 ts_status LayernormForward(Backend &b, ts_dtype dt, Rng &rng);
+// ts_k_add_layernorm_forward, checked as AddRmsnormForward.
+ts_status AddLayernormForward(Backend &b, ts_dtype dt, Rng &rng);
 ts_status LayernormBackward(Backend &b, ts_dtype dt, Rng &rng);
 ts_status Gelu(Backend &b, ts_dtype dt, Rng &rng, ts_gelu_kind kind, int backward);
 ts_status BiasAdd(Backend &b, ts_dtype dt, Rng &rng);

@@ -1,6 +1,7 @@
 // kernels_parity_encoder.cc — the parity cases of the BERT-class encoder
-// ops: LayerNorm, GELU (erf and tanh), bias, token types (bidirectional
-// attention shares the attention cases of kernels_parity_layers.cc).
+// ops: LayerNorm (and the residual add fused with it), GELU (erf and
+// tanh), bias, token types (bidirectional attention shares the attention
+// cases of kernels_parity_layers.cc).
 // Method and bounds: kernels_parity_test.cc.
 #include "kernels/kernels_parity.h"
 
@@ -31,13 +32,11 @@ static LnStats Stats(const std::vector<float> &x) {
   return s;
 }
 
-ts_status LayernormForward(Backend &b, ts_dtype dt, Rng &rng) {
-  std::vector<float> x = Input(rng, kN * kC, dt, -2, 3), w = Input(rng, kC, dt, 0.5f, 1.5f),
-                     bias = Input(rng, kC, dt);
-  DevPtr dx = b.Up(x, dt), dw = b.Up(w, dt), db = b.Up(bias, dt), dy = b.Poisoned(kN * kC, dt);
-  DevPtr dm = b.Poisoned(kN, TS_FP32), dr = b.Poisoned(kN, TS_FP32);
-  RUN_OR_RETURN(ts_k_layernorm_forward(b.ctx(), dy->p, dm->as<float>(), dr->as<float>(), dx->p,
-                                       dw->p, db->p, kN, kC, kLnEps, dt));
+// LayerNorm forward's out (dy), mean (dm) and rstd (dr) of input x,
+// weight w and bias on b against the double reference.
+static void ExpectLayernorm(Backend &b, ts_dtype dt, const std::vector<float> &x,
+                            const std::vector<float> &w, const std::vector<float> &bias,
+                            const Dev &dy, const Dev &dm, const Dev &dr) {
   LnStats s = Stats(x);
   std::vector<double> ref(kN * kC), tol(kN * kC), tm(kN), tr(kN);
   for (size_t n = 0; n < kN; n++) {
@@ -56,9 +55,48 @@ ts_status LayernormForward(Backend &b, ts_dtype dt, Rng &rng) {
                dm_ * s.rstd[n] * std::fabs(w[c]);
     }
   }
-  Expect("out", b.Down(*dy, kN * kC, dt), ref, tol);
-  Expect("mean", b.Down(*dm, kN, TS_FP32), s.mean, tm);
-  Expect("rstd", b.Down(*dr, kN, TS_FP32), s.rstd, tr);
+  Expect("out", b.Down(dy, kN * kC, dt), ref, tol);
+  Expect("mean", b.Down(dm, kN, TS_FP32), s.mean, tm);
+  Expect("rstd", b.Down(dr, kN, TS_FP32), s.rstd, tr);
+}
+
+ts_status LayernormForward(Backend &b, ts_dtype dt, Rng &rng) {
+  std::vector<float> x = Input(rng, kN * kC, dt, -2, 3), w = Input(rng, kC, dt, 0.5f, 1.5f),
+                     bias = Input(rng, kC, dt);
+  DevPtr dx = b.Up(x, dt), dw = b.Up(w, dt), db = b.Up(bias, dt), dy = b.Poisoned(kN * kC, dt);
+  DevPtr dm = b.Poisoned(kN, TS_FP32), dr = b.Poisoned(kN, TS_FP32);
+  RUN_OR_RETURN(ts_k_layernorm_forward(b.ctx(), dy->p, dm->as<float>(), dr->as<float>(), dx->p,
+                                       dw->p, db->p, kN, kC, kLnEps, dt));
+  ExpectLayernorm(b, dt, x, w, bias, *dy, *dm, *dr);
+  return TS_OK;
+}
+
+// A run of ts_k_add_layernorm_forward on b: r's outputs from a + c, r's
+// res (aliasing a when a is r's res).
+static ts_status AddLayernorm(Backend &b, ts_dtype dt, const AddNormRun &r, const Dev &a,
+                              const Dev &c, const Dev &w, const Dev &bias) {
+  return ts_k_add_layernorm_forward(b.ctx(), r.out->p, r.stat[0]->as<float>(),
+                                    r.stat[1]->as<float>(), r.res->p, a.p, c.p, w.p, bias.p, kN,
+                                    kC, kLnEps, dt);
+}
+
+ts_status AddLayernormForward(Backend &b, ts_dtype dt, Rng &rng) {
+  std::vector<float> x = Input(rng, kN * kC, dt, -1, 2), y = Input(rng, kN * kC, dt),
+                     w = Input(rng, kC, dt, 0.5f, 1.5f), bias = Input(rng, kC, dt);
+  DevPtr dx = b.Up(x, dt), dy = b.Up(y, dt), dw = b.Up(w, dt), db = b.Up(bias, dt);
+  AddNormRun fused(b, dt, 2), in_place(b, dt, 2), unfused(b, dt, 2);
+  RUN_OR_RETURN(AddLayernorm(b, dt, fused, *dx, *dy, *dw, *db));
+  ExpectLayernorm(b, dt, ExpectAddRes(b, dt, x, y, *fused.res), w, bias, *fused.out,
+                  *fused.stat[0], *fused.stat[1]);
+  // res aliasing a (a residual stream updated in place), and the two ops apart
+  in_place.res = b.Up(x, dt);
+  RUN_OR_RETURN(AddLayernorm(b, dt, in_place, *in_place.res, *dy, *dw, *db));
+  RUN_OR_RETURN(ts_k_add(b.ctx(), unfused.res->p, dx->p, dy->p, kN * kC, dt));
+  RUN_OR_RETURN(ts_k_layernorm_forward(b.ctx(), unfused.out->p, unfused.stat[0]->as<float>(),
+                                       unfused.stat[1]->as<float>(), unfused.res->p, dw->p, db->p,
+                                       kN, kC, kLnEps, dt));
+  ExpectSameBits(b, dt, fused, in_place, "res aliasing a");
+  ExpectSameBits(b, dt, fused, unfused, "ts_k_add then the norm");
   return TS_OK;
 }
 

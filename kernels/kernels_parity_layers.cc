@@ -1,6 +1,7 @@
 // kernels_parity_layers.cc — the parity cases of the model's layers:
-// RMSNorm, RoPE, attention (causal GQA and MQA; bidirectional with padded
-// keys), SwiGLU, cross-entropy (method and bounds: kernels_parity_test.cc).
+// RMSNorm (and the residual add fused with it), RoPE, attention (causal
+// GQA and MQA; bidirectional with padded keys), SwiGLU, cross-entropy
+// (method and bounds: kernels_parity_test.cc).
 #include "kernels/kernels_parity.h"
 
 namespace ts_parity {
@@ -20,12 +21,10 @@ std::vector<double> Rstd(const std::vector<float> &x) {
   return r;
 }
 
-ts_status RmsnormForward(Backend &b, ts_dtype dt, Rng &rng) {
-  std::vector<float> x = Input(rng, kN * kC, dt, -2, 2), w = Input(rng, kC, dt, 0.5f, 1.5f);
-  DevPtr dx = b.Up(x, dt), dw = b.Up(w, dt), dy = b.Poisoned(kN * kC, dt);
-  DevPtr dr = b.Poisoned(kN, TS_FP32);
-  RUN_OR_RETURN(ts_k_rmsnorm_forward(b.ctx(), dy->p, dr->as<float>(), dx->p, dw->p, kN, kC, kEps,
-                                     dt));
+// RMSNorm forward's out (dy) and rstd (dr) of input x, weight w on b
+// against the double reference.
+static void ExpectRmsnorm(Backend &b, ts_dtype dt, const std::vector<float> &x,
+                          const std::vector<float> &w, const Dev &dy, const Dev &dr) {
   std::vector<double> r = Rstd(x), ref(kN * kC), tol(kN * kC), tr(kN);
   for (size_t n = 0; n < kN; n++) {
     tr[n] = (kC + 8) * kU32 * r[n];  // C squares summed, then / + sqrt and 1/
@@ -35,8 +34,64 @@ ts_status RmsnormForward(Backend &b, ts_dtype dt, Rng &rng) {
       tol[n * kC + c] = Eta(dt) + (U(dt) + (kC + 12) * kU32) * std::fabs(o);  // a product: relative
     }
   }
-  Expect("out", b.Down(*dy, kN * kC, dt), ref, tol);
-  Expect("rstd", b.Down(*dr, kN, TS_FP32), r, tr);
+  Expect("out", b.Down(dy, kN * kC, dt), ref, tol);
+  Expect("rstd", b.Down(dr, kN, TS_FP32), r, tr);
+}
+
+ts_status RmsnormForward(Backend &b, ts_dtype dt, Rng &rng) {
+  std::vector<float> x = Input(rng, kN * kC, dt, -2, 2), w = Input(rng, kC, dt, 0.5f, 1.5f);
+  DevPtr dx = b.Up(x, dt), dw = b.Up(w, dt), dy = b.Poisoned(kN * kC, dt);
+  DevPtr dr = b.Poisoned(kN, TS_FP32);
+  RUN_OR_RETURN(ts_k_rmsnorm_forward(b.ctx(), dy->p, dr->as<float>(), dx->p, dw->p, kN, kC, kEps,
+                                     dt));
+  ExpectRmsnorm(b, dt, x, w, *dy, *dr);
+  return TS_OK;
+}
+
+std::vector<float> ExpectAddRes(Backend &b, ts_dtype dt, const std::vector<float> &a,
+                                const std::vector<float> &c, const Dev &res) {
+  std::vector<float> sum(a.size());
+  for (size_t i = 0; i < a.size(); i++) sum[i] = a[i] + c[i];  // fp32
+  sum = ts_test::round_to(sum, dt);
+  ExpectBits("res", b.DownBytes(res, Bytes(sum.size(), dt)), HostBytes(sum, dt));
+  return sum;
+}
+
+void ExpectSameBits(Backend &b, ts_dtype dt, const AddNormRun &got, const AddNormRun &want,
+                    const char *what) {
+  SCOPED_TRACE(what);
+  ExpectBits("out", b.DownBytes(*got.out, Bytes(kN * kC, dt)),
+             b.DownBytes(*want.out, Bytes(kN * kC, dt)));
+  ExpectBits("res", b.DownBytes(*got.res, Bytes(kN * kC, dt)),
+             b.DownBytes(*want.res, Bytes(kN * kC, dt)));
+  for (int i = 0; i < got.n_stats; i++)
+    ExpectBits(i + 1 < got.n_stats ? "mean" : "rstd", b.DownBytes(*got.stat[i], kN * 4),
+               b.DownBytes(*want.stat[i], kN * 4));
+}
+
+// A run of ts_k_add_rmsnorm_forward on b: r's outputs from a + c, r's res
+// (aliasing a when a is r's res).
+static ts_status AddRmsnorm(Backend &b, ts_dtype dt, const AddNormRun &r, const Dev &a,
+                            const Dev &c, const Dev &w) {
+  return ts_k_add_rmsnorm_forward(b.ctx(), r.out->p, r.stat[0]->as<float>(), r.res->p, a.p, c.p,
+                                  w.p, kN, kC, kEps, dt);
+}
+
+ts_status AddRmsnormForward(Backend &b, ts_dtype dt, Rng &rng) {
+  std::vector<float> x = Input(rng, kN * kC, dt), y = Input(rng, kN * kC, dt),
+                     w = Input(rng, kC, dt, 0.5f, 1.5f);
+  DevPtr dx = b.Up(x, dt), dy = b.Up(y, dt), dw = b.Up(w, dt);
+  AddNormRun fused(b, dt, 1), in_place(b, dt, 1), unfused(b, dt, 1);
+  RUN_OR_RETURN(AddRmsnorm(b, dt, fused, *dx, *dy, *dw));
+  ExpectRmsnorm(b, dt, ExpectAddRes(b, dt, x, y, *fused.res), w, *fused.out, *fused.stat[0]);
+  // res aliasing a (a residual stream updated in place), and the two ops apart
+  in_place.res = b.Up(x, dt);
+  RUN_OR_RETURN(AddRmsnorm(b, dt, in_place, *in_place.res, *dy, *dw));
+  RUN_OR_RETURN(ts_k_add(b.ctx(), unfused.res->p, dx->p, dy->p, kN * kC, dt));
+  RUN_OR_RETURN(ts_k_rmsnorm_forward(b.ctx(), unfused.out->p, unfused.stat[0]->as<float>(),
+                                     unfused.res->p, dw->p, kN, kC, kEps, dt));
+  ExpectSameBits(b, dt, fused, in_place, "res aliasing a");
+  ExpectSameBits(b, dt, fused, unfused, "ts_k_add then the norm");
   return TS_OK;
 }
 

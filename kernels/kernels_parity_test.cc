@@ -320,6 +320,7 @@ const std::vector<Case> &Cases() {
       {"embedding_backward_long_runs", EmbeddingBackwardLongRuns},
       {"rmsnorm_forward", RmsnormForward},
       {"rmsnorm_backward", RmsnormBackward},
+      {"add_rmsnorm_forward", AddRmsnormForward},
       {"rope_forward", [](Backend &b, ts_dtype dt, Rng &r) { return Rope(b, dt, r, 0); }},
       {"rope_backward", [](Backend &b, ts_dtype dt, Rng &r) { return Rope(b, dt, r, 1); }},
       // The largest head size the front accepts, on every backend.
@@ -359,6 +360,7 @@ const std::vector<Case> &Cases() {
       // The BERT-class encoder ops.
       {"layernorm_forward", LayernormForward},
       {"layernorm_backward", LayernormBackward},
+      {"add_layernorm_forward", AddLayernormForward},
       {"gelu_erf_forward",
        [](Backend &b, ts_dtype dt, Rng &r) { return Gelu(b, dt, r, TS_GELU_ERF, 0); }},
       {"gelu_erf_backward",

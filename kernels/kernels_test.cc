@@ -295,6 +295,30 @@ TEST(Workspace, QueriesAreExact) {
   EXPECT_EQ(ts_k_attention_state_bytes(TS_DEVICE_CPU, 2, 10, 4, 2, 8, TS_FP16), 340u);
 }
 
+// The CUDA queries are pure functions, answered on a machine without a GPU
+// (a GPU run is planned anywhere). bf16 attention at bert-base's shape (B
+// 256, T 128, NH 12, HS 64): the bidirectional op's key lengths, 9 B bytes
+// rounded to 256, beside cuDNN's bound (kernels/cuda/attention_cudnn.h:
+// B NH Tp^2 2 + B NH Tp HS 4 + 2 B NH Tp 4 + 16 MiB = 221249536), and no
+// longer its (B, 1, T, T) bias (8 MiB more). The embedding backward's
+// sort: two buffers of N uint64 keys and CUB's scratch (a few KiB at
+// these sizes), the same in every dtype and never less for more positions.
+TEST(Workspace, CudaQueriesNeedNoGpu) {
+  EXPECT_EQ(ts_k_attention_workspace_bytes(TS_DEVICE_CUDA, 256, 128, 12, 12, 64, TS_BF16),
+            2304u + 221249536u);
+  size_t last = 0;
+  for (size_t N : {1, 74, 601, 5000, 32768, 32769}) {
+    size_t keys = 2 * ((N * 8 + 63) / 64 * 64);
+    size_t w = ts_k_embedding_workspace_bytes(TS_DEVICE_CUDA, N, TS_FP32);
+    EXPECT_GE(w, keys) << N;
+    EXPECT_LE(w, keys + (64u << 10)) << N;
+    EXPECT_GE(w, last) << N;
+    EXPECT_EQ(w, ts_k_embedding_workspace_bytes(TS_DEVICE_CUDA, N, TS_BF16)) << N;
+    last = w;
+  }
+  EXPECT_EQ(ts_k_embedding_workspace_bytes(TS_DEVICE_CUDA, 0, TS_FP16), 0u);
+}
+
 TEST(Workspace, TooSmallReturnsOutOfMemoryAndTouchesNothing) {
   const size_t B = 1, T = 6, NH = 2, NKV = 1, HS = 4;
   Rng rng(10);

@@ -37,6 +37,15 @@
   /* M, K > 0; N > 0; dinp or dweight non-NULL */                                                 \
   X(linear_backward, (const ts_kctx *ctx, void *dinp, void *dweight, const void *dout,            \
       const void *inp, const void *weight, size_t M, size_t N, size_t K, ts_dtype dt))            \
+  /* fp8 (kernels.h "fp8 linear layer"): dt bf16 for the linear ops, ctx->wgrad NULL */       \
+  X(fp8_quantize, (const ts_kctx *ctx, uint8_t *out, float *scale_inv, const void *inp,          \
+      size_t R, size_t C, int transpose, ts_fp8_format fmt, ts_fp8_scaling scaling,              \
+      ts_dtype dt))                                                                               \
+  X(linear_fp8_forward, (const ts_kctx *ctx, void *out, const void *inp, const void *weight,      \
+      size_t M, size_t N, size_t K, ts_fp8_scaling scaling, ts_dtype dt))                         \
+  X(linear_fp8_backward, (const ts_kctx *ctx, void *dinp, void *dweight, const void *dout,        \
+      const void *inp, const void *weight, size_t M, size_t N, size_t K, ts_fp8_scaling scaling,  \
+      ts_dtype dt))                                                                               \
   /* receives C == 0 (tokens still checked) */                                                    \
   X(embedding_forward, (const ts_kctx *ctx, void *out, const int32_t *tokens, const void *wte,    \
       size_t N, size_t C, size_t V, ts_dtype dt))                                                 \
@@ -47,6 +56,8 @@
       const void *weight, size_t N, size_t C, float eps, ts_dtype dt))                            \
   X(rmsnorm_backward, (const ts_kctx *ctx, void *dinp, void *dweight, const void *dout,           \
       const void *inp, const void *weight, const float *rstd, size_t N, size_t C, ts_dtype dt))   \
+  X(add_rmsnorm_forward, (const ts_kctx *ctx, void *out, float *rstd, void *res, const void *a,   \
+      const void *b, const void *weight, size_t N, size_t C, float eps, ts_dtype dt))             \
   X(rope_forward, (const ts_kctx *ctx, void *out, const void *x, size_t B, size_t T, size_t H,    \
       size_t HS, float theta, ts_dtype dt))                                                       \
   X(rope_backward, (const ts_kctx *ctx, void *dx, const void *dout, size_t B, size_t T,           \
@@ -85,6 +96,9 @@
   X(layernorm_backward, (const ts_kctx *ctx, void *dinp, void *dweight, void *dbias,              \
       const void *dout, const void *inp, const void *weight, const float *mean,                   \
       const float *rstd, size_t N, size_t C, ts_dtype dt))                                        \
+  X(add_layernorm_forward, (const ts_kctx *ctx, void *out, float *mean, float *rstd, void *res,   \
+      const void *a, const void *b, const void *weight, const void *bias, size_t N, size_t C,     \
+      float eps, ts_dtype dt))                                                                    \
   X(gelu_forward, (const ts_kctx *ctx, void *out, const void *inp, size_t n, ts_gelu_kind kind,   \
       ts_dtype dt))                                                                               \
   X(gelu_backward, (const ts_kctx *ctx, void *dinp, const void *dout, const void *inp, size_t n,  \

@@ -426,16 +426,14 @@ static ts_status block_forward(const ts_model *m, const ts_unit *un, const ts_kc
                                         m->pad_token_id, d.B, d.T, d.NH, d.HS, dt));
   /* BertSelfOutput: LayerNorm(dense(att) + x) */
   TS_CHECK(linear(&k, s.s1, s.att, W(B_O_W), W(B_O_B), N, C, C, dt));
-  TS_CHECK(ts_k_add(&k, s.s1, s.s1, a->x, N * C, dt));
-  TS_CHECK(ts_k_layernorm_forward(&k, s.h1, s.mean1, s.rstd1, s.s1, W(B_LN1_W), W(B_LN1_B), N, C,
-                                  eps, dt));
+  TS_CHECK(ts_k_add_layernorm_forward(&k, s.h1, s.mean1, s.rstd1, s.s1, s.s1, a->x, W(B_LN1_W),
+                                      W(B_LN1_B), N, C, eps, dt)); /* s1 += x, in place */
   /* BertIntermediate, BertOutput: LayerNorm(dense(gelu(dense(h1))) + h1) */
   TS_CHECK(linear(&k, s.ipre, s.h1, W(B_I_W), W(B_I_B), N, I, C, dt));
   TS_CHECK(ts_k_gelu_forward(&k, s.g, s.ipre, N * I, c->act, dt));
   TS_CHECK(linear(&k, s.s2, s.g, W(B_OUT_W), W(B_OUT_B), N, C, I, dt));
-  TS_CHECK(ts_k_add(&k, s.s2, s.s2, s.h1, N * C, dt));
-  return ts_k_layernorm_forward(&k, a->y, s.mean2, s.rstd2, s.s2, W(B_LN2_W), W(B_LN2_B), N, C,
-                                eps, dt);
+  return ts_k_add_layernorm_forward(&k, a->y, s.mean2, s.rstd2, s.s2, s.s2, s.h1, W(B_LN2_W),
+                                    W(B_LN2_B), N, C, eps, dt); /* s2 += h1, in place */
 }
 
 static ts_status block_backward(const ts_model *m, const ts_unit *un, const ts_kctx *ctx,
@@ -493,39 +491,71 @@ static ts_status decoder(const ts_unit *un, const void *p, void *g, const ts_uni
 }
 
 /* ---- the head on the masked rows only ------------------------------------------
- * In training on the CPU, the head runs on the R rows whose target is not
+ * In training, the head runs on the R rows whose target is not
  * TS_IGNORE_INDEX (a masked LM's ~15%), gathered in row order, as NVIDIA's
- * BERT does: the transform, GELU, LayerNorm, decoder and loss of the other
- * rows are never computed (their loss gradient is 0, so they add nothing
- * but exact zeros to the parameters' gradients, and their input gradient is
- * 0). Rows are gathered by the embedding lookup (a row gather) and the
- * input gradient scattered back on the host, so this runs on the CPU only.
- * The saved buffers and the temporaries keep their N-row sizes (the
- * plan does not know R) and use their first R rows. The full path runs
- * when nothing or everything is masked, in evaluation (the logits of every
- * row are read), under a plan context and on GPUs. */
+ * BERT does (--dense_seq_output): the transform, GELU, LayerNorm, decoder
+ * and loss of the other rows are never computed (their loss gradient is 0,
+ * so they add nothing but exact zeros to the parameters' gradients, and
+ * their input gradient is 0). The rows are picked on the host from
+ * a->host_targets, and what the device needs of them moves there by
+ * ts_k_from_host, made on the stack a piece at a time: forward's targets
+ * and indices, backward's indices and each row's place among them. Both
+ * row moves are the embedding lookup, a copy of stored bits on every
+ * device: the gather of the R rows' inputs, and the scatter of their input
+ * gradient, which gathers dx's row n from a table of those R gradient rows
+ * and a zero row after them (row R, for the rows without a target). The
+ * saved buffers and the temporaries keep their N-row sizes (the plan does
+ * not know R) and use their first R rows (backward: row R of s.t too).
+ * The full path runs without host targets, when nothing or everything is
+ * masked, in evaluation (the logits of every row are read) and under a
+ * plan context (which counts no targets). */
 
-/* R, and the masked rows' indices (rows != NULL) and targets (tgt != NULL),
- * in row order. */
-static size_t masked_rows(const int32_t *targets, size_t N, int32_t *rows, int32_t *tgt) {
-  size_t R = 0;
+/* What upload_rows makes from the host targets. */
+typedef enum rows_kind {
+  ROWS_TARGETS, /* (R) the masked rows' targets, in row order */
+  ROWS_INDICES, /* (R) their row indices, in row order */
+  ROWS_PLACES,  /* (N) each row's place among them: r for the r-th, R for the others */
+} rows_kind;
+
+/* Int32 values made on the host a piece at a time (16 KiB of stack). */
+enum { ROWS_PIECE = 4096 };
+
+/* dst (ctx's device) = the array `kind` of the N host targets h_targets,
+ * R of them masked. Each piece has left the stack when ts_k_from_host
+ * returns (kernels.h), so nothing here outlives the call. */
+static ts_status upload_rows(const ts_kctx *k, int32_t *dst, const int32_t *h_targets, size_t N,
+                             size_t R, rows_kind kind) {
+  int32_t piece[ROWS_PIECE];
+  size_t m = 0, r = 0, done = 0;
   for (size_t n = 0; n < N; n++) {
-    if (targets[n] == TS_IGNORE_INDEX) continue;
-    if (rows) rows[R] = (int32_t)n;
-    if (tgt) tgt[R] = targets[n];
-    R++;
+    int masked = h_targets[n] != TS_IGNORE_INDEX;
+    if (kind == ROWS_PLACES)
+      piece[m++] = (int32_t)(masked ? r : R);
+    else if (masked)
+      piece[m++] = kind == ROWS_TARGETS ? h_targets[n] : (int32_t)n;
+    r += (size_t)masked;
+    if (m == ROWS_PIECE || (m > 0 && n + 1 == N)) {
+      TS_CHECK(ts_k_from_host(k, dst + done, piece, m * sizeof(int32_t)));
+      done += m;
+      m = 0;
+    }
   }
-  return R;
+  return TS_OK;
 }
 
-/* Whether this call runs the head on the masked rows only; *R their number.
- * Forward keeps the row losses, targets and indices (4 N + 8 R bytes) in
- * temps a (N C elements): C elements of a row hold 12 bytes. */
-static int head_compact(const ts_kctx *ctx, const ts_unit_args *a, const dims *d, size_t *R) {
-  if (!a->fused_loss_grad || ctx->device != TS_DEVICE_CPU || (ctx->flags & TS_K_PLAN)) return 0;
-  if (d->C * ts_dtype_size(a->dt) < 3 * sizeof(int32_t)) return 0;
-  *R = masked_rows(a->targets, d->N, NULL, NULL);
-  return *R > 0 && *R < d->N;
+/* *R = the rows this call runs the head on: the masked rows in training
+ * with host targets, N (every row) otherwise or when none or all are
+ * masked. Forward keeps the row losses, targets and indices (4 N + 8 R
+ * bytes) in temps a, backward the indices and places (4 R + 4 N) in s.g,
+ * both N C elements: C elements of a row must hold 12 bytes. */
+static ts_status head_rows(const ts_kctx *ctx, const ts_unit_args *a, const dims *d, size_t *R) {
+  *R = d->N;
+  if (!a->fused_loss_grad || !a->host_targets) return TS_OK;
+  if (d->C * ts_dtype_size(a->dt) < 3 * sizeof(int32_t)) return TS_OK;
+  size_t masked;
+  TS_CHECK(ts_k_count_targets(ctx, &masked, a->host_targets, d->N)); /* a plan: 0 */
+  if (masked > 0) *R = masked;
+  return TS_OK;
 }
 
 static ts_status head_forward(const ts_model *m, const ts_unit *un, const ts_kctx *ctx,
@@ -540,16 +570,18 @@ static ts_status head_forward(const ts_model *m, const ts_unit *un, const ts_kct
   const void *w = NULL;
   TS_CHECK(decoder(un, p, NULL, a, &w, NULL));
   /* masked rows only: their inputs gathered into t.b; their targets and
-   * indices after the N row losses in t.a (head_compact checked the room) */
-  size_t N = d.N, R = 0;
+   * indices after the N row losses in t.a (head_rows checked the room) */
+  size_t N;
+  TS_CHECK(head_rows(ctx, a, &d, &N));
   const void *x = a->x;
   const int32_t *targets = a->targets;
   float *rows = t.a;
-  if (head_compact(ctx, a, &d, &R)) {
-    int32_t *tgt = (int32_t *)(rows + d.N), *idx = tgt + R;
-    masked_rows(a->targets, d.N, idx, tgt);
-    TS_CHECK(ts_k_embedding_forward(&k, t.b, idx, a->x, R, d.C, d.N, dt)); /* a row gather */
-    N = R, x = t.b, targets = tgt;
+  if (N < d.N) {
+    int32_t *tgt = (int32_t *)(rows + d.N), *idx = tgt + N;
+    TS_CHECK(upload_rows(&k, tgt, a->host_targets, d.N, N, ROWS_TARGETS));
+    TS_CHECK(upload_rows(&k, idx, a->host_targets, d.N, N, ROWS_INDICES));
+    TS_CHECK(ts_k_embedding_forward(&k, t.b, idx, a->x, N, d.C, d.N, dt)); /* a row gather */
+    x = t.b, targets = tgt;
   }
   /* BertPredictionHeadTransform, then the decoder with its bias */
   TS_CHECK(linear(&k, s.t, x, W(H_T_W), W(H_T_B), N, d.C, d.C, dt));
@@ -576,9 +608,8 @@ static ts_status head_backward(const ts_model *m, const ts_unit *un, const ts_kc
   const void *w = NULL;
   void *gw = NULL;
   TS_CHECK(decoder(un, p, g, a, &w, &gw));
-  size_t N = d.N, R = 0, es = ts_dtype_size(dt);
-  int compact = head_compact(ctx, a, &d, &R);
-  if (compact) N = R; /* forward's first R rows of every buffer */
+  size_t N, es = ts_dtype_size(dt);
+  TS_CHECK(head_rows(ctx, a, &d, &N)); /* < d.N: forward's first N rows of every buffer */
   size_t NC = N * d.C;
   void *d_h = t.a, *d_g = t.b;
   if (!a->fused_loss_grad) /* else forward left the gradient in place of the logits */
@@ -589,20 +620,19 @@ static ts_status head_backward(const ts_model *m, const ts_unit *un, const ts_kc
   TS_CHECK(ts_k_layernorm_backward(&k, d_g, G(H_LN_W), G(H_LN_B), d_h, s.g, W(H_LN_W), s.mean,
                                    s.rstd, N, d.C, dt));
   TS_CHECK(ts_k_gelu_backward(&k, d_g, d_g, s.t, NC, c->act, dt));
-  if (!compact)
+  if (N == d.N)
     return linear_back(&k, a->dx, G(H_T_W), G(H_T_B), d_g, a->x, W(H_T_W), d.N, d.C, d.C, dt);
-  /* the masked rows' indices (into s.g, read by the LayerNorm backward
-   * above and done with), their inputs again (into d_h, done with), their
-   * input gradient (into s.t, done with), scattered into dx, whose other
-   * rows are 0 */
-  int32_t *idx = (int32_t *)s.g;
-  masked_rows(a->targets, d.N, idx, NULL);
-  TS_CHECK(ts_k_embedding_forward(&k, d_h, idx, a->x, R, d.C, d.N, dt)); /* a row gather */
-  TS_CHECK(linear_back(&k, s.t, G(H_T_W), G(H_T_B), d_g, d_h, W(H_T_W), R, d.C, d.C, dt));
-  TS_CHECK(ts_k_zero(&k, a->dx, d.N * d.C * es));
-  for (size_t r = 0; r < R; r++)
-    memcpy((char *)a->dx + (size_t)idx[r] * d.C * es, (const char *)s.t + r * d.C * es, d.C * es);
-  return TS_OK;
+  /* the masked rows' indices and every row's place (into s.g, read by the
+   * LayerNorm backward above and done with), their inputs again (into d_h,
+   * done with), their input gradient and a zero row (into s.t, done with),
+   * each row of dx gathered from those by its place */
+  int32_t *idx = (int32_t *)s.g, *place = idx + N;
+  TS_CHECK(upload_rows(&k, idx, a->host_targets, d.N, N, ROWS_INDICES));
+  TS_CHECK(upload_rows(&k, place, a->host_targets, d.N, N, ROWS_PLACES));
+  TS_CHECK(ts_k_embedding_forward(&k, d_h, idx, a->x, N, d.C, d.N, dt)); /* a row gather */
+  TS_CHECK(linear_back(&k, s.t, G(H_T_W), G(H_T_B), d_g, d_h, W(H_T_W), N, d.C, d.C, dt));
+  TS_CHECK(ts_k_zero(&k, (char *)s.t + NC * es, d.C * es));
+  return ts_k_embedding_forward(&k, a->dx, place, s.t, d.N, d.C, N + 1, dt); /* a row scatter */
 }
 
 static const ts_unit_ops embedding_ops = {

@@ -256,14 +256,21 @@ static size_t head_temps_bytes(const dims *d, ts_dtype dt) {
 static size_t max2(size_t a, size_t b) { return a > b ? a : b; }
 
 /* Largest kernel workspace any op of a unit asks for. */
-static size_t kernel_ws(const dims *d, ts_unit_role kind, ts_dtype dt, ts_device dev) {
+/* A block's linear layer's workspace: fp8's when the model trains in fp8. */
+static size_t lin_ws(ts_device dev, size_t M, size_t N, size_t K, ts_dtype dt, ts_fp8_scaling f8) {
+  return f8 ? ts_k_linear_fp8_workspace_bytes(dev, M, N, K, f8)
+            : ts_k_linear_workspace_bytes(dev, M, N, K, dt);
+}
+
+static size_t kernel_ws(const dims *d, ts_unit_role kind, ts_dtype dt, ts_device dev,
+                        ts_fp8_scaling f8) {
   size_t w = 0;
   if (kind == TS_UNIT_BLOCK) {
-    w = max2(w, ts_k_linear_workspace_bytes(dev, d->N, d->QD, d->C, dt));
-    w = max2(w, ts_k_linear_workspace_bytes(dev, d->N, d->KVD, d->C, dt));
-    w = max2(w, ts_k_linear_workspace_bytes(dev, d->N, d->C, d->QD, dt));
-    w = max2(w, ts_k_linear_workspace_bytes(dev, d->N, d->I, d->C, dt));
-    w = max2(w, ts_k_linear_workspace_bytes(dev, d->N, d->C, d->I, dt));
+    w = max2(w, lin_ws(dev, d->N, d->QD, d->C, dt, f8));
+    w = max2(w, lin_ws(dev, d->N, d->KVD, d->C, dt, f8));
+    w = max2(w, lin_ws(dev, d->N, d->C, d->QD, dt, f8));
+    w = max2(w, lin_ws(dev, d->N, d->I, d->C, dt, f8));
+    w = max2(w, lin_ws(dev, d->N, d->C, d->I, dt, f8));
     w = max2(w, ts_k_attention_workspace_bytes(dev, d->B, d->T, d->NH, d->NKV, d->HS, dt));
     w = max2(w, ts_k_rmsnorm_workspace_bytes(dev, d->N, d->C, dt));
   } else if (kind == TS_UNIT_HEAD) {
@@ -299,7 +306,7 @@ static size_t unit_saved(const ts_model *m, const ts_unit *u, size_t B, size_t T
 static size_t unit_workspace(const ts_model *m, const ts_unit *u, size_t B, size_t T,
                              ts_dtype dt, ts_device dev) {
   dims d = get_dims(m, B, T);
-  return temps_bytes(&d, u->role, dt) + kernel_ws(&d, u->role, dt, dev);
+  return temps_bytes(&d, u->role, dt) + kernel_ws(&d, u->role, dt, dev, m->fp8);
 }
 
 static void *head_logits(const ts_model *m, const ts_unit *u, void *saved, size_t B, size_t T,
@@ -321,20 +328,36 @@ static ts_status split_ws(const ts_kctx *ctx, size_t temps, size_t need, ts_kctx
   return ts_family_split_ws(ctx, temps, need, kctx, "llama", what);
 }
 
+/* A block's linear layer, forward and backward (ts_k_linear_*): fp8
+ * products when the model trains in fp8 (ts_model.fp8; the blocks'
+ * projections only, as torchao converts them: the head, norms, attention
+ * and embeddings stay in dt). */
+static ts_status lin(const ts_kctx *k, ts_fp8_scaling f8, void *out, const void *inp,
+                     const void *w, size_t M, size_t N, size_t K, ts_dtype dt) {
+  return f8 ? ts_k_linear_fp8_forward(k, out, inp, w, M, N, K, f8, dt)
+            : ts_k_linear_forward(k, out, inp, w, M, N, K, dt);
+}
+
+static ts_status lin_back(const ts_kctx *k, ts_fp8_scaling f8, void *dinp, void *dw,
+                          const void *dout, const void *inp, const void *w, size_t M, size_t N,
+                          size_t K, ts_dtype dt) {
+  return f8 ? ts_k_linear_fp8_backward(k, dinp, dw, dout, inp, w, M, N, K, f8, dt)
+            : ts_k_linear_backward(k, dinp, dw, dout, inp, w, M, N, K, dt);
+}
+
 /* The block after its attention (s->att written): the output projection,
  * the residual, the MLP and its residual into y (N, C). */
 static ts_status block_after_attention(const ts_kctx *k, const ts_unit *un, const void *p,
                                        const dims *d, const block_saved *s, const void *x, void *y,
-                                       float eps, ts_dtype dt) {
-  TS_CHECK(ts_k_linear_forward(k, s->xmid, s->att, tensor(un, B_WO, p, dt), d->N, d->C, d->QD, dt));
-  TS_CHECK(ts_k_add(k, s->xmid, s->xmid, x, d->N * d->C, dt));
-  TS_CHECK(ts_k_rmsnorm_forward(k, s->xn2, s->rstd2, s->xmid, tensor(un, B_LN2, p, dt), d->N,
-                                d->C, eps, dt));
-  TS_CHECK(
-      ts_k_linear_forward(k, s->gate, s->xn2, tensor(un, B_WGATE, p, dt), d->N, d->I, d->C, dt));
-  TS_CHECK(ts_k_linear_forward(k, s->up, s->xn2, tensor(un, B_WUP, p, dt), d->N, d->I, d->C, dt));
+                                       float eps, ts_fp8_scaling f8, ts_dtype dt) {
+  TS_CHECK(lin(k, f8, s->xmid, s->att, tensor(un, B_WO, p, dt), d->N, d->C, d->QD, dt));
+  /* xmid = xmid + x in place, then its RMSNorm: one op (ts_k_add's and the norm's bits) */
+  TS_CHECK(ts_k_add_rmsnorm_forward(k, s->xn2, s->rstd2, s->xmid, s->xmid, x,
+                                    tensor(un, B_LN2, p, dt), d->N, d->C, eps, dt));
+  TS_CHECK(lin(k, f8, s->gate, s->xn2, tensor(un, B_WGATE, p, dt), d->N, d->I, d->C, dt));
+  TS_CHECK(lin(k, f8, s->up, s->xn2, tensor(un, B_WUP, p, dt), d->N, d->I, d->C, dt));
   TS_CHECK(ts_k_swiglu_forward(k, s->h, s->gate, s->up, d->N * d->I, dt));
-  TS_CHECK(ts_k_linear_forward(k, y, s->h, tensor(un, B_WDOWN, p, dt), d->N, d->C, d->I, dt));
+  TS_CHECK(lin(k, f8, y, s->h, tensor(un, B_WDOWN, p, dt), d->N, d->C, d->I, dt));
   return ts_k_add(k, y, y, s->xmid, d->N * d->C, dt);
 }
 
@@ -350,14 +373,14 @@ static ts_status block_forward(const ts_model *m, const ts_unit *un, const ts_kc
   float eps = c->rms_norm_eps, theta = c->rope_theta;
   TS_CHECK(ts_k_rmsnorm_forward(&k, s.xn1, s.rstd1, a->x, tensor(un, B_LN1, p, dt), d.N, d.C, eps,
                                 dt));
-  TS_CHECK(ts_k_linear_forward(&k, s.q, s.xn1, tensor(un, B_WQ, p, dt), d.N, d.QD, d.C, dt));
-  TS_CHECK(ts_k_linear_forward(&k, s.k, s.xn1, tensor(un, B_WK, p, dt), d.N, d.KVD, d.C, dt));
-  TS_CHECK(ts_k_linear_forward(&k, s.v, s.xn1, tensor(un, B_WV, p, dt), d.N, d.KVD, d.C, dt));
+  TS_CHECK(lin(&k, m->fp8, s.q, s.xn1, tensor(un, B_WQ, p, dt), d.N, d.QD, d.C, dt));
+  TS_CHECK(lin(&k, m->fp8, s.k, s.xn1, tensor(un, B_WK, p, dt), d.N, d.KVD, d.C, dt));
+  TS_CHECK(lin(&k, m->fp8, s.v, s.xn1, tensor(un, B_WV, p, dt), d.N, d.KVD, d.C, dt));
   TS_CHECK(ts_k_rope_forward(&k, s.q, s.q, d.B, d.T, d.NH, d.HS, theta, dt));
   TS_CHECK(ts_k_rope_forward(&k, s.k, s.k, d.B, d.T, d.NKV, d.HS, theta, dt));
   TS_CHECK(ts_k_attention_forward(&k, s.att, s.att_state, s.q, s.k, s.v, d.B, d.T, d.NH, d.NKV, d.HS,
                                   dt));
-  return block_after_attention(&k, un, p, &d, &s, a->x, a->y, eps, dt);
+  return block_after_attention(&k, un, p, &d, &s, a->x, a->y, eps, m->fp8, dt);
 }
 
 static ts_status block_backward(const ts_model *m, const ts_unit *un, const ts_kctx *ctx,
@@ -374,29 +397,29 @@ static ts_status block_backward(const ts_model *m, const ts_unit *un, const ts_k
   size_t NC = d.N * d.C;
   /* MLP: y = xmid + down(silu(gate) * up) */
   TS_CHECK(ts_k_cast(&k, t.d_xmid, dt, a->dy, dt, NC));
-  TS_CHECK(ts_k_linear_backward(&k, t.d_h, tensor(un, B_WDOWN, g, dt), a->dy, s.h,
+  TS_CHECK(lin_back(&k, m->fp8, t.d_h, tensor(un, B_WDOWN, g, dt), a->dy, s.h,
                                 tensor(un, B_WDOWN, p, dt), d.N, d.C, d.I, dt));
   TS_CHECK(ts_k_swiglu_backward(&k, t.d_gate, t.d_up, t.d_h, s.gate, s.up, d.N * d.I, dt));
-  TS_CHECK(ts_k_linear_backward(&k, t.d_xn, tensor(un, B_WGATE, g, dt), t.d_gate, s.xn2,
+  TS_CHECK(lin_back(&k, m->fp8, t.d_xn, tensor(un, B_WGATE, g, dt), t.d_gate, s.xn2,
                                 tensor(un, B_WGATE, p, dt), d.N, d.I, d.C, dt));
-  TS_CHECK(ts_k_linear_backward(&k, t.d_tmp, tensor(un, B_WUP, g, dt), t.d_up, s.xn2,
+  TS_CHECK(lin_back(&k, m->fp8, t.d_tmp, tensor(un, B_WUP, g, dt), t.d_up, s.xn2,
                                 tensor(un, B_WUP, p, dt), d.N, d.I, d.C, dt));
   TS_CHECK(ts_k_add(&k, t.d_xn, t.d_xn, t.d_tmp, NC, dt));
   TS_CHECK(ts_k_rmsnorm_backward(&k, t.d_xmid, tensor(un, B_LN2, g, dt), t.d_xn, s.xmid,
                                  tensor(un, B_LN2, p, dt), s.rstd2, d.N, d.C, dt));
   /* attention: xmid = x + o(attn(rope(q(xn1)), rope(k(xn1)), v(xn1))) */
-  TS_CHECK(ts_k_linear_backward(&k, t.d_att, tensor(un, B_WO, g, dt), t.d_xmid, s.att,
+  TS_CHECK(lin_back(&k, m->fp8, t.d_att, tensor(un, B_WO, g, dt), t.d_xmid, s.att,
                                 tensor(un, B_WO, p, dt), d.N, d.C, d.QD, dt));
   TS_CHECK(ts_k_attention_backward(&k, t.dq, t.dk, t.dv, t.d_att, s.att, s.q, s.k, s.v,
                                    s.att_state, d.B, d.T, d.NH, d.NKV, d.HS, dt));
   TS_CHECK(ts_k_rope_backward(&k, t.dq, t.dq, d.B, d.T, d.NH, d.HS, theta, dt));
   TS_CHECK(ts_k_rope_backward(&k, t.dk, t.dk, d.B, d.T, d.NKV, d.HS, theta, dt));
-  TS_CHECK(ts_k_linear_backward(&k, t.d_xn, tensor(un, B_WQ, g, dt), t.dq, s.xn1,
+  TS_CHECK(lin_back(&k, m->fp8, t.d_xn, tensor(un, B_WQ, g, dt), t.dq, s.xn1,
                                 tensor(un, B_WQ, p, dt), d.N, d.QD, d.C, dt));
-  TS_CHECK(ts_k_linear_backward(&k, t.d_tmp, tensor(un, B_WK, g, dt), t.dk, s.xn1,
+  TS_CHECK(lin_back(&k, m->fp8, t.d_tmp, tensor(un, B_WK, g, dt), t.dk, s.xn1,
                                 tensor(un, B_WK, p, dt), d.N, d.KVD, d.C, dt));
   TS_CHECK(ts_k_add(&k, t.d_xn, t.d_xn, t.d_tmp, NC, dt));
-  TS_CHECK(ts_k_linear_backward(&k, t.d_tmp, tensor(un, B_WV, g, dt), t.dv, s.xn1,
+  TS_CHECK(lin_back(&k, m->fp8, t.d_tmp, tensor(un, B_WV, g, dt), t.dv, s.xn1,
                                 tensor(un, B_WV, p, dt), d.N, d.KVD, d.C, dt));
   TS_CHECK(ts_k_add(&k, t.d_xn, t.d_xn, t.d_tmp, NC, dt));
   TS_CHECK(ts_k_cast(&k, a->dx, dt, t.d_xmid, dt, NC));
@@ -522,7 +545,7 @@ static ts_status block_decode(const ts_model *m, const ts_unit *un, const ts_kct
   TS_CHECK(ts_k_rope_forward_at(&k, s.q, s.q, d.T, a->pos0, d.NH, d.HS, theta, dt));
   TS_CHECK(ts_k_rope_forward_at(&k, kn, kn, d.T, a->pos0, d.NKV, d.HS, theta, dt));
   TS_CHECK(ts_k_attention_cached(&k, s.att, s.q, kc, vc, d.T, a->pos0, d.NH, d.NKV, d.HS, dt));
-  return block_after_attention(&k, un, p, &d, &s, a->x, a->y, eps, dt);
+  return block_after_attention(&k, un, p, &d, &s, a->x, a->y, eps, TS_FP8_OFF, dt);
 }
 
 /* head_forward of the newest row only: its norm and logits, no loss. */

@@ -115,6 +115,31 @@ ts_status ts_model_load(const char *path, ts_model *out) {
   return st;
 }
 
+ts_status ts_model_set_fp8(ts_model *m, ts_fp8_scaling scaling, ts_dtype dt) {
+  if (scaling == TS_FP8_OFF) {
+    m->fp8 = TS_FP8_OFF;
+    return TS_OK;
+  }
+  const char *name = ts_fp8_scaling_name(scaling);
+  if (!name) return ts_set_error(TS_ERR_INVALID_ARGUMENT, "`fp8` %d: not a scaling", (int)scaling);
+  if (strcmp(m->family->model_type, "llama") != 0)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "`fp8` %s: %s is a %s model: fp8 linear layers exist for llama models only",
+                        name, ts_model_origin(m), m->family->model_type);
+  if (dt != TS_BF16)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "`fp8` %s: `dtype` %s: expected bf16", name,
+                        ts_dtype_name(dt));
+  /* every block product's M (B x T rows) is checked by the kernel; its
+   * widths are the model's, known now */
+  size_t C = m->hidden_size;
+  if (C % 16)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "`fp8` %s: %s: hidden_size %zu: expected a multiple of 16 (fp8 products)",
+                        name, ts_model_origin(m), C);
+  m->fp8 = scaling;
+  return TS_OK;
+}
+
 void ts_model_free(ts_model *m) {
   if (m->family && m->family->free) m->family->free(m);
   free(m->units);

@@ -15,8 +15,8 @@
  * saved activations into caller buffers of the declared saved bytes; both
  * passes take scratch only from ctx->workspace (the declared workspace
  * bytes for ctx->device). Every pointer in ts_unit_args lives on
- * ctx->device. Backward accumulates (+=) into parameter gradients and
- * writes (=) the input's gradient.
+ * ctx->device but host_targets (host memory). Backward accumulates (+=)
+ * into parameter gradients and writes (=) the input's gradient.
  *
  * Initialisation is shared by every family (ts_model_init_unit): each
  * tensor is filled from a stream seeded by (seed, tensor name) alone, so
@@ -83,13 +83,18 @@ typedef enum ts_objective {
 } ts_objective;
 
 /* Arguments of one unit call. Pointers a unit does not use are NULL; every
- * pointer is on the ctx's device. B, T: micro-batch and sequence length. */
+ * pointer but host_targets is on the ctx's device. B, T: micro-batch and
+ * sequence length. */
 typedef struct ts_unit_args {
   size_t B, T;
   ts_dtype dt;             /* storage dtype of params, activations, grads */
   const int32_t *tokens;   /* (B, T) the micro-batch's input ids, given to every unit (the
                               first embeds them; an encoder's blocks mask padded keys) */
   const int32_t *targets;  /* (B, T) last unit's targets, -100 = ignore */
+  const int32_t *host_targets; /* (B, T) the same targets in host memory, unchanged from a
+                              forward to its backward, or NULL; read by a last unit that
+                              picks its rows on the host (BERT's head in training: the
+                              masked rows only), which without them runs every row */
   const void *x;           /* (B, T, C) input of every unit but the first (kept by the engine) */
   void *y;                 /* (B, T, C) output of every unit but the last */
   void *saved;             /* the unit's saved bytes */
@@ -220,6 +225,10 @@ struct ts_model {
   ts_objective objective; /* what its targets are */
   int32_t pad_token_id;   /* masked LM: the id whose keys attention masks; -1 none */
   int32_t sep_token_id;   /* masked LM: the id that ends a segment (token types); -1 none */
+  ts_fp8_scaling fp8;     /* the blocks' linear layers' products in fp8 (kernels.h "fp8
+                             linear layer"); TS_FP8_OFF (0) as loaded. Set before the model's
+                             workspace is sized (the engine's create): it changes that size.
+                             LLaMA only (ts_model_set_fp8) */
   int n_units;
   ts_unit *units;     /* owned; [0] the first unit ... [n_units - 1] the last */
   void *impl;         /* the family's own config (owned by the family) */
@@ -246,6 +255,15 @@ ts_status ts_model_parse(const char *json, const char *source, ts_model *out);
 
 /* Reads and parses a config.json file (TS_ERR_IO if unreadable). */
 ts_status ts_model_load(const char *path, ts_model *out);
+
+/* Trains m's blocks' linear layers with fp8 products of the given scaling
+ * (kernels.h "fp8 linear layer"; TS_FP8_OFF: none), before anything sizes
+ * its workspace. TS_ERR_INVALID_ARGUMENT, m unchanged: a family without an
+ * fp8 path (LLaMA only), a compute dtype other than bf16, or a hidden
+ * width that is not a multiple of 16 (the fp8 products' layout rule), each
+ * in one line naming `fp8`. The other widths and B x T meet the same rule
+ * in the kernels' checks, which the memory plan runs before any step. */
+ts_status ts_model_set_fp8(ts_model *m, ts_fp8_scaling scaling, ts_dtype dt);
 
 /* Frees what the model owns; m may be loaded again. A zeroed m is fine. */
 void ts_model_free(ts_model *m);

@@ -38,8 +38,11 @@
 #                   (default ROOT/data/kjv-mlm, made by tools/kjv.sh --mlm)
 #   MODELS          runs as MODEL:BxT, space-separated
 #                   (default "llama-124m:32x1024 llama-1.1b:8x2048 bert-base:256x128")
-#   IMPLS           any of tessera, torch-eager, torch-compile, gemm
-#                   (default all four)
+#   IMPLS           any of tessera, tessera-fp8, torch-eager, torch-compile, gemm
+#                   (default tessera, torch-eager, torch-compile, gemm);
+#                   tessera-fp8 is tessera with --fp8 $FP8 (llama models)
+#   FP8             the scaling of tessera-fp8: tensorwise or rowwise
+#                   (default tensorwise)
 #   WARMUP          untimed steps per run (default 5)
 #   PYTHON          the python3 holding torch and transformers (default python3)
 #   TESSERA_FLAGS   extra flags for tessera train (e.g. --activation-checkpointing all)
@@ -57,6 +60,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STEPS="${1:-20}"
 WARMUP="${WARMUP:-5}"
+FP8="${FP8:-tensorwise}"
 MODELS="${MODELS:-llama-124m:32x1024 llama-1.1b:8x2048 bert-base:256x128}"
 IMPLS="${IMPLS:-tessera torch-eager torch-compile gemm}"
 PYTHON="${PYTHON:-python3}"
@@ -70,8 +74,8 @@ PEER_BERT="$ROOT/tools/peer/torch_bert.py"
 }
 for impl in $IMPLS; do
   case "$impl" in
-    tessera | torch-eager | torch-compile | gemm) ;;
-    *) echo "bench_gpu: IMPLS: unknown '$impl' (tessera, torch-eager, torch-compile, gemm)" >&2; exit 2 ;;
+    tessera | tessera-fp8 | torch-eager | torch-compile | gemm) ;;
+    *) echo "bench_gpu: IMPLS: unknown '$impl' (tessera, tessera-fp8, torch-eager, torch-compile, gemm)" >&2; exit 2 ;;
   esac
 done
 wants() { [[ " $IMPLS " == *" $1 "* ]]; }
@@ -157,14 +161,17 @@ for spec in $MODELS; do
   config="$(config_of "$model")"
   peer=("$PYTHON" "$PEER") data="$DATA"
   if is_bert "$model"; then peer=("$PYTHON" "$PEER_BERT" --device cuda) data="$DATA_MLM"; fi
-  if wants tessera; then
-    m="$LOGS/tessera-$name.jsonl"
+  for impl in tessera tessera-fp8; do
+    wants "$impl" || continue
+    fp8=()
+    [[ "$impl" == tessera-fp8 ]] && fp8=(--fp8 "$FP8")
+    m="$LOGS/$impl-$name.jsonl"
     # shellcheck disable=SC2086 # TESSERA_FLAGS is a list of flags
-    run tessera "$model" "$b" "$t" "$m" "$LOGS/tessera-$name.log" -- \
+    run "$impl" "$model" "$b" "$t" "$m" "$LOGS/$impl-$name.log" -- \
       "$BIN" train --device cuda --model "$model" --dtype bf16 --micro-batch "$b" --seq "$t" \
       --global-batch "$b" --steps "$STEPS" --data "$data" --metrics "$m" --log-every 1 \
-      --lr 3e-4 --eval-batches 1 ${TESSERA_FLAGS:-}
-  fi
+      --lr 3e-4 --eval-batches 1 "${fp8[@]}" ${TESSERA_FLAGS:-}
+  done
   for mode in eager compile; do
     wants "torch-$mode" || continue
     r="$LOGS/torch-$mode-$name"
@@ -237,7 +244,7 @@ for line in open(runs):
     try:
         if rc != "0":
             raise RuntimeError(f"exit {rc}: {last_line(log)}")
-        if impl == "tessera":
+        if impl.startswith("tessera"):
             row.update(tessera_row(model, int(b), int(t), result, log))
         else:
             got = json.loads(open(result).read().strip().splitlines()[-1])
@@ -275,10 +282,10 @@ for r in rows:
               f"{r['step_ms']:.1f} | {r['mfu']:.1%} | {r['peak_bytes'] / GiB:.2f} |")
 print()
 for r in rows:
-    if r["ok"] and r["impl"] == "tessera" and "overhead_bytes" in r:
+    if r["ok"] and r["impl"].startswith("tessera") and "overhead_bytes" in r:
         print(f"tessera {r['model']}: {r['overhead_bytes'] / GiB:.2f} GiB of device memory "
               f"outside the ledger (device_bytes.overhead: CUDA context, library workspaces)")
-    elif r["ok"] and r["impl"] == "tessera":
+    elif r["ok"] and r["impl"].startswith("tessera"):
         print(f"tessera {r['model']}: {r['peak_note']}")
 print(f"{len(rows)} run{'' if len(rows) == 1 else 's'}, {failed} failed; rows in {out}")
 sys.exit(1 if failed else 0)

@@ -42,6 +42,7 @@ static const struct {
     {"min_loss_scale", "--min-loss-scale"},
     {"loss_scale_window", "--loss-scale-window"},
     {"recompute_every", "--activation-checkpointing"},
+    {"fp8", "--fp8"},
     {"keep_gathered", "--reshard-after-forward"},
     {"offload_dir", "--offload-dir"},
     {"offload_piece", "--offload-piece"},

@@ -18,6 +18,10 @@
 #                                  llama-2-7b bf16 with --offload optimizer
 #                                  (tokens/s, MFU, device and host peaks
 #                                  beside the plan)
+#   DIR/run_fp8.sh [STEPS]         on the GPU machine: tools/bench_fp8.sh, llama-1.1b
+#                                  bf16 against --fp8 tensorwise and rowwise
+#                                  (tokens/s and loss after STEPS, 200, with
+#                                  the verdict lines of issue 46's targets)
 #   DIR/run_bench.sh [STEPS]       on the GPU machine: tools/bench_gpu.sh,
 #                                  tessera against PyTorch (which must be
 #                                  there: python3 with torch and transformers);
@@ -76,12 +80,13 @@ tools/kjv.sh bazel-bin/tools/tessera --mlm >/dev/null ||
 # compiles at run time) and cuBLASLt's heuristics (once per product shape).
 # Each limit is several times that estimate; unlisted binaries get 120 s.
 # run.sh runs them in this order (the lower layers first), others after.
-ORDER=(cuda_smoke_test kernels_cuda_test kernels_parity_gpu_test hf_parity_gpu_test engine_gpu_test
-  staged_gpu_test nccl_gpu_test)
+ORDER=(cuda_smoke_test kernels_cuda_test kernels_parity_gpu_test bert_head_gpu_test
+  hf_parity_gpu_test engine_gpu_test staged_gpu_test nccl_gpu_test)
 declare -A LIMIT=(
   [cuda_smoke_test]=60
   [kernels_cuda_test]=60
   [kernels_parity_gpu_test]=120
+  [bert_head_gpu_test]=60
   [hf_parity_gpu_test]=120
   [engine_gpu_test]=180
   [staged_gpu_test]=180
@@ -270,7 +275,7 @@ chmod +x "$DIR/mpirun"
 # Presets, the benchmark, the PyTorch peer and the KJV token folder.
 mkdir -p "$DIR/models" "$DIR/tools/peer"
 cp -r models/configs "$DIR/models/"
-cp tools/bench_gpu.sh tools/bench_overlap.sh tools/bench_offload_gpu.sh "$DIR/tools/"
+cp tools/bench_gpu.sh tools/bench_fp8.sh tools/bench_overlap.sh tools/bench_offload_gpu.sh "$DIR/tools/"
 cp tools/peer/torch_llama.py tools/peer/torch_bert.py "$DIR/tools/peer/"
 # The tests' data, at the paths they open relative to their working
 # directory (Bazel's runfiles root there; the bundle's root here).
@@ -299,6 +304,19 @@ export DATA_MLM="${DATA_MLM:-$B/data/kjv-mlm}"
 exec "$B/tools/bench_gpu.sh" "$@"
 EOF
 chmod +x "$DIR/run_bench.sh"
+
+cat >"$DIR/run_fp8.sh" <<'EOF'
+#!/usr/bin/env bash
+# tools/bench_fp8.sh from this bundle (made by tools/gpu_bundle.sh): llama
+# bf16 against --fp8 tensorwise and rowwise on this machine's GPU, with the
+# verdict lines of issue 46's fp8 targets. Arguments and environment as
+# bench_fp8.sh's (STEPS; MODEL, BENCH_LOGS).
+B="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >&2 || true
+export TESSERA_BIN="$B/tessera" TESSERA_HOME="$B" DATA="${DATA:-$B/data/kjv}"
+exec "$B/tools/bench_fp8.sh" "$@"
+EOF
+chmod +x "$DIR/run_fp8.sh"
 
 cat >"$DIR/run_offload.sh" <<'EOF'
 #!/usr/bin/env bash

@@ -59,6 +59,7 @@ const ts_k_backend ts_k_cpu_backend = {
     .attention_state_bytes = ts_cpu_attention_state_bytes,
     .layernorm_workspace_bytes = ts_cpu_layernorm_workspace_bytes,
     .bias_workspace_bytes = ts_cpu_bias_workspace_bytes,
+    .linear_fp8_workspace_bytes = ts_cpu_linear_fp8_workspace_bytes,
 /* the ops of kernels/ops.h */
 #define TS_CPU_ENTRY(name, params) .name = ts_cpu_##name,
     TS_K_OPS(TS_CPU_ENTRY)

@@ -210,6 +210,7 @@ size_t ts_cpu_attention_state_bytes(size_t B, size_t T, size_t NH, size_t NKV, s
                                     ts_dtype dt);
 size_t ts_cpu_layernorm_workspace_bytes(size_t N, size_t C, ts_dtype dt);
 size_t ts_cpu_bias_workspace_bytes(size_t N, size_t C, ts_dtype dt);
+size_t ts_cpu_linear_fp8_workspace_bytes(size_t M, size_t N, size_t K, ts_fp8_scaling scaling);
 
 /* The ops of kernels/ops.h, ts_cpu_NAME, one body each in this folder. */
 #define TS_CPU_DECLARE(name, params) ts_status ts_cpu_##name params;

@@ -2,7 +2,8 @@
  * layernorm.c — the CPU bodies of the encoder's per-channel affine ops:
  * LayerNorm (Ba et al. 2016, eq. 4; torch.nn.LayerNorm with its biased
  * variance) and the bias of a linear layer (nn.Linear's + b), forward and
- * backward.
+ * backward, and the residual add fused with LayerNorm's forward
+ * (ts_k_add_layernorm_forward: ts_k_add's body, then forward's).
  *
  * LayerNorm, per row with mean m and rstd r = 1 / sqrt(var + eps):
  *   out = (x - m) * r * weight + bias
@@ -99,6 +100,16 @@ ts_status ts_cpu_layernorm_forward(const ts_kctx *ctx, void *out, float *mean, f
   for (ptrdiff_t n = 0; n < (ptrdiff_t)N; n++)
     TS_DT_CALL(dt, ln_fwd_row, out, mean, rstd, inp, weight, bias, C, eps, (size_t)n);
   return TS_OK;
+}
+
+/* ts_k_add, then LayerNorm of the sum: the two bodies in turn, so the bits
+ * are the unfused ops' by construction. */
+ts_status ts_cpu_add_layernorm_forward(const ts_kctx *ctx, void *out, float *mean, float *rstd,
+                                       void *res, const void *a, const void *b, const void *weight,
+                                       const void *bias, size_t N, size_t C, float eps,
+                                       ts_dtype dt) {
+  TS_CHECK(ts_cpu_add(ctx, res, a, b, N * C, dt));
+  return ts_cpu_layernorm_forward(ctx, out, mean, rstd, res, weight, bias, N, C, eps, dt);
 }
 
 /* One row of backward: dinp's row (if dinp), and the row's terms added to

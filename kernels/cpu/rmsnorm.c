@@ -1,6 +1,8 @@
 /*
  * rmsnorm.c — the CPU body of RMSNorm (Zhang & Sennrich 2019, eq. 4; Hugging Face
- * LlamaRMSNorm): out = weight * inp / sqrt(mean(inp^2) + eps).
+ * LlamaRMSNorm): out = weight * inp / sqrt(mean(inp^2) + eps), and the
+ * residual add fused with its forward (ts_k_add_rmsnorm_forward: ts_k_add's
+ * body, then forward's).
  *
  * Invariants:
  * - Statistics are fp32: rstd (N) is saved by forward for backward.
@@ -48,6 +50,15 @@ ts_status ts_cpu_rmsnorm_forward(const ts_kctx *ctx, void *out, float *rstd, con
     rstd[n] = r;
   }
   return TS_OK;
+}
+
+/* ts_k_add, then RMSNorm of the sum: the two bodies in turn, so the bits
+ * are the unfused ops' by construction. */
+ts_status ts_cpu_add_rmsnorm_forward(const ts_kctx *ctx, void *out, float *rstd, void *res,
+                                     const void *a, const void *b, const void *weight, size_t N,
+                                     size_t C, float eps, ts_dtype dt) {
+  TS_CHECK(ts_cpu_add(ctx, res, a, b, N * C, dt));
+  return ts_cpu_rmsnorm_forward(ctx, out, rstd, res, weight, N, C, eps, dt);
 }
 
 /* One row of backward: dinp[row] += r g - (r^3/C) inp sum(g inp). */

@@ -1,9 +1,10 @@
 /*
  * attention_cudnn.cpp — causal grouped-query attention, and bidirectional
- * attention with an additive key-padding bias, in bf16/fp16 through
- * cuDNN's fused flash attention (SDPA forward and backward), built with
- * NVIDIA's cudnn-frontend graph API (@cudnn_frontend, header-only C++) and
- * offered to C through kernels/cuda/attention_cudnn.h.
+ * attention with a key padding mask (per-sequence lengths, or an additive
+ * bias), in bf16/fp16 through cuDNN's fused flash attention (SDPA forward
+ * and backward), built with NVIDIA's cudnn-frontend graph API
+ * (@cudnn_frontend, header-only C++) and offered to C through
+ * kernels/cuda/attention_cudnn.h.
  *
  * Host code only (g++, not nvcc): it describes each pass as a one-node
  * cuDNN graph (Q, K, V in, O and Stats out; or the backward node), lets
@@ -75,14 +76,19 @@ enum : int64_t {
   UID_DK,
   UID_DV,
   UID_BIAS,
+  UID_SEQ_Q,
+  UID_SEQ_KV,
 };
+
+/* How a graph masks its scores (ts_cudnn_mask). */
+enum MaskKind { MASK_CAUSAL = 0, MASK_BIAS = 1, MASK_LENGTHS = 2 };
 
 /* The shape of one call, as cuDNN's int64 dimensions. */
 struct Dims {
   int64_t b, t, nh, nkv, hs; /* B, T, NH, NKV, HS */
   fe::DataType_t io;         /* BFLOAT16 or HALF */
   const char *dt_name;       /* "bf16" or "fp16", for messages */
-  bool bias;                 /* an additive (B, 1, T, T) bias instead of the causal mask */
+  MaskKind mask;             /* causal, an additive (B, 1, T, T) bias, or sequence lengths */
 };
 
 /* A built graph and the workspace bytes its chosen plan needs. */
@@ -91,8 +97,8 @@ struct Plan {
   int64_t workspace_bytes = 0;
 };
 
-/* Cache key: (handle, B, T, NH, NKV, HS, dt, direction, bias). */
-typedef std::tuple<void *, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, bool> Key;
+/* Cache key: (handle, B, T, NH, NKV, HS, dt, direction, mask kind). */
+typedef std::tuple<void *, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int> Key;
 typedef std::map<Key, std::shared_ptr<const Plan>> Cache;
 
 /* The mutex, the graph cache and the handles by CUDA ordinal. Allocated
@@ -133,7 +139,8 @@ std::string where(const char *pass, const Dims &d) {
   char buf[192];
   snprintf(buf, sizeof buf, "cudnn attention %s (B=%lld T=%lld NH=%lld NKV=%lld HS=%lld %s, %s)",
            pass, (long long)d.b, (long long)d.t, (long long)d.nh, (long long)d.nkv, (long long)d.hs,
-           d.dt_name, d.bias ? "key bias" : "causal");
+           d.dt_name,
+           d.mask == MASK_BIAS ? "key bias" : d.mask == MASK_LENGTHS ? "key lengths" : "causal");
   return buf;
 }
 
@@ -161,11 +168,17 @@ ts_status exception_status(const char *pass, const Dims &d, const char *what) {
                       one_line(what).c_str());
 }
 
-/* Checks what both passes share and fills *d (d->bias: whether a bias
- * is given). */
+/* Checks what both passes share and fills *d (d->mask: the kind of mask). */
 ts_status check_call(const ts_kctx *ctx, size_t B, size_t T, size_t NH, size_t NKV, size_t HS,
-                     ts_dtype dt, const void *bias, const char *pass, Dims *d) {
-  d->bias = bias != nullptr;
+                     ts_dtype dt, const ts_cudnn_mask *mask, const char *pass, Dims *d) {
+  const bool bias = mask && mask->bias, lengths = mask && (mask->seq_q || mask->seq_kv);
+  d->mask = bias ? MASK_BIAS : lengths ? MASK_LENGTHS : MASK_CAUSAL;
+  if (bias && lengths)
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "cudnn attention %s: the mask has both a bias and sequence lengths", pass);
+  if (lengths && !(mask->seq_q && mask->seq_kv))
+    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
+                        "cudnn attention %s: the mask needs both seq_q and seq_kv", pass);
   if (!ctx) return ts_set_error(TS_ERR_INVALID_ARGUMENT, "cudnn attention %s: ctx is NULL", pass);
   if (ctx->device != TS_DEVICE_CUDA)
     return ts_set_error(TS_ERR_INVALID_USAGE, "cudnn attention %s: ctx is on device %s, not cuda",
@@ -253,6 +266,34 @@ fe::graph::Tensor_attributes bias_tensor(const Dims &d) {
   return t;
 }
 
+/* A (B, 1, 1, 1) int32 sequence-length tensor (one length per batch row). */
+fe::graph::Tensor_attributes seq_len_tensor(const char *name, int64_t uid, const Dims &d) {
+  fe::graph::Tensor_attributes t;
+  t.set_name(name)
+      .set_uid(uid)
+      .set_data_type(fe::DataType_t::INT32)
+      .set_dim({d.b, 1, 1, 1})
+      .set_stride({1, 1, 1, 1});
+  return t;
+}
+
+/* Sets the mask of d on either pass's attributes: causal (top-left), the
+ * additive bias, or cuDNN's padding mask from the two length tensors. */
+template <typename Attributes>
+void set_mask(Attributes &opts, fe::graph::Graph &g, const Dims &d) {
+  if (d.mask == MASK_BIAS) {
+    opts.set_bias(g.tensor(bias_tensor(d))); /* S = scale * Q K^T + Bias */
+  } else if (d.mask == MASK_LENGTHS) {
+    opts.set_padding_mask(true)
+        .set_seq_len_q(g.tensor(seq_len_tensor("seq_len_q", UID_SEQ_Q, d)))
+        .set_seq_len_kv(g.tensor(seq_len_tensor("seq_len_kv", UID_SEQ_KV, d)));
+  } else {
+    /* Causal, top-left aligned: key j is kept for query i iff j <= i + 0
+     * (set_causal_mask does the same but is marked for deprecation). */
+    opts.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
+  }
+}
+
 /* The (B, NH, T, 1) fp32 row statistics, contiguous as (B, NH, T). */
 void set_stats(fe::graph::Tensor_attributes &t, const Dims &d) {
   t.set_uid(UID_STATS)
@@ -291,8 +332,8 @@ ts_status build(Plan *plan, cudnnHandle_t h, const char *pass, const Dims &d) {
   return TS_OK;
 }
 
-/* The forward graph: (O, Stats) = SDPA(Q, K, V), causal or with the
- * bias added to the scaled scores, training mode. */
+/* The forward graph: (O, Stats) = SDPA(Q, K, V), causal, with the bias
+ * added to the scaled scores, or with the padding mask, training mode. */
 ts_status build_forward(Plan *plan, cudnnHandle_t h, const Dims &d) {
   plan->graph = new_graph("ts_attention_forward", d);
   fe::graph::Graph &g = *plan->graph;
@@ -303,13 +344,7 @@ ts_status build_forward(Plan *plan, cudnnHandle_t h, const Dims &d) {
    * deprecated). */
   auto opts = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true).set_attn_scale(
       attn_scale(d));
-  if (d.bias) {
-    opts.set_bias(g.tensor(bias_tensor(d))); /* S = scale * Q K^T + Bias */
-  } else {
-    /* Causal, top-left aligned: key j is kept for query i iff j <= i + 0
-     * (set_causal_mask does the same but is marked for deprecation). */
-    opts.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
-  }
+  set_mask(opts, g, d);
   std::array<std::shared_ptr<fe::graph::Tensor_attributes>, 2> outs;
   try {
     outs = g.sdpa(Q, K, V, std::move(opts));
@@ -324,8 +359,8 @@ ts_status build_forward(Plan *plan, cudnnHandle_t h, const Dims &d) {
   return build(plan, h, "forward", d);
 }
 
-/* The backward graph: (dQ, dK, dV) = SDPA backward, causal or with the
- * forward's bias (no dBias), deterministic. */
+/* The backward graph: (dQ, dK, dV) = SDPA backward with the forward's
+ * mask (no dBias), deterministic. */
 ts_status build_backward(Plan *plan, cudnnHandle_t h, const Dims &d) {
   plan->graph = new_graph("ts_attention_backward", d);
   fe::graph::Graph &g = *plan->graph;
@@ -342,10 +377,7 @@ ts_status build_backward(Plan *plan, cudnnHandle_t h, const Dims &d) {
                   .set_name("sdpa_backward")
                   .set_attn_scale(attn_scale(d))
                   .set_deterministic_algorithm(true);
-  if (d.bias)
-    opts.set_bias(g.tensor(bias_tensor(d)));
-  else
-    opts.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
+  set_mask(opts, g, d);
   auto grads = g.sdpa_backward(Q, K, V, O, dO, Stats, std::move(opts));
   set_bthd(grads[0], UID_DQ, d, d.nh);
   set_bthd(grads[1], UID_DK, d, d.nkv);
@@ -356,7 +388,7 @@ ts_status build_backward(Plan *plan, cudnnHandle_t h, const Dims &d) {
 /* The cached plan for (handle, d, dir), built on first use. Called with
  * cache_mutex() held. */
 ts_status get_plan(void *handle, const Dims &d, Direction dir, std::shared_ptr<const Plan> *out) {
-  Key key(handle, d.b, d.t, d.nh, d.nkv, d.hs, (int)d.io, (int)dir, d.bias);
+  Key key(handle, d.b, d.t, d.nh, d.nkv, d.hs, (int)d.io, (int)dir, (int)d.mask);
   auto it = cache().find(key);
   if (it != cache().end()) {
     *out = it->second;
@@ -396,6 +428,14 @@ ts_status execute(const ts_kctx *ctx, const Plan &plan, std::unordered_map<int64
   return fe_status(plan.graph->execute(h, pack, ctx->workspace), TS_ERR_CUDA, "execute", pass, d);
 }
 
+/* Adds the mask's tensors, if it has any, to a call's variant pack. */
+void pack_mask(std::unordered_map<int64_t, void *> &pack, const ts_cudnn_mask *mask) {
+  if (!mask) return;
+  if (mask->bias) pack[UID_BIAS] = const_cast<void *>(mask->bias);
+  if (mask->seq_q) pack[UID_SEQ_Q] = const_cast<int32_t *>(mask->seq_q);
+  if (mask->seq_kv) pack[UID_SEQ_KV] = const_cast<int32_t *>(mask->seq_kv);
+}
+
 }  // namespace
 
 extern "C" ts_status ts_cudnn_device_handle(int device, void **handle) {
@@ -418,10 +458,10 @@ extern "C" ts_status ts_cudnn_device_handle(int device, void **handle) {
 
 extern "C" ts_status ts_cudnn_attention_forward(const ts_kctx *ctx, void *out, float *stats,
                                                 const void *q, const void *k, const void *v,
-                                                const void *bias, size_t B, size_t T, size_t NH,
-                                                size_t NKV, size_t HS, ts_dtype dt) {
+                                                const ts_cudnn_mask *mask, size_t B, size_t T,
+                                                size_t NH, size_t NKV, size_t HS, ts_dtype dt) {
   Dims d;
-  TS_CHECK(check_call(ctx, B, T, NH, NKV, HS, dt, bias, "forward", &d));
+  TS_CHECK(check_call(ctx, B, T, NH, NKV, HS, dt, mask, "forward", &d));
   if (!out || !stats || !q || !k || !v)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s: NULL pointer (out, stats, q, k or v)",
                         where("forward", d).c_str());
@@ -434,7 +474,7 @@ extern "C" ts_status ts_cudnn_attention_forward(const ts_kctx *ctx, void *out, f
         {UID_V, const_cast<void *>(v)}, {UID_O, out},
         {UID_STATS, stats},
     };
-    if (bias) pack[UID_BIAS] = const_cast<void *>(bias);
+    pack_mask(pack, mask);
     return execute(ctx, *plan, pack, "forward", d);
   } catch (const std::bad_alloc &) {
     return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: out of host memory",
@@ -449,10 +489,10 @@ extern "C" ts_status ts_cudnn_attention_forward(const ts_kctx *ctx, void *out, f
 extern "C" ts_status ts_cudnn_attention_backward(const ts_kctx *ctx, void *dq, void *dk, void *dv,
                                                  const void *dout, const void *out, const void *q,
                                                  const void *k, const void *v, const float *stats,
-                                                 const void *bias, size_t B, size_t T, size_t NH,
-                                                 size_t NKV, size_t HS, ts_dtype dt) {
+                                                 const ts_cudnn_mask *mask, size_t B, size_t T,
+                                                 size_t NH, size_t NKV, size_t HS, ts_dtype dt) {
   Dims d;
-  TS_CHECK(check_call(ctx, B, T, NH, NKV, HS, dt, bias, "backward", &d));
+  TS_CHECK(check_call(ctx, B, T, NH, NKV, HS, dt, mask, "backward", &d));
   if (!dq || !dk || !dv || !dout || !out || !q || !k || !v || !stats)
     return ts_set_error(TS_ERR_INVALID_ARGUMENT,
                         "%s: NULL pointer (dq, dk, dv, dout, out, q, k, v or stats)",
@@ -472,7 +512,7 @@ extern "C" ts_status ts_cudnn_attention_backward(const ts_kctx *ctx, void *dq, v
         {UID_DK, dk},
         {UID_DV, dv},
     };
-    if (bias) pack[UID_BIAS] = const_cast<void *>(bias);
+    pack_mask(pack, mask);
     return execute(ctx, *plan, pack, "backward", d);
   } catch (const std::bad_alloc &) {
     return ts_set_error(TS_ERR_OUT_OF_MEMORY, "%s: out of host memory",

@@ -1,7 +1,8 @@
 /*
  * attention_cudnn.h — private to the CUDA backend: causal grouped-query
- * attention, and attention under an additive bias (the bidirectional op's
- * key padding mask), in bf16/fp16 through cuDNN's fused flash attention (cuDNN's
+ * attention, and attention under a key padding mask given as per-sequence
+ * lengths or as an additive bias (the bidirectional op's), in bf16/fp16
+ * through cuDNN's fused flash attention (cuDNN's
  * "scaled dot product attention", SDPA, forward and backward; the algorithm
  * of Dao et al. 2022, FlashAttention, which never stores the (T, T)
  * probabilities and recomputes them in backward from the row log-sum-exp).
@@ -19,7 +20,7 @@
  *     synchronisation;
  *   - one handle per GPU and process, shared by every context on it;
  *     a cuDNN graph is built once per (GPU, B, T, NH, NKV, HS, dt,
- *     direction), on the first call with that key, and kept for the
+ *     direction, mask kind), on the first call with that key, and kept for the
  *     process: the first call is slow (heuristics and plan compilation,
  *     runtime compilation for some kernels), later ones, from any context
  *     or engine on that GPU, only execute. One mutex guards the handles,
@@ -35,7 +36,8 @@
  *     inputs on the same GPU give the same bits, run after run.
  *
  * Status values: TS_OK; TS_ERR_INVALID_ARGUMENT for a NULL ctx or pointer,
- * a zero dimension, NH % NKV != 0, a dimension past cuDNN's int64 range or
+ * a mask with both a bias and lengths or with one length array only, a
+ * zero dimension, NH % NKV != 0, a dimension past cuDNN's int64 range or
  * an unknown dtype; TS_ERR_INVALID_USAGE for a context without a cuDNN
  * handle (ctx->dnn) or not on TS_DEVICE_CUDA; TS_ERR_UNSUPPORTED for fp32
  * or a graph cuDNN cannot build on this GPU (a shape its SDPA does not
@@ -67,14 +69,31 @@ extern "C" {
  * driver; TS_ERR_OUT_OF_MEMORY; *handle is untouched on failure. */
 ts_status ts_cudnn_device_handle(int device, void **handle);
 
+/* What masks the scores of a call, in place of the causal mask (a NULL
+ * ts_cudnn_mask, or every field NULL, is causal). At most one of the two
+ * kinds; device memory. */
+typedef struct ts_cudnn_mask {
+  /* (B, 1, T, T) dt, contiguous, shared by a row's heads, added to the
+   * scaled scores: the bidirectional op passes 0 for a key to attend to and
+   * a large negative finite value for a padding key, whose probability then
+   * underflows to exactly 0 */
+  const void *bias;
+  /* (B) int32 each, 1 .. T: cuDNN's padding mask (SDPA_attributes::
+   * set_padding_mask with set_seq_len_q / set_seq_len_kv). Query i of batch
+   * row b sees key j iff i < seq_q[b] and j < seq_kv[b]: a row past
+   * seq_q[b] sees no key at all, so its output is not softmax over the
+   * keys (cuDNN writes zeros or leaves it; the CPU computes such rows like
+   * any other), which is why the bidirectional op passes seq_q[b] = T and
+   * masks keys only, through seq_kv[b] = the row's key count. */
+  const int32_t *seq_q;
+  const int32_t *seq_kv;
+} ts_cudnn_mask;
+
 /* Causal grouped-query attention, forward, cuDNN SDPA (flash attention):
  *   S = q k^T * scale (scale = 1/sqrt(HS)), causal mask aligned top-left
  *   (query t sees keys 0..t), P = softmax(S) over keys, out = P v;
- *   with a bias instead: S = q k^T * scale + bias, no causal mask
- *   (bias: (B, 1, T, T) dt, device, contiguous, shared by a row's heads;
- *   the bidirectional op passes 0 for a key to attend to and a large
- *   negative finite value for a padding key, whose probability then
- *   underflows to exactly 0; NULL: causal);
+ *   with a mask instead (ts_cudnn_mask: a bias, S = q k^T * scale + bias,
+ *   or sequence lengths, S = -inf outside them), no causal mask;
  *   query head h reads key/value head h / (NH / NKV) (GQA, Ainslie et al.
  *   2023; MQA when NKV == 1).
  * q, out: (B, T, NH, HS); k, v: (B, T, NKV, HS); all dt (TS_BF16 or
@@ -89,8 +108,9 @@ ts_status ts_cudnn_device_handle(int device, void **handle);
  * ts_cudnn_attention_workspace_bytes(...) bytes of ctx->workspace.
  * Statuses: see the top of this file. */
 ts_status ts_cudnn_attention_forward(const ts_kctx *ctx, void *out, float *stats, const void *q,
-                                     const void *k, const void *v, const void *bias, size_t B,
-                                     size_t T, size_t NH, size_t NKV, size_t HS, ts_dtype dt);
+                                     const void *k, const void *v, const ts_cudnn_mask *mask,
+                                     size_t B, size_t T, size_t NH, size_t NKV, size_t HS,
+                                     ts_dtype dt);
 
 /* Backward of ts_cudnn_attention_forward (cuDNN SDPA backward, Dao et al.
  * 2022 Algorithm 4 without dropout): with dS = P * (dP - rowsum(dout * out)),
@@ -101,8 +121,7 @@ ts_status ts_cudnn_attention_forward(const ts_kctx *ctx, void *out, float *stats
  *   row-major as in forward; no output may alias an input or another output.
  * dout, out, q: (B, T, NH, HS); k, v: (B, T, NKV, HS); dt, device.
  * stats: (B, NH, T) fp32, device: the forward's, for these q, k, v.
- * bias: the forward's (B, 1, T, T), or NULL for causal as in the forward;
- *   no gradient of it is formed.
+ * mask: the forward's (NULL: causal); no gradient of a bias is formed.
  * Deterministic: cuDNN's deterministic algorithm
  * (SDPA_backward_attributes::set_deterministic_algorithm), so two runs on
  * the same GPU give the same bits; cuDNN supports it on Ampere and Hopper,
@@ -112,8 +131,8 @@ ts_status ts_cudnn_attention_forward(const ts_kctx *ctx, void *out, float *stats
 ts_status ts_cudnn_attention_backward(const ts_kctx *ctx, void *dq, void *dk, void *dv,
                                       const void *dout, const void *out, const void *q,
                                       const void *k, const void *v, const float *stats,
-                                      const void *bias, size_t B, size_t T, size_t NH, size_t NKV,
-                                      size_t HS, ts_dtype dt);
+                                      const ts_cudnn_mask *mask, size_t B, size_t T, size_t NH,
+                                      size_t NKV, size_t HS, ts_dtype dt);
 
 /* Bytes of ctx->workspace either pass above may need: an upper bound, not
  * the exact need (that is known only once cuDNN has built the graph on a

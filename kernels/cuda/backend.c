@@ -37,6 +37,8 @@ const ts_k_backend ts_k_cuda_backend = {
     .attention_probs_dtype = ts_cuda_attention_probs_dtype,
     .layernorm_workspace_bytes = ts_cuda_layernorm_workspace_bytes,
     .bias_workspace_bytes = ts_cuda_bias_workspace_bytes,
+    .fp8_quantize_workspace_bytes = ts_cuda_fp8_quantize_workspace_bytes,
+    .linear_fp8_workspace_bytes = ts_cuda_linear_fp8_workspace_bytes,
 /* the ops of kernels/ops.h */
 #define TS_CUDA_ENTRY(name, params) .name = ts_cuda_##name,
     TS_K_OPS(TS_CUDA_ENTRY)

@@ -3,10 +3,14 @@
  * and _backward, kernels/kernels.h; torch.nn.functional.embedding).
  *
  * Backward without order-dependent atomics: the positions are sorted by
- * token in the workspace (keys token << 32 | position, all distinct, so the
- * order is total and ties keep position order), by a bitonic sort over the
- * next power of two (Batcher 1968); then each run of equal tokens adds
- * its dout rows into dwte[token]:
+ * token in the workspace — keys token << pb | position (pb = the bits of
+ * N - 1), all distinct, so the order is total and ties keep position order
+ * — by CUB's radix sort (cub::DispatchRadixSort, the engine of
+ * cub::DeviceRadixSort::SortKeys: a histogram, an exclusive sum and one
+ * onesweep pass per 8 key bits, over bits [0, pb + bits(V)) only); the
+ * sorted keys are the same whatever sort makes them, so the sums below
+ * are too. Then each run of equal tokens adds its dout rows into
+ * dwte[token]:
  *   - a run shorter than EMB_LONG (64) positions, by one block, channel by
  *     channel in position order:
  *       fp32:      dwte[v, c] += dout[n, c] one addition at a time (the
@@ -23,25 +27,66 @@
  *     covers both). One block summing a run of L positions serially took
  *     L dependent loads per channel: 16 ms of a 109 ms bert-base step on
  *     an H200 at 256 x 128 (all 32768 positions have token type 0).
- * Workspace: ts_cuda_embedding_workspace_bytes = next_pow2(N) uint64 keys.
+ * Launches for N positions and key bits K = pb + bits(V) (N = 32768,
+ * BERT's V = 30522: K = 30): the keys, CUB's histogram and exclusive sum,
+ * ceil(K / 8) onesweep passes (each after a memset of its look-back
+ * counters) and the two run kernels: 9 kernels and 6 memsets, where the
+ * bitonic sort this replaces took log2(P) (log2(P) + 1) / 2 = 120
+ * compare-exchange launches for P = next_pow2(N) = 32768 (123 in all).
+ * Workspace: ts_cuda_embedding_workspace_bytes = two buffers of N uint64
+ * keys (the sort's double buffer) and CUB's scratch, each rounded up to
+ * 64 bytes; CUB's scratch is sized for 64 key bits on the most demanding
+ * GPU architecture this file is compiled for (__CUDA_ARCH_LIST__), a pure
+ * function of N, so planning needs no GPU and no V.
  * Tokens outside [0, V) are an error (synchronous check) unless the caller
  * checked them (TS_K_INDICES_CHECKED); then their rows are skipped (forward
  * writes zeros).
  */
 #include <cuda_runtime.h>
 
+#include <cub/device/device_radix_sort.cuh>
+
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/kernels_cuda.h"
 
-static size_t next_pow2(size_t n) {
-  size_t p = 1;
-  while (p < n) p <<= 1;
-  return p;
+/* CUB's radix sort of uint64 keys, no values, int offsets (N < 2^31). */
+typedef cub::DispatchRadixSort<cub::SortOrder::Ascending, unsigned long long, cub::NullType, int>
+    key_sort;
+
+/* The bits of x: 0 for 0, else floor(log2 x) + 1. */
+static unsigned bits_of(size_t x) {
+  unsigned b = 0;
+  while (x >> b) b++;
+  return b;
+}
+
+static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* CUB's scratch bytes for sorting N keys over bits [0, end_bit) with the
+ * policy of PTX version ptx (no work, no device call: the size only). */
+static size_t sort_scratch(int ptx, size_t N, int end_bit) {
+  size_t bytes = 0;
+  cub::DoubleBuffer<unsigned long long> keys(nullptr, nullptr);
+  cub::DoubleBuffer<cub::NullType> none;
+  key_sort sort(nullptr, bytes, keys, none, (int)N, 0, end_bit, true, nullptr, ptx);
+  return key_sort::max_policy_t::Invoke(ptx, sort) == cudaSuccess ? bytes : SIZE_MAX;
+}
+
+/* The largest of sort_scratch over the architectures compiled in. */
+template <int... Arch>
+static size_t sort_scratch_most(size_t N) {
+  size_t most = 0;
+  for (size_t b : {sort_scratch(Arch, N, 64)...}) most = b > most ? b : most;
+  return most;
 }
 
 extern "C" size_t ts_cuda_embedding_workspace_bytes(size_t N, ts_dtype dt) {
   (void)dt;
-  return N == 0 ? 0 : ((next_pow2(N) * sizeof(uint64_t) + 63) & ~(size_t)63);
+  if (N == 0) return 0;
+  if (N > 0x7fffffffu) return SIZE_MAX; /* refused by the op */
+  size_t scratch = sort_scratch_most<__CUDA_ARCH_LIST__>(N);
+  if (scratch == SIZE_MAX) return SIZE_MAX;
+  return 2 * round64(N * sizeof(uint64_t)) + round64(scratch);
 }
 
 /* out[n, c] = wte[tokens[n], c], the stored bits copied (as the CPU's
@@ -74,34 +119,15 @@ extern "C" ts_status ts_cuda_embedding_forward(const ts_kctx *ctx, void *out,
   return ts_cuda_launched(op);
 }
 
-/* keys[i] = token << 32 | i for i < N (a token out of range sorts last and
- * is skipped), UINT64_MAX for the padding up to P. */
-__global__ void embedding_keys_kernel(uint64_t *keys, const int32_t *tokens, size_t N, size_t P,
-                                      size_t V) {
-  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < P;
+/* keys[i] = token << pb | i for i < N (a token out of range is V: it sorts
+ * last and is skipped). */
+__global__ void embedding_keys_kernel(uint64_t *keys, const int32_t *tokens, size_t N, size_t V,
+                                      unsigned pb) {
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < N;
        i += (size_t)gridDim.x * blockDim.x) {
-    if (i >= N) {
-      keys[i] = ~(uint64_t)0;
-      continue;
-    }
     int32_t t = tokens[i];
     uint64_t tok = (t >= 0 && (size_t)t < V) ? (uint64_t)t : (uint64_t)V;
-    keys[i] = tok << 32 | (uint64_t)i;
-  }
-}
-
-/* One compare-exchange step (k, j) of the bitonic sort, ascending overall. */
-__global__ void bitonic_step_kernel(uint64_t *keys, size_t P, size_t j, size_t k) {
-  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < P;
-       i += (size_t)gridDim.x * blockDim.x) {
-    size_t l = i ^ j;
-    if (l <= i) continue;
-    uint64_t a = keys[i], b = keys[l];
-    bool up = (i & k) == 0;
-    if (up ? a > b : a < b) {
-      keys[i] = b;
-      keys[l] = a;
-    }
+    keys[i] = tok << pb | (uint64_t)i;
   }
 }
 
@@ -110,26 +136,27 @@ enum { EMB_LONG = 64, EMB_LANES = 32, EMB_SLICES = 32 };
 /* One block per sorted entry; the block of an entry that starts a run of
  * equal (valid) tokens shorter than EMB_LONG adds the run's dout rows into
  * dwte[token], one channel per thread, the run's positions in order
- * (longer runs: embedding_bwd_long_kernel). */
+ * (longer runs: embedding_bwd_long_kernel). Keys: token << pb | position. */
 template <ts_dtype DT>
 __global__ void embedding_bwd_runs_kernel(void *dwte, const void *dout, const uint64_t *keys,
-                                          size_t N, size_t C, size_t V) {
+                                          size_t N, size_t C, size_t V, unsigned pb) {
+  const uint64_t pos = ((uint64_t)1 << pb) - 1;
   size_t first = blockIdx.x;
-  uint64_t tok = keys[first] >> 32;
+  uint64_t tok = keys[first] >> pb;
   if (tok >= V) return;
-  if (first > 0 && (keys[first - 1] >> 32) == tok) return; /* not the first of its run */
+  if (first > 0 && (keys[first - 1] >> pb) == tok) return; /* not the first of its run */
   size_t end = first + 1;
-  while (end < N && end - first < EMB_LONG && (keys[end] >> 32) == tok) end++;
+  while (end < N && end - first < EMB_LONG && (keys[end] >> pb) == tok) end++;
   if (end - first >= EMB_LONG) return; /* a long run */
   for (size_t c = threadIdx.x; c < C; c += blockDim.x) {
     size_t o = (size_t)tok * C + c;
     if (DT == TS_FP32) {
       float acc = ts_ld<DT>(dwte, o);
-      for (size_t j = first; j < end; j++) acc += ts_ld<DT>(dout, (keys[j] & 0xffffffffu) * C + c);
+      for (size_t j = first; j < end; j++) acc += ts_ld<DT>(dout, (keys[j] & pos) * C + c);
       ts_st<DT>(dwte, o, acc);
     } else {
       float sum = 0.0f;
-      for (size_t j = first; j < end; j++) sum += ts_ld<DT>(dout, (keys[j] & 0xffffffffu) * C + c);
+      for (size_t j = first; j < end; j++) sum += ts_ld<DT>(dout, (keys[j] & pos) * C + c);
       ts_st<DT>(dwte, o, ts_ld<DT>(dwte, o) + sum);
     }
   }
@@ -158,14 +185,15 @@ __device__ size_t lower_bound_key(const uint64_t *keys, size_t N, uint64_t x) {
  * slice order. */
 template <ts_dtype DT>
 __global__ void embedding_bwd_long_kernel(void *dwte, const void *dout, const uint64_t *keys,
-                                          size_t N, size_t C, size_t V) {
+                                          size_t N, size_t C, size_t V, unsigned pb) {
   __shared__ float part[EMB_SLICES][EMB_LANES + 1];
+  const uint64_t pos = ((uint64_t)1 << pb) - 1;
   size_t e = (size_t)blockIdx.x * EMB_LONG;
   if (e >= N) return;
-  uint64_t tok = keys[e] >> 32;
+  uint64_t tok = keys[e] >> pb;
   if (tok >= V) return;
-  size_t start = lower_bound_key(keys, N, tok << 32);
-  size_t end = lower_bound_key(keys, N, (tok + 1) << 32);
+  size_t start = lower_bound_key(keys, N, tok << pb);
+  size_t end = lower_bound_key(keys, N, (tok + 1) << pb);
   size_t len = end - start;
   if (len < EMB_LONG || (start + EMB_LONG - 1) / EMB_LONG * EMB_LONG != e) return;
   unsigned lane = threadIdx.x, w = threadIdx.y;
@@ -173,7 +201,7 @@ __global__ void embedding_bwd_long_kernel(void *dwte, const void *dout, const ui
   float sum = 0.0f;
   if (c < C) {
     size_t lo = start + len * w / EMB_SLICES, hi = start + len * (w + 1) / EMB_SLICES;
-    for (size_t j = lo; j < hi; j++) sum += ts_ld<DT>(dout, (keys[j] & 0xffffffffu) * C + c);
+    for (size_t j = lo; j < hi; j++) sum += ts_ld<DT>(dout, (keys[j] & pos) * C + c);
   }
   part[w][lane] = sum;
   __syncthreads();
@@ -187,11 +215,34 @@ __global__ void embedding_bwd_long_kernel(void *dwte, const void *dout, const ui
 
 template <ts_dtype DT>
 static void launch_embedding_bwd_runs(void *dwte, const void *dout, const uint64_t *keys,
-                                      size_t N, size_t C, size_t V, cudaStream_t s) {
-  embedding_bwd_runs_kernel<DT><<<(unsigned)N, TS_CUDA_BLOCK, 0, s>>>(dwte, dout, keys, N, C, V);
+                                      size_t N, size_t C, size_t V, unsigned pb, cudaStream_t s) {
+  embedding_bwd_runs_kernel<DT><<<(unsigned)N, TS_CUDA_BLOCK, 0, s>>>(dwte, dout, keys, N, C, V,
+                                                                      pb);
   dim3 grid((unsigned)((N + EMB_LONG - 1) / EMB_LONG), (unsigned)((C + EMB_LANES - 1) / EMB_LANES));
   embedding_bwd_long_kernel<DT>
-      <<<grid, dim3(EMB_LANES, EMB_SLICES), 0, s>>>(dwte, dout, keys, N, C, V);
+      <<<grid, dim3(EMB_LANES, EMB_SLICES), 0, s>>>(dwte, dout, keys, N, C, V, pb);
+}
+
+/* Sorts the N keys at keys[0] (alt: a second buffer of N) over bits
+ * [0, end_bit) with CUB, scratch bytes at scratch, on stream s; *sorted
+ * gets the buffer that holds them sorted. Queues work only. */
+static ts_status sort_keys(uint64_t *keys, uint64_t *alt, void *scratch, size_t scratch_bytes,
+                           size_t N, int end_bit, cudaStream_t s, const uint64_t **sorted,
+                           const char *op) {
+  int ptx = 0;
+  cudaError_t e = cub::PtxVersion(ptx);
+  cub::DoubleBuffer<unsigned long long> db((unsigned long long *)keys, (unsigned long long *)alt);
+  cub::DoubleBuffer<cub::NullType> none;
+  size_t bytes = scratch_bytes;
+  if (e == cudaSuccess) {
+    key_sort sort(scratch, bytes, db, none, (int)N, 0, end_bit, true, s, ptx);
+    e = key_sort::max_policy_t::Invoke(ptx, sort);
+  }
+  if (e != cudaSuccess)
+    return ts_set_error(TS_ERR_CUDA, "%s (cuda): sorting %zu positions by token (CUB): %s", op, N,
+                        cudaGetErrorString(e));
+  *sorted = (const uint64_t *)db.Current();
+  return TS_OK;
 }
 
 extern "C" ts_status ts_cuda_embedding_backward(const ts_kctx *ctx, void *dwte, const void *dout,
@@ -207,13 +258,15 @@ extern "C" ts_status ts_cuda_embedding_backward(const ts_kctx *ctx, void *dwte, 
     return ts_set_error(TS_ERR_INVALID_ARGUMENT, "%s (cuda): C = %zu: at most %d", op, C,
                         65535 * EMB_LANES);
   cudaStream_t s = (cudaStream_t)ctx->stream;
-  uint64_t *keys = (uint64_t *)ctx->workspace;
-  size_t P = next_pow2(N);
-  unsigned grid = ts_cuda_grid(P);
-  embedding_keys_kernel<<<grid, TS_CUDA_BLOCK, 0, s>>>(keys, tokens, N, P, V);
-  for (size_t k = 2; k <= P; k <<= 1)
-    for (size_t j = k >> 1; j > 0; j >>= 1)
-      bitonic_step_kernel<<<grid, TS_CUDA_BLOCK, 0, s>>>(keys, P, j, k);
-  TS_CUDA_DT_CALL(dt, launch_embedding_bwd_runs, dwte, dout, keys, N, C, V, s);
+  /* the workspace: keys, the sort's second buffer, CUB's scratch (the rest) */
+  size_t kb = round64(N * sizeof(uint64_t));
+  uint64_t *keys = (uint64_t *)ctx->workspace, *alt = (uint64_t *)((char *)ctx->workspace + kb);
+  unsigned pb = bits_of(N - 1); /* positions 0 .. N - 1; tokens 0 .. V (V: out of range) */
+  embedding_keys_kernel<<<ts_cuda_grid(N), TS_CUDA_BLOCK, 0, s>>>(keys, tokens, N, V, pb);
+  TS_CHECK(ts_cuda_launched(op));
+  const uint64_t *sorted;
+  TS_CHECK(sort_keys(keys, alt, (char *)ctx->workspace + 2 * kb, ctx->workspace_bytes - 2 * kb, N,
+                     (int)(pb + bits_of(V)), s, &sorted, op));
+  TS_CUDA_DT_CALL(dt, launch_embedding_bwd_runs, dwte, dout, sorted, N, C, V, pb, s);
   return ts_cuda_launched(op);
 }

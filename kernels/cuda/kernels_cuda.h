@@ -43,6 +43,19 @@ ts_status ts_cuda_memory_info(int index, size_t *free_bytes, size_t *total_bytes
 ts_status ts_cuda_blas_create(void **handle);
 void ts_cuda_blas_destroy(void *handle);
 
+/* linear.cu: D (P, S) row-major bf16 = (A (P, Q) @ B (S, Q)^T) x sa x sb
+ * (+ D when accumulate), A and B fp8 codes of formats fa and fb, rows of Q
+ * (K-major, cuBLASLt's fp8 "TN" layout); sa, sb fp32 inverse scales, one
+ * per row of A and B (rowwise, cuBLASLt's outer-vector scaling) or one
+ * each. fast_accum: cuBLASLt's FP8 fast accumulation. cuBLASLt's
+ * workspace is the start of ctx->workspace (ts_cuda_linear_workspace_bytes).
+ * The scale pointers are set on the kept descriptor at each call, so one
+ * thread at a time issues fp8 products in a process. */
+ts_status ts_cuda_matmul_fp8(const ts_kctx *ctx, const char *op, size_t P, size_t S, size_t Q,
+                             const uint8_t *A, ts_fp8_format fa, const float *sa,
+                             const uint8_t *B, ts_fp8_format fb, const float *sb, void *D,
+                             int accumulate, int rowwise, int fast_accum);
+
 /* vecops.cu: the synchronous data check of the ops that take indices:
  * TS_ERR_INVALID_ARGUMENT naming op, what[position] and its value if some
  * idx[n] is outside [0, V) (and not -100 when allow_ignore); TS_OK at once
@@ -61,6 +74,8 @@ size_t ts_cuda_attention_state_bytes(size_t B, size_t T, size_t NH, size_t NKV, 
 ts_dtype ts_cuda_attention_probs_dtype(const ts_kctx *ctx, ts_dtype dt, int bidirectional);
 size_t ts_cuda_layernorm_workspace_bytes(size_t N, size_t C, ts_dtype dt);
 size_t ts_cuda_bias_workspace_bytes(size_t N, size_t C, ts_dtype dt);
+size_t ts_cuda_fp8_quantize_workspace_bytes(size_t R, size_t C);
+size_t ts_cuda_linear_fp8_workspace_bytes(size_t M, size_t N, size_t K, ts_fp8_scaling scaling);
 
 /* ---- ops -------------------------------------------------------------------- */
 
@@ -68,7 +83,8 @@ size_t ts_cuda_bias_workspace_bytes(size_t N, size_t C, ts_dtype dt);
  * cast.cu (casts, zero: cudaMemsetAsync), adamw.cu (master, m, v fp32
  * updated, param_out written if non-NULL, hp host), vecops.cu, linear.cu,
  * embedding.cu, layers.cu (RMSNorm, RoPE, SwiGLU; the encoder's LayerNorm,
- * bias, GELU, token types), attention.cu (causal and bidirectional),
+ * bias, GELU, token types; the residual add fused with either norm's
+ * forward), attention.cu (causal), attention_bidir.cu (bidirectional),
  * cross_entropy.cu. */
 #define TS_CUDA_DECLARE(name, params) ts_status ts_cuda_##name params;
 TS_K_OPS(TS_CUDA_DECLARE)

@@ -1,10 +1,12 @@
 // CPU-vs-CUDA parity of the ops with a CUDA body (ts_k_cast, ts_k_adamw):
 // both share kernels/elementwise.h's bit-exact conversions and IEEE-rounded
-// AdamW element math, so results must agree bit for bit. Needs a GPU
+// AdamW element math, so results must agree bit for bit; and the fused
+// residual add + norm against CUDA's own unfused ops, bit for bit. Needs a GPU
 // (tag "gpu"); fails when the CUDA runtime finds no device.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -146,6 +148,74 @@ TEST(CudaParity, SumRanksMatchesCpuBitwise) {
       }
 }
 
+// The residual add fused with the norm after it (ts_k_add_rmsnorm_forward,
+// ts_k_add_layernorm_forward): CUDA's one kernel gives every bit of CUDA's
+// ts_k_add then the norm's forward, with res apart and aliasing a, on rows
+// narrower and wider than a block (C 96, 1000, 4099: up to 17 elements a
+// thread), in every dtype; and res is the CPU's ts_k_add bit for bit (one
+// fp32 addition rounded once on both). The norms of the two devices sum
+// in different orders: the parity test's add_*norm_forward cases bound
+// them.
+TEST(CudaParity, AddNormMatchesUnfusedBitwise) {
+  ASSERT_TRUE(have_gpu()) << "no CUDA device: tests tagged gpu need one";
+  const size_t N = 33;
+  const float eps = 1e-5f;
+  const char *names[] = {"res", "out", "mean", "rstd"};
+  CpuCtx cpu;
+  CudaCtx gpu;
+  for (ts_dtype dt : {TS_FP32, TS_BF16, TS_FP16})
+    for (size_t C : {96, 1000, 4099})
+      for (int ln : {0, 1}) {
+        SCOPED_TRACE(std::string(ts_dtype_name(dt)) + " C=" + std::to_string(C) +
+                     (ln ? " LayerNorm" : " RMSNorm"));
+        const size_t nb = N * C * ts_dtype_size(dt), cb = C * ts_dtype_size(dt);
+        Rng rng(C * 3 + (uint64_t)dt * 7 + ln);
+        ts_test::Buf a(rng.vec(N * C, -2, 3), dt), b(rng.vec(N * C, -1, 1), dt),
+            w(rng.vec(C, 0.5f, 1.5f), dt), bias(rng.vec(C), dt);
+        DevBuf da(nb), db(nb), dw(cb), dbias(cb);
+        da.put(a.data());
+        db.put(b.data());
+        dw.put(w.data());
+        dbias.put(bias.data());
+        const std::vector<unsigned char> poison(nb, 0xFF);  // NaN; mean stays so for RMSNorm
+        // res, out, mean, rstd of: 0 the fused op, 1 it with res == a, 2 ts_k_add then the norm
+        auto run = [&](int mode) {
+          DevBuf res(nb), out(nb), mean(N * 4), rstd(N * 4);
+          res.put(mode == 1 ? a.data() : poison.data());
+          out.put(poison.data());
+          mean.put(poison.data());
+          rstd.put(poison.data());
+          const void *in_a = mode == 1 ? res.p : da.p;
+          float *m = (float *)mean.p, *r = (float *)rstd.p;
+          ts_status st = TS_OK;
+          if (mode == 2) {
+            st = ts_k_add(&gpu.ctx, res.p, da.p, db.p, N * C, dt);
+            if (st == TS_OK)
+              st = ln ? ts_k_layernorm_forward(&gpu.ctx, out.p, m, r, res.p, dw.p, dbias.p, N, C,
+                                               eps, dt)
+                      : ts_k_rmsnorm_forward(&gpu.ctx, out.p, r, res.p, dw.p, N, C, eps, dt);
+          } else {
+            st = ln ? ts_k_add_layernorm_forward(&gpu.ctx, out.p, m, r, res.p, in_a, db.p, dw.p,
+                                                 dbias.p, N, C, eps, dt)
+                    : ts_k_add_rmsnorm_forward(&gpu.ctx, out.p, r, res.p, in_a, db.p, dw.p, N, C,
+                                               eps, dt);
+          }
+          EXPECT_EQ(st, TS_OK) << ts_last_error();
+          gpu.sync();
+          return std::vector<std::vector<unsigned char>>{res.get(), out.get(), mean.get(),
+                                                         rstd.get()};
+        };
+        auto fused = run(0), in_place = run(1), unfused = run(2);
+        for (int i = 0; i < 4; i++) {
+          EXPECT_TRUE(fused[i] == unfused[i]) << names[i] << ": fused and unfused differ";
+          EXPECT_TRUE(in_place[i] == unfused[i]) << names[i] << ": in place and unfused differ";
+        }
+        std::vector<unsigned char> cpu_res(nb);
+        ASSERT_EQ(ts_k_add(cpu.get(), cpu_res.data(), a.data(), b.data(), N * C, dt), TS_OK);
+        EXPECT_TRUE(fused[0] == cpu_res) << "res differs from the CPU's ts_k_add";
+      }
+}
+
 TEST(CudaParity, AdamwMatchesCpuBitwise) {
   ASSERT_TRUE(have_gpu()) << "no CUDA device: tests tagged gpu need one";
   const size_t n = 100003;
@@ -182,6 +252,157 @@ TEST(CudaParity, AdamwMatchesCpuBitwise) {
       EXPECT_TRUE(dv.get() == bytes_of(v.data(), n * 4));
       EXPECT_TRUE(dparam.get() == param);
     }
+  }
+}
+
+
+// ---- fp8 (kernels/fp8.h, kernels/cuda/fp8.cu) ------------------------------
+// The casts share kernels/fp8.h with the CPU, so codes and inverse scales
+// must be the CPU's bit for bit, in every scaling, format and layout. The
+// products differ from the CPU's only in the fp32 summation: cuBLASLt's fp8
+// kernels on Hopper accumulate in the tensor cores with about 14 bits kept
+// (DeepSeek-V3 report §3.3.2) before fp32 promotion, and the forward uses
+// fast accumulation (no promotion). Bound per element: 2^-7 |cpu| (both
+// sides round to bf16 once: 2 half ulps) + 2^-10 S, S = sum_k |a_k b_k| x
+// the scales (a 2^-13 accumulator error, 8x over), + the old value's
+// share for dweight (in |cpu|).
+
+struct GpuFp8 {
+  ts_kctx ctx;
+  void *ws = nullptr;
+  explicit GpuFp8(size_t bytes) {
+    EXPECT_EQ(ts_k_context_init(&ctx, TS_DEVICE_CUDA, 0), TS_OK);
+    EXPECT_EQ(cudaMalloc(&ws, bytes), cudaSuccess);
+    ctx.workspace = ws;
+    ctx.workspace_bytes = bytes;
+  }
+  ~GpuFp8() {
+    cudaFree(ws);
+    ts_k_context_destroy(&ctx);
+  }
+};
+
+TEST(CudaFp8, QuantizeMatchesCpuBitwise) {
+  ASSERT_TRUE(have_gpu()) << "no CUDA device: tests tagged gpu need one";
+  const size_t R = 300, C = 77;  // neither a multiple of the 32 x 32 tiles
+  Rng rng(17);
+  std::vector<float> x = rng.vec(R * C, -2.0f, 2.0f);
+  for (size_t c = 0; c < C; c++) x[11 * C + c] *= 3000.0f;
+  for (size_t r = 0; r < R; r++) x[r * C + 5] *= 1e-5f;
+  x[42] = NAN;  // only in the NaN pass below
+  for (int with_nan : {0, 1}) {
+    std::vector<float> xin = x;
+    if (!with_nan) xin[42] = 0.5f;
+    for (ts_dtype dt : {TS_FP32, TS_BF16})
+      for (ts_fp8_format f : {TS_FP8_E4M3, TS_FP8_E5M2})
+        for (ts_fp8_scaling sc : {TS_FP8_TENSORWISE, TS_FP8_ROWWISE})
+          for (int tr : {0, 1}) {
+            SCOPED_TRACE(std::string(ts_dtype_name(dt)) + " format " + std::to_string(f) +
+                         " scaling " + ts_fp8_scaling_name(sc) + " transpose " +
+                         std::to_string(tr) + " nan " + std::to_string(with_nan));
+            ts_test::Buf in(xin, dt);
+            size_t rows = tr ? C : R, ib = R * C * ts_dtype_size(dt);
+            std::vector<uint8_t> want(R * C);
+            std::vector<float> want_s(rows);
+            CpuCtx cpu;
+            ASSERT_EQ(ts_k_fp8_quantize(cpu.get(), want.data(), want_s.data(), in.data(), R, C,
+                                        tr, f, sc, dt),
+                      TS_OK);
+            GpuFp8 g(ts_k_fp8_quantize_workspace_bytes(TS_DEVICE_CUDA, R, C));
+            DevBuf din(ib), dout(R * C), ds(rows * sizeof(float));
+            din.put(in.data());
+            ASSERT_EQ(ts_k_fp8_quantize(&g.ctx, (uint8_t *)dout.p, (float *)ds.p, din.p, R, C, tr,
+                                        f, sc, dt),
+                      TS_OK);
+            ASSERT_EQ(ts_k_synchronize(&g.ctx), TS_OK);
+            EXPECT_EQ(dout.get(), std::vector<unsigned char>(want.begin(), want.end()));
+            size_t ns = sc == TS_FP8_TENSORWISE ? 1 : rows;
+            std::vector<unsigned char> gs = ds.get();
+            EXPECT_EQ(0, std::memcmp(gs.data(), want_s.data(), ns * sizeof(float)));
+          }
+  }
+}
+
+TEST(CudaFp8, LinearMatchesCpuWithinTheAccumulationBound) {
+  ASSERT_TRUE(have_gpu()) << "no CUDA device: tests tagged gpu need one";
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+  const size_t M = 256, N = 192, K = 320;
+  Rng rng(23);
+  std::vector<float> x = ts_test::round_to(rng.vec(M * K), TS_BF16);
+  std::vector<float> w = ts_test::round_to(rng.vec(N * K, -0.1f, 0.1f), TS_BF16);
+  std::vector<float> dy = ts_test::round_to(rng.vec(M * N, -1e-3f, 1e-3f), TS_BF16);
+  std::vector<float> dw0 = ts_test::round_to(rng.vec(N * K, -1e-2f, 1e-2f), TS_BF16);
+  for (ts_fp8_scaling sc : {TS_FP8_TENSORWISE, TS_FP8_ROWWISE}) {
+    SCOPED_TRACE(ts_fp8_scaling_name(sc));
+    CpuCtx cpu(ts_k_linear_fp8_workspace_bytes(TS_DEVICE_CPU, M, N, K, sc));
+    ts_test::Buf bx(x, TS_BF16), bw(w, TS_BF16), bdy(dy, TS_BF16), bdw(dw0, TS_BF16);
+    ts_test::Buf y(std::vector<float>(M * N), TS_BF16), dx(std::vector<float>(M * K), TS_BF16);
+    ASSERT_EQ(ts_k_linear_fp8_forward(cpu.get(), y.data(), bx.data(), bw.data(), M, N, K, sc,
+                                      TS_BF16),
+              TS_OK);
+    ASSERT_EQ(ts_k_linear_fp8_backward(cpu.get(), dx.data(), bdw.data(), bdy.data(), bx.data(),
+                                       bw.data(), M, N, K, sc, TS_BF16),
+              TS_OK);
+    GpuFp8 g(ts_k_linear_fp8_workspace_bytes(TS_DEVICE_CUDA, M, N, K, sc));
+    DevBuf gx(M * K * 2), gw(N * K * 2), gdy(M * N * 2), gdw(N * K * 2), gy(M * N * 2),
+        gdx(M * K * 2);
+    ts_test::Buf dw_start(dw0, TS_BF16);
+    gx.put(ts_test::Buf(x, TS_BF16).data());
+    gw.put(ts_test::Buf(w, TS_BF16).data());
+    gdy.put(ts_test::Buf(dy, TS_BF16).data());
+    gdw.put(dw_start.data());
+    ts_status st = ts_k_linear_fp8_forward(&g.ctx, gy.p, gx.p, gw.p, M, N, K, sc, TS_BF16);
+    if (major * 10 + minor < 89) {  // the refusal instead
+      EXPECT_EQ(st, TS_ERR_UNSUPPORTED) << ts_last_error();
+      return;
+    }
+    ASSERT_EQ(st, TS_OK) << ts_last_error();
+    ASSERT_EQ(ts_k_linear_fp8_backward(&g.ctx, gdx.p, gdw.p, gdy.p, gx.p, gw.p, M, N, K, sc,
+                                       TS_BF16),
+              TS_OK)
+        << ts_last_error();
+    ASSERT_EQ(ts_k_synchronize(&g.ctx), TS_OK);
+    auto widen = [](const std::vector<unsigned char> &b) {
+      std::vector<float> f(b.size() / 2);
+      for (size_t i = 0; i < f.size(); i++) {
+        uint16_t h;
+        std::memcpy(&h, &b[2 * i], 2);
+        f[i] = ts_bf16_to_f32(h);
+      }
+      return f;
+    };
+    // S per element from the unquantised operands (the casts change each
+    // term by at most 2^-3 relative: folded into the 2^-10's margin)
+    auto check = [](const char *what, const std::vector<float> &gpu, const std::vector<float> &cpu,
+                    const std::vector<float> &a, const std::vector<float> &b, size_t P, size_t S,
+                    size_t Q, bool a_t, bool b_t) {
+      int bad = 0;
+      for (size_t p = 0; p < P; p++)
+        for (size_t s = 0; s < S; s++) {
+          double mag = 0;
+          for (size_t q = 0; q < Q; q++) {
+            double av = a_t ? a[q * P + p] : a[p * Q + q], bv = b_t ? b[q * S + s] : b[s * Q + q];
+            mag += std::fabs(av * bv);
+          }
+          double c = cpu[p * S + s], d = std::fabs(gpu[p * S + s] - c);
+          double bound = std::ldexp(std::fabs(c), -7) + std::ldexp(mag, -10);
+          if (!(d <= bound) && bad++ < 5)
+            ADD_FAILURE() << what << "[" << p << ", " << s << "] gpu " << gpu[p * S + s]
+                          << " cpu " << c << " bound " << bound;
+        }
+    };
+    // y (M, N) = x (M, K) w (N, K)^T; dx (M, K) = dy (M, N) w (N, K);
+    // dw (N, K) += dy^T (N, M) x (M, K)
+    check("y", widen(gy.get()), y.get(), x, w, M, N, K, false, false);
+    check("dinp", widen(gdx.get()), dx.get(), dy, w, M, K, N, false, true);
+    check("dweight", widen(gdw.get()), bdw.get(), dy, x, N, K, M, true, true);
+    // run to run: the same bits
+    std::vector<unsigned char> y1 = gy.get();
+    ASSERT_EQ(ts_k_linear_fp8_forward(&g.ctx, gy.p, gx.p, gw.p, M, N, K, sc, TS_BF16), TS_OK);
+    ASSERT_EQ(ts_k_synchronize(&g.ctx), TS_OK);
+    EXPECT_EQ(gy.get(), y1);
   }
 }
 

@@ -4,7 +4,8 @@
  * Hugging Face rotate-half layout) and SwiGLU (Shazeer 2020, eq. 6), and of
  * the BERT-class encoder's LayerNorm (Ba et al. 2016), bias, GELU
  * (Hendrycks & Gimpel 2016) and token types, with the contracts of
- * kernels/kernels.h.
+ * kernels/kernels.h; and the residual add fused with either norm's forward
+ * (ts_k_add_rmsnorm_forward, ts_k_add_layernorm_forward).
  *
  * Every element is read in its storage dtype, computed in fp32 and rounded
  * once (RNE) to storage, as on the CPU. Reductions (a row's sum of squares,
@@ -12,6 +13,12 @@
  * results repeat bit for bit; their order is not the CPU's, so the backends
  * agree within the parity test's bounds. SiLU and GELU come from
  * kernels/elementwise.h, the same code as the CPU's.
+ *
+ * A fused add runs the norm's own forward kernel with ADD set: its first
+ * pass forms each element of the sum with ts_k_add's arithmetic and stores
+ * it, and every statistic is taken from the stored (rounded) sum in the
+ * same threads, order and launch shape as the unfused kernel, so fused and
+ * unfused give the same bits on the GPU.
  */
 #include <cuda_runtime.h>
 
@@ -27,17 +34,29 @@ static ts_status check_rows(size_t N, const char *op) {
                       N);
 }
 
+/* Element i of a norm forward's input in the kernel's first pass: inp[i];
+ * with ADD, first inp[i] = a[i] + b[i] rounded once to DT (ts_k_add's
+ * arithmetic, vecops.cu), then the stored value. Later passes read inp[i]
+ * in the same thread, which sees its own store. Without ADD, inp is only
+ * read. */
+template <ts_dtype DT, bool ADD>
+__device__ __forceinline__ float norm_in(void *inp, const void *a, const void *b, size_t i) {
+  if constexpr (ADD) ts_st<DT>(inp, i, ts_ld<DT>(a, i) + ts_ld<DT>(b, i));
+  return ts_ld<DT>(inp, i);
+}
+
 /* ---- RMSNorm ------------------------------------------------------------- */
 
-/* One block per row: rstd = 1 / sqrt(mean(x^2) + eps); out = w * (x * rstd). */
-template <ts_dtype DT>
-__global__ void rmsnorm_fwd_kernel(void *out, float *rstd, const void *inp, const void *weight,
-                                   size_t C, float eps) {
+/* One block per row: rstd = 1 / sqrt(mean(x^2) + eps); out = w * (x * rstd);
+ * x = inp, or with ADD inp = a + b first (norm_in). */
+template <ts_dtype DT, bool ADD>
+__global__ void rmsnorm_fwd_kernel(void *out, float *rstd, void *inp, const void *a,
+                                   const void *b, const void *weight, size_t C, float eps) {
   __shared__ float sh[32];
   size_t o = (size_t)blockIdx.x * C;
   float ss = 0.0f;
   for (size_t c = threadIdx.x; c < C; c += blockDim.x) {
-    float x = ts_ld<DT>(inp, o + c);
+    float x = norm_in<DT, ADD>(inp, a, b, o + c);
     ss += x * x;
   }
   ss = ts_block_sum(ss, sh);
@@ -47,19 +66,38 @@ __global__ void rmsnorm_fwd_kernel(void *out, float *rstd, const void *inp, cons
   if (threadIdx.x == 0) rstd[blockIdx.x] = r;
 }
 
+/* a NULL: RMSNorm of inp; else inp = a + b first (the fused op). */
 template <ts_dtype DT>
-static void launch_rmsnorm_fwd(void *out, float *rstd, const void *inp, const void *weight,
-                               size_t N, size_t C, float eps, cudaStream_t s) {
-  rmsnorm_fwd_kernel<DT><<<(unsigned)N, ROW_THREADS, 0, s>>>(out, rstd, inp, weight, C, eps);
+static void launch_rmsnorm_fwd(void *out, float *rstd, void *inp, const void *a, const void *b,
+                               const void *weight, size_t N, size_t C, float eps,
+                               cudaStream_t s) {
+  if (a)
+    rmsnorm_fwd_kernel<DT, true>
+        <<<(unsigned)N, ROW_THREADS, 0, s>>>(out, rstd, inp, a, b, weight, C, eps);
+  else
+    rmsnorm_fwd_kernel<DT, false>
+        <<<(unsigned)N, ROW_THREADS, 0, s>>>(out, rstd, inp, a, b, weight, C, eps);
 }
 
 extern "C" ts_status ts_cuda_rmsnorm_forward(const ts_kctx *ctx, void *out, float *rstd,
                                              const void *inp, const void *weight, size_t N,
                                              size_t C, float eps, ts_dtype dt) {
   TS_CHECK(check_rows(N, "ts_k_rmsnorm_forward"));
-  TS_CUDA_DT_CALL(dt, launch_rmsnorm_fwd, out, rstd, inp, weight, N, C, eps,
-                  (cudaStream_t)ctx->stream);
+  /* inp is only read without ADD */
+  TS_CUDA_DT_CALL(dt, launch_rmsnorm_fwd, out, rstd, (void *)inp, nullptr, nullptr, weight, N, C,
+                  eps, (cudaStream_t)ctx->stream);
   return ts_cuda_launched("ts_k_rmsnorm_forward");
+}
+
+extern "C" ts_status ts_cuda_add_rmsnorm_forward(const ts_kctx *ctx, void *out, float *rstd,
+                                                 void *res, const void *a, const void *b,
+                                                 const void *weight, size_t N, size_t C,
+                                                 float eps, ts_dtype dt) {
+  static const char op[] = "ts_k_add_rmsnorm_forward";
+  TS_CHECK(check_rows(N, op));
+  TS_CUDA_DT_CALL(dt, launch_rmsnorm_fwd, out, rstd, res, a, b, weight, N, C, eps,
+                  (cudaStream_t)ctx->stream);
+  return ts_cuda_launched(op);
 }
 
 /* One block per row: dinp += r g - (r^3 (g . x) / C) x, g = w * dout. */
@@ -305,14 +343,16 @@ extern "C" ts_status ts_cuda_swiglu_backward(const ts_kctx *ctx, void *dgate, vo
 /* ---- LayerNorm (Ba et al. 2016, eq. 4; torch.nn.LayerNorm) ---------------------- */
 
 /* One block per row: m = mean(x); r = 1 / sqrt(mean((x - m)^2) + eps);
- * out = (x - m) * r * w + b. */
-template <ts_dtype DT>
-__global__ void layernorm_fwd_kernel(void *out, float *mean, float *rstd, const void *inp,
-                                     const void *weight, const void *bias, size_t C, float eps) {
+ * out = (x - m) * r * w + b; x = inp, or with ADD inp = a + b first
+ * (norm_in). */
+template <ts_dtype DT, bool ADD>
+__global__ void layernorm_fwd_kernel(void *out, float *mean, float *rstd, void *inp,
+                                     const void *a, const void *b, const void *weight,
+                                     const void *bias, size_t C, float eps) {
   __shared__ float sh[32];
   size_t o = (size_t)blockIdx.x * C;
   float s = 0.0f;
-  for (size_t c = threadIdx.x; c < C; c += blockDim.x) s += ts_ld<DT>(inp, o + c);
+  for (size_t c = threadIdx.x; c < C; c += blockDim.x) s += norm_in<DT, ADD>(inp, a, b, o + c);
   float m = ts_block_sum(s, sh) / (float)C;
   float ss = 0.0f;
   for (size_t c = threadIdx.x; c < C; c += blockDim.x) {
@@ -358,12 +398,17 @@ extern "C" size_t ts_cuda_layernorm_workspace_bytes(size_t N, size_t C, ts_dtype
   return colsum_bytes(N, C, 2); /* (R, 2, C): dweight's partial rows, then dbias's */
 }
 
+/* a NULL: LayerNorm of inp; else inp = a + b first (the fused op). */
 template <ts_dtype DT>
-static void launch_layernorm_fwd(void *out, float *mean, float *rstd, const void *inp,
-                                 const void *weight, const void *bias, size_t N, size_t C,
-                                 float eps, cudaStream_t s) {
-  layernorm_fwd_kernel<DT><<<(unsigned)N, ROW_THREADS, 0, s>>>(out, mean, rstd, inp, weight, bias,
-                                                               C, eps);
+static void launch_layernorm_fwd(void *out, float *mean, float *rstd, void *inp, const void *a,
+                                 const void *b, const void *weight, const void *bias, size_t N,
+                                 size_t C, float eps, cudaStream_t s) {
+  if (a)
+    layernorm_fwd_kernel<DT, true><<<(unsigned)N, ROW_THREADS, 0, s>>>(out, mean, rstd, inp, a, b,
+                                                                       weight, bias, C, eps);
+  else
+    layernorm_fwd_kernel<DT, false><<<(unsigned)N, ROW_THREADS, 0, s>>>(out, mean, rstd, inp, a, b,
+                                                                        weight, bias, C, eps);
 }
 
 template <ts_dtype DT>
@@ -384,7 +429,20 @@ extern "C" ts_status ts_cuda_layernorm_forward(const ts_kctx *ctx, void *out, fl
                                                ts_dtype dt) {
   static const char op[] = "ts_k_layernorm_forward";
   TS_CHECK(check_rows(N, op));
-  TS_CUDA_DT_CALL(dt, launch_layernorm_fwd, out, mean, rstd, inp, weight, bias, N, C, eps,
+  /* inp is only read without ADD */
+  TS_CUDA_DT_CALL(dt, launch_layernorm_fwd, out, mean, rstd, (void *)inp, nullptr, nullptr, weight,
+                  bias, N, C, eps, (cudaStream_t)ctx->stream);
+  return ts_cuda_launched(op);
+}
+
+extern "C" ts_status ts_cuda_add_layernorm_forward(const ts_kctx *ctx, void *out, float *mean,
+                                                   float *rstd, void *res, const void *a,
+                                                   const void *b, const void *weight,
+                                                   const void *bias, size_t N, size_t C,
+                                                   float eps, ts_dtype dt) {
+  static const char op[] = "ts_k_add_layernorm_forward";
+  TS_CHECK(check_rows(N, op));
+  TS_CUDA_DT_CALL(dt, launch_layernorm_fwd, out, mean, rstd, res, a, b, weight, bias, N, C, eps,
                   (cudaStream_t)ctx->stream);
   return ts_cuda_launched(op);
 }

@@ -135,6 +135,10 @@ static cudaDataType_t data_type(ts_dtype dt) {
  * the bits. */
 typedef struct lt_plan {
   int used, device, tf32;
+  int fp8;                /* 1: fp8 operands (ts_cuda_matmul_fp8), D and C bf16 */
+  cudaDataType_t a8, b8;  /* their formats */
+  int32_t scale_mode;     /* cublasLtMatmulMatrixScale_t of A and B */
+  int8_t fast_accum;
   bool ta, tb;
   uint64_t m, n, k;
   int64_t lda, ldb, ldd;
@@ -150,7 +154,9 @@ static lt_plan lt_plans[LT_PLANS];
 static pthread_mutex_t lt_plans_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static bool same_key(const lt_plan *a, const lt_plan *b) {
-  return a->device == b->device && a->tf32 == b->tf32 && a->ta == b->ta && a->tb == b->tb &&
+  return a->device == b->device && a->tf32 == b->tf32 && a->fp8 == b->fp8 && a->a8 == b->a8 &&
+         a->b8 == b->b8 && a->scale_mode == b->scale_mode && a->fast_accum == b->fast_accum &&
+         a->ta == b->ta && a->tb == b->tb &&
          a->m == b->m && a->n == b->n && a->k == b->k && a->lda == b->lda && a->ldb == b->ldb &&
          a->ldd == b->ldd && a->dt == b->dt && a->align[0] == b->align[0] &&
          a->align[1] == b->align[1] && a->align[2] == b->align[2];
@@ -185,11 +191,23 @@ static ts_status plan_build(cublasLtHandle_t h, lt_plan *p, const char *op) {
     st = lt_status(lt.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb,
                                                      sizeof opb),
                    op, "TRANSB");
+  if (st == TS_OK && p->fp8) {
+    const cublasLtMatmulDescAttributes_t attr[3] = {CUBLASLT_MATMUL_DESC_FAST_ACCUM,
+                                                    CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+                                                    CUBLASLT_MATMUL_DESC_B_SCALE_MODE};
+    const void *val[3] = {&p->fast_accum, &p->scale_mode, &p->scale_mode};
+    const size_t len[3] = {sizeof p->fast_accum, sizeof p->scale_mode, sizeof p->scale_mode};
+    for (int i = 0; i < 3 && st == TS_OK; i++)
+      st = lt_status(lt.cublasLtMatmulDescSetAttribute(p->desc, attr[i], val[i], len[i]), op,
+                     "fp8 attribute");
+  }
   if (st == TS_OK)
-    st = lt_status(lt.cublasLtMatrixLayoutCreate(&p->la, ty, p->ta ? k : m, p->ta ? m : k, p->lda),
+    st = lt_status(lt.cublasLtMatrixLayoutCreate(&p->la, p->fp8 ? p->a8 : ty, p->ta ? k : m,
+                                                 p->ta ? m : k, p->lda),
                    op, "layout A");
   if (st == TS_OK)
-    st = lt_status(lt.cublasLtMatrixLayoutCreate(&p->lb, ty, p->tb ? n : k, p->tb ? k : n, p->ldb),
+    st = lt_status(lt.cublasLtMatrixLayoutCreate(&p->lb, p->fp8 ? p->b8 : ty, p->tb ? n : k,
+                                                 p->tb ? k : n, p->ldb),
                    op, "layout B");
   if (st == TS_OK)
     st = lt_status(lt.cublasLtMatrixLayoutCreate(&p->ld, ty, m, n, p->ldd), op, "layout D");
@@ -214,9 +232,9 @@ static ts_status plan_build(cublasLtHandle_t h, lt_plan *p, const char *op) {
                    op, "AlgoGetHeuristic");
   if (st == TS_OK && found == 0)
     st = ts_set_error(TS_ERR_UNSUPPORTED,
-                      "%s (cuda): cuBLASLt has no algorithm for %llu x %llu x %llu in %s", op,
+                      "%s (cuda): cuBLASLt has no algorithm for %llu x %llu x %llu in %s%s", op,
                       (unsigned long long)m, (unsigned long long)n, (unsigned long long)k,
-                      ts_dtype_name(p->dt));
+                      p->fp8 ? "fp8 to " : "", ts_dtype_name(p->dt));
   if (pref) lt.cublasLtMatmulPreferenceDestroy(pref);
   if (st == TS_OK) p->algo = heur.algo;
   else plan_release(p);
@@ -227,18 +245,14 @@ static ts_status plan_build(cublasLtHandle_t h, lt_plan *p, const char *op) {
  * stored (ta ? k x m : m x k) with ld lda, B stored (tb ? n x k : k x n)
  * with ld ldb, through the kept plan of its key (built on first use; a
  * full table builds a temporary one). */
+static ts_status matmul_key(const ts_kctx *ctx, const char *op, lt_plan *key, const void *A,
+                            const void *B, void *D, float beta, const float *sa,
+                            const float *sb);
+
 static ts_status matmul(const ts_kctx *ctx, const char *op, bool ta, bool tb, uint64_t m,
                         uint64_t n, uint64_t k, const void *A, int64_t lda, const void *B,
                         int64_t ldb, void *D, int64_t ldd, float beta, ts_dtype dt) {
-  if (!ctx->blas)
-    return ts_set_error(TS_ERR_INVALID_USAGE,
-                        "%s (cuda): the context has no cuBLASLt handle: make it with "
-                        "ts_k_context_init",
-                        op);
-  cublasLtHandle_t h = (cublasLtHandle_t)ctx->blas;
   lt_plan key = {};
-  key.used = 1;
-  key.device = ctx->device_index;
   key.tf32 = dt == TS_FP32 && (ctx->flags & TS_K_ALLOW_TF32);
   key.ta = ta;
   key.tb = tb;
@@ -249,6 +263,49 @@ static ts_status matmul(const ts_kctx *ctx, const char *op, bool ta, bool tb, ui
   key.ldb = ldb;
   key.ldd = ldd;
   key.dt = dt;
+  return matmul_key(ctx, op, &key, A, B, D, beta, nullptr, nullptr);
+}
+
+extern "C" ts_status ts_cuda_matmul_fp8(const ts_kctx *ctx, const char *op, size_t P, size_t S,
+                                        size_t Q, const uint8_t *A, ts_fp8_format fa,
+                                        const float *sa, const uint8_t *B, ts_fp8_format fb,
+                                        const float *sb, void *D, int accumulate, int rowwise,
+                                        int fast_accum) {
+  /* column-major D^T (S x P, ld S) = op_T(B stored Q x S) * A (Q x P): cuBLASLt's A is our B */
+  lt_plan key = {};
+  key.fp8 = 1;
+  key.a8 = fb == TS_FP8_E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+  key.b8 = fa == TS_FP8_E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+  key.scale_mode = rowwise ? CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
+                           : CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+  key.fast_accum = (int8_t)(fast_accum != 0);
+  key.ta = true;
+  key.tb = false;
+  key.m = S;
+  key.n = P;
+  key.k = Q;
+  key.lda = (int64_t)Q;
+  key.ldb = (int64_t)Q;
+  key.ldd = (int64_t)S;
+  key.dt = TS_BF16;
+  return matmul_key(ctx, op, &key, B, A, D, accumulate ? 1.0f : 0.0f, sb, sa);
+}
+
+/* The matmul of key (its shape, types and attributes filled; the rest set
+ * here) on A, B and D; fp8: sa and sb the scale vectors of cuBLASLt's A
+ * and B. */
+static ts_status matmul_key(const ts_kctx *ctx, const char *op, lt_plan *keyp, const void *A,
+                            const void *B, void *D, float beta, const float *sa,
+                            const float *sb) {
+  if (!ctx->blas)
+    return ts_set_error(TS_ERR_INVALID_USAGE,
+                        "%s (cuda): the context has no cuBLASLt handle: make it with "
+                        "ts_k_context_init",
+                        op);
+  cublasLtHandle_t h = (cublasLtHandle_t)ctx->blas;
+  lt_plan key = *keyp;
+  key.used = 1;
+  key.device = ctx->device_index;
   key.align[0] = alignment_of(A);
   key.align[1] = alignment_of(B);
   key.align[2] = alignment_of(D);
@@ -269,7 +326,18 @@ static ts_status matmul(const ts_kctx *ctx, const char *op, bool ta, bool tb, ui
     st = plan_build(h, &temp, op);
     p = &temp;
   }
-  if (st != TS_OK) return st;
+  if (st == TS_OK && key.fp8)
+    st = lt_status(lt.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                     &sa, sizeof sa),
+                   op, "A_SCALE_POINTER");
+  if (st == TS_OK && key.fp8)
+    st = lt_status(lt.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                     &sb, sizeof sb),
+                   op, "B_SCALE_POINTER");
+  if (st != TS_OK) {
+    if (p == &temp) plan_release(&temp);
+    return st;
+  }
   float alpha = 1.0f;
   void *ws = (void *)(((uintptr_t)ctx->workspace + 255) & ~(uintptr_t)255);
   st = lt_status(lt.cublasLtMatmul(h, p->desc, &alpha, A, p->la, B, p->lb, &beta, D, p->ld, D,
