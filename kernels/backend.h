@@ -57,6 +57,7 @@ typedef struct ts_k_backend {
 
   /* workspace queries (NULL: the op needs none on this device) */
   size_t (*linear_workspace_bytes)(size_t M, size_t N, size_t K, ts_dtype dt);
+  size_t (*linear_bias_workspace_bytes)(size_t M, size_t N, size_t K, ts_dtype dt);
   size_t (*embedding_workspace_bytes)(size_t N, ts_dtype dt);
   size_t (*rmsnorm_workspace_bytes)(size_t N, size_t C, ts_dtype dt);
   size_t (*attention_workspace_bytes)(size_t B, size_t T, size_t NH, size_t NKV, size_t HS,

@@ -334,6 +334,12 @@ size_t ts_k_linear_workspace_bytes(ts_device dev, size_t M, size_t N, size_t K, 
   return be->linear_workspace_bytes ? be->linear_workspace_bytes(M, N, K, dt) : 0;
 }
 
+size_t ts_k_linear_bias_workspace_bytes(ts_device dev, size_t M, size_t N, size_t K,
+                                        ts_dtype dt) {
+  const ts_k_backend *be = query_backend(dev);
+  return be->linear_bias_workspace_bytes ? be->linear_bias_workspace_bytes(M, N, K, dt) : 0;
+}
+
 size_t ts_k_rmsnorm_workspace_bytes(ts_device dev, size_t N, size_t C, ts_dtype dt) {
   const ts_k_backend *be = query_backend(dev);
   return be->rmsnorm_workspace_bytes ? be->rmsnorm_workspace_bytes(N, C, dt) : 0;
@@ -420,25 +426,53 @@ ts_status ts_k_sum_ranks(const ts_kctx *ctx, void *out, const void *const *parts
 /* ---- linear ------------------------------------------------------------------------ */
 
 static const k_op OP_LINEAR_FORWARD = {"ts_k_linear_forward", 1, 3, {"out", "inp", "weight"}};
+static const k_op OP_LINEAR_BIAS_FORWARD = {
+    "ts_k_linear_bias_forward", 1, 4, {"out", "inp", "weight", "bias"}};
 static const k_op OP_LINEAR_BACKWARD = {
     "ts_k_linear_backward", 1, 3, {"dout", "weight", "inp"}, 2, {"dinp", "dweight"}};
 
+/* A forward product with K == 0, once call c of op passes its checks:
+ * empty sums, out (M, N) = 0 [+ bias (N) on every row]; inp and weight
+ * are not read. */
+static ts_status empty_sums(const k_op *op, const k_call *c, void *out, const void *bias,
+                            size_t M, size_t N, ts_dtype dt) {
+  const ts_k_backend *be;
+  int run;
+  TS_CHECK(k_check(op, c, &be, &run));
+  TS_CHECK(ts_k_zero(c->ctx, out, M * N * ts_dtype_size(dt)));
+  return bias ? ts_k_bias_add(c->ctx, out, bias, M, N, dt) : TS_OK;
+}
+
 ts_status ts_k_linear_forward(const ts_kctx *ctx, void *out, const void *inp, const void *weight,
                               size_t M, size_t N, size_t K, ts_dtype dt) {
-  /* K == 0: empty sums, out = 0 (inp and weight are not read) */
   k_call c = {
       ctx,
       {dt},
       .empty = M == 0 || N == 0,
       .ptrs = {out, K ? inp : K_UNUSED, K ? weight : K_UNUSED},
       .workspace = K ? K_WORKSPACE(ctx, ts_k_linear_workspace_bytes(ctx->device, M, N, K, dt)) : 0};
-  if (K == 0 && c.ctx && !c.empty && out) {
-    const ts_k_backend *be;
-    int run;
-    TS_CHECK(k_check(&OP_LINEAR_FORWARD, &c, &be, &run));
-    return ts_k_zero(ctx, out, M * N * ts_dtype_size(dt));
-  }
+  if (K == 0 && c.ctx && !c.empty && out)
+    return empty_sums(&OP_LINEAR_FORWARD, &c, out, NULL, M, N, dt);
   K_RUN(OP_LINEAR_FORWARD, c, linear_forward, ctx, out, inp, weight, M, N, K, dt);
+}
+
+ts_status ts_k_linear_bias_forward(const ts_kctx *ctx, void *out, const void *inp,
+                                   const void *weight, const void *bias, size_t M, size_t N,
+                                   size_t K, ts_dtype dt) {
+  const char *op = OP_LINEAR_BIAS_FORWARD.name;
+  ts_status alias = k_no_alias(out, bias, "out", "bias", op);
+  if (alias == TS_OK && K) alias = k_no_alias(out, inp, "out", "inp", op);
+  if (alias == TS_OK && K) alias = k_no_alias(out, weight, "out", "weight", op);
+  size_t ws = K ? K_WORKSPACE(ctx, ts_k_linear_bias_workspace_bytes(ctx->device, M, N, K, dt)) : 0;
+  k_call c = {ctx,
+              {dt},
+              .empty = M == 0 || N == 0,
+              .ptrs = {out, K ? inp : K_UNUSED, K ? weight : K_UNUSED, bias},
+              .conflict = alias,
+              .workspace = ws};
+  if (K == 0 && c.ctx && !c.empty && out)
+    return empty_sums(&OP_LINEAR_BIAS_FORWARD, &c, out, bias, M, N, dt);
+  K_RUN(OP_LINEAR_BIAS_FORWARD, c, linear_bias_forward, ctx, out, inp, weight, bias, M, N, K, dt);
 }
 
 ts_status ts_k_linear_backward(const ts_kctx *ctx, void *dinp, void *dweight, const void *dout,

@@ -353,7 +353,7 @@ ts_status ts_k_nonfinite(const ts_kctx *ctx, int32_t *flag, const void *x, size_
 ts_status ts_k_sum_ranks(const ts_kctx *ctx, void *out, const void *const *parts, int n,
                          size_t count, ts_dtype dt, int accumulate);
 
-/* ---- linear layer: y = x W^T (no bias; Hugging Face nn.Linear layout) --- */
+/* ---- linear layer: y = x W^T (+ b: ts_k_linear_bias_forward; nn.Linear layout) */
 
 /* out (M, N) = inp (M, K) @ weight (N, K)^T. All dt. Products summed in
  * fp32 and rounded once to dt (bf16/fp16: CPU through oneDNN's native
@@ -370,6 +370,41 @@ ts_status ts_k_linear_backward(const ts_kctx *ctx, void *dinp, void *dweight, co
  * for bf16/fp16 on the fp32 copies. oneDNN's and OpenBLAS's own buffers
  * are the libraries' (outside the ledger). */
 size_t ts_k_linear_workspace_bytes(ts_device dev, size_t M, size_t N, size_t K, ts_dtype dt);
+
+/* nn.Linear with its bias in one op (torch.nn.functional.linear; CUDA:
+ * cuBLASLt's CUBLASLT_EPILOGUE_BIAS):
+ *   out (M, N) = inp (M, K) @ weight (N, K)^T + bias (N) on every row
+ * All dt on ctx->device. Each output is its K products summed in fp32 (as
+ * ts_k_linear_forward sums them), plus the widened bias[n] in fp32,
+ * rounded ONCE to dt; ts_k_linear_forward then ts_k_bias_add round the
+ * product to dt, then the sum again. So bf16/fp16 differ from those two
+ * calls (by one rounding fewer); fp32 has no rounding to dt, and on the
+ * CPU gives their bits exactly (the fp32 sum, then one fp32 addition);
+ * CUDA fp32 keeps the bound, not the bits (the epilogue's algorithm need
+ * not be the bias-free product's). K == 0: out = 0 + bias on every row
+ * (inp and weight not read). out may not alias inp, weight or bias
+ * (TS_ERR_INVALID_ARGUMENT), and must not overlap them. Needs
+ * ts_k_linear_bias_workspace_bytes(ctx->device, M, N, K, dt) bytes of
+ * workspace (else TS_ERR_OUT_OF_MEMORY, nothing written).
+ * CPU: where oneDNN runs dt (ts_k_matmul_impl) its matmul adds the bias
+ * in its fp32 accumulator before the one rounding; elsewhere the fp32
+ * sgemm, then (bf16/fp16: on the fp32 copies, before narrowing) the bias
+ * added in fp32. Fixed tiles either way: the same bits at any thread
+ * count. CUDA: one cublasLtMatmul with the bias epilogue, bias of D's
+ * type; a bias under 16-byte alignment (a tensor at an odd offset in a
+ * flat buffer, where cuBLASLt's heuristic may still pick a kernel that
+ * assumes 16) is first copied to a 256-byte-aligned slot of the
+ * workspace, so every call rounds once. TS_K_ALLOW_TF32 applies as to
+ * ts_k_linear_forward. Errors: those of ts_k_linear_forward. */
+ts_status ts_k_linear_bias_forward(const ts_kctx *ctx, void *out, const void *inp,
+                                   const void *weight, const void *bias, size_t M, size_t N,
+                                   size_t K, ts_dtype dt);
+/* Exact bytes of ctx->workspace ts_k_linear_bias_forward needs on device
+ * dev: on the CPU ts_k_linear_workspace_bytes's (the fp32 copies' product
+ * takes the bias in place); on CUDA that plus N elements of dt (the
+ * slot for a misaligned bias). */
+size_t ts_k_linear_bias_workspace_bytes(ts_device dev, size_t M, size_t N, size_t K,
+                                        ts_dtype dt);
 
 /* ---- fp8 linear layer (Hopper's fp8 tensor cores; a CPU reference) ---------
  * The products of ts_k_linear_* with both operands cast to fp8 by dynamic

@@ -15,6 +15,10 @@
 // order, every dtype), and bit for bit a host model of the slice sums of
 // longer runs (what the bitonic sort before it gave: the sorted order is
 // total, so any sort gives the same sums).
+//
+// The linear layer's bias epilogue (kernels/cuda/linear.cu): products
+// with and without it on the same shapes, interleaved, each keeping its
+// own plan; one rounding; a misaligned bias the aligned one's bits.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -465,6 +469,53 @@ TEST(CudaPaths, EmbeddingBackwardLongRunsMatchTheSliceSums) {
           EmbeddingBackwardOn(TS_DEVICE_CUDA, dw0, dout, tok, C, V, dt, TS_K_INDICES_CHECKED);
       EXPECT_TRUE(got == ts_parity::HostBytes(SliceSums(dw0, dout, tok, C, V, dt), dt))
           << "differs from the slice sums";
+    }
+}
+
+// ---- the linear layer's bias epilogue ------------------------------------------------------
+
+// BERT-base's products (N 3072, K 768: the intermediate dense; N 768, K
+// 3072: the output dense) on 130 rows, in the order plain (A), with the
+// bias (B), plain (C), with the bias (D), with the bias at a 2- or 4-byte
+// offset (E: copied to an aligned slot first), so each call finds the
+// other kind's plan of its shape kept: A and C the same bits, within one
+// rounding of the bias-free product (the plain plan never adds a bias);
+// B, D and E the same bits, within one rounding of the product plus the
+// bias (ts_test::linear_bias_bound; the epilogue plan never drops it).
+TEST(CudaPaths, LinearBiasEpilogueKeepsItsPlanAndRoundsOnce) {
+  ASSERT_TRUE(have_gpu()) << "no CUDA device: tests tagged gpu need one";
+  const size_t M = 130, shapes[][2] = {{3072, 768}, {768, 3072}};
+  for (const auto &s : shapes)
+    for (ts_dtype dt : {TS_FP32, TS_BF16, TS_FP16}) {
+      const size_t N = s[0], K = s[1], es = ts_dtype_size(dt), bytes = M * N * es;
+      SCOPED_TRACE(std::string(ts_dtype_name(dt)) + " N " + std::to_string(N));
+      Rng rng(46 + N + (uint64_t)dt);
+      std::vector<float> x = ts_test::round_to(rng.vec(M * K), dt),
+                         w = ts_test::round_to(rng.vec(N * K), dt),
+                         bias = ts_test::round_to(rng.vec(N, -2, 2), dt), shifted(N + 1, 0.0f);
+      std::copy(bias.begin(), bias.end(), shifted.begin() + 1);
+      Backend b(TS_DEVICE_CUDA);
+      b.Workspace(ts_k_linear_bias_workspace_bytes(TS_DEVICE_CUDA, M, N, K, dt));
+      DevPtr dx = b.Up(x, dt), dw = b.Up(w, dt), db = b.Up(bias, dt), dbs = b.Up(shifted, dt);
+      DevPtr out[5];
+      for (auto &o : out) o = b.Poisoned(M * N, dt);
+      const void *biases[5] = {nullptr, db->p, nullptr, db->p, dbs->as<char>() + es};
+      for (int i = 0; i < 5; i++)
+        ASSERT_EQ(biases[i] ? ts_k_linear_bias_forward(b.ctx(), out[i]->p, dx->p, dw->p,
+                                                       biases[i], M, N, K, dt)
+                            : ts_k_linear_forward(b.ctx(), out[i]->p, dx->p, dw->p, M, N, K, dt),
+                  TS_OK)
+            << i << ": " << ts_last_error();
+      std::vector<unsigned char> got[5];
+      for (int i = 0; i < 5; i++) got[i] = b.DownBytes(*out[i], bytes);
+      EXPECT_TRUE(got[0] == got[2]) << "the plain product changed after an epilogue call";
+      EXPECT_TRUE(got[1] == got[3]) << "the epilogue product changed after a plain call";
+      EXPECT_TRUE(got[1] == got[4]) << "the misaligned bias changed the bits";
+      std::vector<double> ref, tol;
+      ts_test::linear_bias_bound(ref, tol, x, w, std::vector<float>(N, 0.0f), M, N, K, dt);
+      ts_parity::Expect("without the bias", b.Down(*out[0], M * N, dt), ref, tol);
+      ts_test::linear_bias_bound(ref, tol, x, w, bias, M, N, K, dt);
+      ts_parity::Expect("with the bias", b.Down(*out[1], M * N, dt), ref, tol);
     }
 }
 

@@ -28,6 +28,8 @@
 
 #include <gtest/gtest-spi.h>
 
+#include <algorithm>
+
 namespace ts_parity {
 
 ts_status Cast(Backend &b, ts_dtype in_dt, Rng &rng) {
@@ -197,6 +199,50 @@ ts_status LinearBackward(Backend &b, ts_dtype dt, Rng &rng) {
   return TS_OK;
 }
 
+// out = x W^T + b rounded once to dt: within half an ulp of dt of the exact
+// value, widened by the fp32 error e of the K products' sum and the bias'
+// addition (2.1 (K + 1) u32 of their magnitudes, as the linear's bound):
+// |out - r| <= half_ulp(|r| + e) + e (ts_test::linear_bias_bound; its
+// half ulp is the subnormals' below the smallest normal). bf16/fp16: the
+// two ops apart (the product rounded to dt, then the sum again) must leave
+// that bound on some output, so it tells one rounding from two. fp32 on
+// the CPU: bit for bit the two ops apart (the CUDA epilogue's algorithm
+// may differ from the bias-free product's). Again with the bias at a 2- or
+// 4-byte offset (a tensor inside a flat buffer; CUDA copies it to an
+// aligned slot first): the same bits.
+ts_status LinearBiasForward(Backend &b, ts_dtype dt, Rng &rng) {
+  std::vector<float> x = Input(rng, kM * kIn, dt), w = Input(rng, kOut * kIn, dt),
+                     bias = Input(rng, kOut, dt, -2, 2);
+  b.Workspace(std::max(ts_k_linear_bias_workspace_bytes(b.device(), kM, kOut, kIn, dt),
+                       ts_k_linear_workspace_bytes(b.device(), kM, kOut, kIn, dt)));
+  std::vector<float> shifted(kOut + 1, 0.0f);
+  std::copy(bias.begin(), bias.end(), shifted.begin() + 1);
+  DevPtr dx = b.Up(x, dt), dw = b.Up(w, dt), db = b.Up(bias, dt), dbs = b.Up(shifted, dt);
+  DevPtr dy = b.Poisoned(kM * kOut, dt), dys = b.Poisoned(kM * kOut, dt),
+         dyu = b.Poisoned(kM * kOut, dt);
+  RUN_OR_RETURN(
+      ts_k_linear_bias_forward(b.ctx(), dy->p, dx->p, dw->p, db->p, kM, kOut, kIn, dt));
+  const void *misaligned = dbs->as<char>() + ts_dtype_size(dt);
+  RUN_OR_RETURN(
+      ts_k_linear_bias_forward(b.ctx(), dys->p, dx->p, dw->p, misaligned, kM, kOut, kIn, dt));
+  RUN_OR_RETURN(ts_k_linear_forward(b.ctx(), dyu->p, dx->p, dw->p, kM, kOut, kIn, dt));
+  RUN_OR_RETURN(ts_k_bias_add(b.ctx(), dyu->p, db->p, kM, kOut, dt));
+  std::vector<double> ref, tol;
+  ts_test::linear_bias_bound(ref, tol, x, w, bias, kM, kOut, kIn, dt);
+  Expect("out", b.Down(*dy, kM * kOut, dt), ref, tol);
+  const size_t bytes = Bytes(kM * kOut, dt);
+  ExpectBits("out with a misaligned bias", b.DownBytes(*dys, bytes), b.DownBytes(*dy, bytes));
+  if (dt == TS_FP32 && b.device() == TS_DEVICE_CPU)
+    ExpectBits("out against the two ops apart", b.DownBytes(*dy, bytes), b.DownBytes(*dyu, bytes));
+  if (dt != TS_FP32) {
+    std::vector<float> apart = b.Down(*dyu, kM * kOut, dt);
+    size_t over = 0;
+    for (size_t i = 0; i < apart.size(); i++) over += !(std::fabs(apart[i] - ref[i]) <= tol[i]);
+    EXPECT_GT(over, 0u) << "the bound must tell one rounding from two";
+  }
+  return TS_OK;
+}
+
 // ---- embedding ------------------------------------------------------------------------
 
 // Tokens with repeats (rows that gather several additions) and rows never used.
@@ -315,6 +361,7 @@ const std::vector<Case> &Cases() {
       {"loss_sum", LossSum},
       {"linear_forward", LinearForward},
       {"linear_backward", LinearBackward},
+      {"linear_bias_forward", LinearBiasForward},
       {"embedding_forward", EmbeddingForward},
       {"embedding_backward", EmbeddingBackward},
       {"embedding_backward_long_runs", EmbeddingBackwardLongRuns},

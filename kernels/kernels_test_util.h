@@ -94,6 +94,43 @@ inline double unit_roundoff(ts_dtype dt) {
                          : std::ldexp(1.0, -11);
 }
 
+/* Half the spacing of dtype dt's values at magnitude |x| (its binade's,
+ * subnormals' below the smallest normal): the most one round-to-nearest
+ * to dt moves a value of that magnitude. */
+inline double half_ulp(ts_dtype dt, double x) {
+  const int p = dt == TS_FP32 ? 24 : dt == TS_BF16 ? 8 : 11;  // significant bits
+  const int emin = dt == TS_FP16 ? -14 : -126;                 // smallest normal's exponent
+  int e = emin + 1;
+  if (x != 0) std::frexp(std::fabs(x), &e);  // |x| = f 2^e, f in [0.5, 1)
+  return std::ldexp(1.0, (e - 1 > emin ? e - 1 : emin) - p);
+}
+
+/* ts_k_linear_bias_forward's bound: out (M, N) = x (M, K) @ w (N, K)^T +
+ * b (N) rounded once to dt lies within tol of ref, the exact value (in
+ * double): half an ulp of dt at |ref| + e, plus e, where e = 2.1 (K + 1)
+ * u32 times the terms' magnitudes sum |x w| + |b| bounds the fp32 error
+ * of the K products' sum and the bias' addition (Higham 3.1; 2.1: twice
+ * that, as the linear's parity bound). Two roundings (the product rounded
+ * to dt first) err up to about an ulp and leave it. */
+inline void linear_bias_bound(std::vector<double> &ref, std::vector<double> &tol,
+                              const std::vector<float> &x, const std::vector<float> &w,
+                              const std::vector<float> &b, size_t M, size_t N, size_t K,
+                              ts_dtype dt) {
+  ref.assign(M * N, 0);
+  tol.assign(M * N, 0);
+  for (size_t m = 0; m < M; m++)
+    for (size_t n = 0; n < N; n++) {
+      double s = b[n], mag = std::fabs(b[n]);
+      for (size_t k = 0; k < K; k++) {
+        s += (double)x[m * K + k] * w[n * K + k];
+        mag += std::fabs((double)x[m * K + k] * w[n * K + k]);
+      }
+      double e = 2.1 * (K + 1) * std::ldexp(1.0, -24) * mag;
+      ref[m * N + n] = s;
+      tol[m * N + n] = half_ulp(dt, std::fabs(s) + e) + e;
+    }
+}
+
 /* sum_i a[i] * w[i] in double. */
 inline double dot(const std::vector<float> &a, const std::vector<float> &w) {
   double s = 0;

@@ -37,6 +37,9 @@
   /* M, K > 0; N > 0; dinp or dweight non-NULL */                                                 \
   X(linear_backward, (const ts_kctx *ctx, void *dinp, void *dweight, const void *dout,            \
       const void *inp, const void *weight, size_t M, size_t N, size_t K, ts_dtype dt))            \
+  /* K > 0 */                                                                                     \
+  X(linear_bias_forward, (const ts_kctx *ctx, void *out, const void *inp, const void *weight,     \
+      const void *bias, size_t M, size_t N, size_t K, ts_dtype dt))                               \
   /* fp8 (kernels.h "fp8 linear layer"): dt bf16 for the linear ops, ctx->wgrad NULL */       \
   X(fp8_quantize, (const ts_kctx *ctx, uint8_t *out, float *scale_inv, const void *inp,          \
       size_t R, size_t C, int transpose, ts_fp8_format fmt, ts_fp8_scaling scaling,              \

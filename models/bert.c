@@ -290,6 +290,13 @@ static temps temps_layout(const dims *d, ts_unit_role role, void *base, ts_dtype
 
 static size_t max2(size_t a, size_t b) { return a > b ? a : b; }
 
+/* A dense layer's kernel workspace: its forward's (with the bias) and
+ * backward's. */
+static size_t linear_ws(ts_device dev, size_t rows, size_t cols, size_t in, ts_dtype dt) {
+  return max2(ts_k_linear_bias_workspace_bytes(dev, rows, cols, in, dt),
+              ts_k_linear_workspace_bytes(dev, rows, cols, in, dt));
+}
+
 /* Largest kernel workspace any op of a unit asks for. */
 static size_t kernel_ws(const dims *d, ts_unit_role role, ts_dtype dt, ts_device dev) {
   size_t w = ts_k_layernorm_workspace_bytes(dev, d->N, d->C, dt);
@@ -297,15 +304,15 @@ static size_t kernel_ws(const dims *d, ts_unit_role role, ts_dtype dt, ts_device
     w = max2(w, ts_k_embedding_workspace_bytes(dev, d->N, dt));
     w = max2(w, ts_k_bias_workspace_bytes(dev, d->B, d->T * d->C, dt));
   } else if (role == TS_UNIT_BLOCK) {
-    w = max2(w, ts_k_linear_workspace_bytes(dev, d->N, d->C, d->C, dt));
-    w = max2(w, ts_k_linear_workspace_bytes(dev, d->N, d->I, d->C, dt));
-    w = max2(w, ts_k_linear_workspace_bytes(dev, d->N, d->C, d->I, dt));
+    w = max2(w, linear_ws(dev, d->N, d->C, d->C, dt));
+    w = max2(w, linear_ws(dev, d->N, d->I, d->C, dt));
+    w = max2(w, linear_ws(dev, d->N, d->C, d->I, dt));
     w = max2(w, ts_k_attention_workspace_bytes(dev, d->B, d->T, d->NH, d->NH, d->HS, dt));
     w = max2(w, ts_k_bias_workspace_bytes(dev, d->N, d->C, dt));
     w = max2(w, ts_k_bias_workspace_bytes(dev, d->N, d->I, dt));
   } else {
-    w = max2(w, ts_k_linear_workspace_bytes(dev, d->N, d->V, d->C, dt));
-    w = max2(w, ts_k_linear_workspace_bytes(dev, d->N, d->C, d->C, dt));
+    w = max2(w, linear_ws(dev, d->N, d->V, d->C, dt));
+    w = max2(w, linear_ws(dev, d->N, d->C, d->C, dt));
     w = max2(w, ts_k_bias_workspace_bytes(dev, d->N, d->V, dt));
     w = max2(w, ts_k_bias_workspace_bytes(dev, d->N, d->C, dt));
   }
@@ -352,14 +359,17 @@ static ts_status start(const ts_model *m, const ts_unit *un, const ts_kctx *ctx,
                             k, "bert", what);
 }
 
-/* out (rows, cols) = inp @ weight^T + bias: nn.Linear. */
+/* out (rows, cols) = inp @ weight^T + bias: nn.Linear, the bias added to
+ * each fp32 sum before its one rounding (ts_k_linear_bias_forward). */
 static ts_status linear(const ts_kctx *k, void *out, const void *inp, const void *w,
                         const void *b, size_t rows, size_t cols, size_t in, ts_dtype dt) {
-  TS_CHECK(ts_k_linear_forward(k, out, inp, w, rows, cols, in, dt));
-  return ts_k_bias_add(k, out, b, rows, cols, dt);
+  return ts_k_linear_bias_forward(k, out, inp, w, b, rows, cols, in, dt);
 }
 
-/* Its backward: dbias += sum of dout's rows, dweight += dout^T inp, dinp = dout weight. */
+/* Its backward: dbias += sum of dout's rows, dweight += dout^T inp, dinp =
+ * dout weight. The bias gradient stays ts_k_bias_backward's (fp32 sums
+ * added to dbias, one rounding): cuBLASLt's BGRAD epilogues write it (=)
+ * in D's dtype, a second rounding of an accumulated gradient. */
 static ts_status linear_back(const ts_kctx *k, void *dinp, void *dw, void *db, const void *dout,
                              const void *inp, const void *w, size_t rows, size_t cols, size_t in,
                              ts_dtype dt) {

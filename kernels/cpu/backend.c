@@ -54,6 +54,7 @@ const ts_k_backend ts_k_cpu_backend = {
     .to_host = cpu_copy,
     .from_host = cpu_copy,
     .linear_workspace_bytes = ts_cpu_linear_workspace_bytes,
+    .linear_bias_workspace_bytes = ts_cpu_linear_workspace_bytes, /* the bias needs no more */
     .embedding_workspace_bytes = ts_cpu_embedding_workspace_bytes,
     .attention_workspace_bytes = ts_cpu_attention_workspace_bytes,
     .attention_state_bytes = ts_cpu_attention_state_bytes,

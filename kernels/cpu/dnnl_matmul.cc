@@ -8,11 +8,13 @@
 //   thread count, so the bits do not depend on it.
 // - One CPU engine for the process, one in-order stream per thread; a
 //   primitive per tile shape (m, n, K, leading dimensions, layouts, dtype,
-//   accumulate), made on first use with OpenMP's thread count set to 1 and
-//   kept, under a mutex (the communication thread never computes, but the
-//   cache must not care who calls). At most four tile shapes per product.
+//   accumulate, bias or not), made on first use with OpenMP's thread count
+//   set to 1 and kept, under a mutex (the communication thread never
+//   computes, but the cache must not care who calls). At most four tile
+//   shapes per product.
 // - Operands are wrapped in memory objects over the caller's buffers (a
-//   tile is a strided view): no copy, no widening, no tessera workspace.
+//   tile is a strided view, its bias the row's slice of the tile's
+//   columns): no copy, no widening, no tessera workspace.
 //   Each thread's scratchpad is its own (user mode, grown as needed, kept).
 // - ts_cpu_dnnl_matmul is called outside OpenMP regions; it opens one.
 #include "kernels/cpu/dnnl_matmul.h"
@@ -27,6 +29,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "kernels/cpu/tiles.h"
@@ -35,8 +38,8 @@ namespace {
 
 using dnnl::memory;
 using tag = dnnl::memory::format_tag;
-// m, n, K, lda, ldb, ldc, trans_a, trans_b, accumulate, dtype
-using Key = std::tuple<size_t, size_t, size_t, size_t, size_t, size_t, int, int, int, int>;
+// m, n, K, lda, ldb, ldc, trans_a, trans_b, accumulate, dtype, bias
+using Key = std::tuple<size_t, size_t, size_t, size_t, size_t, size_t, int, int, int, int, int>;
 
 struct Cached {
   dnnl::matmul::primitive_desc pd;
@@ -70,9 +73,10 @@ memory::desc Desc(size_t rows, size_t cols, size_t ld, bool trans, ts_dtype dt) 
   return memory::desc({(memory::dim)rows, (memory::dim)cols}, Type(dt), strides);
 }
 
-// A primitive for one tile (m, n) of a product over K, made for one thread.
+// A primitive for one tile (m, n) of a product over K, made for one thread;
+// with a bias row (1, n) of dt added in the fp32 accumulator when bias.
 std::unique_ptr<Cached> Make(size_t m, size_t n, size_t K, size_t lda, size_t ldb, size_t ldc,
-                             bool ta, bool tb, bool acc, ts_dtype dt) {
+                             bool ta, bool tb, bool acc, ts_dtype dt, bool bias = false) {
   Dnnl &d = State();
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -81,8 +85,11 @@ std::unique_ptr<Cached> Make(size_t m, size_t n, size_t K, size_t lda, size_t ld
     po.append_sum(1.0f);
     attr.set_post_ops(po);
   }
-  dnnl::matmul::desc md(Desc(m, K, lda, ta, dt), Desc(K, n, ldb, tb, dt),
-                        Desc(m, n, ldc, false, dt));
+  dnnl::matmul::desc md = bias ? dnnl::matmul::desc(Desc(m, K, lda, ta, dt), Desc(K, n, ldb, tb, dt),
+                                                    Desc(1, n, n, false, dt),
+                                                    Desc(m, n, ldc, false, dt))
+                               : dnnl::matmul::desc(Desc(m, K, lda, ta, dt), Desc(K, n, ldb, tb, dt),
+                                                    Desc(m, n, ldc, false, dt));
   int threads = omp_get_max_threads();
   omp_set_num_threads(1);  // oneDNN plans its partition for the threads it sees
   try {
@@ -105,7 +112,7 @@ Cached *Get(const Key &k) {
     it = d.cache
              .emplace(k, Make(std::get<0>(k), std::get<1>(k), std::get<2>(k), std::get<3>(k),
                               std::get<4>(k), std::get<5>(k), std::get<6>(k), std::get<7>(k),
-                              std::get<8>(k), (ts_dtype)std::get<9>(k)))
+                              std::get<8>(k), (ts_dtype)std::get<9>(k), std::get<10>(k)))
              .first;
   }
   return it->second.get();
@@ -150,9 +157,9 @@ extern "C" const char *ts_cpu_dnnl_impl(ts_dtype dt) {
   return impl[i];
 }
 
-extern "C" ts_status ts_cpu_dnnl_matmul(void *C, const void *A, const void *B, size_t M, size_t N,
-                                        size_t K, int trans_a, int trans_b, int accumulate,
-                                        ts_dtype dt) {
+extern "C" ts_status ts_cpu_dnnl_matmul(void *C, const void *A, const void *B, const void *bias,
+                                        size_t M, size_t N, size_t K, int trans_a, int trans_b,
+                                        int accumulate, ts_dtype dt) {
   if (M == 0 || N == 0) return TS_OK;
   ts_cpu_tiling g = ts_cpu_tiling_of(M, N, TS_CPU_TILE_M, TileN(M));
   size_t es = ts_dtype_size(dt), lda = trans_a ? M : K, ldb = trans_b ? K : N;
@@ -164,7 +171,7 @@ extern "C" ts_status ts_cpu_dnnl_matmul(void *C, const void *A, const void *B, s
       for (int ln = 0; ln < 2; ln++) {
         if ((!lm && g.rows == 1) || (!ln && g.cols == 1)) continue; /* no such tile */
         prim[lm][ln] = Get(Key{lm ? last_m : g.tm, ln ? last_n : g.tn, K, lda, ldb, N, !!trans_a,
-                               !!trans_b, !!accumulate, (int)dt});
+                               !!trans_b, !!accumulate, (int)dt, bias != nullptr});
       }
   } catch (const dnnl::error &e) {
     return ts_set_error(TS_ERR_INTERNAL, "oneDNN matmul %zu x %zu x %zu (%s): %s (status %d)", M, N,
@@ -190,10 +197,14 @@ extern "C" ts_status ts_cpu_dnnl_matmul(void *C, const void *A, const void *B, s
       memory mb(c->pd.weights_desc(), d.eng, const_cast<char *>(b));
       memory mc(c->pd.dst_desc(), d.eng, out);
       memory ms(c->pd.scratchpad_desc(), d.eng, pad.data());
-      c->prim.execute(st, {{DNNL_ARG_SRC, ma},
-                           {DNNL_ARG_WEIGHTS, mb},
-                           {DNNL_ARG_DST, mc},
-                           {DNNL_ARG_SCRATCHPAD, ms}});
+      std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, ma},
+                                              {DNNL_ARG_WEIGHTS, mb},
+                                              {DNNL_ARG_DST, mc},
+                                              {DNNL_ARG_SCRATCHPAD, ms}};
+      if (bias)  // the tile's columns of the bias row
+        args.insert({DNNL_ARG_BIAS, memory(c->pd.bias_desc(), d.eng,
+                                           const_cast<char *>((const char *)bias + x.j0 * es))});
+      c->prim.execute(st, args);
       st.wait();
     } catch (const dnnl::error &e) {
 #pragma omp critical(ts_dnnl_error)

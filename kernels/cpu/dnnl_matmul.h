@@ -26,23 +26,26 @@ extern "C" {
  * 64 x 64 x 64). */
 const char *ts_cpu_dnnl_impl(ts_dtype dt);
 
-/* C (M, N) = op(A) op(B) [+ C when accumulate], every matrix row-major in
- * dt (fp32, bf16 or fp16), products summed in fp32 by oneDNN and rounded
- * once to dt (the sum post-op adds the previous C in fp32 before that
- * rounding). The output is cut into tiles of TS_CPU_TILE_M rows by
+/* C (M, N) = op(A) op(B) [+ bias on every row] [+ C when accumulate],
+ * every matrix row-major in dt (fp32, bf16 or fp16), products summed in
+ * fp32 by oneDNN and rounded once to dt: bias (N, dt; NULL: none) is
+ * widened and added to the fp32 sum (oneDNN's matmul bias), and the sum
+ * post-op adds the previous C in fp32, both before that rounding. The
+ * output is cut into tiles of TS_CPU_TILE_M rows by
  * TS_CPU_TILE_N columns (twice that many columns when M >= 8 TS_CPU_TILE_M),
  * each computed whole by a primitive made for one thread, tiles spread over
  * OpenMP's threads: the same bits at any thread count.
  * op(A) is (M, K): A itself (M, K) when !trans_a, else A is (K, M); op(B)
  * is (K, N): B itself (K, N) when !trans_b, else B is (N, K). Host memory;
- * C does not overlap A or B. The primitive for each (shape, layout, dtype,
- * accumulate) is made once and kept for the process; oneDNN's scratchpad is
+ * C does not overlap A, B or bias. The primitive for each (shape, layout,
+ * dtype, bias or not, accumulate) is made once and kept for the process; oneDNN's scratchpad is
  * one growing buffer per thread (outside the ledger, as OpenBLAS's packing
  * buffers are). Call only where ts_cpu_dnnl_impl(dt) is not NULL.
  * TS_ERR_INTERNAL with oneDNN's message when it fails (it does not for
  * valid shapes). */
-ts_status ts_cpu_dnnl_matmul(void *C, const void *A, const void *B, size_t M, size_t N, size_t K,
-                             int trans_a, int trans_b, int accumulate, ts_dtype dt);
+ts_status ts_cpu_dnnl_matmul(void *C, const void *A, const void *B, const void *bias, size_t M,
+                             size_t N, size_t K, int trans_a, int trans_b, int accumulate,
+                             ts_dtype dt);
 
 #ifdef __cplusplus
 }

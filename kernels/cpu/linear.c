@@ -1,6 +1,7 @@
 /*
- * linear.c — the CPU body of the bias-free linear layer y = x W^T (Hugging Face nn.Linear
- * weight layout (N, K)), forward and backward, through OpenBLAS sgemm or oneDNN.
+ * linear.c — the CPU body of the linear layer y = x W^T (Hugging Face nn.Linear
+ * weight layout (N, K)), forward and backward, and its forward with the bias,
+ * y = x W^T + b, rounded once; through OpenBLAS sgemm or oneDNN.
  *
  * Invariants:
  * - Every dtype where oneDNN has a native kernel for it on this CPU
@@ -19,6 +20,10 @@
  * - fp32 products go through ts_cpu_sgemm (sgemm.c): fixed output tiles,
  *   one single-threaded sgemm each over the whole K, so results are the
  *   same bits at any thread count.
+ * - The bias (forward with bias) joins each output's fp32 sum before the
+ *   one rounding to the dtype: in oneDNN's accumulator, or added to the
+ *   fp32 product (sgemm's output for fp32, its fp32 copy for bf16/fp16)
+ *   by ts_cpu_bias_add's fp32 body. No workspace beyond the product's.
  */
 #include <limits.h>
 #include <string.h>
@@ -57,22 +62,40 @@ static ws_bufs split_ws(const ts_kctx *ctx, size_t M, size_t N, size_t K) {
   return w;
 }
 
-ts_status ts_cpu_linear_forward(const ts_kctx *ctx, void *out, const void *inp,
-                                const void *weight, size_t M, size_t N, size_t K, ts_dtype dt) {
-  TS_CHECK(check_dims(M, N, K, "ts_k_linear_forward"));
-  if (ts_cpu_dnnl_impl(dt)) /* out (M, N) = inp (M, K) @ W^T, W (N, K) */
-    return ts_cpu_dnnl_matmul(out, inp, weight, M, N, K, 0, 1, 0, dt);
-  if (dt == TS_FP32) {
+/* out (M, N) = inp (M, K) @ W^T (+ bias (N) on every row, added in fp32
+ * before the one rounding to dt; NULL: none), W (N, K). */
+static ts_status forward(const ts_kctx *ctx, void *out, const void *inp, const void *weight,
+                         const void *bias, size_t M, size_t N, size_t K, ts_dtype dt,
+                         const char *op) {
+  TS_CHECK(check_dims(M, N, K, op));
+  if (ts_cpu_dnnl_impl(dt)) /* the bias in oneDNN's fp32 accumulator */
+    return ts_cpu_dnnl_matmul(out, inp, weight, bias, M, N, K, 0, 1, 0, dt);
+  if (dt == TS_FP32) { /* the fp32 sum, then one fp32 addition: ts_k_bias_add's */
     ts_cpu_sgemm(0, 1, M, N, K, (const float *)inp, K, (const float *)weight, K, 0.0f, (float *)out,
                  N);
-    return TS_OK;
+    return bias ? ts_cpu_bias_add(ctx, out, bias, M, N, TS_FP32) : TS_OK;
   }
   ws_bufs w = split_ws(ctx, M, N, K);
   ts_cpu_widen(w.mk, inp, M * K, dt);
   ts_cpu_widen(w.nk, weight, N * K, dt);
   ts_cpu_sgemm(0, 1, M, N, K, w.mk, K, w.nk, K, 0.0f, w.mn, N);
+  if (bias) { /* widened into the weight's copy (N <= N K), done with */
+    ts_cpu_widen(w.nk, bias, N, dt);
+    TS_CHECK(ts_cpu_bias_add(ctx, w.mn, w.nk, M, N, TS_FP32));
+  }
   ts_cpu_narrow(out, w.mn, M * N, dt);
   return TS_OK;
+}
+
+ts_status ts_cpu_linear_forward(const ts_kctx *ctx, void *out, const void *inp,
+                                const void *weight, size_t M, size_t N, size_t K, ts_dtype dt) {
+  return forward(ctx, out, inp, weight, NULL, M, N, K, dt, "ts_k_linear_forward");
+}
+
+ts_status ts_cpu_linear_bias_forward(const ts_kctx *ctx, void *out, const void *inp,
+                                     const void *weight, const void *bias, size_t M, size_t N,
+                                     size_t K, ts_dtype dt) {
+  return forward(ctx, out, inp, weight, bias, M, N, K, dt, "ts_k_linear_bias_forward");
 }
 
 ts_status ts_cpu_linear_backward(const ts_kctx *ctx, void *dinp, void *dweight, const void *dout,
@@ -81,9 +104,9 @@ ts_status ts_cpu_linear_backward(const ts_kctx *ctx, void *dinp, void *dweight, 
   TS_CHECK(check_dims(M, N, K, "ts_k_linear_backward"));
   if (ts_cpu_dnnl_impl(dt)) {
     if (dinp) /* dinp (M, K) = dout (M, N) @ W (N, K) */
-      TS_CHECK(ts_cpu_dnnl_matmul(dinp, dout, weight, M, K, N, 0, 0, 0, dt));
+      TS_CHECK(ts_cpu_dnnl_matmul(dinp, dout, weight, NULL, M, K, N, 0, 0, 0, dt));
     if (dweight) /* dW (N, K) += dout^T (N, M) @ inp (M, K) */
-      TS_CHECK(ts_cpu_dnnl_matmul(dweight, dout, inp, N, K, M, 1, 0, 1, dt));
+      TS_CHECK(ts_cpu_dnnl_matmul(dweight, dout, inp, NULL, N, K, M, 1, 0, 1, dt));
     return TS_OK;
   }
   if (dt == TS_FP32) {

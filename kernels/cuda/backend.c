@@ -30,6 +30,7 @@ const ts_k_backend ts_k_cuda_backend = {
     .from_host_async = ts_cuda_from_host_async,
     .host_wait = ts_cuda_host_wait,
     .linear_workspace_bytes = ts_cuda_linear_workspace_bytes,
+    .linear_bias_workspace_bytes = ts_cuda_linear_bias_workspace_bytes,
     .embedding_workspace_bytes = ts_cuda_embedding_workspace_bytes,
     .rmsnorm_workspace_bytes = ts_cuda_rmsnorm_workspace_bytes,
     .attention_workspace_bytes = ts_cuda_attention_workspace_bytes,

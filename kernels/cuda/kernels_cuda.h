@@ -49,8 +49,8 @@ void ts_cuda_blas_destroy(void *handle);
  * per row of A and B (rowwise, cuBLASLt's outer-vector scaling) or one
  * each. fast_accum: cuBLASLt's FP8 fast accumulation. cuBLASLt's
  * workspace is the start of ctx->workspace (ts_cuda_linear_workspace_bytes).
- * The scale pointers are set on the kept descriptor at each call, so one
- * thread at a time issues fp8 products in a process. */
+ * The scale pointers are set on the kept descriptor at each call, under
+ * a lock held until the product is queued. */
 ts_status ts_cuda_matmul_fp8(const ts_kctx *ctx, const char *op, size_t P, size_t S, size_t Q,
                              const uint8_t *A, ts_fp8_format fa, const float *sa,
                              const uint8_t *B, ts_fp8_format fb, const float *sb, void *D,
@@ -65,6 +65,7 @@ ts_status ts_cuda_check_indices(const ts_kctx *ctx, const int32_t *idx, size_t N
 
 /* Workspace and state queries (kernels/backend.h). */
 size_t ts_cuda_linear_workspace_bytes(size_t M, size_t N, size_t K, ts_dtype dt);
+size_t ts_cuda_linear_bias_workspace_bytes(size_t M, size_t N, size_t K, ts_dtype dt);
 size_t ts_cuda_embedding_workspace_bytes(size_t N, ts_dtype dt);
 size_t ts_cuda_rmsnorm_workspace_bytes(size_t N, size_t C, ts_dtype dt);
 size_t ts_cuda_attention_workspace_bytes(size_t B, size_t T, size_t NH, size_t NKV, size_t HS,

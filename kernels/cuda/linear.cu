@@ -1,7 +1,8 @@
 /*
  * linear.cu — CUDA bodies of the linear layer (ts_k_linear_forward and
- * _backward, kernels/kernels.h: y = x W^T, Hugging Face nn.Linear layout)
- * through cuBLASLt, and the cuBLASLt handle of a context.
+ * _backward, kernels/kernels.h: y = x W^T, Hugging Face nn.Linear layout;
+ * ts_k_linear_bias_forward: y = x W^T + b) through cuBLASLt, and the
+ * cuBLASLt handle of a context.
  *
  * Row-major (M, K) x (N, K)^T is the column-major product
  * out^T (N, M) = W^T(N, K) x^T (K, M), so each pass is one cublasLtMatmul
@@ -10,7 +11,9 @@
  *   dinp:     D (K x M, ld K)  = W (K x N, ld K) * dout (N x M, ld N)
  *   dweight:  D (K x N, ld K) += inp (K x M, ld K) * op_T(dout: N x M, ld N)
  * (beta = 1 with C = D = dweight: the fp32 accumulator plus the old value,
- * rounded once to dt — the CPU's rule.)
+ * rounded once to dt — the CPU's rule.) The forward with bias is the
+ * forward with CUBLASLT_EPILOGUE_BIAS: the bias (N, D's type) is one entry
+ * per row of D, added to the fp32 accumulator before D's one rounding.
  *
  * Precision: bf16/fp16 operands run on tensor cores with fp32 accumulation
  * (CUBLAS_COMPUTE_32F); fp32 uses CUBLAS_COMPUTE_32F, i.e. no TF32, so fp32
@@ -46,6 +49,24 @@ extern "C" size_t ts_cuda_linear_workspace_bytes(size_t M, size_t N, size_t K, t
   (void)K;
   (void)dt;
   return TS_CUDA_LT_WORKSPACE + 256;
+}
+
+/* The bias alignment below which ts_cuda_linear_bias_forward copies the
+ * bias first: cuBLASLt's alignment preferences cover A, B, C and D but not
+ * the bias, and its heuristic may pick a kernel that reads the bias 16
+ * bytes at a time (PyTorch falls back to its unfused addmm there). */
+static const uint32_t LT_BIAS_ALIGN = 16;
+
+/* Those bytes, then N elements of dt for a bias under LT_BIAS_ALIGN: its
+ * copy starts right after cuBLASLt's share (256-byte aligned, as that
+ * share's size is a multiple of 256). */
+extern "C" size_t ts_cuda_linear_bias_workspace_bytes(size_t M, size_t N, size_t K, ts_dtype dt) {
+  return ts_cuda_linear_workspace_bytes(M, N, K, dt) + N * ts_dtype_size(dt);
+}
+
+/* cuBLASLt's share of ctx's workspace: its start rounded up to 256 bytes. */
+static void *lt_workspace(const ts_kctx *ctx) {
+  return (void *)(((uintptr_t)ctx->workspace + 255) & ~(uintptr_t)255);
 }
 
 /* The cuBLASLt functions this file calls, resolved from the library. */
@@ -128,7 +149,9 @@ static cudaDataType_t data_type(ts_dtype dt) {
 
 /* A matmul's cuBLASLt set-up: descriptors and the heuristic's algorithm
  * for one (device, shape, transposes, leading dimensions, dtype, TF32,
- * operand alignments). Building it costs tens of microseconds of host time
+ * fp8 formats and scaling, epilogue, operand and bias alignments): a plan
+ * with the bias epilogue is never one without it, nor the reverse.
+ * Building it costs tens of microseconds of host time
  * (the heuristic query above all), ~20 times per block per micro-step, so
  * each is built once and kept for the process (host memory only, a few
  * hundred bytes each); the algorithm for a key never changes, so neither do
@@ -139,11 +162,13 @@ typedef struct lt_plan {
   cudaDataType_t a8, b8;  /* their formats */
   int32_t scale_mode;     /* cublasLtMatmulMatrixScale_t of A and B */
   int8_t fast_accum;
+  int32_t epilogue;  /* cublasLtEpilogue_t: CUBLASLT_EPILOGUE_DEFAULT, or _BIAS (bias of D's
+                        type, its pointer set at each call) */
   bool ta, tb;
   uint64_t m, n, k;
   int64_t lda, ldb, ldd;
   ts_dtype dt;
-  uint32_t align[3]; /* A, B, C = D */
+  uint32_t align[4]; /* A, B, C = D, the bias (0 without) */
   cublasLtMatmulDesc_t desc;
   cublasLtMatrixLayout_t la, lb, ld;
   cublasLtMatmulAlgo_t algo;
@@ -152,14 +177,18 @@ typedef struct lt_plan {
 enum { LT_PLANS = 512 };
 static lt_plan lt_plans[LT_PLANS];
 static pthread_mutex_t lt_plans_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Held from setting a kept plan's per-call pointers (fp8 scales, the
+ * bias) until the product that reads them is queued: two threads sharing
+ * a plan (ranks of one process on one GPU) each queue their own. */
+static pthread_mutex_t lt_call_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static bool same_key(const lt_plan *a, const lt_plan *b) {
   return a->device == b->device && a->tf32 == b->tf32 && a->fp8 == b->fp8 && a->a8 == b->a8 &&
          a->b8 == b->b8 && a->scale_mode == b->scale_mode && a->fast_accum == b->fast_accum &&
-         a->ta == b->ta && a->tb == b->tb &&
+         a->epilogue == b->epilogue && a->ta == b->ta && a->tb == b->tb &&
          a->m == b->m && a->n == b->n && a->k == b->k && a->lda == b->lda && a->ldb == b->ldb &&
          a->ldd == b->ldd && a->dt == b->dt && a->align[0] == b->align[0] &&
-         a->align[1] == b->align[1] && a->align[2] == b->align[2];
+         a->align[1] == b->align[1] && a->align[2] == b->align[2] && a->align[3] == b->align[3];
 }
 
 static void plan_release(lt_plan *p) {
@@ -171,8 +200,9 @@ static void plan_release(lt_plan *p) {
   p->la = p->lb = p->ld = nullptr;
 }
 
-/* Fills p's descriptors and algorithm from its key. */
-static ts_status plan_build(cublasLtHandle_t h, lt_plan *p, const char *op) {
+/* Fills p's descriptors and algorithm from its key; bias: the epilogue's
+ * (its address tells the heuristic its alignment), NULL without. */
+static ts_status plan_build(cublasLtHandle_t h, lt_plan *p, const char *op, const void *bias) {
   cudaDataType_t ty = data_type(p->dt);
   cublasComputeType_t ct = p->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   cublasOperation_t opa = p->ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = p->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -200,6 +230,17 @@ static ts_status plan_build(cublasLtHandle_t h, lt_plan *p, const char *op) {
     for (int i = 0; i < 3 && st == TS_OK; i++)
       st = lt_status(lt.cublasLtMatmulDescSetAttribute(p->desc, attr[i], val[i], len[i]), op,
                      "fp8 attribute");
+  }
+  if (st == TS_OK && p->epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+    const int32_t bias_type = ty; /* D's, as cuBLASLt requires for bf16/fp16/fp32 D */
+    const cublasLtMatmulDescAttributes_t attr[3] = {CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                    CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                    CUBLASLT_MATMUL_DESC_BIAS_POINTER};
+    const void *val[3] = {&p->epilogue, &bias_type, &bias};
+    const size_t len[3] = {sizeof p->epilogue, sizeof bias_type, sizeof bias};
+    for (int i = 0; i < 3 && st == TS_OK; i++)
+      st = lt_status(lt.cublasLtMatmulDescSetAttribute(p->desc, attr[i], val[i], len[i]), op,
+                     "epilogue attribute");
   }
   if (st == TS_OK)
     st = lt_status(lt.cublasLtMatrixLayoutCreate(&p->la, p->fp8 ? p->a8 : ty, p->ta ? k : m,
@@ -241,17 +282,19 @@ static ts_status plan_build(cublasLtHandle_t h, lt_plan *p, const char *op) {
   return st;
 }
 
-/* One column-major matmul D (m x n, ld ldd) = op(A) op(B) + beta D, A
- * stored (ta ? k x m : m x k) with ld lda, B stored (tb ? n x k : k x n)
- * with ld ldb, through the kept plan of its key (built on first use; a
- * full table builds a temporary one). */
+/* One column-major matmul D (m x n, ld ldd) = op(A) op(B) [+ bias (m),
+ * one entry per row of D] + beta D, A stored (ta ? k x m : m x k) with ld
+ * lda, B stored (tb ? n x k : k x n) with ld ldb, through the kept plan of
+ * its key (built on first use; a full table builds a temporary one). The
+ * bias (NULL: none) must be LT_BIAS_ALIGN-aligned. */
 static ts_status matmul_key(const ts_kctx *ctx, const char *op, lt_plan *key, const void *A,
-                            const void *B, void *D, float beta, const float *sa,
-                            const float *sb);
+                            const void *B, void *D, float beta, const float *sa, const float *sb,
+                            const void *bias);
 
 static ts_status matmul(const ts_kctx *ctx, const char *op, bool ta, bool tb, uint64_t m,
                         uint64_t n, uint64_t k, const void *A, int64_t lda, const void *B,
-                        int64_t ldb, void *D, int64_t ldd, float beta, ts_dtype dt) {
+                        int64_t ldb, void *D, int64_t ldd, float beta, ts_dtype dt,
+                        const void *bias = nullptr) {
   lt_plan key = {};
   key.tf32 = dt == TS_FP32 && (ctx->flags & TS_K_ALLOW_TF32);
   key.ta = ta;
@@ -263,7 +306,8 @@ static ts_status matmul(const ts_kctx *ctx, const char *op, bool ta, bool tb, ui
   key.ldb = ldb;
   key.ldd = ldd;
   key.dt = dt;
-  return matmul_key(ctx, op, &key, A, B, D, beta, nullptr, nullptr);
+  key.epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  return matmul_key(ctx, op, &key, A, B, D, beta, nullptr, nullptr, bias);
 }
 
 extern "C" ts_status ts_cuda_matmul_fp8(const ts_kctx *ctx, const char *op, size_t P, size_t S,
@@ -288,15 +332,16 @@ extern "C" ts_status ts_cuda_matmul_fp8(const ts_kctx *ctx, const char *op, size
   key.ldb = (int64_t)Q;
   key.ldd = (int64_t)S;
   key.dt = TS_BF16;
-  return matmul_key(ctx, op, &key, B, A, D, accumulate ? 1.0f : 0.0f, sb, sa);
+  key.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  return matmul_key(ctx, op, &key, B, A, D, accumulate ? 1.0f : 0.0f, sb, sa, nullptr);
 }
 
 /* The matmul of key (its shape, types and attributes filled; the rest set
  * here) on A, B and D; fp8: sa and sb the scale vectors of cuBLASLt's A
- * and B. */
+ * and B; the bias epilogue: its bias. */
 static ts_status matmul_key(const ts_kctx *ctx, const char *op, lt_plan *keyp, const void *A,
-                            const void *B, void *D, float beta, const float *sa,
-                            const float *sb) {
+                            const void *B, void *D, float beta, const float *sa, const float *sb,
+                            const void *bias) {
   if (!ctx->blas)
     return ts_set_error(TS_ERR_INVALID_USAGE,
                         "%s (cuda): the context has no cuBLASLt handle: make it with "
@@ -309,6 +354,7 @@ static ts_status matmul_key(const ts_kctx *ctx, const char *op, lt_plan *keyp, c
   key.align[0] = alignment_of(A);
   key.align[1] = alignment_of(B);
   key.align[2] = alignment_of(D);
+  key.align[3] = bias ? alignment_of(bias) : 0;
   lt_plan temp = key, *p = nullptr;
   ts_status st = TS_OK;
   pthread_mutex_lock(&lt_plans_lock);
@@ -316,16 +362,18 @@ static ts_status matmul_key(const ts_kctx *ctx, const char *op, lt_plan *keyp, c
     if (lt_plans[i].used && same_key(&lt_plans[i], &key)) {
       p = &lt_plans[i];
     } else if (!lt_plans[i].used) {
-      st = plan_build(h, &key, op);
+      st = plan_build(h, &key, op, bias);
       if (st == TS_OK) lt_plans[i] = key;
       p = &lt_plans[i];
     }
   }
   pthread_mutex_unlock(&lt_plans_lock);
   if (!p) { /* every slot holds another key */
-    st = plan_build(h, &temp, op);
+    st = plan_build(h, &temp, op, bias);
     p = &temp;
   }
+  bool per_call = key.fp8 || key.epilogue != CUBLASLT_EPILOGUE_DEFAULT;
+  if (per_call) pthread_mutex_lock(&lt_call_lock); /* until the product is queued */
   if (st == TS_OK && key.fp8)
     st = lt_status(lt.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
                                                      &sa, sizeof sa),
@@ -334,16 +382,17 @@ static ts_status matmul_key(const ts_kctx *ctx, const char *op, lt_plan *keyp, c
     st = lt_status(lt.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
                                                      &sb, sizeof sb),
                    op, "B_SCALE_POINTER");
-  if (st != TS_OK) {
-    if (p == &temp) plan_release(&temp);
-    return st;
-  }
+  if (st == TS_OK && key.epilogue != CUBLASLT_EPILOGUE_DEFAULT)
+    st = lt_status(lt.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                     &bias, sizeof bias),
+                   op, "BIAS_POINTER");
   float alpha = 1.0f;
-  void *ws = (void *)(((uintptr_t)ctx->workspace + 255) & ~(uintptr_t)255);
-  st = lt_status(lt.cublasLtMatmul(h, p->desc, &alpha, A, p->la, B, p->lb, &beta, D, p->ld, D,
-                                   p->ld, &p->algo, ws, TS_CUDA_LT_WORKSPACE,
-                                   (cudaStream_t)ctx->stream),
-                 op, "cublasLtMatmul");
+  if (st == TS_OK)
+    st = lt_status(lt.cublasLtMatmul(h, p->desc, &alpha, A, p->la, B, p->lb, &beta, D, p->ld, D,
+                                     p->ld, &p->algo, lt_workspace(ctx), TS_CUDA_LT_WORKSPACE,
+                                     (cudaStream_t)ctx->stream),
+                   op, "cublasLtMatmul");
+  if (per_call) pthread_mutex_unlock(&lt_call_lock);
   if (p == &temp) plan_release(&temp);
   return st;
 }
@@ -354,6 +403,22 @@ extern "C" ts_status ts_cuda_linear_forward(const ts_kctx *ctx, void *out, const
   if (M == 0 || N == 0) return TS_OK;
   return matmul(ctx, "ts_k_linear_forward", true, false, N, M, K, weight, (int64_t)K, inp,
                 (int64_t)K, out, (int64_t)N, 0.0f, dt);
+}
+
+/* The forward with CUBLASLT_EPILOGUE_BIAS; a bias under LT_BIAS_ALIGN is
+ * copied to the workspace's slot after cuBLASLt's share first (in stream
+ * order, so the product reads the copy). */
+extern "C" ts_status ts_cuda_linear_bias_forward(const ts_kctx *ctx, void *out, const void *inp,
+                                                 const void *weight, const void *bias, size_t M,
+                                                 size_t N, size_t K, ts_dtype dt) {
+  static const char op[] = "ts_k_linear_bias_forward";
+  if (alignment_of(bias) < LT_BIAS_ALIGN) {
+    void *slot = (char *)lt_workspace(ctx) + TS_CUDA_LT_WORKSPACE;
+    TS_CHECK(ts_cuda_copy(ctx, slot, bias, N * ts_dtype_size(dt)));
+    bias = slot;
+  }
+  return matmul(ctx, op, true, false, N, M, K, weight, (int64_t)K, inp, (int64_t)K, out,
+                (int64_t)N, 0.0f, dt, bias);
 }
 
 extern "C" ts_status ts_cuda_linear_backward(const ts_kctx *ctx, void *dinp, void *dweight,
