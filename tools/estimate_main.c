@@ -120,6 +120,15 @@ ts_status ts_tool_parse_recompute(const char *v, void *every) {
   return ts_train_parse_recompute(v, every);
 }
 
+ts_status ts_tool_parse_fp8(const char *v, void *scaling) {
+  for (int s = TS_FP8_OFF; s <= TS_FP8_ROWWISE; s++)
+    if (!strcmp(v, ts_fp8_scaling_name((ts_fp8_scaling)s))) {
+      *(ts_fp8_scaling *)scaling = (ts_fp8_scaling)s;
+      return TS_OK;
+    }
+  return ts_set_error(TS_ERR_INVALID_ARGUMENT, "expected off, tensorwise or rowwise");
+}
+
 ts_status ts_tool_parse_schedule(const char *v, void *kind) {
   return ts_schedule_kind_parse(v, kind);
 }
@@ -151,6 +160,7 @@ int ts_tool_estimate(int argc, char **argv) {
   const char *model = NULL, *psi_arg = NULL, *act_flag = NULL;
   size_t world = 1, psi = 0, pipeline = 1, shard_group = 0, per_node = 0, virtual_stages = 1;
   int stage = -1, unit_index = 0, json = 0, device = TS_TOOL_DEVICE_CPU, save_async = 0;
+  ts_fp8_scaling fp8 = TS_FP8_OFF;
   ts_engine_opts opts = ts_engine_default_opts();
   const ts_flag flags[] = {
       TS_FLAG_STRING(
@@ -175,6 +185,10 @@ int ts_tool_estimate(int argc, char **argv) {
                    NULL),
       TS_FLAG_CUSTOM("--dtype", NULL, &opts.dtype, ts_tool_parse_dtype, "fp32|bf16|fp16",
                      "compute dtype (default fp32)", NULL),
+      TS_FLAG_CUSTOM("--fp8", NULL, &fp8, ts_tool_parse_fp8, "off|tensorwise|rowwise",
+                     "llama, --dtype bf16: plan the blocks' linear layers with fp8 products "
+                     "(their casts' workspace) (default off)",
+                     &act_flag),
       TS_FLAG_SIZE("--micro-batch", NULL, &opts.micro_batch, 1, "B",
                    "sequences per micro-batch (default 8)", &act_flag),
       TS_FLAG_SIZE("--seq", NULL, &opts.seq, 1, "T", "tokens per sequence (default 128)",
@@ -291,6 +305,7 @@ int ts_tool_estimate(int argc, char **argv) {
     char path[4096];
     st = ts_model_resolve(model, path, sizeof path);
     if (st == TS_OK) st = ts_model_load(path, &m);
+    if (st == TS_OK) st = ts_model_set_fp8(&m, fp8, opts.dtype);
     if (st == TS_OK) psi = m.num_params;
   }
   if (st == TS_OK && model) st = ts_engine_pipeline_split(&m, &opts, split);

@@ -12,7 +12,10 @@
 #     0.5% on those steps;
 #   - the bits do not depend on the thread count (1 and 2 threads, both
 #     scalings);
-#   - the workspace grows by the casts' buffers (the ledger's figure);
+#   - the workspace (the ledger's figure) is at least bf16's: the casts'
+#     buffers are larger than a bf16 product's, but the unit's largest
+#     workspace may be another op's (the head's fp32 copies where the CPU has
+#     no native bf16), so it need not grow;
 #   - refused in one line, exit 1 (2 for a bad flag value): fp32, a bert
 #     model, a token count per product that is not a multiple of 16.
 #   fp8_test.sh TESSERA_BIN
@@ -61,8 +64,8 @@ for s in rowwise tensorwise; do
   check_eq "$s: steps 1-10 within 2% of bf16's" 0 \
     "$(paste <(losses bf16 | head -10) <(losses $s | head -10) |
       awk '{ d = ($2 - $1) / $1; if (d < 0) d = -d; if (d > 0.02) n++ } END { print n + 0 }')"
-  check_eq "$s: more workspace than bf16 (the casts' buffers)" 1 \
-    "$(awk -v a="$(workspace $s)" -v b="$(workspace bf16)" 'BEGIN { print (a > b) }')"
+  check_eq "$s: at least bf16's workspace" 1 \
+    "$(awk -v a="$(workspace $s)" -v b="$(workspace bf16)" 'BEGIN { print (a != "" && a >= b) }')"
 done
 for s in rowwise tensorwise; do
   check_eq "$s: 1 thread = 2 threads, bit for bit" "$(losses $s)" "$(losses $s-1)"

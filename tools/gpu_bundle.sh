@@ -18,6 +18,10 @@
 #                                  llama-2-7b bf16 with --offload optimizer
 #                                  (tokens/s, MFU, device and host peaks
 #                                  beside the plan)
+#   DIR/run_compare.sh [MODEL] [RANKS] on the GPU machine: `tessera compare
+#                                  --device cuda` at ZeRO 0-3 (default
+#                                  llama-124m on 2 ranks): measured bytes per
+#                                  rank beside the plan
 #   DIR/run_fp8.sh [STEPS]         on the GPU machine: tools/bench_fp8.sh, llama-1.1b
 #                                  bf16 against --fp8 tensorwise and rowwise
 #                                  (tokens/s and loss after STEPS, 200, with
@@ -250,16 +254,14 @@ exec "$B/bin/tessera" "$@"
 EOF
 chmod +x "$DIR/tessera"
 
-cat >"$DIR/mpirun" <<'EOF'
-#!/usr/bin/env bash
-# Open MPI's mpirun from this bundle (made by tools/gpu_bundle.sh), for
-# ranks on this one machine: the bundle's libraries and components, shared
-# memory and loopback between ranks, root allowed (a lent machine runs as
-# root), ranks not bound to cores. Use as mpirun: ./mpirun -n 2 ./NAME ...
-B="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cat >"$DIR/mpi_env.sh" <<'EOF'
+# Sourced (by DIR/mpirun and DIR/run_compare.sh): the environment of Open
+# MPI's mpirun from this bundle, for ranks on this one machine: the
+# bundle's libraries and components, shared memory and loopback between
+# ranks, root allowed (a lent machine runs as root); B is the bundle.
 # shellcheck source=/dev/null
 source "$B/env.sh"
-export PATH="$B/bin:$PATH" # orted beside mpirun
+export PATH="$B/bin:$PATH" # mpirun, and orted beside it
 export OMPI_MCA_mca_base_component_path="$B/lib/openmpi"
 export OMPI_MCA_mca_base_component_show_load_errors=0
 export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_tcp_if_include=lo
@@ -268,14 +270,48 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export HWLOC_PLUGINS_PATH="$B/lib/hwloc"
 export PMIX_MCA_mca_base_component_path="$B/lib/pmix" PMIX_MCA_mca_base_component_show_load_errors=0
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+EOF
+
+cat >"$DIR/mpirun" <<'EOF'
+#!/usr/bin/env bash
+# Open MPI's mpirun from this bundle (made by tools/gpu_bundle.sh), for
+# ranks on this one machine (mpi_env.sh), not bound to cores. Use as
+# mpirun: ./mpirun -n 2 ./NAME ...
+B="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=/dev/null
+source "$B/mpi_env.sh"
 exec "$B/bin/mpirun" --oversubscribe --bind-to none "$@"
 EOF
 chmod +x "$DIR/mpirun"
 
+cat >"$DIR/run_compare.sh" <<'EOF'
+#!/usr/bin/env bash
+# `tessera compare` from this bundle (made by tools/gpu_bundle.sh): one
+# configuration at ZeRO stages 0-3 on RANKS ranks of this machine's GPU(s)
+# (2 ranks on one card share it through the host-staged transport), each
+# rank's ledger peaks beside the plan (estimate's) and the losses checked
+# equal across stages. Writes OUT (default compare-cuda) in the current
+# directory; exit 0 when every check passes (compare's own status).
+#   run_compare.sh [MODEL] [RANKS] [other compare flags...]
+#   (default llama-124m 2); environment DTYPE (bf16), MB (4), SEQ (1024),
+#   STEPS (3), DEVICE (cuda), DATA (the bundle's KJV tokens), OUT
+B="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=/dev/null
+source "$B/mpi_env.sh" # tools/launch.sh's mpirun: the bundle's
+export TESSERA_HOME="$B"
+model="${1:-llama-124m}" ranks="${2:-2}"
+shift $(($# < 2 ? $# : 2))
+exec "$B/bin/tessera" compare --device "${DEVICE:-cuda}" --model "$model" -n "$ranks" \
+  --data "${DATA:-$B/data/kjv}" --zero 0,1,2,3 --dtype "${DTYPE:-bf16}" --micro-batch "${MB:-4}" \
+  --seq "${SEQ:-1024}" --steps "${STEPS:-3}" --out "${OUT:-compare-cuda}" "$@"
+EOF
+chmod +x "$DIR/run_compare.sh"
+
 # Presets, the benchmark, the PyTorch peer and the KJV token folder.
 mkdir -p "$DIR/models" "$DIR/tools/peer"
 cp -r models/configs "$DIR/models/"
-cp tools/bench_gpu.sh tools/bench_fp8.sh tools/bench_overlap.sh tools/bench_offload_gpu.sh "$DIR/tools/"
+cp tools/bench_gpu.sh tools/bench_fp8.sh tools/bench_overlap.sh tools/bench_offload_gpu.sh \
+  tools/launch.sh "$DIR/tools/"
 cp tools/peer/torch_llama.py tools/peer/torch_bert.py "$DIR/tools/peer/"
 # The tests' data, at the paths they open relative to their working
 # directory (Bazel's runfiles root there; the bundle's root here).

@@ -75,6 +75,9 @@ int ts_tool_estimate(int argc, char **argv);
 ts_status ts_tool_parse_zero_stages(const char *v, void *stage);
 ts_status ts_tool_parse_dtype(const char *v, void *dtype);
 ts_status ts_tool_parse_recompute(const char *v, void *every);
+/* --fp8: off, tensorwise or rowwise into a ts_fp8_scaling (train and
+ * estimate). */
+ts_status ts_tool_parse_fp8(const char *v, void *scaling);
 /* --schedule: gpipe or 1f1b into a ts_schedule_kind. */
 ts_status ts_tool_parse_schedule(const char *v, void *kind);
 /* --offload none|optimizer|params into a ts_engine_opts (offload_optimizer;

@@ -292,8 +292,6 @@ static ts_status parse_dtype(const char *v, void *dtype) { return ts_dtype_parse
 
 /* --reshard-after-forward: the index is ts_engine_opts.keep_gathered. */
 static const char *const RESHARD[] = {"true", "false", NULL};
-/* --fp8: the index is the ts_fp8_scaling. */
-static const char *const FP8[] = {"off", "tensorwise", "rowwise", NULL};
 /* --comm: the index is ts_engine_opts.comm (ts_engine_comm_kind). */
 static const char *const COMM[] = {"auto", "mpi", "staged", "nccl", NULL};
 /* --overlap: the index is ts_engine_opts.overlap. */
@@ -420,7 +418,6 @@ int ts_tool_train(int argc, char **argv) {
   const char *warmup_set = NULL, *accum_set = NULL;
   const char *scale_flag = NULL; /* the loss-scaling flag given last (fp16 only) */
   int device = TS_TOOL_DEVICE_CPU, tf32 = 0, plain_attention = 0, save_async = 0, save_sync = 0;
-  int fp8 = TS_FP8_OFF; /* --fp8: its index in FP8 is the ts_fp8_scaling */
   const ts_flag flags[] = {
       TS_FLAG_STRING("--model", NULL, &cfg.model, "CONFIG",
                      "a preset (llama-tiny, ...) or a Hugging Face config.json; required", NULL),
@@ -481,7 +478,7 @@ int ts_tool_train(int argc, char **argv) {
                     "fp16, dynamic: the smallest scale (default 1)", &scale_flag),
       TS_FLAG_CUSTOM("--activation-checkpointing", NULL, &e->recompute_every, parse_recompute,
                      "none|all|every:K", "blocks recomputed in backward (default none)", NULL),
-      TS_FLAG_CHOICE("--fp8", NULL, &fp8, FP8,
+      TS_FLAG_CUSTOM("--fp8", NULL, &cfg.fp8, ts_tool_parse_fp8, "off|tensorwise|rowwise",
                      "llama, --dtype bf16: the blocks' linear layers with fp8 products (E4M3 "
                      "operands, E5M2 gradients, dynamic scales per tensor or per row; cuBLASLt "
                      "on GPUs of compute capability 8.9+, a reference on the CPU) (default off)",
@@ -633,7 +630,6 @@ int ts_tool_train(int argc, char **argv) {
     return ts_flags_error("train", "--offload-piece %zu: expected a multiple of 1024 elements",
                           e->offload_piece);
   e->zero_stage = (int)zero;
-  cfg.fp8 = (ts_fp8_scaling)fp8;
   e->pipeline_stages = (int)pipeline;
   if (virtual_stages > TS_ENGINE_MAX_CHUNKS)
     return ts_flags_error("train", "--virtual-stages %zu: expected 1 to %d", virtual_stages,
