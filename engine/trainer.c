@@ -820,8 +820,10 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
   size_t bad_in_a_row = 0; /* fp32/bf16 steps skipped for non-finite values */
   r->times = calloc(3 * (cfg->steps - r->start) + 3, sizeof *r->times);
   if (!r->times) return ts_set_error(TS_ERR_OUT_OF_MEMORY, "step times: %zu steps", cfg->steps);
+  double ops_t0 = 0; /* where the op times start (step 2; kernels.h ts_k_op_times) */
   for (size_t step = r->start + 1; step <= cfg->steps; step++) {
     double t0 = now_s(), w0 = ts_comm_wait_seconds();
+    if (step == r->start + 2) ts_k_op_times_reset(), ops_t0 = t0;
     float lr = ts_train_lr(step, cfg->steps, cfg->warmup, cfg->lr, cfg->min_lr_ratio);
     ts_step_stats st;
     feed f = {r, step};
@@ -914,6 +916,7 @@ static ts_status train(run *r, ts_train_callback cb, void *user, ts_train_result
       TS_CHECK(sample(r, step));
   }
   res->seconds = now_s() - t_loop;
+  if (ops_t0 > 0) ts_k_op_times(res->op_seconds), res->op_wall_seconds = now_s() - ops_t0;
   res->tokens_per_s = timed ? tok_s_sum / (double)timed : 0;
   res->gflops = res->tokens_per_s * flops_per_token / 1e9;
   res->comm_bytes_per_step = r->last.comm_bytes;

@@ -169,6 +169,9 @@ typedef struct ts_train_result {
   double final_val_loss;   /* validation loss at the end */
   double final_val_accuracy; /* a masked LM's: masked tokens predicted at the end; else -1 */
   double tokens_per_s;     /* mean over steps 2.. (step 1 warms caches) */
+  double op_seconds[TS_K_OPS_KINDS]; /* with ts_k_op_times_enable on: this process's op time
+                                        by kind (kernels.h) over steps 2.. */
+  double op_wall_seconds;  /* the wall time of those steps (0: fewer than 2 steps) */
   double gflops;           /* mean achieved GFLOP/s over the same steps */
   size_t num_params;       /* Ψ, unpadded */
   size_t padded_params;    /* Σ over units of the padded flat length */

@@ -132,6 +132,38 @@ typedef struct ts_kctx {
  * Thread-safe; the table grows as needed. */
 void ts_k_check_host_blocks(int on);
 
+/* ---- where the time goes: wall time per kind of op ------------------------- */
+
+/* The kinds ts_k_op_times sums: matrix products (ts_k_linear_*, fp8 and
+ * bias forms too), attention (every ts_k_attention_*), the optimizer
+ * (ts_k_adamw), copies (casts, zeroing, the rank-order sums of the
+ * transports, host/device copies are not ops and are not counted) and the
+ * rest, per element or per row (norms, RoPE, SwiGLU, GELU, bias, softmax
+ * cross-entropy, embeddings, adds, reductions). */
+typedef enum ts_k_op_kind {
+  TS_K_OPS_PRODUCTS = 0,
+  TS_K_OPS_ATTENTION,
+  TS_K_OPS_ELEMENTWISE,
+  TS_K_OPS_OPTIMIZER,
+  TS_K_OPS_COPIES,
+  TS_K_OPS_KINDS,
+} ts_k_op_kind;
+
+/* "products", "attention", "elementwise", "optimizer", "copies". */
+const char *ts_k_op_kind_name(ts_k_op_kind k);
+
+/* On (1): every op that runs (checked, not a plan context) adds its wall
+ * time, from the backend call to its return, to its kind's total (all
+ * threads of the process together); off (0, the default) costs one load
+ * per op. On a GPU an op returns once queued, so its time is the launch's,
+ * not the kernel's: this is the CPU's breakdown. Thread-safe. */
+void ts_k_op_times_enable(int on);
+/* Whether they are summed (ts_k_op_times_enable's last value). */
+int ts_k_op_timing(void);
+/* seconds[TS_K_OPS_KINDS] = the totals since the last reset (or start). */
+void ts_k_op_times(double *seconds);
+void ts_k_op_times_reset(void);
+
 /* ---- deferred weight gradients (zero-bubble pipelines) -------------------- */
 
 /* A store of weight-gradient work (Megatron-LM's WeightGradStore; Qi et al.

@@ -95,6 +95,12 @@ enum { K_MAX_DTYPES = 2, K_MAX_PTRS = 10, K_MAX_OUTS = 3 };
 int ts_k_host_blocks_checked(void);
 int ts_k_in_host_block(const void *p);
 
+/* ts_k_op_times_enable (kernels.c): a monotonic clock in seconds, and the
+ * sum of the time since t0 into the kind of the op named `name` (its
+ * public name). */
+double ts_k_op_clock(void);
+void ts_k_op_time_add(const char *name, double t0);
+
 typedef struct k_op {
   const char *name;             /* the public name, in every message ("ts_k_add") */
   int n_dtypes;                 /* its dtype arguments, each fp32, bf16 or fp16 */
@@ -160,13 +166,18 @@ static inline ts_status k_check(const k_op *op, const k_call *c, const ts_k_back
 /* Checks call c of op and, when it must run, calls backend entry fn with
  * the remaining arguments (TS_ERR_UNSUPPORTED when the backend has none);
  * returns from the calling function. */
-#define K_RUN(op, c, fn, ...)                                            \
-  do {                                                                   \
-    const ts_k_backend *be_;                                             \
-    int run_;                                                            \
-    TS_CHECK(k_check(&(op), &(c), &be_, &run_));                         \
-    if (!run_) return TS_OK;                                             \
-    return be_->fn ? be_->fn(__VA_ARGS__) : unsupported(be_, (op).name); \
+#define K_RUN(op, c, fn, ...)                                                 \
+  do {                                                                        \
+    const ts_k_backend *be_;                                                  \
+    int run_;                                                                 \
+    TS_CHECK(k_check(&(op), &(c), &be_, &run_));                              \
+    if (!run_) return TS_OK;                                                  \
+    if (!ts_k_op_timing()) /* the usual case: one load */                     \
+      return be_->fn ? be_->fn(__VA_ARGS__) : unsupported(be_, (op).name);    \
+    double t0_ = ts_k_op_clock();                                             \
+    ts_status st_ = be_->fn ? be_->fn(__VA_ARGS__) : unsupported(be_, (op).name); \
+    ts_k_op_time_add((op).name, t0_);                                         \
+    return st_;                                                               \
   } while (0)
 
 /* TS_ERR_INVALID_ARGUMENT naming both if output `out` (not NULL) is input

@@ -265,11 +265,13 @@ TEST(Matmul, ImplNamesThePathTaken) {
     EXPECT_EQ(bf16, "openblas sgemm on fp32 copies");
     EXPECT_EQ(fp16, "openblas sgemm on fp32 copies");
   } else {
-    // oneDNN has a native kernel where the instructions it may use (the
-    // CPU's, or fewer under ONEDNN_MAX_CPU_ISA) include AVX2 (fp32) or
-    // AVX512-BF16 (bf16); each ISA's value includes the bits of those below.
+    // oneDNN runs fp32 where the instructions it may use (the CPU's, or
+    // fewer under ONEDNN_MAX_CPU_ISA) include AVX-512 (its brgemm kernels;
+    // below that its "gemm:jit" is left to OpenBLAS), and bf16 where they
+    // include AVX512-BF16; each ISA's value includes the bits of those below.
     auto isa_has = [](dnnl_cpu_isa_t want) { return (dnnl_get_effective_cpu_isa() & want) == want; };
-    if (isa_has(dnnl_cpu_isa_avx2)) EXPECT_EQ(fp32.rfind("onednn ", 0), 0u) << fp32;
+    if (isa_has(dnnl_cpu_isa_avx512_core)) EXPECT_EQ(fp32.rfind("onednn ", 0), 0u) << fp32;
+    if (!isa_has(dnnl_cpu_isa_avx512_core)) EXPECT_EQ(fp32, "openblas sgemm");
     if (isa_has(dnnl_cpu_isa_avx512_core_bf16)) EXPECT_EQ(bf16.rfind("onednn ", 0), 0u) << bf16;
   }
   EXPECT_TRUE(fp32 == "openblas sgemm" || fp32.rfind("onednn ", 0) == 0) << fp32;
@@ -711,4 +713,76 @@ TEST(HostBlocks, AdamWsParameterCopyIntoAHostBlockIsRefused) {
       << ts_last_error();
   EXPECT_NE(param[0], 0u);
   ts_k_check_host_blocks(0);
+}
+
+// ts_k_op_times: each op's time goes to its kind only while on; a reset
+// empties every kind; a plan context runs nothing and adds nothing.
+TEST(OpTimes, EachOpCountsUnderItsKindOnlyWhileOn) {
+  const size_t M = 64, N = 64, K = 256, n = 1 << 16;
+  std::vector<float> x(M * K, 0.5f), w(N * K, 0.25f), y(M * N);
+  std::vector<float> master(n, 1.0f), m(n), v(n), g(n, 0.1f);
+  ts_adamw_hparams hp = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 1, 1.0f};
+  CpuCtx ctx;
+  auto run = [&](const ts_kctx *c) {
+    for (int i = 0; i < 20; i++) {
+      ASSERT_EQ(ts_k_linear_forward(c, y.data(), x.data(), w.data(), M, N, K, TS_FP32), TS_OK);
+      ASSERT_EQ(ts_k_adamw(c, master.data(), nullptr, TS_FP32, m.data(), v.data(), g.data(),
+                           TS_FP32, n, &hp),
+                TS_OK);
+    }
+  };
+  double t[TS_K_OPS_KINDS];
+  ts_k_op_times_reset();
+  run(ctx.get());  // off: nothing added
+  ts_k_op_times(t);
+  for (int k = 0; k < TS_K_OPS_KINDS; k++) EXPECT_EQ(t[k], 0.0) << ts_k_op_kind_name((ts_k_op_kind)k);
+  ts_k_op_times_enable(1);
+  EXPECT_EQ(ts_k_op_timing(), 1);
+  ts_kctx plan = ctx.ctx;
+  plan.flags |= TS_K_PLAN;
+  run(&plan);  // a plan runs nothing
+  ts_k_op_times(t);
+  EXPECT_EQ(t[TS_K_OPS_PRODUCTS], 0.0);
+  run(ctx.get());
+  ts_k_op_times(t);
+  ts_k_op_times_enable(0);
+  EXPECT_GT(t[TS_K_OPS_PRODUCTS], 0.0);
+  EXPECT_GT(t[TS_K_OPS_OPTIMIZER], 0.0);
+  EXPECT_EQ(t[TS_K_OPS_ATTENTION], 0.0);
+  EXPECT_EQ(t[TS_K_OPS_ELEMENTWISE], 0.0);
+  EXPECT_EQ(t[TS_K_OPS_COPIES], 0.0);
+  ts_k_op_times_reset();
+  ts_k_op_times(t);
+  EXPECT_EQ(t[TS_K_OPS_PRODUCTS], 0.0);
+  EXPECT_EQ(t[TS_K_OPS_OPTIMIZER], 0.0);
+  EXPECT_STREQ(ts_k_op_kind_name(TS_K_OPS_ELEMENTWISE), "elementwise");
+  EXPECT_EQ(ts_k_op_kind_name(TS_K_OPS_KINDS), nullptr);
+}
+
+// fp32 never runs on oneDNN's older "gemm:jit" (AVX2 and below): OpenBLAS's
+// sgemm takes it (cpu/dnnl_matmul.cc), so under the AVX2 cap (the _avx2
+// test) the products say "openblas sgemm". Either way dW += dout^T inp
+// holds (the accumulation kept) within fp32's bound for 300 terms.
+TEST(Linear, Fp32LeavesGemmJitToOpenblasAndAccumulates) {
+  const char *impl = ts_k_matmul_impl(TS_DEVICE_CPU, TS_FP32);
+  EXPECT_EQ(strstr(impl, "gemm:jit"), nullptr) << impl;
+  const char *cap = getenv("ONEDNN_MAX_CPU_ISA");
+  if (cap && !strcmp(cap, "AVX2")) EXPECT_STREQ(impl, "openblas sgemm");
+  const size_t M = 300, N = 37, K = 53;
+  Rng rng(71);
+  std::vector<float> dout = rng.vec(M * N), inp = rng.vec(M * K), dw0 = rng.vec(N * K);
+  std::vector<float> dw = dw0, w(N * K, 0.0f);
+  CpuCtx ctx(ts_k_linear_workspace_bytes(TS_DEVICE_CPU, M, N, K, TS_FP32));
+  ASSERT_EQ(ts_k_linear_backward(ctx.get(), nullptr, dw.data(), dout.data(), inp.data(), w.data(),
+                                 M, N, K, TS_FP32),
+            TS_OK);
+  for (size_t n = 0; n < N; n++)
+    for (size_t k = 0; k < K; k++) {
+      double want = dw0[n * K + k], mag = std::fabs(want);
+      for (size_t m = 0; m < M; m++) {
+        want += (double)dout[m * N + n] * inp[m * K + k];
+        mag += std::fabs((double)dout[m * N + n] * inp[m * K + k]);
+      }
+      ASSERT_NEAR(dw[n * K + k], want, 2.0 * (M + 1) * std::ldexp(mag, -24)) << n << ", " << k;
+    }
 }

@@ -167,6 +167,18 @@ static void print_summary(const ts_train_config *cfg, const ts_train_result *res
          cfg->model, (double)res->num_params / 1e6, cfg->steps - res->resumed_from, res->seconds, res->first_loss,
          res->final_loss, res->tokens_per_s, res->gflops);
   printf("matrix products: %s\n", ts_k_matmul_impl(cfg->engine.device, cfg->engine.dtype));
+  if (res->op_wall_seconds > 0 && ts_k_op_timing()) { /* TESSERA_OP_TIMES=1 */
+    double sum = 0;
+    printf("op times, steps 2-%zu, rank 0's process:", cfg->steps);
+    for (int k = 0; k < TS_K_OPS_KINDS; k++) {
+      sum += res->op_seconds[k];
+      printf(" %s %.3f s (%.0f%%),", ts_k_op_kind_name((ts_k_op_kind)k), res->op_seconds[k],
+             100 * res->op_seconds[k] / res->op_wall_seconds);
+    }
+    double rest = res->op_wall_seconds > sum ? res->op_wall_seconds - sum : 0;
+    printf(" outside the ops %.3f s (%.0f%%) of %.3f s\n", rest,
+           100 * rest / res->op_wall_seconds, res->op_wall_seconds);
+  }
   double uni, uni_acc;
   unigram_baselines(cfg->data_dir, &uni, &uni_acc);
   const char *what =
@@ -409,6 +421,8 @@ static int watch_stop_signals(int watch) {
 
 int ts_tool_train(int argc, char **argv) {
   ts_train_config cfg = ts_train_default_config();
+  const char *op_times = getenv("TESSERA_OP_TIMES"); /* 1: where the time goes (kernels.h) */
+  if (op_times && !strcmp(op_times, "1")) ts_k_op_times_enable(1);
   sampler smp = {NULL, NULL, NULL, 48, 0, TS_DEVICE_CPU, NULL, 0};
   float peak_tflops = 0;
   ts_engine_opts *e = &cfg.engine;

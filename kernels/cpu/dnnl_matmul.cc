@@ -129,6 +129,12 @@ const char *Probe(ts_dtype dt) {
     bool native = dt == TS_FP32 || impl.find("f16") != std::string::npos ||  // bf16 and f16 kernels
                   impl.find("amx") != std::string::npos;
     if (impl.rfind("ref", 0) == 0 || !native) return nullptr;
+    // fp32 on oneDNN's older JIT GEMM (AVX2 and below: no brgemm) is left to
+    // OpenBLAS: in fixed tiles, its sgemm ran every llama-small product at
+    // 0.90-1.06 of the better library call, oneDNN's tiles 0.68-1.00 (the
+    // weight gradients, a transposed A, 0.68-0.78; kernels/bench_matmul
+    // under ONEDNN_MAX_CPU_ISA=AVX2, docs/BENCHMARKS.md)
+    if (dt == TS_FP32 && impl.rfind("gemm:jit", 0) == 0) return nullptr;
     static std::string kept[3];
     kept[Slot(dt)] = impl;
     return kept[Slot(dt)].c_str();

@@ -25,6 +25,14 @@ Timing: each step after the first --warmup with time.perf_counter (the CPU
 runs synchronously); step_s is the median, tokens_per_s = B T / step_s,
 the same statistic tools/bench_cpu.sh takes of tessera's steps.
 
+--breakdown K: after the timed steps, K more steps under torch.profiler
+(CPU activities); "breakdown" in the output gives their wall time and the
+seconds of the profiled ops by kind, each op's self time (a call on the
+calling thread, its intra-op threads included, as tessera's op times count):
+products (aten::mm, addmm, bmm, baddbmm, linear's mkldnn kernels),
+attention (the fused scaled-dot-product ops), the optimizer (the
+Optimizer.step range, all its ops), and elementwise (every other aten op).
+
 Output: one JSON object on stdout
     {"impl": "torch-eager", "dtype": "bf16", "model": ..., "tokens_per_s": ...,
      "step_s": ..., "threads": ..., "torch_version": ..., ...}
@@ -62,6 +70,9 @@ def parse_args(argv):
     p.add_argument("--mode", choices=("eager", "compile"), default="eager")
     p.add_argument("--steps", type=int, default=8, help="timed steps (default 8)")
     p.add_argument("--warmup", type=int, default=2, help="untimed first steps (default 2)")
+    p.add_argument("--breakdown", type=int, default=0, metavar="K",
+                   help="after the timed steps, K more under torch.profiler: where their time "
+                        "went (default 0: none)")
     a = p.parse_args(argv)
     if a.batch < 1 or a.seq < 3 or a.threads < 1:
         p.error(f"--batch {a.batch} --seq {a.seq} --threads {a.threads}: expected B >= 1, "
@@ -124,15 +135,19 @@ def main(argv):
                 logits = fwd(input_ids=x, attention_mask=(x != 0).long()).logits
         return F.cross_entropy(logits.float().view(-1, V), y.reshape(-1), ignore_index=-100)
 
-    times, losses = [], []
-    for step in range(a.warmup + a.steps):
-        x, y = batch()
-        t0 = time.perf_counter()
+    def train_step(x, y):
         loss = loss_of(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        return loss
+
+    times, losses = [], []
+    for step in range(a.warmup + a.steps):
+        x, y = batch()
+        t0 = time.perf_counter()
+        loss = train_step(x, y)
         dt = time.perf_counter() - t0
         losses.append(loss.item())
         log(f"step {step + 1}: loss {losses[-1]:.4f}, {dt:.2f} s")
@@ -140,6 +155,35 @@ def main(argv):
             times.append(dt)
     if not all(math.isfinite(l) for l in losses):
         fail(f"loss is not finite: {losses}")
+    breakdown = None
+    if a.breakdown:
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            t0 = time.perf_counter()
+            for _ in range(a.breakdown):
+                train_step(*batch())
+            wall = time.perf_counter() - t0
+        breakdown = {"wall_s": wall, "products": 0.0, "attention": 0.0, "optimizer": 0.0,
+                     "elementwise": 0.0}
+        products = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_mkldnn",
+                    "mkldnn::", "aten::mkldnn")
+        ranges = [e for e in prof.events() if e.name.startswith("Optimizer.step")]
+        in_opt = lambda e: any(r.time_range.start <= e.time_range.start and
+                               e.time_range.end <= r.time_range.end and e.thread == r.thread
+                               for r in ranges)
+        for e in prof.events():
+            if not e.name.startswith("aten::") and not e.name.startswith("mkldnn::"):
+                continue
+            s = e.self_cpu_time_total / 1e6
+            if in_opt(e):
+                kind = "optimizer"
+            elif e.name.startswith(products):
+                kind = "products"
+            elif "scaled_dot_product" in e.name or "flash_attention" in e.name:
+                kind = "attention"
+            else:
+                kind = "elementwise"
+            breakdown[kind] += s
     step_s = statistics.median(times)
     name = os.path.splitext(os.path.basename(path))[0]
     print(json.dumps({
@@ -148,6 +192,7 @@ def main(argv):
         "tokens_per_s": B * T / step_s, "loss_first": losses[0], "loss_last": losses[-1],
         "torch_version": torch.__version__, "transformers_version": transformers.__version__,
         "mkldnn_bf16": bool(getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)()),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(), "breakdown": breakdown,
     }), flush=True)
     return 0
 
