@@ -12,6 +12,8 @@
 # Before products were cut into tiles of a fixed size (kernels/cpu/tiles.h)
 # and attention into fixed (batch row, head) items, fp32 llama-tiny at
 # T = 257 gave another loss at step 2 on 1 thread than on 2.
+# The 4-thread runs also sum their op times (TESSERA_OP_TIMES=1, one line
+# per run, checked for llama fp32), which must change no bit either.
 #   threads_test.sh TESSERA_BIN
 set -uo pipefail
 bin="$1"
@@ -45,7 +47,9 @@ same_bits() {
   local case="$1" env="$2" last=step-00000003
   shift 2
   for n in 1 2 4; do
-    env $env OMP_NUM_THREADS=$n "$bin" train "$@" --steps 3 --lr 1e-3 --warmup 1 \
+    # 4 threads also sum their op times (TESSERA_OP_TIMES=1), which must
+    # change no bit
+    env $env OMP_NUM_THREADS=$n TESSERA_OP_TIMES=$((n == 4)) "$bin" train "$@" --steps 3 --lr 1e-3 --warmup 1 \
       --eval-batches 1 --log-every 1 --metrics "$tmp/$case-$n.jsonl" --save "$tmp/$case-$n" \
       >"$tmp/$case-$n.log" 2>&1
     check_eq "$case, $n threads: exit" 0 $?
@@ -68,6 +72,8 @@ check "fp32 sgemm path taken" "matrix products: openblas sgemm" \
   "$(cat "$tmp/llama-fp32-openblas-1.log")"
 check "bf16 copies path taken" "matrix products: openblas sgemm on fp32 copies" \
   "$(cat "$tmp/llama-bf16-copies-1.log")"
+check_eq "op times: one line, every kind, at 4 threads only" "1 0" \
+  "$(grep -cE "^op times, steps 2-3, rank 0's process: products [0-9.]+ s \([0-9]+%\), attention .*, elementwise .*, optimizer .*, copies .*, outside the ops [0-9.]+ s \([0-9]+%\) of [0-9.]+ s$" "$tmp/llama-fp32-4.log") $(grep -c "^op times" "$tmp/llama-fp32-1.log")"
 bert=(--model "$tmp/bert.json" --data "$tmp/mlm" --seq 150 --micro-batch 2)
 same_bits bert-fp32 "" "${bert[@]}" --dtype fp32
 same_bits bert-bf16 "" "${bert[@]}" --dtype bf16
