@@ -22,14 +22,25 @@
 
 #include "kernels/cpu/cpu_common.h"
 
-size_t ts_cpu_linear_fp8_workspace_bytes(size_t M, size_t N, size_t K, ts_fp8_scaling scaling) {
-  (void)scaling;
+/* The workspace's parts, in fp8_ws's order (bytes, each 64-byte aligned):
+ * codes of A and B, their inverse scales, their fp32 values, the product;
+ * each sized for the largest of the three products. */
+enum { PARTS = 7 };
+static void part_sizes(size_t M, size_t N, size_t K, size_t sz[PARTS]) {
   size_t a = M * (K > N ? K : N), b = K * (N > M ? N : M);
   size_t d = M * N > M * K ? M * N : M * K;
   if (N * K > d) d = N * K;
   size_t sa = M > N ? M : N, sb = N > K ? N : K;
-  return ts_align64(a) + ts_align64(b) + ts_align64(sa * 4) + ts_align64(sb * 4) +
-         ts_align64(a * 4) + ts_align64(b * 4) + ts_align64(d * 4);
+  const size_t bytes[PARTS] = {a, b, sa * 4, sb * 4, a * 4, b * 4, d * 4};
+  for (int i = 0; i < PARTS; i++) sz[i] = ts_align64(bytes[i]);
+}
+
+size_t ts_cpu_linear_fp8_workspace_bytes(size_t M, size_t N, size_t K, ts_fp8_scaling scaling) {
+  (void)scaling;
+  size_t sz[PARTS], total = 0;
+  part_sizes(M, N, K, sz);
+  for (int i = 0; i < PARTS; i++) total += sz[i];
+  return total;
 }
 
 /* The largest |x| of row r of the (rows, cols) view of inp (transposed:
@@ -86,18 +97,16 @@ typedef struct {
 } fp8_ws;
 
 static fp8_ws carve(const ts_kctx *ctx, size_t M, size_t N, size_t K) {
-  size_t a = M * (K > N ? K : N), b = K * (N > M ? N : M);
-  size_t d = M * N > M * K ? M * N : M * K;
-  if (N * K > d) d = N * K;
-  size_t sa = M > N ? M : N, sb = N > K ? N : K;
+  size_t sz[PARTS];
+  part_sizes(M, N, K, sz);
   fp8_ws w;
   char *p = (char *)ctx->workspace;
-  w.a8 = (uint8_t *)p, p += ts_align64(a);
-  w.b8 = (uint8_t *)p, p += ts_align64(b);
-  w.sa = (float *)p, p += ts_align64(sa * 4);
-  w.sb = (float *)p, p += ts_align64(sb * 4);
-  w.a32 = (float *)p, p += ts_align64(a * 4);
-  w.b32 = (float *)p, p += ts_align64(b * 4);
+  w.a8 = (uint8_t *)p, p += sz[0];
+  w.b8 = (uint8_t *)p, p += sz[1];
+  w.sa = (float *)p, p += sz[2];
+  w.sb = (float *)p, p += sz[3];
+  w.a32 = (float *)p, p += sz[4];
+  w.b32 = (float *)p, p += sz[5];
   w.d32 = (float *)p;
   return w;
 }
