@@ -228,11 +228,21 @@ TEST(Convert, HalfPiecesMatchPerElementFormulas) {
         const uint16_t *xr = x.data() + r * V;
         float m = -INFINITY, s = 0.0f;
         for (size_t j = 0; j < V; j++) m = widen(xr[j]) > m ? widen(xr[j]) : m;
-        for (size_t j = 0; j < V; j++) s += expf(widen(xr[j]) - m);
+        // cross_entropy.c's order: per 1024-element piece, element j into
+        // partial sum j mod 16, the 16 added in their fixed tree, the
+        // pieces' sums in order.
+        for (size_t j0 = 0; j0 < V; j0 += TS_CPU_PIECE) {
+          float a[16] = {0}, b[8], c4[4];
+          for (size_t j = j0; j < V && j < j0 + TS_CPU_PIECE; j++)
+            a[(j - j0) % 16] += ts_cpu_exp(widen(xr[j]) - m);
+          for (int i = 0; i < 8; i++) b[i] = a[i] + a[i + 8];
+          for (int i = 0; i < 4; i++) c4[i] = b[i] + b[i + 4];
+          s += (c4[0] + c4[2]) + (c4[1] + c4[3]);
+        }
         ASSERT_EQ(ts_f32_bits(loss[r]), ts_f32_bits((logf(s) + m) - widen(xr[y[r]]))) << r;
         float inv = 1.0f / s;
         for (size_t j = 0; j < V; j++) {
-          float p = expf(widen(xr[j]) - m) * inv;
+          float p = ts_cpu_exp(widen(xr[j]) - m) * inv;
           ASSERT_EQ(dx[r * V + j], narrow(dloss * (p - (j == (size_t)y[r] ? 1.0f : 0.0f))))
               << r << "," << j;
         }

@@ -18,7 +18,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <time.h>
 
 #include "kernels/cpu/cpu_common.h"
@@ -40,9 +39,6 @@ TS_AI void adamw_range(float *master, void *param_out, float *m, float *v, const
 int ts_cpu_adamw_isa = 0, ts_cpu_adamw_isa_max = 0;
 
 #if TS_CPU_X86
-
-#define TS_TARGET_AVX2 __attribute__((target("avx2")))
-#define TS_TARGET_AVX512 __attribute__((target("avx512f")))
 
 /* The eight lanes of ts_adamw_element, in its order. */
 TS_TARGET_AVX2 static inline __m256 adamw8(__m256 p, __m256 g, float *m, float *v,
@@ -225,19 +221,11 @@ static int faster_body(void) {
   return best[1] < 0.97 * best[2] ? 1 : 2;
 }
 
-/* Sets ts_cpu_adamw_isa_max before main: 2 with AVX-512 F (the OS saving
- * its registers: __builtin_cpu_supports checks XCR0), 1 with AVX2, else 0,
- * capped as oneDNN's own cap says (ONEDNN_MAX_CPU_ISA, or DNNL_MAX_CPU_ISA:
- * AVX2... keeps AVX2, SSE41 or AVX the scalar body), so that one setting
- * runs the whole CPU backend at one ISA (tools/test_suite.sh --isa); and
- * ts_cpu_adamw_isa to the faster body within it. */
+/* Sets ts_cpu_adamw_isa_max before main to the widest body within
+ * oneDNN's cap (ts_cpu_isa_widest, isa.c), and ts_cpu_adamw_isa to the
+ * faster body within it. */
 __attribute__((constructor)) static void detect_adamw_isa(void) {
-  __builtin_cpu_init();
-  int isa = __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx2") ? 1 : 0;
-  const char *cap = getenv("ONEDNN_MAX_CPU_ISA");
-  if (!cap || !*cap) cap = getenv("DNNL_MAX_CPU_ISA");
-  if (cap && (!strncasecmp(cap, "SSE", 3) || !strcasecmp(cap, "AVX"))) isa = 0;
-  else if (cap && !strncasecmp(cap, "AVX2", 4) && isa > 1) isa = 1;
+  int isa = ts_cpu_isa_widest();
   ts_cpu_adamw_isa_max = isa;
   ts_cpu_adamw_isa = isa == 2 ? faster_body() : isa;
 }

@@ -145,7 +145,7 @@ static size_t row_keys(const att_mask *mk, size_t t, size_t k0, size_t kn) {
 /* Row i of a block's probabilities over its kn keys, in place: p[j] =
  * e^(p[j] - x0) for the first e keys when seen (keep NULL, or keep[j] !=
  * 0), else 0. Vectorised; ts_cpu_exp gives the same bits at every width. */
-static void exp_row(float *p, size_t e, size_t kn, float x0, const uint8_t *keep) {
+TS_AI void exp_row(float *p, size_t e, size_t kn, float x0, const uint8_t *keep) {
   if (keep == NULL) {
 #pragma omp simd
     for (size_t j = 0; j < e; j++) p[j] = ts_cpu_exp(p[j] - x0);
@@ -159,9 +159,9 @@ static void exp_row(float *p, size_t e, size_t kn, float x0, const uint8_t *keep
 /* One forward block: rows [r0, r1) of one (batch row, head). q, o: the
  * head's column (leading dimension ldq), k, v: its kv head's (ldk); lse:
  * the head's T row log-sum-exps. */
-static void fwd_block(float *o, float *lse, const float *q, const float *k, const float *v, int ldq,
-                      int ldk, size_t r0, size_t r1, size_t T, size_t HS, float scale,
-                      const att_mask *mk) {
+TS_AI void fwd_block_body(float *o, float *lse, const float *q, const float *k, const float *v,
+                          int ldq, int ldk, size_t r0, size_t r1, size_t T, size_t HS, float scale,
+                          const att_mask *mk) {
   float s[QB * KB], m[QB], l[QB];
   size_t rows = r1 - r0, n = key_end(mk, r1 - 1, T);
   for (size_t i = 0; i < rows; i++) m[i] = -INFINITY, l[i] = 0.0f;
@@ -201,6 +201,12 @@ static void fwd_block(float *o, float *lse, const float *q, const float *k, cons
   }
 }
 
+TS_CPU_CLONES(fwd_block,
+              (float *o, float *lse, const float *q, const float *k, const float *v, int ldq,
+               int ldk, size_t r0, size_t r1, size_t T, size_t HS, float scale,
+               const att_mask *mk),
+              (o, lse, q, k, v, ldq, ldk, r0, r1, T, HS, scale, mk))
+
 /* fp32 forward over B batch rows (layouts as in kernels.h); lse (B, NH, T);
  * keep: (B, T) flags or NULL. */
 static void attn_fwd_f32(float *out, float *lse, const float *q, const float *k, const float *v,
@@ -225,10 +231,10 @@ static void attn_fwd_f32(float *out, float *lse, const float *q, const float *k,
  * all the keys they see. Pointers as in fwd_block (dq, dout, out: the
  * head's columns; dk, dv: its kv head's); writes dQ of the rows, adds into
  * dK and dV. */
-static void bwd_block(float *dq, float *dk, float *dv, const float *dout, const float *out,
-                      const float *q, const float *k, const float *v, const float *lse, int ldq,
-                      int ldk, size_t r0, size_t r1, size_t T, size_t HS, float scale,
-                      const att_mask *mk) {
+TS_AI void bwd_block_body(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                          const float *q, const float *k, const float *v, const float *lse,
+                          int ldq, int ldk, size_t r0, size_t r1, size_t T, size_t HS,
+                          float scale, const att_mask *mk) {
   float p[QB * KB], dp[QB * KB], d[QB];
   size_t rows = r1 - r0, n = key_end(mk, r1 - 1, T);
   const int one_block = n <= KB;                    /* D from this block's P and dP */
@@ -271,6 +277,12 @@ static void bwd_block(float *dq, float *dk, float *dv, const float *dout, const 
                 q + r0 * ldq, ldq, 1.0f, dk + k0 * ldk, ldk);
   }
 }
+
+TS_CPU_CLONES(bwd_block,
+              (float *dq, float *dk, float *dv, const float *dout, const float *out,
+               const float *q, const float *k, const float *v, const float *lse, int ldq, int ldk,
+               size_t r0, size_t r1, size_t T, size_t HS, float scale, const att_mask *mk),
+              (dq, dk, dv, dout, out, q, k, v, lse, ldq, ldk, r0, r1, T, HS, scale, mk))
 
 /* fp32 backward over B batch rows; lse (B, NH, T); keep: (B, T) or NULL. */
 static void attn_bwd_f32(float *dq, float *dk, float *dv, const float *dout, const float *out,

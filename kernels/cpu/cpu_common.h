@@ -57,6 +57,85 @@ extern int ts_cpu_f16c;
  * bits; tests set ts_cpu_adamw_isa to compare them. */
 extern int ts_cpu_adamw_isa, ts_cpu_adamw_isa_max;
 
+/* The vector instructions of the CPU backend's own elementwise loops
+ * (the bodies TS_CPU_CLONES dispatches to): 2 AVX-512 (F, BW, VL, DQ),
+ * 1 AVX2, 0 baseline x86-64 (SSE2). Set before main to
+ * ts_cpu_isa_widest(); tests change it to compare the bodies, which give
+ * the same bits: each is the same source compiled for another target, with
+ * no fused multiply-add (-ffp-contract=off) and no reassociation, and every
+ * sum across elements kept in TS_CPU_LANES partial sums (ts_cpu_lanes_sum),
+ * whatever the vector width. */
+extern int ts_cpu_isa;
+
+/* The widest of those this CPU (and OS) has, capped as oneDNN's own cap
+ * says (ONEDNN_MAX_CPU_ISA, or DNNL_MAX_CPU_ISA: AVX2... keeps AVX2,
+ * SSE41 or AVX baseline), so that one setting runs the whole CPU backend
+ * at one tier (tools/test_suite.sh --isa). Always 0 off x86-64. */
+int ts_cpu_isa_widest(void);
+
+#if TS_CPU_X86
+#define TS_TARGET_AVX2 __attribute__((target("avx2")))
+#define TS_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+/* Defines `static void name params`, which runs name##_body (a TS_AI
+ * function of the same parameters) compiled three times, for AVX-512,
+ * AVX2 and baseline x86-64, as ts_cpu_isa says. The body is inlined into
+ * each clone, so its loops vectorise at that clone's width. Call it from
+ * inside a parallel loop (a parallel region in the body would be outlined
+ * without the clone's target). */
+#define TS_CPU_CLONES(name, params, args)                                   \
+  TS_TARGET_AVX512 static void name##_avx512 params { name##_body args; } \
+  TS_TARGET_AVX2 static void name##_avx2 params { name##_body args; }     \
+  static void name##_base params { name##_body args; }                    \
+  static void name params {                                               \
+    if (ts_cpu_isa >= 2)                                                  \
+      name##_avx512 args;                                                 \
+    else if (ts_cpu_isa == 1)                                             \
+      name##_avx2 args;                                                   \
+    else                                                                  \
+      name##_base args;                                                   \
+  }
+#else
+#define TS_CPU_CLONES(name, params, args) \
+  static void name params { name##_body args; }
+#endif
+
+/* Partial sums of every CPU sum across elements (norms' statistics,
+ * cross-entropy's exponentials): element j joins partial sum j mod 16 in
+ * index order, and ts_cpu_lanes_sum adds the 16 in a fixed tree. Sixteen
+ * lanes fill one AVX-512 register, two AVX2 ones or four SSE2 ones: the
+ * same bits at every width. */
+enum { TS_CPU_LANES = 16 };
+
+/* The 16 partial sums a in a fixed tree: b_i = a_i + a_(i+8),
+ * c_i = b_i + b_(i+4), then (c_0 + c_2) + (c_1 + c_3). */
+TS_AI float ts_cpu_lanes_sum(const float *a) {
+  float b[8], c[4];
+  for (int i = 0; i < 8; i++) b[i] = a[i] + a[i + 8];
+  for (int i = 0; i < 4; i++) c[i] = b[i] + b[i + 4];
+  return (c[0] + c[2]) + (c[1] + c[3]);
+}
+
+/* out = the sum of EXPR (an fp32 expression of the size_t element index
+ * J) over J in [0, n): element J joins partial sum J mod TS_CPU_LANES, in
+ * index order, and the partial sums are added by ts_cpu_lanes_sum. The
+ * lanes vectorise at any width with the same bits. */
+#define TS_CPU_LANE_SUM(out, n, J, EXPR)                                  \
+  do {                                                                    \
+    float lanes_[TS_CPU_LANES] = {0};                                     \
+    size_t base_ = 0, n_ = (n);                                           \
+    for (; base_ + TS_CPU_LANES <= n_; base_ += TS_CPU_LANES) {           \
+      _Pragma("omp simd") for (size_t l_ = 0; l_ < TS_CPU_LANES; l_++) {  \
+        size_t J = base_ + l_;                                            \
+        lanes_[l_] += (EXPR);                                             \
+      }                                                                   \
+    }                                                                     \
+    for (size_t l_ = 0; base_ + l_ < n_; l_++) {                          \
+      size_t J = base_ + l_;                                              \
+      lanes_[l_] += (EXPR);                                               \
+    }                                                                     \
+    (out) = ts_cpu_lanes_sum(lanes_);                                     \
+  } while (0)
+
 /* ts_f16_to_f32(h), through VCVTPH2PS when ts_cpu_f16c. Inline asm rather
  * than an intrinsic: an intrinsic needs the caller compiled for F16C, and
  * these loops are compiled for baseline x86-64. The asm also keeps the loops

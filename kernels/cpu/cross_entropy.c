@@ -9,8 +9,9 @@
  * Rows whose target is TS_IGNORE_INDEX give loss 0 and zero gradient.
  *
  * Invariants: every target is validated before any output is written; rows
- * are independent and each row's sums run in one fixed order, so results do
- * not depend on the thread count; statistics are fp32; half-precision
+ * are independent and each row's sums run in one fixed order (TS_CPU_LANES
+ * partial sums of ts_cpu_exp's exponentials), so results do not depend on
+ * the thread count nor on the vector width ts_cpu_isa picks; statistics are fp32; half-precision
  * logits are widened in bulk a piece at a time into a stack buffer (no
  * workspace), and the loops over the pieces run the per-element loops'
  * operations in the same order, so the bits are those of reading element by
@@ -33,34 +34,50 @@ static ts_status check_targets(const int32_t *targets, size_t N, size_t V, const
   return TS_OK;
 }
 
-/* Max and sum of exp(x - max) of row n. */
+/* The largest of x[0, k) and m: lanes of 16, as the sums (the maximum
+ * does not depend on the order; NaN never wins a comparison). */
+TS_AI float row_max(const float *x, size_t k, float m) {
+  float lanes[TS_CPU_LANES];
+  for (int l = 0; l < TS_CPU_LANES; l++) lanes[l] = m;
+  size_t j0 = 0;
+  for (; j0 + TS_CPU_LANES <= k; j0 += TS_CPU_LANES) {
+#pragma omp simd
+    for (size_t l = 0; l < TS_CPU_LANES; l++)
+      lanes[l] = x[j0 + l] > lanes[l] ? x[j0 + l] : lanes[l];
+  }
+  for (size_t j = j0; j < k; j++) m = x[j] > m ? x[j] : m;
+  for (int l = 0; l < TS_CPU_LANES; l++) m = lanes[l] > m ? lanes[l] : m;
+  return m;
+}
+
+/* Max and sum of exp(x - max) of row n: fp32 rows in place, half ones a
+ * widened piece at a time; each piece's exponentials summed in
+ * TS_CPU_LANES partial sums (ts_cpu_exp: the same bits at every width),
+ * the pieces' sums added in order. */
 TS_AI void row_stats(const void *logits, size_t V, size_t n, float *max_out, float *sum_out,
                      ts_dtype dt) {
   size_t o = n * V;
-  float m = -INFINITY;
+  float m = -INFINITY, s = 0.0f;
   if (dt == TS_FP32) {
-    for (size_t j = 0; j < V; j++) {
-      float x = ld(logits, o + j, dt);
-      m = x > m ? x : m;
-    }
-    float s = 0.0f;
-    for (size_t j = 0; j < V; j++) s += expf(ld(logits, o + j, dt) - m);
+    const float *x = (const float *)logits + o;
+    m = row_max(x, V, m);
+    TS_CPU_LANE_SUM(s, V, j, ts_cpu_exp(x[j] - m));
     *max_out = m;
     *sum_out = s;
     return;
   }
-  /* Half: the same two passes, in the same order, over widened pieces. */
   float x[TS_CPU_PIECE];
   for (size_t j0 = 0; j0 < V; j0 += TS_CPU_PIECE) {
     size_t k = V - j0 < TS_CPU_PIECE ? V - j0 : TS_CPU_PIECE;
     ts_cpu_widen_at(x, logits, o + j0, k, dt);
-    for (size_t j = 0; j < k; j++) m = x[j] > m ? x[j] : m;
+    m = row_max(x, k, m);
   }
-  float s = 0.0f;
   for (size_t j0 = 0; j0 < V; j0 += TS_CPU_PIECE) {
     size_t k = V - j0 < TS_CPU_PIECE ? V - j0 : TS_CPU_PIECE;
     ts_cpu_widen_at(x, logits, o + j0, k, dt);
-    for (size_t j = 0; j < k; j++) s += expf(x[j] - m);
+    float part;
+    TS_CPU_LANE_SUM(part, k, j, ts_cpu_exp(x[j] - m));
+    s += part;
   }
   *max_out = m;
   *sum_out = s;
@@ -73,19 +90,27 @@ TS_AI float ce_fwd_row(const void *logits, int32_t y, size_t V, size_t n, ts_dty
 }
 
 /* Row n's loss in dt's specialisation, 0 for an ignored row. */
-static float ce_loss_row(const void *logits, int32_t y, size_t V, size_t n, ts_dtype dt) {
-  if (y == TS_IGNORE_INDEX) return 0.0f;
-  if (dt == TS_FP32) return ce_fwd_row(logits, y, V, n, TS_FP32);
-  if (dt == TS_BF16) return ce_fwd_row(logits, y, V, n, TS_BF16);
-  return ce_fwd_row(logits, y, V, n, TS_FP16);
+TS_AI void ce_loss_row_body(float *loss, const void *logits, int32_t y, size_t V, size_t n,
+                            ts_dtype dt) {
+  if (y == TS_IGNORE_INDEX)
+    *loss = 0.0f;
+  else if (dt == TS_FP32)
+    *loss = ce_fwd_row(logits, y, V, n, TS_FP32);
+  else if (dt == TS_BF16)
+    *loss = ce_fwd_row(logits, y, V, n, TS_BF16);
+  else
+    *loss = ce_fwd_row(logits, y, V, n, TS_FP16);
 }
+TS_CPU_CLONES(ce_loss_row,
+              (float *loss, const void *logits, int32_t y, size_t V, size_t n, ts_dtype dt),
+              (loss, logits, y, V, n, dt))
 
 ts_status ts_cpu_cross_entropy_forward(const ts_kctx *ctx, float *loss_rows, const void *logits,
                                        const int32_t *targets, size_t N, size_t V, ts_dtype dt) {
   TS_CHECK(check_targets(targets, N, V, "ts_k_cross_entropy_forward"));
 #pragma omp parallel for schedule(static) if (N * V > 16384)
   for (ptrdiff_t n = 0; n < (ptrdiff_t)N; n++)
-    loss_rows[n] = ce_loss_row(logits, targets[n], V, (size_t)n, dt);
+    ce_loss_row(&loss_rows[n], logits, targets[n], V, (size_t)n, dt);
   return TS_OK;
 }
 
@@ -115,16 +140,11 @@ TS_AI void ce_bwd_row(void *dlogits, const void *logits, int32_t y, size_t V, si
      * (each x is read before its slot is overwritten, so aliasing is fine). */
     const float *x = (const float *)logits + o;
     float *d = (float *)dlogits + o;
-    float m = -INFINITY;
-    for (size_t j = 0; j < V; j++) m = x[j] > m ? x[j] : m;
-    float s = 0.0f;
-    for (size_t j = 0; j < V; j++) {
-      float e = expf(x[j] - m);
-      d[j] = e;
-      s += e;
-    }
+    float m = row_max(x, V, -INFINITY), s;
+    TS_CPU_LANE_SUM(s, V, j, (d[j] = ts_cpu_exp(x[j] - m)));
     float inv = 1.0f / s;
     float py = d[y] * inv;
+#pragma omp simd
     for (size_t j = 0; j < V; j++) d[j] = dloss * (d[j] * inv);
     d[y] = dloss * (py - 1.0f);
     return;
@@ -138,13 +158,23 @@ TS_AI void ce_bwd_row(void *dlogits, const void *logits, int32_t y, size_t V, si
   for (size_t j0 = 0; j0 < V; j0 += TS_CPU_PIECE) {
     size_t k = V - j0 < TS_CPU_PIECE ? V - j0 : TS_CPU_PIECE;
     ts_cpu_widen_at(x, logits, o + j0, k, dt);
+#pragma omp simd
     for (size_t j = 0; j < k; j++) {
-      float p = expf(x[j] - m) * inv;
+      float p = ts_cpu_exp(x[j] - m) * inv;
       x[j] = dloss * (p - (j0 + j == (size_t)y ? 1.0f : 0.0f));
     }
     ts_cpu_narrow_at(dlogits, o + j0, x, k, dt);
   }
 }
+
+TS_AI void ce_bwd_row_any_body(void *dlogits, const void *logits, int32_t y, size_t V, size_t n,
+                               float dloss, ts_dtype dt) {
+  TS_DT_CALL(dt, ce_bwd_row, dlogits, logits, y, V, n, dloss);
+}
+TS_CPU_CLONES(ce_bwd_row_any,
+              (void *dlogits, const void *logits, int32_t y, size_t V, size_t n, float dloss,
+               ts_dtype dt),
+              (dlogits, logits, y, V, n, dloss, dt))
 
 ts_status ts_cpu_cross_entropy_backward(const ts_kctx *ctx, void *dlogits, const void *logits,
                                         const int32_t *targets, size_t N, size_t V, float dloss,
@@ -152,7 +182,7 @@ ts_status ts_cpu_cross_entropy_backward(const ts_kctx *ctx, void *dlogits, const
   TS_CHECK(check_targets(targets, N, V, "ts_k_cross_entropy_backward"));
 #pragma omp parallel for schedule(static) if (N * V > 16384)
   for (ptrdiff_t n = 0; n < (ptrdiff_t)N; n++)
-    TS_DT_CALL(dt, ce_bwd_row, dlogits, logits, targets[n], V, (size_t)n, dloss);
+    ce_bwd_row_any(dlogits, logits, targets[n], V, (size_t)n, dloss, dt);
   return TS_OK;
 }
 
@@ -166,8 +196,8 @@ ts_status ts_cpu_cross_entropy_fused(const ts_kctx *ctx, float *loss_rows, void 
 #pragma omp parallel for schedule(static) if (N * V > 16384)
   for (ptrdiff_t n = 0; n < (ptrdiff_t)N; n++) {
     int32_t y = targets[n];
-    loss_rows[n] = ce_loss_row(logits, y, V, (size_t)n, dt);
-    TS_DT_CALL(dt, ce_bwd_row, dlogits, logits, y, V, (size_t)n, dloss);
+    ce_loss_row(&loss_rows[n], logits, y, V, (size_t)n, dt);
+    ce_bwd_row_any(dlogits, logits, y, V, (size_t)n, dloss, dt);
   }
   return TS_OK;
 }

@@ -15,7 +15,9 @@
  * - Statistics are fp32 (mean and rstd (N), saved by forward for backward);
  *   half storage is read and written per element (ld/st), computed in fp32
  *   and rounded once.
- * - Rows are independent; a row's sums use a fixed vectorised order.
+ * - Rows are independent; a row's sums run in TS_CPU_LANES partial sums
+ *   (TS_CPU_LANE_SUM): the same bits at every vector width (TS_CPU_CLONES
+ *   compiles the row loops for AVX-512, AVX2 and baseline x86-64).
  * - Column sums over rows (dweight, dbias) run in two passes: rows are cut
  *   into R = row_blocks(N) fixed blocks; each block's fp32 sums, rows in
  *   order, go to its row of ctx->workspace; then the R partial rows are
@@ -76,29 +78,34 @@ static void colsum_finish(void *d, const float *partial, size_t R, size_t stride
 TS_AI void ln_fwd_row(void *out, float *mean, float *rstd, const void *inp, const void *weight,
                       const void *bias, size_t C, float eps, size_t row, ts_dtype dt) {
   size_t o = row * C;
-  float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-  for (size_t c = 0; c < C; c++) s += ld(inp, o + c, dt);
+  float s, ss;
+  TS_CPU_LANE_SUM(s, C, c, ld(inp, o + c, dt));
   float m = s / (float)C;
-  float ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
-  for (size_t c = 0; c < C; c++) {
-    float d = ld(inp, o + c, dt) - m;
-    ss += d * d;
-  }
+  TS_CPU_LANE_SUM(ss, C, c, (ld(inp, o + c, dt) - m) * (ld(inp, o + c, dt) - m));
   float r = 1.0f / sqrtf(ss / (float)C + eps);
+#pragma omp simd
   for (size_t c = 0; c < C; c++)
     st(out, o + c, dt, (ld(inp, o + c, dt) - m) * r * ld(weight, c, dt) + ld(bias, c, dt));
   mean[row] = m;
   rstd[row] = r;
 }
 
+TS_AI void ln_fwd_row_any_body(void *out, float *mean, float *rstd, const void *inp,
+                               const void *weight, const void *bias, size_t C, float eps,
+                               size_t row, ts_dtype dt) {
+  TS_DT_CALL(dt, ln_fwd_row, out, mean, rstd, inp, weight, bias, C, eps, row);
+}
+TS_CPU_CLONES(ln_fwd_row_any,
+              (void *out, float *mean, float *rstd, const void *inp, const void *weight,
+               const void *bias, size_t C, float eps, size_t row, ts_dtype dt),
+              (out, mean, rstd, inp, weight, bias, C, eps, row, dt))
+
 ts_status ts_cpu_layernorm_forward(const ts_kctx *ctx, void *out, float *mean, float *rstd,
                                    const void *inp, const void *weight, const void *bias,
                                    size_t N, size_t C, float eps, ts_dtype dt) {
 #pragma omp parallel for schedule(static) if (N * C > 16384)
   for (ptrdiff_t n = 0; n < (ptrdiff_t)N; n++)
-    TS_DT_CALL(dt, ln_fwd_row, out, mean, rstd, inp, weight, bias, C, eps, (size_t)n);
+    ln_fwd_row_any(out, mean, rstd, inp, weight, bias, C, eps, (size_t)n, dt);
   return TS_OK;
 }
 
@@ -120,14 +127,12 @@ TS_AI void ln_bwd_row(void *dinp, float *pw, float *pb, const void *dout, const 
   size_t o = row * C;
   if (dinp) {
     float m = mean[row], r = rstd[row];
-    float sg = 0.0f, sgx = 0.0f;
-#pragma omp simd reduction(+ : sg, sgx)
-    for (size_t c = 0; c < C; c++) {
-      float g = ld(dout, o + c, dt) * ld(weight, c, dt);
-      sg += g;
-      sgx += g * ((ld(inp, o + c, dt) - m) * r);
-    }
+    float sg, sgx;
+    TS_CPU_LANE_SUM(sg, C, c, ld(dout, o + c, dt) * ld(weight, c, dt));
+    TS_CPU_LANE_SUM(sgx, C, c,
+                    ld(dout, o + c, dt) * ld(weight, c, dt) * ((ld(inp, o + c, dt) - m) * r));
     float mg = sg / (float)C, mgx = sgx / (float)C;
+#pragma omp simd
     for (size_t c = 0; c < C; c++) {
       float g = ld(dout, o + c, dt) * ld(weight, c, dt);
       float xhat = (ld(inp, o + c, dt) - m) * r;
@@ -136,11 +141,27 @@ TS_AI void ln_bwd_row(void *dinp, float *pw, float *pb, const void *dout, const 
   }
   if (pw) {
     float m = mean[row], r = rstd[row];
+#pragma omp simd
     for (size_t c = 0; c < C; c++) pw[c] += ld(dout, o + c, dt) * ((ld(inp, o + c, dt) - m) * r);
   }
-  if (pb)
+  if (pb) {
+#pragma omp simd
     for (size_t c = 0; c < C; c++) pb[c] += ld(dout, o + c, dt);
+  }
 }
+
+/* Rows [n0, n1) of backward (ln_bwd_row), in order. */
+TS_AI void ln_bwd_rows_body(void *dinp, float *pw, float *pb, const void *dout, const void *inp,
+                            const void *weight, const float *mean, const float *rstd, size_t C,
+                            size_t n0, size_t n1, ts_dtype dt) {
+  for (size_t n = n0; n < n1; n++)
+    TS_DT_CALL(dt, ln_bwd_row, dinp, pw, pb, dout, inp, weight, mean, rstd, C, n);
+}
+TS_CPU_CLONES(ln_bwd_rows,
+              (void *dinp, float *pw, float *pb, const void *dout, const void *inp,
+               const void *weight, const float *mean, const float *rstd, size_t C, size_t n0,
+               size_t n1, ts_dtype dt),
+              (dinp, pw, pb, dout, inp, weight, mean, rstd, C, n0, n1, dt))
 
 ts_status ts_cpu_layernorm_backward(const ts_kctx *ctx, void *dinp, void *dweight, void *dbias,
                                     const void *dout, const void *inp, const void *weight,
@@ -154,8 +175,8 @@ ts_status ts_cpu_layernorm_backward(const ts_kctx *ctx, void *dinp, void *dweigh
     float *pb = dbias ? part + (size_t)b * 2 * C + C : NULL;
     if (pw) memset(pw, 0, C * sizeof(float));
     if (pb) memset(pb, 0, C * sizeof(float));
-    for (size_t n = (size_t)b * N / R; n < ((size_t)b + 1) * N / R; n++)
-      TS_DT_CALL(dt, ln_bwd_row, dinp, pw, pb, dout, inp, weight, mean, rstd, C, n);
+    ln_bwd_rows(dinp, pw, pb, dout, inp, weight, mean, rstd, C, (size_t)b * N / R,
+                ((size_t)b + 1) * N / R, dt);
   }
   if (dweight) colsum_finish(dweight, part, R, 2 * C, C, dt);
   if (dbias) colsum_finish(dbias, part + C, R, 2 * C, C, dt);
@@ -167,22 +188,37 @@ ts_status ts_cpu_layernorm_backward(const ts_kctx *ctx, void *dinp, void *dweigh
 /* out[row] += bias, one rounding per element. */
 TS_AI void bias_add_row(void *out, const void *bias, size_t C, size_t row, ts_dtype dt) {
   size_t o = row * C;
+#pragma omp simd
   for (size_t c = 0; c < C; c++) st(out, o + c, dt, ld(out, o + c, dt) + ld(bias, c, dt));
 }
+TS_AI void bias_add_row_any_body(void *out, const void *bias, size_t C, size_t row, ts_dtype dt) {
+  TS_DT_CALL(dt, bias_add_row, out, bias, C, row);
+}
+TS_CPU_CLONES(bias_add_row_any, (void *out, const void *bias, size_t C, size_t row, ts_dtype dt),
+              (out, bias, C, row, dt))
 
 ts_status ts_cpu_bias_add(const ts_kctx *ctx, void *out, const void *bias, size_t N, size_t C,
                           ts_dtype dt) {
 #pragma omp parallel for schedule(static) if (N * C > 16384)
-  for (ptrdiff_t n = 0; n < (ptrdiff_t)N; n++) TS_DT_CALL(dt, bias_add_row, out, bias, C, (size_t)n);
+  for (ptrdiff_t n = 0; n < (ptrdiff_t)N; n++) bias_add_row_any(out, bias, C, (size_t)n, dt);
   return TS_OK;
 }
 
 /* p[c] = sum of dout[n, c] over rows [n0, n1) in order. */
 TS_AI void bias_partial(float *p, const void *dout, size_t C, size_t n0, size_t n1, ts_dtype dt) {
   memset(p, 0, C * sizeof(float));
-  for (size_t n = n0; n < n1; n++)
+  for (size_t n = n0; n < n1; n++) {
+#pragma omp simd
     for (size_t c = 0; c < C; c++) p[c] += ld(dout, n * C + c, dt);
+  }
 }
+TS_AI void bias_partial_any_body(float *p, const void *dout, size_t C, size_t n0, size_t n1,
+                                 ts_dtype dt) {
+  TS_DT_CALL(dt, bias_partial, p, dout, C, n0, n1);
+}
+TS_CPU_CLONES(bias_partial_any,
+              (float *p, const void *dout, size_t C, size_t n0, size_t n1, ts_dtype dt),
+              (p, dout, C, n0, n1, dt))
 
 ts_status ts_cpu_bias_backward(const ts_kctx *ctx, void *dbias, const void *dout, size_t N,
                                size_t C, ts_dtype dt) {
@@ -190,8 +226,8 @@ ts_status ts_cpu_bias_backward(const ts_kctx *ctx, void *dbias, const void *dout
   float *part = (float *)ctx->workspace; /* (R, C) */
 #pragma omp parallel for schedule(static) if (N * C > 16384)
   for (ptrdiff_t b = 0; b < (ptrdiff_t)R; b++)
-    TS_DT_CALL(dt, bias_partial, part + (size_t)b * C, dout, C, (size_t)b * N / R,
-               ((size_t)b + 1) * N / R);
+    bias_partial_any(part + (size_t)b * C, dout, C, (size_t)b * N / R, ((size_t)b + 1) * N / R,
+                     dt);
   colsum_finish(dbias, part, R, C, C, dt);
   return TS_OK;
 }

@@ -6,8 +6,9 @@
  *
  * Invariants:
  * - Statistics are fp32: rstd (N) is saved by forward for backward.
- * - Rows are independent; per-row sums use a fixed vectorised order, so
- *   results do not depend on the thread count. dweight is reduced over rows
+ * - Rows are independent; per-row sums run in TS_CPU_LANES partial sums
+ *   (TS_CPU_LANE_SUM), so results do not depend on the thread count or
+ *   on the vector width of the body ts_cpu_isa picks (TS_CPU_CLONES). dweight is reduced over rows
  *   by threads that own disjoint channel blocks and walk rows in order.
  * - Half dtypes load/store per element and compute in fp32 (no scratch).
  *
@@ -21,34 +22,33 @@
 
 enum { CBLOCK = 64 }; /* channels per dweight work item */
 
-/* One row of forward: returns rstd, writes out. */
-TS_AI float rmsnorm_fwd_row(void *out, const void *inp, const void *weight, size_t C, float eps,
-                            size_t row, ts_dtype dt) {
+/* One row of forward: writes out's row and rstd[row]. */
+TS_AI void rmsnorm_fwd_row(void *out, float *rstd, const void *inp, const void *weight, size_t C,
+                           float eps, size_t row, ts_dtype dt) {
   size_t o = row * C;
-  float ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
-  for (size_t c = 0; c < C; c++) {
-    float x = ld(inp, o + c, dt);
-    ss += x * x;
-  }
+  float ss;
+  TS_CPU_LANE_SUM(ss, C, c, ld(inp, o + c, dt) * ld(inp, o + c, dt));
   float r = 1.0f / sqrtf(ss / (float)C + eps);
+#pragma omp simd
   for (size_t c = 0; c < C; c++) st(out, o + c, dt, ld(weight, c, dt) * (ld(inp, o + c, dt) * r));
-  return r;
+  rstd[row] = r;
 }
+
+TS_AI void rmsnorm_fwd_rows_body(void *out, float *rstd, const void *inp, const void *weight,
+                                 size_t C, float eps, size_t n0, size_t n1, ts_dtype dt) {
+  for (size_t n = n0; n < n1; n++)
+    TS_DT_CALL(dt, rmsnorm_fwd_row, out, rstd, inp, weight, C, eps, n);
+}
+TS_CPU_CLONES(rmsnorm_fwd_rows,
+              (void *out, float *rstd, const void *inp, const void *weight, size_t C, float eps,
+               size_t n0, size_t n1, ts_dtype dt),
+              (out, rstd, inp, weight, C, eps, n0, n1, dt))
 
 ts_status ts_cpu_rmsnorm_forward(const ts_kctx *ctx, void *out, float *rstd, const void *inp,
                                  const void *weight, size_t N, size_t C, float eps, ts_dtype dt) {
 #pragma omp parallel for schedule(static) if (N * C > 16384)
-  for (ptrdiff_t n = 0; n < (ptrdiff_t)N; n++) {
-    float r;
-    if (dt == TS_FP32)
-      r = rmsnorm_fwd_row(out, inp, weight, C, eps, (size_t)n, TS_FP32);
-    else if (dt == TS_BF16)
-      r = rmsnorm_fwd_row(out, inp, weight, C, eps, (size_t)n, TS_BF16);
-    else
-      r = rmsnorm_fwd_row(out, inp, weight, C, eps, (size_t)n, TS_FP16);
-    rstd[n] = r;
-  }
+  for (ptrdiff_t n = 0; n < (ptrdiff_t)N; n++)
+    rmsnorm_fwd_rows(out, rstd, inp, weight, C, eps, (size_t)n, (size_t)n + 1, dt);
   return TS_OK;
 }
 
@@ -66,11 +66,10 @@ TS_AI void rmsnorm_bwd_row(void *dinp, const void *dout, const void *inp, const 
                            const float *rstd, size_t C, size_t row, ts_dtype dt) {
   size_t o = row * C;
   float r = rstd[row];
-  float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-  for (size_t c = 0; c < C; c++)
-    dot += ld(weight, c, dt) * ld(dout, o + c, dt) * ld(inp, o + c, dt);
+  float dot;
+  TS_CPU_LANE_SUM(dot, C, c, ld(weight, c, dt) * ld(dout, o + c, dt) * ld(inp, o + c, dt));
   float k = r * r * r * dot / (float)C;
+#pragma omp simd
   for (size_t c = 0; c < C; c++) {
     float g = ld(weight, c, dt) * ld(dout, o + c, dt);
     st(dinp, o + c, dt, ld(dinp, o + c, dt) + (r * g - k * ld(inp, o + c, dt)));
@@ -86,10 +85,30 @@ TS_AI void rmsnorm_dweight_block(void *dweight, const void *dout, const void *in
   for (size_t n = 0; n < N; n++) {
     float r = rstd[n];
     size_t o = n * C;
+#pragma omp simd
     for (size_t c = c0; c < c1; c++) acc[c - c0] += ld(dout, o + c, dt) * (ld(inp, o + c, dt) * r);
   }
   for (size_t c = c0; c < c1; c++) st(dweight, c, dt, ld(dweight, c, dt) + acc[c - c0]);
 }
+
+TS_AI void rmsnorm_bwd_row_any_body(void *dinp, const void *dout, const void *inp, const void *weight,
+                                const float *rstd, size_t C, size_t row, ts_dtype dt) {
+  TS_DT_CALL(dt, rmsnorm_bwd_row, dinp, dout, inp, weight, rstd, C, row);
+}
+TS_CPU_CLONES(rmsnorm_bwd_row_any,
+              (void *dinp, const void *dout, const void *inp, const void *weight,
+               const float *rstd, size_t C, size_t row, ts_dtype dt),
+              (dinp, dout, inp, weight, rstd, C, row, dt))
+
+TS_AI void rmsnorm_dweight_any_body(void *dweight, const void *dout, const void *inp,
+                                    const float *rstd, size_t N, size_t C, size_t c0, size_t c1,
+                                    ts_dtype dt) {
+  TS_DT_CALL(dt, rmsnorm_dweight_block, dweight, dout, inp, rstd, N, C, c0, c1);
+}
+TS_CPU_CLONES(rmsnorm_dweight_any,
+              (void *dweight, const void *dout, const void *inp, const float *rstd, size_t N,
+               size_t C, size_t c0, size_t c1, ts_dtype dt),
+              (dweight, dout, inp, rstd, N, C, c0, c1, dt))
 
 ts_status ts_cpu_rmsnorm_backward(const ts_kctx *ctx, void *dinp, void *dweight,
                                   const void *dout, const void *inp, const void *weight,
@@ -97,7 +116,7 @@ ts_status ts_cpu_rmsnorm_backward(const ts_kctx *ctx, void *dinp, void *dweight,
   if (dinp) {
 #pragma omp parallel for schedule(static) if (N * C > 16384)
     for (ptrdiff_t n = 0; n < (ptrdiff_t)N; n++)
-      TS_DT_CALL(dt, rmsnorm_bwd_row, dinp, dout, inp, weight, rstd, C, (size_t)n);
+      rmsnorm_bwd_row_any(dinp, dout, inp, weight, rstd, C, (size_t)n, dt);
   }
   if (dweight) {
     ptrdiff_t nblocks = (ptrdiff_t)((C + CBLOCK - 1) / CBLOCK);
@@ -105,7 +124,7 @@ ts_status ts_cpu_rmsnorm_backward(const ts_kctx *ctx, void *dinp, void *dweight,
     for (ptrdiff_t b = 0; b < nblocks; b++) {
       size_t c0 = (size_t)b * CBLOCK;
       size_t c1 = c0 + CBLOCK < C ? c0 + CBLOCK : C;
-      TS_DT_CALL(dt, rmsnorm_dweight_block, dweight, dout, inp, rstd, N, C, c0, c1);
+      rmsnorm_dweight_any(dweight, dout, inp, rstd, N, C, c0, c1, dt);
     }
   }
   return TS_OK;

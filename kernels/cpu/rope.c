@@ -29,6 +29,7 @@ TS_AI void rope_row(void *out, const void *x, size_t H, size_t HS, size_t row, c
   size_t half = HS / 2;
   for (size_t h = 0; h < H; h++) {
     size_t o = (row * H + h) * HS;
+#pragma omp simd
     for (size_t i = 0; i < half; i++) {
       float x1 = ld(x, o + i, dt), x2 = ld(x, o + i + half, dt);
       float c = cs[i], s = sign * sn[i];
@@ -37,6 +38,16 @@ TS_AI void rope_row(void *out, const void *x, size_t H, size_t HS, size_t row, c
     }
   }
 }
+
+/* Rotates rows (b, t), b < B, with position t's angles. */
+TS_AI void rope_rows_body(void *out, const void *x, size_t B, size_t T, size_t t, size_t H,
+                          size_t HS, const float *cs, const float *sn, float sign, ts_dtype dt) {
+  for (size_t b = 0; b < B; b++) TS_DT_CALL(dt, rope_row, out, x, H, HS, b * T + t, cs, sn, sign);
+}
+TS_CPU_CLONES(rope_rows,
+              (void *out, const void *x, size_t B, size_t T, size_t t, size_t H, size_t HS,
+               const float *cs, const float *sn, float sign, ts_dtype dt),
+              (out, x, B, T, t, H, HS, cs, sn, sign, dt))
 
 /* Rotates every row; the front has checked HS even and at most 2 * MAX_HALF. */
 static ts_status rope_apply(void *out, const void *x, size_t B, size_t T, size_t pos0, size_t H,
@@ -53,8 +64,7 @@ static ts_status rope_apply(void *out, const void *x, size_t B, size_t T, size_t
       cs[i] = cosf(a);
       sn[i] = sinf(a);
     }
-    for (size_t b = 0; b < B; b++)
-      TS_DT_CALL(dt, rope_row, out, x, H, HS, b * T + (size_t)t, cs, sn, sign);
+    rope_rows(out, x, B, T, (size_t)t, H, HS, cs, sn, sign, dt);
   }
   return TS_OK;
 }

@@ -34,7 +34,7 @@ TS_AI void swiglu_bwd_range(void *dgate, void *dup, const void *dh, const void *
 }
 
 /* swiglu_fwd_range for half storage through fp32 pieces. */
-static void swiglu_fwd_half(void *h, const void *gate, const void *up, size_t lo, size_t hi,
+TS_AI void swiglu_fwd_half(void *h, const void *gate, const void *up, size_t lo, size_t hi,
                             ts_dtype dt) {
   float g[TS_CPU_PIECE], u[TS_CPU_PIECE];
   for (size_t i = lo; i < hi; i += TS_CPU_PIECE) {
@@ -48,7 +48,7 @@ static void swiglu_fwd_half(void *h, const void *gate, const void *up, size_t lo
 
 /* swiglu_bwd_range for half storage through fp32 pieces: every input piece
  * is read before an output piece is written, so dgate/dup may alias dh. */
-static void swiglu_bwd_half(void *dgate, void *dup, const void *dh, const void *gate,
+TS_AI void swiglu_bwd_half(void *dgate, void *dup, const void *dh, const void *gate,
                             const void *up, size_t lo, size_t hi, ts_dtype dt) {
   float g[TS_CPU_PIECE], u[TS_CPU_PIECE], d[TS_CPU_PIECE];
   for (size_t i = lo; i < hi; i += TS_CPU_PIECE) {
@@ -69,21 +69,23 @@ typedef struct swiglu_args {
   ts_dtype dt;
 } swiglu_args;
 
-static void swiglu_fwd_chunk(void *arg, size_t lo, size_t hi) {
+TS_AI void swiglu_fwd_chunk_body(void *arg, size_t lo, size_t hi) {
   const swiglu_args *x = arg;
   if (x->dt == TS_FP32)
     swiglu_fwd_range(x->h_or_dgate, x->gate, x->up, lo, hi, TS_FP32);
   else
     swiglu_fwd_half(x->h_or_dgate, x->gate, x->up, lo, hi, x->dt);
 }
+TS_CPU_CLONES(swiglu_fwd_chunk, (void *arg, size_t lo, size_t hi), (arg, lo, hi))
 
-static void swiglu_bwd_chunk(void *arg, size_t lo, size_t hi) {
+TS_AI void swiglu_bwd_chunk_body(void *arg, size_t lo, size_t hi) {
   const swiglu_args *x = arg;
   if (x->dt == TS_FP32)
     swiglu_bwd_range(x->h_or_dgate, x->dup, x->dh, x->gate, x->up, lo, hi, TS_FP32);
   else
     swiglu_bwd_half(x->h_or_dgate, x->dup, x->dh, x->gate, x->up, lo, hi, x->dt);
 }
+TS_CPU_CLONES(swiglu_bwd_chunk, (void *arg, size_t lo, size_t hi), (arg, lo, hi))
 
 ts_status ts_cpu_swiglu_forward(const ts_kctx *ctx, void *h, const void *gate, const void *up,
                                 size_t n, ts_dtype dt) {

@@ -25,12 +25,13 @@ void ts_cpu_for_chunks(size_t n, ts_cpu_chunk_fn fn, void *arg) {
 
 /* out[i] = a[i] + b[i] for i in [lo, hi). */
 TS_AI void add_range(void *out, const void *a, const void *b, size_t lo, size_t hi, ts_dtype dt) {
+#pragma omp simd
   for (size_t i = lo; i < hi; i++) st(out, i, dt, ld(a, i, dt) + ld(b, i, dt));
 }
 
 /* add_range for half storage through fp32 pieces: each piece of a and b is
  * read before out's is written, so out may still alias a or b. */
-static void add_range_half(void *out, const void *a, const void *b, size_t lo, size_t hi,
+TS_AI void add_range_half(void *out, const void *a, const void *b, size_t lo, size_t hi,
                            ts_dtype dt) {
   float fa[TS_CPU_PIECE], fb[TS_CPU_PIECE];
   for (size_t i = lo; i < hi; i += TS_CPU_PIECE) {
@@ -49,13 +50,14 @@ typedef struct add_args {
   ts_dtype dt;
 } add_args;
 
-static void add_chunk(void *arg, size_t lo, size_t hi) {
+TS_AI void add_chunk_body(void *arg, size_t lo, size_t hi) {
   const add_args *x = arg;
   if (x->dt == TS_FP32)
     add_range(x->out, x->a, x->b, lo, hi, TS_FP32);
   else
     add_range_half(x->out, x->a, x->b, lo, hi, x->dt);
 }
+TS_CPU_CLONES(add_chunk, (void *arg, size_t lo, size_t hi), (arg, lo, hi))
 
 ts_status ts_cpu_add(const ts_kctx *ctx, void *out, const void *a, const void *b, size_t n,
                      ts_dtype dt) {
