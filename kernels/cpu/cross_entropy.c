@@ -11,12 +11,12 @@
  * Invariants: every target is validated before any output is written; rows
  * are independent and each row's sums run in one fixed order (TS_CPU_LANES
  * partial sums of ts_cpu_exp's exponentials), so results do not depend on
- * the thread count nor on the vector width ts_cpu_isa picks; statistics are fp32; half-precision
- * logits are widened in bulk a piece at a time into a stack buffer (no
- * workspace), and the loops over the pieces run the per-element loops'
- * operations in the same order, so the bits are those of reading element by
- * element; backward reads a whole row before writing it, so dlogits may alias
- * logits.
+ * the thread count nor on the vector width ts_cpu_isa picks; statistics
+ * are fp32; half-precision logits are widened in bulk a piece of
+ * TS_CPU_PIECE at a time into a stack buffer (no workspace), each piece's
+ * exponentials summed in the partial sums and the pieces' sums added in
+ * order (kernels_convert_test spells the order out); backward reads a
+ * whole row before writing it, so dlogits may alias logits.
  */
 #include <math.h>
 

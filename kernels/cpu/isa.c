@@ -6,7 +6,6 @@
  * (tools/test_suite.sh --isa, tools/bench_cpu.sh ISA=).
  */
 #include <stdlib.h>
-#include <string.h>
 #include <strings.h>
 
 #include "kernels/cpu/cpu_common.h"
