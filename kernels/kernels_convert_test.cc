@@ -291,6 +291,56 @@ TEST(Exp, WithinOneUlpEverywhereAndTheSameBitsVectorised) {
   EXPECT_TRUE(std::isnan(ts_cpu_exp(NAN)));
 }
 
+// Every 61st positive fp32 up to 4.5 (past erf's rounding to 1 at 3.92;
+// about 18 million inputs, every exponent, both branches and their seam
+// at 1), within 2 ulp of erf (fp32's spacing at the result, subnormal
+// spacing for the smallest), a vectorised loop giving the scalar call's
+// bits, oddness bit for bit, and the special inputs.
+TEST(Erf, WithinTwoUlpEverywhereAndTheSameBitsVectorised) {
+  std::vector<float> x;
+  for (uint32_t b = 1; b <= ts_f32_bits(4.5f); b += 61) x.push_back(ts_bits_f32(b));
+  x.push_back(1.0f), x.push_back(std::nextafter(1.0f, 0.0f)), x.push_back(4.0f);
+  std::vector<float> vec(x.size()), neg(x.size());
+#pragma omp simd
+  for (size_t i = 0; i < x.size(); i++) vec[i] = ts_cpu_erf(x[i]);
+#pragma omp simd
+  for (size_t i = 0; i < x.size(); i++) neg[i] = ts_cpu_erf(-x[i]);
+  double worst = 0;
+  float worst_x = 0;
+  for (size_t i = 0; i < x.size(); i++) {
+    volatile float xi = x[i];  // one call at a time, not vectorised
+    float scalar = ts_cpu_erf(xi);
+    ASSERT_EQ(ts_f32_bits(vec[i]), ts_f32_bits(scalar)) << "x = " << x[i];
+    ASSERT_EQ(ts_f32_bits(neg[i]), ts_f32_bits(-scalar)) << "x = " << x[i];
+    double ref = std::erf((double)x[i]);
+    double ulp = std::ldexp(1.0, std::max(std::ilogb(ref), -126) - 23);
+    double err = std::fabs(scalar - ref) / ulp;
+    if (err > worst) worst = err, worst_x = x[i];
+  }
+  EXPECT_LT(worst, 2.0) << "at x = " << worst_x;
+  std::printf("ts_cpu_erf: %zu inputs, worst %.3f ulp at x = %.9g\n", x.size(), worst, worst_x);
+  EXPECT_EQ(ts_f32_bits(ts_cpu_erf(0.0f)), ts_f32_bits(0.0f));
+  EXPECT_EQ(ts_f32_bits(ts_cpu_erf(-0.0f)), ts_f32_bits(-0.0f));
+  EXPECT_EQ(ts_cpu_erf(INFINITY), 1.0f);
+  EXPECT_EQ(ts_cpu_erf(-INFINITY), -1.0f);
+  EXPECT_EQ(ts_cpu_erf(1e30f), 1.0f);
+  EXPECT_TRUE(std::isnan(ts_cpu_erf(NAN)));
+}
+
+// The CPU's GELU (erf form) is elementwise.h's expression order on
+// ts_cpu_erf and ts_cpu_exp, and within a few ulp of libm's.
+TEST(Erf, CpuGeluFollowsTheSharedFormula) {
+  for (float x : {-6.0f, -2.5f, -1.0f, -0.3f, 0.0f, 0.7f, 1.0f, 3.0f, 8.0f}) {
+    EXPECT_EQ(ts_f32_bits(ts_cpu_gelu_erf(x)),
+              ts_f32_bits(x * 0.5f * (1.0f + ts_cpu_erf(x * TS_GELU_SQRT1_2))));
+    float cdf = 0.5f * (1.0f + ts_cpu_erf(x * TS_GELU_SQRT1_2));
+    EXPECT_EQ(ts_f32_bits(ts_cpu_gelu_erf_grad(x)),
+              ts_f32_bits(cdf + x * (ts_cpu_exp(-0.5f * x * x) * TS_GELU_INV_SQRT_2PI)));
+    EXPECT_NEAR(ts_cpu_gelu_erf(x), ts_gelu_erf(x), 1e-6f * (1.0f + std::fabs(x)));
+    EXPECT_NEAR(ts_cpu_gelu_erf_grad(x), ts_gelu_erf_grad(x), 1e-6f * (1.0f + x * x));
+  }
+}
+
 // The CPU's SiLU on ts_cpu_exp keeps elementwise.h's overflow behaviour
 // (e^-x overflows to inf: silu -0, gradient 0) and stays within a few ulp
 // of it (the exponentials differ by at most 1.5 ulp, the divisions and the

@@ -65,6 +65,12 @@ Outputs RunOps(ts_dtype dt) {
               TS_OK);
     EXPECT_EQ(ts_k_add(c.get(), s.data(), g.data(), u.data(), n, dt), TS_OK);
     keep("swiglu h", h), keep("swiglu dgate", dg), keep("swiglu dup", du), keep("add", s);
+    for (ts_gelu_kind kind : {TS_GELU_ERF, TS_GELU_TANH}) {
+      EXPECT_EQ(ts_k_gelu_forward(c.get(), h.data(), g.data(), n, kind, dt), TS_OK);
+      EXPECT_EQ(ts_k_gelu_backward(c.get(), dg.data(), d.data(), g.data(), n, kind, dt), TS_OK);
+      keep(kind == TS_GELU_ERF ? "gelu erf out" : "gelu tanh out", h);
+      keep(kind == TS_GELU_ERF ? "gelu erf dinp" : "gelu tanh dinp", dg);
+    }
   }
   {  // norms, bias, RoPE over N rows of C channels
     const size_t N = 37, C = 200, B = 1, T = 37, H = 5, HS = 40;  // H * HS = C

@@ -242,6 +242,54 @@ TS_AI float ts_cpu_exp(float x) {
   return x < -104.0f ? 0.0f : (x > hi ? INFINITY : y);
 }
 
+/* c7 t^7 + ... + c0 by Horner's rule in fp32, highest degree first (each
+ * step one multiply and one add, unfused). */
+TS_AI float ts_cpu_horner8(float t, float c7, float c6, float c5, float c4, float c3, float c2,
+                           float c1, float c0) {
+  return ((((((c7 * t + c6) * t + c5) * t + c4) * t + c3) * t + c2) * t + c1) * t + c0;
+}
+
+/* erf(x) in fp32 from plain fp32 arithmetic and ts_cpu_exp, for loops the
+ * compiler vectorises: the same bits at every vector width. Coefficients
+ * fitted for this function (least squares reweighted toward minimax, in
+ * double, then rounded to fp32):
+ *   |x| < 1:      erf = a + a Q(a^2), a = |x|, Q of degree 7 (Q(0) =
+ *                 2/sqrt(pi) - 1): the exact leading term keeps the small
+ *                 arguments' relative error at rounding level;
+ *   1 <= |x| < 4: erf = 1 - e^(-a^2) G(1/a), G of degree 7 fitting
+ *                 erfc(a) e^(a^2), which varies slowly (0.43 to 0.14);
+ *   |x| >= 4:     1 (erfc(4) = 1.5e-8 is below half of fp32's spacing
+ *                 under 1);
+ * the sign of x put back (erf is odd; -0 stays -0), NaN for NaN.
+ * kernels_convert_test measures the error against double erf: within
+ * 2 ulp everywhere (glibc's erff: 1). */
+TS_AI float ts_cpu_erf(float x) {
+  float a = fabsf(x), s = a * a;
+  float q = ts_cpu_horner8(s, -1.0049423508462496e-05f, 1.138769366662018e-04f,
+                           -8.499114774167538e-04f, 5.221940111368895e-03f,
+                           -2.6865709573030472e-02f, 1.1283786594867706e-01f,
+                           -3.7612637877464294e-01f, 1.2837916612625122e-01f);
+  float small = a + a * q;
+  float u = 1.0f / a; /* inf at 0, where the small branch is taken */
+  float g = ts_cpu_horner8(u, -1.8572213128209114e-02f, 1.2385668605566025e-01f,
+                           -3.599533140659332e-01f, 5.812746286392212e-01f,
+                           -5.088982582092285e-01f, 5.192451551556587e-02f,
+                           5.5759197473526e-01f, 3.5953090991824865e-04f);
+  float big = 1.0f - ts_cpu_exp(-s) * g;
+  float r = a < 1.0f ? small : (a >= 4.0f ? 1.0f : big); /* NaN: big is NaN */
+  return copysignf(r, x);
+}
+
+/* kernels/elementwise.h's ts_gelu_erf and ts_gelu_erf_grad, in the same
+ * operation order, on ts_cpu_erf and ts_cpu_exp: the CPU's vectorised
+ * GELU (cpu/gelu.c). */
+TS_AI float ts_cpu_gelu_erf(float x) { return x * 0.5f * (1.0f + ts_cpu_erf(x * TS_GELU_SQRT1_2)); }
+TS_AI float ts_cpu_gelu_erf_grad(float x) {
+  float cdf = 0.5f * (1.0f + ts_cpu_erf(x * TS_GELU_SQRT1_2));
+  float pdf = ts_cpu_exp(-0.5f * x * x) * TS_GELU_INV_SQRT_2PI;
+  return cdf + x * pdf;
+}
+
 /* SiLU and its derivative (kernels/elementwise.h's formulas) on
  * ts_cpu_exp, for the CPU's vectorised SwiGLU loops. */
 TS_AI float ts_cpu_silu(float x) { return x / (1.0f + ts_cpu_exp(-x)); }

@@ -3,10 +3,12 @@
  * erf or tanh form), forward and backward, and of the token type ids that
  * feed a BERT-class encoder's token type embedding (ts_k_token_types).
  *
- * Invariants: GELU is purely per element (kernels/elementwise.h's ts_gelu
- * and ts_gelu_grad, PyTorch's operation order), computed in fp32 and
- * rounded to storage once per output, so results do not depend on the
- * thread count. Half storage is widened and rounded in bulk, a piece at a
+ * Invariants: GELU is purely per element, in PyTorch's operation order
+ * (kernels/elementwise.h): the erf form on the vectorised ts_cpu_erf and
+ * ts_cpu_exp (cpu_common.h ts_cpu_gelu_erf, _grad: the same bits at every
+ * vector width), the tanh form on libm's tanhf (ts_gelu_tanh, _grad),
+ * computed in fp32 and rounded to storage once per output, so results do
+ * not depend on the thread count. Half storage is widened and rounded in bulk, a piece at a
  * time, around the fp32 loop (same bits as converting per element); each
  * piece's inputs are read before its output is written, so out may alias
  * inp and dinp may alias dout or inp.
@@ -16,19 +18,30 @@
 /* out[i] = gelu(inp[i]) for i in [lo, hi). */
 TS_AI void gelu_fwd_range(void *out, const void *inp, int tanh_form, size_t lo, size_t hi,
                           ts_dtype dt) {
-  for (size_t i = lo; i < hi; i++) st(out, i, dt, ts_gelu(ld(inp, i, dt), tanh_form));
+  if (tanh_form) {
+    for (size_t i = lo; i < hi; i++) st(out, i, dt, ts_gelu_tanh(ld(inp, i, dt)));
+    return;
+  }
+#pragma omp simd
+  for (size_t i = lo; i < hi; i++) st(out, i, dt, ts_cpu_gelu_erf(ld(inp, i, dt)));
 }
 
 /* dinp[i] = dout[i] * gelu'(inp[i]) for i in [lo, hi); dinp may alias either input. */
 TS_AI void gelu_bwd_range(void *dinp, const void *dout, const void *inp, int tanh_form, size_t lo,
                           size_t hi, ts_dtype dt) {
+  if (tanh_form) {
+    for (size_t i = lo; i < hi; i++)
+      st(dinp, i, dt, ld(dout, i, dt) * ts_gelu_tanh_grad(ld(inp, i, dt)));
+    return;
+  }
+#pragma omp simd
   for (size_t i = lo; i < hi; i++)
-    st(dinp, i, dt, ld(dout, i, dt) * ts_gelu_grad(ld(inp, i, dt), tanh_form));
+    st(dinp, i, dt, ld(dout, i, dt) * ts_cpu_gelu_erf_grad(ld(inp, i, dt)));
 }
 
 /* One chunk [lo, hi) of either direction (dout NULL: forward), half
  * storage through fp32 pieces. */
-static void gelu_half(void *y, const void *dout, const void *inp, int tanh_form, size_t lo,
+TS_AI void gelu_half(void *y, const void *dout, const void *inp, int tanh_form, size_t lo,
                       size_t hi, ts_dtype dt) {
   float x[TS_CPU_PIECE], d[TS_CPU_PIECE];
   for (size_t i = lo; i < hi; i += TS_CPU_PIECE) {
@@ -52,7 +65,7 @@ typedef struct gelu_args {
   ts_dtype dt;
 } gelu_args;
 
-static void gelu_chunk(void *arg, size_t lo, size_t hi) {
+TS_AI void gelu_chunk_body(void *arg, size_t lo, size_t hi) {
   const gelu_args *x = arg;
   if (x->dt != TS_FP32)
     gelu_half(x->y, x->dout, x->inp, x->tanh_form, lo, hi, x->dt);
@@ -61,6 +74,7 @@ static void gelu_chunk(void *arg, size_t lo, size_t hi) {
   else
     gelu_fwd_range(x->y, x->inp, x->tanh_form, lo, hi, TS_FP32);
 }
+TS_CPU_CLONES(gelu_chunk, (void *arg, size_t lo, size_t hi), (arg, lo, hi))
 
 /* Either direction over n elements, in fixed chunks. */
 static void gelu_run(void *y, const void *dout, const void *inp, size_t n, ts_gelu_kind kind,
