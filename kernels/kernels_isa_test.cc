@@ -53,7 +53,9 @@ Outputs RunOps(ts_dtype dt) {
   const size_t es = ts_dtype_size(dt);
   Rng rng(2026);
   Outputs out;
-  auto keep = [&](const char *name, std::vector<uint8_t> v) { out.emplace_back(name, std::move(v)); };
+  auto keep = [&](const char *name, std::vector<uint8_t> v) {
+    out.emplace_back(name, std::move(v));
+  };
   {  // elementwise: swiglu, add
     const size_t n = 3 * 4096 + 77;
     auto g = Store(rng.vec(n, -9, 9), dt), u = Store(rng.vec(n), dt),
@@ -61,8 +63,9 @@ Outputs RunOps(ts_dtype dt) {
     std::vector<uint8_t> h(n * es), dg(n * es), du(n * es), s(n * es);
     CpuCtx c;
     EXPECT_EQ(ts_k_swiglu_forward(c.get(), h.data(), g.data(), u.data(), n, dt), TS_OK);
-    EXPECT_EQ(ts_k_swiglu_backward(c.get(), dg.data(), du.data(), d.data(), g.data(), u.data(), n, dt),
-              TS_OK);
+    EXPECT_EQ(
+        ts_k_swiglu_backward(c.get(), dg.data(), du.data(), d.data(), g.data(), u.data(), n, dt),
+        TS_OK);
     EXPECT_EQ(ts_k_add(c.get(), s.data(), g.data(), u.data(), n, dt), TS_OK);
     keep("swiglu h", h), keep("swiglu dgate", dg), keep("swiglu dup", du), keep("add", s);
     for (ts_gelu_kind kind : {TS_GELU_ERF, TS_GELU_TANH}) {
@@ -77,21 +80,23 @@ Outputs RunOps(ts_dtype dt) {
     auto x = Store(rng.vec(N * C, -3, 3), dt), w = Store(rng.vec(C, 0.5f, 1.5f), dt),
          bias = Store(rng.vec(C), dt), dy = Store(rng.vec(N * C), dt);
     std::vector<uint8_t> y(N * C * es), dx = Store(rng.vec(N * C), dt), dw = Store(rng.vec(C), dt),
-                         db = Store(rng.vec(C), dt);
+                                        db = Store(rng.vec(C), dt);
     std::vector<float> mean(N), rstd(N);
     CpuCtx c(ts_k_layernorm_workspace_bytes(TS_DEVICE_CPU, N, C, dt) +
              ts_k_bias_workspace_bytes(TS_DEVICE_CPU, N, C, dt));
-    EXPECT_EQ(ts_k_rmsnorm_forward(c.get(), y.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f, dt),
-              TS_OK);
+    EXPECT_EQ(
+        ts_k_rmsnorm_forward(c.get(), y.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f, dt),
+        TS_OK);
     keep("rmsnorm out", y), keep("rmsnorm rstd", Bytes(rstd));
     EXPECT_EQ(ts_k_rmsnorm_backward(c.get(), dx.data(), dw.data(), dy.data(), x.data(), w.data(),
                                     rstd.data(), N, C, dt),
               TS_OK);
     keep("rmsnorm dinp", dx), keep("rmsnorm dweight", dw);
-    EXPECT_EQ(ts_k_layernorm_forward(c.get(), y.data(), mean.data(), rstd.data(), x.data(), w.data(),
-                                     bias.data(), N, C, 1e-5f, dt),
+    EXPECT_EQ(ts_k_layernorm_forward(c.get(), y.data(), mean.data(), rstd.data(), x.data(),
+                                     w.data(), bias.data(), N, C, 1e-5f, dt),
               TS_OK);
-    keep("layernorm out", y), keep("layernorm mean", Bytes(mean)), keep("layernorm rstd", Bytes(rstd));
+    keep("layernorm out", y), keep("layernorm mean", Bytes(mean)),
+        keep("layernorm rstd", Bytes(rstd));
     EXPECT_EQ(ts_k_layernorm_backward(c.get(), dx.data(), dw.data(), db.data(), dy.data(), x.data(),
                                       w.data(), mean.data(), rstd.data(), N, C, dt),
               TS_OK);
@@ -111,29 +116,33 @@ Outputs RunOps(ts_dtype dt) {
     std::vector<float> loss(N), loss2(N);
     std::vector<uint8_t> dl(N * V * es), dl2(N * V * es);
     CpuCtx c;
-    EXPECT_EQ(ts_k_cross_entropy_forward(c.get(), loss.data(), logits.data(), y.data(), N, V, dt), TS_OK);
-    EXPECT_EQ(ts_k_cross_entropy_backward(c.get(), dl.data(), logits.data(), y.data(), N, V, 0.37f, dt),
+    EXPECT_EQ(ts_k_cross_entropy_forward(c.get(), loss.data(), logits.data(), y.data(), N, V, dt),
               TS_OK);
-    EXPECT_EQ(ts_k_cross_entropy_fused(c.get(), loss2.data(), dl2.data(), logits.data(), y.data(), N,
-                                       V, 0.37f, dt),
+    EXPECT_EQ(
+        ts_k_cross_entropy_backward(c.get(), dl.data(), logits.data(), y.data(), N, V, 0.37f, dt),
+        TS_OK);
+    EXPECT_EQ(ts_k_cross_entropy_fused(c.get(), loss2.data(), dl2.data(), logits.data(), y.data(),
+                                       N, V, 0.37f, dt),
               TS_OK);
     keep("ce loss", Bytes(loss)), keep("ce dlogits", dl), keep("ce fused loss", Bytes(loss2)),
         keep("ce fused dlogits", dl2);
   }
   {  // causal GQA attention, two key blocks
     const size_t B = 2, T = 150, NH = 4, NKV = 2, HS = 16;
-    auto q = Store(rng.vec(B * T * NH * HS, -2, 2), dt), k = Store(rng.vec(B * T * NKV * HS, -2, 2), dt),
-         v = Store(rng.vec(B * T * NKV * HS), dt), dout = Store(rng.vec(B * T * NH * HS), dt);
-    std::vector<uint8_t> o(B * T * NH * HS * es), dq(o.size()), dk(B * T * NKV * HS * es), dv(dk.size());
+    auto q = Store(rng.vec(B * T * NH * HS, -2, 2), dt),
+         k = Store(rng.vec(B * T * NKV * HS, -2, 2), dt), v = Store(rng.vec(B * T * NKV * HS), dt),
+         dout = Store(rng.vec(B * T * NH * HS), dt);
+    std::vector<uint8_t> o(B * T * NH * HS * es), dq(o.size()), dk(B * T * NKV * HS * es),
+        dv(dk.size());
     std::vector<uint8_t> state(ts_k_attention_state_bytes(TS_DEVICE_CPU, B, T, NH, NKV, HS, dt));
     CpuCtx c(ts_k_attention_workspace_bytes(TS_DEVICE_CPU, B, T, NH, NKV, HS, dt));
-    EXPECT_EQ(ts_k_attention_forward(c.get(), o.data(), state.data(), q.data(), k.data(), v.data(), B,
-                                     T, NH, NKV, HS, dt),
+    EXPECT_EQ(ts_k_attention_forward(c.get(), o.data(), state.data(), q.data(), k.data(), v.data(),
+                                     B, T, NH, NKV, HS, dt),
               TS_OK);
-    EXPECT_EQ(ts_k_attention_backward(c.get(), dq.data(), dk.data(), dv.data(), dout.data(), o.data(),
-                                      q.data(), k.data(), v.data(), state.data(), B, T, NH, NKV, HS,
-                                      dt),
-              TS_OK);
+    EXPECT_EQ(
+        ts_k_attention_backward(c.get(), dq.data(), dk.data(), dv.data(), dout.data(), o.data(),
+                                q.data(), k.data(), v.data(), state.data(), B, T, NH, NKV, HS, dt),
+        TS_OK);
     keep("attention out", o), keep("attention state", state), keep("attention dq", dq),
         keep("attention dk", dk), keep("attention dv", dv);
   }
@@ -142,7 +151,8 @@ Outputs RunOps(ts_dtype dt) {
 
 TEST(CpuIsa, EveryBodyGivesTheBaselineBits) {
   const int widest = ts_cpu_isa_widest(), saved = ts_cpu_isa, threads = omp_get_max_threads();
-  if (widest == 0) GTEST_SKIP() << "this CPU (or ONEDNN_MAX_CPU_ISA) allows neither AVX2 nor AVX-512";
+  if (widest == 0)
+    GTEST_SKIP() << "this CPU (or ONEDNN_MAX_CPU_ISA) allows neither AVX2 nor AVX-512";
   for (ts_dtype dt : {TS_FP32, TS_BF16, TS_FP16}) {
     SCOPED_TRACE(ts_dtype_name(dt));
     ts_cpu_isa = 0;

@@ -8,10 +8,10 @@
  * ts_cpu_exp (cpu_common.h ts_cpu_gelu_erf, _grad: the same bits at every
  * vector width), the tanh form on libm's tanhf (ts_gelu_tanh, _grad),
  * computed in fp32 and rounded to storage once per output, so results do
- * not depend on the thread count. Half storage is widened and rounded in bulk, a piece at a
- * time, around the fp32 loop (same bits as converting per element); each
- * piece's inputs are read before its output is written, so out may alias
- * inp and dinp may alias dout or inp.
+ * not depend on the thread count. Half storage is widened and rounded in
+ * bulk, a piece at a time, around the fp32 loop (same bits as converting
+ * per element); each piece's inputs are read before its output is
+ * written, so out may alias inp and dinp may alias dout or inp.
  */
 #include "kernels/cpu/cpu_common.h"
 
@@ -42,7 +42,7 @@ TS_AI void gelu_bwd_range(void *dinp, const void *dout, const void *inp, int tan
 /* One chunk [lo, hi) of either direction (dout NULL: forward), half
  * storage through fp32 pieces. */
 TS_AI void gelu_half(void *y, const void *dout, const void *inp, int tanh_form, size_t lo,
-                      size_t hi, ts_dtype dt) {
+                     size_t hi, ts_dtype dt) {
   float x[TS_CPU_PIECE], d[TS_CPU_PIECE];
   for (size_t i = lo; i < hi; i += TS_CPU_PIECE) {
     size_t k = hi - i < TS_CPU_PIECE ? hi - i : TS_CPU_PIECE;

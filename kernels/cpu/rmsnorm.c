@@ -91,8 +91,9 @@ TS_AI void rmsnorm_dweight_block(void *dweight, const void *dout, const void *in
   for (size_t c = c0; c < c1; c++) st(dweight, c, dt, ld(dweight, c, dt) + acc[c - c0]);
 }
 
-TS_AI void rmsnorm_bwd_row_any_body(void *dinp, const void *dout, const void *inp, const void *weight,
-                                const float *rstd, size_t C, size_t row, ts_dtype dt) {
+TS_AI void rmsnorm_bwd_row_any_body(void *dinp, const void *dout, const void *inp,
+                                    const void *weight, const float *rstd, size_t C, size_t row,
+                                    ts_dtype dt) {
   TS_DT_CALL(dt, rmsnorm_bwd_row, dinp, dout, inp, weight, rstd, C, row);
 }
 TS_CPU_CLONES(rmsnorm_bwd_row_any,

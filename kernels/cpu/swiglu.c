@@ -35,7 +35,7 @@ TS_AI void swiglu_bwd_range(void *dgate, void *dup, const void *dh, const void *
 
 /* swiglu_fwd_range for half storage through fp32 pieces. */
 TS_AI void swiglu_fwd_half(void *h, const void *gate, const void *up, size_t lo, size_t hi,
-                            ts_dtype dt) {
+                           ts_dtype dt) {
   float g[TS_CPU_PIECE], u[TS_CPU_PIECE];
   for (size_t i = lo; i < hi; i += TS_CPU_PIECE) {
     size_t k = hi - i < TS_CPU_PIECE ? hi - i : TS_CPU_PIECE;
@@ -49,7 +49,7 @@ TS_AI void swiglu_fwd_half(void *h, const void *gate, const void *up, size_t lo,
 /* swiglu_bwd_range for half storage through fp32 pieces: every input piece
  * is read before an output piece is written, so dgate/dup may alias dh. */
 TS_AI void swiglu_bwd_half(void *dgate, void *dup, const void *dh, const void *gate,
-                            const void *up, size_t lo, size_t hi, ts_dtype dt) {
+                           const void *up, size_t lo, size_t hi, ts_dtype dt) {
   float g[TS_CPU_PIECE], u[TS_CPU_PIECE], d[TS_CPU_PIECE];
   for (size_t i = lo; i < hi; i += TS_CPU_PIECE) {
     size_t k = hi - i < TS_CPU_PIECE ? hi - i : TS_CPU_PIECE;

@@ -32,7 +32,7 @@ TS_AI void add_range(void *out, const void *a, const void *b, size_t lo, size_t 
 /* add_range for half storage through fp32 pieces: each piece of a and b is
  * read before out's is written, so out may still alias a or b. */
 TS_AI void add_range_half(void *out, const void *a, const void *b, size_t lo, size_t hi,
-                           ts_dtype dt) {
+                          ts_dtype dt) {
   float fa[TS_CPU_PIECE], fb[TS_CPU_PIECE];
   for (size_t i = lo; i < hi; i += TS_CPU_PIECE) {
     size_t k = hi - i < TS_CPU_PIECE ? hi - i : TS_CPU_PIECE;
