@@ -25,18 +25,11 @@ namespace {
 using ts_test::CpuCtx;
 using ts_test::Rng;
 
-// x's values stored in dt (fp32 bytes, or rounded 16-bit patterns).
+// x's values stored in dt (ts_test::Buf's rounding), as bytes.
 std::vector<uint8_t> Store(const std::vector<float> &x, ts_dtype dt) {
-  std::vector<uint8_t> b(x.size() * ts_dtype_size(dt));
-  for (size_t i = 0; i < x.size(); i++) {
-    if (dt == TS_FP32) {
-      std::memcpy(&b[4 * i], &x[i], 4);
-    } else {
-      uint16_t h = dt == TS_BF16 ? ts_f32_to_bf16(x[i]) : ts_f32_to_f16(x[i]);
-      std::memcpy(&b[2 * i], &h, 2);
-    }
-  }
-  return b;
+  ts_test::Buf b(x, dt);
+  const uint8_t *p = static_cast<const uint8_t *>(b.data());
+  return std::vector<uint8_t>(p, p + b.size() * ts_dtype_size(dt));
 }
 
 // Every output of the cloned ops, from one run, as named byte strings.

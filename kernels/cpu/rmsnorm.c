@@ -34,21 +34,20 @@ TS_AI void rmsnorm_fwd_row(void *out, float *rstd, const void *inp, const void *
   rstd[row] = r;
 }
 
-TS_AI void rmsnorm_fwd_rows_body(void *out, float *rstd, const void *inp, const void *weight,
-                                 size_t C, float eps, size_t n0, size_t n1, ts_dtype dt) {
-  for (size_t n = n0; n < n1; n++)
-    TS_DT_CALL(dt, rmsnorm_fwd_row, out, rstd, inp, weight, C, eps, n);
+TS_AI void rmsnorm_fwd_row_any_body(void *out, float *rstd, const void *inp, const void *weight,
+                                    size_t C, float eps, size_t row, ts_dtype dt) {
+  TS_DT_CALL(dt, rmsnorm_fwd_row, out, rstd, inp, weight, C, eps, row);
 }
-TS_CPU_CLONES(rmsnorm_fwd_rows,
+TS_CPU_CLONES(rmsnorm_fwd_row_any,
               (void *out, float *rstd, const void *inp, const void *weight, size_t C, float eps,
-               size_t n0, size_t n1, ts_dtype dt),
-              (out, rstd, inp, weight, C, eps, n0, n1, dt))
+               size_t row, ts_dtype dt),
+              (out, rstd, inp, weight, C, eps, row, dt))
 
 ts_status ts_cpu_rmsnorm_forward(const ts_kctx *ctx, void *out, float *rstd, const void *inp,
                                  const void *weight, size_t N, size_t C, float eps, ts_dtype dt) {
 #pragma omp parallel for schedule(static) if (N * C > 16384)
   for (ptrdiff_t n = 0; n < (ptrdiff_t)N; n++)
-    rmsnorm_fwd_rows(out, rstd, inp, weight, C, eps, (size_t)n, (size_t)n + 1, dt);
+    rmsnorm_fwd_row_any(out, rstd, inp, weight, C, eps, (size_t)n, dt);
   return TS_OK;
 }
 
