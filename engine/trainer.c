@@ -23,6 +23,7 @@
 #include "engine/metrics.h"
 #include "engine/mlm.h"
 #include "engine/trace.h"
+#include "engine/trainer_run.h"
 #include "engine/trainer_state.h"
 
 ts_train_config ts_train_default_config(void) {
@@ -84,46 +85,9 @@ ts_status ts_train_resolve_batch(size_t dp_size, size_t *global_batch, ts_engine
   return TS_OK;
 }
 
-typedef struct run {
-  const ts_train_config *cfg; /* borrowed */
-  ts_engine_opts eo;         /* cfg->engine with grad_accum resolved */
-  size_t global_batch;       /* sequences per step over all ranks */
-  ts_comm *world;            /* cfg->dp or own_comm: every rank of the run */
-  ts_comm *own_comm;         /* one-rank group when cfg->dp is NULL */
-  int wrank, world_size;     /* this rank and the size, of the world */
-  ts_grid grid;              /* pipeline stages x dp ranks (P > 1), else zeroed */
-  ts_comm *dp;               /* the data-parallel group: world, or the grid's */
-  int rank, dp_size;         /* this rank and N, of the data-parallel group */
-  int split[TS_ENGINE_MAX_STAGES + 1]; /* first unit of each pipeline stage, then n_units */
-  ts_model model;            /* loaded from cfg->model */
-  ts_token_file *train, *val; /* DATA/train.bin, DATA/val.bin */
-  ts_loader *train_ld, *val_ld; /* shuffled, in file order */
-  int mlm;                   /* a masked-LM model: batches from engine/mlm.h */
-  ts_mlm_spec mlm_spec;      /* DATA/meta.json's special ids */
-  int32_t *mlm_scratch;      /* ts_mlm_scratch_elems(B, T) host ids */
-  ts_engine *engine;         /* the step */
-  int32_t *inputs, *targets; /* (B, T) host, the engine's own buffers */
-  ts_metrics *metrics;       /* rank 0 only */
-  ts_trace *trace;           /* cfg->trace_path: this rank's spans; else NULL */
-  ts_step_stats last;        /* the last optimizer step */
-  char model_path[4096];     /* the config.json cfg->model resolved to */
-  char *model_text;          /* its bytes (saved beside every checkpoint), else NULL */
-  size_t model_len;          /* bytes */
-  ts_checkpoint *ck;         /* the checkpoint resumed from (setup), else NULL */
-  int ck_hold;               /* ts_checkpoint_hold's descriptor on ck + 1, else 0 */
-  size_t ck_step;            /* resume auto: ck's step-N, the next candidate is older */
-  ts_trainer_state saved;    /* ck's trainer.json (check_resume_data) */
-  size_t start;              /* steps done before this run (resumed), else 0 */
-  double load_seconds;       /* this rank's verify and load of ck */
-  char notes[1024];          /* what the run says beside its work (note()), lines, else "" */
-  ts_checkpoint_pending *pending; /* the asynchronous save in flight, else NULL */
-  char pending_dir[4200];         /* its folder */
-  double *times;                  /* (steps run, 3) this rank's step, compute and wait seconds */
-  size_t timed;                   /* rows of times filled */
-} run;
+typedef ts_train_run_state run; /* trainer_run.h: the run's state, by its short name here */
 
-/* Closes the checkpoint resumed from and lets a prune remove it. */
-static void release_checkpoint(run *r) {
+void ts_train_release_checkpoint(run *r) {
   ts_checkpoint_close(r->ck);
   r->ck = NULL;
   if (r->ck_hold) close(r->ck_hold - 1);
@@ -135,7 +99,7 @@ static void run_free(run *r) {
   free(r->times);
   free(r->model_text);
   free(r->mlm_scratch);
-  release_checkpoint(r);
+  ts_train_release_checkpoint(r);
   ts_metrics_close(r->metrics);
   ts_engine_free(r->engine);
   ts_trace_free(r->trace);
@@ -193,8 +157,7 @@ static ts_status evaluate(run *r, double *val_loss, double *accuracy) {
 
 /* Appends one line (printf-style, library terms) to r->notes, what the
  * run says beside its work (ts_train_result.notes). */
-static void note(run *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void note(run *r, const char *fmt, ...) {
+void ts_train_note(run *r, const char *fmt, ...) {
   size_t n = strlen(r->notes);
   va_list ap;
   va_start(ap, fmt);
@@ -202,222 +165,6 @@ static void note(run *r, const char *fmt, ...) {
   va_end(ap);
   n = strlen(r->notes);
   if (n + 1 < sizeof r->notes) snprintf(r->notes + n, sizeof r->notes - n, "\n");
-}
-
-/* The checkpoint's config.json must describe the model this run trains:
- * the same family and every hyper-parameter equal (ts_model_config_diff),
- * or the load is refused naming the first field that differs. */
-static ts_status check_saved_config(run *r, const char *dir) {
-  char *text;
-  TS_CHECK(ts_checkpoint_read_extra(r->ck, "config.json", &text, NULL));
-  char source[4200];
-  snprintf(source, sizeof source, "%s/config.json", dir);
-  ts_model saved;
-  ts_status st = ts_model_parse(text, source, &saved);
-  free(text);
-  TS_CHECK(st);
-  const char *field;
-  char here[32], there[32];
-  if (ts_model_config_diff(&r->model, &saved, &field, here, there))
-    st = ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                      "`model` %s: field \"%s\" = %s, the checkpoint's %s has %s: expected the "
-                      "model the checkpoint was trained as",
-                      ts_model_origin(&r->model), field, here, source, there);
-  ts_model_free(&saved);
-  return st;
-}
-
-/* Resuming with another learning-rate schedule (`steps`, `lr`,
- * `min_lr_ratio`, `warmup`) than the saving run's is allowed (a run is
- * often extended), but said: one line into r->notes with the rate of
- * the next step, before and after. */
-static void note_schedule(run *r, const ts_trainer_state *s) {
-  const ts_train_config *c = r->cfg;
-  if (!s->has_schedule) return;
-  float was = ts_train_lr(s->step + 1, s->steps, s->warmup, (float)s->lr, (float)s->min_lr_ratio);
-  float now = ts_train_lr(s->step + 1, c->steps, c->warmup, c->lr, c->min_lr_ratio);
-  if (s->steps == c->steps && (float)s->lr == c->lr && (float)s->min_lr_ratio == c->min_lr_ratio &&
-      s->warmup == c->warmup)
-    return;
-  note(r,
-       "note: resuming with another learning-rate schedule than the checkpoint's (`steps` "
-       "%zu, `lr` %g, `warmup` %zu, `min_lr_ratio` %g here; %zu, %g, %zu, %g there): step "
-       "%zu's rate is %.6g where the saved run's schedule had %.6g",
-       c->steps, (double)c->lr, c->warmup, (double)c->min_lr_ratio, s->steps, s->lr, s->warmup,
-       s->min_lr_ratio, s->step + 1, (double)now, (double)was);
-}
-
-/* Opens checkpoint folder dir for the resume (held against pruning,
- * checked against the model: its tensors and its config.json), reads and
- * checks its trainer state (trainer_state.h): the step to go on from and
- * the data seed (a batch is a pure function of (seed, step, sample index)).
- * The global batch must be the saved one, or the steps would mean other
- * samples. TS_ERR_IO when a prune removed it meanwhile. */
-static ts_status open_checkpoint(run *r, const char *dir) {
-  const ts_train_config *cfg = r->cfg;
-  int fd = ts_checkpoint_hold(dir);
-  if (fd < 0) return ts_set_error(TS_ERR_IO, "%s: not a complete checkpoint (no index.json)", dir);
-  r->ck_hold = fd + 1;
-  TS_CHECK(ts_checkpoint_open(&r->ck, dir, &r->model));
-  TS_CHECK(check_saved_config(r, dir));
-  ts_checkpoint_info info;
-  ts_checkpoint_get_info(r->ck, &info);
-  char *text;
-  size_t len;
-  TS_CHECK(ts_checkpoint_read_extra(r->ck, "trainer.json", &text, &len));
-  ts_trainer_state s;
-  ts_status st = ts_trainer_state_parse(text, len, dir, &info, &s);
-  free(text);
-  TS_CHECK(st);
-  if (s.global_batch != r->global_batch)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "`global_batch` %zu: the checkpoint %s was trained with %zu sequences per "
-                        "step; resume with the same global batch",
-                        r->global_batch, dir, s.global_batch);
-  if (s.step >= cfg->steps)
-    return ts_set_error(
-        TS_ERR_INVALID_ARGUMENT,
-        "`steps` %zu: the checkpoint %s is at step %zu already; expected more steps", cfg->steps,
-        dir, s.step);
-  note_schedule(r, &s);
-  r->saved = s;
-  r->start = s.step;
-  r->eo.seed = s.data_seed; /* the data order of the run that saved it */
-  return TS_OK;
-}
-
-/* The last step a run saving into save_dir finished (its progress.json,
- * write_progress), else 0. */
-static size_t read_progress(const char *save_dir) {
-  char path[4200];
-  snprintf(path, sizeof path, "%s/" TS_TRAIN_PROGRESS, save_dir);
-  FILE *f = fopen(path, "r");
-  if (!f) return 0;
-  unsigned long long step = 0;
-  if (fscanf(f, "{\"step\": %llu}", &step) != 1) step = 0;
-  fclose(f);
-  return (size_t)step;
-}
-
-/* `resume` auto after a run that got further than its newest checkpoint
- * (a failure, not a stop: a stop saves its last step): one line of
- * r->notes with the steps done again. */
-static void note_redone(run *r) {
-  size_t last = read_progress(r->cfg->save_dir);
-  if (last > r->start)
-    note(r, "note: resuming from step %zu: the last run reached step %zu, %zu steps are redone",
-         r->start, last, last - r->start);
-}
-
-/* Whether st (an open's or a check's) says the checkpoint itself is
- * damaged (its files: missing, cut short, changed, unreadable), not that
- * it does not fit this run's flags. */
-static int damaged(ts_status st) { return st == TS_ERR_FORMAT || st == TS_ERR_IO; }
-
-/* cfg->resume: finds and opens the checkpoint (open_checkpoint). With
- * `resume` auto the newest complete step-N under save_dir older than
- * `below` ((size_t)-1: any); one that is damaged is skipped for the next
- * older, said in one line of r->notes; none at all is a fresh start, every
- * one damaged the newest's error. */
-static ts_status open_resume(run *r, size_t below) {
-  const ts_train_config *cfg = r->cfg;
-  if (!cfg->resume) return TS_OK;
-  int is_auto = strcmp(cfg->resume, "auto") == 0;
-  if (is_auto && !cfg->save_dir)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT, "`resume` auto: needs `save_dir` to look in");
-  char dir[4096];
-  if (!is_auto) {
-    if (!ts_checkpoint_latest(cfg->resume, dir, sizeof dir, NULL))
-      return ts_set_error(
-          TS_ERR_IO,
-          "`resume` %s: no complete checkpoint there (a folder with " TS_CHECKPOINT_INDEX
-          ", or step-N folders holding one)",
-          cfg->resume);
-    return open_checkpoint(r, dir);
-  }
-  char skipped[4096] = "";
-  ts_status first = TS_OK;
-  char first_error[1024] = "";
-  while (ts_checkpoint_latest_below(cfg->save_dir, below, dir, sizeof dir, &r->ck_step)) {
-    ts_status st = open_checkpoint(r, dir);
-    if (st == TS_OK || !damaged(st)) {
-      if (st == TS_OK && skipped[0])
-        note(r, "note: `resume` auto: %s is damaged (%s); resuming from %s", skipped,
-             first_error, dir);
-      return st;
-    }
-    release_checkpoint(r);
-    if (first == TS_OK) {
-      first = st;
-      snprintf(first_error, sizeof first_error, "%s", ts_last_error());
-      snprintf(skipped, sizeof skipped, "%s", dir);
-    }
-    below = r->ck_step;
-  }
-  if (first != TS_OK) /* every one is damaged: the newest's error */
-    return ts_set_error(first, "%s (and no older checkpoint in %s is intact)", first_error,
-                        cfg->save_dir);
-  return TS_OK; /* nothing saved yet: a fresh start */
-}
-
-/* A resume against the corpus and sequence length the checkpoint was
- * trained with (its trainer.json): another corpus (train.bin's token
- * count differs) is refused, since a step's samples are drawn from it and
- * the loss would jump; the same count under another path is said in one
- * line of r->notes (a corpus moved); another `seq` is allowed (a longer
- * context is a real use) and said. Checkpoints that recorded neither pass. */
-static ts_status check_resume_data(run *r) {
-  const ts_trainer_state *s = &r->saved;
-  if (!r->ck) return TS_OK;
-  const char *dir = ts_checkpoint_dir(r->ck), *data = r->cfg->data_dir;
-  size_t tokens = ts_token_file_num_tokens(r->train);
-  if (s->data_tokens && s->data_tokens != tokens)
-    return ts_set_error(TS_ERR_INVALID_ARGUMENT,
-                        "`data_dir` %s: its train.bin has %zu tokens; the checkpoint %s was trained on "
-                        "%s, %zu tokens: expected the same corpus (each step's samples are drawn "
-                        "from it)",
-                        data, tokens, dir, s->data, s->data_tokens);
-  if (s->data_tokens && s->data[0] && strcmp(s->data, data) != 0)
-    note(r,
-         "note: `data_dir` %s: the checkpoint %s was trained on %s, whose train.bin had the same %zu "
-         "tokens: taken as the same corpus",
-         data, dir, s->data, tokens);
-  if (s->seq && s->seq != r->eo.seq)
-    note(r,
-         "note: `seq` %zu: the checkpoint %s was trained with `seq` %zu; the run goes on with "
-         "%zu-token sequences (other windows of the corpus)",
-         r->eo.seq, dir, s->seq, r->eo.seq);
-  return TS_OK;
-}
-
-/* Every rank checks its share of r->ck's files (ts_checkpoint_verify),
- * agreed over the world. With `resume` auto a damaged checkpoint gives way
- * to the next older one that opens and checks (open_resume), said in one
- * line of r->notes. */
-static ts_status verify_resume(run *r) {
-  for (;;) {
-    ts_status st = ts_comm_agree(r->world, ts_checkpoint_verify(r->ck, r->wrank, r->world_size),
-                                 "checking the checkpoint's files", NULL);
-    if (st == TS_OK || !damaged(st) || strcmp(r->cfg->resume, "auto") != 0) return st;
-    char bad_dir[4096], why[1024];
-    snprintf(bad_dir, sizeof bad_dir, "%s", ts_checkpoint_dir(r->ck));
-    snprintf(why, sizeof why, "%s", ts_last_error());
-    release_checkpoint(r);
-    size_t below = r->ck_step;
-    uint64_t seed = r->eo.seed; /* the data loader's already */
-    r->start = 0;
-    TS_CHECK(open_resume(r, below));
-    if (!r->ck)
-      return ts_set_error(st, "%s (and no older checkpoint in %s is intact)", why,
-                          r->cfg->save_dir);
-    if (r->eo.seed != seed)
-      return ts_set_error(st,
-                          "%s; the next older checkpoint %s has another data seed: resume it by "
-                          "name (`resume` DIR)",
-                          why, ts_checkpoint_dir(r->ck));
-    note(r, "note: `resume` auto: %s is damaged (%s); resuming from %s", bad_dir, why,
-         ts_checkpoint_dir(r->ck));
-  }
 }
 
 /* The data's meta.json (ts_data_meta_read) against the model: a masked-LM
@@ -438,10 +185,10 @@ static ts_status check_data(run *r) {
                         "masked-LM model needs its special ids)",
                         dir);
   if (!meta.present) {
-    note(r,
-         "note: %s has no meta.json (not from tessera prepare): the tokenizer is not "
-         "checked, only that every token id is below the model's vocab_size %zu",
-         dir, m->vocab_size);
+    ts_train_note(r,
+                  "note: %s has no meta.json (not from tessera prepare): the tokenizer is not "
+                  "checked, only that every token id is below the model's vocab_size %zu",
+                  dir, m->vocab_size);
     return TS_OK;
   }
   if (r->mlm && !meta.mlm)
@@ -508,7 +255,7 @@ static ts_status setup(run *r) {
                         r->eo.micro_batch * r->eo.seq);
   if (cfg->save_dir) TS_CHECK(ts_read_file(r->model_path, &r->model_text, &r->model_len));
   TS_CHECK(ts_engine_pipeline_split(&r->model, &r->eo, r->split));
-  TS_CHECK(open_resume(r, (size_t)-1));
+  TS_CHECK(ts_train_open_resume(r, (size_t)-1));
   size_t V = r->model.vocab_size, T = r->eo.seq, NB = r->eo.micro_batch * (size_t)r->dp_size;
   snprintf(path, sizeof path, "%s/train.bin", cfg->data_dir);
   TS_CHECK(ts_token_file_open(&r->train, path, V));
@@ -516,7 +263,7 @@ static ts_status setup(run *r) {
   TS_CHECK(ts_token_file_open(&r->val, path, V));
   r->mlm = r->model.objective == TS_OBJECTIVE_MASKED_LM;
   TS_CHECK(check_data(r));
-  TS_CHECK(check_resume_data(r));
+  TS_CHECK(ts_train_check_resume_data(r));
   size_t W = r->mlm ? T - 2 : T; /* a masked-LM sequence is [CLS] window [SEP] */
   TS_CHECK(ts_loader_init(&r->train_ld, r->train, W, r->eo.seed, 1));
   TS_CHECK(ts_loader_init(&r->val_ld, r->val, W, 0, 0));
@@ -533,8 +280,8 @@ static ts_status setup(run *r) {
   ts_engine_batch(r->engine, &r->inputs, &r->targets);
   if (r->ck) { /* every rank checks its share of the files, then loads its parts */
     double t0 = now_s();
-    TS_CHECK(verify_resume(r));
-    if (!strcmp(r->cfg->resume, "auto")) note_redone(r);
+    TS_CHECK(ts_train_verify_resume(r));
+    if (!strcmp(r->cfg->resume, "auto")) ts_train_note_redone(r);
     TS_CHECK(ts_checkpoint_load(r->ck, r->engine));
     r->load_seconds = now_s() - t0;
   } else if (cfg->init_from) {
@@ -760,7 +507,7 @@ static ts_status save(run *r, size_t step, ts_train_result *res) {
 }
 
 /* save_dir/progress.json, {"step": N}: the last step this run finished,
- * so that a restart can say how many steps it redoes (read_progress).
+ * so that a restart can say how many steps it redoes (trainer_resume.c).
  * Written by rename without a flush to the disk (it is a hint, every
  * step: a crash may leave an older step in it); failures are ignored. */
 static void write_progress(const char *save_dir, size_t step) {
