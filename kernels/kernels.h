@@ -246,10 +246,13 @@ ts_status ts_k_context_init(ts_kctx *ctx, ts_device dev, int index);
  * in this process, for the one line a run says about it: on the CPU
  * "onednn <implementation>" where oneDNN has a native kernel for dt here
  * (e.g. "onednn brg:avx512_core" for fp32, "onednn brg:avx512_core_bf16",
- * "onednn brg:avx512_core_amx"), else "openblas sgemm" (fp32) or "openblas
- * sgemm on fp32 copies" (bf16/fp16); "cublasLt" on CUDA.
+ * "onednn brg:avx512_core_amx"), else "openblas sgemm" (fp32), "tessera
+ * avx2 gemm" (bf16/fp16 on a CPU with AVX2, FMA and F16C: tessera's own
+ * product, kernels/cpu/gemm_half.c) or "openblas sgemm on fp32 copies"
+ * (bf16/fp16 below that); "cublasLt" on CUDA.
  * TESSERA_CPU_MATMUL=openblas in the environment keeps every dtype on
- * OpenBLAS (for comparison). A static string. */
+ * OpenBLAS (for comparison; bf16/fp16 on the fp32 copies). A static
+ * string. */
 const char *ts_k_matmul_impl(ts_device dev, ts_dtype dt);
 
 /* A context on parent's device with its own stream (CUDA: a second
@@ -389,7 +392,8 @@ ts_status ts_k_sum_ranks(const ts_kctx *ctx, void *out, const void *const *parts
 
 /* out (M, N) = inp (M, K) @ weight (N, K)^T. All dt. Products summed in
  * fp32 and rounded once to dt (bf16/fp16: CPU through oneDNN's native
- * kernel or sgemm on fp32 copies, ts_k_matmul_impl; CUDA cuBLASLt). */
+ * kernel, tessera's AVX2 product or sgemm on fp32 copies,
+ * ts_k_matmul_impl; CUDA cuBLASLt). */
 ts_status ts_k_linear_forward(const ts_kctx *ctx, void *out, const void *inp, const void *weight,
                               size_t M, size_t N, size_t K, ts_dtype dt);
 /* dinp (M, K) = dout (M, N) @ weight (N, K)      (written, =; NULL skips)
@@ -398,9 +402,11 @@ ts_status ts_k_linear_backward(const ts_kctx *ctx, void *dinp, void *dweight, co
                                const void *inp, const void *weight, size_t M, size_t N, size_t K,
                                ts_dtype dt);
 /* Exact bytes of ctx->workspace either linear pass needs on device dev.
- * CPU: 0 for fp32 and for bf16/fp16 on oneDNN; the widened fp32 operands
- * for bf16/fp16 on the fp32 copies. oneDNN's and OpenBLAS's own buffers
- * are the libraries' (outside the ledger). */
+ * CPU: 0 for fp32 and for bf16/fp16 on oneDNN or tessera's AVX2 product;
+ * the widened fp32 operands for bf16/fp16 on the fp32 copies. oneDNN's and
+ * OpenBLAS's own buffers are the libraries' (outside the ledger), as are
+ * the AVX2 product's packing buffers (about 0.6 MiB per thread, allocated
+ * and freed within each call). */
 size_t ts_k_linear_workspace_bytes(ts_device dev, size_t M, size_t N, size_t K, ts_dtype dt);
 
 /* nn.Linear with its bias in one op (torch.nn.functional.linear; CUDA:
@@ -419,9 +425,10 @@ size_t ts_k_linear_workspace_bytes(ts_device dev, size_t M, size_t N, size_t K, 
  * ts_k_linear_bias_workspace_bytes(ctx->device, M, N, K, dt) bytes of
  * workspace (else TS_ERR_OUT_OF_MEMORY, nothing written).
  * CPU: where oneDNN runs dt (ts_k_matmul_impl) its matmul adds the bias
- * in its fp32 accumulator before the one rounding; elsewhere the fp32
- * sgemm, then (bf16/fp16: on the fp32 copies, before narrowing) the bias
- * added in fp32. Fixed tiles either way: the same bits at any thread
+ * in its fp32 accumulator before the one rounding; so does tessera's AVX2
+ * product (bf16/fp16 elsewhere); elsewhere still the fp32 sgemm, then
+ * (bf16/fp16: on the fp32 copies, before narrowing) the bias added in
+ * fp32. Fixed tiles either way: the same bits at any thread
  * count. CUDA: one cublasLtMatmul with the bias epilogue, bias of D's
  * type; a bias under 16-byte alignment (a tensor at an odd offset in a
  * flat buffer, where cuBLASLt's heuristic may still pick a kernel that

@@ -15,7 +15,7 @@
 #   - the workspace (the ledger's figure) is at least bf16's: the casts'
 #     buffers are larger than a bf16 product's, but the unit's largest
 #     workspace may be another op's (the head's fp32 copies where the CPU has
-#     no native bf16), so it need not grow;
+#     neither native bf16 nor AVX2), so it need not grow;
 #   - refused in one line, exit 1 (2 for a bad flag value): fp32, a bert
 #     model, a token count per product that is not a multiple of 16.
 #   fp8_test.sh TESSERA_BIN

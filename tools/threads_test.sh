@@ -6,7 +6,8 @@
 #   - llama-tiny at T = 257 (three blocks of the causal attention's rows,
 #     the last of one row) in fp32 and bf16 on oneDNN's products (where the
 #     CPU has native kernels), and on OpenBLAS's (TESSERA_CPU_MATMUL=
-#     openblas: fp32 sgemm, bf16 on fp32 copies);
+#     openblas: fp32 sgemm, bf16 on fp32 copies), and bf16 under oneDNN's
+#     AVX2 cap (tessera's own AVX2 product, kernels/cpu/gemm_half.c);
 #   - a small BERT (bidirectional attention, padding, GELU, LayerNorm) in
 #     fp32 and bf16.
 # Before products were cut into tiles of a fixed size (kernels/cpu/tiles.h)
@@ -72,6 +73,14 @@ check "fp32 sgemm path taken" "matrix products: openblas sgemm" \
   "$(cat "$tmp/llama-fp32-openblas-1.log")"
 check "bf16 copies path taken" "matrix products: openblas sgemm on fp32 copies" \
   "$(cat "$tmp/llama-bf16-copies-1.log")"
+# oneDNN capped at AVX2 (no native bf16): bf16 on tessera's own AVX2
+# product (kernels/cpu/gemm_half.c), on every CPU with AVX2, FMA and F16C
+if grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo && grep -qw f16c /proc/cpuinfo; then
+  same_bits llama-bf16-avx2 "ONEDNN_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE=Haswell" "${llama[@]}" \
+    --dtype bf16
+  check "bf16 own AVX2 product path taken" "matrix products: tessera avx2 gemm" \
+    "$(cat "$tmp/llama-bf16-avx2-1.log")"
+fi
 check_eq "op times: one line, every kind, at 4 threads only" "1 0" \
   "$(grep -cE "^op times, steps 2-3, rank 0's process: products [0-9.]+ s \([0-9]+%\), attention .*, elementwise .*, optimizer .*, copies .*, outside the ops [0-9.]+ s \([0-9]+%\) of [0-9.]+ s$" "$tmp/llama-fp32-4.log") $(grep -c "^op times" "$tmp/llama-fp32-1.log")"
 bert=(--model "$tmp/bert.json" --data "$tmp/mlm" --seq 150 --micro-batch 2)

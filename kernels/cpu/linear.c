@@ -12,10 +12,16 @@
  *   sgemm on every llama-small product here (kernels/bench_matmul, docs/BENCHMARKS.md).
  * - fp32 elsewhere (or with TESSERA_CPU_MATMUL=openblas) runs ts_cpu_sgemm
  *   on the caller's buffers (no workspace).
- * - bf16/fp16 elsewhere widen the operands into ctx->workspace, run the
- *   fp32 sgemm, and round the results back once (RNE). The workspace is
- *   three 64-byte-aligned fp32 buffers of M*K, N*K and M*N elements; the
- *   query ts_cpu_linear_workspace_bytes returns exactly what the path this
+ * - bf16/fp16 elsewhere, on a CPU with AVX2, FMA and F16C (and without
+ *   TESSERA_CPU_MATMUL=openblas): ts_cpu_gemm_half (gemm_half.c), which
+ *   widens the operands while it packs them, sums in fp32 and rounds once,
+ *   the bias and dW's accumulation in its fp32 sums as oneDNN's are; no
+ *   workspace (ts_k_matmul_impl: "tessera avx2 gemm").
+ * - bf16/fp16 elsewhere still (below AVX2, or TESSERA_CPU_MATMUL=openblas)
+ *   widen the operands into ctx->workspace, run the fp32 sgemm, and round
+ *   the results back once (RNE). The workspace is three 64-byte-aligned
+ *   fp32 buffers of M*K, N*K and M*N elements; the query
+ *   ts_cpu_linear_workspace_bytes returns exactly what the path this
  *   process takes needs.
  * - fp32 products go through ts_cpu_sgemm (sgemm.c): fixed output tiles,
  *   one single-threaded sgemm each over the whole K, so results are the
@@ -26,13 +32,25 @@
  *   by ts_cpu_bias_add's fp32 body. No workspace beyond the product's.
  */
 #include <limits.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cpu/cpu_common.h"
 #include "kernels/cpu/dnnl_matmul.h"
+#include "kernels/cpu/gemm_half.h"
+
+int ts_cpu_linear_half_packed(ts_dtype dt) {
+  static int copies = -1; /* TESSERA_CPU_MATMUL=openblas: the fp32 copies, for comparison */
+  if (copies < 0) {
+    const char *env = getenv("TESSERA_CPU_MATMUL");
+    copies = env && strcmp(env, "openblas") == 0;
+  }
+  return !copies && !ts_cpu_dnnl_impl(dt) && ts_cpu_gemm_half_ok(dt);
+}
 
 size_t ts_cpu_linear_workspace_bytes(size_t M, size_t N, size_t K, ts_dtype dt) {
-  if (dt == TS_FP32 || ts_cpu_dnnl_impl(dt)) return 0; /* fp32: either path needs none */
+  /* fp32: either path needs none; nor does gemm_half.c */
+  if (dt == TS_FP32 || ts_cpu_dnnl_impl(dt) || ts_cpu_linear_half_packed(dt)) return 0;
   return ts_align64(M * K * sizeof(float)) + ts_align64(N * K * sizeof(float)) +
          ts_align64(M * N * sizeof(float));
 }
@@ -75,6 +93,8 @@ static ts_status forward(const ts_kctx *ctx, void *out, const void *inp, const v
                  N);
     return bias ? ts_cpu_bias_add(ctx, out, bias, M, N, TS_FP32) : TS_OK;
   }
+  if (ts_cpu_linear_half_packed(dt)) /* the bias in its fp32 sums */
+    return ts_cpu_gemm_half(0, 1, M, N, K, inp, K, weight, K, bias, 0, out, N, dt);
   ws_bufs w = split_ws(ctx, M, N, K);
   ts_cpu_widen(w.mk, inp, M * K, dt);
   ts_cpu_widen(w.nk, weight, N * K, dt);
@@ -116,6 +136,13 @@ ts_status ts_cpu_linear_backward(const ts_kctx *ctx, void *dinp, void *dweight, 
     if (dweight) /* dW (N, K) += dout^T (N, M) @ inp (M, K) */
       ts_cpu_sgemm(1, 0, N, K, M, (const float *)dout, N, (const float *)inp, K, 1.0f,
                    (float *)dweight, K);
+    return TS_OK;
+  }
+  if (ts_cpu_linear_half_packed(dt)) {
+    if (dinp) /* dinp (M, K) = dout (M, N) @ W (N, K) */
+      TS_CHECK(ts_cpu_gemm_half(0, 0, M, K, N, dout, N, weight, K, NULL, 0, dinp, K, dt));
+    if (dweight) /* dW (N, K) += dout^T (N, M) @ inp (M, K) */
+      TS_CHECK(ts_cpu_gemm_half(1, 0, N, K, M, dout, N, inp, K, NULL, 1, dweight, K, dt));
     return TS_OK;
   }
   ws_bufs w = split_ws(ctx, M, N, K);
