@@ -251,9 +251,10 @@ TEST(CrossEntropy, InvalidTargetIsRejectedByName) {
 
 // The one line a run says about its products names the path taken: oneDNN
 // for bf16 wherever the CPU has AVX512-BF16 (or AMX), else tessera's own
-// AVX2 product (cpu/gemm_half.c), unless TESSERA_CPU_MATMUL=openblas (the
-// _openblas twin of this test) keeps the fp32 copies; fp16 on oneDNN only
-// with a native fp16 kernel.
+// AVX2 product (cpu/gemm_half.c) where AVX2 is the widest tier, else the
+// fp32 copies; TESSERA_CPU_MATMUL=openblas (the _openblas twin of this
+// test) keeps the fp32 copies; fp16 on oneDNN only with a native fp16
+// kernel.
 TEST(Matmul, ImplNamesThePathTaken) {
   EXPECT_STREQ(ts_k_matmul_impl(TS_DEVICE_CUDA, TS_BF16), "cublasLt");
   const char *env = getenv("TESSERA_CPU_MATMUL");
@@ -274,9 +275,10 @@ TEST(Matmul, ImplNamesThePathTaken) {
     if (isa_has(dnnl_cpu_isa_avx512_core)) EXPECT_EQ(fp32.rfind("onednn ", 0), 0u) << fp32;
     if (!isa_has(dnnl_cpu_isa_avx512_core)) EXPECT_EQ(fp32, "openblas sgemm");
     if (isa_has(dnnl_cpu_isa_avx512_core_bf16)) EXPECT_EQ(bf16.rfind("onednn ", 0), 0u) << bf16;
-    // AVX2 within the cap (the AVX-512 tiers include its bits), FMA and F16C
-    const bool avx2 = isa_has(dnnl_cpu_isa_avx2) && __builtin_cpu_supports("fma") &&
-                      __builtin_cpu_supports("f16c");
+    // AVX2 the widest tier within the cap (each tier's value includes the
+    // bits of those below), FMA and F16C
+    const bool avx2 = isa_has(dnnl_cpu_isa_avx2) && !isa_has(dnnl_cpu_isa_avx512_core) &&
+                      __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
     if (!isa_has(dnnl_cpu_isa_avx512_core_bf16)) {
       EXPECT_EQ(bf16, avx2 ? "tessera avx2 gemm" : "openblas sgemm on fp32 copies");
     }

@@ -21,9 +21,11 @@ extern "C" {
 int ts_cpu_gemm_half_ok(ts_dtype dt);
 
 /* Nonzero where linear.c runs dt's products through ts_cpu_gemm_half:
- * ts_cpu_gemm_half_ok(dt), no native oneDNN kernel for dt
- * (ts_cpu_dnnl_impl) and no TESSERA_CPU_MATMUL=openblas (which keeps the
- * fp32 copies, for comparison). Decided once per process (the
+ * ts_cpu_gemm_half_ok(dt), AVX2 the widest tier within the cap
+ * (ts_cpu_isa == 1: an AVX-512 CPU keeps the fp32 copies on OpenBLAS's
+ * AVX-512 sgemm), no native oneDNN kernel for dt (ts_cpu_dnnl_impl) and no
+ * TESSERA_CPU_MATMUL=openblas (which keeps the fp32 copies, for
+ * comparison). Decided once per process (the
  * environment read on first use). */
 int ts_cpu_linear_half_packed(ts_dtype dt);
 
