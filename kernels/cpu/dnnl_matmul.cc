@@ -119,8 +119,7 @@ Cached *Get(const Key &k) {
 }
 
 const char *Probe(ts_dtype dt) {
-  const char *env = getenv("TESSERA_CPU_MATMUL");
-  if (env && strcmp(env, "openblas") == 0) return nullptr;
+  if (ts_cpu_matmul_openblas()) return nullptr;
   try {
     std::unique_ptr<Cached> c = Make(64, 64, 64, 64, 64, 64, false, true, false, dt);
     std::string impl = c->pd.impl_info_str();
@@ -153,6 +152,14 @@ size_t TileN(size_t M) {
 }
 
 }  // namespace
+
+extern "C" int ts_cpu_matmul_openblas(void) {
+  static const int openblas = [] {
+    const char *env = getenv("TESSERA_CPU_MATMUL");
+    return env && strcmp(env, "openblas") == 0 ? 1 : 0;
+  }();
+  return openblas;
+}
 
 extern "C" const char *ts_cpu_dnnl_impl(ts_dtype dt) {
   if (dt != TS_FP32 && dt != TS_BF16 && dt != TS_FP16) return nullptr;

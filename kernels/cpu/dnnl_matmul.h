@@ -27,6 +27,11 @@ extern "C" {
  * 64 x 64 x 64). */
 const char *ts_cpu_dnnl_impl(ts_dtype dt);
 
+/* Nonzero when TESSERA_CPU_MATMUL=openblas is in the environment (read
+ * once): every dtype's products on OpenBLAS's sgemm, bf16/fp16 on fp32
+ * copies, for comparison. */
+int ts_cpu_matmul_openblas(void);
+
 /* C (M, N) = op(A) op(B) [+ bias on every row] [+ C when accumulate],
  * every matrix row-major in dt (fp32, bf16 or fp16), products summed in
  * fp32 by oneDNN and rounded once to dt: bias (N, dt; NULL: none) is

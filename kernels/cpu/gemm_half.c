@@ -74,16 +74,12 @@ int ts_cpu_gemm_half_ok(ts_dtype dt) {
 
 #define TS_TARGET_GEMM __attribute__((target("avx2,fma,f16c")))
 
-/* 8 consecutive elements of dtype f16 ? fp16 : bf16 at p, widened. */
-TS_TARGET_GEMM static inline __m256 load8(const uint16_t *p, int f16) {
+/* 8 consecutive elements of dtype dt (bf16 or fp16) at p, widened; the
+ * scalar edges use cpu_common.h's ld(). */
+TS_TARGET_GEMM static inline __m256 load8(const uint16_t *p, ts_dtype dt) {
   __m128i h = _mm_loadu_si128((const __m128i *)p);
-  return f16 ? _mm256_cvtph_ps(h)
-             : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
-/* One element at p widened (scalar edges). */
-static inline float load1(const uint16_t *p, int f16) {
-  return f16 ? ts_f16_to_f32(*p) : ts_bf16_to_f32(*p);
+  return dt == TS_FP16 ? _mm256_cvtph_ps(h)
+                       : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
 /* r[q] (q < 8) becomes column q of the 8 x 8 matrix whose rows were r[]. */
@@ -107,42 +103,42 @@ TS_TARGET_GEMM static inline void transpose8(__m256 r[8]) {
 }
 
 /* Packs `rows` (<= S, S = 6 or 16) lines of a reduction block, line r
- * reading x[r ld + k] for k < kc, as dst[k S + r] (zeros for r >= rows):
+ * reading x[r stride + k] for k < kc, as dst[k S + r] (zeros for r >= rows):
  * op(A) not transposed (S = MR) and op(B) transposed (S = NR). dst has 8
  * floats of slack past k S + S (the 6-row case stores 8 at a time). */
-TS_TARGET_GEMM static void pack_lines(float *dst, const uint16_t *x, size_t ld, size_t rows,
-                                      size_t kc, size_t S, int f16) {
+TS_TARGET_GEMM static void pack_lines(float *dst, const uint16_t *x, size_t stride, size_t rows,
+                                      size_t kc, size_t S, ts_dtype dt) {
   size_t k = 0;
   if (rows == S) {
     for (; k + 8 <= kc; k += 8)
       for (size_t r0 = 0; r0 < S; r0 += 8) { /* 8 lines (6: two zero lines) at a time */
         __m256 r[8];
         for (size_t q = 0; q < 8; q++)
-          r[q] = r0 + q < S ? load8(x + (r0 + q) * ld + k, f16) : _mm256_setzero_ps();
+          r[q] = r0 + q < S ? load8(x + (r0 + q) * stride + k, dt) : _mm256_setzero_ps();
         transpose8(r);
         for (size_t q = 0; q < 8; q++) /* ascending: each store's tail is overwritten next */
           _mm256_storeu_ps(dst + (k + q) * S + r0, r[q]);
       }
   }
   for (; k < kc; k++)
-    for (size_t r = 0; r < S; r++) dst[k * S + r] = r < rows ? load1(x + r * ld + k, f16) : 0.0f;
+    for (size_t r = 0; r < S; r++) dst[k * S + r] = r < rows ? ld(x, r * stride + k, dt) : 0.0f;
 }
 
 /* Packs `cols` (<= S) consecutive elements of each of kc rows, row k at
- * x + k ld, as dst[k S + c] (zeros for c >= cols): op(B) not transposed
+ * x + k stride, as dst[k S + c] (zeros for c >= cols): op(B) not transposed
  * (S = NR) and op(A) transposed (S = MR). avail: elements from x to the
  * end of its row in memory, so that the 8-wide loads of the 6-row case stay
  * inside the matrix. */
-TS_TARGET_GEMM static void pack_rows(float *dst, const uint16_t *x, size_t ld, size_t cols,
-                                     size_t kc, size_t S, size_t avail, int f16) {
+TS_TARGET_GEMM static void pack_rows(float *dst, const uint16_t *x, size_t stride, size_t cols,
+                                     size_t kc, size_t S, size_t avail, ts_dtype dt) {
   if (cols == S && avail >= (S + 7) / 8 * 8) {
     for (size_t k = 0; k < kc; k++)
       for (size_t c = 0; c < S; c += 8) /* 6: the next row's store overwrites the tail */
-        _mm256_storeu_ps(dst + k * S + c, load8(x + k * ld + c, f16));
+        _mm256_storeu_ps(dst + k * S + c, load8(x + k * stride + c, dt));
     return;
   }
   for (size_t k = 0; k < kc; k++)
-    for (size_t c = 0; c < S; c++) dst[k * S + c] = c < cols ? load1(x + k * ld + c, f16) : 0.0f;
+    for (size_t c = 0; c < S; c++) dst[k * S + c] = c < cols ? ld(x, k * stride + c, dt) : 0.0f;
 }
 
 /* The 6 x 16 micro-tile: c (row stride ldc) = (first ? 0 : c) + the sums
@@ -182,7 +178,7 @@ typedef struct {
 
 /* The operands of one product (see ts_cpu_gemm_half). */
 typedef struct {
-  int ta, tb, f16;
+  int ta, tb;
   size_t M, N, K, lda, ldb, ldc;
   const uint16_t *A, *B;
   const void *bias;
@@ -202,9 +198,9 @@ TS_TARGET_GEMM static void tile(const gemm_args *g, const ts_cpu_tile *x, const 
       size_t cols = n - j < NR ? n - j : NR;
       float *dst = w->b + j * kc;
       if (g->tb)
-        pack_lines(dst, B + j * g->ldb + k0, g->ldb, cols, kc, NR, g->f16);
+        pack_lines(dst, B + j * g->ldb + k0, g->ldb, cols, kc, NR, g->dt);
       else
-        pack_rows(dst, B + k0 * g->ldb + j, g->ldb, cols, kc, NR, g->ldb - (x->j0 + j), g->f16);
+        pack_rows(dst, B + k0 * g->ldb + j, g->ldb, cols, kc, NR, g->ldb - (x->j0 + j), g->dt);
     }
     for (size_t i0 = 0; i0 < m; i0 += MC) {
       size_t mc = m - i0 < MC ? m - i0 : MC;
@@ -213,9 +209,9 @@ TS_TARGET_GEMM static void tile(const gemm_args *g, const ts_cpu_tile *x, const 
         float *dst = w->a + i * kc;
         if (g->ta)
           pack_rows(dst, A + k0 * g->lda + i0 + i, g->lda, rows, kc, MR,
-                    g->lda - (x->i0 + i0 + i), g->f16);
+                    g->lda - (x->i0 + i0 + i), g->dt);
         else
-          pack_lines(dst, A + (i0 + i) * g->lda + k0, g->lda, rows, kc, MR, g->f16);
+          pack_lines(dst, A + (i0 + i) * g->lda + k0, g->lda, rows, kc, MR, g->dt);
       }
       for (size_t j = 0; j < n; j += NR)
         for (size_t i = 0; i < mc; i += MR)
@@ -246,8 +242,7 @@ ts_status ts_cpu_gemm_half(int trans_a, int trans_b, size_t M, size_t N, size_t 
                         "and F16C within the instruction-set cap",
                         ts_dtype_name(dt));
   if (M == 0 || N == 0) return TS_OK;
-  gemm_args g = {trans_a, trans_b, dt == TS_FP16, M, N, K, lda, ldb, ldc,
-                 A,       B,       bias,          accumulate,   C,    dt};
+  gemm_args g = {trans_a, trans_b, M, N, K, lda, ldb, ldc, A, B, bias, accumulate, C, dt};
   ts_cpu_tiling t = ts_cpu_tiling_of(M, N, TS_CPU_TILE_M, TS_CPU_TILE_N);
   ptrdiff_t tiles = (ptrdiff_t)(t.rows * t.cols);
   int failed = 0;

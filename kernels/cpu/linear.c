@@ -35,7 +35,6 @@
  *   by ts_cpu_bias_add's fp32 body. No workspace beyond the product's.
  */
 #include <limits.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cpu/cpu_common.h"
@@ -43,13 +42,9 @@
 #include "kernels/cpu/gemm_half.h"
 
 int ts_cpu_linear_half_packed(ts_dtype dt) {
-  static int copies = -1; /* TESSERA_CPU_MATMUL=openblas: the fp32 copies, for comparison */
-  if (copies < 0) {
-    const char *env = getenv("TESSERA_CPU_MATMUL");
-    copies = env && strcmp(env, "openblas") == 0;
-  }
   /* AVX2 the widest tier: an AVX-512 CPU keeps OpenBLAS's AVX-512 sgemm */
-  return !copies && ts_cpu_isa == 1 && !ts_cpu_dnnl_impl(dt) && ts_cpu_gemm_half_ok(dt);
+  return !ts_cpu_matmul_openblas() && ts_cpu_isa == 1 && !ts_cpu_dnnl_impl(dt) &&
+         ts_cpu_gemm_half_ok(dt);
 }
 
 size_t ts_cpu_linear_workspace_bytes(size_t M, size_t N, size_t K, ts_dtype dt) {
