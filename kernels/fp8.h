@@ -92,18 +92,33 @@ TS_HD float ts_fp8_to_f32(uint8_t b, ts_fp8_format f) {
   return ts_bits_f32(sign | ((E - bias + 127u) << 23) | (m << (23u - M)));
 }
 
+/* The quiet NaN both devices write for a NaN scale: x86's division keeps
+ * a NaN operand's payload, CUDA's returns 0x7fffffff, so a NaN is
+ * replaced by this one pattern before it is stored. */
+#define TS_FP8_NAN_BITS 0x7fc00000u
+
 /* The scale that maps amax (>= 0, the largest |x| of what it scales) onto
  * the largest finite value of f: max / max(amax, 1e-12) in fp64, rounded to
  * fp32, then rounded down to a power of two when pow2. A NaN amax gives
- * NaN and an infinite one 0, so the cast values, and the product, are not
- * finite either (the step's overflow check sees them). */
+ * NaN (TS_FP8_NAN_BITS, whatever its payload) and an infinite one 0, so
+ * the cast values, and the product, are not finite either (the step's
+ * overflow check sees them). */
 TS_HD float ts_fp8_scale(float amax, ts_fp8_format f, int pow2) {
+  if ((ts_f32_bits(amax) & 0x7fffffffu) > 0x7f800000u) return ts_bits_f32(TS_FP8_NAN_BITS);
   double a = (double)amax;
-  if (a < 1e-12) a = 1e-12; /* NaN stays NaN */
+  if (a < 1e-12) a = 1e-12;
   float s = (float)((double)ts_fp8_max(f) / a);
   uint32_t u = ts_f32_bits(s);
   if (pow2 && u > 0 && u < 0x7f800000u) s = ts_bits_f32(u & 0x7f800000u);
   return s;
+}
+
+/* The inverse scale that is stored beside the codes: 1 / scale rounded
+ * to fp32, and TS_FP8_NAN_BITS for a NaN scale, so the CPU and the GPU
+ * store the same bits (kernels/cuda/kernels_cuda_test.cc compares them). */
+TS_HD float ts_fp8_scale_inv(float scale) {
+  if ((ts_f32_bits(scale) & 0x7fffffffu) > 0x7f800000u) return ts_bits_f32(TS_FP8_NAN_BITS);
+  return ts_fdiv(1.0f, scale);
 }
 
 /* fp8(clamp(x * scale, -max, max)) in format f; a NaN stays NaN. */

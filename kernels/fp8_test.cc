@@ -101,6 +101,36 @@ TEST(Fp8, ScaleIsTorchaosFormula) {
     }
   EXPECT_EQ(ts_fp8_scale(INFINITY, TS_FP8_E4M3, 1), 0.0f);
   EXPECT_TRUE(std::isnan(ts_fp8_scale(NAN, TS_FP8_E4M3, 0)));
+  // Every NaN, whatever its payload, gives the one pattern both devices
+  // store (x86 keeps a payload through a division, CUDA does not).
+  for (uint32_t nan : {0x7fc00000u, 0x7fc12345u, 0xffc00001u, 0x7f800001u, 0x7fffffffu}) {
+    float x;
+    std::memcpy(&x, &nan, 4);
+    EXPECT_EQ(bits(ts_fp8_scale(x, TS_FP8_E5M2, 1)), TS_FP8_NAN_BITS) << std::hex << nan;
+    EXPECT_EQ(bits(ts_fp8_scale_inv(x)), TS_FP8_NAN_BITS) << std::hex << nan;
+  }
+  EXPECT_EQ(bits(ts_fp8_scale_inv(0.25f)), bits(4.0f));
+}
+
+// A NaN in the tensor: the codes of its scale are NaN (0x7f) and the stored
+// inverse scale is TS_FP8_NAN_BITS, not the input's payload.
+TEST(Fp8, QuantizeStoresOneNanPattern) {
+  const size_t R = 4, C = 8;
+  std::vector<float> x(R * C, 1.5f);
+  uint32_t payload = 0x7fc12345u;
+  std::memcpy(&x[2 * C + 3], &payload, 4);
+  for (ts_fp8_scaling sc : {TS_FP8_TENSORWISE, TS_FP8_ROWWISE}) {
+    std::vector<uint8_t> got(R * C);
+    std::vector<float> sinv(R);
+    CpuCtx ctx(ts_k_fp8_quantize_workspace_bytes(TS_DEVICE_CPU, R, C));
+    ASSERT_EQ(ts_k_fp8_quantize(ctx.get(), got.data(), sinv.data(), x.data(), R, C, 0,
+                                TS_FP8_E4M3, sc, TS_FP32),
+              TS_OK);
+    EXPECT_EQ(bits(sinv[sc == TS_FP8_TENSORWISE ? 0 : 2]), TS_FP8_NAN_BITS) << sc;
+    EXPECT_EQ(got[2 * C], 0x7f) << sc;  // 1.5 times a NaN scale
+    if (sc == TS_FP8_ROWWISE)  // the other rows keep their own scales
+      EXPECT_EQ(bits(sinv[1]), bits(ts_fp8_scale_inv(ts_fp8_scale(1.5f, TS_FP8_E4M3, 1))));
+  }
 }
 
 // The scale and codes of one row (or the whole tensor), computed here.

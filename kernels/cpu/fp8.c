@@ -72,14 +72,14 @@ ts_status ts_cpu_fp8_quantize(const ts_kctx *ctx, uint8_t *out, float *scale_inv
       if (m > mx) mx = m;
     }
     tensor_scale = ts_fp8_scale(ts_bits_f32(mx), fmt, pow2);
-    scale_inv[0] = ts_fdiv(1.0f, tensor_scale);
+    scale_inv[0] = ts_fp8_scale_inv(tensor_scale);
   }
 #pragma omp parallel for schedule(static)
   for (size_t r = 0; r < rows; r++) {
     float s = tensor_scale;
     if (scaling == TS_FP8_ROWWISE) {
       s = ts_fp8_scale(ts_bits_f32(amax_bits(inp, r, rows, cols, transpose, dt)), fmt, pow2);
-      scale_inv[r] = ts_fdiv(1.0f, s);
+      scale_inv[r] = ts_fp8_scale_inv(s);
     }
     for (size_t c = 0; c < cols; c++) {
       size_t i = transpose ? c * rows + r : r * cols + c;

@@ -92,13 +92,13 @@ __global__ static void rows_cast_kernel(uint8_t *out, float *scale_inv, const vo
   float s;
   if (amax) {
     s = ts_fp8_scale(ts_bits_f32(*amax), fmt, pow2);
-    if (r == 0 && threadIdx.x == 0) scale_inv[0] = ts_fdiv(1.0f, s);
+    if (r == 0 && threadIdx.x == 0) scale_inv[0] = ts_fp8_scale_inv(s);
   } else {
     uint32_t m = 0;
     for (size_t c = threadIdx.x; c < C; c += blockDim.x) m = max(m, abs_bits<DT>(inp, r * C + c));
     m = block_max_u32(m, sh);
     s = ts_fp8_scale(ts_bits_f32(m), fmt, pow2);
-    if (threadIdx.x == 0) scale_inv[r] = ts_fdiv(1.0f, s);
+    if (threadIdx.x == 0) scale_inv[r] = ts_fp8_scale_inv(s);
   }
   for (size_t c = threadIdx.x; c < C; c += blockDim.x)
     out[r * C + c] = ts_fp8_cast(ts_ld<DT>(inp, r * C + c), s, fmt);
@@ -127,7 +127,7 @@ __global__ static void transpose_cast_kernel(uint8_t *out, float *scale_inv, con
     float s = ts_fp8_scale(ts_bits_f32(amax ? *amax : col[c]), fmt, pow2);
     if (r < R) out[c * R + r] = ts_fp8_cast(tile[threadIdx.x][j], s, fmt);
     if (threadIdx.x == 0 && blockIdx.y == 0 && (!amax || (blockIdx.x == 0 && j == 0)))
-      scale_inv[amax ? 0 : c] = ts_fdiv(1.0f, s);
+      scale_inv[amax ? 0 : c] = ts_fp8_scale_inv(s);
   }
 }
 
