@@ -65,6 +65,7 @@ typedef struct ts_compare {
   size_t grad_accum; /* micro-batches per step; 0: 1, or 2 x the largest P */
   size_t shard_group; /* --shard-group S: hybrid sharding in every run (0: plain ZeRO) */
   int reuse;
+  int no_chart;    /* --no-chart: no compare.png or timeline pictures (no gnuplot) */
   int device;      /* --device choice (tools.h), passed to every run */
   ts_device dev;   /* what it resolves to here, for the plans */
   ts_model arch;   /* the model --model names, loaded */
@@ -73,6 +74,9 @@ typedef struct ts_compare {
 } ts_compare;
 
 static const double MiB = 1024.0 * 1024.0;
+
+/* The plotter of compare.png (tools/timeline.c draws with the same). */
+#define TS_COMPARE_GNUPLOT "/usr/bin/gnuplot"
 
 /* Formats into a char array, exiting with a one-line error when it does
  * not fit (a path too long). */

@@ -12,7 +12,8 @@
  * bar per stage, and each pipelined run's timeline of one step is drawn
  * (tools/timeline.h). Writes compare.md, compare.csv (each whole or not at
  * all: written to a temporary name and renamed), compare.png and
- * timeline-RUN.png (gnuplot; the checks and the files are
+ * timeline-RUN.png (gnuplot, checked for before any run; --no-chart
+ * leaves the pictures out; the checks and the files are
  * compare_report.c's). Exit status 0 when every check passes, 1 when one
  * fails or a run fails, 2 bad usage. */
 #include <cjson/cJSON.h>
@@ -295,6 +296,9 @@ static int parse_flags(ts_compare *c, int argc, char **argv) {
       TS_FLAG_STRING("--out", NULL, &c->out, "DIR", "where the three files go (default .)", NULL),
       TS_FLAG_SWITCH("--reuse", NULL, &c->reuse,
                      "read the metrics of an earlier compare in OUT instead of training"),
+      TS_FLAG_SWITCH("--no-chart", NULL, &c->no_chart,
+                     "write compare.md and compare.csv only, without compare.png and the "
+                     "timelines (a machine without gnuplot)"),
       TS_FLAG_CUSTOM("--device", NULL, &c->device, ts_tool_parse_device, "cpu|cuda|auto",
                      "where every run trains, and whose bytes the plans count (default cpu)", NULL),
   };
@@ -329,6 +333,10 @@ static int parse_flags(ts_compare *c, int argc, char **argv) {
   int index;
   if (ts_tool_resolve_device(c->device, !c->reuse, &c->dev, &index) != TS_OK)
     return ts_flags_error("compare", "%s", ts_last_error());
+  if (!c->no_chart && access(TS_COMPARE_GNUPLOT, X_OK) != 0) /* before any run, not after */
+    return ts_flags_error("compare",
+                          TS_COMPARE_GNUPLOT " not found: install gnuplot-nox (tools/setup.sh "
+                          "does), or pass --no-chart");
   return TS_FLAGS_OK;
 }
 
@@ -428,6 +436,10 @@ static int draw_timelines(ts_compare *c, const char *dir) {
     if (ts_timeline_load(trace, (int)c->steps, &t) != TS_OK)
       return fprintf(stderr, "tessera compare: %s\n", ts_flags_last_error()), 0;
     r->bubble = t.bubble_busiest;
+    if (c->no_chart) {
+      ts_timeline_free(&t);
+      continue;
+    }
     snprintf(title, sizeof title, "%s, step %zu: bubble %.1f%% on the busiest rank (measured)",
              r->name, c->steps, 100.0 * t.bubble_busiest);
     ts_status st = ts_timeline_draw(&t, title, dir, png);
@@ -504,13 +516,13 @@ int ts_tool_compare(int argc, char **argv) {
     TS_COMPARE_FMT(csv, "%s/compare.csv", c.out);
     TS_COMPARE_FMT(png, "%s/compare.png", c.out);
     if (!ts_compare_write_md(&c, md, checks) || !ts_compare_write_csv(&c, csv, loss_ok) ||
-        !ts_compare_write_chart(&c, dir, png))
+        (!c.no_chart && !ts_compare_write_chart(&c, dir, png)))
       rc = 1;
     if (rc == 0) {
       char *text; /* the report, on the terminal too */
       if (ts_read_file(md, &text, NULL) == TS_OK) fputs(text, stdout);
       free(text);
-      printf("\nwrote %s, %s, %s\n", md, csv, png);
+      printf("\nwrote %s, %s%s%s\n", md, csv, c.no_chart ? "" : ", ", c.no_chart ? "" : png);
       if (!passed) rc = 1;
     }
     free(checks);

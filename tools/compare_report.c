@@ -181,10 +181,15 @@ int ts_compare_write_md(const ts_compare *c, const char *path, const char *check
               "ledger, estimated by `tessera estimate` (the engine's allocation plan); speed and communication ratios (vs base) are against the first "
               "stage of the same dtype and checkpointing; the ZeRO formula is Rajbhandari et al. "
               "2020 §5.1 for the padded Ψ (fp32 keeps no master copy). Peak RSS is each rank "
-              "process's, ledger and all else (MPI, OpenBLAS, code). Device memory: none (CPU "
-              "ranks).\n\n",
+              "process's, ledger and all else (MPI, OpenBLAS, code). %s\n\n",
           c->steps, c->micro_batch, c->seq, (double)c->arch.num_params, r0->psi,
-          sysconf(_SC_NPROCESSORS_ONLN));
+          sysconf(_SC_NPROCESSORS_ONLN),
+          c->dev == TS_DEVICE_CUDA
+              ? "On GPUs (--device cuda) the ledger counts each rank's device memory (ranks "
+                "sharing a GPU count their own); what the device holds outside it (CUDA "
+                "context, library workspaces) is each run's device_bytes.overhead in "
+                "compare_runs/."
+              : "Device memory: none (CPU ranks).");
   fputs(checks, md);
   fprintf(md,
           "\n| run | model states between steps: measured | estimate | ZeRO formula "
@@ -260,16 +265,16 @@ int ts_compare_write_md(const ts_compare *c, const char *path, const char *check
     for (size_t s = 0; s < c->runs[i].n_loss; s++) fprintf(md, " %.6f |", c->runs[i].loss[s]);
     fprintf(md, "\n");
   }
-  fprintf(md, "\n![per-rank memory by category](compare.png)\n");
+  if (!c->no_chart) fprintf(md, "\n![per-rank memory by category](compare.png)\n");
   for (int i = 0; i < c->n_runs; i++)
     if (c->runs[i].pipeline > 1)
       fprintf(md, "\n%s: step %zu's timeline, measured bubble %.1f%% on the busiest rank, "
-                  "%.1f%% in theory (its schedule's formula, ts_schedule_bubble_theory)\n\n"
-                  "![timeline](timeline-%s.png)\n",
+                  "%.1f%% in theory (its schedule's formula, ts_schedule_bubble_theory)\n%s%s%s",
               c->runs[i].name, c->steps, 100.0 * c->runs[i].bubble,
               100.0 * ts_schedule_bubble_theory(c->runs[i].schedule, c->runs[i].pipeline,
                                                 c->runs[i].v, (int)c->grad_accum),
-              c->runs[i].file);
+              c->no_chart ? "" : "\n![timeline](timeline-", c->no_chart ? "" : c->runs[i].file,
+              c->no_chart ? "" : ".png)\n");
   return finish(af);
 }
 
@@ -365,7 +370,7 @@ int ts_compare_write_chart(const ts_compare *c, const char *dir, const char *png
           bars > 4 ? "set xtics rotate by -25\n" : "", TS_MEM_NUM_CATEGORIES + 1, dat,
           TS_MEM_NUM_CATEGORIES + 2);
   fclose(f);
-  char *argv[] = {"/usr/bin/gnuplot", gp, NULL};
+  char *argv[] = {TS_COMPARE_GNUPLOT, gp, NULL};
   if (access(argv[0], X_OK) != 0)
     return fprintf(stderr, "tessera compare: /usr/bin/gnuplot not found: install gnuplot-nox "
                            "(tools/setup.sh does)\n"), 0;

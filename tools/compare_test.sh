@@ -141,6 +141,42 @@ log="$("$bin" compare --model llama-tiny -n 2 --steps 2 --micro-batch 2 --seq 64
 check_eq "pipeline: differing schedule losses exit code" 1 "$?"
 check "pipeline: names the 1F1B run" "fp32 recompute:none P2 1f1b ZeRO-1, step 1" "$log"
 
+# --no-chart: the same report without pictures (a GPU machine without
+# gnuplot): no compare.png, no timeline links, the bubbles still measured.
+cp -r "$pp" "$tmp/pp_nochart"
+rm -f "$tmp/pp_nochart"/*.png "$tmp/pp_nochart/compare.md"
+log="$("$bin" compare --model llama-tiny -n 2 --steps 2 --micro-batch 2 --seq 64 --zero 1 \
+  --pipeline 1,2 --schedule gpipe,1f1b,interleaved,zb-h1,zbv --out "$tmp/pp_nochart" --reuse \
+  --no-chart 2>&1)"
+check_eq "no chart: exit code" 0 "$?"
+md="$(cat "$tmp/pp_nochart/compare.md" 2>/dev/null)"
+check "no chart: checks pass" "PASS: loss identical" "$md"
+check "no chart: bubble still measured" "on the busiest rank, 4.0% in theory" \
+  "$(grep "P2 zbv ZeRO-1: step" <<<"$md")"
+absent "no chart: no picture linked" ".png" "$md"
+check_eq "no chart: no png written" 0 "$(find "$tmp/pp_nochart" -name '*.png' | wc -l)"
+check "no chart: terminal names md and csv only" "compare.md, $tmp/pp_nochart/compare.csv" \
+  "$(tail -n 1 <<<"$log")"
+
+# A run measured on a GPU: llama-124m bf16, ZeRO-0 on 2 ranks sharing one
+# H200 (`.gpu/run_compare.sh`, 2026-11-28; testdata/compare_h200): its
+# ledger equals this binary's cuda plan on both ranks, and the report
+# says the ledger is the GPU's.
+mkdir -p "$tmp/h200"
+cp -r "$(dirname "${BASH_SOURCE[0]}")/testdata/compare_h200/compare_runs" "$tmp/h200/"
+log="$("$bin" compare --model llama-124m -n 2 --zero 0 --dtype bf16 --micro-batch 4 --seq 1024 \
+  --steps 3 --device cuda --reuse --no-chart --out "$tmp/h200" 2>&1)"
+check_eq "h200: exit code" 0 "$?"
+md="$(cat "$tmp/h200/compare.md" 2>/dev/null)"
+check "h200: measured = plan" "PASS: model states" "$md"
+check "h200: the ledger is the GPU's" "the ledger counts each rank's device memory" "$md"
+absent "h200: not called CPU ranks" "CPU ranks" "$md"
+check "h200: rank 1's peak" "| bf16 recompute:none ZeRO-0 | 3712.83 / 3712.83 (0) | 3712.83 / 3712.83 (0) |" "$md"
+"$bin" compare --model llama-124m -n 2 --zero 0 --dtype bf16 --micro-batch 4 --seq 1024 \
+  --steps 3 --reuse --no-chart --out "$tmp/h200" >/dev/null 2>&1
+check "h200 read as cpu ranks: says so" "Device memory: none (CPU ranks)." \
+  "$(cat "$tmp/h200/compare.md" 2>/dev/null)"
+
 # Bad input: one line, exit 2, before any run.
 bad() { # bad NAME EXPECTED-SUBSTRING ARGS...
   local name="$1" want="$2"
@@ -169,6 +205,17 @@ bad "pipeline not dividing" "--pipeline 3: expected a number of stages dividing 
 bad "schedule" "--schedule zigzag: expected gpipe, 1f1b, interleaved, zb-h1 or zbv" --model llama-tiny -n 2 --schedule zigzag
 bad "config missing a field" "no_hidden.json" --model "$tmp/no_hidden.json" -n 2
 check "names the field" "hidden_size" "$err_last"
+# Without gnuplot (hidden by /dev/null, which is not executable, in a mount
+# namespace of this test's own), compare refuses before any run.
+if unshare -m true 2>/dev/null; then
+  err="$(unshare -m bash -c 'mount --bind /dev/null /usr/bin/gnuplot && exec "$0" compare \
+    --model llama-tiny -n 2 --out "$1"' "$bin" "$tmp/bad" 2>&1 >/dev/null)"
+  check_eq "no gnuplot: exit code" 2 "$?"
+  check_eq "no gnuplot: line" "tessera compare: /usr/bin/gnuplot not found: install gnuplot-nox \
+(tools/setup.sh does), or pass --no-chart" "$err"
+else
+  echo "note no mount namespace here (not root): the no-gnuplot refusal is not checked"
+fi
 [[ ! -e "$tmp/bad" ]] && echo "ok   nothing written on bad input" ||
   { echo "FAIL: bad input created $tmp/bad"; fails=$((fails + 1)); }
 

@@ -291,7 +291,8 @@ cat >"$DIR/run_compare.sh" <<'EOF'
 # (2 ranks on one card share it through the host-staged transport), each
 # rank's ledger peaks beside the plan (estimate's) and the losses checked
 # equal across stages. Writes OUT (default compare-cuda) in the current
-# directory; exit 0 when every check passes (compare's own status).
+# directory (compare.png only where /usr/bin/gnuplot is: else --no-chart);
+# exit 0 when every check passes (compare's own status).
 #   run_compare.sh [MODEL] [RANKS] [other compare flags...]
 #   (default llama-124m 2); environment DTYPE (bf16), MB (4), SEQ (1024),
 #   STEPS (3), DEVICE (cuda), DATA (the bundle's KJV tokens), OUT
@@ -301,6 +302,7 @@ source "$B/mpi_env.sh" # tools/launch.sh's mpirun: the bundle's
 export TESSERA_HOME="$B"
 model="${1:-llama-124m}" ranks="${2:-2}"
 shift $(($# < 2 ? $# : 2))
+[[ -x /usr/bin/gnuplot ]] || set -- --no-chart "$@"
 exec "$B/bin/tessera" compare --device "${DEVICE:-cuda}" --model "$model" -n "$ranks" \
   --data "${DATA:-$B/data/kjv}" --zero 0,1,2,3 --dtype "${DTYPE:-bf16}" --micro-batch "${MB:-4}" \
   --seq "${SEQ:-1024}" --steps "${STEPS:-3}" --out "${OUT:-compare-cuda}" "$@"
