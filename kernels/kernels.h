@@ -649,8 +649,9 @@ ts_status ts_k_attention_probs_dtype(const ts_kctx *ctx, ts_dtype dt, int bidire
                                      ts_dtype *out);
 /* Exact bytes of ctx->workspace the larger attention pass needs on device
  * dev (both passes check against it). CPU: none for fp32 (its blocks live
- * on the stack); bf16/fp16 one batch row's operands (and backward its
- * out, dout and gradients) widened to fp32. CUDA fp32: one batch row's
+ * on the stack); bf16/fp16 a chunk of batch rows' operands (and backward
+ * their out, dout and gradients) widened to fp32, as many rows as fit 8 MiB
+ * (at least one, at most B). CUDA fp32: one batch row's
  * (NH, T, T) fp32 dS; CUDA
  * bf16/fp16: round_up(9 B, 256) bytes (the bidirectional op's per-row key
  * lengths) plus the larger of cuDNN's bound (kernels/cuda/attention_cudnn.h)

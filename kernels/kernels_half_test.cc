@@ -308,6 +308,73 @@ TEST(Half, AttentionForwardAndBackward) {
   }
 }
 
+// Half attention widens a chunk of batch rows at a time (as many as fit 8
+// MiB). At T 256, NH 8, NKV 4, HS 64 a backward row is 3 MiB and a
+// forward one 1.5: B 7 runs as chunks 5 + 2 forward and 2 + 2 + 2 + 1
+// backward. Every output, the state included, must equal seven one-row
+// calls bit for bit (each row's work is the same in any chunk), causal and
+// bidirectional (a padded key in row 5).
+TEST(Half, AttentionChunksOfRowsEqualRowByRow) {
+  const size_t B = 7, T = 256, NH = 8, NKV = 4, HS = 64;
+  ASSERT_EQ(ts_k_attention_workspace_bytes(TS_DEVICE_CPU, B, T, NH, NKV, HS, TS_BF16),
+            (size_t)15 << 19);  // the forward's five rows of 1.5 MiB, not seven
+  const ts_dtype dt = TS_BF16;
+  Rng rng(41);
+  const size_t nq = T * NH * HS, nk = T * NKV * HS;
+  auto q = round_to(rng.vec(B * nq), dt), k = round_to(rng.vec(B * nk), dt),
+       v = round_to(rng.vec(B * nk), dt), dy = round_to(rng.vec(B * nq), dt);
+  std::vector<int32_t> ids(B * T, 3);
+  ids[5 * T + 17] = 0;  // the pad id
+  for (int bidir : {0, 1}) {
+    SCOPED_TRACE(bidir ? "bidirectional" : "causal");
+    const size_t kv = bidir ? NH : NKV;  // the bidirectional op is multi-head
+    const size_t nkv = T * kv * HS;
+    auto kk = bidir ? round_to(rng.vec(B * nkv), dt) : k;
+    auto vv = bidir ? round_to(rng.vec(B * nkv), dt) : v;
+    auto bytes = [](Buf &x) { return static_cast<const unsigned char *>(x.data()); };
+    auto run = [&](size_t b0, size_t nb, std::vector<unsigned char> *res) {
+      size_t sb = ts_k_attention_state_bytes(TS_DEVICE_CPU, nb, T, NH, kv, HS, dt);
+      CpuCtx c(ts_k_attention_workspace_bytes(TS_DEVICE_CPU, nb, T, NH, kv, HS, dt));
+      auto part = [&](const std::vector<float> &x, size_t n) {
+        return std::vector<float>(x.begin() + b0 * n, x.begin() + (b0 + nb) * n);
+      };
+      Buf bq(part(q, nq), dt), bk(part(kk, nkv), dt), bv(part(vv, nkv), dt), bdy(part(dy, nq), dt);
+      Buf out(std::vector<float>(nb * nq), dt), dq(std::vector<float>(nb * nq), dt),
+          dk(std::vector<float>(nb * nkv), dt), dv(std::vector<float>(nb * nkv), dt);
+      std::vector<unsigned char> st(sb);
+      if (bidir) {
+        ASSERT_EQ(ts_k_attention_bidir_forward(c.get(), out.data(), st.data(), bq.data(), bk.data(),
+                                               bv.data(), ids.data() + b0 * T, 0, nb, T, NH, HS,
+                                               dt),
+                  TS_OK);
+        ASSERT_EQ(ts_k_attention_bidir_backward(c.get(), dq.data(), dk.data(), dv.data(),
+                                                bdy.data(), out.data(), bq.data(), bk.data(),
+                                                bv.data(), st.data(), nb, T, NH, HS, dt),
+                  TS_OK);
+      } else {
+        ASSERT_EQ(ts_k_attention_forward(c.get(), out.data(), st.data(), bq.data(), bk.data(),
+                                         bv.data(), nb, T, NH, NKV, HS, dt),
+                  TS_OK);
+        ASSERT_EQ(ts_k_attention_backward(c.get(), dq.data(), dk.data(), dv.data(), bdy.data(),
+                                          out.data(), bq.data(), bk.data(), bv.data(), st.data(),
+                                          nb, T, NH, NKV, HS, dt),
+                  TS_OK);
+      }
+      // per output: its bytes appended, the log-sum-exps (B NH T fp32) of the state
+      res[0].insert(res[0].end(), bytes(out), bytes(out) + nb * nq * 2);
+      res[1].insert(res[1].end(), st.begin(), st.begin() + nb * NH * T * 4);
+      res[2].insert(res[2].end(), bytes(dq), bytes(dq) + nb * nq * 2);
+      res[3].insert(res[3].end(), bytes(dk), bytes(dk) + nb * nkv * 2);
+      res[4].insert(res[4].end(), bytes(dv), bytes(dv) + nb * nkv * 2);
+    };
+    std::vector<unsigned char> all[5], rows[5];
+    run(0, B, all);
+    for (size_t b = 0; b < B; b++) run(b, 1, rows);
+    const char *names[5] = {"out", "log-sum-exps", "dq", "dk", "dv"};
+    for (int i = 0; i < 5; i++) EXPECT_TRUE(all[i] == rows[i]) << names[i];
+  }
+}
+
 TEST(Half, SwigluForwardAndBackward) {
   const size_t n = 5000;  // more than one 4096-element chunk
   for (ts_dtype dt : kHalf) {

@@ -303,11 +303,21 @@ TEST(Workspace, QueriesAreExact) {
             none ? 0u : 128u + 192u + 64u)
       << ts_k_matmul_impl(TS_DEVICE_CPU, TS_BF16);
   // fp32 attention keeps its blocks on the stack (kernels/cpu/attention.c);
-  // bf16/fp16 widen one batch row: the backward's q, out, dout, dq (T NH HS
-  // fp32 each: 1280 bytes) and k, v, dk, dv (T NKV HS: 640) is the larger
+  // bf16/fp16 widen a chunk of batch rows, as many as fit 8 MiB: per row,
+  // the backward's q, out, dout, dq (T NH HS fp32 each: 1280 bytes) and k,
+  // v, dk, dv (T NKV HS: 640) is the larger; both rows fit
   EXPECT_EQ(ts_k_attention_workspace_bytes(TS_DEVICE_CPU, 2, 10, 4, 2, 8, TS_FP32), 0u);
   EXPECT_EQ(ts_k_attention_workspace_bytes(TS_DEVICE_CPU, 2, 10, 4, 2, 8, TS_BF16),
-            4 * 1280u + 4 * 640u);
+            2 * (4 * 1280u + 4 * 640u));
+  // llama-small (T 128, NH 8, NKV 4, HS 64): 1.5 MiB a row backward, 0.75
+  // forward: chunks of 5 and 10 rows, 7.5 MiB either way at B 16; at B 3
+  // all three rows; at T 1024 and 16 heads one row is 32 MiB, the chunk one
+  const size_t MiB = 1u << 20;
+  EXPECT_EQ(ts_k_attention_workspace_bytes(TS_DEVICE_CPU, 16, 128, 8, 4, 64, TS_BF16),
+            15 * MiB / 2);
+  EXPECT_EQ(ts_k_attention_workspace_bytes(TS_DEVICE_CPU, 3, 128, 8, 4, 64, TS_FP16), 9 * MiB / 2);
+  EXPECT_EQ(ts_k_attention_workspace_bytes(TS_DEVICE_CPU, 4, 1024, 16, 16, 64, TS_BF16),
+            32 * MiB);
   // the state: B NH T fp32 log-sum-exps and B T key flags, in every dtype
   EXPECT_EQ(ts_k_attention_state_bytes(TS_DEVICE_CPU, 2, 10, 4, 2, 8, TS_FP16), 340u);
 }
