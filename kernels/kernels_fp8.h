@@ -27,10 +27,11 @@ extern "C" {
  * backward casts W, dout and inp again rather than keeping the forward's.
  * CUDA: cuBLASLt's fp8 matmul (compute capability 8.9 or newer; older GPUs
  * return TS_ERR_UNSUPPORTED), the forward with fast accumulation and the
- * backward without, as torchao configures _scaled_mm. Rowwise scales are
- * cuBLASLt's outer-vector scale mode, which cuBLASLt 13.1 refused on an
- * H200 (its heuristic's status 7, an error at the first product;
- * docs/BENCHMARKS.md, 2026-11-28). CPU: the same casts
+ * backward without, as torchao configures _scaled_mm. Rowwise: cuBLASLt
+ * 13.1 refused its outer-vector scale mode on an H200 (status 7;
+ * docs/BENCHMARKS.md, 2026-11-28), so the product runs unscaled into fp32
+ * workspace and one kernel applies both scale vectors in the CPU's order
+ * (not yet run on a GPU). CPU: the same casts
  * (bitwise those of the GPU), the cast values' products through the fp32
  * sgemm, the reference the GPU's parity test holds it to. */
 
@@ -79,7 +80,8 @@ ts_status ts_k_linear_fp8_backward(const ts_kctx *ctx, void *dinp, void *dweight
                                    ts_dtype dt);
 /* Exact bytes of ctx->workspace either fp8 linear pass needs on dev: the
  * cast operands and their scales (CPU: also their fp32 values and the fp32
- * product; CUDA: also cuBLASLt's workspace). */
+ * product; CUDA: also cuBLASLt's workspace, and rowwise the largest of the
+ * three products in fp32). */
 size_t ts_k_linear_fp8_workspace_bytes(ts_device dev, size_t M, size_t N, size_t K,
                                        ts_fp8_scaling scaling);
 

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <oneapi/dnnl/dnnl.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -344,6 +346,16 @@ TEST(Workspace, CudaQueriesNeedNoGpu) {
     last = w;
   }
   EXPECT_EQ(ts_k_embedding_workspace_bytes(TS_DEVICE_CUDA, 0, TS_FP16), 0u);
+  // fp8 rowwise on CUDA: tensorwise's parts plus the largest of the three
+  // products (out M N, dinp M K, dweight N K) in fp32, rounded up to 256
+  // bytes (kernels/cuda/fp8.cu: the scales are applied after the product)
+  for (auto [M, N, K] : {std::array<size_t, 3>{2048, 5632, 2048}, {16, 48, 32}, {64, 16, 400}}) {
+    size_t most = std::max({M * N, M * K, N * K}) * sizeof(float);
+    EXPECT_EQ(ts_k_linear_fp8_workspace_bytes(TS_DEVICE_CUDA, M, N, K, TS_FP8_ROWWISE),
+              ts_k_linear_fp8_workspace_bytes(TS_DEVICE_CUDA, M, N, K, TS_FP8_TENSORWISE) +
+                  (most + 255) / 256 * 256)
+        << M << " " << N << " " << K;
+  }
 }
 
 TEST(Workspace, TooSmallReturnsOutOfMemoryAndTouchesNothing) {

@@ -24,7 +24,14 @@
  * cuBLASLt's own first (where ts_cuda_matmul_fp8 takes it, at the start of
  * ctx->workspace), then the codes of both operands, their inverse scales
  * and the cast's maxima, each 256-byte aligned (cuBLASLt's fp8 operands
- * need 16).
+ * need 16); rowwise also the largest product in fp32.
+ *
+ * Products: tensorwise, cuBLASLt's fp8 matmul with its scalar scales and
+ * a bf16 D. Rowwise: cuBLASLt 13.1 answered the outer-vector scale mode
+ * with status 7 on an H200 (docs/BENCHMARKS.md, 2026-11-28), so the
+ * product runs unscaled into fp32 and one kernel (scale_rows_kernel)
+ * applies the two scale vectors, adds dweight's old value and rounds to
+ * bf16 once, in the CPU reference's order (kernels/cpu/fp8.c, product()).
  */
 #include <cuda_runtime.h>
 
@@ -186,29 +193,33 @@ typedef struct {
   uint8_t *a8, *b8;
   float *sa, *sb;
   uint32_t *maxima;
+  float *d32; /* rowwise: the unscaled fp32 product */
 } fp8_ws;
 
-/* Sizes of the parts, in the order fp8_ws lists them. */
-static void part_sizes(size_t M, size_t N, size_t K, size_t sz[5]) {
+/* Sizes of the parts, in the order fp8_ws lists them; the last (d32) only
+ * rowwise. */
+static void part_sizes(size_t M, size_t N, size_t K, ts_fp8_scaling scaling, size_t sz[6]) {
   sz[0] = align256(M * (K > N ? K : N));
   sz[1] = align256(K * (N > M ? N : M));
   sz[2] = align256((M > N ? M : N) * sizeof(float));
   sz[3] = align256((N > K ? N : K) * sizeof(float));
   sz[4] = align256((K > N ? K : N) * sizeof(uint32_t)); /* columns of x, W or dout */
+  size_t most = M * N > M * K ? M * N : M * K;            /* out, dinp, dweight */
+  if (N * K > most) most = N * K;
+  sz[5] = scaling == TS_FP8_ROWWISE ? align256(most * sizeof(float)) : 0;
 }
 
 extern "C" size_t ts_cuda_linear_fp8_workspace_bytes(size_t M, size_t N, size_t K,
                                                      ts_fp8_scaling scaling) {
-  (void)scaling;
-  size_t sz[5], total = ts_cuda_linear_workspace_bytes(M, N, K, TS_BF16) + 256;
-  part_sizes(M, N, K, sz);
-  for (int i = 0; i < 5; i++) total += sz[i];
+  size_t sz[6], total = ts_cuda_linear_workspace_bytes(M, N, K, TS_BF16) + 256;
+  part_sizes(M, N, K, scaling, sz);
+  for (int i = 0; i < 6; i++) total += sz[i];
   return total;
 }
 
-static fp8_ws carve(const ts_kctx *ctx, size_t M, size_t N, size_t K) {
-  size_t sz[5];
-  part_sizes(M, N, K, sz);
+static fp8_ws carve(const ts_kctx *ctx, size_t M, size_t N, size_t K, ts_fp8_scaling scaling) {
+  size_t sz[6];
+  part_sizes(M, N, K, scaling, sz);
   char *p = (char *)ctx->workspace + ts_cuda_linear_workspace_bytes(M, N, K, TS_BF16);
   p = (char *)(((uintptr_t)p + 255) & ~(uintptr_t)255);
   fp8_ws w;
@@ -216,8 +227,37 @@ static fp8_ws carve(const ts_kctx *ctx, size_t M, size_t N, size_t K) {
   w.b8 = (uint8_t *)p, p += sz[1];
   w.sa = (float *)p, p += sz[2];
   w.sb = (float *)p, p += sz[3];
-  w.maxima = (uint32_t *)p;
+  w.maxima = (uint32_t *)p, p += sz[4];
+  w.d32 = (float *)p;
   return w;
+}
+
+/* out (P, S) bf16 = d32 x sa[p] x sb[s] (+ out when accumulate), each step
+ * rounded to fp32 (ts_fmul, ts_fadd) and the result once to bf16: the CPU
+ * reference's order. */
+__global__ static void scale_rows_kernel(void *out, const float *d32, const float *sa,
+                                         const float *sb, size_t P, size_t S, int accumulate) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < P * S;
+       i += (size_t)gridDim.x * blockDim.x) {
+    float v = ts_fmul(ts_fmul(d32[i], sa[i / S]), sb[i % S]);
+    if (accumulate) v = ts_fadd(v, ts_ld<TS_BF16>(out, i));
+    ts_st<TS_BF16>(out, i, v);
+  }
+}
+
+/* out (P, S) bf16 (+)= (A (P, Q) @ B (S, Q)^T) x sa x sb: tensorwise in
+ * cuBLASLt's epilogue, rowwise through w's fp32 product (header). */
+static ts_status product(const ts_kctx *ctx, const char *op, size_t P, size_t S, size_t Q,
+                         const fp8_ws *w, ts_fp8_format fa, ts_fp8_format fb, void *out,
+                         int accumulate, ts_fp8_scaling scaling, int fast_accum) {
+  if (scaling != TS_FP8_ROWWISE)
+    return ts_cuda_matmul_fp8(ctx, op, P, S, Q, w->a8, fa, w->sa, w->b8, fb, w->sb, out, TS_BF16,
+                              accumulate, fast_accum);
+  TS_CHECK(ts_cuda_matmul_fp8(ctx, op, P, S, Q, w->a8, fa, nullptr, w->b8, fb, nullptr, w->d32,
+                              TS_FP32, 0, fast_accum));
+  scale_rows_kernel<<<ts_cuda_grid(P * S), TS_CUDA_BLOCK, 0, (cudaStream_t)ctx->stream>>>(
+      out, w->d32, w->sa, w->sb, P, S, accumulate);
+  return ts_cuda_launched(op);
 }
 
 /* TS_ERR_UNSUPPORTED unless ctx's GPU has fp8 tensor cores (8.9+). */
@@ -241,12 +281,10 @@ extern "C" ts_status ts_cuda_linear_fp8_forward(const ts_kctx *ctx, void *out, c
                                                 ts_fp8_scaling scaling, ts_dtype dt) {
   static const char op[] = "ts_k_linear_fp8_forward";
   TS_CHECK(check_fp8_gpu(ctx, op));
-  fp8_ws w = carve(ctx, M, N, K);
-  int rowwise = scaling == TS_FP8_ROWWISE;
+  fp8_ws w = carve(ctx, M, N, K, scaling);
   TS_CHECK(quantize_call(ctx, w.a8, w.sa, inp, M, K, 0, TS_FP8_E4M3, scaling, dt, w.maxima, op));
   TS_CHECK(quantize_call(ctx, w.b8, w.sb, weight, N, K, 0, TS_FP8_E4M3, scaling, dt, w.maxima, op));
-  return ts_cuda_matmul_fp8(ctx, op, M, N, K, w.a8, TS_FP8_E4M3, w.sa, w.b8, TS_FP8_E4M3, w.sb,
-                            out, 0, rowwise, 1);
+  return product(ctx, op, M, N, K, &w, TS_FP8_E4M3, TS_FP8_E4M3, out, 0, scaling, 1);
 }
 
 extern "C" ts_status ts_cuda_linear_fp8_backward(const ts_kctx *ctx, void *dinp, void *dweight,
@@ -255,20 +293,17 @@ extern "C" ts_status ts_cuda_linear_fp8_backward(const ts_kctx *ctx, void *dinp,
                                                  ts_fp8_scaling scaling, ts_dtype dt) {
   static const char op[] = "ts_k_linear_fp8_backward";
   TS_CHECK(check_fp8_gpu(ctx, op));
-  fp8_ws w = carve(ctx, M, N, K);
-  int rowwise = scaling == TS_FP8_ROWWISE;
+  fp8_ws w = carve(ctx, M, N, K, scaling);
   if (dinp) { /* (M, K) = dout (M, N) @ (W^T (K, N))^T */
     TS_CHECK(quantize_call(ctx, w.a8, w.sa, dout, M, N, 0, TS_FP8_E5M2, scaling, dt, w.maxima, op));
     TS_CHECK(quantize_call(ctx, w.b8, w.sb, weight, N, K, 1, TS_FP8_E4M3, scaling, dt, w.maxima,
                            op));
-    TS_CHECK(ts_cuda_matmul_fp8(ctx, op, M, K, N, w.a8, TS_FP8_E5M2, w.sa, w.b8, TS_FP8_E4M3,
-                                w.sb, dinp, 0, rowwise, 0));
+    TS_CHECK(product(ctx, op, M, K, N, &w, TS_FP8_E5M2, TS_FP8_E4M3, dinp, 0, scaling, 0));
   }
   if (dweight) { /* (N, K) += dout^T (N, M) @ (inp^T (K, M))^T */
     TS_CHECK(quantize_call(ctx, w.a8, w.sa, dout, M, N, 1, TS_FP8_E5M2, scaling, dt, w.maxima, op));
     TS_CHECK(quantize_call(ctx, w.b8, w.sb, inp, M, K, 1, TS_FP8_E4M3, scaling, dt, w.maxima, op));
-    TS_CHECK(ts_cuda_matmul_fp8(ctx, op, N, K, M, w.a8, TS_FP8_E5M2, w.sa, w.b8, TS_FP8_E4M3,
-                                w.sb, dweight, 1, rowwise, 0));
+    TS_CHECK(product(ctx, op, N, K, M, &w, TS_FP8_E5M2, TS_FP8_E4M3, dweight, 1, scaling, 0));
   }
   return TS_OK;
 }

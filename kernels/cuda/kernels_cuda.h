@@ -43,18 +43,20 @@ ts_status ts_cuda_memory_info(int index, size_t *free_bytes, size_t *total_bytes
 ts_status ts_cuda_blas_create(void **handle);
 void ts_cuda_blas_destroy(void *handle);
 
-/* linear.cu: D (P, S) row-major bf16 = (A (P, Q) @ B (S, Q)^T) x sa x sb
- * (+ D when accumulate), A and B fp8 codes of formats fa and fb, rows of Q
- * (K-major, cuBLASLt's fp8 "TN" layout); sa, sb fp32 inverse scales, one
- * per row of A and B (rowwise, cuBLASLt's outer-vector scaling) or one
- * each. fast_accum: cuBLASLt's FP8 fast accumulation. cuBLASLt's
- * workspace is the start of ctx->workspace (ts_cuda_linear_workspace_bytes).
- * The scale pointers are set on the kept descriptor at each call, under
- * a lock held until the product is queued. */
+/* linear.cu: D (P, S) row-major of d_dt (bf16 or fp32) = (A (P, Q) @
+ * B (S, Q)^T) x sa x sb (+ D when accumulate), A and B fp8 codes of
+ * formats fa and fb, rows of Q (K-major, cuBLASLt's fp8 "TN" layout); sa,
+ * sb one fp32 inverse scale each on the device (cuBLASLt's scalar scale
+ * mode; NULL: 1). Rowwise scales are applied by the caller (fp8.cu) to an
+ * fp32 D: cuBLASLt 13.1 refused its outer-vector mode on an H200.
+ * fast_accum: cuBLASLt's FP8 fast accumulation. cuBLASLt's workspace is
+ * the start of ctx->workspace (ts_cuda_linear_workspace_bytes). The scale
+ * pointers are set on the kept descriptor at each call, under a lock held
+ * until the product is queued. */
 ts_status ts_cuda_matmul_fp8(const ts_kctx *ctx, const char *op, size_t P, size_t S, size_t Q,
                              const uint8_t *A, ts_fp8_format fa, const float *sa,
                              const uint8_t *B, ts_fp8_format fb, const float *sb, void *D,
-                             int accumulate, int rowwise, int fast_accum);
+                             ts_dtype d_dt, int accumulate, int fast_accum);
 
 /* vecops.cu: the synchronous data check of the ops that take indices:
  * TS_ERR_INVALID_ARGUMENT naming op, what[position] and its value if some

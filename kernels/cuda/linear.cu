@@ -313,15 +313,14 @@ static ts_status matmul(const ts_kctx *ctx, const char *op, bool ta, bool tb, ui
 extern "C" ts_status ts_cuda_matmul_fp8(const ts_kctx *ctx, const char *op, size_t P, size_t S,
                                         size_t Q, const uint8_t *A, ts_fp8_format fa,
                                         const float *sa, const uint8_t *B, ts_fp8_format fb,
-                                        const float *sb, void *D, int accumulate, int rowwise,
+                                        const float *sb, void *D, ts_dtype d_dt, int accumulate,
                                         int fast_accum) {
   /* column-major D^T (S x P, ld S) = op_T(B stored Q x S) * A (Q x P): cuBLASLt's A is our B */
   lt_plan key = {};
   key.fp8 = 1;
   key.a8 = fb == TS_FP8_E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
   key.b8 = fa == TS_FP8_E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
-  key.scale_mode = rowwise ? CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
-                           : CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+  key.scale_mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
   key.fast_accum = (int8_t)(fast_accum != 0);
   key.ta = true;
   key.tb = false;
@@ -331,7 +330,7 @@ extern "C" ts_status ts_cuda_matmul_fp8(const ts_kctx *ctx, const char *op, size
   key.lda = (int64_t)Q;
   key.ldb = (int64_t)Q;
   key.ldd = (int64_t)S;
-  key.dt = TS_BF16;
+  key.dt = d_dt;
   key.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   return matmul_key(ctx, op, &key, B, A, D, accumulate ? 1.0f : 0.0f, sb, sa, nullptr);
 }
