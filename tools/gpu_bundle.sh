@@ -26,6 +26,11 @@
 #                                  bf16 against --fp8 tensorwise and rowwise
 #                                  (tokens/s and loss after STEPS, 200, with
 #                                  the verdict lines of issue 46's targets)
+#   DIR/run_all.sh OUT [STAGE...]  on the GPU machine: tools/gpu_session.sh,
+#                                  the suite, run_compare, run_fp8 and the
+#                                  benchmarks as stages under one deadline
+#                                  (default suite compare fp8), two files
+#                                  per stage in OUT
 #   DIR/run_bench.sh [STEPS]       on the GPU machine: tools/bench_gpu.sh,
 #                                  tessera against PyTorch (which must be
 #                                  there: python3 with torch and transformers);
@@ -136,7 +141,8 @@ cp -L bazel-bin/_solib_k8/*.so "$DIR/lib/"
 cp -L bazel-bin/tools/gpu_info "$DIR/gpu_info"
 chmod u+w "$DIR/gpu_info"
 cp tools/gpu_suite.sh "$DIR/run.sh"
-chmod +x "$DIR/run.sh"
+cp tools/gpu_session.sh "$DIR/run_all.sh"
+chmod +x "$DIR/run.sh" "$DIR/run_all.sh"
 
 # ---- tessera and what it loads, for run_bench.sh ---------------------------------
 
