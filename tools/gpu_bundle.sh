@@ -27,8 +27,10 @@
 #                                  (tokens/s and loss after STEPS, 200, with
 #                                  the verdict lines of issue 46's targets)
 #   DIR/run_all.sh OUT [STAGE...]  on the GPU machine: tools/gpu_session.sh,
-#                                  the suite, run_compare, run_fp8 and the
-#                                  benchmarks as stages under one deadline
+#                                  the suite, run_compare, run_fp8, bench_fp8
+#                                  (kernels/bench_fp8.c: a llama block's
+#                                  linear layers, bf16 against fp8, per
+#                                  shape) and the benchmarks as stages under one deadline
 #                                  (default suite compare fp8), two files
 #                                  per stage in OUT
 #   DIR/run_bench.sh [STEPS]       on the GPU machine: tools/bench_gpu.sh,
@@ -74,7 +76,7 @@ targets="$(bazel query --noshow_progress 'attr(tags, "\bgpu\b", tests(//...))' 2
 [[ -n "$targets" ]] || { echo "gpu_bundle: no test carries the tag gpu" >&2; exit 1; }
 # shellcheck disable=SC2086
 bazel build --ui_event_filters=-info,-progress --noshow_progress $targets //tools:tessera \
-  //tools:gpu_info
+  //tools:gpu_info //kernels:bench_fp8
 tools/kjv.sh bazel-bin/tools/tessera >/dev/null ||
   echo "gpu_bundle: tools/kjv.sh failed: the bundle carries no data/kjv (give run_bench.sh DATA=...)" >&2
 tools/kjv.sh bazel-bin/tools/tessera --mlm >/dev/null ||
@@ -139,7 +141,9 @@ cp -L bazel-bin/_solib_k8/*.so "$DIR/lib/"
   done | awk '!seen[$1]++'
 } >"$DIR/tests.txt"
 cp -L bazel-bin/tools/gpu_info "$DIR/gpu_info"
-chmod u+w "$DIR/gpu_info"
+cp -L bazel-bin/kernels/bench_fp8 "$DIR/bench_fp8" # run_all.sh's fp8bench stage
+chmod u+w "$DIR/gpu_info" "$DIR/bench_fp8"
+strip --strip-unneeded "$DIR/bench_fp8"
 cp tools/gpu_suite.sh "$DIR/run.sh"
 cp tools/gpu_session.sh "$DIR/run_all.sh"
 chmod +x "$DIR/run.sh" "$DIR/run_all.sh"

@@ -11,6 +11,8 @@
 #            10 s for its summary when over 20 s are left)
 #   compare  run_compare.sh: llama-124m bf16 at ZeRO 0-3 on 2 ranks, 3 steps
 #   fp8      run_fp8.sh 200: llama-1.1b bf16 against --fp8 tensorwise and rowwise
+#   fp8bench bench_fp8 16384 10: llama-1.1b's projections, bf16 against fp8
+#            per shape and per block, and the casts alone (kernels/bench_fp8.c)
 #   bert     run_bench.sh 15: bert-base 256 x 128, tessera and torch.compile
 #   llama    run_bench.sh 15: llama-124m 32 x 1024, tessera and torch.compile
 #   llama1b  run_bench.sh 15: llama-1.1b 8 x 2048, tessera and torch.compile
@@ -25,15 +27,20 @@
 # stages.
 set -uo pipefail
 B="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-(($# >= 1)) || { echo "usage: run_all.sh OUT_DIR [suite|compare|fp8|bert|llama|llama1b ...]" >&2; exit 2; }
+(($# >= 1)) || {
+  echo "usage: run_all.sh OUT_DIR [suite|compare|fp8|fp8bench|bert|llama|llama1b ...]" >&2
+  exit 2
+}
 OUT_DIR="$(mkdir -p "$1" && cd "$1" && pwd)" || exit 2
 shift
 STAGES=("$@")
 ((${#STAGES[@]})) || STAGES=(suite compare fp8)
 for s in "${STAGES[@]}"; do # all known before any runs
   case "$s" in
-    suite | compare | fp8 | bert | llama | llama1b) ;;
-    *) echo "run_all.sh: unknown stage '$s' (suite, compare, fp8, bert, llama, llama1b)" >&2; exit 2 ;;
+    suite | compare | fp8 | fp8bench | bert | llama | llama1b) ;;
+    *)
+      echo "run_all.sh: unknown stage '$s' (suite, compare, fp8, fp8bench, bert, llama, llama1b)" >&2
+      exit 2 ;;
   esac
 done
 DEADLINE="${DEADLINE:-560}"
@@ -68,6 +75,8 @@ for s in "${STAGES[@]}"; do
     suite) stage suite "$l" env BUDGET=$((l > 20 ? l - 10 : l)) "$B/run.sh" logs ;;
     compare) stage compare "$l" env STEPS=3 OUT=compare "$B/run_compare.sh" ;;
     fp8) stage fp8 "$l" env BENCH_LOGS=logs "$B/run_fp8.sh" "${FP8_STEPS:-200}" ;;
+    fp8bench) # with the bundle's libraries (env.sh), as run.sh runs the tests
+      stage fp8bench "$l" bash -c 'source "$0/env.sh" && exec "$0/bench_fp8" 16384 10' "$B" ;;
     bert | llama | llama1b)
       case "$s" in
         bert) m=bert-base:256x128 ;;

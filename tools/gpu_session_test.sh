@@ -22,6 +22,8 @@ fake run.sh 'mkdir -p "$1"; echo "budget $BUDGET" >"$1/summary.txt"; echo "8 pas
 fake run_bench.sh 'echo "bench $MODELS / $IMPLS / $1"; mkdir -p "$BENCH_LOGS"; echo x >"$BENCH_LOGS/a.log"; exit 1'
 fake run_fp8.sh 'echo "fp8 $1"; exec sleep 100'
 fake run_compare.sh 'echo compare'
+fake bench_fp8 'echo "bench_fp8 $* $FROM_ENV"'
+printf 'export FROM_ENV=env.sh\n' >"$B/env.sh"
 
 t0=$SECONDS
 out="$(DEADLINE=8 MIN_STAGE=3 "$B/run_all.sh" "$T/out" suite bert fp8 compare 2>&1)"
@@ -48,14 +50,16 @@ check_eq "two files a stage, one for a skipped one" \
 check "terminal's last line" "run_all: " "$(tail -n 1 <<<"$out")"
 
 # No stage fails: exit 0.
-out="$(DEADLINE=30 MIN_STAGE=3 "$B/run_all.sh" "$T/ok" suite 2>&1)"
+out="$(DEADLINE=30 MIN_STAGE=3 "$B/run_all.sh" "$T/ok" suite fp8bench 2>&1)"
 check_eq "all passed: exit status" 0 "$?"
+check "fp8bench: its arguments, the bundle's env.sh sourced" "bench_fp8 16384 10 env.sh" \
+  "$(cat "$T/ok/fp8bench.txt")"
 # An unknown stage: refused before any stage runs.
 mkdir -p "$T/bad"
 out="$("$B/run_all.sh" "$T/bad" suite bogus 2>&1)"
 check_eq "unknown stage: exit status" 2 "$?"
 check_eq "unknown stage: the line" \
-  "run_all.sh: unknown stage 'bogus' (suite, compare, fp8, bert, llama, llama1b)" "$out"
+  "run_all.sh: unknown stage 'bogus' (suite, compare, fp8, fp8bench, bert, llama, llama1b)" "$out"
 check_eq "unknown stage: nothing ran" "" "$(ls "$T/bad")"
 # Usage.
 out="$("$B/run_all.sh" 2>&1)"
