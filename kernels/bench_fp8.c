@@ -214,8 +214,9 @@ int main(int argc, char **argv) {
          "| products | ms | / bf16 |\n| --- | ---: | ---: |\n");
   const char *names[3] = {"bf16", "fp8 tensorwise", "fp8 rowwise"};
   for (int k = 0; k < 3; k++) {
-    if (ok[k]) printf("| %s | %.3f | %.2f |\n", names[k], block[k], block[k] / block[0]);
-    else printf("| %s | failed | - |\n", names[k]);
+    if (!ok[k]) printf("| %s | failed | - |\n", names[k]);
+    else if (!ok[0]) printf("| %s | %.3f | - |\n", names[k], block[k]);
+    else printf("| %s | %.3f | %.2f |\n", names[k], block[k], block[k] / block[0]);
   }
   for (int p = 0; p < PASSES; p++)
     if (errs[p][0]) printf("\n%s failed: %s\n", kPassName[p], errs[p]);
