@@ -23,8 +23,7 @@
 # is skipped ("STAGE: skipped"). DEADLINE (seconds from the start, default
 # 560), MIN_STAGE and FP8_STEPS (200) are the environment's. Exit 0 when
 # every stage ran and exited 0, 2 before any stage for an unknown one.
-# tools/gpu_session_test.sh runs it on fake
-# stages.
+# tools/gpu_session_test.sh runs it on fake stages.
 set -uo pipefail
 B="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 (($# >= 1)) || {
