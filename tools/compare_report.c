@@ -372,8 +372,8 @@ int ts_compare_write_chart(const ts_compare *c, const char *dir, const char *png
   fclose(f);
   char *argv[] = {TS_COMPARE_GNUPLOT, gp, NULL};
   if (access(argv[0], X_OK) != 0)
-    return fprintf(stderr, "tessera compare: /usr/bin/gnuplot not found: install gnuplot-nox "
-                           "(tools/setup.sh does)\n"), 0;
+    return fprintf(stderr, "tessera compare: " TS_COMPARE_GNUPLOT " not found: install "
+                           "gnuplot-nox (tools/setup.sh does)\n"), 0;
   int rc = ts_tool_spawn(argv, log);
   if (rc != 0 || ts_atomic_rename(tmp, png) != TS_OK) {
     fprintf(stderr, "tessera compare: gnuplot failed (exit %d); the end of %s:\n", rc, log);

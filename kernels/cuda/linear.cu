@@ -158,9 +158,8 @@ static cudaDataType_t data_type(ts_dtype dt) {
  * the bits. */
 typedef struct lt_plan {
   int used, device, tf32;
-  int fp8;                /* 1: fp8 operands (ts_cuda_matmul_fp8), D and C bf16 */
+  int fp8;                /* 1: fp8 operands (ts_cuda_matmul_fp8), scalar scales, D and C of dt */
   cudaDataType_t a8, b8;  /* their formats */
-  int32_t scale_mode;     /* cublasLtMatmulMatrixScale_t of A and B */
   int8_t fast_accum;
   int32_t epilogue;  /* cublasLtEpilogue_t: CUBLASLT_EPILOGUE_DEFAULT, or _BIAS (bias of D's
                         type, its pointer set at each call) */
@@ -184,7 +183,7 @@ static pthread_mutex_t lt_call_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static bool same_key(const lt_plan *a, const lt_plan *b) {
   return a->device == b->device && a->tf32 == b->tf32 && a->fp8 == b->fp8 && a->a8 == b->a8 &&
-         a->b8 == b->b8 && a->scale_mode == b->scale_mode && a->fast_accum == b->fast_accum &&
+         a->b8 == b->b8 && a->fast_accum == b->fast_accum &&
          a->epilogue == b->epilogue && a->ta == b->ta && a->tb == b->tb &&
          a->m == b->m && a->n == b->n && a->k == b->k && a->lda == b->lda && a->ldb == b->ldb &&
          a->ldd == b->ldd && a->dt == b->dt && a->align[0] == b->align[0] &&
@@ -221,16 +220,10 @@ static ts_status plan_build(cublasLtHandle_t h, lt_plan *p, const char *op, cons
     st = lt_status(lt.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb,
                                                      sizeof opb),
                    op, "TRANSB");
-  if (st == TS_OK && p->fp8) {
-    const cublasLtMatmulDescAttributes_t attr[3] = {CUBLASLT_MATMUL_DESC_FAST_ACCUM,
-                                                    CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
-                                                    CUBLASLT_MATMUL_DESC_B_SCALE_MODE};
-    const void *val[3] = {&p->fast_accum, &p->scale_mode, &p->scale_mode};
-    const size_t len[3] = {sizeof p->fast_accum, sizeof p->scale_mode, sizeof p->scale_mode};
-    for (int i = 0; i < 3 && st == TS_OK; i++)
-      st = lt_status(lt.cublasLtMatmulDescSetAttribute(p->desc, attr[i], val[i], len[i]), op,
-                     "fp8 attribute");
-  }
+  if (st == TS_OK && p->fp8) /* the scale modes stay cuBLASLt's default, scalar */
+    st = lt_status(lt.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM,
+                                                     &p->fast_accum, sizeof p->fast_accum),
+                   op, "FAST_ACCUM");
   if (st == TS_OK && p->epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
     const int32_t bias_type = ty; /* D's, as cuBLASLt requires for bf16/fp16/fp32 D */
     const cublasLtMatmulDescAttributes_t attr[3] = {CUBLASLT_MATMUL_DESC_EPILOGUE,
@@ -320,7 +313,6 @@ extern "C" ts_status ts_cuda_matmul_fp8(const ts_kctx *ctx, const char *op, size
   key.fp8 = 1;
   key.a8 = fb == TS_FP8_E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
   key.b8 = fa == TS_FP8_E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
-  key.scale_mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
   key.fast_accum = (int8_t)(fast_accum != 0);
   key.ta = true;
   key.tb = false;
