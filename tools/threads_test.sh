@@ -6,10 +6,13 @@
 #   - llama-tiny at T = 257 (three blocks of the causal attention's rows,
 #     the last of one row) in fp32 and bf16 on oneDNN's products (where the
 #     CPU has native kernels), and on OpenBLAS's (TESSERA_CPU_MATMUL=
-#     openblas: fp32 sgemm, bf16 on fp32 copies), and bf16 under oneDNN's
-#     AVX2 cap (tessera's own AVX2 product, kernels/cpu/gemm_half.c);
+#     openblas: fp32 sgemm, bf16 on fp32 copies), and under oneDNN's AVX2
+#     cap (fp32 on OpenBLAS's sgemm, bf16 on tessera's own AVX2 product,
+#     kernels/cpu/gemm_half.c; the elementwise ops' AVX2 bodies);
 #   - a small BERT (bidirectional attention, padding, GELU, LayerNorm) in
-#     fp32 and bf16.
+#     fp32 and bf16, uncapped and under the AVX2 cap.
+# Uncapped runs take the CPU's widest tier (AVX-512, or AMX where present),
+# so with the AVX2 runs every cap this CPU has is covered (issue 47).
 # Before products were cut into tiles of a fixed size (kernels/cpu/tiles.h)
 # and attention into fixed (batch row, head) items, fp32 llama-tiny at
 # T = 257 gave another loss at step 2 on 1 thread than on 2.
@@ -73,11 +76,18 @@ check "fp32 sgemm path taken" "matrix products: openblas sgemm" \
   "$(cat "$tmp/llama-fp32-openblas-1.log")"
 check "bf16 copies path taken" "matrix products: openblas sgemm on fp32 copies" \
   "$(cat "$tmp/llama-bf16-copies-1.log")"
-# oneDNN capped at AVX2 (no native bf16): bf16 on tessera's own AVX2
-# product (kernels/cpu/gemm_half.c), on every CPU with AVX2, FMA and F16C
+# oneDNN capped at AVX2 (no native bf16): fp32 on OpenBLAS's sgemm in
+# tiles (kernels/cpu/linear.c's rule where oneDNN offers only gemm:jit),
+# bf16 on tessera's own AVX2 product (kernels/cpu/gemm_half.c), the
+# elementwise ops on their AVX2 bodies; on every CPU with AVX2, FMA and F16C
+avx2=0
 if grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo && grep -qw f16c /proc/cpuinfo; then
-  same_bits llama-bf16-avx2 "ONEDNN_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE=Haswell" "${llama[@]}" \
-    --dtype bf16
+  avx2=1
+  cap="ONEDNN_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE=Haswell"
+  same_bits llama-fp32-avx2 "$cap" "${llama[@]}" --dtype fp32
+  same_bits llama-bf16-avx2 "$cap" "${llama[@]}" --dtype bf16
+  check "fp32 under the AVX2 cap on sgemm" "matrix products: openblas sgemm" \
+    "$(cat "$tmp/llama-fp32-avx2-1.log")"
   check "bf16 own AVX2 product path taken" "matrix products: tessera avx2 gemm" \
     "$(cat "$tmp/llama-bf16-avx2-1.log")"
 fi
@@ -86,6 +96,12 @@ check_eq "op times: one line, every kind, at 4 threads only" "1 0" \
 bert=(--model "$tmp/bert.json" --data "$tmp/mlm" --seq 150 --micro-batch 2)
 same_bits bert-fp32 "" "${bert[@]}" --dtype fp32
 same_bits bert-bf16 "" "${bert[@]}" --dtype bf16
+if [[ $avx2 == 1 ]]; then
+  same_bits bert-fp32-avx2 "$cap" "${bert[@]}" --dtype fp32
+  same_bits bert-bf16-avx2 "$cap" "${bert[@]}" --dtype bf16
+  check "BERT bf16 under the AVX2 cap on tessera's product" "matrix products: tessera avx2 gemm" \
+    "$(cat "$tmp/bert-bf16-avx2-1.log")"
+fi
 
 [[ $fails -eq 0 ]] || {
   echo "$fails check(s) failed"
