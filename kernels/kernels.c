@@ -57,7 +57,7 @@ const char *ts_k_matmul_impl(ts_device dev, ts_dtype dt) {
   static char names[3][96];
   if (dev == TS_DEVICE_CUDA) return "cublasLt";
   const char *impl = ts_cpu_dnnl_impl(dt);
-  if (!impl && dt != TS_FP32 && ts_cpu_linear_half_packed(dt)) return "tessera avx2 gemm";
+  if (!impl && dt != TS_FP32 && ts_cpu_linear_half_packed(dt)) return ts_cpu_gemm_half_name();
   if (!impl) return dt == TS_FP32 ? "openblas sgemm" : "openblas sgemm on fp32 copies";
   char *n = names[dt == TS_FP32 ? 0 : dt == TS_BF16 ? 1 : 2];
   snprintf(n, sizeof names[0], "onednn %s", impl); /* the same text every call */

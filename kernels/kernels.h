@@ -246,9 +246,10 @@ ts_status ts_k_context_init(ts_kctx *ctx, ts_device dev, int index);
  * "onednn <implementation>" where oneDNN has a native kernel for dt here
  * (e.g. "onednn brg:avx512_core" for fp32, "onednn brg:avx512_core_bf16",
  * "onednn brg:avx512_core_amx"), else "openblas sgemm" (fp32), "tessera
- * avx2 gemm" (bf16/fp16 where AVX2 is the widest tier within oneDNN's cap,
- * with FMA and F16C: tessera's own product, kernels/cpu/gemm_half.c) or
- * "openblas sgemm on fp32 copies" (bf16/fp16 below AVX2 or on AVX-512);
+ * avx2 gemm" or "tessera avx512 gemm" (bf16/fp16 where AVX2 or AVX-512 is
+ * the widest tier within oneDNN's cap, with FMA and F16C: tessera's own
+ * product, kernels/cpu/gemm_half.c) or "openblas sgemm on fp32 copies"
+ * (bf16/fp16 below AVX2);
  * "cublasLt" on CUDA.
  * TESSERA_CPU_MATMUL=openblas in the environment keeps every dtype on
  * OpenBLAS (for comparison; bf16/fp16 on the fp32 copies). A static

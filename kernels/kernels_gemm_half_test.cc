@@ -9,9 +9,13 @@
 // sums added in order, then the bias or the old output, then one rounding
 // to the dtype. The reference itself is held to the error bound of that
 // order against double sums. Shapes cross every edge: a 256-row or
-// 256-column output tile (300, 270), the 6-row and 16-column micro-tile
-// (1, 7, 17, 101), the 8-wide packing loads (K = 9, 13) and a reduction
-// block (K = 257, 600), all four transpositions, at 1 and 3 threads.
+// 256-column output tile (300, 270), the micro-tiles of both tiers (AVX2's
+// 6 x 16, AVX-512's 8 x 32: 1, 7, 17, 63, 101, 263), the 8-wide packing
+// loads (K = 9, 13) and a reduction block (K = 257, 264, 600), all four
+// transpositions, at 1 and 3 threads. The test runs at the widest tier
+// within the cap, and again under the AVX2 cap (kernels_gemm_half_test_avx2);
+// where AVX-512 is there, the two tiers' outputs are also compared byte for
+// byte.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -21,6 +25,7 @@
 #include <vector>
 
 #include "base/floats.h"
+#include "kernels/cpu/cpu_common.h"
 #include "kernels/cpu/gemm_half.h"
 #include "kernels/kernels.h"
 #include "kernels/kernels_test_util.h"
@@ -112,6 +117,8 @@ TEST_P(GemmHalf, EveryOutputHasTheDocumentedBitsAtAnyThreadCount) {
       {101, 17, 600, 0, 0, false, false},   // dinp: dout W
       {270, 101, 300, 1, 0, false, true},   // dW += dout^T x
       {7, 300, 13, 1, 1, false, true},      // both transposed
+      {263, 63, 264, 1, 0, false, true},    // 8-row slivers read transposed, 32-column edge
+      {263, 63, 40, 0, 1, true, false},     // 8-row slivers transposed while packed
       {1, 1, 1, 0, 0, true, false},
       {17, 7, 9, 1, 0, true, false},
       {6, 16, 0, 0, 1, true, false},  // K = 0: the bias alone
@@ -133,6 +140,35 @@ TEST_P(GemmHalf, EveryOutputHasTheDocumentedBitsAtAnyThreadCount) {
     EXPECT_EQ(differ, 0u) << "first at " << first << ": got " << Widen(one[first], dt)
                           << ", the documented order gives " << Widen(want[first], dt);
     EXPECT_EQ(std::memcmp(one.data(), three.data(), one.size() * 2), 0) << "3 threads differ";
+  }
+}
+
+// The AVX-512 micro-kernel (8 x 32) and the AVX2 one (6 x 16) give the
+// same bits: each output's sum is the same fused multiply-adds in the same
+// order, lane by lane. Compared byte for byte where this CPU has AVX-512
+// within the cap (ts_cpu_isa 2), with the name each tier reports.
+TEST_P(GemmHalf, BothTiersGiveTheSameBits) {
+  const ts_dtype dt = GetParam();
+  if (ts_cpu_isa < 2) GTEST_SKIP() << "no AVX-512 within the instruction-set cap here";
+  const Case cases[] = {
+      {300, 270, 600, 0, 1, true, false},
+      {263, 63, 264, 1, 0, false, true},
+      {101, 17, 600, 0, 0, false, false},
+  };
+  Rng rng(512);
+  const int widest = ts_cpu_isa;
+  for (const Case &c : cases) {
+    SCOPED_TRACE(testing::Message() << "M=" << c.M << " N=" << c.N << " K=" << c.K);
+    auto A = Random(rng, c.M * c.K, dt), B = Random(rng, c.K * c.N, dt),
+         bias = Random(rng, c.N, dt), C0 = Random(rng, c.M * c.N, dt);
+    auto wide = Multiply(c, A, B, bias, C0, dt, 2);
+    EXPECT_STREQ(ts_cpu_gemm_half_name(), "tessera avx512 gemm");
+    ts_cpu_isa = 1;
+    auto narrow = Multiply(c, A, B, bias, C0, dt, 2);
+    EXPECT_STREQ(ts_cpu_gemm_half_name(), "tessera avx2 gemm");
+    ts_cpu_isa = widest;
+    EXPECT_EQ(std::memcmp(wide.data(), narrow.data(), wide.size() * 2), 0);
+    EXPECT_NE(std::memcmp(wide.data(), C0.data(), wide.size() * 2), 0);  // both wrote C
   }
 }
 

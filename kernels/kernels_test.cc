@@ -253,10 +253,10 @@ TEST(CrossEntropy, InvalidTargetIsRejectedByName) {
 
 // The one line a run says about its products names the path taken: oneDNN
 // for bf16 wherever the CPU has AVX512-BF16 (or AMX), else tessera's own
-// AVX2 product (cpu/gemm_half.c) where AVX2 is the widest tier, else the
-// fp32 copies; TESSERA_CPU_MATMUL=openblas (the _openblas twin of this
-// test) keeps the fp32 copies; fp16 on oneDNN only with a native fp16
-// kernel.
+// product (cpu/gemm_half.c: its AVX-512 or AVX2 micro-kernel, the widest
+// within the cap) where the cap includes AVX2, else the fp32 copies;
+// TESSERA_CPU_MATMUL=openblas (the _openblas twin of this test) keeps the
+// fp32 copies; fp16 on oneDNN only with a native fp16 kernel.
 TEST(Matmul, ImplNamesThePathTaken) {
   EXPECT_STREQ(ts_k_matmul_impl(TS_DEVICE_CUDA, TS_BF16), "cublasLt");
   const char *env = getenv("TESSERA_CPU_MATMUL");
@@ -277,30 +277,30 @@ TEST(Matmul, ImplNamesThePathTaken) {
     if (isa_has(dnnl_cpu_isa_avx512_core)) EXPECT_EQ(fp32.rfind("onednn ", 0), 0u) << fp32;
     if (!isa_has(dnnl_cpu_isa_avx512_core)) EXPECT_EQ(fp32, "openblas sgemm");
     if (isa_has(dnnl_cpu_isa_avx512_core_bf16)) EXPECT_EQ(bf16.rfind("onednn ", 0), 0u) << bf16;
-    // AVX2 the widest tier within the cap (each tier's value includes the
-    // bits of those below), FMA and F16C
-    const bool avx2 = isa_has(dnnl_cpu_isa_avx2) && !isa_has(dnnl_cpu_isa_avx512_core) &&
-                      __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-    if (!isa_has(dnnl_cpu_isa_avx512_core_bf16)) {
-      EXPECT_EQ(bf16, avx2 ? "tessera avx2 gemm" : "openblas sgemm on fp32 copies");
-    }
-    if (fp16.rfind("onednn ", 0) != 0) {
-      EXPECT_EQ(fp16, avx2 ? "tessera avx2 gemm" : "openblas sgemm on fp32 copies");
-    }
+    // Without a native kernel, bf16/fp16 run on tessera's own product where
+    // the cap includes AVX2 (each tier's value includes the bits of those
+    // below) and the CPU has FMA and F16C: its AVX-512 micro-kernel where
+    // the cap includes AVX-512, else its AVX2 one; else the fp32 copies
+    const bool fma = __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    const char *own = !fma || !isa_has(dnnl_cpu_isa_avx2)   ? "openblas sgemm on fp32 copies"
+                      : isa_has(dnnl_cpu_isa_avx512_core) ? "tessera avx512 gemm"
+                                                           : "tessera avx2 gemm";
+    if (!isa_has(dnnl_cpu_isa_avx512_core_bf16)) EXPECT_EQ(bf16, own);
+    if (fp16.rfind("onednn ", 0) != 0) EXPECT_EQ(fp16, own);
   }
   EXPECT_TRUE(fp32 == "openblas sgemm" || fp32.rfind("onednn ", 0) == 0) << fp32;
   for (const std::string &s : {bf16, fp16})
     EXPECT_TRUE(s == "openblas sgemm on fp32 copies" || s == "tessera avx2 gemm" ||
-                s.rfind("onednn ", 0) == 0)
+                s == "tessera avx512 gemm" || s.rfind("onednn ", 0) == 0)
         << s;
 }
 
 TEST(Workspace, QueriesAreExact) {
   EXPECT_EQ(ts_k_linear_workspace_bytes(TS_DEVICE_CPU, 8, 16, 32, TS_FP32), 0u);
   // on the fp32 copies: three fp32 buffers (M K, N K, M N), each rounded up
-  // to 64 bytes; oneDNN's products and tessera's own AVX2 one need none
+  // to 64 bytes; oneDNN's products and tessera's own need none
   const std::string impl = ts_k_matmul_impl(TS_DEVICE_CPU, TS_BF16);
-  const bool none = impl.rfind("onednn", 0) == 0 || impl == "tessera avx2 gemm";
+  const bool none = impl.rfind("onednn", 0) == 0 || impl.rfind("tessera ", 0) == 0;
   EXPECT_EQ(ts_k_linear_workspace_bytes(TS_DEVICE_CPU, 3, 5, 7, TS_BF16),
             none ? 0u : 128u + 192u + 64u)
       << ts_k_matmul_impl(TS_DEVICE_CPU, TS_BF16);

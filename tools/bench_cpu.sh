@@ -22,8 +22,8 @@
 # ROUNDS interleaved rounds, one-rank training of
 #   - llama-small, micro-batch 16 x 128: tessera fp32, bf16 on fp32 copies
 #     through OpenBLAS (TESSERA_CPU_MATMUL=openblas, the path before oneDNN)
-#     and bf16 on its own path (oneDNN with native bf16; under the AVX2 cap
-#     tessera's AVX2 product, kernels/cpu/gemm_half.c); PyTorch
+#     and bf16 on its own path (oneDNN with native bf16; without it, as
+#     under the AVX2 cap, tessera's own product, kernels/cpu/gemm_half.c); PyTorch
 #     (tools/peer/torch_cpu.py) fp32 eager
 #     and bf16 eager under autocast;
 #   - bert-base masked LM, micro-batch 8 x 128 (data/kjv-mlm): tessera fp32

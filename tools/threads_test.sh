@@ -6,9 +6,13 @@
 #   - llama-tiny at T = 257 (three blocks of the causal attention's rows,
 #     the last of one row) in fp32 and bf16 on oneDNN's products (where the
 #     CPU has native kernels), and on OpenBLAS's (TESSERA_CPU_MATMUL=
-#     openblas: fp32 sgemm, bf16 on fp32 copies), and under oneDNN's AVX2
-#     cap (fp32 on OpenBLAS's sgemm, bf16 on tessera's own AVX2 product,
-#     kernels/cpu/gemm_half.c; the elementwise ops' AVX2 bodies);
+#     openblas: fp32 sgemm, bf16 on fp32 copies), under oneDNN's AVX2
+#     cap (fp32 on OpenBLAS's sgemm, bf16 on tessera's own product,
+#     kernels/cpu/gemm_half.c, with its AVX2 micro-kernel; the elementwise
+#     ops' AVX2 bodies), and, on a CPU with AVX-512, bf16 capped below
+#     AVX512-BF16 (ONEDNN_MAX_CPU_ISA=AVX512_CORE: tessera's product with
+#     its AVX-512 micro-kernel, as on an AVX-512 CPU without native bf16),
+#     whose losses and checkpoint must also equal the AVX2-capped run's;
 #   - a small BERT (bidirectional attention, padding, GELU, LayerNorm) in
 #     fp32 and bf16, uncapped and under the AVX2 cap.
 # Uncapped runs take the CPU's widest tier (AVX-512, or AMX where present),
@@ -90,6 +94,20 @@ if grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo && grep -qw f16c /p
     "$(cat "$tmp/llama-fp32-avx2-1.log")"
   check "bf16 own AVX2 product path taken" "matrix products: tessera avx2 gemm" \
     "$(cat "$tmp/llama-bf16-avx2-1.log")"
+fi
+if [[ $avx2 == 1 ]] && grep -qw avx512f /proc/cpuinfo && grep -qw avx512bw /proc/cpuinfo &&
+  grep -qw avx512vl /proc/cpuinfo && grep -qw avx512dq /proc/cpuinfo; then
+  # OpenBLAS (attention's products) on the AVX2 run's kernels, so that
+  # only tessera's own tiers differ between the two runs
+  same_bits llama-bf16-avx512 "ONEDNN_MAX_CPU_ISA=AVX512_CORE OPENBLAS_CORETYPE=Haswell" \
+    "${llama[@]}" --dtype bf16
+  check "bf16 own AVX-512 product path taken" "matrix products: tessera avx512 gemm" \
+    "$(cat "$tmp/llama-bf16-avx512-1.log")"
+  check_eq "bf16: losses with the AVX-512 tier = with the AVX2 tier" "$(losses llama-bf16-avx2-1)" \
+    "$(losses llama-bf16-avx512-1)"
+  check_eq "bf16: checkpoint with the AVX-512 tier = with the AVX2 tier" \
+    "$(shas "$tmp/llama-bf16-avx2-1/step-00000003")" \
+    "$(shas "$tmp/llama-bf16-avx512-1/step-00000003")"
 fi
 check_eq "op times: one line, every kind, at 4 threads only" "1 0" \
   "$(grep -cE "^op times, steps 2-3, rank 0's process: products [0-9.]+ s \([0-9]+%\), attention .*, elementwise .*, optimizer .*, copies .*, outside the ops [0-9.]+ s \([0-9]+%\) of [0-9.]+ s$" "$tmp/llama-fp32-4.log") $(grep -c "^op times" "$tmp/llama-fp32-1.log")"

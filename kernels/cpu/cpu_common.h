@@ -58,7 +58,8 @@ extern int ts_cpu_f16c;
 extern int ts_cpu_adamw_isa, ts_cpu_adamw_isa_max;
 
 /* The vector instructions of the CPU backend's own elementwise loops
- * (the bodies TS_CPU_CLONES dispatches to): 2 AVX-512 (F, BW, VL, DQ),
+ * (the bodies TS_CPU_CLONES dispatches to) and of gemm_half.c's
+ * micro-kernel (with AVX2, FMA and F16C): 2 AVX-512 (F, BW, VL, DQ),
  * 1 AVX2, 0 baseline x86-64 (SSE2). Set before main to
  * ts_cpu_isa_widest(); tests change it to compare the bodies, which give
  * the same bits: each is the same source compiled for another target, with

@@ -1,9 +1,10 @@
 /*
  * gemm_half.c — bf16 and fp16 matrix products for CPUs on which oneDNN has
- * no native kernel for the dtype (AVX2 without AVX512-BF16, or fp16 without
- * AVX512-FP16/AMX-FP16): the operands are widened to fp32 while they are
- * packed, summed in fp32 by an AVX2 FMA micro-kernel, and each output is
- * rounded once to the dtype. Before this, linear.c widened whole operands
+ * no native kernel for the dtype (AVX2 or AVX-512 without AVX512-BF16, or
+ * fp16 without AVX512-FP16/AMX-FP16): the operands are widened to fp32
+ * while they are packed, summed in fp32 by an FMA micro-kernel of the
+ * widest tier within the cap (AVX2 or AVX-512), and each output is rounded
+ * once to the dtype. Before this, linear.c widened whole operands
  * into fp32 copies for OpenBLAS's sgemm (which packs them again) and
  * rounded its fp32 output in another pass: three memory-bound passes per
  * product that cost bf16 3-6% against fp32 (kernels/bench_matmul).
@@ -11,10 +12,13 @@
  * Method: BLIS's loop nest (Van Zee and van de Geijn, "BLIS: A Framework
  * for Rapidly Instantiating BLAS Functionality", ACM TOMS 41(3), 2015,
  * Fig. 2), inside one output tile: the reduction in blocks of KC; per block
- * a KC x tn panel of op(B) packed in 16-column slivers, then row blocks of
- * MC rows of op(A) packed in 6-row slivers, and a 6 x 16 micro-tile of
- * fp32 sums (12 ymm registers) per pair of slivers: BLIS's Haswell sgemm
- * shape (MR 6, NR 16).
+ * a KC x tn panel of op(B) packed in NR-column slivers, then row blocks of
+ * MC rows of op(A) packed in MR-row slivers, and an MR x NR micro-tile of
+ * fp32 sums per pair of slivers. AVX2: 6 x 16 (12 ymm registers), BLIS's
+ * Haswell sgemm shape. AVX-512: 8 x 32 (16 zmm registers), twice as wide
+ * and 8 rows, which divide the 256-row tile: 12 rows (24 registers) left
+ * a 4-row sliver in every tile and ran 201 GFLOP/s on average against 8
+ * rows' 211 (kernels/bench_matmul, a Zen 4, 2 threads).
  *
  * Invariants:
  * - The output is cut into TS_CPU_TILE_M x TS_CPU_TILE_N tiles (tiles.h),
@@ -22,9 +26,10 @@
  *   never on the thread count.
  * - Each output's sum: per KC block of the reduction, fused multiply-adds
  *   in k order from 0; the blocks' sums added in block order onto the first
- *   (fp32). Then the bias (fp32, widened) or the output's old value
- *   (accumulate) is added, and the result rounded once (RNE, the casts'
- *   rounding: ts_cpu_narrow_at).
+ *   (fp32). Both micro-kernels compute each output this way, lane by lane,
+ *   so the AVX2 and AVX-512 tiers give the same bits. Then the bias (fp32,
+ *   widened) or the output's old value (accumulate) is added, and the
+ *   result rounded once (RNE, the casts' rounding: ts_cpu_narrow_at).
  * - Widening: bf16 exactly (the bits shifted up 16); fp16 by F16C, exact
  *   except that a signalling NaN comes back quiet (NaN in, NaN out anyway).
  * - Memory: each thread allocates its packing buffers and the tile's fp32
@@ -34,7 +39,11 @@
  * - Block sizes measured with kernels/bench_matmul under the AVX2 cap (all
  *   llama-small products, 2 threads): KC 256 and MC 96 in 256 x 256 tiles
  *   ran 206 GFLOP/s on average, ahead of KC 128 or 384, MC 144 or 192, and
- *   tiles of 256 x 512 or 512 x 256 (199-203).
+ *   tiles of 256 x 512 or 512 x 256 (199-203). The AVX-512 micro-kernel
+ *   keeps them. On a Zen 4, whose 512-bit FMAs run as two 256-bit halves,
+ *   it ran the same products at 211 GFLOP/s on average against the AVX2
+ *   one's 203-204 (under ONEDNN_MAX_CPU_ISA=AVX512_CORE and AVX2); on
+ *   full-width units it does twice the FMAs a cycle.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -50,17 +59,25 @@
 #endif
 
 enum {
-  MR = 6,   /* rows of a micro-tile (op(A)'s sliver) */
-  NR = 16,  /* columns of a micro-tile (op(B)'s sliver): two ymm */
-  KC = 256, /* reduction block */
-  MC = 96,  /* rows of op(A) packed at once (16 slivers) */
-  /* a tile's fp32 sums, rows and columns padded to whole micro-tiles */
-  CT_ROWS = (TS_CPU_TILE_M + MR - 1) / MR * MR,
-  CT_COLS = (TS_CPU_TILE_N + NR - 1) / NR * NR,
+  MR2 = 6,   /* AVX2: rows of a micro-tile (op(A)'s sliver) */
+  NR2 = 16,  /* AVX2: columns of a micro-tile (op(B)'s sliver): two ymm */
+  MR5 = 8,   /* AVX-512: rows (8 divide a 256-row tile) */
+  NR5 = 32,  /* AVX-512: columns, two zmm */
+  KC = 256,  /* reduction block */
+  MC = 96,   /* rows of op(A) packed at once (16 or 12 slivers) */
+  SLACK = 16, /* floats past op(A)'s rows: pack_lines' 8, rounded up to keep
+               * the sums after them 64-byte aligned for zmm stores */
+  /* a tile's fp32 sums, rows and columns padded to whole micro-tiles of
+   * either tier (the larger padding of the two; NR5 a multiple of NR2) */
+  CT_ROWS2 = (TS_CPU_TILE_M + MR2 - 1) / MR2 * MR2,
+  CT_ROWS5 = (TS_CPU_TILE_M + MR5 - 1) / MR5 * MR5,
+  CT_ROWS = CT_ROWS2 > CT_ROWS5 ? CT_ROWS2 : CT_ROWS5,
+  CT_COLS = (TS_CPU_TILE_N + NR5 - 1) / NR5 * NR5,
 };
 
 size_t ts_cpu_gemm_half_thread_bytes(void) {
-  return ((size_t)KC * CT_COLS + (size_t)KC * MC + 8 + (size_t)CT_ROWS * CT_COLS) * sizeof(float);
+  return ((size_t)KC * CT_COLS + (size_t)KC * MC + SLACK + (size_t)CT_ROWS * CT_COLS) *
+         sizeof(float);
 }
 
 #if TS_CPU_X86
@@ -72,7 +89,12 @@ int ts_cpu_gemm_half_ok(ts_dtype dt) {
   return ts_cpu_isa >= 1 && ts_cpu_f16c && __builtin_cpu_supports("fma");
 }
 
+const char *ts_cpu_gemm_half_name(void) {
+  return ts_cpu_isa >= 2 ? "tessera avx512 gemm" : "tessera avx2 gemm";
+}
+
 #define TS_TARGET_GEMM __attribute__((target("avx2,fma,f16c")))
+#define TS_TARGET_GEMM512 __attribute__((target("avx512f,avx2,fma,f16c")))
 
 /* 8 consecutive elements of dtype dt (bf16 or fp16) at p, widened; the
  * scalar edges use cpu_common.h's ld(). */
@@ -102,10 +124,10 @@ TS_TARGET_GEMM static inline void transpose8(__m256 r[8]) {
   r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
 }
 
-/* Packs `rows` (<= S, S = 6 or 16) lines of a reduction block, line r
- * reading x[r stride + k] for k < kc, as dst[k S + r] (zeros for r >= rows):
- * op(A) not transposed (S = MR) and op(B) transposed (S = NR). dst has 8
- * floats of slack past k S + S (the 6-row case stores 8 at a time). */
+/* Packs `rows` (<= S, S = 6, 8, 16 or 32) lines of a reduction block, line
+ * r reading x[r stride + k] for k < kc, as dst[k S + r] (zeros for r >=
+ * rows): op(A) not transposed (S = MR) and op(B) transposed (S = NR). dst
+ * has 8 floats of slack past k S + S (the 6-row case stores 8 at a time). */
 TS_TARGET_GEMM static void pack_lines(float *dst, const uint16_t *x, size_t stride, size_t rows,
                                       size_t kc, size_t S, ts_dtype dt) {
   size_t k = 0;
@@ -141,35 +163,51 @@ TS_TARGET_GEMM static void pack_rows(float *dst, const uint16_t *x, size_t strid
     for (size_t c = 0; c < S; c++) dst[k * S + c] = c < cols ? ld(x, k * stride + c, dt) : 0.0f;
 }
 
-/* The 6 x 16 micro-tile: c (row stride ldc) = (first ? 0 : c) + the sums
- * over k < kc of a[k 6 + i] b[k 16 + j], by fused multiply-adds in k order. */
-TS_TARGET_GEMM static void micro_tile(size_t kc, const float *a, const float *b, float *c,
-                                      size_t ldc, int first) {
-  __m256 s[MR][2]; /* 12 registers: every loop over i unrolled whole */
-#pragma GCC unroll 6
-  for (int i = 0; i < MR; i++) s[i][0] = s[i][1] = _mm256_setzero_ps();
-#pragma GCC unroll 8
-  for (size_t k = 0; k < kc; k++) {
-    __m256 b0 = _mm256_load_ps(b + k * NR), b1 = _mm256_load_ps(b + k * NR + 8);
-#pragma GCC unroll 6
-    for (int i = 0; i < MR; i++) {
-      __m256 x = _mm256_broadcast_ss(a + k * MR + i);
-      s[i][0] = _mm256_fmadd_ps(x, b0, s[i][0]);
-      s[i][1] = _mm256_fmadd_ps(x, b1, s[i][1]);
-    }
+/* Defines the micro-tile NAME of one tier: c (row stride ldc) = (first ? 0
+ * : c) + the sums over k < kc of a[k MR + i] b[k NR + j], by fused
+ * multiply-adds in k order, in 2 MR registers of type V (NR / 2 floats);
+ * ZERO, LOAD, BCAST, FMA, ADD and STORE the tier's intrinsics. Every loop
+ * over i unrolled whole, so the sums stay in registers. */
+#define TS_MICRO_TILE(NAME, TARGET, MR, NR, V, ZERO, LOAD, BCAST, FMA, ADD, STORE)         \
+  TARGET static void NAME(size_t kc, const float *a, const float *b, float *c, size_t ldc,   \
+                          int first) {                                                       \
+    V s[MR][2];                                                                              \
+    _Pragma("GCC unroll 12") for (int i = 0; i < MR; i++) s[i][0] = s[i][1] = ZERO();       \
+    _Pragma("GCC unroll 4") for (size_t k = 0; k < kc; k++) {                               \
+      V b0 = LOAD(b + k * NR), b1 = LOAD(b + k * NR + NR / 2);                               \
+      _Pragma("GCC unroll 12") for (int i = 0; i < MR; i++) {                               \
+        V x = BCAST(a + k * MR + i);                                                         \
+        s[i][0] = FMA(x, b0, s[i][0]);                                                       \
+        s[i][1] = FMA(x, b1, s[i][1]);                                                       \
+      }                                                                                      \
+    }                                                                                        \
+    _Pragma("GCC unroll 12") for (int i = 0; i < MR; i++) {                                 \
+      float *p = c + i * ldc;                                                                \
+      STORE(p, first ? s[i][0] : ADD(LOAD(p), s[i][0]));                                     \
+      STORE(p + NR / 2, first ? s[i][1] : ADD(LOAD(p + NR / 2), s[i][1]));                   \
+    }                                                                                        \
   }
-#pragma GCC unroll 6
-  for (int i = 0; i < MR; i++) {
-    float *p = c + i * ldc;
-    if (first) {
-      _mm256_store_ps(p, s[i][0]);
-      _mm256_store_ps(p + 8, s[i][1]);
-    } else {
-      _mm256_store_ps(p, _mm256_add_ps(_mm256_load_ps(p), s[i][0]));
-      _mm256_store_ps(p + 8, _mm256_add_ps(_mm256_load_ps(p + 8), s[i][1]));
-    }
-  }
+
+/* AVX2: 6 x 16 in 12 ymm registers. */
+TS_MICRO_TILE(micro_tile2, TS_TARGET_GEMM, MR2, NR2, __m256, _mm256_setzero_ps, _mm256_load_ps,
+              _mm256_broadcast_ss, _mm256_fmadd_ps, _mm256_add_ps, _mm256_store_ps)
+
+/* AVX-512: 8 x 32 in 16 zmm registers; the same sums, in the same order
+ * per output, 16 lanes at a time. */
+static inline __attribute__((always_inline, target("avx512f"))) __m512 bcast16(const float *x) {
+  return _mm512_set1_ps(*x);
 }
+TS_MICRO_TILE(micro_tile5, TS_TARGET_GEMM512, MR5, NR5, __m512, _mm512_setzero_ps, _mm512_load_ps,
+              bcast16, _mm512_fmadd_ps, _mm512_add_ps, _mm512_store_ps)
+
+/* A tier's micro-tile: its shape and its kernel. */
+typedef struct {
+  size_t mr, nr;
+  void (*micro)(size_t kc, const float *a, const float *b, float *c, size_t ldc, int first);
+} tier;
+
+#define TIER2 ((tier){MR2, NR2, micro_tile2})
+#define TIER5 ((tier){MR5, NR5, micro_tile5})
 
 /* One thread's buffers: op(B)'s block, op(A)'s rows, the tile's sums. */
 typedef struct {
@@ -185,12 +223,13 @@ typedef struct {
   int accumulate;
   void *C;
   ts_dtype dt;
+  tier t;
 } gemm_args;
 
 /* Tile x of the product into the fp32 sums w->sums (CT_COLS per row), then
  * (bias or old value added) rounded into C. */
 TS_TARGET_GEMM static void tile(const gemm_args *g, const ts_cpu_tile *x, const bufs *w) {
-  size_t m = x->m, n = x->n;
+  size_t m = x->m, n = x->n, MR = g->t.mr, NR = g->t.nr;
   const uint16_t *A = g->A + x->a, *B = g->B + x->b;
   for (size_t k0 = 0; k0 < g->K; k0 += KC) {
     size_t kc = g->K - k0 < KC ? g->K - k0 : KC;
@@ -215,7 +254,7 @@ TS_TARGET_GEMM static void tile(const gemm_args *g, const ts_cpu_tile *x, const 
       }
       for (size_t j = 0; j < n; j += NR)
         for (size_t i = 0; i < mc; i += MR)
-          micro_tile(kc, w->a + i * kc, w->b + j * kc, w->sums + (i0 + i) * CT_COLS + j, CT_COLS,
+          g->t.micro(kc, w->a + i * kc, w->b + j * kc, w->sums + (i0 + i) * CT_COLS + j, CT_COLS,
                      k0 == 0);
     }
   }
@@ -242,7 +281,8 @@ ts_status ts_cpu_gemm_half(int trans_a, int trans_b, size_t M, size_t N, size_t 
                         "and F16C within the instruction-set cap",
                         ts_dtype_name(dt));
   if (M == 0 || N == 0) return TS_OK;
-  gemm_args g = {trans_a, trans_b, M, N, K, lda, ldb, ldc, A, B, bias, accumulate, C, dt};
+  gemm_args g = {trans_a, trans_b, M, N, K, lda, ldb, ldc, A, B, bias, accumulate, C, dt,
+                 ts_cpu_isa >= 2 ? TIER5 : TIER2};
   ts_cpu_tiling t = ts_cpu_tiling_of(M, N, TS_CPU_TILE_M, TS_CPU_TILE_N);
   ptrdiff_t tiles = (ptrdiff_t)(t.rows * t.cols);
   int failed = 0;
@@ -253,7 +293,8 @@ ts_status ts_cpu_gemm_half(int trans_a, int trans_b, size_t M, size_t N, size_t 
 #pragma omp atomic write
       failed = 1;
     }
-    bufs w = {mem, mem + (size_t)KC * CT_COLS, mem + (size_t)KC * CT_COLS + (size_t)KC * MC + 8};
+    float *a = mem ? mem + (size_t)KC * CT_COLS : NULL;
+    bufs w = {mem, a, a ? a + (size_t)KC * MC + SLACK : NULL};
 #pragma omp barrier /* every thread's buffers, or no output written at all */
     int bad;
 #pragma omp atomic read
@@ -290,5 +331,7 @@ ts_status ts_cpu_gemm_half(int trans_a, int trans_b, size_t M, size_t N, size_t 
   return ts_set_error(TS_ERR_INVALID_ARGUMENT, "ts_cpu_gemm_half: %s: not on this CPU",
                       ts_dtype_name(dt));
 }
+
+const char *ts_cpu_gemm_half_name(void) { return "tessera avx2 gemm"; }
 
 #endif

@@ -1,8 +1,8 @@
 /*
  * gemm_half.h — bf16 and fp16 matrix products packed straight to fp32
  * (kernels/cpu/gemm_half.c), used by linear.c where oneDNN has no native
- * kernel for the dtype and the CPU has AVX2, FMA and F16C. Private to the
- * CPU backend.
+ * kernel for the dtype and the CPU has AVX2, FMA and F16C (AVX-512 where
+ * the cap allows it). Private to the CPU backend.
  */
 #ifndef TS_KERNELS_CPU_GEMM_HALF_H
 #define TS_KERNELS_CPU_GEMM_HALF_H
@@ -21,13 +21,18 @@ extern "C" {
 int ts_cpu_gemm_half_ok(ts_dtype dt);
 
 /* Nonzero where linear.c runs dt's products through ts_cpu_gemm_half:
- * ts_cpu_gemm_half_ok(dt), AVX2 the widest tier within the cap
- * (ts_cpu_isa == 1: an AVX-512 CPU keeps the fp32 copies on OpenBLAS's
- * AVX-512 sgemm), no native oneDNN kernel for dt (ts_cpu_dnnl_impl) and no
+ * ts_cpu_gemm_half_ok(dt) (AVX2 or AVX-512 the widest tier within the
+ * cap), no native oneDNN kernel for dt (ts_cpu_dnnl_impl) and no
  * TESSERA_CPU_MATMUL=openblas (which keeps the fp32 copies, for
  * comparison). Decided once per process (the
  * environment read on first use). */
 int ts_cpu_linear_half_packed(ts_dtype dt);
+
+/* The micro-kernel ts_cpu_gemm_half runs here, for ts_k_matmul_impl:
+ * "tessera avx512 gemm" where AVX-512 is the widest tier within the cap
+ * (ts_cpu_isa 2; its 8 x 32 zmm micro-tile), else "tessera avx2 gemm"
+ * (6 x 16, ymm). Both give the same bits. A static string. */
+const char *ts_cpu_gemm_half_name(void);
 
 /* Bytes each OpenMP thread allocates (and frees) during one
  * ts_cpu_gemm_half call: op(B)'s packed block, op(A)'s packed rows and the
@@ -43,7 +48,8 @@ size_t ts_cpu_gemm_half_thread_bytes(void);
  * added in order), then bias or the old C added in fp32, then one rounding
  * to dt (RNE): the contract of oneDNN's matmul with its bias and sum
  * post-op (dnnl_matmul.h), computed here. Output tiles of tiles.h, each
- * whole on one thread: the same bits at any thread count. C must not
+ * whole on one thread: the same bits at any thread count, and with either
+ * micro-kernel (ts_cpu_gemm_half_name). C must not
  * overlap A, B or bias; K = 0 gives C = bias, old C or 0. Never call it from
  * inside an OpenMP region. TS_ERR_INVALID_ARGUMENT where
  * !ts_cpu_gemm_half_ok(dt); TS_ERR_OUT_OF_MEMORY when a thread's buffers

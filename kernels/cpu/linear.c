@@ -12,16 +12,15 @@
  *   sgemm on every llama-small product here (kernels/bench_matmul, docs/BENCHMARKS.md).
  * - fp32 elsewhere (or with TESSERA_CPU_MATMUL=openblas) runs ts_cpu_sgemm
  *   on the caller's buffers (no workspace).
- * - bf16/fp16 elsewhere, where AVX2 is the widest tier within oneDNN's cap
- *   (ts_cpu_isa 1) and the CPU has FMA and F16C (and without
- *   TESSERA_CPU_MATMUL=openblas): ts_cpu_gemm_half (gemm_half.c), which
- *   widens the operands while it packs them, sums in fp32 and rounds once,
- *   the bias and dW's accumulation in its fp32 sums as oneDNN's are; no
- *   workspace (ts_k_matmul_impl: "tessera avx2 gemm").
- * - bf16/fp16 elsewhere still (below AVX2; AVX-512 without native bf16/fp16
- *   products, where OpenBLAS's AVX-512 sgemm on full-width units runs about
- *   twice an AVX2 kernel's rate; TESSERA_CPU_MATMUL=openblas) widen the
- *   operands into ctx->workspace, run the fp32 sgemm, and round
+ * - bf16/fp16 elsewhere, where AVX2 or AVX-512 is the widest tier within
+ *   oneDNN's cap (ts_cpu_isa 1 or 2) and the CPU has FMA and F16C (and
+ *   without TESSERA_CPU_MATMUL=openblas): ts_cpu_gemm_half (gemm_half.c),
+ *   which widens the operands while it packs them, sums in fp32 by the
+ *   tier's FMA micro-kernel and rounds once, the bias and dW's accumulation
+ *   in its fp32 sums as oneDNN's are; no workspace (ts_k_matmul_impl:
+ *   "tessera avx2 gemm" or "tessera avx512 gemm").
+ * - bf16/fp16 elsewhere still (below AVX2; TESSERA_CPU_MATMUL=openblas)
+ *   widen the operands into ctx->workspace, run the fp32 sgemm, and round
  *   the results back once (RNE). The workspace is three 64-byte-aligned
  *   fp32 buffers of M*K, N*K and M*N elements; the query
  *   ts_cpu_linear_workspace_bytes returns exactly what the path this
@@ -42,9 +41,7 @@
 #include "kernels/cpu/gemm_half.h"
 
 int ts_cpu_linear_half_packed(ts_dtype dt) {
-  /* AVX2 the widest tier: an AVX-512 CPU keeps OpenBLAS's AVX-512 sgemm */
-  return !ts_cpu_matmul_openblas() && ts_cpu_isa == 1 && !ts_cpu_dnnl_impl(dt) &&
-         ts_cpu_gemm_half_ok(dt);
+  return !ts_cpu_matmul_openblas() && !ts_cpu_dnnl_impl(dt) && ts_cpu_gemm_half_ok(dt);
 }
 
 size_t ts_cpu_linear_workspace_bytes(size_t M, size_t N, size_t K, ts_dtype dt) {
