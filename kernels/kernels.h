@@ -393,7 +393,7 @@ ts_status ts_k_sum_ranks(const ts_kctx *ctx, void *out, const void *const *parts
 
 /* out (M, N) = inp (M, K) @ weight (N, K)^T. All dt. Products summed in
  * fp32 and rounded once to dt (bf16/fp16: CPU through oneDNN's native
- * kernel, tessera's AVX2 product or sgemm on fp32 copies,
+ * kernel, tessera's own AVX2/AVX-512 product or sgemm on fp32 copies,
  * ts_k_matmul_impl; CUDA cuBLASLt). */
 ts_status ts_k_linear_forward(const ts_kctx *ctx, void *out, const void *inp, const void *weight,
                               size_t M, size_t N, size_t K, ts_dtype dt);
@@ -403,10 +403,10 @@ ts_status ts_k_linear_backward(const ts_kctx *ctx, void *dinp, void *dweight, co
                                const void *inp, const void *weight, size_t M, size_t N, size_t K,
                                ts_dtype dt);
 /* Exact bytes of ctx->workspace either linear pass needs on device dev.
- * CPU: 0 for fp32 and for bf16/fp16 on oneDNN or tessera's AVX2 product;
+ * CPU: 0 for fp32 and for bf16/fp16 on oneDNN or tessera's own product;
  * the widened fp32 operands for bf16/fp16 on the fp32 copies. oneDNN's and
  * OpenBLAS's own buffers are the libraries' (outside the ledger), as are
- * the AVX2 product's packing buffers (about 0.6 MiB per thread, allocated
+ * tessera's product's packing buffers (about 0.6 MiB per thread, allocated
  * and freed within each call). */
 size_t ts_k_linear_workspace_bytes(ts_device dev, size_t M, size_t N, size_t K, ts_dtype dt);
 
@@ -426,8 +426,8 @@ size_t ts_k_linear_workspace_bytes(ts_device dev, size_t M, size_t N, size_t K, 
  * ts_k_linear_bias_workspace_bytes(ctx->device, M, N, K, dt) bytes of
  * workspace (else TS_ERR_OUT_OF_MEMORY, nothing written).
  * CPU: where oneDNN runs dt (ts_k_matmul_impl) its matmul adds the bias
- * in its fp32 accumulator before the one rounding; so does tessera's AVX2
- * product (bf16/fp16 elsewhere); elsewhere still the fp32 sgemm, then
+ * in its fp32 accumulator before the one rounding; so does tessera's own
+ * product (bf16/fp16 elsewhere from AVX2 up); elsewhere still the fp32 sgemm, then
  * (bf16/fp16: on the fp32 copies, before narrowing) the bias added in
  * fp32. Fixed tiles either way: the same bits at any thread
  * count. CUDA: one cublasLtMatmul with the bias epilogue, bias of D's

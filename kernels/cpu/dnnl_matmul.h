@@ -3,8 +3,9 @@
  * matmul primitive (kernels/cpu/dnnl_matmul.cc, C++ behind a C interface),
  * used by linear.c where oneDNN has a native kernel for the dtype on this
  * CPU (fp32: any JIT kernel; bf16/fp16: AMX, AVX512-BF16/FP16); elsewhere
- * linear.c calls OpenBLAS's sgemm (fp32), tessera's AVX2 product
- * (gemm_half.h: bf16/fp16) or sgemm on fp32 copies (bf16/fp16 below AVX2).
+ * linear.c calls OpenBLAS's sgemm (fp32), tessera's own AVX2/AVX-512
+ * product (gemm_half.h: bf16/fp16) or sgemm on fp32 copies (bf16/fp16 below
+ * AVX2).
  * All cut the output into the fixed tiles of tiles.h. Private to the CPU backend.
  */
 #ifndef TS_KERNELS_CPU_DNNL_MATMUL_H

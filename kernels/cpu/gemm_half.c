@@ -43,7 +43,8 @@
  *   keeps them. On a Zen 4, whose 512-bit FMAs run as two 256-bit halves,
  *   it ran the same products at 211 GFLOP/s on average against the AVX2
  *   one's 203-204 (under ONEDNN_MAX_CPU_ISA=AVX512_CORE and AVX2); on
- *   full-width units it does twice the FMAs a cycle.
+ *   full-width units it can do twice the FMAs a cycle (not measured: no
+ *   such CPU at hand).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -74,6 +75,13 @@ enum {
   CT_ROWS = CT_ROWS2 > CT_ROWS5 ? CT_ROWS2 : CT_ROWS5,
   CT_COLS = (TS_CPU_TILE_N + NR5 - 1) / NR5 * NR5,
 };
+
+/* zmm loads and stores need 64 bytes: the B slivers (NR5 floats a k),
+ * op(A)'s rows before the sums, and the sums' rows */
+_Static_assert(NR5 * sizeof(float) % 64 == 0, "gemm_half: B slivers lose 64-byte alignment");
+_Static_assert(((size_t)KC * CT_COLS + (size_t)KC * MC + SLACK) * sizeof(float) % 64 == 0,
+               "gemm_half: the sums lose 64-byte alignment");
+_Static_assert(CT_COLS * sizeof(float) % 64 == 0, "gemm_half: sum rows lose 64-byte alignment");
 
 size_t ts_cpu_gemm_half_thread_bytes(void) {
   return ((size_t)KC * CT_COLS + (size_t)KC * MC + SLACK + (size_t)CT_ROWS * CT_COLS) *
