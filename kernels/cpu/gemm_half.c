@@ -97,10 +97,6 @@ int ts_cpu_gemm_half_ok(ts_dtype dt) {
   return ts_cpu_isa >= 1 && ts_cpu_f16c && __builtin_cpu_supports("fma");
 }
 
-const char *ts_cpu_gemm_half_name(void) {
-  return ts_cpu_isa >= 2 ? "tessera avx512 gemm" : "tessera avx2 gemm";
-}
-
 #define TS_TARGET_GEMM __attribute__((target("avx2,fma,f16c")))
 #define TS_TARGET_GEMM512 __attribute__((target("avx512f,avx2,fma,f16c")))
 
@@ -208,14 +204,20 @@ static inline __attribute__((always_inline, target("avx512f"))) __m512 bcast16(c
 TS_MICRO_TILE(micro_tile5, TS_TARGET_GEMM512, MR5, NR5, __m512, _mm512_setzero_ps, _mm512_load_ps,
               bcast16, _mm512_fmadd_ps, _mm512_add_ps, _mm512_store_ps)
 
-/* A tier's micro-tile: its shape and its kernel. */
+/* A tier's micro-tile: its shape, its kernel and its name. */
 typedef struct {
   size_t mr, nr;
   void (*micro)(size_t kc, const float *a, const float *b, float *c, size_t ldc, int first);
+  const char *name;
 } tier;
 
-#define TIER2 ((tier){MR2, NR2, micro_tile2})
-#define TIER5 ((tier){MR5, NR5, micro_tile5})
+/* The widest tier within the cap now (ts_cpu_isa, which tests lower). */
+static tier tier_here(void) {
+  return ts_cpu_isa >= 2 ? (tier){MR5, NR5, micro_tile5, "tessera avx512 gemm"}
+                         : (tier){MR2, NR2, micro_tile2, "tessera avx2 gemm"};
+}
+
+const char *ts_cpu_gemm_half_name(void) { return tier_here().name; }
 
 /* One thread's buffers: op(B)'s block, op(A)'s rows, the tile's sums. */
 typedef struct {
@@ -290,7 +292,7 @@ ts_status ts_cpu_gemm_half(int trans_a, int trans_b, size_t M, size_t N, size_t 
                         ts_dtype_name(dt));
   if (M == 0 || N == 0) return TS_OK;
   gemm_args g = {trans_a, trans_b, M, N, K, lda, ldb, ldc, A, B, bias, accumulate, C, dt,
-                 ts_cpu_isa >= 2 ? TIER5 : TIER2};
+                 tier_here()};
   ts_cpu_tiling t = ts_cpu_tiling_of(M, N, TS_CPU_TILE_M, TS_CPU_TILE_N);
   ptrdiff_t tiles = (ptrdiff_t)(t.rows * t.cols);
   int failed = 0;
